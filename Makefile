@@ -1,0 +1,41 @@
+# Two commands do all the set-up: `make demo` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
+
+.PHONY: demo test check lint typecheck bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(TEST_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $@ $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/seed_resources.py
+
+lint: $(TEST_STAMP)
+	$(BIN)/python -m ruff check src tests benchmarks examples
+	$(BIN)/python -m ruff format --check src tests benchmarks examples
+
+typecheck: $(TEST_STAMP)
+	$(BIN)/python -m mypy
+
+check: lint typecheck
+
+test: check
+	$(BIN)/python -m pytest -q
+
+bench: $(TEST_STAMP)
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .mypy_cache .pytest_cache .ruff_cache
