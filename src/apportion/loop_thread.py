@@ -1,0 +1,50 @@
+"""An event loop on a background thread, for the synchronous faces of async services.
+
+``Client``, ``LocalCluster`` and the sync context managers of ``Scheduler`` and
+``Worker`` all run their asyncio code on one of these, so a user's script or
+notebook never needs an event loop of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class LoopThread:
+    """A daemon thread running an asyncio loop until ``stop``."""
+
+    def __init__(self, name: str = "apportion-loop") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+        # Let cancelled tasks see their cancellation before the loop goes away.
+        pending = asyncio.all_tasks(self.loop)
+        for task in pending:
+            task.cancel()
+        if pending:
+            self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+        self.loop.close()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the loop and wait for its result from this (other) thread."""
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("LoopThread.run called from its own loop; await instead")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        """Stop the loop and join the thread; idempotent."""
+        if self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            if threading.current_thread() is not self._thread:
+                self._thread.join(timeout=10)

@@ -1,0 +1,93 @@
+"""A framed, batching connection over asyncio streams.
+
+``send`` never blocks: it appends to an outbox that is flushed as one frame at the
+end of the current loop turn, so a burst of messages to one peer costs one write
+and one frame. ``recv`` returns the messages of one frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from apportion.protocol.codec import HEADER, MAX_FRAME, decode_body, encode_frame, frame_length
+from apportion.protocol.messages import Message
+
+
+class ConnectionClosed(Exception):
+    """The peer went away (or we closed the connection)."""
+
+
+class Connection:
+    """One peer. Not thread-safe: use it from its event loop only."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        max_frame: int = MAX_FRAME,
+    ) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._outbox: list[Message] = []
+        self._closed = False
+        #: Frame limit for ``recv``; raised from the handshake limit once authenticated.
+        self.max_frame = max_frame
+        peer: Any = writer.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def send(self, message: Message) -> None:
+        """Queue ``message``; everything queued in this loop turn leaves as one frame."""
+        if self._closed:
+            return
+        if not self._outbox:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._outbox.append(message)
+
+    def _flush(self) -> None:
+        if self._closed or not self._outbox:
+            self._outbox.clear()
+            return
+        batch, self._outbox = self._outbox, []
+        self._writer.write(encode_frame(batch))
+
+    async def drain(self) -> None:
+        """Wait until the transport's buffer is low again (for bulk senders)."""
+        self._flush()
+        if not self._closed:
+            try:
+                await self._writer.drain()
+            except (ConnectionError, RuntimeError) as exc:
+                raise ConnectionClosed(str(exc)) from None
+
+    async def recv(self) -> list[Message]:
+        """The messages of the next frame. Raises ``ConnectionClosed`` or ``ProtocolError``."""
+        try:
+            header = await self._reader.readexactly(HEADER.size)
+            body = await self._reader.readexactly(frame_length(header, self.max_frame))
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            self._closed = True
+            raise ConnectionClosed(f"connection to {self.peer} closed") from exc
+        return decode_body(body)
+
+    async def close(self) -> None:
+        """Flush what is queued and close; safe to call twice."""
+        if self._closed:
+            return
+        self._flush()
+        self._closed = True
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            self._writer.close()
+            await self._writer.wait_closed()
+
+    def abort(self) -> None:
+        """Close at once without flushing (used on protocol errors)."""
+        self._closed = True
+        self._outbox.clear()
+        self._writer.transport.abort()

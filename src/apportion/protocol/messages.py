@@ -1,0 +1,353 @@
+"""One frozen dataclass per wire message.
+
+On the wire a message is a msgpack array ``[tag, field, field, ...]`` in field order;
+a frame carries a list of them (everything one peer had to say in one loop turn).
+Fields are msgpack primitives only: ``str``, ``int``, ``float``, ``bytes``, lists and
+dicts of those. Payloads produced by user code (pickled functions, arguments,
+results, exceptions) are ``bytes`` that the scheduler forwards without unpickling.
+
+Resource amounts travel in fixed-point ticks (see ``apportion.core.resources``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, NamedTuple, TypeVar, cast, dataclass_transform
+
+#: Bumped whenever a message changes shape. Peers with another version are refused
+#: in the handshake, naming both versions, instead of failing later on a bad field.
+PROTOCOL_VERSION = 1
+
+
+class Message:
+    """Base of every wire message; ``@message`` gives each subclass a unique ``TAG``."""
+
+    __slots__ = ()
+    TAG: ClassVar[int]
+    _field_names: ClassVar[tuple[str, ...]]
+
+    def to_wire(self) -> list[Any]:
+        """``[tag, *fields]``, ready for msgpack."""
+        return [self.TAG, *(getattr(self, name) for name in self._field_names)]
+
+    @classmethod
+    def from_fields(cls, values: list[Any]) -> Message:
+        """Build from decoded fields; messages with nested records override this."""
+        return cls(*values)
+
+
+_REGISTRY: dict[int, type[Message]] = {}
+
+_M = TypeVar("_M", bound=type[Message])
+
+
+@dataclass_transform(frozen_default=True)
+def message(cls: _M) -> _M:
+    """Decorator: a frozen, slotted dataclass registered as a wire message.
+
+    Tags follow definition order, so both ends agree as long as they run the same
+    ``PROTOCOL_VERSION``, which the handshake checks first.
+    """
+    dc: Any = dataclass(frozen=True, slots=True)(cls)
+    dc.TAG = len(_REGISTRY) + 1
+    dc._field_names = tuple(f.name for f in fields(dc))
+    _REGISTRY[dc.TAG] = dc
+    return cast(_M, dc)
+
+
+def message_class(tag: int) -> type[Message] | None:
+    """The message class for ``tag``, or None if no such message exists."""
+    return _REGISTRY.get(tag)
+
+
+# --- handshake ----------------------------------------------------------------------
+
+
+@message
+class Hello(Message):
+    """First message of the connecting side. Nothing else is read before it is checked."""
+
+    protocol: int
+    role: str  #: "client", "worker" or "peer" (worker-to-worker and direct client data)
+    name: str
+
+
+@message
+class Welcome(Message):
+    """The listener's answer to an acceptable ``Hello``."""
+
+    protocol: int
+    peer_id: str  #: how the listener will name this connection in logs and views
+    info: dict[str, Any]
+
+
+@message
+class Refused(Message):
+    """The listener's answer to an unacceptable ``Hello``; the connection closes after it."""
+
+    reason: str
+
+
+# --- client -> scheduler ------------------------------------------------------------
+
+
+class TaskSpec(NamedTuple):
+    """One task as a client submits it."""
+
+    key: str
+    func_id: str  #: hash of the pickled function; its bytes travel once per batch
+    args: bytes  #: pickled (args, kwargs) with dependencies as placeholders
+    deps: list[str]
+    resources: dict[str, int]  #: demand in ticks; empty for plain tasks
+    priority: int  #: higher runs earlier, as in Dask
+    retries: int
+
+
+@message
+class SubmitTasks(Message):
+    """New tasks and the keys whose results the client holds futures for."""
+
+    tasks: list[TaskSpec]
+    functions: dict[str, bytes]  #: func_id -> pickled function, only ids new to the batch
+    wanted: list[str]
+
+    @classmethod
+    def from_fields(cls, values: list[Any]) -> Message:
+        tasks, functions, wanted = values
+        return cls([TaskSpec(*t) for t in tasks], functions, wanted)
+
+
+@message
+class ReleaseKeys(Message):
+    """The client dropped its futures for these keys."""
+
+    keys: list[str]
+
+
+@message
+class CancelKeys(Message):
+    """Stop these tasks if they have not finished; dependents fail as cancelled."""
+
+    keys: list[str]
+
+
+@message
+class GatherRequest(Message):
+    """Ask the scheduler to relay the results of ``keys``."""
+
+    request_id: int
+    keys: list[str]
+
+
+@message
+class ScatterRequest(Message):
+    """Place client data on workers; the client holds futures for the keys."""
+
+    request_id: int
+    data: dict[str, bytes]
+
+
+@message
+class WhoHasRequest(Message):
+    """Which worker data addresses hold each key (for ``direct_to_workers``)."""
+
+    request_id: int
+    keys: list[str]
+
+
+@message
+class WhyRequest(Message):
+    """Explain why each key is not running."""
+
+    request_id: int
+    keys: list[str]
+
+
+@message
+class InfoRequest(Message):
+    """The cluster's identity, workers and their pools."""
+
+    request_id: int
+
+
+@message
+class StoryRequest(Message):
+    """The transitions of one task with their causes."""
+
+    request_id: int
+    key: str
+
+
+# --- scheduler -> client ------------------------------------------------------------
+
+
+@message
+class KeysDone(Message):
+    """These keys now have results in the cluster."""
+
+    keys: list[str]
+
+
+@message
+class TaskErred(Message):
+    """A task raised. ``exception`` and ``traceback`` are pickled by the worker."""
+
+    key: str
+    exception: bytes
+    traceback: bytes
+
+
+@message
+class KeysFailed(Message):
+    """The scheduler itself failed these keys (no user exception to forward)."""
+
+    keys: list[str]
+    kind: str  #: "unsatisfiable", "cancelled", "lost"
+    message: str
+
+
+@message
+class GatherReply(Message):
+    request_id: int
+    data: dict[str, bytes]
+    missing: list[str]
+
+
+@message
+class ScatterReply(Message):
+    request_id: int
+    keys: list[str]
+
+
+@message
+class WhoHasReply(Message):
+    request_id: int
+    who_has: dict[str, list[str]]
+
+
+@message
+class WhyReply(Message):
+    request_id: int
+    reasons: dict[str, str]
+
+
+@message
+class InfoReply(Message):
+    request_id: int
+    info: dict[str, Any]
+
+
+@message
+class StoryReply(Message):
+    request_id: int
+    story: list[list[Any]]  #: [time, key, from_state, to_state, cause]
+
+
+@message
+class Notice(Message):
+    """A warning the client should show its user (e.g. a request nobody can meet)."""
+
+    level: str
+    text: str
+
+
+# --- worker -> scheduler ------------------------------------------------------------
+
+
+@message
+class RegisterWorker(Message):
+    """Sent once after the handshake: who this worker is and what it offers."""
+
+    name: str
+    address: str  #: where peers and direct clients fetch data, "tcp://host:port"
+    nthreads: int
+    resources: dict[str, int]  #: supply in ticks
+    pid: int
+    memory_limit: int
+
+
+@message
+class TaskFinished(Message):
+    key: str
+    nbytes: int
+    duration: float  #: seconds spent executing, used to size the pipeline
+    type_name: str
+
+
+@message
+class TaskRaised(Message):
+    key: str
+    exception: bytes
+    traceback: bytes
+    duration: float
+
+
+@message
+class MissingDependency(Message):
+    """The worker could not fetch ``dep`` for ``key`` from any holder it was told of."""
+
+    key: str
+    dep: str
+    holders: list[str]
+
+
+@message
+class DataReply(Message):
+    """Answer to ``GetData``, from a worker to whoever asked (scheduler, peer, client)."""
+
+    request_id: int
+    data: dict[str, bytes]
+    missing: list[str]
+
+
+@message
+class DataStored(Message):
+    """Answer to ``PutData``: the worker holds these keys now."""
+
+    request_id: int
+    keys: list[str]
+    nbytes: dict[str, int]
+
+
+# --- scheduler -> worker ------------------------------------------------------------
+
+
+@message
+class LoadFunction(Message):
+    """A function the worker has not seen; it precedes the first task using it."""
+
+    func_id: str
+    blob: bytes
+
+
+@message
+class ComputeTask(Message):
+    key: str
+    func_id: str
+    args: bytes
+    who_has: dict[str, list[str]]  #: every dependency -> data addresses holding it
+    resources: dict[str, int]
+    priority: int
+
+
+@message
+class FreeKeys(Message):
+    """Forget these keys: drop their data and, if still pending, the tasks."""
+
+    keys: list[str]
+
+
+@message
+class GetData(Message):
+    """Ask a worker for results (scheduler relay, a peer or a direct client)."""
+
+    request_id: int
+    keys: list[str]
+
+
+@message
+class PutData(Message):
+    """Store data scattered by a client."""
+
+    request_id: int
+    data: dict[str, bytes]

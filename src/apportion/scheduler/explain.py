@@ -1,0 +1,93 @@
+"""Plain-language answers to "why is this task not running?"."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from apportion.core.resources import format_amount, format_resources
+from apportion.scheduler.placement import available, candidates, holder_of
+from apportion.scheduler.records import ERRED, MEMORY, PROCESSING, QUEUED, WAITING, TaskRecord
+
+if TYPE_CHECKING:
+    from apportion.scheduler.state import SchedulerState
+
+
+def explain(state: SchedulerState, key: str) -> str:
+    """One paragraph on where ``key`` stands and what it waits for."""
+    task = state.tasks.get(key)
+    if task is None:
+        return f"{key!r} is not known to the scheduler: never submitted, or already released"
+    if task.state == WAITING:
+        pending = [d for d in task.deps if state.tasks[d].state != MEMORY]
+        shown = ", ".join(repr(d) for d in pending[:5]) + (" ..." if len(pending) > 5 else "")
+        return f"waiting for {len(pending)} of its {len(task.deps)} inputs: {shown}"
+    if task.state == PROCESSING:
+        worker = state.workers.get(task.worker or "")
+        where = f"{worker.name} ({worker.address})" if worker else "a worker"
+        holding = f", holding {format_resources(task.resources)}" if task.resources else ""
+        return f"running on {where}{holding}"
+    if task.state == MEMORY:
+        worker = state.workers.get(task.worker or "")
+        return f"finished; its result is on {worker.name if worker else 'a worker'}"
+    if task.state == ERRED and task.error is not None:
+        kind, detail, _ = task.error
+        text = detail if isinstance(detail, str) else "the task raised an exception"
+        return f"failed ({kind}): {text}"
+    return _explain_queued(state, task)
+
+
+def _explain_queued(state: SchedulerState, task: TaskRecord) -> str:
+    if not state.workers:
+        return "queued: no workers are connected"
+    ahead = sum(
+        1
+        for _, _, k in state.ready.get(task.signature, ())
+        if k in state.tasks
+        and state.tasks[k].state == QUEUED
+        and state.tasks[k].order() < task.order()
+    )
+    queue = f" ({ahead} older ready tasks with the same request are ahead of it)" if ahead else ""
+    if not task.resources:
+        slots = sum(w.nthreads for w in state.workers.values())
+        busy = sum(len(w.processing) for w in state.workers.values())
+        return (
+            f"queued: all {slots} threads on {len(state.workers)} workers are busy "
+            f"({busy} tasks running or queued on them){queue}"
+        )
+    pool = candidates(state, task.signature)
+    if not pool:
+        from apportion.scheduler.state import unsatisfiable_text
+
+        return "queued: " + unsatisfiable_text(task, state.workers.values())
+    lines = [f"queued: needs {format_resources(task.resources)}{queue}"]
+    for worker in pool:
+        lines.append(f"  {worker.name}: {_worker_obstacles(state, worker, task)}")
+    if task.reserved_on is not None and task.reserved_on in state.workers:
+        name = state.workers[task.reserved_on].name
+        lines.append(
+            f"  it holds the reservation on {name}: what running tasks free there is kept "
+            "for it, so newer tasks cannot overtake it"
+        )
+    return "\n".join(lines)
+
+
+def _worker_obstacles(state: SchedulerState, worker: object, task: TaskRecord) -> str:
+    from apportion.scheduler.records import WorkerRecord
+
+    assert isinstance(worker, WorkerRecord)
+    reasons = []
+    holder = holder_of(state, worker, task)
+    for name, need in sorted(task.resources.items()):
+        free = available(worker, name, holder)
+        if free < need:
+            reasons.append(
+                f"{name} {format_amount(free)} of {format_amount(worker.total[name])} free"
+            )
+    if len(worker.processing) >= worker.nthreads:
+        reasons.append(f"all {worker.nthreads} threads busy")
+    if holder is not None:
+        reasons.append(
+            f"reserved for older task {holder.key!r} "
+            f"(needs {format_resources(holder.resources)})"
+        )
+    return "; ".join(reasons) if reasons else "fits now; starts in the next placement pass"

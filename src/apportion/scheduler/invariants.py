@@ -1,0 +1,82 @@
+"""Consistency checks over the whole scheduler state, for tests and debugging.
+
+Called after every test that builds a ``SchedulerState`` and after every step of
+the Hypothesis stateful tests. O(everything): never on a hot path.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from apportion.scheduler.records import ERRED, MEMORY, PROCESSING, QUEUED, WAITING
+from apportion.scheduler.state import SchedulerState
+
+
+def check_invariants(state: SchedulerState) -> None:
+    """Raise ``AssertionError`` naming the first broken invariant."""
+    _check_ledger(state)
+    _check_tasks(state)
+    _check_reservations(state)
+
+
+def _check_ledger(state: SchedulerState) -> None:
+    for worker in state.workers.values():
+        used: Counter[str] = Counter()
+        resource_tasks = 0
+        for key in worker.processing:
+            task = state.tasks.get(key)
+            assert task is not None, f"{worker.name} processes unknown {key}"
+            assert task.state == PROCESSING and task.worker == worker.id, f"{key} not on {worker.name}"
+            used.update(task.resources)
+            resource_tasks += bool(task.resources)
+        for name, total in worker.total.items():
+            free = worker.free[name]
+            assert 0 <= free <= total, f"{worker.name}: {name} free {free} outside [0, {total}]"
+            assert free == total - used[name], f"{worker.name}: {name} ledger drifted"
+        assert not set(used) - set(worker.total), f"{worker.name}: uses undeclared resources"
+        assert resource_tasks <= worker.nthreads, f"{worker.name}: more resource tasks than threads"
+        for key in worker.has_what:
+            task = state.tasks.get(key)
+            assert task is not None and task.state == MEMORY and task.worker == worker.id
+
+
+def _check_tasks(state: SchedulerState) -> None:
+    queued_keys = {key for heap in state.ready.values() for _, _, key in heap}
+    for key, task in state.tasks.items():
+        assert task.key == key
+        assert task.state in (WAITING, QUEUED, PROCESSING, MEMORY, ERRED), task.state
+        not_ready = sum(1 for d in task.deps if d in state.tasks and state.tasks[d].state != MEMORY)
+        if task.state == WAITING:
+            assert task.missing_deps == not_ready > 0, f"{key}: waiting with wrong count"
+        if task.state == QUEUED:
+            assert task.missing_deps == 0 == not_ready, f"{key}: queued with inputs missing"
+            assert key in queued_keys, f"{key}: queued but in no heap"
+        if task.state == PROCESSING and task.worker is not None:
+            assert key in state.workers[task.worker].processing, f"{key}: lost its worker"
+        if task.state == MEMORY:
+            worker = state.workers.get(task.worker or "")
+            assert worker is not None and key in worker.has_what, f"{key}: result nowhere"
+        for dep_key in task.dependents:
+            dependent = state.tasks.get(dep_key)
+            assert dependent is not None, f"{key}: dependent {dep_key} forgotten"
+            assert key in dependent.deps
+            assert dependent.state in (WAITING, QUEUED, PROCESSING), f"{dep_key} finished"
+        if task.state in (WAITING, QUEUED) or (task.state == PROCESSING and task.worker):
+            for dep_key in task.deps:
+                dep = state.tasks.get(dep_key)
+                assert dep is not None, f"{key}: input {dep_key} forgotten while needed"
+                assert key in dep.dependents, f"{key}: not registered with {dep_key}"
+        for client_id in task.wanted_by or ():
+            assert key in state.clients[client_id].wanted
+
+
+def _check_reservations(state: SchedulerState) -> None:
+    for worker in state.workers.values():
+        if worker.reserved_by is not None:
+            task = state.tasks.get(worker.reserved_by)
+            assert task is not None and task.state == QUEUED, f"stale reservation on {worker.name}"
+            assert task.reserved_on == worker.id
+    for task in state.tasks.values():
+        if task.reserved_on is not None:
+            worker = state.workers[task.reserved_on]
+            assert worker.reserved_by == task.key

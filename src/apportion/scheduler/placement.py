@@ -1,0 +1,235 @@
+"""The placement pass: which ready task starts where, decided in one batch.
+
+Rules (documented for users in docs/scheduling.md):
+
+1. A task that declares resources is assigned only to a worker where every amount
+   it asks for is free *now*, and a thread is free. Among those, the worker holding
+   most of its input bytes wins, then the least loaded.
+2. Ready tasks are considered oldest first (higher priority first, then submission
+   order). A task that does not fit does not stop the pass: later tasks that fit
+   elsewhere, or on other resources, start (backfill, no head-of-line blocking).
+3. No starvation: when the oldest ready task of a given request fits nowhere, it
+   *reserves* the worker closest to fitting it. From then on, other tasks may not
+   take that worker's free amounts of the resources it needs, nor (once it waits
+   only for a thread) that worker's threads. As running tasks finish, what they
+   free accumulates for the reserved task until it fits. A worker holds at most
+   one reservation; reservations are kept until the task starts.
+4. Plain tasks (no resources) only need a thread, and may be queued a little ahead
+   on a worker (``pipeline_seconds`` of work per thread) to hide the round trip.
+
+Cost: one pass per loop turn, O(started tasks x candidate workers + request kinds),
+never a walk over everything queued.
+"""
+
+from __future__ import annotations
+
+import math
+from heapq import heappop, heappush
+from typing import TYPE_CHECKING
+
+from apportion.core.resources import fits
+from apportion.scheduler.records import QUEUED, TaskRecord, WorkerRecord
+
+if TYPE_CHECKING:
+    from apportion.scheduler.state import SchedulerState
+
+Signature = tuple[tuple[str, int], ...]
+
+
+def place(state: SchedulerState) -> None:
+    """Start every ready task that can start now."""
+    if not state.workers:
+        return
+    _place_resource_tasks(state)
+    _place_plain_tasks(state)
+
+
+def candidates(state: SchedulerState, signature: Signature) -> list[WorkerRecord]:
+    """Workers whose declared supply could ever hold this request."""
+    demand = dict(signature)
+    return [w for w in state.workers.values() if fits(demand, w.total)]
+
+
+def holder_of(state: SchedulerState, worker: WorkerRecord, task: TaskRecord) -> TaskRecord | None:
+    """The task holding a reservation on ``worker`` if it is not ``task`` itself."""
+    if worker.reserved_by is None or worker.reserved_by == task.key:
+        return None
+    return state.tasks.get(worker.reserved_by)
+
+
+def available(worker: WorkerRecord, name: str, holder: TaskRecord | None) -> int:
+    """Free amount of ``name`` on ``worker`` that is not held for a reservation."""
+    free = worker.free.get(name, 0)
+    if holder is not None:
+        free -= min(free, holder.resources.get(name, 0))
+    return free
+
+
+def fits_now(state: SchedulerState, worker: WorkerRecord, task: TaskRecord) -> bool:
+    """Could ``task`` start on ``worker`` right now, respecting any reservation?"""
+    if len(worker.processing) >= worker.nthreads:
+        return False
+    holder = holder_of(state, worker, task)
+    for name, need in task.resources.items():
+        if available(worker, name, holder) < need:
+            return False
+    return True
+
+
+def _input_bytes(state: SchedulerState, task: TaskRecord) -> dict[str, int]:
+    by_worker: dict[str, int] = {}
+    for dep in task.deps:
+        record = state.tasks[dep]
+        if record.worker is not None:
+            by_worker[record.worker] = by_worker.get(record.worker, 0) + record.nbytes
+    return by_worker
+
+
+def best_worker(
+    state: SchedulerState, task: TaskRecord, pool: list[WorkerRecord]
+) -> WorkerRecord | None:
+    """The fitting worker with most input bytes, then least load; None if none fits."""
+    local = _input_bytes(state, task) if task.deps else {}
+    best: WorkerRecord | None = None
+    best_score: tuple[int, float] | None = None
+    for worker in pool:
+        if not fits_now(state, worker, task):
+            continue
+        score = (-local.get(worker.id, 0), len(worker.processing) / worker.nthreads)
+        if best_score is None or score < best_score:
+            best, best_score = worker, score
+    return best
+
+
+def _reserve(state: SchedulerState, task: TaskRecord, pool: list[WorkerRecord]) -> None:
+    """Hold the worker closest to fitting ``task`` so backfill cannot starve it."""
+    best: WorkerRecord | None = None
+    best_score: tuple[float, int] | None = None
+    for worker in pool:
+        if worker.reserved_by is not None:
+            continue
+        closeness = sum(min(worker.free.get(n, 0), need) / need for n, need in task.resources.items())
+        score = (-closeness, len(worker.processing))
+        if best_score is None or score < best_score:
+            best, best_score = worker, score
+    if best is not None:
+        best.reserved_by = task.key
+        task.reserved_on = best.id
+        state.log.append((state.now, task.key, QUEUED, QUEUED, f"reserved {best.name}"))
+
+
+def _head(state: SchedulerState, heap: list[tuple[int, int, str]]) -> TaskRecord | None:
+    """First live entry of ``heap``, discarding stale ones (tasks no longer queued)."""
+    while heap:
+        task = state.tasks.get(heap[0][2])
+        if task is not None and task.state == QUEUED and task.seq == heap[0][1]:
+            return task
+        heappop(heap)
+    return None
+
+
+def _place_resource_tasks(state: SchedulerState) -> None:
+    if not any(len(w.processing) < w.nthreads for w in state.workers.values()):
+        return
+    pools: dict[Signature, list[WorkerRecord]] = {}
+
+    def pool_for(sig: Signature) -> list[WorkerRecord]:
+        if sig not in pools:
+            pools[sig] = candidates(state, sig)
+        return pools[sig]
+
+    # Reservation holders first: they are the oldest of their kind that could not fit.
+    for worker in list(state.workers.values()):
+        held = state.tasks.get(worker.reserved_by or "")
+        if held is not None and held.state == QUEUED:
+            target = best_worker(state, held, pool_for(held.signature))
+            if target is not None:
+                state.assign(held, target)
+
+    heads: list[tuple[tuple[int, int], Signature]] = []
+    for sig, heap in state.ready.items():
+        task = _head(state, heap) if sig else None
+        if task is not None:
+            heads.append((task.order(), sig))
+    heads.sort()
+    while heads:
+        _, sig = heappop(heads)
+        heap = state.ready[sig]
+        task = _head(state, heap)
+        if task is None:
+            continue
+        pool = pool_for(sig)
+        target = best_worker(state, task, pool)
+        if target is not None:
+            heappop(heap)
+            state.assign(task, target)
+            nxt = _head(state, heap)
+            if nxt is not None:
+                heappush(heads, (nxt.order(), sig))
+        elif not pool:
+            state.unsatisfiable(sig, heap)
+        elif task.reserved_on is None:
+            _reserve(state, task, pool)
+    for sig in [sig for sig, heap in state.ready.items() if not heap]:
+        del state.ready[sig]
+
+
+def plain_capacity(state: SchedulerState, worker: WorkerRecord) -> int:
+    """How many more plain tasks ``worker`` may be given now (running or queued ahead)."""
+    holder = state.tasks.get(worker.reserved_by or "")
+    if holder is not None and fits(holder.resources, worker.free):
+        return 0  # the reserved task waits only for a thread: let the threads drain
+    avg = worker.avg_duration
+    config = state.config
+    if avg is None:
+        ahead = 1
+    elif avg <= 0:
+        ahead = config.max_pipeline
+    else:
+        ahead = max(1, min(config.max_pipeline, math.ceil(config.pipeline_seconds / avg)))
+    return worker.nthreads * (1 + ahead) - len(worker.processing)
+
+
+def _place_plain_tasks(state: SchedulerState) -> None:
+    heap = state.ready.get(())
+    if not heap:
+        return
+    capacity: dict[str, int] = {}
+    loads: list[tuple[float, int, str]] = []
+    for i, worker in enumerate(state.workers.values()):
+        cap = plain_capacity(state, worker)
+        if cap > 0:
+            capacity[worker.id] = cap
+            heappush(loads, (len(worker.processing) / worker.nthreads, i, worker.id))
+    while loads:
+        task = _head(state, heap)
+        if task is None:
+            break
+        target = _local_choice(state, task, capacity) if task.deps else None
+        if target is None:
+            load, i, worker_id = heappop(loads)
+            worker = state.workers[worker_id]
+            if capacity[worker_id] <= 0:
+                continue
+            current = len(worker.processing) / worker.nthreads
+            if current != load:
+                heappush(loads, (current, i, worker_id))
+                continue
+            target = worker
+            heappush(loads, (current + 1 / worker.nthreads, i, worker_id))
+        heappop(heap)
+        capacity[target.id] -= 1
+        state.assign(task, target)
+    if not heap:
+        del state.ready[()]
+
+
+def _local_choice(
+    state: SchedulerState, task: TaskRecord, capacity: dict[str, int]
+) -> WorkerRecord | None:
+    """The worker holding most input bytes, if it can take the task now."""
+    local = _input_bytes(state, task)
+    for worker_id in sorted(local, key=lambda w: -local[w]):
+        if capacity.get(worker_id, 0) > 0:
+            return state.workers[worker_id]
+    return None

@@ -1,0 +1,188 @@
+"""What the scheduler knows about each task, worker and client.
+
+Plain slotted classes, not dataclasses: there can be millions of task records and
+every byte counts (the scheduler keeps under 2 KiB per queued task). Invariants are
+stated on the fields and checked by ``scheduler.invariants.check_invariants``.
+"""
+
+from __future__ import annotations
+
+from apportion.core.resources import Amounts
+
+#: Shared by every plain task, so 100,000 of them do not hold 100,000 empty dicts.
+NO_RESOURCES: Amounts = {}
+
+#: Task states. "new" and "forgotten" appear only in stories, never on a record.
+WAITING = "waiting"  #: some dependency is not in memory yet
+QUEUED = "queued"  #: ready; waits in the scheduler for a worker where it fits
+PROCESSING = "processing"  #: assigned to a worker, which holds its resources
+MEMORY = "memory"  #: finished; the result lives on ``worker``
+ERRED = "erred"  #: failed (raised, cancelled, unsatisfiable, lost); kept while wanted
+
+#: Every legal move. Anything else is a bug and raises at once.
+TRANSITIONS: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("new", WAITING),
+        ("new", QUEUED),
+        ("new", MEMORY),
+        ("new", ERRED),
+        (WAITING, QUEUED),
+        (WAITING, ERRED),
+        (WAITING, "forgotten"),
+        (QUEUED, PROCESSING),
+        (QUEUED, WAITING),
+        (QUEUED, ERRED),
+        (QUEUED, "forgotten"),
+        (PROCESSING, MEMORY),
+        (PROCESSING, QUEUED),
+        (PROCESSING, WAITING),
+        (PROCESSING, ERRED),
+        (PROCESSING, "forgotten"),
+        (MEMORY, WAITING),
+        (MEMORY, QUEUED),
+        (MEMORY, ERRED),
+        (MEMORY, "forgotten"),
+        (ERRED, "forgotten"),
+    }
+)
+
+
+class TaskRecord:
+    """The scheduler's view of one task."""
+
+    __slots__ = (
+        "args",
+        "cancelled",
+        "dependents",
+        "deps",
+        "discard_result",
+        "error",
+        "func_id",
+        "key",
+        "missing_deps",
+        "nbytes",
+        "priority",
+        "reserved_on",
+        "resources",
+        "retries",
+        "seq",
+        "signature",
+        "state",
+        "waiters",
+        "wanted_by",
+        "worker",
+    )
+
+    def __init__(
+        self,
+        key: str,
+        func_id: str,
+        args: bytes,
+        deps: tuple[str, ...],
+        resources: Amounts,
+        priority: int,
+        retries: int,
+        seq: int,
+    ) -> None:
+        self.key = key
+        self.func_id = func_id
+        #: Opaque pickled arguments; kept until forgotten so the task can run again.
+        self.args = args
+        self.deps = deps
+        #: Keys of tasks that take this one's result as input.
+        self.dependents: set[str] = set()
+        #: Dependents that have not finished yet; the result is needed while > 0.
+        self.waiters = 0
+        #: Dependencies not in memory; the task is QUEUED exactly when this is 0.
+        self.missing_deps = 0
+        self.resources = resources
+        #: Demand as a sorted tuple: tasks with equal signatures fit in the same places.
+        self.signature: tuple[tuple[str, int], ...] = tuple(sorted(resources.items()))
+        self.priority = priority
+        self.retries = retries
+        #: Submission order; with priority, the start order among ready tasks.
+        self.seq = seq
+        self.state = "new"
+        #: The worker running it (PROCESSING) or holding its result (MEMORY).
+        self.worker: str | None = None
+        #: Clients holding a future for this key.
+        self.wanted_by: set[str] | None = None
+        self.nbytes = 0
+        #: For ERRED: ("exception", exc_bytes, tb_bytes) or (kind, message, b"").
+        self.error: tuple[str, bytes | str, bytes] | None = None
+        #: The worker this task holds a reservation on while it cannot fit anywhere.
+        self.reserved_on: str | None = None
+        #: Set when the worker was told to drop the result of this running task.
+        self.discard_result = False
+        self.cancelled = False
+
+    def needed(self) -> bool:
+        """A client wants it or an unfinished dependent needs its result."""
+        return self.waiters > 0 or bool(self.wanted_by)
+
+    def order(self) -> tuple[int, int]:
+        """Start order: higher priority first, then earlier submission."""
+        return (-self.priority, self.seq)
+
+
+class WorkerRecord:
+    """The scheduler's view of one worker process."""
+
+    __slots__ = (
+        "address",
+        "avg_duration",
+        "free",
+        "functions",
+        "has_what",
+        "id",
+        "memory_limit",
+        "name",
+        "nbytes",
+        "nthreads",
+        "pid",
+        "processing",
+        "reserved_by",
+        "total",
+    )
+
+    def __init__(
+        self,
+        worker_id: str,
+        name: str,
+        address: str,
+        nthreads: int,
+        total: Amounts,
+        pid: int,
+        memory_limit: int,
+    ) -> None:
+        self.id = worker_id
+        self.name = name
+        self.address = address
+        self.nthreads = nthreads
+        #: Declared supply in ticks; never changes while connected.
+        self.total = dict(total)
+        #: total minus the demand of every task in ``processing``; never negative.
+        self.free = dict(total)
+        #: Keys assigned here and not yet reported back.
+        self.processing: set[str] = set()
+        #: Keys whose result lives here.
+        self.has_what: set[str] = set()
+        self.nbytes = 0
+        #: Function ids this worker has been sent.
+        self.functions: set[str] = set()
+        #: The one task allowed to use what this worker frees, while it cannot fit.
+        self.reserved_by: str | None = None
+        #: Moving average of plain task run times, to size the pipeline; None until known.
+        self.avg_duration: float | None = None
+        self.pid = pid
+        self.memory_limit = memory_limit
+
+
+class ClientRecord:
+    """A connected client and the keys it holds futures for."""
+
+    __slots__ = ("id", "wanted")
+
+    def __init__(self, client_id: str) -> None:
+        self.id = client_id
+        self.wanted: set[str] = set()

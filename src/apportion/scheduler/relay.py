@@ -1,0 +1,177 @@
+"""Gather and scatter through the scheduler, for clients that cannot reach workers.
+
+On a cluster the client often sits on a login node that sees only the scheduler
+(seed 004: "the clients do not talk directly to the workers"). The scheduler relays
+results and scattered data as opaque bytes: one ``GetData``/``PutData`` per worker
+per request, one reply to the client when every worker has answered.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from apportion.protocol import messages as m
+from apportion.scheduler.records import (
+    MEMORY,
+    NO_RESOURCES,
+    ClientRecord,
+    TaskRecord,
+    WorkerRecord,
+)
+
+if TYPE_CHECKING:
+    from apportion.scheduler.state import SchedulerState
+
+
+@dataclass
+class _Gather:
+    client_id: str
+    request_id: int
+    #: worker id -> keys asked of it and not answered yet
+    pending: dict[str, list[str]]
+    data: dict[str, bytes] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Scatter:
+    client_id: str
+    request_id: int
+    pending: dict[str, list[str]]
+    keys: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RelayBook:
+    """Relays in flight, by the request id the scheduler used towards workers."""
+
+    gathers: dict[int, _Gather] = field(default_factory=dict)
+    scatters: dict[int, _Scatter] = field(default_factory=dict)
+    #: Scatter requests that arrived before any worker did.
+    parked: list[tuple[str, m.ScatterRequest]] = field(default_factory=list)
+    next_id: int = 0
+
+    def new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    def drop_client(self, state: SchedulerState, client_id: str) -> None:
+        for book in (self.gathers, self.scatters):
+            for rid in [rid for rid, r in book.items() if r.client_id == client_id]:
+                del book[rid]
+        self.parked = [(c, req) for c, req in self.parked if c != client_id]
+
+    def worker_joined(self, state: SchedulerState) -> None:
+        parked, self.parked = self.parked, []
+        for client_id, request in parked:
+            client = state.clients.get(client_id)
+            if client is not None:
+                scatter(state, client, request)
+
+    def worker_left(self, state: SchedulerState, worker_id: str) -> None:
+        """Answers that will never come count as missing (gather) or are re-placed (scatter)."""
+        for rid, gather_ in list(self.gathers.items()):
+            keys = gather_.pending.pop(worker_id, None)
+            if keys is not None:
+                gather_.missing.extend(keys)
+                _maybe_finish_gather(state, rid)
+        for rid, scatter_ in list(self.scatters.items()):
+            if worker_id in scatter_.pending:
+                del self.scatters[rid]
+                state.send(
+                    scatter_.client_id,
+                    m.KeysFailed(
+                        scatter_.pending[worker_id],
+                        "lost",
+                        "the worker receiving scattered data left; scatter again",
+                    ),
+                )
+
+
+def gather(state: SchedulerState, client: ClientRecord, msg: m.GatherRequest) -> None:
+    by_worker: dict[str, list[str]] = defaultdict(list)
+    missing: list[str] = []
+    for key in msg.keys:
+        task = state.tasks.get(key)
+        if task is not None and task.state == MEMORY and task.worker in state.workers:
+            by_worker[task.worker].append(key)
+        else:
+            missing.append(key)
+    if not by_worker:
+        state.send(client.id, m.GatherReply(msg.request_id, {}, missing))
+        return
+    rid = state.relays.new_id()
+    state.relays.gathers[rid] = _Gather(client.id, msg.request_id, dict(by_worker), {}, missing)
+    for worker_id, keys in by_worker.items():
+        state.send(worker_id, m.GetData(rid, keys))
+
+
+def data_reply(state: SchedulerState, worker: WorkerRecord, msg: m.DataReply) -> None:
+    gather_ = state.relays.gathers.get(msg.request_id)
+    if gather_ is None or gather_.pending.pop(worker.id, None) is None:
+        return
+    gather_.data.update(msg.data)
+    gather_.missing.extend(msg.missing)
+    _maybe_finish_gather(state, msg.request_id)
+
+
+def _maybe_finish_gather(state: SchedulerState, rid: int) -> None:
+    gather_ = state.relays.gathers[rid]
+    if not gather_.pending:
+        del state.relays.gathers[rid]
+        reply = m.GatherReply(gather_.request_id, gather_.data, gather_.missing)
+        state.send(gather_.client_id, reply)
+
+
+def scatter(state: SchedulerState, client: ClientRecord, msg: m.ScatterRequest) -> None:
+    if not state.workers:
+        state.relays.parked.append((client.id, msg))
+        return
+    # Spread keys over workers, fewest stored bytes first, so scatter balances memory.
+    order = sorted(state.workers.values(), key=lambda w: (w.nbytes, len(w.has_what)))
+    parts: dict[str, dict[str, bytes]] = defaultdict(dict)
+    for i, (key, blob) in enumerate(msg.data.items()):
+        parts[order[i % len(order)].id][key] = blob
+    rid = state.relays.new_id()
+    pending = {worker_id: list(data) for worker_id, data in parts.items()}
+    state.relays.scatters[rid] = _Scatter(client.id, msg.request_id, pending)
+    for worker_id, data in parts.items():
+        state.send(worker_id, m.PutData(rid, data))
+
+
+def data_stored(state: SchedulerState, worker: WorkerRecord, msg: m.DataStored) -> None:
+    scatter_ = state.relays.scatters.get(msg.request_id)
+    if scatter_ is None or scatter_.pending.pop(worker.id, None) is None:
+        state.send(worker.id, m.FreeKeys(msg.keys))
+        return
+    client = state.clients.get(scatter_.client_id)
+    for key in msg.keys:
+        task = state.tasks.get(key)
+        scatter_.keys.append(key)
+        if task is None:
+            task = TaskRecord(key, "", b"", (), NO_RESOURCES, 0, 0, state.next_seq())
+            state.tasks[key] = task
+            if client is not None:
+                task.wanted_by = {client.id}
+                client.wanted.add(key)
+            state.complete(task, worker, msg.nbytes.get(key, 0), "scattered")
+        else:
+            # Same key scattered twice: keep the first copy, drop this one.
+            state.send(worker.id, m.FreeKeys([key]))
+            if client is not None:
+                state.want(client, key)
+    if not scatter_.pending:
+        del state.relays.scatters[msg.request_id]
+        if client is not None:
+            state.send(client.id, m.ScatterReply(scatter_.request_id, scatter_.keys))
+
+
+def who_has(state: SchedulerState, client: ClientRecord, msg: m.WhoHasRequest) -> None:
+    out: dict[str, list[str]] = {}
+    for key in msg.keys:
+        task: TaskRecord | None = state.tasks.get(key)
+        if task is not None and task.state == MEMORY and task.worker in state.workers:
+            out[key] = [state.workers[task.worker].address]
+    state.send(client.id, m.WhoHasReply(msg.request_id, out))

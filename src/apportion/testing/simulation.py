@@ -1,0 +1,180 @@
+"""Drive the scheduler's state machine with simulated workers and simulated time.
+
+No sockets, no threads, no clock: tests and the pure benchmark tier use this to
+check placement decisions in microseconds. Public, so users can test their own
+resource plans ("will these jobs overlap on my two GPUs?") before running them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from apportion.core.resources import ResourceSpec, parse_demand, parse_resources
+from apportion.protocol import messages as m
+from apportion.scheduler.events import (
+    ClientJoined,
+    ClientLeft,
+    Command,
+    Event,
+    FromClient,
+    FromWorker,
+    Log,
+    PlacementDue,
+    Send,
+    WorkerJoined,
+    WorkerLeft,
+)
+from apportion.scheduler.state import SchedulerConfig, SchedulerState
+
+
+@dataclass
+class Interval:
+    """When and where one task ran in a simulation."""
+
+    key: str
+    worker: str
+    start: float
+    end: float
+
+
+@dataclass
+class SimulatedCluster:
+    """A scheduler state machine plus bookkeeping of what each fake worker runs."""
+
+    config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    now: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.state = SchedulerState(self.config)
+        #: worker id -> keys the scheduler told it to run and it has not reported
+        self.running: dict[str, dict[str, m.ComputeTask]] = {}
+        self.logs: list[Log] = []
+        #: client id -> every message the scheduler sent it
+        self.inbox: dict[str, list[m.Message]] = {}
+        self.started: list[tuple[float, str, str]] = []
+        self._ids = itertools.count(1)
+
+    # --- plumbing -------------------------------------------------------------------
+
+    def handle(self, event: Event) -> list[Command]:
+        commands = self.state.handle(event)
+        for command in commands:
+            if isinstance(command, Log):
+                self.logs.append(command)
+            elif command.peer_id in self.running:
+                self._to_worker(command)
+            else:
+                self.inbox.setdefault(command.peer_id, []).append(command.message)
+        return commands
+
+    def _to_worker(self, command: Send) -> None:
+        msg = command.message
+        if isinstance(msg, m.ComputeTask):
+            self.running[command.peer_id][msg.key] = msg
+            self.started.append((self.now, command.peer_id, msg.key))
+        elif isinstance(msg, m.FreeKeys):
+            pass  # fake workers hold no data
+
+    def place(self) -> list[tuple[str, str]]:
+        """Run one placement pass; return the (worker, key) pairs it started."""
+        before = len(self.started)
+        self.handle(PlacementDue(self.now))
+        return [(w, k) for _, w, k in self.started[before:]]
+
+    # --- cluster membership ---------------------------------------------------------
+
+    def add_worker(
+        self, name: str | None = None, nthreads: int = 1, resources: ResourceSpec = None
+    ) -> str:
+        worker_id = f"w{next(self._ids)}"
+        self.running[worker_id] = {}
+        reg = m.RegisterWorker(
+            name or worker_id, f"sim://{worker_id}", nthreads, parse_resources(resources), 0, 0
+        )
+        self.handle(WorkerJoined(worker_id, reg, self.now))
+        return worker_id
+
+    def remove_worker(self, worker_id: str) -> list[str]:
+        """Lose a worker; return the keys it was running."""
+        lost = list(self.running.pop(worker_id))
+        self.handle(WorkerLeft(worker_id, self.now))
+        return lost
+
+    def add_client(self, client_id: str = "c1") -> str:
+        self.inbox.setdefault(client_id, [])
+        self.handle(ClientJoined(client_id, self.now))
+        return client_id
+
+    def remove_client(self, client_id: str) -> None:
+        self.handle(ClientLeft(client_id, self.now))
+
+    # --- tasks ----------------------------------------------------------------------
+
+    def submit(
+        self,
+        key: str,
+        deps: Iterable[str] = (),
+        resources: ResourceSpec = None,
+        *,
+        priority: int = 0,
+        retries: int = 0,
+        client: str = "c1",
+        wanted: bool = True,
+    ) -> None:
+        spec = m.TaskSpec(key, "f", b"", list(deps), parse_demand(resources), priority, retries)
+        msg = m.SubmitTasks([spec], {"f": b"func"}, [key] if wanted else [])
+        self.handle(FromClient(client, [msg], self.now))
+
+    def client_says(self, client: str, *messages: m.Message) -> None:
+        self.handle(FromClient(client, list(messages), self.now))
+
+    def finish(self, key: str, *, nbytes: int = 8, duration: float = 0.001) -> None:
+        """The worker running ``key`` reports success."""
+        worker_id = self.worker_of(key)
+        del self.running[worker_id][key]
+        msg = m.TaskFinished(key, nbytes, duration, "int")
+        self.handle(FromWorker(worker_id, [msg], self.now))
+
+    def raise_(self, key: str, exception: bytes = b"exc", traceback: bytes = b"tb") -> None:
+        """The worker running ``key`` reports that it raised."""
+        worker_id = self.worker_of(key)
+        del self.running[worker_id][key]
+        msg = m.TaskRaised(key, exception, traceback, 0.001)
+        self.handle(FromWorker(worker_id, [msg], self.now))
+
+    def worker_of(self, key: str) -> str:
+        for worker_id, keys in self.running.items():
+            if key in keys:
+                return worker_id
+        raise KeyError(f"{key} is not running anywhere")
+
+    def all_running(self) -> set[str]:
+        return {k for keys in self.running.values() for k in keys}
+
+    # --- whole runs -----------------------------------------------------------------
+
+    def run(self, durations: dict[str, float], *, limit: int = 1_000_000) -> list[Interval]:
+        """Run to quiescence: every started task finishes after its duration.
+
+        Tasks missing from ``durations`` take 1.0. Returns when nothing is running
+        and a placement pass starts nothing more.
+        """
+        intervals: list[Interval] = []
+        ends: list[tuple[float, int, str, str]] = []
+        seq = itertools.count()
+        begun: dict[str, float] = {}
+        for _ in range(limit):
+            for worker_id, key in self.place():
+                begun[key] = self.now
+                heapq.heappush(ends, (self.now + durations.get(key, 1.0), next(seq), worker_id, key))
+            if not ends:
+                return intervals
+            end, _, worker_id, key = heapq.heappop(ends)
+            self.now = end
+            if key in self.running.get(worker_id, {}):
+                self.finish(key, duration=durations.get(key, 1.0))
+                intervals.append(Interval(key, worker_id, begun[key], end))
+        raise RuntimeError("simulation did not settle")
