@@ -129,6 +129,11 @@ class _WithKwargs:
         return _WithKwargs, (self.args, self.kwargs)
 
 
+def dumps_function(func: Callable[..., Any]) -> bytes:
+    """Pickle a task's function; cloudpickle, so script-defined functions go by value."""
+    return bytes(cloudpickle.dumps(func, protocol=5))
+
+
 def function_id(blob: bytes) -> str:
     """Content hash naming a pickled function, so workers can cache it."""
     return hashlib.blake2b(blob, digest_size=16).hexdigest()

@@ -408,12 +408,23 @@ class SchedulerState:
 
     def submit(self, client: ClientRecord, msg: m.SubmitTasks) -> None:
         self.functions.update(msg.functions)
+        # Records, links and wants first, states second: a task that fails at
+        # submission must already know who wants it and which dependents fail with
+        # it, or it would be forgotten unseen and reported only as "unknown".
         created: list[TaskRecord] = []
         for spec in msg.tasks:
             if spec.key not in self.tasks:
                 created.append(self._new_task(spec))
+        for task in created:  # after creation, so a batch need not be in graph order
+            for dep_key in task.deps:
+                dep = self.tasks.get(dep_key)
+                if dep is not None:
+                    dep.dependents.add(task.key)
         for key in msg.wanted:
             self.want(client, key)
+        for task in created:
+            if task.state == "new":  # not already failed with an input
+                self._start(task)
         # Tasks nobody wants and nothing depends on would run for no one.
         for task in reversed(created):
             if task.key in self.tasks:
@@ -424,6 +435,7 @@ class SchedulerState:
                     self._warn_unsatisfiable(task, unsatisfiable_text(task, self.workers.values()))
 
     def _new_task(self, spec: m.TaskSpec) -> TaskRecord:
+        """A "new" record; ``submit`` links it to its inputs and ``_start`` sets its state."""
         task = TaskRecord(
             spec.key,
             spec.func_id,
@@ -436,15 +448,17 @@ class SchedulerState:
         )
         self.tasks[spec.key] = task
         self.function_users[spec.func_id] += 1
+        return task
+
+    def _start(self, task: TaskRecord) -> None:
+        """Move a new task to WAITING, QUEUED or (bad input, unsatisfiable) ERRED."""
         failure: tuple[str, bytes | str, bytes] | None = None
         for dep_key in task.deps:
             dep = self.tasks.get(dep_key)
             if dep is None:
-                text = f"input {dep_key!r} of {spec.key!r} is unknown (already released?)"
+                text = f"input {dep_key!r} of {task.key!r} is unknown (already released?)"
                 failure = ("lost", text, b"")
-                continue
-            dep.dependents.add(task.key)
-            if dep.state == ERRED and dep.error is not None:
+            elif dep.state == ERRED and dep.error is not None:
                 failure = dep.error
             elif dep.state != MEMORY:
                 task.missing_deps += 1
@@ -456,7 +470,6 @@ class SchedulerState:
             self.move(task, WAITING, "submitted")
         else:
             self.enqueue(task, "submitted")
-        return task
 
     def want(self, client: ClientRecord, key: str) -> None:
         task = self.tasks.get(key)

@@ -1,0 +1,573 @@
+"""The user's handle on a cluster: a synchronous API over a background event loop.
+
+Calls from user threads never touch the socket. ``submit``, ``map`` and releases
+append to an ordered outbox and wake the loop once; the loop coalesces everything
+queued into as few frames as possible (10,000 submits in a tight loop leave as a
+handful of ``SubmitTasks`` messages, each function pickled once per batch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from apportion.client.errors import SchedulerGoneError
+from apportion.client.future import CANCELLED, ERROR, FINISHED, LOST, Future, KeyState
+from apportion.core import payload
+from apportion.core.resources import ResourceSpec, parse_demand
+from apportion.loop_thread import LoopThread
+from apportion.net.connection import Connection, ConnectionClosed
+from apportion.net.handshake import open_connection
+from apportion.protocol import messages as m
+from apportion.protocol.codec import ProtocolError
+
+if TYPE_CHECKING:
+    from apportion.client.local import LocalCluster
+
+logger = logging.getLogger("apportion.client")
+
+_FUNC_CACHE_SIZE = 512
+
+
+class Client:
+    """Connect to a scheduler (``Client("tcp://host:8786")``), a ``LocalCluster``,
+    or, with no argument, start an embedded local cluster sized to this machine.
+    """
+
+    def __init__(
+        self,
+        address: str | LocalCluster | None = None,
+        *,
+        timeout: float = 30.0,
+        direct_to_workers: bool = False,
+        name: str | None = None,
+    ) -> None:
+        from apportion.client.local import LocalCluster
+
+        self._own_cluster: LocalCluster | None = None
+        self.cluster: LocalCluster | None = None
+        if address is None:
+            self._own_cluster = self.cluster = LocalCluster()
+            address = self.cluster.scheduler_address
+        elif isinstance(address, LocalCluster):
+            self.cluster = address
+            address = address.scheduler_address
+        self.scheduler_address = address
+        self.direct_to_workers = direct_to_workers
+        self.timeout = timeout
+        self.name = name or f"client-{uuid.uuid4().hex[:8]}"
+        #: Warnings the scheduler sent (e.g. requests no worker can meet).
+        self.notices: list[str] = []
+        # Re-entrant: garbage collection can run ``Future.__del__`` (which takes this
+        # lock) in the middle of any allocation made while the lock is held.
+        self._lock = threading.RLock()
+        self._keys: dict[str, KeyState] = {}
+        self._outbox: list[Any] = []
+        self._wake_scheduled = False
+        self._functions: dict[Any, tuple[str, bytes]] = {}
+        self._requests: dict[int, asyncio.Future[Any]] = {}
+        self._request_ids = itertools.count(1)
+        self._peers: dict[str, Connection] = {}
+        self._conn: Connection | None = None
+        self._closed = False
+        self._loop = LoopThread("apportion-client")
+        try:
+            self._loop.run(self._connect(address), timeout)
+        except BaseException:
+            self._loop.stop()
+            if self._own_cluster is not None:
+                self._own_cluster.close()
+            raise
+
+    # --- connection -----------------------------------------------------------------
+
+    async def _connect(self, address: str) -> None:
+        self._conn, _ = await open_connection(address, "client", self.name, timeout=self.timeout)
+        self._reader = asyncio.create_task(self._read_loop(self._conn))
+
+    async def _read_loop(self, conn: Connection) -> None:
+        try:
+            while True:
+                for msg in await conn.recv():
+                    self._on_message(msg)
+        except (ConnectionClosed, ProtocolError) as exc:
+            if not self._closed:
+                logger.error("lost the connection to the scheduler: %s", exc)
+                self._scheduler_gone(str(exc))
+
+    def _scheduler_gone(self, reason: str) -> None:
+        error = ("lost", f"connection to the scheduler {self.scheduler_address} lost: {reason}", b"")
+        with self._lock:
+            states = list(self._keys.values())
+        for state in states:
+            if not state.event.is_set():
+                state.settle(LOST, error)
+        for fut in self._requests.values():
+            if not fut.done():
+                fut.set_exception(SchedulerGoneError(error[1]))
+
+    def _on_message(self, msg: m.Message) -> None:
+        if isinstance(msg, m.KeysDone):
+            for key in msg.keys:
+                self._settle(key, FINISHED, None)
+        elif isinstance(msg, m.TaskErred):
+            self._settle(msg.key, ERROR, ("exception", msg.exception, msg.traceback))
+        elif isinstance(msg, m.KeysFailed):
+            status = CANCELLED if msg.kind == "cancelled" else ERROR
+            for key in msg.keys:
+                self._settle(key, status, (msg.kind, msg.message, b""))
+        elif isinstance(msg, m.Notice):
+            self.notices.append(msg.text)
+            logger.warning("scheduler: %s", msg.text)
+        else:
+            fut = self._requests.pop(getattr(msg, "request_id", -1), None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+
+    def _settle(self, key: str, status: str, error: tuple[str, bytes | str, bytes] | None) -> None:
+        state = self._keys.get(key)
+        if state is not None and (not state.event.is_set() or status == CANCELLED):
+            state.settle(status, error)
+
+    async def _request(self, msg: m.Message, conn: Connection | None = None) -> Any:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._requests[msg.request_id] = fut  # type: ignore[attr-defined]
+        self._flush()  # keep order: everything queued before this request goes first
+        (conn or self._conn_or_raise()).send(msg)
+        return await fut
+
+    def _conn_or_raise(self) -> Connection:
+        if self._conn is None or self._conn.closed:
+            raise SchedulerGoneError(f"not connected to the scheduler {self.scheduler_address}")
+        return self._conn
+
+    def _call(self, make: Callable[[int], m.Message], timeout: float | None = None) -> Any:
+        """Send a request built with a fresh id and wait for its reply (user threads)."""
+        return self._loop.run(self._request(make(next(self._request_ids))), timeout)
+
+    # --- the outbox -----------------------------------------------------------------
+
+    def _post(self, item: Any) -> None:
+        """Queue a message (or a task) for the scheduler; wake the loop once per burst."""
+        with self._lock:
+            self._outbox.append(item)
+            if self._wake_scheduled or self._closed:
+                return
+            self._wake_scheduled = True
+        with contextlib.suppress(RuntimeError):  # loop already stopped at shutdown
+            self._loop.loop.call_soon_threadsafe(self._flush)
+
+    def _flush(self) -> None:
+        """Send the outbox in order, merging runs of tasks into one ``SubmitTasks``."""
+        with self._lock:
+            items, self._outbox = self._outbox, []
+            self._wake_scheduled = False
+        if not items or self._conn is None:
+            return
+        tasks: list[m.TaskSpec] = []
+        functions: dict[str, bytes] = {}
+        wanted: list[str] = []
+        releases: list[str] = []
+        for item in items:
+            if isinstance(item, list):  # [(TaskSpec, func blob, wanted), ...]: one graph
+                if releases:
+                    self._conn.send(m.ReleaseKeys(releases))
+                    releases = []
+                for spec, blob, want in item:
+                    tasks.append(spec)
+                    functions.setdefault(spec.func_id, blob)
+                    if want:
+                        wanted.append(spec.key)
+                continue
+            if tasks:
+                self._conn.send(m.SubmitTasks(tasks, functions, wanted))
+                tasks, functions, wanted = [], {}, []
+            if isinstance(item, str):  # a key to release
+                releases.append(item)
+                continue
+            if releases:
+                self._conn.send(m.ReleaseKeys(releases))
+                releases = []
+            self._conn.send(item)
+        if tasks:
+            self._conn.send(m.SubmitTasks(tasks, functions, wanted))
+        if releases:
+            self._conn.send(m.ReleaseKeys(releases))
+
+    # --- reference counting ---------------------------------------------------------
+
+    def _ref(self, key: str) -> KeyState:
+        with self._lock:
+            state = self._keys.get(key)
+            if state is None:
+                state = self._keys[key] = KeyState()
+            state.refs += 1
+            return state
+
+    def _unref(self, key: str) -> None:
+        with self._lock:
+            state = self._keys.get(key)
+            if state is None:
+                return
+            state.refs -= 1
+            if state.refs > 0:
+                return
+            del self._keys[key]
+        if not self._closed:
+            self._post(key)
+
+    # --- submitting -----------------------------------------------------------------
+
+    def _function(self, func: Callable[..., Any]) -> tuple[str, bytes]:
+        """Pickle ``func`` once; cache by identity so a loop of submits reuses it."""
+        try:
+            cached = self._functions.get(func)
+        except TypeError:  # unhashable callable
+            cached = None
+        if cached is not None:
+            return cached
+        blob = payload.dumps_function(func)
+        entry = (payload.function_id(blob), blob)
+        with contextlib.suppress(TypeError):
+            if len(self._functions) >= _FUNC_CACHE_SIZE:
+                self._functions.clear()
+            self._functions[func] = entry
+        return entry
+
+    def _task(
+        self,
+        func: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        *,
+        key: str | None,
+        resources: dict[str, int],
+        priority: int,
+        retries: int,
+        pure: bool,
+    ) -> Future:
+        if not callable(func):
+            raise TypeError(f"first argument must be callable, not {type(func).__name__}")
+        func_id, blob = self._function(func)
+        args_blob, deps = payload.pack_call(args, kwargs)
+        if key is None:
+            name = getattr(func, "__name__", type(func).__name__)
+            if pure:
+                digest = hashlib.blake2b(func_id.encode() + args_blob, digest_size=16)
+                key = f"{name}-{digest.hexdigest()}"
+            else:
+                key = f"{name}-{uuid.uuid4().hex}"
+        future = Future(key, self)
+        spec = m.TaskSpec(key, func_id, args_blob, sorted(deps), resources, priority, retries)
+        self._post([(spec, blob, True)])
+        return future
+
+    def submit(
+        self,
+        func: Callable[..., Any],
+        *args: Any,
+        key: str | None = None,
+        resources: ResourceSpec = None,
+        priority: int = 0,
+        retries: int = 0,
+        pure: bool = True,
+        **kwargs: Any,
+    ) -> Future:
+        """Run ``func(*args, **kwargs)`` on a worker where ``resources`` are free.
+
+        Futures anywhere in the arguments become dependencies and are replaced by
+        their results on the worker. With ``pure=True`` (the default, as in Dask)
+        the same call yields the same key, so it is computed once.
+        """
+        self._check_open()
+        return self._task(
+            func,
+            args,
+            kwargs,
+            key=key,
+            resources=parse_demand(resources),
+            priority=priority,
+            retries=retries,
+            pure=pure,
+        )
+
+    def map(
+        self,
+        func: Callable[..., Any],
+        *iterables: Iterable[Any],
+        key: str | list[str] | None = None,
+        resources: ResourceSpec = None,
+        priority: int = 0,
+        retries: int = 0,
+        pure: bool = True,
+        **kwargs: Any,
+    ) -> list[Future]:
+        """``submit`` over zipped iterables; ``func`` is pickled once for all tasks."""
+        self._check_open()
+        demand = parse_demand(resources)
+        calls = list(zip(*iterables, strict=False))
+        if isinstance(key, list):
+            if len(key) != len(calls):
+                raise ValueError(f"{len(key)} keys given for {len(calls)} tasks")
+            keys: list[str | None] = list(key)
+        else:
+            keys = [None] * len(calls)
+        prefix = key if isinstance(key, str) else None
+        out = []
+        for i, (call_args, task_key) in enumerate(zip(calls, keys, strict=True)):
+            if prefix is not None:
+                task_key = f"{prefix}-{i}"
+            out.append(
+                self._task(
+                    func,
+                    call_args,
+                    kwargs,
+                    key=task_key,
+                    resources=demand,
+                    priority=priority,
+                    retries=retries,
+                    pure=pure,
+                )
+            )
+        return out
+
+    def get(
+        self,
+        dsk: Mapping[Any, Any],
+        keys: Any,
+        *,
+        resources: ResourceSpec | Mapping[Any, ResourceSpec] = None,
+        priority: int = 0,
+        retries: int = 0,
+    ) -> Any:
+        """Compute an old-style graph (``{"x": 1, "y": (add, "x", 2)}``) and return ``keys``.
+
+        ``keys`` may be one key or nested lists of keys; the result has the same
+        shape. ``resources`` is one demand for every task, or a mapping from keys
+        (or tuples of keys) to demands.
+        """
+        from apportion.client.graph import flatten_keys as _flatten_keys
+        from apportion.client.graph import graph_tasks, wire_key
+
+        self._check_open()
+        wanted = {wire_key(k) for k in _flatten_keys(keys)}
+        futures = {key: Future(key, self) for key in wanted}
+        tasks = graph_tasks(self, dsk, keys, resources, priority, retries)
+        # One outbox item, so the graph reaches the scheduler in one message: a split
+        # graph would see its unwanted first half released before the rest arrived.
+        self._post([(spec, blob, spec.key in wanted) for spec, blob in tasks])
+
+        def build(k: Any) -> Any:
+            if isinstance(k, list):
+                return [build(x) for x in k]
+            return futures[wire_key(k)]
+
+        return self.gather(build(keys))
+
+    # --- results --------------------------------------------------------------------
+
+    def gather(self, futures: Any, errors: str = "raise") -> Any:
+        """Results for a future, or a list/tuple/dict/set of them (same shape back)."""
+        found: list[Future] = []
+        _collect(futures, found)
+        for fut in found:
+            fut._wait(None)
+        values: dict[str, Any] = {}
+        for fut in found:
+            exc = fut._state.exception_object()
+            if exc is not None:
+                if errors == "raise":
+                    raise exc
+                values[fut.key] = exc
+        wanted = [f.key for f in found if f.key not in values]
+        if wanted:
+            values.update(self._gather_keys(wanted))
+        return _rebuild(futures, values)
+
+    def _gather_keys(self, keys: list[str]) -> dict[str, Any]:
+        unique = list(dict.fromkeys(keys))
+        if self.direct_to_workers:
+            blobs = self._loop.run(self._gather_direct(unique))
+        else:
+            reply = self._call(lambda rid: m.GatherRequest(rid, unique))
+            blobs, missing = reply.data, reply.missing
+            if missing:
+                raise _missing_error(missing)
+        return {key: payload.loads(blob) for key, blob in blobs.items()}
+
+    async def _gather_direct(self, keys: list[str]) -> dict[str, bytes]:
+        """Fetch straight from the workers holding ``keys`` (one request per worker)."""
+        reply = await self._request(m.WhoHasRequest(next(self._request_ids), keys))
+        by_address: dict[str, list[str]] = {}
+        for key in keys:
+            holders = reply.who_has.get(key)
+            if not holders:
+                raise _missing_error([key])
+            by_address.setdefault(holders[0], []).append(key)
+        out: dict[str, bytes] = {}
+        for address, some in by_address.items():
+            conn = self._peers.get(address)
+            if conn is None or conn.closed:
+                conn, _ = await open_connection(address, "client", self.name)
+                self._peers[address] = conn
+                asyncio.create_task(self._read_loop_peer(conn))
+            data = await self._request(m.GetData(next(self._request_ids), some), conn)
+            if data.missing:
+                raise _missing_error(data.missing)
+            out.update(data.data)
+        return out
+
+    async def _read_loop_peer(self, conn: Connection) -> None:
+        with contextlib.suppress(ConnectionClosed, ProtocolError):
+            while True:
+                for msg in await conn.recv():
+                    self._on_message(msg)
+
+    def scatter(self, data: Any, *, hash: bool = True) -> Any:
+        """Put local data on workers; returns futures in the shape given (list, dict, one)."""
+        self._check_open()
+        if isinstance(data, Mapping):
+            items = {str(k): payload.dumps(v) for k, v in data.items()}
+            names = list(items)
+        else:
+            seq = data if isinstance(data, list | tuple) else [data]
+            blobs = [payload.dumps(v) for v in seq]
+            names = [
+                f"{type(v).__name__}-"
+                + (
+                    hashlib.blake2b(b, digest_size=16).hexdigest()
+                    if hash
+                    else uuid.uuid4().hex
+                )
+                for v, b in zip(seq, blobs, strict=True)
+            ]
+            items = dict(zip(names, blobs, strict=True))
+        futures = {name: Future(name, self) for name in names}
+        self._call(lambda rid: m.ScatterRequest(rid, items))
+        for fut in futures.values():
+            fut._wait(self.timeout)
+        if isinstance(data, Mapping):
+            return futures
+        if isinstance(data, list | tuple):
+            return type(data)(futures[n] for n in names)
+        return futures[names[0]]
+
+    def cancel(self, futures: Future | Iterable[Future]) -> None:
+        """Cancel queued or running tasks; their futures (and dependents) fail as cancelled."""
+        found: list[Future] = []
+        _collect(futures, found)
+        keys = [f.key for f in found]
+        for fut in found:
+            fut._state.settle(CANCELLED, ("cancelled", f"{fut.key!r} was cancelled", b""))
+        self._post(m.CancelKeys(keys))
+
+    # --- introspection --------------------------------------------------------------
+
+    def why(self, futures: Future | str | Iterable[Future | str]) -> Any:
+        """Why each task is not running (yet): a string, or a dict for several."""
+        single = isinstance(futures, Future | str)
+        items = [futures] if single else list(futures)  # type: ignore[list-item, arg-type]
+        keys = [f.key if isinstance(f, Future) else f for f in items]
+        reply = self._call(lambda rid: m.WhyRequest(rid, keys))
+        return reply.reasons[keys[0]] if single else dict(reply.reasons)
+
+    def story(self, key: Future | str) -> list[tuple[Any, ...]]:
+        """The task's transitions: (time, key, from, to, cause)."""
+        name = key.key if isinstance(key, Future) else key
+        reply = self._call(lambda rid: m.StoryRequest(rid, name))
+        return [tuple(row) for row in reply.story]
+
+    def scheduler_info(self) -> dict[str, Any]:
+        """The scheduler's identity and workers with their pools, as Dask returns it."""
+        reply = self._call(lambda rid: m.InfoRequest(rid))
+        info: dict[str, Any] = reply.info
+        return info
+
+    def wait_for_workers(self, n_workers: int = 1, timeout: float | None = None) -> None:
+        """Block until at least ``n_workers`` workers are connected."""
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while len(self.scheduler_info()["workers"]) < n_workers:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"fewer than {n_workers} workers after {timeout}s")
+            time.sleep(0.05)
+
+    # --- closing --------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this client is closed")
+
+    def close(self) -> None:
+        """Release everything, disconnect, and stop an embedded cluster; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+
+        async def shutdown() -> None:
+            self._flush()
+            for conn in [self._conn, *self._peers.values()]:
+                if conn is not None:
+                    await conn.close()
+
+        with contextlib.suppress(Exception):
+            self._loop.run(shutdown(), timeout=10)
+        self._loop.stop()
+        if self._own_cluster is not None:
+            self._own_cluster.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            if not self._closed and self._own_cluster is not None:
+                self.close()
+
+    def __repr__(self) -> str:
+        return f"<Client: scheduler={self.scheduler_address!r}>"
+
+
+def _missing_error(keys: list[str]) -> BaseException:
+    from apportion.client.errors import LostDataError
+
+    return LostDataError(f"results no longer held by any worker: {keys[:5]}")
+
+
+def _collect(obj: Any, out: list[Future]) -> None:
+    if isinstance(obj, Future):
+        out.append(obj)
+    elif isinstance(obj, list | tuple | set | frozenset):
+        for item in obj:
+            _collect(item, out)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            _collect(item, out)
+
+
+def _rebuild(obj: Any, values: dict[str, Any]) -> Any:
+    if isinstance(obj, Future):
+        return values[obj.key]
+    if isinstance(obj, list | tuple | set | frozenset):
+        return type(obj)(_rebuild(item, values) for item in obj)
+    if isinstance(obj, dict):
+        return {k: _rebuild(v, values) for k, v in obj.items()}
+    return obj
+
+
+def iter_futures(obj: Any) -> Iterator[Future]:
+    """Every future inside ``obj`` (nested lists, tuples, sets, dict values)."""
+    found: list[Future] = []
+    _collect(obj, found)
+    return iter(found)

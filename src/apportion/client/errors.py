@@ -1,0 +1,32 @@
+"""Exceptions a client raises for failures that are not the task's own exception."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+
+class UnsatisfiableError(RuntimeError):
+    """No worker of a cluster that cannot grow offers what the task asks for."""
+
+
+class FutureCancelledError(concurrent.futures.CancelledError):
+    """The task was cancelled before it produced a result."""
+
+
+class LostDataError(RuntimeError):
+    """A result or scattered value is gone and cannot be recomputed."""
+
+
+class SchedulerGoneError(ConnectionError):
+    """The connection to the scheduler closed while results were still awaited."""
+
+
+def failure(kind: str, message: str) -> BaseException:
+    """The exception for a scheduler-side failure of the given kind."""
+    if kind == "unsatisfiable":
+        return UnsatisfiableError(message)
+    if kind == "cancelled":
+        return FutureCancelledError(message)
+    if kind == "lost":
+        return LostDataError(message)
+    return RuntimeError(f"{kind}: {message}")

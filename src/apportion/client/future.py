@@ -1,0 +1,149 @@
+"""Futures: handles on results that live in the cluster.
+
+Every ``Future`` for one key shares a ``KeyState`` held by the client. The loop
+thread updates that state as the scheduler reports; user threads wait on it. When
+the last ``Future`` for a key is garbage-collected, the client tells the scheduler
+it may release the result.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from apportion.client.errors import failure
+from apportion.core import payload
+
+if TYPE_CHECKING:
+    from apportion.client.client import Client
+
+PENDING = "pending"
+FINISHED = "finished"
+ERROR = "error"
+CANCELLED = "cancelled"
+LOST = "lost"
+
+
+class KeyState:
+    """What the client knows about one key; shared by all its futures."""
+
+    __slots__ = ("callbacks", "error", "event", "refs", "status")
+
+    def __init__(self) -> None:
+        self.status = PENDING
+        self.event = threading.Event()
+        #: ("exception", exc_bytes, tb_bytes) or (kind, message, b"") once failed
+        self.error: tuple[str, bytes | str, bytes] | None = None
+        self.callbacks: list[Callable[[], None]] = []
+        #: Live ``Future`` objects for this key.
+        self.refs = 0
+
+    def settle(self, status: str, error: tuple[str, bytes | str, bytes] | None = None) -> None:
+        self.status = status
+        self.error = error
+        self.event.set()
+        callbacks, self.callbacks = self.callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def reset(self) -> None:
+        """The result was lost and is being recomputed: wait again."""
+        self.status = PENDING
+        self.error = None
+        self.event.clear()
+
+    def exception_object(self) -> BaseException | None:
+        if self.error is None:
+            return None
+        kind, detail, tb = self.error
+        if kind == "exception" and isinstance(detail, bytes):
+            return rebuild_exception(detail, tb)
+        return failure(kind, str(detail))
+
+
+def rebuild_exception(exc_bytes: bytes, tb_bytes: bytes) -> BaseException:
+    """The task's own exception, with the traceback it had on the worker."""
+    try:
+        exc = payload.loads(exc_bytes)
+    except Exception as err:  # the class may not exist on this side
+        return RuntimeError(f"task raised an exception that cannot be unpickled here: {err!r}")
+    if not isinstance(exc, BaseException):
+        return RuntimeError(f"task raised {exc!r}")
+    if tb_bytes:
+        try:
+            from tblib import Traceback
+
+            tb = Traceback.from_dict(payload.loads(tb_bytes)).as_traceback()
+            exc = exc.with_traceback(tb)
+        except Exception:  # a mangled traceback must not hide the exception itself
+            pass
+    return exc
+
+
+class Future:
+    """A remote result. Same names as ``distributed.Future``."""
+
+    __slots__ = ("__weakref__", "_client", "_state", "key")
+
+    def __init__(self, key: str, client: Client) -> None:
+        self.key = key
+        self._client = client
+        self._state = client._ref(key)
+
+    def __del__(self) -> None:
+        client = getattr(self, "_client", None)
+        if client is not None:
+            client._unref(self.key)
+
+    def __reduce__(self) -> tuple[Callable[[str], Any], tuple[str]]:
+        # Inside task arguments a future stands for its result (see core.payload).
+        return payload.reduce_reference(self.key)
+
+    @property
+    def status(self) -> str:
+        """ "pending", "finished", "error", "cancelled" or "lost"."""
+        return self._state.status
+
+    def done(self) -> bool:
+        """True once the task finished, failed or was cancelled."""
+        return self._state.event.is_set()
+
+    def cancelled(self) -> bool:
+        return self._state.status == CANCELLED
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The task's return value; re-raises its exception with the worker's traceback."""
+        self._wait(timeout)
+        exc = self._state.exception_object()
+        if exc is not None:
+            raise exc
+        return self._client._gather_keys([self.key])[self.key]
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The exception the task raised, or None if it succeeded."""
+        self._wait(timeout)
+        return self._state.exception_object()
+
+    def traceback(self, timeout: float | None = None) -> Any:
+        exc = self.exception(timeout)
+        return exc.__traceback__ if exc is not None else None
+
+    def cancel(self) -> None:
+        """Cancel the task if it has not finished; dependents fail as cancelled."""
+        self._client.cancel([self])
+
+    def add_done_callback(self, fn: Callable[[Future], Any]) -> None:
+        """Call ``fn(self)`` when done (at once if already done), from a client thread."""
+        state = self._state
+        if state.event.is_set():
+            fn(self)
+        else:
+            state.callbacks.append(lambda: fn(self))
+
+    def _wait(self, timeout: float | None) -> None:
+        if not self._state.event.wait(timeout):
+            raise TimeoutError(f"{self.key!r} not done after {timeout}s")
+
+    def __repr__(self) -> str:
+        return f"<Future: {self.status}, key: {self.key}>"

@@ -1,0 +1,124 @@
+"""Old-style task graphs (``{"x": 1, "y": (add, "x", 2)}``) as apportion tasks.
+
+Each graph entry becomes one task running ``core.payload.run_spec`` on the entry,
+with every reference to another key replaced by a ``KeyRef``: pickling records it
+as a dependency, unpickling on the worker turns it into that key's value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from apportion.core import payload
+from apportion.core.resources import ResourceSpec, parse_demand
+from apportion.protocol import messages as m
+
+if TYPE_CHECKING:
+    from apportion.client.client import Client
+
+
+def wire_key(key: Any) -> str:
+    """Keys travel as strings; Dask-style tuple keys keep their repr."""
+    return key if isinstance(key, str) else repr(key)
+
+
+def flatten_keys(keys: Any) -> Iterator[Any]:
+    if isinstance(keys, list):
+        for k in keys:
+            yield from flatten_keys(k)
+    else:
+        yield keys
+
+
+def _is_key(value: Any, dsk: Mapping[Any, Any]) -> bool:
+    try:
+        return value in dsk
+    except TypeError:  # unhashable values are never keys
+        return False
+
+
+def _convert(value: Any, dsk: Mapping[Any, Any]) -> Any:
+    if isinstance(value, tuple) and value and callable(value[0]):
+        return (value[0], *(_convert(arg, dsk) for arg in value[1:]))
+    if isinstance(value, list):
+        return [_convert(item, dsk) for item in value]
+    if _is_key(value, dsk):
+        return payload.KeyRef(wire_key(value))
+    return value
+
+
+def _references(value: Any, dsk: Mapping[Any, Any]) -> Iterator[Any]:
+    if isinstance(value, tuple) and value and callable(value[0]):
+        for arg in value[1:]:
+            yield from _references(arg, dsk)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _references(item, dsk)
+    elif _is_key(value, dsk):
+        yield value
+
+
+def needed_in_order(dsk: Mapping[Any, Any], keys: Any) -> list[Any]:
+    """Keys needed for ``keys``, dependencies first. Raises ``ValueError`` on a cycle."""
+    order: list[Any] = []
+    done: set[Any] = set()
+    for root in flatten_keys(keys):
+        if not _is_key(root, dsk):
+            raise KeyError(f"{root!r} is not a key of the graph")
+        if root in done:
+            continue
+        stack: list[tuple[Any, Iterator[Any]]] = [(root, _references(dsk[root], dsk))]
+        active = {root}
+        while stack:
+            key, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                stack.pop()
+                active.discard(key)
+                if key not in done:
+                    done.add(key)
+                    order.append(key)
+            elif child in active:
+                raise ValueError(f"the graph has a cycle through {child!r}")
+            elif child not in done:
+                active.add(child)
+                stack.append((child, _references(dsk[child], dsk)))
+    return order
+
+
+def _demand_by_key(
+    dsk: Mapping[Any, Any], resources: ResourceSpec | Mapping[Any, ResourceSpec]
+) -> tuple[dict[str, int], dict[Any, dict[str, int]]]:
+    """One demand for all tasks, or per key (keys or tuples of keys -> spec)."""
+    if not isinstance(resources, Mapping) or not resources:
+        return parse_demand(resources), {}  # type: ignore[arg-type]
+    if not all(isinstance(v, Mapping | str) for v in resources.values()) or not all(
+        _is_key(k, dsk) or isinstance(k, tuple) for k in resources
+    ):
+        return parse_demand(resources), {}  # type: ignore[arg-type]
+    per_key: dict[Any, dict[str, int]] = {}
+    for target, spec in resources.items():
+        demand = parse_demand(spec)
+        group = [target] if _is_key(target, dsk) else list(target)
+        for key in group:
+            per_key[key] = demand
+    return {}, per_key
+
+
+def graph_tasks(
+    client: Client,
+    dsk: Mapping[Any, Any],
+    keys: Any,
+    resources: ResourceSpec | Mapping[Any, ResourceSpec],
+    priority: int,
+    retries: int,
+) -> Iterator[tuple[m.TaskSpec, bytes]]:
+    """The tasks needed for ``keys``, dependencies first, with the function blob."""
+    common, per_key = _demand_by_key(dsk, resources)
+    func_id, blob = client._function(payload.run_spec)
+    for key in needed_in_order(dsk, keys):
+        args, deps = payload.pack_call((_convert(dsk[key], dsk),), {})
+        demand = per_key.get(key, common)
+        spec = m.TaskSpec(wire_key(key), func_id, args, sorted(deps), demand, priority, retries)
+        yield spec, blob

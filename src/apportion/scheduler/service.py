@@ -1,0 +1,207 @@
+"""The scheduler process: a thin asyncio shell around ``SchedulerState``.
+
+It accepts connections, runs the handshake, turns each received frame into one
+event, and carries out the commands the state machine returns. Placement runs at
+most once per loop turn: events only mark it due, and ``call_soon`` runs the pass
+after every frame that arrived in the same turn has been handled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+import uuid
+from types import TracebackType
+from typing import Any
+
+from apportion.loop_thread import LoopThread
+from apportion.net.address import DEFAULT_PORT, format_address
+from apportion.net.connection import Connection, ConnectionClosed
+from apportion.net.handshake import HandshakeError, accept_connection
+from apportion.protocol import messages as m
+from apportion.protocol.codec import ProtocolError
+from apportion.scheduler.events import (
+    ClientJoined,
+    ClientLeft,
+    Command,
+    Event,
+    FromClient,
+    FromWorker,
+    Log,
+    PlacementDue,
+    WorkerJoined,
+    WorkerLeft,
+)
+from apportion.scheduler.state import SchedulerConfig, SchedulerState
+
+logger = logging.getLogger("apportion.scheduler")
+
+
+class Scheduler:
+    """Owns all task, worker and client state; never runs or unpickles user code.
+
+    Use ``async with Scheduler(port=0) as s`` inside an event loop, or
+    ``with Scheduler(port=0) as s`` from plain code (it then runs on a background
+    thread). ``s.address`` is where workers and clients connect.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = DEFAULT_PORT,
+        *,
+        config: SchedulerConfig | None = None,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.state = SchedulerState(config)
+        self.id = f"scheduler-{uuid.uuid4().hex[:8]}"
+        self.address = ""
+        self._server: asyncio.Server | None = None
+        self._conns: dict[str, Connection] = {}
+        self._ids = itertools.count(1)
+        self._placement_scheduled = False
+        self._closed: asyncio.Event | None = None
+        self._thread: LoopThread | None = None
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> Scheduler:
+        """Listen; return once connections are accepted."""
+        self._closed = asyncio.Event()
+        self._server = await asyncio.start_server(self._on_connect, self.host, self.port)
+        port = self._server.sockets[0].getsockname()[1]
+        self.address = format_address(self.host, port)
+        self.state.identity = {"id": self.id, "address": self.address}
+        logger.info("scheduler listening at %s", self.address)
+        return self
+
+    async def close(self) -> None:
+        """Stop listening and drop every connection; idempotent."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for conn in list(self._conns.values()):
+            await conn.close()
+        self._conns.clear()
+        if self._closed is not None:
+            self._closed.set()
+
+    async def finished(self) -> None:
+        """Wait until ``close`` has been called."""
+        assert self._closed is not None, "start() first"
+        await self._closed.wait()
+
+    async def __aenter__(self) -> Scheduler:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __enter__(self) -> Scheduler:
+        self._thread = LoopThread("apportion-scheduler")
+        self._thread.run(self.start())
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._thread is not None:
+            self._thread.run(self.close())
+            self._thread.stop()
+            self._thread = None
+
+    # --- connections ----------------------------------------------------------------
+
+    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = Connection(reader, writer)
+        peer_id = f"peer-{next(self._ids)}"
+        try:
+            hello = await accept_connection(conn, {"client", "worker"}, peer_id, {"id": self.id})
+            if hello.role == "worker":
+                await self._serve_worker(conn, peer_id)
+            else:
+                await self._serve_client(conn, peer_id)
+        except HandshakeError as exc:
+            logger.warning("refused connection from %s: %s", conn.peer, exc)
+        except ProtocolError as exc:
+            logger.warning("closing connection from %s: %s", conn.peer, exc)
+        except ConnectionClosed:
+            pass
+        finally:
+            if not conn.closed:
+                conn.abort()
+            self._conns.pop(peer_id, None)
+
+    async def _serve_worker(self, conn: Connection, peer_id: str) -> None:
+        first = await conn.recv()
+        if not first or not isinstance(first[0], m.RegisterWorker):
+            raise ProtocolError("a worker must register first")
+        self._conns[peer_id] = conn
+        self._handle(WorkerJoined(peer_id, first[0], time.monotonic()))
+        try:
+            if first[1:]:
+                self._handle(FromWorker(peer_id, first[1:], time.monotonic()))
+            while True:
+                batch = await conn.recv()
+                self._handle(FromWorker(peer_id, batch, time.monotonic()))
+        finally:
+            self._conns.pop(peer_id, None)
+            self._handle(WorkerLeft(peer_id, time.monotonic()))
+
+    async def _serve_client(self, conn: Connection, peer_id: str) -> None:
+        self._conns[peer_id] = conn
+        self._handle(ClientJoined(peer_id, time.monotonic()))
+        try:
+            while True:
+                batch = await conn.recv()
+                self._handle(FromClient(peer_id, batch, time.monotonic()))
+        finally:
+            self._conns.pop(peer_id, None)
+            self._handle(ClientLeft(peer_id, time.monotonic()))
+
+    # --- the shell around the state machine -----------------------------------------
+
+    def _handle(self, event: Event) -> None:
+        self._execute(self.state.handle(event))
+        if self.state.placement_due and not self._placement_scheduled:
+            self._placement_scheduled = True
+            asyncio.get_running_loop().call_soon(self._place)
+
+    def _place(self) -> None:
+        self._placement_scheduled = False
+        self._execute(self.state.handle(PlacementDue(time.monotonic())))
+
+    def _execute(self, commands: list[Command]) -> None:
+        conns = self._conns
+        for command in commands:
+            if isinstance(command, Log):
+                level = logging.WARNING if command.level == "warning" else logging.INFO
+                logger.log(level, "%s", command.text)
+                continue
+            conn = conns.get(command.peer_id)
+            if conn is not None:
+                conn.send(command.message)
+
+    # --- views for tools --------------------------------------------------------------
+
+    def info(self) -> dict[str, Any]:
+        """The same picture ``Client.scheduler_info()`` returns."""
+        return self.state.snapshot()
+
+
+async def serve(host: str, port: int, config: SchedulerConfig | None = None) -> None:
+    """Run a scheduler until cancelled (the CLI's main loop)."""
+    scheduler = Scheduler(host, port, config=config)
+    await scheduler.start()
+    try:
+        await scheduler.finished()
+    finally:
+        with contextlib.suppress(Exception):
+            await scheduler.close()
