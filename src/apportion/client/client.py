@@ -75,6 +75,7 @@ class Client:
         self._requests: dict[int, asyncio.Future[Any]] = {}
         self._request_ids = itertools.count(1)
         self._peers: dict[str, Connection] = {}
+        self._peer_readers: set[asyncio.Task[None]] = set()
         self._conn: Connection | None = None
         self._closed = False
         self._loop = LoopThread("apportion-client")
@@ -103,7 +104,11 @@ class Client:
                 self._scheduler_gone(str(exc))
 
     def _scheduler_gone(self, reason: str) -> None:
-        error = ("lost", f"connection to the scheduler {self.scheduler_address} lost: {reason}", b"")
+        error = (
+            "lost",
+            f"connection to the scheduler {self.scheduler_address} lost: {reason}",
+            b"",
+        )
         with self._lock:
             states = list(self._keys.values())
         for state in states:
@@ -260,7 +265,11 @@ class Client:
         if key is None:
             name = getattr(func, "__name__", type(func).__name__)
             if pure:
+                # The demand is part of the identity: the same call asking for other
+                # resources must not be merged into an existing task.
                 digest = hashlib.blake2b(func_id.encode() + args_blob, digest_size=16)
+                if resources:
+                    digest.update(repr(sorted(resources.items())).encode())
                 key = f"{name}-{digest.hexdigest()}"
             else:
                 key = f"{name}-{uuid.uuid4().hex}"
@@ -417,7 +426,9 @@ class Client:
             if conn is None or conn.closed:
                 conn, _ = await open_connection(address, "client", self.name)
                 self._peers[address] = conn
-                asyncio.create_task(self._read_loop_peer(conn))
+                reader = asyncio.create_task(self._read_loop_peer(conn))
+                self._peer_readers.add(reader)
+                reader.add_done_callback(self._peer_readers.discard)
             data = await self._request(m.GetData(next(self._request_ids), some), conn)
             if data.missing:
                 raise _missing_error(data.missing)
@@ -441,11 +452,7 @@ class Client:
             blobs = [payload.dumps(v) for v in seq]
             names = [
                 f"{type(v).__name__}-"
-                + (
-                    hashlib.blake2b(b, digest_size=16).hexdigest()
-                    if hash
-                    else uuid.uuid4().hex
-                )
+                + (hashlib.blake2b(b, digest_size=16).hexdigest() if hash else uuid.uuid4().hex)
                 for v, b in zip(seq, blobs, strict=True)
             ]
             items = dict(zip(names, blobs, strict=True))
@@ -472,8 +479,10 @@ class Client:
 
     def why(self, futures: Future | str | Iterable[Future | str]) -> Any:
         """Why each task is not running (yet): a string, or a dict for several."""
+        items: list[Future | str] = (
+            [futures] if isinstance(futures, Future | str) else list(futures)
+        )
         single = isinstance(futures, Future | str)
-        items = [futures] if single else list(futures)  # type: ignore[list-item, arg-type]
         keys = [f.key if isinstance(f, Future) else f for f in items]
         reply = self._call(lambda rid: m.WhyRequest(rid, keys))
         return reply.reasons[keys[0]] if single else dict(reply.reasons)

@@ -99,7 +99,7 @@ def _demand_by_key(
         return parse_demand(resources), {}  # type: ignore[arg-type]
     per_key: dict[Any, dict[str, int]] = {}
     for target, spec in resources.items():
-        demand = parse_demand(spec)
+        demand = parse_demand(spec)  # type: ignore[arg-type]
         group = [target] if _is_key(target, dsk) else list(target)
         for key in group:
             per_key[key] = demand

@@ -44,7 +44,7 @@ def wait(
     return DoneAndNotDone(done, set(futures) - done)
 
 
-class as_completed(Iterator[Any]):  # noqa: N801 - Dask's name
+class as_completed(Iterator[Any]):
     """Iterate over futures in the order they finish.
 
     ``with_results=True`` yields ``(future, result)`` pairs. More futures can be

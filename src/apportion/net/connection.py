@@ -72,7 +72,7 @@ class Connection:
             header = await self._reader.readexactly(HEADER.size)
             body = await self._reader.readexactly(frame_length(header, self.max_frame))
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
-            self._closed = True
+            self.abort()  # the peer is gone: release the transport now, not at GC
             raise ConnectionClosed(f"connection to {self.peer} closed") from exc
         return decode_body(body)
 

@@ -24,7 +24,8 @@ never a walk over everything queued.
 from __future__ import annotations
 
 import math
-from heapq import heappop, heappush
+from collections.abc import Callable
+from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING
 
 from apportion.core.resources import fits
@@ -108,7 +109,9 @@ def _reserve(state: SchedulerState, task: TaskRecord, pool: list[WorkerRecord]) 
     for worker in pool:
         if worker.reserved_by is not None:
             continue
-        closeness = sum(min(worker.free.get(n, 0), need) / need for n, need in task.resources.items())
+        closeness = sum(
+            min(worker.free.get(n, 0), need) / need for n, need in task.resources.items()
+        )
         score = (-closeness, len(worker.processing))
         if best_score is None or score < best_score:
             best, best_score = worker, score
@@ -145,13 +148,25 @@ def _place_resource_tasks(state: SchedulerState) -> None:
             target = best_worker(state, held, pool_for(held.signature))
             if target is not None:
                 state.assign(held, target)
+    _place_by_age(state, pool_for)
+    for sig in [sig for sig, heap in state.ready.items() if not heap]:
+        del state.ready[sig]
 
+
+def _place_by_age(
+    state: SchedulerState, pool_for: Callable[[Signature], list[WorkerRecord]]
+) -> None:
+    """Merge the request kinds' queues oldest first; a kind that blocks is done for this pass.
+
+    Tasks with the same demand fit in the same places, so once the oldest of a kind
+    fits nowhere, none of the younger ones of that kind can: they are not looked at.
+    """
     heads: list[tuple[tuple[int, int], Signature]] = []
     for sig, heap in state.ready.items():
         task = _head(state, heap) if sig else None
         if task is not None:
             heads.append((task.order(), sig))
-    heads.sort()
+    heapify(heads)
     while heads:
         _, sig = heappop(heads)
         heap = state.ready[sig]
@@ -170,8 +185,6 @@ def _place_resource_tasks(state: SchedulerState) -> None:
             state.unsatisfiable(sig, heap)
         elif task.reserved_on is None:
             _reserve(state, task, pool)
-    for sig in [sig for sig, heap in state.ready.items() if not heap]:
-        del state.ready[sig]
 
 
 def plain_capacity(state: SchedulerState, worker: WorkerRecord) -> int:

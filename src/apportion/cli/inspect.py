@@ -1,0 +1,66 @@
+"""``apportion why`` and ``apportion info``: ask a running scheduler."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from apportion.client.client import Client
+from apportion.core.resources import SCALE, format_amount
+
+DEFAULT_SCHEDULER = "tcp://127.0.0.1:8786"
+
+scheduler_option = click.option(
+    "--scheduler",
+    "address",
+    default=lambda: os.environ.get("APPORTION_SCHEDULER", DEFAULT_SCHEDULER),
+    show_default="$APPORTION_SCHEDULER or tcp://127.0.0.1:8786",
+    help="Scheduler address.",
+)
+
+
+def _connect(address: str) -> Client:
+    try:
+        return Client(address, timeout=10)
+    except (OSError, TimeoutError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@click.command("why")
+@click.argument("keys", nargs=-1)
+@scheduler_option
+def why(keys: tuple[str, ...], address: str) -> None:
+    """Say why tasks are not running; with no KEYS, every task still waiting."""
+    with _connect(address) as client:
+        reasons = client.why(list(keys))
+    if not reasons:
+        click.echo("no task is waiting: everything submitted is running or done")
+    for key, reason in reasons.items():
+        click.echo(f"{key}: {reason}")
+
+
+@click.command("info")
+@scheduler_option
+def info(address: str) -> None:
+    """Show the workers, their threads and resource pools (total and free now)."""
+    with _connect(address) as client:
+        snapshot = client.scheduler_info()
+    workers = snapshot["workers"]
+    click.echo(f"scheduler {snapshot.get('address', address)}: {len(workers)} workers")
+    tasks = snapshot.get("tasks", {})
+    if tasks:
+        click.echo("tasks: " + ", ".join(f"{n} {state}" for state, n in sorted(tasks.items())))
+    for addr, w in sorted(workers.items(), key=lambda item: item[1]["name"]):
+        pools = ", ".join(
+            f"{name} {_units(w['free_resources'][name])}/{_units(total)} free"
+            for name, total in sorted(w["resources"].items())
+        )
+        click.echo(
+            f"  {w['name']:<16} {addr:<24} {w['nthreads']} threads, "
+            f"{w['processing']} tasks, {pools or 'no resources'}"
+        )
+
+
+def _units(value: float) -> str:
+    return format_amount(round(value * SCALE))

@@ -1,0 +1,63 @@
+"""``apportion scheduler``: run the scheduler until interrupted."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import signal
+
+import click
+
+from apportion.net.address import DEFAULT_PORT
+from apportion.scheduler.service import Scheduler
+
+logger = logging.getLogger("apportion.scheduler")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@click.command("scheduler")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=DEFAULT_PORT,
+    show_default=True,
+    help="Port for workers and clients (0: any free port).",
+)
+def scheduler(host: str, port: int) -> None:
+    """Run a scheduler that workers and clients connect to."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not is_loopback(host):
+        logger.warning(
+            "listening on %s: any host that reaches this port can submit code to run on "
+            "your workers; keep it on a trusted network",
+            host,
+        )
+    try:
+        asyncio.run(_run(host, port))
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc}") from None
+
+
+async def _run(host: str, port: int) -> None:
+    server = Scheduler(host, port)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    click.echo(f"apportion scheduler at {server.address}", err=True)
+    await stop.wait()
+    logger.info("stopping the scheduler")
+    with contextlib.suppress(Exception):
+        await server.close()

@@ -1,0 +1,235 @@
+"""The client API against an in-process cluster (real TCP on loopback, no subprocesses)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import operator
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from apportion import (
+    Client,
+    FutureCancelledError,
+    LocalCluster,
+    Scheduler,
+    UnsatisfiableError,
+    Worker,
+    as_completed,
+    get_worker,
+    task_resources,
+    wait,
+)
+from apportion.scheduler.invariants import check_invariants
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(
+        workers=[
+            {"name": "gpu-a", "nthreads": 2, "resources": "GPU=2"},
+            {"name": "plain", "nthreads": 2},
+        ],
+        processes=False,
+    ) as c:
+        yield c
+
+
+@pytest.fixture
+def client(cluster: LocalCluster) -> Iterator[Client]:
+    with Client(cluster) as c:
+        yield c
+    settle(cluster)
+    check_invariants(cluster.scheduler.state)
+
+
+def settle(cluster: LocalCluster, timeout: float = 5.0) -> None:
+    """Wait until the scheduler holds no tasks (every release has been processed)."""
+    deadline = time.monotonic() + timeout
+    while cluster.scheduler.state.tasks and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+class Boom(Exception):
+    pass
+
+
+def explode(x: int) -> int:
+    raise Boom(f"boom {x}")
+
+
+def slow_identity(x: Any, delay: float = 0.05) -> Any:
+    time.sleep(delay)
+    return x
+
+
+def test_submit_result_and_dependencies(client: Client) -> None:
+    a = client.submit(operator.add, 1, 2)
+    b = client.submit(operator.mul, a, 10)
+    c = client.submit(sum, [a, b, {"not": "a future"}["not"] and 0])
+    assert b.result(timeout=10) == 30
+    assert c.result(timeout=10) == 33
+    assert a.status == "finished" and a.done()
+
+
+def test_futures_nested_in_containers_become_dependencies(client: Client) -> None:
+    xs = client.map(operator.neg, range(5))
+    total = client.submit(
+        lambda d: sum(d["values"]) + d["extra"][0], {"values": xs, "extra": (xs[0],)}
+    )
+    assert total.result(timeout=10) == -10 + 0
+
+
+def test_map_gather_and_keyword_arguments(client: Client) -> None:
+    futures = client.map(operator.add, range(100), range(100))
+    assert client.gather(futures) == [2 * i for i in range(100)]
+    assert client.submit(slow_identity, x=5, delay=0).result(timeout=10) == 5
+
+
+def test_pure_calls_share_a_key_and_impure_do_not(client: Client) -> None:
+    assert client.submit(operator.add, 1, 1).key == client.submit(operator.add, 1, 1).key
+    assert client.submit(time.time, pure=False).key != client.submit(time.time, pure=False).key
+    assert client.submit(operator.add, 1, 1, key="mine").key == "mine"
+
+
+def test_old_style_graph(client: Client) -> None:
+    dsk = {"x": 1, "y": (operator.add, "x", 2), "z": (sum, ["x", "y", (operator.mul, "y", 10)])}
+    assert client.get(dsk, "y") == 3
+    assert client.get(dsk, ["z", ["x"]]) == [34, [1]]
+    with pytest.raises(ValueError, match="cycle"):
+        client.get({"a": (operator.neg, "b"), "b": (operator.neg, "a")}, "a")
+
+
+def test_task_exception_keeps_type_and_traceback(client: Client) -> None:
+    fut = client.submit(explode, 7)
+    with pytest.raises(Boom, match="boom 7") as info:
+        fut.result(timeout=10)
+    assert any(frame.name == "explode" for frame in info.traceback)
+    assert isinstance(fut.exception(), Boom)
+    assert fut.status == "error"
+    dependent = client.submit(operator.neg, fut)
+    with pytest.raises(Boom):
+        dependent.result(timeout=10)
+    # The cluster keeps working after errors.
+    assert client.submit(operator.add, 2, 2).result(timeout=10) == 4
+
+
+def test_retries_rerun_a_failing_task(client: Client, tmp_path: Any) -> None:
+    marker = tmp_path / "attempts"
+
+    def flaky() -> int:
+        with open(marker, "a") as f:
+            f.write("x")
+        if len(marker.read_text()) < 3:
+            raise RuntimeError("not yet")
+        return len(marker.read_text())
+
+    assert client.submit(flaky, retries=2, pure=False).result(timeout=10) == 3
+
+
+def test_resources_and_task_resources(client: Client) -> None:
+    def where() -> tuple[str, dict[str, float]]:
+        return get_worker().name, task_resources()
+
+    name, held = client.submit(where, resources={"GPU": 1}, pure=False).result(timeout=10)
+    assert name == "gpu-a" and held == {"GPU": 1.0}
+    assert client.submit(where, pure=False).result(timeout=10)[1] == {}
+
+
+def test_unsatisfiable_request_fails_at_once_on_a_local_cluster(client: Client) -> None:
+    with pytest.raises(UnsatisfiableError, match=r"GPU=3.*largest GPU supply is 2 on gpu-a"):
+        client.submit(operator.neg, 1, resources={"GPU": 3}).result(timeout=10)
+    with pytest.raises(UnsatisfiableError, match="no worker offers licence"):
+        client.submit(operator.neg, 1, resources="licence=1").result(timeout=10)
+
+
+def test_malformed_resources_are_value_errors(client: Client) -> None:
+    for spec in ["GPU", "GPU=-1", "GPU=abc", "=2"]:
+        with pytest.raises(ValueError):
+            client.submit(operator.neg, 1, resources=spec)
+
+
+def test_wait_and_as_completed(client: Client) -> None:
+    futures = [client.submit(slow_identity, i, 0.01 * (5 - i), pure=False) for i in range(5)]
+    done, not_done = wait(futures, timeout=10)
+    assert len(done) == 5 and not not_done
+    more = client.map(slow_identity, range(10, 15), pure=False)
+    seen = sorted(result for _, result in as_completed(more, with_results=True))
+    assert seen == list(range(10, 15))
+
+
+def test_add_done_callback_and_cancel(client: Client) -> None:
+    fired = threading.Event()
+    fut = client.submit(operator.neg, 3)
+    fut.add_done_callback(lambda f: fired.set())
+    assert fired.wait(10)
+    blocker = client.submit(slow_identity, 0, 0.5, pure=False)
+    later = client.submit(operator.neg, blocker)
+    later.cancel()
+    with pytest.raises(FutureCancelledError):
+        later.result(timeout=10)
+    assert later.cancelled()
+    assert blocker.result(timeout=10) == 0
+
+
+def test_scatter_and_gather_through_the_scheduler(client: Client) -> None:
+    [x] = client.scatter([41])
+    named = client.scatter({"named": 1})
+    assert client.submit(operator.add, x, named["named"]).result(timeout=10) == 42
+    assert client.gather({"a": x, "b": [named["named"]]}) == {"a": 41, "b": [1]}
+
+
+def test_direct_to_workers_gathers_from_workers(cluster: LocalCluster) -> None:
+    with Client(cluster, direct_to_workers=True) as direct:
+        assert direct.gather(direct.map(operator.neg, range(10))) == [-i for i in range(10)]
+
+
+def test_released_futures_free_results(cluster: LocalCluster, client: Client) -> None:
+    futures = client.map(operator.neg, range(20))
+    client.gather(futures)
+    assert sum(len(w.has_what) for w in cluster.scheduler.state.workers.values()) >= 20
+    del futures
+    gc.collect()
+    settle(cluster)
+    assert not cluster.scheduler.state.tasks
+    for worker in cluster._workers:
+        assert not worker.data
+
+
+def test_why_story_and_scheduler_info(client: Client) -> None:
+    blocker = [
+        client.submit(slow_identity, i, 0.5, resources={"GPU": 2}, pure=False) for i in range(2)
+    ]
+    queued = blocker[1]
+    time.sleep(0.1)
+    reason = client.why(queued)
+    assert "GPU 0 of 2 free" in reason or "running" in reason
+    assert "not known" in client.why("no-such-key")
+    wait(blocker, timeout=10)
+    story = client.story(queued)
+    assert [row[3] for row in story][:1] == ["queued"]
+    assert any(row[3] == "memory" for row in story)
+    info = client.scheduler_info()
+    pools = {w["name"]: w["resources"] for w in info["workers"].values()}
+    assert pools == {"gpu-a": {"GPU": 2.0}, "plain": {}}
+    client.wait_for_workers(2, timeout=5)
+
+
+def test_scheduler_and_worker_classes_sync_and_async() -> None:
+    store: dict[str, Any] = {}
+    with Scheduler(port=0) as scheduler, Worker(scheduler.address, nthreads=1, data=store) as w:
+        with Client(scheduler.address) as c:
+            fut = c.submit(operator.add, 20, 22)
+            assert fut.result(timeout=10) == 42
+            assert store[fut.key] == 42
+        assert w.name
+
+    async def main() -> int:
+        async with Scheduler(port=0) as s, Worker(s.address, nthreads=1):
+            return await asyncio.to_thread(lambda: Client(s.address).submit(abs, -5).result(10))
+
+    assert asyncio.run(main()) == 5

@@ -1,0 +1,242 @@
+"""Real processes started through the CLI, as a user would, talking real TCP.
+
+Kept few: each starts a scheduler and workers. Every process is started in its own
+session and killed (with its group) at teardown, even when the test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import pytest
+
+from apportion import Client, get_worker
+
+pytestmark = pytest.mark.process
+
+# Worker processes are fresh interpreters that cannot import this test module:
+# send its functions by value, as functions of a user's script are.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+APPORTION = [sys.executable, "-m", "apportion.cli.main"]
+
+
+class Processes:
+    """Starts CLI processes with logs in files; kills every one of them at the end."""
+
+    def __init__(self, logdir: Path) -> None:
+        self.logdir = logdir
+        self.procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+    def start(self, *args: str) -> tuple[subprocess.Popen[bytes], Path]:
+        log = self.logdir / f"proc-{len(self.procs)}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                [*APPORTION, *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self.procs.append((proc, log))
+        return proc, log
+
+    def scheduler(self) -> str:
+        _, log = self.start("scheduler", "--port", "0")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            found = re.search(r"apportion scheduler at (tcp://\S+)", log.read_text())
+            if found:
+                return found.group(1)
+            time.sleep(0.02)
+        raise AssertionError(f"scheduler did not start:\n{log.read_text()}")
+
+    def stop_all(self) -> None:
+        for proc, _ in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for proc, _ in self.procs:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Processes]:
+    group = Processes(tmp_path)
+    try:
+        yield group
+    finally:
+        group.stop_all()
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*APPORTION, *args], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL
+    )
+
+
+def timed(tag: Any, delay: float) -> dict[str, Any]:
+    """A task that records where and when it ran."""
+    start = time.time()
+    time.sleep(delay)
+    return {
+        "tag": tag,
+        "worker": get_worker().name,
+        "pid": os.getpid(),
+        "start": start,
+        "end": time.time(),
+    }
+
+
+def peak(intervals: list[tuple[float, float]]) -> int:
+    edges = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    best = running = 0
+    for _, step in edges:
+        running += step
+        best = max(best, running)
+    return best
+
+
+def test_seed_example_on_cli_started_cluster(procs: Processes) -> None:
+    address = procs.scheduler()
+    procs.start("worker", address, "--resources", "GPU=2", "--nthreads", "4", "--name", "gpu-a")
+    procs.start("worker", address, "--resources", "GPU=2", "--nthreads", "4", "--name", "gpu-b")
+    procs.start(
+        "worker", address.removeprefix("tcp://"), "--resources", "MEMORY=100e9", "--name", "mem"
+    )
+    with Client(address) as client:
+        client.wait_for_workers(3, timeout=20)
+        data = [client.submit(lambda fn: fn.upper(), f"file-{i}") for i in range(10)]
+        processed = [client.submit(timed, d, 0.2, resources={"GPU": 1}) for d in data]
+        final = client.submit(
+            lambda rs: (get_worker().name, sorted(r["tag"] for r in rs)),
+            processed,
+            resources={"MEMORY": 70e9},
+        )
+        where, tags = final.result(timeout=60)
+        assert where == "mem"
+        assert tags == sorted(f"FILE-{i}" for i in range(10))
+        records = client.gather(processed)
+        by_worker: dict[str, list[tuple[float, float]]] = {}
+        for r in records:
+            by_worker.setdefault(r["worker"], []).append((r["start"], r["end"]))
+        assert set(by_worker) <= {"gpu-a", "gpu-b"}
+        assert all(peak(iv) <= 2 for iv in by_worker.values()), by_worker
+
+        # The CLI views of a running cluster.
+        info = run_cli("info", "--scheduler", address)
+        assert info.returncode == 0, info.stderr
+        assert "gpu-a" in info.stdout and "GPU 2/2 free" in info.stdout
+        hogs = [client.submit(timed, i, 1.0, resources={"GPU": 2}, pure=False) for i in range(3)]
+        time.sleep(0.3)
+        waiting = [f for f in hogs if f.status == "pending" and "queued" in client.why(f)]
+        assert waiting, [client.why(f) for f in hogs]
+        why = run_cli("why", waiting[0].key, "--scheduler", address)
+        assert why.returncode == 0, why.stderr
+        assert "GPU 0 of 2 free" in why.stdout
+        client.gather(hogs)
+
+
+def test_unsatisfiable_request_warns_on_a_growable_cluster(procs: Processes) -> None:
+    address = procs.scheduler()
+    procs.start("worker", address, "--resources", "GPU=2", "--name", "small")
+    with Client(address) as client:
+        client.wait_for_workers(1, timeout=20)
+        fut = client.submit(abs, -1, resources={"GPU": 5})
+        deadline = time.monotonic() + 10
+        while not client.notices and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert client.notices and "GPU=5" in client.notices[0]
+        assert "largest GPU supply is 2 on small" in client.notices[0]
+        assert "largest GPU supply is 2" in client.why(fut)
+        assert not fut.done()
+        # A suitable worker joining lets it run.
+        procs.start("worker", address, "--resources", "GPU=8", "--name", "big")
+        assert fut.result(timeout=30) == 1
+
+
+def test_nworkers_process_resource_runs_each_task_in_its_own_process(procs: Processes) -> None:
+    address = procs.scheduler()
+    procs.start("worker", address, "--nworkers", "3", "--nthreads", "2", "--resources", "process=1")
+    with Client(address) as client:
+        client.wait_for_workers(3, timeout=30)
+        futures = [client.submit(timed, i, 0.3, resources={"process": 1}) for i in range(9)]
+        records = client.gather(futures)
+    assert peak([(r["start"], r["end"]) for r in records]) <= 3
+    assert len({r["pid"] for r in records}) == 3
+    for a in records:
+        for b in records:
+            if a is not b and a["start"] < b["end"] and b["start"] < a["end"]:
+                assert a["pid"] != b["pid"], "two tasks overlapped in one process"
+
+
+def test_supervisor_restarts_a_worker_killed_with_sigkill(procs: Processes) -> None:
+    address = procs.scheduler()
+    procs.start("worker", address, "--nworkers", "2", "--nthreads", "1")
+    with Client(address) as client:
+        client.wait_for_workers(2, timeout=30)
+        pids = {w["pid"] for w in client.scheduler_info()["workers"].values()}
+        victim = sorted(pids)[0]
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            now = {w["pid"] for w in client.scheduler_info()["workers"].values()}
+            if len(now) == 2 and victim not in now:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"no replacement for {victim}: {now}")
+        assert client.gather(client.map(abs, range(-10, 0))) == list(range(10, 0, -1))
+
+
+def test_malformed_resource_specs_exit_2_with_one_line(procs: Processes) -> None:
+    for spec in ["GPU", "GPU=-1", "GPU=abc", "=2"]:
+        result = run_cli("worker", "tcp://127.0.0.1:1", "--resources", spec)
+        assert result.returncode == 2, (spec, result)
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1, lines
+        assert spec in lines[0] or "amount" in lines[0]
+
+
+def test_script_without_main_guard_runs_on_a_process_cluster(tmp_path: Path) -> None:
+    script = tmp_path / "plain_script.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            from apportion import Client, LocalCluster
+
+            def square(x):
+                return x * x
+
+            cluster = LocalCluster(n_workers=1, threads_per_worker=1)
+            client = Client(cluster)
+            print("result", client.submit(square, 7).result(timeout=30))
+            client.close()
+            cluster.close()
+            """
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "result 49" in result.stdout
