@@ -351,3 +351,14 @@ class PutData(Message):
 
     request_id: int
     data: dict[str, bytes]
+
+
+@message
+class TasksDropped(Message):
+    """Worker -> scheduler: assigned tasks freed before they started; they never ran.
+
+    Without this the scheduler could not tell "dropped" from "still running" and
+    would hold the tasks' resources forever.
+    """
+
+    keys: list[str]

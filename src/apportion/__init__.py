@@ -1,0 +1,46 @@
+"""apportion: a distributed task scheduler that places tasks where their resources are free.
+
+The names follow Dask.distributed, so code written for it runs with the import changed::
+
+    from apportion import Client
+    client = Client()                      # an embedded cluster sized to this machine
+    fut = client.submit(train, cfg, resources={"GPU": 1})
+    fut.result()
+"""
+
+from apportion.client.client import Client
+from apportion.client.errors import (
+    FutureCancelledError,
+    LostDataError,
+    SchedulerGoneError,
+    UnsatisfiableError,
+)
+from apportion.client.future import Future
+from apportion.client.local import LocalCluster
+from apportion.client.waiting import ALL_COMPLETED, FIRST_COMPLETED, as_completed, wait
+from apportion.core.resources import parse_resources
+from apportion.scheduler.service import Scheduler
+from apportion.worker.context import get_worker, task_resources
+from apportion.worker.service import Worker
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ALL_COMPLETED",
+    "FIRST_COMPLETED",
+    "Client",
+    "Future",
+    "FutureCancelledError",
+    "LocalCluster",
+    "LostDataError",
+    "Scheduler",
+    "SchedulerGoneError",
+    "UnsatisfiableError",
+    "Worker",
+    "__version__",
+    "as_completed",
+    "get_worker",
+    "parse_resources",
+    "task_resources",
+    "wait",
+]

@@ -1,0 +1,25 @@
+"""The ``apportion`` command. Each subcommand's body lives in its own module."""
+
+from __future__ import annotations
+
+import click
+
+from apportion.cli.inspect import info, why
+from apportion.cli.scheduler import scheduler
+from apportion.cli.worker import worker
+
+
+@click.group()
+@click.version_option(package_name="apportion")
+def main() -> None:
+    """apportion: run tasks where the resources they need are free."""
+
+
+main.add_command(scheduler)
+main.add_command(worker)
+main.add_command(info)
+main.add_command(why)
+
+
+if __name__ == "__main__":
+    main()

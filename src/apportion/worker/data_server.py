@@ -1,0 +1,100 @@
+"""The worker's data port: peers and clients fetch results here with ``GetData``.
+
+Every connection is handshaken before anything else is read from it, and a peer
+that sends garbage or an unexpected message loses its own connection only; the
+worker and every other connection carry on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from apportion.core.payload import dumps
+from apportion.net.address import format_address
+from apportion.net.connection import Connection, ConnectionClosed
+from apportion.net.handshake import HandshakeError, accept_connection
+from apportion.protocol.codec import ProtocolError
+from apportion.protocol.messages import DataReply, GetData
+
+logger = logging.getLogger("apportion.worker")
+
+#: Who may connect to a data port: other workers, and clients fetching results directly.
+DATA_ROLES = frozenset({"peer", "client"})
+
+
+def data_reply(data: Mapping[str, Any], request_id: int, keys: Iterable[str]) -> DataReply:
+    """Pickle the requested values; keys not held (or not picklable) are listed missing."""
+    found: dict[str, bytes] = {}
+    missing: list[str] = []
+    for key in keys:
+        try:
+            value = data[key]
+        except KeyError:
+            missing.append(key)
+            continue
+        try:
+            found[key] = dumps(value)
+        except Exception:
+            logger.exception("cannot pickle the value of %r to send it; reported missing", key)
+            missing.append(key)
+    return DataReply(request_id, found, missing)
+
+
+class DataServer:
+    """Listens on ``host:port`` and answers ``GetData`` from ``data``."""
+
+    def __init__(self, data: Mapping[str, Any], name: str, host: str, port: int) -> None:
+        self._data = data
+        self._name = name
+        self._host = host
+        self._port = port
+        self._server: asyncio.Server | None = None
+        self._conns: set[Connection] = set()
+        self.address = ""
+
+    async def start(self) -> str:
+        """Start listening; returns the address peers should use, ``tcp://host:port``."""
+        self._server = await asyncio.start_server(self._serve, self._host, self._port)
+        port = self._server.sockets[0].getsockname()[1]
+        self.address = format_address(self._host, port)
+        return self.address
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self._conns):
+            conn.abort()
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = Connection(reader, writer)
+        self._conns.add(conn)
+        try:
+            await accept_connection(conn, set(DATA_ROLES), conn.peer, {"worker": self._name})
+            while True:
+                for message in await conn.recv():
+                    if not isinstance(message, GetData):
+                        raise ProtocolError(
+                            f"{type(message).__name__} is not served on a data port"
+                        )
+                    conn.send(data_reply(self._data, message.request_id, message.keys))
+        except ConnectionClosed:
+            pass
+        except (HandshakeError, ProtocolError) as exc:
+            logger.warning(
+                "data port %s: dropping connection from %s: %s", self.address, conn.peer, exc
+            )
+            conn.abort()
+        except Exception:
+            logger.exception(
+                "data port %s: error serving %s; connection dropped", self.address, conn.peer
+            )
+            conn.abort()
+        finally:
+            self._conns.discard(conn)
+            await conn.close()

@@ -1,0 +1,132 @@
+"""What goes into ``WorkerState.handle`` (events) and what comes out (commands).
+
+Every event carries the time it happened, read by the service, so the state
+machine never reads a clock and tests can replay any history exactly. Commands
+say what to do, never how: the service owns sockets, threads and the data store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from apportion.protocol.messages import ComputeTask, Message
+
+
+class DataInfo(NamedTuple):
+    """What the state keeps about a value: its size and type, never the value itself."""
+
+    nbytes: int
+    type_name: str
+
+
+# --- events -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeArrived:
+    """The scheduler asked for ``task`` to run here."""
+
+    task: ComputeTask
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class FreeArrived:
+    """The scheduler no longer needs these keys here."""
+
+    keys: tuple[str, ...]
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class FetchDone:
+    """A peer answered: ``obtained`` are in the data store now, ``missing`` it lacked."""
+
+    address: str
+    obtained: Mapping[str, DataInfo]
+    missing: tuple[str, ...]
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class FetchFailed:
+    """A peer could not be asked at all (unreachable, connection dropped)."""
+
+    address: str
+    keys: tuple[str, ...]
+    reason: str
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionOk:
+    """A task returned; its result is in the data store already."""
+
+    key: str
+    info: DataInfo
+    duration: float
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionRaised:
+    """A task raised; exception and traceback are pickled for the client."""
+
+    key: str
+    exception: bytes
+    traceback: bytes
+    duration: float
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class DataPut:
+    """``PutData`` values are in the data store now."""
+
+    request_id: int
+    stored: Mapping[str, DataInfo]
+    time: float
+
+
+WorkerEvent = (
+    ComputeArrived | FreeArrived | FetchDone | FetchFailed | ExecutionOk | ExecutionRaised | DataPut
+)
+
+
+# --- commands -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    """Ask the peer at ``address`` for ``keys`` (all keys wanted from it in one batch)."""
+
+    address: str
+    keys: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Execute:
+    """Run a task whose inputs (``deps``) are all in the data store."""
+
+    key: str
+    func_id: str
+    args: bytes
+    deps: tuple[str, ...]
+    resources: Mapping[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class SendToScheduler:
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class ForgetData:
+    """Delete these keys from the data store (absent keys are fine)."""
+
+    keys: tuple[str, ...]
+
+
+WorkerCommand = Fetch | Execute | SendToScheduler | ForgetData

@@ -1,0 +1,201 @@
+"""Running tasks on a pool of threads, and bringing their outcomes back to the loop.
+
+The pool is a handful of daemon threads reading one queue, not a
+``ThreadPoolExecutor``: its threads are joined at interpreter exit, so a user task
+stuck in C code would hang a worker that was asked to stop. Outcomes travel back
+in batches: the first outcome of a batch schedules one ``call_soon_threadsafe``
+wake-up and the rest ride along, so a burst of 1,000 tiny tasks costs the event
+loop a few wake-ups, not a thousand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, MutableMapping
+from typing import Any, NamedTuple
+
+import tblib
+
+from apportion.core.payload import dumps, loads, unpack_call
+from apportion.worker.context import running_task
+from apportion.worker.events import DataInfo, Execute
+from apportion.worker.sizeof import sizeof
+
+logger = logging.getLogger("apportion.worker")
+
+
+class Finished(NamedTuple):
+    key: str
+    value: Any
+    info: DataInfo
+    duration: float
+
+
+class Raised(NamedTuple):
+    key: str
+    exception: bytes
+    traceback: bytes
+    duration: float
+
+
+Outcome = Finished | Raised
+
+
+class FunctionCache:
+    """Pickled functions by id, each unpickled once, on first use, by a task thread.
+
+    Unpickling on first use keeps the receive loop free of user imports; a function
+    that fails to load keeps failing with the same error for every task using it.
+    """
+
+    def __init__(self) -> None:
+        self._blobs: dict[str, bytes] = {}
+        self._loaded: dict[str, Callable[..., Any] | BaseException] = {}
+        self._lock = threading.Lock()
+
+    def add(self, func_id: str, blob: bytes) -> None:
+        with self._lock:
+            if func_id not in self._loaded:
+                self._blobs[func_id] = blob
+
+    def __contains__(self, func_id: object) -> bool:
+        return func_id in self._loaded or func_id in self._blobs
+
+    def get(self, func_id: str) -> Callable[..., Any]:
+        with self._lock:
+            entry = self._loaded.get(func_id)
+            if entry is None:
+                blob = self._blobs.pop(func_id, None)
+                if blob is None:
+                    raise RuntimeError(f"function {func_id} was never sent to this worker")
+                try:
+                    entry = loads(blob)
+                except Exception as exc:
+                    entry = exc
+                self._loaded[func_id] = entry
+        if isinstance(entry, BaseException):
+            raise entry.with_traceback(None)
+        return entry
+
+
+def type_name(value: Any) -> str:
+    cls = type(value)
+    module = cls.__module__
+    return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
+
+
+def pack_exception(exc: BaseException) -> tuple[bytes, bytes]:
+    """Pickle ``exc`` and its traceback so the client can re-raise the original type.
+
+    An exception that does not survive a pickle round trip (unpicklable attributes, an
+    ``__init__`` with extra required arguments) is replaced by a ``RuntimeError``
+    carrying its repr and type name: the client must get *an* error, never a hang.
+    """
+    try:
+        blob = dumps(exc)
+        loads(blob)
+    except Exception:
+        name = f"{type(exc).__module__}.{type(exc).__qualname__}"
+        blob = dumps(RuntimeError(f"{name}: {exc!r} (the original exception could not be pickled)"))
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next  # the client wants the user's frames, not ours
+    tb = tb or exc.__traceback__
+    return blob, dumps(tblib.Traceback(tb).to_dict() if tb is not None else None)
+
+
+class TaskRunner:
+    """``nthreads`` threads running ``Execute`` commands; outcomes go to ``deliver``.
+
+    ``deliver`` is called on ``loop`` with a batch of outcomes, after each finished
+    value has been stored in ``data`` (on the loop thread, so ``data`` may be any
+    mapping, thread-safe or not).
+    """
+
+    def __init__(
+        self,
+        nthreads: int,
+        data: MutableMapping[str, Any],
+        deliver: Callable[[list[Outcome]], None],
+        loop: asyncio.AbstractEventLoop,
+        worker: Any,
+    ) -> None:
+        self.functions = FunctionCache()
+        self._data = data
+        self._deliver = deliver
+        self._loop = loop
+        self._worker = worker
+        self._queue: queue.SimpleQueue[tuple[Execute, dict[str, Any]] | None] = queue.SimpleQueue()
+        self._done: list[Outcome] = []
+        self._done_lock = threading.Lock()
+        self._closed = False
+        self._threads = [
+            threading.Thread(target=self._thread_main, name=f"apportion-task-{i}", daemon=True)
+            for i in range(nthreads)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, command: Execute, inputs: dict[str, Any]) -> None:
+        """Queue ``command``; the state machine never submits more than ``nthreads``."""
+        self._queue.put((command, inputs))
+
+    def close(self) -> None:
+        """Stop the threads once their current task returns; do not wait for it."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            while True:
+                self._queue.get_nowait()
+        except queue.Empty:
+            pass
+        for _ in self._threads:
+            self._queue.put(None)
+
+    def _thread_main(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            outcome = self.run(*item)
+            with self._done_lock:
+                self._done.append(outcome)
+                first = len(self._done) == 1
+            if first:
+                try:
+                    self._loop.call_soon_threadsafe(self._flush)
+                except RuntimeError:  # the loop is closed: nobody is waiting any more
+                    return
+
+    def run(self, command: Execute, inputs: dict[str, Any]) -> Outcome:
+        """Run one task on this thread and describe how it went."""
+        start = time.perf_counter()
+        try:
+            func = self.functions.get(command.func_id)
+            args, kwargs = unpack_call(command.args, inputs)
+            del inputs
+            with running_task(self._worker, command.resources):
+                start = time.perf_counter()
+                value = func(*args, **kwargs)
+            duration = time.perf_counter() - start
+        except BaseException as exc:  # user code may raise SystemExit too: report it all
+            duration = time.perf_counter() - start
+            exception, traceback = pack_exception(exc)
+            return Raised(command.key, exception, traceback, duration)
+        info = DataInfo(sizeof(value), type_name(value))
+        return Finished(command.key, value, info, duration)
+
+    def _flush(self) -> None:
+        with self._done_lock:
+            batch, self._done = self._done, []
+        if self._closed or not batch:
+            return
+        for outcome in batch:
+            if isinstance(outcome, Finished):
+                self._data[outcome.key] = outcome.value
+        self._deliver(batch)

@@ -1,0 +1,305 @@
+"""The worker process's asyncio shell around ``WorkerState``.
+
+It decodes what arrives (scheduler messages, fetch replies, finished executions),
+hands it to the state machine with the time inside, and carries out the commands
+that come back. Every decision lives in ``state.py``; this file only does I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+import uuid
+from collections.abc import Iterable, MutableMapping
+from types import TracebackType
+from typing import Any
+
+from apportion.core.payload import loads
+from apportion.core.resources import ResourceSpec, parse_resources, to_units
+from apportion.loop_thread import LoopThread
+from apportion.net.connection import Connection, ConnectionClosed
+from apportion.net.handshake import HandshakeError, open_connection
+from apportion.protocol.codec import ProtocolError
+from apportion.protocol.messages import (
+    ComputeTask,
+    FreeKeys,
+    GetData,
+    LoadFunction,
+    Message,
+    PutData,
+    RegisterWorker,
+)
+from apportion.worker.data_server import DataServer, data_reply
+from apportion.worker.events import (
+    ComputeArrived,
+    DataInfo,
+    DataPut,
+    Execute,
+    ExecutionOk,
+    ExecutionRaised,
+    Fetch,
+    FetchDone,
+    FetchFailed,
+    ForgetData,
+    FreeArrived,
+    SendToScheduler,
+    WorkerCommand,
+    WorkerEvent,
+)
+from apportion.worker.execution import Finished, Outcome, TaskRunner, type_name
+from apportion.worker.peers import PeerPool
+from apportion.worker.sizeof import sizeof
+from apportion.worker.state import WorkerState
+
+logger = logging.getLogger("apportion.worker")
+
+
+class Worker:
+    """Runs tasks the scheduler sends and serves their results to peers and clients.
+
+    Use ``async with Worker(addr)`` inside an event loop, or ``with Worker(addr)``
+    from plain code (it then runs on a background loop thread).
+    """
+
+    def __init__(
+        self,
+        scheduler_address: str,
+        nthreads: int | None = None,
+        resources: ResourceSpec = None,
+        data: MutableMapping[str, Any] | None = None,
+        name: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        memory_limit: int = 0,
+    ) -> None:
+        self.scheduler_address = scheduler_address
+        self.nthreads = nthreads if nthreads is not None else os.cpu_count() or 1
+        if self.nthreads < 1:
+            raise ValueError(f"nthreads must be at least 1, got {self.nthreads}")
+        #: Supply in ticks, as registered with the scheduler.
+        self.supply = parse_resources(resources)
+        #: Supply in units (``{"GPU": 2.0}``), as users write and read it.
+        self.resources = to_units(self.supply)
+        self.data: MutableMapping[str, Any] = data if data is not None else {}
+        self.name = name or f"worker-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.host = host
+        self.port = port
+        self.memory_limit = memory_limit
+        #: Where peers and clients fetch data, ``tcp://host:port``; set by ``start``.
+        self.address = ""
+        self.state = WorkerState(self.nthreads)
+        self._server = DataServer(self.data, self.name, host, port)
+        self._peers = PeerPool(self.name)
+        self._runner: TaskRunner | None = None
+        self._scheduler: Connection | None = None
+        self._receiver: asyncio.Task[None] | None = None
+        self._fetches: set[asyncio.Task[None]] = set()
+        self._started = False
+        self._closing = False
+        self._closed = asyncio.Event()
+        self._loop_thread: LoopThread | None = None
+
+    # --- lifecycle ----------------------------------------------------------------
+
+    async def start(self) -> Worker:
+        """Open the data port, connect and register with the scheduler, start receiving."""
+        if self._started:
+            raise RuntimeError(f"worker {self.name} was already started")
+        self._started = True
+        try:
+            self.address = await self._server.start()
+            self.state.address = self.address
+            loop = asyncio.get_running_loop()
+            self._runner = TaskRunner(self.nthreads, self.data, self._on_outcomes, loop, self)
+            self._scheduler, _ = await open_connection(self.scheduler_address, "worker", self.name)
+        except BaseException:
+            await self.close()
+            raise
+        self._scheduler.send(
+            RegisterWorker(
+                self.name, self.address, self.nthreads, self.supply, os.getpid(), self.memory_limit
+            )
+        )
+        self._receiver = asyncio.create_task(self._receive(), name=f"worker-{self.name}")
+        logger.info(
+            "worker %s: data at %s, %d threads, resources %s, scheduler %s",
+            self.name,
+            self.address,
+            self.nthreads,
+            self.resources or "none",
+            self.scheduler_address,
+        )
+        return self
+
+    async def close(self) -> None:
+        """Stop: no new tasks, running ones are abandoned to their threads; idempotent."""
+        if self._closing:
+            await self._closed.wait()
+            return
+        self._closing = True
+        try:
+            tasks = [t for t in (self._receiver, *self._fetches) if t is not None]
+            tasks = [t for t in tasks if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            if self._runner is not None:
+                self._runner.close()
+            await self._peers.close()
+            if self._scheduler is not None:
+                await self._scheduler.close()
+            await self._server.close()
+        finally:
+            self._closed.set()
+
+    async def finished(self) -> None:
+        """Wait until the worker is closed (by ``close`` or by losing its scheduler)."""
+        await self._closed.wait()
+
+    async def __aenter__(self) -> Worker:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __enter__(self) -> Worker:
+        self._loop_thread = LoopThread(name=f"apportion-{self.name}")
+        try:
+            self._loop_thread.run(self.start())
+        except BaseException:
+            self._loop_thread.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._loop_thread is not None:
+            try:
+                self._loop_thread.run(self.close(), timeout=30)
+            finally:
+                self._loop_thread.stop()
+                self._loop_thread = None
+
+    # --- from the scheduler -------------------------------------------------------
+
+    async def _receive(self) -> None:
+        assert self._scheduler is not None
+        try:
+            while True:
+                self._on_messages(await self._scheduler.recv())
+        except ConnectionClosed:
+            reason = "the scheduler closed the connection"
+        except ProtocolError as exc:
+            reason = f"the scheduler sent invalid data ({exc})"
+        logger.warning(
+            "worker %s: %s at %s; closing this worker", self.name, reason, self.scheduler_address
+        )
+        await self.close()
+
+    def _on_messages(self, messages: Iterable[Message]) -> None:
+        """Turn one frame into events; a ``GetData`` sees the state of the messages before it."""
+        assert self._scheduler is not None and self._runner is not None
+        now = time.time()
+        events: list[WorkerEvent] = []
+        for message in messages:
+            match message:
+                case LoadFunction():
+                    self._runner.functions.add(message.func_id, message.blob)
+                case ComputeTask():
+                    events.append(ComputeArrived(message, now))
+                case FreeKeys():
+                    events.append(FreeArrived(tuple(message.keys), now))
+                case PutData():
+                    events.append(self._store_put(message, now))
+                case GetData():
+                    self._handle(events)
+                    events = []
+                    self._scheduler.send(data_reply(self.data, message.request_id, message.keys))
+                case _:
+                    logger.warning("worker %s: ignored unexpected %r", self.name, message)
+        self._handle(events)
+
+    def _store_put(self, message: PutData, now: float) -> DataPut:
+        stored: dict[str, DataInfo] = {}
+        for key, blob in message.data.items():
+            try:
+                value = loads(blob)
+            except Exception:
+                logger.exception(
+                    "worker %s: cannot unpickle put data %r; not stored", self.name, key
+                )
+                continue
+            self.data[key] = value
+            stored[key] = DataInfo(sizeof(value), type_name(value))
+        return DataPut(message.request_id, stored, now)
+
+    # --- state machine ------------------------------------------------------------
+
+    def _handle(self, events: list[WorkerEvent]) -> None:
+        if events and not self._closing:
+            self._carry_out(self.state.handle(*events))
+
+    def _carry_out(self, commands: list[WorkerCommand]) -> None:
+        assert self._scheduler is not None and self._runner is not None
+        for command in commands:
+            match command:
+                case SendToScheduler():
+                    self._scheduler.send(command.message)
+                case Execute():
+                    inputs = {dep: self.data[dep] for dep in command.deps if dep in self.data}
+                    self._runner.submit(command, inputs)
+                case Fetch():
+                    task = asyncio.create_task(self._fetch(command.address, command.keys))
+                    self._fetches.add(task)
+                    task.add_done_callback(self._fetches.discard)
+                case ForgetData():
+                    for key in command.keys:
+                        self.data.pop(key, None)
+
+    def _on_outcomes(self, outcomes: list[Outcome]) -> None:
+        """A batch of finished executions, values already stored by the runner."""
+        now = time.time()
+        events: list[WorkerEvent] = [
+            ExecutionOk(o.key, o.info, o.duration, now)
+            if isinstance(o, Finished)
+            else ExecutionRaised(o.key, o.exception, o.traceback, o.duration, now)
+            for o in outcomes
+        ]
+        self._handle(events)
+
+    async def _fetch(self, address: str, keys: tuple[str, ...]) -> None:
+        try:
+            reply = await self._peers.get_data(address, keys)
+        except (OSError, ConnectionClosed, HandshakeError) as exc:
+            logger.warning(
+                "worker %s: fetch of %d keys from %s failed: %s", self.name, len(keys), address, exc
+            )
+            self._handle([FetchFailed(address, keys, str(exc), time.time())])
+            return
+        obtained: dict[str, DataInfo] = {}
+        missing = [key for key in keys if key not in reply.data]
+        for key in keys:
+            blob = reply.data.get(key)
+            if blob is None:
+                continue
+            try:
+                value = loads(blob)
+            except Exception:
+                logger.exception("worker %s: cannot unpickle %r from %s", self.name, key, address)
+                missing.append(key)
+                continue
+            self.data[key] = value
+            obtained[key] = DataInfo(sizeof(value), type_name(value))
+        self._handle([FetchDone(address, obtained, tuple(missing), time.time())])
+
+    def __repr__(self) -> str:
+        return f"<Worker {self.name} {self.address or 'not started'} threads={self.nthreads}>"

@@ -1,0 +1,467 @@
+"""The worker's own view of its tasks and data, as a pure state machine.
+
+Theory of operation
+-------------------
+``WorkerState.handle(*events)`` takes what happened (a task arrived, a fetch
+completed, an execution finished, ...) and returns what to do (fetch from a peer,
+execute, tell the scheduler, forget data). It holds no values, only keys, sizes
+and types, and it imports no asyncio, socket, thread or clock: the service reads
+the time and puts it inside each event. So every rule below is tested in
+microseconds, and a Hypothesis machine can drive it through any interleaving.
+
+A task moves ``waiting -> ready -> executing`` and leaves the table when it is
+reported. A key's value is ``memory`` while it is in the data store; it is
+*owned* when the scheduler knows about it (computed or put here) and *transient*
+when it was fetched from a peer for a local task: the scheduler only tracks the
+worker that computed a key, so a transient copy is forgotten as soon as no
+pending task here needs it.
+
+The data store is written by the service before it hands over the event that
+announces the value (a finished execution, a fetch reply, a put), so that one
+``handle`` call can cover a whole batch. That is why ``ForgetData`` comes last in
+the returned commands, after any ``Execute`` that reads the inputs, and why a key
+that arrives again within the same call is taken off the list to forget.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from apportion.protocol.messages import (
+    ComputeTask,
+    DataStored,
+    MissingDependency,
+    TaskFinished,
+    TaskRaised,
+    TasksDropped,
+)
+from apportion.worker.events import (
+    ComputeArrived,
+    DataInfo,
+    DataPut,
+    Execute,
+    ExecutionOk,
+    ExecutionRaised,
+    Fetch,
+    FetchDone,
+    FetchFailed,
+    ForgetData,
+    FreeArrived,
+    SendToScheduler,
+    WorkerCommand,
+    WorkerEvent,
+)
+
+#: Every move a key may make, as (from, to). Anything else is a bug and raises.
+LEGAL_MOVES = frozenset(
+    {
+        ("released", "waiting"),
+        ("released", "ready"),
+        ("released", "fetching"),
+        ("released", "memory"),
+        ("waiting", "ready"),
+        ("waiting", "memory"),
+        ("waiting", "released"),
+        ("ready", "executing"),
+        ("ready", "memory"),
+        ("ready", "released"),
+        ("executing", "executing"),
+        ("executing", "memory"),
+        ("executing", "released"),
+        ("fetching", "fetching"),
+        ("fetching", "memory"),
+        ("fetching", "released"),
+        ("memory", "memory"),
+        ("memory", "released"),
+    }
+)
+
+
+class InvalidTransition(AssertionError):
+    """A move outside ``LEGAL_MOVES``, or an event that cannot happen in this state."""
+
+
+@dataclass(slots=True)
+class TaskRecord:
+    """One task this worker was asked to run and has not reported yet."""
+
+    key: str
+    func_id: str
+    args: bytes
+    deps: tuple[str, ...]
+    resources: dict[str, int]
+    priority: int
+    seq: int  #: arrival order; breaks ties in the ready order
+    state: str  #: "waiting", "ready" or "executing"
+    missing: set[str] = field(default_factory=set)  #: deps not in memory; empty unless waiting
+    freed: bool = False  #: freed while executing: report it, then discard the result
+
+
+@dataclass(slots=True)
+class FetchRecord:
+    """One dependency being fetched; exactly one request for it is in flight."""
+
+    holders: list[str]  #: every holder named so far, in the order tried
+    index: int = 0  #: the holder asked now
+
+    @property
+    def address(self) -> str:
+        return self.holders[self.index]
+
+
+class WorkerState:
+    """Tasks, data and fetches of one worker; see the module docstring."""
+
+    def __init__(self, nthreads: int, address: str = "", *, story_limit: int = 100_000) -> None:
+        if nthreads < 1:
+            raise ValueError(f"nthreads must be at least 1, got {nthreads}")
+        self.nthreads = nthreads
+        #: Our own data address: never fetch from ourselves.
+        self.address = address
+        #: Tasks not yet reported, by key.
+        self.tasks: dict[str, TaskRecord] = {}
+        #: Keys whose values are in the data store.
+        self.data: dict[str, DataInfo] = {}
+        #: Subset of ``data`` the scheduler knows is here; the rest is transient.
+        self.owned: set[str] = set()
+        #: Dependency -> pending (waiting or ready) tasks that need it; never an empty set.
+        self.needed_by: dict[str, set[str]] = {}
+        #: Dependencies being fetched; disjoint from ``data``.
+        self.fetches: dict[str, FetchRecord] = {}
+        #: Keys of tasks in state "executing"; never more than ``nthreads``.
+        self.executing: set[str] = set()
+        #: Heap of (no-resources, -priority, seq, key); entries of gone tasks are skipped.
+        self._ready: list[tuple[int, int, int, str]] = []
+        self._seq = 0
+        self._story: deque[tuple[float, str, str, str, str]] = deque(maxlen=story_limit)
+        self._out: list[WorkerCommand] = []
+        self._to_fetch: dict[str, list[str]] = {}
+        self._forget: dict[str, None] = {}  # ordered set
+
+    # --- public -------------------------------------------------------------------
+
+    def handle(self, *events: WorkerEvent) -> list[WorkerCommand]:
+        """Apply ``events`` in order; return the commands, fetches and forgets last."""
+        now = 0.0
+        for event in events:
+            now = event.time
+            self._dispatch(event)
+        self._start_ready(now)
+        out, self._out = self._out, []
+        out.extend(Fetch(address, tuple(keys)) for address, keys in self._to_fetch.items())
+        self._to_fetch = {}
+        if self._forget:
+            out.append(ForgetData(tuple(self._forget)))
+            self._forget = {}
+        return out
+
+    def story(self, *keys: str) -> list[tuple[float, str, str, str, str]]:
+        """Transitions of ``keys`` as (time, key, from, to, cause), oldest first."""
+        wanted = set(keys)
+        return [entry for entry in self._story if entry[1] in wanted]
+
+    def ready_keys(self) -> list[str]:
+        """Ready tasks in the order they will start (for tests and views)."""
+        live = [e for e in self._ready if self._is_live(e)]
+        return [e[3] for e in sorted(live)]
+
+    # --- dispatch -----------------------------------------------------------------
+
+    def _dispatch(self, event: WorkerEvent) -> None:
+        match event:
+            case ComputeArrived():
+                self._on_compute(event.task, event.time)
+            case FreeArrived():
+                self._on_free(event.keys, event.time)
+            case FetchDone():
+                self._on_fetch_done(event)
+            case FetchFailed():
+                for key in event.keys:
+                    self._fetch_failed(key, event.address, event.reason, event.time)
+            case ExecutionOk():
+                self._on_execution_ok(event)
+            case ExecutionRaised():
+                self._on_execution_raised(event)
+            case DataPut():
+                self._on_put(event)
+
+    def _on_compute(self, task: ComputeTask, now: float) -> None:
+        key = task.key
+        existing = self.tasks.get(key)
+        if existing is not None:
+            if existing.freed:
+                existing.freed = False
+                self._move(key, "executing", "executing", "computed again after free", now)
+            return
+        if key in self.data:
+            info = self.data[key]
+            self.owned.add(key)
+            self._send(TaskFinished(key, info.nbytes, 0.0, info.type_name))
+            self._move(key, "memory", "memory", "asked to compute a key held here", now)
+            return
+        deps = tuple(d for d in task.who_has if d != key)
+        self._seq += 1
+        record = TaskRecord(
+            key, task.func_id, task.args, deps, dict(task.resources), task.priority, self._seq, ""
+        )
+        self.tasks[key] = record
+        for dep in deps:
+            self.needed_by.setdefault(dep, set()).add(key)
+            if dep not in self.data:
+                record.missing.add(dep)
+        if record.missing:
+            self._move(key, "released", "waiting", "compute-task", now)
+            record.state = "waiting"
+            for dep in sorted(record.missing):
+                self._want(dep, task.who_has.get(dep, ()), now)
+                if key not in self.tasks:
+                    return  # dropped: a dependency has no holder
+        else:
+            self._move(key, "released", "ready", "compute-task", now)
+            self._make_ready(record)
+
+    def _on_free(self, keys: Iterable[str], now: float) -> None:
+        dropped: list[str] = []
+        for key in dict.fromkeys(keys):
+            record = self.tasks.get(key)
+            if record is not None and record.state == "executing":
+                if not record.freed:
+                    record.freed = True
+                    self._move(key, "executing", "executing", "freed; result discarded", now)
+            elif record is not None:
+                dropped.append(key)
+            if key in self.data:
+                if key in self.needed_by:
+                    self.owned.discard(key)
+                    self._move(key, "memory", "memory", "freed; kept for local tasks", now)
+                else:
+                    self._forget_key(key, "freed", now)
+        self._drop_tasks(dropped, "freed", now)
+        if dropped:
+            self._send(TasksDropped(dropped))
+
+    def _on_fetch_done(self, event: FetchDone) -> None:
+        for key, info in event.obtained.items():
+            self._arrived(key, info, False, f"fetched from {event.address}", event.time)
+        for key in event.missing:
+            self._fetch_failed(key, event.address, "peer does not hold it", event.time)
+
+    def _on_execution_ok(self, event: ExecutionOk) -> None:
+        record = self._finish_execution(event.key)
+        info = event.info
+        self._send(TaskFinished(event.key, info.nbytes, event.duration, info.type_name))
+        if record.freed:
+            self._move(event.key, "executing", "released", "finished after free", event.time)
+            self._forget[event.key] = None
+        else:
+            self._move(event.key, "executing", "memory", "finished", event.time)
+            self.fetches.pop(event.key, None)  # a fetch started before the task arrived
+            self._hold(event.key, info, True, event.time)
+
+    def _on_execution_raised(self, event: ExecutionRaised) -> None:
+        # Local dependents stay waiting: the scheduler fails them and frees them.
+        self._finish_execution(event.key)
+        self._send(TaskRaised(event.key, event.exception, event.traceback, event.duration))
+        self._move(event.key, "executing", "released", "raised", event.time)
+
+    def _on_put(self, event: DataPut) -> None:
+        for key, info in event.stored.items():
+            self._arrived(key, info, True, "put", event.time)
+        nbytes = {key: info.nbytes for key, info in event.stored.items()}
+        self._send(DataStored(event.request_id, list(event.stored), nbytes))
+
+    # --- data arriving and leaving -----------------------------------------------
+
+    def _arrived(self, key: str, info: DataInfo, owned: bool, cause: str, now: float) -> None:
+        """A value for ``key`` is in the data store (fetched or put)."""
+        self._forget.pop(key, None)
+        old = "fetching" if self.fetches.pop(key, None) is not None else "released"
+        record = self.tasks.get(key)
+        if record is not None and record.state == "executing":
+            self._forget[key] = None  # the running execution will store its own result
+            return
+        if record is not None:
+            # A pending task whose result turned up: done without running it.
+            self._drop_tasks([key], cause, now, moved_to="memory")
+            self._send(TaskFinished(key, info.nbytes, 0.0, info.type_name))
+            owned = True
+        elif key in self.data:
+            if owned:
+                self.owned.add(key)
+            return
+        elif not owned and key not in self.needed_by:
+            self._forget[key] = None
+            if old == "fetching":
+                self._move(key, old, "released", f"{cause}; no longer needed", now)
+            return
+        else:
+            self._move(key, old, "memory", cause, now)
+        self._hold(key, info, owned, now)
+
+    def _hold(self, key: str, info: DataInfo, owned: bool, now: float) -> None:
+        """Record ``key`` in memory and wake the tasks that waited for it."""
+        self.data[key] = info
+        if owned:
+            self.owned.add(key)
+        for dependent in self.needed_by.get(key, ()):
+            record = self.tasks[dependent]
+            record.missing.discard(key)
+            if record.state == "waiting" and not record.missing:
+                self._move(dependent, "waiting", "ready", f"dependency {key} in memory", now)
+                self._make_ready(record)
+
+    def _forget_key(self, key: str, cause: str, now: float) -> None:
+        del self.data[key]
+        self.owned.discard(key)
+        self._forget[key] = None
+        self._move(key, "memory", "released", cause, now)
+
+    def _release_need(self, dep: str, key: str, now: float) -> None:
+        """``key`` no longer needs ``dep``; a transient copy nobody needs goes."""
+        needing = self.needed_by[dep]
+        needing.discard(key)
+        if needing:
+            return
+        del self.needed_by[dep]
+        if dep in self.data and dep not in self.owned:
+            self._forget_key(dep, "transient copy no longer needed", now)
+
+    # --- fetching -----------------------------------------------------------------
+
+    def _want(self, dep: str, holders: Iterable[str], now: float) -> None:
+        """Get ``dep`` into memory: wait for a local task or an ongoing fetch, or fetch."""
+        if dep in self.tasks:
+            return
+        others = [h for h in holders if h != self.address]
+        record = self.fetches.get(dep)
+        if record is not None:
+            record.holders.extend(h for h in others if h not in record.holders)
+            return
+        if not others:
+            self._dep_unavailable(dep, list(holders), now)
+            return
+        record = self.fetches[dep] = FetchRecord(list(dict.fromkeys(others)))
+        self._move(dep, "released", "fetching", f"fetch from {record.address}", now)
+        self._to_fetch.setdefault(record.address, []).append(dep)
+
+    def _fetch_failed(self, key: str, address: str, reason: str, now: float) -> None:
+        record = self.fetches.get(key)
+        if record is None or record.address != address:
+            return  # a stale answer: the fetch already moved on
+        record.index += 1
+        if key not in self.needed_by:
+            del self.fetches[key]
+            self._move(key, "fetching", "released", f"{address}: {reason}; not needed", now)
+        elif record.index < len(record.holders):
+            self._move(key, "fetching", "fetching", f"{address}: {reason}; try next", now)
+            self._to_fetch.setdefault(record.address, []).append(key)
+        else:
+            del self.fetches[key]
+            self._move(key, "fetching", "released", f"{address}: {reason}; no holder left", now)
+            self._dep_unavailable(key, record.holders, now)
+
+    def _dep_unavailable(self, dep: str, holders: list[str], now: float) -> None:
+        """No holder can give ``dep``: tell the scheduler and drop the tasks needing it."""
+        dependents = sorted(self.needed_by.get(dep, ()), key=lambda k: self.tasks[k].seq)
+        for key in dependents:
+            self._send(MissingDependency(key, dep, holders))
+        self._drop_tasks(dependents, f"dependency {dep} unavailable", now)
+
+    # --- tasks --------------------------------------------------------------------
+
+    def _drop_tasks(
+        self, keys: list[str], cause: str, now: float, *, moved_to: str = "released"
+    ) -> None:
+        """Forget pending tasks; local tasks that waited on them cannot proceed either."""
+        for key in keys:
+            record = self.tasks.pop(key)
+            self._move(key, record.state, moved_to, cause, now)
+            for dep in record.deps:
+                self._release_need(dep, key, now)
+        for key in keys:
+            orphaned = key in self.needed_by and key not in self.data and key not in self.tasks
+            if orphaned and key not in self.fetches and moved_to == "released":
+                self._dep_unavailable(key, [], now)
+
+    def _make_ready(self, record: TaskRecord) -> None:
+        record.state = "ready"
+        entry = (0 if record.resources else 1, -record.priority, record.seq, record.key)
+        heapq.heappush(self._ready, entry)
+
+    def _is_live(self, entry: tuple[int, int, int, str]) -> bool:
+        record = self.tasks.get(entry[3])
+        return record is not None and record.state == "ready" and record.seq == entry[2]
+
+    def _start_ready(self, now: float) -> None:
+        """Start ready tasks while threads are free: resource tasks, priority, arrival."""
+        while self._ready and len(self.executing) < self.nthreads:
+            entry = heapq.heappop(self._ready)
+            if not self._is_live(entry):
+                continue
+            record = self.tasks[entry[3]]
+            record.state = "executing"
+            self.executing.add(record.key)
+            self._move(record.key, "ready", "executing", "thread free", now)
+            self._out.append(
+                Execute(record.key, record.func_id, record.args, record.deps, record.resources)
+            )
+            for dep in record.deps:
+                self._release_need(dep, record.key, now)
+
+    def _finish_execution(self, key: str) -> TaskRecord:
+        record = self.tasks.get(key)
+        if record is None or record.state != "executing":
+            raise InvalidTransition(f"execution of {key!r} finished but it was not executing")
+        del self.tasks[key]
+        self.executing.discard(key)
+        return record
+
+    # --- bookkeeping --------------------------------------------------------------
+
+    def _send(self, message: Any) -> None:
+        self._out.append(SendToScheduler(message))
+
+    def _move(self, key: str, old: str, new: str, cause: str, now: float) -> None:
+        if (old, new) not in LEGAL_MOVES:
+            raise InvalidTransition(f"{key!r}: illegal move {old} -> {new} ({cause})")
+        self._story.append((now, key, old, new, cause))
+
+
+def check_invariants(state: WorkerState) -> None:
+    """Raise ``AssertionError`` naming the first broken invariant of ``state``.
+
+    Called after every step of the Hypothesis machine and at the end of every state
+    test, so a rule broken by any interleaving shows up where it happened.
+    """
+    ready = {k for k, t in state.tasks.items() if t.state == "ready"}
+    executing = {k for k, t in state.tasks.items() if t.state == "executing"}
+    live = [e[3] for e in state._ready if state._is_live(e)]
+    assert len(live) == len(set(live)), f"duplicate live ready entries: {live}"
+    assert set(live) == ready, f"ready heap {sorted(live)} != ready tasks {sorted(ready)}"
+    assert executing == state.executing, f"executing {state.executing} != {executing}"
+    assert not ready & executing, "a key is both ready and executing"
+    assert len(executing) <= state.nthreads, f"{len(executing)} > {state.nthreads} threads"
+    assert not (ready and len(executing) < state.nthreads), "a ready task waits for no reason"
+    assert state.owned <= state.data.keys(), "owned keys must be in memory"
+    assert not state.data.keys() & state.fetches.keys(), "a key in memory is being fetched"
+    assert not state.data.keys() & state.tasks.keys(), "a key is both in memory and a task"
+    needs: dict[str, set[str]] = {}
+    for key, record in state.tasks.items():
+        assert record.state in ("waiting", "ready", "executing"), f"{key}: {record.state}"
+        assert record.missing <= set(record.deps), f"{key}: missing deps it does not have"
+        assert not record.missing & state.data.keys(), f"{key}: a missing dep is in memory"
+        assert (record.state == "waiting") == bool(record.missing), f"{key}: waiting/missing"
+        assert not (record.freed and record.state != "executing"), f"{key}: freed but pending"
+        if record.state != "executing":
+            for dep in record.deps:
+                needs.setdefault(dep, set()).add(key)
+    assert needs == state.needed_by, f"needed_by {state.needed_by} != {needs}"
+    transient = state.data.keys() - state.owned
+    assert transient <= state.needed_by.keys(), f"unneeded transient data {transient}"
+    for dep, fetch in state.fetches.items():
+        assert 0 <= fetch.index < len(fetch.holders), f"{dep}: fetch past its holders"
+        assert state.address not in fetch.holders, f"{dep}: fetching from ourselves"

@@ -1,0 +1,68 @@
+"""``apportion worker``: option checking in-process, and one real supervised run."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import psutil
+import pytest
+from click.testing import CliRunner
+
+from apportion.cli.main import main
+from apportion.loop_thread import LoopThread
+from test_worker_service import FakeScheduler
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("spec", ["GPU", "GPU=-1", "GPU=abc", "=2"])
+def test_malformed_resources_exit_with_status_2_and_one_line(spec: str) -> None:
+    result = CliRunner().invoke(main, ["worker", "tcp://127.0.0.1:8786", "--resources", spec])
+    assert result.exit_code == 2
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "--resources" in errors[0]
+
+
+@pytest.mark.timeout(10)
+def test_help_lists_the_worker_options() -> None:
+    result = CliRunner().invoke(main, ["worker", "--help"])
+    assert result.exit_code == 0
+    for option in ("--nthreads", "--nworkers", "--nprocs", "--resources", "--name", "--port"):
+        assert option in result.output
+
+
+@pytest.fixture
+def loop_thread() -> Iterator[LoopThread]:
+    thread = LoopThread()
+    yield thread
+    thread.stop()
+
+
+@pytest.mark.process
+@pytest.mark.timeout(45)
+def test_nworkers_runs_supervised_workers_that_stop_on_sigterm(loop_thread: LoopThread) -> None:
+    scheduler = loop_thread.run(FakeScheduler().start())
+    argv = [sys.executable, "-m", "apportion.cli.main", "worker", scheduler.address]
+    argv += ["--nworkers", "2", "--nthreads", "1", "--resources", "GPU=1", "--name", "box"]
+    supervisor = subprocess.Popen(argv, stderr=subprocess.PIPE)
+    family = [psutil.Process(supervisor.pid)]
+    try:
+        hellos = [loop_thread.run(scheduler.next_worker(), 20)[1] for _ in range(2)]
+        assert sorted(h.name for h in hellos) == ["box-0", "box-1"]
+        assert all(h.resources == {"GPU": 10_000} and h.nthreads == 1 for h in hellos)
+        family += family[0].children(recursive=True)
+        assert len(family) == 3
+        supervisor.send_signal(signal.SIGTERM)
+        _, stderr = supervisor.communicate(timeout=20)
+        assert supervisor.returncode == 0, stderr.decode()
+        assert "SIGTERM received; closing" in stderr.decode()
+        assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family)
+    finally:
+        for process in family:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        supervisor.wait(5)
+        loop_thread.run(scheduler.close(), 5)

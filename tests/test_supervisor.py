@@ -1,0 +1,162 @@
+"""The --nworkers supervisor: policy with a fake launcher and clock, plus one real run."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from apportion.worker.supervisor import Supervisor, describe_exit, popen_launcher
+
+
+class FakeProcess:
+    """Behaves like a ``Popen`` whose death the test decides."""
+
+    def __init__(self, argv: list[str], pid: int, *, stubborn: bool = False) -> None:
+        self.argv = argv
+        self.pid = pid
+        self.returncode: int | None = None
+        self.signals: list[int] = []
+        self.stubborn = stubborn
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        self.signals.append(sig)
+        if not self.stubborn:
+            self.returncode = -sig
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired(self.argv, timeout or 0)
+        return self.returncode
+
+    def kill(self) -> None:
+        self.returncode = -signal.SIGKILL
+
+
+class FakeLauncher:
+    def __init__(self, *, stubborn: bool = False) -> None:
+        self.launched: list[FakeProcess] = []
+        self.stubborn = stubborn
+
+    def __call__(self, argv: list[str]) -> FakeProcess:
+        process = FakeProcess(argv, 1000 + len(self.launched), stubborn=self.stubborn)
+        self.launched.append(process)
+        return process
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(n: int = 2, **kwargs: bool) -> tuple[Supervisor, FakeLauncher, FakeClock]:
+    launcher, clock = FakeLauncher(**kwargs), FakeClock()
+    commands = [["worker", f"--name=w-{i}"] for i in range(n)]
+    supervisor = Supervisor(commands, launcher, clock, min_uptime=10.0, max_backoff=30.0)
+    supervisor.start()
+    return supervisor, launcher, clock
+
+
+@pytest.mark.timeout(5)
+def test_starts_one_process_per_command() -> None:
+    _, launcher, _ = make(3)
+    assert [p.argv for p in launcher.launched] == [["worker", f"--name=w-{i}"] for i in range(3)]
+
+
+@pytest.mark.timeout(5)
+def test_child_killed_by_sigkill_is_restarted_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    supervisor, launcher, clock = make(2)
+    clock.now += 60
+    launcher.launched[0].returncode = -signal.SIGKILL
+    with caplog.at_level(logging.WARNING, logger="apportion.supervisor"):
+        supervisor.poll()
+    assert len(launcher.launched) == 3
+    assert launcher.launched[2].argv == ["worker", "--name=w-0"]
+    assert supervisor.slots[0].process is launcher.launched[2]
+    assert "was killed by SIGKILL" in caplog.text
+
+
+@pytest.mark.timeout(5)
+def test_children_that_keep_dying_are_restarted_with_growing_delays() -> None:
+    supervisor, launcher, clock = make(1)
+    delays = []
+    for _ in range(5):
+        launcher.launched[-1].returncode = 1
+        before, start = len(launcher.launched), clock.now
+        supervisor.poll()
+        while len(launcher.launched) == before:
+            clock.now += 0.5
+            supervisor.poll()
+        delays.append(clock.now - start)
+    assert delays == [0.0, 1.0, 2.0, 4.0, 8.0]  # the first restart is immediate
+
+
+@pytest.mark.timeout(5)
+def test_stop_forwards_the_signal_and_does_not_restart() -> None:
+    supervisor, launcher, _ = make(2)
+    supervisor.stop(signal.SIGINT)
+    assert [p.signals for p in launcher.launched] == [[signal.SIGINT], [signal.SIGINT]]
+    supervisor.poll()
+    assert len(launcher.launched) == 2
+
+
+@pytest.mark.timeout(5)
+def test_stop_kills_children_that_ignore_the_signal() -> None:
+    supervisor, launcher, _ = make(1, stubborn=True)
+    supervisor.stop(signal.SIGTERM, timeout=0.0)
+    assert launcher.launched[0].returncode == -signal.SIGKILL
+
+
+@pytest.mark.timeout(5)
+def test_exit_descriptions() -> None:
+    assert describe_exit(3) == "exited with status 3"
+    assert describe_exit(-signal.SIGTERM) == "was killed by SIGTERM"
+
+
+@pytest.fixture
+def reaper() -> Iterator[list[psutil.Process]]:
+    """Processes registered here are killed after the test, even if it failed."""
+    processes: list[psutil.Process] = []
+    yield processes
+    for process in processes:
+        try:
+            process.kill()
+            process.wait(5)
+        except psutil.NoSuchProcess:
+            pass
+
+
+@pytest.mark.process
+@pytest.mark.timeout(30)
+def test_real_child_killed_with_sigkill_is_restarted(reaper: list[psutil.Process]) -> None:
+    def launch(argv: list[str]) -> subprocess.Popen[bytes]:
+        process = popen_launcher(argv)
+        reaper.append(psutil.Process(process.pid))
+        assert isinstance(process, subprocess.Popen)
+        return process
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    supervisor = Supervisor([sleeper, sleeper], launch)
+    supervisor.start()
+    victim = supervisor.slots[0].process
+    assert victim is not None
+    victim.send_signal(signal.SIGKILL)
+    assert victim.wait(10) == -signal.SIGKILL
+    supervisor.poll()
+    replacement = supervisor.slots[0].process
+    assert replacement is not None and replacement.pid != victim.pid
+    assert replacement.poll() is None
+    supervisor.stop(signal.SIGTERM, timeout=10)
+    assert all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in reaper)
+    assert len(reaper) == 3

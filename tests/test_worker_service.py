@@ -1,0 +1,316 @@
+"""Workers in-process over real TCP on loopback, driven by a minimal fake scheduler."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import pytest
+import tblib
+
+import apportion
+from apportion.core.payload import KeyRef, dumps, function_id, loads, pack_call
+from apportion.loop_thread import LoopThread
+from apportion.net.address import format_address
+from apportion.net.connection import Connection
+from apportion.net.handshake import HandshakeError, accept_connection, open_connection
+from apportion.protocol.messages import (
+    ComputeTask,
+    DataReply,
+    DataStored,
+    FreeKeys,
+    GetData,
+    LoadFunction,
+    Message,
+    PutData,
+    RegisterWorker,
+    TaskFinished,
+    TaskRaised,
+)
+from apportion.worker.service import Worker
+
+M = TypeVar("M", bound=Message)
+WAIT = 10.0
+
+
+class FakeScheduler:
+    """Accepts workers and lets a test speak the scheduler's side of the protocol."""
+
+    def __init__(self) -> None:
+        self.address = ""
+        self._server: asyncio.Server | None = None
+        self._workers: asyncio.Queue[Connection] = asyncio.Queue()
+        self._inbox: dict[Connection, list[Message]] = {}
+
+    async def start(self) -> FakeScheduler:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.address = format_address("127.0.0.1", self._server.sockets[0].getsockname()[1])
+        return self
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = Connection(reader, writer)
+        await accept_connection(conn, {"worker"}, "w", {})
+        self._inbox[conn] = []
+        await self._workers.put(conn)
+
+    async def next_worker(self) -> tuple[Connection, RegisterWorker]:
+        conn = await asyncio.wait_for(self._workers.get(), WAIT)
+        return conn, await self.expect(conn, RegisterWorker)
+
+    async def expect(self, conn: Connection, cls: type[M]) -> M:
+        """The next message of type ``cls``; others are kept for later ``expect`` calls."""
+        inbox = self._inbox[conn]
+        while True:
+            for i, message in enumerate(inbox):
+                if isinstance(message, cls):
+                    del inbox[i]
+                    return message
+            inbox.extend(await asyncio.wait_for(conn.recv(), WAIT))
+
+    async def close(self) -> None:
+        for conn in self._inbox:
+            await conn.close()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+
+def run(test: Callable[[FakeScheduler], Awaitable[None]]) -> None:
+    async def main() -> None:
+        scheduler = await FakeScheduler().start()
+        try:
+            await asyncio.wait_for(test(scheduler), 30)
+        finally:
+            await scheduler.close()
+
+    asyncio.run(main())
+
+
+def compute(key: str, func: Callable[..., Any], *args: Any, **extra: Any) -> list[Message]:
+    """LoadFunction + ComputeTask for ``func(*args)``; ``who_has``/``resources`` via extra."""
+    blob = dumps(func)
+    fid = function_id(blob)
+    packed, _ = pack_call(args, {})
+    task = ComputeTask(
+        key, fid, packed, extra.get("who_has", {}), extra.get("resources", {}), extra.get("p", 0)
+    )
+    return [LoadFunction(fid, blob), task]
+
+
+def send(conn: Connection, messages: list[Message]) -> None:
+    for message in messages:
+        conn.send(message)
+
+
+async def get(conn: Connection, scheduler: FakeScheduler, *keys: str) -> DataReply:
+    conn.send(GetData(99, list(keys)))
+    return await scheduler.expect(conn, DataReply)
+
+
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+def fail(message: str) -> None:
+    raise ValueError(message)
+
+
+#: Let a test hold a task running; module-level so the function pickles by reference.
+STARTED = threading.Event()
+RELEASE = threading.Event()
+
+
+def wait_for_release() -> int:
+    STARTED.set()
+    RELEASE.wait(WAIT)
+    return 1
+
+
+def where_am_i() -> tuple[dict[str, float], str]:
+    return apportion.task_resources(), apportion.get_worker().name
+
+
+@pytest.mark.timeout(30)
+def test_registers_runs_a_task_and_serves_its_result() -> None:
+    async def scenario(scheduler: FakeScheduler) -> None:
+        async with Worker(scheduler.address, nthreads=2, resources="GPU=2", name="w1") as worker:
+            conn, hello = await scheduler.next_worker()
+            assert hello.name == "w1" and hello.address == worker.address
+            assert hello.nthreads == 2 and hello.resources == {"GPU": 20_000}
+            send(conn, compute("x", add, 2, 3))
+            done = await scheduler.expect(conn, TaskFinished)
+            assert (done.key, done.type_name) == ("x", "int") and done.duration >= 0
+            reply = await get(conn, scheduler, "x", "nope")
+            assert loads(reply.data["x"]) == 5 and reply.missing == ["nope"]
+            assert worker.data == {"x": 5}
+
+    run(scenario)
+
+
+@pytest.mark.timeout(30)
+def test_raised_exception_keeps_its_type_and_traceback() -> None:
+    async def scenario(scheduler: FakeScheduler) -> None:
+        async with Worker(scheduler.address, nthreads=1):
+            conn, _ = await scheduler.next_worker()
+            send(conn, compute("x", fail, "boom"))
+            raised = await scheduler.expect(conn, TaskRaised)
+            exc = loads(raised.exception)
+            assert isinstance(exc, ValueError) and exc.args == ("boom",)
+            tb = tblib.Traceback.from_dict(loads(raised.traceback)).as_traceback()
+            names = []
+            while tb is not None:
+                names.append(tb.tb_frame.f_code.co_name)
+                tb = tb.tb_next
+            assert names == ["fail"]
+
+    run(scenario)
+
+
+@pytest.mark.timeout(30)
+def test_task_sees_its_resources_and_worker() -> None:
+    async def scenario(scheduler: FakeScheduler) -> None:
+        async with Worker(scheduler.address, nthreads=1, resources={"GPU": 2}, name="gpu-box"):
+            conn, _ = await scheduler.next_worker()
+            send(conn, compute("x", where_am_i, resources={"GPU": 5_000}))
+            await scheduler.expect(conn, TaskFinished)
+            reply = await get(conn, scheduler, "x")
+            assert loads(reply.data["x"]) == ({"GPU": 0.5}, "gpu-box")
+
+    run(scenario)
+    with pytest.raises(RuntimeError, match="inside a task"):
+        apportion.task_resources()
+
+
+@pytest.mark.timeout(30)
+def test_dependency_is_fetched_from_a_peer_and_not_kept() -> None:
+    async def scenario(scheduler: FakeScheduler) -> None:
+        async with Worker(scheduler.address, nthreads=1) as a, Worker(scheduler.address) as b:
+            conn_a, _ = await scheduler.next_worker()
+            conn_b, _ = await scheduler.next_worker()
+            send(conn_a, compute("x", add, 1, 2))
+            await scheduler.expect(conn_a, TaskFinished)
+            send(conn_b, compute("y", add, KeyRef("x"), 10, who_has={"x": [a.address]}))
+            done = await scheduler.expect(conn_b, TaskFinished)
+            assert done.key == "y"
+            assert loads((await get(conn_b, scheduler, "y")).data["y"]) == 13
+            assert "x" not in b.data and "x" in a.data
+
+    run(scenario)
+
+
+@pytest.mark.timeout(30)
+def test_put_data_is_stored_and_acknowledged() -> None:
+    async def scenario(scheduler: FakeScheduler) -> None:
+        async with Worker(scheduler.address, nthreads=1) as worker:
+            conn, _ = await scheduler.next_worker()
+            conn.send(PutData(4, {"s": dumps(b"abc")}))
+            stored = await scheduler.expect(conn, DataStored)
+            assert stored == DataStored(4, ["s"], {"s": 3})
+            send(conn, compute("t", add, KeyRef("s"), b"d", who_has={"s": [worker.address]}))
+            await scheduler.expect(conn, TaskFinished)
+            conn.send(FreeKeys(["s"]))
+            assert loads((await get(conn, scheduler, "t", "s")).data["t"]) == b"abcd"
+            assert "s" not in worker.data
+
+    run(scenario)
+
+
+@pytest.mark.timeout(30)
+def test_execution_freed_while_running_is_still_reported() -> None:
+    STARTED.clear()
+    RELEASE.clear()
+
+    async def scenario(scheduler: FakeScheduler) -> None:
+        async with Worker(scheduler.address, nthreads=1) as worker:
+            conn, _ = await scheduler.next_worker()
+            send(conn, compute("x", wait_for_release))
+            assert await asyncio.to_thread(STARTED.wait, WAIT)
+            conn.send(FreeKeys(["x"]))
+            # The reply proves the worker handled FreeKeys before the task ends.
+            assert (await get(conn, scheduler, "x")).missing == ["x"]
+            RELEASE.set()
+            assert (await scheduler.expect(conn, TaskFinished)).key == "x"
+            assert "x" not in (await get(conn, scheduler, "x")).data
+            assert "x" not in worker.data
+
+    run(scenario)
+
+
+@pytest.mark.timeout(30)
+def test_garbage_on_the_data_port_closes_only_that_connection(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def scenario(scheduler: FakeScheduler) -> None:
+        async with Worker(scheduler.address, nthreads=1) as worker:
+            conn, _ = await scheduler.next_worker()
+            host, port = worker.address.removeprefix("tcp://").rsplit(":", 1)
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert await asyncio.wait_for(reader.read(), WAIT) == b""  # closed on us
+            writer.close()
+            with pytest.raises(HandshakeError, match="role 'worker' is not served"):
+                await open_connection(worker.address, "worker", "intruder")
+            peer, _ = await open_connection(worker.address, "peer", "friend")
+            peer.send(GetData(1, ["none"]))
+            assert (await asyncio.wait_for(peer.recv(), WAIT)) == [DataReply(1, {}, ["none"])]
+            await peer.close()
+            send(conn, compute("x", add, 1, 1))
+            assert (await scheduler.expect(conn, TaskFinished)).key == "x"
+
+    with caplog.at_level(logging.WARNING, logger="apportion.worker"):
+        run(scenario)
+    assert "dropping connection" in caplog.text
+
+
+@pytest.mark.timeout(30)
+def test_worker_closes_when_the_scheduler_goes_away(caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario(scheduler: FakeScheduler) -> None:
+        worker = await Worker(scheduler.address, nthreads=1).start()
+        conn, _ = await scheduler.next_worker()
+        await conn.close()
+        await asyncio.wait_for(worker.finished(), WAIT)
+        await worker.close()  # idempotent
+
+    with caplog.at_level(logging.WARNING, logger="apportion.worker"):
+        run(scenario)
+    assert "the scheduler closed the connection" in caplog.text
+
+
+@pytest.mark.timeout(30)
+def test_sync_context_manager_runs_on_its_own_loop() -> None:
+    loop_thread = LoopThread()
+    try:
+        scheduler = loop_thread.run(FakeScheduler().start())
+        with Worker(scheduler.address, nthreads=1, name="sync") as worker:
+            conn, hello = loop_thread.run(scheduler.next_worker(), WAIT)
+            assert hello.name == "sync" and worker.address.startswith("tcp://127.0.0.1:")
+            send_and_wait = _send_and_expect(scheduler, conn, compute("x", add, 1, 2))
+            assert loop_thread.run(send_and_wait, WAIT).key == "x"
+        loop_thread.run(scheduler.close(), WAIT)
+    finally:
+        loop_thread.stop()
+
+
+async def _send_and_expect(
+    scheduler: FakeScheduler, conn: Connection, messages: list[Message]
+) -> TaskFinished:
+    send(conn, messages)
+    return await scheduler.expect(conn, TaskFinished)
+
+
+@pytest.mark.timeout(30)
+def test_unreachable_scheduler_is_a_clear_error() -> None:
+    async def scenario() -> None:
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        server.close()
+        await server.wait_closed()
+        worker = Worker(f"tcp://127.0.0.1:{port}", nthreads=1)
+        with pytest.raises(OSError, match="cannot connect"):
+            await worker.start()
+        await asyncio.wait_for(worker.finished(), WAIT)
+
+    asyncio.run(scenario())

@@ -1,0 +1,324 @@
+"""WorkerState alone: events in, commands out, no network, no threads, no clock."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from apportion.protocol.messages import (
+    ComputeTask,
+    DataStored,
+    MissingDependency,
+    TaskFinished,
+    TaskRaised,
+)
+from apportion.worker.events import (
+    ComputeArrived,
+    DataInfo,
+    DataPut,
+    Execute,
+    ExecutionOk,
+    ExecutionRaised,
+    Fetch,
+    FetchDone,
+    FetchFailed,
+    ForgetData,
+    FreeArrived,
+    SendToScheduler,
+    WorkerCommand,
+)
+from apportion.worker.state import InvalidTransition, WorkerState, check_invariants
+
+ME = "tcp://127.0.0.1:1000"
+PEER_A = "tcp://127.0.0.1:2000"
+PEER_B = "tcp://127.0.0.1:3000"
+INFO = DataInfo(8, "int")
+
+
+def compute(
+    key: str,
+    who_has: dict[str, list[str]] | None = None,
+    resources: dict[str, int] | None = None,
+    priority: int = 0,
+    t: float = 1.0,
+) -> ComputeArrived:
+    task = ComputeTask(key, "f", b"args", who_has or {}, resources or {}, priority)
+    return ComputeArrived(task, t)
+
+
+def ok(key: str, t: float = 2.0) -> ExecutionOk:
+    return ExecutionOk(key, INFO, 0.5, t)
+
+
+def executed(commands: list[WorkerCommand]) -> list[str]:
+    return [c.key for c in commands if isinstance(c, Execute)]
+
+
+def sent(commands: list[WorkerCommand]) -> list[object]:
+    return [c.message for c in commands if isinstance(c, SendToScheduler)]
+
+
+def forgotten(commands: list[WorkerCommand]) -> set[str]:
+    return {k for c in commands if isinstance(c, ForgetData) for k in c.keys}
+
+
+@pytest.fixture
+def state() -> Iterator[WorkerState]:
+    s = WorkerState(nthreads=2, address=ME)
+    yield s
+    check_invariants(s)
+
+
+@pytest.mark.timeout(5)
+def test_task_without_dependencies_runs_at_once(state: WorkerState) -> None:
+    commands = state.handle(compute("x"))
+    assert commands == [Execute("x", "f", b"args", (), {})]
+    commands = state.handle(ok("x"))
+    assert sent(commands) == [TaskFinished("x", 8, 0.5, "int")]
+    assert state.data == {"x": INFO} and state.owned == {"x"}
+
+
+@pytest.mark.timeout(5)
+def test_no_more_than_nthreads_execute(state: WorkerState) -> None:
+    assert executed(state.handle(compute("a"), compute("b"), compute("c"))) == ["a", "b"]
+    assert executed(state.handle(ok("a"))) == ["c"]
+
+
+@pytest.mark.timeout(5)
+def test_ready_order_is_resources_then_priority_then_arrival() -> None:
+    state = WorkerState(nthreads=1, address=ME)
+    state.handle(compute("blocker"))
+    state.handle(
+        compute("plain-low"),
+        compute("plain-high", priority=5),
+        compute("plain-low-2"),
+        compute("gpu", resources={"GPU": 10_000}, priority=-3),
+    )
+    assert state.ready_keys() == ["gpu", "plain-high", "plain-low", "plain-low-2"]
+    order = []
+    running = "blocker"
+    for _ in range(4):
+        (started,) = executed(state.handle(ok(running)))
+        order.append(started)
+        running = started
+    assert order == ["gpu", "plain-high", "plain-low", "plain-low-2"]
+    check_invariants(state)
+
+
+@pytest.mark.timeout(5)
+def test_fetches_are_batched_per_peer(state: WorkerState) -> None:
+    commands = state.handle(
+        compute("x", {"a": [PEER_A], "c": [PEER_B]}),
+        compute("y", {"b": [PEER_A, PEER_B], "a": [PEER_A]}),
+    )
+    fetches = {c.address: set(c.keys) for c in commands if isinstance(c, Fetch)}
+    assert fetches == {PEER_A: {"a", "b"}, PEER_B: {"c"}}
+    assert sum(isinstance(c, Fetch) for c in commands) == 2
+
+
+@pytest.mark.timeout(5)
+def test_fetched_dependency_is_forgotten_once_no_pending_task_needs_it(state: WorkerState) -> None:
+    state.handle(compute("x", {"a": [PEER_A]}), compute("y", {"a": [PEER_A]}))
+    commands = state.handle(FetchDone(PEER_A, {"a": INFO}, (), 2.0))
+    assert executed(commands) == ["x", "y"]
+    # The inputs were read by Execute; the transient copy goes after it.
+    assert isinstance(commands[-1], ForgetData) and commands[-1].keys == ("a",)
+    assert "a" not in state.data
+
+
+@pytest.mark.timeout(5)
+def test_transient_copy_is_kept_while_a_waiting_task_needs_it() -> None:
+    state = WorkerState(nthreads=1, address=ME)
+    state.handle(compute("blocker"))
+    state.handle(compute("x", {"a": [PEER_A]}), compute("y", {"a": [PEER_A]}))
+    state.handle(FetchDone(PEER_A, {"a": INFO}, (), 2.0))
+    commands = state.handle(ok("blocker"))
+    assert executed(commands) == ["x"] and "a" not in forgotten(commands)
+    commands = state.handle(ok("x"))
+    assert executed(commands) == ["y"] and forgotten(commands) == {"a"}
+    check_invariants(state)
+
+
+@pytest.mark.timeout(5)
+def test_next_holder_is_tried_then_missing_dependency_is_reported(state: WorkerState) -> None:
+    state.handle(compute("x", {"a": [PEER_A, PEER_B]}))
+    commands = state.handle(FetchFailed(PEER_A, ("a",), "connection refused", 2.0))
+    assert commands == [Fetch(PEER_B, ("a",))]
+    commands = state.handle(FetchDone(PEER_B, {}, ("a",), 3.0))
+    assert sent(commands) == [MissingDependency("x", "a", [PEER_A, PEER_B])]
+    assert state.tasks == {} and state.fetches == {}
+
+
+@pytest.mark.timeout(5)
+def test_dependency_without_holders_is_reported_at_once(state: WorkerState) -> None:
+    commands = state.handle(compute("x", {"a": []}))
+    assert sent(commands) == [MissingDependency("x", "a", [])]
+    assert state.tasks == {}
+
+
+@pytest.mark.timeout(5)
+def test_never_fetches_from_itself(state: WorkerState) -> None:
+    commands = state.handle(compute("x", {"a": [ME, PEER_A]}))
+    assert commands == [Fetch(PEER_A, ("a",))]
+
+
+@pytest.mark.timeout(5)
+def test_execution_freed_meanwhile_is_reported_and_its_result_discarded(
+    state: WorkerState,
+) -> None:
+    state.handle(compute("x"))
+    assert state.handle(FreeArrived(("x",), 1.5)) == []
+    commands = state.handle(ok("x"))
+    assert sent(commands) == [TaskFinished("x", 8, 0.5, "int")]
+    assert forgotten(commands) == {"x"} and "x" not in state.data
+
+
+@pytest.mark.timeout(5)
+def test_raised_task_is_reported(state: WorkerState) -> None:
+    state.handle(compute("x"))
+    commands = state.handle(ExecutionRaised("x", b"exc", b"tb", 0.25, 2.0))
+    assert sent(commands) == [TaskRaised("x", b"exc", b"tb", 0.25)]
+    assert state.tasks == {}
+
+
+@pytest.mark.timeout(5)
+def test_free_drops_pending_tasks_and_data() -> None:
+    state = WorkerState(nthreads=1, address=ME)
+    state.handle(compute("done"))
+    state.handle(ok("done"))
+    state.handle(compute("blocker"))
+    state.handle(compute("pending"), compute("fetching", {"a": [PEER_A]}))
+    commands = state.handle(FreeArrived(("done", "pending", "fetching"), 3.0))
+    assert forgotten(commands) == {"done"}
+    assert set(state.tasks) == {"blocker"}
+    # The fetch still in flight completes; nobody needs the value, so it goes.
+    assert forgotten(state.handle(FetchDone(PEER_A, {"a": INFO}, (), 4.0))) == {"a"}
+    check_invariants(state)
+
+
+@pytest.mark.timeout(5)
+def test_dependency_computed_here_is_awaited_not_fetched(state: WorkerState) -> None:
+    state.handle(compute("a"))
+    commands = state.handle(compute("b", {"a": []}))
+    assert commands == []
+    commands = state.handle(ok("a"))
+    assert executed(commands) == ["b"]
+    assert "a" in state.owned and "a" not in forgotten(commands)
+
+
+@pytest.mark.timeout(5)
+def test_put_data_is_acknowledged_and_feeds_waiting_tasks(state: WorkerState) -> None:
+    state.handle(compute("x", {"a": [PEER_A]}))
+    commands = state.handle(DataPut(7, {"a": INFO}, 2.0))
+    assert sent(commands) == [DataStored(7, ["a"], {"a": 8})]
+    assert executed(commands) == ["x"]
+    assert "a" in state.owned
+    # The fetch answer that comes later does not replace or drop the put value.
+    assert forgotten(state.handle(FetchDone(PEER_A, {"a": INFO}, (), 3.0))) == set()
+    assert "a" in state.data
+
+
+@pytest.mark.timeout(5)
+def test_story_explains_each_transition(state: WorkerState) -> None:
+    state.handle(compute("x", {"a": [PEER_A]}, t=1.0))
+    state.handle(FetchDone(PEER_A, {"a": INFO}, (), 2.0))
+    state.handle(ok("x", t=3.0))
+    assert [(t, old, new) for t, _, old, new, _ in state.story("x")] == [
+        (1.0, "released", "waiting"),
+        (2.0, "waiting", "ready"),
+        (2.0, "ready", "executing"),
+        (3.0, "executing", "memory"),
+    ]
+    assert state.story("a")[0][4] == f"fetch from {PEER_A}"
+
+
+@pytest.mark.timeout(5)
+def test_impossible_event_raises(state: WorkerState) -> None:
+    with pytest.raises(InvalidTransition):
+        state.handle(ok("never-started"))
+
+
+# --- Hypothesis: invariants under any interleaving -----------------------------------
+
+KEYS = [f"k{i}" for i in range(8)]
+PEERS = [PEER_A, PEER_B, ME]
+
+
+class WorkerStateMachine(RuleBasedStateMachine):
+    """Drives WorkerState like a scheduler and peers would, checking every step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.state = WorkerState(nthreads=2, address=ME)
+        self.time = 0.0
+        self.in_flight: list[Fetch] = []
+        self.started: set[str] = set()
+
+    def step(self, *events: object) -> None:
+        commands = self.state.handle(*events)  # type: ignore[arg-type]
+        for command in commands:
+            if isinstance(command, Fetch):
+                self.in_flight.append(command)
+            elif isinstance(command, Execute):
+                assert command.key not in self.started, "started twice"
+                assert set(command.deps) <= set(self.state.data) | forgotten(commands)
+                self.started.add(command.key)
+        for message in sent(commands):
+            if isinstance(message, TaskFinished | TaskRaised) and message.key in self.started:
+                self.started.discard(message.key)
+
+    def now(self) -> float:
+        self.time += 1.0
+        return self.time
+
+    @rule(
+        key=st.sampled_from(KEYS),
+        deps=st.dictionaries(st.sampled_from(KEYS), st.lists(st.sampled_from(PEERS), max_size=3)),
+        gpu=st.booleans(),
+        priority=st.integers(-2, 2),
+    )
+    def compute(self, key: str, deps: dict[str, list[str]], gpu: bool, priority: int) -> None:
+        resources = {"GPU": 10_000} if gpu else {}
+        self.step(compute(key, deps, resources, priority, self.now()))
+
+    @precondition(lambda self: self.in_flight)
+    @rule(data=st.data(), fail=st.booleans())
+    def answer_fetch(self, data: st.DataObject, fail: bool) -> None:
+        fetch = self.in_flight.pop(data.draw(st.integers(0, len(self.in_flight) - 1)))
+        if fail:
+            self.step(FetchFailed(fetch.address, fetch.keys, "unreachable", self.now()))
+            return
+        have = data.draw(st.sets(st.sampled_from(fetch.keys)))
+        missing = tuple(k for k in fetch.keys if k not in have)
+        self.step(FetchDone(fetch.address, dict.fromkeys(have, INFO), missing, self.now()))
+
+    @precondition(lambda self: self.state.executing)
+    @rule(data=st.data(), raised=st.booleans())
+    def finish(self, data: st.DataObject, raised: bool) -> None:
+        key = data.draw(st.sampled_from(sorted(self.state.executing)))
+        if raised:
+            self.step(ExecutionRaised(key, b"e", b"t", 0.1, self.now()))
+        else:
+            self.step(ExecutionOk(key, INFO, 0.1, self.now()))
+        assert key not in self.started, "an execution that started was not reported"
+
+    @rule(keys=st.lists(st.sampled_from(KEYS), max_size=3))
+    def free(self, keys: list[str]) -> None:
+        self.step(FreeArrived(tuple(keys), self.now()))
+
+    @rule(keys=st.sets(st.sampled_from(KEYS), max_size=2))
+    def put(self, keys: set[str]) -> None:
+        self.step(DataPut(1, dict.fromkeys(keys, INFO), self.now()))
+
+    @invariant()
+    def holds(self) -> None:
+        check_invariants(self.state)
+
+
+TestWorkerStateMachine = WorkerStateMachine.TestCase
+TestWorkerStateMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestWorkerStateMachine = pytest.mark.timeout(50)(TestWorkerStateMachine)
