@@ -183,9 +183,20 @@ def test_scatter_and_gather_through_the_scheduler(client: Client) -> None:
     assert client.gather({"a": x, "b": [named["named"]]}) == {"a": 41, "b": [1]}
 
 
-def test_direct_to_workers_gathers_from_workers(cluster: LocalCluster) -> None:
+def test_direct_to_workers_gathers_and_scatters_without_the_scheduler(
+    cluster: LocalCluster,
+) -> None:
     with Client(cluster, direct_to_workers=True) as direct:
         assert direct.gather(direct.map(operator.neg, range(10))) == [-i for i in range(10)]
+        relayed_before = cluster.scheduler.state.relays.next_id
+        xs = direct.scatter([1, 2, 3, 4])
+        total = direct.submit(sum, xs)
+        assert total.result(timeout=10) == 10
+        assert direct.gather(xs) == [1, 2, 3, 4]
+        # Nothing went through the scheduler's relay.
+        assert cluster.scheduler.state.relays.next_id == relayed_before
+        holders = {cluster.scheduler.state.tasks[x.key].worker for x in xs}
+        assert len(holders) == 2  # spread over both workers
 
 
 def test_released_futures_free_results(cluster: LocalCluster, client: Client) -> None:

@@ -422,18 +422,40 @@ class Client:
             by_address.setdefault(holders[0], []).append(key)
         out: dict[str, bytes] = {}
         for address, some in by_address.items():
-            conn = self._peers.get(address)
-            if conn is None or conn.closed:
-                conn, _ = await open_connection(address, "client", self.name)
-                self._peers[address] = conn
-                reader = asyncio.create_task(self._read_loop_peer(conn))
-                self._peer_readers.add(reader)
-                reader.add_done_callback(self._peer_readers.discard)
+            conn = await self._peer(address)
             data = await self._request(m.GetData(next(self._request_ids), some), conn)
             if data.missing:
                 raise _missing_error(data.missing)
             out.update(data.data)
         return out
+
+    async def _peer(self, address: str) -> Connection:
+        """A data connection to the worker at ``address``, opened once and reused."""
+        conn = self._peers.get(address)
+        if conn is None or conn.closed:
+            conn, _ = await open_connection(address, "client", self.name)
+            self._peers[address] = conn
+            reader = asyncio.create_task(self._read_loop_peer(conn))
+            self._peer_readers.add(reader)
+            reader.add_done_callback(self._peer_readers.discard)
+        return conn
+
+    async def _scatter_direct(self, items: dict[str, bytes]) -> None:
+        """Put data on workers' data ports, fewest stored bytes first, then tell the scheduler."""
+        info = await self._request(m.InfoRequest(next(self._request_ids)))
+        workers = sorted(info.info["workers"].items(), key=lambda kv: kv[1]["nbytes"])
+        if not workers:
+            raise RuntimeError("no workers are connected to scatter data to")
+        parts: dict[str, dict[str, bytes]] = {}
+        for i, (key, blob) in enumerate(items.items()):
+            parts.setdefault(workers[i % len(workers)][0], {})[key] = blob
+        placed: dict[str, list[Any]] = {}
+        for address, part in parts.items():
+            conn = await self._peer(address)
+            stored = await self._request(m.PutData(next(self._request_ids), part), conn)
+            for key in stored.keys:
+                placed[key] = [address, stored.nbytes.get(key, len(part[key]))]
+        await self._request(m.ScatterPlaced(next(self._request_ids), placed))
 
     async def _read_loop_peer(self, conn: Connection) -> None:
         with contextlib.suppress(ConnectionClosed, ProtocolError):
@@ -457,7 +479,10 @@ class Client:
             ]
             items = dict(zip(names, blobs, strict=True))
         futures = {name: Future(name, self) for name in names}
-        self._call(lambda rid: m.ScatterRequest(rid, items))
+        if self.direct_to_workers:
+            self._loop.run(self._scatter_direct(items))
+        else:
+            self._call(lambda rid: m.ScatterRequest(rid, items))
         for fut in futures.values():
             fut._wait(self.timeout)
         if isinstance(data, Mapping):

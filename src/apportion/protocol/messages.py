@@ -362,3 +362,16 @@ class TasksDropped(Message):
     """
 
     keys: list[str]
+
+
+#: ``PutData`` request id a worker uses towards the scheduler for data a client put
+#: on its data port directly; the client itself reports it with ``ScatterPlaced``.
+DIRECT_PUT = -1
+
+
+@message
+class ScatterPlaced(Message):
+    """Client -> scheduler: data this client put on workers' data ports directly."""
+
+    request_id: int
+    placed: dict[str, list[Any]]  #: key -> [worker data address, nbytes]

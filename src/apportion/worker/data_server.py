@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from apportion.core.payload import dumps
@@ -17,7 +17,7 @@ from apportion.net.address import format_address
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeError, accept_connection
 from apportion.protocol.codec import ProtocolError
-from apportion.protocol.messages import DataReply, GetData
+from apportion.protocol.messages import DataReply, DataStored, GetData, PutData
 
 logger = logging.getLogger("apportion.worker")
 
@@ -46,8 +46,17 @@ def data_reply(data: Mapping[str, Any], request_id: int, keys: Iterable[str]) ->
 class DataServer:
     """Listens on ``host:port`` and answers ``GetData`` from ``data``."""
 
-    def __init__(self, data: Mapping[str, Any], name: str, host: str, port: int) -> None:
+    def __init__(
+        self,
+        data: Mapping[str, Any],
+        name: str,
+        host: str,
+        port: int,
+        on_put: Callable[[PutData], DataStored] | None = None,
+    ) -> None:
         self._data = data
+        #: Stores data a client puts here directly (``direct_to_workers``).
+        self._on_put = on_put
         self._name = name
         self._host = host
         self._port = port
@@ -78,11 +87,14 @@ class DataServer:
             await accept_connection(conn, set(DATA_ROLES), conn.peer, {"worker": self._name})
             while True:
                 for message in await conn.recv():
-                    if not isinstance(message, GetData):
+                    if isinstance(message, GetData):
+                        conn.send(data_reply(self._data, message.request_id, message.keys))
+                    elif isinstance(message, PutData) and self._on_put is not None:
+                        conn.send(self._on_put(message))
+                    else:
                         raise ProtocolError(
                             f"{type(message).__name__} is not served on a data port"
                         )
-                    conn.send(data_reply(self._data, message.request_id, message.keys))
         except ConnectionClosed:
             pass
         except (HandshakeError, ProtocolError) as exc:

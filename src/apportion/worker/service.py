@@ -24,7 +24,9 @@ from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeError, open_connection
 from apportion.protocol.codec import ProtocolError
 from apportion.protocol.messages import (
+    DIRECT_PUT,
     ComputeTask,
+    DataStored,
     FreeKeys,
     GetData,
     LoadFunction,
@@ -91,7 +93,7 @@ class Worker:
         #: Where peers and clients fetch data, ``tcp://host:port``; set by ``start``.
         self.address = ""
         self.state = WorkerState(self.nthreads)
-        self._server = DataServer(self.data, self.name, host, port)
+        self._server = DataServer(self.data, self.name, host, port, self._put_direct)
         self._peers = PeerPool(self.name)
         self._runner: TaskRunner | None = None
         self._scheduler: Connection | None = None
@@ -227,6 +229,13 @@ class Worker:
                 case _:
                     logger.warning("worker %s: ignored unexpected %r", self.name, message)
         self._handle(events)
+
+    def _put_direct(self, message: PutData) -> DataStored:
+        """A client put data on the data port: store it, answer the client directly."""
+        event = self._store_put(PutData(DIRECT_PUT, message.data), time.time())
+        self._handle([event])
+        nbytes = {key: info.nbytes for key, info in event.stored.items()}
+        return DataStored(message.request_id, list(event.stored), nbytes)
 
     def _store_put(self, message: PutData, now: float) -> DataPut:
         stored: dict[str, DataInfo] = {}

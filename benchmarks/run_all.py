@@ -1,0 +1,43 @@
+"""Run every benchmark in turn, each in its own interpreter, and print their figures.
+
+``make bench`` calls this. The tiers: the pure state machine (events per second),
+scheduler memory per queued task, and end-to-end throughput beside Dask.
+"""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+HERE = Path(__file__).resolve().parent
+
+SCRIPTS = ["state_machine.py", "scheduler_memory.py", "throughput.py"]
+
+
+def main() -> int:
+    cores = psutil.cpu_count(logical=True)
+    memory = psutil.virtual_memory().total / 2**30
+    print(f"Python {platform.python_version()} on {platform.platform()}")
+    print(f"{cores} cores, {memory:.0f} GiB memory", flush=True)
+    failed = []
+    start = time.perf_counter()
+    for script in SCRIPTS:
+        print(f"\n=== {script} ===", flush=True)
+        began = time.perf_counter()
+        code = subprocess.call([sys.executable, str(HERE / script)])
+        print(f"=== {script}: {time.perf_counter() - began:.0f} s, exit {code} ===", flush=True)
+        if code:
+            failed.append(script)
+    print(f"\nall benchmarks: {time.perf_counter() - start:.0f} s", flush=True)
+    if failed:
+        print(f"FAILED: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

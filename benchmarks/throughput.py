@@ -1,0 +1,238 @@
+"""End-to-end tasks per second over TCP, apportion beside Dask in the same run.
+
+Both systems get the same shape: a scheduler in this process and 2 worker processes
+of 1 thread each, talking over loopback TCP. Three workloads, each the best of a
+few repetitions after a warm-up:
+
+a. independent: 10,000 no-op tasks, ``map`` then ``gather``;
+b. tree: a binary reduction over 4,096 leaves, submitted as futures on futures
+   (4,095 ``add`` tasks), ``result()`` of the root;
+c. merge: 10,000 tasks and one task taking all of them as a list, ``result()``.
+
+Tasks per second counts every task of the workload (8,191 for the tree, 10,001 for
+the merge) over the wall time from the first submit to the last result. Every
+submit passes ``pure=False`` so that no repetition reuses an earlier result.
+
+Usage: ``python benchmarks/throughput.py [--repeat N] [--min-runs N] [--budget S]
+[--systems apportion,dask]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+# Task functions live in benchmarks/tasks.py and are pickled by reference, so every
+# worker process must import that module: apportion's workers are fresh interpreters
+# and Dask's are spawned, and both inherit the environment.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p
+)
+os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import tasks  # noqa: E402
+
+N_INDEPENDENT = 10_000
+N_LEAVES = 4_096
+N_MERGE = 10_000
+
+#: Minimum apportion/Dask ratio we aim for, per workload (printed, never asserted).
+TARGETS = {"a. independent": 5.0, "b. tree": 3.0, "c. merge": 5.0}
+
+
+def independent(client: Any) -> int:
+    futures = client.map(tasks.noop, range(N_INDEPENDENT), pure=False)
+    client.gather(futures)
+    return N_INDEPENDENT
+
+
+def tree(client: Any) -> int:
+    level = client.map(tasks.inc, range(N_LEAVES), pure=False)
+    count = len(level)
+    while len(level) > 1:
+        level = [
+            client.submit(tasks.add, level[i], level[i + 1], pure=False)
+            for i in range(0, len(level), 2)
+        ]
+        count += len(level)
+    total = level[0].result()
+    expected = N_LEAVES * (N_LEAVES + 1) // 2
+    if total != expected:
+        raise AssertionError(f"tree reduction gave {total}, expected {expected}")
+    return count
+
+
+def merge(client: Any) -> int:
+    futures = client.map(tasks.inc, range(N_MERGE), pure=False)
+    total = client.submit(tasks.sum_of, futures, pure=False).result()
+    expected = N_MERGE * (N_MERGE + 1) // 2
+    if total != expected:
+        raise AssertionError(f"merge gave {total}, expected {expected}")
+    return N_MERGE + 1
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """How many times to run each workload."""
+
+    max_runs: int = 3
+    min_runs: int = 2
+    #: Seconds per workload after which no run beyond ``min_runs`` starts.
+    budget: float = 20.0
+
+
+WORKLOADS: dict[str, Callable[[Any], int]] = {
+    "a. independent": independent,
+    "b. tree": tree,
+    "c. merge": merge,
+}
+
+
+def warm_up(client: Any) -> None:
+    """Start worker threads, load the task module and fill caches before timing."""
+    client.gather(client.map(tasks.noop, range(200), pure=False))
+    leaves = client.map(tasks.inc, range(8), pure=False)
+    client.submit(tasks.sum_of, leaves, pure=False).result()
+    client.submit(tasks.add, leaves[0], leaves[1], pure=False).result()
+
+
+def measure(client: Any, settle: Callable[[], None], plan: RunPlan) -> dict[str, float]:
+    """Best tasks/s of each workload, with the cluster idle before every run.
+
+    Each workload runs ``plan.max_runs`` times, but stops after ``plan.min_runs`` once
+    ``plan.budget`` seconds have gone on it: the same rule for both systems, so
+    that a slow system does not make the whole suite take many minutes.
+    """
+    best: dict[str, float] = {}
+    for name, workload in WORKLOADS.items():
+        spent, runs = 0.0, 0
+        while runs < plan.max_runs and (runs < plan.min_runs or spent < plan.budget):
+            settle()
+            start = time.perf_counter()
+            count = workload(client)
+            elapsed = time.perf_counter() - start
+            spent, runs = spent + elapsed, runs + 1
+            best[name] = max(best.get(name, 0.0), count / elapsed)
+        print(f"  {name:<16} {best[name]:>10,.0f} tasks/s  (best of {runs})", flush=True)
+    return best
+
+
+def wait_until(done: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} after {timeout}s")
+        time.sleep(0.02)
+
+
+def run_apportion(plan: RunPlan) -> dict[str, float]:
+    from apportion import Client, LocalCluster
+
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1)
+    try:
+        client = Client(cluster)
+        try:
+
+            def settle() -> None:
+                gc.collect()  # drop the previous run's futures, so their releases go now
+                wait_until(
+                    lambda: sum(client.scheduler_info()["tasks"].values()) == 0,
+                    "apportion scheduler still holds tasks",
+                )
+
+            warm_up(client)
+            return measure(client, settle, plan)
+        finally:
+            client.close()
+    finally:
+        cluster.close()
+
+
+def run_dask(plan: RunPlan) -> dict[str, float]:
+    import distributed
+
+    cluster = distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    )
+    try:
+        client = distributed.Client(cluster)
+        try:
+
+            def settle() -> None:
+                gc.collect()
+                wait_until(
+                    lambda: client.run_on_scheduler(_dask_task_count) == 0,
+                    "dask scheduler still holds tasks",
+                )
+
+            warm_up(client)
+            return measure(client, settle, plan)
+        finally:
+            client.close()
+    finally:
+        cluster.close()
+
+
+def _dask_task_count(dask_scheduler: Any) -> int:
+    return len(dask_scheduler.tasks)
+
+
+def report(results: dict[str, dict[str, float]]) -> None:
+    ours = results.get("apportion", {})
+    theirs = results.get("dask", {})
+    print()
+    print("End-to-end throughput: 2 worker processes x 1 thread, loopback TCP (best of runs)")
+    header = f"{'workload':<16} {'apportion/s':>12} {'dask/s':>10} {'ratio':>7} {'target':>7}  met"
+    print(header)
+    print("-" * len(header))
+    for name in WORKLOADS:
+        a, d = ours.get(name), theirs.get(name)
+        ratio = a / d if a and d else None
+        target = TARGETS[name]
+        met = "-" if ratio is None else ("yes" if ratio >= target else "NO")
+        print(
+            f"{name:<16} {_fmt(a):>12} {_fmt(d):>10} "
+            f"{(f'{ratio:.2f}x' if ratio else '-'):>7} {f'>={target:g}x':>7}  {met}"
+        )
+    if ours:
+        per_task = {name: 1e6 / rate for name, rate in ours.items()}
+        text = ", ".join(f"{name.split('. ')[1]} {us:.0f} us" for name, us in per_task.items())
+        print(f"apportion wall time per task: {text}")
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3, help="most runs per workload")
+    parser.add_argument("--min-runs", type=int, default=2, help="fewest runs per workload")
+    parser.add_argument(
+        "--budget", type=float, default=20.0, help="seconds per workload before min-runs stops"
+    )
+    parser.add_argument("--systems", default="apportion,dask", help="comma-separated")
+    args = parser.parse_args()
+    plan = RunPlan(args.repeat, min(args.min_runs, args.repeat), args.budget)
+    runners = {"apportion": run_apportion, "dask": run_dask}
+    results: dict[str, dict[str, float]] = {}
+    for system in args.systems.split(","):
+        print(f"{system}:", flush=True)
+        start = time.perf_counter()
+        results[system] = runners[system](plan)
+        print(f"  ({time.perf_counter() - start:.1f} s including start-up)", flush=True)
+    report(results)
+
+
+if __name__ == "__main__":
+    main()
