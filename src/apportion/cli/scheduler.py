@@ -10,6 +10,7 @@ import signal
 
 import click
 
+from apportion.cli.logs import configure_logging
 from apportion.net.address import DEFAULT_PORT
 from apportion.scheduler.service import Scheduler
 
@@ -36,7 +37,7 @@ def is_loopback(host: str) -> bool:
 )
 def scheduler(host: str, port: int) -> None:
     """Run a scheduler that workers and clients connect to."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logging()
     if not is_loopback(host):
         logger.warning(
             "listening on %s: any host that reaches this port can submit code to run on "

@@ -10,6 +10,7 @@ import sys
 
 import click
 
+from apportion.cli.logs import configure_logging
 from apportion.core.resources import parse_resources
 
 logger = logging.getLogger("apportion.worker")
@@ -63,7 +64,7 @@ def worker(
     port: int,
 ) -> None:
     """Run a worker connected to the scheduler at SCHEDULER_ADDRESS."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logging()
     if nworkers == 1:
         sys.exit(run_one(scheduler_address, nthreads, resources, name, host, port))
     from apportion.worker.supervisor import Supervisor

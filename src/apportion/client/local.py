@@ -18,6 +18,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from apportion.cli.logs import LEVEL_VARIABLE
 from apportion.core.resources import ResourceSpec, format_resources, parse_resources
 from apportion.loop_thread import LoopThread
 from apportion.scheduler.service import Scheduler
@@ -95,6 +96,7 @@ class LocalCluster:
     def _start_processes(self, timeout: float) -> None:
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        env.setdefault(LEVEL_VARIABLE, "WARNING")
         for spec in self.specs:
             cmd = [
                 sys.executable,

@@ -26,6 +26,9 @@ from decimal import Decimal, InvalidOperation
 #: inside a signed 64-bit integer on the wire and allows requests down to 0.0001.
 SCALE = 10_000
 
+#: Amounts travel as signed 64-bit integers; 9.2e14 units is beyond any real pool.
+MAX_TICKS = 2**63 - 1
+
 Amounts = dict[str, int]
 """A supply or demand in ticks, keyed by resource name. Never holds a negative value."""
 
@@ -61,7 +64,7 @@ def parse_amount(text: str | float | int, *, name: str = "?") -> int:
 
     Raises ``ValueError`` for negatives, non-numbers, NaN and infinities.
     """
-    if isinstance(text, bool):
+    if isinstance(text, bool) or not isinstance(text, str | int | float):
         raise ValueError(f"resource {name!r}: amount must be a number, not {text!r}")
     if isinstance(text, int | float):
         if not math.isfinite(text):
@@ -87,6 +90,8 @@ def parse_amount(text: str | float | int, *, name: str = "?") -> int:
     if value < 0:
         raise ValueError(f"resource {name!r}: amount must not be negative, got {text!r}")
     ticks = int((value * SCALE).to_integral_value())
+    if ticks > MAX_TICKS:
+        raise ValueError(f"resource {name!r}: amount {text!r} is too large")
     if value > 0 and ticks == 0:
         raise ValueError(f"resource {name!r}: amount {text!r} is below the smallest unit 1e-4")
     return ticks
@@ -149,11 +154,15 @@ def parse_demand(spec: ResourceSpec) -> Amounts:
 
 
 def format_amount(ticks: int) -> str:
-    """Render ticks as the shortest plain number: ``20000`` -> ``"2"``, ``5000`` -> ``"0.5"``."""
+    """Render ticks exactly: ``20000`` -> ``"2"``, ``5000`` -> ``"0.5"``.
+
+    Exact rather than short, because the text is parsed again (a LocalCluster
+    hands its workers their specs as text): ``16GiB`` must come back as 16GiB.
+    """
     whole, frac = divmod(ticks, SCALE)
     if not frac:
-        return f"{whole:g}" if whole >= 10**7 else str(whole)
-    return f"{ticks / SCALE:g}"
+        return str(whole)
+    return f"{whole}.{frac:0{len(str(SCALE)) - 1}d}".rstrip("0")
 
 
 def format_resources(amounts: Mapping[str, int]) -> str:

@@ -19,7 +19,9 @@ def parse_address(address: str, default_port: int = DEFAULT_PORT) -> tuple[str, 
         raise ValueError(f"unsupported address scheme {scheme!r} in {address!r}: use tcp://")
     if rest.startswith("["):
         host, _, tail = rest[1:].partition("]")
-        port_text = tail[1:] if tail.startswith(":") else ""
+        if tail and not tail.startswith(":"):
+            raise ValueError(f"address {address!r} has unexpected text after ']'")
+        port_text = tail[1:]
     else:
         host, _, port_text = rest.rpartition(":") if ":" in rest else (rest, "", "")
     if not host:

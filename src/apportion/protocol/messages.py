@@ -375,3 +375,10 @@ class ScatterPlaced(Message):
 
     request_id: int
     placed: dict[str, list[Any]]  #: key -> [worker data address, nbytes]
+
+
+@message
+class WorkerClosing(Message):
+    """Worker -> scheduler, just before a deliberate close: not a crash, not a loss."""
+
+    reason: str

@@ -62,7 +62,9 @@ class PlacementDue:
     now: float
 
 
-Event = ClientJoined | ClientLeft | WorkerJoined | WorkerLeft | FromClient | FromWorker | PlacementDue
+Event = (
+    ClientJoined | ClientLeft | WorkerJoined | WorkerLeft | FromClient | FromWorker | PlacementDue
+)
 
 
 @dataclass(frozen=True, slots=True)

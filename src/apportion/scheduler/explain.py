@@ -87,7 +87,6 @@ def _worker_obstacles(state: SchedulerState, worker: object, task: TaskRecord) -
         reasons.append(f"all {worker.nthreads} threads busy")
     if holder is not None:
         reasons.append(
-            f"reserved for older task {holder.key!r} "
-            f"(needs {format_resources(holder.resources)})"
+            f"reserved for older task {holder.key!r} (needs {format_resources(holder.resources)})"
         )
     return "; ".join(reasons) if reasons else "fits now; starts in the next placement pass"

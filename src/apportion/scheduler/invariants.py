@@ -26,7 +26,9 @@ def _check_ledger(state: SchedulerState) -> None:
         for key in worker.processing:
             task = state.tasks.get(key)
             assert task is not None, f"{worker.name} processes unknown {key}"
-            assert task.state == PROCESSING and task.worker == worker.id, f"{key} not on {worker.name}"
+            assert task.state == PROCESSING and task.worker == worker.id, (
+                f"{key} not on {worker.name}"
+            )
             used.update(task.resources)
             resource_tasks += bool(task.resources)
         for name, total in worker.total.items():

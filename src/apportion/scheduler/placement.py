@@ -132,8 +132,9 @@ def _head(state: SchedulerState, heap: list[tuple[int, int, str]]) -> TaskRecord
 
 
 def _place_resource_tasks(state: SchedulerState) -> None:
-    if not any(len(w.processing) < w.nthreads for w in state.workers.values()):
-        return
+    # No early return when every thread is busy: a blocked head must still take its
+    # reservation then, or plain tasks pipelined ahead keep every thread busy forever
+    # and the resource task starves behind newer work.
     pools: dict[Signature, list[WorkerRecord]] = {}
 
     def pool_for(sig: Signature) -> list[WorkerRecord]:

@@ -68,7 +68,6 @@ class TaskRecord:
         "seq",
         "signature",
         "state",
-        "waiters",
         "wanted_by",
         "worker",
     )
@@ -89,10 +88,9 @@ class TaskRecord:
         #: Opaque pickled arguments; kept until forgotten so the task can run again.
         self.args = args
         self.deps = deps
-        #: Keys of tasks that take this one's result as input.
+        #: Unfinished tasks that take this one's result as input (a dependent leaves
+        #: the set when it finishes, fails or is forgotten); needed while non-empty.
         self.dependents: set[str] = set()
-        #: Dependents that have not finished yet; the result is needed while > 0.
-        self.waiters = 0
         #: Dependencies not in memory; the task is QUEUED exactly when this is 0.
         self.missing_deps = 0
         self.resources = resources
@@ -108,7 +106,8 @@ class TaskRecord:
         #: Clients holding a future for this key.
         self.wanted_by: set[str] | None = None
         self.nbytes = 0
-        #: For ERRED: ("exception", exc_bytes, tb_bytes) or (kind, message, b"").
+        #: For ERRED, or PROCESSING and ``cancelled``: ("exception", exc_bytes, tb_bytes)
+        #: or (kind, message, b"").
         self.error: tuple[str, bytes | str, bytes] | None = None
         #: The worker this task holds a reservation on while it cannot fit anywhere.
         self.reserved_on: str | None = None
@@ -118,7 +117,9 @@ class TaskRecord:
 
     def needed(self) -> bool:
         """A client wants it or an unfinished dependent needs its result."""
-        return self.waiters > 0 or bool(self.wanted_by)
+        # ``dependents`` holds only unfinished dependents, so no separate counter is
+        # needed: a counter that nothing maintained made inputs vanish at submission.
+        return bool(self.dependents) or bool(self.wanted_by)
 
     def order(self) -> tuple[int, int]:
         """Start order: higher priority first, then earlier submission."""
@@ -135,6 +136,7 @@ class WorkerRecord:
         "functions",
         "has_what",
         "id",
+        "leaving",
         "memory_limit",
         "name",
         "nbytes",
@@ -172,6 +174,8 @@ class WorkerRecord:
         self.functions: set[str] = set()
         #: The one task allowed to use what this worker frees, while it cannot fit.
         self.reserved_by: str | None = None
+        #: Why the worker announced it is closing; None while it has not.
+        self.leaving: str | None = None
         #: Moving average of plain task run times, to size the pipeline; None until known.
         self.avg_duration: float | None = None
         self.pid = pid

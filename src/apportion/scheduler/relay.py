@@ -142,30 +142,61 @@ def scatter(state: SchedulerState, client: ClientRecord, msg: m.ScatterRequest) 
 
 
 def data_stored(state: SchedulerState, worker: WorkerRecord, msg: m.DataStored) -> None:
+    if msg.request_id == m.DIRECT_PUT:
+        return  # a client put it there and reports it with ScatterPlaced
     scatter_ = state.relays.scatters.get(msg.request_id)
     if scatter_ is None or scatter_.pending.pop(worker.id, None) is None:
         state.send(worker.id, m.FreeKeys(msg.keys))
         return
     client = state.clients.get(scatter_.client_id)
     for key in msg.keys:
-        task = state.tasks.get(key)
         scatter_.keys.append(key)
-        if task is None:
-            task = TaskRecord(key, "", b"", (), NO_RESOURCES, 0, 0, state.next_seq())
-            state.tasks[key] = task
-            if client is not None:
-                task.wanted_by = {client.id}
-                client.wanted.add(key)
-            state.complete(task, worker, msg.nbytes.get(key, 0), "scattered")
-        else:
-            # Same key scattered twice: keep the first copy, drop this one.
-            state.send(worker.id, m.FreeKeys([key]))
-            if client is not None:
-                state.want(client, key)
+        _adopt(state, worker, client, key, msg.nbytes.get(key, 0))
     if not scatter_.pending:
         del state.relays.scatters[msg.request_id]
         if client is not None:
             state.send(client.id, m.ScatterReply(scatter_.request_id, scatter_.keys))
+
+
+def scatter_placed(state: SchedulerState, client: ClientRecord, msg: m.ScatterPlaced) -> None:
+    """The client put data on workers itself (``direct_to_workers``): record where."""
+    by_address = {w.address: w for w in state.workers.values()}
+    placed, lost = [], []
+    for key, (address, nbytes) in msg.placed.items():
+        worker = by_address.get(address)
+        if worker is None:
+            lost.append(key)
+            continue
+        placed.append(key)
+        _adopt(state, worker, client, key, int(nbytes))
+    if lost:
+        text = "the worker holding scattered data left before the scheduler heard of it"
+        state.send(client.id, m.KeysFailed(lost, "lost", text))
+    state.send(client.id, m.ScatterReply(msg.request_id, placed))
+
+
+def _adopt(
+    state: SchedulerState,
+    worker: WorkerRecord,
+    client: ClientRecord | None,
+    key: str,
+    nbytes: int,
+) -> None:
+    """Scattered data for ``key`` now lives on ``worker``; ``client`` holds a future."""
+    task = state.tasks.get(key)
+    if task is not None:
+        # Same key scattered twice: keep the first copy, drop this one.
+        if task.worker != worker.id:
+            state.send(worker.id, m.FreeKeys([key]))
+        if client is not None:
+            state.want(client, key)
+        return
+    task = TaskRecord(key, "", b"", (), NO_RESOURCES, 0, 0, state.next_seq())
+    state.tasks[key] = task
+    if client is not None:
+        task.wanted_by = {client.id}
+        client.wanted.add(key)
+    state.complete(task, worker, nbytes, "scattered")
 
 
 def who_has(state: SchedulerState, client: ClientRecord, msg: m.WhoHasRequest) -> None:

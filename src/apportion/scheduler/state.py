@@ -63,6 +63,9 @@ from apportion.scheduler.records import (
     WorkerRecord,
 )
 
+#: ``why`` with no keys explains at most this many tasks that are not running.
+WHY_ALL_LIMIT = 100
+
 #: The task's own key was never computed: scattered data cannot be recomputed.
 SCATTERED = ""
 
@@ -156,6 +159,10 @@ class SchedulerState:
         """Change ``task``'s state, checking the table and recording the cause."""
         if (task.state, new) not in TRANSITIONS:
             raise IllegalTransition(f"{task.key}: {task.state} -> {new} ({cause})")
+        if task.reserved_on is not None and new != QUEUED:
+            # Only a QUEUED task may hold a reservation; checked here so that every way
+            # out (an input lost, say, back to WAITING) frees the worker it held.
+            self.drop_reservation(task)
         self.log.append((self.now, task.key, task.state, new, cause))
         task.state = new
 
@@ -167,6 +174,18 @@ class SchedulerState:
             heap = self.ready[task.signature] = []
         heappush(heap, (-task.priority, task.seq, task.key))
         self.placement_due = True
+
+    def requeue(self, task: TaskRecord, cause: str) -> None:
+        """Run ``task`` again after its worker gave it back (raised, lost, discarded).
+
+        An input may have been lost while it ran (``lose_result`` counts it in
+        ``missing_deps``): then it waits for the recomputation instead of starting
+        on a worker that cannot fetch the input.
+        """
+        if task.missing_deps:
+            self.move(task, WAITING, cause)
+        else:
+            self.enqueue(task, cause)
 
     def assign(self, task: TaskRecord, worker: WorkerRecord) -> None:
         """Start ``task`` on ``worker``: take its resources and send it there."""
@@ -214,7 +233,10 @@ class SchedulerState:
                 self.release_if_unneeded(dep)
 
     def release_if_unneeded(self, task: TaskRecord) -> None:
-        if not task.needed():
+        # A "new" task is mid-submission (a batch sibling failed first): ``submit``
+        # releases it after giving it a state, if it is still unneeded then. A
+        # "forgotten" one went already, when its last dependent failed.
+        if not task.needed() and task.state not in ("new", "forgotten"):
             self.forget(task)
 
     def forget(self, task: TaskRecord) -> None:
@@ -280,8 +302,12 @@ class SchedulerState:
             if current.state == MEMORY and current is not task:
                 continue  # a finished dependent no longer needs the failed input
             if current.state == PROCESSING and current.worker is not None:
+                if current.cancelled:
+                    continue  # failed already; settled when its worker reports
                 # Still running: the worker drops the result; resources return on report.
+                # The error is kept for clients that ask for the key in the meantime.
                 current.cancelled = True
+                current.error = error
                 self.forget(current)
                 self._notify_error(current, error)
             else:
@@ -294,7 +320,8 @@ class SchedulerState:
             for dependent_key in current.dependents:
                 stack.append((self.tasks[dependent_key], f"input {current.key} failed"))
             if current.state == ERRED:
-                current.dependents.clear()
+                # Dependents leave ``dependents`` as they fail (``_finish_inputs``); one
+                # still running stays, so its inputs are kept until its worker reports.
                 self.release_if_unneeded(current)
 
     def _notify_error(self, task: TaskRecord, error: tuple[str, bytes | str, bytes]) -> None:
@@ -339,7 +366,10 @@ class SchedulerState:
         worker = self.workers.pop(event.worker_id, None)
         if worker is None:
             return
-        self._out.append(Log("warning", f"worker {worker.name} ({worker.address}) left"))
+        if worker.leaving is not None:
+            self._out.append(Log("info", f"worker {worker.name} closed ({worker.leaving})"))
+        else:
+            self._out.append(Log("warning", f"lost worker {worker.name} ({worker.address})"))
         if worker.reserved_by is not None:
             reserved = self.tasks.get(worker.reserved_by)
             if reserved is not None:
@@ -351,7 +381,7 @@ class SchedulerState:
                 task.discard_result = False
                 self._settle_discarded(task, f"worker {worker.name} lost")
             else:
-                self.enqueue(task, f"worker {worker.name} lost while running it")
+                self.requeue(task, f"worker {worker.name} lost while running it")
         for key in list(worker.has_what):
             held = self.tasks.get(key)
             if held is not None and held.state == MEMORY and held.worker == worker.id:
@@ -416,10 +446,7 @@ class SchedulerState:
             if spec.key not in self.tasks:
                 created.append(self._new_task(spec))
         for task in created:  # after creation, so a batch need not be in graph order
-            for dep_key in task.deps:
-                dep = self.tasks.get(dep_key)
-                if dep is not None:
-                    dep.dependents.add(task.key)
+            self._link_inputs(task)
         for key in msg.wanted:
             self.want(client, key)
         for task in created:
@@ -431,8 +458,17 @@ class SchedulerState:
                 self.release_if_unneeded(task)
         for task in created:
             if task.resources and task.state in (WAITING, QUEUED) and self.workers:
-                if not self.satisfiable(task.signature):
-                    self._warn_unsatisfiable(task, unsatisfiable_text(task, self.workers.values()))
+                self._warn_if_unsatisfiable(task)
+
+    def _link_inputs(self, task: TaskRecord) -> None:
+        for dep_key in task.deps:
+            dep = self.tasks.get(dep_key)
+            if dep is not None:
+                dep.dependents.add(task.key)
+
+    def _warn_if_unsatisfiable(self, task: TaskRecord) -> None:
+        if not self.satisfiable(task.signature):
+            self._warn_unsatisfiable(task, unsatisfiable_text(task, self.workers.values()))
 
     def _new_task(self, spec: m.TaskSpec) -> TaskRecord:
         """A "new" record; ``submit`` links it to its inputs and ``_start`` sets its state."""
@@ -482,7 +518,7 @@ class SchedulerState:
         client.wanted.add(key)
         if task.state == MEMORY:
             self._done[client.id].append(key)
-        elif task.state == ERRED and task.error is not None:
+        elif (task.state == ERRED or task.cancelled) and task.error is not None:
             self.send(client.id, error_message(key, task.error))
 
     def _release(self, client: ClientRecord, keys: list[str]) -> None:
@@ -506,7 +542,13 @@ class SchedulerState:
     def why(self, client: ClientRecord, msg: m.WhyRequest) -> None:
         from apportion.scheduler.explain import explain
 
-        reasons = {key: explain(self, key) for key in msg.keys}
+        keys = (
+            msg.keys
+            or [key for key, task in self.tasks.items() if task.state in (WAITING, QUEUED)][
+                :WHY_ALL_LIMIT
+            ]
+        )
+        reasons = {key: explain(self, key) for key in keys}
         self.send(client.id, m.WhyReply(msg.request_id, reasons))
 
     def info(self, client: ClientRecord, msg: m.InfoRequest) -> None:
@@ -596,7 +638,7 @@ class SchedulerState:
             self._settle_discarded(task, f"raised on {worker.name}, result discarded")
         elif task.retries > 0:
             task.retries -= 1
-            self.enqueue(task, f"raised on {worker.name}; retrying ({task.retries} left)")
+            self.requeue(task, f"raised on {worker.name}; retrying ({task.retries} left)")
         else:
             self.fail(task, ("exception", msg.exception, msg.traceback), f"raised on {worker.name}")
 
@@ -604,14 +646,30 @@ class SchedulerState:
         """A task whose result was dropped on purpose is back from its worker."""
         if task.cancelled:
             task.cancelled = False
+            error = task.error or ("cancelled", f"{task.key!r} was cancelled", b"")
             self.move(task, ERRED, cause)
-            task.error = ("cancelled", f"{task.key!r} was cancelled", b"")
+            task.error = error
             self._finish_inputs(task)
+            # Dependents submitted while it still ran did not fail with it: now they do.
+            for dependent_key in list(task.dependents):
+                self.fail(self.tasks[dependent_key], error, f"input {task.key} failed")
             self.release_if_unneeded(task)
         elif task.needed():
-            self.enqueue(task, cause + "; needed again")
+            self.requeue(task, cause + "; needed again")
         else:
             self._remove(task, cause)
+
+    def worker_closing(self, worker: WorkerRecord, msg: m.WorkerClosing) -> None:
+        worker.leaving = msg.reason or "closed"
+
+    def tasks_dropped(self, worker: WorkerRecord, msg: m.TasksDropped) -> None:
+        """The worker let go of tasks we had freed before they started: settle them."""
+        for key in msg.keys:
+            task = self._running_task(worker, key)
+            if task is not None:
+                self.placement_due = True
+                task.discard_result = False
+                self._settle_discarded(task, f"dropped by {worker.name} before it started")
 
     def missing_dependency(self, worker: WorkerRecord, msg: m.MissingDependency) -> None:
         task = self._running_task(worker, msg.key)
@@ -623,14 +681,19 @@ class SchedulerState:
                     holder.has_what.discard(dep.key)
                     holder.nbytes -= dep.nbytes
                 self.lose_result(dep, f"{worker.name} could not fetch it")
-        if task is None:
-            return
+        if task is None or task.state != PROCESSING:
+            return  # a stale report, or the task failed with the input it could not fetch
         self.placement_due = True
+        cause = f"input {msg.dep} missing on {worker.name}"
+        if task.discard_result:  # released or cancelled meanwhile: do not run it again
+            task.discard_result = False
+            self._settle_discarded(task, cause)
+            return
         task.missing_deps = sum(1 for d in task.deps if self.tasks[d].state != MEMORY)
         if task.missing_deps:
-            self.move(task, WAITING, f"input {msg.dep} missing on {worker.name}")
+            self.move(task, WAITING, cause)
         else:
-            self.enqueue(task, f"input {msg.dep} missing on {worker.name}")
+            self.enqueue(task, cause)
 
     # --- resources nobody has -------------------------------------------------------
 
@@ -713,6 +776,7 @@ CLIENT_HANDLERS: dict[type[m.Message], Callable[[SchedulerState, ClientRecord, A
     m.CancelKeys: SchedulerState.cancel_keys,
     m.GatherRequest: relay.gather,
     m.ScatterRequest: relay.scatter,
+    m.ScatterPlaced: relay.scatter_placed,
     m.WhoHasRequest: relay.who_has,
     m.WhyRequest: SchedulerState.why,
     m.InfoRequest: SchedulerState.info,
@@ -723,6 +787,8 @@ WORKER_HANDLERS: dict[type[m.Message], Callable[[SchedulerState, WorkerRecord, A
     m.TaskFinished: SchedulerState.task_finished,
     m.TaskRaised: SchedulerState.task_raised,
     m.MissingDependency: SchedulerState.missing_dependency,
+    m.TasksDropped: SchedulerState.tasks_dropped,
+    m.WorkerClosing: SchedulerState.worker_closing,
     m.DataReply: relay.data_reply,
     m.DataStored: relay.data_stored,
 }

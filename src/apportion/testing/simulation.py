@@ -169,7 +169,9 @@ class SimulatedCluster:
         for _ in range(limit):
             for worker_id, key in self.place():
                 begun[key] = self.now
-                heapq.heappush(ends, (self.now + durations.get(key, 1.0), next(seq), worker_id, key))
+                heapq.heappush(
+                    ends, (self.now + durations.get(key, 1.0), next(seq), worker_id, key)
+                )
             if not ends:
                 return intervals
             end, _, worker_id, key = heapq.heappop(ends)

@@ -33,6 +33,7 @@ from apportion.protocol.messages import (
     Message,
     PutData,
     RegisterWorker,
+    WorkerClosing,
 )
 from apportion.worker.data_server import DataServer, data_reply
 from apportion.worker.events import (
@@ -154,6 +155,9 @@ class Worker:
                 self._runner.close()
             await self._peers.close()
             if self._scheduler is not None:
+                # Sent before the close flushes, so the scheduler logs a departure,
+                # not a lost worker.
+                self._scheduler.send(WorkerClosing("closed"))
                 await self._scheduler.close()
             await self._server.close()
         finally:

@@ -1,0 +1,250 @@
+"""Wire messages and frames: every message round-trips; garbage is a ProtocolError."""
+
+from __future__ import annotations
+
+import itertools
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from apportion.net.address import DEFAULT_PORT, format_address, parse_address
+from apportion.protocol import messages as m
+from apportion.protocol.codec import (
+    HEADER,
+    MAX_FRAME,
+    MAX_HANDSHAKE_FRAME,
+    ProtocolError,
+    decode_body,
+    encode_frame,
+    frame_length,
+)
+
+SPEC = m.TaskSpec("x-1", "fid", b"\x80args", ["a", "b"], {"GPU": 10_000}, 3, 2)
+
+SAMPLES: list[m.Message] = [
+    m.Hello(m.PROTOCOL_VERSION, "client", "alice"),
+    m.Welcome(m.PROTOCOL_VERSION, "c7", {"scheduler": "s", "n": 1}),
+    m.Refused("bad token"),
+    m.SubmitTasks([SPEC, m.TaskSpec("y", "fid", b"", [], {}, 0, 0)], {"fid": b"fn"}, ["x-1"]),
+    m.ReleaseKeys(["x-1"]),
+    m.CancelKeys(["x-1", "y"]),
+    m.GatherRequest(1, ["x-1"]),
+    m.ScatterRequest(2, {"d": b"\x00\x01"}),
+    m.WhoHasRequest(3, ["d"]),
+    m.WhyRequest(4, ["x-1"]),
+    m.InfoRequest(5),
+    m.StoryRequest(6, "x-1"),
+    m.KeysDone(["x-1"]),
+    m.TaskErred("x-1", b"exc", b"tb"),
+    m.KeysFailed(["x-1"], "cancelled", "'x-1' was cancelled"),
+    m.GatherReply(1, {"x-1": b"v"}, ["y"]),
+    m.ScatterReply(2, ["d"]),
+    m.WhoHasReply(3, {"d": ["tcp://h:1"]}),
+    m.WhyReply(4, {"x-1": "queued"}),
+    m.InfoReply(5, {"workers": {"tcp://h:1": {"nthreads": 2}}}),
+    m.StoryReply(6, [[0.5, "x-1", "new", "queued", "submitted"]]),
+    m.Notice("warning", "nobody offers GPU"),
+    m.RegisterWorker("w", "tcp://h:1", 4, {"GPU": 20_000}, 123, 2**33),
+    m.TaskFinished("x-1", 8, 0.25, "int"),
+    m.TaskRaised("x-1", b"exc", b"tb", 0.5),
+    m.MissingDependency("x-1", "a", ["tcp://h:1"]),
+    m.DataReply(7, {"a": b"1"}, []),
+    m.DataStored(8, ["d"], {"d": 2}),
+    m.LoadFunction("fid", b"fn"),
+    m.ComputeTask("x-1", "fid", b"args", {"a": ["tcp://h:1"]}, {"GPU": 10_000}, 3),
+    m.FreeKeys(["a"]),
+    m.GetData(9, ["a"]),
+    m.PutData(10, {"d": b"\xff"}),
+    m.TasksDropped(["x-1"]),
+    m.ScatterPlaced(11, {"d": ["tcp://h:1", 4]}),
+    m.WorkerClosing("shutting down"),
+]
+
+
+def _all_classes() -> list[type[m.Message]]:
+    out = []
+    for tag in itertools.count(1):
+        cls = m.message_class(tag)
+        if cls is None:
+            return out
+        out.append(cls)
+    raise AssertionError("unreachable")
+
+
+def test_samples_cover_every_message_class() -> None:
+    assert {type(s) for s in SAMPLES} == set(_all_classes())
+
+
+@pytest.mark.parametrize("msg", SAMPLES, ids=lambda s: type(s).__name__)
+def test_each_message_round_trips(msg: m.Message) -> None:
+    frame = encode_frame([msg])
+    assert frame_length(frame[: HEADER.size], MAX_FRAME) == len(frame) - HEADER.size
+    (back,) = decode_body(frame[HEADER.size :])
+    assert type(back) is type(msg)
+    assert back == msg
+
+
+def test_one_frame_carries_many_messages_in_order() -> None:
+    frame = encode_frame(SAMPLES)
+    assert decode_body(frame[HEADER.size :]) == SAMPLES
+
+
+def test_submit_tasks_decodes_task_specs() -> None:
+    (back,) = decode_body(encode_frame([SAMPLES[3]])[HEADER.size :])
+    assert isinstance(back, m.SubmitTasks)
+    assert all(isinstance(t, m.TaskSpec) for t in back.tasks)
+    assert back.tasks[0].resources == {"GPU": 10_000}
+
+
+def test_tags_are_unique_and_stable() -> None:
+    classes = _all_classes()
+    assert [c.TAG for c in classes] == list(range(1, len(classes) + 1))
+    assert m.message_class(0) is None
+    assert m.message_class(len(classes) + 1) is None
+
+
+def test_empty_frame() -> None:
+    assert decode_body(encode_frame([])[HEADER.size :]) == []
+
+
+# --- garbage ------------------------------------------------------------------------
+
+
+def _pack(obj: object) -> bytes:
+    data: bytes = msgpack.packb(obj, use_bin_type=True)
+    return data
+
+
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [
+        (b"", "not valid msgpack"),
+        (b"\xc1", "not valid msgpack"),
+        (_pack([1]) + b"\x00", "not valid msgpack"),
+        (_pack({"a": 1}), "list of messages"),
+        (_pack(3), "list of messages"),
+        (_pack([3]), r"\[tag, fields"),
+        (_pack([[]]), r"\[tag, fields"),
+        (_pack([["Hello", 1]]), r"\[tag, fields"),
+        (_pack([[10_000, 1]]), "unknown message tag 10000"),
+        (_pack([[-1]]), "unknown message tag -1"),
+        (_pack([[m.Refused.TAG]]), "Refused takes 1 fields, got 0"),
+        (_pack([[m.Refused.TAG, "a", "b"]]), "Refused takes 1 fields, got 2"),
+        (_pack([[m.SubmitTasks.TAG, [1], {}, []]]), "malformed SubmitTasks"),
+        (_pack([[m.SubmitTasks.TAG, [["k"]], {}, []]]), "malformed SubmitTasks"),
+        (_pack([[m.SubmitTasks.TAG, None, {}, []]]), "malformed SubmitTasks"),
+        (_pack([m.KeysDone(["a"]).to_wire(), [999]]), "unknown message tag 999"),
+    ],
+)
+def test_garbage_bodies_raise_protocol_error(body: bytes, match: str) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        decode_body(body)
+
+
+@given(st.binary(max_size=200))
+def test_random_bytes_raise_only_protocol_error(body: bytes) -> None:
+    try:
+        out = decode_body(body)
+    except ProtocolError:
+        return
+    assert all(isinstance(msg, m.Message) for msg in out)
+
+
+_leaf = st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text(max_size=5)
+_value = st.recursive(
+    _leaf | st.binary(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=50)
+@given(
+    st.lists(
+        st.tuples(st.integers(-2, len(SAMPLES) + 2), st.lists(_value, max_size=8)),
+        max_size=4,
+    )
+)
+def test_wrongly_shaped_messages_raise_only_protocol_error(
+    items: list[tuple[int, list[object]]],
+) -> None:
+    """Known tags with fields of any type and count: decoded or refused, never a crash."""
+    body = _pack([[tag, *fields] for tag, fields in items])
+    try:
+        out = decode_body(body)
+    except ProtocolError:
+        return
+    assert len(out) == len(items)
+
+
+def test_frame_length_refuses_huge_announcements() -> None:
+    header = HEADER.pack(2**32 - 1)
+    with pytest.raises(ProtocolError, match=str(MAX_FRAME)):
+        frame_length(header, MAX_FRAME)
+    big = HEADER.pack(MAX_HANDSHAKE_FRAME + 1)
+    with pytest.raises(ProtocolError, match="exceeds the limit"):
+        frame_length(big, MAX_HANDSHAKE_FRAME)
+
+
+def test_frame_length_accepts_up_to_the_limit() -> None:
+    assert (
+        frame_length(HEADER.pack(MAX_HANDSHAKE_FRAME), MAX_HANDSHAKE_FRAME) == MAX_HANDSHAKE_FRAME
+    )
+    assert frame_length(HEADER.pack(0), MAX_HANDSHAKE_FRAME) == 0
+
+
+def test_a_real_hello_fits_the_handshake_limit() -> None:
+    frame = encode_frame([m.Hello(m.PROTOCOL_VERSION, "worker", "x" * 200)])
+    assert frame_length(frame[: HEADER.size], MAX_HANDSHAKE_FRAME) < MAX_HANDSHAKE_FRAME
+
+
+# --- addresses ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("tcp://h:1", ("h", 1)),
+        ("h:1", ("h", 1)),
+        ("h", ("h", DEFAULT_PORT)),
+        ("tcp://h", ("h", DEFAULT_PORT)),
+        ("  scheduler:8786 ", ("scheduler", 8786)),
+        ("[::1]:8786", ("::1", 8786)),
+        ("tcp://[::1]:9000", ("::1", 9000)),
+        ("[::1]", ("::1", DEFAULT_PORT)),
+        ("10.0.0.1:0", ("10.0.0.1", 0)),
+        ("h:65535", ("h", 65535)),
+    ],
+)
+def test_parse_address(text: str, expected: tuple[str, int]) -> None:
+    assert parse_address(text) == expected
+
+
+def test_parse_address_default_port_is_a_parameter() -> None:
+    assert parse_address("h", default_port=1234) == ("h", 1234)
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("h:abc", "invalid port 'abc'"),
+        ("h:65536", "invalid port '65536'"),
+        ("h:-1", "invalid port '-1'"),
+        ("[::1]:x", "invalid port 'x'"),
+        ("udp://h:1", "unsupported address scheme 'udp'"),
+        ("tls://h:1", "unsupported address scheme 'tls'"),
+        (":8786", "has no host"),
+        ("tcp://", "has no host"),
+        ("", "has no host"),
+    ],
+)
+def test_parse_address_errors(text: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        parse_address(text)
+
+
+@pytest.mark.parametrize(("host", "port"), [("h", 1), ("::1", 8786), ("10.0.0.1", 80)])
+def test_format_address_round_trips(host: str, port: int) -> None:
+    assert parse_address(format_address(host, port)) == (host, port)

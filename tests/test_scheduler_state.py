@@ -1,0 +1,1180 @@
+"""The scheduler's state machine, driven through ``SimulatedCluster``: no sockets, no clock.
+
+Every test ends with ``check_invariants`` (the ``sim`` fixture does it at teardown).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TypeVar
+
+import pytest
+
+from apportion.core.resources import SCALE, ResourceSpec, parse_demand
+from apportion.protocol import messages as m
+from apportion.scheduler.events import FromWorker, Send
+from apportion.scheduler.invariants import check_invariants
+from apportion.scheduler.records import ERRED, MEMORY, PROCESSING, QUEUED, WAITING
+from apportion.scheduler.state import SchedulerConfig
+from apportion.testing.simulation import Interval, SimulatedCluster
+
+M = TypeVar("M", bound=m.Message)
+
+
+class RecordingCluster(SimulatedCluster):
+    """A simulated cluster that also keeps every message sent to each fake worker."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.to_workers: dict[str, list[m.Message]] = defaultdict(list)
+
+    def _to_worker(self, command: Send) -> None:
+        self.to_workers[command.peer_id].append(command.message)
+        super()._to_worker(command)
+
+    # --- helpers the tests share ----------------------------------------------------
+
+    def got(self, cls: type[M], client: str = "c1") -> list[M]:
+        """Messages of type ``cls`` the scheduler sent to ``client``."""
+        return [msg for msg in self.inbox.get(client, []) if isinstance(msg, cls)]
+
+    def worker_got(self, worker_id: str, cls: type[M]) -> list[M]:
+        return [msg for msg in self.to_workers[worker_id] if isinstance(msg, cls)]
+
+    def freed(self, worker_id: str) -> list[str]:
+        return [key for msg in self.worker_got(worker_id, m.FreeKeys) for key in msg.keys]
+
+    def done(self, client: str = "c1") -> list[str]:
+        return [key for msg in self.got(m.KeysDone, client) for key in msg.keys]
+
+    def submit_graph(
+        self,
+        graph: Mapping[str, tuple[Iterable[str], ResourceSpec]],
+        wanted: Iterable[str],
+        client: str = "c1",
+    ) -> None:
+        """Submit several tasks in one message, as a client's ``compute`` does."""
+        specs = [
+            m.TaskSpec(key, "f", b"", list(deps), parse_demand(res), 0, 0)
+            for key, (deps, res) in graph.items()
+        ]
+        self.client_says(client, m.SubmitTasks(specs, {"f": b"func"}, list(wanted)))
+
+    def state_of(self, key: str) -> str:
+        task = self.state.tasks.get(key)
+        return "forgotten" if task is None else task.state
+
+    def free(self, worker_id: str) -> dict[str, float]:
+        return {n: t / SCALE for n, t in self.state.workers[worker_id].free.items()}
+
+
+@pytest.fixture
+def make_sim() -> Iterator[Callable[..., RecordingCluster]]:
+    """Build clusters (with a client "c1"); check their invariants after the test."""
+    made: list[RecordingCluster] = []
+
+    def make(config: SchedulerConfig | None = None) -> RecordingCluster:
+        cluster = RecordingCluster(config or SchedulerConfig())
+        cluster.add_client("c1")
+        made.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in made:
+        check_invariants(cluster.state)
+
+
+@pytest.fixture
+def sim(make_sim: Callable[..., RecordingCluster]) -> RecordingCluster:
+    return make_sim()
+
+
+def peak(intervals: list[Interval], keys: set[str], worker: str | None = None) -> int:
+    """Most of ``keys`` running at once (on ``worker``, if given)."""
+    edges: list[tuple[float, int]] = []
+    for iv in intervals:
+        if iv.key in keys and (worker is None or iv.worker == worker):
+            edges += [(iv.start, 1), (iv.end, -1)]
+    running = best = 0
+    for _, delta in sorted(edges):  # ends (-1) sort before starts at the same time
+        running += delta
+        best = max(best, running)
+    return best
+
+
+def by_key(intervals: list[Interval]) -> dict[str, Interval]:
+    return {iv.key: iv for iv in intervals}
+
+
+# --- placement only where resources are free ------------------------------------------
+
+
+def test_tasks_start_only_where_their_demand_is_free(sim: RecordingCluster) -> None:
+    small = sim.add_worker("small", nthreads=4, resources="GPU=1")
+    big = sim.add_worker("big", nthreads=4, resources="GPU=2")
+    plain = sim.add_worker("plain", nthreads=4)
+    for i in range(4):
+        sim.submit(f"g{i}", resources="GPU=1")
+    started = sim.place()
+    assert len(started) == 3
+    assert sorted(w for w, _ in started) == sorted([small, big, big])
+    assert sim.state_of("g3") == QUEUED
+    assert sim.free(small) == {"GPU": 0} and sim.free(big) == {"GPU": 0}
+    assert not sim.running[plain]
+    sim.finish("g0")
+    assert sim.place() == [(sim.worker_of("g3"), "g3")]
+
+
+def test_fractional_demands_share_one_unit(sim: RecordingCluster) -> None:
+    w = sim.add_worker(nthreads=8, resources="GPU=1")
+    for i in range(3):
+        sim.submit(f"h{i}", resources="GPU=0.5")
+    assert len(sim.place()) == 2
+    assert sim.state_of("h2") == QUEUED
+    sim.finish("h0")
+    sim.place()
+    sim.finish("h1")
+    sim.finish("h2")
+    assert sim.free(w) == {"GPU": 1.0}
+
+
+def test_resource_tasks_are_not_pipelined_beyond_threads(sim: RecordingCluster) -> None:
+    sim.add_worker(nthreads=2, resources="lic=10")
+    for i in range(5):
+        sim.submit(f"l{i}", resources="lic=1")
+    assert len(sim.place()) == 2
+
+
+def test_plain_tasks_are_pipelined_a_little(sim: RecordingCluster) -> None:
+    w = sim.add_worker(nthreads=2)
+    for i in range(20):
+        sim.submit(f"p{i}")
+    started = sim.place()
+    # Unknown durations: one task queued ahead per thread, no more.
+    assert len(started) == 4
+    assert len(sim.running[w]) == 4
+
+
+def test_two_gpu_task_never_shares_a_two_gpu_worker(sim: RecordingCluster) -> None:
+    w = sim.add_worker(nthreads=4, resources="GPU=2")
+    keys = ["a", "b", "big", "c", "d", "big2", "e"]
+    for key in keys:
+        sim.submit(key, resources="GPU=2" if key.startswith("big") else "GPU=1")
+    intervals = sim.run({k: 1.0 + 0.1 * i for i, k in enumerate(keys)})
+    assert {iv.key for iv in intervals} == set(keys)
+    spans = by_key(intervals)
+    for big in ("big", "big2"):
+        for other in keys:
+            if other != big:
+                iv, ov = spans[big], spans[other]
+                assert iv.end <= ov.start or ov.end <= iv.start, f"{big} overlaps {other}"
+    assert peak(intervals, set(keys), w) <= 2
+    assert sim.free(w) == {"GPU": 2.0}
+
+
+# --- no head-of-line blocking ---------------------------------------------------------
+
+
+def test_blocked_large_request_does_not_block_others_elsewhere(sim: RecordingCluster) -> None:
+    w_big = sim.add_worker("gpu2", nthreads=4, resources="GPU=2 MEM=4")
+    sim.submit("running", resources="GPU=1")
+    assert sim.place() == [(w_big, "running")]
+    w_one = sim.add_worker("gpu1", nthreads=4, resources="GPU=1")
+    sim.submit("big", resources="GPU=2")  # fits nowhere now: holds gpu2's free GPU
+    sim.submit("small", resources="GPU=1")  # younger, fits on gpu1
+    sim.submit("mem", resources="MEM=1")  # younger, other resource on the busy worker
+    started = {k: w for w, k in sim.place()}
+    assert started == {"small": w_one, "mem": w_big}
+    assert sim.state_of("big") == QUEUED
+    assert sim.state.tasks["big"].reserved_on == w_big
+
+
+def test_dask_6136_gpu2_queued_does_not_block_gpu1_on_another_worker(
+    sim: RecordingCluster,
+) -> None:
+    a = sim.add_worker("a", nthreads=2, resources="GPU=2")
+    b = sim.add_worker("b", nthreads=2, resources="GPU=1")
+    sim.submit("x", resources="GPU=1")
+    sim.submit("y", resources="GPU=1")
+    sim.place()  # x and y hold one GPU on each worker (least loaded first)
+    assert {sim.worker_of("x"), sim.worker_of("y")} == {a, b}
+    sim.submit("wide", resources="GPU=2")
+    sim.place()
+    (on_b,) = sim.running[b]
+    sim.finish(on_b)
+    sim.submit("z", resources="GPU=1")
+    assert sim.place() == [(b, "z")]
+    assert sim.state_of("wide") == QUEUED
+
+
+# --- no starvation --------------------------------------------------------------------
+
+
+def _stream(sim: RecordingCluster, resources: ResourceSpec) -> Callable[[], str]:
+    """A source of new small tasks: each call submits one more."""
+    count = itertools.count()
+
+    def submit_one() -> str:
+        key = f"s{next(count)}"
+        sim.submit(key, resources=resources)
+        return key
+
+    return submit_one
+
+
+def test_stream_of_small_requests_cannot_starve_a_whole_worker_request(
+    sim: RecordingCluster,
+) -> None:
+    w = sim.add_worker("gpu", nthreads=4, resources="GPU=2")
+    small = _stream(sim, "GPU=1")
+    small(), small()
+    sim.place()
+    running_at_submission = set(sim.running[w])
+    assert running_at_submission == {"s0", "s1"}
+    sim.submit("big", resources="GPU=2")
+    assert sim.place() == []
+    # A steady stream: every time a small task finishes, a new one arrives at once.
+    after: list[str] = []
+    while "big" not in sim.running[w]:
+        assert len(after) < 10, "the GPU=2 task is starved by the GPU=1 stream"
+        sim.now += 1.0
+        sim.finish(min(k for k in sim.running[w]))
+        after.append(small())
+        sim.place()
+    # It started as soon as the GPU=1 tasks running at its submission finished ...
+    assert not running_at_submission & sim.all_running()
+    assert len(after) == len(running_at_submission)
+    # ... and before any GPU=1 task submitted after it.
+    started = [key for _, _, key in sim.started]
+    assert started[: started.index("big")] == ["s0", "s1"]
+    assert not set(after) & set(started)
+    sim.finish("big")
+    assert sorted(k for _, k in sim.place()) == after
+
+
+def test_stream_of_plain_tasks_cannot_starve_a_resource_task(sim: RecordingCluster) -> None:
+    """Plain tasks pipelined ahead keep threads busy; the reservation lets them drain."""
+    w = sim.add_worker("w", nthreads=2, resources="GPU=1")
+    plain = _stream(sim, None)
+    for _ in range(4):
+        plain()
+    sim.place()
+    assigned_before = set(sim.running[w])
+    sim.submit("gpu", resources="GPU=1")
+    sim.place()
+    after: list[str] = []
+    while "gpu" not in sim.running[w]:
+        assert len(after) < 20, "the GPU task is starved by the plain stream"
+        sim.finish(min(sim.running[w]))
+        after.append(plain())
+        sim.place()
+    started = [key for _, _, key in sim.started]
+    assert set(started[: started.index("gpu")]) == assigned_before
+    assert not set(after) & set(started[: started.index("gpu")])
+
+
+def test_reservation_holds_one_worker_while_the_other_keeps_working(
+    sim: RecordingCluster,
+) -> None:
+    """The worker closest to fitting is held; the other keeps taking small tasks."""
+    w1 = sim.add_worker("w1", nthreads=4, resources="GPU=2")
+    w2 = sim.add_worker("w2", nthreads=4, resources="GPU=2")
+    for key in ("a", "b", "c"):
+        sim.submit(key, resources="GPU=1")
+    sim.place()
+    sim.submit("big", resources="GPU=2")
+    sim.place()
+    reserved = sim.state.tasks["big"].reserved_on
+    assert reserved is not None
+    assert len(sim.running[reserved]) == 1  # closest to fitting: one GPU already free
+    other = w2 if reserved == w1 else w1
+    sim.submit("d", resources="GPU=1")
+    assert sim.place() == []  # the free GPU on the reserved worker is held
+    sim.finish(sorted(sim.running[other])[0])
+    assert sim.place() == [(other, "d")]
+    sim.finish(next(iter(sim.running[reserved])))
+    sim.submit("e", resources="GPU=1")
+    assert sim.place() == [(reserved, "big")]
+    assert sim.state.tasks["big"].reserved_on is None
+    assert sim.state_of("e") == QUEUED  # and now the oldest blocked GPU=1 task
+    assert sim.state.workers[reserved].reserved_by == "e"
+
+
+def test_reserved_task_waiting_only_for_a_thread_drains_plain_tasks(
+    sim: RecordingCluster,
+) -> None:
+    w = sim.add_worker(nthreads=1, resources="GPU=1")
+    for i in range(2):
+        sim.submit(f"p{i}")
+    sim.place()  # one running, one queued ahead
+    sim.submit("gpu", resources="GPU=1")
+    for i in range(2, 6):
+        sim.submit(f"p{i}")
+    sim.place()
+    assert sim.state.workers[w].reserved_by == "gpu"
+    sim.finish("p0")
+    assert sim.place() == []  # p1 is already there; no more plain work piles on
+    sim.finish("p1")
+    started = sim.place()
+    assert started[0] == (w, "gpu")  # plain tasks may queue behind it, not before it
+
+
+# --- Guild's run queue ----------------------------------------------------------------
+
+
+GUILD = {"aaa": "gpu0=1", "bbb": "gpu0=1", "ccc": "gpu0=1 gpu1=1", "ddd": "gpu1=1"}
+
+
+@pytest.mark.parametrize("order", [["aaa", "bbb", "ccc", "ddd"], ["aaa", "ddd", "bbb", "ccc"]])
+def test_guild_runs_take_three_lengths(sim: RecordingCluster, order: list[str]) -> None:
+    sim.add_worker("guild", nthreads=4, resources="gpu0=1 gpu1=1")
+    for key in order:
+        sim.submit(key, resources=GUILD[key])
+    spans = by_key(sim.run(dict.fromkeys(GUILD, 2.0)))
+    assert spans["aaa"].start == spans["ddd"].start == 0.0
+    assert spans["bbb"].start == 2.0
+    assert spans["ccc"].start == 4.0
+    assert max(iv.end for iv in spans.values()) == 6.0
+    assert sorted(sim.done()) == sorted(GUILD)
+
+
+# --- the seed example -----------------------------------------------------------------
+
+
+def test_seed_example_two_gpu_workers_and_a_memory_worker(sim: RecordingCluster) -> None:
+    gpu_workers = [sim.add_worker(f"gpu{i}", nthreads=4, resources="GPU=2") for i in range(2)]
+    mem_worker = sim.add_worker("bigmem", nthreads=4, resources="MEMORY=100e9")
+    graph: dict[str, tuple[list[str], ResourceSpec]] = {}
+    for i in range(12):
+        graph[f"load-{i}"] = ([], None)
+        graph[f"process-{i}"] = ([f"load-{i}"], {"GPU": 1})
+    graph["aggregate"] = ([f"process-{i}" for i in range(12)], {"MEMORY": 70e9})
+    sim.submit_graph(graph, wanted=list(graph))
+    durations = {k: (1.0 if k.startswith("process") else 0.5) for k in graph}
+    intervals = sim.run(durations)
+    spans = by_key(intervals)
+    assert set(spans) == set(graph)
+    assert spans["aggregate"].worker == mem_worker
+    processes = {k for k in graph if k.startswith("process")}
+    assert {spans[k].worker for k in processes} <= set(gpu_workers)
+    for w in gpu_workers:
+        assert peak(intervals, processes, w) <= 2
+    assert peak(intervals, processes) == 4  # both GPU workers kept busy
+    assert spans["aggregate"].start >= max(spans[k].end for k in processes)
+    assert sorted(sim.done()) == sorted(graph)
+
+
+# --- priority -------------------------------------------------------------------------
+
+
+def test_higher_priority_starts_first_then_submission_order(sim: RecordingCluster) -> None:
+    w = sim.add_worker(nthreads=1, resources="GPU=1")
+    sim.submit("first", resources="GPU=1")
+    sim.place()
+    sim.submit("low1", resources="GPU=1")
+    sim.submit("low2", resources="GPU=1")
+    sim.submit("high", resources="GPU=1", priority=10)
+    sim.submit("mid", resources="GPU=1", priority=5)
+    assert sim.place() == []
+    sim.finish("first")
+    spans = sim.run({})
+    assert [iv.key for iv in sorted(spans, key=lambda iv: iv.start)] == [
+        "high",
+        "mid",
+        "low1",
+        "low2",
+    ]
+    assert sim.free(w) == {"GPU": 1.0}
+
+
+def test_priority_across_request_kinds(sim: RecordingCluster) -> None:
+    sim.add_worker(nthreads=1, resources="GPU=1 lic=1")
+    sim.submit("old", resources="lic=1")
+    sim.submit("urgent", resources="GPU=1", priority=1)
+    assert sim.place()[0][1] == "urgent"
+
+
+def test_plain_tasks_follow_priority(sim: RecordingCluster) -> None:
+    sim.submit("a")
+    sim.submit("b")
+    sim.submit("c", priority=3)
+    w = sim.add_worker(nthreads=1)
+    assert sim.place() == [(w, "c"), (w, "a")]
+
+
+# --- dependencies and releasing results ---------------------------------------------
+
+
+def test_chain_runs_in_order_and_releases_intermediates(sim: RecordingCluster) -> None:
+    w = sim.add_worker(nthreads=2)
+    sim.submit_graph({"a": ([], None), "b": (["a"], None), "c": (["b"], None)}, wanted=["c"])
+    assert (sim.state_of("a"), sim.state_of("b"), sim.state_of("c")) == (QUEUED, WAITING, WAITING)
+    assert sim.place() == [(w, "a")]
+    sim.finish("a")
+    assert sim.state_of("b") == QUEUED
+    assert sim.state_of("c") == WAITING
+    assert sim.place() == [(w, "b")]
+    compute_b = sim.worker_got(w, m.ComputeTask)[-1]
+    assert compute_b.who_has == {"a": [f"sim://{w}"]}
+    assert "a" not in sim.freed(w)
+    sim.finish("b")
+    assert "a" in sim.freed(w)  # its only dependent finished and nobody wants it
+    assert sim.state_of("a") == "forgotten"
+    sim.place()
+    sim.finish("c")
+    assert sim.freed(w) == ["a", "b"]
+    assert sim.done() == ["c"]
+    assert set(sim.state.tasks) == {"c"}
+    sim.client_says("c1", m.ReleaseKeys(["c"]))
+    assert sim.freed(w) == ["a", "b", "c"]
+    assert sim.state.tasks == {}
+    assert sim.state.functions == {}
+    assert sim.state.workers[w].has_what == set()
+
+
+def test_diamond_keeps_shared_input_until_both_dependents_finish(sim: RecordingCluster) -> None:
+    w = sim.add_worker(nthreads=4, resources="GPU=1")
+    sim.submit_graph(
+        {
+            "a": ([], None),
+            "b": (["a"], "GPU=1"),
+            "c": (["a"], None),
+            "d": (["b", "c"], None),
+        },
+        wanted=["d"],
+    )
+    sim.place()
+    sim.finish("a")
+    assert sorted(k for _, k in sim.place()) == ["b", "c"]
+    sim.finish("c")
+    assert sim.state_of("a") == MEMORY  # b still needs it
+    assert sim.state_of("d") == WAITING
+    sim.finish("b")
+    assert sim.state_of("a") == "forgotten"
+    assert sim.state_of("d") == QUEUED
+    sim.place()
+    sim.finish("d")
+    assert sorted(sim.freed(w)) == ["a", "b", "c"]
+    sim.client_says("c1", m.ReleaseKeys(["d"]))
+    assert sim.state.tasks == {}
+
+
+def test_result_wanted_by_a_client_is_kept_after_dependents_finish(
+    sim: RecordingCluster,
+) -> None:
+    w = sim.add_worker(nthreads=2)
+    sim.submit_graph({"a": ([], None), "b": (["a"], None)}, wanted=["a", "b"])
+    sim.run({})
+    assert sorted(sim.done()) == ["a", "b"]
+    assert sim.freed(w) == []
+    sim.client_says("c1", m.ReleaseKeys(["a"]))
+    assert sim.freed(w) == ["a"]
+    assert set(sim.state.tasks) == {"b"}
+
+
+def test_two_clients_share_a_result_until_both_release(sim: RecordingCluster) -> None:
+    sim.add_worker()
+    sim.add_client("c2")
+    sim.submit("x")
+    sim.submit("x", client="c2")
+    sim.run({})
+    assert sim.done("c1") == ["x"] and sim.done("c2") == ["x"]
+    sim.client_says("c1", m.ReleaseKeys(["x"]))
+    assert sim.state_of("x") == MEMORY
+    sim.remove_client("c2")
+    assert sim.state.tasks == {}
+
+
+def test_dependent_on_finished_result_is_queued_at_once(sim: RecordingCluster) -> None:
+    sim.add_worker()
+    sim.submit("a")
+    sim.run({})
+    sim.submit("b", deps=["a"])
+    assert sim.state_of("b") == QUEUED
+
+
+def test_dependent_on_unknown_key_fails_as_lost(sim: RecordingCluster) -> None:
+    sim.submit("b", deps=["nope"])
+    (failed,) = sim.got(m.KeysFailed)
+    assert failed.keys == ["b"] and failed.kind == "lost" and "'nope'" in failed.message
+
+
+def test_release_of_a_queued_task_forgets_it(sim: RecordingCluster) -> None:
+    sim.submit("x", resources="GPU=1")
+    sim.client_says("c1", m.ReleaseKeys(["x"]))
+    assert sim.state.tasks == {}
+    assert sim.state.story_of("x")[-1][2:4] == (QUEUED, "forgotten")
+    w = sim.add_worker(resources="GPU=1")
+    assert sim.place() == []
+    assert not sim.running[w]
+
+
+def test_release_of_a_running_task_frees_resources_on_report(sim: RecordingCluster) -> None:
+    w = sim.add_worker(resources="GPU=1")
+    sim.submit("x", resources="GPU=1")
+    sim.place()
+    sim.client_says("c1", m.ReleaseKeys(["x"]))
+    assert sim.freed(w) == ["x"]
+    assert sim.state_of("x") == PROCESSING
+    assert sim.free(w) == {"GPU": 0.0}
+    sim.finish("x")
+    assert sim.state.tasks == {}
+    assert sim.free(w) == {"GPU": 1.0}
+    assert sim.done() == []
+
+
+def test_release_waiting_chain_forgets_all(sim: RecordingCluster) -> None:
+    sim.submit_graph({"a": ([], None), "b": (["a"], None)}, wanted=["b"])
+    sim.client_says("c1", m.ReleaseKeys(["b"]))
+    assert sim.state.tasks == {}
+
+
+# --- failures -------------------------------------------------------------------------
+
+
+def test_raised_task_errs_for_client_and_its_dependents(sim: RecordingCluster) -> None:
+    sim.add_worker(nthreads=2)
+    sim.submit_graph({"a": ([], None), "b": (["a"], None), "c": (["b"], None)}, wanted=["a", "c"])
+    sim.place()
+    sim.raise_("a", exception=b"boom", traceback=b"tb")
+    erred = sim.got(m.TaskErred)
+    assert sorted(e.key for e in erred) == ["a", "c"]
+    assert all(e.exception == b"boom" and e.traceback == b"tb" for e in erred)
+    assert sim.state_of("a") == sim.state_of("c") == ERRED
+    assert sim.state_of("b") == "forgotten"  # nobody wants it
+    assert sim.place() == []
+    sim.client_says("c1", m.ReleaseKeys(["a", "c"]))
+    assert sim.state.tasks == {}
+
+
+def test_submitting_onto_an_erred_input_fails_at_once(sim: RecordingCluster) -> None:
+    sim.add_worker()
+    sim.submit("a")
+    sim.place()
+    sim.raise_("a", exception=b"boom")
+    sim.submit("b", deps=["a"])
+    assert [e.key for e in sim.got(m.TaskErred)] == ["a", "b"]
+    assert sim.state_of("b") == ERRED
+
+
+def test_retries_requeue_then_fail(sim: RecordingCluster) -> None:
+    w = sim.add_worker(resources="GPU=1")
+    sim.submit("x", resources="GPU=1", retries=2)
+    for _ in range(2):
+        assert sim.place() == [(w, "x")]
+        sim.raise_("x")
+        assert sim.state_of("x") == QUEUED
+        assert sim.got(m.TaskErred) == []
+        assert sim.free(w) == {"GPU": 1.0}
+    assert sim.place() == [(w, "x")]
+    sim.raise_("x")
+    assert sim.state_of("x") == ERRED
+    assert [e.key for e in sim.got(m.TaskErred)] == ["x"]
+    assert sim.place() == []
+    causes = [row[4] for row in sim.state.story_of("x")]
+    assert sum("retrying" in c for c in causes) == 2
+
+
+def test_cancel_queued_task(sim: RecordingCluster) -> None:
+    sim.submit_graph({"a": ([], "GPU=1"), "b": (["a"], None)}, wanted=["a", "b"])
+    sim.client_says("c1", m.CancelKeys(["a"]))
+    failed = sim.got(m.KeysFailed)
+    assert sorted(k for f in failed for k in f.keys) == ["a", "b"]
+    assert {f.kind for f in failed} == {"cancelled"}
+    assert sim.state_of("a") == ERRED
+    w = sim.add_worker(resources="GPU=1")
+    assert sim.place() == []
+    assert not sim.running[w]
+
+
+def test_cancel_running_task_returns_resources_only_on_report(sim: RecordingCluster) -> None:
+    w = sim.add_worker(nthreads=2, resources="GPU=1")
+    sim.submit("x", resources="GPU=1")
+    sim.submit("y", resources="GPU=1")
+    sim.place()
+    sim.client_says("c1", m.CancelKeys(["x"]))
+    (failed,) = sim.got(m.KeysFailed)
+    assert failed.keys == ["x"] and failed.kind == "cancelled"
+    assert sim.freed(w) == ["x"]  # the worker is told to stop / drop it
+    assert sim.free(w) == {"GPU": 0.0}
+    check_invariants(sim.state)
+    assert sim.place() == []  # y cannot use the GPU x still holds
+    sim.finish("x")  # the worker reports; the result is discarded
+    assert sim.free(w) == {"GPU": 1.0}
+    assert sim.state_of("x") == ERRED
+    assert sim.done() == []
+    assert sim.place() == [(w, "y")]
+    sim.client_says("c1", m.ReleaseKeys(["x"]))
+    assert "x" not in sim.state.tasks
+
+
+def test_task_dropped_before_it_started_returns_its_resources(sim: RecordingCluster) -> None:
+    w = sim.add_worker(nthreads=2, resources="GPU=1")
+    sim.submit("x", resources="GPU=1")
+    sim.submit("y", resources="GPU=1")
+    sim.place()
+    sim.client_says("c1", m.CancelKeys(["x"]))
+    assert sim.freed(w) == ["x"]
+    # The worker had not started x: it drops it and says so instead of reporting a run.
+    del sim.running[w]["x"]
+    sim.handle(FromWorker(w, [m.TasksDropped(["x"])], sim.now))
+    assert sim.free(w) == {"GPU": 1.0}
+    assert sim.state_of("x") == ERRED
+    assert sim.place() == [(w, "y")]
+
+
+def test_closing_worker_is_logged_as_a_departure_not_a_loss(sim: RecordingCluster) -> None:
+    w1 = sim.add_worker("leaver")
+    w2 = sim.add_worker("crasher")
+    sim.handle(FromWorker(w1, [m.WorkerClosing("SIGTERM")], sim.now))
+    sim.remove_worker(w1)
+    sim.remove_worker(w2)
+    texts = [
+        (log.level, log.text) for log in sim.logs if "leaver" in log.text or "crasher" in log.text
+    ]
+    assert ("info", "worker leaver closed (SIGTERM)") in texts
+    assert any(level == "warning" and "lost worker crasher" in text for level, text in texts)
+
+
+def test_cancel_finished_task_is_a_no_op(sim: RecordingCluster) -> None:
+    sim.add_worker()
+    sim.submit("x")
+    sim.run({})
+    sim.client_says("c1", m.CancelKeys(["x", "unknown"]))
+    assert sim.state_of("x") == MEMORY
+    assert sim.got(m.KeysFailed) == []
+
+
+# --- worker loss ----------------------------------------------------------------------
+
+
+def test_lost_worker_running_tasks_finish_elsewhere(sim: RecordingCluster) -> None:
+    w1 = sim.add_worker("w1", resources="GPU=1")
+    sim.submit("x", resources="GPU=1")
+    assert sim.place() == [(w1, "x")]
+    w2 = sim.add_worker("w2", resources="GPU=1")
+    assert sim.remove_worker(w1) == ["x"]
+    assert sim.state_of("x") == QUEUED
+    assert any("w1" in log.text and log.level == "warning" for log in sim.logs)
+    assert sim.place() == [(w2, "x")]
+    sim.finish("x")
+    assert sim.done() == ["x"]
+    assert sim.free(w2) == {"GPU": 1.0}
+
+
+def test_lost_results_are_recomputed_when_needed(sim: RecordingCluster) -> None:
+    w1 = sim.add_worker("w1", nthreads=2)
+    sim.submit_graph({"a": ([], None), "b": (["a"], "GPU=1")}, wanted=["b"])
+    sim.place()
+    sim.finish("a")
+    assert sim.state_of("b") == QUEUED  # no GPU worker yet
+    sim.remove_worker(w1)
+    assert sim.state_of("a") == QUEUED
+    assert sim.state_of("b") == WAITING
+    w2 = sim.add_worker("w2", nthreads=2, resources="GPU=1")
+    spans = by_key(sim.run({}))
+    assert spans["a"].worker == w2 and spans["b"].worker == w2
+    assert sim.done() == ["b"]
+    assert sim.free(w2) == {"GPU": 1.0}
+
+
+def test_lost_result_whose_input_was_released_fails_with_a_reason(
+    sim: RecordingCluster,
+) -> None:
+    w1 = sim.add_worker("w1")
+    sim.submit_graph({"a": ([], None), "b": (["a"], None)}, wanted=["a", "b"])
+    sim.run({})
+    sim.client_says("c1", m.ReleaseKeys(["a"]))
+    assert sim.state_of("a") == "forgotten"  # nobody needed it any more
+    sim.remove_worker(w1)
+    # b cannot be recomputed without a: it fails, saying why, rather than hang.
+    (failed,) = sim.got(m.KeysFailed)
+    assert failed.keys == ["b"] and failed.kind == "lost"
+    assert "'a'" in failed.message and "w1" in failed.message
+    assert sim.state_of("b") == ERRED
+
+
+def test_lost_results_chain_is_recomputed_in_order(sim: RecordingCluster) -> None:
+    w1 = sim.add_worker("w1")
+    sim.submit_graph(
+        {"a": ([], None), "b": (["a"], None), "c": (["b"], None)}, wanted=["a", "b", "c"]
+    )
+    sim.run({})
+    sim.remove_worker(w1)
+    assert (sim.state_of("a"), sim.state_of("b"), sim.state_of("c")) == (QUEUED, WAITING, WAITING)
+    w2 = sim.add_worker("w2")
+    assert [iv.key for iv in sim.run({})] == ["a", "b", "c"]
+    assert sorted(sim.state.workers[w2].has_what) == ["a", "b", "c"]
+
+
+def test_lost_worker_with_a_reservation_and_cancelled_running_task(
+    sim: RecordingCluster,
+) -> None:
+    w1 = sim.add_worker("w1", nthreads=2, resources="GPU=2")
+    w2 = sim.add_worker("w2", nthreads=2, resources="GPU=1")
+    sim.submit("x", resources="GPU=1")
+    sim.submit("y", resources="GPU=1")
+    sim.place()
+    sim.submit("big", resources="GPU=2")
+    sim.place()
+    assert sim.state.tasks["big"].reserved_on == w1
+    running_on_w1 = set(sim.running[w1])
+    (victim,) = running_on_w1
+    sim.client_says("c1", m.CancelKeys([victim]))
+    sim.remove_worker(w1)
+    assert sim.state.tasks["big"].reserved_on is None
+    assert sim.state_of(victim) == ERRED
+    check_invariants(sim.state)
+    w3 = sim.add_worker("w3", nthreads=2, resources="GPU=2")
+    for key in list(sim.running[w2]):
+        sim.finish(key)
+    spans = by_key(sim.run({}))
+    assert spans["big"].worker == w3
+    assert sim.free(w2) == {"GPU": 1.0} and sim.free(w3) == {"GPU": 2.0}
+
+
+def test_stale_reports_from_a_lost_worker_are_ignored(sim: RecordingCluster) -> None:
+    w1 = sim.add_worker("w1", resources="GPU=1")
+    w2 = sim.add_worker("w2", resources="GPU=1")
+    sim.submit("x", resources="GPU=1")
+    sim.place()
+    first = sim.worker_of("x")
+    other = w2 if first == w1 else w1
+    sim.remove_worker(first)
+    sim.place()
+    # A late report from a worker that left changes nothing.
+    sim.handle(FromWorker(first, [m.TaskFinished("x", 8, 0.1, "int")], sim.now))
+    assert sim.state_of("x") == PROCESSING
+    # A report for a task the worker is not running makes it drop the data.
+    sim.handle(FromWorker(other, [m.TaskFinished("ghost", 8, 0.1, "int")], sim.now))
+    assert "ghost" in sim.freed(other)
+    sim.finish("x")
+    assert sim.done() == ["x"]
+
+
+# --- requests nobody can meet -------------------------------------------------------
+
+
+def test_unsatisfiable_request_warns_once_and_stays_queued(sim: RecordingCluster) -> None:
+    sim.add_worker("small", resources="GPU=2")
+    sim.add_worker("none")
+    sim.submit("x", resources="GPU=4")
+    sim.submit("y", resources="GPU=4")
+    sim.place()
+    sim.place()
+    warnings = [log.text for log in sim.logs if log.level == "warning"]
+    assert len(warnings) == 1
+    assert "GPU" in warnings[0] and "largest GPU supply is 2 on small" in warnings[0]
+    notices = sim.got(m.Notice)
+    assert len(notices) == 1 and notices[0].level == "warning"
+    assert notices[0].text == warnings[0]
+    assert sim.state_of("x") == sim.state_of("y") == QUEUED
+    assert sim.got(m.KeysFailed) == []
+    # Another kind of request gets its own warning.
+    sim.submit("z", resources="lic=1")
+    assert "no worker offers lic" in sim.logs[-1].text
+    # A worker that can run it arrives: the task starts.
+    big = sim.add_worker("big", resources="GPU=4")
+    assert sim.place() == [(big, "x")]
+
+
+def test_unsatisfiable_before_any_worker_warns_at_placement(sim: RecordingCluster) -> None:
+    sim.submit("x", resources="GPU=4")
+    assert sim.logs == []
+    sim.add_worker("small", resources="GPU=2")
+    sim.place()
+    assert [n.text for n in sim.got(m.Notice)] == [
+        log.text for log in sim.logs if log.level == "warning"
+    ]
+    assert len(sim.got(m.Notice)) == 1
+    assert sim.state_of("x") == QUEUED
+
+
+def test_unsatisfiable_fails_at_once_on_a_cluster_that_cannot_grow(
+    make_sim: Callable[..., RecordingCluster],
+) -> None:
+    sim = make_sim(SchedulerConfig(fail_unsatisfiable=True))
+    sim.add_worker("small", resources="GPU=2")
+    sim.submit_graph({"x": ([], "GPU=3"), "y": (["x"], None)}, wanted=["x", "y"])
+    failed = sim.got(m.KeysFailed)
+    assert sorted(k for f in failed for k in f.keys) == ["x", "y"]
+    assert {f.kind for f in failed} == {"unsatisfiable"}
+    assert "largest GPU supply is 2 on small" in failed[0].message
+    assert sim.state_of("x") == ERRED
+    assert sim.place() == []
+
+
+def test_fail_unsatisfiable_applies_once_workers_exist(
+    make_sim: Callable[..., RecordingCluster],
+) -> None:
+    sim = make_sim(SchedulerConfig(fail_unsatisfiable=True))
+    sim.submit("x", resources="GPU=3")
+    assert sim.got(m.KeysFailed) == []
+    sim.add_worker("small", resources="GPU=2")
+    sim.place()
+    (failed,) = sim.got(m.KeysFailed)
+    assert failed.kind == "unsatisfiable"
+
+
+def test_worker_loss_can_make_a_request_unsatisfiable(sim: RecordingCluster) -> None:
+    big = sim.add_worker("big", resources="GPU=4")
+    sim.add_worker("small", resources="GPU=1")
+    sim.submit("x", resources="GPU=1")
+    sim.submit("y", resources="GPU=4")
+    sim.place()
+    sim.remove_worker(big)
+    sim.place()
+    assert any("largest GPU supply is 1 on small" in n.text for n in sim.got(m.Notice))
+
+
+# --- explain, story, snapshot ---------------------------------------------------------
+
+
+def _why(sim: RecordingCluster, *keys: str) -> dict[str, str]:
+    rid = len(sim.inbox["c1"]) + 1
+    sim.client_says("c1", m.WhyRequest(rid, list(keys)))
+    reply = sim.got(m.WhyReply)[-1]
+    assert reply.request_id == rid
+    return reply.reasons
+
+
+def test_explain_names_the_short_resource_busy_threads_and_reservation(
+    sim: RecordingCluster,
+) -> None:
+    sim.submit("x")
+    assert "no workers are connected" in _why(sim, "x")["x"]
+    sim.client_says("c1", m.ReleaseKeys(["x"]))
+    sim.add_worker("gpus", nthreads=1, resources="GPU=2")
+    sim.submit("a", resources="GPU=1")
+    sim.place()
+    sim.submit("big", resources="GPU=2")
+    sim.submit("c", resources="GPU=1")
+    sim.place()
+    reasons = _why(sim, "a", "big", "c", "nope")
+    assert "running on gpus" in reasons["a"] and "GPU=1" in reasons["a"]
+    assert "needs GPU=2" in reasons["big"]
+    assert "GPU 1 of 2 free" in reasons["big"]
+    assert "all 1 threads busy" in reasons["big"]
+    assert "holds the reservation on gpus" in reasons["big"]
+    assert "reserved for older task 'big'" in reasons["c"]
+    assert "not known" in reasons["nope"]
+
+
+def test_explain_waiting_finished_failed_and_unsatisfiable(sim: RecordingCluster) -> None:
+    sim.add_worker("w", nthreads=1)
+    sim.submit_graph({"a": ([], None), "b": (["a"], None)}, wanted=["a", "b"])
+    sim.submit("huge", resources="GPU=8")
+    reasons = _why(sim, "b", "huge")
+    assert "waiting for 1 of its 1 inputs: 'a'" in reasons["b"]
+    assert "no worker offers GPU" in reasons["huge"]
+    sim.place()
+    sim.finish("a")
+    assert "finished" in _why(sim, "a")["a"]
+    sim.place()
+    sim.raise_("b")
+    assert "failed (exception)" in _why(sim, "b")["b"]
+
+
+def test_explain_plain_task_with_busy_threads(sim: RecordingCluster) -> None:
+    sim.add_worker("w", nthreads=1)
+    for i in range(4):
+        sim.submit(f"p{i}")
+    sim.place()
+    assert "threads on 1 workers are busy" in _why(sim, "p3")["p3"]
+
+
+def test_story_lists_transitions_with_causes(sim: RecordingCluster) -> None:
+    sim.add_worker("w", resources="GPU=1")
+    sim.submit("x", resources="GPU=1", retries=1)
+    sim.place()
+    sim.raise_("x")
+    sim.place()
+    sim.finish("x")
+    sim.client_says("c1", m.ReleaseKeys(["x"]))
+    story = [row[2:] for row in sim.state.story_of("x")]
+    assert story == [
+        ("new", QUEUED, "submitted"),
+        (QUEUED, PROCESSING, "assigned to w"),
+        (PROCESSING, QUEUED, "raised on w; retrying (0 left)"),
+        (QUEUED, PROCESSING, "assigned to w"),
+        (PROCESSING, MEMORY, "finished on w"),
+        (MEMORY, "forgotten", "released"),
+    ]
+    sim.client_says("c1", m.StoryRequest(9, "x"))
+    (reply,) = sim.got(m.StoryReply)
+    assert reply.request_id == 9
+    assert [tuple(row[2:]) for row in reply.story] == story
+    assert all(row[1] == "x" for row in reply.story)
+    assert all(isinstance(row[0], float) for row in reply.story)
+
+
+def test_snapshot_shape(sim: RecordingCluster) -> None:
+    w = sim.add_worker("gpus", nthreads=2, resources="GPU=2")
+    sim.submit("a", resources="GPU=1.5")
+    sim.submit("b")
+    sim.place()
+    snap = sim.state.snapshot()
+    assert snap["type"] == "Scheduler"
+    assert snap["clients"] == 1
+    assert snap["tasks"] == {PROCESSING: 2}
+    (info,) = snap["workers"].values()
+    assert list(snap["workers"]) == [f"sim://{w}"]
+    assert info["name"] == "gpus" and info["nthreads"] == 2
+    assert info["resources"] == {"GPU": 2.0}
+    assert info["free_resources"] == {"GPU": 0.5}
+    assert info["processing"] == 2
+    assert info["reserved_for"] is None
+    sim.client_says("c1", m.InfoRequest(3))
+    (reply,) = sim.got(m.InfoReply)
+    assert reply.request_id == 3 and reply.info == snap
+
+
+# --- gather and scatter relays ------------------------------------------------------
+
+
+def test_gather_relays_through_the_worker(sim: RecordingCluster) -> None:
+    w = sim.add_worker()
+    sim.submit("x")
+    sim.run({})
+    sim.client_says("c1", m.GatherRequest(5, ["x", "missing"]))
+    (get,) = sim.worker_got(w, m.GetData)
+    assert get.keys == ["x"]
+    assert sim.got(m.GatherReply) == []
+    sim.handle(FromWorker(w, [m.DataReply(get.request_id, {"x": b"value"}, [])], sim.now))
+    (reply,) = sim.got(m.GatherReply)
+    assert reply == m.GatherReply(5, {"x": b"value"}, ["missing"])
+
+
+def test_gather_of_nothing_in_memory_answers_at_once(sim: RecordingCluster) -> None:
+    sim.submit("x")
+    sim.client_says("c1", m.GatherRequest(1, ["x"]))
+    assert sim.got(m.GatherReply) == [m.GatherReply(1, {}, ["x"])]
+
+
+def test_gather_from_a_worker_that_leaves_counts_as_missing(sim: RecordingCluster) -> None:
+    w1 = sim.add_worker("w1")
+    sim.submit("x")
+    sim.run({})
+    sim.client_says("c1", m.GatherRequest(2, ["x"]))
+    sim.remove_worker(w1)
+    (reply,) = sim.got(m.GatherReply)
+    assert reply == m.GatherReply(2, {}, ["x"])
+
+
+def test_scatter_is_parked_until_a_worker_joins(sim: RecordingCluster) -> None:
+    sim.client_says("c1", m.ScatterRequest(7, {"d": b"data"}))
+    assert sim.got(m.ScatterReply) == []
+    w = sim.add_worker()
+    (put,) = sim.worker_got(w, m.PutData)
+    assert put.data == {"d": b"data"}
+    sim.handle(FromWorker(w, [m.DataStored(put.request_id, ["d"], {"d": 4})], sim.now))
+    assert sim.got(m.ScatterReply) == [m.ScatterReply(7, ["d"])]
+    assert sim.state_of("d") == MEMORY
+    # Scattered data can be used as an input and gathered back.
+    sim.submit("e", deps=["d"])
+    assert sim.state_of("e") == QUEUED
+    sim.run({})
+    sim.client_says("c1", m.ReleaseKeys(["d", "e"]))
+    assert sim.state.tasks == {}
+    assert sorted(sim.freed(w)) == ["d", "e"]
+
+
+def test_scattered_data_lost_with_its_worker_fails_as_lost(sim: RecordingCluster) -> None:
+    w = sim.add_worker()
+    sim.client_says("c1", m.ScatterRequest(1, {"d": b"data"}))
+    (put,) = sim.worker_got(w, m.PutData)
+    sim.handle(FromWorker(w, [m.DataStored(put.request_id, ["d"], {"d": 4})], sim.now))
+    sim.remove_worker(w)
+    (failed,) = sim.got(m.KeysFailed)
+    assert failed.kind == "lost" and "scattered" in failed.message
+
+
+def test_who_has(sim: RecordingCluster) -> None:
+    w = sim.add_worker()
+    sim.submit("x")
+    sim.run({})
+    sim.client_says("c1", m.WhoHasRequest(4, ["x", "y"]))
+    assert sim.got(m.WhoHasReply) == [m.WhoHasReply(4, {"x": [f"sim://{w}"]})]
+
+
+def test_unexpected_messages_are_logged_not_fatal(sim: RecordingCluster) -> None:
+    w = sim.add_worker()
+    sim.client_says("c1", m.TaskFinished("x", 1, 0.1, "int"))
+    sim.handle(FromWorker(w, [m.SubmitTasks([], {}, [])], sim.now))
+    assert [log.level for log in sim.logs[-2:]] == ["warning", "warning"]
+    assert "unexpected TaskFinished" in sim.logs[-2].text
+
+
+# --- regressions found by the stateful tests ------------------------------------------
+
+
+def test_batch_may_list_dependents_before_their_inputs(sim: RecordingCluster) -> None:
+    sim.add_worker()
+    sim.submit_graph({"b": (["a"], None), "a": ([], None)}, wanted=["b"])
+    assert (sim.state_of("a"), sim.state_of("b")) == (QUEUED, WAITING)
+    sim.run({})
+    assert sim.done() == ["b"]
+
+
+def test_unsatisfiable_input_fails_a_wanted_dependent_with_the_reason(
+    make_sim: Callable[..., RecordingCluster],
+) -> None:
+    sim = make_sim(SchedulerConfig(fail_unsatisfiable=True))
+    sim.add_worker("small", resources="GPU=2")
+    sim.submit_graph({"x": ([], "GPU=3"), "y": (["x"], None)}, wanted=["y"])
+    (failed,) = sim.got(m.KeysFailed)
+    assert failed.keys == ["y"] and failed.kind == "unsatisfiable"
+    assert "largest GPU supply is 2 on small" in failed.message
+    assert set(sim.state.tasks) == {"y"}
+
+
+def test_reservation_is_dropped_when_an_input_is_lost(sim: RecordingCluster) -> None:
+    w1 = sim.add_worker("w1", nthreads=2)
+    w2 = sim.add_worker("w2", nthreads=2, resources="GPU=2")
+    sim.submit("x", resources="GPU=1")
+    sim.place()
+    sim.submit_graph({"a": ([], None), "b": (["a"], "GPU=2")}, wanted=["b"])
+    sim.place()
+    sim.finish("a")
+    sim.place()
+    assert sim.state.tasks["b"].reserved_on == w2
+    assert sim.state.tasks["a"].worker == w1
+    sim.remove_worker(w1)
+    assert sim.state_of("b") == WAITING
+    assert sim.state.tasks["b"].reserved_on is None
+    assert sim.state.workers[w2].reserved_by is None
+
+
+def test_task_given_back_after_its_input_was_lost_waits_for_it(sim: RecordingCluster) -> None:
+    w1 = sim.add_worker("w1")
+    sim.submit_graph({"a": ([], None), "b": (["a"], "GPU=1")}, wanted=["b"])
+    sim.place()
+    sim.finish("a")
+    w2 = sim.add_worker("w2", resources="GPU=1")
+    assert sim.place() == [(w2, "b")]
+    sim.remove_worker(w1)  # a's only copy goes while b runs on w2
+    assert sim.state_of("a") == QUEUED
+    assert sim.state_of("b") == PROCESSING
+    sim.state.tasks["b"].retries = 1
+    sim.raise_("b")  # retried: it must wait for a again, not start without it
+    assert sim.state_of("b") == WAITING
+    spans = by_key(sim.run({}))
+    assert spans["a"].end <= spans["b"].start
+    assert sim.done() == ["b"]
+
+
+def test_cancelled_running_task_wanted_again_reports_at_once(sim: RecordingCluster) -> None:
+    sim.add_worker()
+    sim.add_client("c2")
+    sim.submit("x")
+    sim.place()
+    sim.client_says("c1", m.CancelKeys(["x"]))
+    sim.remove_client("c1")
+    sim.submit("x", client="c2")  # still running, already cancelled
+    (failed,) = sim.got(m.KeysFailed, "c2")
+    assert failed.kind == "cancelled"
+    sim.finish("x")
+    assert sim.state_of("x") == ERRED
+    assert len(sim.got(m.KeysFailed, "c2")) == 1
+
+
+def test_cancelling_twice_reports_once(sim: RecordingCluster) -> None:
+    sim.add_worker()
+    sim.submit("x")
+    sim.place()
+    sim.client_says("c1", m.CancelKeys(["x"]), m.CancelKeys(["x"]))
+    assert len(sim.got(m.KeysFailed)) == 1
+
+
+def test_dependent_of_a_cancelled_running_task_fails_when_it_settles(
+    sim: RecordingCluster,
+) -> None:
+    sim.add_worker()
+    sim.submit("x")
+    sim.place()
+    sim.client_says("c1", m.CancelKeys(["x"]))
+    sim.client_says("c1", m.ReleaseKeys(["x"]))
+    sim.submit("y", deps=["x"])  # x still runs, so y waits for it
+    assert sim.state_of("y") == WAITING
+    sim.finish("x")
+    assert sim.state_of("y") == ERRED
+    assert [f.keys for f in sim.got(m.KeysFailed)] == [["x"], ["y"]]
+    assert sim.state_of("x") == "forgotten"
+
+
+def test_running_dependent_keeps_a_failed_input_registered(sim: RecordingCluster) -> None:
+    w1 = sim.add_worker("w1", nthreads=2)
+    sim.submit_graph({"a": ([], None), "b": (["a"], "GPU=1")}, wanted=["a", "b"])
+    sim.place()
+    sim.finish("a")
+    w2 = sim.add_worker("w2", resources="GPU=1")
+    sim.place()
+    sim.remove_worker(w1)  # a is recomputed while b still runs on w2
+    w3 = sim.add_worker("w3")
+    assert sim.place() == [(w3, "a")]
+    sim.raise_("a")  # b fails with it, but its worker has not reported yet
+    assert sim.state_of("b") == PROCESSING
+    assert [e.key for e in sim.got(m.TaskErred)] == ["a", "b"]
+    check_invariants(sim.state)
+    sim.finish("b")
+    assert sim.state_of("b") == ERRED
+    assert sim.free(w2) == {"GPU": 1.0}
+
+
+def _report_missing(sim: RecordingCluster, key: str, dep: str) -> None:
+    """The worker running ``key`` could not fetch ``dep`` from the holder it was told of."""
+    worker_id = sim.worker_of(key)
+    compute = sim.running[worker_id].pop(key)
+    msg = m.MissingDependency(key, dep, compute.who_has[dep])
+    sim.handle(FromWorker(worker_id, [msg], sim.now))
+
+
+def test_missing_dependency_recomputes_the_input_then_reruns(sim: RecordingCluster) -> None:
+    w1 = sim.add_worker("w1")
+    sim.submit_graph({"a": ([], None), "b": (["a"], "GPU=1")}, wanted=["b"])
+    sim.place()
+    sim.finish("a")
+    w2 = sim.add_worker("w2", resources="GPU=1")
+    assert sim.place() == [(w2, "b")]
+    _report_missing(sim, "b", "a")
+    assert (sim.state_of("a"), sim.state_of("b")) == (QUEUED, WAITING)
+    assert sim.free(w2) == {"GPU": 1.0}
+    assert "a" not in sim.state.workers[w1].has_what
+    spans = by_key(sim.run({}))
+    assert spans["a"].end <= spans["b"].start
+    assert sim.done() == ["b"]
+
+
+def test_missing_dependency_that_cannot_be_recomputed_fails_the_task(
+    sim: RecordingCluster,
+) -> None:
+    sim.add_worker("w1", nthreads=2)
+    sim.submit_graph({"x": ([], None), "a": (["x"], None), "b": (["a"], "GPU=1")}, wanted=["b"])
+    sim.run({})
+    assert sim.state_of("x") == "forgotten"  # a finished, so nobody needed x any more
+    w2 = sim.add_worker("w2", resources="GPU=1")
+    assert sim.place() == [(w2, "b")]
+    _report_missing(sim, "b", "a")  # a is gone and x with it: b fails, saying why
+    assert sim.state_of("b") == ERRED
+    (failed,) = sim.got(m.KeysFailed)
+    assert failed.keys == ["b"] and failed.kind == "lost" and "'x'" in failed.message
+    assert sim.free(w2) == {"GPU": 1.0}
+
+
+def test_missing_dependency_of_a_cancelled_task_does_not_rerun_it(
+    sim: RecordingCluster,
+) -> None:
+    sim.add_worker("w1")
+    sim.submit_graph({"a": ([], None), "b": (["a"], "GPU=1")}, wanted=["a", "b"])
+    sim.place()
+    sim.finish("a")
+    w2 = sim.add_worker("w2", resources="GPU=1")
+    sim.place()
+    sim.client_says("c1", m.CancelKeys(["b"]))
+    _report_missing(sim, "b", "a")
+    assert sim.state_of("b") == ERRED
+    assert sim.place() == [(sim.worker_of("a"), "a")]  # a is still wanted: recomputed
+    assert "b" not in sim.all_running()
+    assert sim.free(w2) == {"GPU": 1.0}

@@ -1,0 +1,299 @@
+"""Hypothesis stateful tests: random event sequences never break the scheduler's invariants.
+
+Workers come and go with small random supplies (fractional amounts included), clients
+submit graphs with random demands (some nobody can meet), tasks finish, raise, lose
+inputs, are released and cancelled, clients leave. After every step the whole state
+is checked; at the end enough workers join and the cluster runs to quiescence: every
+wanted task either finished or failed with a reason, unless nobody can ever run it.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from apportion.core.resources import format_resources, parse_demand
+from apportion.protocol import messages as m
+from apportion.scheduler.events import FromWorker
+from apportion.scheduler.invariants import check_invariants
+from apportion.scheduler.records import ERRED, MEMORY, PROCESSING, QUEUED, WAITING
+from apportion.scheduler.state import SchedulerConfig
+from apportion.testing.simulation import SimulatedCluster
+
+settings.register_profile(
+    "scheduler-stateful",
+    max_examples=40,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+STATEFUL = settings.get_profile("scheduler-stateful")
+
+POOLS = ("GPU", "MEM", "lic")
+AMOUNTS = (0.25, 0.5, 1, 1.5, 2, 3)
+#: The supply the final rescue worker offers: enough for every satisfiable demand.
+RESCUE = {name: 4 for name in POOLS}
+CLIENTS = ("c1", "c2")
+
+supplies = st.one_of(
+    st.sampled_from([{}, {"GPU": 1}, {"GPU": 2}, {"GPU": 2, "MEM": 4}, {"lic": 1, "GPU": 0.5}]),
+    st.dictionaries(st.sampled_from(POOLS), st.sampled_from((0, *AMOUNTS)), max_size=3),
+)
+demands = st.one_of(
+    st.just({}),
+    st.sampled_from([{"GPU": 1}, {"GPU": 2}, {"GPU": 0.5}, {"MEM": 1.5}, {"GPU": 1, "lic": 0.25}]),
+    st.dictionaries(st.sampled_from(POOLS), st.sampled_from(AMOUNTS), min_size=1, max_size=2),
+    # Requests no worker in this test ever offers.
+    st.sampled_from([{"GPU": 100}, {"fpga": 1}, {"lic": 1, "fpga": 2}]),
+)
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    config = SchedulerConfig()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sim = SimulatedCluster(self.config)
+        self.connected: set[str] = set()
+        self.next_key = 0
+        for client in CLIENTS:
+            self.sim.add_client(client)
+            self.connected.add(client)
+
+    def _maybe_place(self, data: st.DataObject) -> None:
+        """The service runs a placement pass after most loop turns; sometimes batch more."""
+        if data.draw(st.integers(0, 3)):
+            self.sim.place()
+
+    # --- membership -----------------------------------------------------------------
+
+    @initialize(supply=st.lists(supplies, min_size=1, max_size=3))
+    def first_workers(self, supply: list[dict[str, float]]) -> None:
+        for resources in supply:
+            self.sim.add_worker(nthreads=2, resources=resources)
+
+    @rule(nthreads=st.integers(1, 3), supply=supplies)
+    def add_worker(self, nthreads: int, supply: dict[str, float]) -> None:
+        self.sim.add_worker(nthreads=nthreads, resources=supply)
+
+    @precondition(lambda self: self.sim.running)
+    @rule(data=st.data())
+    def remove_worker(self, data: st.DataObject) -> None:
+        self.sim.remove_worker(data.draw(st.sampled_from(sorted(self.sim.running))))
+        self._maybe_place(data)
+
+    @rule(data=st.data())
+    def client_leaves_or_joins(self, data: st.DataObject) -> None:
+        """A client disconnects (its futures are released) or connects again."""
+        client = data.draw(st.sampled_from(CLIENTS))
+        if client in self.connected:
+            self.connected.discard(client)
+            self.sim.remove_client(client)
+            self._maybe_place(data)
+        else:
+            self.connected.add(client)
+            self.sim.add_client(client)
+
+    # --- submitting -----------------------------------------------------------------
+
+    @precondition(lambda self: self.connected)
+    @rule(
+        data=st.data(),
+        size=st.integers(1, 4),
+        shuffle=st.booleans(),
+        retries=st.integers(0, 1),
+    )
+    def submit(self, data: st.DataObject, size: int, shuffle: bool, retries: int) -> None:
+        """A batch of tasks; inputs from earlier keys, possibly released ones."""
+        client = data.draw(st.sampled_from(sorted(self.connected)))
+        specs: list[m.TaskSpec] = []
+        wanted: list[str] = []
+        for _ in range(size):
+            key = f"t{self.next_key}"
+            self.next_key += 1
+            # Inputs: mostly live keys, sometimes one already released (or never made).
+            live = sorted(self.sim.state.tasks)[-8:] + [s.key for s in specs]
+            pool = live if live and data.draw(st.integers(0, 5)) else [f"t{self.next_key + 99}"]
+            deps = data.draw(st.lists(st.sampled_from(pool), max_size=2, unique=True))
+            demand = parse_demand(data.draw(demands))
+            priority = data.draw(st.integers(0, 2))
+            specs.append(m.TaskSpec(key, "f", b"", deps, demand, priority, retries))
+            if data.draw(st.booleans()) or not wanted:
+                wanted.append(key)
+        if shuffle:
+            specs.reverse()  # a batch need not list inputs before dependents
+        self.sim.client_says(client, m.SubmitTasks(specs, {"f": b"func"}, wanted))
+        self._maybe_place(data)
+
+    @precondition(lambda self: self.connected)
+    @rule(data=st.data())
+    def resubmit_wanted_elsewhere(self, data: st.DataObject) -> None:
+        """Another client asks for a key that exists (or existed)."""
+        if not self.next_key:
+            return
+        client = data.draw(st.sampled_from(sorted(self.connected)))
+        key = f"t{data.draw(st.integers(0, self.next_key - 1))}"
+        spec = m.TaskSpec(key, "f", b"", [], {}, 0, 0)
+        self.sim.client_says(client, m.SubmitTasks([spec], {"f": b"func"}, [key]))
+
+    # --- the workers' side ----------------------------------------------------------
+
+    @rule()
+    def place(self) -> None:
+        self.sim.place()
+
+    @precondition(lambda self: self.sim.all_running())
+    @rule(data=st.data(), ok=st.booleans())
+    def finish_or_raise(self, data: st.DataObject, ok: bool) -> None:
+        """Mostly success; sometimes the task raises (and may be retried)."""
+        key = data.draw(st.sampled_from(sorted(self.sim.all_running())))
+        if ok or not data.draw(st.integers(0, 3)):
+            self.sim.finish(key, nbytes=data.draw(st.integers(0, 100)))
+        else:
+            self.sim.raise_(key)
+        self._maybe_place(data)
+
+    @precondition(lambda self: self.sim.all_running())
+    @rule(data=st.data())
+    def missing_dependency(self, data: st.DataObject) -> None:
+        """A worker could not fetch an input from the holder it was told of."""
+        key = data.draw(st.sampled_from(sorted(self.sim.all_running())))
+        worker_id = self.sim.worker_of(key)
+        compute = self.sim.running[worker_id][key]
+        if not compute.who_has:
+            return
+        dep = data.draw(st.sampled_from(sorted(compute.who_has)))
+        del self.sim.running[worker_id][key]
+        msg = m.MissingDependency(key, dep, compute.who_has[dep])
+        self.sim.handle(FromWorker(worker_id, [msg], self.sim.now))
+        self._maybe_place(data)
+
+    @precondition(lambda self: self.sim.all_running())
+    @rule(data=st.data())
+    def drop_freed(self, data: st.DataObject) -> None:
+        """A worker told to free a task before it started reports that it dropped it."""
+        tasks = self.sim.state.tasks
+        freed = sorted(k for k in self.sim.all_running() if tasks[k].discard_result)
+        if not freed:
+            return
+        key = data.draw(st.sampled_from(freed))
+        worker_id = self.sim.worker_of(key)
+        del self.sim.running[worker_id][key]
+        self.sim.handle(FromWorker(worker_id, [m.TasksDropped([key])], self.sim.now))
+        self._maybe_place(data)
+
+    # --- the clients' side ----------------------------------------------------------
+
+    def _any_key(self, data: st.DataObject, client: str) -> str:
+        """Mostly a key the client wants; sometimes any key, live or not."""
+        wanted = sorted(self.sim.state.clients[client].wanted)
+        if wanted and data.draw(st.integers(0, 3)):
+            return data.draw(st.sampled_from(wanted))
+        return f"t{data.draw(st.integers(0, max(0, self.next_key - 1)))}"
+
+    @precondition(lambda self: self.connected and self.next_key)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        client = data.draw(st.sampled_from(sorted(self.connected)))
+        self.sim.client_says(client, m.ReleaseKeys([self._any_key(data, client)]))
+
+    @precondition(lambda self: self.connected and self.next_key)
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        client = data.draw(st.sampled_from(sorted(self.connected)))
+        self.sim.client_says(client, m.CancelKeys([self._any_key(data, client)]))
+
+    @precondition(lambda self: self.connected and self.next_key)
+    @rule(data=st.data())
+    def why(self, data: st.DataObject) -> None:
+        client = data.draw(st.sampled_from(sorted(self.connected)))
+        self.sim.client_says(client, m.WhyRequest(1, [self._any_key(data, client)]))
+        reply = self.sim.inbox[client][-1]
+        assert isinstance(reply, m.WhyReply) and all(reply.reasons.values())
+
+    # --- checks ---------------------------------------------------------------------
+
+    @invariant()
+    def state_is_consistent(self) -> None:
+        check_invariants(self.sim.state)
+
+    @invariant()
+    def workers_run_what_the_scheduler_assigned(self) -> None:
+        for worker_id, running in self.sim.running.items():
+            assert set(running) == self.sim.state.workers[worker_id].processing
+
+    def teardown(self) -> None:
+        self._run_to_quiescence()
+        self._check_nothing_hangs()
+
+    def _run_to_quiescence(self) -> None:
+        sim = self.sim
+        sim.add_worker("rescue", nthreads=4, resources=RESCUE)
+        for _ in range(10_000):
+            for key in sorted(sim.all_running()):
+                sim.now += 0.1
+                sim.finish(key)
+            sim.place()
+            check_invariants(sim.state)
+            if not sim.all_running():
+                break
+        else:
+            raise AssertionError("the cluster did not settle")
+
+    def _check_nothing_hangs(self) -> None:
+        state = self.sim.state
+        for worker in state.workers.values():
+            assert worker.free == worker.total, f"{worker.name} did not get everything back"
+        for client_id in self.connected:
+            client = state.clients[client_id]
+            inbox = self.sim.inbox[client_id]
+            done = {k for msg in inbox if isinstance(msg, m.KeysDone) for k in msg.keys}
+            failed = {k for msg in inbox if isinstance(msg, m.KeysFailed) for k in msg.keys}
+            failed |= {msg.key for msg in inbox if isinstance(msg, m.TaskErred)}
+            for key in client.wanted:
+                task = state.tasks[key]
+                assert task.state != PROCESSING
+                if task.state == MEMORY:
+                    assert key in done, f"{key} finished but {client_id} was not told"
+                elif task.state == ERRED:
+                    assert key in failed, f"{key} failed but {client_id} was not told"
+                else:
+                    assert task.state in (WAITING, QUEUED)
+                    self._check_blocked_by_unsatisfiable(key)
+
+    def _check_blocked_by_unsatisfiable(self, key: str) -> None:
+        """A task left waiting waits for a request nobody can meet, and we said so."""
+        state = self.sim.state
+        task = state.tasks[key]
+        if task.state == QUEUED:
+            assert task.resources and not state.satisfiable(task.signature), f"{key} hangs"
+            text = format_resources(task.resources)
+            logs = [log.text for log in self.sim.logs if log.level == "warning"]
+            assert any(f"needs {text}," in line for line in logs), f"no warning for {key}"
+            return
+        pending = [d for d in task.deps if state.tasks[d].state != MEMORY]
+        assert pending, f"{key} waits for nothing"
+        for dep in pending:
+            self._check_blocked_by_unsatisfiable(dep)
+
+
+class FailUnsatisfiableMachine(SchedulerMachine):
+    """On a cluster that cannot grow, nothing may be left waiting at all."""
+
+    config = SchedulerConfig(fail_unsatisfiable=True)
+
+    def _check_blocked_by_unsatisfiable(self, key: str) -> None:
+        raise AssertionError(f"{key} left {self.sim.state.tasks[key].state}")
+
+
+SchedulerMachine.TestCase.settings = STATEFUL
+FailUnsatisfiableMachine.TestCase.settings = STATEFUL
+TestScheduler = SchedulerMachine.TestCase
+TestSchedulerFailUnsatisfiable = FailUnsatisfiableMachine.TestCase
