@@ -203,6 +203,31 @@ def test_supervisor_restarts_a_worker_killed_with_sigkill(procs: Processes) -> N
         assert client.gather(client.map(abs, range(-10, 0))) == list(range(10, 0, -1))
 
 
+def test_sigkill_of_a_busy_worker_loses_no_accepted_work(procs: Processes) -> None:
+    address = procs.scheduler()
+    procs.start("worker", address, "--nthreads", "2", "--name", "victim")
+    procs.start("worker", address, "--nthreads", "2", "--name", "survivor")
+    with Client(address) as client:
+        client.wait_for_workers(2, timeout=20)
+        pids = {w["name"]: w["pid"] for w in client.scheduler_info()["workers"].values()}
+        roots = [client.submit(slow_square, i, pure=False) for i in range(30)]
+        pairs = [client.submit(sum, roots[i : i + 2]) for i in range(0, 30, 2)]
+        total = client.submit(sum, pairs)
+        roots[4].result(timeout=30)  # work is under way on both workers
+        os.kill(pids["victim"], signal.SIGKILL)
+        assert total.result(timeout=60) == sum(i * i for i in range(30))
+        assert client.gather(roots) == [i * i for i in range(30)]
+        assert client.gather(pairs) == [i * i + (i + 1) ** 2 for i in range(0, 30, 2)]
+        info = client.scheduler_info()
+        assert [w["name"] for w in info["workers"].values()] == ["survivor"]
+        assert client.submit(abs, -3).result(timeout=10) == 3
+
+
+def slow_square(x: int) -> int:
+    time.sleep(0.05)
+    return x * x
+
+
 def test_malformed_resource_specs_exit_2_with_one_line(procs: Processes) -> None:
     for spec in ["GPU", "GPU=-1", "GPU=abc", "=2"]:
         result = run_cli("worker", "tcp://127.0.0.1:1", "--resources", spec)

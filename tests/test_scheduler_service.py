@@ -1,0 +1,134 @@
+"""The scheduler's port under bad input: each bad peer loses its connection, nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import socket
+import struct
+from collections.abc import Iterator
+
+import msgpack
+import pytest
+
+from apportion import Client, Scheduler, Worker
+from apportion.net.address import parse_address
+from apportion.net.connection import Connection
+from apportion.net.handshake import HandshakeError, accept_connection, open_connection
+from apportion.protocol import messages as m
+from apportion.protocol.codec import MAX_HANDSHAKE_FRAME, decode_body, encode_frame
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[tuple[Scheduler, Worker]]:
+    with Scheduler(port=0) as scheduler, Worker(scheduler.address, nthreads=1) as worker:
+        yield scheduler, worker
+
+
+def raw_exchange(address: str, payload: bytes) -> bytes:
+    """Send raw bytes; return whatever comes back before the scheduler closes on us."""
+    host, port = parse_address(address)
+    with socket.create_connection((host, port), timeout=5) as sock:
+        sock.sendall(payload)
+        chunks = []
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except (ConnectionResetError, TimeoutError):
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def still_works(address: str) -> None:
+    with Client(address) as client:
+        assert client.submit(operator.add, 40, 2).result(timeout=10) == 42
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        struct.pack("!I", 5) + b"\xc1\xc1\xc1\xc1\xc1",  # msgpack's never-used byte
+        encode_frame([m.KeysDone(["x"])]),  # a valid frame that is not a Hello
+        struct.pack("!I", MAX_HANDSHAKE_FRAME + 1),  # a huge frame before authentication
+    ],
+)
+def test_garbage_closes_only_that_connection(
+    cluster: tuple[Scheduler, Worker], garbage: bytes
+) -> None:
+    scheduler, _ = cluster
+    raw_exchange(scheduler.address, garbage)
+    still_works(scheduler.address)
+
+
+def test_garbage_after_the_handshake_closes_only_that_connection(
+    cluster: tuple[Scheduler, Worker],
+) -> None:
+    scheduler, _ = cluster
+    hello = encode_frame([m.Hello(m.PROTOCOL_VERSION, "client", "rogue")])
+    raw_exchange(scheduler.address, hello + struct.pack("!I", 3) + b"\x93\x01\x02")
+    still_works(scheduler.address)
+
+
+def test_version_mismatch_is_refused_naming_both_versions(
+    cluster: tuple[Scheduler, Worker],
+) -> None:
+    scheduler, _ = cluster
+    reply = raw_exchange(scheduler.address, encode_frame([m.Hello(99, "client", "future")]))
+    (refused,) = decode_body(reply[4:])
+    assert isinstance(refused, m.Refused)
+    assert f"version {m.PROTOCOL_VERSION}" in refused.reason and "version 99" in refused.reason
+    still_works(scheduler.address)
+
+
+def test_client_refuses_a_server_speaking_another_version() -> None:
+    async def main() -> str:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            conn = Connection(reader, writer)
+            await conn.recv()
+            conn.send(m.Welcome(99, "x", {}))
+            await conn.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            await open_connection(f"127.0.0.1:{port}", "client", "me")
+        except HandshakeError as exc:
+            return str(exc)
+        finally:
+            server.close()
+        return "connected"
+
+    message = asyncio.run(main())
+    assert f"version {m.PROTOCOL_VERSION}" in message and "version 99" in message
+
+
+def test_unknown_role_is_refused() -> None:
+    async def main() -> str:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            conn = Connection(reader, writer)
+            try:
+                await accept_connection(conn, {"client"}, "p1", {})
+            except HandshakeError:
+                pass
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            await open_connection(f"127.0.0.1:{port}", "intruder", "me")
+        except HandshakeError as exc:
+            return str(exc)
+        finally:
+            server.close()
+        return "connected"
+
+    assert "role 'intruder' is not served" in asyncio.run(main())
+
+
+def test_msgpack_of_a_hello_is_what_the_handshake_reads() -> None:
+    # The handshake frame is tiny and plain: [[tag, version, role, name]].
+    frame = encode_frame([m.Hello(m.PROTOCOL_VERSION, "client", "c")])
+    assert msgpack.unpackb(frame[4:]) == [[m.Hello.TAG, m.PROTOCOL_VERSION, "client", "c"]]
