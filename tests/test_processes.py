@@ -252,6 +252,9 @@ def test_script_without_main_guard_runs_on_a_process_cluster(tmp_path: Path) -> 
             print("result", client.submit(square, 7).result(timeout=30))
             client.close()
             cluster.close()
+
+            with Client() as default:  # an embedded cluster sized to the machine
+                print("default", default.gather(default.map(square, [1, 2, 3])))
             """
         )
     )
@@ -265,3 +268,4 @@ def test_script_without_main_guard_runs_on_a_process_cluster(tmp_path: Path) -> 
     )
     assert result.returncode == 0, result.stderr
     assert "result 49" in result.stdout
+    assert "default [1, 4, 9]" in result.stdout

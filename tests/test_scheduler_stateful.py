@@ -25,6 +25,7 @@ from apportion.scheduler.events import FromWorker
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import ERRED, MEMORY, PROCESSING, QUEUED, WAITING
 from apportion.scheduler.state import SchedulerConfig
+from apportion.scheduler.unsatisfiable import satisfiable
 from apportion.testing.simulation import SimulatedCluster
 
 settings.register_profile(
@@ -273,7 +274,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         state = self.sim.state
         task = state.tasks[key]
         if task.state == QUEUED:
-            assert task.resources and not state.satisfiable(task.signature), f"{key} hangs"
+            assert task.resources and not satisfiable(state, task.signature), f"{key} hangs"
             text = format_resources(task.resources)
             logs = [log.text for log in self.sim.logs if log.level == "warning"]
             assert any(f"needs {text}," in line for line in logs), f"no warning for {key}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
 
@@ -48,3 +48,40 @@ class LoopThread:
             self.loop.call_soon_threadsafe(self.loop.stop)
             if threading.current_thread() is not self._thread:
                 self._thread.join(timeout=10)
+
+
+class Service(Protocol):
+    async def start(self) -> Any: ...
+
+    async def close(self) -> None: ...
+
+
+S = TypeVar("S", bound=Service)
+
+
+class BackgroundService:
+    """Mixin: ``with service:`` runs an async ``start``/``close`` service on its own thread.
+
+    Lets plain scripts use ``with Scheduler(port=0) as s:`` and ``with Worker(addr) as w:``
+    without an event loop of their own; inside a loop, use ``async with`` instead.
+    """
+
+    _loop_thread: LoopThread | None = None
+
+    def __enter__(self: S) -> S:
+        thread = LoopThread(f"apportion-{type(self).__name__.lower()}")
+        try:
+            thread.run(self.start())
+        except BaseException:
+            thread.stop()
+            raise
+        self._loop_thread = thread  # type: ignore[attr-defined]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        thread, self._loop_thread = self._loop_thread, None
+        if thread is not None:
+            try:
+                thread.run(self.close(), timeout=30)  # type: ignore[attr-defined]
+            finally:
+                thread.stop()

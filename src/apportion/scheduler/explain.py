@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from apportion.core.resources import format_amount, format_resources
 from apportion.scheduler.placement import available, candidates, holder_of
 from apportion.scheduler.records import ERRED, MEMORY, PROCESSING, QUEUED, WAITING, TaskRecord
+from apportion.scheduler.unsatisfiable import unsatisfiable_text
 
 if TYPE_CHECKING:
     from apportion.scheduler.state import SchedulerState
@@ -56,8 +57,6 @@ def _explain_queued(state: SchedulerState, task: TaskRecord) -> str:
         )
     pool = candidates(state, task.signature)
     if not pool:
-        from apportion.scheduler.state import unsatisfiable_text
-
         return "queued: " + unsatisfiable_text(task, state.workers.values())
     lines = [f"queued: needs {format_resources(task.resources)}{queue}"]
     for worker in pool:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from apportion.core.resources import fits
 from apportion.scheduler.records import QUEUED, TaskRecord, WorkerRecord
+from apportion.scheduler.unsatisfiable import fail_or_warn
 
 if TYPE_CHECKING:
     from apportion.scheduler.state import SchedulerState
@@ -183,7 +184,7 @@ def _place_by_age(
             if nxt is not None:
                 heappush(heads, (nxt.order(), sig))
         elif not pool:
-            state.unsatisfiable(sig, heap)
+            fail_or_warn(state, sig, heap)
         elif task.reserved_on is None:
             _reserve(state, task, pool)
 

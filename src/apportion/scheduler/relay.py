@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from apportion.protocol import messages as m
+from apportion.scheduler.client_requests import want
 from apportion.scheduler.records import (
     MEMORY,
     NO_RESOURCES,
@@ -189,7 +190,7 @@ def _adopt(
         if task.worker != worker.id:
             state.send(worker.id, m.FreeKeys([key]))
         if client is not None:
-            state.want(client, key)
+            want(state, client, key)
         return
     task = TaskRecord(key, "", b"", (), NO_RESOURCES, 0, 0, state.next_seq())
     state.tasks[key] = task

@@ -14,10 +14,9 @@ import itertools
 import logging
 import time
 import uuid
-from types import TracebackType
 from typing import Any
 
-from apportion.loop_thread import LoopThread
+from apportion.loop_thread import BackgroundService
 from apportion.net.address import DEFAULT_PORT, format_address
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeError, accept_connection
@@ -40,7 +39,7 @@ from apportion.scheduler.state import SchedulerConfig, SchedulerState
 logger = logging.getLogger("apportion.scheduler")
 
 
-class Scheduler:
+class Scheduler(BackgroundService):
     """Owns all task, worker and client state; never runs or unpickles user code.
 
     Use ``async with Scheduler(port=0) as s`` inside an event loop, or
@@ -65,7 +64,6 @@ class Scheduler:
         self._ids = itertools.count(1)
         self._placement_scheduled = False
         self._closed: asyncio.Event | None = None
-        self._thread: LoopThread | None = None
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -100,22 +98,6 @@ class Scheduler:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-    def __enter__(self) -> Scheduler:
-        self._thread = LoopThread("apportion-scheduler")
-        self._thread.run(self.start())
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._thread is not None:
-            self._thread.run(self.close())
-            self._thread.stop()
-            self._thread = None
 
     # --- connections ----------------------------------------------------------------
 

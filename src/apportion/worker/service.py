@@ -14,12 +14,11 @@ import os
 import time
 import uuid
 from collections.abc import Iterable, MutableMapping
-from types import TracebackType
 from typing import Any
 
 from apportion.core.payload import loads
 from apportion.core.resources import ResourceSpec, parse_resources, to_units
-from apportion.loop_thread import LoopThread
+from apportion.loop_thread import BackgroundService
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeError, open_connection
 from apportion.protocol.codec import ProtocolError
@@ -60,7 +59,7 @@ from apportion.worker.state import WorkerState
 logger = logging.getLogger("apportion.worker")
 
 
-class Worker:
+class Worker(BackgroundService):
     """Runs tasks the scheduler sends and serves their results to peers and clients.
 
     Use ``async with Worker(addr)`` inside an event loop, or ``with Worker(addr)``
@@ -103,7 +102,6 @@ class Worker:
         self._started = False
         self._closing = False
         self._closed = asyncio.Event()
-        self._loop_thread: LoopThread | None = None
 
     # --- lifecycle ----------------------------------------------------------------
 
@@ -172,28 +170,6 @@ class Worker:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-    def __enter__(self) -> Worker:
-        self._loop_thread = LoopThread(name=f"apportion-{self.name}")
-        try:
-            self._loop_thread.run(self.start())
-        except BaseException:
-            self._loop_thread.stop()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._loop_thread is not None:
-            try:
-                self._loop_thread.run(self.close(), timeout=30)
-            finally:
-                self._loop_thread.stop()
-                self._loop_thread = None
 
     # --- from the scheduler -------------------------------------------------------
 

@@ -1,0 +1,173 @@
+"""Client requests: submitting tasks, wanting and releasing keys, cancelling, asking.
+
+Functions over ``SchedulerState``; ``state.py`` dispatches each client message here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from apportion.protocol import messages as m
+from apportion.scheduler.records import (
+    ERRED,
+    MEMORY,
+    NO_RESOURCES,
+    PROCESSING,
+    QUEUED,
+    WAITING,
+    ClientRecord,
+    TaskRecord,
+)
+from apportion.scheduler.unsatisfiable import (
+    check_satisfiable,
+    satisfiable,
+    unsatisfiable_text,
+    warn_unsatisfiable,
+)
+
+if TYPE_CHECKING:
+    from apportion.scheduler.state import SchedulerState
+
+#: ``why`` with no keys explains at most this many tasks that are not running.
+WHY_ALL_LIMIT = 100
+
+
+def submit(state: SchedulerState, client: ClientRecord, msg: m.SubmitTasks) -> None:
+    state.functions.update(msg.functions)
+    # Records, links and wants first, states second: a task that fails at
+    # submission must already know who wants it and which dependents fail with
+    # it, or it would be forgotten unseen and reported only as "unknown".
+    created: list[TaskRecord] = []
+    for spec in msg.tasks:
+        if spec.key not in state.tasks:
+            created.append(_new_task(state, spec))
+    for task in created:  # after creation, so a batch need not be in graph order
+        _link_inputs(state, task)
+    for key in msg.wanted:
+        want(state, client, key)
+    for task in created:
+        if task.state == "new":  # not already failed with an input
+            _start(state, task)
+    # Tasks nobody wants and nothing depends on would run for no one.
+    for task in reversed(created):
+        if task.key in state.tasks:
+            state.release_if_unneeded(task)
+    for task in created:
+        if task.resources and task.state in (WAITING, QUEUED) and state.workers:
+            _warn_if_unsatisfiable(state, task)
+
+
+def _link_inputs(state: SchedulerState, task: TaskRecord) -> None:
+    for dep_key in task.deps:
+        dep = state.tasks.get(dep_key)
+        if dep is not None:
+            dep.dependents.add(task.key)
+
+
+def _warn_if_unsatisfiable(state: SchedulerState, task: TaskRecord) -> None:
+    if not satisfiable(state, task.signature):
+        warn_unsatisfiable(state, task, unsatisfiable_text(task, state.workers.values()))
+
+
+def _new_task(state: SchedulerState, spec: m.TaskSpec) -> TaskRecord:
+    """A "new" record; ``submit`` links it to its inputs and ``_start`` sets its state."""
+    task = TaskRecord(
+        spec.key,
+        spec.func_id,
+        spec.args,
+        tuple(spec.deps),
+        spec.resources or NO_RESOURCES,
+        spec.priority,
+        spec.retries,
+        state.next_seq(),
+    )
+    state.tasks[spec.key] = task
+    state.function_users[spec.func_id] += 1
+    return task
+
+
+def _start(state: SchedulerState, task: TaskRecord) -> None:
+    """Move a new task to WAITING, QUEUED or (bad input, unsatisfiable) ERRED."""
+    failure: tuple[str, bytes | str, bytes] | None = None
+    for dep_key in task.deps:
+        dep = state.tasks.get(dep_key)
+        if dep is None:
+            text = f"input {dep_key!r} of {task.key!r} is unknown (already released?)"
+            failure = ("lost", text, b"")
+        elif dep.state == ERRED and dep.error is not None:
+            failure = dep.error
+        elif dep.state != MEMORY:
+            task.missing_deps += 1
+    if failure is None and task.resources:
+        failure = check_satisfiable(state, task)
+    if failure is not None:
+        state.fail(task, failure, "submitted")
+    elif task.missing_deps:
+        state.move(task, WAITING, "submitted")
+    else:
+        state.enqueue(task, "submitted")
+
+
+def want(state: SchedulerState, client: ClientRecord, key: str) -> None:
+    task = state.tasks.get(key)
+    if task is None:
+        state.send(client.id, m.KeysFailed([key], "lost", f"{key!r} is unknown"))
+        return
+    if task.wanted_by is None:
+        task.wanted_by = set()
+    task.wanted_by.add(client.id)
+    client.wanted.add(key)
+    if task.state == MEMORY:
+        state.done_keys[client.id].append(key)
+    elif (task.state == ERRED or task.cancelled) and task.error is not None:
+        state.send(client.id, error_message(key, task.error))
+
+
+def release(state: SchedulerState, client: ClientRecord, keys: list[str]) -> None:
+    for key in keys:
+        client.wanted.discard(key)
+        task = state.tasks.get(key)
+        if task is not None and task.wanted_by:
+            task.wanted_by.discard(client.id)
+            state.release_if_unneeded(task)
+
+
+def release_keys(state: SchedulerState, client: ClientRecord, msg: m.ReleaseKeys) -> None:
+    release(state, client, msg.keys)
+
+
+def cancel_keys(state: SchedulerState, client: ClientRecord, msg: m.CancelKeys) -> None:
+    for key in msg.keys:
+        task = state.tasks.get(key)
+        if task is not None and task.state in (WAITING, QUEUED, PROCESSING):
+            text = f"{key!r} was cancelled"
+            state.fail(task, ("cancelled", text, b""), f"cancelled by client {client.id}")
+
+
+def why(state: SchedulerState, client: ClientRecord, msg: m.WhyRequest) -> None:
+    from apportion.scheduler.explain import explain
+
+    keys = (
+        msg.keys
+        or [key for key, task in state.tasks.items() if task.state in (WAITING, QUEUED)][
+            :WHY_ALL_LIMIT
+        ]
+    )
+    reasons = {key: explain(state, key) for key in keys}
+    state.send(client.id, m.WhyReply(msg.request_id, reasons))
+
+
+def info(state: SchedulerState, client: ClientRecord, msg: m.InfoRequest) -> None:
+    state.send(client.id, m.InfoReply(msg.request_id, state.snapshot()))
+
+
+def story(state: SchedulerState, client: ClientRecord, msg: m.StoryRequest) -> None:
+    rows: list[list[Any]] = [list(row) for row in state.story_of(msg.key)]
+    state.send(client.id, m.StoryReply(msg.request_id, rows))
+
+
+def error_message(key: str, error: tuple[str, bytes | str, bytes]) -> m.Message:
+    kind, detail, traceback = error
+    if kind == "exception" and isinstance(detail, bytes):
+        return m.TaskErred(key, detail, traceback)
+    return m.KeysFailed([key], kind, str(detail))

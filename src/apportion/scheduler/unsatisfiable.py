@@ -1,0 +1,85 @@
+"""Requests no connected worker could ever hold: warn once, or fail where nothing can grow."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from apportion.core.resources import fits, format_amount, format_resources, missing
+from apportion.protocol import messages as m
+from apportion.scheduler.records import QUEUED, TaskRecord
+
+if TYPE_CHECKING:
+    from apportion.scheduler.state import SchedulerState
+
+
+def satisfiable(state: SchedulerState, signature: tuple[tuple[str, int], ...]) -> bool:
+    """Some connected worker's declared supply could hold this request."""
+    known = state.satisfiable_cache.get(signature)
+    if known is None:
+        demand = dict(signature)
+        known = any(fits(demand, w.total) for w in state.workers.values())
+        state.satisfiable_cache[signature] = known
+    return known
+
+
+def check_satisfiable(
+    state: SchedulerState, task: TaskRecord
+) -> tuple[str, bytes | str, bytes] | None:
+    """At submission, on a cluster that cannot grow: the failure to give ``task``."""
+    if not state.config.fail_unsatisfiable or not state.workers:
+        return None
+    if satisfiable(state, task.signature):
+        return None
+    return ("unsatisfiable", unsatisfiable_text(task, state.workers.values()), b"")
+
+
+def fail_or_warn(
+    state: SchedulerState, signature: tuple[tuple[str, int], ...], heap: list[Any]
+) -> None:
+    """Placement found ready tasks that no connected worker can ever hold."""
+    tasks = [state.tasks[key] for _, _, key in heap if key in state.tasks]
+    tasks = [t for t in tasks if t.state == QUEUED]
+    if not tasks:
+        return
+    text = unsatisfiable_text(tasks[0], state.workers.values())
+    if not state.config.fail_unsatisfiable:
+        warn_unsatisfiable(state, tasks[0], text)
+        return
+    for task in tasks:
+        state.fail(task, ("unsatisfiable", text, b""), "no connected worker can run it")
+
+
+def warn_unsatisfiable(state: SchedulerState, task: TaskRecord, text: str) -> None:
+    """Say it once per kind of request and connected-worker set, to log and client."""
+    if task.signature in state.warned:
+        return
+    state.warned.add(task.signature)
+    state.warn(text)
+    for client_id in task.wanted_by or ():
+        state.send(client_id, m.Notice("warning", text))
+
+
+def unsatisfiable_text(task: TaskRecord, workers: Any) -> str:
+    """Name what is missing and the largest supply on offer, for a warning or an error."""
+    names = sorted(task.resources)
+    best: dict[str, tuple[int, str]] = {}
+    for w in workers:
+        for name in names:
+            have = w.total.get(name, 0)
+            if name not in best or have > best[name][0]:
+                best[name] = (have, w.name)
+    short: set[str] = set()
+    for w in workers:
+        short.update(missing(task.resources, w.total))
+    parts = []
+    for name in names:
+        have, where = best.get(name, (0, ""))
+        if name in short:
+            if have:
+                parts.append(f"largest {name} supply is {format_amount(have)} on {where}")
+            else:
+                parts.append(f"no worker offers {name}")
+    return (
+        f"task {task.key!r} needs {format_resources(task.resources)}, which no connected "
+        f"worker can ever provide: {'; '.join(parts)}"
+    )

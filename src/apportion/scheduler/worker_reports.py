@@ -1,0 +1,123 @@
+"""Worker reports: tasks finished, raised, dropped, inputs missing, departures.
+
+Functions over ``SchedulerState``; ``state.py`` dispatches each worker message here.
+Every report of a task the worker was running returns that task's resources
+(``running_task``) before anything else is decided about it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from apportion.protocol import messages as m
+from apportion.scheduler.records import (
+    ERRED,
+    MEMORY,
+    PROCESSING,
+    WAITING,
+    TaskRecord,
+    WorkerRecord,
+)
+
+if TYPE_CHECKING:
+    from apportion.scheduler.state import SchedulerState
+
+
+def running_task(state: SchedulerState, worker: WorkerRecord, key: str) -> TaskRecord | None:
+    """The task ``worker`` reports on, or None (after freeing its data) if stale."""
+    task = state.tasks.get(key)
+    if task is None or task.state != PROCESSING or task.worker != worker.id:
+        if task is None or task.worker != worker.id:
+            state.free_keys[worker.id].append(key)
+        return None
+    state.unassign(task, worker)
+    return task
+
+
+def task_finished(state: SchedulerState, worker: WorkerRecord, msg: m.TaskFinished) -> None:
+    task = running_task(state, worker, msg.key)
+    if task is None:
+        return
+    if not task.resources:
+        avg = worker.avg_duration
+        worker.avg_duration = msg.duration if avg is None else 0.8 * avg + 0.2 * msg.duration
+    state.placement_due = True
+    if task.discard_result:
+        task.discard_result = False
+        settle_discarded(state, task, f"finished on {worker.name}, result discarded")
+        return
+    state.complete(task, worker, msg.nbytes, f"finished on {worker.name}")
+
+
+def task_raised(state: SchedulerState, worker: WorkerRecord, msg: m.TaskRaised) -> None:
+    task = running_task(state, worker, msg.key)
+    if task is None:
+        return
+    state.placement_due = True
+    if task.discard_result:
+        task.discard_result = False
+        settle_discarded(state, task, f"raised on {worker.name}, result discarded")
+    elif task.retries > 0:
+        task.retries -= 1
+        state.requeue(task, f"raised on {worker.name}; retrying ({task.retries} left)")
+    else:
+        state.fail(task, ("exception", msg.exception, msg.traceback), f"raised on {worker.name}")
+
+
+def settle_discarded(state: SchedulerState, task: TaskRecord, cause: str) -> None:
+    """A task whose result was dropped on purpose is back from its worker."""
+    if task.cancelled:
+        task.cancelled = False
+        error = task.error or ("cancelled", f"{task.key!r} was cancelled", b"")
+        state.move(task, ERRED, cause)
+        task.error = error
+        state.finish_inputs(task)
+        # Dependents submitted while it still ran did not fail with it: now they do.
+        for dependent_key in list(task.dependents):
+            state.fail(state.tasks[dependent_key], error, f"input {task.key} failed")
+        state.release_if_unneeded(task)
+    elif task.needed():
+        state.requeue(task, cause + "; needed again")
+    else:
+        state.remove(task, cause)
+
+
+def worker_closing(state: SchedulerState, worker: WorkerRecord, msg: m.WorkerClosing) -> None:
+    worker.leaving = msg.reason or "closed"
+
+
+def tasks_dropped(state: SchedulerState, worker: WorkerRecord, msg: m.TasksDropped) -> None:
+    """The worker let go of tasks we had freed before they started: settle them."""
+    for key in msg.keys:
+        task = running_task(state, worker, key)
+        if task is not None:
+            state.placement_due = True
+            task.discard_result = False
+            settle_discarded(state, task, f"dropped by {worker.name} before it started")
+
+
+def missing_dependency(
+    state: SchedulerState, worker: WorkerRecord, msg: m.MissingDependency
+) -> None:
+    task = running_task(state, worker, msg.key)
+    dep = state.tasks.get(msg.dep)
+    if dep is not None and dep.state == MEMORY:
+        holder = state.workers.get(dep.worker or "")
+        if holder is None or holder.address in msg.holders:
+            if holder is not None:
+                holder.has_what.discard(dep.key)
+                holder.nbytes -= dep.nbytes
+            state.lose_result(dep, f"{worker.name} could not fetch it")
+    if task is None or task.state != PROCESSING:
+        return  # a stale report, or the task failed with the input it could not fetch
+    state.placement_due = True
+    cause = f"input {msg.dep} missing on {worker.name}"
+    if task.discard_result:  # released or cancelled meanwhile: do not run it again
+        task.discard_result = False
+        settle_discarded(state, task, cause)
+        return
+    task.missing_deps = sum(1 for d in task.deps if state.tasks[d].state != MEMORY)
+    if task.missing_deps:
+        state.move(task, WAITING, cause)
+    else:
+        state.enqueue(task, cause)
