@@ -1,14 +1,12 @@
-"""The user's handle on a cluster: a synchronous API over a background event loop.
+"""The user's handle on a cluster: a synchronous API with Dask's names.
 
-Calls from user threads never touch the socket. ``submit``, ``map`` and releases
-append to an ordered outbox and wake the loop once; the loop coalesces everything
-queued into as few frames as possible (10,000 submits in a tight loop leave as a
-handful of ``SubmitTasks`` messages, each function pickled once per batch).
+``Client`` turns calls into tasks and futures and keeps count of the futures alive
+for each key; everything on the wire goes through its ``Session`` (session.py),
+which runs on a background event loop, so user threads never touch a socket.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import itertools
@@ -18,15 +16,11 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from apportion.client.errors import SchedulerGoneError
 from apportion.client.future import CANCELLED, ERROR, FINISHED, LOST, Future, KeyState
+from apportion.client.session import Session
 from apportion.core import payload
 from apportion.core.resources import ResourceSpec, parse_demand
-from apportion.loop_thread import LoopThread
-from apportion.net.connection import Connection, ConnectionClosed
-from apportion.net.handshake import open_connection
 from apportion.protocol import messages as m
-from apportion.protocol.codec import ProtocolError
 
 if TYPE_CHECKING:
     from apportion.client.local import LocalCluster
@@ -73,54 +67,26 @@ class Client:
         # lock) in the middle of any allocation made while the lock is held.
         self._lock = threading.RLock()
         self._keys: dict[str, KeyState] = {}
-        self._outbox: list[Any] = []
-        self._wake_scheduled = False
         self._functions: dict[Any, tuple[str, bytes]] = {}
-        self._requests: dict[int, asyncio.Future[Any]] = {}
-        self._request_ids = itertools.count(1)
-        self._peers: dict[str, Connection] = {}
-        self._peer_readers: set[asyncio.Task[None]] = set()
-        self._conn: Connection | None = None
         self._closed = False
-        self._loop = LoopThread("apportion-client")
         try:
-            self._loop.run(self._connect(address), timeout)
+            self._session = Session(
+                address, self.name, timeout, self._on_message, self._scheduler_gone
+            )
         except BaseException:
-            self._loop.stop()
             if self._own_cluster is not None:
                 self._own_cluster.close()
             raise
 
-    # --- connection -----------------------------------------------------------------
-
-    async def _connect(self, address: str) -> None:
-        self._conn, _ = await open_connection(address, "client", self.name, timeout=self.timeout)
-        self._reader = asyncio.create_task(self._read_loop(self._conn))
-
-    async def _read_loop(self, conn: Connection) -> None:
-        try:
-            while True:
-                for msg in await conn.recv():
-                    self._on_message(msg)
-        except (ConnectionClosed, ProtocolError) as exc:
-            if not self._closed:
-                logger.error("lost the connection to the scheduler: %s", exc)
-                self._scheduler_gone(str(exc))
+    # --- what the scheduler tells us ------------------------------------------------
 
     def _scheduler_gone(self, reason: str) -> None:
-        error = (
-            "lost",
-            f"connection to the scheduler {self.scheduler_address} lost: {reason}",
-            b"",
-        )
+        error = ("lost", reason, b"")
         with self._lock:
             states = list(self._keys.values())
         for state in states:
             if not state.event.is_set():
                 state.settle(LOST, error)
-        for fut in self._requests.values():
-            if not fut.done():
-                fut.set_exception(SchedulerGoneError(error[1]))
 
     def _on_message(self, msg: m.Message) -> None:
         if isinstance(msg, m.KeysDone):
@@ -136,79 +102,12 @@ class Client:
             self.notices.append(msg.text)
             logger.warning("scheduler: %s", msg.text)
         else:
-            fut = self._requests.pop(getattr(msg, "request_id", -1), None)
-            if fut is not None and not fut.done():
-                fut.set_result(msg)
+            logger.warning("ignored unexpected %s from the scheduler", type(msg).__name__)
 
     def _settle(self, key: str, status: str, error: tuple[str, bytes | str, bytes] | None) -> None:
         state = self._keys.get(key)
         if state is not None and (not state.event.is_set() or status == CANCELLED):
             state.settle(status, error)
-
-    async def _request(self, msg: m.Message, conn: Connection | None = None) -> Any:
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._requests[msg.request_id] = fut  # type: ignore[attr-defined]
-        self._flush()  # keep order: everything queued before this request goes first
-        (conn or self._conn_or_raise()).send(msg)
-        return await fut
-
-    def _conn_or_raise(self) -> Connection:
-        if self._conn is None or self._conn.closed:
-            raise SchedulerGoneError(f"not connected to the scheduler {self.scheduler_address}")
-        return self._conn
-
-    def _call(self, make: Callable[[int], m.Message], timeout: float | None = None) -> Any:
-        """Send a request built with a fresh id and wait for its reply (user threads)."""
-        return self._loop.run(self._request(make(next(self._request_ids))), timeout)
-
-    # --- the outbox -----------------------------------------------------------------
-
-    def _post(self, item: Any) -> None:
-        """Queue a message (or a task) for the scheduler; wake the loop once per burst."""
-        with self._lock:
-            self._outbox.append(item)
-            if self._wake_scheduled or self._closed:
-                return
-            self._wake_scheduled = True
-        with contextlib.suppress(RuntimeError):  # loop already stopped at shutdown
-            self._loop.loop.call_soon_threadsafe(self._flush)
-
-    def _flush(self) -> None:
-        """Send the outbox in order, merging runs of tasks into one ``SubmitTasks``."""
-        with self._lock:
-            items, self._outbox = self._outbox, []
-            self._wake_scheduled = False
-        if not items or self._conn is None:
-            return
-        tasks: list[m.TaskSpec] = []
-        functions: dict[str, bytes] = {}
-        wanted: list[str] = []
-        releases: list[str] = []
-        for item in items:
-            if isinstance(item, list):  # [(TaskSpec, func blob, wanted), ...]: one graph
-                if releases:
-                    self._conn.send(m.ReleaseKeys(releases))
-                    releases = []
-                for spec, blob, want in item:
-                    tasks.append(spec)
-                    functions.setdefault(spec.func_id, blob)
-                    if want:
-                        wanted.append(spec.key)
-                continue
-            if tasks:
-                self._conn.send(m.SubmitTasks(tasks, functions, wanted))
-                tasks, functions, wanted = [], {}, []
-            if isinstance(item, str):  # a key to release
-                releases.append(item)
-                continue
-            if releases:
-                self._conn.send(m.ReleaseKeys(releases))
-                releases = []
-            self._conn.send(item)
-        if tasks:
-            self._conn.send(m.SubmitTasks(tasks, functions, wanted))
-        if releases:
-            self._conn.send(m.ReleaseKeys(releases))
 
     # --- reference counting ---------------------------------------------------------
 
@@ -230,7 +129,7 @@ class Client:
                 return
             del self._keys[key]
         if not self._closed:
-            self._post(key)
+            self._session.post(key)
 
     # --- submitting -----------------------------------------------------------------
 
@@ -279,7 +178,7 @@ class Client:
                 key = f"{name}-{self._unique}{next(self._counter)}"
         future = Future(key, self)
         spec = m.TaskSpec(key, func_id, args_blob, sorted(deps), resources, priority, retries)
-        self._post([(spec, blob, True)])
+        self._session.post([(spec, blob, True)])
         return future
 
     def submit(
@@ -375,7 +274,7 @@ class Client:
         tasks = graph_tasks(self, dsk, keys, resources, priority, retries)
         # One outbox item, so the graph reaches the scheduler in one message: a split
         # graph would see its unwanted first half released before the rest arrived.
-        self._post([(spec, blob, spec.key in wanted) for spec, blob in tasks])
+        self._session.post([(spec, blob, spec.key in wanted) for spec, blob in tasks])
 
         def build(k: Any) -> Any:
             if isinstance(k, list):
@@ -407,9 +306,9 @@ class Client:
     def _gather_keys(self, keys: list[str]) -> dict[str, Any]:
         unique = list(dict.fromkeys(keys))
         if self.direct_to_workers:
-            blobs = self._loop.run(self._gather_direct(unique))
+            blobs = self._session.loop.run(self._gather_direct(unique))
         else:
-            reply = self._call(lambda rid: m.GatherRequest(rid, unique))
+            reply = self._session.call(lambda rid: m.GatherRequest(rid, unique))
             blobs, missing = reply.data, reply.missing
             if missing:
                 raise _missing_error(missing)
@@ -417,7 +316,7 @@ class Client:
 
     async def _gather_direct(self, keys: list[str]) -> dict[str, bytes]:
         """Fetch straight from the workers holding ``keys`` (one request per worker)."""
-        reply = await self._request(m.WhoHasRequest(next(self._request_ids), keys))
+        reply = await self._session.request(m.WhoHasRequest(self._session.next_id(), keys))
         by_address: dict[str, list[str]] = {}
         for key in keys:
             holders = reply.who_has.get(key)
@@ -426,27 +325,16 @@ class Client:
             by_address.setdefault(holders[0], []).append(key)
         out: dict[str, bytes] = {}
         for address, some in by_address.items():
-            conn = await self._peer(address)
-            data = await self._request(m.GetData(next(self._request_ids), some), conn)
+            conn = await self._session.peer(address)
+            data = await self._session.request(m.GetData(self._session.next_id(), some), conn)
             if data.missing:
                 raise _missing_error(data.missing)
             out.update(data.data)
         return out
 
-    async def _peer(self, address: str) -> Connection:
-        """A data connection to the worker at ``address``, opened once and reused."""
-        conn = self._peers.get(address)
-        if conn is None or conn.closed:
-            conn, _ = await open_connection(address, "client", self.name)
-            self._peers[address] = conn
-            reader = asyncio.create_task(self._read_loop_peer(conn))
-            self._peer_readers.add(reader)
-            reader.add_done_callback(self._peer_readers.discard)
-        return conn
-
     async def _scatter_direct(self, items: dict[str, bytes]) -> None:
         """Put data on workers' data ports, fewest stored bytes first, then tell the scheduler."""
-        info = await self._request(m.InfoRequest(next(self._request_ids)))
+        info = await self._session.request(m.InfoRequest(self._session.next_id()))
         workers = sorted(info.info["workers"].items(), key=lambda kv: kv[1]["nbytes"])
         if not workers:
             raise RuntimeError("no workers are connected to scatter data to")
@@ -455,17 +343,11 @@ class Client:
             parts.setdefault(workers[i % len(workers)][0], {})[key] = blob
         placed: dict[str, list[Any]] = {}
         for address, part in parts.items():
-            conn = await self._peer(address)
-            stored = await self._request(m.PutData(next(self._request_ids), part), conn)
+            conn = await self._session.peer(address)
+            stored = await self._session.request(m.PutData(self._session.next_id(), part), conn)
             for key in stored.keys:
                 placed[key] = [address, stored.nbytes.get(key, len(part[key]))]
-        await self._request(m.ScatterPlaced(next(self._request_ids), placed))
-
-    async def _read_loop_peer(self, conn: Connection) -> None:
-        with contextlib.suppress(ConnectionClosed, ProtocolError):
-            while True:
-                for msg in await conn.recv():
-                    self._on_message(msg)
+        await self._session.request(m.ScatterPlaced(self._session.next_id(), placed))
 
     def scatter(self, data: Any, *, hash: bool = True) -> Any:
         """Put local data on workers; returns futures in the shape given (list, dict, one)."""
@@ -488,9 +370,9 @@ class Client:
             items = dict(zip(names, blobs, strict=True))
         futures = {name: Future(name, self) for name in names}
         if self.direct_to_workers:
-            self._loop.run(self._scatter_direct(items))
+            self._session.loop.run(self._scatter_direct(items))
         else:
-            self._call(lambda rid: m.ScatterRequest(rid, items))
+            self._session.call(lambda rid: m.ScatterRequest(rid, items))
         for fut in futures.values():
             fut._wait(self.timeout)
         if isinstance(data, Mapping):
@@ -506,7 +388,7 @@ class Client:
         keys = [f.key for f in found]
         for fut in found:
             fut._state.settle(CANCELLED, ("cancelled", f"{fut.key!r} was cancelled", b""))
-        self._post(m.CancelKeys(keys))
+        self._session.post(m.CancelKeys(keys))
 
     # --- introspection --------------------------------------------------------------
 
@@ -517,18 +399,18 @@ class Client:
         )
         single = isinstance(futures, Future | str)
         keys = [f.key if isinstance(f, Future) else f for f in items]
-        reply = self._call(lambda rid: m.WhyRequest(rid, keys))
+        reply = self._session.call(lambda rid: m.WhyRequest(rid, keys))
         return reply.reasons[keys[0]] if single else dict(reply.reasons)
 
     def story(self, key: Future | str) -> list[tuple[Any, ...]]:
         """The task's transitions: (time, key, from, to, cause)."""
         name = key.key if isinstance(key, Future) else key
-        reply = self._call(lambda rid: m.StoryRequest(rid, name))
+        reply = self._session.call(lambda rid: m.StoryRequest(rid, name))
         return [tuple(row) for row in reply.story]
 
     def scheduler_info(self) -> dict[str, Any]:
         """The scheduler's identity and workers with their pools, as Dask returns it."""
-        reply = self._call(lambda rid: m.InfoRequest(rid))
+        reply = self._session.call(lambda rid: m.InfoRequest(rid))
         info: dict[str, Any] = reply.info
         return info
 
@@ -553,16 +435,7 @@ class Client:
         if self._closed:
             return
         self._closed = True
-
-        async def shutdown() -> None:
-            self._flush()
-            for conn in [self._conn, *self._peers.values()]:
-                if conn is not None:
-                    await conn.close()
-
-        with contextlib.suppress(Exception):
-            self._loop.run(shutdown(), timeout=10)
-        self._loop.stop()
+        self._session.close()
         if self._own_cluster is not None:
             self._own_cluster.close()
 

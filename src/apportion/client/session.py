@@ -1,0 +1,193 @@
+"""The client's wire: one connection to the scheduler, data connections to workers.
+
+``Client`` never touches a socket; it posts to this session's outbox and makes
+requests through it. User threads only append to the outbox and wake the loop
+once per burst; the loop thread sends everything queued, in order, merging runs
+of tasks into one ``SubmitTasks`` (10,000 submits in a tight loop leave as a few
+messages, each function pickled once per batch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from apportion.client.errors import SchedulerGoneError
+from apportion.loop_thread import LoopThread
+from apportion.net.connection import Connection, ConnectionClosed
+from apportion.net.handshake import open_connection
+from apportion.protocol import messages as m
+from apportion.protocol.codec import ProtocolError
+
+logger = logging.getLogger("apportion.client")
+
+#: A graph (or one task) for the outbox: (spec, function blob, whether a future wants it).
+TaskBatch = list[tuple[m.TaskSpec, bytes, bool]]
+
+
+class Session:
+    """Connection, outbox and request/reply bookkeeping of one ``Client``."""
+
+    def __init__(
+        self,
+        address: str,
+        name: str,
+        timeout: float,
+        on_message: Callable[[m.Message], None],
+        on_lost: Callable[[str], None],
+    ) -> None:
+        self.address = address
+        self.name = name
+        self._on_message = on_message
+        self._on_lost = on_lost
+        # Re-entrant: garbage collection can run ``Future.__del__`` (which posts a
+        # release here) in the middle of any allocation made while the lock is held.
+        self._lock = threading.RLock()
+        self._outbox: list[TaskBatch | str | m.Message] = []
+        self._wake_scheduled = False
+        self._requests: dict[int, asyncio.Future[Any]] = {}
+        self._ids = itertools.count(1)
+        self._peers: dict[str, Connection] = {}
+        self._readers: set[asyncio.Task[None]] = set()
+        self._conn: Connection | None = None
+        self.closed = False
+        self.loop = LoopThread("apportion-client")
+        try:
+            self.loop.run(self._connect(timeout), timeout)
+        except BaseException:
+            self.loop.stop()
+            raise
+
+    async def _connect(self, timeout: float) -> None:
+        self._conn, _ = await open_connection(self.address, "client", self.name, timeout=timeout)
+        self._watch(self._conn, scheduler=True)
+
+    def _watch(self, conn: Connection, *, scheduler: bool) -> None:
+        reader = asyncio.create_task(self._read_loop(conn, scheduler))
+        self._readers.add(reader)
+        reader.add_done_callback(self._readers.discard)
+
+    async def _read_loop(self, conn: Connection, scheduler: bool) -> None:
+        try:
+            while True:
+                for msg in await conn.recv():
+                    request_id = getattr(msg, "request_id", None)
+                    fut = self._requests.pop(request_id, None) if request_id is not None else None
+                    if fut is not None:
+                        if not fut.done():
+                            fut.set_result(msg)
+                    else:
+                        self._on_message(msg)
+        except (ConnectionClosed, ProtocolError) as exc:
+            if scheduler and not self.closed:
+                reason = f"connection to the scheduler {self.address} lost: {exc}"
+                logger.error("%s", reason)
+                for fut in self._requests.values():
+                    if not fut.done():
+                        fut.set_exception(SchedulerGoneError(reason))
+                self._on_lost(reason)
+
+    # --- requests -------------------------------------------------------------------
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    async def request(self, msg: m.Message, conn: Connection | None = None) -> Any:
+        """Send a message carrying a ``request_id`` and wait for the reply with that id."""
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._requests[msg.request_id] = fut  # type: ignore[attr-defined]
+        self.flush()  # keep order: everything queued before this request goes first
+        target = conn or self._conn
+        if target is None or target.closed:
+            raise SchedulerGoneError(f"not connected to the scheduler {self.address}")
+        target.send(msg)
+        return await fut
+
+    def call(self, make: Callable[[int], m.Message], timeout: float | None = None) -> Any:
+        """From a user thread: send a request built with a fresh id; return the reply."""
+        return self.loop.run(self.request(make(self.next_id())), timeout)
+
+    async def peer(self, address: str) -> Connection:
+        """A data connection to the worker at ``address``, opened once and reused."""
+        conn = self._peers.get(address)
+        if conn is None or conn.closed:
+            conn, _ = await open_connection(address, "client", self.name)
+            self._peers[address] = conn
+            self._watch(conn, scheduler=False)
+        return conn
+
+    # --- the outbox -----------------------------------------------------------------
+
+    def post(self, item: TaskBatch | str | m.Message) -> None:
+        """Queue tasks, a key to release, or a message; wake the loop once per burst."""
+        with self._lock:
+            if self.closed:
+                return
+            self._outbox.append(item)
+            if self._wake_scheduled:
+                return
+            self._wake_scheduled = True
+        with contextlib.suppress(RuntimeError):  # loop already stopped at shutdown
+            self.loop.loop.call_soon_threadsafe(self.flush)
+
+    def flush(self) -> None:
+        """On the loop thread: send the outbox in order, merging runs of tasks."""
+        with self._lock:
+            items, self._outbox = self._outbox, []
+            self._wake_scheduled = False
+        conn = self._conn
+        if not items or conn is None:
+            return
+        tasks: list[m.TaskSpec] = []
+        functions: dict[str, bytes] = {}
+        wanted: list[str] = []
+        releases: list[str] = []
+        for item in items:
+            if isinstance(item, list):
+                if releases:
+                    conn.send(m.ReleaseKeys(releases))
+                    releases = []
+                for spec, blob, want in item:
+                    tasks.append(spec)
+                    functions.setdefault(spec.func_id, blob)
+                    if want:
+                        wanted.append(spec.key)
+                continue
+            if tasks:
+                conn.send(m.SubmitTasks(tasks, functions, wanted))
+                tasks, functions, wanted = [], {}, []
+            if isinstance(item, str):
+                releases.append(item)
+                continue
+            if releases:
+                conn.send(m.ReleaseKeys(releases))
+                releases = []
+            conn.send(item)
+        if tasks:
+            conn.send(m.SubmitTasks(tasks, functions, wanted))
+        if releases:
+            conn.send(m.ReleaseKeys(releases))
+
+    # --- closing --------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Send what is queued, close every connection and stop the loop; idempotent."""
+        if self.closed:
+            return
+
+        async def shutdown() -> None:
+            self.flush()
+            self.closed = True
+            for conn in [self._conn, *self._peers.values()]:
+                if conn is not None:
+                    await conn.close()
+
+        with contextlib.suppress(Exception):
+            self.loop.run(shutdown(), timeout=10)
+        self.closed = True
+        self.loop.stop()
