@@ -6,6 +6,7 @@ import contextlib
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import psutil
@@ -14,6 +15,7 @@ from click.testing import CliRunner
 
 from apportion.cli.main import main
 from apportion.loop_thread import LoopThread
+from apportion.protocol.messages import WorkerClosing
 from test_worker_service import FakeScheduler
 
 
@@ -65,4 +67,38 @@ def test_nworkers_runs_supervised_workers_that_stop_on_sigterm(loop_thread: Loop
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
         supervisor.wait(5)
+        loop_thread.run(scheduler.close(), 5)
+
+
+@pytest.mark.process
+@pytest.mark.timeout(45)
+def test_workers_stop_when_their_supervisor_is_killed(loop_thread: LoopThread) -> None:
+    """SIGKILL leaves the supervisor no chance to stop its children; they notice alone."""
+    scheduler = loop_thread.run(FakeScheduler().start())
+    argv = [sys.executable, "-m", "apportion.cli.main", "worker", scheduler.address]
+    argv += ["--nworkers", "2", "--nthreads", "1", "--name", "orphan"]
+    # Own session, so that the test runner's process group is not involved.
+    supervisor = subprocess.Popen(argv, stderr=subprocess.PIPE, start_new_session=True)
+    family = [psutil.Process(supervisor.pid)]
+    try:
+        conns = [loop_thread.run(scheduler.next_worker(), 20)[0] for _ in range(2)]
+        children = family[0].children(recursive=True)
+        family += children
+        assert len(children) == 2
+        supervisor.kill()
+        assert supervisor.wait(10) == -signal.SIGKILL
+        # Both leave deliberately: the scheduler hears WorkerClosing, not a lost connection.
+        for conn in conns:
+            loop_thread.run(scheduler.expect(conn, WorkerClosing), 10)
+        deadline = time.monotonic() + 10
+        while any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children):
+            assert time.monotonic() < deadline, "orphaned workers still running"
+            time.sleep(0.05)  # polling for the exit, not waiting for it to happen
+        _, stderr = supervisor.communicate(timeout=10)  # EOF: every writer has exited
+        assert stderr.decode().count(f"supervisor {supervisor.pid} is gone; stopping") == 2, stderr
+    finally:
+        for process in family:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        supervisor.communicate(timeout=5)  # reaps it and closes the pipe
         loop_thread.run(scheduler.close(), 5)

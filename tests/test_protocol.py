@@ -39,7 +39,7 @@ SAMPLES: list[m.Message] = [
     m.KeysDone(["x-1"]),
     m.TaskErred("x-1", b"exc", b"tb"),
     m.KeysFailed(["x-1"], "cancelled", "'x-1' was cancelled"),
-    m.GatherReply(1, {"x-1": b"v"}, ["y"]),
+    m.GatherReply(1, {"x-1": b"v"}, ["y"], {"z": "cannot pickle"}),
     m.ScatterReply(2, ["d"]),
     m.WhoHasReply(3, {"d": ["tcp://h:1"]}),
     m.WhyReply(4, {"x-1": "queued"}),
@@ -49,8 +49,8 @@ SAMPLES: list[m.Message] = [
     m.RegisterWorker("w", "tcp://h:1", 4, {"GPU": 20_000}, 123, 2**33),
     m.TaskFinished("x-1", 8, 0.25, "int"),
     m.TaskRaised("x-1", b"exc", b"tb", 0.5),
-    m.MissingDependency("x-1", "a", ["tcp://h:1"]),
-    m.DataReply(7, {"a": b"1"}, []),
+    m.MissingDependency("x-1", "a", ["tcp://h:1"], ""),
+    m.DataReply(7, {"a": b"1"}, [], {}),
     m.DataStored(8, ["d"], {"d": 2}),
     m.LoadFunction("fid", b"fn"),
     m.ComputeTask("x-1", "fid", b"args", {"a": ["tcp://h:1"]}, {"GPU": 10_000}, 3),
@@ -60,6 +60,7 @@ SAMPLES: list[m.Message] = [
     m.TasksDropped(["x-1"]),
     m.ScatterPlaced(11, {"d": ["tcp://h:1", 4]}),
     m.WorkerClosing("shutting down"),
+    m.KeysPending(["x-1"]),
 ]
 
 

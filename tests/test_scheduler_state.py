@@ -942,15 +942,15 @@ def test_gather_relays_through_the_worker(sim: RecordingCluster) -> None:
     (get,) = sim.worker_got(w, m.GetData)
     assert get.keys == ["x"]
     assert sim.got(m.GatherReply) == []
-    sim.handle(FromWorker(w, [m.DataReply(get.request_id, {"x": b"value"}, [])], sim.now))
+    sim.handle(FromWorker(w, [m.DataReply(get.request_id, {"x": b"value"}, [], {})], sim.now))
     (reply,) = sim.got(m.GatherReply)
-    assert reply == m.GatherReply(5, {"x": b"value"}, ["missing"])
+    assert reply == m.GatherReply(5, {"x": b"value"}, ["missing"], {})
 
 
 def test_gather_of_nothing_in_memory_answers_at_once(sim: RecordingCluster) -> None:
     sim.submit("x")
     sim.client_says("c1", m.GatherRequest(1, ["x"]))
-    assert sim.got(m.GatherReply) == [m.GatherReply(1, {}, ["x"])]
+    assert sim.got(m.GatherReply) == [m.GatherReply(1, {}, ["x"], {})]
 
 
 def test_gather_from_a_worker_that_leaves_counts_as_missing(sim: RecordingCluster) -> None:
@@ -960,7 +960,7 @@ def test_gather_from_a_worker_that_leaves_counts_as_missing(sim: RecordingCluste
     sim.client_says("c1", m.GatherRequest(2, ["x"]))
     sim.remove_worker(w1)
     (reply,) = sim.got(m.GatherReply)
-    assert reply == m.GatherReply(2, {}, ["x"])
+    assert reply == m.GatherReply(2, {}, ["x"], {})
 
 
 def test_scatter_is_parked_until_a_worker_joins(sim: RecordingCluster) -> None:
@@ -1127,7 +1127,7 @@ def _report_missing(sim: RecordingCluster, key: str, dep: str) -> None:
     """The worker running ``key`` could not fetch ``dep`` from the holder it was told of."""
     worker_id = sim.worker_of(key)
     compute = sim.running[worker_id].pop(key)
-    msg = m.MissingDependency(key, dep, compute.who_has[dep])
+    msg = m.MissingDependency(key, dep, compute.who_has[dep], "")
     sim.handle(FromWorker(worker_id, [msg], sim.now))
 
 

@@ -172,7 +172,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         dep = data.draw(st.sampled_from(sorted(compute.who_has)))
         del self.sim.running[worker_id][key]
-        msg = m.MissingDependency(key, dep, compute.who_has[dep])
+        msg = m.MissingDependency(key, dep, compute.who_has[dep], "")
         self.sim.handle(FromWorker(worker_id, [msg], self.sim.now))
         self._maybe_place(data)
 

@@ -255,7 +255,7 @@ def test_garbage_on_the_data_port_closes_only_that_connection(
                 await open_connection(worker.address, "worker", "intruder")
             peer, _ = await open_connection(worker.address, "peer", "friend")
             peer.send(GetData(1, ["none"]))
-            assert (await asyncio.wait_for(peer.recv(), WAIT)) == [DataReply(1, {}, ["none"])]
+            assert (await asyncio.wait_for(peer.recv(), WAIT)) == [DataReply(1, {}, ["none"], {})]
             await peer.close()
             send(conn, compute("x", add, 1, 1))
             assert (await scheduler.expect(conn, TaskFinished)).key == "x"

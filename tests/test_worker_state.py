@@ -149,14 +149,14 @@ def test_next_holder_is_tried_then_missing_dependency_is_reported(state: WorkerS
     commands = state.handle(FetchFailed(PEER_A, ("a",), "connection refused", 2.0))
     assert commands == [Fetch(PEER_B, ("a",))]
     commands = state.handle(FetchDone(PEER_B, {}, ("a",), 3.0))
-    assert sent(commands) == [MissingDependency("x", "a", [PEER_A, PEER_B])]
+    assert sent(commands) == [MissingDependency("x", "a", [PEER_A, PEER_B], "")]
     assert state.tasks == {} and state.fetches == {}
 
 
 @pytest.mark.timeout(5)
 def test_dependency_without_holders_is_reported_at_once(state: WorkerState) -> None:
     commands = state.handle(compute("x", {"a": []}))
-    assert sent(commands) == [MissingDependency("x", "a", [])]
+    assert sent(commands) == [MissingDependency("x", "a", [], "")]
     assert state.tasks == {}
 
 

@@ -110,9 +110,50 @@ def run_one(
             stopped.set()
             closing.append(loop.create_task(worker.close()))
 
+        async def stop_when_orphaned(supervisor: int) -> None:
+            await parent_changed(supervisor)
+            if not stopped.is_set():
+                logger.warning("supervisor %d is gone; stopping worker %s", supervisor, worker.name)
+                stopped.set()
+                await worker.close()  # sends WorkerClosing: a departure, not a lost worker
+
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal, sig)
+        supervisor = supervisor_pid()
+        watchdog = None if supervisor is None else loop.create_task(stop_when_orphaned(supervisor))
         await worker.finished()
+        if watchdog is not None:
+            watchdog.cancel()
         return 0 if stopped.is_set() else 1
 
     return asyncio.run(serve())
+
+
+def supervisor_pid() -> int | None:
+    """The pid of the ``--nworkers`` supervisor that started this process, if any.
+
+    The variable is removed once read, so that processes our tasks start (which
+    have us, not the supervisor, as parent) do not inherit it and stop at once.
+    """
+    from apportion.worker.supervisor import SUPERVISOR_PID_VARIABLE
+
+    value = os.environ.pop(SUPERVISOR_PID_VARIABLE, None)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        logger.warning("ignoring %s=%r: not a pid", SUPERVISOR_PID_VARIABLE, value)
+        return None
+
+
+async def parent_changed(pid: int, interval: float = 0.5) -> None:
+    """Return once our parent is no longer ``pid``.
+
+    A supervisor killed with SIGKILL cannot stop its children, and they are
+    re-parented (to pid 1 or a subreaper) instead of being signalled; left running
+    they would stay registered, and a restarted supervisor would double the workers.
+    Polling ``getppid`` works on every platform; twice a second costs nothing.
+    """
+    while os.getppid() == pid:
+        await asyncio.sleep(interval)

@@ -16,7 +16,8 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from apportion.client.future import CANCELLED, ERROR, FINISHED, LOST, Future, KeyState
+from apportion.client.errors import SerializationError
+from apportion.client.future import CANCELLED, ERROR, FINISHED, LOST, PENDING, Future, KeyState
 from apportion.client.session import Session
 from apportion.core import payload
 from apportion.core.resources import ResourceSpec, parse_demand
@@ -28,6 +29,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("apportion.client")
 
 _FUNC_CACHE_SIZE = 512
+
+#: Rounds of "lost meanwhile, wait for the recomputation, ask again" in one gather.
+_GATHER_ATTEMPTS = 5
 
 
 class Client:
@@ -98,6 +102,11 @@ class Client:
             status = CANCELLED if msg.kind == "cancelled" else ERROR
             for key in msg.keys:
                 self._settle(key, status, (msg.kind, msg.message, b""))
+        elif isinstance(msg, m.KeysPending):
+            for key in msg.keys:
+                state = self._keys.get(key)
+                if state is not None and state.status == FINISHED:
+                    state.reset()
         elif isinstance(msg, m.Notice):
             self.notices.append(msg.text)
             logger.warning("scheduler: %s", msg.text)
@@ -304,33 +313,61 @@ class Client:
         return _rebuild(futures, values)
 
     def _gather_keys(self, keys: list[str]) -> dict[str, Any]:
-        unique = list(dict.fromkeys(keys))
-        if self.direct_to_workers:
-            blobs = self._session.loop.run(self._gather_direct(unique))
-        else:
-            reply = self._session.call(lambda rid: m.GatherRequest(rid, unique))
-            blobs, missing = reply.data, reply.missing
-            if missing:
+        """Fetch results; keys lost meanwhile are waited for while they are recomputed."""
+        wanted = list(dict.fromkeys(keys))
+        out: dict[str, Any] = {}
+        for _ in range(_GATHER_ATTEMPTS):
+            if self.direct_to_workers:
+                blobs, missing, errors = self._session.loop.run(self._gather_direct(wanted))
+            else:
+                reply = self._session.call(lambda rid: m.GatherRequest(rid, wanted))
+                blobs, missing, errors = reply.data, reply.missing, reply.errors
+            if errors:
+                key, reason = next(iter(errors.items()))
+                raise SerializationError(reason)
+            out.update((key, payload.loads(blob)) for key, blob in blobs.items())
+            if not missing:
+                return out
+            # A result lost with its worker comes back as pending (KeysPending, which
+            # the scheduler sends before this reply): wait for it and ask again.
+            states = [self._keys.get(key) for key in missing]
+            if any(s is None or s.status != PENDING for s in states):
                 raise _missing_error(missing)
-        return {key: payload.loads(blob) for key, blob in blobs.items()}
+            for state in states:
+                assert state is not None
+                state.event.wait()
+                exc = state.exception_object()
+                if exc is not None:
+                    raise exc
+            wanted = missing
+        raise _missing_error(wanted)
 
-    async def _gather_direct(self, keys: list[str]) -> dict[str, bytes]:
+    async def _gather_direct(
+        self, keys: list[str]
+    ) -> tuple[dict[str, bytes], list[str], dict[str, str]]:
         """Fetch straight from the workers holding ``keys`` (one request per worker)."""
         reply = await self._session.request(m.WhoHasRequest(self._session.next_id(), keys))
         by_address: dict[str, list[str]] = {}
+        missing: list[str] = []
         for key in keys:
             holders = reply.who_has.get(key)
-            if not holders:
-                raise _missing_error([key])
-            by_address.setdefault(holders[0], []).append(key)
+            if holders:
+                by_address.setdefault(holders[0], []).append(key)
+            else:
+                missing.append(key)
         out: dict[str, bytes] = {}
+        errors: dict[str, str] = {}
         for address, some in by_address.items():
-            conn = await self._session.peer(address)
-            data = await self._session.request(m.GetData(self._session.next_id(), some), conn)
-            if data.missing:
-                raise _missing_error(data.missing)
+            try:
+                conn = await self._session.peer(address)
+                data = await self._session.request(m.GetData(self._session.next_id(), some), conn)
+            except OSError:
+                missing.extend(some)  # the worker went away: like a result it lost
+                continue
+            missing.extend(data.missing)
+            errors.update(data.errors)
             out.update(data.data)
-        return out
+        return out, missing, errors
 
     async def _scatter_direct(self, items: dict[str, bytes]) -> None:
         """Put data on workers' data ports, fewest stored bytes first, then tell the scheduler."""

@@ -17,6 +17,10 @@ class LostDataError(RuntimeError):
     """A result or scattered value is gone and cannot be recomputed."""
 
 
+class SerializationError(RuntimeError):
+    """A result exists on a worker but cannot be pickled to travel to where it is needed."""
+
+
 class SchedulerGoneError(ConnectionError):
     """The connection to the scheduler closed while results were still awaited."""
 
@@ -29,4 +33,6 @@ def failure(kind: str, message: str) -> BaseException:
         return FutureCancelledError(message)
     if kind == "lost":
         return LostDataError(message)
+    if kind == "unserializable":
+        return SerializationError(message)
     return RuntimeError(f"{kind}: {message}")

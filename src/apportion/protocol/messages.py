@@ -211,6 +211,7 @@ class GatherReply(Message):
     request_id: int
     data: dict[str, bytes]
     missing: list[str]
+    errors: dict[str, str]  #: key -> why its value could not be sent (e.g. unpicklable)
 
 
 @message
@@ -289,6 +290,8 @@ class MissingDependency(Message):
     key: str
     dep: str
     holders: list[str]
+    #: Empty when no holder had it; otherwise why it could not be sent (e.g. unpicklable).
+    reason: str
 
 
 @message
@@ -298,6 +301,7 @@ class DataReply(Message):
     request_id: int
     data: dict[str, bytes]
     missing: list[str]
+    errors: dict[str, str]  #: held, but the value cannot be sent: key -> why
 
 
 @message
@@ -382,3 +386,13 @@ class WorkerClosing(Message):
     """Worker -> scheduler, just before a deliberate close: not a crash, not a loss."""
 
     reason: str
+
+
+@message
+class KeysPending(Message):
+    """Scheduler -> client: these results were lost and are being computed again.
+
+    Futures go back to pending; a ``KeysDone`` (or a failure) follows.
+    """
+
+    keys: list[str]

@@ -198,8 +198,8 @@ def plain_capacity(state: SchedulerState, worker: WorkerRecord) -> int:
     config = state.config
     if avg is None:
         ahead = 1
-    elif avg <= 0:
-        ahead = config.max_pipeline
+    elif avg * config.max_pipeline <= config.pipeline_seconds:
+        ahead = config.max_pipeline  # also keeps the division below away from zero
     else:
         ahead = max(1, min(config.max_pipeline, math.ceil(config.pipeline_seconds / avg)))
     return worker.nthreads * (1 + ahead) - len(worker.processing)

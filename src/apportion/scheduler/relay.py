@@ -34,6 +34,7 @@ class _Gather:
     pending: dict[str, list[str]]
     data: dict[str, bytes] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -101,7 +102,7 @@ def gather(state: SchedulerState, client: ClientRecord, msg: m.GatherRequest) ->
         else:
             missing.append(key)
     if not by_worker:
-        state.send(client.id, m.GatherReply(msg.request_id, {}, missing))
+        state.send(client.id, m.GatherReply(msg.request_id, {}, missing, {}))
         return
     rid = state.relays.new_id()
     state.relays.gathers[rid] = _Gather(client.id, msg.request_id, dict(by_worker), {}, missing)
@@ -115,6 +116,7 @@ def data_reply(state: SchedulerState, worker: WorkerRecord, msg: m.DataReply) ->
         return
     gather_.data.update(msg.data)
     gather_.missing.extend(msg.missing)
+    gather_.errors.update(msg.errors)
     _maybe_finish_gather(state, msg.request_id)
 
 
@@ -122,7 +124,7 @@ def _maybe_finish_gather(state: SchedulerState, rid: int) -> None:
     gather_ = state.relays.gathers[rid]
     if not gather_.pending:
         del state.relays.gathers[rid]
-        reply = m.GatherReply(gather_.request_id, gather_.data, gather_.missing)
+        reply = m.GatherReply(gather_.request_id, gather_.data, gather_.missing, gather_.errors)
         state.send(gather_.client_id, reply)
 
 

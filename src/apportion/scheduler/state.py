@@ -109,6 +109,8 @@ class SchedulerState:
         #: Request kinds already warned about, so a sweep of 1,000 says it once.
         self.warned: set[tuple[tuple[str, int], ...]] = set()
         self.satisfiable_cache: dict[tuple[tuple[str, int], ...], bool] = {}
+        #: Tasks whose inputs could not be fetched, and how often (sparse: only those).
+        self.fetch_failures: dict[str, int] = {}
         self._handlers: dict[type[Any], Callable[[Any, Any], None]] = {
             ClientJoined: self._on_client_joined,
             ClientLeft: self._on_client_left,
@@ -249,6 +251,8 @@ class SchedulerState:
         unfinished = task.state in (WAITING, QUEUED, PROCESSING)
         self.move(task, "forgotten", cause)
         del self.tasks[task.key]
+        if self.fetch_failures:
+            self.fetch_failures.pop(task.key, None)
         if task.func_id != SCATTERED:
             users = self.function_users[task.func_id] - 1
             if users:
@@ -270,6 +274,8 @@ class SchedulerState:
     def complete(self, task: TaskRecord, worker: WorkerRecord, nbytes: int, cause: str) -> None:
         """``task``'s result now lives on ``worker``."""
         self.move(task, MEMORY, cause)
+        if self.fetch_failures:
+            self.fetch_failures.pop(task.key, None)
         task.worker = worker.id
         task.nbytes = nbytes
         worker.has_what.add(task.key)
@@ -387,6 +393,9 @@ class SchedulerState:
     def lose_result(self, task: TaskRecord, cause: str) -> None:
         """The only copy of ``task``'s result is gone: recompute it if we can."""
         task.worker = None
+        for client_id in task.wanted_by or ():
+            # Their futures said "finished": they must wait again, not fail on gather.
+            self.send(client_id, m.KeysPending([task.key]))
         for dependent_key in task.dependents:
             dependent = self.tasks[dependent_key]
             dependent.missing_deps += 1

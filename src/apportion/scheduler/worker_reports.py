@@ -96,10 +96,24 @@ def tasks_dropped(state: SchedulerState, worker: WorkerRecord, msg: m.TasksDropp
             settle_discarded(state, task, f"dropped by {worker.name} before it started")
 
 
+#: A task whose inputs could not be fetched this many times fails instead of looping.
+MAX_FETCH_FAILURES = 3
+
+
 def missing_dependency(
     state: SchedulerState, worker: WorkerRecord, msg: m.MissingDependency
 ) -> None:
     task = running_task(state, worker, msg.key)
+    if msg.reason:
+        # The input exists but its value cannot travel: running again cannot help.
+        if task is not None and task.state == PROCESSING and not task.discard_result:
+            text = f"input {msg.dep!r} of {msg.key!r} cannot be sent to {worker.name}: {msg.reason}"
+            state.fail(task, ("unserializable", text, b""), f"input {msg.dep} cannot be sent")
+        elif task is not None and task.state == PROCESSING:
+            task.discard_result = False
+            settle_discarded(state, task, f"input {msg.dep} cannot be sent")
+        state.placement_due = True
+        return
     dep = state.tasks.get(msg.dep)
     if dep is not None and dep.state == MEMORY:
         holder = state.workers.get(dep.worker or "")
@@ -107,6 +121,8 @@ def missing_dependency(
             if holder is not None:
                 holder.has_what.discard(dep.key)
                 holder.nbytes -= dep.nbytes
+                # Whatever the holder still has under that key is stale from now on.
+                state.free_keys[holder.id].append(dep.key)
             state.lose_result(dep, f"{worker.name} could not fetch it")
     if task is None or task.state != PROCESSING:
         return  # a stale report, or the task failed with the input it could not fetch
@@ -116,6 +132,12 @@ def missing_dependency(
         task.discard_result = False
         settle_discarded(state, task, cause)
         return
+    failures = state.fetch_failures.get(task.key, 0) + 1
+    if failures >= MAX_FETCH_FAILURES:
+        text = f"{task.key!r} could not fetch input {msg.dep!r} {failures} times"
+        state.fail(task, ("lost", f"{text} (last on {worker.name})", b""), cause)
+        return
+    state.fetch_failures[task.key] = failures
     task.missing_deps = sum(1 for d in task.deps if state.tasks[d].state != MEMORY)
     if task.missing_deps:
         state.move(task, WAITING, cause)

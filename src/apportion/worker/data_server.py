@@ -26,9 +26,10 @@ DATA_ROLES = frozenset({"peer", "client"})
 
 
 def data_reply(data: Mapping[str, Any], request_id: int, keys: Iterable[str]) -> DataReply:
-    """Pickle the requested values; keys not held (or not picklable) are listed missing."""
+    """Pickle the requested values; keys not held are missing, unpicklable ones errors."""
     found: dict[str, bytes] = {}
     missing: list[str] = []
+    errors: dict[str, str] = {}
     for key in keys:
         try:
             value = data[key]
@@ -37,10 +38,12 @@ def data_reply(data: Mapping[str, Any], request_id: int, keys: Iterable[str]) ->
             continue
         try:
             found[key] = dumps(value)
-        except Exception:
-            logger.exception("cannot pickle the value of %r to send it; reported missing", key)
-            missing.append(key)
-    return DataReply(request_id, found, missing)
+        except Exception as exc:
+            # Not "missing": the value exists and will never travel. Saying so lets the
+            # scheduler fail its dependents instead of recomputing it again and again.
+            errors[key] = f"the result of {key!r} ({type(value).__name__}) cannot be pickled: {exc}"
+            logger.warning("%s", errors[key])
+    return DataReply(request_id, found, missing, errors)
 
 
 class DataServer:

@@ -8,7 +8,7 @@ say what to do, never how: the service owns sockets, threads and the data store.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from apportion.protocol.messages import ComputeTask, Message
@@ -48,6 +48,8 @@ class FetchDone:
     obtained: Mapping[str, DataInfo]
     missing: tuple[str, ...]
     time: float
+    #: Held by the peer but impossible to send (e.g. unpicklable): key -> why.
+    errors: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -288,7 +288,8 @@ class Worker(BackgroundService):
                 continue
             self.data[key] = value
             obtained[key] = DataInfo(sizeof(value), type_name(value))
-        self._handle([FetchDone(address, obtained, tuple(missing), time.time())])
+        done = FetchDone(address, obtained, tuple(missing), time.time(), dict(reply.errors))
+        self._handle([done])
 
     def __repr__(self) -> str:
         return f"<Worker {self.name} {self.address or 'not started'} threads={self.nthreads}>"

@@ -249,6 +249,13 @@ class WorkerState:
             self._arrived(key, info, False, f"fetched from {event.address}", event.time)
         for key in event.missing:
             self._fetch_failed(key, event.address, "peer does not hold it", event.time)
+        for key, reason in event.errors.items():
+            record = self.fetches.get(key)
+            if record is not None and record.address == event.address:
+                del self.fetches[key]
+                # Another holder would fail the same way: the value itself cannot travel.
+                self._move(key, "fetching", "released", f"{event.address}: {reason}", event.time)
+                self._dep_unavailable(key, record.holders, event.time, reason)
 
     def _on_execution_ok(self, event: ExecutionOk) -> None:
         record = self._finish_execution(event.key)
@@ -364,11 +371,11 @@ class WorkerState:
             self._move(key, "fetching", "released", f"{address}: {reason}; no holder left", now)
             self._dep_unavailable(key, record.holders, now)
 
-    def _dep_unavailable(self, dep: str, holders: list[str], now: float) -> None:
+    def _dep_unavailable(self, dep: str, holders: list[str], now: float, reason: str = "") -> None:
         """No holder can give ``dep``: tell the scheduler and drop the tasks needing it."""
         dependents = sorted(self.needed_by.get(dep, ()), key=lambda k: self.tasks[k].seq)
         for key in dependents:
-            self._send(MissingDependency(key, dep, holders))
+            self._send(MissingDependency(key, dep, holders, reason))
         self._drop_tasks(dependents, f"dependency {dep} unavailable", now)
 
     # --- tasks --------------------------------------------------------------------

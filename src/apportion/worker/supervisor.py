@@ -5,11 +5,17 @@ of the supervisor's state leaks into it. A child that dies without being asked t
 is started again; one that keeps dying within ``min_uptime`` is restarted with a
 growing delay, so a wrong scheduler address does not become a busy loop. The
 launcher and the clock are injected, so the policy is tested without processes.
+
+Children also outlive a supervisor killed with SIGKILL (they are re-parented, not
+signalled), so each one is told our pid in ``SUPERVISOR_PID_VARIABLE`` and stops by
+itself once its parent is someone else (see ``apportion.cli.worker``). This is
+portable, unlike Linux's ``PR_SET_PDEATHSIG``.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import threading
@@ -20,6 +26,10 @@ from types import FrameType
 from typing import Protocol
 
 logger = logging.getLogger("apportion.supervisor")
+
+#: Set in each child's environment to the supervisor's pid; a worker process that
+#: finds it watches ``os.getppid()`` and stops when it no longer matches.
+SUPERVISOR_PID_VARIABLE = "APPORTION_SUPERVISOR_PID"
 
 
 class ChildProcess(Protocol):
@@ -41,8 +51,9 @@ Launcher = Callable[[list[str]], ChildProcess]
 
 
 def popen_launcher(argv: list[str]) -> ChildProcess:
-    """Start ``argv`` as a child sharing our stdout and stderr."""
-    return subprocess.Popen(argv)
+    """Start ``argv`` as a child sharing our stdout and stderr, told our pid."""
+    env = {**os.environ, SUPERVISOR_PID_VARIABLE: str(os.getpid())}
+    return subprocess.Popen(argv, env=env)
 
 
 def describe_exit(returncode: int) -> str:
