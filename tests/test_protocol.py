@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 
 import msgpack
 import pytest
@@ -133,9 +134,9 @@ def _pack(obj: object) -> bytes:
         (_pack([[-1]]), "unknown message tag -1"),
         (_pack([[m.Refused.TAG]]), "Refused takes 1 fields, got 0"),
         (_pack([[m.Refused.TAG, "a", "b"]]), "Refused takes 1 fields, got 2"),
-        (_pack([[m.SubmitTasks.TAG, [1], {}, []]]), "malformed SubmitTasks"),
-        (_pack([[m.SubmitTasks.TAG, [["k"]], {}, []]]), "malformed SubmitTasks"),
-        (_pack([[m.SubmitTasks.TAG, None, {}, []]]), "malformed SubmitTasks"),
+        (_pack([[m.SubmitTasks.TAG, [1], {}, []]]), "SubmitTasks.tasks has the wrong type"),
+        (_pack([[m.SubmitTasks.TAG, [["k"]], {}, []]]), "SubmitTasks.tasks has the wrong type"),
+        (_pack([[m.SubmitTasks.TAG, None, {}, []]]), "SubmitTasks.tasks has the wrong type"),
         (_pack([m.KeysDone(["a"]).to_wire(), [999]]), "unknown message tag 999"),
     ],
 )
@@ -249,3 +250,21 @@ def test_parse_address_errors(text: str, match: str) -> None:
 @pytest.mark.parametrize(("host", "port"), [("h", 1), ("::1", 8786), ("10.0.0.1", 80)])
 def test_format_address_round_trips(host: str, port: int) -> None:
     assert parse_address(format_address(host, port)) == (host, port)
+
+
+@pytest.mark.parametrize(
+    ("message", "field"),
+    [
+        ([m.ReleaseKeys.TAG, [1, 2]], "ReleaseKeys.keys"),
+        ([m.ReleaseKeys.TAG, [["nested"]]], "ReleaseKeys.keys"),
+        ([m.TaskFinished.TAG, "k", "many", 0.1, "int"], "TaskFinished.nbytes"),
+        ([m.TaskFinished.TAG, "k", True, 0.1, "int"], "TaskFinished.nbytes"),
+        ([m.CancelKeys.TAG, "not-a-list"], "CancelKeys.keys"),
+        ([m.SubmitTasks.TAG, [["k", "f", b"", [], {"GPU": "1"}, 0, 0]], {}, []], "tasks"),
+        ([m.SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0]], {}, [("x", 1)]], "wanted"),
+    ],
+)
+def test_fields_of_the_wrong_type_are_protocol_errors(message: list[object], field: str) -> None:
+    body = msgpack.packb([message], use_bin_type=True)
+    with pytest.raises(ProtocolError, match=re.escape(field)):
+        decode_body(body)

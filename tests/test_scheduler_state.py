@@ -1072,12 +1072,30 @@ def test_cancelled_running_task_wanted_again_reports_at_once(sim: RecordingClust
     sim.place()
     sim.client_says("c1", m.CancelKeys(["x"]))
     sim.remove_client("c1")
-    sim.submit("x", client="c2")  # still running, already cancelled
+    sim.client_says("c2", m.SubmitTasks([], {}, ["x"]))  # asks for it, still running
     (failed,) = sim.got(m.KeysFailed, "c2")
     assert failed.kind == "cancelled"
     sim.finish("x")
     assert sim.state_of("x") == ERRED
     assert len(sim.got(m.KeysFailed, "c2")) == 1
+
+
+def test_cancelled_task_submitted_again_runs_again(sim: RecordingCluster) -> None:
+    w = sim.add_worker()
+    sim.submit("x")
+    sim.place()
+    sim.client_says("c1", m.CancelKeys(["x"]))
+    sim.submit("x")  # the same task again while the cancelled run is still going
+    sim.finish("x")  # that run's result was discarded; the task is queued again
+    assert sim.place() == [(w, "x")]
+    sim.finish("x")
+    assert sim.state_of("x") == MEMORY and "x" in sim.done()
+    sim.client_says("c1", m.CancelKeys(["x"]), m.ReleaseKeys(["x"]))
+    sim.submit("y")
+    sim.client_says("c1", m.CancelKeys(["y"]))
+    assert sim.state_of("y") == ERRED
+    sim.submit("y")  # cancelled before it ran: a fresh task
+    assert sim.place() == [(w, "y")]
 
 
 def test_cancelling_twice_reports_once(sim: RecordingCluster) -> None:
@@ -1178,3 +1196,12 @@ def test_missing_dependency_of_a_cancelled_task_does_not_rerun_it(
     assert sim.place() == [(sim.worker_of("a"), "a")]  # a is still wanted: recomputed
     assert "b" not in sim.all_running()
     assert sim.free(w2) == {"GPU": 1.0}
+
+
+def test_resubmitting_a_cancelled_key_keeps_its_function(sim: RecordingCluster) -> None:
+    w = sim.add_worker()
+    sim.submit("x", resources=None)
+    sim.client_says("c1", m.CancelKeys(["x"]))
+    assert "f" in sim.state.functions  # still used by the cancelled record
+    sim.submit("x")  # drops the cancelled record (its function's last user) first
+    assert sim.place() == [(w, "x")]

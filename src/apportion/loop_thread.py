@@ -40,6 +40,9 @@ class LoopThread:
         if threading.current_thread() is self._thread:
             coro.close()
             raise RuntimeError("LoopThread.run called from its own loop; await instead")
+        if not self._thread.is_alive() or self.loop.is_closed():
+            coro.close()  # a stopped loop would never run it: fail instead of hanging
+            raise RuntimeError("the event loop has stopped")
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def stop(self) -> None:

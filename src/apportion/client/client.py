@@ -14,14 +14,25 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from apportion.client.errors import SerializationError
-from apportion.client.future import CANCELLED, ERROR, FINISHED, LOST, PENDING, Future, KeyState
+from apportion.client.errors import SchedulerGoneError, SerializationError
+from apportion.client.future import (
+    CANCELLED,
+    ERROR,
+    FINISHED,
+    LOST,
+    PENDING,
+    CallbackRunner,
+    Future,
+    KeyState,
+)
 from apportion.client.session import Session
 from apportion.core import payload
 from apportion.core.resources import ResourceSpec, parse_demand
 from apportion.protocol import messages as m
+from apportion.protocol.codec import MAX_FRAME
 
 if TYPE_CHECKING:
     from apportion.client.local import LocalCluster
@@ -72,6 +83,7 @@ class Client:
         self._lock = threading.RLock()
         self._keys: dict[str, KeyState] = {}
         self._functions: dict[Any, tuple[str, bytes]] = {}
+        self._callbacks = CallbackRunner()
         self._closed = False
         try:
             self._session = Session(
@@ -85,6 +97,7 @@ class Client:
     # --- what the scheduler tells us ------------------------------------------------
 
     def _scheduler_gone(self, reason: str) -> None:
+        """Nothing more will come from the scheduler: no future may wait forever."""
         error = ("lost", reason, b"")
         with self._lock:
             states = list(self._keys.values())
@@ -115,7 +128,13 @@ class Client:
 
     def _settle(self, key: str, status: str, error: tuple[str, bytes | str, bytes] | None) -> None:
         state = self._keys.get(key)
-        if state is not None and (not state.event.is_set() or status == CANCELLED):
+        if state is None:
+            return
+        if state.cancel_echo:
+            state.cancel_echo = False
+            if status == CANCELLED:
+                return  # the echo of our own cancel: already settled (or resubmitted)
+        if not state.event.is_set():
             state.settle(status, error)
 
     # --- reference counting ---------------------------------------------------------
@@ -137,8 +156,10 @@ class Client:
             if state.refs > 0:
                 return
             del self._keys[key]
-        if not self._closed:
-            self._session.post(key)
+            # Posted under the lock, so a submit of the same key from another thread
+            # cannot overtake this release on its way to the scheduler.
+            if not self._closed:
+                self._session.post(key)
 
     # --- submitting -----------------------------------------------------------------
 
@@ -172,8 +193,11 @@ class Client:
     ) -> Future:
         if not callable(func):
             raise TypeError(f"first argument must be callable, not {type(func).__name__}")
+        if key is not None and not isinstance(key, str):
+            raise TypeError(f"key must be a str, not {type(key).__name__}: {key!r}")
         func_id, blob = self._function(func)
         args_blob, deps = payload.pack_call(args, kwargs)
+        _check_size(args_blob, f"the arguments of {getattr(func, '__name__', func)!r}")
         if key is None:
             name = getattr(func, "__name__", type(func).__name__)
             if pure:
@@ -186,6 +210,8 @@ class Client:
             else:
                 key = f"{name}-{self._unique}{next(self._counter)}"
         future = Future(key, self)
+        if future._state.status == CANCELLED:
+            future._state.reset()  # submitted again after a cancel: it runs again
         spec = m.TaskSpec(key, func_id, args_blob, sorted(deps), resources, priority, retries)
         self._session.post([(spec, blob, True)])
         return future
@@ -295,7 +321,13 @@ class Client:
     # --- results --------------------------------------------------------------------
 
     def gather(self, futures: Any, errors: str = "raise") -> Any:
-        """Results for a future, or a list/tuple/dict/set of them (same shape back)."""
+        """Results for a future, or a list/tuple/dict/set of them (same shape back).
+
+        ``errors="raise"`` re-raises the first failure; ``errors="skip"`` leaves failed
+        futures out of the result, as Dask does.
+        """
+        if errors not in ("raise", "skip"):
+            raise ValueError(f"errors must be 'raise' or 'skip', not {errors!r}")
         found: list[Future] = []
         _collect(futures, found)
         for fut in found:
@@ -306,7 +338,7 @@ class Client:
             if exc is not None:
                 if errors == "raise":
                     raise exc
-                values[fut.key] = exc
+                values[fut.key] = _SKIPPED
         wanted = [f.key for f in found if f.key not in values]
         if wanted:
             values.update(self._gather_keys(wanted))
@@ -320,11 +352,10 @@ class Client:
             if self.direct_to_workers:
                 blobs, missing, errors = self._session.loop.run(self._gather_direct(wanted))
             else:
-                reply = self._session.call(lambda rid: m.GatherRequest(rid, wanted))
+                reply = self._session.call(partial(m.GatherRequest, keys=wanted))
                 blobs, missing, errors = reply.data, reply.missing, reply.errors
             if errors:
-                key, reason = next(iter(errors.items()))
-                raise SerializationError(reason)
+                raise SerializationError(next(iter(errors.values())))
             out.update((key, payload.loads(blob)) for key, blob in blobs.items())
             if not missing:
                 return out
@@ -390,8 +421,12 @@ class Client:
         """Put local data on workers; returns futures in the shape given (list, dict, one)."""
         self._check_open()
         if isinstance(data, Mapping):
-            items = {str(k): payload.dumps(v) for k, v in data.items()}
-            names = list(items)
+            from apportion.client.graph import wire_key
+
+            names = [wire_key(k) for k in data]
+            if len(set(names)) != len(names):
+                raise ValueError("scatter keys must stay distinct as strings (e.g. 1 and '1')")
+            items = {name: payload.dumps(v) for name, v in zip(names, data.values(), strict=True)}
         else:
             seq = data if isinstance(data, list | tuple) else [data]
             blobs = [payload.dumps(v) for v in seq]
@@ -405,6 +440,8 @@ class Client:
                 for v, b in zip(seq, blobs, strict=True)
             ]
             items = dict(zip(names, blobs, strict=True))
+        for name, blob in items.items():
+            _check_size(blob, f"scattered value {name!r}")
         futures = {name: Future(name, self) for name in names}
         if self.direct_to_workers:
             self._session.loop.run(self._scatter_direct(items))
@@ -413,7 +450,7 @@ class Client:
         for fut in futures.values():
             fut._wait(self.timeout)
         if isinstance(data, Mapping):
-            return futures
+            return {k: futures[name] for k, name in zip(data, names, strict=True)}
         if isinstance(data, list | tuple):
             return type(data)(futures[n] for n in names)
         return futures[names[0]]
@@ -424,7 +461,9 @@ class Client:
         _collect(futures, found)
         keys = [f.key for f in found]
         for fut in found:
-            fut._state.settle(CANCELLED, ("cancelled", f"{fut.key!r} was cancelled", b""))
+            if not fut.done():  # a finished result stays finished
+                fut._state.settle(CANCELLED, ("cancelled", f"{fut.key!r} was cancelled", b""))
+                fut._state.cancel_echo = True
         self._session.post(m.CancelKeys(keys))
 
     # --- introspection --------------------------------------------------------------
@@ -466,6 +505,8 @@ class Client:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("this client is closed")
+        if not self._session.connected:
+            raise SchedulerGoneError(f"lost the connection to {self.scheduler_address}")
 
     def close(self) -> None:
         """Release everything, disconnect, and stop an embedded cluster; idempotent."""
@@ -473,6 +514,8 @@ class Client:
             return
         self._closed = True
         self._session.close()
+        self._scheduler_gone(f"the client for {self.scheduler_address} was closed")
+        self._callbacks.stop()
         if self._own_cluster is not None:
             self._own_cluster.close()
 
@@ -489,6 +532,19 @@ class Client:
 
     def __repr__(self) -> str:
         return f"<Client: scheduler={self.scheduler_address!r}>"
+
+
+#: Largest pickled argument or scattered value: well inside one frame (MAX_FRAME),
+#: so one oversized call is refused here instead of ending the whole session.
+MAX_PAYLOAD = MAX_FRAME // 4
+
+
+def _check_size(blob: bytes, what: str) -> None:
+    if len(blob) > MAX_PAYLOAD:
+        raise ValueError(
+            f"{what} pickle to {len(blob):,} bytes, more than the {MAX_PAYLOAD:,} one message "
+            "may carry: split the data, or load it on the workers inside a task"
+        )
 
 
 def _missing_error(keys: list[str]) -> BaseException:
@@ -508,14 +564,23 @@ def _collect(obj: Any, out: list[Future]) -> None:
             _collect(item, out)
 
 
+_SKIPPED = object()
+
+
 def _rebuild(obj: Any, values: dict[str, Any]) -> Any:
     if isinstance(obj, Future):
-        return values[obj.key]
+        value = values[obj.key]
+        return None if value is _SKIPPED else value
     if isinstance(obj, list | tuple | set | frozenset):
-        return type(obj)(_rebuild(item, values) for item in obj)
+        items = (_rebuild(item, values) for item in obj if not _skipped(item, values))
+        return type(obj)(items)
     if isinstance(obj, dict):
-        return {k: _rebuild(v, values) for k, v in obj.items()}
+        return {k: _rebuild(v, values) for k, v in obj.items() if not _skipped(v, values)}
     return obj
+
+
+def _skipped(obj: Any, values: dict[str, Any]) -> bool:
+    return isinstance(obj, Future) and values.get(obj.key) is _SKIPPED
 
 
 def iter_futures(obj: Any) -> Iterator[Future]:

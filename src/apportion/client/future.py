@@ -8,6 +8,8 @@ it may release the result.
 
 from __future__ import annotations
 
+import logging
+import queue
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -17,6 +19,8 @@ from apportion.core import payload
 
 if TYPE_CHECKING:
     from apportion.client.client import Client
+
+logger = logging.getLogger("apportion.client")
 
 PENDING = "pending"
 FINISHED = "finished"
@@ -28,7 +32,7 @@ LOST = "lost"
 class KeyState:
     """What the client knows about one key; shared by all its futures."""
 
-    __slots__ = ("callbacks", "error", "event", "refs", "status")
+    __slots__ = ("_lock", "callbacks", "cancel_echo", "error", "event", "refs", "status")
 
     def __init__(self) -> None:
         self.status = PENDING
@@ -38,14 +42,29 @@ class KeyState:
         self.callbacks: list[Callable[[], None]] = []
         #: Live ``Future`` objects for this key.
         self.refs = 0
+        #: Cancelled here; the scheduler's own "cancelled" for it is still to come and
+        #: must not cancel a run submitted again in between.
+        self.cancel_echo = False
+        # Makes "not done yet, so register" and "done, so run what is registered"
+        # atomic: without it a callback added while the key settles is never run.
+        self._lock = threading.Lock()
 
     def settle(self, status: str, error: tuple[str, bytes | str, bytes] | None = None) -> None:
-        self.status = status
-        self.error = error
-        self.event.set()
-        callbacks, self.callbacks = self.callbacks, []
+        with self._lock:
+            self.status = status
+            self.error = error
+            self.event.set()
+            callbacks, self.callbacks = self.callbacks, []
         for callback in callbacks:
             callback()
+
+    def add_callback(self, callback: Callable[[], None]) -> bool:
+        """Register ``callback`` for when the key settles; False if it already has."""
+        with self._lock:
+            if self.event.is_set():
+                return False
+            self.callbacks.append(callback)
+            return True
 
     def reset(self) -> None:
         """The result was lost and is being recomputed: wait again."""
@@ -134,12 +153,14 @@ class Future:
         self._client.cancel([self])
 
     def add_done_callback(self, fn: Callable[[Future], Any]) -> None:
-        """Call ``fn(self)`` when done (at once if already done), from a client thread."""
-        state = self._state
-        if state.event.is_set():
+        """Call ``fn(self)`` when done; at once, in this thread, if it already is.
+
+        Later calls run on the client's callback thread, one at a time, so ``fn`` may
+        call ``result()``; an exception it raises is logged, not lost.
+        """
+        runner = self._client._callbacks
+        if not self._state.add_callback(lambda: runner.submit(fn, self)):
             fn(self)
-        else:
-            state.callbacks.append(lambda: fn(self))
 
     def _wait(self, timeout: float | None) -> None:
         if not self._state.event.wait(timeout):
@@ -147,3 +168,38 @@ class Future:
 
     def __repr__(self) -> str:
         return f"<Future: {self.status}, key: {self.key}>"
+
+
+class CallbackRunner:
+    """One daemon thread running done-callbacks, off the client's event loop.
+
+    On the loop they could not call ``result()`` (which needs the loop), and one
+    that raised would end the loop's reader and hang every future.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[Callable[[Future], Any], Future] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[[Future], Any], future: Future) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="apportion-callbacks", daemon=True
+                )
+                self._thread.start()
+        self._queue.put((fn, future))
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            fn, future = item
+            try:
+                fn(future)
+            except Exception:
+                logger.exception("done callback %r for %s raised", fn, future.key)
+
+    def stop(self) -> None:
+        self._queue.put(None)

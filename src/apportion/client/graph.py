@@ -115,6 +115,12 @@ def graph_tasks(
     retries: int,
 ) -> Iterator[tuple[m.TaskSpec, bytes]]:
     """The tasks needed for ``keys``, dependencies first, with the function blob."""
+    seen: dict[str, Any] = {}
+    for key in dsk:
+        name = wire_key(key)
+        if name in seen:
+            raise ValueError(f"graph keys {seen[name]!r} and {key!r} both travel as {name!r}")
+        seen[name] = key
     common, per_key = _demand_by_key(dsk, resources)
     func_id, blob = client._function(payload.run_spec)
     for key in needed_in_order(dsk, keys):

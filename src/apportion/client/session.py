@@ -10,6 +10,7 @@ messages, each function pickled once per batch).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import itertools
 import logging
@@ -108,9 +109,18 @@ class Session:
         target.send(msg)
         return await fut
 
+    @property
+    def connected(self) -> bool:
+        return not self.closed and self._conn is not None and not self._conn.closed
+
     def call(self, make: Callable[[int], m.Message], timeout: float | None = None) -> Any:
         """From a user thread: send a request built with a fresh id; return the reply."""
-        return self.loop.run(self.request(make(self.next_id())), timeout)
+        if not self.connected:
+            raise SchedulerGoneError(f"not connected to the scheduler {self.address}")
+        try:
+            return self.loop.run(self.request(make(self.next_id())), timeout)
+        except concurrent.futures.CancelledError:  # the session closed while waiting
+            raise SchedulerGoneError(f"the connection to {self.address} was closed") from None
 
     async def peer(self, address: str) -> Connection:
         """A data connection to the worker at ``address``, opened once and reused."""

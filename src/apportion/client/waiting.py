@@ -84,11 +84,13 @@ class as_completed(Iterator[Any]):
         with self._lock:
             if self._pending == 0:
                 raise StopIteration
-            self._pending -= 1
         try:
             fut = self._queue.get(timeout=self.timeout)
         except queue.Empty:
+            # Still pending: counted, so a later ``next`` can yield it.
             raise TimeoutError(f"no future finished within {self.timeout}s") from None
+        with self._lock:
+            self._pending -= 1
         if self.with_results:
             return fut, fut.result()
         return fut

@@ -9,10 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 
-from apportion.protocol.codec import HEADER, MAX_FRAME, decode_body, encode_frame, frame_length
+from apportion.protocol.codec import (
+    HEADER,
+    MAX_FRAME,
+    ProtocolError,
+    decode_body,
+    encode_frame,
+    frame_length,
+)
 from apportion.protocol.messages import Message
+
+logger = logging.getLogger("apportion.net")
 
 
 class ConnectionClosed(Exception):
@@ -55,7 +65,15 @@ class Connection:
             self._outbox.clear()
             return
         batch, self._outbox = self._outbox, []
-        self._writer.write(encode_frame(batch))
+        try:
+            frame = encode_frame(batch)
+        except (ProtocolError, TypeError, ValueError, OverflowError) as exc:
+            # Runs from call_soon, where an exception would vanish: say so, and close,
+            # so the peer and our reader both see the failure instead of a silent gap.
+            logger.error("cannot send %d messages to %s: %s; closing", len(batch), self.peer, exc)
+            self.abort()
+            return
+        self._writer.write(frame)
 
     async def drain(self) -> None:
         """Wait until the transport's buffer is low again (for bulk senders)."""

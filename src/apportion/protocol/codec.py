@@ -14,6 +14,7 @@ from typing import Any
 import msgpack
 
 from apportion.protocol.messages import Message, message_class
+from apportion.protocol.validate import Check, field_checks
 
 HEADER = struct.Struct("!I")
 
@@ -25,6 +26,9 @@ MAX_FRAME = 2**31 - 1
 MAX_HANDSHAKE_FRAME = 64 * 1024
 
 
+_CHECKS: dict[type[Message], list[tuple[str, Check]]] = {}
+
+
 class ProtocolError(Exception):
     """The peer sent bytes that are not a valid frame of this protocol."""
 
@@ -32,6 +36,8 @@ class ProtocolError(Exception):
 def encode_frame(messages: Sequence[Message]) -> bytes:
     """One frame carrying ``messages`` in order."""
     body: bytes = msgpack.packb([m.to_wire() for m in messages], use_bin_type=True)
+    if len(body) > MAX_FRAME:
+        raise ProtocolError(f"frame of {len(body):,} bytes exceeds the limit of {MAX_FRAME:,}")
     return HEADER.pack(len(body)) + body
 
 
@@ -54,6 +60,12 @@ def decode_body(body: bytes) -> list[Message]:
             raise ProtocolError(
                 f"{cls.__name__} takes {len(cls._field_names)} fields, got {len(item) - 1}"
             )
+        checks = _CHECKS.get(cls)
+        if checks is None:
+            checks = _CHECKS[cls] = field_checks(cls)
+        for (name, check), value in zip(checks, item[1:], strict=True):
+            if not check(value):
+                raise ProtocolError(f"{cls.__name__}.{name} has the wrong type")
         try:
             out.append(cls.from_fields(item[1:]))
         except (TypeError, ValueError) as exc:

@@ -33,14 +33,18 @@ WHY_ALL_LIMIT = 100
 
 
 def submit(state: SchedulerState, client: ClientRecord, msg: m.SubmitTasks) -> None:
-    state.functions.update(msg.functions)
     # Records, links and wants first, states second: a task that fails at
     # submission must already know who wants it and which dependents fail with
     # it, or it would be forgotten unseen and reported only as "unknown".
     created: list[TaskRecord] = []
     for spec in msg.tasks:
-        if spec.key not in state.tasks:
+        existing = state.tasks.get(spec.key)
+        if existing is not None and _was_cancelled(existing):
+            existing = _revive(state, existing)
+        if existing is None:
             created.append(_new_task(state, spec))
+    # After the loop above: dropping a revived record may have dropped its function.
+    state.functions.update(msg.functions)
     for task in created:  # after creation, so a batch need not be in graph order
         _link_inputs(state, task)
     for key in msg.wanted:
@@ -52,9 +56,34 @@ def submit(state: SchedulerState, client: ClientRecord, msg: m.SubmitTasks) -> N
     for task in reversed(created):
         if task.key in state.tasks:
             state.release_if_unneeded(task)
-    for task in created:
+    # New tasks, and existing ones this client now waits for too, get the warning.
+    asked = [state.tasks[key] for key in msg.wanted if key in state.tasks]
+    for task in (*created, *asked):
         if task.resources and task.state in (WAITING, QUEUED) and state.workers:
             _warn_if_unsatisfiable(state, task)
+
+
+def _was_cancelled(task: TaskRecord) -> bool:
+    return (
+        task.error is not None
+        and task.error[0] == "cancelled"
+        and (task.state == ERRED or task.cancelled)
+    )
+
+
+def _revive(state: SchedulerState, task: TaskRecord) -> TaskRecord | None:
+    """A cancelled key submitted again runs again, as a new task would.
+
+    A finished cancellation is dropped so the submission creates a fresh record; one
+    still running keeps its record but loses its cancellation, so that the worker's
+    report re-queues it ("needed again") instead of failing it.
+    """
+    if task.state == ERRED:
+        state.remove(task, "submitted again after a cancel")
+        return None
+    task.cancelled = False
+    task.error = None
+    return task
 
 
 def _link_inputs(state: SchedulerState, task: TaskRecord) -> None:
@@ -139,9 +168,10 @@ def release_keys(state: SchedulerState, client: ClientRecord, msg: m.ReleaseKeys
 def cancel_keys(state: SchedulerState, client: ClientRecord, msg: m.CancelKeys) -> None:
     for key in msg.keys:
         task = state.tasks.get(key)
-        if task is not None and task.state in (WAITING, QUEUED, PROCESSING):
-            text = f"{key!r} was cancelled"
-            state.fail(task, ("cancelled", text, b""), f"cancelled by client {client.id}")
+        if task is None or task.state not in (WAITING, QUEUED, PROCESSING):
+            continue
+        text = f"{key!r} was cancelled"
+        state.fail(task, ("cancelled", text, b""), f"cancelled by client {client.id}")
 
 
 def why(state: SchedulerState, client: ClientRecord, msg: m.WhyRequest) -> None:

@@ -109,6 +109,8 @@ class SchedulerState:
         #: Request kinds already warned about, so a sweep of 1,000 says it once.
         self.warned: set[tuple[tuple[str, int], ...]] = set()
         self.satisfiable_cache: dict[tuple[tuple[str, int], ...], bool] = {}
+        #: (client, request kind) pairs already told that nobody can run it.
+        self.notified: set[tuple[str, tuple[tuple[str, int], ...]]] = set()
         #: Tasks whose inputs could not be fetched, and how often (sparse: only those).
         self.fetch_failures: dict[str, int] = {}
         self._handlers: dict[type[Any], Callable[[Any, Any], None]] = {
@@ -358,6 +360,7 @@ class SchedulerState:
         )
         self.satisfiable_cache.clear()
         self.warned.clear()
+        self.notified.clear()
         self.placement_due = True
         self.relays.worker_joined(self)
 
@@ -388,6 +391,7 @@ class SchedulerState:
         self.relays.worker_left(self, worker.id)
         self.satisfiable_cache.clear()
         self.warned.clear()
+        self.notified.clear()
         self.placement_due = True
 
     def lose_result(self, task: TaskRecord, cause: str) -> None:

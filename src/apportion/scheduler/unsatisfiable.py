@@ -50,13 +50,14 @@ def fail_or_warn(
 
 
 def warn_unsatisfiable(state: SchedulerState, task: TaskRecord, text: str) -> None:
-    """Say it once per kind of request and connected-worker set, to log and client."""
-    if task.signature in state.warned:
-        return
-    state.warned.add(task.signature)
-    state.warn(text)
+    """Log it once per kind of request, and tell each client waiting for one once."""
+    if task.signature not in state.warned:
+        state.warned.add(task.signature)
+        state.warn(text)
     for client_id in task.wanted_by or ():
-        state.send(client_id, m.Notice("warning", text))
+        if (client_id, task.signature) not in state.notified:
+            state.notified.add((client_id, task.signature))
+            state.send(client_id, m.Notice("warning", text))
 
 
 def unsatisfiable_text(task: TaskRecord, workers: Any) -> str:

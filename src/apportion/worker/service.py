@@ -275,7 +275,7 @@ class Worker(BackgroundService):
             self._handle([FetchFailed(address, keys, str(exc), time.time())])
             return
         obtained: dict[str, DataInfo] = {}
-        missing = [key for key in keys if key not in reply.data]
+        missing = [key for key in keys if key not in reply.data and key not in reply.errors]
         for key in keys:
             blob = reply.data.get(key)
             if blob is None:

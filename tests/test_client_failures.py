@@ -1,0 +1,189 @@
+"""Failure paths of the client: nothing may hang, every failure says what happened."""
+
+from __future__ import annotations
+
+import operator
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from apportion import Client, LocalCluster, LostDataError, as_completed
+from apportion.client.errors import SerializationError
+from apportion.scheduler.invariants import check_invariants
+
+
+@pytest.fixture
+def cluster() -> Iterator[LocalCluster]:
+    workers = [
+        {"name": "a", "nthreads": 2, "resources": "x=1"},
+        {"name": "b", "nthreads": 2, "resources": "GPU=1"},
+    ]
+    with LocalCluster(workers=workers, processes=False) as c:
+        yield c
+        check_invariants(c.scheduler.state)
+
+
+@pytest.fixture
+def client(cluster: LocalCluster) -> Iterator[Client]:
+    with Client(cluster) as c:
+        yield c
+
+
+def sleepy(x: Any, delay: float) -> Any:
+    time.sleep(delay)
+    return x
+
+
+def make_lock() -> Any:
+    return threading.Lock()
+
+
+def test_a_raising_callback_is_logged_and_the_client_keeps_working(
+    client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    fired = threading.Event()
+    results: list[int] = []
+
+    def reads_result(fut: Any) -> None:
+        results.append(fut.result())  # would deadlock on the client's event loop
+        fired.set()
+
+    def explodes(fut: Any) -> None:
+        raise RuntimeError("callback bug")
+
+    first = client.submit(sleepy, 1, 0.1, pure=False)
+    first.add_done_callback(explodes)
+    first.add_done_callback(reads_result)
+    assert fired.wait(10)
+    assert results == [1]
+    assert client.submit(operator.add, 1, 1).result(timeout=10) == 2
+    assert any("callback bug" in r.getMessage() or r.exc_info for r in caplog.records)
+
+
+def test_close_settles_pending_futures_instead_of_hanging(cluster: LocalCluster) -> None:
+    client = Client(cluster)
+    fut = client.submit(sleepy, 1, 5, pure=False)
+    outcome: list[BaseException] = []
+
+    def wait_for_it() -> None:
+        try:
+            fut.result(timeout=30)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    waiter = threading.Thread(target=wait_for_it)
+    waiter.start()
+    client.close()
+    waiter.join(10)
+    assert not waiter.is_alive()
+    assert isinstance(outcome[0], LostDataError) and "closed" in str(outcome[0])
+    with pytest.raises(RuntimeError, match="closed"):
+        client.submit(operator.neg, 1)
+
+
+def test_as_completed_timeout_keeps_the_futures(client: Client) -> None:
+    futures = [client.submit(sleepy, i, 0.5 + i / 4, pure=False) for i in range(2)]
+    iterator = as_completed(futures, timeout=0.05)
+    seen: list[Any] = []
+    deadline = time.monotonic() + 10
+    while len(seen) < 2 and time.monotonic() < deadline:
+        try:
+            seen.append(next(iterator).result())
+        except TimeoutError:
+            continue
+    assert sorted(seen) == [0, 1]
+
+
+def test_results_lost_with_a_worker_are_recomputed_not_failed(
+    cluster: LocalCluster, client: Client
+) -> None:
+    futures = client.map(sleepy, range(8), [0.01] * 8, pure=False)
+    assert client.gather(futures) == list(range(8))
+    state = cluster.scheduler.state
+    on_a = [f for f in futures if state.workers[state.tasks[f.key].worker or ""].name == "a"]
+    assert on_a, "some results live on worker a"
+    victim = next(w for w in cluster._workers if w.name == "a")
+    cluster._loop.run(victim.close())
+    assert client.gather(futures) == list(range(8))
+    assert all(f.status == "finished" for f in futures)
+
+
+def test_unpicklable_result_fails_its_dependents_clearly(client: Client) -> None:
+    lock = client.submit(make_lock, resources={"x": 1})
+    user = client.submit(lambda held: held.locked(), lock, resources={"GPU": 1})
+    with pytest.raises(SerializationError, match="cannot be pickled"):
+        user.result(timeout=10)
+    with pytest.raises(SerializationError, match="cannot be pickled"):
+        lock.result(timeout=10)
+    assert client.submit(operator.add, 2, 3).result(timeout=10) == 5
+
+
+def test_keys_must_be_strings_and_graph_keys_must_stay_distinct(client: Client) -> None:
+    with pytest.raises(TypeError, match="key must be a str"):
+        client.submit(operator.neg, 1, key=123)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="key must be a str"):
+        client.map(operator.neg, [1], key=[("x", 1)])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="both travel as '1'"):
+        client.get({1: 10, "1": 20, "y": (operator.add, 1, "1")}, "y")
+    assert client.get({("x", 0): 1, "y": (operator.neg, ("x", 0))}, "y") == -1
+    assert client.submit(operator.neg, 5).result(timeout=10) == -5
+
+
+def test_oversized_arguments_are_refused_up_front(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import apportion.client.client as client_module
+
+    monkeypatch.setattr(client_module, "MAX_PAYLOAD", 1000)
+    with pytest.raises(ValueError, match="split the data"):
+        client.submit(len, b"x" * 5000)
+    with pytest.raises(ValueError, match="split the data"):
+        client.scatter([b"y" * 5000])
+    assert client.submit(len, b"x" * 10).result(timeout=10) == 10
+
+
+def test_cancel_leaves_finished_results_alone_and_resubmission_runs(client: Client) -> None:
+    done = client.submit(operator.add, 20, 1)
+    assert done.result(timeout=10) == 21
+    done.cancel()
+    assert done.status == "finished" and done.result(timeout=10) == 21
+    slow = client.submit(sleepy, "again", 0.3)
+    slow.cancel()
+    assert slow.cancelled()
+    again = client.submit(sleepy, "again", 0.3)
+    assert again.key == slow.key
+    assert again.result(timeout=10) == "again"
+
+
+def test_gather_skip_leaves_failures_out(client: Client) -> None:
+    good = client.submit(operator.add, 1, 1)
+    bad = client.submit(operator.truediv, 1, 0)
+    assert client.gather([good, bad], errors="skip") == [2]
+    assert client.gather({"g": good, "b": bad}, errors="skip") == {"g": 2}
+    with pytest.raises(ValueError, match="errors must be"):
+        client.gather([good], errors="ignore")
+    with pytest.raises(ZeroDivisionError):
+        client.gather([good, bad])
+
+
+def test_every_client_is_told_when_nobody_can_run_its_request() -> None:
+    from apportion import Scheduler, Worker
+
+    with (
+        Scheduler(port=0) as scheduler,
+        Worker(scheduler.address, resources="GPU=2"),
+        Client(scheduler.address) as one,
+        Client(scheduler.address) as two,
+    ):
+        one.wait_for_workers(1, timeout=10)
+        futures = [c.submit(operator.neg, 1, resources={"GPU": 5}) for c in (one, two)]
+        deadline = time.monotonic() + 10
+        while not (one.notices and two.notices) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert one.notices and two.notices
+        assert "largest GPU supply is 2" in two.notices[0]
+        for fut in futures:
+            fut.cancel()
