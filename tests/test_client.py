@@ -246,3 +246,34 @@ def test_scheduler_and_worker_classes_sync_and_async() -> None:
             return await asyncio.to_thread(lambda: Client(s.address).submit(abs, -5).result(10))
 
     assert asyncio.run(main()) == 5
+
+
+def test_map_pickles_its_function_once(client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    from apportion.core import payload
+
+    calls: list[object] = []
+    real = payload.dumps_function
+
+    def counting(func: Any) -> bytes:
+        calls.append(func)
+        return real(func)
+
+    monkeypatch.setattr(payload, "dumps_function", counting)
+
+    def local_square(x: int) -> int:  # a fresh function, not in the client's cache
+        return x * x
+
+    assert client.gather(client.map(local_square, range(200))) == [x * x for x in range(200)]
+    assert calls == [local_square]
+
+
+def test_testing_exports_the_simulation() -> None:
+    from apportion.testing import SimulatedCluster
+
+    sim = SimulatedCluster()
+    sim.add_client()
+    sim.add_worker("gpus", nthreads=4, resources="gpu0=1 gpu1=1")
+    for name, need in [("a", "gpu0=1"), ("b", "gpu0=1"), ("c", "gpu0=1 gpu1=1"), ("d", "gpu1=1")]:
+        sim.submit(name, resources=need)
+    ends = {iv.key: iv.end for iv in sim.run(dict.fromkeys("abcd", 2.0))}
+    assert max(ends.values()) == 6.0 and ends["d"] == 2.0

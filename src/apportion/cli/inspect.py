@@ -8,6 +8,7 @@ import click
 
 from apportion.client.client import Client
 from apportion.core.resources import SCALE, format_amount
+from apportion.scheduler.client_requests import WHY_ALL_LIMIT
 
 DEFAULT_SCHEDULER = "tcp://127.0.0.1:8786"
 
@@ -38,6 +39,8 @@ def why(keys: tuple[str, ...], address: str) -> None:
         click.echo("no task is waiting: everything submitted is running or done")
     for key, reason in reasons.items():
         click.echo(f"{key}: {reason}")
+    if not keys and len(reasons) >= WHY_ALL_LIMIT:
+        click.echo(f"(the first {WHY_ALL_LIMIT} waiting tasks; name keys to ask about others)")
 
 
 @click.command("info")
