@@ -213,14 +213,20 @@ def test_released_futures_free_results(cluster: LocalCluster, client: Client) ->
     assert not any(w.data for w in cluster._workers)
 
 
-def test_why_story_and_scheduler_info(client: Client) -> None:
+def test_why_story_and_scheduler_info(cluster: LocalCluster, client: Client) -> None:
     blocker = [
         client.submit(slow_identity, i, 0.5, resources={"GPU": 2}, pure=False) for i in range(2)
     ]
-    queued = blocker[1]
-    time.sleep(0.1)
+    running, queued = blocker
+    tasks = cluster.scheduler.state.tasks
+    deadline = time.monotonic() + 10
+    while (running.key not in tasks or tasks[running.key].state != "processing") and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.01)  # polling until the first one holds both GPUs
     reason = client.why(queued)
-    assert "GPU 0 of 2 free" in reason or "running" in reason
+    assert "needs GPU=2" in reason and "gpu-a: GPU 0 of 2 free" in reason
+    assert "running on gpu-a" in client.why(running)
     assert "not known" in client.why("no-such-key")
     wait(blocker, timeout=10)
     story = client.story(queued)

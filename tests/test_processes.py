@@ -142,9 +142,12 @@ def test_seed_example_on_cli_started_cluster(procs: Processes) -> None:
         assert info.returncode == 0, info.stderr
         assert "gpu-a" in info.stdout and "GPU 2/2 free" in info.stdout
         hogs = [client.submit(timed, i, 1.0, resources={"GPU": 2}, pure=False) for i in range(3)]
-        time.sleep(0.3)
-        waiting = [f for f in hogs if f.status == "pending" and "queued" in client.why(f)]
-        assert waiting, [client.why(f) for f in hogs]
+        deadline = time.monotonic() + 10
+        while client.scheduler_info()["tasks"].get("processing", 0) < 2:
+            assert time.monotonic() < deadline, client.scheduler_info()["tasks"]
+            time.sleep(0.02)  # polling until two hogs hold both GPU workers
+        waiting = [f for f in hogs if "queued" in client.why(f)]
+        assert len(waiting) == 1, [client.why(f) for f in hogs]
         why = run_cli("why", waiting[0].key, "--scheduler", address)
         assert why.returncode == 0, why.stderr
         assert "GPU 0 of 2 free" in why.stdout
