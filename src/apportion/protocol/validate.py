@@ -4,52 +4,76 @@ msgpack guarantees only "some msgpack value": a peer could send a list where a k
 belongs, and a handler would then fail half-way through a state change. Checking
 the shape at the door turns that into a ``ProtocolError`` that closes only the
 offending connection.
+
+The checks work on *columns*: every value of one declared type at once, with
+``set(map(type, values))`` doing the looping in C. A ``SubmitTasks`` of 10,000
+tasks is checked as seven columns, not 70,000 Python calls.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from itertools import chain
 from typing import Any, get_args, get_origin, get_type_hints
 
+ColumnCheck = Callable[[Sequence[Any]], bool]
 Check = Callable[[Any], bool]
 
+#: msgpack's exact decoded types for each declared scalar type (a bool is not an int).
+_SCALARS: dict[Any, frozenset[type]] = {
+    int: frozenset({int}),
+    float: frozenset({float, int}),
+    str: frozenset({str}),
+    bytes: frozenset({bytes}),
+}
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
+def column_checker(tp: Any) -> ColumnCheck:
+    """A predicate accepting a sequence whose every item decodes into ``tp``."""
+    if tp is Any:
+        return lambda values: True
+    allowed = _SCALARS.get(tp)
+    if allowed is not None:
+        return lambda values: set(map(type, values)) <= allowed
+    origin = get_origin(tp)
+    if origin is list:
+        (item_type,) = get_args(tp)
+        items = column_checker(item_type)
+        return lambda values: (
+            set(map(type, values)) <= {list} and items(list(chain.from_iterable(values)))
+        )
+    if origin is dict:
+        key_type, value_type = get_args(tp)
+        keys, vals = column_checker(key_type), column_checker(value_type)
+        return lambda values: (
+            set(map(type, values)) <= {dict}
+            and keys(list(chain.from_iterable(values)))
+            and vals(list(chain.from_iterable(map(dict.values, values))))
+        )
+    if getattr(tp, "_fields", None) is not None:  # a NamedTuple record, sent as a list
+        columns = [column_checker(t) for t in get_type_hints(tp).values()]
+        width = len(columns)
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
+        def records(values: Sequence[Any]) -> bool:
+            if not values:
+                return True
+            if not set(map(type, values)) <= {list, tuple} or set(map(len, values)) != {width}:
+                return False
+            return all(
+                check(col) for check, col in zip(columns, zip(*values, strict=True), strict=True)
+            )
+
+        return records
+    raise TypeError(f"no wire check for {tp!r}")
 
 
 def checker(tp: Any) -> Check:
     """A predicate accepting exactly the msgpack values that decode into ``tp``."""
-    if tp is Any:
-        return lambda v: True
-    if tp is int:
-        return _is_int
-    if tp is float:
-        return _is_number
-    if tp is str or tp is bytes:
-        return lambda v: isinstance(v, tp)
-    origin = get_origin(tp)
-    if origin is list:
-        (item_type,) = get_args(tp)
-        item = checker(item_type)
-        return lambda v: isinstance(v, list) and all(item(x) for x in v)
-    if origin is dict:
-        key_type, value_type = get_args(tp)
-        k, value = checker(key_type), checker(value_type)
-        return lambda v: isinstance(v, dict) and all(k(a) and value(b) for a, b in v.items())
-    fields = getattr(tp, "_fields", None)
-    if fields is not None:  # a NamedTuple record travelling as a list
-        checks = [checker(t) for t in get_type_hints(tp).values()]
-        return lambda v: (
-            isinstance(v, list | tuple)
-            and len(v) == len(checks)
-            and all(c(x) for c, x in zip(checks, v, strict=True))
-        )
-    raise TypeError(f"no wire check for {tp!r}")
+    allowed = _SCALARS.get(tp)
+    if allowed is not None:  # most fields: one type test, no column machinery
+        return lambda value: type(value) in allowed
+    column = column_checker(tp)
+    return lambda value: column((value,))
 
 
 def field_checks(cls: type[Any]) -> list[tuple[str, Check]]:
