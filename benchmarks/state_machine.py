@@ -92,7 +92,7 @@ class Driver:
             worker_id = f"worker-{i}"
             resources = gpus if i % 4 == 0 else {}
             reg = m.RegisterWorker(
-                worker_id, f"tcp://10.0.{i // 250}.{i % 250}:40000", nthreads, resources, i, 0
+                worker_id, f"tcp://10.0.{i // 250}.{i % 250}:40000", nthreads, resources, i, 0, {}
             )
             self.running[worker_id] = deque()
             self.nthreads[worker_id] = nthreads

@@ -9,23 +9,39 @@ import sys
 import time
 from collections.abc import Iterator
 
+import click
 import psutil
 import pytest
 from click.testing import CliRunner
 
 from apportion.cli.main import main
+from apportion.cli.worker import check_resources
+from apportion.cli.worker import worker as worker_command
 from apportion.loop_thread import LoopThread
 from apportion.protocol.messages import WorkerClosing
 from test_worker_service import FakeScheduler
 
 
 @pytest.mark.timeout(10)
-@pytest.mark.parametrize("spec", ["GPU", "GPU=-1", "GPU=abc", "=2"])
+@pytest.mark.parametrize(
+    "spec", ["GPU", "GPU=-1", "GPU=abc", "=2", "gpu=[0,1", "gpu=[]", "gpu=[3-1]", "gpu=[0,0]"]
+)
 def test_malformed_resources_exit_with_status_2_and_one_line(spec: str) -> None:
     result = CliRunner().invoke(main, ["worker", "tcp://127.0.0.1:8786", "--resources", spec])
     assert result.exit_code == 2
     errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and "--resources" in errors[0]
+    assert len(result.output.splitlines()) == 1
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "spec", ["gpu=[0,1,2,3]", "gpu=[0-7]", "gpu=[0-1,6] MEMORY=16GiB", "GPU=2,gpu=[0, 1]"]
+)
+def test_indexed_pools_are_accepted_and_passed_on_as_written(spec: str) -> None:
+    ctx = click.Context(worker_command)
+    param = next(p for p in worker_command.params if p.name == "resources")
+    assert check_resources(ctx, param, spec) == spec
 
 
 @pytest.mark.timeout(10)
@@ -48,13 +64,15 @@ def loop_thread() -> Iterator[LoopThread]:
 def test_nworkers_runs_supervised_workers_that_stop_on_sigterm(loop_thread: LoopThread) -> None:
     scheduler = loop_thread.run(FakeScheduler().start())
     argv = [sys.executable, "-m", "apportion.cli.main", "worker", scheduler.address]
-    argv += ["--nworkers", "2", "--nthreads", "1", "--resources", "GPU=1", "--name", "box"]
+    argv += ["--nworkers", "2", "--nthreads", "1", "--name", "box"]
+    argv += ["--resources", "GPU=1 gpu=[0-1,5]"]
     supervisor = subprocess.Popen(argv, stderr=subprocess.PIPE)
     family = [psutil.Process(supervisor.pid)]
     try:
         hellos = [loop_thread.run(scheduler.next_worker(), 20)[1] for _ in range(2)]
         assert sorted(h.name for h in hellos) == ["box-0", "box-1"]
-        assert all(h.resources == {"GPU": 10_000} and h.nthreads == 1 for h in hellos)
+        assert all(h.resources == {"GPU": 10_000, "gpu": 30_000} for h in hellos)
+        assert all(h.units == {"gpu": ["0", "1", "5"]} and h.nthreads == 1 for h in hellos)
         family += family[0].children(recursive=True)
         assert len(family) == 3
         supervisor.send_signal(signal.SIGTERM)

@@ -24,6 +24,7 @@ from apportion import (
     task_resources,
     wait,
 )
+from apportion.client.local import worker_command
 from apportion.scheduler.invariants import check_invariants
 
 
@@ -132,7 +133,7 @@ def test_retries_rerun_a_failing_task(client: Client, tmp_path: Any) -> None:
 
 
 def test_resources_and_task_resources(client: Client) -> None:
-    def where() -> tuple[str, dict[str, float]]:
+    def where() -> tuple[str, dict[str, Any]]:
         return get_worker().name, task_resources()
 
     name, held = client.submit(where, resources={"GPU": 1}, pure=False).result(timeout=10)
@@ -283,3 +284,13 @@ def test_testing_exports_the_simulation() -> None:
         sim.submit(name, resources=need)
     ends = {iv.key: iv.end for iv in sim.run(dict.fromkeys("abcd", 2.0))}
     assert max(ends.values()) == 6.0 and ends["d"] == 2.0
+
+
+def test_local_cluster_hands_its_workers_their_units_intact() -> None:
+    shape = {"name": "g", "nthreads": 1, "resources": "gpu=[0-1,5] MEMORY=16GiB"}
+    cmd = worker_command("tcp://127.0.0.1:1", LocalCluster._spec(0, shape))
+    assert cmd[cmd.index("--resources") + 1] == "MEMORY=17179869184 gpu=[0,1,5]"
+    with LocalCluster(workers=[shape], processes=False) as cluster:
+        (worker,) = cluster._workers
+        assert worker.units == {"gpu": ["0", "1", "5"]}
+        assert worker.supply == {"gpu": 30_000, "MEMORY": 16 * 2**30 * 10_000}

@@ -47,14 +47,16 @@ SAMPLES: list[m.Message] = [
     m.InfoReply(5, {"workers": {"tcp://h:1": {"nthreads": 2}}}),
     m.StoryReply(6, [[0.5, "x-1", "new", "queued", "submitted"]]),
     m.Notice("warning", "nobody offers GPU"),
-    m.RegisterWorker("w", "tcp://h:1", 4, {"GPU": 20_000}, 123, 2**33),
+    m.RegisterWorker(
+        "w", "tcp://h:1", 4, {"GPU": 20_000, "gpu": 20_000}, 123, 2**33, {"gpu": ["0", "1"]}
+    ),
     m.TaskFinished("x-1", 8, 0.25, "int"),
     m.TaskRaised("x-1", b"exc", b"tb", 0.5),
     m.MissingDependency("x-1", "a", ["tcp://h:1"], ""),
     m.DataReply(7, {"a": b"1"}, [], {}),
     m.DataStored(8, ["d"], {"d": 2}),
     m.LoadFunction("fid", b"fn"),
-    m.ComputeTask("x-1", "fid", b"args", {"a": ["tcp://h:1"]}, {"GPU": 10_000}, 3),
+    m.ComputeTask("x-1", "fid", b"args", {"a": ["tcp://h:1"]}, {"gpu": 10_000}, 3, {"gpu": ["1"]}),
     m.FreeKeys(["a"]),
     m.GetData(9, ["a"]),
     m.PutData(10, {"d": b"\xff"}),

@@ -40,19 +40,22 @@ STATEFUL = settings.get_profile("scheduler-stateful")
 POOLS = ("GPU", "MEM", "lic")
 AMOUNTS = (0.25, 0.5, 1, 1.5, 2, 3)
 #: The supply the final rescue worker offers: enough for every satisfiable demand.
-RESCUE = {name: 4 for name in POOLS}
+RESCUE: dict[str, object] = {**{name: 4 for name in POOLS}, "gpu": [0, 1, 2, 3]}
 CLIENTS = ("c1", "c2")
 
 supplies = st.one_of(
     st.sampled_from([{}, {"GPU": 1}, {"GPU": 2}, {"GPU": 2, "MEM": 4}, {"lic": 1, "GPU": 0.5}]),
     st.dictionaries(st.sampled_from(POOLS), st.sampled_from((0, *AMOUNTS)), max_size=3),
+    # Indexed pools: units with identity, handed out whole or shared by fractions.
+    st.sampled_from([{"gpu": [0]}, {"gpu": [0, 1]}, {"gpu": [2, 3, 5], "MEM": 2}]),
 )
 demands = st.one_of(
     st.just({}),
     st.sampled_from([{"GPU": 1}, {"GPU": 2}, {"GPU": 0.5}, {"MEM": 1.5}, {"GPU": 1, "lic": 0.25}]),
     st.dictionaries(st.sampled_from(POOLS), st.sampled_from(AMOUNTS), min_size=1, max_size=2),
-    # Requests no worker in this test ever offers.
-    st.sampled_from([{"GPU": 100}, {"fpga": 1}, {"lic": 1, "fpga": 2}]),
+    st.sampled_from([{"gpu": 1}, {"gpu": 2}, {"gpu": 0.5}, {"gpu": 0.25}, {"gpu": 1, "MEM": 1}]),
+    # Requests no worker in this test can ever meet (1.5 units of an indexed pool too).
+    st.sampled_from([{"GPU": 100}, {"fpga": 1}, {"lic": 1, "fpga": 2}, {"gpu": 1.5}]),
 )
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import subprocess
+import sys
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -95,7 +97,13 @@ def compute(key: str, func: Callable[..., Any], *args: Any, **extra: Any) -> lis
     fid = function_id(blob)
     packed, _ = pack_call(args, {})
     task = ComputeTask(
-        key, fid, packed, extra.get("who_has", {}), extra.get("resources", {}), extra.get("p", 0)
+        key,
+        fid,
+        packed,
+        extra.get("who_has", {}),
+        extra.get("resources", {}),
+        extra.get("p", 0),
+        extra.get("units", {}),
     )
     return [LoadFunction(fid, blob), task]
 
@@ -129,8 +137,25 @@ def wait_for_release() -> int:
     return 1
 
 
-def where_am_i() -> tuple[dict[str, float], str]:
+def where_am_i() -> tuple[dict[str, Any], str]:
     return apportion.task_resources(), apportion.get_worker().name
+
+
+def what_i_hold() -> tuple[dict[str, Any], dict[str, str]]:
+    return apportion.task_resources(), apportion.task_environment()
+
+
+def devices_a_child_sees() -> str:
+    show = "import os; print(os.environ.get('CUDA_VISIBLE_DEVICES'))"
+    child = subprocess.run(
+        [sys.executable, "-c", show],
+        env=apportion.task_environment(),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=WAIT,
+    )
+    return child.stdout.strip()
 
 
 @pytest.mark.timeout(30)
@@ -182,6 +207,40 @@ def test_task_sees_its_resources_and_worker() -> None:
     run(scenario)
     with pytest.raises(RuntimeError, match="inside a task"):
         apportion.task_resources()
+
+
+@pytest.mark.timeout(30)
+def test_task_sees_the_units_the_scheduler_gave_it() -> None:
+    async def scenario(scheduler: FakeScheduler) -> None:
+        spec = "gpu=[0-3] MEMORY=7e10"
+        async with Worker(scheduler.address, nthreads=1, resources=spec):
+            conn, hello = await scheduler.next_worker()
+            assert hello.units == {"gpu": ["0", "1", "2", "3"]}
+            need = {"gpu": 20_000, "MEMORY": 7 * 10**14}
+            send(conn, compute("x", what_i_hold, resources=need, units={"gpu": ["2", "3"]}))
+            await scheduler.expect(conn, TaskFinished)
+            held, env = loads((await get(conn, scheduler, "x")).data["x"])
+            assert held == {"gpu": [2, 3], "MEMORY": 7e10}
+            assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
+            assert env["APPORTION_RESOURCE_GPU"] == "2,3"
+            assert env["APPORTION_RESOURCE_MEMORY"] == "70000000000"
+
+    run(scenario)
+
+
+@pytest.mark.process
+@pytest.mark.timeout(30)
+def test_a_process_started_with_task_environment_sees_only_its_gpus() -> None:
+    async def scenario(scheduler: FakeScheduler) -> None:
+        async with Worker(scheduler.address, nthreads=1, resources="gpu=[0,1,2,3]"):
+            conn, _ = await scheduler.next_worker()
+            units = {"gpu": ["1", "3"]}
+            send(conn, compute("x", devices_a_child_sees, resources={"gpu": 20_000}, units=units))
+            done = await scheduler.expect(conn, TaskFinished)
+            assert done.key == "x"
+            assert loads((await get(conn, scheduler, "x")).data["x"]) == "1,3"
+
+    run(scenario)
 
 
 @pytest.mark.timeout(30)

@@ -45,8 +45,9 @@ def compute(
     resources: dict[str, int] | None = None,
     priority: int = 0,
     t: float = 1.0,
+    units: dict[str, list[str]] | None = None,
 ) -> ComputeArrived:
-    task = ComputeTask(key, "f", b"args", who_has or {}, resources or {}, priority)
+    task = ComputeTask(key, "f", b"args", who_has or {}, resources or {}, priority, units or {})
     return ComputeArrived(task, t)
 
 
@@ -76,10 +77,30 @@ def state() -> Iterator[WorkerState]:
 @pytest.mark.timeout(5)
 def test_task_without_dependencies_runs_at_once(state: WorkerState) -> None:
     commands = state.handle(compute("x"))
-    assert commands == [Execute("x", "f", b"args", (), {})]
+    assert commands == [Execute("x", "f", b"args", (), {}, {})]
     commands = state.handle(ok("x"))
     assert sent(commands) == [TaskFinished("x", 8, 0.5, "int")]
     assert state.data == {"x": INFO} and state.owned == {"x"}
+
+
+@pytest.mark.timeout(5)
+def test_units_chosen_by_the_scheduler_reach_the_execution(state: WorkerState) -> None:
+    gpus = compute("x", resources={"gpu": 20_000, "MEMORY": 10}, units={"gpu": ["2", "3"]})
+    half = compute("y", resources={"gpu": 5_000}, units={"gpu": ["1"]})
+    commands = state.handle(gpus, half)
+    assert commands == [
+        Execute("x", "f", b"args", (), {"gpu": 20_000, "MEMORY": 10}, {"gpu": ["2", "3"]}),
+        Execute("y", "f", b"args", (), {"gpu": 5_000}, {"gpu": ["1"]}),
+    ]
+
+
+@pytest.mark.timeout(5)
+def test_units_survive_waiting_for_a_dependency(state: WorkerState) -> None:
+    arrived = compute("y", {"x": [PEER_A]}, {"gpu": 10_000}, units={"gpu": ["0"]})
+    assert executed(state.handle(arrived)) == []
+    commands = state.handle(FetchDone(PEER_A, {"x": INFO}, (), 2.0))
+    run = [c for c in commands if isinstance(c, Execute)]
+    assert [(c.key, c.deps, dict(c.units)) for c in run] == [("y", ("x",), {"gpu": ["0"]})]
 
 
 @pytest.mark.timeout(5)

@@ -6,6 +6,10 @@ The names follow Dask.distributed, so code written for it runs with the import c
     client = Client()                      # an embedded cluster sized to this machine
     fut = client.submit(train, cfg, resources={"GPU": 1})
     fut.result()
+
+Inside a task, ``task_resources()`` says what it holds (``{"gpu": [2, 3]}`` for units
+of an indexed pool) and ``task_environment()`` is the environment to start processes
+with, so that they use only those units (``CUDA_VISIBLE_DEVICES=2,3``).
 """
 
 from apportion.client.client import Client
@@ -20,7 +24,7 @@ from apportion.client.local import LocalCluster
 from apportion.client.waiting import ALL_COMPLETED, FIRST_COMPLETED, as_completed, wait
 from apportion.core.resources import parse_resources
 from apportion.scheduler.service import Scheduler
-from apportion.worker.context import get_worker, task_resources
+from apportion.worker.context import get_worker, task_environment, task_resources
 from apportion.worker.service import Worker
 
 __version__ = "0.1.0"
@@ -41,6 +45,7 @@ __all__ = [
     "as_completed",
     "get_worker",
     "parse_resources",
+    "task_environment",
     "task_resources",
     "wait",
 ]

@@ -43,7 +43,7 @@ def check_resources(ctx: click.Context, param: click.Parameter, value: str | Non
 @click.option(
     "--resources",
     callback=check_resources,
-    help='Resources of each worker process, e.g. "GPU=2 MEMORY=16GiB".',
+    help='Resources of each worker process, e.g. "GPU=2 MEMORY=16GiB" or "gpu=[0-3]".',
 )
 @click.option("--name", help="Worker name (with --nworkers, suffixed -0, -1, ...).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Data port interface.")

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from apportion.cli.logs import LEVEL_VARIABLE
-from apportion.core.resources import ResourceSpec, format_resources, parse_resources
+from apportion.core.resources import ResourceSpec, format_resources, parse_supply
 from apportion.loop_thread import LoopThread
 from apportion.scheduler.service import Scheduler
 from apportion.scheduler.state import SchedulerConfig
@@ -87,10 +87,14 @@ class LocalCluster:
         nthreads = int(given.get("nthreads") or _default_shape()[1])
         if nthreads < 1:
             raise ValueError(f"nthreads must be at least 1, got {nthreads}")
+        # Parsed here so a bad spec fails in the caller, not in a worker process;
+        # unit labels are kept, or ``gpu=[0,1]`` would reach the worker as ``gpu=2``.
+        amounts, units = parse_supply(given.get("resources"))
         return {
             "name": str(given.get("name") or f"worker-{index}"),
             "nthreads": nthreads,
-            "resources": parse_resources(given.get("resources")),
+            "resources": amounts,
+            "units": units,
         }
 
     def _start_processes(self, timeout: float) -> None:
@@ -98,19 +102,7 @@ class LocalCluster:
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.setdefault(LEVEL_VARIABLE, "WARNING")
         for spec in self.specs:
-            cmd = [
-                sys.executable,
-                "-m",
-                "apportion.cli.main",
-                "worker",
-                self.scheduler_address,
-                "--nthreads",
-                str(spec["nthreads"]),
-                "--name",
-                spec["name"],
-            ]
-            if spec["resources"]:
-                cmd += ["--resources", format_resources(spec["resources"])]
+            cmd = worker_command(self.scheduler_address, spec)
             self._procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL))
         self._wait_for_workers(timeout)
 
@@ -133,7 +125,7 @@ class LocalCluster:
             worker = Worker(
                 self.scheduler_address,
                 nthreads=spec["nthreads"],
-                resources=spec["resources"] and format_resources(spec["resources"]),
+                resources=format_resources(spec["resources"], spec["units"]),
                 name=spec["name"],
             )
             await worker.start()
@@ -171,6 +163,15 @@ class LocalCluster:
     def __repr__(self) -> str:
         kind = "processes" if self.processes else "in-process"
         return f"<LocalCluster {self.scheduler_address}: {len(self.specs)} workers ({kind})>"
+
+
+def worker_command(scheduler_address: str, spec: Mapping[str, Any]) -> list[str]:
+    """The command line of one worker process, resources written back as a spec."""
+    cmd = [sys.executable, "-m", "apportion.cli.main", "worker", scheduler_address]
+    cmd += ["--nthreads", str(spec["nthreads"]), "--name", spec["name"]]
+    if spec["resources"]:
+        cmd += ["--resources", format_resources(spec["resources"], spec["units"])]
+    return cmd
 
 
 def _stop_processes(procs: list[subprocess.Popen[bytes]], grace: float = 5.0) -> None:

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
+from typing import Any
 
 #: Ticks per unit of any resource. 10**4 keeps 1 TiB of memory (1.1e16 ticks)
 #: inside a signed 64-bit integer on the wire and allows requests down to 0.0001.
@@ -30,6 +31,9 @@ SCALE = 10_000
 MAX_TICKS = 2**63 - 1
 
 Amounts = dict[str, int]
+
+Units = dict[str, list[str]]
+"""Indexed pools: name -> unit labels in order (``{"gpu": ["0", "1"]}``)."""
 """A supply or demand in ticks, keyed by resource name. Never holds a negative value."""
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
@@ -55,7 +59,7 @@ _SUFFIXES: dict[str, int] = {
 }
 _AMOUNT = re.compile(r"^([0-9.eE+\-]+?)\s*([A-Za-z]*)$")
 
-ResourceSpec = str | Mapping[str, float | int | str] | None
+ResourceSpec = str | Mapping[str, float | int | str | Sequence[int | str] | range] | None
 """What users may pass wherever resources are asked for."""
 
 
@@ -107,50 +111,145 @@ def check_name(name: object) -> str:
     return name
 
 
-def _pairs(spec: str) -> Iterable[tuple[str, str]]:
-    for part in spec.replace(",", " ").split():
-        name, sep, amount = part.partition("=")
-        if not sep:
-            raise ValueError(f"invalid resource spec {part!r}: parts must be NAME=AMOUNT")
+_SEPARATORS = " \t\n,"
+
+
+def _pairs(spec: str) -> Iterator[tuple[str, str]]:
+    """``NAME=AMOUNT`` parts separated by spaces or commas; ``NAME=[...]`` keeps its commas."""
+    i, n = 0, len(spec)
+    while i < n:
+        if spec[i] in _SEPARATORS:
+            i += 1
+            continue
+        start = i
+        while i < n and spec[i] not in "=" + _SEPARATORS:
+            i += 1
+        name = spec[start:i]
+        if i >= n or spec[i] != "=":
+            raise ValueError(f"invalid resource spec {name!r}: parts must be NAME=AMOUNT")
+        i += 1
+        if i < n and spec[i] == "[":
+            end = spec.find("]", i)
+            if end < 0:
+                raise ValueError(f"invalid resource spec {spec[start:]!r}: missing ']'")
+            i = end + 1
+            value = spec[spec.index("=", start) + 1 : i]
+        else:
+            value_start = i
+            while i < n and spec[i] not in _SEPARATORS:
+                i += 1
+            value = spec[value_start:i]
+        part = spec[start:i]
         if not name:
             raise ValueError(f"invalid resource spec {part!r}: missing name before '='")
-        if not amount:
+        if not value:
             raise ValueError(f"invalid resource spec {part!r}: missing amount after '='")
-        yield name, amount
+        yield name, value
+
+
+_LABEL = re.compile(r"^[A-Za-z0-9_.:\-]+$")
+_RANGE = re.compile(r"^(\d+)-(\d+)$")
+
+
+def parse_units(value: str | Iterable[object], *, name: str = "?") -> list[str]:
+    """Unit labels of an indexed pool: ``"[0,1,2,3]"``, ``"[0-7]"``, ``"[0-3,6]"``, ``[0, 1]``.
+
+    Labels are kept as text (``"2"``, or a device UUID); ranges expand to numbers.
+    """
+    if isinstance(value, str):
+        text = value.strip()
+        if not (text.startswith("[") and text.endswith("]")):
+            raise ValueError(f"resource {name!r}: units must be in brackets, like [0,1,2,3]")
+        parts = [p.strip() for p in text[1:-1].split(",")] if text[1:-1].strip() else []
+    else:
+        parts = [str(p) for p in value]
+    labels: list[str] = []
+    for part in parts:
+        span = _RANGE.match(part)
+        if span:
+            low, high = int(span.group(1)), int(span.group(2))
+            if high < low:
+                raise ValueError(f"resource {name!r}: range {part!r} runs backwards")
+            labels.extend(str(i) for i in range(low, high + 1))
+        elif _LABEL.match(part):
+            labels.append(part)
+        else:
+            raise ValueError(f"resource {name!r}: {part!r} is not a unit label")
+    if not labels:
+        raise ValueError(f"resource {name!r}: an indexed pool needs at least one unit")
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"resource {name!r}: a unit is listed twice in {value!r}")
+    return labels
+
+
+def _is_units(value: object) -> bool:
+    if isinstance(value, str):
+        return value.strip().startswith("[")
+    return isinstance(value, list | tuple | range)
+
+
+def _items(spec: ResourceSpec) -> Iterable[tuple[object, Any]]:
+    if isinstance(spec, str):
+        return _pairs(spec)
+    if isinstance(spec, Mapping):
+        return spec.items()
+    raise ValueError(
+        f"resources must be a 'NAME=AMOUNT ...' string or a mapping, not {type(spec).__name__}"
+    )
+
+
+def parse_supply(spec: ResourceSpec) -> tuple[Amounts, Units]:
+    """What a worker offers: amounts for every pool, and unit labels for indexed pools.
+
+    An indexed pool (``gpu=[0,1,2,3]``) counts as that many units in the amounts, so
+    the ledger's arithmetic is the same for both kinds; ``units`` says which.
+
+    >>> parse_supply("gpu=[0-1] MEMORY=16")
+    ({'gpu': 20000, 'MEMORY': 160000}, {'gpu': ['0', '1']})
+    """
+    amounts: Amounts = {}
+    units: Units = {}
+    if spec is None:
+        return amounts, units
+    for raw_name, raw_value in _items(spec):
+        name = check_name(raw_name)
+        if name in amounts:
+            raise ValueError(f"resource {name!r} is given twice")
+        if _is_units(raw_value):
+            units[name] = parse_units(raw_value, name=name)
+            amounts[name] = len(units[name]) * SCALE
+        else:
+            amounts[name] = parse_amount(raw_value, name=name)
+    return amounts, units
 
 
 def parse_resources(spec: ResourceSpec) -> Amounts:
-    """Parse a supply or demand into ticks.
+    """Parse a supply or demand into ticks (indexed pools count their units).
 
-    Accepts ``"GPU=2 MEMORY=100e9"``, ``"GPU=2,MEMORY=16GiB"``, ``{"GPU": 2}`` or None.
-    A name given twice is an error: silently keeping one would hide a typo.
+    Accepts ``"GPU=2 MEMORY=100e9"``, ``"GPU=2,MEMORY=16GiB"``, ``"gpu=[0,1]"``,
+    ``{"GPU": 2}`` or None. A name given twice is an error: silently keeping one
+    would hide a typo.
 
     >>> parse_resources("GPU=2 MEMORY=1.5k")
     {'GPU': 20000, 'MEMORY': 15000000}
     """
-    if spec is None:
-        return {}
-    items: Iterable[tuple[object, str | float | int]]
-    if isinstance(spec, str):
-        items = _pairs(spec)
-    elif isinstance(spec, Mapping):
-        items = spec.items()
-    else:
-        raise ValueError(
-            f"resources must be a 'NAME=AMOUNT ...' string or a mapping, not {type(spec).__name__}"
-        )
-    out: Amounts = {}
-    for raw_name, raw_amount in items:
-        name = check_name(raw_name)
-        if name in out:
-            raise ValueError(f"resource {name!r} is given twice")
-        out[name] = parse_amount(raw_amount, name=name)
-    return out
+    return parse_supply(spec)[0]
 
 
 def parse_demand(spec: ResourceSpec) -> Amounts:
-    """Parse what a task needs; zero amounts are dropped since they constrain nothing."""
-    return {name: ticks for name, ticks in parse_resources(spec).items() if ticks}
+    """Parse what a task needs; zero amounts are dropped since they constrain nothing.
+
+    A task asks for an amount even of an indexed pool (``gpu=2``, ``gpu=0.5``); which
+    units it gets is the scheduler's choice, so unit lists are refused here.
+    """
+    amounts, units = parse_supply(spec)
+    if units:
+        name = next(iter(units))
+        raise ValueError(
+            f"resource {name!r}: a task asks for an amount ({name}=2, {name}=0.5), "
+            "not for particular units"
+        )
+    return {name: ticks for name, ticks in amounts.items() if ticks}
 
 
 def format_amount(ticks: int) -> str:
@@ -165,9 +264,17 @@ def format_amount(ticks: int) -> str:
     return f"{whole}.{frac:0{len(str(SCALE)) - 1}d}".rstrip("0")
 
 
-def format_resources(amounts: Mapping[str, int]) -> str:
-    """Render amounts back into the spec syntax, names sorted: ``"GPU=2 MEMORY=1e+11"``."""
-    return " ".join(f"{name}={format_amount(amounts[name])}" for name in sorted(amounts))
+def format_resources(
+    amounts: Mapping[str, int], units: Mapping[str, list[str]] | None = None
+) -> str:
+    """Render a supply or demand in the spec syntax, names sorted: ``"GPU=2 gpu=[0,1]"``."""
+    units = units or {}
+    return " ".join(
+        f"{name}=[{','.join(units[name])}]"
+        if name in units
+        else f"{name}={format_amount(amounts[name])}"
+        for name in sorted(amounts)
+    )
 
 
 def to_units(amounts: Mapping[str, int]) -> dict[str, float]:

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, NamedTuple, TypeVar, cast, dataclass_transform
 
 #: Bumped whenever a message changes shape. Peers with another version are refused
 #: in the handshake, naming both versions, instead of failing later on a bad field.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 
 class Message:
@@ -262,9 +262,10 @@ class RegisterWorker(Message):
     name: str
     address: str  #: where peers and direct clients fetch data, "tcp://host:port"
     nthreads: int
-    resources: dict[str, int]  #: supply in ticks
+    resources: dict[str, int]  #: supply in ticks (an indexed pool counts its units)
     pid: int
     memory_limit: int
+    units: dict[str, list[str]]  #: indexed pools: name -> unit labels
 
 
 @message
@@ -332,6 +333,7 @@ class ComputeTask(Message):
     who_has: dict[str, list[str]]  #: every dependency -> data addresses holding it
     resources: dict[str, int]
     priority: int
+    units: dict[str, list[str]]  #: indexed pools: the unit labels this run holds
 
 
 @message

@@ -39,10 +39,14 @@ def submit(state: SchedulerState, client: ClientRecord, msg: m.SubmitTasks) -> N
     created: list[TaskRecord] = []
     for spec in msg.tasks:
         existing = state.tasks.get(spec.key)
+        wanters: set[str] | None = None
         if existing is not None and _was_cancelled(existing):
+            wanters = existing.wanted_by
             existing = _revive(state, existing)
         if existing is None:
-            created.append(_new_task(state, spec))
+            task = _new_task(state, spec)
+            task.wanted_by = set(wanters) if wanters else None  # their futures still exist
+            created.append(task)
     # After the loop above: dropping a revived record may have dropped its function.
     state.functions.update(msg.functions)
     for task in created:  # after creation, so a batch need not be in graph order

@@ -6,7 +6,16 @@ from typing import TYPE_CHECKING
 
 from apportion.core.resources import format_amount, format_resources
 from apportion.scheduler.placement import available, candidates, holder_of
-from apportion.scheduler.records import ERRED, MEMORY, PROCESSING, QUEUED, WAITING, TaskRecord
+from apportion.scheduler.records import (
+    ERRED,
+    MEMORY,
+    PROCESSING,
+    QUEUED,
+    WAITING,
+    TaskRecord,
+    WorkerRecord,
+)
+from apportion.scheduler.units import describe_units, pick_units
 from apportion.scheduler.unsatisfiable import unsatisfiable_text
 
 if TYPE_CHECKING:
@@ -26,6 +35,8 @@ def explain(state: SchedulerState, key: str) -> str:
         worker = state.workers.get(task.worker or "")
         where = f"{worker.name} ({worker.address})" if worker else "a worker"
         holding = f", holding {format_resources(task.resources)}" if task.resources else ""
+        if task.units:
+            holding += f" (units: {describe_units(task.units)})"
         return f"running on {where}{holding}"
     if task.state == MEMORY:
         worker = state.workers.get(task.worker or "")
@@ -70,10 +81,7 @@ def _explain_queued(state: SchedulerState, task: TaskRecord) -> str:
     return "\n".join(lines)
 
 
-def _worker_obstacles(state: SchedulerState, worker: object, task: TaskRecord) -> str:
-    from apportion.scheduler.records import WorkerRecord
-
-    assert isinstance(worker, WorkerRecord)
+def _worker_obstacles(state: SchedulerState, worker: WorkerRecord, task: TaskRecord) -> str:
     reasons = []
     holder = holder_of(state, worker, task)
     for name, need in sorted(task.resources.items()):
@@ -82,6 +90,11 @@ def _worker_obstacles(state: SchedulerState, worker: object, task: TaskRecord) -
             reasons.append(
                 f"{name} {format_amount(free)} of {format_amount(worker.total[name])} free"
             )
+        elif name in worker.units and pick_units(worker.units[name], need) is None:
+            unit_free = ", ".join(
+                f"{label}: {format_amount(left)}" for label, left in worker.units[name].items()
+            )
+            reasons.append(f"{name} has no unit with room for it (free per unit: {unit_free})")
     if len(worker.processing) >= worker.nthreads:
         reasons.append(f"all {worker.nthreads} threads busy")
     if holder is not None:

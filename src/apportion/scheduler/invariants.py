@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from apportion.core.resources import SCALE
 from apportion.scheduler.records import ERRED, MEMORY, PROCESSING, QUEUED, WAITING
 from apportion.scheduler.state import SchedulerState
 
@@ -15,6 +16,7 @@ from apportion.scheduler.state import SchedulerState
 def check_invariants(state: SchedulerState) -> None:
     """Raise ``AssertionError`` naming the first broken invariant."""
     _check_ledger(state)
+    _check_units(state)
     _check_tasks(state)
     _check_reservations(state)
 
@@ -82,3 +84,21 @@ def _check_reservations(state: SchedulerState) -> None:
         if task.reserved_on is not None:
             worker = state.workers[task.reserved_on]
             assert worker.reserved_by == task.key
+
+
+def _check_units(state: SchedulerState) -> None:
+    """No unit above 100%, and per pool the units account for exactly what is taken."""
+    for worker in state.workers.values():
+        for name, unit_free in worker.units.items():
+            used: Counter[str] = Counter()
+            for key in worker.processing:
+                task = state.tasks[key]
+                if name in task.resources:
+                    assert task.units and name in task.units, f"{key} holds no {name} units"
+                    share = min(task.resources[name], SCALE)
+                    used.update(dict.fromkeys(task.units[name], share))
+            for label, free in unit_free.items():
+                assert 0 <= free <= SCALE, f"{worker.name}: {name}[{label}] free {free}"
+                assert free == SCALE - used[label], f"{worker.name}: {name}[{label}] drifted"
+            taken = sum(SCALE - free for free in unit_free.values())
+            assert taken == worker.total[name] - worker.free[name], f"{name} units != ledger"

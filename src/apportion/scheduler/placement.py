@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from apportion.core.resources import fits
 from apportion.scheduler.records import QUEUED, TaskRecord, WorkerRecord
+from apportion.scheduler.units import could_hold, pick_units
 from apportion.scheduler.unsatisfiable import fail_or_warn
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ def place(state: SchedulerState) -> None:
 def candidates(state: SchedulerState, signature: Signature) -> list[WorkerRecord]:
     """Workers whose declared supply could ever hold this request."""
     demand = dict(signature)
-    return [w for w in state.workers.values() if fits(demand, w.total)]
+    return [w for w in state.workers.values() if could_hold(w, demand)]
 
 
 def holder_of(state: SchedulerState, worker: WorkerRecord, task: TaskRecord) -> TaskRecord | None:
@@ -75,6 +76,8 @@ def fits_now(state: SchedulerState, worker: WorkerRecord, task: TaskRecord) -> b
     for name, need in task.resources.items():
         if available(worker, name, holder) < need:
             return False
+        if name in worker.units and pick_units(worker.units[name], need) is None:
+            return False  # enough in total, but not in units that fit this request
     return True
 
 

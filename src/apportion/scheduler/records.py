@@ -7,7 +7,7 @@ stated on the fields and checked by ``scheduler.invariants.check_invariants``.
 
 from __future__ import annotations
 
-from apportion.core.resources import Amounts
+from apportion.core.resources import SCALE, Amounts
 
 #: Shared by every plain task, so 100,000 of them do not hold 100,000 empty dicts.
 NO_RESOURCES: Amounts = {}
@@ -68,6 +68,7 @@ class TaskRecord:
         "seq",
         "signature",
         "state",
+        "units",
         "wanted_by",
         "worker",
     )
@@ -114,6 +115,8 @@ class TaskRecord:
         #: Set when the worker was told to drop the result of this running task.
         self.discard_result = False
         self.cancelled = False
+        #: While PROCESSING: the unit labels it holds in each indexed pool.
+        self.units: dict[str, list[str]] | None = None
 
     def needed(self) -> bool:
         """A client wants it or an unfinished dependent needs its result."""
@@ -145,6 +148,7 @@ class WorkerRecord:
         "processing",
         "reserved_by",
         "total",
+        "units",
     )
 
     def __init__(
@@ -156,6 +160,7 @@ class WorkerRecord:
         total: Amounts,
         pid: int,
         memory_limit: int,
+        units: dict[str, list[str]] | None = None,
     ) -> None:
         self.id = worker_id
         self.name = name
@@ -178,6 +183,11 @@ class WorkerRecord:
         self.leaving: str | None = None
         #: Moving average of plain task run times, to size the pipeline; None until known.
         self.avg_duration: float | None = None
+        #: Indexed pools: name -> unit label -> free ticks (each unit holds SCALE).
+        #: Per pool, the ticks taken from its units equal those taken from ``free``.
+        self.units: dict[str, dict[str, int]] = {
+            name: dict.fromkeys(labels, SCALE) for name, labels in (units or {}).items()
+        }
         self.pid = pid
         self.memory_limit = memory_limit
 

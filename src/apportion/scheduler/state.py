@@ -28,6 +28,7 @@ from heapq import heappush
 from typing import Any
 
 from apportion.core.resources import (
+    SCALE,
     format_resources,
     give_back,
     to_units,
@@ -58,6 +59,7 @@ from apportion.scheduler.records import (
     TaskRecord,
     WorkerRecord,
 )
+from apportion.scheduler.units import describe_units, return_units, take_units
 
 #: The task's own key was never computed: scattered data cannot be recomputed.
 SCATTERED = ""
@@ -186,14 +188,19 @@ class SchedulerState:
 
     def assign(self, task: TaskRecord, worker: WorkerRecord) -> None:
         """Start ``task`` on ``worker``: take its resources and send it there."""
+        cause = f"assigned to {worker.name}"
         if task.resources:
             for name, need in task.resources.items():
                 worker.free[name] -= need
+            if worker.units:
+                task.units = take_units(worker, task.resources)
+                if task.units:
+                    cause += " holding " + describe_units(task.units)
         worker.processing.add(task.key)
         if task.reserved_on is not None:
             self.drop_reservation(task)
         task.worker = worker.id
-        self.move(task, PROCESSING, f"assigned to {worker.name}")
+        self.move(task, PROCESSING, cause)
         if task.func_id not in worker.functions:
             worker.functions.add(task.func_id)
             self.send(worker.id, m.LoadFunction(task.func_id, self.functions[task.func_id]))
@@ -204,7 +211,13 @@ class SchedulerState:
         self.send(
             worker.id,
             m.ComputeTask(
-                task.key, task.func_id, task.args, who_has, task.resources, task.priority
+                task.key,
+                task.func_id,
+                task.args,
+                who_has,
+                task.resources,
+                task.priority,
+                task.units or {},
             ),
         )
 
@@ -213,6 +226,9 @@ class SchedulerState:
         worker.processing.remove(task.key)
         if task.resources:
             give_back(worker.free, task.resources, worker.total)
+        if task.units:
+            return_units(worker, task.resources, task.units)
+            task.units = None
         task.worker = None
 
     def drop_reservation(self, task: TaskRecord) -> None:
@@ -342,6 +358,13 @@ class SchedulerState:
 
     def _on_worker_joined(self, event: WorkerJoined, _: None) -> None:
         reg = event.registration
+        units = {
+            name: labels
+            for name, labels in reg.units.items()
+            if reg.resources.get(name) == len(labels) * SCALE and len(set(labels)) == len(labels)
+        }
+        if len(units) != len(reg.units):
+            self.warn(f"worker {reg.name}: unit lists that do not match its pools were ignored")
         self.workers[event.worker_id] = WorkerRecord(
             event.worker_id,
             reg.name or event.worker_id,
@@ -350,12 +373,13 @@ class SchedulerState:
             reg.resources,
             reg.pid,
             reg.memory_limit,
+            units,
         )
         self._out.append(
             Log(
                 "info",
                 f"worker {reg.name} joined at {reg.address}: {reg.nthreads} threads, "
-                f"resources {format_resources(reg.resources) or '(none)'}",
+                f"resources {format_resources(reg.resources, units) or '(none)'}",
             )
         )
         self.satisfiable_cache.clear()
@@ -458,6 +482,10 @@ class SchedulerState:
                 "nthreads": w.nthreads,
                 "resources": to_units(w.total),
                 "free_resources": to_units(w.free),
+                "units": {
+                    name: {label: free / SCALE for label, free in unit_free.items()}
+                    for name, unit_free in w.units.items()
+                },
                 "processing": len(w.processing),
                 "keys": len(w.has_what),
                 "nbytes": w.nbytes,

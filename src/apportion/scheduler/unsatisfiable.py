@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from apportion.core.resources import fits, format_amount, format_resources, missing
+from apportion.core.resources import format_amount, format_resources, missing
 from apportion.protocol import messages as m
 from apportion.scheduler.records import QUEUED, TaskRecord
+from apportion.scheduler.units import could_hold, splittable
 
 if TYPE_CHECKING:
     from apportion.scheduler.state import SchedulerState
@@ -17,7 +18,7 @@ def satisfiable(state: SchedulerState, signature: tuple[tuple[str, int], ...]) -
     known = state.satisfiable_cache.get(signature)
     if known is None:
         demand = dict(signature)
-        known = any(fits(demand, w.total) for w in state.workers.values())
+        known = any(could_hold(w, demand) for w in state.workers.values())
         state.satisfiable_cache[signature] = known
     return known
 
@@ -80,6 +81,13 @@ def unsatisfiable_text(task: TaskRecord, workers: Any) -> str:
                 parts.append(f"largest {name} supply is {format_amount(have)} on {where}")
             else:
                 parts.append(f"no worker offers {name}")
+    for name in names:
+        need = task.resources[name]
+        if not splittable(need) and any(name in w.units for w in workers):
+            parts.append(
+                f"{name} is an indexed pool: ask for whole units, or at most 1 to share one "
+                f"unit, not {format_amount(need)}"
+            )
     return (
         f"task {task.key!r} needs {format_resources(task.resources)}, which no connected "
         f"worker can ever provide: {'; '.join(parts)}"

@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from apportion.core.resources import ResourceSpec, parse_demand, parse_resources
+from apportion.core.resources import ResourceSpec, parse_demand, parse_supply
 from apportion.protocol import messages as m
 from apportion.scheduler.events import (
     ClientJoined,
@@ -91,8 +91,9 @@ class SimulatedCluster:
     ) -> str:
         worker_id = f"w{next(self._ids)}"
         self.running[worker_id] = {}
+        amounts, units = parse_supply(resources)
         reg = m.RegisterWorker(
-            name or worker_id, f"sim://{worker_id}", nthreads, parse_resources(resources), 0, 0
+            name or worker_id, f"sim://{worker_id}", nthreads, amounts, 0, 0, units
         )
         self.handle(WorkerJoined(worker_id, reg, self.now))
         return worker_id

@@ -6,46 +6,137 @@ workers may share a process (tests, ``LocalCluster`` in threads).
 
 from __future__ import annotations
 
+import os
+import re
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from apportion.core.resources import to_units
+from apportion.core.resources import SCALE, format_amount
 
 if TYPE_CHECKING:
     from apportion.worker.service import Worker
 
+#: The variable CUDA reads to choose devices: the one thing apportion knows about GPUs.
+CUDA_VARIABLE = "CUDA_VISIBLE_DEVICES"
+#: Every pool a task holds is also in ``APPORTION_RESOURCE_<NAME>`` for its processes.
+RESOURCE_VARIABLE_PREFIX = "APPORTION_RESOURCE_"
+
+_DECIMAL = re.compile(r"[0-9]+")
+_NOT_ALNUM = re.compile(r"[^A-Za-z0-9]")
+
 _local = threading.local()
 
 
+@dataclass(frozen=True, slots=True)
+class _Running:
+    """The task this thread runs: where, and what it holds (ticks; labels as text)."""
+
+    worker: Worker
+    resources: Mapping[str, int]
+    units: Mapping[str, Sequence[str]]
+
+
 @contextmanager
-def running_task(worker: Worker, resources: Mapping[str, int]) -> Iterator[None]:
-    """Within this block, this thread runs a task on ``worker`` holding ``resources``."""
+def running_task(
+    worker: Worker, resources: Mapping[str, int], units: Mapping[str, Sequence[str]]
+) -> Iterator[None]:
+    """Within this block, this thread runs a task on ``worker`` holding ``resources``.
+
+    ``units`` names the labels held of each indexed pool; ``resources`` still has
+    an amount for those pools, which ``task_resources`` then leaves out.
+    """
     previous = getattr(_local, "task", None)
-    _local.task = (worker, to_units(resources))
+    _local.task = _Running(worker, resources, units)
     try:
         yield
     finally:
         _local.task = previous
 
 
-def task_resources() -> dict[str, float]:
-    """The resources the running task holds, in units: ``{"GPU": 1.0}``.
-
-    Raises ``RuntimeError`` outside a task, rather than answer ``{}`` and let code
-    believe it holds nothing when it is simply not running on a worker.
-    """
-    current = getattr(_local, "task", None)
+def _current(caller: str) -> _Running:
+    current: _Running | None = getattr(_local, "task", None)
     if current is None:
-        raise RuntimeError("task_resources() is only available inside a task running on a worker")
-    return dict(current[1])
+        raise RuntimeError(f"{caller}() is only available inside a task running on a worker")
+    return current
+
+
+def _label_values(held: Sequence[str], pool: Sequence[str]) -> list[int] | list[str]:
+    """Labels as ints when the worker's whole pool is numbered, else as text.
+
+    Decided on the pool, not on the labels held, so that one pool always gives
+    the same type: with ``gpu=[0,1,MIG-a]`` a task holding ``0`` gets ``["0"]``,
+    not ``[0]`` one run and ``["MIG-a"]`` the next.
+    """
+    if all(_DECIMAL.fullmatch(label) for label in (*pool, *held)):
+        return [int(label) for label in held]
+    return list(held)
+
+
+def task_resources() -> dict[str, float | list[int] | list[str]]:
+    """The resources the running task holds: ``{"GPU": 1.0, "gpu": [2, 3]}``.
+
+    Amount pools give the amount in units; indexed pools give the unit labels held
+    (also for a fractional request, which shares one unit), as ints when the pool
+    is numbered. Raises ``RuntimeError`` outside a task, rather than answer ``{}``
+    and let code believe it holds nothing when it is simply not running on a worker.
+    """
+    current = _current("task_resources")
+    pools = current.worker.units
+    held: dict[str, float | list[int] | list[str]] = {}
+    for name, ticks in current.resources.items():
+        labels = current.units.get(name)
+        if labels is None:
+            held[name] = ticks / SCALE
+        else:
+            held[name] = _label_values(labels, pools.get(name, ()))
+    for name, labels in current.units.items():
+        if name not in held:  # labels without an amount: still held, so still shown
+            held[name] = _label_values(labels, pools.get(name, ()))
+    return held
+
+
+def task_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment for a process the running task starts, so it uses what the task holds.
+
+    A copy of ``base`` (default ``os.environ``) with ``APPORTION_RESOURCE_<NAME>`` for
+    every pool held (labels comma-joined, or the amount) and ``CUDA_VISIBLE_DEVICES``
+    set to the labels of a ``gpu`` pool (any case). A task holding no GPU units
+    leaves ``CUDA_VISIBLE_DEVICES`` as ``base`` has it: a mask the worker runs under
+    (as Slurm sets) is kept, never widened. Raises ``RuntimeError`` outside a task.
+    """
+    current = _current("task_environment")
+    env = dict(os.environ if base is None else base)
+    for variable, value in _resource_variables(current).items():
+        env[variable] = value
+    return env
+
+
+def _resource_variables(current: _Running) -> dict[str, str]:
+    """``APPORTION_RESOURCE_*`` and, for GPU units held, ``CUDA_VISIBLE_DEVICES``."""
+    names: dict[str, str] = {}
+    variables: dict[str, str] = {}
+    for name in sorted({*current.resources, *current.units}):
+        variable = RESOURCE_VARIABLE_PREFIX + _NOT_ALNUM.sub("_", name.upper())
+        if variable in names:
+            # Picking one would hand a process the wrong pool without a word.
+            raise RuntimeError(
+                f"resources {names[variable]!r} and {name!r} both map to {variable}; "
+                "rename one of the pools"
+            )
+        names[variable] = name
+        labels = current.units.get(name)
+        if labels is None:
+            variables[variable] = format_amount(current.resources[name])
+        else:
+            variables[variable] = ",".join(labels)
+            if name.lower() == "gpu":
+                variables[CUDA_VARIABLE] = variables[variable]
+    return variables
 
 
 def get_worker() -> Worker:
     """The ``Worker`` running the current task; ``RuntimeError`` outside a task."""
-    current = getattr(_local, "task", None)
-    if current is None:
-        raise RuntimeError("get_worker() is only available inside a task running on a worker")
-    worker: Worker = current[0]
-    return worker
+    return _current("get_worker").worker

@@ -7,7 +7,7 @@ say what to do, never how: the service owns sockets, threads and the data store.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -117,6 +117,8 @@ class Execute:
     args: bytes
     deps: tuple[str, ...]
     resources: Mapping[str, int]
+    #: Indexed pools: the unit labels the scheduler gave this run, as text.
+    units: Mapping[str, Sequence[str]]
 
 
 @dataclass(frozen=True, slots=True)

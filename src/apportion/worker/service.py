@@ -17,7 +17,7 @@ from collections.abc import Iterable, MutableMapping
 from typing import Any
 
 from apportion.core.payload import loads
-from apportion.core.resources import ResourceSpec, parse_resources, to_units
+from apportion.core.resources import ResourceSpec, parse_supply, to_units
 from apportion.loop_thread import BackgroundService
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeError, open_connection
@@ -82,7 +82,7 @@ class Worker(BackgroundService):
         if self.nthreads < 1:
             raise ValueError(f"nthreads must be at least 1, got {self.nthreads}")
         #: Supply in ticks, as registered with the scheduler.
-        self.supply = parse_resources(resources)
+        self.supply, self.units = parse_supply(resources)
         #: Supply in units (``{"GPU": 2.0}``), as users write and read it.
         self.resources = to_units(self.supply)
         self.data: MutableMapping[str, Any] = data if data is not None else {}
@@ -121,7 +121,13 @@ class Worker(BackgroundService):
             raise
         self._scheduler.send(
             RegisterWorker(
-                self.name, self.address, self.nthreads, self.supply, os.getpid(), self.memory_limit
+                self.name,
+                self.address,
+                self.nthreads,
+                self.supply,
+                os.getpid(),
+                self.memory_limit,
+                self.units,
             )
         )
         self._receiver = asyncio.create_task(self._receive(), name=f"worker-{self.name}")

@@ -94,6 +94,7 @@ class TaskRecord:
     args: bytes
     deps: tuple[str, ...]
     resources: dict[str, int]
+    units: dict[str, list[str]]  #: indexed pools: labels held, as the scheduler chose them
     priority: int
     seq: int  #: arrival order; breaks ties in the ready order
     state: str  #: "waiting", "ready" or "executing"
@@ -206,7 +207,15 @@ class WorkerState:
         deps = tuple(d for d in task.who_has if d != key)
         self._seq += 1
         record = TaskRecord(
-            key, task.func_id, task.args, deps, dict(task.resources), task.priority, self._seq, ""
+            key,
+            task.func_id,
+            task.args,
+            deps,
+            dict(task.resources),
+            dict(task.units),
+            task.priority,
+            self._seq,
+            "",
         )
         self.tasks[key] = record
         for dep in deps:
@@ -414,7 +423,14 @@ class WorkerState:
             self.executing.add(record.key)
             self._move(record.key, "ready", "executing", "thread free", now)
             self._out.append(
-                Execute(record.key, record.func_id, record.args, record.deps, record.resources)
+                Execute(
+                    record.key,
+                    record.func_id,
+                    record.args,
+                    record.deps,
+                    record.resources,
+                    record.units,
+                )
             )
             for dep in record.deps:
                 self._release_need(dep, record.key, now)

@@ -1,0 +1,142 @@
+"""Indexed pools in the scheduler: a unit per task, fractions packed, never over-committed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from apportion.protocol import messages as m
+from apportion.scheduler.events import FromWorker
+from apportion.scheduler.invariants import check_invariants
+from apportion.scheduler.state import SchedulerConfig
+from apportion.testing import SimulatedCluster
+
+
+@pytest.fixture
+def sim() -> Iterator[SimulatedCluster]:
+    cluster = SimulatedCluster()
+    cluster.add_client("c1")
+    yield cluster
+    check_invariants(cluster.state)
+
+
+def units_of(sim: SimulatedCluster, worker: str, key: str) -> list[str]:
+    return sim.running[worker][key].units["gpu"]
+
+
+def test_concurrent_tasks_get_distinct_units_and_whole_requests_get_several(
+    sim: SimulatedCluster,
+) -> None:
+    w = sim.add_worker("gpus", nthreads=8, resources="gpu=[0-3]")
+    sim.submit("pair", resources={"gpu": 2})
+    sim.submit("a", resources={"gpu": 1})
+    sim.submit("b", resources={"gpu": 1})
+    sim.submit("c", resources={"gpu": 1})  # no unit left
+    sim.place()
+    held = [units_of(sim, w, k) for k in ("pair", "a", "b")]
+    assert held[0] == ["0", "1"]
+    assert sorted(u for h in held for u in h) == ["0", "1", "2", "3"]
+    assert "c" not in sim.running[w]
+    sim.finish("a")
+    sim.place()
+    assert units_of(sim, w, "c") == held[1]  # the unit "a" gave back
+
+
+def test_fractions_share_a_unit_and_pack_before_spreading(sim: SimulatedCluster) -> None:
+    w = sim.add_worker("gpus", nthreads=8, resources="gpu=[0,1]")
+    for i in range(3):
+        sim.submit(f"half{i}", resources={"gpu": 0.5})
+    sim.place()
+    assert [units_of(sim, w, f"half{i}") for i in range(3)] == [["0"], ["0"], ["1"]]
+    sim.submit("whole", resources={"gpu": 1})  # unit 1 is half used: no whole unit is free
+    sim.place()
+    assert "whole" not in sim.running[w]
+    sim.finish("half2")
+    sim.place()
+    assert units_of(sim, w, "whole") == ["1"]
+
+
+def test_total_free_is_not_enough_when_no_single_unit_has_room(sim: SimulatedCluster) -> None:
+    w = sim.add_worker("gpus", nthreads=8, resources="gpu=[0,1]")
+    sim.submit("x", resources={"gpu": 0.6})
+    sim.submit("y", resources={"gpu": 0.6})
+    sim.place()
+    assert units_of(sim, w, "x") != units_of(sim, w, "y")
+    sim.submit("z", resources={"gpu": 0.5})  # 0.8 free in total, at most 0.4 per unit
+    sim.place()
+    assert "z" not in sim.running[w]
+    sim.client_says("c1", m.WhyRequest(1, ["z"]))
+    (reply,) = [msg for msg in sim.inbox["c1"] if isinstance(msg, m.WhyReply)]
+    assert "no unit with room" in reply.reasons["z"] and "0: 0.4" in reply.reasons["z"]
+
+
+def test_units_come_back_on_every_exit_path(sim: SimulatedCluster) -> None:
+    w = sim.add_worker("gpus", nthreads=8, resources="gpu=[0,1,2]")
+    sim.submit("ok", resources={"gpu": 1})
+    sim.submit("boom", resources={"gpu": 1})
+    sim.submit("cancelled", resources={"gpu": 0.5})
+    sim.place()
+    sim.finish("ok")
+    sim.raise_("boom")
+    sim.client_says("c1", m.CancelKeys(["cancelled"]))
+    assert sim.state.workers[w].units["gpu"] != dict.fromkeys("012", 10_000)  # still held
+    sim.finish("cancelled")  # the worker reports; only now is the unit free
+    assert sim.state.workers[w].units["gpu"] == dict.fromkeys("012", 10_000)
+    # Released, so that losing the worker below does not recompute "ok" first.
+    sim.client_says("c1", m.ReleaseKeys(["ok", "boom", "cancelled"]))
+    sim.submit("lost", resources={"gpu": 2})
+    sim.place()
+    w2 = sim.add_worker("spare", nthreads=2, resources="gpu=[7,8]")
+    sim.remove_worker(w)
+    sim.place()
+    assert units_of(sim, w2, "lost") == ["7", "8"]
+
+
+def test_story_and_compute_message_name_the_units(sim: SimulatedCluster) -> None:
+    w = sim.add_worker("gpus", nthreads=2, resources="gpu=[4,5]")
+    sim.submit("t", resources={"gpu": 2})
+    sim.place()
+    assert sim.running[w]["t"].units == {"gpu": ["4", "5"]}
+    causes = [row[4] for row in sim.state.story_of("t")]
+    assert "assigned to gpus holding gpu [4,5]" in causes
+
+
+def test_more_than_one_unit_that_is_not_whole_is_refused(sim: SimulatedCluster) -> None:
+    sim.add_worker("gpus", nthreads=2, resources="gpu=[0,1,2]")
+    sim.submit("odd", resources={"gpu": 1.5})
+    sim.place()
+    (notice,) = [msg for msg in sim.inbox["c1"] if isinstance(msg, m.Notice)]
+    assert "gpu is an indexed pool: ask for whole units" in notice.text
+    strict = SimulatedCluster(SchedulerConfig(fail_unsatisfiable=True))
+    strict.add_client("c1")
+    strict.add_worker("gpus", resources="gpu=[0,1,2]")
+    strict.submit("odd", resources={"gpu": 1.5})
+    (failed,) = [msg for msg in strict.inbox["c1"] if isinstance(msg, m.KeysFailed)]
+    assert failed.kind == "unsatisfiable"
+
+
+def test_amount_and_indexed_pools_of_other_workers_mix(sim: SimulatedCluster) -> None:
+    counted = sim.add_worker("counted", nthreads=2, resources="gpu=2")  # an amount pool
+    indexed = sim.add_worker("indexed", nthreads=2, resources="gpu=[0,1]")
+    sim.submit("a", resources={"gpu": 2})
+    sim.submit("b", resources={"gpu": 2})
+    sim.place()
+    by_worker = {w: list(sim.running[w]) for w in (counted, indexed)}
+    assert sorted(by_worker.values()) == [["a"], ["b"]]
+    task_on_indexed = by_worker[indexed][0]
+    assert sim.running[indexed][task_on_indexed].units == {"gpu": ["0", "1"]}
+    assert sim.running[counted][by_worker[counted][0]].units == {}
+
+
+def test_a_registration_whose_units_do_not_match_its_pool_is_not_trusted(
+    sim: SimulatedCluster,
+) -> None:
+    from apportion.scheduler.events import WorkerJoined
+
+    reg = m.RegisterWorker("odd", "sim://odd", 1, {"gpu": 30_000}, 0, 0, {"gpu": ["0", "1"]})
+    sim.running["odd"] = {}
+    sim.handle(WorkerJoined("odd", reg, sim.now))
+    assert sim.state.workers["odd"].units == {}
+    assert any("unit lists" in log.text for log in sim.logs)
+    sim.handle(FromWorker("odd", [], sim.now))

@@ -1,0 +1,104 @@
+"""``task_resources`` and ``task_environment`` alone: no worker service, no threads."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from apportion import task_environment, task_resources
+from apportion.worker.context import running_task
+
+
+@contextmanager
+def holding(
+    resources: Mapping[str, int],
+    units: Mapping[str, Sequence[str]] | None = None,
+    pools: Mapping[str, Sequence[str]] | None = None,
+) -> Iterator[None]:
+    """Run the block as a task holding ``resources`` on a worker offering ``pools``."""
+    worker: Any = SimpleNamespace(units=pools or {})
+    with running_task(worker, resources, units or {}):
+        yield
+
+
+@pytest.mark.timeout(5)
+def test_indexed_pools_give_labels_and_amount_pools_amounts() -> None:
+    units = {"gpu": ["2", "3"]}
+    with holding({"gpu": 20_000, "MEMORY": 7 * 10**14}, units, {"gpu": ["0", "1", "2", "3"]}):
+        assert task_resources() == {"gpu": [2, 3], "MEMORY": 7e10}
+
+
+@pytest.mark.timeout(5)
+def test_a_fractional_request_shows_the_one_unit_it_shares() -> None:
+    with holding({"gpu": 5_000}, {"gpu": ["0"]}, {"gpu": ["0", "1"]}):
+        assert task_resources() == {"gpu": [0]}
+        env = task_environment({})
+    assert env == {"CUDA_VISIBLE_DEVICES": "0", "APPORTION_RESOURCE_GPU": "0"}
+
+
+@pytest.mark.timeout(5)
+def test_labels_stay_text_unless_the_whole_pool_is_numbered() -> None:
+    pool = ["0", "1", "MIG-a"]
+    with holding({"gpu": 10_000}, {"gpu": ["0"]}, {"gpu": pool}):
+        assert task_resources() == {"gpu": ["0"]}
+    with holding({"gpu": 10_000}, {"gpu": ["MIG-a"]}, {"gpu": pool}):
+        assert task_resources() == {"gpu": ["MIG-a"]}
+
+
+@pytest.mark.timeout(5)
+def test_environment_names_every_pool_held() -> None:
+    base = {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "4,5,6,7"}
+    resources = {"GPU": 20_000, "licence.pro": 5_000, "MEMORY": 7 * 10**14}
+    with holding(resources, {"GPU": ["4", "5"]}):
+        env = task_environment(base)
+    assert env == {
+        "PATH": "/bin",
+        "CUDA_VISIBLE_DEVICES": "4,5",
+        "APPORTION_RESOURCE_GPU": "4,5",
+        "APPORTION_RESOURCE_LICENCE_PRO": "0.5",
+        "APPORTION_RESOURCE_MEMORY": "70000000000",
+    }
+    assert base["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"  # a copy, not the caller's mapping
+
+
+@pytest.mark.timeout(5)
+def test_without_gpu_units_the_inherited_mask_is_kept_and_none_is_added() -> None:
+    with holding({"licence": 10_000}):
+        assert task_environment({"CUDA_VISIBLE_DEVICES": "3"}) == {
+            "CUDA_VISIBLE_DEVICES": "3",
+            "APPORTION_RESOURCE_LICENCE": "1",
+        }
+        assert "CUDA_VISIBLE_DEVICES" not in task_environment({})
+    with holding({"GPU": 10_000}):  # an amount pool: no identity to name a device by
+        assert task_environment({}) == {"APPORTION_RESOURCE_GPU": "1"}
+
+
+@pytest.mark.timeout(5)
+def test_default_base_is_this_process_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("APPORTION_TEST_MARKER", "here")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with holding({"gpu": 10_000}, {"gpu": ["1"]}):
+        env = task_environment()
+    assert env["APPORTION_TEST_MARKER"] == "here" and env["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+@pytest.mark.timeout(5)
+def test_pools_that_share_a_variable_name_are_an_error() -> None:
+    with holding({"gpu": 10_000, "GPU": 10_000}, {"gpu": ["0"]}):
+        assert task_resources() == {"gpu": [0], "GPU": 1.0}
+        with pytest.raises(RuntimeError, match="both map to APPORTION_RESOURCE_GPU"):
+            task_environment({})
+
+
+@pytest.mark.timeout(5)
+def test_outside_a_task_is_a_runtime_error() -> None:
+    with pytest.raises(RuntimeError, match=r"task_environment\(\) is only available inside"):
+        task_environment()
+    with holding({}):
+        assert task_environment({}) == {} and task_resources() == {}
+    with pytest.raises(RuntimeError, match=r"task_resources\(\) is only available inside"):
+        task_resources()
