@@ -1,7 +1,8 @@
 """Run every benchmark in turn, each in its own interpreter, and print their figures.
 
 ``make bench`` calls this. The tiers: the pure state machine (events per second),
-scheduler memory per queued task, and end-to-end throughput beside Dask.
+scheduler memory per queued task, end-to-end throughput beside Dask, and placement
+quality on a mixed CPU/GPU workload beside Dask.
 """
 
 from __future__ import annotations
@@ -16,7 +17,12 @@ import psutil
 
 HERE = Path(__file__).resolve().parent
 
-SCRIPTS = ["state_machine.py", "scheduler_memory.py", "throughput.py"]
+SCRIPTS = [
+    "state_machine.py",
+    "scheduler_memory.py",
+    "throughput.py",
+    "placement_quality.py",
+]
 
 
 def main() -> int:

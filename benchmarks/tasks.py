@@ -25,3 +25,25 @@ def add(x: int, y: int) -> int:
 
 def sum_of(values: Iterable[int]) -> int:
     return sum(values)
+
+
+def timed_sleep_apportion(seconds: float) -> tuple[float, float, str]:
+    """Sleep on an apportion worker; return wall-clock start, end and the worker's name."""
+    import time
+
+    import apportion
+
+    start = time.time()
+    time.sleep(seconds)
+    return start, time.time(), apportion.get_worker().name
+
+
+def timed_sleep_dask(seconds: float) -> tuple[float, float, str]:
+    """Sleep on a Dask worker; return wall-clock start, end and the worker's name."""
+    import time
+
+    import distributed
+
+    start = time.time()
+    time.sleep(seconds)
+    return start, time.time(), str(distributed.get_worker().name)

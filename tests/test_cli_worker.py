@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import click
 import psutil
@@ -17,6 +19,7 @@ from click.testing import CliRunner
 from apportion.cli.main import main
 from apportion.cli.worker import check_resources
 from apportion.cli.worker import worker as worker_command
+from apportion.core.resources import SCALE, parse_supply
 from apportion.loop_thread import LoopThread
 from apportion.protocol.messages import WorkerClosing
 from test_worker_service import FakeScheduler
@@ -49,6 +52,8 @@ def test_help_lists_the_worker_options() -> None:
     result = CliRunner().invoke(main, ["worker", "--help"])
     assert result.exit_code == 0
     for option in ("--nthreads", "--nworkers", "--nprocs", "--resources", "--name", "--port"):
+        assert option in result.output
+    for option in ("--split-units", "--config", "APPORTION_RESOURCES", "auto"):
         assert option in result.output
 
 
@@ -120,3 +125,211 @@ def test_workers_stop_when_their_supervisor_is_killed(loop_thread: LoopThread) -
                 process.kill()
         supervisor.communicate(timeout=5)  # reaps it and closes the pipe
         loop_thread.run(scheduler.close(), 5)
+
+
+# --- auto, split units, APPORTION_RESOURCES and --config ---------------------------
+# The command runs in-process with its two exits replaced: ``run_one`` (one worker)
+# and ``Supervisor`` (several) record what they were given instead of starting anything.
+
+
+class Launched:
+    """What the worker command would have started."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.one: list[dict[str, object]] = []
+        self.commands: list[list[str]] = []
+        launched = self
+
+        def run_one(
+            address: str,
+            nthreads: int | None,
+            resources: str | None,
+            name: str | None,
+            host: str,
+            port: int,
+        ) -> int:
+            launched.one.append({"nthreads": nthreads, "resources": resources, "name": name})
+            return 0
+
+        class Supervisor:
+            def __init__(self, commands: list[list[str]]) -> None:
+                launched.commands = commands
+
+            def run(self) -> int:
+                return 0
+
+        monkeypatch.setattr("apportion.cli.worker.run_one", run_one)
+        monkeypatch.setattr("apportion.worker.supervisor.Supervisor", Supervisor)
+        monkeypatch.delenv("APPORTION_RESOURCES", raising=False)
+
+    def child_resources(self) -> list[str]:
+        return [argv[argv.index("--resources") + 1] for argv in self.commands]
+
+
+@pytest.fixture
+def launched(monkeypatch: pytest.MonkeyPatch) -> Launched:
+    return Launched(monkeypatch)
+
+
+def invoke(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["worker", "tcp://127.0.0.1:8786", *args], env=env)
+    return result.exit_code, result.output
+
+
+@pytest.mark.timeout(10)
+def test_split_units_gives_each_process_its_own_share(launched: Launched) -> None:
+    code, _ = invoke("--nworkers", "2", "--split-units", "--resources", "gpu=[0-3] licence=1")
+    assert code == 0
+    assert launched.child_resources() == ["gpu=[0,1] licence=1", "gpu=[2,3] licence=1"]
+    invoke("--nworkers", "2", "--split-units", "--resources", "gpu=[0-4]")
+    assert launched.child_resources() == ["gpu=[0,1,2]", "gpu=[3,4]"]
+
+
+@pytest.mark.timeout(10)
+def test_without_split_units_every_process_gets_the_whole_spec(launched: Launched) -> None:
+    assert invoke("--nworkers", "3", "--resources", "gpu=[0-3] process=1")[0] == 0
+    assert launched.child_resources() == ["gpu=[0-3] process=1"] * 3
+
+
+@pytest.mark.timeout(10)
+def test_fewer_units_than_processes_exits_2_with_one_line(launched: Launched) -> None:
+    code, output = invoke("--nworkers", "4", "--split-units", "--resources", "gpu=[0-2]")
+    assert code == 2 and not launched.commands
+    assert output.splitlines() == [
+        "Error: --split-units: pool 'gpu' has 3 units, fewer than the 4 worker processes"
+    ]
+
+
+@pytest.fixture
+def fake_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fake ``nvidia-smi`` listing four GPUs, first on PATH."""
+    script = tmp_path / "nvidia-smi"
+    lines = "".join(f"echo '{i}, GPU-{i}{i}{i}{i}-aaaa'\n" for i in range(4))
+    script.write_text("#!/bin/sh\n" + lines)
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.usefixtures("fake_gpus")
+def test_auto_under_a_mask_offers_exactly_the_masked_gpus(
+    launched: Launched, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert invoke("--resources", "auto licence=2")[0] == 0
+    amounts, units = parse_supply(str(launched.one[0]["resources"]))
+    assert units == {"gpu": ["2", "3"]}
+    assert amounts["licence"] == 2 * SCALE and amounts["cpus"] >= SCALE
+    assert amounts["memory"] == psutil.virtual_memory().total * SCALE
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.usefixtures("fake_gpus")
+def test_auto_is_detected_once_then_split(launched: Launched) -> None:
+    assert invoke("--nworkers", "2", "--split-units", "--resources", "auto")[0] == 0
+    shares = [parse_supply(spec)[1] for spec in launched.child_resources()]
+    assert shares == [{"gpu": ["0", "1"]}, {"gpu": ["2", "3"]}]
+
+
+@pytest.mark.timeout(10)
+def test_auto_without_nvidia_smi_offers_no_gpus_and_no_error(
+    launched: Launched, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no nvidia-smi anywhere
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert invoke("--resources", "auto")[0] == 0
+    amounts, units = parse_supply(str(launched.one[0]["resources"]))
+    assert units == {} and sorted(amounts) == ["cpus", "memory"]
+
+
+@pytest.mark.timeout(10)
+def test_a_malformed_mask_with_auto_exits_2_with_one_line(
+    launched: Launched, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,0")
+    code, output = invoke("--resources", "auto")
+    assert code == 2 and not launched.one
+    assert output.splitlines() == [
+        "Error: --resources: auto: CUDA_VISIBLE_DEVICES='0,0': '0' is listed twice"
+    ]
+
+
+@pytest.mark.timeout(10)
+def test_resources_come_from_the_environment_unless_given(launched: Launched) -> None:
+    env = {"APPORTION_RESOURCES": "gpu=[0,1] licence=1"}
+    assert invoke(env=env)[0] == 0
+    assert invoke("--resources", "GPU=2", env=env)[0] == 0
+    assert [r["resources"] for r in launched.one] == ["gpu=[0,1] licence=1", "GPU=2"]
+
+
+@pytest.mark.timeout(10)
+def test_a_malformed_environment_spec_names_the_variable(launched: Launched) -> None:
+    code, output = invoke(env={"APPORTION_RESOURCES": "GPU=abc"})
+    assert code == 2 and len(output.splitlines()) == 1
+    assert output.startswith("Error: APPORTION_RESOURCES: resource 'GPU': amount 'abc'")
+
+
+@pytest.mark.timeout(10)
+def test_config_file_gives_defaults_that_options_override(
+    launched: Launched, tmp_path: Path
+) -> None:
+    config = tmp_path / "worker.toml"
+    config.write_text(
+        'nthreads = 2\nnworkers = 2\nsplit_units = true\nresources = "gpu=[0-3]"\nname = "box"\n'
+    )
+    assert invoke("--config", str(config))[0] == 0
+    assert launched.child_resources() == ["gpu=[0,1]", "gpu=[2,3]"]
+    argv = launched.commands[1]
+    assert argv[argv.index("--nthreads") + 1] == "2" and argv[-1] == "box-1"
+    assert "--config" not in argv  # children get every value explicitly
+    assert invoke("--config", str(config), "--nworkers", "1", "--resources", "GPU=1")[0] == 0
+    assert launched.one == [{"nthreads": 2, "resources": "GPU=1", "name": "box"}]
+
+
+@pytest.mark.timeout(10)
+def test_environment_overrides_config_file(launched: Launched, tmp_path: Path) -> None:
+    config = tmp_path / "worker.toml"
+    config.write_text('resources = "GPU=1"\n')
+    assert invoke("--config", str(config), env={"APPORTION_RESOURCES": "GPU=3"})[0] == 0
+    assert launched.one[0]["resources"] == "GPU=3"
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("resource = 'gpu=[0-3]'\n", "unknown key 'resource' (known: host, name, nthreads,"),
+        ("nprocs = 2\n", "unknown key 'nprocs'"),
+        ("nthreads = 0\n", "nthreads: 0 is not in the range x>=1."),
+        ("nthreads = [1]\n", "nthreads must be a single value"),
+        ("nthreads = \n", "is not valid TOML"),
+    ],
+)
+def test_config_file_errors_exit_2_with_one_line(
+    launched: Launched, tmp_path: Path, text: str, message: str
+) -> None:
+    config = tmp_path / "worker.toml"
+    config.write_text(text)
+    code, output = invoke("--config", str(config))
+    assert code == 2 and not launched.one
+    assert len(output.splitlines()) == 1, output
+    assert output.startswith(f"Error: --config: {config}") and message in output
+
+
+@pytest.mark.timeout(10)
+def test_bad_resources_in_config_file_name_the_file(launched: Launched, tmp_path: Path) -> None:
+    config = tmp_path / "worker.toml"
+    config.write_text('resources = "GPU"\n')
+    code, output = invoke("--config", str(config))
+    assert code == 2
+    assert output.splitlines() == [
+        f"Error: resources in {config}: invalid resource spec 'GPU': parts must be NAME=AMOUNT"
+    ]
+
+
+@pytest.mark.timeout(10)
+def test_missing_config_file_exits_2_with_one_line(launched: Launched, tmp_path: Path) -> None:
+    code, output = invoke("--config", str(tmp_path / "absent.toml"))
+    assert code == 2 and len(output.splitlines()) == 1
+    assert "cannot read" in output and "No such file" in output

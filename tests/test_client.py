@@ -294,3 +294,17 @@ def test_local_cluster_hands_its_workers_their_units_intact() -> None:
         (worker,) = cluster._workers
         assert worker.units == {"gpu": ["0", "1", "5"]}
         assert worker.supply == {"gpu": 30_000, "MEMORY": 16 * 2**30 * 10_000}
+
+
+def test_resource_alternatives_and_task_variant(client: Client) -> None:
+    from apportion import task_variant
+
+    def which() -> tuple[int, dict[str, Any]]:
+        return task_variant(), task_resources()
+
+    # gpu-a has GPU=2 and no "fpga": the first alternative can never run, the second can.
+    fut = client.submit(which, resources=[{"fpga": 1}, {"GPU": 1}], pure=False)
+    assert fut.result(timeout=10) == (1, {"GPU": 1.0})
+    assert client.submit(which, resources=[{"GPU": 1}, {}], pure=False).result(10)[0] == 0
+    with pytest.raises(ValueError, match="non-empty list"):
+        client.submit(which, resources=[])

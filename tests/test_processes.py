@@ -20,7 +20,7 @@ from typing import Any
 import cloudpickle
 import pytest
 
-from apportion import Client, get_worker
+from apportion import Client, get_worker, task_environment
 
 pytestmark = pytest.mark.process
 
@@ -272,3 +272,42 @@ def test_script_without_main_guard_runs_on_a_process_cluster(tmp_path: Path) -> 
     assert result.returncode == 0, result.stderr
     assert "result 49" in result.stdout
     assert "default [1, 4, 9]" in result.stdout
+
+
+def cuda_devices_together(barrier: str, n: int) -> str:
+    """What a command started by this task would see as its GPUs, once ``n`` such run.
+
+    Waiting for the others makes the tasks hold their units at the same time, so
+    they must be on different processes whatever order placement takes them in.
+    """
+    Path(barrier, str(os.getpid())).touch()
+    deadline = time.monotonic() + 20
+    while len(os.listdir(barrier)) < n:
+        assert time.monotonic() < deadline, "the other task never started"
+        time.sleep(0.01)  # polling for the condition
+    return task_environment()["CUDA_VISIBLE_DEVICES"]
+
+
+def test_split_units_gives_each_process_its_own_gpus(procs: Processes, tmp_path: Path) -> None:
+    address = procs.scheduler()
+    procs.start(
+        "worker", address, "--nworkers", "2", "--split-units", "--resources", "gpu=[0-3]",
+        "--nthreads", "2", "--name", "split",
+    )  # fmt: skip
+    with Client(address) as client:
+        client.wait_for_workers(2, timeout=30)
+        units = {w["name"]: w["units"] for w in client.scheduler_info()["workers"].values()}
+        assert units == {
+            "split-0": {"gpu": {"0": 1.0, "1": 1.0}},
+            "split-1": {"gpu": {"2": 1.0, "3": 1.0}},
+        }
+        info = run_cli("info", "--scheduler", address)
+        assert info.returncode == 0, info.stderr
+        assert "gpu [0:free 1:free]" in info.stdout and "gpu [2:free 3:free]" in info.stdout
+        barrier = tmp_path / "running"
+        barrier.mkdir()
+        futures = [
+            client.submit(cuda_devices_together, str(barrier), 2, pure=False, resources={"gpu": 2})
+            for _ in range(2)
+        ]
+        assert sorted(client.gather(futures)) == ["0,1", "2,3"]

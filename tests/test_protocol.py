@@ -56,7 +56,9 @@ SAMPLES: list[m.Message] = [
     m.DataReply(7, {"a": b"1"}, [], {}),
     m.DataStored(8, ["d"], {"d": 2}),
     m.LoadFunction("fid", b"fn"),
-    m.ComputeTask("x-1", "fid", b"args", {"a": ["tcp://h:1"]}, {"gpu": 10_000}, 3, {"gpu": ["1"]}),
+    m.ComputeTask(
+        "x-1", "fid", b"args", {"a": ["tcp://h:1"]}, {"gpu": 10_000}, 3, {"gpu": ["1"]}, 1
+    ),
     m.FreeKeys(["a"]),
     m.GetData(9, ["a"]),
     m.PutData(10, {"d": b"\xff"}),
@@ -262,8 +264,8 @@ def test_format_address_round_trips(host: str, port: int) -> None:
         ([m.TaskFinished.TAG, "k", "many", 0.1, "int"], "TaskFinished.nbytes"),
         ([m.TaskFinished.TAG, "k", True, 0.1, "int"], "TaskFinished.nbytes"),
         ([m.CancelKeys.TAG, "not-a-list"], "CancelKeys.keys"),
-        ([m.SubmitTasks.TAG, [["k", "f", b"", [], {"GPU": "1"}, 0, 0]], {}, []], "tasks"),
-        ([m.SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0]], {}, [("x", 1)]], "wanted"),
+        ([m.SubmitTasks.TAG, [["k", "f", b"", [], {"GPU": "1"}, 0, 0, []]], {}, []], "tasks"),
+        ([m.SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0, []]], {}, [("x", 1)]], "wanted"),
     ],
 )
 def test_fields_of_the_wrong_type_are_protocol_errors(message: list[object], field: str) -> None:

@@ -157,6 +157,27 @@ def test_plain_tasks_are_pipelined_a_little(sim: RecordingCluster) -> None:
     assert len(sim.running[w]) == 4
 
 
+def test_no_plain_task_is_queued_ahead_of_waiting_gpu_work(sim: RecordingCluster) -> None:
+    gpu = sim.add_worker("gpu", nthreads=2, resources="GPU=2")
+    cpu = sim.add_worker("cpu", nthreads=1)
+    for i in range(3):
+        sim.submit(f"g{i}", resources="GPU=1")
+    for i in range(10):
+        sim.submit(f"p{i}")
+    sim.place()
+    # g0 and g1 hold both threads of the GPU worker; g2 waits for one of them, so no
+    # plain task may sit there ahead of it. The CPU worker still pipelines.
+    assert sorted(sim.running[gpu]) == ["g0", "g1"]
+    assert len(sim.running[cpu]) == 2
+    sim.finish("g0")
+    sim.place()
+    assert "g2" in sim.running[gpu]
+    sim.finish("g1")
+    sim.finish("g2")
+    sim.place()  # no GPU work left: the GPU worker takes plain tasks, queued ahead too
+    assert len(sim.running[gpu]) == 4
+
+
 def test_two_gpu_task_never_shares_a_two_gpu_worker(sim: RecordingCluster) -> None:
     w = sim.add_worker(nthreads=4, resources="GPU=2")
     keys = ["a", "b", "big", "c", "d", "big2", "e"]

@@ -128,7 +128,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             deps = data.draw(st.lists(st.sampled_from(pool), max_size=2, unique=True))
             demand = parse_demand(data.draw(demands))
             priority = data.draw(st.integers(0, 2))
-            specs.append(m.TaskSpec(key, "f", b"", deps, demand, priority, retries))
+            # Sometimes alternatives: the scheduler runs the first that fits now.
+            others = [parse_demand(d) for d in data.draw(st.lists(demands, max_size=2))]
+            variants = [demand, *others] if others else []
+            specs.append(m.TaskSpec(key, "f", b"", deps, demand, priority, retries, variants))
             if data.draw(st.booleans()) or not wanted:
                 wanted.append(key)
         if shuffle:
@@ -280,7 +283,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert task.resources and not satisfiable(state, task.signature), f"{key} hangs"
             text = format_resources(task.resources)
             logs = [log.text for log in self.sim.logs if log.level == "warning"]
-            assert any(f"needs {text}," in line for line in logs), f"no warning for {key}"
+            said = [line for line in logs if f"needs {text}," in line]
+            said += [line for line in logs if "alternatives" in line and text in line]
+            assert said, f"no warning for {key}"
             return
         pending = [d for d in task.deps if state.tasks[d].state != MEMORY]
         assert pending, f"{key} waits for nothing"

@@ -140,3 +140,44 @@ def test_a_registration_whose_units_do_not_match_its_pool_is_not_trusted(
     assert sim.state.workers["odd"].units == {}
     assert any("unit lists" in log.text for log in sim.logs)
     sim.handle(FromWorker("odd", [], sim.now))
+
+
+# --- alternatives (resource variants) -----------------------------------------------
+
+
+def submit_alternatives(sim: SimulatedCluster, key: str, *alternatives: dict[str, int]) -> None:
+    specs = [m.TaskSpec(key, "f", b"", [], alternatives[0], 0, 0, list(alternatives))]
+    sim.client_says("c1", m.SubmitTasks(specs, {"f": b"func"}, [key]))
+
+
+def test_the_first_alternative_that_fits_now_is_taken(sim: SimulatedCluster) -> None:
+    w = sim.add_worker("box", nthreads=4, resources="gpu=[0] cpus=8")
+    gpu_first = ({"gpu": 10_000, "cpus": 10_000}, {"cpus": 40_000})
+    submit_alternatives(sim, "a", *gpu_first)
+    submit_alternatives(sim, "b", *gpu_first)  # the GPU is taken: runs on 4 CPUs
+    sim.place()
+    assert sim.running[w]["a"].variant == 0 and sim.running[w]["a"].units == {"gpu": ["0"]}
+    assert sim.running[w]["b"].variant == 1 and sim.running[w]["b"].resources == {"cpus": 40_000}
+    submit_alternatives(sim, "c", *gpu_first)  # neither fits now (3 CPUs left): it waits
+    sim.place()
+    assert "c" not in sim.running[w]
+    sim.client_says("c1", m.WhyRequest(1, ["c"]))
+    (reply,) = [msg for msg in sim.inbox["c1"] if isinstance(msg, m.WhyReply)]
+    assert "none of its 2 alternatives fits anywhere now" in reply.reasons["c"]
+    sim.finish("b")
+    sim.place()
+    assert sim.running[w]["c"].variant == 1
+    sim.finish("a")
+    sim.finish("c")
+    assert sim.state.workers[w].free == {"gpu": 10_000, "cpus": 80_000}
+
+
+def test_alternatives_are_unsatisfiable_only_when_all_are(sim: SimulatedCluster) -> None:
+    w = sim.add_worker("cpu-only", nthreads=2, resources="cpus=4")
+    submit_alternatives(sim, "flex", {"gpu": 10_000}, {"cpus": 20_000})
+    submit_alternatives(sim, "never", {"gpu": 10_000}, {"cpus": 80_000})
+    sim.place()
+    assert sim.running[w]["flex"].variant == 1
+    (notice,) = [msg for msg in sim.inbox["c1"] if isinstance(msg, m.Notice)]
+    assert "gives 2 alternatives" in notice.text and "no worker offers gpu" in notice.text
+    assert "largest cpus supply is 4" in notice.text

@@ -104,6 +104,7 @@ def compute(key: str, func: Callable[..., Any], *args: Any, **extra: Any) -> lis
         extra.get("resources", {}),
         extra.get("p", 0),
         extra.get("units", {}),
+        extra.get("variant", 0),
     )
     return [LoadFunction(fid, blob), task]
 

@@ -46,8 +46,11 @@ def compute(
     priority: int = 0,
     t: float = 1.0,
     units: dict[str, list[str]] | None = None,
+    variant: int = 0,
 ) -> ComputeArrived:
-    task = ComputeTask(key, "f", b"args", who_has or {}, resources or {}, priority, units or {})
+    task = ComputeTask(
+        key, "f", b"args", who_has or {}, resources or {}, priority, units or {}, variant
+    )
     return ComputeArrived(task, t)
 
 

@@ -24,7 +24,7 @@ from apportion.client.local import LocalCluster
 from apportion.client.waiting import ALL_COMPLETED, FIRST_COMPLETED, as_completed, wait
 from apportion.core.resources import parse_resources
 from apportion.scheduler.service import Scheduler
-from apportion.worker.context import get_worker, task_environment, task_resources
+from apportion.worker.context import get_worker, task_environment, task_resources, task_variant
 from apportion.worker.service import Worker
 
 __version__ = "0.1.0"
@@ -47,5 +47,6 @@ __all__ = [
     "parse_resources",
     "task_environment",
     "task_resources",
+    "task_variant",
     "wait",
 ]

@@ -46,7 +46,11 @@ def why(keys: tuple[str, ...], address: str) -> None:
 @click.command("info")
 @scheduler_option
 def info(address: str) -> None:
-    """Show the workers, their threads and resource pools (total and free now)."""
+    """Show the workers, their threads and resource pools (total and free now).
+
+    Indexed pools also get a line each with every unit's state, so that the units
+    each process holds (``--split-units``) can be checked at a glance.
+    """
     with _connect(address) as client:
         snapshot = client.scheduler_info()
     workers = snapshot["workers"]
@@ -63,6 +67,25 @@ def info(address: str) -> None:
             f"  {w['name']:<16} {addr:<24} {w['nthreads']} threads, "
             f"{w['processing']} tasks, {pools or 'no resources'}"
         )
+        for name, units in sorted(w.get("units", {}).items()):
+            click.echo(f"    {name} {format_unit_states(units)}")
+
+
+def format_unit_states(units: dict[str, float]) -> str:
+    """Each unit of an indexed pool with what is free of it, in label order.
+
+    ``[0:free 1:busy 2:0.5]``: a number is the free part of a unit shared by fractions.
+    """
+    return "[" + " ".join(f"{label}:{_unit_state(free)}" for label, free in units.items()) + "]"
+
+
+def _unit_state(free: float) -> str:
+    ticks = round(free * SCALE)
+    if ticks >= SCALE:
+        return "free"
+    if ticks <= 0:
+        return "busy"
+    return format_amount(ticks)
 
 
 def _units(value: float) -> str:

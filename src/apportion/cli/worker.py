@@ -1,4 +1,12 @@
-"""``apportion worker``: one worker process, or a supervisor of several."""
+"""``apportion worker``: one worker process, or a supervisor of several.
+
+Options come, in order of precedence, from the command line, from their environment
+variable (``APPORTION_RESOURCES``), from ``--config FILE``, then from built-in
+defaults. A resource spec may contain ``auto``, replaced here by what the machine
+has (``apportion.worker.detect``); with ``--nworkers N --split-units`` the supervisor
+deals every indexed pool out across the processes (``apportion.worker.shares``).
+Either way each worker process receives an explicit ``--resources`` text of its own.
+"""
 
 from __future__ import annotations
 
@@ -9,27 +17,94 @@ import signal
 import sys
 
 import click
+from click.core import ParameterSource
 
+from apportion.cli.config import CONFIG_META, config_option
 from apportion.cli.logs import configure_logging
 from apportion.core.resources import parse_resources
+from apportion.worker.detect import detect_supply, expand_auto, split_auto
+from apportion.worker.shares import split_supply
 
 logger = logging.getLogger("apportion.worker")
 
+#: Read for ``--resources`` when the option is not given.
+RESOURCES_VARIABLE = "APPORTION_RESOURCES"
+
+
+def _fail(ctx: click.Context, message: str) -> None:
+    # One line, no usage banner: the message already names the bad part.
+    click.echo(f"Error: {message}", err=True)
+    ctx.exit(2)
+
+
+def _resources_origin(ctx: click.Context) -> str:
+    """How to name where a spec came from in an error message."""
+    source = ctx.get_parameter_source("resources")
+    if source is ParameterSource.ENVIRONMENT:
+        return RESOURCES_VARIABLE
+    if source is ParameterSource.DEFAULT_MAP and CONFIG_META in ctx.meta:
+        return f"resources in {ctx.meta[CONFIG_META]}"
+    return "--resources"
+
 
 def check_resources(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """Reject a malformed spec at once (exit status 2), keeping the text to pass on."""
+    """Reject a malformed spec at once (exit status 2), keeping the text to pass on.
+
+    ``auto`` is checked here only for what surrounds it; detection runs later, in
+    the command, once logging is set up.
+    """
     if value is not None:
         try:
-            parse_resources(value)
+            parse_resources(split_auto(value)[1])
         except ValueError as exc:
-            # One line, no usage banner: the message already names the bad part.
-            click.echo(f"Error: --resources: {exc}", err=True)
-            ctx.exit(2)
+            _fail(ctx, f"{_resources_origin(ctx)}: {exc}")
     return value
+
+
+def resolve_resources(ctx: click.Context, resources: str | None) -> str | None:
+    """``resources`` with ``auto`` replaced by the detected pools (logged once)."""
+    if resources is None or not split_auto(resources)[0]:
+        return resources
+    try:
+        expanded = expand_auto(resources, detect_supply())
+    except ValueError as exc:  # a malformed CUDA_VISIBLE_DEVICES
+        _fail(ctx, f"{_resources_origin(ctx)}: auto: {exc}")
+    logger.info("resources %r detected as %r", resources, expanded)
+    return expanded
+
+
+def child_commands(
+    scheduler_address: str,
+    nworkers: int,
+    nthreads: int | None,
+    resources: list[str],
+    base: str,
+    host: str,
+    port: int,
+) -> list[list[str]]:
+    """The command line of each supervised worker process; ``resources`` has one spec each.
+
+    Every value is passed explicitly, so that a child reads neither the config file
+    nor ``APPORTION_RESOURCES`` again.
+    """
+    commands = []
+    for i in range(nworkers):
+        argv = [sys.executable, "-m", "apportion.cli.main", "worker", scheduler_address]
+        argv += ["--host", host, "--port", str(port + i if port else 0)]
+        if nthreads is not None:
+            argv += ["--nthreads", str(nthreads)]
+        argv += ["--resources", resources[i]]
+        argv += ["--nworkers", "1", "--name", f"{base}-{i}"]
+        commands.append(argv)
+    return commands
 
 
 @click.command("worker")
 @click.argument("scheduler_address")
+@config_option(
+    'TOML file of option defaults (nthreads = 2, resources = "gpu=[0-3]", ...); '
+    "command-line options override it."
+)
 @click.option("--nthreads", type=click.IntRange(min=1), help="Task threads (default: CPU count).")
 @click.option(
     "--nworkers",
@@ -43,7 +118,17 @@ def check_resources(ctx: click.Context, param: click.Parameter, value: str | Non
 @click.option(
     "--resources",
     callback=check_resources,
-    help='Resources of each worker process, e.g. "GPU=2 MEMORY=16GiB" or "gpu=[0-3]".',
+    envvar=RESOURCES_VARIABLE,
+    show_envvar=True,
+    help='Resources of each worker process, e.g. "GPU=2 MEMORY=16GiB", "gpu=[0-3]", '
+    'or "auto" (detected GPUs, cpus, memory; may be combined: "auto licence=2").',
+)
+@click.option(
+    "--split-units",
+    is_flag=True,
+    default=False,
+    help="With --nworkers, deal each indexed pool (gpu=[0-3]) out across the processes "
+    "instead of giving every process all of it.",
 )
 @click.option("--name", help="Worker name (with --nworkers, suffixed -0, -1, ...).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Data port interface.")
@@ -54,32 +139,33 @@ def check_resources(ctx: click.Context, param: click.Parameter, value: str | Non
     show_default=True,
     help="Data port (0: any free; with --nworkers, worker i gets PORT+i).",
 )
+@click.pass_context
 def worker(
+    ctx: click.Context,
     scheduler_address: str,
     nthreads: int | None,
     nworkers: int,
     resources: str | None,
+    split_units: bool,
     name: str | None,
     host: str,
     port: int,
 ) -> None:
     """Run a worker connected to the scheduler at SCHEDULER_ADDRESS."""
     configure_logging()
+    resources = resolve_resources(ctx, resources)
     if nworkers == 1:
         sys.exit(run_one(scheduler_address, nthreads, resources, name, host, port))
     from apportion.worker.supervisor import Supervisor
 
+    specs = [resources or ""] * nworkers
+    if split_units:
+        try:
+            specs = split_supply(resources or "", nworkers)
+        except ValueError as exc:
+            _fail(ctx, f"--split-units: {exc}")
     base = name or f"worker-{os.getpid()}"
-    commands = []
-    for i in range(nworkers):
-        argv = [sys.executable, "-m", "apportion.cli.main", "worker", scheduler_address]
-        argv += ["--host", host, "--port", str(port + i if port else 0)]
-        if nthreads is not None:
-            argv += ["--nthreads", str(nthreads)]
-        if resources is not None:
-            argv += ["--resources", resources]
-        argv += ["--nworkers", "1", "--name", f"{base}-{i}"]
-        commands.append(argv)
+    commands = child_commands(scheduler_address, nworkers, nthreads, specs, base, host, port)
     sys.exit(Supervisor(commands).run())
 
 

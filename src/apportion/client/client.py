@@ -13,7 +13,7 @@ import itertools
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -186,7 +186,7 @@ class Client:
         kwargs: Mapping[str, Any],
         *,
         key: str | None,
-        resources: dict[str, int],
+        resources: list[dict[str, int]],
         priority: int,
         retries: int,
         pure: bool,
@@ -204,15 +204,18 @@ class Client:
                 # The demand is part of the identity: the same call asking for other
                 # resources must not be merged into an existing task.
                 digest = hashlib.blake2b(func_id.encode() + args_blob, digest_size=16)
-                if resources:
-                    digest.update(repr(sorted(resources.items())).encode())
+                if resources != [{}]:
+                    digest.update(repr([sorted(r.items()) for r in resources]).encode())
                 key = f"{name}-{digest.hexdigest()}"
             else:
                 key = f"{name}-{self._unique}{next(self._counter)}"
         future = Future(key, self)
         if future._state.status == CANCELLED:
             future._state.reset()  # submitted again after a cancel: it runs again
-        spec = m.TaskSpec(key, func_id, args_blob, sorted(deps), resources, priority, retries)
+        variants = resources if len(resources) > 1 else []
+        spec = m.TaskSpec(
+            key, func_id, args_blob, sorted(deps), resources[0], priority, retries, variants
+        )
         self._session.post([(spec, blob, True)])
         return future
 
@@ -221,7 +224,7 @@ class Client:
         func: Callable[..., Any],
         *args: Any,
         key: str | None = None,
-        resources: ResourceSpec = None,
+        resources: ResourceSpec | Sequence[ResourceSpec] = None,
         priority: int = 0,
         retries: int = 0,
         pure: bool = True,
@@ -239,7 +242,7 @@ class Client:
             args,
             kwargs,
             key=key,
-            resources=parse_demand(resources),
+            resources=parse_demands(resources),
             priority=priority,
             retries=retries,
             pure=pure,
@@ -250,7 +253,7 @@ class Client:
         func: Callable[..., Any],
         *iterables: Iterable[Any],
         key: str | list[str] | None = None,
-        resources: ResourceSpec = None,
+        resources: ResourceSpec | Sequence[ResourceSpec] = None,
         priority: int = 0,
         retries: int = 0,
         pure: bool = True,
@@ -258,7 +261,7 @@ class Client:
     ) -> list[Future]:
         """``submit`` over zipped iterables; ``func`` is pickled once for all tasks."""
         self._check_open()
-        demand = parse_demand(resources)
+        demand = parse_demands(resources)
         calls = list(zip(*iterables, strict=False))
         if isinstance(key, list):
             if len(key) != len(calls):
@@ -537,6 +540,19 @@ class Client:
 #: Largest pickled argument or scattered value: well inside one frame (MAX_FRAME),
 #: so one oversized call is refused here instead of ending the whole session.
 MAX_PAYLOAD = MAX_FRAME // 4
+
+
+def parse_demands(resources: ResourceSpec | Sequence[ResourceSpec]) -> list[dict[str, int]]:
+    """One demand, or a list of alternatives in order of preference (HyperQueue's variants).
+
+    ``[{"gpu": 1, "cpus": 1}, {"cpus": 8}]``: the scheduler runs the task with the first
+    alternative that fits on some worker now; the task asks which with ``task_variant()``.
+    """
+    if resources is None or isinstance(resources, str | Mapping):
+        return [parse_demand(resources)]
+    if not isinstance(resources, list | tuple) or not resources:
+        raise ValueError("resources: give one demand, or a non-empty list of alternatives")
+    return [parse_demand(spec) for spec in resources]
 
 
 def _check_size(blob: bytes, what: str) -> None:

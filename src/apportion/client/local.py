@@ -169,8 +169,9 @@ def worker_command(scheduler_address: str, spec: Mapping[str, Any]) -> list[str]
     """The command line of one worker process, resources written back as a spec."""
     cmd = [sys.executable, "-m", "apportion.cli.main", "worker", scheduler_address]
     cmd += ["--nthreads", str(spec["nthreads"]), "--name", spec["name"]]
-    if spec["resources"]:
-        cmd += ["--resources", format_resources(spec["resources"], spec["units"])]
+    # Always given, even empty, so a worker never falls back to APPORTION_RESOURCES
+    # from the user's environment: a LocalCluster's workers have what its spec says.
+    cmd += ["--resources", format_resources(spec["resources"], spec["units"])]
     return cmd
 
 

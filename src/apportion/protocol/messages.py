@@ -101,6 +101,9 @@ class TaskSpec(NamedTuple):
     resources: dict[str, int]  #: demand in ticks; empty for plain tasks
     priority: int  #: higher runs earlier, as in Dask
     retries: int
+    #: Alternative demands in order of preference (empty unless there are two or more;
+    #: then ``resources`` is the first). The scheduler runs the first that fits now.
+    variants: list[dict[str, int]] = []
 
 
 @message
@@ -334,6 +337,7 @@ class ComputeTask(Message):
     resources: dict[str, int]
     priority: int
     units: dict[str, list[str]]  #: indexed pools: the unit labels this run holds
+    variant: int  #: which of the task's alternative demands ``resources`` is (0 if none)
 
 
 @message

@@ -104,15 +104,17 @@ def _warn_if_unsatisfiable(state: SchedulerState, task: TaskRecord) -> None:
 
 def _new_task(state: SchedulerState, spec: m.TaskSpec) -> TaskRecord:
     """A "new" record; ``submit`` links it to its inputs and ``_start`` sets its state."""
+    variants = tuple(v or NO_RESOURCES for v in spec.variants) if len(spec.variants) > 1 else None
     task = TaskRecord(
         spec.key,
         spec.func_id,
         spec.args,
         tuple(spec.deps),
-        spec.resources or NO_RESOURCES,
+        variants[0] if variants else spec.resources or NO_RESOURCES,
         spec.priority,
         spec.retries,
         state.next_seq(),
+        variants,
     )
     state.tasks[spec.key] = task
     state.function_users[spec.func_id] += 1

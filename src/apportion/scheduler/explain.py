@@ -14,6 +14,7 @@ from apportion.scheduler.records import (
     WAITING,
     TaskRecord,
     WorkerRecord,
+    options_of,
 )
 from apportion.scheduler.units import describe_units, pick_units
 from apportion.scheduler.unsatisfiable import unsatisfiable_text
@@ -59,19 +60,28 @@ def _explain_queued(state: SchedulerState, task: TaskRecord) -> str:
         and state.tasks[k].order() < task.order()
     )
     queue = f" ({ahead} older ready tasks with the same request are ahead of it)" if ahead else ""
-    if not task.resources:
+    if not task.resources and not task.variants:
         slots = sum(w.nthreads for w in state.workers.values())
         busy = sum(len(w.processing) for w in state.workers.values())
         return (
             f"queued: all {slots} threads on {len(state.workers)} workers are busy "
             f"({busy} tasks running or queued on them){queue}"
         )
-    pool = candidates(state, task.signature)
-    if not pool:
+    options = options_of(task.signature)
+    pools = [candidates(state, option) for option in options]
+    if not any(pools):
         return "queued: " + unsatisfiable_text(task, state.workers.values())
-    lines = [f"queued: needs {format_resources(task.resources)}{queue}"]
-    for worker in pool:
-        lines.append(f"  {worker.name}: {_worker_obstacles(state, worker, task)}")
+    if len(options) == 1:
+        lines = [f"queued: needs {format_resources(task.resources)}{queue}"]
+    else:
+        lines = [f"queued: none of its {len(options)} alternatives fits anywhere now{queue}"]
+    for option, pool in zip(options, pools, strict=True):
+        demand = dict(option)
+        if len(options) > 1:
+            lines.append(f"  {format_resources(demand) or 'no resources'}:")
+        for worker in pool:
+            why_not = _worker_obstacles(state, worker, task, demand)
+            lines.append(f"{'    ' if len(options) > 1 else '  '}{worker.name}: {why_not}")
     if task.reserved_on is not None and task.reserved_on in state.workers:
         name = state.workers[task.reserved_on].name
         lines.append(
@@ -81,10 +91,12 @@ def _explain_queued(state: SchedulerState, task: TaskRecord) -> str:
     return "\n".join(lines)
 
 
-def _worker_obstacles(state: SchedulerState, worker: WorkerRecord, task: TaskRecord) -> str:
+def _worker_obstacles(
+    state: SchedulerState, worker: WorkerRecord, task: TaskRecord, demand: dict[str, int]
+) -> str:
     reasons = []
     holder = holder_of(state, worker, task)
-    for name, need in sorted(task.resources.items()):
+    for name, need in sorted(demand.items()):
         free = available(worker, name, holder)
         if free < need:
             reasons.append(

@@ -29,14 +29,19 @@ from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING
 
 from apportion.core.resources import fits
-from apportion.scheduler.records import QUEUED, TaskRecord, WorkerRecord
+from apportion.scheduler.records import (
+    QUEUED,
+    QueueKey,
+    Signature,
+    TaskRecord,
+    WorkerRecord,
+    options_of,
+)
 from apportion.scheduler.units import could_hold, pick_units
 from apportion.scheduler.unsatisfiable import fail_or_warn
 
 if TYPE_CHECKING:
     from apportion.scheduler.state import SchedulerState
-
-Signature = tuple[tuple[str, int], ...]
 
 
 def place(state: SchedulerState) -> None:
@@ -68,12 +73,17 @@ def available(worker: WorkerRecord, name: str, holder: TaskRecord | None) -> int
     return free
 
 
-def fits_now(state: SchedulerState, worker: WorkerRecord, task: TaskRecord) -> bool:
-    """Could ``task`` start on ``worker`` right now, respecting any reservation?"""
+def fits_now(
+    state: SchedulerState,
+    worker: WorkerRecord,
+    task: TaskRecord,
+    demand: dict[str, int] | None = None,
+) -> bool:
+    """Could ``task`` (with ``demand``, default its own) start on ``worker`` right now?"""
     if len(worker.processing) >= worker.nthreads:
         return False
     holder = holder_of(state, worker, task)
-    for name, need in task.resources.items():
+    for name, need in (task.resources if demand is None else demand).items():
         if available(worker, name, holder) < need:
             return False
         if name in worker.units and pick_units(worker.units[name], need) is None:
@@ -91,14 +101,17 @@ def _input_bytes(state: SchedulerState, task: TaskRecord) -> dict[str, int]:
 
 
 def best_worker(
-    state: SchedulerState, task: TaskRecord, pool: list[WorkerRecord]
+    state: SchedulerState,
+    task: TaskRecord,
+    pool: list[WorkerRecord],
+    demand: dict[str, int] | None = None,
 ) -> WorkerRecord | None:
     """The fitting worker with most input bytes, then least load; None if none fits."""
     local = _input_bytes(state, task) if task.deps else {}
     best: WorkerRecord | None = None
     best_score: tuple[int, float] | None = None
     for worker in pool:
-        if not fits_now(state, worker, task):
+        if not fits_now(state, worker, task, demand):
             continue
         score = (-local.get(worker.id, 0), len(worker.processing) / worker.nthreads)
         if best_score is None or score < best_score:
@@ -150,9 +163,7 @@ def _place_resource_tasks(state: SchedulerState) -> None:
     for worker in list(state.workers.values()):
         held = state.tasks.get(worker.reserved_by or "")
         if held is not None and held.state == QUEUED:
-            target = best_worker(state, held, pool_for(held.signature))
-            if target is not None:
-                state.assign(held, target)
+            _start_if_it_fits(state, held, pool_for)
     _place_by_age(state, pool_for)
     for sig in [sig for sig, heap in state.ready.items() if not heap]:
         del state.ready[sig]
@@ -166,7 +177,7 @@ def _place_by_age(
     Tasks with the same demand fit in the same places, so once the oldest of a kind
     fits nowhere, none of the younger ones of that kind can: they are not looked at.
     """
-    heads: list[tuple[tuple[int, int], Signature]] = []
+    heads: list[tuple[tuple[int, int], QueueKey]] = []
     for sig, heap in state.ready.items():
         task = _head(state, heap) if sig else None
         if task is not None:
@@ -178,25 +189,45 @@ def _place_by_age(
         task = _head(state, heap)
         if task is None:
             continue
-        pool = pool_for(sig)
-        target = best_worker(state, task, pool)
-        if target is not None:
+        if _start_if_it_fits(state, task, pool_for):
             heappop(heap)
-            state.assign(task, target)
             nxt = _head(state, heap)
             if nxt is not None:
                 heappush(heads, (nxt.order(), sig))
-        elif not pool:
+            continue
+        option = next((o for o in options_of(sig) if pool_for(o)), None)
+        if option is None:
             fail_or_warn(state, sig, heap)
         elif task.reserved_on is None:
-            _reserve(state, task, pool)
+            task.resources = dict(option)  # reserve for the first it could ever run with
+            _reserve(state, task, pool_for(option))
 
 
-def plain_capacity(state: SchedulerState, worker: WorkerRecord) -> int:
+def _start_if_it_fits(
+    state: SchedulerState, task: TaskRecord, pool_for: Callable[[Signature], list[WorkerRecord]]
+) -> bool:
+    """Assign ``task`` with the first of its demands that fits somewhere now."""
+    for option in options_of(task.signature):
+        demand = dict(option) if task.variants else task.resources
+        target = best_worker(state, task, pool_for(option), demand)
+        if target is not None:
+            task.resources = demand
+            state.assign(task, target)
+            return True
+    return False
+
+
+def plain_capacity(
+    state: SchedulerState, worker: WorkerRecord, resource_work_waiting: bool = False
+) -> int:
     """How many more plain tasks ``worker`` may be given now (running or queued ahead)."""
     holder = state.tasks.get(worker.reserved_by or "")
     if holder is not None and fits(holder.resources, worker.free):
         return 0  # the reserved task waits only for a thread: let the threads drain
+    if resource_work_waiting and worker.total:
+        # A plain task queued ahead here would take the thread a GPU (say) frees next,
+        # leaving the GPU idle while work for it waits: fill free threads only.
+        return worker.nthreads - len(worker.processing)
     avg = worker.avg_duration
     config = state.config
     if avg is None:
@@ -214,8 +245,10 @@ def _place_plain_tasks(state: SchedulerState) -> None:
         return
     capacity: dict[str, int] = {}
     loads: list[tuple[float, int, str]] = []
+    # After the resource pass, a non-empty resource queue holds a task that is waiting.
+    waiting = any(key and queue for key, queue in state.ready.items())
     for i, worker in enumerate(state.workers.values()):
-        cap = plain_capacity(state, worker)
+        cap = plain_capacity(state, worker, waiting)
         if cap > 0:
             capacity[worker.id] = cap
             heappush(loads, (len(worker.processing) / worker.nthreads, i, worker.id))

@@ -7,10 +7,35 @@ stated on the fields and checked by ``scheduler.invariants.check_invariants``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from apportion.core.resources import SCALE, Amounts
 
 #: Shared by every plain task, so 100,000 of them do not hold 100,000 empty dicts.
 NO_RESOURCES: Amounts = {}
+
+Signature = tuple[tuple[str, int], ...]
+"""A demand as a sorted tuple: tasks with equal signatures fit in the same places."""
+
+
+@dataclass(frozen=True, slots=True)
+class Alternatives:
+    """Queue key of tasks that give alternative demands: their signatures, in order.
+
+    Tasks with the same alternatives fit in the same places, like tasks with equal
+    signatures, so they share a queue and the placement pass can skip them together.
+    """
+
+    options: tuple[Signature, ...]
+
+
+QueueKey = Signature | Alternatives
+
+
+def options_of(key: QueueKey) -> tuple[Signature, ...]:
+    """The demands a queue's tasks may run with, in order of preference."""
+    return key.options if isinstance(key, Alternatives) else (key,)
+
 
 #: Task states. "new" and "forgotten" appear only in stories, never on a record.
 WAITING = "waiting"  #: some dependency is not in memory yet
@@ -69,6 +94,7 @@ class TaskRecord:
         "signature",
         "state",
         "units",
+        "variants",
         "wanted_by",
         "worker",
     )
@@ -83,6 +109,7 @@ class TaskRecord:
         priority: int,
         retries: int,
         seq: int,
+        variants: tuple[Amounts, ...] | None = None,
     ) -> None:
         self.key = key
         self.func_id = func_id
@@ -94,9 +121,16 @@ class TaskRecord:
         self.dependents: set[str] = set()
         #: Dependencies not in memory; the task is QUEUED exactly when this is 0.
         self.missing_deps = 0
+        #: The demand it runs (or last ran, or reserved) with: with alternatives, the
+        #: one placement chose; its resources are taken and given back by this.
         self.resources = resources
-        #: Demand as a sorted tuple: tasks with equal signatures fit in the same places.
-        self.signature: tuple[tuple[str, int], ...] = tuple(sorted(resources.items()))
+        #: Alternative demands in order of preference, or None for a single demand.
+        self.variants = variants
+        self.signature: QueueKey = (
+            Alternatives(tuple(tuple(sorted(v.items())) for v in variants))
+            if variants
+            else tuple(sorted(resources.items()))
+        )
         self.priority = priority
         self.retries = retries
         #: Submission order; with priority, the start order among ready tasks.

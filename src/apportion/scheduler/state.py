@@ -56,6 +56,7 @@ from apportion.scheduler.records import (
     TRANSITIONS,
     WAITING,
     ClientRecord,
+    QueueKey,
     TaskRecord,
     WorkerRecord,
 )
@@ -97,7 +98,7 @@ class SchedulerState:
         self.function_users: dict[str, int] = defaultdict(int)
         #: signature -> heap of (-priority, seq, key). Entries go stale when a task
         #: leaves QUEUED; placement skips them, which is cheaper than deleting.
-        self.ready: dict[tuple[tuple[str, int], ...], list[tuple[int, int, str]]] = {}
+        self.ready: dict[QueueKey, list[tuple[int, int, str]]] = {}
         self.log: deque[tuple[float, str, str, str, str]] = deque(maxlen=self.config.log_size)
         self.placement_due = False
         #: Identity shown in ``scheduler_info`` (set by the service).
@@ -109,10 +110,10 @@ class SchedulerState:
         self.done_keys: dict[str, list[str]] = defaultdict(list)
         self.free_keys: dict[str, list[str]] = defaultdict(list)
         #: Request kinds already warned about, so a sweep of 1,000 says it once.
-        self.warned: set[tuple[tuple[str, int], ...]] = set()
-        self.satisfiable_cache: dict[tuple[tuple[str, int], ...], bool] = {}
+        self.warned: set[QueueKey] = set()
+        self.satisfiable_cache: dict[QueueKey, bool] = {}
         #: (client, request kind) pairs already told that nobody can run it.
-        self.notified: set[tuple[str, tuple[tuple[str, int], ...]]] = set()
+        self.notified: set[tuple[str, QueueKey]] = set()
         #: Tasks whose inputs could not be fetched, and how often (sparse: only those).
         self.fetch_failures: dict[str, int] = {}
         self._handlers: dict[type[Any], Callable[[Any, Any], None]] = {
@@ -189,6 +190,8 @@ class SchedulerState:
     def assign(self, task: TaskRecord, worker: WorkerRecord) -> None:
         """Start ``task`` on ``worker``: take its resources and send it there."""
         cause = f"assigned to {worker.name}"
+        if task.variants:
+            cause += f" with {format_resources(task.resources) or 'no resources'}"
         if task.resources:
             for name, need in task.resources.items():
                 worker.free[name] -= need
@@ -218,6 +221,7 @@ class SchedulerState:
                 task.resources,
                 task.priority,
                 task.units or {},
+                task.variants.index(task.resources) if task.variants else 0,
             ),
         )
 

@@ -6,19 +6,22 @@ from typing import TYPE_CHECKING, Any
 
 from apportion.core.resources import format_amount, format_resources, missing
 from apportion.protocol import messages as m
-from apportion.scheduler.records import QUEUED, TaskRecord
+from apportion.scheduler.records import QUEUED, QueueKey, TaskRecord, options_of
 from apportion.scheduler.units import could_hold, splittable
 
 if TYPE_CHECKING:
     from apportion.scheduler.state import SchedulerState
 
 
-def satisfiable(state: SchedulerState, signature: tuple[tuple[str, int], ...]) -> bool:
+def satisfiable(state: SchedulerState, signature: QueueKey) -> bool:
     """Some connected worker's declared supply could hold this request."""
     known = state.satisfiable_cache.get(signature)
     if known is None:
-        demand = dict(signature)
-        known = any(could_hold(w, demand) for w in state.workers.values())
+        known = any(
+            could_hold(w, dict(option))
+            for option in options_of(signature)
+            for w in state.workers.values()
+        )
         state.satisfiable_cache[signature] = known
     return known
 
@@ -34,9 +37,7 @@ def check_satisfiable(
     return ("unsatisfiable", unsatisfiable_text(task, state.workers.values()), b"")
 
 
-def fail_or_warn(
-    state: SchedulerState, signature: tuple[tuple[str, int], ...], heap: list[Any]
-) -> None:
+def fail_or_warn(state: SchedulerState, signature: QueueKey, heap: list[Any]) -> None:
     """Placement found ready tasks that no connected worker can ever hold."""
     tasks = [state.tasks[key] for _, _, key in heap if key in state.tasks]
     tasks = [t for t in tasks if t.state == QUEUED]
@@ -63,7 +64,23 @@ def warn_unsatisfiable(state: SchedulerState, task: TaskRecord, text: str) -> No
 
 def unsatisfiable_text(task: TaskRecord, workers: Any) -> str:
     """Name what is missing and the largest supply on offer, for a warning or an error."""
-    names = sorted(task.resources)
+    workers = list(workers)
+    if not task.variants:
+        return (
+            f"task {task.key!r} needs {format_resources(task.resources)}, which no connected "
+            f"worker can ever provide: {_shortfall(task.resources, workers)}"
+        )
+    options = "; ".join(
+        f"{format_resources(v) or 'nothing'} ({_shortfall(v, workers)})" for v in task.variants
+    )
+    return (
+        f"task {task.key!r} gives {len(task.variants)} alternatives and no connected worker "
+        f"can ever provide any of them: {options}"
+    )
+
+
+def _shortfall(demand: dict[str, int], workers: list[Any]) -> str:
+    names = sorted(demand)
     best: dict[str, tuple[int, str]] = {}
     for w in workers:
         for name in names:
@@ -72,7 +89,7 @@ def unsatisfiable_text(task: TaskRecord, workers: Any) -> str:
                 best[name] = (have, w.name)
     short: set[str] = set()
     for w in workers:
-        short.update(missing(task.resources, w.total))
+        short.update(missing(demand, w.total))
     parts = []
     for name in names:
         have, where = best.get(name, (0, ""))
@@ -82,13 +99,10 @@ def unsatisfiable_text(task: TaskRecord, workers: Any) -> str:
             else:
                 parts.append(f"no worker offers {name}")
     for name in names:
-        need = task.resources[name]
+        need = demand[name]
         if not splittable(need) and any(name in w.units for w in workers):
             parts.append(
                 f"{name} is an indexed pool: ask for whole units, or at most 1 to share one "
                 f"unit, not {format_amount(need)}"
             )
-    return (
-        f"task {task.key!r} needs {format_resources(task.resources)}, which no connected "
-        f"worker can ever provide: {'; '.join(parts)}"
-    )
+    return "; ".join(parts) or "no single worker offers all of it"

@@ -37,11 +37,15 @@ class _Running:
     worker: Worker
     resources: Mapping[str, int]
     units: Mapping[str, Sequence[str]]
+    variant: int
 
 
 @contextmanager
 def running_task(
-    worker: Worker, resources: Mapping[str, int], units: Mapping[str, Sequence[str]]
+    worker: Worker,
+    resources: Mapping[str, int],
+    units: Mapping[str, Sequence[str]],
+    variant: int = 0,
 ) -> Iterator[None]:
     """Within this block, this thread runs a task on ``worker`` holding ``resources``.
 
@@ -49,7 +53,7 @@ def running_task(
     an amount for those pools, which ``task_resources`` then leaves out.
     """
     previous = getattr(_local, "task", None)
-    _local.task = _Running(worker, resources, units)
+    _local.task = _Running(worker, resources, units, variant)
     try:
         yield
     finally:
@@ -96,6 +100,15 @@ def task_resources() -> dict[str, float | list[int] | list[str]]:
         if name not in held:  # labels without an amount: still held, so still shown
             held[name] = _label_values(labels, pools.get(name, ()))
     return held
+
+
+def task_variant() -> int:
+    """Which of its alternative demands the running task got (0 for the first).
+
+    ``submit(f, resources=[{"gpu": 1, "cpus": 1}, {"cpus": 8}])``: inside ``f``, 1 means
+    it runs on 8 CPUs instead of a GPU. A task that gave one demand always sees 0.
+    """
+    return _current("task_variant").variant
 
 
 def task_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:

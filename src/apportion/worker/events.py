@@ -119,6 +119,8 @@ class Execute:
     resources: Mapping[str, int]
     #: Indexed pools: the unit labels the scheduler gave this run, as text.
     units: Mapping[str, Sequence[str]]
+    #: Which of the task's alternative demands ``resources`` is (0 if it gave one).
+    variant: int = 0
 
 
 @dataclass(frozen=True, slots=True)

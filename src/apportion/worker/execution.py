@@ -179,7 +179,7 @@ class TaskRunner:
             func = self.functions.get(command.func_id)
             args, kwargs = unpack_call(command.args, inputs)
             del inputs
-            with running_task(self._worker, command.resources, command.units):
+            with running_task(self._worker, command.resources, command.units, command.variant):
                 start = time.perf_counter()
                 value = func(*args, **kwargs)
             duration = time.perf_counter() - start

@@ -95,6 +95,7 @@ class TaskRecord:
     deps: tuple[str, ...]
     resources: dict[str, int]
     units: dict[str, list[str]]  #: indexed pools: labels held, as the scheduler chose them
+    variant: int  #: which of the task's alternative demands ``resources`` is
     priority: int
     seq: int  #: arrival order; breaks ties in the ready order
     state: str  #: "waiting", "ready" or "executing"
@@ -213,6 +214,7 @@ class WorkerState:
             deps,
             dict(task.resources),
             dict(task.units),
+            task.variant,
             task.priority,
             self._seq,
             "",
@@ -430,6 +432,7 @@ class WorkerState:
                     record.deps,
                     record.resources,
                     record.units,
+                    record.variant,
                 )
             )
             for dep in record.deps:
