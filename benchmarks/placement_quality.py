@@ -27,26 +27,15 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import random
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-# Task functions live in benchmarks/tasks.py, pickled by reference: every worker
-# process must be able to import that module (see throughput.py).
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p
-)
-os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+import tasks
 
-import tasks  # noqa: E402
+tasks.share_with_workers()
 
 
 @dataclass(frozen=True)

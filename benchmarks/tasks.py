@@ -1,14 +1,27 @@
 """Task functions shared by the benchmarks.
 
 A real module, not ``__main__``: both systems pickle these by reference, so each
-worker process imports this file. ``throughput.py`` puts this directory on
-``PYTHONPATH`` before starting any worker, which is what makes that import work in
+worker process imports this file. ``share_with_workers()`` puts this directory on
+``PYTHONPATH`` before any worker starts, which is what makes that import work in
 apportion's fresh worker interpreters and in Dask's spawned worker processes alike.
+(The benchmark scripts import this module directly: Python puts a script's own
+directory first on ``sys.path``.)
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
+from pathlib import Path
+
+
+def share_with_workers() -> None:
+    """Let worker processes started from now on import this module; quiet Dask's logs."""
+    here = str(Path(__file__).resolve().parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (here, os.environ.get("PYTHONPATH", "")) if p
+    )
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
 
 
 def noop(x: object) -> None:

@@ -21,26 +21,14 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-# Task functions live in benchmarks/tasks.py and are pickled by reference, so every
-# worker process must import that module: apportion's workers are fresh interpreters
-# and Dask's are spawned, and both inherit the environment.
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p
-)
-os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+import tasks
 
-import tasks  # noqa: E402
+tasks.share_with_workers()
 
 N_INDEPENDENT = 10_000
 N_LEAVES = 4_096

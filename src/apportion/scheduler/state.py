@@ -463,12 +463,22 @@ class SchedulerState:
 
     def _on_from_client(self, event: FromClient, _: None) -> None:
         client = self.clients[event.client_id]
-        for msg in event.messages:
-            handler = CLIENT_HANDLERS.get(type(msg))
+        self._dispatch(CLIENT_HANDLERS, client, event.messages, f"client {client.id}")
+
+    def _dispatch(
+        self,
+        handlers: dict[type[m.Message], Callable[[SchedulerState, Any, Any], None]],
+        peer: ClientRecord | WorkerRecord,
+        messages: list[m.Message],
+        who: str,
+    ) -> None:
+        """One handler per message type; a type not served from this peer is said, not run."""
+        for msg in messages:
+            handler = handlers.get(type(msg))
             if handler is None:
-                self.warn(f"client {client.id} sent unexpected {type(msg).__name__}; ignored")
+                self.warn(f"{who} sent unexpected {type(msg).__name__}; ignored")
             else:
-                handler(self, client, msg)
+                handler(self, peer, msg)
 
     def story_of(self, key: str) -> list[tuple[float, str, str, str, str]]:
         """Every recorded transition of ``key``, oldest first, with its cause."""
@@ -511,14 +521,8 @@ class SchedulerState:
 
     def _on_from_worker(self, event: FromWorker, _: None) -> None:
         worker = self.workers.get(event.worker_id)
-        if worker is None:
-            return
-        for msg in event.messages:
-            handler = WORKER_HANDLERS.get(type(msg))
-            if handler is None:
-                self.warn(f"worker {worker.name} sent unexpected {type(msg).__name__}; ignored")
-            else:
-                handler(self, worker, msg)
+        if worker is not None:
+            self._dispatch(WORKER_HANDLERS, worker, event.messages, f"worker {worker.name}")
 
     # --- resources nobody has -------------------------------------------------------
 
