@@ -90,3 +90,15 @@ def _unit_state(free: float) -> str:
 
 def _units(value: float) -> str:
     return format_amount(round(value * SCALE))
+
+
+@click.command("dump")
+@click.argument("filename", type=click.Path(dir_okay=False, writable=True))
+@scheduler_option
+def dump(filename: str, address: str) -> None:
+    """Write the scheduler's whole state to FILENAME as JSON, for a bug report."""
+    with _connect(address) as client:
+        state = client.dump_cluster_state(filename)
+    click.echo(
+        f"wrote {len(state['task_states'])} tasks and {len(state['workers'])} workers to {filename}"
+    )

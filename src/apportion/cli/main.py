@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from apportion.cli.inspect import info, why
+from apportion.cli.inspect import dump, info, why
 from apportion.cli.scheduler import scheduler
 from apportion.cli.worker import worker
 
@@ -19,6 +19,7 @@ main.add_command(scheduler)
 main.add_command(worker)
 main.add_command(info)
 main.add_command(why)
+main.add_command(dump)
 
 
 if __name__ == "__main__":

@@ -110,6 +110,9 @@ class Client:
             for key in msg.keys:
                 self._settle(key, FINISHED, None)
         elif isinstance(msg, m.TaskErred):
+            state = self._keys.get(msg.key)
+            if state is not None:
+                state.attempts = msg.attempts
             self._settle(msg.key, ERROR, ("exception", msg.exception, msg.traceback))
         elif isinstance(msg, m.KeysFailed):
             status = CANCELLED if msg.kind == "cancelled" else ERROR
@@ -486,6 +489,21 @@ class Client:
         name = key.key if isinstance(key, Future) else key
         reply = self._session.call(lambda rid: m.StoryRequest(rid, name))
         return [tuple(row) for row in reply.story]
+
+    def dump_cluster_state(self, filename: str | None = None) -> dict[str, Any]:
+        """The scheduler's whole state as plain data; written as JSON to ``filename`` if given.
+
+        Meant for bug reports: every task with its state, inputs, resources and units,
+        every worker with its ledger, and the recent transitions with their causes.
+        """
+        reply = self._session.call(lambda rid: m.DumpRequest(rid))
+        state: dict[str, Any] = reply.state
+        if filename is not None:
+            import json
+
+            with open(filename, "w") as f:
+                json.dump(state, f, indent=1, default=str)
+        return state
 
     def scheduler_info(self) -> dict[str, Any]:
         """The scheduler's identity and workers with their pools, as Dask returns it."""

@@ -32,7 +32,16 @@ LOST = "lost"
 class KeyState:
     """What the client knows about one key; shared by all its futures."""
 
-    __slots__ = ("_lock", "callbacks", "cancel_echo", "error", "event", "refs", "status")
+    __slots__ = (
+        "_lock",
+        "attempts",
+        "callbacks",
+        "cancel_echo",
+        "error",
+        "event",
+        "refs",
+        "status",
+    )
 
     def __init__(self) -> None:
         self.status = PENDING
@@ -45,6 +54,8 @@ class KeyState:
         #: Cancelled here; the scheduler's own "cancelled" for it is still to come and
         #: must not cancel a run submitted again in between.
         self.cancel_echo = False
+        #: How many runs raised (retries included) when the task failed.
+        self.attempts = 1
         # Makes "not done yet, so register" and "done, so run what is registered"
         # atomic: without it a callback added while the key settles is never run.
         self._lock = threading.Lock()
@@ -77,7 +88,13 @@ class KeyState:
             return None
         kind, detail, tb = self.error
         if kind == "exception" and isinstance(detail, bytes):
-            return rebuild_exception(detail, tb)
+            exc = rebuild_exception(detail, tb)
+            if self.attempts > 1:
+                exc.add_note(
+                    f"apportion: the task raised on each of its {self.attempts} attempts; "
+                    "this is the last exception"
+                )
+            return exc
         return failure(kind, str(detail))
 
 

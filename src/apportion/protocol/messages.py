@@ -198,6 +198,7 @@ class TaskErred(Message):
     key: str
     exception: bytes
     traceback: bytes
+    attempts: int  #: runs that raised, retries included; the exception is the last one
 
 
 @message
@@ -402,3 +403,23 @@ class KeysPending(Message):
     """
 
     keys: list[str]
+
+
+@message
+class Heartbeat(Message):
+    """Worker -> scheduler, every heartbeat interval: still alive (and how busy)."""
+
+    executing: int
+
+
+@message
+class DumpRequest(Message):
+    """Ask for the whole cluster state as plain data, for a bug report."""
+
+    request_id: int
+
+
+@message
+class DumpReply(Message):
+    request_id: int
+    state: dict[str, Any]

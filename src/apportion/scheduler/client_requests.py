@@ -155,7 +155,7 @@ def want(state: SchedulerState, client: ClientRecord, key: str) -> None:
     if task.state == MEMORY:
         state.done_keys[client.id].append(key)
     elif (task.state == ERRED or task.cancelled) and task.error is not None:
-        state.send(client.id, error_message(key, task.error))
+        state.send(client.id, error_message(key, task.error, state.retried.get(key, 0) + 1))
 
 
 def release(state: SchedulerState, client: ClientRecord, keys: list[str]) -> None:
@@ -202,8 +202,13 @@ def story(state: SchedulerState, client: ClientRecord, msg: m.StoryRequest) -> N
     state.send(client.id, m.StoryReply(msg.request_id, rows))
 
 
-def error_message(key: str, error: tuple[str, bytes | str, bytes]) -> m.Message:
+def dump(state: SchedulerState, client: ClientRecord, msg: m.DumpRequest) -> None:
+    state.send(client.id, m.DumpReply(msg.request_id, state.dump()))
+
+
+def error_message(key: str, error: tuple[str, bytes | str, bytes], attempts: int = 1) -> m.Message:
+    """The message telling a client that ``key`` failed."""
     kind, detail, traceback = error
     if kind == "exception" and isinstance(detail, bytes):
-        return m.TaskErred(key, detail, traceback)
+        return m.TaskErred(key, detail, traceback, attempts)
     return m.KeysFailed([key], kind, str(detail))

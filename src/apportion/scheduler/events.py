@@ -56,6 +56,13 @@ class FromWorker:
 
 
 @dataclass(frozen=True, slots=True)
+class Tick:
+    """Time passes (the service sends one about twice a second): find silent workers."""
+
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
 class PlacementDue:
     """Run the batched placement pass (the service sends this once per loop turn)."""
 
@@ -63,7 +70,14 @@ class PlacementDue:
 
 
 Event = (
-    ClientJoined | ClientLeft | WorkerJoined | WorkerLeft | FromClient | FromWorker | PlacementDue
+    ClientJoined
+    | ClientLeft
+    | WorkerJoined
+    | WorkerLeft
+    | FromClient
+    | FromWorker
+    | PlacementDue
+    | Tick
 )
 
 
@@ -79,4 +93,12 @@ class Log:
     text: str
 
 
-Command = Send | Log
+@dataclass(frozen=True, slots=True)
+class Disconnect:
+    """Close the connection to this peer: the scheduler already treats it as gone."""
+
+    peer_id: str
+    reason: str
+
+
+Command = Send | Log | Disconnect

@@ -173,6 +173,7 @@ class WorkerRecord:
         "functions",
         "has_what",
         "id",
+        "last_seen",
         "leaving",
         "memory_limit",
         "name",
@@ -215,6 +216,8 @@ class WorkerRecord:
         self.reserved_by: str | None = None
         #: Why the worker announced it is closing; None while it has not.
         self.leaving: str | None = None
+        #: When it was last heard from (any message, heartbeats included).
+        self.last_seen = 0.0
         #: Moving average of plain task run times, to size the pipeline; None until known.
         self.avg_duration: float | None = None
         #: Indexed pools: name -> unit label -> free ticks (each unit holds SCALE).

@@ -26,17 +26,22 @@ from apportion.scheduler.events import (
     ClientJoined,
     ClientLeft,
     Command,
+    Disconnect,
     Event,
     FromClient,
     FromWorker,
     Log,
     PlacementDue,
+    Tick,
     WorkerJoined,
     WorkerLeft,
 )
 from apportion.scheduler.state import SchedulerConfig, SchedulerState
 
 logger = logging.getLogger("apportion.scheduler")
+
+#: How often the state machine is told the time, to find workers gone silent.
+TICK_SECONDS = 0.5
 
 
 class Scheduler(BackgroundService):
@@ -64,6 +69,7 @@ class Scheduler(BackgroundService):
         self._ids = itertools.count(1)
         self._placement_scheduled = False
         self._closed: asyncio.Event | None = None
+        self._ticker: asyncio.Task[None] | None = None
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -74,11 +80,21 @@ class Scheduler(BackgroundService):
         port = self._server.sockets[0].getsockname()[1]
         self.address = format_address(self.host, port)
         self.state.identity = {"id": self.id, "address": self.address}
+        self._ticker = asyncio.create_task(self._tick(), name="scheduler-tick")
         logger.info("scheduler listening at %s", self.address)
         return self
 
+    async def _tick(self) -> None:
+        """Let time pass in the state machine, so silent workers are noticed."""
+        while True:
+            await asyncio.sleep(TICK_SECONDS)
+            self._handle(Tick(time.monotonic()))
+
     async def close(self) -> None:
         """Stop listening and drop every connection; idempotent."""
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
         if self._server is not None:
             self._server.close()
             self._server = None
@@ -168,7 +184,14 @@ class Scheduler(BackgroundService):
                 logger.log(level, "%s", command.text)
                 continue
             conn = conns.get(command.peer_id)
-            if conn is not None:
+            if conn is None:
+                continue
+            if isinstance(command, Disconnect):
+                # Already gone as far as the state knows; closing makes a frozen worker
+                # that wakes up reconnect and register afresh, never double-counted.
+                conns.pop(command.peer_id, None)
+                conn.abort()
+            else:
                 conn.send(command.message)
 
     # --- views for tools --------------------------------------------------------------

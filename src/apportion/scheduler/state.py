@@ -21,6 +21,7 @@ Every state change goes through ``_move``, which checks the transition table in
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,12 +40,14 @@ from apportion.scheduler.events import (
     ClientJoined,
     ClientLeft,
     Command,
+    Disconnect,
     Event,
     FromClient,
     FromWorker,
     Log,
     PlacementDue,
     Send,
+    Tick,
     WorkerJoined,
     WorkerLeft,
 )
@@ -83,6 +86,12 @@ class SchedulerConfig:
     pipeline_seconds: float = 0.002
     #: Upper bound on plain tasks queued ahead per thread.
     max_pipeline: int = 16
+    #: A worker not heard from for this many seconds (no message, no heartbeat) is
+    #: declared lost: stopped, cut off or frozen. Its tasks run elsewhere.
+    worker_timeout: float = 30.0
+    #: A task running on this many workers that died is failed as the likely cause
+    #: (a "poison" task) instead of killing worker after worker.
+    max_worker_deaths: int = 3
 
 
 class SchedulerState:
@@ -116,6 +125,10 @@ class SchedulerState:
         self.notified: set[tuple[str, QueueKey]] = set()
         #: Tasks whose inputs could not be fetched, and how often (sparse: only those).
         self.fetch_failures: dict[str, int] = {}
+        #: Tasks that were running when their worker died, and how each died (sparse).
+        self.deaths: dict[str, list[str]] = {}
+        #: Tasks that raised and were run again: how many times (sparse).
+        self.retried: dict[str, int] = {}
         self._handlers: dict[type[Any], Callable[[Any, Any], None]] = {
             ClientJoined: self._on_client_joined,
             ClientLeft: self._on_client_left,
@@ -123,6 +136,7 @@ class SchedulerState:
             WorkerLeft: self._on_worker_left,
             FromClient: self._on_from_client,
             FromWorker: self._on_from_worker,
+            Tick: self._on_tick,
             PlacementDue: self._on_placement_due,
         }
 
@@ -273,8 +287,7 @@ class SchedulerState:
         unfinished = task.state in (WAITING, QUEUED, PROCESSING)
         self.move(task, "forgotten", cause)
         del self.tasks[task.key]
-        if self.fetch_failures:
-            self.fetch_failures.pop(task.key, None)
+        self._forget_counts(task.key)
         if task.func_id != SCATTERED:
             users = self.function_users[task.func_id] - 1
             if users:
@@ -284,6 +297,15 @@ class SchedulerState:
                 self.functions.pop(task.func_id, None)
         if unfinished:
             self.finish_inputs(task)
+
+    def _forget_counts(self, key: str) -> None:
+        """A task finished or went away: its failure counts no longer matter."""
+        if self.fetch_failures:
+            self.fetch_failures.pop(key, None)
+        if self.deaths:
+            self.deaths.pop(key, None)
+        if self.retried:
+            self.retried.pop(key, None)
 
     def _drop_result(self, task: TaskRecord) -> None:
         worker = self.workers.get(task.worker or "")
@@ -296,8 +318,7 @@ class SchedulerState:
     def complete(self, task: TaskRecord, worker: WorkerRecord, nbytes: int, cause: str) -> None:
         """``task``'s result now lives on ``worker``."""
         self.move(task, MEMORY, cause)
-        if self.fetch_failures:
-            self.fetch_failures.pop(task.key, None)
+        self._forget_counts(task.key)
         task.worker = worker.id
         task.nbytes = nbytes
         worker.has_what.add(task.key)
@@ -347,7 +368,8 @@ class SchedulerState:
 
     def _notify_error(self, task: TaskRecord, error: tuple[str, bytes | str, bytes]) -> None:
         for client_id in task.wanted_by or ():
-            self.send(client_id, client_requests.error_message(task.key, error))
+            attempts = self.retried.get(task.key, 0) + 1
+            self.send(client_id, client_requests.error_message(task.key, error, attempts))
 
     # --- events ---------------------------------------------------------------------
 
@@ -379,6 +401,7 @@ class SchedulerState:
             reg.memory_limit,
             units,
         )
+        self.workers[event.worker_id].last_seen = event.now
         self._out.append(
             Log(
                 "info",
@@ -393,13 +416,26 @@ class SchedulerState:
         self.relays.worker_joined(self)
 
     def _on_worker_left(self, event: WorkerLeft, _: None) -> None:
-        worker = self.workers.pop(event.worker_id, None)
+        self._remove_worker(event.worker_id, "its connection closed")
+
+    def _on_tick(self, event: Tick, _: None) -> None:
+        """Declare lost the workers silent for longer than the timeout."""
+        limit = self.config.worker_timeout
+        for worker in [w for w in self.workers.values() if event.now - w.last_seen > limit]:
+            silent = f"silent for {event.now - worker.last_seen:.0f}s (stopped, frozen or cut off)"
+            self._remove_worker(worker.id, silent)
+            self._out.append(Disconnect(worker.id, silent))
+
+    def _remove_worker(self, worker_id: str, how: str) -> None:
+        """The worker is gone: its running tasks run again, its results are recomputed."""
+        worker = self.workers.pop(worker_id, None)
         if worker is None:
             return
-        if worker.leaving is not None:
-            self._out.append(Log("info", f"worker {worker.name} closed ({worker.leaving})"))
+        crashed = worker.leaving is None
+        if crashed:
+            self._out.append(Log("warning", f"lost worker {worker.name} ({worker.address}): {how}"))
         else:
-            self._out.append(Log("warning", f"lost worker {worker.name} ({worker.address})"))
+            self._out.append(Log("info", f"worker {worker.name} closed ({worker.leaving})"))
         if worker.reserved_by is not None:
             reserved = self.tasks.get(worker.reserved_by)
             if reserved is not None:
@@ -410,8 +446,15 @@ class SchedulerState:
             if task.discard_result:
                 task.discard_result = False
                 worker_reports.settle_discarded(self, task, f"worker {worker.name} lost")
+            elif crashed and self._too_many_deaths(task, f"{worker.name} ({how})"):
+                deaths = "; ".join(self.deaths.pop(task.key))
+                text = (
+                    f"{task.key!r} was running on {self.config.max_worker_deaths} workers that "
+                    f"died, so it is likely the cause: {deaths}"
+                )
+                self.fail(task, ("crashed", text, b""), f"worker {worker.name} lost: {how}")
             else:
-                self.requeue(task, f"worker {worker.name} lost while running it")
+                self.requeue(task, f"worker {worker.name} lost while running it: {how}")
         for key in list(worker.has_what):
             held = self.tasks.get(key)
             if held is not None and held.state == MEMORY and held.worker == worker.id:
@@ -421,6 +464,12 @@ class SchedulerState:
         self.warned.clear()
         self.notified.clear()
         self.placement_due = True
+
+    def _too_many_deaths(self, task: TaskRecord, death: str) -> bool:
+        """Count a worker death during ``task``; True once it reaches the limit."""
+        seen = self.deaths.setdefault(task.key, [])
+        seen.append(death)
+        return len(seen) >= self.config.max_worker_deaths
 
     def lose_result(self, task: TaskRecord, cause: str) -> None:
         """The only copy of ``task``'s result is gone: recompute it if we can."""
@@ -480,6 +529,35 @@ class SchedulerState:
             else:
                 handler(self, peer, msg)
 
+    def dump(self, log_rows: int = 10_000) -> dict[str, Any]:
+        """Everything the scheduler knows, as plain data: attach it to a bug report."""
+        tasks = {
+            key: {
+                "state": t.state,
+                "worker": t.worker,
+                "deps": list(t.deps),
+                "dependents": sorted(t.dependents),
+                "resources": to_units(t.resources),
+                "alternatives": [to_units(v) for v in t.variants or ()],
+                "units": t.units,
+                "priority": t.priority,
+                "retries_left": t.retries,
+                "wanted_by": sorted(t.wanted_by or ()),
+                "reserved_on": t.reserved_on,
+                "error": None if t.error is None else [t.error[0], _text(t.error[1])],
+            }
+            for key, t in self.tasks.items()
+        }
+        return {
+            **self.snapshot(),
+            "config": dataclasses.asdict(self.config),
+            "now": self.now,
+            "task_states": tasks,
+            "clients": {c.id: sorted(c.wanted) for c in self.clients.values()},
+            "deaths": dict(self.deaths),
+            "log": [list(row) for row in list(self.log)[-log_rows:]],
+        }
+
     def story_of(self, key: str) -> list[tuple[float, str, str, str, str]]:
         """Every recorded transition of ``key``, oldest first, with its cause."""
         return [row for row in self.log if row[1] == key]
@@ -522,6 +600,7 @@ class SchedulerState:
     def _on_from_worker(self, event: FromWorker, _: None) -> None:
         worker = self.workers.get(event.worker_id)
         if worker is not None:
+            worker.last_seen = event.now
             self._dispatch(WORKER_HANDLERS, worker, event.messages, f"worker {worker.name}")
 
     # --- resources nobody has -------------------------------------------------------
@@ -538,6 +617,7 @@ CLIENT_HANDLERS: dict[type[m.Message], Callable[[SchedulerState, ClientRecord, A
     m.WhyRequest: client_requests.why,
     m.InfoRequest: client_requests.info,
     m.StoryRequest: client_requests.story,
+    m.DumpRequest: client_requests.dump,
 }
 
 WORKER_HANDLERS: dict[type[m.Message], Callable[[SchedulerState, WorkerRecord, Any], None]] = {
@@ -546,6 +626,11 @@ WORKER_HANDLERS: dict[type[m.Message], Callable[[SchedulerState, WorkerRecord, A
     m.MissingDependency: worker_reports.missing_dependency,
     m.TasksDropped: worker_reports.tasks_dropped,
     m.WorkerClosing: worker_reports.worker_closing,
+    m.Heartbeat: worker_reports.heartbeat,
     m.DataReply: relay.data_reply,
     m.DataStored: relay.data_stored,
 }
+
+
+def _text(detail: bytes | str) -> str:
+    return detail if isinstance(detail, str) else "(a pickled exception; see the client)"

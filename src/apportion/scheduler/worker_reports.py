@@ -59,6 +59,7 @@ def task_raised(state: SchedulerState, worker: WorkerRecord, msg: m.TaskRaised) 
         settle_discarded(state, task, f"raised on {worker.name}, result discarded")
     elif task.retries > 0:
         task.retries -= 1
+        state.retried[task.key] = state.retried.get(task.key, 0) + 1
         state.requeue(task, f"raised on {worker.name}; retrying ({task.retries} left)")
     else:
         state.fail(task, ("exception", msg.exception, msg.traceback), f"raised on {worker.name}")
@@ -80,6 +81,10 @@ def settle_discarded(state: SchedulerState, task: TaskRecord, cause: str) -> Non
         state.requeue(task, cause + "; needed again")
     else:
         state.remove(task, cause)
+
+
+def heartbeat(state: SchedulerState, worker: WorkerRecord, msg: m.Heartbeat) -> None:
+    """Nothing to do: hearing from the worker at all is the point (``last_seen``)."""
 
 
 def worker_closing(state: SchedulerState, worker: WorkerRecord, msg: m.WorkerClosing) -> None:

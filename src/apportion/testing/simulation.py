@@ -18,6 +18,7 @@ from apportion.scheduler.events import (
     ClientJoined,
     ClientLeft,
     Command,
+    Disconnect,
     Event,
     FromClient,
     FromWorker,
@@ -52,6 +53,8 @@ class SimulatedCluster:
         #: worker id -> keys the scheduler told it to run and it has not reported
         self.running: dict[str, dict[str, m.ComputeTask]] = {}
         self.logs: list[Log] = []
+        #: Peers the scheduler told its service to disconnect (declared lost).
+        self.disconnected: list[str] = []
         #: client id -> every message the scheduler sent it
         self.inbox: dict[str, list[m.Message]] = {}
         self.started: list[tuple[float, str, str]] = []
@@ -64,6 +67,8 @@ class SimulatedCluster:
         for command in commands:
             if isinstance(command, Log):
                 self.logs.append(command)
+            elif isinstance(command, Disconnect):
+                self.disconnected.append(command.peer_id)
             elif command.peer_id in self.running:
                 self._to_worker(command)
             else:
