@@ -17,7 +17,9 @@ from apportion.client.errors import (
     FutureCancelledError,
     LostDataError,
     SchedulerGoneError,
+    SerializationError,
     UnsatisfiableError,
+    WorkerCrashedError,
 )
 from apportion.client.future import Future
 from apportion.client.local import LocalCluster
@@ -39,8 +41,10 @@ __all__ = [
     "LostDataError",
     "Scheduler",
     "SchedulerGoneError",
+    "SerializationError",
     "UnsatisfiableError",
     "Worker",
+    "WorkerCrashedError",
     "__version__",
     "as_completed",
     "get_worker",

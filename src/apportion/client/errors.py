@@ -21,6 +21,14 @@ class SerializationError(RuntimeError):
     """A result exists on a worker but cannot be pickled to travel to where it is needed."""
 
 
+class WorkerCrashedError(RuntimeError):
+    """The task was running on several workers that died: it is the likely cause.
+
+    The message says how each worker was lost. Raise the limit with the scheduler's
+    ``max_worker_deaths`` if the deaths had another cause.
+    """
+
+
 class SchedulerGoneError(ConnectionError):
     """The connection to the scheduler closed while results were still awaited."""
 
@@ -35,4 +43,6 @@ def failure(kind: str, message: str) -> BaseException:
         return LostDataError(message)
     if kind == "unserializable":
         return SerializationError(message)
+    if kind == "crashed":
+        return WorkerCrashedError(message)
     return RuntimeError(f"{kind}: {message}")
