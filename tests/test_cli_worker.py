@@ -55,6 +55,22 @@ def test_help_lists_the_worker_options() -> None:
         assert option in result.output
     for option in ("--split-units", "--config", "APPORTION_RESOURCES", "auto"):
         assert option in result.output
+    for option in ("--heartbeat-interval", "--reconnect-timeout"):
+        assert option in result.output
+
+
+@pytest.mark.timeout(10)
+def test_liveness_options_reach_the_worker_and_every_child(launched: Launched) -> None:
+    assert invoke()[0] == 0
+    assert launched.liveness == (1.0, 120.0)
+    assert invoke("--heartbeat-interval", "0.25", "--reconnect-timeout", "0")[0] == 0
+    assert launched.liveness == (0.25, 0.0)
+    assert invoke("--nworkers", "2", "--reconnect-timeout", "7")[0] == 0
+    for argv in launched.commands:
+        assert argv[argv.index("--reconnect-timeout") + 1] == "7.0"
+        assert argv[argv.index("--heartbeat-interval") + 1] == "1.0"
+    code, output = invoke("--heartbeat-interval", "0")
+    assert code == 2 and "--heartbeat-interval" in output
 
 
 @pytest.fixture
@@ -138,6 +154,7 @@ class Launched:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.one: list[dict[str, object]] = []
         self.commands: list[list[str]] = []
+        self.liveness: tuple[float, float] | None = None
         launched = self
 
         def run_one(
@@ -147,8 +164,10 @@ class Launched:
             name: str | None,
             host: str,
             port: int,
+            liveness: tuple[float, float],
         ) -> int:
             launched.one.append({"nthreads": nthreads, "resources": resources, "name": name})
+            launched.liveness = liveness
             return 0
 
         class Supervisor:
@@ -299,7 +318,7 @@ def test_environment_overrides_config_file(launched: Launched, tmp_path: Path) -
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("resource = 'gpu=[0-3]'\n", "unknown key 'resource' (known: host, name, nthreads,"),
+        ("resource = 'gpu=[0-3]'\n", "unknown key 'resource' (known: heartbeat_interval, host,"),
         ("nprocs = 2\n", "unknown key 'nprocs'"),
         ("nthreads = 0\n", "nthreads: 0 is not in the range x>=1."),
         ("nthreads = [1]\n", "nthreads must be a single value"),

@@ -290,6 +290,8 @@ def test_local_cluster_hands_its_workers_their_units_intact() -> None:
     shape = {"name": "g", "nthreads": 1, "resources": "gpu=[0-1,5] MEMORY=16GiB"}
     cmd = worker_command("tcp://127.0.0.1:1", LocalCluster._spec(0, shape))
     assert cmd[cmd.index("--resources") + 1] == "MEMORY=17179869184 gpu=[0,1,5]"
+    # Workers of a user process that ended must not wait long for its scheduler.
+    assert float(cmd[cmd.index("--reconnect-timeout") + 1]) <= 10
     with LocalCluster(workers=[shape], processes=False) as cluster:
         (worker,) = cluster._workers
         assert worker.units == {"gpu": ["0", "1", "5"]}

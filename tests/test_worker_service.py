@@ -25,6 +25,7 @@ from apportion.protocol.messages import (
     DataStored,
     FreeKeys,
     GetData,
+    Heartbeat,
     LoadFunction,
     Message,
     PutData,
@@ -326,17 +327,123 @@ def test_garbage_on_the_data_port_closes_only_that_connection(
 
 
 @pytest.mark.timeout(30)
-def test_worker_closes_when_the_scheduler_goes_away(caplog: pytest.LogCaptureFixture) -> None:
+def test_without_reconnect_timeout_the_worker_closes_when_the_scheduler_goes_away(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     async def scenario(scheduler: FakeScheduler) -> None:
-        worker = await Worker(scheduler.address, nthreads=1).start()
+        worker = await Worker(scheduler.address, nthreads=1, reconnect_timeout=0).start()
         conn, _ = await scheduler.next_worker()
         await conn.close()
         await asyncio.wait_for(worker.finished(), WAIT)
         await worker.close()  # idempotent
+        assert worker.sessions == 1
 
     with caplog.at_level(logging.WARNING, logger="apportion.worker"):
         run(scenario)
     assert "the scheduler closed the connection" in caplog.text
+    assert "closing this worker" in caplog.text
+
+
+@pytest.mark.timeout(30)
+def test_heartbeats_carry_the_number_of_executing_tasks() -> None:
+    STARTED.clear()
+    RELEASE.clear()
+
+    async def scenario(scheduler: FakeScheduler) -> None:
+        async with Worker(scheduler.address, nthreads=2, heartbeat_interval=0.02):
+            conn, _ = await scheduler.next_worker()
+            assert await scheduler.expect(conn, Heartbeat) == Heartbeat(0)
+            send(conn, compute("x", wait_for_release))
+            assert await asyncio.to_thread(STARTED.wait, WAIT)
+            while (await scheduler.expect(conn, Heartbeat)).executing != 1:
+                pass  # one sent before the task started may still be queued
+            RELEASE.set()
+            await scheduler.expect(conn, TaskFinished)
+            while (await scheduler.expect(conn, Heartbeat)).executing != 0:
+                pass
+
+    run(scenario)
+
+
+@pytest.mark.timeout(30)
+def test_worker_reconnects_forgets_its_session_and_registers_afresh(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    STARTED.clear()
+    RELEASE.clear()
+
+    async def scenario(scheduler: FakeScheduler) -> None:
+        async with Worker(scheduler.address, nthreads=1, name="w") as worker:
+            conn, first = await scheduler.next_worker()
+            send(conn, compute("kept", add, 1, 2))
+            await scheduler.expect(conn, TaskFinished)
+            send(conn, compute("running", wait_for_release))
+            assert await asyncio.to_thread(STARTED.wait, WAIT)
+            old_runner = worker._runner
+            assert old_runner is not None
+            await conn.close()  # as a scheduler does when it declares the worker lost
+
+            conn, again = await scheduler.next_worker()
+            assert again == first  # same name, data address, threads and resources
+            assert worker.sessions == 2 and worker.data == {}
+            assert not worker.state.tasks and not worker.state.executing
+            # The task still running from the old session finishes, and is dropped.
+            RELEASE.set()
+            for thread in old_runner._threads:
+                await asyncio.to_thread(thread.join, WAIT)
+            send(conn, compute("new", add, 2, 2))
+            assert (await scheduler.expect(conn, TaskFinished)).key == "new"
+            reply = await get(conn, scheduler, "kept", "running", "new")
+            assert loads(reply.data["new"]) == 4
+            assert sorted(reply.missing) == ["kept", "running"]
+            reports = [m for m in scheduler._inbox[conn] if isinstance(m, TaskFinished)]
+            assert reports == []
+            assert set(worker.data) == {"new"}
+
+    with caplog.at_level(logging.WARNING, logger="apportion.worker"):
+        run(scenario)
+    assert "dropping its tasks and data and reconnecting" in caplog.text
+    assert "reconnected to" in caplog.text
+
+
+@pytest.mark.timeout(30)
+def test_worker_gives_up_reconnecting_after_its_timeout(caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario(scheduler: FakeScheduler) -> None:
+        worker = await Worker(scheduler.address, nthreads=1, reconnect_timeout=0.5).start()
+        conn, _ = await scheduler.next_worker()
+        assert scheduler._server is not None
+        scheduler._server.close()  # nobody listens any more
+        await scheduler._server.wait_closed()
+        await conn.close()
+        await asyncio.wait_for(worker.finished(), WAIT)
+        assert worker.sessions == 1
+
+    with caplog.at_level(logging.WARNING, logger="apportion.worker"):
+        run(scenario)
+    assert "could not reconnect" in caplog.text and "within 0.5s" in caplog.text
+
+
+@pytest.mark.timeout(30)
+def test_close_while_reconnecting_stops_promptly() -> None:
+    async def scenario(scheduler: FakeScheduler) -> None:
+        worker = await Worker(scheduler.address, nthreads=1, reconnect_timeout=60).start()
+        conn, _ = await scheduler.next_worker()
+        assert scheduler._server is not None
+        scheduler._server.close()
+        await scheduler._server.wait_closed()
+        await conn.close()
+        while worker._scheduler is not None:
+            await asyncio.sleep(0.01)  # polling: no event marks the start of reconnecting
+        await asyncio.wait_for(worker.close(), WAIT)
+
+    run(scenario)
+
+
+def test_liveness_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="heartbeat_interval"):
+        Worker("tcp://127.0.0.1:1", heartbeat_interval=0)
+    with pytest.raises(ValueError, match="reconnect_timeout"):
+        Worker("tcp://127.0.0.1:1", reconnect_timeout=-1)
 
 
 @pytest.mark.timeout(30)

@@ -13,6 +13,7 @@ import click
 from apportion.cli.logs import configure_logging
 from apportion.net.address import DEFAULT_PORT
 from apportion.scheduler.service import Scheduler
+from apportion.scheduler.state import SchedulerConfig
 
 logger = logging.getLogger("apportion.scheduler")
 
@@ -35,7 +36,16 @@ def is_loopback(host: str) -> bool:
     show_default=True,
     help="Port for workers and clients (0: any free port).",
 )
-def scheduler(host: str, port: int) -> None:
+@click.option(
+    "--worker-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=SchedulerConfig().worker_timeout,
+    show_default=True,
+    metavar="SECONDS",
+    help="Declare a worker lost (its tasks run elsewhere) when nothing, not even a "
+    "heartbeat, has come from it for this long.",
+)
+def scheduler(host: str, port: int, worker_timeout: float) -> None:
     """Run a scheduler that workers and clients connect to."""
     configure_logging()
     if not is_loopback(host):
@@ -45,13 +55,13 @@ def scheduler(host: str, port: int) -> None:
             host,
         )
     try:
-        asyncio.run(_run(host, port))
+        asyncio.run(_run(host, port, SchedulerConfig(worker_timeout=worker_timeout)))
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc}") from None
 
 
-async def _run(host: str, port: int) -> None:
-    server = Scheduler(host, port)
+async def _run(host: str, port: int, config: SchedulerConfig) -> None:
+    server = Scheduler(host, port, config=config)
     await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

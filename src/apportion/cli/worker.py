@@ -81,8 +81,11 @@ def child_commands(
     base: str,
     host: str,
     port: int,
+    liveness: tuple[float, float] = (1.0, 120.0),
 ) -> list[list[str]]:
     """The command line of each supervised worker process; ``resources`` has one spec each.
+
+    ``liveness`` is ``(heartbeat_interval, reconnect_timeout)``.
 
     Every value is passed explicitly, so that a child reads neither the config file
     nor ``APPORTION_RESOURCES`` again.
@@ -94,6 +97,8 @@ def child_commands(
         if nthreads is not None:
             argv += ["--nthreads", str(nthreads)]
         argv += ["--resources", resources[i]]
+        argv += ["--heartbeat-interval", repr(liveness[0])]
+        argv += ["--reconnect-timeout", repr(liveness[1])]
         argv += ["--nworkers", "1", "--name", f"{base}-{i}"]
         commands.append(argv)
     return commands
@@ -139,6 +144,24 @@ def child_commands(
     show_default=True,
     help="Data port (0: any free; with --nworkers, worker i gets PORT+i).",
 )
+@click.option(
+    "--heartbeat-interval",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How often to tell the scheduler this worker is alive; keep it well under "
+    "the scheduler's --worker-timeout.",
+)
+@click.option(
+    "--reconnect-timeout",
+    type=click.FloatRange(min=0),
+    default=120.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="After losing the scheduler, keep trying to reconnect (dropping this worker's "
+    "tasks and data, registering afresh) for this long before exiting; 0: exit at once.",
+)
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -150,12 +173,15 @@ def worker(
     name: str | None,
     host: str,
     port: int,
+    heartbeat_interval: float,
+    reconnect_timeout: float,
 ) -> None:
     """Run a worker connected to the scheduler at SCHEDULER_ADDRESS."""
     configure_logging()
     resources = resolve_resources(ctx, resources)
+    liveness = (heartbeat_interval, reconnect_timeout)
     if nworkers == 1:
-        sys.exit(run_one(scheduler_address, nthreads, resources, name, host, port))
+        sys.exit(run_one(scheduler_address, nthreads, resources, name, host, port, liveness))
     from apportion.worker.supervisor import Supervisor
 
     specs = [resources or ""] * nworkers
@@ -165,7 +191,9 @@ def worker(
         except ValueError as exc:
             _fail(ctx, f"--split-units: {exc}")
     base = name or f"worker-{os.getpid()}"
-    commands = child_commands(scheduler_address, nworkers, nthreads, specs, base, host, port)
+    commands = child_commands(
+        scheduler_address, nworkers, nthreads, specs, base, host, port, liveness
+    )
     sys.exit(Supervisor(commands).run())
 
 
@@ -176,12 +204,26 @@ def run_one(
     name: str | None,
     host: str,
     port: int,
+    liveness: tuple[float, float] = (1.0, 120.0),
 ) -> int:
-    """Run one worker until a signal (status 0) or the loss of its scheduler (status 1)."""
+    """Run one worker until a signal (status 0) or the loss of its scheduler (status 1).
+
+    The scheduler counts as lost once reconnecting has failed for ``liveness[1]``
+    seconds (``(heartbeat_interval, reconnect_timeout)``).
+    """
     from apportion.worker.service import Worker
 
     async def serve() -> int:
-        worker = Worker(address, nthreads, resources, name=name, host=host, port=port)
+        worker = Worker(
+            address,
+            nthreads,
+            resources,
+            name=name,
+            host=host,
+            port=port,
+            heartbeat_interval=liveness[0],
+            reconnect_timeout=liveness[1],
+        )
         try:
             await worker.start()
         except OSError as exc:

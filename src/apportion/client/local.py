@@ -24,6 +24,11 @@ from apportion.loop_thread import LoopThread
 from apportion.scheduler.service import Scheduler
 from apportion.scheduler.state import SchedulerConfig
 
+#: A local worker that loses its scheduler retries this long, then exits. Long enough to
+#: rejoin after being declared lost (a task that held the GIL past the worker timeout),
+#: short enough that workers of a process that died do not linger.
+LOCAL_RECONNECT_SECONDS = 5.0
+
 
 def _default_shape() -> tuple[int, int]:
     cpus = os.cpu_count() or 1
@@ -127,6 +132,7 @@ class LocalCluster:
                 nthreads=spec["nthreads"],
                 resources=format_resources(spec["resources"], spec["units"]),
                 name=spec["name"],
+                reconnect_timeout=LOCAL_RECONNECT_SECONDS,
             )
             await worker.start()
             self._workers.append(worker)
@@ -172,6 +178,7 @@ def worker_command(scheduler_address: str, spec: Mapping[str, Any]) -> list[str]
     # Always given, even empty, so a worker never falls back to APPORTION_RESOURCES
     # from the user's environment: a LocalCluster's workers have what its spec says.
     cmd += ["--resources", format_resources(spec["resources"], spec["units"])]
+    cmd += ["--reconnect-timeout", repr(LOCAL_RECONNECT_SECONDS)]
     return cmd
 
 

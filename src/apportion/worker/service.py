@@ -3,6 +3,14 @@
 It decodes what arrives (scheduler messages, fetch replies, finished executions),
 hands it to the state machine with the time inside, and carries out the commands
 that come back. Every decision lives in ``state.py``; this file only does I/O.
+
+Losing the scheduler connection (the scheduler stopped, restarted, or declared this
+worker lost after missing its heartbeats) ends a *session*: the scheduler has
+already rescheduled this worker's tasks and forgotten its results, so the worker
+forgets them too (a fresh ``WorkerState``, an empty data store, a fresh task runner
+whose predecessor discards what its threads still finish) and registers afresh,
+retrying with exponential backoff for up to ``reconnect_timeout`` seconds. The
+data server keeps listening throughout, so the worker's address never changes.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from apportion.protocol.messages import (
     DataStored,
     FreeKeys,
     GetData,
+    Heartbeat,
     LoadFunction,
     Message,
     PutData,
@@ -58,12 +67,21 @@ from apportion.worker.state import WorkerState
 
 logger = logging.getLogger("apportion.worker")
 
+#: Reconnection attempts start this long after the loss and double up to ``MAX_BACKOFF``.
+FIRST_BACKOFF = 0.1
+MAX_BACKOFF = 5.0
+
 
 class Worker(BackgroundService):
     """Runs tasks the scheduler sends and serves their results to peers and clients.
 
     Use ``async with Worker(addr)`` inside an event loop, or ``with Worker(addr)``
     from plain code (it then runs on a background loop thread).
+
+    ``heartbeat_interval``: seconds between ``Heartbeat`` messages, sent from the event
+    loop so that a frozen worker falls silent; keep it well under the scheduler's
+    worker timeout. ``reconnect_timeout``: how long to keep trying to reconnect after
+    losing the scheduler before closing; 0 closes at once.
     """
 
     def __init__(
@@ -76,11 +94,19 @@ class Worker(BackgroundService):
         host: str = "127.0.0.1",
         port: int = 0,
         memory_limit: int = 0,
+        heartbeat_interval: float = 1.0,
+        reconnect_timeout: float = 120.0,
     ) -> None:
         self.scheduler_address = scheduler_address
         self.nthreads = nthreads if nthreads is not None else os.cpu_count() or 1
         if self.nthreads < 1:
             raise ValueError(f"nthreads must be at least 1, got {self.nthreads}")
+        if not heartbeat_interval > 0:
+            raise ValueError(f"heartbeat_interval must be positive, got {heartbeat_interval}")
+        if not reconnect_timeout >= 0:
+            raise ValueError(f"reconnect_timeout must be 0 or more, got {reconnect_timeout}")
+        self.heartbeat_interval = heartbeat_interval
+        self.reconnect_timeout = reconnect_timeout
         #: Supply in ticks, as registered with the scheduler.
         self.supply, self.units = parse_supply(resources)
         #: Supply in units (``{"GPU": 2.0}``), as users write and read it.
@@ -96,8 +122,12 @@ class Worker(BackgroundService):
         self._server = DataServer(self.data, self.name, host, port, self._put_direct)
         self._peers = PeerPool(self.name)
         self._runner: TaskRunner | None = None
+        #: The live scheduler connection; None while reconnecting (and before start).
         self._scheduler: Connection | None = None
         self._receiver: asyncio.Task[None] | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
+        #: Sessions (registrations) so far: 1 after start, +1 per reconnection.
+        self.sessions = 0
         self._fetches: set[asyncio.Task[None]] = set()
         self._started = False
         self._closing = False
@@ -113,24 +143,13 @@ class Worker(BackgroundService):
         try:
             self.address = await self._server.start()
             self.state.address = self.address
-            loop = asyncio.get_running_loop()
-            self._runner = TaskRunner(self.nthreads, self.data, self._on_outcomes, loop, self)
-            self._scheduler, _ = await open_connection(self.scheduler_address, "worker", self.name)
+            self._runner = self._new_runner()
+            self._scheduler = await self._register()
         except BaseException:
             await self.close()
             raise
-        self._scheduler.send(
-            RegisterWorker(
-                self.name,
-                self.address,
-                self.nthreads,
-                self.supply,
-                os.getpid(),
-                self.memory_limit,
-                self.units,
-            )
-        )
-        self._receiver = asyncio.create_task(self._receive(), name=f"worker-{self.name}")
+        self._receiver = asyncio.create_task(self._serve(), name=f"worker-{self.name}")
+        self._heartbeat = asyncio.create_task(self._beat(), name=f"heartbeat-{self.name}")
         logger.info(
             "worker %s: data at %s, %d threads, resources %s, scheduler %s",
             self.name,
@@ -148,7 +167,8 @@ class Worker(BackgroundService):
             return
         self._closing = True
         try:
-            tasks = [t for t in (self._receiver, *self._fetches) if t is not None]
+            running = (self._receiver, self._heartbeat, *self._fetches)
+            tasks = [t for t in running if t is not None]
             tasks = [t for t in tasks if t is not asyncio.current_task()]
             for task in tasks:
                 task.cancel()
@@ -177,9 +197,68 @@ class Worker(BackgroundService):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    # --- from the scheduler -------------------------------------------------------
+    # --- sessions with the scheduler ---------------------------------------------
 
-    async def _receive(self) -> None:
+    def _new_runner(self) -> TaskRunner:
+        loop = asyncio.get_running_loop()
+        return TaskRunner(self.nthreads, self.data, self._on_outcomes, loop, self)
+
+    async def _register(self) -> Connection:
+        """Connect, complete the handshake and register; raises ``OSError``/``HandshakeError``."""
+        conn, _ = await open_connection(self.scheduler_address, "worker", self.name)
+        conn.send(
+            RegisterWorker(
+                self.name,
+                self.address,
+                self.nthreads,
+                self.supply,
+                os.getpid(),
+                self.memory_limit,
+                self.units,
+            )
+        )
+        self.sessions += 1
+        return conn
+
+    async def _serve(self) -> None:
+        """Receive from the scheduler, reconnecting when it goes away, until giving up."""
+        while True:
+            reason = await self._receive()
+            if self.reconnect_timeout <= 0:
+                logger.warning(
+                    "worker %s: %s at %s; closing this worker",
+                    self.name,
+                    reason,
+                    self.scheduler_address,
+                )
+                break
+            logger.warning(
+                "worker %s: %s at %s; dropping its tasks and data and reconnecting (for up to %gs)",
+                self.name,
+                reason,
+                self.scheduler_address,
+                self.reconnect_timeout,
+            )
+            self._forget_session()
+            failure = await self._reconnect()
+            if failure is not None:
+                logger.error(
+                    "worker %s: could not reconnect to %s within %gs (%s); closing this worker",
+                    self.name,
+                    self.scheduler_address,
+                    self.reconnect_timeout,
+                    failure,
+                )
+                break
+            logger.warning(
+                "worker %s: reconnected to %s and registered afresh",
+                self.name,
+                self.scheduler_address,
+            )
+        await self.close()
+
+    async def _receive(self) -> str:
+        """Handle frames until the connection ends; return why it ended."""
         assert self._scheduler is not None
         try:
             while True:
@@ -188,10 +267,54 @@ class Worker(BackgroundService):
             reason = "the scheduler closed the connection"
         except ProtocolError as exc:
             reason = f"the scheduler sent invalid data ({exc})"
-        logger.warning(
-            "worker %s: %s at %s; closing this worker", self.name, reason, self.scheduler_address
-        )
-        await self.close()
+        self._scheduler.abort()
+        self._scheduler = None
+        return reason
+
+    def _forget_session(self) -> None:
+        """Forget what the lost scheduler knew: it has rescheduled and forgotten it all.
+
+        Tasks still running in threads belong to the old runner, which is closed: it
+        discards their results rather than store or report them. Fetches in flight
+        are cancelled for the same reason.
+        """
+        for task in list(self._fetches):
+            task.cancel()
+        if self._runner is not None:
+            self._runner.close()
+        self._runner = self._new_runner()
+        self.data.clear()
+        self.state = WorkerState(self.nthreads)
+        self.state.address = self.address
+
+    async def _reconnect(self) -> str | None:
+        """Register afresh with backoff; None on success, else the last failure."""
+        deadline = time.monotonic() + self.reconnect_timeout
+        delay = FIRST_BACKOFF
+        failure = "no attempt was made"
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return failure
+            await asyncio.sleep(min(delay, remaining))
+            delay = min(delay * 2, MAX_BACKOFF)
+            try:
+                self._scheduler = await asyncio.wait_for(
+                    self._register(), max(0.1, deadline - time.monotonic())
+                )
+                return None
+            except (OSError, HandshakeError) as exc:  # TimeoutError is an OSError
+                failure = str(exc) or type(exc).__name__
+                logger.debug("worker %s: reconnection attempt failed: %s", self.name, failure)
+
+    async def _beat(self) -> None:
+        """Tell the scheduler this worker is alive, from the loop: a frozen loop falls silent."""
+        while True:
+            await asyncio.sleep(self.heartbeat_interval)
+            if self._scheduler is not None:
+                self._scheduler.send(Heartbeat(len(self.state.executing)))
+
+    # --- from the scheduler -------------------------------------------------------
 
     def _on_messages(self, messages: Iterable[Message]) -> None:
         """Turn one frame into events; a ``GetData`` sees the state of the messages before it."""
@@ -218,6 +341,12 @@ class Worker(BackgroundService):
 
     def _put_direct(self, message: PutData) -> DataStored:
         """A client put data on the data port: store it, answer the client directly."""
+        if self._scheduler is None:
+            # Between sessions nothing stored here would be known to the scheduler.
+            logger.warning(
+                "worker %s: refused data put while reconnecting to the scheduler", self.name
+            )
+            return DataStored(message.request_id, [], {})
         event = self._store_put(PutData(DIRECT_PUT, message.data), time.time())
         self._handle([event])
         nbytes = {key: info.nbytes for key, info in event.stored.items()}
@@ -240,7 +369,7 @@ class Worker(BackgroundService):
     # --- state machine ------------------------------------------------------------
 
     def _handle(self, events: list[WorkerEvent]) -> None:
-        if events and not self._closing:
+        if events and not self._closing and self._scheduler is not None:
             self._carry_out(self.state.handle(*events))
 
     def _carry_out(self, commands: list[WorkerCommand]) -> None:

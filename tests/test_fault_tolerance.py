@@ -1,0 +1,142 @@
+"""Workers that go silent are declared lost; workers that lose the scheduler come back.
+
+Real processes through the CLI, as in ``test_processes``: a worker frozen with
+SIGSTOP under a short ``--worker-timeout``, and a scheduler killed with SIGKILL and
+started again on the same port. Every wait polls against a deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import pytest
+
+from apportion import Client, get_worker
+
+pytestmark = pytest.mark.process
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+from test_processes import Processes  # noqa: E402
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Processes]:
+    group = Processes(tmp_path)
+    try:
+        yield group
+    finally:
+        group.stop_all()
+
+
+def start_scheduler(procs: Processes, *args: str) -> tuple[subprocess.Popen[bytes], str, Path]:
+    proc, log = procs.start("scheduler", *args)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and proc.poll() is None:
+        found = re.search(r"apportion scheduler at (tcp://\S+)", log.read_text())
+        if found:
+            return proc, found.group(1), log
+        time.sleep(0.02)
+    raise AssertionError(f"scheduler did not start:\n{log.read_text()}")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def poll(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    """The first truthy value of ``condition()`` within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def worker_names(client: Client) -> list[str]:
+    return sorted(w["name"] for w in client.scheduler_info()["workers"].values())
+
+
+def slow_square(x: int) -> int:
+    time.sleep(0.1)
+    return x * x
+
+
+def where() -> str:
+    return get_worker().name
+
+
+@pytest.mark.timeout(90)
+def test_frozen_worker_is_declared_lost_then_rejoins_once(procs: Processes) -> None:
+    _, address, log = start_scheduler(procs, "--port", "0", "--worker-timeout", "2")
+    beat = ("--heartbeat-interval", "0.2")
+    frozen, _ = procs.start(
+        "worker", address, "--nthreads", "2", "--name", "frozen", "--resources", "mark=1", *beat
+    )
+    procs.start("worker", address, "--nthreads", "2", "--name", "steady", *beat)
+    with Client(address) as client:
+        client.wait_for_workers(2, timeout=20)
+        futures = [client.submit(slow_square, i, pure=False) for i in range(60)]
+
+        def frozen_is_busy() -> bool:
+            workers = client.scheduler_info()["workers"].values()
+            return any(w["name"] == "frozen" and w["processing"] for w in workers)
+
+        poll(frozen_is_busy, 20, "tasks on the worker to freeze")
+        os.kill(frozen.pid, signal.SIGSTOP)
+        try:
+            poll(lambda: worker_names(client) == ["steady"], 20, "the frozen worker to be lost")
+            assert [f.result(timeout=60) for f in futures] == [i * i for i in range(60)]
+        finally:
+            os.kill(frozen.pid, signal.SIGCONT)
+        poll(lambda: worker_names(client) == ["frozen", "steady"], 30, "the worker to rejoin")
+        assert client.submit(where, resources={"mark": 1}).result(timeout=30) == "frozen"
+        assert client.gather(client.map(slow_square, range(8))) == [i * i for i in range(8)]
+        assert frozen.poll() is None
+    text = log.read_text()
+    # Joined twice, lost once: counted once now, never twice.
+    assert len(re.findall(r"worker frozen joined", text)) == 2, text
+    assert len(re.findall(r"lost worker frozen", text)) == 1, text
+
+
+@pytest.mark.timeout(90)
+def test_workers_reconnect_to_a_restarted_scheduler(procs: Processes) -> None:
+    port = str(free_port())
+    scheduler, address, _ = start_scheduler(procs, "--port", port)
+    workers = [
+        procs.start(
+            "worker", address, "--nthreads", "2", "--name", name, "--resources", f"{name}=1"
+        )
+        for name in ("a", "b")
+    ]
+    with Client(address) as client:
+        client.wait_for_workers(2, timeout=20)
+        assert client.submit(slow_square, 3).result(timeout=20) == 9
+    os.killpg(scheduler.pid, signal.SIGKILL)
+    scheduler.wait(10)
+
+    _, again, _ = start_scheduler(procs, "--port", port)
+    assert again == address
+    with Client(address) as client:
+        poll(lambda: worker_names(client) == ["a", "b"], 30, "both workers to reconnect")
+        ran_on = [client.submit(where, resources={name: 1}) for name in ("a", "b")]
+        assert client.gather(ran_on) == ["a", "b"]
+        assert client.gather(client.map(slow_square, range(10))) == [i * i for i in range(10)]
+    for proc, worker_log in workers:
+        assert proc.poll() is None
+        assert "reconnected to" in worker_log.read_text()
