@@ -108,3 +108,24 @@ def test_the_dump_is_plain_json_with_every_task_and_worker(sim: SimulatedCluster
     assert state["workers"]["sim://" + w]["name"] == "gpus"
     assert state["config"]["worker_timeout"] == 10.0
     assert any(row[1] == "a" and row[3] == "processing" for row in state["log"])
+
+
+def test_a_worker_that_says_it_is_closing_gets_no_new_tasks(sim: SimulatedCluster) -> None:
+    leaving = sim.add_worker("leaving", nthreads=2, resources="GPU=1")
+    staying = sim.add_worker("staying", nthreads=1, resources="GPU=1")
+    sim.handle(FromWorker(leaving, [m.WorkerClosing("SIGTERM")], sim.now))
+    sim.submit("gpu", resources="GPU=1")
+    sim.submit("plain")
+    started = sim.place()
+    assert {worker for worker, _ in started} == {staying}
+    assert not sim.running[leaving]
+
+
+def test_work_only_a_closing_worker_could_run_waits_quietly(sim: SimulatedCluster) -> None:
+    leaving = sim.add_worker("leaving", resources="GPU=1")
+    sim.handle(FromWorker(leaving, [m.WorkerClosing("SIGTERM")], sim.now))
+    sim.submit("gpu", resources="GPU=1")
+    assert sim.place() == []
+    assert not got(sim, m.Notice) and not got(sim, m.KeysFailed)
+    newcomer = sim.add_worker("newcomer", resources="GPU=1")
+    assert sim.place() == [(newcomer, "gpu")]

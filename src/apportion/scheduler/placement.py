@@ -55,7 +55,7 @@ def place(state: SchedulerState) -> None:
 def candidates(state: SchedulerState, signature: Signature) -> list[WorkerRecord]:
     """Workers whose declared supply could ever hold this request."""
     demand = dict(signature)
-    return [w for w in state.workers.values() if could_hold(w, demand)]
+    return [w for w in state.workers.values() if w.leaving is None and could_hold(w, demand)]
 
 
 def holder_of(state: SchedulerState, worker: WorkerRecord, task: TaskRecord) -> TaskRecord | None:
@@ -221,6 +221,8 @@ def plain_capacity(
     state: SchedulerState, worker: WorkerRecord, resource_work_waiting: bool = False
 ) -> int:
     """How many more plain tasks ``worker`` may be given now (running or queued ahead)."""
+    if worker.leaving is not None:
+        return 0  # it said it is closing: nothing new goes there
     holder = state.tasks.get(worker.reserved_by or "")
     if holder is not None and fits(holder.resources, worker.free):
         return 0  # the reserved task waits only for a thread: let the threads drain

@@ -39,6 +39,8 @@ def check_satisfiable(
 
 def fail_or_warn(state: SchedulerState, signature: QueueKey, heap: list[Any]) -> None:
     """Placement found ready tasks that no connected worker can ever hold."""
+    if satisfiable(state, signature):
+        return  # only workers that are closing could: wait for others, say nothing yet
     tasks = [state.tasks[key] for _, _, key in heap if key in state.tasks]
     tasks = [t for t in tasks if t.state == QUEUED]
     if not tasks:
