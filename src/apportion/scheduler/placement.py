@@ -15,7 +15,10 @@ Rules (documented for users in docs/scheduling.md):
    free accumulates for the reserved task until it fits. A worker holds at most
    one reservation; reservations are kept until the task starts.
 4. Plain tasks (no resources) only need a thread, and may be queued a little ahead
-   on a worker (``pipeline_seconds`` of work per thread) to hide the round trip.
+   on a worker (``pipeline_seconds`` of work per thread) to hide the round trip —
+   except, while resource tasks wait, on workers that offer resources.
+5. A task with alternative demands runs with the first that fits somewhere now.
+6. A worker that announced it is closing gets nothing new.
 
 Cost: one pass per loop turn, O(started tasks x candidate workers + request kinds),
 never a walk over everything queued.
