@@ -1,8 +1,9 @@
 """Run every benchmark in turn, each in its own interpreter, and print their figures.
 
 ``make bench`` calls this. The tiers: the pure state machine (events per second),
-scheduler memory per queued task, end-to-end throughput beside Dask, and placement
-quality on a mixed CPU/GPU workload beside Dask.
+scheduler memory per queued task, end-to-end throughput beside Dask, placement
+quality on a mixed CPU/GPU workload beside Dask, and recovery from a killed worker
+beside Dask.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ SCRIPTS = [
     "scheduler_memory.py",
     "throughput.py",
     "placement_quality.py",
+    "recovery.py",
 ]
 
 

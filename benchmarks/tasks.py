@@ -60,3 +60,23 @@ def timed_sleep_dask(seconds: float) -> tuple[float, float, str]:
     start = time.time()
     time.sleep(seconds)
     return start, time.time(), str(distributed.get_worker().name)
+
+
+#: How long each task of the recovery benchmark sleeps.
+SLEEP_SECONDS = 0.005
+
+
+def sleepy_inc(x: int) -> int:
+    """``inc`` that takes 5 ms, like a small real task."""
+    import time
+
+    time.sleep(SLEEP_SECONDS)
+    return x + 1
+
+
+def sleepy_add(x: int, y: int) -> int:
+    """``add`` that takes 5 ms, like a small real task."""
+    import time
+
+    time.sleep(SLEEP_SECONDS)
+    return x + y

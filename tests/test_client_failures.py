@@ -187,3 +187,19 @@ def test_every_client_is_told_when_nobody_can_run_its_request() -> None:
         assert "largest GPU supply is 2" in two.notices[0]
         for fut in futures:
             fut.cancel()
+
+
+def test_the_callback_thread_does_not_keep_futures_alive(
+    cluster: LocalCluster, client: Client
+) -> None:
+    import gc
+
+    futures = client.map(operator.neg, range(5))
+    iterator = as_completed(futures)
+    next(iterator)  # stop early, then drop everything
+    del futures, iterator
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while cluster.scheduler.state.tasks and time.monotonic() < deadline:
+        time.sleep(0.01)  # polling until the releases reach the scheduler
+    assert not cluster.scheduler.state.tasks

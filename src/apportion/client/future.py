@@ -217,6 +217,10 @@ class CallbackRunner:
                 fn(future)
             except Exception:
                 logger.exception("done callback %r for %s raised", fn, future.key)
+            # Drop the references before waiting again: kept until the next callback,
+            # the last one would pin its future (and whatever ``fn`` holds, such as an
+            # abandoned as_completed queue of futures) and so their results.
+            del item, fn, future
 
     def stop(self) -> None:
         self._queue.put(None)
