@@ -181,3 +181,16 @@ def test_alternatives_are_unsatisfiable_only_when_all_are(sim: SimulatedCluster)
     (notice,) = [msg for msg in sim.inbox["c1"] if isinstance(msg, m.Notice)]
     assert "gives 2 alternatives" in notice.text and "no worker offers gpu" in notice.text
     assert "largest cpus supply is 4" in notice.text
+
+
+def test_units_of_a_lost_worker_are_not_given_back_elsewhere(sim: SimulatedCluster) -> None:
+    gpus = sim.add_worker("gpus", resources="gpu=[0]")
+    submit_alternatives(sim, "t", {"gpu": 10_000}, {})
+    sim.place()
+    assert sim.running[gpus]["t"].units == {"gpu": ["0"]}
+    plain = sim.add_worker("plain")
+    sim.remove_worker(gpus)
+    assert sim.place() == [(plain, "t")]  # runs with its second alternative: no units
+    assert sim.running[plain]["t"].units == {}
+    sim.raise_("t")  # giving back must not touch units of the lost worker
+    assert sim.state.tasks["t"].state == "erred"

@@ -57,6 +57,8 @@ def _check_tasks(state: SchedulerState) -> None:
             assert key in queued_keys, f"{key}: queued but in no heap"
         if task.state == PROCESSING and task.worker is not None:
             assert key in state.workers[task.worker].processing, f"{key}: lost its worker"
+        if task.units:
+            assert task.state == PROCESSING and task.worker, f"{key}: holds units off a worker"
         if task.state == MEMORY:
             worker = state.workers.get(task.worker or "")
             assert worker is not None and key in worker.has_what, f"{key}: result nowhere"

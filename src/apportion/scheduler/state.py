@@ -206,11 +206,12 @@ class SchedulerState:
         cause = f"assigned to {worker.name}"
         if task.variants:
             cause += f" with {format_resources(task.resources) or 'no resources'}"
+        task.units = None
         if task.resources:
             for name, need in task.resources.items():
                 worker.free[name] -= need
             if worker.units:
-                task.units = take_units(worker, task.resources)
+                task.units = take_units(worker, task.resources) or None
                 if task.units:
                     cause += " holding " + describe_units(task.units)
         worker.processing.add(task.key)
@@ -443,6 +444,7 @@ class SchedulerState:
         for key in sorted(worker.processing, key=lambda k: self.tasks[k].seq):
             task = self.tasks[key]
             task.worker = None
+            task.units = None  # they were that worker's units, gone with its ledger
             if task.discard_result:
                 task.discard_result = False
                 worker_reports.settle_discarded(self, task, f"worker {worker.name} lost")
