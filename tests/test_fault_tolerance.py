@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,21 +22,11 @@ import cloudpickle
 import pytest
 
 from apportion import Client, get_worker
+from cli_processes import Processes
 
 pytestmark = pytest.mark.process
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-from test_processes import Processes  # noqa: E402
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    group = Processes(tmp_path)
-    try:
-        yield group
-    finally:
-        group.stop_all()
 
 
 def start_scheduler(procs: Processes, *args: str) -> tuple[subprocess.Popen[bytes], str, Path]:

@@ -5,28 +5,16 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import cloudpickle
 import pytest
 
 from apportion import Client, WorkerCrashedError
+from cli_processes import Processes
 
 pytestmark = pytest.mark.process
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-from test_processes import Processes  # noqa: E402
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    group = Processes(tmp_path)
-    try:
-        yield group
-    finally:
-        group.stop_all()
 
 
 def exit_hard() -> None:

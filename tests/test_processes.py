@@ -7,13 +7,11 @@ session and killed (with its group) at teardown, even when the test fails.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,66 +19,13 @@ import cloudpickle
 import pytest
 
 from apportion import Client, get_worker, task_environment
+from cli_processes import APPORTION, Processes
 
 pytestmark = pytest.mark.process
 
 # Worker processes are fresh interpreters that cannot import this test module:
 # send its functions by value, as functions of a user's script are.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-APPORTION = [sys.executable, "-m", "apportion.cli.main"]
-
-
-class Processes:
-    """Starts CLI processes with logs in files; kills every one of them at the end."""
-
-    def __init__(self, logdir: Path) -> None:
-        self.logdir = logdir
-        self.procs: list[tuple[subprocess.Popen[bytes], Path]] = []
-
-    def start(self, *args: str) -> tuple[subprocess.Popen[bytes], Path]:
-        log = self.logdir / f"proc-{len(self.procs)}.log"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                [*APPORTION, *args],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        self.procs.append((proc, log))
-        return proc, log
-
-    def scheduler(self) -> str:
-        _, log = self.start("scheduler", "--port", "0")
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            found = re.search(r"apportion scheduler at (tcp://\S+)", log.read_text())
-            if found:
-                return found.group(1)
-            time.sleep(0.02)
-        raise AssertionError(f"scheduler did not start:\n{log.read_text()}")
-
-    def stop_all(self) -> None:
-        for proc, _ in self.procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for proc, _ in self.procs:
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    group = Processes(tmp_path)
-    try:
-        yield group
-    finally:
-        group.stop_all()
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
