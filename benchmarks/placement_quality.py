@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import tasks
+from harness import dask_task_count, wait_until
 
 tasks.share_with_workers()
 
@@ -135,14 +136,6 @@ def peak_concurrency(runs: list[RunResult]) -> Concurrency:
     return Concurrency(gpus, busy)
 
 
-def wait_until(done: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} after {timeout}s")
-        time.sleep(0.02)
-
-
 def warm_up(client: Any, func: Callable[[float], Record]) -> None:
     """Start every worker's threads and import the task module before timing."""
     slots = sum(w.nthreads for w in WORKERS)
@@ -229,7 +222,7 @@ def run_dask(jobs: list[Job], repeat: int) -> list[RunResult]:
             def settle() -> None:
                 gc.collect()
                 wait_until(
-                    lambda: client.run_on_scheduler(_dask_task_count) == 0,
+                    lambda: client.run_on_scheduler(dask_task_count) == 0,
                     "dask scheduler still holds tasks",
                 )
 
@@ -238,10 +231,6 @@ def run_dask(jobs: list[Job], repeat: int) -> list[RunResult]:
             client.close()
     finally:
         cluster.close()
-
-
-def _dask_task_count(dask_scheduler: Any) -> int:
-    return len(dask_scheduler.tasks)
 
 
 def report(jobs: list[Job], results: dict[str, list[RunResult]], seed: int) -> None:

@@ -37,6 +37,7 @@ from typing import Any
 import psutil
 
 import tasks
+from harness import dask_task_count, wait_until
 
 # The kill makes Dask's surviving workers log a traceback (at ERROR) for each fetch
 # from the dead one that failed: expected here, and pages long, so silenced.
@@ -131,14 +132,6 @@ def run_once(
     )
 
 
-def wait_until(done: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} after {timeout}s")
-        time.sleep(0.02)
-
-
 def warm_up(client: Any) -> None:
     """Start every worker's thread and import the task module before timing."""
     leaves = client.map(tasks.sleepy_inc, range(6 * N_WORKERS), pure=False)
@@ -227,7 +220,7 @@ def dask_session() -> Iterator[Session]:
             def settle() -> None:
                 gc.collect()
                 wait_until(
-                    lambda: client.run_on_scheduler(_dask_task_count) == 0,
+                    lambda: client.run_on_scheduler(dask_task_count) == 0,
                     "dask scheduler still holds tasks",
                 )
 
@@ -253,10 +246,6 @@ def _stop_resource_tracker() -> None:
 
     with contextlib.suppress(AttributeError, OSError, ChildProcessError):
         resource_tracker._resource_tracker._stop()  # type: ignore[attr-defined]
-
-
-def _dask_task_count(dask_scheduler: Any) -> int:
-    return len(dask_scheduler.tasks)
 
 
 @dataclass

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import tasks
+from harness import dask_task_count, wait_until
 
 tasks.share_with_workers()
 
@@ -115,14 +116,6 @@ def measure(client: Any, settle: Callable[[], None], plan: RunPlan) -> dict[str,
     return best
 
 
-def wait_until(done: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} after {timeout}s")
-        time.sleep(0.02)
-
-
 def run_apportion(plan: RunPlan) -> dict[str, float]:
     from apportion import Client, LocalCluster
 
@@ -159,7 +152,7 @@ def run_dask(plan: RunPlan) -> dict[str, float]:
             def settle() -> None:
                 gc.collect()
                 wait_until(
-                    lambda: client.run_on_scheduler(_dask_task_count) == 0,
+                    lambda: client.run_on_scheduler(dask_task_count) == 0,
                     "dask scheduler still holds tasks",
                 )
 
@@ -169,10 +162,6 @@ def run_dask(plan: RunPlan) -> dict[str, float]:
             client.close()
     finally:
         cluster.close()
-
-
-def _dask_task_count(dask_scheduler: Any) -> int:
-    return len(dask_scheduler.tasks)
 
 
 def report(results: dict[str, dict[str, float]]) -> None:
