@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from apportion.cli.main import main
-from apportion.cli.worker import check_resources
+from apportion.cli.worker import WorkerSettings, check_resources, parse_memory_limit
 from apportion.cli.worker import worker as worker_command
 from apportion.core.resources import SCALE, parse_supply
 from apportion.loop_thread import LoopThread
@@ -86,7 +86,7 @@ def test_nworkers_runs_supervised_workers_that_stop_on_sigterm(loop_thread: Loop
     scheduler = loop_thread.run(FakeScheduler().start())
     argv = [sys.executable, "-m", "apportion.cli.main", "worker", scheduler.address]
     argv += ["--nworkers", "2", "--nthreads", "1", "--name", "box"]
-    argv += ["--resources", "GPU=1 gpu=[0-1,5]"]
+    argv += ["--resources", "GPU=1 gpu=[0-1,5]", "--drain-timeout", "0.5"]
     supervisor = subprocess.Popen(argv, stderr=subprocess.PIPE)
     family = [psutil.Process(supervisor.pid)]
     try:
@@ -99,7 +99,8 @@ def test_nworkers_runs_supervised_workers_that_stop_on_sigterm(loop_thread: Loop
         supervisor.send_signal(signal.SIGTERM)
         _, stderr = supervisor.communicate(timeout=20)
         assert supervisor.returncode == 0, stderr.decode()
-        assert "SIGTERM received; closing" in stderr.decode()
+        # This fake scheduler never answers the drain: each worker leaves after 0.5 s.
+        assert stderr.decode().count("SIGTERM received; draining") == 2
         assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family)
     finally:
         for process in family:
@@ -155,26 +156,28 @@ class Launched:
         self.one: list[dict[str, object]] = []
         self.commands: list[list[str]] = []
         self.liveness: tuple[float, float] | None = None
+        self.settings: WorkerSettings | None = None
+        self.supervisor_options: dict[str, object] = {}
         launched = self
 
-        def run_one(
-            address: str,
-            nthreads: int | None,
-            resources: str | None,
-            name: str | None,
-            host: str,
-            port: int,
-            liveness: tuple[float, float],
-        ) -> int:
-            launched.one.append({"nthreads": nthreads, "resources": resources, "name": name})
-            launched.liveness = liveness
+        def run_one(address: str, settings: WorkerSettings) -> int:
+            launched.one.append(
+                {
+                    "nthreads": settings.nthreads,
+                    "resources": settings.resources,
+                    "name": settings.name,
+                }
+            )
+            launched.liveness = (settings.heartbeat_interval, settings.reconnect_timeout)
+            launched.settings = settings
             return 0
 
         class Supervisor:
-            def __init__(self, commands: list[list[str]]) -> None:
+            def __init__(self, commands: list[list[str]], **kwargs: object) -> None:
                 launched.commands = commands
+                launched.supervisor_options = kwargs
 
-            def run(self) -> int:
+            def run(self, stop_timeout: float = 10.0) -> int:
                 return 0
 
         monkeypatch.setattr("apportion.cli.worker.run_one", run_one)
@@ -318,7 +321,10 @@ def test_environment_overrides_config_file(launched: Launched, tmp_path: Path) -
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("resource = 'gpu=[0-3]'\n", "unknown key 'resource' (known: heartbeat_interval, host,"),
+        (
+            "resource = 'gpu=[0-3]'\n",
+            "unknown key 'resource' (known: drain_timeout, heartbeat_interval,",
+        ),
         ("nprocs = 2\n", "unknown key 'nprocs'"),
         ("nthreads = 0\n", "nthreads: 0 is not in the range x>=1."),
         ("nthreads = [1]\n", "nthreads must be a single value"),
@@ -352,3 +358,48 @@ def test_missing_config_file_exits_2_with_one_line(launched: Launched, tmp_path:
     code, output = invoke("--config", str(tmp_path / "absent.toml"))
     assert code == 2 and len(output.splitlines()) == 1
     assert "cannot read" in output and "No such file" in output
+
+
+# --- memory limits and supervision ---------------------------------------------------
+
+
+@pytest.mark.timeout(5)
+def test_memory_limit_forms() -> None:
+    gib = 2**30
+    assert parse_memory_limit("4GiB", 1, total=16 * gib) == 4 * gib
+    assert parse_memory_limit("4e9", 2, total=16 * gib) == 4_000_000_000
+    assert parse_memory_limit("0.25", 2, total=16 * gib) == 4 * gib
+    assert parse_memory_limit("auto", 4, total=16 * gib) == 4 * gib
+    assert parse_memory_limit("none", 4, total=16 * gib) == 0
+    assert parse_memory_limit("0", 4, total=16 * gib) == 0
+    for bad in ("lots", "-1GiB", "12 apples", "100"):
+        with pytest.raises(ValueError, match="memory-limit"):
+            parse_memory_limit(bad, 1, total=16 * gib)
+
+
+@pytest.mark.timeout(10)
+def test_a_memory_limit_puts_even_one_worker_under_a_supervisor(launched: Launched) -> None:
+    assert invoke("--memory-limit", "1GiB")[0] == 0
+    assert not launched.one and len(launched.commands) == 1
+    assert launched.supervisor_options["memory_limit"] == 2**30
+    argv = launched.commands[0]
+    assert argv[argv.index("--memory-limit") + 1] == str(2**30)  # reported by the child
+    assert "--no-supervisor" in argv
+
+
+@pytest.mark.timeout(10)
+def test_one_worker_without_a_limit_runs_bare(launched: Launched) -> None:
+    assert invoke("--drain-timeout", "7")[0] == 0
+    assert launched.settings is not None and launched.settings.drain_timeout == 7.0
+    assert not launched.commands
+
+
+@pytest.mark.timeout(10)
+def test_no_supervisor_with_a_memory_limit_is_refused(
+    launched: Launched, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("APPORTION_SUPERVISOR_PID", raising=False)
+    code, output = invoke("--memory-limit", "1GiB", "--no-supervisor")
+    assert code == 2 and "enforced by a supervisor" in output
+    code, output = invoke("--nworkers", "2", "--no-supervisor")
+    assert code == 2 and "needs a supervisor" in output

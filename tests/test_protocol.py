@@ -39,7 +39,10 @@ SAMPLES: list[m.Message] = [
     m.StoryRequest(6, "x-1"),
     m.KeysDone(["x-1"]),
     m.TaskErred("x-1", b"exc", b"tb", 3),
-    m.Heartbeat(2),
+    m.Heartbeat(2, 2**30),
+    m.WorkerDraining(30.0),
+    m.DrainDone(3),
+    m.WorkerDied("w-0", 123, "was killed by SIGKILL"),
     m.DumpRequest(4),
     m.DumpReply(4, {"workers": {}}),
     m.KeysFailed(["x-1"], "cancelled", "'x-1' was cancelled"),
@@ -51,7 +54,7 @@ SAMPLES: list[m.Message] = [
     m.StoryReply(6, [[0.5, "x-1", "new", "queued", "submitted"]]),
     m.Notice("warning", "nobody offers GPU"),
     m.RegisterWorker(
-        "w", "tcp://h:1", 4, {"GPU": 20_000, "gpu": 20_000}, 123, 2**33, {"gpu": ["0", "1"]}
+        "w", "tcp://h:1", 4, {"GPU": 20_000, "gpu": 20_000}, 123, 2**33, {"gpu": ["0", "1"]}, 99
     ),
     m.TaskFinished("x-1", 8, 0.25, "int"),
     m.TaskRaised("x-1", b"exc", b"tb", 0.5),

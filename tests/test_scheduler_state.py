@@ -6,7 +6,6 @@ Every test ends with ``check_invariants`` (the ``sim`` fixture does it at teardo
 from __future__ import annotations
 
 import itertools
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TypeVar
 
@@ -14,7 +13,7 @@ import pytest
 
 from apportion.core.resources import SCALE, ResourceSpec, parse_demand
 from apportion.protocol import messages as m
-from apportion.scheduler.events import FromWorker, Send
+from apportion.scheduler.events import FromWorker
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import ERRED, MEMORY, PROCESSING, QUEUED, WAITING
 from apportion.scheduler.state import SchedulerConfig
@@ -26,14 +25,6 @@ M = TypeVar("M", bound=m.Message)
 class RecordingCluster(SimulatedCluster):
     """A simulated cluster that also keeps every message sent to each fake worker."""
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.to_workers: dict[str, list[m.Message]] = defaultdict(list)
-
-    def _to_worker(self, command: Send) -> None:
-        self.to_workers[command.peer_id].append(command.message)
-        super()._to_worker(command)
-
     # --- helpers the tests share ----------------------------------------------------
 
     def got(self, cls: type[M], client: str = "c1") -> list[M]:
@@ -41,7 +32,7 @@ class RecordingCluster(SimulatedCluster):
         return [msg for msg in self.inbox.get(client, []) if isinstance(msg, cls)]
 
     def worker_got(self, worker_id: str, cls: type[M]) -> list[M]:
-        return [msg for msg in self.to_workers[worker_id] if isinstance(msg, cls)]
+        return [msg for msg in self.to_workers.get(worker_id, []) if isinstance(msg, cls)]
 
     def freed(self, worker_id: str) -> list[str]:
         return [key for msg in self.worker_got(worker_id, m.FreeKeys) for key in msg.keys]

@@ -21,7 +21,7 @@ from hypothesis.stateful import (
 
 from apportion.core.resources import format_resources, parse_demand
 from apportion.protocol import messages as m
-from apportion.scheduler.events import FromWorker
+from apportion.scheduler.events import FromWorker, Tick, WorkerDeathReport
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import ERRED, MEMORY, PROCESSING, QUEUED, WAITING
 from apportion.scheduler.state import SchedulerConfig
@@ -67,6 +67,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.sim = SimulatedCluster(self.config)
         self.connected: set[str] = set()
         self.next_key = 0
+        self.pid = 0
         for client in CLIENTS:
             self.sim.add_client(client)
             self.connected.add(client)
@@ -83,9 +84,58 @@ class SchedulerMachine(RuleBasedStateMachine):
         for resources in supply:
             self.sim.add_worker(nthreads=2, resources=resources)
 
-    @rule(nthreads=st.integers(1, 3), supply=supplies)
-    def add_worker(self, nthreads: int, supply: dict[str, float]) -> None:
-        self.sim.add_worker(nthreads=nthreads, resources=supply)
+    @rule(
+        nthreads=st.integers(1, 3),
+        supply=supplies,
+        name=st.sampled_from([None, "a", "b"]),
+        supervised=st.booleans(),
+    )
+    def add_worker(
+        self, nthreads: int, supply: dict[str, float], name: str | None, supervised: bool
+    ) -> None:
+        """A new worker, or one that comes back under the name it had (a rejoin)."""
+        self.pid += 1
+        self.sim.add_worker(
+            name, nthreads=nthreads, resources=supply, pid=self.pid, supervisor=int(supervised)
+        )
+
+    @precondition(lambda self: self.sim.running)
+    @rule(data=st.data())
+    def drain_worker(self, data: st.DataObject) -> None:
+        """A worker got SIGTERM: it finishes its tasks, hands its results off, leaves."""
+        worker_id = data.draw(st.sampled_from(sorted(self.sim.running)))
+        self.sim.worker_says(worker_id, m.WorkerDraining(30.0))
+        self._maybe_place(data)
+
+    @rule()
+    def workers_answer(self) -> None:
+        """Workers answer the hand-off relays; a worker told it is drained leaves."""
+        for worker_id, inbox in list(self.sim.to_workers.items()):
+            messages, self.sim.to_workers[worker_id] = inbox, []
+            for msg in messages:
+                if worker_id not in self.sim.running:
+                    break
+                if isinstance(msg, m.GetData):
+                    data = {key: b"value" for key in msg.keys}
+                    self.sim.worker_says(worker_id, m.DataReply(msg.request_id, data, [], {}))
+                elif isinstance(msg, m.PutData):
+                    stored = m.DataStored(msg.request_id, list(msg.data), {})
+                    self.sim.worker_says(worker_id, stored)
+                elif isinstance(msg, m.DrainDone):
+                    self.sim.worker_says(worker_id, m.WorkerClosing("drained"))
+                    self.sim.remove_worker(worker_id)
+
+    @rule(data=st.data(), seconds=st.sampled_from([0.5, 2.0, 4.0]))
+    def time_passes(self, data: st.DataObject, seconds: float) -> None:
+        """A supervisor reports a death (or not), and held verdicts come due."""
+        deaths = sorted({d[:2] for seen in self.sim.state.deaths.values() for d in seen})
+        if deaths and data.draw(st.booleans()):
+            name, pid = data.draw(st.sampled_from(deaths))
+            report = m.WorkerDied(name, pid, "was killed by SIGKILL")
+            self.sim.handle(WorkerDeathReport(report, self.sim.now))
+        self.sim.now += seconds
+        self.sim.handle(Tick(self.sim.now))
+        self._maybe_place(data)
 
     @precondition(lambda self: self.sim.running)
     @rule(data=st.data())
@@ -242,6 +292,12 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def _run_to_quiescence(self) -> None:
         sim = self.sim
+        for worker in list(sim.state.workers.values()):
+            if worker.draining:  # its grace ran out: it leaves, deliberately
+                sim.worker_says(worker.id, m.WorkerClosing("drain timed out"))
+                sim.remove_worker(worker.id)
+        sim.now += 10  # every held poison verdict comes due
+        sim.handle(Tick(sim.now))
         sim.add_worker("rescue", nthreads=4, resources=RESCUE)
         for _ in range(10_000):
             for key in sorted(sim.all_running()):

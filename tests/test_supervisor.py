@@ -160,3 +160,69 @@ def test_real_child_killed_with_sigkill_is_restarted(reaper: list[psutil.Process
     supervisor.stop(signal.SIGTERM, timeout=10)
     assert all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in reaper)
     assert len(reaper) == 3
+
+
+# --- stopped children, memory limits and death reports -------------------------------
+
+
+class Reports:
+    def __init__(self) -> None:
+        self.got: list[tuple[str, int, str]] = []
+
+    def __call__(self, name: str, pid: int, description: str) -> None:
+        self.got.append((name, pid, description))
+
+
+def make_limited(
+    memory: dict[int, int], limit: int = 1000
+) -> tuple[Supervisor, FakeLauncher, FakeClock, Reports]:
+    launcher, clock, reports = FakeLauncher(), FakeClock(), Reports()
+    supervisor = Supervisor(
+        [["worker", "--name=w-0"]],
+        launcher,
+        clock,
+        names=["w-0"],
+        memory_limit=limit,
+        memory_of=lambda pid: memory.get(pid, 0),
+        report=reports,
+    )
+    supervisor.start()
+    return supervisor, launcher, clock, reports
+
+
+@pytest.mark.timeout(5)
+def test_a_child_above_its_memory_limit_is_killed_restarted_and_reported() -> None:
+    memory = {1000: 900}
+    supervisor, launcher, clock, reports = make_limited(memory)
+    supervisor.poll()
+    assert launcher.launched[0].returncode is None  # 900 of 1000: fine
+    memory[1000] = 1200
+    supervisor.poll()
+    assert launcher.launched[0].returncode == -signal.SIGKILL
+    clock.now += 60
+    supervisor.poll()
+    assert len(launcher.launched) == 2  # restarted
+    ((name, pid, how),) = reports.got
+    assert (name, pid) == ("w-0", 1000)
+    assert "killed by its supervisor" in how and "out of memory" in how and "1.2 KiB" in how
+
+
+@pytest.mark.timeout(5)
+def test_a_sigkill_near_the_limit_is_likely_out_of_memory() -> None:
+    memory = {1000: 950}
+    supervisor, launcher, _, reports = make_limited(memory)
+    supervisor.poll()
+    launcher.launched[0].returncode = -signal.SIGKILL  # the kernel's OOM killer, say
+    supervisor.poll()
+    assert "was killed by SIGKILL - likely out of memory" in reports.got[0][2]
+
+
+@pytest.mark.timeout(5)
+def test_a_child_that_exits_with_status_0_was_stopped_and_is_not_restarted() -> None:
+    supervisor, launcher, clock, reports = make_limited({})
+    launcher.launched[0].returncode = 0  # drained after its own SIGTERM
+    clock.now += 60
+    supervisor.poll()
+    supervisor.poll()
+    assert len(launcher.launched) == 1 and supervisor.all_stopped
+    assert reports.got == [("w-0", 1000, "exited with status 0")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -11,6 +12,7 @@ import pytest
 
 from apportion import task_environment, task_resources
 from apportion.worker.context import running_task
+from apportion.worker.events import Execute
 
 
 @contextmanager
@@ -21,7 +23,8 @@ def holding(
 ) -> Iterator[None]:
     """Run the block as a task holding ``resources`` on a worker offering ``pools``."""
     worker: Any = SimpleNamespace(units=pools or {})
-    with running_task(worker, resources, units or {}):
+    command = Execute("k", "f", b"", (), resources, units or {})
+    with running_task(worker, command, threading.Event()):
         yield
 
 

@@ -345,14 +345,15 @@ def test_without_reconnect_timeout_the_worker_closes_when_the_scheduler_goes_awa
 
 
 @pytest.mark.timeout(30)
-def test_heartbeats_carry_the_number_of_executing_tasks() -> None:
+def test_heartbeats_carry_executing_tasks_and_memory() -> None:
     STARTED.clear()
     RELEASE.clear()
 
     async def scenario(scheduler: FakeScheduler) -> None:
         async with Worker(scheduler.address, nthreads=2, heartbeat_interval=0.02):
             conn, _ = await scheduler.next_worker()
-            assert await scheduler.expect(conn, Heartbeat) == Heartbeat(0)
+            first = await scheduler.expect(conn, Heartbeat)
+            assert first.executing == 0 and first.memory > 10_000_000  # this interpreter's RSS
             send(conn, compute("x", wait_for_release))
             assert await asyncio.to_thread(STARTED.wait, WAIT)
             while (await scheduler.expect(conn, Heartbeat)).executing != 1:

@@ -26,7 +26,14 @@ from apportion.client.local import LocalCluster
 from apportion.client.waiting import ALL_COMPLETED, FIRST_COMPLETED, as_completed, wait
 from apportion.core.resources import parse_resources
 from apportion.scheduler.service import Scheduler
-from apportion.worker.context import get_worker, task_environment, task_resources, task_variant
+from apportion.worker.context import (
+    get_worker,
+    task_cancel_event,
+    task_environment,
+    task_key,
+    task_resources,
+    task_variant,
+)
 from apportion.worker.service import Worker
 
 __version__ = "0.1.0"
@@ -49,7 +56,9 @@ __all__ = [
     "as_completed",
     "get_worker",
     "parse_resources",
+    "task_cancel_event",
     "task_environment",
+    "task_key",
     "task_resources",
     "task_variant",
     "wait",

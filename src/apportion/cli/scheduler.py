@@ -45,7 +45,15 @@ def is_loopback(host: str) -> bool:
     help="Declare a worker lost (its tasks run elsewhere) when nothing, not even a "
     "heartbeat, has come from it for this long.",
 )
-def scheduler(host: str, port: int, worker_timeout: float) -> None:
+@click.option(
+    "--max-worker-deaths",
+    type=click.IntRange(min=1),
+    default=SchedulerConfig().max_worker_deaths,
+    show_default=True,
+    help="Fail a task (WorkerCrashedError, saying how each worker died) once this many "
+    "workers died while running it, instead of letting it kill worker after worker.",
+)
+def scheduler(host: str, port: int, worker_timeout: float, max_worker_deaths: int) -> None:
     """Run a scheduler that workers and clients connect to."""
     configure_logging()
     if not is_loopback(host):
@@ -55,7 +63,8 @@ def scheduler(host: str, port: int, worker_timeout: float) -> None:
             host,
         )
     try:
-        asyncio.run(_run(host, port, SchedulerConfig(worker_timeout=worker_timeout)))
+        config = SchedulerConfig(worker_timeout=worker_timeout, max_worker_deaths=max_worker_deaths)
+        asyncio.run(_run(host, port, config))
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc}") from None
 

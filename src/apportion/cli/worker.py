@@ -15,15 +15,17 @@ import logging
 import os
 import signal
 import sys
+from dataclasses import dataclass
 
 import click
 from click.core import ParameterSource
 
 from apportion.cli.config import CONFIG_META, config_option
 from apportion.cli.logs import configure_logging
-from apportion.core.resources import parse_resources
-from apportion.worker.detect import detect_supply, expand_auto, split_auto
+from apportion.core.resources import SCALE, parse_amount, parse_resources
+from apportion.worker.detect import detect_supply, expand_auto, memory_total, split_auto
 from apportion.worker.shares import split_supply
+from apportion.worker.supervisor import SUPERVISOR_PID_VARIABLE
 
 logger = logging.getLogger("apportion.worker")
 
@@ -73,35 +75,78 @@ def resolve_resources(ctx: click.Context, resources: str | None) -> str | None:
     return expanded
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    """What each worker process is told: the options that reach ``Worker``."""
+
+    nthreads: int | None = None
+    resources: str | None = None
+    name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 0
+    heartbeat_interval: float = 1.0
+    reconnect_timeout: float = 120.0
+    #: Bytes of resident memory per process (0: no limit), enforced by the supervisor.
+    memory_limit: int = 0
+    #: Seconds a SIGTERM-ed worker gets to finish its tasks and hand off its results.
+    drain_timeout: float = 30.0
+
+
+def parse_memory_limit(text: str, nworkers: int, total: int | None = None) -> int:
+    """``--memory-limit``: bytes for each worker process, 0 for none.
+
+    ``4GiB`` or ``4e9`` (a size), ``0.5`` (a fraction of the machine's memory, for each
+    process), ``auto`` (the machine's memory shared among the ``nworkers`` processes),
+    ``0`` or ``none`` (no limit). Raises ``ValueError`` with the accepted forms.
+    """
+    value = text.strip().lower()
+    if value in ("", "0", "none"):
+        return 0
+    machine = memory_total() if total is None else total
+    if value == "auto":
+        return machine // nworkers
+    try:
+        amount = parse_amount(value, name="memory-limit") / SCALE
+    except ValueError:
+        raise ValueError(
+            f"--memory-limit {text!r}: use a size (4GiB, 4e9), a fraction of the "
+            "machine's memory (0.5), auto or none"
+        ) from None
+    limit = int(amount * machine) if amount <= 1 else int(amount)
+    if limit < 2**20:
+        raise ValueError(f"--memory-limit {text!r} is below 1 MiB: no worker can run in that")
+    return limit
+
+
 def child_commands(
-    scheduler_address: str,
-    nworkers: int,
-    nthreads: int | None,
-    resources: list[str],
-    base: str,
-    host: str,
-    port: int,
-    liveness: tuple[float, float] = (1.0, 120.0),
+    scheduler_address: str, nworkers: int, settings: WorkerSettings, resources: list[str]
 ) -> list[list[str]]:
     """The command line of each supervised worker process; ``resources`` has one spec each.
 
-    ``liveness`` is ``(heartbeat_interval, reconnect_timeout)``.
-
     Every value is passed explicitly, so that a child reads neither the config file
-    nor ``APPORTION_RESOURCES`` again.
+    nor ``APPORTION_RESOURCES`` again. The memory limit is not: the supervisor
+    enforces it from outside, where a process stuck in C code cannot escape it.
     """
     commands = []
+    base = settings.name or f"worker-{os.getpid()}"
+    port = settings.port
     for i in range(nworkers):
         argv = [sys.executable, "-m", "apportion.cli.main", "worker", scheduler_address]
-        argv += ["--host", host, "--port", str(port + i if port else 0)]
-        if nthreads is not None:
-            argv += ["--nthreads", str(nthreads)]
+        argv += ["--host", settings.host, "--port", str(port + i if port else 0)]
+        if settings.nthreads is not None:
+            argv += ["--nthreads", str(settings.nthreads)]
         argv += ["--resources", resources[i]]
-        argv += ["--heartbeat-interval", repr(liveness[0])]
-        argv += ["--reconnect-timeout", repr(liveness[1])]
-        argv += ["--nworkers", "1", "--name", f"{base}-{i}"]
+        argv += ["--heartbeat-interval", repr(settings.heartbeat_interval)]
+        argv += ["--reconnect-timeout", repr(settings.reconnect_timeout)]
+        argv += ["--drain-timeout", repr(settings.drain_timeout)]
+        argv += ["--memory-limit", str(settings.memory_limit)]
+        argv += ["--nworkers", "1", "--no-supervisor", "--name", f"{base}-{i}"]
         commands.append(argv)
     return commands
+
+
+def child_names(commands: list[list[str]]) -> list[str]:
+    return [argv[argv.index("--name") + 1] for argv in commands]
 
 
 @click.command("worker")
@@ -145,6 +190,32 @@ def child_commands(
     help="Data port (0: any free; with --nworkers, worker i gets PORT+i).",
 )
 @click.option(
+    "--memory-limit",
+    default="none",
+    show_default=True,
+    help="Resident memory allowed to each worker process: a size (4GiB), a fraction of "
+    "the machine's memory (0.5), auto (the machine's memory divided among the "
+    "processes) or none. A process above it is killed and restarted by its supervisor; "
+    "its tasks count it as a crash, out of memory.",
+)
+@click.option(
+    "--supervisor/--no-supervisor",
+    "supervise",
+    default=None,
+    help="Run the worker processes under a supervisor that restarts them when they "
+    "crash (default: yes with --nworkers above 1 or a --memory-limit).",
+)
+@click.option(
+    "--drain-timeout",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="On SIGTERM or SIGINT: stop taking tasks, let running ones finish and hand "
+    "results still needed to other workers, for up to this long; a second signal "
+    "stops at once.",
+)
+@click.option(
     "--heartbeat-interval",
     type=click.FloatRange(min=0, min_open=True),
     default=1.0,
@@ -173,56 +244,77 @@ def worker(
     name: str | None,
     host: str,
     port: int,
+    memory_limit: str,
+    supervise: bool | None,
+    drain_timeout: float,
     heartbeat_interval: float,
     reconnect_timeout: float,
 ) -> None:
     """Run a worker connected to the scheduler at SCHEDULER_ADDRESS."""
     configure_logging()
-    resources = resolve_resources(ctx, resources)
-    liveness = (heartbeat_interval, reconnect_timeout)
-    if nworkers == 1:
-        sys.exit(run_one(scheduler_address, nthreads, resources, name, host, port, liveness))
-    from apportion.worker.supervisor import Supervisor
+    try:
+        limit = parse_memory_limit(memory_limit, nworkers)
+    except ValueError as exc:
+        _fail(ctx, str(exc))
+    settings = WorkerSettings(
+        nthreads,
+        resolve_resources(ctx, resources),
+        name,
+        host,
+        port,
+        heartbeat_interval,
+        reconnect_timeout,
+        limit,
+        drain_timeout,
+    )
+    if supervise is None:
+        supervise = nworkers > 1 or limit > 0
+    if not supervise:
+        if nworkers > 1:
+            _fail(ctx, "--nworkers above 1 needs a supervisor; drop --no-supervisor")
+        if limit and SUPERVISOR_PID_VARIABLE not in os.environ:
+            # Under a supervisor the limit is only reported; the supervisor enforces it.
+            _fail(ctx, "--memory-limit is enforced by a supervisor; drop --no-supervisor")
+        sys.exit(run_one(scheduler_address, settings))
+    from apportion.worker.supervisor import Supervisor, scheduler_reporter
 
-    specs = [resources or ""] * nworkers
+    specs = [settings.resources or ""] * nworkers
     if split_units:
         try:
-            specs = split_supply(resources or "", nworkers)
+            specs = split_supply(settings.resources or "", nworkers)
         except ValueError as exc:
             _fail(ctx, f"--split-units: {exc}")
-    base = name or f"worker-{os.getpid()}"
-    commands = child_commands(
-        scheduler_address, nworkers, nthreads, specs, base, host, port, liveness
+    commands = child_commands(scheduler_address, nworkers, settings, specs)
+    supervisor = Supervisor(
+        commands,
+        names=child_names(commands),
+        memory_limit=limit,
+        report=scheduler_reporter(scheduler_address),
     )
-    sys.exit(Supervisor(commands).run())
+    sys.exit(supervisor.run(stop_timeout=drain_timeout + 5.0))
 
 
-def run_one(
-    address: str,
-    nthreads: int | None,
-    resources: str | None,
-    name: str | None,
-    host: str,
-    port: int,
-    liveness: tuple[float, float] = (1.0, 120.0),
-) -> int:
+def run_one(address: str, settings: WorkerSettings) -> int:
     """Run one worker until a signal (status 0) or the loss of its scheduler (status 1).
 
-    The scheduler counts as lost once reconnecting has failed for ``liveness[1]``
-    seconds (``(heartbeat_interval, reconnect_timeout)``).
+    The first SIGTERM or SIGINT drains the worker (``Worker.drain``); a second one
+    closes it at once. Status 0 tells a supervisor not to start it again.
     """
     from apportion.worker.service import Worker
 
     async def serve() -> int:
+        supervisor = supervisor_pid()
         worker = Worker(
             address,
-            nthreads,
-            resources,
-            name=name,
-            host=host,
-            port=port,
-            heartbeat_interval=liveness[0],
-            reconnect_timeout=liveness[1],
+            settings.nthreads,
+            settings.resources,
+            name=settings.name,
+            host=settings.host,
+            port=settings.port,
+            memory_limit=settings.memory_limit,
+            heartbeat_interval=settings.heartbeat_interval,
+            reconnect_timeout=settings.reconnect_timeout,
+            supervisor=supervisor or 0,
         )
         try:
             await worker.start()
@@ -231,12 +323,16 @@ def run_one(
             return 1
         stopped = asyncio.Event()
         loop = asyncio.get_running_loop()
-        closing: list[asyncio.Task[None]] = []  # keeps the close task referenced
+        closing: list[asyncio.Task[None]] = []  # keeps the close tasks referenced
 
         def on_signal(signum: int) -> None:
-            logger.info("worker %s: %s received; closing", worker.name, signal.Signals(signum).name)
+            how = "draining" if not stopped.is_set() else "closing now"
+            logger.info("worker %s: %s received; %s", worker.name, signal.Signals(signum).name, how)
+            if stopped.is_set():
+                closing.append(loop.create_task(worker.close()))
+                return
             stopped.set()
-            closing.append(loop.create_task(worker.close()))
+            closing.append(loop.create_task(worker.drain(settings.drain_timeout)))
 
         async def stop_when_orphaned(supervisor: int) -> None:
             await parent_changed(supervisor)
@@ -247,7 +343,6 @@ def run_one(
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal, sig)
-        supervisor = supervisor_pid()
         watchdog = None if supervisor is None else loop.create_task(stop_when_orphaned(supervisor))
         await worker.finished()
         if watchdog is not None:
@@ -263,8 +358,6 @@ def supervisor_pid() -> int | None:
     The variable is removed once read, so that processes our tasks start (which
     have us, not the supervisor, as parent) do not inherit it and stop at once.
     """
-    from apportion.worker.supervisor import SUPERVISOR_PID_VARIABLE
-
     value = os.environ.pop(SUPERVISOR_PID_VARIABLE, None)
     if value is None:
         return None

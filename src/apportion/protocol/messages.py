@@ -16,7 +16,7 @@ from typing import Any, ClassVar, NamedTuple, TypeVar, cast, dataclass_transform
 
 #: Bumped whenever a message changes shape. Peers with another version are refused
 #: in the handshake, naming both versions, instead of failing later on a bad field.
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 
 class Message:
@@ -270,6 +270,9 @@ class RegisterWorker(Message):
     pid: int
     memory_limit: int
     units: dict[str, list[str]]  #: indexed pools: name -> unit labels
+    #: pid of the supervisor that restarts this process (0: none); a supervised
+    #: worker's death is classified by its supervisor (``WorkerDied``).
+    supervisor: int = 0
 
 
 @message
@@ -410,6 +413,40 @@ class Heartbeat(Message):
     """Worker -> scheduler, every heartbeat interval: still alive (and how busy)."""
 
     executing: int
+    memory: int = 0  #: resident memory of the worker process, bytes (0: unknown)
+
+
+@message
+class WorkerDraining(Message):
+    """Worker -> scheduler: stop sending me tasks; I leave once mine are done.
+
+    The scheduler answers ``DrainDone`` once the running tasks are finished and the
+    results still needed were handed to other workers; the worker leaves after
+    ``grace`` seconds whatever happens.
+    """
+
+    grace: float
+
+
+@message
+class DrainDone(Message):
+    """Scheduler -> draining worker: nothing here is needed any more; leave now."""
+
+    handed_off: int  #: results copied to other workers
+
+
+@message
+class WorkerDied(Message):
+    """Supervisor -> scheduler: how a worker process it watched ended.
+
+    Sent on a short connection of its own right after the supervisor reaps the
+    process, so a poison task's error can say "killed by SIGKILL - likely out of
+    memory" instead of "its connection closed".
+    """
+
+    name: str
+    pid: int
+    description: str
 
 
 @message

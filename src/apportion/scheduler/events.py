@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from apportion.protocol.messages import Message, RegisterWorker
+from apportion.protocol.messages import Message, RegisterWorker, WorkerDied
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +56,14 @@ class FromWorker:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerDeathReport:
+    """A supervisor said how one of its worker processes ended."""
+
+    report: WorkerDied
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passes (the service sends one about twice a second): find silent workers."""
 
@@ -74,6 +82,7 @@ Event = (
     | ClientLeft
     | WorkerJoined
     | WorkerLeft
+    | WorkerDeathReport
     | FromClient
     | FromWorker
     | PlacementDue

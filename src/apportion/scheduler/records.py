@@ -169,12 +169,15 @@ class WorkerRecord:
     __slots__ = (
         "address",
         "avg_duration",
+        "draining",
         "free",
         "functions",
+        "handoff",
         "has_what",
         "id",
         "last_seen",
         "leaving",
+        "memory",
         "memory_limit",
         "name",
         "nbytes",
@@ -182,6 +185,7 @@ class WorkerRecord:
         "pid",
         "processing",
         "reserved_by",
+        "supervisor",
         "total",
         "units",
     )
@@ -227,6 +231,14 @@ class WorkerRecord:
         }
         self.pid = pid
         self.memory_limit = memory_limit
+        #: Resident memory at the last heartbeat, bytes (0 until reported).
+        self.memory = 0
+        #: pid of the supervisor that will report how this process ended (0: none).
+        self.supervisor = 0
+        #: Set by ``WorkerDraining``: finish what runs here, hand results off, then go.
+        self.draining = False
+        #: Request id of the hand-off of its results in flight, while draining.
+        self.handoff: int | None = None
 
 
 class ClientRecord:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from apportion.protocol import messages as m
+from apportion.scheduler import drain
 from apportion.scheduler.client_requests import want
 from apportion.scheduler.records import (
     MEMORY,
@@ -51,6 +52,8 @@ class RelayBook:
 
     gathers: dict[int, _Gather] = field(default_factory=dict)
     scatters: dict[int, _Scatter] = field(default_factory=dict)
+    #: Results of draining workers on their way to others (``drain.py``).
+    handoffs: dict[int, drain.Handoff] = field(default_factory=dict)
     #: Scatter requests that arrived before any worker did.
     parked: list[tuple[str, m.ScatterRequest]] = field(default_factory=list)
     next_id: int = 0
@@ -90,6 +93,7 @@ class RelayBook:
                         "the worker receiving scattered data left; scatter again",
                     ),
                 )
+        drain.worker_left(state, worker_id)
 
 
 def gather(state: SchedulerState, client: ClientRecord, msg: m.GatherRequest) -> None:
@@ -111,6 +115,9 @@ def gather(state: SchedulerState, client: ClientRecord, msg: m.GatherRequest) ->
 
 
 def data_reply(state: SchedulerState, worker: WorkerRecord, msg: m.DataReply) -> None:
+    if msg.request_id in state.relays.handoffs:
+        drain.source_reply(state, worker, msg)
+        return
     gather_ = state.relays.gathers.get(msg.request_id)
     if gather_ is None or gather_.pending.pop(worker.id, None) is None:
         return
@@ -147,6 +154,9 @@ def scatter(state: SchedulerState, client: ClientRecord, msg: m.ScatterRequest) 
 def data_stored(state: SchedulerState, worker: WorkerRecord, msg: m.DataStored) -> None:
     if msg.request_id == m.DIRECT_PUT:
         return  # a client put it there and reports it with ScatterPlaced
+    if msg.request_id in state.relays.handoffs:
+        drain.receiver_stored(state, worker, msg)
+        return
     scatter_ = state.relays.scatters.get(msg.request_id)
     if scatter_ is None or scatter_.pending.pop(worker.id, None) is None:
         state.send(worker.id, m.FreeKeys(msg.keys))

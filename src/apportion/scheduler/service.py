@@ -33,6 +33,7 @@ from apportion.scheduler.events import (
     Log,
     PlacementDue,
     Tick,
+    WorkerDeathReport,
     WorkerJoined,
     WorkerLeft,
 )
@@ -121,9 +122,12 @@ class Scheduler(BackgroundService):
         conn = Connection(reader, writer)
         peer_id = f"peer-{next(self._ids)}"
         try:
-            hello = await accept_connection(conn, {"client", "worker"}, peer_id, {"id": self.id})
+            roles = {"client", "worker", "supervisor"}
+            hello = await accept_connection(conn, roles, peer_id, {"id": self.id})
             if hello.role == "worker":
                 await self._serve_worker(conn, peer_id)
+            elif hello.role == "supervisor":
+                await self._serve_supervisor(conn)
             else:
                 await self._serve_client(conn, peer_id)
         except HandshakeError as exc:
@@ -152,6 +156,14 @@ class Scheduler(BackgroundService):
         finally:
             self._conns.pop(peer_id, None)
             self._handle(WorkerLeft(peer_id, time.monotonic()))
+
+    async def _serve_supervisor(self, conn: Connection) -> None:
+        """A worker supervisor reporting how its processes ended; nothing is sent back."""
+        while True:
+            for message in await conn.recv():
+                if not isinstance(message, m.WorkerDied):
+                    raise ProtocolError(f"a supervisor sent {type(message).__name__}")
+                self._handle(WorkerDeathReport(message, time.monotonic()))
 
     async def _serve_client(self, conn: Connection, peer_id: str) -> None:
         self._conns[peer_id] = conn

@@ -35,7 +35,7 @@ from apportion.core.resources import (
     to_units,
 )
 from apportion.protocol import messages as m
-from apportion.scheduler import client_requests, relay, worker_reports
+from apportion.scheduler import client_requests, drain, relay, worker_reports
 from apportion.scheduler.events import (
     ClientJoined,
     ClientLeft,
@@ -48,6 +48,7 @@ from apportion.scheduler.events import (
     PlacementDue,
     Send,
     Tick,
+    WorkerDeathReport,
     WorkerJoined,
     WorkerLeft,
 )
@@ -67,6 +68,9 @@ from apportion.scheduler.units import describe_units, return_units, take_units
 
 #: The task's own key was never computed: scattered data cannot be recomputed.
 SCATTERED = ""
+
+#: Supervisor reports of worker deaths kept for poison-task errors.
+MAX_DEATH_CAUSES = 1_000
 
 
 class IllegalTransition(AssertionError):
@@ -92,6 +96,9 @@ class SchedulerConfig:
     #: A task running on this many workers that died is failed as the likely cause
     #: (a "poison" task) instead of killing worker after worker.
     max_worker_deaths: int = 3
+    #: How long a poison task's failure waits for the supervisor to say how the
+    #: last worker died (exit code, signal, out of memory), in seconds.
+    death_report_wait: float = 3.0
 
 
 class SchedulerState:
@@ -125,15 +132,23 @@ class SchedulerState:
         self.notified: set[tuple[str, QueueKey]] = set()
         #: Tasks whose inputs could not be fetched, and how often (sparse: only those).
         self.fetch_failures: dict[str, int] = {}
-        #: Tasks that were running when their worker died, and how each died (sparse).
-        self.deaths: dict[str, list[str]] = {}
+        #: Tasks that were running when their worker died: (worker name, pid, how)
+        #: for each death (sparse).
+        self.deaths: dict[str, list[tuple[str, int, str]]] = {}
         #: Tasks that raised and were run again: how many times (sparse).
         self.retried: dict[str, int] = {}
+        #: (worker name, pid) -> how that process ended, as its supervisor reported.
+        #: Bounded: only the latest ``MAX_DEATH_CAUSES`` are kept.
+        self.death_causes: dict[tuple[str, int], str] = {}
+        #: Poison tasks held QUEUED (in no heap) until their last worker death is
+        #: classified or the deadline passes; then they fail. key -> deadline.
+        self.verdicts: dict[str, float] = {}
         self._handlers: dict[type[Any], Callable[[Any, Any], None]] = {
             ClientJoined: self._on_client_joined,
             ClientLeft: self._on_client_left,
             WorkerJoined: self._on_worker_joined,
             WorkerLeft: self._on_worker_left,
+            WorkerDeathReport: self._on_death_report,
             FromClient: self._on_from_client,
             FromWorker: self._on_from_worker,
             Tick: self._on_tick,
@@ -167,6 +182,9 @@ class SchedulerState:
     def warn(self, text: str) -> None:
         self._out.append(Log("warning", text))
 
+    def log_info(self, text: str) -> None:
+        self._out.append(Log("info", text))
+
     # --- lifecycle helpers ----------------------------------------------------------
 
     def move(self, task: TaskRecord, new: str, cause: str) -> None:
@@ -177,6 +195,8 @@ class SchedulerState:
             # Only a QUEUED task may hold a reservation; checked here so that every way
             # out (an input lost, say, back to WAITING) frees the worker it held.
             self.drop_reservation(task)
+        if self.verdicts and task.state == QUEUED:
+            self.verdicts.pop(task.key, None)
         self.log.append((self.now, task.key, task.state, new, cause))
         task.state = new
 
@@ -403,6 +423,7 @@ class SchedulerState:
             units,
         )
         self.workers[event.worker_id].last_seen = event.now
+        self.workers[event.worker_id].supervisor = reg.supervisor
         self._out.append(
             Log(
                 "info",
@@ -421,6 +442,7 @@ class SchedulerState:
 
     def _on_tick(self, event: Tick, _: None) -> None:
         """Declare lost the workers silent for longer than the timeout."""
+        self._settle_verdicts()
         limit = self.config.worker_timeout
         for worker in [w for w in self.workers.values() if event.now - w.last_seen > limit]:
             silent = f"silent for {event.now - worker.last_seen:.0f}s (stopped, frozen or cut off)"
@@ -448,13 +470,13 @@ class SchedulerState:
             if task.discard_result:
                 task.discard_result = False
                 worker_reports.settle_discarded(self, task, f"worker {worker.name} lost")
-            elif crashed and self._too_many_deaths(task, f"{worker.name} ({how})"):
-                deaths = "; ".join(self.deaths.pop(task.key))
-                text = (
-                    f"{task.key!r} was running on {self.config.max_worker_deaths} workers that "
-                    f"died, so it is likely the cause: {deaths}"
-                )
-                self.fail(task, ("crashed", text, b""), f"worker {worker.name} lost: {how}")
+            elif crashed and self._too_many_deaths(task, worker, how):
+                if worker.supervisor and (worker.name, worker.pid) not in self.death_causes:
+                    # Its supervisor is about to say how it died: wait for that.
+                    self.move(task, QUEUED, f"worker {worker.name} lost: {how}; held for a verdict")
+                    self.verdicts[task.key] = self.now + self.config.death_report_wait
+                else:
+                    self._fail_poisoned(task)
             else:
                 self.requeue(task, f"worker {worker.name} lost while running it: {how}")
         for key in list(worker.has_what):
@@ -462,16 +484,52 @@ class SchedulerState:
             if held is not None and held.state == MEMORY and held.worker == worker.id:
                 self.lose_result(held, f"its result was on worker {worker.name}, which left")
         self.relays.worker_left(self, worker.id)
+        for other in self.workers.values():
+            drain.check(self, other)  # a draining worker may wait for nobody now
         self.satisfiable_cache.clear()
         self.warned.clear()
         self.notified.clear()
         self.placement_due = True
 
-    def _too_many_deaths(self, task: TaskRecord, death: str) -> bool:
+    def _too_many_deaths(self, task: TaskRecord, worker: WorkerRecord, how: str) -> bool:
         """Count a worker death during ``task``; True once it reaches the limit."""
+        if worker.memory_limit and worker.memory >= 0.9 * worker.memory_limit:
+            how += (
+                f", its memory at {worker.memory / worker.memory_limit:.0%} of its limit"
+                " - likely out of memory"
+            )
         seen = self.deaths.setdefault(task.key, [])
-        seen.append(death)
+        seen.append((worker.name, worker.pid, how))
         return len(seen) >= self.config.max_worker_deaths
+
+    def _fail_poisoned(self, task: TaskRecord) -> None:
+        deaths = "; ".join(
+            f"{name} ({self.death_causes.get((name, pid), how)})"
+            for name, pid, how in self.deaths.pop(task.key)
+        )
+        text = (
+            f"{task.key!r} was running on {self.config.max_worker_deaths} workers that "
+            f"died, so it is likely the cause: {deaths}"
+        )
+        self.fail(task, ("crashed", text, b""), "too many worker deaths")
+
+    def _on_death_report(self, event: WorkerDeathReport, _: None) -> None:
+        report = event.report
+        self.death_causes[(report.name, report.pid)] = report.description
+        while len(self.death_causes) > MAX_DEATH_CAUSES:
+            del self.death_causes[next(iter(self.death_causes))]
+        self._out.append(
+            Log("warning", f"worker {report.name} (pid {report.pid}) {report.description}")
+        )
+        self._settle_verdicts()
+
+    def _settle_verdicts(self) -> None:
+        """Fail the held poison tasks whose last death is explained, or waited enough."""
+        for key, deadline in list(self.verdicts.items()):
+            name, pid, _ = self.deaths[key][-1]
+            if self.now >= deadline or (name, pid) in self.death_causes:
+                del self.verdicts[key]
+                self._fail_poisoned(self.tasks[key])
 
     def lose_result(self, task: TaskRecord, cause: str) -> None:
         """The only copy of ``task``'s result is gone: recompute it if we can."""
@@ -604,6 +662,8 @@ class SchedulerState:
         if worker is not None:
             worker.last_seen = event.now
             self._dispatch(WORKER_HANDLERS, worker, event.messages, f"worker {worker.name}")
+            if worker.draining:
+                drain.check(self, worker)
 
     # --- resources nobody has -------------------------------------------------------
 
@@ -628,6 +688,7 @@ WORKER_HANDLERS: dict[type[m.Message], Callable[[SchedulerState, WorkerRecord, A
     m.MissingDependency: worker_reports.missing_dependency,
     m.TasksDropped: worker_reports.tasks_dropped,
     m.WorkerClosing: worker_reports.worker_closing,
+    m.WorkerDraining: drain.worker_draining,
     m.Heartbeat: worker_reports.heartbeat,
     m.DataReply: relay.data_reply,
     m.DataStored: relay.data_stored,

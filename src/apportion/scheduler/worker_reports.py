@@ -84,7 +84,8 @@ def settle_discarded(state: SchedulerState, task: TaskRecord, cause: str) -> Non
 
 
 def heartbeat(state: SchedulerState, worker: WorkerRecord, msg: m.Heartbeat) -> None:
-    """Nothing to do: hearing from the worker at all is the point (``last_seen``)."""
+    """Hearing from the worker is the point (``last_seen``); its memory dates a crash."""
+    worker.memory = msg.memory
 
 
 def worker_closing(state: SchedulerState, worker: WorkerRecord, msg: m.WorkerClosing) -> None:

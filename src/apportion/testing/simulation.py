@@ -58,6 +58,8 @@ class SimulatedCluster:
         #: client id -> every message the scheduler sent it
         self.inbox: dict[str, list[m.Message]] = {}
         self.started: list[tuple[float, str, str]] = []
+        #: worker id -> every message the scheduler sent it
+        self.to_workers: dict[str, list[m.Message]] = {}
         self._ids = itertools.count(1)
 
     # --- plumbing -------------------------------------------------------------------
@@ -69,6 +71,7 @@ class SimulatedCluster:
                 self.logs.append(command)
             elif isinstance(command, Disconnect):
                 self.disconnected.append(command.peer_id)
+                self.running.pop(command.peer_id, None)  # a lost worker runs nothing more
             elif command.peer_id in self.running:
                 self._to_worker(command)
             else:
@@ -77,11 +80,10 @@ class SimulatedCluster:
 
     def _to_worker(self, command: Send) -> None:
         msg = command.message
+        self.to_workers.setdefault(command.peer_id, []).append(msg)
         if isinstance(msg, m.ComputeTask):
             self.running[command.peer_id][msg.key] = msg
             self.started.append((self.now, command.peer_id, msg.key))
-        elif isinstance(msg, m.FreeKeys):
-            pass  # fake workers hold no data
 
     def place(self) -> list[tuple[str, str]]:
         """Run one placement pass; return the (worker, key) pairs it started."""
@@ -92,13 +94,28 @@ class SimulatedCluster:
     # --- cluster membership ---------------------------------------------------------
 
     def add_worker(
-        self, name: str | None = None, nthreads: int = 1, resources: ResourceSpec = None
+        self,
+        name: str | None = None,
+        nthreads: int = 1,
+        resources: ResourceSpec = None,
+        *,
+        pid: int = 0,
+        memory_limit: int = 0,
+        supervisor: int = 0,
     ) -> str:
+        """Register a fake worker; ``supervisor`` non-zero means one reports its death."""
         worker_id = f"w{next(self._ids)}"
         self.running[worker_id] = {}
         amounts, units = parse_supply(resources)
         reg = m.RegisterWorker(
-            name or worker_id, f"sim://{worker_id}", nthreads, amounts, 0, 0, units
+            name or worker_id,
+            f"sim://{worker_id}",
+            nthreads,
+            amounts,
+            pid,
+            memory_limit,
+            units,
+            supervisor,
         )
         self.handle(WorkerJoined(worker_id, reg, self.now))
         return worker_id
@@ -136,6 +153,9 @@ class SimulatedCluster:
 
     def client_says(self, client: str, *messages: m.Message) -> None:
         self.handle(FromClient(client, list(messages), self.now))
+
+    def worker_says(self, worker_id: str, *messages: m.Message) -> None:
+        self.handle(FromWorker(worker_id, list(messages), self.now))
 
     def finish(self, key: str, *, nbytes: int = 8, duration: float = 0.001) -> None:
         """The worker running ``key`` reports success."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from apportion.core.resources import SCALE, format_amount
 
 if TYPE_CHECKING:
+    from apportion.worker.events import Execute
     from apportion.worker.service import Worker
 
 #: The variable CUDA reads to choose devices: the one thing apportion knows about GPUs.
@@ -35,25 +36,25 @@ class _Running:
     """The task this thread runs: where, and what it holds (ticks; labels as text)."""
 
     worker: Worker
+    key: str
     resources: Mapping[str, int]
     units: Mapping[str, Sequence[str]]
     variant: int
+    cancel: threading.Event
 
 
 @contextmanager
-def running_task(
-    worker: Worker,
-    resources: Mapping[str, int],
-    units: Mapping[str, Sequence[str]],
-    variant: int = 0,
-) -> Iterator[None]:
-    """Within this block, this thread runs a task on ``worker`` holding ``resources``.
+def running_task(worker: Worker, command: Execute, cancel: threading.Event) -> Iterator[None]:
+    """Within this block, this thread runs ``command`` on ``worker``.
 
-    ``units`` names the labels held of each indexed pool; ``resources`` still has
-    an amount for those pools, which ``task_resources`` then leaves out.
+    ``command.units`` names the labels held of each indexed pool; ``resources`` still
+    has an amount for those pools, which ``task_resources`` then leaves out.
+    ``cancel`` is set when the scheduler no longer wants the result.
     """
     previous = getattr(_local, "task", None)
-    _local.task = _Running(worker, resources, units, variant)
+    _local.task = _Running(
+        worker, command.key, command.resources, command.units, command.variant, cancel
+    )
     try:
         yield
     finally:
@@ -148,6 +149,21 @@ def _resource_variables(current: _Running) -> dict[str, str]:
             if name.lower() == "gpu":
                 variables[CUDA_VARIABLE] = variables[variable]
     return variables
+
+
+def task_key() -> str:
+    """The key of the running task (a run's key is ``run-<id>``)."""
+    return _current("task_key").key
+
+
+def task_cancel_event() -> threading.Event:
+    """Set once the scheduler no longer wants this task's result (cancelled, released).
+
+    Python code cannot be stopped from outside without risk, so a long task that
+    wants to stop early watches this (``if task_cancel_event().is_set(): return``);
+    command runs use it to stop their process group.
+    """
+    return _current("task_cancel_event").cancel
 
 
 def get_worker() -> Worker:

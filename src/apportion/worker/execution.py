@@ -15,7 +15,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Iterable, MutableMapping
 from typing import Any, NamedTuple
 
 import tblib
@@ -132,6 +132,9 @@ class TaskRunner:
         self._queue: queue.SimpleQueue[tuple[Execute, dict[str, Any]] | None] = queue.SimpleQueue()
         self._done: list[Outcome] = []
         self._done_lock = threading.Lock()
+        #: Keys running now -> the event their code may watch (``task_cancel_event``);
+        #: set when the scheduler no longer wants the result.
+        self._cancel_events: dict[str, threading.Event] = {}
         self._closed = False
         self._threads = [
             threading.Thread(target=self._thread_main, name=f"apportion-task-{i}", daemon=True)
@@ -143,6 +146,20 @@ class TaskRunner:
     def submit(self, command: Execute, inputs: dict[str, Any]) -> None:
         """Queue ``command``; the state machine never submits more than ``nthreads``."""
         self._queue.put((command, inputs))
+
+    def cancel(self, keys: Iterable[str]) -> int:
+        """Ask the running tasks among ``keys`` to stop; returns how many were running.
+
+        Python code cannot be interrupted safely from outside; a task that watches
+        ``task_cancel_event()`` (as command runs do) stops, others run to the end.
+        """
+        asked = 0
+        for key in keys:
+            event = self._cancel_events.get(key)
+            if event is not None:
+                event.set()
+                asked += 1
+        return asked
 
     def close(self) -> None:
         """Stop the threads once their current task returns; do not wait for it."""
@@ -175,11 +192,12 @@ class TaskRunner:
     def run(self, command: Execute, inputs: dict[str, Any]) -> Outcome:
         """Run one task on this thread and describe how it went."""
         start = time.perf_counter()
+        cancel = self._cancel_events[command.key] = threading.Event()
         try:
             func = self.functions.get(command.func_id)
             args, kwargs = unpack_call(command.args, inputs)
             del inputs
-            with running_task(self._worker, command.resources, command.units, command.variant):
+            with running_task(self._worker, command, cancel):
                 start = time.perf_counter()
                 value = func(*args, **kwargs)
             duration = time.perf_counter() - start
@@ -187,6 +205,8 @@ class TaskRunner:
             duration = time.perf_counter() - start
             exception, traceback = pack_exception(exc)
             return Raised(command.key, exception, traceback, duration)
+        finally:
+            self._cancel_events.pop(command.key, None)
         info = DataInfo(sizeof(value), type_name(value))
         return Finished(command.key, value, info, duration)
 

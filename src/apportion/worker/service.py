@@ -24,6 +24,8 @@ import uuid
 from collections.abc import Iterable, MutableMapping
 from typing import Any
 
+import psutil
+
 from apportion.core.payload import loads
 from apportion.core.resources import ResourceSpec, parse_supply, to_units
 from apportion.loop_thread import BackgroundService
@@ -34,6 +36,7 @@ from apportion.protocol.messages import (
     DIRECT_PUT,
     ComputeTask,
     DataStored,
+    DrainDone,
     FreeKeys,
     GetData,
     Heartbeat,
@@ -42,6 +45,7 @@ from apportion.protocol.messages import (
     PutData,
     RegisterWorker,
     WorkerClosing,
+    WorkerDraining,
 )
 from apportion.worker.data_server import DataServer, data_reply
 from apportion.worker.events import (
@@ -96,6 +100,7 @@ class Worker(BackgroundService):
         memory_limit: int = 0,
         heartbeat_interval: float = 1.0,
         reconnect_timeout: float = 120.0,
+        supervisor: int = 0,
     ) -> None:
         self.scheduler_address = scheduler_address
         self.nthreads = nthreads if nthreads is not None else os.cpu_count() or 1
@@ -116,6 +121,10 @@ class Worker(BackgroundService):
         self.host = host
         self.port = port
         self.memory_limit = memory_limit
+        #: pid of the supervisor that restarts this process, 0 if none (told to the
+        #: scheduler, which then waits for the supervisor's word on how we died).
+        self.supervisor = supervisor
+        self._process = psutil.Process()
         #: Where peers and clients fetch data, ``tcp://host:port``; set by ``start``.
         self.address = ""
         self.state = WorkerState(self.nthreads)
@@ -132,6 +141,9 @@ class Worker(BackgroundService):
         self._started = False
         self._closing = False
         self._closed = asyncio.Event()
+        #: Set by ``drain``: leave once the scheduler says so (``DrainDone``).
+        self._draining = False
+        self._drained = asyncio.Event()
 
     # --- lifecycle ----------------------------------------------------------------
 
@@ -187,6 +199,30 @@ class Worker(BackgroundService):
         finally:
             self._closed.set()
 
+    async def drain(self, grace: float) -> None:
+        """Leave without losing work: no new tasks, running ones finish, results handed off.
+
+        The scheduler answers ``DrainDone`` when nothing here is needed any more;
+        after ``grace`` seconds the worker leaves anyway (its unfinished tasks then
+        run elsewhere, as after any graceful departure, not counted as a crash).
+        """
+        if self._closing or self._draining:
+            return
+        self._draining = True
+        if self._scheduler is not None:
+            self._scheduler.send(WorkerDraining(grace))
+            logger.info("worker %s: draining (for up to %gs)", self.name, grace)
+            try:
+                await asyncio.wait_for(self._drained.wait(), grace)
+            except TimeoutError:
+                logger.warning(
+                    "worker %s: not drained after %gs; leaving with %d tasks running",
+                    self.name,
+                    grace,
+                    len(self.state.executing),
+                )
+        await self.close()
+
     async def finished(self) -> None:
         """Wait until the worker is closed (by ``close`` or by losing its scheduler)."""
         await self._closed.wait()
@@ -215,6 +251,7 @@ class Worker(BackgroundService):
                 os.getpid(),
                 self.memory_limit,
                 self.units,
+                self.supervisor,
             )
         )
         self.sessions += 1
@@ -224,6 +261,8 @@ class Worker(BackgroundService):
         """Receive from the scheduler, reconnecting when it goes away, until giving up."""
         while True:
             reason = await self._receive()
+            if self._draining:
+                break  # leaving anyway; what we ran is rescheduled by whoever comes back
             if self.reconnect_timeout <= 0:
                 logger.warning(
                     "worker %s: %s at %s; closing this worker",
@@ -312,7 +351,14 @@ class Worker(BackgroundService):
         while True:
             await asyncio.sleep(self.heartbeat_interval)
             if self._scheduler is not None:
-                self._scheduler.send(Heartbeat(len(self.state.executing)))
+                self._scheduler.send(Heartbeat(len(self.state.executing), self._memory()))
+
+    def _memory(self) -> int:
+        """This process's resident memory, so the scheduler can tell a likely OOM."""
+        try:
+            return int(self._process.memory_info().rss)
+        except psutil.Error:
+            return 0
 
     # --- from the scheduler -------------------------------------------------------
 
@@ -328,7 +374,10 @@ class Worker(BackgroundService):
                 case ComputeTask():
                     events.append(ComputeArrived(message, now))
                 case FreeKeys():
+                    self._runner.cancel(message.keys)
                     events.append(FreeArrived(tuple(message.keys), now))
+                case DrainDone():
+                    self._drained.set()
                 case PutData():
                     events.append(self._store_put(message, now))
                 case GetData():

@@ -6,6 +6,15 @@ is started again; one that keeps dying within ``min_uptime`` is restarted with a
 growing delay, so a wrong scheduler address does not become a busy loop. The
 launcher and the clock are injected, so the policy is tested without processes.
 
+A child that exits with status 0 was stopped (a drained worker): it is not
+restarted, and the supervisor ends once every child has stopped.
+
+With a memory limit the supervisor reads each child's resident memory on every
+poll and kills a child above it (SIGKILL: a process past its limit would only
+keep allocating while it drained). How each child ended - exit status, signal,
+"out of memory" - goes to the scheduler in a ``WorkerDied`` report, so a poison
+task's error names the cause instead of "its connection closed".
+
 Children also outlive a supervisor killed with SIGKILL (they are re-parented, not
 signalled), so each one is told our pid in ``SUPERVISOR_PID_VARIABLE`` and stops by
 itself once its parent is someone else (see ``apportion.cli.worker``). This is
@@ -14,6 +23,7 @@ portable, unlike Linux's ``PR_SET_PDEATHSIG``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -24,6 +34,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import FrameType
 from typing import Protocol
+
+import psutil
+
+from apportion.net.handshake import open_connection
+from apportion.protocol.messages import WorkerDied
 
 logger = logging.getLogger("apportion.supervisor")
 
@@ -48,6 +63,58 @@ class ChildProcess(Protocol):
 
 
 Launcher = Callable[[list[str]], ChildProcess]
+#: Reads a child's resident memory in bytes (0 if it cannot be read).
+MemoryReader = Callable[[int], int]
+#: Tells the scheduler how a child ended: (worker name, pid, description).
+DeathReporter = Callable[[str, int, str], None]
+
+#: A child killed by SIGKILL that was at least this close to its limit at the last
+#: reading was most likely killed by the kernel for memory.
+NEAR_LIMIT = 0.9
+
+
+def resident_memory(pid: int) -> int:
+    """The resident set size of ``pid`` in bytes, 0 if it is gone."""
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.Error:
+        return 0
+
+
+def scheduler_reporter(address: str, timeout: float = 5.0) -> DeathReporter:
+    """A ``DeathReporter`` that sends ``WorkerDied`` to the scheduler at ``address``.
+
+    Each report goes on a short connection of its own, from a daemon thread, so a
+    scheduler that is down (it may be what killed the worker) never stalls the
+    restarts; a report that cannot be delivered is logged and dropped.
+    """
+
+    async def send(report: WorkerDied) -> None:
+        conn, _ = await open_connection(address, "supervisor", f"supervisor-{os.getpid()}")
+        conn.send(report)
+        await conn.close()
+
+    def deliver(report: WorkerDied) -> None:
+        try:
+            asyncio.run(asyncio.wait_for(send(report), timeout))
+        except Exception as exc:
+            logger.warning("could not tell the scheduler how %s ended: %s", report.name, exc)
+
+    def report(name: str, pid: int, description: str) -> None:
+        message = WorkerDied(name, pid, description)
+        threading.Thread(target=deliver, args=(message,), daemon=True).start()
+
+    return report
+
+
+def format_bytes(n: int) -> str:
+    """``1536 * 2**20`` -> ``"1.5 GiB"``: how memory is quoted in logs and errors."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
 
 
 def popen_launcher(argv: list[str]) -> ChildProcess:
@@ -72,12 +139,19 @@ class Slot:
 
     index: int
     argv: list[str]
+    name: str = ""
     process: ChildProcess | None = None
     started_at: float = 0.0
     #: Deaths in a row that came sooner than ``min_uptime`` after a start.
     quick_failures: int = 0
     #: When to start again after a death; None while running.
     restart_at: float | None = None
+    #: Resident memory at the last reading of the running process.
+    memory: int = 0
+    #: Why we killed the running process for its memory, if we did.
+    memory_kill: str = ""
+    #: The process exited with status 0 (stopped, drained): never started again.
+    stopped: bool = False
 
 
 class Supervisor:
@@ -89,12 +163,23 @@ class Supervisor:
         launcher: Launcher = popen_launcher,
         clock: Callable[[], float] = time.monotonic,
         *,
+        names: Sequence[str] | None = None,
+        memory_limit: int = 0,
+        memory_of: MemoryReader = resident_memory,
+        report: DeathReporter | None = None,
         min_uptime: float = 10.0,
         max_backoff: float = 30.0,
     ) -> None:
-        self.slots = [Slot(i, list(argv)) for i, argv in enumerate(commands)]
+        labels = (
+            list(names) if names is not None else [f"process {i}" for i in range(len(commands))]
+        )
+        self.slots = [Slot(i, list(argv), labels[i]) for i, argv in enumerate(commands)]
         self._launch = launcher
         self._clock = clock
+        #: Bytes of resident memory a child may use; 0 for no limit.
+        self.memory_limit = memory_limit
+        self._memory_of = memory_of
+        self._report = report
         self.min_uptime = min_uptime
         self.max_backoff = max_backoff
         #: Set once ``stop`` began: children that exit now were stopped by us.
@@ -116,6 +201,8 @@ class Supervisor:
                 code = slot.process.poll()
                 if code is not None:
                     self._died(slot, code, now)
+                elif self.memory_limit:
+                    self._check_memory(slot)
             if slot.process is None and slot.restart_at is not None and slot.restart_at <= now:
                 self._start(slot)
 
@@ -137,18 +224,28 @@ class Supervisor:
         for slot in self.slots:
             slot.process = None
 
-    def run(self, interval: float = 0.2) -> int:
-        """Supervise until SIGTERM or SIGINT, forward it to the children; returns 0."""
+    @property
+    def all_stopped(self) -> bool:
+        """Every child exited with status 0: nothing left to supervise."""
+        return all(slot.stopped for slot in self.slots)
+
+    def run(self, interval: float = 0.2, stop_timeout: float = 10.0) -> int:
+        """Supervise until SIGTERM or SIGINT (forwarded to the children) or until every
+        child stopped by itself; returns 0. ``stop_timeout`` is how long the children
+        get to drain before they are killed."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         self.start()
-        while self._signal is None:
+        while self._signal is None and not self.all_stopped:
             self.poll()
             self._wake.wait(interval)
+        if self._signal is None:
+            logger.info("every worker process stopped; the supervisor ends")
+            return 0
         logger.info(
             "received %s; stopping %d workers", signal.Signals(self._signal).name, len(self.slots)
         )
-        self.stop(self._signal)
+        self.stop(self._signal, stop_timeout)
         return 0
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -159,11 +256,44 @@ class Supervisor:
         slot.process = self._launch(slot.argv)
         slot.started_at = self._clock()
         slot.restart_at = None
+        slot.memory = 0
+        slot.memory_kill = ""
         logger.info("worker process %d started (pid %d)", slot.index, slot.process.pid)
+
+    def _check_memory(self, slot: Slot) -> None:
+        assert slot.process is not None
+        slot.memory = self._memory_of(slot.process.pid)
+        if slot.memory > self.memory_limit and not slot.memory_kill:
+            slot.memory_kill = (
+                f"was killed by its supervisor: its memory ({format_bytes(slot.memory)}) "
+                f"passed its limit ({format_bytes(self.memory_limit)}) - out of memory"
+            )
+            logger.warning("worker %s %s", slot.name, slot.memory_kill)
+            slot.process.kill()
+
+    def describe_death(self, slot: Slot, code: int) -> str:
+        """How a child ended, with the memory verdict when there is one."""
+        if slot.memory_kill:
+            return slot.memory_kill
+        how = describe_exit(code)
+        near = self.memory_limit and slot.memory >= NEAR_LIMIT * self.memory_limit
+        if code == -signal.SIGKILL and near:
+            how += (
+                f" - likely out of memory (it used {format_bytes(slot.memory)} "
+                f"of its {format_bytes(self.memory_limit)} limit)"
+            )
+        return how
 
     def _died(self, slot: Slot, code: int, now: float) -> None:
         pid = slot.process.pid if slot.process is not None else -1
+        how = self.describe_death(slot, code)
         slot.process = None
+        if self._report is not None:
+            self._report(slot.name, pid, how)
+        if code == 0:
+            slot.stopped = True
+            logger.info("worker %s (pid %d) stopped; not restarting it", slot.name, pid)
+            return
         if now - slot.started_at < self.min_uptime:
             slot.quick_failures += 1
         else:
@@ -175,9 +305,9 @@ class Supervisor:
         )
         slot.restart_at = now + delay
         logger.warning(
-            "worker process %d (pid %d) %s; restarting it%s",
-            slot.index,
+            "worker %s (pid %d) %s; restarting it%s",
+            slot.name,
             pid,
-            describe_exit(code),
+            how,
             f" in {delay:g}s" if delay else "",
         )

@@ -1,0 +1,158 @@
+"""Draining workers and classified worker deaths, in the state machine alone."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from apportion.protocol import messages as m
+from apportion.scheduler.events import Tick, WorkerDeathReport
+from apportion.scheduler.invariants import check_invariants
+from apportion.scheduler.records import MEMORY, QUEUED
+from apportion.scheduler.state import SchedulerConfig
+from apportion.testing import SimulatedCluster
+
+
+@pytest.fixture
+def sim() -> Iterator[SimulatedCluster]:
+    cluster = SimulatedCluster(SchedulerConfig(max_worker_deaths=3, death_report_wait=3.0))
+    cluster.add_client("c1")
+    yield cluster
+    check_invariants(cluster.state)
+
+
+def sent(sim: SimulatedCluster, worker_id: str, kind: type[m.Message]) -> list[m.Message]:
+    return [msg for msg in sim.to_workers.get(worker_id, []) if isinstance(msg, kind)]
+
+
+def got(sim: SimulatedCluster, kind: type[m.Message]) -> list[m.Message]:
+    return [msg for msg in sim.inbox["c1"] if isinstance(msg, kind)]
+
+
+def test_a_draining_worker_finishes_its_task_then_hands_its_results_off(
+    sim: SimulatedCluster,
+) -> None:
+    leaving = sim.add_worker("leaving")
+    sim.submit("held")
+    sim.place()
+    sim.finish("held")
+    sim.submit("running")
+    sim.place()
+    staying = sim.add_worker("staying")
+    sim.worker_says(leaving, m.WorkerDraining(30.0))
+    sim.submit("new")
+    assert sim.place() == [(staying, "new")]  # nothing new for the draining worker
+    assert not sent(sim, leaving, m.GetData)  # "running" still runs there
+
+    sim.finish("running")
+    (ask,) = sent(sim, leaving, m.GetData)
+    assert isinstance(ask, m.GetData) and ask.keys == ["held", "running"]
+    sim.worker_says(leaving, m.DataReply(ask.request_id, {"held": b"1", "running": b"2"}, [], {}))
+    (put,) = sent(sim, staying, m.PutData)
+    assert isinstance(put, m.PutData) and sorted(put.data) == ["held", "running"]
+    sim.worker_says(staying, m.DataStored(put.request_id, ["held", "running"], {}))
+
+    assert sent(sim, leaving, m.DrainDone) == [m.DrainDone(2)]
+    assert sim.state.tasks["held"].worker == staying
+    sim.worker_says(leaving, m.WorkerClosing("drained"))
+    sim.remove_worker(leaving)
+    assert not got(sim, m.KeysPending)  # nothing was lost, nothing runs again
+    assert {sim.state.tasks[k].state for k in ("held", "running")} == {MEMORY}
+    assert any("handed from leaving to staying" in row[4] for row in sim.state.story_of("held"))
+
+
+def test_a_draining_worker_with_nobody_to_take_its_results_is_let_go(
+    sim: SimulatedCluster,
+) -> None:
+    alone = sim.add_worker("alone")
+    sim.submit("x")
+    sim.place()
+    sim.finish("x")
+    sim.worker_says(alone, m.WorkerDraining(5.0))
+    assert sent(sim, alone, m.DrainDone) == [m.DrainDone(0)]
+    assert any("no other worker can take its 1 needed results" in log.text for log in sim.logs)
+
+
+def test_a_receiver_lost_mid_handoff_does_not_keep_the_drain_waiting(
+    sim: SimulatedCluster,
+) -> None:
+    leaving = sim.add_worker("leaving")
+    sim.submit("x")
+    sim.place()
+    sim.finish("x")
+    receiver = sim.add_worker("receiver")
+    sim.worker_says(leaving, m.WorkerDraining(5.0))
+    (ask,) = sent(sim, leaving, m.GetData)
+    assert isinstance(ask, m.GetData)
+    sim.worker_says(leaving, m.DataReply(ask.request_id, {"x": b"1"}, [], {}))
+    sim.remove_worker(receiver)
+    assert sent(sim, leaving, m.DrainDone) == [m.DrainDone(0)]
+    assert sim.state.tasks["x"].worker == leaving  # still there, lost only when it goes
+
+
+def _poison_three_supervised_workers(sim: SimulatedCluster) -> list[str]:
+    sim.submit("poison")
+    ids = []
+    for i in range(3):
+        w = sim.add_worker(f"w{i}", pid=100 + i, supervisor=42)
+        assert sim.place() == [(w, "poison")]
+        sim.remove_worker(w)
+        ids.append(w)
+    return ids
+
+
+def test_a_poison_verdict_waits_for_the_supervisor_to_say_how_the_worker_died(
+    sim: SimulatedCluster,
+) -> None:
+    sim.handle(WorkerDeathReport(m.WorkerDied("w0", 100, "exited with status 1"), sim.now))
+    _poison_three_supervised_workers(sim)
+    assert not got(sim, m.KeysFailed)
+    assert sim.state.tasks["poison"].state == QUEUED
+    assert sim.place() == []  # held: not run on a fourth worker meanwhile
+    sim.add_worker("spare")
+    assert sim.place() == []
+
+    report = m.WorkerDied("w2", 102, "was killed by SIGKILL - likely out of memory")
+    sim.handle(WorkerDeathReport(report, sim.now))
+    (failed,) = got(sim, m.KeysFailed)
+    assert isinstance(failed, m.KeysFailed) and failed.kind == "crashed"
+    assert "w0 (exited with status 1)" in failed.message
+    assert "w1 (its connection closed)" in failed.message  # never reported
+    assert "w2 (was killed by SIGKILL - likely out of memory)" in failed.message
+
+
+def test_a_poison_verdict_goes_ahead_when_no_report_comes(sim: SimulatedCluster) -> None:
+    _poison_three_supervised_workers(sim)
+    sim.now = 2.0
+    sim.handle(Tick(sim.now))
+    assert not got(sim, m.KeysFailed)
+    sim.now = 3.5
+    sim.handle(Tick(sim.now))
+    (failed,) = got(sim, m.KeysFailed)
+    assert isinstance(failed, m.KeysFailed) and "w2 (its connection closed)" in failed.message
+
+
+def test_a_held_poison_task_that_is_cancelled_leaves_no_verdict(sim: SimulatedCluster) -> None:
+    _poison_three_supervised_workers(sim)
+    sim.client_says("c1", m.CancelKeys(["poison"]))
+    assert not sim.state.verdicts
+    sim.now = 10.0
+    sim.handle(Tick(sim.now))
+    assert not got(sim, m.KeysFailed) or all(
+        isinstance(f, m.KeysFailed) and f.kind == "cancelled" for f in got(sim, m.KeysFailed)
+    )
+
+
+def test_a_worker_lost_near_its_memory_limit_is_likely_out_of_memory(
+    sim: SimulatedCluster,
+) -> None:
+    sim.submit("hog")
+    for i in range(3):
+        w = sim.add_worker(f"w{i}", memory_limit=1000)
+        sim.place()
+        sim.worker_says(w, m.Heartbeat(1, 960))
+        sim.remove_worker(w)
+    (failed,) = got(sim, m.KeysFailed)
+    assert isinstance(failed, m.KeysFailed)
+    assert "its memory at 96% of its limit - likely out of memory" in failed.message
