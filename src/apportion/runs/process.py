@@ -1,0 +1,582 @@
+"""Runs one run's command on a worker, and stops all of it when asked.
+
+Theory of operation. The command starts in a session of its own
+(``start_new_session``), so its pid is also its process-group id and one ``killpg``
+reaches the leader and every process that stayed in the group. A process that left
+the group (``setsid``; a daemonised helper still holding a GPU) is found by ancestry
+instead: every scan records the live descendants of the group and of what was
+recorded before, because once a parent exits its children are re-parented and can
+no longer be traced to the run. ``run_command`` scans now and then while the run
+goes on (at growing gaps, so a long run costs almost nothing); stops scan before
+and after signalling.
+
+Stopping is SIGTERM (then SIGCONT, so a stopped process wakes up to act on it), a
+grace period, then SIGKILL until nothing is left. Zombies count as gone: they hold
+nothing, and their parent (ours, init or a subreaper) reaps them. Only the leader is
+our child; a waiter thread reaps it, and that moment is the run's exit, noticed at
+once rather than by polling.
+
+stdout and stderr share one pipe so the log keeps their order, and a reader thread
+hands every read to ``on_output`` as soon as it returns. Leftover processes keep the
+pipe open, so output is only known to end once they are gone; a holder that no scan
+found is given up on with a warning rather than waited for forever.
+
+Limit: a helper that leaves the group *and* loses its parent between two scans
+escapes (a double-forking daemon does both within milliseconds). Only a cgroup or a
+child subreaper closes that gap, and both reach beyond one run's process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from signal import SIGCONT, SIGKILL, SIGTERM, Signals
+from typing import Literal
+
+import psutil
+
+__all__ = ["ExitStatus", "RunOutcome", "RunProcess", "RunStartError", "run_command"]
+
+logger = logging.getLogger("apportion.runs")
+
+#: Largest single read of output: Linux's default pipe capacity, so one read
+#: usually empties a full pipe.
+READ_SIZE = 64 * 1024
+#: Reads made for a reader that is given up on: what the pipe holds then (the reads
+#: are bounded because the unknown writer may keep writing).
+_LAST_READS = 16
+#: Seconds between looks at the cancel event; an exit is noticed at once regardless.
+CANCEL_POLL = 0.05
+#: Seconds to the first descendant scan of a running command, and the longest gap
+#: between scans (each reads every process's /proc entry: ~60 µs per process).
+SCAN_FIRST = 0.1
+SCAN_MAX = 5.0
+#: Seconds to wait for end of output once every process we know of is gone, before
+#: deciding that some process we never found holds the pipe.
+OUTPUT_CLOSE_WAIT = 1.0
+#: Longest gap while polling for processes to vanish: they are not our children,
+#: so no event says when they do.
+GONE_POLL_MAX = 0.1
+#: A process in uninterruptible sleep outlives SIGKILL until its I/O ends; say so
+#: this often (seconds) instead of waiting without a word.
+STUCK_WARNING_EVERY = 10.0
+
+
+class RunStartError(Exception):
+    """The command could not be started; the message is one line for users."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExitStatus:
+    """How a run's leader ended; both fields are None when it never started."""
+
+    #: The exit code if it exited by itself, else None.
+    code: int | None
+    #: The number of the signal that killed it, else None.
+    signal: int | None
+
+    def __post_init__(self) -> None:
+        if self.code is not None and self.signal is not None:
+            raise ValueError("a process either exits or is killed, not both")
+
+    @classmethod
+    def from_returncode(cls, returncode: int) -> ExitStatus:
+        """From ``Popen.returncode``, which is minus the signal for a killed process."""
+        if returncode < 0:
+            return cls(code=None, signal=-returncode)
+        return cls(code=returncode, signal=None)
+
+    @property
+    def ok(self) -> bool:
+        """True for exit code 0, the only success a command can report."""
+        return self.code == 0
+
+    def describe(self) -> str:
+        """``"exit code 3"``, ``"killed by SIGKILL"`` or ``"never started"``."""
+        if self.code is not None:
+            return f"exit code {self.code}"
+        if self.signal is not None:
+            try:
+                return f"killed by {Signals(self.signal).name}"
+            except ValueError:
+                return f"killed by signal {self.signal}"
+        return "never started"
+
+
+_NEVER_STARTED = ExitStatus(code=None, signal=None)
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    """The run's live processes at one moment."""
+
+    #: By pid: the process group's members and every descendant found or recorded.
+    processes: dict[int, psutil.Process]
+    #: Those in the run's process group, which one ``killpg`` reaches.
+    in_group: frozenset[int]
+
+    def outside_group(self) -> list[psutil.Process]:
+        """Those that must be signalled one by one."""
+        return [p for pid, p in self.processes.items() if pid not in self.in_group]
+
+
+class RunProcess:
+    """One run's command in its own session and process group (``start_new_session``).
+
+    Made by ``start``. Two daemon threads serve it: one delivers output, one reaps the
+    leader. ``stop`` and ``reap_leftovers`` leave no process of the run behind.
+    """
+
+    def __init__(self, popen: subprocess.Popen[bytes], on_output: Callable[[bytes], None]) -> None:
+        """Use ``start``: this takes over a just-started ``popen`` and its stdout pipe."""
+        assert popen.stdout is not None
+        #: The leader's pid, which is also the run's process-group (and session) id.
+        self.pid: int = popen.pid
+        #: True once a stop had to escalate to SIGKILL.
+        self.sigkill_sent = False
+        self._popen = popen
+        self._output = popen.stdout
+        self._on_output = on_output
+        #: Set once ``on_output`` raised: the rest of the output is read and dropped,
+        #: since a reader that stopped reading would block the command on a full pipe.
+        self._output_failed = False
+        #: Serialises scans and stops, so that concurrent ``stop`` calls stop once.
+        self._lock = threading.RLock()
+        #: Live processes of the run other than the leader, by pid, kept from scan to
+        #: scan so that one which left the group and lost its parent is still found.
+        self._recorded: dict[int, psutil.Process] = {}
+        #: Processes we may not signal (another user's); left alone, not waited for.
+        self._unkillable: set[psutil.Process] = set()
+        #: Set once the leader is reaped, so ``popen.returncode`` is known.
+        self._exited = threading.Event()
+        #: Set once the reader has finished: end of output, or given up on.
+        self._drained = threading.Event()
+        #: A byte here wakes the reader to give up; written only while open, under
+        #: the lock, since the reader closes it and the fd number may be reused.
+        self._wake_read, self._wake_write = os.pipe()
+        self._wake_lock = threading.Lock()
+        self._wake_open = True
+        os.set_blocking(self._output.fileno(), False)
+        self._waiter = threading.Thread(target=self._reap_leader, name=f"run-{self.pid}-wait")
+        self._reader = threading.Thread(target=self._read_output, name=f"run-{self.pid}-output")
+        self._waiter.daemon = self._reader.daemon = True
+
+    @classmethod
+    def start(
+        cls,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        on_output: Callable[[bytes], None],
+    ) -> RunProcess:
+        """Start ``argv`` in ``cwd`` with exactly ``env``; ``RunStartError`` if it cannot.
+
+        stdin is /dev/null (nobody will type into it); stdout and stderr share one
+        pipe. ``on_output`` is called from the reader thread, one call at a time.
+        """
+        if isinstance(argv, str):
+            raise TypeError(f"argv must be a list of arguments, not the string {argv!r}")
+        if not argv:
+            raise RunStartError("cannot start an empty command")
+        try:
+            popen = subprocess.Popen(
+                list(argv),
+                cwd=cwd,
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                bufsize=0,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise RunStartError(_start_failure(argv[0], cwd, exc)) from exc
+        except ValueError as exc:  # an argument or variable with a NUL byte
+            raise RunStartError(f"cannot start {argv[0]!r}: {exc}") from exc
+        process = cls(popen, on_output)
+        try:
+            process._waiter.start()
+            process._reader.start()
+        except BaseException:
+            process._abort()
+            raise
+        return process
+
+    # --- state -----------------------------------------------------------------------
+
+    def poll(self) -> ExitStatus | None:
+        """The leader's status once it has exited (its output may still be flowing)."""
+        return self._status() if self._exited.is_set() else None
+
+    def wait(self, timeout: float | None = None) -> ExitStatus | None:
+        """The leader's status once it exited and all output was delivered; None on timeout.
+
+        Leftover processes hold the output open, so this waits for them too.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._exited.wait(timeout):
+            return None
+        if not self._drained.wait(None if deadline is None else deadline - time.monotonic()):
+            return None
+        return self._status()
+
+    def members(self) -> list[int]:
+        """Pids still alive in the group or among the recorded descendants."""
+        with self._lock:
+            return sorted(self._scan().processes)
+
+    # --- stopping --------------------------------------------------------------------
+
+    def stop(self, grace: float) -> ExitStatus:
+        """Stop every process of the run: SIGTERM, up to ``grace`` seconds, then SIGKILL.
+
+        Returns once none of them exists, with the leader's status (which is its own
+        exit status if it had already exited). Calling it again does no harm.
+        """
+        with self._lock:
+            self._terminate(grace)
+        self._exited.wait()  # the leader is dead by now; the waiter is reaping it
+        return self._status()
+
+    def reap_leftovers(self, grace: float) -> int:
+        """Stop what the leader left running when it exited; how many were found.
+
+        Helpers daemonised by the command (a server holding a GPU) would otherwise
+        hold the worker's resources after the run is reported done.
+        """
+        if not self._exited.is_set():
+            raise RuntimeError(f"run {self.pid} is still running; stop it instead")
+        with self._lock:
+            return self._terminate(grace)
+
+    def _terminate(self, grace: float) -> int:
+        """TERM, grace, KILL; returns how many processes there were."""
+        first = self._scan()
+        if not first.processes:
+            return 0
+        self._signal(first, SIGTERM)
+        # Scanning again catches children forked while we signalled; those outside
+        # the group were not reached by killpg. Nothing gets TERM twice: a second
+        # TERM turns some programs' orderly shutdown into an abrupt one.
+        after = self._scan()
+        late = {pid: p for pid, p in after.processes.items() if pid not in first.processes}
+        self._signal(_Snapshot(late, after.in_group), SIGTERM, group=False)
+        self._signal(after, SIGCONT)
+        if not self._wait_gone(grace):
+            self._kill_until_gone()
+        return len(first.processes)
+
+    def _wait_gone(self, timeout: float) -> bool:
+        """Whether every process of the run vanished within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        gap = 0.005
+        while self._scan().processes:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._pause(min(gap, remaining))
+            gap = min(2 * gap, GONE_POLL_MAX)
+        return True
+
+    def _kill_until_gone(self) -> None:
+        self.sigkill_sent = True
+        warn_at = time.monotonic() + STUCK_WARNING_EVERY
+        gap = 0.005
+        while True:
+            snapshot = self._scan()
+            if not snapshot.processes:
+                return
+            # Every process one by one as well as the group: KILL cannot be taken
+            # twice, and one we may not signal is found this way and left alone.
+            self._signal(snapshot, SIGKILL)
+            for process in snapshot.processes.values():
+                self._send(process, SIGKILL)
+            if time.monotonic() >= warn_at:
+                warn_at += STUCK_WARNING_EVERY
+                logger.warning(
+                    "run %d: pids %s outlive SIGKILL (uninterruptible sleep?); still waiting",
+                    self.pid,
+                    sorted(snapshot.processes),
+                )
+            self._pause(gap)
+            gap = min(2 * gap, GONE_POLL_MAX)
+
+    def _signal(self, snapshot: _Snapshot, sig: int, *, group: bool = True) -> None:
+        """Send ``sig`` to the group (if ``group``) and to those outside it."""
+        if group:
+            # ESRCH: nobody left in the group. EPERM: only members we may not signal,
+            # which the one-by-one KILL finds and reports.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, sig)
+        for process in snapshot.outside_group():
+            self._send(process, sig)
+
+    def _send(self, process: psutil.Process, sig: int) -> None:
+        try:
+            # psutil refuses a pid that was reused by another process since the scan.
+            process.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+        except psutil.AccessDenied:
+            logger.error(
+                "run %d: may not signal pid %d (another user's?); leaving it running",
+                self.pid,
+                process.pid,
+            )
+            self._unkillable.add(process)
+
+    def _pause(self, seconds: float) -> None:
+        # The leader's exit is an event; wake for it rather than sleep through it.
+        if self._exited.is_set():
+            time.sleep(seconds)
+        else:
+            self._exited.wait(seconds)
+
+    # --- finding the run's processes ---------------------------------------------------
+
+    def _scan(self) -> _Snapshot:
+        """The run's live processes now; they become the recorded descendants."""
+        live: dict[int, psutil.Process] = {}
+        children: dict[int, list[int]] = {}
+        group: set[int] = set()
+        for pid in psutil.pids():
+            found_live = _live_process(pid)
+            if found_live is None or found_live[0] in self._unkillable:
+                continue
+            live[pid] = found_live[0]
+            children.setdefault(found_live[1], []).append(pid)
+            if _pgid(pid) == self.pid:
+                group.add(pid)
+        stack = [*group, *(pid for pid, p in self._recorded.items() if live.get(pid) == p)]
+        found: dict[int, psutil.Process] = {}
+        while stack:
+            pid = stack.pop()
+            if pid not in found:
+                found[pid] = live[pid]
+                stack.extend(children.get(pid, ()))
+        self._recorded = {pid: p for pid, p in found.items() if pid != self.pid}
+        return _Snapshot(found, frozenset(group))
+
+    # --- threads and output ----------------------------------------------------------
+
+    def _reap_leader(self) -> None:
+        self._popen.wait()
+        self._exited.set()
+
+    def _wait_exit(self, timeout: float) -> bool:
+        """Whether the leader has exited, waiting up to ``timeout`` for it."""
+        return self._exited.wait(timeout)
+
+    def _status(self) -> ExitStatus:
+        returncode = self._popen.returncode
+        assert returncode is not None, "only called once the leader was reaped"
+        return ExitStatus.from_returncode(returncode)
+
+    def _read_output(self) -> None:
+        fd = self._output.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        poller.register(self._wake_read, select.POLLIN)
+        try:
+            while True:
+                ready = {ready_fd for ready_fd, _ in poller.poll()}
+                if self._wake_read in ready:
+                    # Given up on: deliver what is there now, not what comes later.
+                    for _ in range(_LAST_READS):
+                        chunk = _read(fd)
+                        if not chunk:
+                            return
+                        self._deliver(chunk)
+                    return
+                chunk = _read(fd)
+                if chunk == b"":
+                    return
+                if chunk is not None:
+                    self._deliver(chunk)
+        finally:
+            self._close_pipes()
+            self._drained.set()
+
+    def _deliver(self, chunk: bytes) -> None:
+        if self._output_failed:
+            return
+        try:
+            self._on_output(chunk)
+        except Exception:
+            self._output_failed = True
+            logger.exception(
+                "run %d: on_output failed; the rest of its output is dropped", self.pid
+            )
+
+    def _finish_output(self) -> None:
+        """Wait for end of output; give up on it if a process we never found holds it."""
+        if not self._drained.wait(OUTPUT_CLOSE_WAIT):
+            logger.warning(
+                "run %d: a process outside the run holds its output open; "
+                "output written from now on is dropped",
+                self.pid,
+            )
+            with self._wake_lock:
+                if self._wake_open:
+                    os.write(self._wake_write, b"x")
+        self._reader.join()
+
+    def _close_pipes(self) -> None:
+        with self._wake_lock:
+            self._wake_open = False
+            os.close(self._wake_write)
+        os.close(self._wake_read)
+        self._output.close()
+
+    def _abort(self) -> None:
+        """Kill and reap the command after its threads failed to start."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, SIGKILL)
+        self._popen.wait()
+        if not self._reader.is_alive():
+            self._close_pipes()
+
+
+def _start_failure(command: str, cwd: str, exc: OSError) -> str:
+    """``"cannot start 'x': No such file or directory"``, naming ``cwd`` if it is at fault."""
+    reason = exc.strerror or str(exc)
+    if exc.filename == cwd and cwd != command:
+        return f"cannot start {command!r} in {cwd!r}: {reason}"
+    return f"cannot start {command!r}: {reason}"
+
+
+def _live_process(pid: int) -> tuple[psutil.Process, int] | None:
+    """``pid``'s process and parent pid, or None if it is gone or a zombie."""
+    try:
+        process = psutil.Process(pid)  # records the start time: a reused pid is told apart
+        with process.oneshot():
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return None
+            return process, int(process.ppid())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def _pgid(pid: int) -> int | None:
+    if pid == 0:  # getpgid(0) would be our own group
+        return None
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def _read(fd: int) -> bytes | None:
+    """Up to ``READ_SIZE`` bytes as they are; b"" at end of output; None if none yet."""
+    try:
+        return os.read(fd, READ_SIZE)
+    except BlockingIOError:
+        return None
+
+
+# --- the worker's one call ---------------------------------------------------------------
+
+
+#: Why a run ended, in the words shown to users.
+Reason = Literal["completed", "failed", "timed out", "cancelled", "could not start"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunOutcome:
+    """How a run ended, once all of its processes are gone."""
+
+    #: The leader's status; both fields None if it never started.
+    status: ExitStatus
+    #: ``"completed"``, ``"failed"``, ``"timed out"``, ``"cancelled"`` or ``"could not start"``.
+    reason: Reason
+    #: One line for users: ``"exit code 3"``, ``"cancelled; stopped with SIGTERM"``.
+    detail: str
+    #: Processes still running after the leader exited by itself, which were stopped.
+    leftovers: int
+
+
+def run_command(
+    argv: Sequence[str],
+    *,
+    cwd: str,
+    env: Mapping[str, str],
+    on_output: Callable[[bytes], None],
+    cancel: threading.Event,
+    time_limit: float | None = None,
+    grace: float = 10.0,
+    on_start: Callable[[int], None] | None = None,
+) -> RunOutcome:
+    """Run ``argv`` until it exits, ``cancel`` is set or ``time_limit`` passes.
+
+    Blocks (call it in a thread) and returns only when every process of the run is
+    gone and all its output was delivered. A cancelled or timed-out run is stopped
+    with ``RunProcess.stop(grace)``; after a normal exit, leftovers get the same
+    treatment. ``on_start(pid)`` is called once the command runs; if it raises, the
+    run is stopped and the exception propagates.
+    """
+    if cancel.is_set():
+        return RunOutcome(_NEVER_STARTED, "cancelled", "cancelled before it started", 0)
+    try:
+        process = RunProcess.start(argv, cwd=cwd, env=env, on_output=on_output)
+    except RunStartError as exc:
+        return RunOutcome(_NEVER_STARTED, "could not start", str(exc), 0)
+    try:
+        if on_start is not None:
+            on_start(process.pid)
+        ending = _watch(process, cancel, time_limit)
+        if ending == "exited":
+            return _after_exit(process, grace)
+        status = process.stop(grace)
+        how = f"SIGKILL after a {grace:g}s grace" if process.sigkill_sent else "SIGTERM"
+        if ending == "cancelled":
+            return RunOutcome(status, "cancelled", f"cancelled; stopped with {how}", 0)
+        detail = f"killed after its time limit of {time_limit:g}s"
+        if process.sigkill_sent:
+            detail += f" ({how})"
+        return RunOutcome(status, "timed out", detail, 0)
+    except BaseException:
+        process.stop(grace)
+        raise
+    finally:
+        process._finish_output()
+
+
+def _watch(
+    process: RunProcess, cancel: threading.Event, time_limit: float | None
+) -> Literal["exited", "cancelled", "timed out"]:
+    """Wait for the first of: exit, cancel, time limit; record descendants meanwhile."""
+    now = time.monotonic()
+    deadline = None if time_limit is None else now + time_limit
+    scan_gap = SCAN_FIRST
+    scan_at = now + scan_gap
+    while True:
+        timeout = CANCEL_POLL if deadline is None else min(CANCEL_POLL, deadline - now)
+        if process._wait_exit(max(0.0, timeout)):
+            return "exited"
+        if cancel.is_set():
+            return "cancelled"
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            return "timed out"
+        if now >= scan_at:
+            process.members()  # records descendants that may lose their parent later
+            scan_gap = min(2 * scan_gap, SCAN_MAX)
+            scan_at = now + scan_gap
+
+
+def _after_exit(process: RunProcess, grace: float) -> RunOutcome:
+    leftovers = process.reap_leftovers(grace)
+    status = process.poll()
+    assert status is not None, "the leader has exited"
+    detail = status.describe()
+    if leftovers:
+        detail += f"; stopped {leftovers} leftover process{'es' if leftovers > 1 else ''}"
+    return RunOutcome(status, "completed" if status.ok else "failed", detail, leftovers)
