@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from cli_processes import Processes
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _apportion_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Schedulers started by tests keep their run journal here, never in ~/.apportion."""
+    previous = os.environ.get("APPORTION_HOME")
+    os.environ["APPORTION_HOME"] = str(tmp_path_factory.mktemp("apportion-home"))
+    yield
+    if previous is None:
+        del os.environ["APPORTION_HOME"]
+    else:
+        os.environ["APPORTION_HOME"] = previous
 
 
 @pytest.fixture

@@ -219,6 +219,8 @@ def test_a_killed_client_leaves_an_idle_cluster_with_nothing_held(
 ) -> None:
     _, address, _ = start_scheduler(procs, "--port", "0")
     procs.start("worker", address, "--nthreads", "4", "--resources", "slot=4", "--name", "w")
+    with Client(address) as observer:
+        clients_before = observer.scheduler_info()["clients"]  # this observer included
     script = tmp_path / "client.py"
     script.write_text(CLIENT_SCRIPT)
     victim = subprocess.Popen(
@@ -236,7 +238,7 @@ def test_a_killed_client_leaves_an_idle_cluster_with_nothing_held(
                 info = observer.scheduler_info()
                 (worker,) = info["workers"].values()
                 return (
-                    info["clients"] == 1  # the observer
+                    info["clients"] == clients_before
                     and not info["tasks"]
                     and worker["keys"] == 0
                     and worker["nbytes"] == 0

@@ -32,7 +32,9 @@ def test_heartbeats_keep_an_idle_worker_registered_past_the_timeout() -> None:
 def test_scheduler_cli_passes_the_worker_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[SchedulerConfig] = []
 
-    async def fake_run(host: str, port: int, config: SchedulerConfig) -> None:
+    async def fake_run(
+        host: str, port: int, config: SchedulerConfig, *args: object, **kw: object
+    ) -> None:
         seen.append(config)
 
     monkeypatch.setattr("apportion.cli.scheduler._run", fake_run)

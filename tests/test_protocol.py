@@ -54,7 +54,7 @@ SAMPLES: list[m.Message] = [
     m.StoryReply(6, [[0.5, "x-1", "new", "queued", "submitted"]]),
     m.Notice("warning", "nobody offers GPU"),
     m.RegisterWorker(
-        "w", "tcp://h:1", 4, {"GPU": 20_000, "gpu": 20_000}, 123, 2**33, {"gpu": ["0", "1"]}, 99
+        "w", "tcp://h:1", 4, {"GPU": 20_000, "gpu": 20_000}, 123, 2**33, {"gpu": ["0", "1"]}, 99, [7]
     ),
     m.TaskFinished("x-1", 8, 0.25, "int"),
     m.TaskRaised("x-1", b"exc", b"tb", 0.5),
@@ -72,6 +72,14 @@ SAMPLES: list[m.Message] = [
     m.ScatterPlaced(11, {"d": ["tcp://h:1", 4]}),
     m.WorkerClosing("shutting down"),
     m.KeysPending(["x-1"]),
+    m.RunStarted(7, 4242, "gpu=[0] foo=5"),
+    m.RunOutput(7, 128, b"Run 7 start\n"),
+    m.RunEnded(7, 0, 0, "completed", "exit code 0"),
+    m.SubmitRuns(12, [{"command": ["true"], "cwd": "/", "env": {}, "resources": ""}]),
+    m.RunsSubmitted(12, [7, 8], ""),
+    m.QueryRuns(13, [7]),
+    m.CancelRuns(14, [7]),
+    m.RunsReport(13, [{"id": 7, "state": "running"}]),
 ]
 
 

@@ -1,4 +1,15 @@
-"""``apportion scheduler``: run the scheduler until interrupted."""
+"""``apportion scheduler``: run the scheduler until interrupted, or process the queue once.
+
+A scheduler serves the run journal (``$APPORTION_HOME/runs.db`` unless ``--journal``
+names another): it picks up staged runs, resumes queued ones after a restart and
+adopts those still running on workers that come back. One scheduler at a time
+serves a journal; a second one on the default journal runs without it (and says
+so), one pointed at a busy journal with ``--journal`` refuses to start.
+
+``--run-once`` starts an embedded cluster (this scheduler and one worker with
+``--resources``), processes the staged runs it can run, and exits when nothing it
+can run is left: status 0 if every run it processed completed, 1 otherwise.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +18,18 @@ import contextlib
 import ipaddress
 import logging
 import signal
+import sys
+import time
+from pathlib import Path
 
 import click
 
 from apportion.cli.logs import configure_logging
+from apportion.cli.worker import check_resources
+from apportion.core.resources import format_resources, parse_supply
 from apportion.net.address import DEFAULT_PORT
+from apportion.runs.journal import Journal, JournalBusy, JournalError, default_journal_path
+from apportion.runs.queue import QueueOptions
 from apportion.scheduler.service import Scheduler
 from apportion.scheduler.state import SchedulerConfig
 
@@ -53,25 +71,115 @@ def is_loopback(host: str) -> bool:
     help="Fail a task (WorkerCrashedError, saying how each worker died) once this many "
     "workers died while running it, instead of letting it kill worker after worker.",
 )
-def scheduler(host: str, port: int, worker_timeout: float, max_worker_deaths: int) -> None:
+@click.option(
+    "--journal",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The run journal (SQLite) to serve  [default: $APPORTION_HOME/runs.db, "
+    "~/.apportion/runs.db].",
+)
+@click.option("--no-journal", is_flag=True, help="Serve no run journal (Python tasks only).")
+@click.option(
+    "--adopt-grace",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="After a restart, how long runs that were running wait for their worker to "
+    "reconnect and be adopted before they are queued again (or marked lost).",
+)
+@click.option(
+    "--run-once",
+    is_flag=True,
+    help="Start an embedded cluster with --resources, run the staged runs it can run, "
+    "and exit when none is left.",
+)
+@click.option(
+    "--resources",
+    callback=check_resources,
+    help='With --run-once: the embedded cluster\'s resources, e.g. "foo=7" or "gpu=[0,1]".',
+)
+@click.option(
+    "--nthreads",
+    type=click.IntRange(min=1),
+    help="With --run-once: runs side by side at most (default: CPU count).",
+)
+def scheduler(
+    host: str,
+    port: int,
+    worker_timeout: float,
+    max_worker_deaths: int,
+    journal: Path | None,
+    no_journal: bool,
+    adopt_grace: float,
+    run_once: bool,
+    resources: str | None,
+    nthreads: int | None,
+) -> None:
     """Run a scheduler that workers and clients connect to."""
     configure_logging()
+    if (resources or nthreads) and not run_once:
+        raise click.UsageError("--resources and --nthreads go with --run-once")
+    if run_once and no_journal:
+        raise click.UsageError("--run-once runs the journal's staged runs; drop --no-journal")
     if not is_loopback(host):
         logger.warning(
             "listening on %s: any host that reaches this port can submit code to run on "
             "your workers; keep it on a trusted network",
             host,
         )
+    config = SchedulerConfig(worker_timeout=worker_timeout, max_worker_deaths=max_worker_deaths)
+    opened = None if no_journal else _open_journal(journal)
     try:
-        config = SchedulerConfig(worker_timeout=worker_timeout, max_worker_deaths=max_worker_deaths)
-        asyncio.run(_run(host, port, config))
+        if run_once:
+            assert opened is not None
+            sys.exit(asyncio.run(_run_once(host, opened, resources, nthreads, config)))
+        options = QueueOptions(adopt_grace=adopt_grace)
+        asyncio.run(_run(host, port, config, opened, options, explicit=journal is not None))
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc}") from None
+    finally:
+        if opened is not None:
+            opened.close()
 
 
-async def _run(host: str, port: int, config: SchedulerConfig) -> None:
-    server = Scheduler(host, port, config=config)
-    await server.start()
+def _open_journal(path: Path | None) -> Journal:
+    try:
+        return Journal(path or default_journal_path())
+    except (JournalError, OSError) as exc:
+        raise click.ClickException(f"cannot open the run journal: {exc}") from None
+
+
+async def _start(
+    host: str,
+    port: int,
+    config: SchedulerConfig,
+    journal: Journal | None,
+    options: QueueOptions,
+    *,
+    explicit: bool,
+) -> Scheduler:
+    try:
+        server = Scheduler(host, port, config=config, journal=journal, queue_options=options)
+        await server.start()
+    except JournalBusy as exc:
+        if explicit:
+            raise click.ClickException(str(exc)) from None
+        logger.warning("%s; this scheduler serves no run journal", exc)
+        server = Scheduler(host, port, config=config)
+        await server.start()
+    return server
+
+
+async def _run(
+    host: str,
+    port: int,
+    config: SchedulerConfig,
+    journal: Journal | None,
+    options: QueueOptions,
+    *,
+    explicit: bool,
+) -> None:
+    server = await _start(host, port, config, journal, options, explicit=explicit)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -81,3 +189,48 @@ async def _run(host: str, port: int, config: SchedulerConfig) -> None:
     logger.info("stopping the scheduler")
     with contextlib.suppress(Exception):
         await server.close()
+
+
+def _echo(data: bytes) -> None:
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+
+
+async def _run_once(
+    host: str,
+    journal: Journal,
+    resources: str | None,
+    nthreads: int | None,
+    config: SchedulerConfig,
+) -> int:
+    """Process the staged runs on an embedded cluster; the exit status."""
+    from apportion.worker.service import Worker
+
+    began = time.monotonic()
+    amounts, units = parse_supply(resources)
+    # Nothing else can join a cluster on an unannounced port: whatever does not fit
+    # this supply never will, and runs left running by a crash are not coming back.
+    options = QueueOptions(adopt_grace=0.0, fixed_supply=amounts, echo=_echo)
+    server = await _start(host, 0, config, journal, options, explicit=True)
+    queue = server.queue
+    assert queue is not None
+    logger.info("cluster resources: %s", format_resources(amounts, units) or "(none)")
+    worker = Worker(server.address, nthreads, resources, name="run-once", reconnect_timeout=0)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await worker.start()
+        logger.info("processing staged runs")
+        while not queue.idle() and not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.1)
+    finally:
+        await worker.close()
+        await server.close()
+    logger.info("the scheduler ran for %.1f seconds", time.monotonic() - began)
+    if stop.is_set():
+        logger.warning("interrupted: runs not finished stay in the journal")
+        return 1
+    return 1 if queue.failures else 0

@@ -11,7 +11,7 @@ Resource amounts travel in fixed-point ticks (see ``apportion.core.resources``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, NamedTuple, TypeVar, cast, dataclass_transform
 
 #: Bumped whenever a message changes shape. Peers with another version are refused
@@ -273,6 +273,9 @@ class RegisterWorker(Message):
     #: pid of the supervisor that restarts this process (0: none); a supervised
     #: worker's death is classified by its supervisor (``WorkerDied``).
     supervisor: int = 0
+    #: Command runs still alive here (or finished and not yet reported) from an
+    #: earlier session: a restarted scheduler adopts them instead of running them again.
+    live_runs: list[int] = field(default_factory=list)
 
 
 @message
@@ -460,3 +463,80 @@ class DumpRequest(Message):
 class DumpReply(Message):
     request_id: int
     state: dict[str, Any]
+
+
+# --- command runs (the job queue) ------------------------------------------------------
+
+
+@message
+class RunStarted(Message):
+    """Worker -> scheduler: a run's command started (again, for an adopted run)."""
+
+    run_id: int
+    pid: int
+    held: str  #: resources held, as users write them: ``"gpu=[0] foo=5"``
+
+
+@message
+class RunOutput(Message):
+    """Worker -> scheduler: the next bytes of a run's combined stdout and stderr.
+
+    ``offset`` is where they start in the run's log, so that output sent again
+    after a reconnection is written once.
+    """
+
+    run_id: int
+    offset: int
+    data: bytes
+
+
+@message
+class RunEnded(Message):
+    """Worker -> scheduler: a run's processes are all gone; how it ended."""
+
+    run_id: int
+    exit_code: int  #: -1 when it did not exit by itself
+    signal: int  #: 0 when no signal killed it
+    reason: str  #: "completed", "failed", "timed out", "cancelled", "could not start"
+    detail: str  #: one line for users: "exit code 3", "cancelled; stopped with SIGTERM"
+
+
+@message
+class SubmitRuns(Message):
+    """Client -> scheduler: queue these runs (``RunSpec.to_dict()`` each)."""
+
+    request_id: int
+    specs: list[dict[str, Any]]
+
+
+@message
+class RunsSubmitted(Message):
+    """The ids given to submitted runs, or why none was accepted."""
+
+    request_id: int
+    ids: list[int]
+    error: str
+
+
+@message
+class QueryRuns(Message):
+    """Client -> scheduler: the state of these runs (to follow their progress)."""
+
+    request_id: int
+    ids: list[int]
+
+
+@message
+class CancelRuns(Message):
+    """Client -> scheduler: cancel these runs; answered like ``QueryRuns``."""
+
+    request_id: int
+    ids: list[int]
+
+
+@message
+class RunsReport(Message):
+    """Scheduler -> client: one dict per run (id, label, state, worker, held, outcome)."""
+
+    request_id: int
+    runs: list[dict[str, Any]]

@@ -22,6 +22,9 @@ from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeError, accept_connection
 from apportion.protocol import messages as m
 from apportion.protocol.codec import ProtocolError
+from apportion.runs.journal import Journal
+from apportion.runs.live import run_key
+from apportion.runs.queue import RUNS_CLIENT, QueueOptions, RunQueue
 from apportion.scheduler.events import (
     ClientJoined,
     ClientLeft,
@@ -32,6 +35,7 @@ from apportion.scheduler.events import (
     FromWorker,
     Log,
     PlacementDue,
+    Send,
     Tick,
     WorkerDeathReport,
     WorkerJoined,
@@ -43,6 +47,11 @@ logger = logging.getLogger("apportion.scheduler")
 
 #: How often the state machine is told the time, to find workers gone silent.
 TICK_SECONDS = 0.5
+
+#: Worker messages about command runs, for the job queue rather than the state machine.
+RUN_REPORTS = (m.RunStarted, m.RunOutput, m.RunEnded)
+#: Client requests about command runs, answered by the job queue.
+RUN_REQUESTS = (m.SubmitRuns, m.QueryRuns, m.CancelRuns)
 
 
 class Scheduler(BackgroundService):
@@ -59,6 +68,8 @@ class Scheduler(BackgroundService):
         port: int = DEFAULT_PORT,
         *,
         config: SchedulerConfig | None = None,
+        journal: Journal | None = None,
+        queue_options: QueueOptions | None = None,
     ) -> None:
         self.host = host
         self.port = port
@@ -71,6 +82,12 @@ class Scheduler(BackgroundService):
         self._placement_scheduled = False
         self._closed: asyncio.Event | None = None
         self._ticker: asyncio.Task[None] | None = None
+        self._journal = journal
+        self._queue_options = queue_options or QueueOptions()
+        #: The job queue, when this scheduler serves a journal of command runs.
+        self.queue: RunQueue | None = None
+        #: peer id -> worker name, kept past the state's removal for the queue.
+        self._worker_names: dict[str, str] = {}
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -81,6 +98,16 @@ class Scheduler(BackgroundService):
         port = self._server.sockets[0].getsockname()[1]
         self.address = format_address(self.host, port)
         self.state.identity = {"id": self.id, "address": self.address}
+        if self._journal is not None:
+            try:
+                self._journal.claim(self.address)
+            except BaseException:
+                self._server.close()
+                raise
+            self._handle(ClientJoined(RUNS_CLIENT, time.monotonic()))
+            self.queue = RunQueue(self._journal, self, self._queue_options)
+            self.queue.start(time.monotonic(), time.time())
+            logger.info("serving the run journal %s", self._journal.path)
         self._ticker = asyncio.create_task(self._tick(), name="scheduler-tick")
         logger.info("scheduler listening at %s", self.address)
         return self
@@ -90,6 +117,8 @@ class Scheduler(BackgroundService):
         while True:
             await asyncio.sleep(TICK_SECONDS)
             self._handle(Tick(time.monotonic()))
+            if self.queue is not None:
+                self.queue.tick(time.monotonic(), time.time())
 
     async def close(self) -> None:
         """Stop listening and drop every connection; idempotent."""
@@ -102,6 +131,8 @@ class Scheduler(BackgroundService):
         for conn in list(self._conns.values()):
             await conn.close()
         self._conns.clear()
+        if self._journal is not None and self.queue is not None:
+            self._journal.release()
         if self._closed is not None:
             self._closed.set()
 
@@ -146,16 +177,44 @@ class Scheduler(BackgroundService):
         if not first or not isinstance(first[0], m.RegisterWorker):
             raise ProtocolError("a worker must register first")
         self._conns[peer_id] = conn
-        self._handle(WorkerJoined(peer_id, first[0], time.monotonic()))
+        registration = first[0]
+        self._worker_names[peer_id] = registration.name
+        self._handle(WorkerJoined(peer_id, registration, time.monotonic()))
+        if self.queue is not None:
+            self.queue.worker_joined(peer_id, registration, time.time())
+        elif registration.live_runs:
+            # Runs of another scheduler's journal: nobody here will ever want them.
+            conn.send(m.FreeKeys([run_key(run_id) for run_id in registration.live_runs]))
         try:
             if first[1:]:
-                self._handle(FromWorker(peer_id, first[1:], time.monotonic()))
+                self._from_worker(peer_id, first[1:])
             while True:
-                batch = await conn.recv()
-                self._handle(FromWorker(peer_id, batch, time.monotonic()))
+                self._from_worker(peer_id, await conn.recv())
         finally:
             self._conns.pop(peer_id, None)
             self._handle(WorkerLeft(peer_id, time.monotonic()))
+            name = self._worker_names.pop(peer_id, "")
+            if self.queue is not None:
+                self.queue.worker_left(name, time.time())
+
+    def _from_worker(self, peer_id: str, batch: list[m.Message]) -> None:
+        """Run reports go to the job queue, the rest to the state machine, in order."""
+        if self.queue is not None and any(isinstance(msg, RUN_REPORTS) for msg in batch):
+            wall = time.time()
+            rest: list[m.Message] = []
+            for msg in batch:
+                if isinstance(msg, RUN_REPORTS):
+                    if rest:
+                        self._handle(FromWorker(peer_id, rest, time.monotonic()))
+                        rest = []
+                    self.queue.on_worker_message(peer_id, msg, wall)
+                else:
+                    rest.append(msg)
+            batch = rest
+        elif self.queue is None:
+            batch = [msg for msg in batch if not isinstance(msg, RUN_REPORTS)]
+        if batch:
+            self._handle(FromWorker(peer_id, batch, time.monotonic()))
 
     async def _serve_supervisor(self, conn: Connection) -> None:
         """A worker supervisor reporting how its processes ended; nothing is sent back."""
@@ -171,12 +230,47 @@ class Scheduler(BackgroundService):
         try:
             while True:
                 batch = await conn.recv()
-                self._handle(FromClient(peer_id, batch, time.monotonic()))
+                requests = [msg for msg in batch if isinstance(msg, RUN_REQUESTS)]
+                if requests:
+                    for request in requests:
+                        conn.send(self._run_request(request))
+                    batch = [msg for msg in batch if not isinstance(msg, RUN_REQUESTS)]
+                if batch:
+                    self._handle(FromClient(peer_id, batch, time.monotonic()))
         finally:
             self._conns.pop(peer_id, None)
             self._handle(ClientLeft(peer_id, time.monotonic()))
 
+    def _run_request(self, msg: m.Message) -> m.Message:
+        """Answer a client's request about command runs."""
+        queue = self.queue
+        if isinstance(msg, m.SubmitRuns):
+            if queue is None:
+                text = "this scheduler keeps no run journal (start it with --journal)"
+                return m.RunsSubmitted(msg.request_id, [], text)
+            try:
+                ids = queue.submit_specs(msg.specs, time.time())
+            except ValueError as exc:
+                return m.RunsSubmitted(msg.request_id, [], str(exc))
+            return m.RunsSubmitted(msg.request_id, ids, "")
+        assert isinstance(msg, m.QueryRuns | m.CancelRuns)
+        if queue is None:
+            return m.RunsReport(msg.request_id, [])
+        if isinstance(msg, m.CancelRuns):
+            queue.cancel(msg.ids, time.time())
+        return m.RunsReport(msg.request_id, queue.report(msg.ids))
+
     # --- the shell around the state machine -----------------------------------------
+
+    def handle(self, event: Event) -> None:
+        """Apply one event (the job queue's way in; ``QueueHost``)."""
+        self._handle(event)
+
+    def send_to(self, peer_id: str, message: m.Message) -> None:
+        """Send to a connected peer, if it still is (``QueueHost``)."""
+        conn = self._conns.get(peer_id)
+        if conn is not None:
+            conn.send(message)
 
     def _handle(self, event: Event) -> None:
         self._execute(self.state.handle(event))
@@ -194,6 +288,10 @@ class Scheduler(BackgroundService):
             if isinstance(command, Log):
                 level = logging.WARNING if command.level == "warning" else logging.INFO
                 logger.log(level, "%s", command.text)
+                continue
+            if command.peer_id == RUNS_CLIENT:
+                if self.queue is not None and isinstance(command, Send):
+                    self.queue.on_message(command.message, time.time())
                 continue
             conn = conns.get(command.peer_id)
             if conn is None:

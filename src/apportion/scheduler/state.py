@@ -30,6 +30,7 @@ from typing import Any
 
 from apportion.core.resources import (
     SCALE,
+    fits,
     format_resources,
     give_back,
     to_units,
@@ -37,6 +38,7 @@ from apportion.core.resources import (
 from apportion.protocol import messages as m
 from apportion.scheduler import client_requests, drain, relay, worker_reports
 from apportion.scheduler.events import (
+    AdoptRunning,
     ClientJoined,
     ClientLeft,
     Command,
@@ -64,7 +66,12 @@ from apportion.scheduler.records import (
     TaskRecord,
     WorkerRecord,
 )
-from apportion.scheduler.units import describe_units, return_units, take_units
+from apportion.scheduler.units import (
+    describe_units,
+    return_units,
+    take_given_units,
+    take_units,
+)
 
 #: The task's own key was never computed: scattered data cannot be recomputed.
 SCATTERED = ""
@@ -149,6 +156,7 @@ class SchedulerState:
             WorkerJoined: self._on_worker_joined,
             WorkerLeft: self._on_worker_left,
             WorkerDeathReport: self._on_death_report,
+            AdoptRunning: self._on_adopt_running,
             FromClient: self._on_from_client,
             FromWorker: self._on_from_worker,
             Tick: self._on_tick,
@@ -221,9 +229,19 @@ class SchedulerState:
         else:
             self.enqueue(task, cause)
 
-    def assign(self, task: TaskRecord, worker: WorkerRecord) -> None:
-        """Start ``task`` on ``worker``: take its resources and send it there."""
-        cause = f"assigned to {worker.name}"
+    def assign(
+        self,
+        task: TaskRecord,
+        worker: WorkerRecord,
+        units: dict[str, list[str]] | None = None,
+        cause: str = "",
+    ) -> None:
+        """Start ``task`` on ``worker``: take its resources and send it there.
+
+        ``units``: take these units of indexed pools if they are free (an adopted
+        run keeps the devices its processes already use); else placement picks.
+        """
+        cause = cause or f"assigned to {worker.name}"
         if task.variants:
             cause += f" with {format_resources(task.resources) or 'no resources'}"
         task.units = None
@@ -231,7 +249,8 @@ class SchedulerState:
             for name, need in task.resources.items():
                 worker.free[name] -= need
             if worker.units:
-                task.units = take_units(worker, task.resources) or None
+                given = take_given_units(worker, task.resources, units) if units else None
+                task.units = given or take_units(worker, task.resources) or None
                 if task.units:
                     cause += " holding " + describe_units(task.units)
         worker.processing.add(task.key)
@@ -439,6 +458,22 @@ class SchedulerState:
 
     def _on_worker_left(self, event: WorkerLeft, _: None) -> None:
         self._remove_worker(event.worker_id, "its connection closed")
+
+    def _on_adopt_running(self, event: AdoptRunning, _: None) -> None:
+        client = self.clients.get(event.client_id)
+        if client is None:
+            return
+        client_requests.submit(self, client, event.submit)
+        worker = self.workers.get(event.worker_id)
+        for spec in event.submit.tasks:
+            task = self.tasks.get(spec.key)
+            if task is None or task.state != QUEUED or task.reserved_on is not None:
+                continue
+            here = worker is not None and worker.leaving is None
+            if worker is None or not here or not fits(task.resources, worker.free):
+                self.warn(f"{spec.key} cannot be adopted where it runs; it will run again")
+                continue
+            self.assign(task, worker, event.units, f"adopted: still running on {worker.name}")
 
     def _on_tick(self, event: Tick, _: None) -> None:
         """Declare lost the workers silent for longer than the timeout."""

@@ -62,6 +62,33 @@ def take_units(worker: WorkerRecord, demand: dict[str, int]) -> dict[str, list[s
     return held
 
 
+def take_given_units(
+    worker: WorkerRecord, demand: dict[str, int], wanted: dict[str, list[str]]
+) -> dict[str, list[str]] | None:
+    """Take exactly the ``wanted`` units (an adopted run keeps its devices), or None.
+
+    None, with nothing taken, if a label is unknown, has too little room, or the
+    count does not match the demand.
+    """
+    plan: list[tuple[str, list[str], int]] = []
+    for name, need in demand.items():
+        unit_free = worker.units.get(name)
+        if unit_free is None:
+            continue
+        labels = wanted.get(name, [])
+        share = min(need, SCALE)
+        count = need // SCALE if need >= SCALE else 1
+        if len(labels) != count or len(set(labels)) != count:
+            return None
+        if any(unit_free.get(label, -1) < share for label in labels):
+            return None
+        plan.append((name, labels, share))
+    for name, labels, share in plan:
+        for label in labels:
+            worker.units[name][label] -= share
+    return {name: labels for name, labels, _ in plan}
+
+
 def return_units(worker: WorkerRecord, demand: dict[str, int], held: dict[str, list[str]]) -> None:
     """Give back exactly what ``take_units`` took; more than a unit holds is a double release."""
     for name, labels in held.items():

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from apportion.core.resources import SCALE, format_amount
+from apportion.core.resources import SCALE, format_amount, format_resources
 
 if TYPE_CHECKING:
     from apportion.worker.events import Execute
@@ -149,6 +149,12 @@ def _resource_variables(current: _Running) -> dict[str, str]:
             if name.lower() == "gpu":
                 variables[CUDA_VARIABLE] = variables[variable]
     return variables
+
+
+def task_held() -> str:
+    """What the running task holds in the spec syntax: ``"foo=5 gpu=[0]"`` ("" if nothing)."""
+    current = _current("task_held")
+    return format_resources(current.resources, {k: list(v) for k, v in current.units.items()})
 
 
 def task_key() -> str:

@@ -44,9 +44,11 @@ from apportion.protocol.messages import (
     Message,
     PutData,
     RegisterWorker,
+    RunOutput,
     WorkerClosing,
     WorkerDraining,
 )
+from apportion.runs.live import LiveRuns, run_id_of
 from apportion.worker.data_server import DataServer, data_reply
 from apportion.worker.events import (
     ComputeArrived,
@@ -70,6 +72,9 @@ from apportion.worker.sizeof import sizeof
 from apportion.worker.state import WorkerState
 
 logger = logging.getLogger("apportion.worker")
+
+#: Run output kept while the scheduler is away, at most (beyond it, output is dropped).
+MAX_UNSENT_BYTES = 64 * 2**20
 
 #: Reconnection attempts start this long after the loss and double up to ``MAX_BACKOFF``.
 FIRST_BACKOFF = 0.1
@@ -144,6 +149,13 @@ class Worker(BackgroundService):
         #: Set by ``drain``: leave once the scheduler says so (``DrainDone``).
         self._draining = False
         self._drained = asyncio.Event()
+        #: Command runs of the job queue; they outlive scheduler sessions.
+        self.live_runs = LiveRuns(self.send_threadsafe)
+        #: Messages from task threads while no scheduler is connected, sent on the
+        #: next registration (a run's output and end must not be lost); bounded.
+        self._unsent: list[Message] = []
+        self._unsent_bytes = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # --- lifecycle ----------------------------------------------------------------
 
@@ -152,6 +164,7 @@ class Worker(BackgroundService):
         if self._started:
             raise RuntimeError(f"worker {self.name} was already started")
         self._started = True
+        self._loop = asyncio.get_running_loop()
         try:
             self.address = await self._server.start()
             self.state.address = self.address
@@ -252,10 +265,36 @@ class Worker(BackgroundService):
                 self.memory_limit,
                 self.units,
                 self.supervisor,
+                self.live_runs.ids(),
             )
         )
         self.sessions += 1
+        unsent, self._unsent, self._unsent_bytes = self._unsent, [], 0
+        for message in unsent:
+            conn.send(message)
         return conn
+
+    @property
+    def connected(self) -> bool:
+        """A scheduler session is live now."""
+        return self._scheduler is not None
+
+    def send_threadsafe(self, message: Message) -> None:
+        """Send to the scheduler from any thread; kept until reconnected if it is away."""
+        if self._loop is None or self._closing:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the worker is gone
+            self._loop.call_soon_threadsafe(self._send_or_keep, message)
+
+    def _send_or_keep(self, message: Message) -> None:
+        if self._scheduler is not None:
+            self._scheduler.send(message)
+            return
+        size = len(message.data) if isinstance(message, RunOutput) else 64
+        if self._unsent_bytes + size > MAX_UNSENT_BYTES and isinstance(message, RunOutput):
+            return  # output beyond the bound is dropped; the log shows the gap
+        self._unsent.append(message)
+        self._unsent_bytes += size
 
     async def _serve(self) -> None:
         """Receive from the scheduler, reconnecting when it goes away, until giving up."""
@@ -375,6 +414,8 @@ class Worker(BackgroundService):
                     events.append(ComputeArrived(message, now))
                 case FreeKeys():
                     self._runner.cancel(message.keys)
+                    runs = [run_id_of(key) for key in message.keys]
+                    self.live_runs.cancel([r for r in runs if r is not None])
                     events.append(FreeArrived(tuple(message.keys), now))
                 case DrainDone():
                     self._drained.set()

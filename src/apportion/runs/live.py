@@ -1,0 +1,199 @@
+"""Command runs on a worker: started once, adopted across scheduler restarts.
+
+A run reaches a worker as an ordinary task whose function is ``execute_run``, so
+it is placed, holds resources and is cancelled like any task. The command itself
+runs in a thread of this module's ``LiveRuns``, which belongs to the worker
+process and outlives scheduler sessions: when the scheduler restarts, the worker
+registers again with the ids of the runs still alive (``RegisterWorker.live_runs``)
+and the new scheduler sends the same task again; ``execute_run`` then *attaches*
+to the live run instead of starting the command a second time.
+
+Everything the scheduler must know travels as typed messages (``RunStarted``,
+``RunOutput``, ``RunEnded``), so it never unpickles a run's result; messages sent
+while no scheduler is connected wait in the worker until one is.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from apportion.protocol.messages import Message, RunEnded, RunOutput, RunStarted
+from apportion.runs.process import ExitStatus, RunOutcome, run_command
+from apportion.runs.spec import RunSpec
+
+logger = logging.getLogger("apportion.runs")
+
+#: A run's task key is this prefix and its id: ``run-7``.
+RUN_KEY_PREFIX = "run-"
+#: How long a cancelled run's processes get between SIGTERM and SIGKILL.
+DEFAULT_KILL_GRACE = 10.0
+
+
+def run_key(run_id: int) -> str:
+    """The task key of run ``run_id``."""
+    return f"{RUN_KEY_PREFIX}{run_id}"
+
+
+def run_id_of(key: str) -> int | None:
+    """The run id in a task key, or None if the key is not a run's."""
+    if key.startswith(RUN_KEY_PREFIX) and key[len(RUN_KEY_PREFIX) :].isdigit():
+        return int(key[len(RUN_KEY_PREFIX) :])
+    return None
+
+
+class RunFailed(Exception):
+    """A run's command did not complete: failed, timed out, cancelled or did not start.
+
+    Raised by ``execute_run`` so that the task's ``retries`` re-run the command.
+    """
+
+
+@dataclass
+class LiveRun:
+    """One run's command on this worker, from its start until a session reports it."""
+
+    run_id: int
+    held: str
+    #: Set to stop the command (cancelled by the scheduler, or not adopted).
+    cancel: threading.Event = field(default_factory=threading.Event)
+    #: Set once every process of the run is gone and ``outcome`` is known.
+    done: threading.Event = field(default_factory=threading.Event)
+    outcome: RunOutcome | None = None
+    pid: int = 0
+    #: Bytes of output so far: where the next ``RunOutput`` starts in the log.
+    offset: int = 0
+
+
+class LiveRuns:
+    """The runs alive in this worker process, whatever happens to scheduler sessions.
+
+    ``send`` must be safe to call from any thread (``Worker.send_threadsafe``).
+    """
+
+    def __init__(
+        self, send: Callable[[Message], None], kill_grace: float = DEFAULT_KILL_GRACE
+    ) -> None:
+        self._send = send
+        self.kill_grace = kill_grace
+        self._runs: dict[int, LiveRun] = {}
+        self._lock = threading.Lock()
+
+    def ids(self) -> list[int]:
+        """Runs a restarted scheduler may adopt: alive, or ended and not yet reported."""
+        with self._lock:
+            return sorted(self._runs)
+
+    def execute(
+        self,
+        run_id: int,
+        spec: RunSpec,
+        env: Mapping[str, str],
+        held: str,
+        task_cancel: threading.Event,
+    ) -> RunOutcome:
+        """Start the run's command, or attach to it if it already runs; wait for its end.
+
+        ``task_cancel`` is the calling task's cancel event: when it is set, the
+        command is stopped (TERM, grace, KILL) and this returns once it is gone.
+        """
+        with self._lock:
+            live = self._runs.get(run_id)
+            attach = live is not None
+            if live is None:
+                live = self._runs[run_id] = LiveRun(run_id, held)
+        if attach:
+            logger.info("run %d: attached to its live command (pid %d)", run_id, live.pid)
+            if live.pid:
+                self._send(RunStarted(run_id, live.pid, live.held))
+        else:
+            thread = threading.Thread(
+                target=self._run,
+                args=(live, spec, env),
+                name=f"apportion-run-{run_id}",
+                daemon=True,
+            )
+            thread.start()
+        while not live.done.wait(0.1):
+            if task_cancel.is_set():
+                live.cancel.set()
+        assert live.outcome is not None
+        return live.outcome
+
+    def settled(self, run_id: int) -> None:
+        """The scheduler has been told how the run ended: nothing left to adopt."""
+        with self._lock:
+            live = self._runs.get(run_id)
+            if live is not None and live.done.is_set():
+                del self._runs[run_id]
+
+    def cancel(self, run_ids: Collection[int]) -> None:
+        """Stop these runs if they are alive (a scheduler that did not adopt them)."""
+        with self._lock:
+            found = [self._runs[i] for i in run_ids if i in self._runs]
+        for live in found:
+            live.cancel.set()
+
+    def _run(self, live: LiveRun, spec: RunSpec, env: Mapping[str, str]) -> None:
+        def started(pid: int) -> None:
+            live.pid = pid
+            self._send(RunStarted(live.run_id, pid, live.held))
+
+        def output(chunk: bytes) -> None:
+            self._send(RunOutput(live.run_id, live.offset, chunk))
+            live.offset += len(chunk)
+
+        try:
+            outcome = run_command(
+                spec.command,
+                cwd=spec.cwd,
+                env=env,
+                on_output=output,
+                cancel=live.cancel,
+                time_limit=spec.time_limit,
+                grace=self.kill_grace,
+                on_start=started,
+            )
+        except Exception as exc:  # a bug here must still end the run, not hang it
+            logger.exception("run %d: could not be run", live.run_id)
+            no_status = ExitStatus(code=None, signal=None)
+            outcome = RunOutcome(no_status, "could not start", f"internal error: {exc}", 0)
+        code = -1 if outcome.status.code is None else outcome.status.code
+        sig = outcome.status.signal or 0
+        self._send(RunEnded(live.run_id, code, sig, outcome.reason, outcome.detail))
+        live.outcome = outcome
+        live.done.set()
+
+
+def run_environment(run_id: int, spec: RunSpec, resources_env: Mapping[str, str]) -> dict[str, str]:
+    """The run's environment: as captured at submission, plus what it holds and its id."""
+    env = dict(resources_env)
+    env["RUN_ID"] = str(run_id)
+    env["APPORTION_RUN_ID"] = str(run_id)
+    if spec.array_index is not None:
+        env["APPORTION_ARRAY_INDEX"] = str(spec.array_index)
+    return env
+
+
+def execute_run(run_id: int, spec: dict[str, Any]) -> dict[str, Any]:
+    """The task function of a run: run its command on this worker, raise if it failed."""
+    from apportion.worker.context import (
+        get_worker,
+        task_cancel_event,
+        task_environment,
+        task_held,
+    )
+
+    worker = get_worker()
+    run = RunSpec.from_dict(spec)
+    env = run_environment(run_id, run, task_environment(run.env))
+    session = worker.sessions
+    outcome = worker.live_runs.execute(run_id, run, env, task_held(), task_cancel_event())
+    if worker.sessions == session and worker.connected:
+        worker.live_runs.settled(run_id)
+    if outcome.reason != "completed":
+        raise RunFailed(f"run {run_id}: {outcome.reason}: {outcome.detail}")
+    return {"exit_code": outcome.status.code, "detail": outcome.detail}

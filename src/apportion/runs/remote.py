@@ -1,0 +1,66 @@
+"""Talking to a scheduler's job queue over TCP: submit runs, follow them, cancel them.
+
+Used by ``apportion submit``: the scheduler may be on another machine, with its
+journal and the runs' logs there, so everything goes through the connection.
+Each call is one request and one answer on a short-lived client connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from apportion.net.connection import ConnectionClosed
+from apportion.net.handshake import HandshakeError, open_connection
+from apportion.protocol.codec import ProtocolError
+from apportion.protocol import messages as m
+from apportion.runs.spec import RunSpec
+
+_ids = itertools.count(1)
+
+
+class RemoteQueueError(Exception):
+    """The scheduler could not be reached, or refused the request (says why)."""
+
+
+async def _ask(address: str, request: m.Message, timeout: float) -> m.Message:
+    try:
+        conn, _ = await asyncio.wait_for(open_connection(address, "client", "runs"), timeout)
+    except (OSError, HandshakeError) as exc:  # TimeoutError is an OSError
+        raise RemoteQueueError(f"cannot reach the scheduler at {address}: {exc}") from None
+    try:
+        conn.send(request)
+        while True:
+            for reply in await asyncio.wait_for(conn.recv(), timeout):
+                if isinstance(reply, m.RunsSubmitted | m.RunsReport):
+                    return reply
+    except (OSError, ConnectionClosed, ProtocolError) as exc:
+        raise RemoteQueueError(f"the scheduler at {address} went away: {exc}") from None
+    finally:
+        conn.abort()
+
+
+def submit(address: str, specs: Sequence[RunSpec], timeout: float = 30.0) -> list[int]:
+    """Queue ``specs`` on the scheduler at ``address``; their run ids."""
+    request = m.SubmitRuns(next(_ids), [spec.to_dict() for spec in specs])
+    reply = asyncio.run(_ask(address, request, timeout))
+    assert isinstance(reply, m.RunsSubmitted)
+    if reply.error:
+        raise RemoteQueueError(reply.error)
+    return list(reply.ids)
+
+
+def query(address: str, ids: Sequence[int], timeout: float = 30.0) -> list[dict[str, Any]]:
+    """The state of runs ``ids``: dicts with id, label, state, worker, held, reason."""
+    reply = asyncio.run(_ask(address, m.QueryRuns(next(_ids), list(ids)), timeout))
+    assert isinstance(reply, m.RunsReport)
+    return list(reply.runs)
+
+
+def cancel(address: str, ids: Sequence[int], timeout: float = 30.0) -> list[dict[str, Any]]:
+    """Ask the scheduler to cancel runs ``ids``; their state afterwards."""
+    reply = asyncio.run(_ask(address, m.CancelRuns(next(_ids), list(ids)), timeout))
+    assert isinstance(reply, m.RunsReport)
+    return list(reply.runs)
