@@ -53,9 +53,7 @@ SAMPLES: list[m.Message] = [
     m.InfoReply(5, {"workers": {"tcp://h:1": {"nthreads": 2}}}),
     m.StoryReply(6, [[0.5, "x-1", "new", "queued", "submitted"]]),
     m.Notice("warning", "nobody offers GPU"),
-    m.RegisterWorker(
-        "w", "tcp://h:1", 4, {"GPU": 20_000, "gpu": 20_000}, 123, 2**33, {"gpu": ["0", "1"]}, 99, [7]
-    ),
+    m.RegisterWorker("w", "tcp://h:1", 4, {"GPU": 20_000}, 123, 2**33, {}, 99, [7]),
     m.TaskFinished("x-1", 8, 0.25, "int"),
     m.TaskRaised("x-1", b"exc", b"tb", 0.5),
     m.MissingDependency("x-1", "a", ["tcp://h:1"], ""),

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import click
 
+from apportion.cli.runs import explain_run
 from apportion.client.client import Client
 from apportion.core.resources import SCALE, format_amount
+from apportion.runs.journal import Journal, default_journal_path
 from apportion.scheduler.client_requests import WHY_ALL_LIMIT
 
 DEFAULT_SCHEDULER = "tcp://127.0.0.1:8786"
@@ -31,8 +34,21 @@ def _connect(address: str) -> Client:
 @click.command("why")
 @click.argument("keys", nargs=-1)
 @scheduler_option
-def why(keys: tuple[str, ...], address: str) -> None:
-    """Say why tasks are not running; with no KEYS, every task still waiting."""
+@click.option(
+    "--journal",
+    "journal_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="For run ids: the journal file  [default: $APPORTION_HOME/runs.db].",
+)
+def why(keys: tuple[str, ...], address: str, journal_path: Path | None) -> None:
+    """Say why tasks or runs are not running; with no KEYS, every task still waiting.
+
+    A KEY that is a number is a run id of the job queue (apportion runs), explained
+    from the journal; any other KEY is a task key, asked of the scheduler.
+    """
+    if keys and all(key.isdigit() for key in keys):
+        _why_runs([int(key) for key in keys], journal_path or default_journal_path())
+        return
     with _connect(address) as client:
         reasons = client.why(list(keys))
     if not reasons:
@@ -102,3 +118,15 @@ def dump(filename: str, address: str) -> None:
     click.echo(
         f"wrote {len(state['task_states'])} tasks and {len(state['workers'])} workers to {filename}"
     )
+
+
+def _why_runs(ids: list[int], path: Path) -> None:
+    if not path.exists():
+        raise click.ClickException(f"no journal at {path}")
+    with Journal(path) as journal:
+        owner = journal.owner()
+        for run_id in ids:
+            record = journal.get(run_id)
+            if record is None:
+                raise click.ClickException(f"no run {run_id} in {path}")
+            click.echo(f"run {record.label()}: {explain_run(record, owner)}")

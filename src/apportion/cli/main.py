@@ -5,7 +5,9 @@ from __future__ import annotations
 import click
 
 from apportion.cli.inspect import dump, info, why
+from apportion.cli.runs import RUN_COMMANDS
 from apportion.cli.scheduler import scheduler
+from apportion.cli.submit import submit
 from apportion.cli.worker import worker
 
 
@@ -20,6 +22,9 @@ main.add_command(worker)
 main.add_command(info)
 main.add_command(why)
 main.add_command(dump)
+main.add_command(submit)
+for command in RUN_COMMANDS:
+    main.add_command(command)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ from typing import Any
 from apportion.runs.spec import RunSpec
 
 STAGED = "staged"
-"""Written down but not to be started until the user says so (``apportion runs start``)."""
+"""Written down, not started: a scheduler serving the journal picks it up."""
 QUEUED = "queued"
 """Waiting for a worker with the resources free."""
 RUNNING = "running"

@@ -261,6 +261,8 @@ class RunQueue:
             state, reason = LOST, failure[1]
         else:
             state, reason = FAILED, detail or failure[1]
+            if ended is not None and ended.reason in ("timed out", "could not start"):
+                reason = f"{ended.reason}: {detail}"  # tables show "timed out" from this
         self.journal.mark_ended(run_id, state, wall, exit_code=code, signal=sig, reason=reason)
         label = self._label(run_id)
         if state == COMPLETED:

@@ -14,8 +14,8 @@ from typing import Any
 
 from apportion.net.connection import ConnectionClosed
 from apportion.net.handshake import HandshakeError, open_connection
-from apportion.protocol.codec import ProtocolError
 from apportion.protocol import messages as m
+from apportion.protocol.codec import ProtocolError
 from apportion.runs.spec import RunSpec
 
 _ids = itertools.count(1)

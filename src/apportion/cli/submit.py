@@ -1,0 +1,122 @@
+"""``apportion submit``: queue runs on a running scheduler, which may be on another host.
+
+The runs go over the connection (``SubmitRuns``) into the scheduler's journal, so
+nothing here needs the scheduler's filesystem; ``--wait`` follows them the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections import Counter
+from typing import Any
+
+import click
+
+from apportion.cli.runs import RUN_CONTEXT_SETTINGS, RunOptions, run_options, specs_from_options
+from apportion.runs import remote
+from apportion.runs.journal import COMPLETED, FINISHED, STATES
+from apportion.runs.spec import format_array
+from apportion.runs.table import progress_line, summary
+
+DEFAULT_SCHEDULER = "tcp://127.0.0.1:8786"
+#: Seconds between progress queries with ``--wait``.
+WAIT_INTERVAL = 0.5
+
+
+class AddressFirst(click.Command):
+    """Takes a leading ``ADDRESS`` before the run options, as ``submit ADDR --resources ...``.
+
+    The run options stop at the first word that is not one of them (so that the
+    command keeps its own options); the address is therefore taken off first.
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and not args[0].startswith("-") and _is_address(args[0]):
+            ctx.meta["address"] = args[0]
+            args = args[1:]
+        return super().parse_args(ctx, args)
+
+
+def _is_address(word: str) -> bool:
+    if "://" in word:
+        return True
+    host, _, port = word.rpartition(":")
+    return bool(host) and port.isdigit()
+
+
+@click.command("submit", cls=AddressFirst, context_settings=RUN_CONTEXT_SETTINGS)
+@click.option(
+    "--scheduler",
+    "scheduler_address",
+    default=lambda: os.environ.get("APPORTION_SCHEDULER", DEFAULT_SCHEDULER),
+    show_default="$APPORTION_SCHEDULER or tcp://127.0.0.1:8786",
+    help="Scheduler address (may also come first: apportion submit ADDRESS ...).",
+)
+@click.option(
+    "--wait", is_flag=True, help="Show progress until the runs finish; exit 1 if any failed."
+)
+@run_options
+@click.pass_context
+def submit(ctx: click.Context, run: RunOptions, scheduler_address: str, wait: bool) -> None:
+    """Queue runs of COMMAND on a running scheduler, where its --resources are free.
+
+    \b
+      apportion submit tcp://10.0.0.5:8786 --resources gpu=1 -- python train.py
+      apportion submit --name sweep --array 1-20 --wait -- python train.py --seed {}
+
+    The command runs in the current directory with the current environment, as
+    captured now. Prints the ids given to the runs.
+    """
+    address = ctx.meta.get("address", scheduler_address)
+    try:
+        specs = specs_from_options(run)
+    except ValueError as error:
+        click.echo(f"Error: {error}", err=True)
+        ctx.exit(2)
+    try:
+        ids = remote.submit(address, specs)
+    except remote.RemoteQueueError as error:
+        click.echo(f"Error: {error}", err=True)
+        ctx.exit(1)
+    label = f" ({run.name})" if run.name else ""
+    if len(ids) == 1:
+        click.echo(f"submitted run {ids[0]}{label} to {address}")
+    else:
+        click.echo(f"submitted {len(ids)} runs {format_array(ids)}{label} to {address}")
+    if wait:
+        ctx.exit(follow(address, ids))
+
+
+def follow(address: str, ids: list[int]) -> int:
+    """Show a progress line until every run finished; 0 if all completed, else 1."""
+    tty = sys.stdout.isatty()
+    last = ""
+    while True:
+        try:
+            rows = remote.query(address, ids)
+        except remote.RemoteQueueError as error:
+            click.echo(f"\nError: {error}", err=True)
+            return 1
+        counts = _counts(rows)
+        line = progress_line(counts)
+        if line != last:
+            click.echo(("\r" + line) if tty else line, nl=not tty)
+            last = line
+        if sum(counts[state] for state in FINISHED) >= len(ids):
+            break
+        time.sleep(WAIT_INTERVAL)
+    if tty:
+        click.echo()
+    click.echo(summary(counts))
+    for row in rows:
+        if row["state"] != COMPLETED:
+            click.echo(f"run {row['label']}: {row['state']}: {row['reason']}")
+    return 0 if counts[COMPLETED] == len(ids) else 1
+
+
+def _counts(rows: list[dict[str, Any]]) -> Counter[str]:
+    counts: Counter[str] = Counter(dict.fromkeys(STATES, 0))
+    counts.update(str(row["state"]) for row in rows)
+    return counts

@@ -1,0 +1,315 @@
+"""The job queue through the CLI, as a user runs it: Guild's spec, durability, cancel.
+
+Every scenario of Guild's Dask-scheduler spec (seed 003) in our own format, plus
+what its notes and users asked for: ddd beside aaa in both orders, runs that can
+never start reported and left staged, a scheduler SIGKILLed with runs queued and
+running, and a cancel that leaves no process of the run behind. Each run records
+its start and end times in its log; concurrency is asserted from those.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from apportion.runs.journal import COMPLETED, FINISHED, Journal
+from cli_processes import APPORTION, Processes
+
+pytestmark = [pytest.mark.process, pytest.mark.timeout(120)]
+
+OP = """\
+import os, sys, time
+cuda = os.environ.get("CUDA_VISIBLE_DEVICES")
+print("start", time.time(), os.environ["RUN_ID"], cuda or "-", flush=True)
+time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 0.5)
+print("stop", time.time(), flush=True)
+"""
+
+
+class Queue:
+    """The CLI against one journal in a test's own APPORTION_HOME."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.env = {**os.environ, "APPORTION_HOME": str(home), "APPORTION_LOG_LEVEL": "INFO"}
+        self.op = home / "op.py"
+        home.mkdir(parents=True, exist_ok=True)
+        self.op.write_text(OP)
+
+    def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*APPORTION, *args],
+            env=self.env,
+            cwd=self.home,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def stage(self, *resources: str, seconds: float = 0.5, name: str = "") -> int:
+        args = [a for r in resources for a in ("--resources", r)]
+        args += ["--name", name] if name else []
+        result = self.cli("stage", *args, "--", sys.executable, str(self.op), str(seconds))
+        assert result.returncode == 0, result.stderr
+        found = re.search(r"staged run (\d+)", result.stdout)
+        assert found, result.stdout
+        return int(found.group(1))
+
+    def run_once(self, *resources: str) -> subprocess.CompletedProcess[str]:
+        args = ["--resources", " ".join(resources)] if resources else []
+        return self.cli("scheduler", "--run-once", *args)
+
+    def journal(self) -> Journal:
+        return Journal(self.home / "runs.db")
+
+    def interval(self, run_id: int) -> tuple[float, float, str]:
+        """(start, stop, CUDA_VISIBLE_DEVICES) from the run's log."""
+        log = (self.home / "runs-logs" / f"{run_id}.log").read_text()
+        start = re.search(r"start (\S+) \S+ (\S+)", log)
+        stop = re.search(r"stop (\S+)", log)
+        assert start and stop, log
+        return float(start.group(1)), float(stop.group(1)), start.group(2)
+
+    def states(self) -> dict[int, str]:
+        with self.journal() as journal:
+            return {r.id: r.state for r in journal.runs()}
+
+
+@pytest.fixture
+def queue(tmp_path: Path) -> Queue:
+    return Queue(tmp_path / "home")
+
+
+def overlap(a: tuple[float, float, str], b: tuple[float, float, str]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def test_two_runs_that_do_not_fit_together_run_one_after_the_other(queue: Queue) -> None:
+    first, second = queue.stage("foo=5"), queue.stage("foo=5")
+    result = queue.run_once("foo=7")
+    assert result.returncode == 0, result.stderr
+    assert not overlap(queue.interval(first), queue.interval(second))
+    assert queue.states() == {first: COMPLETED, second: COMPLETED}
+    log = result.stderr
+    assert "cluster resources: foo=7" in log
+    for run_id in (first, second):
+        assert f"scheduling run {run_id} (requires foo=5)" in log
+        assert re.search(rf"run {run_id} started on run-once \(pid \d+, holding foo=5\)", log)
+        assert f"run {run_id} completed" in log
+    assert result.stdout.count("start ") == 2  # run output is echoed, as Guild does
+
+
+def test_two_runs_that_fit_together_run_side_by_side(queue: Queue) -> None:
+    first, second = queue.stage("foo=5"), queue.stage("foo=5")
+    assert queue.run_once("foo=12").returncode == 0
+    assert overlap(queue.interval(first), queue.interval(second))
+
+
+def test_a_run_needing_an_undefined_resource_is_reported_once_and_stays_staged(
+    queue: Queue,
+) -> None:
+    needs_foo = queue.stage("foo=5")
+    plain = queue.stage()
+    result = queue.run_once()
+    assert result.returncode == 0, result.stderr
+    message = (
+        f"ignoring staged run {needs_foo} (requires resources not defined for the cluster: foo)"
+    )
+    assert result.stderr.count(message) == 1, result.stderr
+    assert queue.states() == {needs_foo: "staged", plain: COMPLETED}
+    why = queue.cli("why", str(needs_foo))
+    assert "staged" in why.stdout
+
+
+def test_several_resource_options_all_count(queue: Queue) -> None:
+    run_id = queue.stage("foo=1", "bar=1 baz=1")
+    result = queue.run_once("foo=1 bar=1 baz=2")
+    assert result.returncode == 0, result.stderr
+    assert f"scheduling run {run_id} (requires bar=1 baz=1 foo=1)" in result.stderr
+    assert queue.states() == {run_id: COMPLETED}
+
+    again = queue.stage("foo=1", "bar=1 baz=1")
+    result = queue.run_once("foo=1")
+    assert result.returncode == 0, result.stderr
+    assert "requires resources not defined for the cluster: bar, baz" in result.stderr
+    assert queue.states()[again] == "staged"
+
+
+def test_misspecified_resources_are_refused_at_once(queue: Queue) -> None:
+    bad = queue.cli("stage", "--resources", "bar", "--", "true")
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [
+        "Error: --resources: invalid resource spec 'bar': parts must be NAME=AMOUNT"
+    ]
+    assert not (queue.home / "runs.db").exists() or not queue.states()
+    scheduler = queue.cli("scheduler", "--run-once", "--resources", "foo")
+    assert scheduler.returncode == 2 and "parts must be NAME=AMOUNT" in scheduler.stderr
+
+
+GUILD_GPU = {"aaa": "gpu0=1", "bbb": "gpu0=1", "ccc": "gpu0=1 gpu1=1", "ddd": "gpu1=1"}
+
+
+@pytest.mark.parametrize("order", [["aaa", "bbb", "ccc", "ddd"], ["aaa", "ddd", "bbb", "ccc"]])
+def test_guild_gpu_example_starts_aaa_and_ddd_together_in_either_order(
+    queue: Queue, order: list[str]
+) -> None:
+    ids = {name: queue.stage(GUILD_GPU[name], name=name) for name in order}
+    result = queue.run_once("gpu0=1 gpu1=1")
+    assert result.returncode == 0, result.stderr
+    aaa, bbb, ccc, ddd = (queue.interval(ids[k]) for k in ("aaa", "bbb", "ccc", "ddd"))
+    assert overlap(aaa, ddd), "ddd must run beside aaa"
+    assert not overlap(aaa, bbb) and not overlap(ccc, aaa) and not overlap(ccc, bbb)
+    assert not overlap(ccc, ddd)
+
+
+def test_gpu_runs_see_the_devices_they_hold(queue: Queue) -> None:
+    singles = [queue.stage("gpu=1", name=f"one-{i}") for i in range(3)]
+    both = queue.stage("gpu=2", name="both")
+    result = queue.run_once("gpu=[0,1]")
+    assert result.returncode == 0, result.stderr
+    seen = {run_id: queue.interval(run_id) for run_id in (*singles, both)}
+    assert seen[both][2] == "0,1"
+    for a in singles:
+        assert seen[a][2] in ("0", "1")
+        for b in singles:
+            if a != b and overlap(seen[a], seen[b]):
+                assert seen[a][2] != seen[b][2], "two runs on one GPU at once"
+
+
+# --- a long-lived scheduler: submit, durability, cancel, time limits ------------------
+
+
+def start_scheduler(procs: Processes, queue: Queue, port: int) -> str:
+    proc, log = procs.start("scheduler", "--port", str(port), "--adopt-grace", "20")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and proc.poll() is None:
+        found = re.search(r"apportion scheduler at (tcp://\S+)", log.read_text())
+        if found:
+            return found.group(1)
+        time.sleep(0.02)
+    raise AssertionError(f"scheduler did not start:\n{log.read_text()}")
+
+
+def poll(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def cluster(
+    procs: Processes, queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Processes, Queue, str]:
+    monkeypatch.setenv("APPORTION_HOME", str(queue.home))  # for the processes procs starts
+    port = free_port()
+    address = start_scheduler(procs, queue, port)
+    procs.start("worker", address, "--nthreads", "2", "--name", "w", "--resources", "slot=2")
+    return procs, queue, address
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def test_submit_an_array_and_wait_for_it(cluster: tuple[Processes, Queue, str]) -> None:
+    _, queue, address = cluster
+    result = queue.cli(
+        "submit", address, "--name", "sweep", "--array", "1-6", "--wait", "--",
+        sys.executable, "-c", "import sys; print('seed', sys.argv[1])", "{}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "submitted 6 runs 1-6 (sweep)" in result.stdout
+    assert "6 runs: 6 completed" in result.stdout
+    logs = sorted((queue.home / "runs-logs").glob("*.log"))
+    assert sorted(p.read_text() for p in logs) == [f"seed {i}\n" for i in range(1, 7)]
+    table = queue.cli("runs").stdout
+    assert "sweep[3]" in table and "completed" in table
+
+
+def test_a_killed_scheduler_loses_no_run_and_runs_none_twice(
+    cluster: tuple[Processes, Queue, str],
+) -> None:
+    procs, queue, address = cluster
+    marks = queue.home / "executions.txt"
+    script = f"echo $RUN_ID >> {marks}; sleep 0.4"
+    result = queue.cli("submit", address, "--resources", "slot=1", "--array", "1-22", "--",
+                       "sh", "-c", script + " # {}")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    poll(lambda: list(queue.states().values()).count("running") == 2, 20, "two running")
+    scheduler = procs.procs[0][0]
+    os.killpg(scheduler.pid, signal.SIGKILL)
+    scheduler.wait(10)
+    start_scheduler(procs, queue, int(address.rsplit(":", 1)[1]))
+
+    def all_finished() -> bool:
+        return all(state in FINISHED for state in queue.states().values())
+
+    poll(all_finished, 60, "every run to finish after the restart")
+    with queue.journal() as journal:
+        records = journal.runs()
+        histories = {r.id: journal.history(r.id) for r in records}
+    assert len(records) == 22 and all(r.state == COMPLETED for r in records)
+    executions = marks.read_text().split()
+    for record in records:
+        ran = executions.count(str(record.id))
+        interrupted = any("interrupted" in text for _, text in histories[record.id])
+        assert ran == 1 or (interrupted and ran == 2), (record.id, ran, histories[record.id])
+    adopted = [i for i, h in histories.items() if any("adopted" in t for _, t in h)]
+    assert len(adopted) == 2, histories  # the two running ones kept running
+
+
+def test_cancel_leaves_no_process_of_the_run_behind(
+    cluster: tuple[Processes, Queue, str],
+) -> None:
+    _, queue, address = cluster
+    pids = queue.home / "pids"
+    script = (
+        f"sleep 300 & echo $! >> {pids}; sleep 300 & echo $! >> {pids}; echo $$ >> {pids}; wait"
+    )
+    result = queue.cli("submit", address, "--resources", "slot=2", "--", "sh", "-c", script)
+    run_id = int(re.findall(r"submitted run (\d+)", result.stdout)[0])
+    poll(lambda: pids.exists() and len(pids.read_text().split()) == 3, 20, "the run's processes")
+    family = [int(p) for p in pids.read_text().split()]
+    assert all(psutil.pid_exists(p) for p in family)
+    cancelled = queue.cli("cancel", str(run_id))
+    assert cancelled.returncode == 0 and "cancel requested" in cancelled.stdout
+    poll(lambda: queue.states()[run_id] == "cancelled", 30, "the run to be cancelled")
+    gone = [p for p in family if not psutil.pid_exists(p) or _zombie(p)]
+    assert gone == family, "processes of the cancelled run are still running"
+    # Its slots are free again: a run needing both starts.
+    after = queue.cli("submit", address, "--resources", "slot=2", "--wait", "--", "true")
+    assert after.returncode == 0, after.stderr + after.stdout
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_time_limit_stops_the_run_and_fails_it(cluster: tuple[Processes, Queue, str]) -> None:
+    _, queue, address = cluster
+    result = queue.cli("submit", address, "--time-limit", "1s", "--wait", "--", "sleep", "60")
+    assert result.returncode == 1
+    assert "run 1: failed: timed out: killed after its time limit of 1s" in result.stdout
+    assert "timed out" in queue.cli("runs").stdout
