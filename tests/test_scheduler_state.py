@@ -15,7 +15,7 @@ from apportion.core.resources import SCALE, ResourceSpec, parse_demand
 from apportion.protocol import messages as m
 from apportion.scheduler.events import FromWorker
 from apportion.scheduler.invariants import check_invariants
-from apportion.scheduler.records import ERRED, MEMORY, PROCESSING, QUEUED, WAITING
+from apportion.scheduler.records import ERRED, MEMORY, PROCESSING, QUEUED, RELEASED, WAITING
 from apportion.scheduler.state import SchedulerConfig
 from apportion.testing.simulation import Interval, SimulatedCluster
 
@@ -433,13 +433,17 @@ def test_chain_runs_in_order_and_releases_intermediates(sim: RecordingCluster) -
     assert "a" not in sim.freed(w)
     sim.finish("b")
     assert "a" in sim.freed(w)  # its only dependent finished and nobody wants it
-    assert sim.state_of("a") == "forgotten"
+    assert sim.state_of("a") == RELEASED  # its data is gone; its recipe stays for b's sake
     sim.place()
     sim.finish("c")
     assert sim.freed(w) == ["a", "b"]
     assert sim.done() == ["c"]
-    assert set(sim.state.tasks) == {"c"}
-    sim.client_says("c1", m.ReleaseKeys(["c"]))
+    assert {k: t.state for k, t in sim.state.tasks.items()} == {
+        "a": RELEASED,
+        "b": RELEASED,
+        "c": MEMORY,
+    }
+    sim.client_says("c1", m.ReleaseKeys(["c"]))  # the whole lineage goes with it
     assert sim.freed(w) == ["a", "b", "c"]
     assert sim.state.tasks == {}
     assert sim.state.functions == {}
@@ -464,7 +468,7 @@ def test_diamond_keeps_shared_input_until_both_dependents_finish(sim: RecordingC
     assert sim.state_of("a") == MEMORY  # b still needs it
     assert sim.state_of("d") == WAITING
     sim.finish("b")
-    assert sim.state_of("a") == "forgotten"
+    assert sim.state_of("a") == RELEASED  # data dropped; kept as b's and c's lineage
     assert sim.state_of("d") == QUEUED
     sim.place()
     sim.finish("d")
@@ -483,7 +487,7 @@ def test_result_wanted_by_a_client_is_kept_after_dependents_finish(
     assert sim.freed(w) == []
     sim.client_says("c1", m.ReleaseKeys(["a"]))
     assert sim.freed(w) == ["a"]
-    assert set(sim.state.tasks) == {"b"}
+    assert set(sim.state.tasks) == {"a", "b"} and sim.state_of("a") == RELEASED
 
 
 def test_two_clients_share_a_result_until_both_release(sim: RecordingCluster) -> None:
@@ -692,20 +696,20 @@ def test_lost_results_are_recomputed_when_needed(sim: RecordingCluster) -> None:
     assert sim.free(w2) == {"GPU": 1.0}
 
 
-def test_lost_result_whose_input_was_released_fails_with_a_reason(
+def test_lost_result_whose_input_was_released_is_recomputed_from_its_lineage(
     sim: RecordingCluster,
 ) -> None:
     w1 = sim.add_worker("w1")
     sim.submit_graph({"a": ([], None), "b": (["a"], None)}, wanted=["a", "b"])
     sim.run({})
     sim.client_says("c1", m.ReleaseKeys(["a"]))
-    assert sim.state_of("a") == "forgotten"  # nobody needed it any more
+    assert sim.state_of("a") == RELEASED  # nobody wants it; b was computed from it
+    w2 = sim.add_worker("w2")
     sim.remove_worker(w1)
-    # b cannot be recomputed without a: it fails, saying why, rather than hang.
-    (failed,) = sim.got(m.KeysFailed)
-    assert failed.keys == ["b"] and failed.kind == "lost"
-    assert "'a'" in failed.message and "w1" in failed.message
-    assert sim.state_of("b") == ERRED
+    assert not sim.got(m.KeysFailed)
+    sim.run({})
+    assert sim.done() == ["a", "b", "b"] and sim.state_of("b") == MEMORY
+    assert sim.state.tasks["b"].worker == w2
 
 
 def test_lost_results_chain_is_recomputed_in_order(sim: RecordingCluster) -> None:
@@ -1177,20 +1181,20 @@ def test_missing_dependency_recomputes_the_input_then_reruns(sim: RecordingClust
     assert sim.done() == ["b"]
 
 
-def test_missing_dependency_that_cannot_be_recomputed_fails_the_task(
+def test_missing_dependency_whose_input_was_released_is_recomputed(
     sim: RecordingCluster,
 ) -> None:
     sim.add_worker("w1", nthreads=2)
     sim.submit_graph({"x": ([], None), "a": (["x"], None), "b": (["a"], "GPU=1")}, wanted=["b"])
     sim.run({})
-    assert sim.state_of("x") == "forgotten"  # a finished, so nobody needed x any more
+    assert sim.state_of("x") == RELEASED  # a finished, so nobody needed x's data any more
     w2 = sim.add_worker("w2", resources="GPU=1")
     assert sim.place() == [(w2, "b")]
-    _report_missing(sim, "b", "a")  # a is gone and x with it: b fails, saying why
-    assert sim.state_of("b") == ERRED
-    (failed,) = sim.got(m.KeysFailed)
-    assert failed.keys == ["b"] and failed.kind == "lost" and "'x'" in failed.message
+    _report_missing(sim, "b", "a")  # a is gone: x and then a are computed again
+    assert (sim.state_of("x"), sim.state_of("a"), sim.state_of("b")) == (QUEUED, WAITING, WAITING)
     assert sim.free(w2) == {"GPU": 1.0}
+    sim.run({})
+    assert sim.done() == ["b"] and not sim.got(m.KeysFailed)
 
 
 def test_missing_dependency_of_a_cancelled_task_does_not_rerun_it(
@@ -1217,3 +1221,79 @@ def test_resubmitting_a_cancelled_key_keeps_its_function(sim: RecordingCluster) 
     assert "f" in sim.state.functions  # still used by the cancelled record
     sim.submit("x")  # drops the cancelled record (its function's last user) first
     assert sim.place() == [(w, "x")]
+
+
+# --- lineage: recomputing a lost result whose inputs were released ---------------------
+
+
+def test_a_lost_result_is_recomputed_from_released_inputs(sim: RecordingCluster) -> None:
+    w = sim.add_worker(nthreads=1, name="first")
+    sim.submit_graph({"a": ([], None), "b": (["a"], None), "c": (["b"], None)}, wanted=["c"])
+    for key in "abc":
+        sim.place()
+        sim.finish(key)
+    assert sim.state_of("a") == sim.state_of("b") == RELEASED
+    spare = sim.add_worker(nthreads=1, name="spare")
+    sim.remove_worker(w)  # c's only copy is gone; a and b hold no data anywhere
+    assert sim.got(m.KeysPending) == [m.KeysPending(["c"])]
+    assert (sim.state_of("a"), sim.state_of("b"), sim.state_of("c")) == (QUEUED, WAITING, WAITING)
+    for key in "abc":
+        assert sim.place() == [(spare, key)]
+        sim.finish(key)
+    assert sim.done() == ["c", "c"]
+    assert sim.state_of("c") == MEMORY and sim.state_of("a") == RELEASED
+    story = [row[4] for row in sim.state.story_of("a")]
+    assert "needed to recompute b" in story
+
+
+def test_wanting_a_released_key_again_recomputes_it(sim: RecordingCluster) -> None:
+    w = sim.add_worker(nthreads=1)
+    sim.submit_graph({"a": ([], None), "b": (["a"], None)}, wanted=["b"])
+    for key in "ab":
+        sim.place()
+        sim.finish(key)
+    assert sim.state_of("a") == RELEASED
+    sim.submit_graph({"d": (["a"], None)}, wanted=["d"])  # a new task on a released input
+    assert sim.place() == [(w, "a")]
+    sim.finish("a")
+    assert sim.place() == [(w, "d")]
+    sim.finish("d")
+    assert sim.done() == ["b", "d"]
+
+
+def test_a_long_released_chain_is_recomputed_and_dropped_without_recursion(
+    sim: RecordingCluster,
+) -> None:
+    w = sim.add_worker(nthreads=1)
+    n = 5_000
+    graph = {f"t{i}": ([f"t{i - 1}"] if i else [], None) for i in range(n)}
+    sim.submit_graph(graph, wanted=[f"t{n - 1}"])
+    for i in range(n):
+        sim.place()
+        sim.finish(f"t{i}")
+    spare = sim.add_worker(nthreads=1)
+    sim.remove_worker(w)
+    assert sim.state_of("t0") == QUEUED and sim.state_of(f"t{n - 2}") == WAITING
+    for i in range(n):
+        assert sim.place() == [(spare, f"t{i}")]
+        sim.finish(f"t{i}")
+    sim.client_says("c1", m.ReleaseKeys([f"t{n - 1}"]))
+    assert sim.state.tasks == {}
+
+
+def test_a_lost_result_whose_released_input_was_scattered_fails_clearly(
+    sim: RecordingCluster,
+) -> None:
+    w = sim.add_worker(nthreads=1)
+    sim.client_says("c1", m.ScatterRequest(1, {"data": b"x"}))
+    (put,) = sim.worker_got(w, m.PutData)
+    sim.handle(FromWorker(w, [m.DataStored(put.request_id, ["data"], {"data": 1})], sim.now))
+    sim.submit_graph({"use": (["data"], None)}, wanted=["use"])
+    sim.place()
+    sim.finish("use")
+    sim.client_says("c1", m.ReleaseKeys(["data"]))
+    assert sim.state_of("data") == RELEASED
+    sim.add_worker(nthreads=1)
+    sim.remove_worker(w)
+    (failed,) = sim.got(m.KeysFailed)
+    assert failed.keys == ["use"] and "scattered data 'data'" in failed.message

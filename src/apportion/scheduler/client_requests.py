@@ -14,6 +14,7 @@ from apportion.scheduler.records import (
     NO_RESOURCES,
     PROCESSING,
     QUEUED,
+    RELEASED,
     WAITING,
     ClientRecord,
     TaskRecord,
@@ -95,6 +96,7 @@ def _link_inputs(state: SchedulerState, task: TaskRecord) -> None:
         dep = state.tasks.get(dep_key)
         if dep is not None:
             dep.dependents.add(task.key)
+            dep.lineage += 1
 
 
 def _warn_if_unsatisfiable(state: SchedulerState, task: TaskRecord) -> None:
@@ -131,6 +133,9 @@ def _start(state: SchedulerState, task: TaskRecord) -> None:
             failure = ("lost", text, b"")
         elif dep.state == ERRED and dep.error is not None:
             failure = dep.error
+        elif dep.state == RELEASED:
+            state.recompute(dep, f"needed again by {task.key}")
+            task.missing_deps += 1
         elif dep.state != MEMORY:
             task.missing_deps += 1
     if failure is None and task.resources:
@@ -154,6 +159,8 @@ def want(state: SchedulerState, client: ClientRecord, key: str) -> None:
     client.wanted.add(key)
     if task.state == MEMORY:
         state.done_keys[client.id].append(key)
+    elif task.state == RELEASED:
+        state.recompute(task, f"wanted again by client {client.id}")
     elif (task.state == ERRED or task.cancelled) and task.error is not None:
         state.send(client.id, error_message(key, task.error, state.retried.get(key, 0) + 1))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 
 from apportion.core.resources import SCALE
-from apportion.scheduler.records import ERRED, MEMORY, PROCESSING, QUEUED, WAITING
+from apportion.scheduler.records import ERRED, MEMORY, PROCESSING, QUEUED, RELEASED, WAITING
 from apportion.scheduler.state import SchedulerState
 
 
@@ -46,9 +46,14 @@ def _check_ledger(state: SchedulerState) -> None:
 
 def _check_tasks(state: SchedulerState) -> None:
     queued_keys = {key for heap in state.ready.values() for _, _, key in heap}
+    lineage: Counter[str] = Counter(dep for task in state.tasks.values() for dep in task.deps)
     for key, task in state.tasks.items():
         assert task.key == key
-        assert task.state in (WAITING, QUEUED, PROCESSING, MEMORY, ERRED), task.state
+        assert task.state in (WAITING, QUEUED, PROCESSING, MEMORY, ERRED, RELEASED), task.state
+        assert lineage[key] >= task.lineage >= 0, f"{key}: lineage {task.lineage} overcounted"
+        if task.state == RELEASED:
+            assert task.lineage > 0 and not task.needed(), f"{key}: released but needed"
+            assert task.worker is None
         not_ready = sum(1 for d in task.deps if d in state.tasks and state.tasks[d].state != MEMORY)
         if task.state == WAITING:
             assert task.missing_deps == not_ready > 0, f"{key}: waiting with wrong count"
@@ -71,6 +76,7 @@ def _check_tasks(state: SchedulerState) -> None:
             for dep_key in task.deps:
                 dep = state.tasks.get(dep_key)
                 assert dep is not None, f"{key}: input {dep_key} forgotten while needed"
+                assert dep.state != RELEASED, f"{key}: input {dep_key} released while needed"
                 assert key in dep.dependents, f"{key}: not registered with {dep_key}"
         for client_id in task.wanted_by or ():
             assert key in state.clients[client_id].wanted

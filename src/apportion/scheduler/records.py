@@ -43,6 +43,10 @@ QUEUED = "queued"  #: ready; waits in the scheduler for a worker where it fits
 PROCESSING = "processing"  #: assigned to a worker, which holds its resources
 MEMORY = "memory"  #: finished; the result lives on ``worker``
 ERRED = "erred"  #: failed (raised, cancelled, unsatisfiable, lost); kept while wanted
+#: Finished and no longer needed: the result is dropped but the record stays, with
+#: its function and arguments, while results computed from it live (``lineage``),
+#: so that a lost one can be recomputed from its inputs' inputs.
+RELEASED = "released"
 
 #: Every legal move. Anything else is a bug and raises at once.
 TRANSITIONS: frozenset[tuple[str, str]] = frozenset(
@@ -67,6 +71,11 @@ TRANSITIONS: frozenset[tuple[str, str]] = frozenset(
         (MEMORY, QUEUED),
         (MEMORY, ERRED),
         (MEMORY, "forgotten"),
+        (MEMORY, RELEASED),
+        (RELEASED, WAITING),
+        (RELEASED, QUEUED),
+        (RELEASED, ERRED),
+        (RELEASED, "forgotten"),
         (ERRED, "forgotten"),
     }
 )
@@ -84,6 +93,7 @@ class TaskRecord:
         "error",
         "func_id",
         "key",
+        "lineage",
         "missing_deps",
         "nbytes",
         "priority",
@@ -119,6 +129,9 @@ class TaskRecord:
         #: Unfinished tasks that take this one's result as input (a dependent leaves
         #: the set when it finishes, fails or is forgotten); needed while non-empty.
         self.dependents: set[str] = set()
+        #: Records (any state) that list this task among their inputs; while it is
+        #: positive, the record outlives its result (RELEASED) for recomputation.
+        self.lineage = 0
         #: Dependencies not in memory; the task is QUEUED exactly when this is 0.
         self.missing_deps = 0
         #: The demand it runs (or last ran, or reserved) with: with alternatives, the

@@ -59,6 +59,7 @@ from apportion.scheduler.records import (
     MEMORY,
     PROCESSING,
     QUEUED,
+    RELEASED,
     TRANSITIONS,
     WAITING,
     ClientRecord,
@@ -311,11 +312,20 @@ class SchedulerState:
             self.forget(task)
 
     def forget(self, task: TaskRecord) -> None:
-        """Drop a task nobody needs. A running one is forgotten when its worker reports."""
+        """Drop a task nobody needs. A running one is forgotten when its worker reports.
+
+        A finished one whose result fed results that still exist keeps its record
+        (RELEASED, its data dropped), so that a lost result can be recomputed.
+        """
         if task.state == PROCESSING and task.worker is not None:
             if not task.discard_result:
                 task.discard_result = True
                 self.free_keys[task.worker].append(task.key)
+            return
+        if task.lineage and task.state in (MEMORY, RELEASED):
+            if task.state == MEMORY:
+                self._drop_result(task)
+                self.move(task, RELEASED, "released; kept to recompute what was computed from it")
             return
         self.remove(task, "released")
 
@@ -328,6 +338,30 @@ class SchedulerState:
         self.move(task, "forgotten", cause)
         del self.tasks[task.key]
         self._forget_counts(task.key)
+        self._drop_function_use(task)
+        if unfinished:
+            self.finish_inputs(task)
+        self._unlink_lineage(task)
+
+    def _unlink_lineage(self, task: TaskRecord) -> None:
+        """``task`` is gone: released inputs that only it could need go too (iteratively:
+        a chain of 100,000 released tasks must not recurse 100,000 deep)."""
+        stack = [task]
+        while stack:
+            gone = stack.pop()
+            for dep_key in gone.deps:
+                dep = self.tasks.get(dep_key)
+                if dep is None or dep.lineage <= 0:
+                    continue
+                dep.lineage -= 1
+                if dep.lineage == 0 and dep.state == RELEASED:
+                    self.move(dep, "forgotten", "nothing computed from it is left")
+                    del self.tasks[dep.key]
+                    self._forget_counts(dep.key)
+                    self._drop_function_use(dep)
+                    stack.append(dep)
+
+    def _drop_function_use(self, task: TaskRecord) -> None:
         if task.func_id != SCATTERED:
             users = self.function_users[task.func_id] - 1
             if users:
@@ -335,8 +369,6 @@ class SchedulerState:
             else:
                 del self.function_users[task.func_id]
                 self.functions.pop(task.func_id, None)
-        if unfinished:
-            self.finish_inputs(task)
 
     def _forget_counts(self, key: str) -> None:
         """A task finished or went away: its failure counts no longer matter."""
@@ -580,22 +612,47 @@ class SchedulerState:
         if not task.needed():
             self.forget(task)
             return
-        if task.func_id == SCATTERED:
-            text = f"scattered data {task.key!r} was lost ({cause}) and cannot be recomputed"
-            self.fail(task, ("lost", text, b""), cause)
-            return
-        unknown = [d for d in task.deps if d not in self.tasks]
-        if unknown:
-            text = f"result of {task.key!r} was lost ({cause}) and input {unknown[0]!r} is gone"
-            self.fail(task, ("lost", text, b""), cause)
-            return
-        task.missing_deps = sum(1 for d in task.deps if self.tasks[d].state != MEMORY)
-        for dep_key in task.deps:
-            self.tasks[dep_key].dependents.add(task.key)
-        if task.missing_deps:
-            self.move(task, WAITING, cause)
-        else:
-            self.enqueue(task, cause)
+        self.recompute(task, cause)
+
+    def recompute(self, task: TaskRecord, cause: str) -> None:
+        """Run ``task`` (lost or RELEASED) again, and the RELEASED inputs it needs first.
+
+        Its lineage is walked with a stack, not recursion. Scattered data and inputs
+        already forgotten cannot be recomputed: the task fails, saying which.
+        """
+        stack = [(task, cause)]
+        while stack:
+            current, why = stack.pop()
+            if current.state not in (MEMORY, RELEASED):
+                continue  # reached twice through two paths: already on its way
+            if current.func_id == SCATTERED:
+                text = f"scattered data {current.key!r} was lost ({why}) and cannot be recomputed"
+                self.fail(current, ("lost", text, b""), why)
+                continue
+            unknown = [d for d in current.deps if d not in self.tasks]
+            if unknown:
+                text = (
+                    f"result of {current.key!r} was lost ({why}) and input {unknown[0]!r} is gone"
+                )
+                self.fail(current, ("lost", text, b""), why)
+                continue
+            failed = next((d for d in current.deps if self.tasks[d].state == ERRED), None)
+            if failed is not None:
+                error = self.tasks[failed].error or ("lost", f"input {failed!r} failed", b"")
+                self.fail(current, error, f"{why}; input {failed} failed")
+                continue
+            current.missing_deps = 0
+            for dep_key in current.deps:
+                dep = self.tasks[dep_key]
+                dep.dependents.add(current.key)
+                if dep.state != MEMORY:
+                    current.missing_deps += 1
+                if dep.state == RELEASED:
+                    stack.append((dep, f"needed to recompute {current.key}"))
+            if current.missing_deps:
+                self.move(current, WAITING, why)
+            else:
+                self.enqueue(current, why)
 
     def _on_placement_due(self, event: PlacementDue, _: None) -> None:
         from apportion.scheduler.placement import place
