@@ -313,3 +313,56 @@ def test_a_time_limit_stops_the_run_and_fails_it(cluster: tuple[Processes, Queue
     assert result.returncode == 1
     assert "run 1: failed: timed out: killed after its time limit of 1s" in result.stdout
     assert "timed out" in queue.cli("runs").stdout
+
+
+def test_higher_priority_runs_start_first_and_failed_runs_retry(queue: Queue) -> None:
+    low = queue.stage("slot=1", name="low")
+    high_args = ["--resources", "slot=1", "--priority", "5", "--name", "high", "--"]
+    high = queue.cli("stage", *high_args, sys.executable, str(queue.op), "0.5")
+    high_id = int(re.findall(r"staged run (\d+)", high.stdout)[0])
+    marker = queue.home / "tried"
+    flaky = (
+        f"import os, sys; p = {str(marker)!r}\n"
+        "if not os.path.exists(p): open(p, 'w').close(); sys.exit(3)\n"
+        "print('second time lucky')"
+    )
+    retried = queue.cli("stage", "--retries", "1", "--", sys.executable, "-c", flaky)
+    retried_id = int(re.findall(r"staged run (\d+)", retried.stdout)[0])
+    result = queue.run_once("slot=1")
+    assert result.returncode == 0, result.stderr
+    assert queue.interval(high_id)[1] <= queue.interval(low)[0], "priority 5 goes first"
+    with queue.journal() as journal:
+        record = journal.get(retried_id)
+        assert record is not None and record.state == COMPLETED and record.attempts == 2
+    assert "second time lucky" in (queue.home / "runs-logs" / f"{retried_id}.log").read_text()
+
+
+def test_a_run_that_fails_for_good_makes_run_once_exit_1(queue: Queue) -> None:
+    failing = queue.cli("stage", "--", sys.executable, "-c", "import sys; sys.exit(4)")
+    run_id = int(re.findall(r"staged run (\d+)", failing.stdout)[0])
+    result = queue.run_once()
+    assert result.returncode == 1
+    assert f"run {run_id} failed: exit code 4" in result.stderr
+    assert "exit 4" in queue.cli("runs").stdout
+
+
+def test_a_run_whose_worker_is_killed_runs_again_elsewhere(
+    cluster: tuple[Processes, Queue, str],
+) -> None:
+    procs, queue, address = cluster
+    victim, _ = procs.start("worker", address, "--nthreads", "1", "--name", "victim",
+                            "--resources", "only=1")  # fmt: skip
+    marks = queue.home / "attempts"
+    script = f"echo $RUN_ID >> {marks}; sleep 1"
+    result = queue.cli("submit", address, "--resources", "only=1", "--", "sh", "-c", script)
+    run_id = int(re.findall(r"submitted run (\d+)", result.stdout)[0])
+    poll(lambda: queue.states().get(run_id) == "running", 20, "the run to start")
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait(10)
+    procs.start("worker", address, "--nthreads", "1", "--name", "rescue", "--resources", "only=1")
+    poll(lambda: queue.states()[run_id] == COMPLETED, 30, "the run to complete on the rescue")
+    with queue.journal() as journal:
+        record = journal.get(run_id)
+        history = [text for _, text in journal.history(run_id)]
+    assert record is not None and record.worker == "rescue" and record.attempts == 2
+    assert any("its worker victim left" in text for text in history), history

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,6 +137,22 @@ class LiveRuns:
             found = [self._runs[i] for i in run_ids if i in self._runs]
         for live in found:
             live.cancel.set()
+
+    def stop_all(self, timeout: float) -> int:
+        """Stop every live run (the worker is closing) and wait up to ``timeout`` for them.
+
+        A run must not outlive its worker: nobody would report it, and it would keep
+        the GPUs the scheduler hands to the run's next attempt. Returns how many
+        are still not gone.
+        """
+        with self._lock:
+            runs = list(self._runs.values())
+        for live in runs:
+            live.cancel.set()
+        deadline = time.monotonic() + timeout
+        for live in runs:
+            live.done.wait(max(0.0, deadline - time.monotonic()))
+        return sum(1 for live in runs if not live.done.is_set())
 
     def _run(self, live: LiveRun, spec: RunSpec, env: Mapping[str, str]) -> None:
         def started(pid: int) -> None:

@@ -297,6 +297,13 @@ class RunQueue:
             return
         worker = self.host.state.workers.get(worker_id)
         name = worker.name if worker is not None else worker_id
+        previous = self.ended.pop(record.id, None)
+        if record.state == RUNNING and previous is not None:
+            # The last attempt ended and the scheduler runs it again (its retries).
+            why = f"{previous.reason}: {previous.detail}; retrying"
+            self.journal.requeue(record.id, why, wall)
+            logger.warning("run %s %s", record.label(), why)
+            record = self.journal.get(record.id) or record
         if record.state == QUEUED:
             self.journal.mark_running(record.id, name, message.held, wall)
             logger.info(
@@ -326,10 +333,19 @@ class RunQueue:
         self._log_sizes[run_id] = max(size, message.offset + len(message.data))
 
     def worker_left(self, name: str, wall: float) -> None:
-        """A worker is gone: cancelled runs it was still stopping are settled now."""
+        """A worker is gone: its cancelled runs are settled, its running ones requeued.
+
+        The scheduler runs the lost worker's tasks again (or fails them as poison,
+        which ``on_message`` then records as lost); the journal says so meanwhile.
+        """
         for run_id, (worker, failure) in list(self._stopping.items()):
             if worker == name:
                 self._finish(run_id, wall, (failure[0], f"{failure[1]}; its worker left"))
+        for record in self.journal.runs(states={RUNNING}):
+            if record.worker == name and record.id in self.active:
+                self.ended.pop(record.id, None)
+                self.journal.requeue(record.id, f"its worker {name} left", wall)
+                logger.warning("run %s interrupted: its worker %s left", record.label(), name)
 
     # --- adoption after a restart -----------------------------------------------------
 

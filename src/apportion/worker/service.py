@@ -202,6 +202,11 @@ class Worker(BackgroundService):
                     await task
             if self._runner is not None:
                 self._runner.close()
+            if self.live_runs.ids():
+                grace = self.live_runs.kill_grace + 5.0
+                left = await asyncio.to_thread(self.live_runs.stop_all, grace)
+                if left:
+                    logger.error("worker %s: %d runs could not be stopped", self.name, left)
             await self._peers.close()
             if self._scheduler is not None:
                 # Sent before the close flushes, so the scheduler logs a departure,
