@@ -4,6 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
+BENCH_STAMP := $(VENV)/.installed-bench
 
 .PHONY: demo test check lint typecheck bench clean
 
@@ -18,6 +19,10 @@ $(STAMP): pyproject.toml | $(BIN)/python
 $(TEST_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	touch $@ $(STAMP)
+
+$(BENCH_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e ".[test,bench]"
+	touch $@ $(TEST_STAMP) $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python examples/seed_resources.py
@@ -34,7 +39,7 @@ check: lint typecheck
 test: check
 	$(BIN)/python -m pytest -q
 
-bench: $(TEST_STAMP)
+bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/run_all.py
 
 clean:

@@ -2,8 +2,8 @@
 
 ``make bench`` calls this. The tiers: the pure state machine (events per second),
 scheduler memory per queued task, end-to-end throughput beside Dask, placement
-quality on a mixed CPU/GPU workload beside Dask, and recovery from a killed worker
-beside Dask.
+quality on a mixed CPU/GPU workload beside Dask, recovery from a killed worker
+beside Dask, and the job queue's runs per second beside HyperQueue.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ SCRIPTS = [
     "throughput.py",
     "placement_quality.py",
     "recovery.py",
+    "queue_throughput.py",
 ]
 
 

@@ -366,3 +366,14 @@ def test_a_run_whose_worker_is_killed_runs_again_elsewhere(
         history = [text for _, text in journal.history(run_id)]
     assert record is not None and record.worker == "rescue" and record.attempts == 2
     assert any("its worker victim left" in text for text in history), history
+
+
+def test_hundreds_of_instant_runs_all_complete(queue: Queue) -> None:
+    """A run's start and end reach the scheduler before its task's result, however
+    many finish in the same instant (they once raced, leaving a run queued forever)."""
+    staged = queue.cli("stage", "--array", "1-300", "--", "true")
+    assert staged.returncode == 0, staged.stderr
+    result = queue.run_once()
+    assert result.returncode == 0, result.stderr
+    assert set(queue.states().values()) == {COMPLETED}
+    assert "Traceback" not in result.stderr

@@ -254,6 +254,10 @@ class RunProcess:
         """
         if not self._exited.is_set():
             raise RuntimeError(f"run {self.pid} is still running; stop it instead")
+        if not self._recorded and not _group_exists(self.pid):
+            # The common case, and cheap: no process is left in the group and none
+            # was seen leaving it, so the scan of the whole process table is skipped.
+            return 0
         with self._lock:
             return self._terminate(grace)
 
@@ -463,6 +467,17 @@ def _live_process(pid: int) -> tuple[psutil.Process, int] | None:
             return process, int(process.ppid())
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
+
+
+def _group_exists(pgid: int) -> bool:
+    """Whether any process (a zombie too) is in process group ``pgid``."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _pgid(pid: int) -> int | None:

@@ -263,6 +263,11 @@ class RunQueue:
             state, reason = FAILED, detail or failure[1]
             if ended is not None and ended.reason in ("timed out", "could not start"):
                 reason = f"{ended.reason}: {detail}"  # tables show "timed out" from this
+        record = self.journal.get(run_id)
+        if record is not None and record.state == QUEUED and state in (COMPLETED, LOST):
+            # Its start report never came (an adopted run that ended meanwhile, say):
+            # the journal only lets a run that started complete or be lost.
+            self.journal.mark_running(run_id, "", "", wall)
         self.journal.mark_ended(run_id, state, wall, exit_code=code, signal=sig, reason=reason)
         label = self._label(run_id)
         if state == COMPLETED:

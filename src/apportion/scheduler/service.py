@@ -14,6 +14,7 @@ import itertools
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from apportion.loop_thread import BackgroundService
@@ -118,7 +119,7 @@ class Scheduler(BackgroundService):
             await asyncio.sleep(TICK_SECONDS)
             self._handle(Tick(time.monotonic()))
             if self.queue is not None:
-                self.queue.tick(time.monotonic(), time.time())
+                self._in_queue(self.queue.tick, time.monotonic(), time.time())
 
     async def close(self) -> None:
         """Stop listening and drop every connection; idempotent."""
@@ -181,7 +182,7 @@ class Scheduler(BackgroundService):
         self._worker_names[peer_id] = registration.name
         self._handle(WorkerJoined(peer_id, registration, time.monotonic()))
         if self.queue is not None:
-            self.queue.worker_joined(peer_id, registration, time.time())
+            self._in_queue(self.queue.worker_joined, peer_id, registration, time.time())
         elif registration.live_runs:
             # Runs of another scheduler's journal: nobody here will ever want them.
             conn.send(m.FreeKeys([run_key(run_id) for run_id in registration.live_runs]))
@@ -195,7 +196,7 @@ class Scheduler(BackgroundService):
             self._handle(WorkerLeft(peer_id, time.monotonic()))
             name = self._worker_names.pop(peer_id, "")
             if self.queue is not None:
-                self.queue.worker_left(name, time.time())
+                self._in_queue(self.queue.worker_left, name, time.time())
 
     def _from_worker(self, peer_id: str, batch: list[m.Message]) -> None:
         """Run reports go to the job queue, the rest to the state machine, in order."""
@@ -207,7 +208,7 @@ class Scheduler(BackgroundService):
                     if rest:
                         self._handle(FromWorker(peer_id, rest, time.monotonic()))
                         rest = []
-                    self.queue.on_worker_message(peer_id, msg, wall)
+                    self._in_queue(self.queue.on_worker_message, peer_id, msg, wall)
                 else:
                     rest.append(msg)
             batch = rest
@@ -241,6 +242,13 @@ class Scheduler(BackgroundService):
             self._conns.pop(peer_id, None)
             self._handle(ClientLeft(peer_id, time.monotonic()))
 
+    def _in_queue(self, call: Callable[..., None], *args: Any) -> None:
+        """Call into the job queue; a failure there is logged, never a dropped peer."""
+        try:
+            call(*args)
+        except Exception:
+            logger.exception("job queue: %s failed", getattr(call, "__name__", call))
+
     def _run_request(self, msg: m.Message) -> m.Message:
         """Answer a client's request about command runs."""
         queue = self.queue
@@ -252,6 +260,9 @@ class Scheduler(BackgroundService):
                 ids = queue.submit_specs(msg.specs, time.time())
             except ValueError as exc:
                 return m.RunsSubmitted(msg.request_id, [], str(exc))
+            except Exception as exc:
+                logger.exception("job queue: submission failed")
+                return m.RunsSubmitted(msg.request_id, [], f"the scheduler failed: {exc}")
             return m.RunsSubmitted(msg.request_id, ids, "")
         assert isinstance(msg, m.QueryRuns | m.CancelRuns)
         if queue is None:
@@ -291,7 +302,7 @@ class Scheduler(BackgroundService):
                 continue
             if command.peer_id == RUNS_CLIENT:
                 if self.queue is not None and isinstance(command, Send):
-                    self.queue.on_message(command.message, time.time())
+                    self._in_queue(self.queue.on_message, command.message, time.time())
                 continue
             conn = conns.get(command.peer_id)
             if conn is None:

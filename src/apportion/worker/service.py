@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterable, MutableMapping
@@ -154,6 +155,10 @@ class Worker(BackgroundService):
         #: Messages from task threads while no scheduler is connected, sent on the
         #: next registration (a run's output and end must not be lost); bounded.
         self._unsent: list[Message] = []
+        #: Messages task threads sent and the loop has not taken yet (one wake-up
+        #: per batch, like task outcomes).
+        self._from_threads: list[Message] = []
+        self._from_threads_lock = threading.Lock()
         self._unsent_bytes = 0
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -288,8 +293,20 @@ class Worker(BackgroundService):
         """Send to the scheduler from any thread; kept until reconnected if it is away."""
         if self._loop is None or self._closing:
             return
-        with contextlib.suppress(RuntimeError):  # the loop is closed: the worker is gone
-            self._loop.call_soon_threadsafe(self._send_or_keep, message)
+        with self._from_threads_lock:
+            self._from_threads.append(message)
+            first = len(self._from_threads) == 1
+        if first:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the worker is gone
+                self._loop.call_soon_threadsafe(self._flush_from_threads)
+
+    def _flush_from_threads(self) -> None:
+        """Send what task threads said, in order. Also called before task outcomes are
+        reported, so that a run's start and end always precede its task's result."""
+        with self._from_threads_lock:
+            batch, self._from_threads = self._from_threads, []
+        for message in batch:
+            self._send_or_keep(message)
 
     def _send_or_keep(self, message: Message) -> None:
         if self._scheduler is not None:
@@ -486,6 +503,7 @@ class Worker(BackgroundService):
 
     def _on_outcomes(self, outcomes: list[Outcome]) -> None:
         """A batch of finished executions, values already stored by the runner."""
+        self._flush_from_threads()
         now = time.time()
         events: list[WorkerEvent] = [
             ExecutionOk(o.key, o.info, o.duration, now)
