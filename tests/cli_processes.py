@@ -10,10 +10,13 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 APPORTION = [sys.executable, "-m", "apportion.cli.main"]
 
@@ -39,12 +42,17 @@ class Processes:
         return proc, log
 
     def scheduler(self) -> str:
-        _, log = self.start("scheduler", "--port", "0")
+        """Start ``apportion scheduler`` on any free port; its address."""
+        return self.start_scheduler("--port", "0")[1]
+
+    def start_scheduler(self, *args: str) -> tuple[subprocess.Popen[bytes], str, Path]:
+        """Start ``apportion scheduler ARGS``; the process, its address and its log."""
+        proc, log = self.start("scheduler", *args)
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and proc.poll() is None:
             found = re.search(r"apportion scheduler at (tcp://\S+)", log.read_text())
             if found:
-                return found.group(1)
+                return proc, found.group(1), log
             time.sleep(0.02)
         raise AssertionError(f"scheduler did not start:\n{log.read_text()}")
 
@@ -59,3 +67,22 @@ class Processes:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def poll(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    """The first truthy value of ``condition()`` within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (for a scheduler restarted on the same port)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port

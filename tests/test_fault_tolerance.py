@@ -10,53 +10,21 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import cloudpickle
 import pytest
 
 from apportion import Client, get_worker
 from apportion.client.errors import WorkerCrashedError
-from cli_processes import Processes
+from cli_processes import Processes, free_port, poll
 
 pytestmark = pytest.mark.process
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
-def start_scheduler(procs: Processes, *args: str) -> tuple[subprocess.Popen[bytes], str, Path]:
-    proc, log = procs.start("scheduler", *args)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and proc.poll() is None:
-        found = re.search(r"apportion scheduler at (tcp://\S+)", log.read_text())
-        if found:
-            return proc, found.group(1), log
-        time.sleep(0.02)
-    raise AssertionError(f"scheduler did not start:\n{log.read_text()}")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def poll(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    """The first truthy value of ``condition()`` within ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def worker_names(client: Client) -> list[str]:
@@ -74,7 +42,7 @@ def where() -> str:
 
 @pytest.mark.timeout(90)
 def test_frozen_worker_is_declared_lost_then_rejoins_once(procs: Processes) -> None:
-    _, address, log = start_scheduler(procs, "--port", "0", "--worker-timeout", "2")
+    _, address, log = procs.start_scheduler("--port", "0", "--worker-timeout", "2")
     beat = ("--heartbeat-interval", "0.2")
     frozen, _ = procs.start(
         "worker", address, "--nthreads", "2", "--name", "frozen", "--resources", "mark=1", *beat
@@ -108,7 +76,7 @@ def test_frozen_worker_is_declared_lost_then_rejoins_once(procs: Processes) -> N
 @pytest.mark.timeout(90)
 def test_workers_reconnect_to_a_restarted_scheduler(procs: Processes) -> None:
     port = str(free_port())
-    scheduler, address, _ = start_scheduler(procs, "--port", port)
+    scheduler, address, _ = procs.start_scheduler("--port", port)
     workers = [
         procs.start(
             "worker", address, "--nthreads", "2", "--name", name, "--resources", f"{name}=1"
@@ -121,7 +89,7 @@ def test_workers_reconnect_to_a_restarted_scheduler(procs: Processes) -> None:
     os.killpg(scheduler.pid, signal.SIGKILL)
     scheduler.wait(10)
 
-    _, again, _ = start_scheduler(procs, "--port", port)
+    _, again, _ = procs.start_scheduler("--port", port)
     assert again == address
     with Client(address) as client:
         poll(lambda: worker_names(client) == ["a", "b"], 30, "both workers to reconnect")
@@ -144,7 +112,7 @@ def hog(megabytes: int, seconds: float) -> int:
 
 @pytest.mark.timeout(90)
 def test_a_task_past_the_memory_limit_fails_as_out_of_memory(procs: Processes) -> None:
-    _, address, _ = start_scheduler(procs, "--port", "0", "--max-worker-deaths", "2")
+    _, address, _ = procs.start_scheduler("--port", "0", "--max-worker-deaths", "2")
     small = ("--name", "small", "--memory-limit", "250MiB", "--resources", "small=1")
     procs.start("worker", address, "--nthreads", "1", *small)
     procs.start("worker", address, "--nthreads", "1", "--name", "big")
@@ -172,7 +140,7 @@ def hold_then_square(x: int, seconds: float) -> int:
 def test_sigterm_drains_a_worker_its_results_move_and_nothing_runs_twice(
     procs: Processes,
 ) -> None:
-    _, address, _ = start_scheduler(procs, "--port", "0")
+    _, address, _ = procs.start_scheduler("--port", "0")
     leaving, leaving_log = procs.start(
         "worker", address, "--nthreads", "2", "--name", "leaving", "--resources", "here=2"
     )
@@ -217,7 +185,7 @@ time.sleep(600)
 def test_a_killed_client_leaves_an_idle_cluster_with_nothing_held(
     procs: Processes, tmp_path: Path
 ) -> None:
-    _, address, _ = start_scheduler(procs, "--port", "0")
+    _, address, _ = procs.start_scheduler("--port", "0")
     procs.start("worker", address, "--nthreads", "4", "--resources", "slot=4", "--name", "w")
     with Client(address) as observer:
         clients_before = observer.scheduler_info()["clients"]  # this observer included

@@ -14,16 +14,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 
 from apportion.runs.journal import COMPLETED, FINISHED, Journal
-from cli_processes import APPORTION, Processes
+from cli_processes import APPORTION, Processes, free_port, poll
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(120)]
 
@@ -189,25 +186,8 @@ def test_gpu_runs_see_the_devices_they_hold(queue: Queue) -> None:
 # --- a long-lived scheduler: submit, durability, cancel, time limits ------------------
 
 
-def start_scheduler(procs: Processes, queue: Queue, port: int) -> str:
-    proc, log = procs.start("scheduler", "--port", str(port), "--adopt-grace", "20")
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and proc.poll() is None:
-        found = re.search(r"apportion scheduler at (tcp://\S+)", log.read_text())
-        if found:
-            return found.group(1)
-        time.sleep(0.02)
-    raise AssertionError(f"scheduler did not start:\n{log.read_text()}")
-
-
-def poll(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+def start_scheduler(procs: Processes, port: int) -> str:
+    return procs.start_scheduler("--port", str(port), "--adopt-grace", "20")[1]
 
 
 @pytest.fixture
@@ -216,18 +196,9 @@ def cluster(
 ) -> tuple[Processes, Queue, str]:
     monkeypatch.setenv("APPORTION_HOME", str(queue.home))  # for the processes procs starts
     port = free_port()
-    address = start_scheduler(procs, queue, port)
+    address = start_scheduler(procs, port)
     procs.start("worker", address, "--nthreads", "2", "--name", "w", "--resources", "slot=2")
     return procs, queue, address
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def test_submit_an_array_and_wait_for_it(cluster: tuple[Processes, Queue, str]) -> None:
@@ -258,7 +229,7 @@ def test_a_killed_scheduler_loses_no_run_and_runs_none_twice(
     scheduler = procs.procs[0][0]
     os.killpg(scheduler.pid, signal.SIGKILL)
     scheduler.wait(10)
-    start_scheduler(procs, queue, int(address.rsplit(":", 1)[1]))
+    start_scheduler(procs, int(address.rsplit(":", 1)[1]))
 
     def all_finished() -> bool:
         return all(state in FINISHED for state in queue.states().values())
@@ -323,7 +294,7 @@ def test_higher_priority_runs_start_first_and_failed_runs_retry(queue: Queue) ->
     marker = queue.home / "tried"
     flaky = (
         f"import os, sys; p = {str(marker)!r}\n"
-        "if not os.path.exists(p): open(p, 'w').close(); sys.exit(3)\n"
+        "if not os.path.exists(p): open(p, 'w').close(); print('first try'); sys.exit(3)\n"
         "print('second time lucky')"
     )
     retried = queue.cli("stage", "--retries", "1", "--", sys.executable, "-c", flaky)
@@ -334,7 +305,8 @@ def test_higher_priority_runs_start_first_and_failed_runs_retry(queue: Queue) ->
     with queue.journal() as journal:
         record = journal.get(retried_id)
         assert record is not None and record.state == COMPLETED and record.attempts == 2
-    assert "second time lucky" in (queue.home / "runs-logs" / f"{retried_id}.log").read_text()
+    log = (queue.home / "runs-logs" / f"{retried_id}.log").read_text()
+    assert log == "first try\n\n[apportion: attempt 2]\nsecond time lucky\n", log
 
 
 def test_a_run_that_fails_for_good_makes_run_once_exit_1(queue: Queue) -> None:
@@ -377,3 +349,30 @@ def test_hundreds_of_instant_runs_all_complete(queue: Queue) -> None:
     assert result.returncode == 0, result.stderr
     assert set(queue.states().values()) == {COMPLETED}
     assert "Traceback" not in result.stderr
+
+
+def test_a_worker_cut_off_and_back_keeps_its_run_which_runs_once(
+    procs: Processes, queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("APPORTION_HOME", str(queue.home))
+    _, address, _ = procs.start_scheduler("--port", "0", "--worker-timeout", "1.5")
+    worker, _ = procs.start(
+        "worker", address, "--nthreads", "1", "--name", "w", "--heartbeat-interval", "0.2"
+    )
+    marks = queue.home / "starts"
+    script = f"echo x >> {marks}; echo begun; sleep 4; echo done"
+    result = queue.cli("submit", address, "--", "sh", "-c", script)
+    run_id = int(re.findall(r"submitted run (\d+)", result.stdout)[0])
+    poll(lambda: queue.states().get(run_id) == "running", 20, "the run to start")
+    os.kill(worker.pid, signal.SIGSTOP)  # silent: declared lost, its run requeued
+    try:
+        poll(lambda: queue.states()[run_id] == "queued", 20, "the run to be requeued")
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
+    poll(lambda: queue.states()[run_id] == COMPLETED, 30, "the run to complete")
+    assert marks.read_text() == "x\n"  # its command ran once: adopted, not restarted
+    log = (queue.home / "runs-logs" / f"{run_id}.log").read_text()
+    assert log == "begun\ndone\n", log
+    with queue.journal() as journal:
+        history = [text for _, text in journal.history(run_id)]
+    assert any("adopted: still running on w" in text for text in history), history

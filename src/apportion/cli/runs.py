@@ -677,6 +677,8 @@ def explain_run(
             + (f": {record.reason}" if record.reason else "")
         )
     if record.state == STAGED:
+        if record.waiting:
+            return f"staged: {record.waiting}"
         if owner is not None:
             return f"staged: {_owner_text(owner)} serves this journal and has not queued it yet"
         return (

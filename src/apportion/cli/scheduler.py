@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import logging
 import signal
@@ -211,6 +212,9 @@ async def _run_once(
     # Nothing else can join a cluster on an unannounced port: whatever does not fit
     # this supply never will, and runs left running by a crash are not coming back.
     options = QueueOptions(adopt_grace=0.0, fixed_supply=amounts, echo=_echo)
+    # A request this cluster can never meet (1.5 units of an indexed pool, say) fails
+    # at once rather than keeping --run-once from ever ending.
+    config = dataclasses.replace(config, fail_unsatisfiable=True)
     server = await _start(host, 0, config, journal, options, explicit=True)
     queue = server.queue
     assert queue is not None

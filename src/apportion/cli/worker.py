@@ -23,6 +23,7 @@ from click.core import ParameterSource
 from apportion.cli.config import CONFIG_META, config_option
 from apportion.cli.logs import configure_logging
 from apportion.core.resources import SCALE, parse_amount, parse_resources
+from apportion.runs.live import DEFAULT_KILL_GRACE
 from apportion.worker.detect import detect_supply, expand_auto, memory_total, split_auto
 from apportion.worker.shares import split_supply
 from apportion.worker.supervisor import SUPERVISOR_PID_VARIABLE
@@ -291,7 +292,8 @@ def worker(
         memory_limit=limit,
         report=scheduler_reporter(scheduler_address),
     )
-    sys.exit(supervisor.run(stop_timeout=drain_timeout + 5.0))
+    # Room for the drain, then for the worker to stop its command runs (TERM, grace, KILL).
+    sys.exit(supervisor.run(stop_timeout=drain_timeout + DEFAULT_KILL_GRACE + 10.0))
 
 
 def run_one(address: str, settings: WorkerSettings) -> int:

@@ -155,13 +155,27 @@ class LiveRuns:
         return sum(1 for live in runs if not live.done.is_set())
 
     def _run(self, live: LiveRun, spec: RunSpec, env: Mapping[str, str]) -> None:
+        # Output can be read before ``run_command`` reports the start: it waits, so
+        # that the scheduler always hears of a start before that attempt's output.
+        order = threading.Lock()
+        early: list[bytes] = []
+
         def started(pid: int) -> None:
-            live.pid = pid
-            self._send(RunStarted(live.run_id, pid, live.held))
+            with order:
+                live.pid = pid
+                self._send(RunStarted(live.run_id, pid, live.held))
+                for chunk in early:
+                    self._send(RunOutput(live.run_id, live.offset, chunk))
+                    live.offset += len(chunk)
+                early.clear()
 
         def output(chunk: bytes) -> None:
-            self._send(RunOutput(live.run_id, live.offset, chunk))
-            live.offset += len(chunk)
+            with order:
+                if not live.pid:
+                    early.append(chunk)
+                    return
+                self._send(RunOutput(live.run_id, live.offset, chunk))
+                live.offset += len(chunk)
 
         try:
             outcome = run_command(

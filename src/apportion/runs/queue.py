@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from apportion.core.payload import dumps_function, function_id, pack_call
-from apportion.core.resources import format_amount, parse_demand, parse_supply
+from apportion.core.resources import format_amount, format_resources, parse_demand, parse_supply
 from apportion.protocol import messages as m
 from apportion.runs.journal import (
     CANCELLED,
@@ -96,6 +96,10 @@ class RunQueue:
         self.ended: dict[int, m.RunEnded] = {}
         #: Log bytes written per run, to place output sent again after a reconnection.
         self._log_sizes: dict[int, int] = {}
+        #: Log byte where each run's current attempt began (see ``_new_attempt``).
+        self._bases: dict[int, int] = {}
+        #: What each active run's command holds, as its worker last said (units!).
+        self._held: dict[int, str] = {}
         #: Staged runs a fixed cluster can never run, reported once each.
         self.ignored: set[int] = set()
         #: Active runs already asked to stop (the journal keeps asking until they end).
@@ -169,7 +173,9 @@ class RunQueue:
                 logger.warning(
                     "ignoring staged run %s (%s); it stays staged", record.label(), problem
                 )
-                self.journal.set_waiting(record.id, f"this cluster cannot run it: {problem}")
+                cluster = format_resources(self.options.fixed_supply or {}) or "no resources"
+                text = f"the --run-once cluster ({cluster}) cannot run it: {problem}"
+                self.journal.set_waiting(record.id, text)
             else:
                 runnable.append(record)
         if runnable:
@@ -196,10 +202,7 @@ class RunQueue:
         tasks = []
         for record in records:
             spec = record.spec
-            args = pack_call((record.id, spec.to_dict()), {})[0]
-            demand = parse_demand(spec.resources or None)
-            key = run_key(record.id)
-            task = m.TaskSpec(key, func_id, args, [], demand, spec.priority, spec.retries)
+            task = self._task_spec(record)
             tasks.append(task)
             self.active.add(record.id)
             logger.info(
@@ -207,6 +210,16 @@ class RunQueue:
             )
         submit = m.SubmitTasks(tasks, {func_id: blob}, [t.key for t in tasks])
         self.host.handle(FromClient(RUNS_CLIENT, [submit], self._now()))
+
+    def _task_spec(self, record: RunRecord) -> m.TaskSpec:
+        """The task that runs ``record``'s command: ``execute_run(id, spec)``, its demand."""
+        spec = record.spec
+        args = pack_call((record.id, spec.to_dict()), {})[0]
+        demand = parse_demand(spec.resources or None)
+        func_id = self._function[0]
+        return m.TaskSpec(
+            run_key(record.id), func_id, args, [], demand, spec.priority, spec.retries
+        )
 
     def _now(self) -> float:
         return self.host.state.now
@@ -247,6 +260,10 @@ class RunQueue:
 
     def _finish(self, run_id: int, wall: float, failure: tuple[str, str] | None) -> None:
         self.active.discard(run_id)
+        self._held.pop(run_id, None)
+        self._bases.pop(run_id, None)
+        self._log_sizes.pop(run_id, None)
+        self.journal.log_path(run_id).with_suffix(".base").unlink(missing_ok=True)
         self._cancelling.discard(run_id)
         self._stopping.pop(run_id, None)
         ended = self.ended.pop(run_id, None)
@@ -305,11 +322,13 @@ class RunQueue:
         previous = self.ended.pop(record.id, None)
         if record.state == RUNNING and previous is not None:
             # The last attempt ended and the scheduler runs it again (its retries).
-            why = f"{previous.reason}: {previous.detail}; retrying"
+            why = f"attempt {record.attempts} ended: {previous.detail}; retrying"
             self.journal.requeue(record.id, why, wall)
-            logger.warning("run %s %s", record.label(), why)
+            logger.warning("run %s: %s", record.label(), why)
             record = self.journal.get(record.id) or record
+        self._held[record.id] = message.held
         if record.state == QUEUED:
+            self._new_attempt(record)
             self.journal.mark_running(record.id, name, message.held, wall)
             logger.info(
                 "run %s started on %s (pid %d%s)",
@@ -319,23 +338,50 @@ class RunQueue:
                 f", holding {message.held}" if message.held else "",
             )
 
+    # A run's log holds every attempt, one after the other. Workers count output
+    # offsets from the start of their attempt; the log byte where the current
+    # attempt began is kept in memory and in ``<id>.base`` beside the log, so that
+    # output sent again by an adopted run after a restart is written once.
+
+    def _new_attempt(self, record: RunRecord) -> None:
+        path = self.journal.log_path(record.id)
+        size = path.stat().st_size if path.exists() else 0
+        if size and record.attempts:
+            banner = f"\n[apportion: attempt {record.attempts + 1}]\n".encode()
+            self.journal.append_log(record.id, banner)
+            size += len(banner)
+        self._log_sizes[record.id] = size
+        self._bases[record.id] = size
+        if size:
+            path.with_suffix(".base").write_text(str(size))
+
+    def _base(self, run_id: int) -> int:
+        base = self._bases.get(run_id)
+        if base is None:
+            marker = self.journal.log_path(run_id).with_suffix(".base")
+            base = int(marker.read_text()) if marker.exists() else 0
+            self._bases[run_id] = base
+        return base
+
     def _output(self, message: m.RunOutput) -> None:
         run_id = message.run_id
+        base = self._base(run_id)
         size = self._log_sizes.get(run_id)
         if size is None:
             path = self.journal.log_path(run_id)
             size = path.stat().st_size if path.exists() else 0
+        offset = base + message.offset
         data = message.data
-        if message.offset < size:  # sent again after a reconnection: keep the new part
-            data = data[size - message.offset :]
-        elif message.offset > size:
-            gap = message.offset - size
+        if offset < size:  # sent again after a reconnection: keep the new part
+            data = data[size - offset :]
+        elif offset > size:
+            gap = offset - size
             data = f"\n[apportion: {gap} bytes of output were lost here]\n".encode() + data
         if data:
             self.journal.append_log(run_id, data)
             if self.options.echo is not None:
                 self.options.echo(data)
-        self._log_sizes[run_id] = max(size, message.offset + len(message.data))
+        self._log_sizes[run_id] = max(size, offset + len(message.data))
 
     def worker_left(self, name: str, wall: float) -> None:
         """A worker is gone: its cancelled runs are settled, its running ones requeued.
@@ -359,31 +405,38 @@ class RunQueue:
         stray: list[str] = []
         for run_id in reg.live_runs:
             record = self.journal.get(run_id)
+            task = self.host.state.tasks.get(run_key(run_id))
+            if record is not None and run_id in self.active and task is not None:
+                if task.state == "queued":
+                    # Requeued when this worker was declared lost, not started again
+                    # anywhere yet: its command still runs here, so keep it there.
+                    self._adopt(worker_id, reg.name, record, wall)
+                else:
+                    stray.append(run_key(run_id))  # it runs elsewhere now: stop this copy
+                continue
             if run_id not in self.awaiting or record is None or record.state != RUNNING:
-                if run_id not in self.active:
-                    stray.append(run_key(run_id))
+                stray.append(run_key(run_id))
                 continue
             del self.awaiting[run_id]
-            func_id, blob = self._function
-            spec = record.spec
-            task = m.TaskSpec(
-                run_key(run_id),
-                func_id,
-                pack_call((run_id, spec.to_dict()), {})[0],
-                [],
-                parse_demand(spec.resources or None),
-                spec.priority,
-                spec.retries,
-            )
-            self.active.add(run_id)
-            self.journal.note(run_id, f"adopted: still running on {reg.name}", wall)
-            logger.info("run %s adopted: still running on %s", record.label(), reg.name)
-            units = parse_supply(record.held or None)[1]
-            submit = m.SubmitTasks([task], {func_id: blob}, [task.key])
-            self.host.handle(AdoptRunning(worker_id, RUNS_CLIENT, submit, units, self._now()))
+            self._adopt(worker_id, reg.name, record, wall)
         if stray:
-            # Not ours to run any more (finished, cancelled or requeued meanwhile).
+            # Not ours to run any more (finished, cancelled or running elsewhere).
             self.host.send_to(worker_id, m.FreeKeys(stray))
+
+    def _adopt(self, worker_id: str, name: str, record: RunRecord, wall: float) -> None:
+        """Record ``record``'s run as running on the worker whose command still runs it."""
+        run_id = record.id
+        func_id, blob = self._function
+        task = self._task_spec(record)
+        self.active.add(run_id)
+        held = self._held.get(run_id) or record.held
+        if record.state == QUEUED:  # requeued when its worker was declared lost
+            self.journal.mark_running(run_id, name, held, wall)
+        self.journal.note(run_id, f"adopted: still running on {name}", wall)
+        logger.info("run %s adopted: still running on %s", record.label(), name)
+        units = parse_supply(held or None)[1]
+        submit = m.SubmitTasks([task], {func_id: blob}, [task.key])
+        self.host.handle(AdoptRunning(worker_id, RUNS_CLIENT, submit, units, self._now()))
 
     def _not_adopted(self, run_id: int, wall: float) -> None:
         record = self.journal.get(run_id)
@@ -426,7 +479,7 @@ class RunQueue:
         for run_id in queued:
             task = state.tasks.get(run_key(run_id))
             if task is not None and task.state in ("queued", "waiting"):
-                self.journal.set_waiting(run_id, explain(state, task.key))
+                self.journal.set_waiting(run_id, waiting_text(explain(state, task.key)))
 
     def report(self, ids: list[int]) -> list[dict[str, object]]:
         """What ``QueryRuns`` and ``CancelRuns`` answer: one dict per known run."""
@@ -444,3 +497,15 @@ class RunQueue:
                 }
             )
         return out
+
+
+def waiting_text(explanation: str) -> str:
+    """The scheduler's explanation of a waiting task as one line for the run table.
+
+    ``"queued: needs gpu=1\n  w1: gpu 0 of 1 free"`` -> ``"needs gpu=1; w1: gpu 0 of 1 free"``
+    (the table already says the run is queued).
+    """
+    lines = [line.strip() for line in explanation.splitlines() if line.strip()]
+    if lines and lines[0].startswith("queued: "):
+        lines[0] = lines[0][len("queued: ") :]
+    return "; ".join(lines)

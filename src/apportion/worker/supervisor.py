@@ -288,7 +288,7 @@ class Supervisor:
         pid = slot.process.pid if slot.process is not None else -1
         how = self.describe_death(slot, code)
         slot.process = None
-        if self._report is not None:
+        if self._report is not None and code != 0:  # a stop is no news for the scheduler
             self._report(slot.name, pid, how)
         if code == 0:
             slot.stopped = True
