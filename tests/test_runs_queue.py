@@ -376,3 +376,26 @@ def test_a_worker_cut_off_and_back_keeps_its_run_which_runs_once(
     with queue.journal() as journal:
         history = [text for _, text in journal.history(run_id)]
     assert any("adopted: still running on w" in text for text in history), history
+
+
+def test_a_supervised_worker_killed_with_sigkill_leaves_no_run_behind(
+    procs: Processes, queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed outright, a worker cannot stop its runs: its supervisor does."""
+    monkeypatch.setenv("APPORTION_HOME", str(queue.home))
+    address = procs.start_scheduler("--port", "0")[1]
+    procs.start("worker", address, "--nworkers", "1", "--supervisor", "--name", "sup")
+    pids = queue.home / "pids"
+    script = f"sleep 300 & echo $! >> {pids}; echo $$ >> {pids}; wait"
+    result = queue.cli("submit", address, "--", "sh", "-c", script)
+    run_id = int(re.findall(r"submitted run (\d+)", result.stdout)[0])
+    poll(lambda: pids.exists() and len(pids.read_text().split()) == 2, 20, "the run's processes")
+    with queue.journal() as journal:
+        record = journal.get(run_id)
+    assert record is not None and record.worker == "sup-0"
+    worker_pid = next(
+        p.pid for p in psutil.process_iter(["cmdline"]) if "sup-0" in (p.info["cmdline"] or [])
+    )
+    os.kill(worker_pid, signal.SIGKILL)
+    family = [int(p) for p in pids.read_text().split()]
+    poll(lambda: all(_zombie(p) for p in family), 20, "the orphaned run to be killed")

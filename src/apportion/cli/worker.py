@@ -91,6 +91,8 @@ class WorkerSettings:
     memory_limit: int = 0
     #: Seconds a SIGTERM-ed worker gets to finish its tasks and hand off its results.
     drain_timeout: float = 30.0
+    #: Seconds a stopped command run gets between SIGTERM and SIGKILL.
+    kill_grace: float = DEFAULT_KILL_GRACE
 
 
 def parse_memory_limit(text: str, nworkers: int, total: int | None = None) -> int:
@@ -140,6 +142,7 @@ def child_commands(
         argv += ["--heartbeat-interval", repr(settings.heartbeat_interval)]
         argv += ["--reconnect-timeout", repr(settings.reconnect_timeout)]
         argv += ["--drain-timeout", repr(settings.drain_timeout)]
+        argv += ["--kill-grace", repr(settings.kill_grace)]
         argv += ["--memory-limit", str(settings.memory_limit)]
         argv += ["--nworkers", "1", "--no-supervisor", "--name", f"{base}-{i}"]
         commands.append(argv)
@@ -217,6 +220,15 @@ def child_names(commands: list[list[str]]) -> list[str]:
     "stops at once.",
 )
 @click.option(
+    "--kill-grace",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_KILL_GRACE,
+    show_default=True,
+    metavar="SECONDS",
+    help="A command run that is cancelled, timed out or stopped gets SIGTERM, this "
+    "long to exit, then SIGKILL (its whole process group).",
+)
+@click.option(
     "--heartbeat-interval",
     type=click.FloatRange(min=0, min_open=True),
     default=1.0,
@@ -248,6 +260,7 @@ def worker(
     memory_limit: str,
     supervise: bool | None,
     drain_timeout: float,
+    kill_grace: float,
     heartbeat_interval: float,
     reconnect_timeout: float,
 ) -> None:
@@ -267,6 +280,7 @@ def worker(
         reconnect_timeout,
         limit,
         drain_timeout,
+        kill_grace,
     )
     if supervise is None:
         supervise = nworkers > 1 or limit > 0
@@ -293,7 +307,7 @@ def worker(
         report=scheduler_reporter(scheduler_address),
     )
     # Room for the drain, then for the worker to stop its command runs (TERM, grace, KILL).
-    sys.exit(supervisor.run(stop_timeout=drain_timeout + DEFAULT_KILL_GRACE + 10.0))
+    sys.exit(supervisor.run(stop_timeout=drain_timeout + kill_grace + 10.0))
 
 
 def run_one(address: str, settings: WorkerSettings) -> int:
@@ -317,6 +331,7 @@ def run_one(address: str, settings: WorkerSettings) -> int:
             heartbeat_interval=settings.heartbeat_interval,
             reconnect_timeout=settings.reconnect_timeout,
             supervisor=supervisor or 0,
+            kill_grace=settings.kill_grace,
         )
         try:
             await worker.start()

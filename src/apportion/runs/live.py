@@ -16,10 +16,14 @@ while no scheduler is connected wait in the worker until one is.
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from apportion.protocol.messages import Message, RunEnded, RunOutput, RunStarted
@@ -44,6 +48,34 @@ def run_id_of(key: str) -> int | None:
     if key.startswith(RUN_KEY_PREFIX) and key[len(RUN_KEY_PREFIX) :].isdigit():
         return int(key[len(RUN_KEY_PREFIX) :])
     return None
+
+
+def run_groups_path(worker_pid: int) -> Path:
+    """Where a supervised worker lists the process groups of its live runs.
+
+    Its supervisor reads the list when the worker dies without stopping them (killed
+    with SIGKILL, by the kernel or for its memory) and kills those groups, so that a
+    run never keeps its GPU after its worker is gone.
+    """
+    return Path(tempfile.gettempdir()) / "apportion-run-groups" / str(worker_pid)
+
+
+def kill_orphaned_runs(worker_pid: int) -> int:
+    """SIGKILL the run process groups a dead worker left; how many were still there."""
+    path = run_groups_path(worker_pid)
+    try:
+        groups = [int(word) for word in path.read_text().split()]
+    except (OSError, ValueError):
+        return 0
+    path.unlink(missing_ok=True)
+    killed = 0
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+            killed += 1
+        except (ProcessLookupError, PermissionError):
+            pass
+    return killed
 
 
 class RunFailed(Exception):
@@ -76,12 +108,33 @@ class LiveRuns:
     """
 
     def __init__(
-        self, send: Callable[[Message], None], kill_grace: float = DEFAULT_KILL_GRACE
+        self,
+        send: Callable[[Message], None],
+        kill_grace: float = DEFAULT_KILL_GRACE,
+        groups_file: Path | None = None,
     ) -> None:
         self._send = send
         self.kill_grace = kill_grace
         self._runs: dict[int, LiveRun] = {}
         self._lock = threading.Lock()
+        #: Kept listing the live runs' process groups (``run_groups_path``), if set.
+        self._groups_file = groups_file
+
+    def _write_groups(self) -> None:
+        if self._groups_file is None:
+            return
+        with self._lock:
+            groups = [
+                str(live.pid) for live in self._runs.values() if live.pid and not live.done.is_set()
+            ]
+        try:
+            self._groups_file.parent.mkdir(parents=True, exist_ok=True)
+            if groups:
+                self._groups_file.write_text(" ".join(groups))
+            else:
+                self._groups_file.unlink(missing_ok=True)
+        except OSError as exc:  # only a crash clean-up aid: never fail a run for it
+            logger.warning("cannot write %s: %s", self._groups_file, exc)
 
     def ids(self) -> list[int]:
         """Runs a restarted scheduler may adopt: alive, or ended and not yet reported."""
@@ -163,6 +216,7 @@ class LiveRuns:
         def started(pid: int) -> None:
             with order:
                 live.pid = pid
+                self._write_groups()
                 self._send(RunStarted(live.run_id, pid, live.held))
                 for chunk in early:
                     self._send(RunOutput(live.run_id, live.offset, chunk))
@@ -197,6 +251,7 @@ class LiveRuns:
         self._send(RunEnded(live.run_id, code, sig, outcome.reason, outcome.detail))
         live.outcome = outcome
         live.done.set()
+        self._write_groups()
 
 
 def run_environment(run_id: int, spec: RunSpec, resources_env: Mapping[str, str]) -> dict[str, str]:

@@ -49,7 +49,7 @@ from apportion.protocol.messages import (
     WorkerClosing,
     WorkerDraining,
 )
-from apportion.runs.live import LiveRuns, run_id_of
+from apportion.runs.live import DEFAULT_KILL_GRACE, LiveRuns, run_groups_path, run_id_of
 from apportion.worker.data_server import DataServer, data_reply
 from apportion.worker.events import (
     ComputeArrived,
@@ -91,7 +91,8 @@ class Worker(BackgroundService):
     ``heartbeat_interval``: seconds between ``Heartbeat`` messages, sent from the event
     loop so that a frozen worker falls silent; keep it well under the scheduler's
     worker timeout. ``reconnect_timeout``: how long to keep trying to reconnect after
-    losing the scheduler before closing; 0 closes at once.
+    losing the scheduler before closing; 0 closes at once. ``kill_grace``: seconds a
+    command run gets between SIGTERM and SIGKILL when it is cancelled or stopped.
     """
 
     def __init__(
@@ -107,6 +108,7 @@ class Worker(BackgroundService):
         heartbeat_interval: float = 1.0,
         reconnect_timeout: float = 120.0,
         supervisor: int = 0,
+        kill_grace: float = DEFAULT_KILL_GRACE,
     ) -> None:
         self.scheduler_address = scheduler_address
         self.nthreads = nthreads if nthreads is not None else os.cpu_count() or 1
@@ -151,7 +153,8 @@ class Worker(BackgroundService):
         self._draining = False
         self._drained = asyncio.Event()
         #: Command runs of the job queue; they outlive scheduler sessions.
-        self.live_runs = LiveRuns(self.send_threadsafe)
+        groups = run_groups_path(os.getpid()) if supervisor else None
+        self.live_runs = LiveRuns(self.send_threadsafe, kill_grace, groups)
         #: Messages from task threads while no scheduler is connected, sent on the
         #: next registration (a run's output and end must not be lost); bounded.
         self._unsent: list[Message] = []

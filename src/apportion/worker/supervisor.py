@@ -39,6 +39,7 @@ import psutil
 
 from apportion.net.handshake import open_connection
 from apportion.protocol.messages import WorkerDied
+from apportion.runs.live import kill_orphaned_runs
 
 logger = logging.getLogger("apportion.supervisor")
 
@@ -288,6 +289,9 @@ class Supervisor:
         pid = slot.process.pid if slot.process is not None else -1
         how = self.describe_death(slot, code)
         slot.process = None
+        orphans = kill_orphaned_runs(pid) if pid > 0 else 0
+        if orphans:
+            logger.warning("worker %s left %d command runs behind; killed them", slot.name, orphans)
         if self._report is not None and code != 0:  # a stop is no news for the scheduler
             self._report(slot.name, pid, how)
         if code == 0:
