@@ -65,7 +65,7 @@ def info(address: str) -> None:
     """Show the workers, their threads and resource pools (total and free now).
 
     Indexed pools also get a line each with every unit's state, so that the units
-    each process holds (``--split-units``) can be checked at a glance.
+    each process holds (--split-units) can be checked at a glance.
     """
     with _connect(address) as client:
         snapshot = client.scheduler_info()
@@ -90,7 +90,7 @@ def info(address: str) -> None:
 def format_unit_states(units: dict[str, float]) -> str:
     """Each unit of an indexed pool with what is free of it, in label order.
 
-    ``[0:free 1:busy 2:0.5]``: a number is the free part of a unit shared by fractions.
+    [0:free 1:busy 2:0.5]: a number is the free part of a unit shared by fractions.
     """
     return "[" + " ".join(f"{label}:{_unit_state(free)}" for label, free in units.items()) + "]"
 

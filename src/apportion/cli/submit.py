@@ -32,6 +32,9 @@ class AddressFirst(click.Command):
     command keeps its own options); the address is therefore taken off first.
     """
 
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        return ["[ADDRESS]", *super().collect_usage_pieces(ctx)]
+
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and not args[0].startswith("-") and _is_address(args[0]):
             ctx.meta["address"] = args[0]
