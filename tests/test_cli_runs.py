@@ -21,6 +21,7 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
+import run_records as records
 from apportion.cli.runs import (
     RUN_COMMANDS,
     RUN_CONTEXT_SETTINGS,
@@ -42,6 +43,7 @@ from apportion.runs.journal import (
 )
 from apportion.runs.spec import new_spec
 from apportion.runs.table import format_run
+from run_records import NOW
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -494,33 +496,11 @@ def test_watch_waits_for_staged_runs_while_a_scheduler_serves(path: Path, journa
 
 # --- explain_run ---------------------------------------------------------------------
 
-NOW = 1_700_000_000.0
 OWNER = (4242, "tcp://10.0.0.1:8786")
 
 
 def record(state: str, **overrides: Any) -> RunRecord:
-    fields: dict[str, Any] = {
-        "id": 7,
-        "name": "",
-        "state": state,
-        "spec": new_spec(["python", "train.py"], cwd="/w", env={}, resources="gpu=1 mem=4"),
-        "priority": 0,
-        "created": NOW - 60,
-        "started": None,
-        "ended": None,
-        "worker": "",
-        "held": "",
-        "attempts": 0,
-        "exit_code": None,
-        "signal": None,
-        "reason": "",
-        "cancel_requested": False,
-        "array_id": None,
-        "array_index": None,
-        "waiting": "",
-    }
-    fields.update(overrides)
-    return RunRecord(**fields)
+    return records.record(7, state=state, resources="gpu=1 mem=4", created=NOW - 60, **overrides)
 
 
 @pytest.mark.parametrize(
