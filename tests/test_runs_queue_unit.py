@@ -1,0 +1,132 @@
+"""The job queue inside the scheduler, without sockets: a journal, a state machine, a fake host."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from apportion.protocol import messages as m
+from apportion.runs.journal import COMPLETED, QUEUED, RUNNING, Journal
+from apportion.runs.queue import RUNS_CLIENT, QueueOptions, RunQueue, waiting_text
+from apportion.runs.spec import new_spec
+from apportion.scheduler.events import ClientJoined, Event, FromWorker, Send, WorkerJoined
+from apportion.scheduler.invariants import check_invariants
+from apportion.scheduler.state import SchedulerState
+
+pytestmark = pytest.mark.timeout(10)
+
+
+class FakeHost:
+    """The service's part: events into the state machine, what it sends recorded."""
+
+    def __init__(self) -> None:
+        self.state = SchedulerState()
+        self.sent: list[tuple[str, m.Message]] = []
+        self.queue: RunQueue | None = None
+        self.journals: list[Journal] = []
+
+    def handle(self, event: Event) -> None:
+        for command in self.state.handle(event):
+            if isinstance(command, Send):
+                if command.peer_id == RUNS_CLIENT and self.queue is not None:
+                    self.queue.on_message(command.message, 0.0)
+                else:
+                    self.sent.append((command.peer_id, command.message))
+
+    def send_to(self, peer_id: str, message: m.Message) -> None:
+        self.sent.append((peer_id, message))
+
+
+@pytest.fixture
+def host() -> Iterator[FakeHost]:
+    fake = FakeHost()
+    yield fake
+    check_invariants(fake.state)
+    for journal in fake.journals:
+        journal.close()
+
+
+def make_queue(host: FakeHost, tmp_path: Path, **options: object) -> tuple[RunQueue, Journal]:
+    journal = Journal(tmp_path / "runs.db")
+    host.journals.append(journal)
+    host.handle(ClientJoined(RUNS_CLIENT, 0.0))
+    queue = RunQueue(journal, host, QueueOptions(**options))  # type: ignore[arg-type]
+    host.queue = queue
+    return queue, journal
+
+
+def register(
+    host: FakeHost, worker_id: str, live_runs: list[int] | None = None
+) -> m.RegisterWorker:
+    reg = m.RegisterWorker(worker_id, f"sim://{worker_id}", 2, {}, 1, 0, {}, 0, live_runs or [])
+    host.handle(WorkerJoined(worker_id, reg, 0.0))
+    return reg
+
+
+def test_output_sent_again_after_a_reconnection_is_written_once(
+    host: FakeHost, tmp_path: Path
+) -> None:
+    queue, journal = make_queue(host, tmp_path)
+    (run_id,) = journal.stage([new_spec(["true"])], 0.0, queued=True)
+    queue.start(0.0, 0.0)
+    register(host, "w1")
+    queue.on_worker_message("w1", m.RunStarted(run_id, 42, ""), 1.0)
+    queue.on_worker_message("w1", m.RunOutput(run_id, 0, b"hello "), 1.0)
+    queue.on_worker_message("w1", m.RunOutput(run_id, 0, b"hello world\n"), 1.0)  # resent
+    queue.on_worker_message("w1", m.RunOutput(run_id, 20, b"later\n"), 1.0)  # 8 bytes lost
+    text = journal.log_path(run_id).read_text()
+    assert text == "hello world\n\n[apportion: 8 bytes of output were lost here]\nlater\n"
+
+
+def test_a_run_running_at_a_restart_is_adopted_by_its_returning_worker(
+    host: FakeHost, tmp_path: Path
+) -> None:
+    journal = Journal(tmp_path / "runs.db")
+    (run_id,) = journal.stage([new_spec(["sleep", "9"], resources="gpu=1")], 0.0, queued=True)
+    journal.mark_running(run_id, "w1", "gpu=[1]", 0.0)
+    journal.close()
+    queue, journal = make_queue(host, tmp_path, adopt_grace=30.0)
+    queue.start(0.0, 0.0)
+    assert queue.awaiting == {run_id: 30.0}
+    units = {"gpu": ["0", "1"]}
+    reg = m.RegisterWorker("w1", "sim://w1", 2, {"gpu": 20_000}, 1, 0, units, 0, [run_id])
+    host.handle(WorkerJoined("w1", reg, 1.0))
+    queue.worker_joined("w1", reg, 1.0)
+    task = host.state.tasks[f"run-{run_id}"]
+    assert task.state == "processing" and task.units == {"gpu": ["1"]}  # the same GPU
+    assert not queue.awaiting and journal.get(run_id).state == RUNNING  # type: ignore[union-attr]
+    queue.on_worker_message("w1", m.RunEnded(run_id, 0, 0, "completed", "exit code 0"), 2.0)
+    host.handle(FromWorker("w1", [m.TaskFinished(f"run-{run_id}", 8, 1.0, "dict")], 2.0))
+    assert journal.get(run_id).state == COMPLETED  # type: ignore[union-attr]
+
+
+def test_a_run_whose_worker_never_returns_is_queued_again(host: FakeHost, tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "runs.db")
+    (run_id,) = journal.stage([new_spec(["true"], retries=1)], 0.0, queued=True)
+    journal.mark_running(run_id, "gone", "", 0.0)
+    journal.close()
+    queue, journal = make_queue(host, tmp_path, adopt_grace=5.0)
+    queue.start(0.0, 0.0)
+    queue.tick(6.0, 6.0)
+    record = journal.get(run_id)
+    assert record is not None and record.state == QUEUED
+    assert any("did not come back" in text for _, text in journal.history(run_id))
+    assert f"run-{run_id}" in host.state.tasks
+
+
+def test_a_returning_worker_is_told_to_stop_runs_nobody_waits_for(
+    host: FakeHost, tmp_path: Path
+) -> None:
+    queue, _ = make_queue(host, tmp_path)
+    queue.start(0.0, 0.0)
+    reg = register(host, "w1", live_runs=[99])
+    assert isinstance(reg, m.RegisterWorker)
+    queue.worker_joined("w1", reg, 0.0)
+    assert ("w1", m.FreeKeys(["run-99"])) in host.sent
+
+
+def test_waiting_text_is_one_line_without_the_state() -> None:
+    text = "queued: needs gpu=1\n  w1: all 1 threads busy\n  w2: gpu 0 of 1 free"
+    assert waiting_text(text) == "needs gpu=1; w1: all 1 threads busy; w2: gpu 0 of 1 free"
