@@ -156,3 +156,57 @@ def test_a_worker_lost_near_its_memory_limit_is_likely_out_of_memory(
     (failed,) = got(sim, m.KeysFailed)
     assert isinstance(failed, m.KeysFailed)
     assert "its memory at 96% of its limit - likely out of memory" in failed.message
+
+
+def test_a_held_poison_task_is_not_placed_through_an_old_heap_entry() -> None:
+    sim = SimulatedCluster(SchedulerConfig(max_worker_deaths=1, death_report_wait=3.0))
+    sim.add_client("c1")
+    r = sim.add_worker("r", nthreads=2, resources="a=2", supervisor=99, pid=11)
+    sim.submit("p", resources="a=1")
+    sim.place()
+    sim.submit("t", resources="a=2")
+    sim.place()  # does not fit now: reserves r
+    sim.submit("v", resources="a=2", priority=10)
+    sim.place()
+    sim.finish("p")
+    sim.place()  # t starts from its reservation; its heap entry stays behind
+    sim.remove_worker(r)  # t is held for the supervisor's verdict
+    assert "t" in sim.state.verdicts
+    sim.add_worker("s", nthreads=3, resources="a=6", supervisor=99, pid=12)
+    assert "t" not in {key for _, key in sim.place()}
+    sim.now += 5
+    sim.handle(Tick(sim.now))
+    assert sim.state.tasks["t"].state == "erred"
+    check_invariants(sim.state)
+
+
+def test_a_late_handoff_confirmation_keeps_the_receivers_own_copy(
+    sim: SimulatedCluster,
+) -> None:
+    src = sim.add_worker("src")
+    sim.submit("k")
+    sim.place()
+    sim.finish("k")
+    sim.submit("busy")
+    sim.place()
+    rcv = sim.add_worker("rcv")
+    sim.worker_says(src, m.WorkerDraining(30.0))
+    sim.finish("busy")
+    (ask,) = sent(sim, src, m.GetData)
+    assert isinstance(ask, m.GetData)
+    sim.worker_says(src, m.DataReply(ask.request_id, {"k": b"1", "busy": b"2"}, [], {}))
+    (put,) = sent(sim, rcv, m.PutData)
+    assert isinstance(put, m.PutData)
+    sim.submit("t", deps=["k"])
+    sim.place()
+    del sim.running[rcv]["t"]
+    sim.worker_says(rcv, m.MissingDependency("t", "k", [f"sim://{src}"], ""))
+    sim.place()
+    sim.finish("k")  # recomputed on rcv meanwhile
+    assert sim.state.tasks["k"].worker == rcv
+    before = len(sim.to_workers[rcv])
+    sim.worker_says(rcv, m.DataStored(put.request_id, ["k", "busy"], {"k": 8, "busy": 8}))
+    freed = [
+        k for msg in sim.to_workers[rcv][before:] if isinstance(msg, m.FreeKeys) for k in msg.keys
+    ]
+    assert "k" not in freed

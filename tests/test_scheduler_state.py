@@ -1292,8 +1292,40 @@ def test_a_lost_result_whose_released_input_was_scattered_fails_clearly(
     sim.place()
     sim.finish("use")
     sim.client_says("c1", m.ReleaseKeys(["data"]))
-    assert sim.state_of("data") == RELEASED
+    assert sim.state_of("data") == "forgotten"  # scattered: nothing to recompute it from
     sim.add_worker(nthreads=1)
     sim.remove_worker(w)
     (failed,) = sim.got(m.KeysFailed)
-    assert failed.keys == ["use"] and "scattered data 'data'" in failed.message
+    assert failed.keys == ["use"] and "input 'data' is gone" in failed.message
+
+
+def test_a_new_task_on_released_input_that_cannot_be_recomputed_fails_cleanly(
+    sim: RecordingCluster,
+) -> None:
+    w = sim.add_worker(nthreads=1)
+    sim.client_says("c1", m.ScatterRequest(1, {"data": b"x"}))
+    (put,) = sim.worker_got(w, m.PutData)
+    sim.handle(FromWorker(w, [m.DataStored(put.request_id, ["data"], {"data": 1})], sim.now))
+    sim.submit_graph({"a": (["data"], None), "b": (["a"], None)}, wanted=["b"])
+    sim.run({})
+    sim.client_says("c1", m.ReleaseKeys(["data"]))  # gone; a stays as b's lineage
+    assert sim.state_of("a") == RELEASED
+    sim.submit_graph({"c": (["a"], None)}, wanted=["c"])  # a must be recomputed: impossible
+    failed = sim.got(m.KeysFailed)
+    assert [f.keys for f in failed] == [["c"]] and "'data' is gone" in failed[0].message
+
+
+def test_a_recomputed_input_released_again_keeps_its_lineage(sim: RecordingCluster) -> None:
+    w = sim.add_worker(nthreads=2)
+    sim.submit_graph({"d": ([], None), "e": (["d"], None), "f": (["d"], None)}, wanted=["e", "f"])
+    sim.run({})
+    assert sim.state_of("d") == RELEASED
+    sim.client_says("c1", m.ReleaseKeys(["e"]))  # e goes; d stays for f
+    spare = sim.add_worker(nthreads=2)
+    sim.remove_worker(w)  # f lost: d is recomputed, then released again with f done
+    sim.run({})
+    assert sim.state_of("f") == MEMORY and sim.state_of("d") == RELEASED
+    sim.remove_worker(spare)
+    sim.add_worker(nthreads=2)
+    sim.run({})  # and f can be recomputed once more
+    assert sim.state_of("f") == MEMORY and not sim.got(m.KeysFailed)

@@ -99,6 +99,8 @@ class LiveRun:
     pid: int = 0
     #: Bytes of output so far: where the next ``RunOutput`` starts in the log.
     offset: int = 0
+    #: Stopped on the scheduler's word: dropped from the registry once it ends.
+    forget_when_done: bool = False
 
 
 class LiveRuns:
@@ -161,7 +163,7 @@ class LiveRuns:
                 live = self._runs[run_id] = LiveRun(run_id, held)
         if attach:
             logger.info("run %d: attached to its live command (pid %d)", run_id, live.pid)
-            if live.pid:
+            if live.pid and not live.done.is_set():  # an ended one has said so already
                 self._send(RunStarted(run_id, live.pid, live.held))
         else:
             thread = threading.Thread(
@@ -185,11 +187,19 @@ class LiveRuns:
                 del self._runs[run_id]
 
     def cancel(self, run_ids: Collection[int]) -> None:
-        """Stop these runs if they are alive (a scheduler that did not adopt them)."""
+        """Stop these runs if they are alive (cancelled, or a copy nobody adopted).
+
+        A stopped run is forgotten once its processes are gone: a later attempt of
+        the same run on this worker must start afresh, not attach to this copy.
+        """
         with self._lock:
             found = [self._runs[i] for i in run_ids if i in self._runs]
-        for live in found:
-            live.cancel.set()
+            for live in found:
+                live.cancel.set()
+                if live.done.is_set():
+                    del self._runs[live.run_id]
+                else:
+                    live.forget_when_done = True
 
     def stop_all(self, timeout: float) -> int:
         """Stop every live run (the worker is closing) and wait up to ``timeout`` for them.
@@ -251,6 +261,10 @@ class LiveRuns:
         self._send(RunEnded(live.run_id, code, sig, outcome.reason, outcome.detail))
         live.outcome = outcome
         live.done.set()
+        if live.forget_when_done:
+            with self._lock:
+                if self._runs.get(live.run_id) is live:
+                    del self._runs[live.run_id]
         self._write_groups()
 
 

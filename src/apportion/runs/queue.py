@@ -250,6 +250,10 @@ class RunQueue:
         self.host.handle(FromClient(RUNS_CLIENT, [m.ReleaseKeys([key])], self._now()))
         record = self.journal.get(run_id)
         cancelled = failure is not None and failure[0] == "cancelled"
+        ended = self.ended.get(run_id)
+        if cancelled and ended is not None and ended.reason == "completed":
+            failure = None  # the cancel came after the command had completed
+            cancelled = False
         started = record is not None and record.state == RUNNING
         if cancelled and started and record is not None and run_id not in self.ended:
             # The scheduler failed the task at once; the run is cancelled only once

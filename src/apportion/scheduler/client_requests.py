@@ -135,6 +135,8 @@ def _start(state: SchedulerState, task: TaskRecord) -> None:
             failure = dep.error
         elif dep.state == RELEASED:
             state.recompute(dep, f"needed again by {task.key}")
+            if task.state != "new":
+                return  # the input could not be recomputed and failed it too
             task.missing_deps += 1
         elif dep.state != MEMORY:
             task.missing_deps += 1

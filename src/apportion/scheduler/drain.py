@@ -44,6 +44,10 @@ def worker_draining(state: SchedulerState, worker: WorkerRecord, msg: m.WorkerDr
         return
     worker.draining = True
     worker.leaving = "draining"
+    reserved = state.tasks.get(worker.reserved_by or "")
+    if reserved is not None:
+        state.drop_reservation(reserved)  # it can reserve a worker that stays instead
+        state.placement_due = True
     state.log_info(
         f"worker {worker.name} is draining (leaves within {msg.grace:g}s): "
         f"{len(worker.processing)} tasks running, {len(worker.has_what)} results held"
@@ -97,7 +101,8 @@ def receiver_stored(state: SchedulerState, worker: WorkerRecord, msg: m.DataStor
     for key in msg.keys:
         task = state.tasks.get(key)
         if task is None or task.state != MEMORY or source is None or task.worker != source.id:
-            state.free_keys[worker.id].append(key)  # released (or lost) meanwhile
+            if task is None or task.worker != worker.id:  # not its own copy since
+                state.free_keys[worker.id].append(key)  # released (or lost) meanwhile
             continue
         source.has_what.discard(key)
         source.nbytes -= task.nbytes

@@ -322,12 +322,26 @@ class SchedulerState:
                 task.discard_result = True
                 self.free_keys[task.worker].append(task.key)
             return
-        if task.lineage and task.state in (MEMORY, RELEASED):
-            if task.state == MEMORY:
-                self._drop_result(task)
-                self.move(task, RELEASED, "released; kept to recompute what was computed from it")
+        if task.state == RELEASED:
+            return  # still feeds results that exist (lineage), or it would be gone
+        kept = task.state in (MEMORY, WAITING, QUEUED)  # not a failure: nothing to recompute
+        if kept and task.lineage and task.func_id != SCATTERED:
+            self.keep_released(task, "released; kept to recompute what was computed from it")
             return
         self.remove(task, "released")
+
+    def keep_released(self, task: TaskRecord, cause: str) -> None:
+        """Drop ``task``'s result (or stop waiting to compute it) but keep its recipe.
+
+        Scattered data is never kept: it could not be recomputed anyway.
+        """
+        if task.state == MEMORY:
+            self._drop_result(task)
+        unfinished = task.state in (WAITING, QUEUED, PROCESSING)
+        self.move(task, RELEASED, cause)
+        task.worker = None
+        if unfinished:
+            self.finish_inputs(task)
 
     def remove(self, task: TaskRecord, cause: str) -> None:
         if task.state == MEMORY:
@@ -542,6 +556,8 @@ class SchedulerState:
                     # Its supervisor is about to say how it died: wait for that.
                     self.move(task, QUEUED, f"worker {worker.name} lost: {how}; held for a verdict")
                     self.verdicts[task.key] = self.now + self.config.death_report_wait
+                    # A new number makes its old heap entry stale: placement skips it.
+                    task.seq = self.next_seq()
                 else:
                     self._fail_poisoned(task)
             else:

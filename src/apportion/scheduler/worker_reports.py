@@ -79,6 +79,8 @@ def settle_discarded(state: SchedulerState, task: TaskRecord, cause: str) -> Non
         state.release_if_unneeded(task)
     elif task.needed():
         state.requeue(task, cause + "; needed again")
+    elif task.lineage and task.func_id:
+        state.keep_released(task, cause + "; kept to recompute what was computed from it")
     else:
         state.remove(task, cause)
 

@@ -200,21 +200,19 @@ class Worker(BackgroundService):
             return
         self._closing = True
         try:
-            running = (self._receiver, self._heartbeat, *self._fetches)
-            tasks = [t for t in running if t is not None]
-            tasks = [t for t in tasks if t is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await self._cancel_tasks(self._receiver, *self._fetches)
             if self._runner is not None:
                 self._runner.close()
             if self.live_runs.ids():
+                if self._scheduler is not None:
+                    # Leaving, not lost: heartbeats go on while the runs are stopped, so
+                    # the scheduler starts none of them again while a copy still runs.
+                    self._scheduler.send(WorkerClosing("stopping its command runs"))
                 grace = self.live_runs.kill_grace + 5.0
                 left = await asyncio.to_thread(self.live_runs.stop_all, grace)
                 if left:
                     logger.error("worker %s: %d runs could not be stopped", self.name, left)
+            await self._cancel_tasks(self._heartbeat)
             await self._peers.close()
             if self._scheduler is not None:
                 # Sent before the close flushes, so the scheduler logs a departure,
@@ -224,6 +222,16 @@ class Worker(BackgroundService):
             await self._server.close()
         finally:
             self._closed.set()
+
+    async def _cancel_tasks(self, *tasks: asyncio.Task[None] | None) -> None:
+        """Cancel these tasks (not the one calling) and wait until they are done."""
+        mine = asyncio.current_task()
+        found = [t for t in tasks if t is not None and t is not mine]
+        for task in found:
+            task.cancel()
+        for task in found:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def drain(self, grace: float) -> None:
         """Leave without losing work: no new tasks, running ones finish, results handed off.

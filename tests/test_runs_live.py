@@ -1,0 +1,53 @@
+"""A worker's live runs: started once, attached to, forgotten when stopped (real processes)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import pytest
+
+from apportion.protocol import messages as m
+from apportion.runs.live import LiveRuns
+from apportion.runs.spec import new_spec
+
+pytestmark = [pytest.mark.process, pytest.mark.timeout(30)]
+
+
+class Outbox:
+    def __init__(self) -> None:
+        self.sent: list[m.Message] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, message: m.Message) -> None:
+        with self.lock:
+            self.sent.append(message)
+
+    def of(self, kind: type[m.Message]) -> list[m.Message]:
+        with self.lock:
+            return [msg for msg in self.sent if isinstance(msg, kind)]
+
+
+def test_attaching_to_a_run_that_ended_reports_its_end_not_a_new_start() -> None:
+    outbox = Outbox()
+    runs = LiveRuns(outbox, kill_grace=1.0)
+    spec = new_spec([sys.executable, "-c", "print('hi')"])
+    first = runs.execute(7, spec, dict(os.environ), "", threading.Event())
+    assert first.reason == "completed" and runs.ids() == [7]  # not settled: adoptable
+    again = runs.execute(7, spec, dict(os.environ), "", threading.Event())  # adopted
+    assert again is first
+    assert len(outbox.of(m.RunStarted)) == 1 and len(outbox.of(m.RunEnded)) == 1
+    runs.settled(7)
+    assert runs.ids() == []
+
+
+def test_a_stopped_copy_is_forgotten_so_a_later_attempt_starts_afresh() -> None:
+    outbox = Outbox()
+    runs = LiveRuns(outbox, kill_grace=1.0)
+    spec = new_spec([sys.executable, "-c", "print('run')"])
+    runs.execute(3, spec, dict(os.environ), "", threading.Event())
+    runs.cancel([3])  # the scheduler did not adopt this copy
+    assert runs.ids() == []
+    runs.execute(3, spec, dict(os.environ), "", threading.Event())
+    assert len(outbox.of(m.RunStarted)) == 2  # the command ran again
