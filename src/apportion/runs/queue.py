@@ -211,15 +211,19 @@ class RunQueue:
         submit = m.SubmitTasks(tasks, {func_id: blob}, [t.key for t in tasks])
         self.host.handle(FromClient(RUNS_CLIENT, [submit], self._now()))
 
-    def _task_spec(self, record: RunRecord) -> m.TaskSpec:
-        """The task that runs ``record``'s command: ``execute_run(id, spec)``, its demand."""
+    def _task_spec(self, record: RunRecord, *, running: bool = False) -> m.TaskSpec:
+        """The task that runs ``record``'s command: ``execute_run(id, spec)``, its demand.
+
+        Its retries are what the run has left: attempts made before (a restart
+        resumes a run, it does not renew its retries) count, the one now running
+        (``running``, an adopted run) excepted.
+        """
         spec = record.spec
         args = pack_call((record.id, spec.to_dict()), {})[0]
         demand = parse_demand(spec.resources or None)
         func_id = self._function[0]
-        return m.TaskSpec(
-            run_key(record.id), func_id, args, [], demand, spec.priority, spec.retries
-        )
+        left = max(0, spec.retries - record.attempts + (1 if running else 0))
+        return m.TaskSpec(run_key(record.id), func_id, args, [], demand, spec.priority, left)
 
     def _now(self) -> float:
         return self.host.state.now
@@ -431,7 +435,7 @@ class RunQueue:
         """Record ``record``'s run as running on the worker whose command still runs it."""
         run_id = record.id
         func_id, blob = self._function
-        task = self._task_spec(record)
+        task = self._task_spec(record, running=True)  # its latest attempt still runs
         self.active.add(run_id)
         held = self._held.get(run_id) or record.held
         if record.state == QUEUED:  # requeued when its worker was declared lost

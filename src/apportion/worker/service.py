@@ -177,7 +177,7 @@ class Worker(BackgroundService):
             self.address = await self._server.start()
             self.state.address = self.address
             self._runner = self._new_runner()
-            self._scheduler = await self._register()
+            self._connected(await self._register())
         except BaseException:
             await self.close()
             raise
@@ -290,10 +290,14 @@ class Worker(BackgroundService):
             )
         )
         self.sessions += 1
+        return conn
+
+    def _connected(self, conn: Connection) -> None:
+        """``conn`` is the live session now: send what waited for one, in order."""
+        self._scheduler = conn
         unsent, self._unsent, self._unsent_bytes = self._unsent, [], 0
         for message in unsent:
             conn.send(message)
-        return conn
 
     @property
     def connected(self) -> bool:
@@ -410,9 +414,10 @@ class Worker(BackgroundService):
             await asyncio.sleep(min(delay, remaining))
             delay = min(delay * 2, MAX_BACKOFF)
             try:
-                self._scheduler = await asyncio.wait_for(
+                conn = await asyncio.wait_for(
                     self._register(), max(0.1, deadline - time.monotonic())
                 )
+                self._connected(conn)
                 return None
             except (OSError, HandshakeError) as exc:  # TimeoutError is an OSError
                 failure = str(exc) or type(exc).__name__
