@@ -399,3 +399,25 @@ def test_a_supervised_worker_killed_with_sigkill_leaves_no_run_behind(
     os.kill(worker_pid, signal.SIGKILL)
     family = [int(p) for p in pids.read_text().split()]
     poll(lambda: all(_zombie(p) for p in family), 20, "the orphaned run to be killed")
+
+
+def test_runs_and_cancel_from_another_machine_go_through_the_scheduler(
+    cluster: tuple[Processes, Queue, str], tmp_path: Path
+) -> None:
+    _, queue, address = cluster
+    elsewhere = Queue(tmp_path / "elsewhere")  # no journal of its own
+    done = queue.cli("submit", address, "--name", "quick", "--wait", "--", "true")
+    assert done.returncode == 0, done.stderr
+    slow = queue.cli("submit", address, "--name", "slow", "--", "sleep", "60")
+    slow_id = int(re.findall(r"submitted run (\d+)", slow.stdout)[0])
+    poll(lambda: queue.states()[slow_id] == "running", 20, "the slow run to start")
+    table = elsewhere.cli("runs", "--scheduler", address)
+    assert table.returncode == 0, table.stderr
+    assert re.search(r"quick\s+completed", table.stdout) and re.search(
+        r"slow\s+running", table.stdout
+    )
+    cancelled = elsewhere.cli("cancel", "--scheduler", address, str(slow_id))
+    assert cancelled.returncode == 0 and "cancel requested (running)" in cancelled.stdout
+    poll(lambda: queue.states()[slow_id] == "cancelled", 30, "the run to be cancelled")
+    unknown = elsewhere.cli("cancel", "--scheduler", address, "999")
+    assert unknown.returncode == 2 and "no run 999" in unknown.stderr

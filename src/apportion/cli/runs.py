@@ -31,6 +31,7 @@ from typing import Any, BinaryIO, NoReturn, TypeVar
 import click
 from click.core import ParameterSource
 
+from apportion.runs import remote
 from apportion.runs.journal import (
     FINISHED,
     QUEUED,
@@ -335,7 +336,7 @@ def stage(ctx: click.Context, run: RunOptions, journal_path: Path | None) -> Non
 # --- runs and its subcommands -----------------------------------------------------------
 
 #: Options of ``runs`` that only make sense when it lists (no subcommand).
-_LISTING_OPTIONS = ("states", "array_id", "ids", "watch", "interval")
+_LISTING_OPTIONS = ("states", "array_id", "ids", "watch", "interval", "address")
 
 
 @click.group("runs", invoke_without_command=True)
@@ -363,6 +364,13 @@ _LISTING_OPTIONS = ("states", "array_id", "ids", "watch", "interval")
     help="How often --watch looks again.  [default: 0.5]",
 )
 @journal_option
+@click.option(
+    "--scheduler",
+    "address",
+    metavar="ADDRESS",
+    help="Ask the scheduler at ADDRESS for its runs instead of reading a journal here "
+    "(from another machine; the latest 1,000 runs unless --ids or --array).",
+)
 @click.pass_context
 def runs(
     ctx: click.Context,
@@ -372,6 +380,7 @@ def runs(
     watch: bool,
     interval: float,
     journal_path: Path | None,
+    address: str | None,
 ) -> None:
     """List the runs in the journal, or follow their progress with --watch.
 
@@ -399,6 +408,9 @@ def runs(
         return
     if watch and states:
         _fail(ctx, "--watch counts runs in every state: it does not go with --state")
+    if address is not None:
+        _remote_runs(ctx, address, states, array_id, ids, watch)
+        return
     path = _journal_path(ctx, journal_path)
     if not path.exists() and array_id is None and ids is None:
         # Nothing was ever staged here (the default journal before first use).
@@ -411,6 +423,31 @@ def runs(
         else:
             records = journal.runs(states=set(states) or None, ids=selected)
             click.echo(format_runs(records, time.time()))
+
+
+def _remote_runs(
+    ctx: click.Context,
+    address: str,
+    states: tuple[str, ...],
+    array_id: int | None,
+    ids: str | None,
+    watch: bool,
+) -> None:
+    """``runs --scheduler``: the same table, or progress, from a scheduler anywhere."""
+    from apportion.cli.submit import follow
+
+    wanted = [] if ids is None else _parse_ids(ctx, [ids])
+    try:
+        records = remote.query(address, wanted)
+    except remote.RemoteQueueError as error:
+        _fail(ctx, str(error), 1)
+    if array_id is not None:
+        records = [r for r in records if r.array_id == array_id]
+    if states:
+        records = [r for r in records if r.state in states]
+    if watch:
+        ctx.exit(follow(address, [r.id for r in records]) if records else 0)
+    click.echo(format_runs(records, time.time()))
 
 
 def _select(
@@ -606,8 +643,16 @@ def _silence_stdout() -> None:
 @click.command("cancel")
 @click.argument("run_ids", nargs=-1, required=True, metavar="IDS...", callback=_ids_argument)
 @journal_option
+@click.option(
+    "--scheduler",
+    "address",
+    metavar="ADDRESS",
+    help="Ask the scheduler at ADDRESS to cancel them (from another machine).",
+)
 @click.pass_context
-def cancel(ctx: click.Context, run_ids: list[int], journal_path: Path | None) -> None:
+def cancel(
+    ctx: click.Context, run_ids: list[int], journal_path: Path | None, address: str | None
+) -> None:
     """Cancel runs: IDS such as 7, 3-5 or 2,4,9.
 
     A staged run is cancelled at once. A queued or running one is marked, and the
@@ -615,6 +660,9 @@ def cancel(ctx: click.Context, run_ids: list[int], journal_path: Path | None) ->
     resources; with no scheduler serving the journal, that happens when one starts.
     Finished runs are left as they are. Exit status 2 if an id is unknown.
     """
+    if address is not None:
+        _remote_cancel(ctx, address, run_ids)
+        return
     outcomes: dict[str, list[int]] = {}
     with _opened(ctx, _journal_path(ctx, journal_path)) as journal:
         owner = journal.owner()
@@ -636,6 +684,24 @@ def cancel(ctx: click.Context, run_ids: list[int], journal_path: Path | None) ->
             click.echo(_cancel_line(outcome, ids, owner))
     if "unknown" in outcomes:
         _fail(ctx, f"no {_runs_text(outcomes['unknown'])}")
+
+
+def _remote_cancel(ctx: click.Context, address: str, run_ids: list[int]) -> None:
+    try:
+        records = remote.cancel(address, run_ids)
+    except remote.RemoteQueueError as error:
+        _fail(ctx, str(error), 1)
+    for record in records:
+        if record.state in FINISHED:
+            click.echo(f"run {record.label()}: {record.state}")
+        else:
+            click.echo(
+                f"run {record.label()}: cancel requested ({record.state}); the scheduler "
+                "stops it and frees its resources once its processes are gone"
+            )
+    unknown = sorted(set(run_ids) - {record.id for record in records})
+    if unknown:
+        _fail(ctx, f"no {_runs_text(unknown)} at {address}")
 
 
 def _cancel_line(outcome: str, ids: list[int], owner: tuple[int, str] | None) -> str:

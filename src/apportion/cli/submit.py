@@ -10,13 +10,12 @@ import os
 import sys
 import time
 from collections import Counter
-from typing import Any
 
 import click
 
 from apportion.cli.runs import RUN_CONTEXT_SETTINGS, RunOptions, run_options, specs_from_options
 from apportion.runs import remote
-from apportion.runs.journal import COMPLETED, FINISHED, STATES
+from apportion.runs.journal import COMPLETED, FINISHED, STATES, RunRecord
 from apportion.runs.spec import format_array
 from apportion.runs.table import progress_line, summary
 
@@ -98,11 +97,11 @@ def follow(address: str, ids: list[int]) -> int:
     last = ""
     while True:
         try:
-            rows = remote.query(address, ids)
+            records = remote.query(address, ids)
         except remote.RemoteQueueError as error:
             click.echo(f"\nError: {error}", err=True)
             return 1
-        counts = _counts(rows)
+        counts = _counts(records)
         line = progress_line(counts)
         if line != last:
             click.echo(("\r" + line) if tty else line, nl=not tty)
@@ -113,13 +112,13 @@ def follow(address: str, ids: list[int]) -> int:
     if tty:
         click.echo()
     click.echo(summary(counts))
-    for row in rows:
-        if row["state"] != COMPLETED:
-            click.echo(f"run {row['label']}: {row['state']}: {row['reason']}")
+    for record in records:
+        if record.state != COMPLETED:
+            click.echo(f"run {record.label()}: {record.state}: {record.reason}")
     return 0 if counts[COMPLETED] == len(ids) else 1
 
 
-def _counts(rows: list[dict[str, Any]]) -> Counter[str]:
+def _counts(records: list[RunRecord]) -> Counter[str]:
     counts: Counter[str] = Counter(dict.fromkeys(STATES, 0))
-    counts.update(str(row["state"]) for row in rows)
+    counts.update(record.state for record in records)
     return counts

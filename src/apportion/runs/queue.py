@@ -490,21 +490,12 @@ class RunQueue:
                 self.journal.set_waiting(run_id, waiting_text(explain(state, task.key)))
 
     def report(self, ids: list[int]) -> list[dict[str, object]]:
-        """What ``QueryRuns`` and ``CancelRuns`` answer: one dict per known run."""
-        out: list[dict[str, object]] = []
-        for record in self.journal.runs(ids=ids):
-            out.append(
-                {
-                    "id": record.id,
-                    "label": record.label(),
-                    "state": record.state,
-                    "worker": record.worker,
-                    "held": record.held,
-                    "reason": record.reason,
-                    "exit_code": -1 if record.exit_code is None else record.exit_code,
-                }
-            )
-        return out
+        """What ``QueryRuns`` and ``CancelRuns`` answer: each known run of ``ids``, or
+        the latest runs if ``ids`` is empty, as ``remote.record_to_dict`` gives them."""
+        from apportion.runs.remote import MAX_LISTED, record_to_dict
+
+        records = self.journal.runs(ids=ids) if ids else self.journal.runs()[-MAX_LISTED:]
+        return [record_to_dict(record) for record in records]
 
 
 def waiting_text(explanation: str) -> str:

@@ -8,6 +8,7 @@ Each call is one request and one answer on a short-lived client connection.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 from collections.abc import Sequence
 from typing import Any
@@ -16,7 +17,11 @@ from apportion.net.connection import ConnectionClosed
 from apportion.net.handshake import HandshakeError, open_connection
 from apportion.protocol import messages as m
 from apportion.protocol.codec import ProtocolError
+from apportion.runs.journal import RunRecord
 from apportion.runs.spec import RunSpec
+
+#: A query for every run answers with the most recent ones, at most this many.
+MAX_LISTED = 1_000
 
 _ids = itertools.count(1)
 
@@ -52,15 +57,32 @@ def submit(address: str, specs: Sequence[RunSpec], timeout: float = 30.0) -> lis
     return list(reply.ids)
 
 
-def query(address: str, ids: Sequence[int], timeout: float = 30.0) -> list[dict[str, Any]]:
-    """The state of runs ``ids``: dicts with id, label, state, worker, held, reason."""
+def query(address: str, ids: Sequence[int], timeout: float = 30.0) -> list[RunRecord]:
+    """Runs ``ids`` as the scheduler's journal has them (no ids: the latest ones)."""
     reply = asyncio.run(_ask(address, m.QueryRuns(next(_ids), list(ids)), timeout))
     assert isinstance(reply, m.RunsReport)
-    return list(reply.runs)
+    return [record_from_dict(row) for row in reply.runs]
 
 
-def cancel(address: str, ids: Sequence[int], timeout: float = 30.0) -> list[dict[str, Any]]:
-    """Ask the scheduler to cancel runs ``ids``; their state afterwards."""
+def cancel(address: str, ids: Sequence[int], timeout: float = 30.0) -> list[RunRecord]:
+    """Ask the scheduler to cancel runs ``ids``; the runs afterwards (unknown ids left out)."""
     reply = asyncio.run(_ask(address, m.CancelRuns(next(_ids), list(ids)), timeout))
     assert isinstance(reply, m.RunsReport)
-    return list(reply.runs)
+    return [record_from_dict(row) for row in reply.runs]
+
+
+def record_to_dict(record: RunRecord) -> dict[str, Any]:
+    """A run record as plain data for the wire; its environment stays with the scheduler."""
+    data = dataclasses.asdict(record)
+    data["spec"] = dataclasses.replace(record.spec, env={}).to_dict()
+    return data
+
+
+def record_from_dict(data: dict[str, Any]) -> RunRecord:
+    """The inverse of ``record_to_dict``; raises ``RemoteQueueError`` on a bad answer."""
+    try:
+        fields = dict(data)
+        fields["spec"] = RunSpec.from_dict(fields["spec"])
+        return RunRecord(**fields)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RemoteQueueError(f"the scheduler sent a malformed run: {exc}") from None
