@@ -143,7 +143,7 @@ class RunQueue:
             self._next_poll = now + POLL_SECONDS
             self._take_staged(wall)
             for run_id in self.journal.cancel_requests():
-                self._cancel(run_id, wall)
+                self._cancel(run_id)
         for run_id, deadline in list(self.awaiting.items()):
             if now >= deadline:
                 del self.awaiting[run_id]
@@ -471,9 +471,9 @@ class RunQueue:
                 self.journal.request_cancel(run_id, wall)
             except KeyError:
                 continue
-            self._cancel(run_id, wall)
+            self._cancel(run_id)
 
-    def _cancel(self, run_id: int, wall: float) -> None:
+    def _cancel(self, run_id: int) -> None:
         if run_id in self.active and run_id not in self._cancelling:
             self._cancelling.add(run_id)
             key = run_key(run_id)

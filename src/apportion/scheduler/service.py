@@ -200,22 +200,25 @@ class Scheduler(BackgroundService):
 
     def _from_worker(self, peer_id: str, batch: list[m.Message]) -> None:
         """Run reports go to the job queue, the rest to the state machine, in order."""
-        if self.queue is not None and any(isinstance(msg, RUN_REPORTS) for msg in batch):
-            wall = time.time()
-            rest: list[m.Message] = []
-            for msg in batch:
-                if isinstance(msg, RUN_REPORTS):
-                    if rest:
-                        self._handle(FromWorker(peer_id, rest, time.monotonic()))
-                        rest = []
-                    self._in_queue(self.queue.on_worker_message, peer_id, msg, wall)
-                else:
-                    rest.append(msg)
-            batch = rest
-        elif self.queue is None:
-            batch = [msg for msg in batch if not isinstance(msg, RUN_REPORTS)]
+        if any(isinstance(msg, RUN_REPORTS) for msg in batch):
+            batch = self._run_reports(peer_id, batch)
         if batch:
             self._handle(FromWorker(peer_id, batch, time.monotonic()))
+
+    def _run_reports(self, peer_id: str, batch: list[m.Message]) -> list[m.Message]:
+        """Hand the batch's run reports to the job queue (none: dropped), each after the
+        messages before it; return what follows the last one."""
+        rest: list[m.Message] = []
+        wall = time.time()
+        for msg in batch:
+            if not isinstance(msg, RUN_REPORTS):
+                rest.append(msg)
+            elif self.queue is not None:
+                if rest:
+                    self._handle(FromWorker(peer_id, rest, time.monotonic()))
+                    rest = []
+                self._in_queue(self.queue.on_worker_message, peer_id, msg, wall)
+        return rest
 
     async def _serve_supervisor(self, conn: Connection) -> None:
         """A worker supervisor reporting how its processes ended; nothing is sent back."""

@@ -519,7 +519,8 @@ class Worker(BackgroundService):
 
     def _on_outcomes(self, outcomes: list[Outcome]) -> None:
         """A batch of finished executions, values already stored by the runner."""
-        self._flush_from_threads()
+        if self._from_threads:  # read without the lock: what must precede is appended
+            self._flush_from_threads()
         now = time.time()
         events: list[WorkerEvent] = [
             ExecutionOk(o.key, o.info, o.duration, now)
