@@ -1,7 +1,8 @@
-"""``task_resources`` and ``task_environment`` alone: no worker service, no threads."""
+"""``task_resources``, ``task_environment`` and cancel events, without a worker service."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -10,9 +11,11 @@ from typing import Any
 
 import pytest
 
-from apportion import task_environment, task_resources
+from apportion import task_cancel_event, task_environment, task_resources
+from apportion.core.payload import dumps_function, function_id, pack_call
 from apportion.worker.context import running_task
 from apportion.worker.events import Execute
+from apportion.worker.execution import Finished, TaskRunner
 
 
 @contextmanager
@@ -105,3 +108,41 @@ def test_outside_a_task_is_a_runtime_error() -> None:
         assert task_environment({}) == {} and task_resources() == {}
     with pytest.raises(RuntimeError, match=r"task_resources\(\) is only available inside"):
         task_resources()
+
+
+_GATES: dict[str, threading.Event] = {}
+
+
+def _watches_cancel(gate: str) -> bool:
+    _GATES[gate].wait(5)
+    return task_cancel_event().is_set()
+
+
+@pytest.mark.timeout(10)
+def test_a_cancel_before_a_thread_takes_the_task_still_reaches_it() -> None:
+    loop = asyncio.new_event_loop()
+    outcomes: list[Any] = []
+    runner = TaskRunner(1, {}, outcomes.extend, loop, SimpleNamespace(units={}))
+    try:
+        blob = dumps_function(_watches_cancel)
+        runner.functions.add(function_id(blob), blob)
+        first = _GATES["busy"] = threading.Event()
+        second = _GATES["queued"] = threading.Event()
+        for key in ("busy", "queued"):
+            args, _ = pack_call((key,), {})
+            runner.submit(Execute(key, function_id(blob), args, (), {}, {}), {})
+        # The only thread is busy with "busy": "queued" waits in the queue when cancelled.
+        assert runner.cancel(["queued"]) == 1
+        first.set()
+        second.set()
+
+        async def both() -> None:
+            while len(outcomes) < 2:
+                await asyncio.sleep(0.01)
+
+        loop.run_until_complete(asyncio.wait_for(both(), 5))
+        values = {o.key: o.value for o in outcomes if isinstance(o, Finished)}
+        assert values == {"busy": False, "queued": True}
+    finally:
+        runner.close()
+        loop.close()

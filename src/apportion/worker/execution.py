@@ -145,6 +145,9 @@ class TaskRunner:
 
     def submit(self, command: Execute, inputs: dict[str, Any]) -> None:
         """Queue ``command``; the state machine never submits more than ``nthreads``."""
+        # The event exists from now on, not from when a thread picks the task up: a
+        # cancel that arrives in between must still reach the task.
+        self._cancel_events[command.key] = threading.Event()
         self._queue.put((command, inputs))
 
     def cancel(self, keys: Iterable[str]) -> int:
@@ -192,7 +195,7 @@ class TaskRunner:
     def run(self, command: Execute, inputs: dict[str, Any]) -> Outcome:
         """Run one task on this thread and describe how it went."""
         start = time.perf_counter()
-        cancel = self._cancel_events[command.key] = threading.Event()
+        cancel = self._cancel_events.setdefault(command.key, threading.Event())
         try:
             func = self.functions.get(command.func_id)
             args, kwargs = unpack_call(command.args, inputs)

@@ -451,6 +451,10 @@ class Worker(BackgroundService):
                 case ComputeTask():
                     events.append(ComputeArrived(message, now))
                 case FreeKeys():
+                    # Executions started by earlier messages of this frame first, so
+                    # that the cancel reaches them too.
+                    self._handle(events)
+                    events = []
                     self._runner.cancel(message.keys)
                     runs = [run_id_of(key) for key in message.keys]
                     self.live_runs.cancel([r for r in runs if r is not None])
