@@ -11,8 +11,10 @@ import contextlib
 import hashlib
 import itertools
 import logging
+import sys
 import threading
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -28,6 +30,7 @@ from apportion.client.future import (
     Future,
     KeyState,
 )
+from apportion.client.graph import flatten_keys, graph_tasks, wire_key
 from apportion.client.session import Session
 from apportion.core import payload
 from apportion.core.resources import ResourceSpec, parse_demand
@@ -48,6 +51,9 @@ _GATHER_ATTEMPTS = 5
 class Client:
     """Connect to a scheduler (``Client("tcp://host:8786")``), a ``LocalCluster``,
     or, with no argument, start an embedded local cluster sized to this machine.
+
+    With ``set_as_default`` (the default) and Dask imported, Dask's own ``compute``
+    runs on this client until it is closed.
     """
 
     def __init__(
@@ -57,6 +63,7 @@ class Client:
         timeout: float = 30.0,
         direct_to_workers: bool = False,
         name: str | None = None,
+        set_as_default: bool = True,
     ) -> None:
         from apportion.client.local import LocalCluster
 
@@ -93,6 +100,7 @@ class Client:
             if self._own_cluster is not None:
                 self._own_cluster.close()
             raise
+        self._dask_default = _DaskDefault(self) if set_as_default else None
 
     # --- what the scheduler tells us ------------------------------------------------
 
@@ -300,29 +308,108 @@ class Client:
         priority: int = 0,
         retries: int = 0,
     ) -> Any:
-        """Compute an old-style graph (``{"x": 1, "y": (add, "x", 2)}``) and return ``keys``.
+        """Compute a graph and return ``keys``: an old-style one (``{"x": 1, "y": (add,
+        "x", 2)}``), a graph of Dask task nodes, or the expression ``dask.compute``
+        hands its scheduler (``dask.compute(x, scheduler=client.get)``).
 
         ``keys`` may be one key or nested lists of keys; the result has the same
         shape. ``resources`` is one demand for every task, or a mapping from keys
-        (or tuples of keys) to demands.
+        (or tuples of keys) to demands; ``dask.annotate`` annotations override both.
         """
-        from apportion.client.graph import flatten_keys as _flatten_keys
-        from apportion.client.graph import graph_tasks, wire_key
+        annotations: dict[str, dict[Any, Any]] = {}
+        if not isinstance(dsk, Mapping) and hasattr(dsk, "__dask_graph__"):
+            from apportion.client.collections import expression_graph
 
+            dsk, annotations = expression_graph(dsk)
+        futures = self._submit_graph(dsk, keys, resources, priority, retries, annotations)
+        return self.gather(_shaped(keys, futures))
+
+    def compute(
+        self,
+        collections: Any,
+        *,
+        sync: bool = False,
+        optimize_graph: bool = True,
+        resources: ResourceSpec | Mapping[Any, ResourceSpec] = None,
+        priority: int = 0,
+        retries: int = 0,
+    ) -> Any:
+        """Start computing Dask collections; a future of each one's final value.
+
+        One collection gives one future, a list gives a list (anything in it that is
+        not a Dask collection comes back as it is). ``sync=True`` returns the values
+        instead. ``resources``, ``priority`` and ``retries`` apply to every task of
+        the graph, except where ``dask.annotate`` said otherwise.
+        """
+        from apportion.client.collections import is_collection, lower
+
+        single = not isinstance(collections, list | tuple | set | frozenset)
+        items = [collections] if single else list(collections)
+        dask_ones = [c for c in items if is_collection(c)]
+        futures: dict[str, Future] = {}
+        names: list[Any] = []
+        if dask_ones:
+            lowered = lower(dask_ones, optimize_graph=optimize_graph, finalize=True)
+            names = list(flatten_keys(lowered.keys))
+            futures = self._submit_graph(
+                lowered.graph, names, resources, priority, retries, lowered.annotations
+            )
+        outputs = iter(names)
+        result = [futures[wire_key(next(outputs))] if is_collection(c) else c for c in items]
+        if sync:
+            result = self.gather(result)
+        return result[0] if single else result
+
+    def persist(
+        self,
+        collections: Any,
+        *,
+        optimize_graph: bool = True,
+        resources: ResourceSpec | Mapping[Any, ResourceSpec] = None,
+        priority: int = 0,
+        retries: int = 0,
+    ) -> Any:
+        """Start computing Dask collections; the same collections, now made of futures.
+
+        Their parts stay on the workers; computing the returned collections, or new
+        ones built from them, starts from those parts instead of from scratch.
+        """
+        from apportion.client.collections import is_collection, lower
+
+        single = not isinstance(collections, list | tuple | set | frozenset)
+        items = [collections] if single else list(collections)
+        for item in items:
+            if not is_collection(item):
+                raise TypeError(f"persist takes Dask collections, not {type(item).__name__}")
+        lowered = lower(items, optimize_graph=optimize_graph, finalize=False)
+        futures = self._submit_graph(
+            lowered.graph, lowered.keys, resources, priority, retries, lowered.annotations
+        )
+        result = []
+        for item, keys in zip(items, lowered.keys, strict=True):
+            rebuild, extra = item.__dask_postpersist__()
+            parts = {key: futures[wire_key(key)] for key in flatten_keys(keys)}
+            result.append(rebuild(parts, *extra))
+        return result[0] if single else result
+
+    def _submit_graph(
+        self,
+        dsk: Mapping[Any, Any],
+        keys: Any,
+        resources: ResourceSpec | Mapping[Any, ResourceSpec],
+        priority: int,
+        retries: int,
+        annotations: Mapping[str, Mapping[Any, Any]],
+    ) -> dict[str, Future]:
+        """Send the tasks ``keys`` need; a future for each of ``keys``, by wire key."""
         self._check_open()
-        wanted = {wire_key(k) for k in _flatten_keys(keys)}
+        wanted = {wire_key(k) for k in flatten_keys(keys)}
         futures = {key: Future(key, self) for key in wanted}
-        tasks = graph_tasks(self, dsk, keys, resources, priority, retries)
+        tasks = graph_tasks(self, dsk, keys, resources, priority, retries, annotations)
         # One outbox item, so the graph reaches the scheduler in one message: a split
         # graph would see its unwanted first half released before the rest arrived.
         self._session.post([(spec, blob, spec.key in wanted) for spec, blob in tasks])
-
-        def build(k: Any) -> Any:
-            if isinstance(k, list):
-                return [build(x) for x in k]
-            return futures[wire_key(k)]
-
-        return self.gather(build(keys))
+        return futures
 
     # --- results --------------------------------------------------------------------
 
@@ -537,6 +624,8 @@ class Client:
         self._session.close()
         self._scheduler_gone(f"the client for {self.scheduler_address} was closed")
         self._callbacks.stop()
+        if self._dask_default is not None:
+            self._dask_default.restore()
         if self._own_cluster is not None:
             self._own_cluster.close()
 
@@ -553,6 +642,40 @@ class Client:
 
     def __repr__(self) -> str:
         return f"<Client: scheduler={self.scheduler_address!r}>"
+
+
+def _shaped(keys: Any, futures: Mapping[str, Future]) -> Any:
+    """The futures of ``keys``, in the nested lists ``keys`` came in."""
+    if isinstance(keys, list):
+        return [_shaped(k, futures) for k in keys]
+    return futures[wire_key(keys)]
+
+
+class _DaskDefault:
+    """While a client is open, Dask's own ``.compute()`` and ``dask.compute`` run on it.
+
+    Only when Dask is already imported: a client never imports Dask itself. Dask's
+    configuration holds a weak reference, so a forgotten client is still collected.
+    """
+
+    def __init__(self, client: Client) -> None:
+        self._client = weakref.ref(client)
+        dask = sys.modules.get("dask")
+        self._setting = None if dask is None else dask.config.set(scheduler=self)
+
+    def __call__(self, dsk: Any, keys: Any, **kwargs: Any) -> Any:
+        client = self._client()
+        if client is None or client._closed:
+            raise RuntimeError("the apportion client Dask was told to use is closed")
+        return client.get(dsk, keys, **kwargs)
+
+    def restore(self) -> None:
+        """Put back the scheduler Dask had, unless another client took over since."""
+        dask = sys.modules.get("dask")
+        if self._setting is not None and dask is not None:
+            if dask.config.get("scheduler", None) is self:
+                self._setting.__exit__(None, None, None)
+            self._setting = None
 
 
 #: Largest pickled argument or scattered value: well inside one frame (MAX_FRAME),

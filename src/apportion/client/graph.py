@@ -1,12 +1,16 @@
-"""Old-style task graphs (``{"x": 1, "y": (add, "x", 2)}``) as apportion tasks.
+"""Task graphs as apportion tasks: old-style (``{"x": 1, "y": (add, "x", 2)}``) and Dask's.
 
-Each graph entry becomes one task running ``core.payload.run_spec`` on the entry,
-with every reference to another key replaced by a ``KeyRef``: pickling records it
-as a dependency, unpickling on the worker turns it into that key's value.
+Each old-style entry becomes one task running ``core.payload.run_spec`` on the
+entry, with every reference to another key replaced by a ``KeyRef``: pickling
+records it as a dependency, unpickling on the worker turns it into that key's
+value. An entry that is a Dask task node (``dask._task_spec.GraphNode``, what
+Dask's collections produce now) names its dependencies itself; it becomes a task
+running ``core.payload.run_node`` with a ``KeyRef`` for each of them.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +35,12 @@ def flatten_keys(keys: Any) -> Iterator[Any]:
         yield keys
 
 
+def _is_node(value: Any) -> bool:
+    """A Dask task node; such values exist only once Dask's task module is imported."""
+    module = sys.modules.get("dask._task_spec")
+    return module is not None and isinstance(value, module.GraphNode)
+
+
 def _is_key(value: Any, dsk: Mapping[Any, Any]) -> bool:
     try:
         return value in dsk
@@ -49,7 +59,11 @@ def _convert(value: Any, dsk: Mapping[Any, Any]) -> Any:
 
 
 def _references(value: Any, dsk: Mapping[Any, Any]) -> Iterator[Any]:
-    if isinstance(value, tuple) and value and callable(value[0]):
+    if _is_node(value):
+        # Dependencies outside the graph are results that already exist (a persisted
+        # collection's futures); pickling the node finds those.
+        yield from value.dependencies
+    elif isinstance(value, tuple) and value and callable(value[0]):
         for arg in value[1:]:
             yield from _references(arg, dsk)
     elif isinstance(value, list):
@@ -81,6 +95,8 @@ def needed_in_order(dsk: Mapping[Any, Any], keys: Any) -> list[Any]:
                     order.append(key)
             elif child in active:
                 raise ValueError(f"the graph has a cycle through {child!r}")
+            elif not _is_key(child, dsk):
+                raise KeyError(f"{key!r} depends on {child!r}, which is not in the graph")
             elif child not in done:
                 active.add(child)
                 stack.append((child, _references(dsk[child], dsk)))
@@ -106,6 +122,40 @@ def _demand_by_key(
     return {}, per_key
 
 
+#: Dask annotations (``dask.annotate(...)``) that apportion honours, per key.
+ANNOTATIONS = ("resources", "priority", "retries")
+
+
+def _per_key_annotations(
+    annotations: Mapping[str, Mapping[Any, Any]],
+) -> tuple[dict[Any, dict[str, int]], dict[Any, int], dict[Any, int]]:
+    """Demands, priorities and retries given to single keys, checked."""
+    demands: dict[Any, dict[str, int]] = {}
+    for key, spec in annotations.get("resources", {}).items():
+        try:
+            demands[key] = parse_demand(spec)
+        except ValueError as exc:
+            raise ValueError(f"resources annotated on {key!r}: {exc}") from None
+    numbers: list[dict[Any, int]] = []
+    for name in ("priority", "retries"):
+        checked: dict[Any, int] = {}
+        for key, value in annotations.get(name, {}).items():
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{name} annotated on {key!r} must be an int, not {value!r}")
+            checked[key] = value
+        numbers.append(checked)
+    return demands, numbers[0], numbers[1]
+
+
+def _existing(value: Any, name: str) -> bool:
+    """A persisted collection's entry: the future of this very key, computed or on its way."""
+    from apportion.client.future import Future
+
+    if _is_node(value) and hasattr(value, "value"):  # Dask wraps plain values in a DataNode
+        value = value.value
+    return isinstance(value, Future) and value.key == name
+
+
 def graph_tasks(
     client: Client,
     dsk: Mapping[Any, Any],
@@ -113,8 +163,13 @@ def graph_tasks(
     resources: ResourceSpec | Mapping[Any, ResourceSpec],
     priority: int,
     retries: int,
+    annotations: Mapping[str, Mapping[Any, Any]] | None = None,
 ) -> Iterator[tuple[m.TaskSpec, bytes]]:
-    """The tasks needed for ``keys``, dependencies first, with the function blob."""
+    """The tasks needed for ``keys``, dependencies first, with the function blob.
+
+    ``annotations`` (Dask's, by type then key) override ``resources``, ``priority``
+    and ``retries`` for the keys they name.
+    """
     seen: dict[str, Any] = {}
     for key in dsk:
         name = wire_key(key)
@@ -122,9 +177,26 @@ def graph_tasks(
             raise ValueError(f"graph keys {seen[name]!r} and {key!r} both travel as {name!r}")
         seen[name] = key
     common, per_key = _demand_by_key(dsk, resources)
-    func_id, blob = client._function(payload.run_spec)
+    demands, priorities, retry_counts = _per_key_annotations(annotations or {})
     for key in needed_in_order(dsk, keys):
-        args, deps = payload.pack_call((_convert(dsk[key], dsk),), {})
-        demand = per_key.get(key, common)
-        spec = m.TaskSpec(wire_key(key), func_id, args, sorted(deps), demand, priority, retries)
+        value = dsk[key]
+        name = wire_key(key)
+        if _existing(value, name):
+            continue
+        if _is_node(value):
+            inputs = {dep: payload.KeyRef(wire_key(dep)) for dep in value.dependencies}
+            args, deps = payload.pack_call((value, inputs), {})
+            func_id, blob = client._function(payload.run_node)
+        else:
+            args, deps = payload.pack_call((_convert(value, dsk),), {})
+            func_id, blob = client._function(payload.run_spec)
+        spec = m.TaskSpec(
+            name,
+            func_id,
+            args,
+            sorted(deps),
+            demands.get(key, per_key.get(key, common)),
+            priorities.get(key, priority),
+            retry_counts.get(key, retries),
+        )
         yield spec, blob

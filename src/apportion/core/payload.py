@@ -139,6 +139,11 @@ def function_id(blob: bytes) -> str:
     return hashlib.blake2b(blob, digest_size=16).hexdigest()
 
 
+def run_node(node: Any, inputs: Mapping[Any, Any]) -> Any:
+    """Run a Dask task node; ``inputs`` holds the values of its dependencies by key."""
+    return node(inputs)
+
+
 def run_spec(spec: Any) -> Any:
     """Evaluate an old-style graph value: ``(func, *args)`` tuples are calls, lists map.
 

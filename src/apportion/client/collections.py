@@ -1,0 +1,82 @@
+"""Dask collections (delayed, bag, array, dataframe) turned into graphs for apportion.
+
+Dask stays optional: nothing here imports it before a collection is handed over,
+and no collection exists unless Dask was imported. Dask lowers its collections
+into one expression, optimises it and renders it as a graph of task nodes; the
+client then submits that graph as it submits any other (``client.graph``), with
+the ``dask.annotate`` annotations apportion honours (resources, priority, retries).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from apportion.client.graph import ANNOTATIONS
+
+#: The Dask releases whose collections lower into expressions (``collections_to_expr``).
+MIN_DASK = "2025.4"
+
+
+def is_collection(obj: Any) -> bool:
+    """A Dask collection; false for everything while Dask is not imported."""
+    dask = sys.modules.get("dask")
+    return dask is not None and bool(dask.is_dask_collection(obj))
+
+
+@dataclass(frozen=True, slots=True)
+class Lowered:
+    """Collections as one graph."""
+
+    graph: Mapping[Any, Any]
+    #: One entry per collection: its output key (compute) or nested keys (persist).
+    keys: list[Any]
+    #: Annotations by type, then key (``{"resources": {key: {"GPU": 1}}}``).
+    annotations: dict[str, dict[Any, Any]]
+
+
+def lower(collections: Sequence[Any], *, optimize_graph: bool, finalize: bool) -> Lowered:
+    """One graph computing ``collections``; with ``finalize`` each ends in a single key
+    holding its final value (a list for a bag, an array for an array, ...)."""
+    try:
+        from dask._expr import FinalizeCompute
+        from dask.base import collections_to_expr
+    except ImportError as exc:  # an old Dask: its collections are not expressions yet
+        import dask
+
+        raise ImportError(
+            f"computing Dask collections needs dask {MIN_DASK} or later; "
+            f"this is dask {dask.__version__}"
+        ) from exc
+    if optimize_graph and _annotated(collections_to_expr(list(collections), False)):
+        # Dask's low-level fusion drops layer annotations: a fused task would run
+        # without the GPU it was annotated with. Resources outrank fusion here.
+        optimize_graph = False
+    expr = collections_to_expr(list(collections), optimize_graph)
+    if finalize:
+        expr = FinalizeCompute(expr)
+    expr = expr.optimize()
+    graph, annotations = expression_graph(expr)
+    return Lowered(graph, list(expr.__dask_keys__()), annotations)
+
+
+def _annotated(expr: Any) -> bool:
+    """Some task of ``expr`` has an annotation apportion honours."""
+    return any(kind in ANNOTATIONS for kind in expr.__dask_annotations__())
+
+
+def expression_graph(expr: Any) -> tuple[dict[Any, Any], dict[str, dict[Any, Any]]]:
+    """The graph and annotations of a Dask expression (what ``dask.compute`` hands a
+    scheduler). Annotations active around the call (``with dask.annotate(...)``)
+    apply to every key the expression's own do not cover."""
+    import dask
+
+    graph = dict(expr.__dask_graph__())
+    annotations = {kind: dict(by_key) for kind, by_key in expr.__dask_annotations__().items()}
+    for kind, value in dask.get_annotations().items():
+        by_key = annotations.setdefault(kind, {})
+        for key in graph:
+            by_key.setdefault(key, value(key) if callable(value) else value)
+    return graph, annotations

@@ -1,0 +1,182 @@
+"""Dask collections on apportion: compute, persist, Dask's own compute, annotations."""
+
+from __future__ import annotations
+
+import collections
+import operator
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import dask
+import dask.array as da
+import dask.bag as db
+import numpy as np
+import pytest
+from dask import delayed
+
+from apportion import Client, LocalCluster, task_resources
+
+pytestmark = pytest.mark.timeout(30)
+
+#: Calls by argument, across the in-process workers' threads.
+CALLS: collections.Counter[Any] = collections.Counter()
+_calls_lock = threading.Lock()
+
+
+def counted_double(x: int) -> int:
+    with _calls_lock:
+        CALLS[x] += 1
+    return 2 * x
+
+
+def fails_first(tag: str) -> str:
+    """Raises on its first call for ``tag``, succeeds after."""
+    with _calls_lock:
+        CALLS[tag] += 1
+        attempt = CALLS[tag]
+    if attempt == 1:
+        raise RuntimeError(f"{tag}: first attempt")
+    return f"{tag} on attempt {attempt}"
+
+
+def resources_held(_: Any = None) -> dict[str, Any]:
+    return task_resources()
+
+
+def wait_until_empty(client: Client, timeout: float = 5.0) -> None:
+    """Releases travel asynchronously: wait until the scheduler holds no task."""
+    deadline = time.monotonic() + timeout
+    while (tasks := client.scheduler_info()["tasks"]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert tasks == {}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(
+        workers=[
+            {"name": "gpu", "nthreads": 2, "resources": "GPU=1"},
+            {"name": "cpu", "nthreads": 2},
+        ],
+        processes=False,
+    ) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def client(cluster: LocalCluster) -> Iterator[Client]:
+    CALLS.clear()
+    with Client(cluster) as c:
+        yield c
+
+
+def test_compute_gives_a_future_per_collection_and_passes_the_rest_through(
+    client: Client,
+) -> None:
+    x = delayed(operator.add)(1, 2)
+    y = delayed(operator.add)(x, x)
+    xx, yy, plain = client.compute([x, y, "not a collection"])
+    assert (xx.result(), yy.result(), plain) == (3, 6, "not a collection")
+    assert client.compute(y).result() == 6
+    assert client.compute((x, y), sync=True) == [3, 6]
+    # A future inside a delayed call is a dependency, as in Dask.
+    two = client.submit(operator.add, 1, 1)
+    assert client.compute(delayed(operator.mul)(two, y)).result() == 12
+
+
+def test_bags_and_arrays_compute_to_dasks_own_answers(client: Client) -> None:
+    bag = db.from_sequence(range(10), npartitions=3).map(counted_double)
+    assert client.compute(bag, sync=True) == [2 * i for i in range(10)]
+    assert client.compute(bag.sum()).result() == 90
+    x = da.arange(400, chunks=50).reshape((20, 20)).rechunk((5, 5))
+    expected = (np.arange(400).reshape((20, 20)) + np.arange(400).reshape((20, 20)).T).mean(0)
+    np.testing.assert_array_equal(client.compute((x + x.T).mean(axis=0), sync=True), expected)
+
+
+def test_a_persisted_collection_is_not_computed_again(client: Client) -> None:
+    bag = db.from_sequence(range(12), npartitions=4).map(counted_double)
+    persisted = client.persist(bag)
+    keys = list(dict(persisted.__dask_graph__()))
+    assert len(keys) == 4
+    assert client.compute(persisted.sum()).result() == 132
+    assert client.compute(persisted.map(operator.neg).sum()).result() == -132
+    assert {i: 1 for i in range(12)} == CALLS  # each element doubled once, on persist
+
+
+def test_dask_compute_runs_on_the_open_client_and_not_after(cluster: LocalCluster) -> None:
+    before = dask.config.get("scheduler", None)
+    with Client(cluster) as client:
+        bag = db.from_sequence(range(6), npartitions=2).map(resources_held)
+        with dask.annotate(resources={"GPU": 1}):
+            on_gpu = db.from_sequence(range(2), npartitions=2).map(resources_held)
+        # Only a task on an apportion worker sees task_resources() at all.
+        assert bag.compute() == [{}] * 6
+        # Dask's own compute fuses tasks and drops annotations on the way unless
+        # told not to optimise; client.compute keeps them either way.
+        assert dask.compute(on_gpu, optimize_graph=False)[0] == [{"GPU": 1.0}] * 2
+        assert client.compute(on_gpu, sync=True) == [{"GPU": 1.0}] * 2
+        assert dask.compute(bag.count(), scheduler=client.get) == (6,)
+        wait_until_empty(client)  # nothing left behind once Dask dropped its futures
+    assert dask.config.get("scheduler", None) == before
+
+
+def test_annotations_set_resources_and_retries_per_task(client: Client) -> None:
+    with dask.annotate(resources={"GPU": 1}):
+        held = delayed(resources_held)()
+    with dask.annotate(retries=1):
+        flaky = delayed(fails_first)("annotated")
+    plain = delayed(fails_first)("plain")
+    assert client.compute(held).result() == {"GPU": 1.0}
+    assert client.compute(flaky).result() == "annotated on attempt 2"
+    with pytest.raises(RuntimeError, match="plain: first attempt"):
+        client.compute(plain).result()
+    # The compute-wide setting, for tasks no annotation covers.
+    assert client.compute(delayed(fails_first)("wide"), retries=1).result() == "wide on attempt 2"
+
+
+def test_a_task_that_raises_fails_its_future_with_the_original_error(client: Client) -> None:
+    boom = delayed(operator.truediv)(1, 0)
+    with pytest.raises(ZeroDivisionError):
+        client.compute(boom + 1).result()
+    assert client.compute(delayed(operator.add)(2, 2)).result() == 4  # still serving
+
+
+def test_bad_annotations_and_arguments_are_refused_before_anything_runs(client: Client) -> None:
+    with dask.annotate(resources={"GPU": -1}):
+        bad = delayed(resources_held)()
+    with pytest.raises(ValueError, match="resources annotated on"):
+        client.compute(bad)
+    with dask.annotate(retries=1.5):
+        worse = delayed(resources_held)()
+    with pytest.raises(TypeError, match=r"retries annotated on .* must be an int"):
+        client.compute(worse)
+    with pytest.raises(TypeError, match="persist takes Dask collections"):
+        client.persist([1, 2])
+    wait_until_empty(client)
+
+
+def test_persisted_parts_lost_with_a_killed_worker_are_computed_again() -> None:
+    shape = [{"name": "a", "nthreads": 1}, {"name": "b", "nthreads": 1}]
+    with LocalCluster(workers=shape) as cluster, Client(cluster) as client:
+        bag = db.from_sequence(range(40), npartitions=8).map(operator.mul, 3)
+        persisted = client.persist(bag)
+        parts = list(dict(persisted.__dask_graph__()).values())
+        client.gather(parts)
+        on_a = [
+            p
+            for p in parts
+            if cluster.scheduler.state.workers[cluster.scheduler.state.tasks[p.key].worker].name
+            == "a"
+        ]
+        assert 0 < len(on_a) < len(parts), "each worker should hold some parts"
+        cluster._procs[0].send_signal(signal.SIGKILL)
+        assert client.compute(persisted.sum()).result() == 3 * sum(range(40))
+        for part in on_a:
+            story = client.story(part)
+            assert any("on worker a, which left" in row[4] for row in story), "\n".join(
+                map(str, story)
+            )
+            assert sum(row[3] == "memory" for row in story) == 2, story  # computed again
