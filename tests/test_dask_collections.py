@@ -54,6 +54,11 @@ def wait_until_empty(client: Client, timeout: float = 5.0) -> None:
     assert tasks == {}
 
 
+def negate_on_gpu(block: Any) -> Any:
+    assert task_resources() == {"GPU": 1.0}, task_resources()
+    return -block
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
     with LocalCluster(
@@ -135,6 +140,20 @@ def test_annotations_set_resources_and_retries_per_task(client: Client) -> None:
         client.compute(plain).result()
     # The compute-wide setting, for tasks no annotation covers.
     assert client.compute(delayed(fails_first)("wide"), retries=1).result() == "wide on attempt 2"
+
+
+def test_resources_by_key_reach_those_tasks_and_only_those(client: Client) -> None:
+    bag = db.from_sequence(range(4), npartitions=4).map(resources_held)
+    grid = da.ones((4, 4), chunks=2).map_blocks(negate_on_gpu, dtype=float)
+    parts = [delayed(resources_held)(i) for i in range(3)]
+    by_key = {tuple(bag.__dask_keys__()): {"GPU": 1}, parts[0].key: "GPU=1"}
+    assert client.compute(bag, resources=by_key, sync=True) == [{"GPU": 1.0}] * 4
+    held = client.compute(parts, resources=by_key, sync=True)
+    assert held == [{"GPU": 1.0}, {}, {}]
+    on_gpu = {tuple(key for row in grid.__dask_keys__() for key in row): {"GPU": 1}}
+    np.testing.assert_array_equal(
+        client.compute(grid, resources=on_gpu, sync=True), -np.ones((4, 4))
+    )
 
 
 def test_a_task_that_raises_fails_its_future_with_the_original_error(client: Client) -> None:

@@ -349,7 +349,9 @@ class Client:
         futures: dict[str, Future] = {}
         names: list[Any] = []
         if dask_ones:
-            lowered = lower(dask_ones, optimize_graph=optimize_graph, finalize=True)
+            lowered = lower(
+                dask_ones, optimize_graph=optimize_graph, finalize=True, resources=resources
+            )
             names = list(flatten_keys(lowered.keys))
             futures = self._submit_graph(
                 lowered.graph, names, resources, priority, retries, lowered.annotations
@@ -381,7 +383,7 @@ class Client:
         for item in items:
             if not is_collection(item):
                 raise TypeError(f"persist takes Dask collections, not {type(item).__name__}")
-        lowered = lower(items, optimize_graph=optimize_graph, finalize=False)
+        lowered = lower(items, optimize_graph=optimize_graph, finalize=False, resources=resources)
         futures = self._submit_graph(
             lowered.graph, lowered.keys, resources, priority, retries, lowered.annotations
         )

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from apportion.client.graph import ANNOTATIONS
+from apportion.client.graph import ANNOTATIONS, names_keys
 
 #: The Dask releases whose collections lower into expressions (``collections_to_expr``).
 MIN_DASK = "2025.4"
@@ -37,9 +37,15 @@ class Lowered:
     annotations: dict[str, dict[Any, Any]]
 
 
-def lower(collections: Sequence[Any], *, optimize_graph: bool, finalize: bool) -> Lowered:
+def lower(
+    collections: Sequence[Any], *, optimize_graph: bool, finalize: bool, resources: Any = None
+) -> Lowered:
     """One graph computing ``collections``; with ``finalize`` each ends in a single key
-    holding its final value (a list for a bag, an array for an array, ...)."""
+    holding its final value (a list for a bag, an array for an array, ...).
+
+    ``resources`` is what the caller asks of the graph's tasks: one demand, or
+    demands by key, which must then survive optimisation as annotations must.
+    """
     try:
         from dask._expr import FinalizeCompute
         from dask.base import collections_to_expr
@@ -50,10 +56,13 @@ def lower(collections: Sequence[Any], *, optimize_graph: bool, finalize: bool) -
             f"computing Dask collections needs dask {MIN_DASK} or later; "
             f"this is dask {dask.__version__}"
         ) from exc
-    if optimize_graph and _annotated(collections_to_expr(list(collections), False)):
-        # Dask's low-level fusion drops layer annotations: a fused task would run
-        # without the GPU it was annotated with. Resources outrank fusion here.
-        optimize_graph = False
+    if optimize_graph:
+        plain = collections_to_expr(list(collections), False)
+        if _annotated(plain) or names_keys(resources, plain.__dask_graph__()):
+            # Dask's low-level fusion renames tasks and drops layer annotations: a
+            # fused task would run without the GPU its key was given. Resources
+            # outrank fusion here.
+            optimize_graph = False
     expr = collections_to_expr(list(collections), optimize_graph)
     if finalize:
         expr = FinalizeCompute(expr)

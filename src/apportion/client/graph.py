@@ -107,19 +107,37 @@ def _demand_by_key(
     dsk: Mapping[Any, Any], resources: ResourceSpec | Mapping[Any, ResourceSpec]
 ) -> tuple[dict[str, int], dict[Any, dict[str, int]]]:
     """One demand for all tasks, or per key (keys or tuples of keys -> spec)."""
-    if not isinstance(resources, Mapping) or not resources:
+    if not names_keys(resources, dsk):
         return parse_demand(resources), {}  # type: ignore[arg-type]
-    if not all(isinstance(v, Mapping | str) for v in resources.values()) or not all(
-        _is_key(k, dsk) or isinstance(k, tuple) for k in resources
-    ):
-        return parse_demand(resources), {}  # type: ignore[arg-type]
+    assert isinstance(resources, Mapping)
     per_key: dict[Any, dict[str, int]] = {}
     for target, spec in resources.items():
         demand = parse_demand(spec)  # type: ignore[arg-type]
-        group = [target] if _is_key(target, dsk) else list(target)
-        for key in group:
+        for key in _group(target, dsk):
             per_key[key] = demand
     return {}, per_key
+
+
+def _group(target: Any, dsk: Mapping[Any, Any]) -> Iterator[Any]:
+    """The keys a per-key resources entry names: a key, or a tuple of keys (such as
+    ``tuple(bag.__dask_keys__())``), possibly nested."""
+    if _is_key(target, dsk):
+        yield target
+    elif isinstance(target, tuple):
+        for item in target:
+            yield from _group(item, dsk)
+
+
+def names_keys(resources: Any, dsk: Mapping[Any, Any]) -> bool:
+    """``resources`` maps keys of ``dsk`` (or groups of them) to demands, rather than
+    being one demand (``{"GPU": 1}``) for every task. Keys it names that ``dsk``
+    lacks are ignored: one mapping may serve several graphs."""
+    return (
+        isinstance(resources, Mapping)
+        and bool(resources)
+        and all(isinstance(v, Mapping | str) for v in resources.values())
+        and any(_is_key(k, dsk) or isinstance(k, tuple) for k in resources)
+    )
 
 
 #: Dask annotations (``dask.annotate(...)``) that apportion honours, per key.
