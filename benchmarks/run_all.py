@@ -3,7 +3,8 @@
 ``make bench`` calls this. The tiers: the pure state machine (events per second),
 scheduler memory per queued task, end-to-end throughput beside Dask, placement
 quality on a mixed CPU/GPU workload beside Dask, recovery from a killed worker
-beside Dask, and the job queue's runs per second beside HyperQueue.
+beside Dask, Dask collections computed on each, and the job queue's runs per second
+beside HyperQueue.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ SCRIPTS = [
     "throughput.py",
     "placement_quality.py",
     "recovery.py",
+    "collections_compute.py",
     "queue_throughput.py",
 ]
 

@@ -80,3 +80,7 @@ def sleepy_add(x: int, y: int) -> int:
 
     time.sleep(SLEEP_SECONDS)
     return x + y
+
+
+def is_even(x: int) -> bool:
+    return x % 2 == 0
