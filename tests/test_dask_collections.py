@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import operator
+import pickle
 import signal
 import threading
 import time
@@ -17,7 +18,8 @@ import numpy as np
 import pytest
 from dask import delayed
 
-from apportion import Client, LocalCluster, task_resources
+import apportion.client.client as client_module
+from apportion import Client, Future, LocalCluster, task_resources
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -182,7 +184,7 @@ def test_persisted_parts_lost_with_a_killed_worker_are_computed_again() -> None:
     with LocalCluster(workers=shape) as cluster, Client(cluster) as client:
         bag = db.from_sequence(range(40), npartitions=8).map(operator.mul, 3)
         persisted = client.persist(bag)
-        parts = list(dict(persisted.__dask_graph__()).values())
+        parts = [node.value for node in dict(persisted.__dask_graph__()).values()]
         client.gather(parts)
         on_a = [
             p
@@ -199,3 +201,93 @@ def test_persisted_parts_lost_with_a_killed_worker_are_computed_again() -> None:
                 map(str, story)
             )
             assert sum(row[3] == "memory" for row in story) == 2, story  # computed again
+
+
+def slow_identity(x: Any) -> Any:
+    time.sleep(0.5)
+    return x
+
+
+def nested_compute(i: int) -> int:
+    return int(da.arange(10, chunks=5).sum().compute()) + i
+
+
+def test_mixed_collections_come_back_in_the_order_given(client: Client) -> None:
+    # Lowered together, Dask would group these by kind and reorder their keys.
+    d, x, d2 = delayed(operator.add)(1, 2), da.arange(3, chunks=3), delayed(operator.add)(5, 5)
+    three, array_value, ten = client.compute([d, x, d2], sync=True)
+    assert (three, ten) == (3, 10)
+    np.testing.assert_array_equal(array_value, np.arange(3))
+    px, pb, py = client.persist([da.arange(3, chunks=3), db.from_sequence(["bag"]), da.ones(2)])
+    assert client.compute(pb, sync=True) == ["bag"]
+    np.testing.assert_array_equal(client.compute(px + py.sum(), sync=True), np.arange(2, 5))
+
+
+def test_a_collection_computed_again_after_a_cancel_runs_again(client: Client) -> None:
+    d = delayed(slow_identity)(1, pure=True)
+    first = client.compute(d)
+    first.cancel()
+    assert client.compute(d).result(timeout=10) == 1
+
+
+def test_a_collection_persisted_by_another_client_is_shared(cluster: LocalCluster) -> None:
+    with Client(cluster) as a, Client(cluster) as b:
+        p = a.persist(da.arange(10, chunks=5) + 1)
+        again = b.persist(p)  # nothing new to compute: b now wants a's parts as well
+        np.testing.assert_array_equal(b.compute(again, sync=True), np.arange(1, 11))
+        del p
+        a.close()  # b's claim keeps the parts
+        np.testing.assert_array_equal(b.compute(again.sum(), sync=True), 55)
+
+
+def test_dask_uses_the_newest_open_client_and_its_config_still_pickles(
+    cluster: LocalCluster,
+) -> None:
+    before = dask.config.get("scheduler", None)
+    first, second = Client(cluster), Client(cluster)
+    try:
+        pickle.dumps(dask.config.config)  # Dask's process-based clusters copy it
+        first.close()  # the older one first: Dask keeps using the newer one
+        assert dask.compute(delayed(operator.add)(1, 1)) == (2,)
+        assert dask.compute(delayed(operator.add)(2, 2), scheduler=second) == (4,)
+        persisted = (da.arange(4, chunks=2) + 1).persist()  # Dask's persist, on apportion
+        assert all(
+            isinstance(node.value, Future) for node in dict(persisted.__dask_graph__()).values()
+        )
+        np.testing.assert_array_equal(persisted.compute(), np.arange(1, 5))
+    finally:
+        second.close()
+        first.close()
+    assert dask.config.get("scheduler", None) == before
+    with pytest.raises(RuntimeError, match="persisted on an apportion cluster"):
+        persisted.compute(scheduler="sync")  # a Future is not the value: no silent wrong answer
+
+
+def test_compute_inside_a_task_runs_there_instead_of_waiting_for_a_thread(
+    client: Client,
+) -> None:
+    # Four in-process worker threads, eight tasks that each compute a collection.
+    results = client.compute([delayed(nested_compute)(i) for i in range(8)], sync=True)
+    assert results == [45 + i for i in range(8)]
+
+
+def test_a_graph_too_large_for_one_message_is_refused_and_the_client_goes_on(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(client_module, "MAX_GRAPH", 50_000)
+    embedded = da.from_array(np.ones(80_000, np.uint8), chunks=20_000)
+    with pytest.raises(ValueError, match="more than the 50,000 one message may carry"):
+        client.compute(embedded.sum())
+    assert client.compute(delayed(operator.add)(1, 2)).result() == 3
+
+
+def test_resources_by_key_that_match_nothing_are_reported(client: Client) -> None:
+    parts = [delayed(resources_held)(i) for i in range(2)]
+    by_key = {parts[0].key: {"GPU": 1}}
+    with pytest.warns(UserWarning, match="name none of this graph's"):
+        assert client.compute(parts[1], resources=by_key, sync=True) == {}
+
+
+def test_equal_keys_spelt_otherwise_name_the_same_task(client: Client) -> None:
+    graph = {("x", 0): 1, "y": (operator.add, ("x", np.int64(0)), 1)}
+    assert client.get(graph, ["y", ("x", np.int64(0))]) == [2, 1]

@@ -14,11 +14,11 @@ import logging
 import sys
 import threading
 import uuid
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from apportion.client import dask_default
 from apportion.client.errors import SchedulerGoneError, SerializationError
 from apportion.client.future import (
     CANCELLED,
@@ -30,7 +30,7 @@ from apportion.client.future import (
     Future,
     KeyState,
 )
-from apportion.client.graph import flatten_keys, graph_tasks, wire_key
+from apportion.client.graph import canonical_keys, flatten_keys, graph_tasks, wire_key
 from apportion.client.session import Session
 from apportion.core import payload
 from apportion.core.resources import ResourceSpec, parse_demand
@@ -53,8 +53,11 @@ class Client:
     or, with no argument, start an embedded local cluster sized to this machine.
 
     With ``set_as_default`` (the default) and Dask imported, Dask's own ``compute``
-    runs on this client until it is closed.
+    and ``persist`` run on the newest such client until it is closed.
     """
+
+    #: Dask asks this of a client given as ``scheduler=``: this one blocks.
+    asynchronous = False
 
     def __init__(
         self,
@@ -100,7 +103,9 @@ class Client:
             if self._own_cluster is not None:
                 self._own_cluster.close()
             raise
-        self._dask_default = _DaskDefault(self) if set_as_default else None
+        self._dask_default = set_as_default and "dask" in sys.modules
+        if self._dask_default:
+            dask_default.register(self)
 
     # --- what the scheduler tells us ------------------------------------------------
 
@@ -357,7 +362,7 @@ class Client:
                 lowered.graph, names, resources, priority, retries, lowered.annotations
             )
         outputs = iter(names)
-        result = [futures[wire_key(next(outputs))] if is_collection(c) else c for c in items]
+        result = [futures[next(outputs)] if is_collection(c) else c for c in items]
         if sync:
             result = self.gather(result)
         return result[0] if single else result
@@ -377,6 +382,7 @@ class Client:
         ones built from them, starts from those parts instead of from scratch.
         """
         from apportion.client.collections import is_collection, lower
+        from apportion.client.persisted import PersistedPart
 
         single = not isinstance(collections, list | tuple | set | frozenset)
         items = [collections] if single else list(collections)
@@ -390,7 +396,7 @@ class Client:
         result = []
         for item, keys in zip(items, lowered.keys, strict=True):
             rebuild, extra = item.__dask_postpersist__()
-            parts = {key: futures[wire_key(key)] for key in flatten_keys(keys)}
+            parts = {key: PersistedPart(key, futures[key]) for key in flatten_keys(keys)}
             result.append(rebuild(parts, *extra))
         return result[0] if single else result
 
@@ -402,15 +408,27 @@ class Client:
         priority: int,
         retries: int,
         annotations: Mapping[str, Mapping[Any, Any]],
-    ) -> dict[str, Future]:
-        """Send the tasks ``keys`` need; a future for each of ``keys``, by wire key."""
+    ) -> dict[Any, Future]:
+        """Send the tasks ``keys`` need; a future for each of ``keys``, by graph key."""
         self._check_open()
-        wanted = {wire_key(k) for k in flatten_keys(keys)}
-        futures = {key: Future(key, self) for key in wanted}
-        tasks = graph_tasks(self, dsk, keys, resources, priority, retries, annotations)
+        canon = canonical_keys(dsk)
+        roots = {canon.get(k, k) for k in flatten_keys(keys)}
+        tasks = list(graph_tasks(self, dsk, keys, resources, priority, retries, annotations))
+        _check_graph_size(tasks)
+        futures = {key: Future(wire_key(key), self) for key in roots}
+        wanted = {future.key: future for future in futures.values()}
+        for spec, _ in tasks:
+            future = wanted.get(spec.key)
+            if future is not None and future._state.status == CANCELLED:
+                future._state.reset()  # computed again after a cancel: it runs again
         # One outbox item, so the graph reaches the scheduler in one message: a split
         # graph would see its unwanted first half released before the rest arrived.
         self._session.post([(spec, blob, spec.key in wanted) for spec, blob in tasks])
+        # Keys with no task sent are parts that exist already (persisted, maybe by
+        # another client): this client wants them too.
+        existing = wanted.keys() - {spec.key for spec, _ in tasks}
+        if existing:
+            self._session.post(m.SubmitTasks([], {}, sorted(existing)))
         return futures
 
     # --- results --------------------------------------------------------------------
@@ -626,8 +644,8 @@ class Client:
         self._session.close()
         self._scheduler_gone(f"the client for {self.scheduler_address} was closed")
         self._callbacks.stop()
-        if self._dask_default is not None:
-            self._dask_default.restore()
+        if self._dask_default:
+            dask_default.unregister(self)
         if self._own_cluster is not None:
             self._own_cluster.close()
 
@@ -646,38 +664,11 @@ class Client:
         return f"<Client: scheduler={self.scheduler_address!r}>"
 
 
-def _shaped(keys: Any, futures: Mapping[str, Future]) -> Any:
+def _shaped(keys: Any, futures: Mapping[Any, Future]) -> Any:
     """The futures of ``keys``, in the nested lists ``keys`` came in."""
     if isinstance(keys, list):
         return [_shaped(k, futures) for k in keys]
-    return futures[wire_key(keys)]
-
-
-class _DaskDefault:
-    """While a client is open, Dask's own ``.compute()`` and ``dask.compute`` run on it.
-
-    Only when Dask is already imported: a client never imports Dask itself. Dask's
-    configuration holds a weak reference, so a forgotten client is still collected.
-    """
-
-    def __init__(self, client: Client) -> None:
-        self._client = weakref.ref(client)
-        dask = sys.modules.get("dask")
-        self._setting = None if dask is None else dask.config.set(scheduler=self)
-
-    def __call__(self, dsk: Any, keys: Any, **kwargs: Any) -> Any:
-        client = self._client()
-        if client is None or client._closed:
-            raise RuntimeError("the apportion client Dask was told to use is closed")
-        return client.get(dsk, keys, **kwargs)
-
-    def restore(self) -> None:
-        """Put back the scheduler Dask had, unless another client took over since."""
-        dask = sys.modules.get("dask")
-        if self._setting is not None and dask is not None:
-            if dask.config.get("scheduler", None) is self:
-                self._setting.__exit__(None, None, None)
-            self._setting = None
+    return futures[keys]
 
 
 #: Largest pickled argument or scattered value: well inside one frame (MAX_FRAME),
@@ -703,6 +694,26 @@ def _check_size(blob: bytes, what: str) -> None:
         raise ValueError(
             f"{what} pickle to {len(blob):,} bytes, more than the {MAX_PAYLOAD:,} one message "
             "may carry: split the data, or load it on the workers inside a task"
+        )
+
+
+#: Largest graph sent at once: one message, with room for the framing around it.
+MAX_GRAPH = MAX_FRAME // 2
+
+
+def _check_graph_size(tasks: list[tuple[m.TaskSpec, bytes]]) -> None:
+    total = 0
+    functions: set[str] = set()
+    for spec, blob in tasks:
+        _check_size(spec.args, f"the values in graph task {spec.key!r}")
+        total += len(spec.args)
+        if spec.func_id not in functions:
+            functions.add(spec.func_id)
+            total += len(blob)
+    if total > MAX_GRAPH:
+        raise ValueError(
+            f"the graph pickles to {total:,} bytes, more than the {MAX_GRAPH:,} one message "
+            "may carry: load the data on the workers inside tasks, or scatter it first"
         )
 
 

@@ -31,7 +31,8 @@ class Lowered:
     """Collections as one graph."""
 
     graph: Mapping[Any, Any]
-    #: One entry per collection: its output key (compute) or nested keys (persist).
+    #: One entry per collection, in order: its final key (compute) or its keys as
+    #: ``__dask_keys__`` nests them (persist).
     keys: list[Any]
     #: Annotations by type, then key (``{"resources": {key: {"GPU": 1}}}``).
     annotations: dict[str, dict[Any, Any]]
@@ -45,7 +46,27 @@ def lower(
 
     ``resources`` is what the caller asks of the graph's tasks: one demand, or
     demands by key, which must then survive optimisation as annotations must.
+    Each collection is lowered on its own: lowered together, Dask groups them by
+    kind and gives their keys back in that order, not in the order given.
     """
+    graph: dict[Any, Any] = {}
+    keys: list[Any] = []
+    annotations: dict[str, dict[Any, Any]] = {}
+    for collection in collections:
+        expr = _expression(collection, optimize_graph, finalize, resources)
+        part, notes = expression_graph(expr)
+        graph.update(part)
+        for kind, by_key in notes.items():
+            annotations.setdefault(kind, {}).update(by_key)
+        if finalize:
+            (final_key,) = expr.__dask_keys__()
+            keys.append(final_key)
+        else:
+            keys.append(expr.__dask_keys__())
+    return Lowered(graph, keys, annotations)
+
+
+def _expression(collection: Any, optimize_graph: bool, finalize: bool, resources: Any) -> Any:
     try:
         from dask._expr import FinalizeCompute
         from dask.base import collections_to_expr
@@ -57,18 +78,16 @@ def lower(
             f"this is dask {dask.__version__}"
         ) from exc
     if optimize_graph:
-        plain = collections_to_expr(list(collections), False)
+        plain = collections_to_expr(collection, False)
         if _annotated(plain) or names_keys(resources, plain.__dask_graph__()):
             # Dask's low-level fusion renames tasks and drops layer annotations: a
             # fused task would run without the GPU its key was given. Resources
             # outrank fusion here.
             optimize_graph = False
-    expr = collections_to_expr(list(collections), optimize_graph)
+    expr = collections_to_expr(collection, optimize_graph)
     if finalize:
         expr = FinalizeCompute(expr)
-    expr = expr.optimize()
-    graph, annotations = expression_graph(expr)
-    return Lowered(graph, list(expr.__dask_keys__()), annotations)
+    return expr.optimize()
 
 
 def _annotated(expr: Any) -> bool:

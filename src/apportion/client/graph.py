@@ -11,6 +11,7 @@ running ``core.payload.run_node`` with a ``KeyRef`` for each of them.
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -48,20 +49,19 @@ def _is_key(value: Any, dsk: Mapping[Any, Any]) -> bool:
         return False
 
 
-def _convert(value: Any, dsk: Mapping[Any, Any]) -> Any:
+def _convert(value: Any, canon: Mapping[Any, Any]) -> Any:
+    """An old-style graph value with each reference to a key made a ``KeyRef``."""
     if isinstance(value, tuple) and value and callable(value[0]):
-        return (value[0], *(_convert(arg, dsk) for arg in value[1:]))
+        return (value[0], *(_convert(arg, canon) for arg in value[1:]))
     if isinstance(value, list):
-        return [_convert(item, dsk) for item in value]
-    if _is_key(value, dsk):
-        return payload.KeyRef(wire_key(value))
+        return [_convert(item, canon) for item in value]
+    if _is_key(value, canon):
+        return payload.KeyRef(wire_key(canon[value]))
     return value
 
 
 def _references(value: Any, dsk: Mapping[Any, Any]) -> Iterator[Any]:
     if _is_node(value):
-        # Dependencies outside the graph are results that already exist (a persisted
-        # collection's futures); pickling the node finds those.
         yield from value.dependencies
     elif isinstance(value, tuple) and value and callable(value[0]):
         for arg in value[1:]:
@@ -73,16 +73,29 @@ def _references(value: Any, dsk: Mapping[Any, Any]) -> Iterator[Any]:
         yield value
 
 
-def needed_in_order(dsk: Mapping[Any, Any], keys: Any) -> list[Any]:
-    """Keys needed for ``keys``, dependencies first. Raises ``ValueError`` on a cycle."""
+def canonical_keys(dsk: Mapping[Any, Any]) -> dict[Any, Any]:
+    """Each key of ``dsk`` by itself: a reference equal to a key but spelt otherwise
+    (``("x", numpy.int64(0))`` for ``("x", 0)``) must travel under the key's own name."""
+    return {key: key for key in dsk}
+
+
+def needed_in_order(
+    dsk: Mapping[Any, Any], keys: Any, canon: Mapping[Any, Any] | None = None
+) -> list[Any]:
+    """Keys needed for ``keys`` (as ``dsk`` spells them), dependencies first.
+
+    Raises ``ValueError`` on a cycle, ``KeyError`` for a key the graph lacks.
+    """
+    canon = canonical_keys(dsk) if canon is None else canon
     order: list[Any] = []
     done: set[Any] = set()
     for root in flatten_keys(keys):
-        if not _is_key(root, dsk):
+        if not _is_key(root, canon):
             raise KeyError(f"{root!r} is not a key of the graph")
+        root = canon[root]
         if root in done:
             continue
-        stack: list[tuple[Any, Iterator[Any]]] = [(root, _references(dsk[root], dsk))]
+        stack: list[tuple[Any, Iterator[Any]]] = [(root, _references(dsk[root], canon))]
         active = {root}
         while stack:
             key, children = stack[-1]
@@ -93,13 +106,14 @@ def needed_in_order(dsk: Mapping[Any, Any], keys: Any) -> list[Any]:
                 if key not in done:
                     done.add(key)
                     order.append(key)
+            elif not _is_key(child, canon):
+                raise KeyError(f"{key!r} depends on {child!r}, which is not in the graph")
             elif child in active:
                 raise ValueError(f"the graph has a cycle through {child!r}")
-            elif not _is_key(child, dsk):
-                raise KeyError(f"{key!r} depends on {child!r}, which is not in the graph")
             elif child not in done:
+                child = canon[child]
                 active.add(child)
-                stack.append((child, _references(dsk[child], dsk)))
+                stack.append((child, _references(dsk[child], canon)))
     return order
 
 
@@ -115,6 +129,13 @@ def _demand_by_key(
         demand = parse_demand(spec)  # type: ignore[arg-type]
         for key in _group(target, dsk):
             per_key[key] = demand
+    if not per_key:
+        # Typically keys renamed by Dask's task fusion (dask.compute optimises first).
+        warnings.warn(
+            f"resources given by key name none of this graph's {len(dsk)} tasks: "
+            "they ask for no resources",
+            stacklevel=4,
+        )
     return {}, per_key
 
 
@@ -132,11 +153,12 @@ def names_keys(resources: Any, dsk: Mapping[Any, Any]) -> bool:
     """``resources`` maps keys of ``dsk`` (or groups of them) to demands, rather than
     being one demand (``{"GPU": 1}``) for every task. Keys it names that ``dsk``
     lacks are ignored: one mapping may serve several graphs."""
-    return (
-        isinstance(resources, Mapping)
-        and bool(resources)
-        and all(isinstance(v, Mapping | str) for v in resources.values())
-        and any(_is_key(k, dsk) or isinstance(k, tuple) for k in resources)
+    if not isinstance(resources, Mapping) or not resources:
+        return False
+    if any(isinstance(v, Mapping) for v in resources.values()):
+        return True  # no single demand has a mapping for an amount
+    return all(isinstance(v, str) for v in resources.values()) and any(
+        _is_key(k, dsk) or isinstance(k, tuple) for k in resources
     )
 
 
@@ -196,17 +218,18 @@ def graph_tasks(
         seen[name] = key
     common, per_key = _demand_by_key(dsk, resources)
     demands, priorities, retry_counts = _per_key_annotations(annotations or {})
-    for key in needed_in_order(dsk, keys):
+    canon = canonical_keys(dsk)
+    for key in needed_in_order(dsk, keys, canon):
         value = dsk[key]
         name = wire_key(key)
         if _existing(value, name):
             continue
         if _is_node(value):
-            inputs = {dep: payload.KeyRef(wire_key(dep)) for dep in value.dependencies}
-            args, deps = payload.pack_call((value, inputs), {})
+            refs = {dep: payload.KeyRef(wire_key(canon[dep])) for dep in value.dependencies}
+            args, deps = payload.pack_call((value, refs), {})
             func_id, blob = client._function(payload.run_node)
         else:
-            args, deps = payload.pack_call((_convert(value, dsk),), {})
+            args, deps = payload.pack_call((_convert(value, canon),), {})
             func_id, blob = client._function(payload.run_spec)
         spec = m.TaskSpec(
             name,

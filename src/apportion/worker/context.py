@@ -61,6 +61,11 @@ def running_task(worker: Worker, command: Execute, cancel: threading.Event) -> I
         _local.task = previous
 
 
+def in_task() -> bool:
+    """This thread is running a task on a worker."""
+    return getattr(_local, "task", None) is not None
+
+
 def _current(caller: str) -> _Running:
     current: _Running | None = getattr(_local, "task", None)
     if current is None:
