@@ -310,3 +310,22 @@ def test_resource_alternatives_and_task_variant(client: Client) -> None:
     assert client.submit(which, resources=[{"GPU": 1}, {}], pure=False).result(10)[0] == 0
     with pytest.raises(ValueError, match="non-empty list"):
         client.submit(which, resources=[])
+
+
+def test_an_erred_result_is_released_without_the_garbage_collector(
+    client: Client, cluster: LocalCluster
+) -> None:
+    # A raised exception must not tie the futures into a reference cycle: only the
+    # collector would free them, and until then the scheduler keeps the errors.
+    gc.disable()
+    try:
+        with pytest.raises(Boom):
+            client.submit(explode, 1).result()
+        with pytest.raises(Boom):
+            client.get({"x": (explode, 2)}, "x")
+        with pytest.raises(Boom):
+            client.gather([client.submit(explode, 3)])
+        settle(cluster)
+        assert not cluster.scheduler.state.tasks
+    finally:
+        gc.enable()

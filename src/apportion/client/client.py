@@ -450,7 +450,10 @@ class Client:
             exc = fut._state.exception_object()
             if exc is not None:
                 if errors == "raise":
-                    raise exc
+                    try:
+                        raise exc
+                    finally:
+                        del exc  # else this frame and the exception's traceback hold each other
                 values[fut.key] = _SKIPPED
         wanted = [f.key for f in found if f.key not in values]
         if wanted:
@@ -482,7 +485,10 @@ class Client:
                 state.event.wait()
                 exc = state.exception_object()
                 if exc is not None:
-                    raise exc
+                    try:
+                        raise exc
+                    finally:
+                        del exc  # else this frame and the exception's traceback hold each other
             wanted = missing
         raise _missing_error(wanted)
 

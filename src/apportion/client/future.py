@@ -94,7 +94,10 @@ class KeyState:
                     f"apportion: the task raised on each of its {self.attempts} attempts; "
                     "this is the last exception"
                 )
-            return exc
+            try:
+                return exc
+            finally:
+                del exc  # see rebuild_exception
         return failure(kind, str(detail))
 
 
@@ -110,11 +113,17 @@ def rebuild_exception(exc_bytes: bytes, tb_bytes: bytes) -> BaseException:
         try:
             from tblib import Traceback
 
-            tb = Traceback.from_dict(payload.loads(tb_bytes)).as_traceback()
-            exc = exc.with_traceback(tb)
+            exc = exc.with_traceback(Traceback.from_dict(payload.loads(tb_bytes)).as_traceback())
         except Exception:  # a mangled traceback must not hide the exception itself
             pass
-    return exc
+    # The rebuilt traceback's frames chain back through the frames that built it:
+    # none of them may keep the exception in a local, or the exception, its
+    # traceback and those frames (with the futures they hold) form a cycle that
+    # only the garbage collector frees, keeping erred results on the scheduler.
+    try:
+        return exc
+    finally:
+        del exc
 
 
 class Future:
@@ -153,7 +162,10 @@ class Future:
         self._wait(timeout)
         exc = self._state.exception_object()
         if exc is not None:
-            raise exc
+            try:
+                raise exc
+            finally:
+                del exc  # else this frame and the exception's traceback hold each other
         return self._client._gather_keys([self.key])[self.key]
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
