@@ -288,6 +288,13 @@ def test_resources_by_key_that_match_nothing_are_reported(client: Client) -> Non
         assert client.compute(parts[1], resources=by_key, sync=True) == {}
 
 
+def test_worker_pinning_annotations_are_reported_as_ignored(client: Client) -> None:
+    with dask.annotate(workers=["cpu"]):
+        pinned = delayed(operator.add)(1, 2)
+    with pytest.warns(UserWarning, match="ignores the workers annotations"):
+        assert client.compute(pinned).result() == 3
+
+
 def test_equal_keys_spelt_otherwise_name_the_same_task(client: Client) -> None:
     graph = {("x", 0): 1, "y": (operator.add, ("x", np.int64(0)), 1)}
     assert client.get(graph, ["y", ("x", np.int64(0))]) == [2, 1]

@@ -164,12 +164,21 @@ def names_keys(resources: Any, dsk: Mapping[Any, Any]) -> bool:
 
 #: Dask annotations (``dask.annotate(...)``) that apportion honours, per key.
 ANNOTATIONS = ("resources", "priority", "retries")
+#: Dask.distributed's annotations that pin tasks to workers, which apportion does not.
+_UNSUPPORTED = ("workers", "allow_other_workers")
 
 
 def _per_key_annotations(
     annotations: Mapping[str, Mapping[Any, Any]],
 ) -> tuple[dict[Any, dict[str, int]], dict[Any, int], dict[Any, int]]:
     """Demands, priorities and retries given to single keys, checked."""
+    pinned = sorted(kind for kind in annotations if kind in _UNSUPPORTED)
+    if pinned:
+        warnings.warn(
+            f"apportion ignores the {' and '.join(pinned)} annotations: it places tasks "
+            "by the resources they ask for, never on named workers",
+            stacklevel=5,
+        )
     demands: dict[Any, dict[str, int]] = {}
     for key, spec in annotations.get("resources", {}).items():
         try:
