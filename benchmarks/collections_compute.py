@@ -19,9 +19,9 @@ Usage: ``python benchmarks/collections_compute.py [--repeat N] [--systems apport
 from __future__ import annotations
 
 import argparse
-import gc
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import dask
@@ -29,7 +29,7 @@ import dask.array as da
 import dask.bag as db
 
 import tasks
-from harness import dask_task_count, wait_until
+from harness import settle_apportion, settle_dask
 
 tasks.share_with_workers()
 
@@ -92,13 +92,7 @@ def run_apportion(repeat: int) -> dict[str, float]:
     from apportion import Client, LocalCluster
 
     with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
-
-        def settle() -> None:
-            gc.collect()
-            wait_until(
-                lambda: sum(client.scheduler_info()["tasks"].values()) == 0,
-                "apportion scheduler still holds tasks",
-            )
+        settle = partial(settle_apportion, client)
 
         warm_up(client)
         return measure(client, settle, repeat)
@@ -113,13 +107,7 @@ def run_dask(repeat: int) -> dict[str, float]:
         ) as cluster,
         distributed.Client(cluster) as client,
     ):
-
-        def settle() -> None:
-            gc.collect()
-            wait_until(
-                lambda: client.run_on_scheduler(dask_task_count) == 0,
-                "dask scheduler still holds tasks",
-            )
+        settle = partial(settle_dask, client)
 
         warm_up(client)
         return measure(client, settle, repeat)

@@ -20,14 +20,14 @@ Usage: ``python benchmarks/throughput.py [--repeat N] [--min-runs N] [--budget S
 from __future__ import annotations
 
 import argparse
-import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import tasks
-from harness import dask_task_count, wait_until
+from harness import settle_apportion, settle_dask
 
 tasks.share_with_workers()
 
@@ -123,13 +123,7 @@ def run_apportion(plan: RunPlan) -> dict[str, float]:
     try:
         client = Client(cluster)
         try:
-
-            def settle() -> None:
-                gc.collect()  # drop the previous run's futures, so their releases go now
-                wait_until(
-                    lambda: sum(client.scheduler_info()["tasks"].values()) == 0,
-                    "apportion scheduler still holds tasks",
-                )
+            settle = partial(settle_apportion, client)
 
             warm_up(client)
             return measure(client, settle, plan)
@@ -148,13 +142,7 @@ def run_dask(plan: RunPlan) -> dict[str, float]:
     try:
         client = distributed.Client(cluster)
         try:
-
-            def settle() -> None:
-                gc.collect()
-                wait_until(
-                    lambda: client.run_on_scheduler(dask_task_count) == 0,
-                    "dask scheduler still holds tasks",
-                )
+            settle = partial(settle_dask, client)
 
             warm_up(client)
             return measure(client, settle, plan)
