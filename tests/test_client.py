@@ -325,6 +325,14 @@ def test_an_erred_result_is_released_without_the_garbage_collector(
             client.get({"x": (explode, 2)}, "x")
         with pytest.raises(Boom):
             client.gather([client.submit(explode, 3)])
+        assert client.gather([client.submit(slow_identity, 1), client.submit(explode, 4)], "skip")
+        assert client.submit(explode, 5).traceback() is not None
+
+        def keep_in_a_local() -> str:
+            error = client.submit(explode, 6).exception()
+            return str(error)
+
+        assert keep_in_a_local() == "boom 6"
         settle(cluster)
         assert not cluster.scheduler.state.tasks
     finally:

@@ -19,6 +19,8 @@ import pytest
 from dask import delayed
 
 import apportion.client.client as client_module
+import apportion.client.session as session_module
+import apportion.protocol.codec as codec
 from apportion import Client, Future, LocalCluster, task_resources
 
 pytestmark = pytest.mark.timeout(30)
@@ -298,3 +300,60 @@ def test_worker_pinning_annotations_are_reported_as_ignored(client: Client) -> N
 def test_equal_keys_spelt_otherwise_name_the_same_task(client: Client) -> None:
     graph = {("x", 0): 1, "y": (operator.add, ("x", np.int64(0)), 1)}
     assert client.get(graph, ["y", ("x", np.int64(0))]) == [2, 1]
+
+
+class SlowToPickle:
+    """Pickles slowly, as a large embedded array does."""
+
+    def __reduce__(self) -> tuple[Any, tuple[int]]:
+        time.sleep(0.5)
+        return int, (1,)
+
+
+def test_a_client_closed_while_a_graph_is_prepared_fails_its_futures(
+    cluster: LocalCluster,
+) -> None:
+    client = Client(cluster, set_as_default=False)
+    outcome: list[BaseException] = []
+
+    def compute() -> None:
+        try:
+            client.compute(delayed(operator.add)(SlowToPickle(), 1)).result(timeout=10)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=compute)
+    thread.start()
+    time.sleep(0.1)
+    client.close()
+    thread.join(10)
+    assert [type(e).__name__ for e in outcome] == ["LostDataError"], outcome
+
+
+def test_graphs_sent_together_beyond_one_frame_leave_in_several(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Limits scaled down: each graph fits a message, three at once do not.
+    monkeypatch.setattr(codec, "MAX_FRAME", 400_000)
+    monkeypatch.setattr(session_module, "MAX_BATCH", 200_000)
+    monkeypatch.setattr(client_module, "MAX_GRAPH", 200_000)
+    monkeypatch.setattr(client_module, "MAX_PAYLOAD", 100_000)
+    arrays = [da.from_array(np.full(160_000, i, np.uint8), chunks=80_000) for i in range(3)]
+    client._session.loop.loop.call_soon_threadsafe(time.sleep, 0.5)  # they pile up meanwhile
+    futures = [client.compute(a.sum()) for a in arrays]
+    assert [f.result(timeout=10) for f in futures] == [160_000 * i for i in range(3)]
+
+
+def test_options_for_dasks_local_schedulers_are_ignored(client: Client) -> None:
+    bag = db.from_sequence(range(4), npartitions=2)
+    assert bag.sum().compute(num_workers=2) == 6
+    (persisted,) = dask.persist(bag, num_workers=2)
+    assert client.compute(persisted.sum(), sync=True) == 6
+
+
+def test_demands_by_key_written_as_text_are_told_from_one_demand(client: Client) -> None:
+    parts = [delayed(resources_held)(i) for i in range(2)]
+    by_key = {parts[0].key: "GPU=1"}
+    assert client.compute(parts[0], resources=by_key, sync=True) == {"GPU": 1.0}
+    with pytest.warns(UserWarning, match="name none of this graph's"):
+        assert client.compute(parts[1], resources=by_key, sync=True) == {}

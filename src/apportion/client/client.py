@@ -31,7 +31,7 @@ from apportion.client.future import (
     KeyState,
 )
 from apportion.client.graph import canonical_keys, flatten_keys, graph_tasks, wire_key
-from apportion.client.session import Session
+from apportion.client.session import MAX_BATCH, Session, TaskBatch
 from apportion.core import payload
 from apportion.core.resources import ResourceSpec, parse_demand
 from apportion.protocol import messages as m
@@ -52,8 +52,9 @@ class Client:
     """Connect to a scheduler (``Client("tcp://host:8786")``), a ``LocalCluster``,
     or, with no argument, start an embedded local cluster sized to this machine.
 
-    With ``set_as_default`` (the default) and Dask imported, Dask's own ``compute``
-    and ``persist`` run on the newest such client until it is closed.
+    With ``set_as_default`` (the default) and Dask imported before the client is
+    made, Dask's own ``compute`` and ``persist`` run on the newest such client until
+    it is closed.
     """
 
     #: Dask asks this of a client given as ``scheduler=``: this one blocks.
@@ -232,7 +233,7 @@ class Client:
         spec = m.TaskSpec(
             key, func_id, args_blob, sorted(deps), resources[0], priority, retries, variants
         )
-        self._session.post([(spec, blob, True)])
+        self._post_tasks([(spec, blob, True)])
         return future
 
     def submit(
@@ -312,6 +313,7 @@ class Client:
         resources: ResourceSpec | Mapping[Any, ResourceSpec] = None,
         priority: int = 0,
         retries: int = 0,
+        **dask_options: Any,
     ) -> Any:
         """Compute a graph and return ``keys``: an old-style one (``{"x": 1, "y": (add,
         "x", 2)}``), a graph of Dask task nodes, or the expression ``dask.compute``
@@ -320,6 +322,8 @@ class Client:
         ``keys`` may be one key or nested lists of keys; the result has the same
         shape. ``resources`` is one demand for every task, or a mapping from keys
         (or tuples of keys) to demands; ``dask.annotate`` annotations override both.
+        Options meant for Dask's local schedulers (``num_workers=``, ...) are ignored,
+        as Dask's own client does.
         """
         annotations: dict[str, dict[Any, Any]] = {}
         if not isinstance(dsk, Mapping) and hasattr(dsk, "__dask_graph__"):
@@ -375,11 +379,13 @@ class Client:
         resources: ResourceSpec | Mapping[Any, ResourceSpec] = None,
         priority: int = 0,
         retries: int = 0,
+        **dask_options: Any,
     ) -> Any:
         """Start computing Dask collections; the same collections, now made of futures.
 
         Their parts stay on the workers; computing the returned collections, or new
         ones built from them, starts from those parts instead of from scratch.
+        Options meant for Dask's local schedulers are ignored, as in ``get``.
         """
         from apportion.client.collections import is_collection, lower
         from apportion.client.persisted import PersistedPart
@@ -399,6 +405,17 @@ class Client:
             parts = {key: PersistedPart(key, futures[key]) for key in flatten_keys(keys)}
             result.append(rebuild(parts, *extra))
         return result[0] if single else result
+
+    def _post_tasks(self, batch: TaskBatch) -> None:
+        self._session.post(batch)
+        if not self._session.connected:
+            # Closed, or the scheduler gone, while these were being prepared: the
+            # settling of every future that went with it came before these existed.
+            self._scheduler_gone(
+                f"the client for {self.scheduler_address} was closed"
+                if self._closed
+                else f"lost the connection to {self.scheduler_address}"
+            )
 
     def _submit_graph(
         self,
@@ -423,7 +440,7 @@ class Client:
                 future._state.reset()  # computed again after a cancel: it runs again
         # One outbox item, so the graph reaches the scheduler in one message: a split
         # graph would see its unwanted first half released before the rest arrived.
-        self._session.post([(spec, blob, spec.key in wanted) for spec, blob in tasks])
+        self._post_tasks([(spec, blob, spec.key in wanted) for spec, blob in tasks])
         # Keys with no task sent are parts that exist already (persisted, maybe by
         # another client): this client wants them too.
         existing = wanted.keys() - {spec.key for spec, _ in tasks}
@@ -704,7 +721,7 @@ def _check_size(blob: bytes, what: str) -> None:
 
 
 #: Largest graph sent at once: one message, with room for the framing around it.
-MAX_GRAPH = MAX_FRAME // 2
+MAX_GRAPH = MAX_BATCH
 
 
 def _check_graph_size(tasks: list[tuple[m.TaskSpec, bytes]]) -> None:

@@ -79,7 +79,8 @@ def _expression(collection: Any, optimize_graph: bool, finalize: bool, resources
         ) from exc
     if optimize_graph:
         plain = collections_to_expr(collection, False)
-        if _annotated(plain) or names_keys(resources, plain.__dask_graph__()):
+        by_key = isinstance(resources, Mapping) and names_keys(resources, plain.__dask_graph__())
+        if by_key or _annotated(plain):
             # Dask's low-level fusion renames tasks and drops layer annotations: a
             # fused task would run without the GPU its key was given. Resources
             # outrank fusion here.

@@ -8,10 +8,12 @@ it may release the result.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
 from collections.abc import Callable
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from apportion.client.errors import failure
@@ -94,10 +96,7 @@ class KeyState:
                     f"apportion: the task raised on each of its {self.attempts} attempts; "
                     "this is the last exception"
                 )
-            try:
-                return exc
-            finally:
-                del exc  # see rebuild_exception
+            return exc
         return failure(kind, str(detail))
 
 
@@ -111,19 +110,34 @@ def rebuild_exception(exc_bytes: bytes, tb_bytes: bytes) -> BaseException:
         return RuntimeError(f"task raised {exc!r}")
     if tb_bytes:
         try:
-            from tblib import Traceback
-
-            exc = exc.with_traceback(Traceback.from_dict(payload.loads(tb_bytes)).as_traceback())
+            tb = _detached_traceback(payload.loads(tb_bytes))
         except Exception:  # a mangled traceback must not hide the exception itself
-            pass
-    # The rebuilt traceback's frames chain back through the frames that built it:
-    # none of them may keep the exception in a local, or the exception, its
-    # traceback and those frames (with the futures they hold) form a cycle that
-    # only the garbage collector frees, keeping erred results on the scheduler.
-    try:
-        return exc
-    finally:
-        del exc
+            tb = None
+        if tb is not None:
+            exc = exc.with_traceback(tb)
+    return exc
+
+
+def _detached_traceback(tb_dict: Any) -> TracebackType | None:
+    """The worker's traceback, rebuilt as real frames on a thread of its own.
+
+    The frames tblib builds chain back (``f_back``) through the frames that built
+    them. Built here, on the caller's stack, any caller keeping the exception in a
+    local would form a cycle with it, and the futures in those frames would wait
+    for the garbage collector, keeping their results (errors) on the scheduler.
+    """
+    box: list[TracebackType] = []
+    thread = threading.Thread(target=_build_traceback, args=(tb_dict, box))
+    thread.start()
+    thread.join()
+    return box.pop() if box else None
+
+
+def _build_traceback(tb_dict: Any, box: list[TracebackType]) -> None:
+    from tblib import Traceback
+
+    with contextlib.suppress(Exception):  # the caller goes on without it
+        box.append(Traceback.from_dict(tb_dict).as_traceback())
 
 
 class Future:

@@ -155,8 +155,8 @@ def names_keys(resources: Any, dsk: Mapping[Any, Any]) -> bool:
     lacks are ignored: one mapping may serve several graphs."""
     if not isinstance(resources, Mapping) or not resources:
         return False
-    if any(isinstance(v, Mapping) for v in resources.values()):
-        return True  # no single demand has a mapping for an amount
+    if any(isinstance(v, Mapping) or (isinstance(v, str) and "=" in v) for v in resources.values()):
+        return True  # a single demand's amounts are never mappings nor "name=amount"
     return all(isinstance(v, str) for v in resources.values()) and any(
         _is_key(k, dsk) or isinstance(k, tuple) for k in resources
     )

@@ -23,12 +23,75 @@ from apportion.loop_thread import LoopThread
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import open_connection
 from apportion.protocol import messages as m
-from apportion.protocol.codec import ProtocolError
+from apportion.protocol.codec import MAX_FRAME, ProtocolError
 
 logger = logging.getLogger("apportion.client")
 
 #: A graph (or one task) for the outbox: (spec, function blob, whether a future wants it).
 TaskBatch = list[tuple[m.TaskSpec, bytes, bool]]
+
+
+#: Most bytes of arguments and functions merged into one SubmitTasks: with room
+#: for the framing, so a burst of graphs each within it never makes a frame too big.
+MAX_BATCH = MAX_FRAME // 2
+
+
+class _Merged:
+    """One flush of the outbox: runs of task batches become one SubmitTasks each (up
+    to MAX_BATCH; a batch, a whole graph, is never split), runs of released keys one
+    ReleaseKeys; order is kept."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._tasks: list[m.TaskSpec] = []
+        self._functions: dict[str, bytes] = {}
+        self._wanted: list[str] = []
+        self._size = 0
+        self._releases: list[str] = []
+
+    def tasks(self, batch: TaskBatch) -> None:
+        self.send_releases()
+        size = _batch_size(batch, self._functions)
+        if self._tasks and self._size + size > MAX_BATCH:
+            self.send_tasks()
+            size = _batch_size(batch, self._functions)
+        self._size += size
+        for spec, blob, want in batch:
+            self._tasks.append(spec)
+            self._functions.setdefault(spec.func_id, blob)
+            if want:
+                self._wanted.append(spec.key)
+
+    def release(self, key: str) -> None:
+        self.send_tasks()
+        self._releases.append(key)
+
+    def message(self, message: m.Message) -> None:
+        self.send_tasks()
+        self.send_releases()
+        self._conn.send(message)
+
+    def send_tasks(self) -> None:
+        if self._tasks:
+            self._conn.send(m.SubmitTasks(self._tasks, self._functions, self._wanted))
+            self._tasks, self._functions, self._wanted, self._size = [], {}, [], 0
+
+    def send_releases(self) -> None:
+        if self._releases:
+            self._conn.send(m.ReleaseKeys(self._releases))
+            self._releases = []
+
+
+def _batch_size(batch: TaskBatch, functions: dict[str, bytes]) -> int:
+    """What ``batch`` adds to a SubmitTasks already carrying ``functions``."""
+    size = 0
+    new: set[str] = set()
+    for spec, blob, _ in batch:
+        size += len(spec.args)
+        if spec.func_id not in functions and spec.func_id not in new:
+            new.add(spec.func_id)
+            size += len(blob)
+    return size
 
 
 class Session:
@@ -153,35 +216,16 @@ class Session:
         conn = self._conn
         if not items or conn is None:
             return
-        tasks: list[m.TaskSpec] = []
-        functions: dict[str, bytes] = {}
-        wanted: list[str] = []
-        releases: list[str] = []
+        out = _Merged(conn)
         for item in items:
             if isinstance(item, list):
-                if releases:
-                    conn.send(m.ReleaseKeys(releases))
-                    releases = []
-                for spec, blob, want in item:
-                    tasks.append(spec)
-                    functions.setdefault(spec.func_id, blob)
-                    if want:
-                        wanted.append(spec.key)
-                continue
-            if tasks:
-                conn.send(m.SubmitTasks(tasks, functions, wanted))
-                tasks, functions, wanted = [], {}, []
-            if isinstance(item, str):
-                releases.append(item)
-                continue
-            if releases:
-                conn.send(m.ReleaseKeys(releases))
-                releases = []
-            conn.send(item)
-        if tasks:
-            conn.send(m.SubmitTasks(tasks, functions, wanted))
-        if releases:
-            conn.send(m.ReleaseKeys(releases))
+                out.tasks(item)
+            elif isinstance(item, str):
+                out.release(item)
+            else:
+                out.message(item)
+        out.send_tasks()
+        out.send_releases()
 
     # --- closing --------------------------------------------------------------------
 

@@ -25,6 +25,18 @@ from apportion.protocol.messages import Message
 logger = logging.getLogger("apportion.net")
 
 
+def _frames(batch: list[Message]) -> list[bytes]:
+    """``batch`` as one frame, or as several in order when together they are too big
+    (each message fits alone: senders check their payloads against the limit)."""
+    try:
+        return [encode_frame(batch)]
+    except ProtocolError:
+        if len(batch) == 1:
+            raise
+    half = len(batch) // 2
+    return _frames(batch[:half]) + _frames(batch[half:])
+
+
 class ConnectionClosed(Exception):
     """The peer went away (or we closed the connection)."""
 
@@ -66,14 +78,15 @@ class Connection:
             return
         batch, self._outbox = self._outbox, []
         try:
-            frame = encode_frame(batch)
+            frames = _frames(batch)
         except (ProtocolError, TypeError, ValueError, OverflowError) as exc:
             # Runs from call_soon, where an exception would vanish: say so, and close,
             # so the peer and our reader both see the failure instead of a silent gap.
             logger.error("cannot send %d messages to %s: %s; closing", len(batch), self.peer, exc)
             self.abort()
             return
-        self._writer.write(frame)
+        for frame in frames:
+            self._writer.write(frame)
 
     async def drain(self) -> None:
         """Wait until the transport's buffer is low again (for bulk senders)."""
