@@ -355,7 +355,7 @@ class Client:
         single = not isinstance(collections, list | tuple | set | frozenset)
         items = [collections] if single else list(collections)
         dask_ones = [c for c in items if is_collection(c)]
-        futures: dict[str, Future] = {}
+        futures: dict[Any, Future] = {}
         names: list[Any] = []
         if dask_ones:
             lowered = lower(

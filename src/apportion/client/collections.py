@@ -1,10 +1,11 @@
 """Dask collections (delayed, bag, array, dataframe) turned into graphs for apportion.
 
 Dask stays optional: nothing here imports it before a collection is handed over,
-and no collection exists unless Dask was imported. Dask lowers its collections
-into one expression, optimises it and renders it as a graph of task nodes; the
-client then submits that graph as it submits any other (``client.graph``), with
-the ``dask.annotate`` annotations apportion honours (resources, priority, retries).
+and no collection exists unless Dask was imported. Dask lowers each collection
+into an expression, optimises it and renders it as a graph of task nodes; the
+client submits the graphs together as it submits any other (``client.graph``),
+with the ``dask.annotate`` annotations apportion honours (resources, priority,
+retries).
 """
 
 from __future__ import annotations
