@@ -234,6 +234,8 @@ def test_a_collection_computed_again_after_a_cancel_runs_again(client: Client) -
 
 def test_a_collection_persisted_by_another_client_is_shared(cluster: LocalCluster) -> None:
     with Client(cluster) as a, Client(cluster) as b:
+        # a's graph leaves late: b must not overtake it on its own connection.
+        a._session.loop.loop.call_soon_threadsafe(time.sleep, 0.3)
         p = a.persist(da.arange(10, chunks=5) + 1)
         again = b.persist(p)  # nothing new to compute: b now wants a's parts as well
         np.testing.assert_array_equal(b.compute(again, sync=True), np.arange(1, 11))

@@ -406,6 +406,13 @@ class Client:
             result.append(rebuild(parts, *extra))
         return result[0] if single else result
 
+    def _caught_up(self) -> None:
+        """Return once the scheduler has everything this client sent so far: another
+        client's graph may use keys this one submitted, and connections do not keep
+        order between them."""
+        with contextlib.suppress(SchedulerGoneError):
+            self._session.call(partial(m.WhoHasRequest, keys=[]), self.timeout)
+
     def _post_tasks(self, batch: TaskBatch) -> None:
         self._session.post(batch)
         if not self._session.connected:
@@ -428,6 +435,8 @@ class Client:
     ) -> dict[Any, Future]:
         """Send the tasks ``keys`` need; a future for each of ``keys``, by graph key."""
         self._check_open()
+        for other in _other_clients(self, dsk):
+            other._caught_up()
         canon = canonical_keys(dsk)
         roots = {canon.get(k, k) for k in flatten_keys(keys)}
         tasks = list(graph_tasks(self, dsk, keys, resources, priority, retries, annotations))
@@ -685,6 +694,17 @@ class Client:
 
     def __repr__(self) -> str:
         return f"<Client: scheduler={self.scheduler_address!r}>"
+
+
+def _other_clients(client: Client, dsk: Mapping[Any, Any]) -> set[Client]:
+    """The other open clients whose futures ``dsk`` holds as parts (a collection one
+    of them persisted)."""
+    others: set[Client] = set()
+    for value in dsk.values():
+        part = getattr(value, "value", value)  # a persisted part wraps its future
+        if isinstance(part, Future) and part._client is not client and not part._client._closed:
+            others.add(part._client)
+    return others
 
 
 def _shaped(keys: Any, futures: Mapping[Any, Future]) -> Any:
