@@ -304,10 +304,14 @@ def test_equal_keys_spelt_otherwise_name_the_same_task(client: Client) -> None:
     assert client.get(graph, ["y", ("x", np.int64(0))]) == [2, 1]
 
 
+PICKLING = threading.Event()
+
+
 class SlowToPickle:
-    """Pickles slowly, as a large embedded array does."""
+    """Pickles slowly, as a large embedded array does; says when it starts."""
 
     def __reduce__(self) -> tuple[Any, tuple[int]]:
+        PICKLING.set()
         time.sleep(0.5)
         return int, (1,)
 
@@ -324,9 +328,10 @@ def test_a_client_closed_while_a_graph_is_prepared_fails_its_futures(
         except BaseException as exc:
             outcome.append(exc)
 
+    PICKLING.clear()
     thread = threading.Thread(target=compute)
     thread.start()
-    time.sleep(0.1)
+    assert PICKLING.wait(10)
     client.close()
     thread.join(10)
     assert [type(e).__name__ for e in outcome] == ["LostDataError"], outcome
