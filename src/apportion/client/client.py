@@ -352,8 +352,7 @@ class Client:
         """
         from apportion.client.collections import is_collection, lower
 
-        single = not isinstance(collections, list | tuple | set | frozenset)
-        items = [collections] if single else list(collections)
+        items, single = _one_or_many(collections)
         dask_ones = [c for c in items if is_collection(c)]
         futures: dict[Any, Future] = {}
         names: list[Any] = []
@@ -390,8 +389,7 @@ class Client:
         from apportion.client.collections import is_collection, lower
         from apportion.client.persisted import PersistedPart
 
-        single = not isinstance(collections, list | tuple | set | frozenset)
-        items = [collections] if single else list(collections)
+        items, single = _one_or_many(collections)
         for item in items:
             if not is_collection(item):
                 raise TypeError(f"persist takes Dask collections, not {type(item).__name__}")
@@ -439,7 +437,7 @@ class Client:
             other._caught_up()
         canon = canonical_keys(dsk)
         roots = {canon.get(k, k) for k in flatten_keys(keys)}
-        tasks = list(graph_tasks(self, dsk, keys, resources, priority, retries, annotations))
+        tasks = list(graph_tasks(self, dsk, keys, resources, priority, retries, annotations, canon))
         _check_graph_size(tasks)
         futures = {key: Future(wire_key(key), self) for key in roots}
         wanted = {future.key: future for future in futures.values()}
@@ -694,6 +692,13 @@ class Client:
 
     def __repr__(self) -> str:
         return f"<Client: scheduler={self.scheduler_address!r}>"
+
+
+def _one_or_many(collections: Any) -> tuple[list[Any], bool]:
+    """``compute``'s argument as a list, and whether it was a single collection."""
+    if isinstance(collections, list | tuple | set | frozenset):
+        return list(collections), False
+    return [collections], True
 
 
 def _other_clients(client: Client, dsk: Mapping[Any, Any]) -> set[Client]:

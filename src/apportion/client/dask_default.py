@@ -84,9 +84,9 @@ def get(dsk: Any, keys: Any, **kwargs: Any) -> Any:
     """Dask's scheduler function: run on the newest open client."""
     import dask
 
-    client = current()
     if in_task():
         return dask.get(dsk, keys)  # synchronous, on this task's thread and resources
+    client = current()
     if client is None:  # every client closed since Dask was told to use them
         return dask.threaded.get(dsk, keys, **kwargs)
     return client.get(dsk, keys, **kwargs)
@@ -96,10 +96,11 @@ def persist(collections: Any, **kwargs: Any) -> Any:
     """Dask's ``persist`` hands over to a scheduler function that has this attribute."""
     import dask
 
+    if in_task():
+        return list(dask.persist(*collections, scheduler="sync", **kwargs))
     client = current()
-    if client is None or in_task():
-        local = "sync" if in_task() else "threads"
-        return list(dask.persist(*collections, scheduler=local, **kwargs))
+    if client is None:
+        return list(dask.persist(*collections, scheduler="threads", **kwargs))
     return client.persist(list(collections), **kwargs)
 
 

@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from apportion.client.future import Future
 from apportion.core import payload
 from apportion.core.resources import ResourceSpec, parse_demand
 from apportion.protocol import messages as m
@@ -198,8 +199,6 @@ def _per_key_annotations(
 
 def _existing(value: Any, name: str) -> bool:
     """A persisted collection's entry: the future of this very key, computed or on its way."""
-    from apportion.client.future import Future
-
     if _is_node(value) and hasattr(value, "value"):  # Dask wraps plain values in a DataNode
         value = value.value
     return isinstance(value, Future) and value.key == name
@@ -213,11 +212,13 @@ def graph_tasks(
     priority: int,
     retries: int,
     annotations: Mapping[str, Mapping[Any, Any]] | None = None,
+    canon: Mapping[Any, Any] | None = None,
 ) -> Iterator[tuple[m.TaskSpec, bytes]]:
     """The tasks needed for ``keys``, dependencies first, with the function blob.
 
     ``annotations`` (Dask's, by type then key) override ``resources``, ``priority``
-    and ``retries`` for the keys they name.
+    and ``retries`` for the keys they name. ``canon`` is ``canonical_keys(dsk)``
+    if the caller has it already.
     """
     seen: dict[str, Any] = {}
     for key in dsk:
@@ -227,7 +228,7 @@ def graph_tasks(
         seen[name] = key
     common, per_key = _demand_by_key(dsk, resources)
     demands, priorities, retry_counts = _per_key_annotations(annotations or {})
-    canon = canonical_keys(dsk)
+    canon = canonical_keys(dsk) if canon is None else canon
     for key in needed_in_order(dsk, keys, canon):
         value = dsk[key]
         name = wire_key(key)
