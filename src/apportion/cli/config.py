@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 
 import click
 
+from apportion.cli.errors import fail
+
 #: Where the path of the file in use is kept in ``ctx.meta``, for error messages.
 CONFIG_META = "apportion.config"
 
@@ -61,8 +63,7 @@ def load_config(ctx: click.Context, param: click.Parameter, value: str | None) -
             except click.BadParameter as exc:
                 raise ValueError(f"{value}: {key}: {exc.message}") from None
     except ValueError as exc:
-        click.echo(f"Error: --config: {exc}", err=True)
-        ctx.exit(2)
+        fail(ctx, f"--config: {exc}")
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
     ctx.meta[CONFIG_META] = value
     return value

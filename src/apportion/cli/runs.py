@@ -26,11 +26,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, tzinfo
 from pathlib import Path
-from typing import Any, BinaryIO, NoReturn, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import click
 from click.core import ParameterSource
 
+from apportion.cli.errors import fail
 from apportion.runs import remote
 from apportion.runs.journal import (
     FINISHED,
@@ -73,12 +74,6 @@ RUN_CONTEXT_SETTINGS: dict[str, Any] = {
 _JOURNAL_META = "apportion.runs.journal"
 
 
-def _fail(ctx: click.Context, message: str, code: int = 2) -> NoReturn:
-    # One line, no usage banner: the message already names the bad part.
-    click.echo(f"Error: {message}", err=True)
-    ctx.exit(code)
-
-
 # --- the options of a run --------------------------------------------------------------
 
 
@@ -108,7 +103,7 @@ def _integer(ctx: click.Context, param: click.Parameter, value: str | None) -> i
     try:
         return int(value)
     except ValueError:
-        _fail(ctx, f"{param.opts[0]}: {value!r} is not an integer")
+        fail(ctx, f"{param.opts[0]}: {value!r} is not an integer")
 
 
 _RUN_PARAMETERS: tuple[Callable[[Callable[..., Any]], Callable[..., Any]], ...] = (
@@ -241,19 +236,19 @@ def _opened(ctx: click.Context, path: Path, *, create: bool = False) -> Iterator
     likely a typo, which an empty new journal would hide.
     """
     if not create and not path.exists():
-        _fail(ctx, f"no journal at {path} (stage runs there first, or give --journal)")
+        fail(ctx, f"no journal at {path} (stage runs there first, or give --journal)")
     try:
         journal = Journal(path)
     except JournalError as error:  # its message names the file
-        _fail(ctx, str(error), 1)
+        fail(ctx, str(error), 1)
     except (sqlite3.Error, OSError) as error:  # OSError: its directory cannot be made
-        _fail(ctx, f"journal {path}: {error}", 1)
+        fail(ctx, f"journal {path}: {error}", 1)
     # OSError is not caught from here on: a closed pipe on stdout is not the journal's.
     try:
         with journal:
             yield journal
     except sqlite3.Error as error:  # "database is locked" after the busy timeout, say
-        _fail(ctx, f"journal {path}: {error}", 1)
+        fail(ctx, f"journal {path}: {error}", 1)
 
 
 def _parse_ids(ctx: click.Context, texts: Iterable[str]) -> list[int]:
@@ -263,7 +258,7 @@ def _parse_ids(ctx: click.Context, texts: Iterable[str]) -> list[int]:
         try:
             ids.update(dict.fromkeys(parse_array(text)))
         except ValueError:
-            _fail(ctx, f"invalid run id {text!r}: give ids such as 7, 3-5 or 2,4,9")
+            fail(ctx, f"invalid run id {text!r}: give ids such as 7, 3-5 or 2,4,9")
     return list(ids)
 
 
@@ -275,7 +270,7 @@ def _id_argument(ctx: click.Context, param: click.Parameter, value: str | None) 
     if value is None:
         return None
     if not re.fullmatch("[0-9]{1,18}", value):  # int() would also take " +7" and non-ASCII digits
-        _fail(ctx, f"invalid run id {value!r}: give a number such as 7")
+        fail(ctx, f"invalid run id {value!r}: give a number such as 7")
     return int(value)
 
 
@@ -285,7 +280,7 @@ def _seconds_option(ctx: click.Context, param: click.Parameter, value: str | Non
     try:
         return parse_time_limit(value)
     except ValueError as error:
-        _fail(ctx, f"{param.opts[0]}: {error}")
+        fail(ctx, f"{param.opts[0]}: {error}")
 
 
 def _runs_text(ids: Sequence[int]) -> str:
@@ -323,7 +318,7 @@ def stage(ctx: click.Context, run: RunOptions, journal_path: Path | None) -> Non
     try:
         specs = specs_from_options(run)
     except ValueError as error:
-        _fail(ctx, str(error))
+        fail(ctx, str(error))
     with _opened(ctx, _journal_path(ctx, journal_path), create=True) as journal:
         ids = journal.stage(specs, time.time())
     label = f" ({run.name})" if run.name else ""
@@ -403,11 +398,11 @@ def runs(
             if param.name in _LISTING_OPTIONS and (
                 ctx.get_parameter_source(param.name) is not ParameterSource.DEFAULT
             ):
-                _fail(ctx, f"{param.opts[0]} lists runs: it does not go with a subcommand")
+                fail(ctx, f"{param.opts[0]} lists runs: it does not go with a subcommand")
         ctx.meta[_JOURNAL_META] = journal_path
         return
     if watch and states:
-        _fail(ctx, "--watch counts runs in every state: it does not go with --state")
+        fail(ctx, "--watch counts runs in every state: it does not go with --state")
     if address is not None:
         _remote_runs(ctx, address, states, array_id, ids, watch)
         return
@@ -440,7 +435,7 @@ def _remote_runs(
     try:
         records = remote.query(address, wanted)
     except remote.RemoteQueueError as error:
-        _fail(ctx, str(error), 1)
+        fail(ctx, str(error), 1)
     if array_id is not None:
         records = [r for r in records if r.array_id == array_id]
     if states:
@@ -456,13 +451,13 @@ def _select(
     """Ids picked by ``--array`` and ``--ids`` (both: runs in both); None for every run."""
     selected = None if ids is None else _parse_ids(ctx, [ids])
     if array_id is not None:
-        members = [r.id for r in journal.runs() if r.array_id == array_id]
+        members = [r.id for r in journal.runs(array_id=array_id)]
         if not members:
             run = journal.get(array_id)
             if run is not None and run.array_id is not None:
                 # An array is named by its first run's id; this is a later element.
-                _fail(ctx, f"no array {array_id}: run {array_id} is in array {run.array_id}")
-            _fail(ctx, f"no array {array_id}")
+                fail(ctx, f"no array {array_id}: run {array_id} is in array {run.array_id}")
+            fail(ctx, f"no array {array_id}")
         selected = members if selected is None else sorted(set(members) & set(selected))
     return selected
 
@@ -505,7 +500,7 @@ def show(ctx: click.Context, run_id: int, journal_path: Path | None) -> None:
     with _opened(ctx, _journal_path(ctx, journal_path)) as journal:
         record = journal.get(run_id)
         if record is None:
-            _fail(ctx, f"no run {run_id}")
+            fail(ctx, f"no run {run_id}")
         click.echo(format_run(record, journal.history(run_id)))
 
 
@@ -522,7 +517,7 @@ def rm(ctx: click.Context, run_ids: list[int], everything: bool, journal_path: P
     Exit status 1 if a run was refused, 2 if an id is unknown.
     """
     if everything == bool(run_ids):
-        _fail(ctx, "give the ids of the runs to remove, or --all (not both)")
+        fail(ctx, "give the ids of the runs to remove, or --all (not both)")
     with _opened(ctx, _journal_path(ctx, journal_path)) as journal:
         wanted = None if everything else run_ids
         found = journal.runs(ids=wanted)
@@ -533,7 +528,7 @@ def rm(ctx: click.Context, run_ids: list[int], everything: bool, journal_path: P
             removed = journal.remove(removable)
         except (KeyError, ValueError) as error:
             # A scheduler queued or finished one of them since we looked.
-            _fail(ctx, f"nothing removed: {error.args[0]}; try again", 1)
+            fail(ctx, f"nothing removed: {error.args[0]}; try again", 1)
     click.echo(f"removed {_runs_text(removed)}" if removed else "removed no runs")
     if busy:
         them = "it" if len(busy) == 1 else "them"
@@ -544,7 +539,7 @@ def rm(ctx: click.Context, run_ids: list[int], everything: bool, journal_path: P
             err=not everything,
         )
     if unknown:
-        _fail(ctx, f"no {_runs_text(unknown)}")
+        fail(ctx, f"no {_runs_text(unknown)}")
     if busy and not everything:
         ctx.exit(1)
 
@@ -590,7 +585,7 @@ def logs(ctx: click.Context, run_id: int, follow: bool, journal_path: Path | Non
     with _opened(ctx, _journal_path(ctx, journal_path)) as journal:
         record = journal.get(run_id)
         if record is None:
-            _fail(ctx, f"no run {run_id}")
+            fail(ctx, f"no run {run_id}")
         if follow and record.state not in FINISHED and journal.owner() is None:
             # On stderr, so that stdout stays the log's bytes alone.
             click.echo(
@@ -600,7 +595,7 @@ def logs(ctx: click.Context, run_id: int, follow: bool, journal_path: Path | Non
             )
         try:
             if not _copy_log(journal, run_id, follow, out):
-                _fail(ctx, f"run {run_id} was removed while its log was being followed", 1)
+                fail(ctx, f"run {run_id} was removed while its log was being followed", 1)
         except BrokenPipeError:
             # The reader went away (| head): stop quietly, and keep Python from
             # failing again when it flushes stdout at exit.
@@ -683,14 +678,14 @@ def cancel(
         if outcome != "unknown":
             click.echo(_cancel_line(outcome, ids, owner))
     if "unknown" in outcomes:
-        _fail(ctx, f"no {_runs_text(outcomes['unknown'])}")
+        fail(ctx, f"no {_runs_text(outcomes['unknown'])}")
 
 
 def _remote_cancel(ctx: click.Context, address: str, run_ids: list[int]) -> None:
     try:
         records = remote.cancel(address, run_ids)
     except remote.RemoteQueueError as error:
-        _fail(ctx, str(error), 1)
+        fail(ctx, str(error), 1)
     for record in records:
         if record.state in FINISHED:
             click.echo(f"run {record.label()}: {record.state}")
@@ -701,7 +696,7 @@ def _remote_cancel(ctx: click.Context, address: str, run_ids: list[int]) -> None
             )
     unknown = sorted(set(run_ids) - {record.id for record in records})
     if unknown:
-        _fail(ctx, f"no {_runs_text(unknown)} at {address}")
+        fail(ctx, f"no {_runs_text(unknown)} at {address}")
 
 
 def _cancel_line(outcome: str, ids: list[int], owner: tuple[int, str] | None) -> str:

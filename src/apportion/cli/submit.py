@@ -13,13 +13,14 @@ from collections import Counter
 
 import click
 
+from apportion.cli.errors import fail
+from apportion.cli.inspect import DEFAULT_SCHEDULER
 from apportion.cli.runs import RUN_CONTEXT_SETTINGS, RunOptions, run_options, specs_from_options
 from apportion.runs import remote
 from apportion.runs.journal import COMPLETED, FINISHED, STATES, RunRecord
 from apportion.runs.spec import format_array
 from apportion.runs.table import progress_line, summary
 
-DEFAULT_SCHEDULER = "tcp://127.0.0.1:8786"
 #: Seconds between progress queries with ``--wait``.
 WAIT_INTERVAL = 0.5
 
@@ -75,13 +76,11 @@ def submit(ctx: click.Context, run: RunOptions, scheduler_address: str, wait: bo
     try:
         specs = specs_from_options(run)
     except ValueError as error:
-        click.echo(f"Error: {error}", err=True)
-        ctx.exit(2)
+        fail(ctx, str(error))
     try:
         ids = remote.submit(address, specs)
     except remote.RemoteQueueError as error:
-        click.echo(f"Error: {error}", err=True)
-        ctx.exit(1)
+        fail(ctx, str(error), 1)
     label = f" ({run.name})" if run.name else ""
     if len(ids) == 1:
         click.echo(f"submitted run {ids[0]}{label} to {address}")

@@ -21,6 +21,7 @@ import click
 from click.core import ParameterSource
 
 from apportion.cli.config import CONFIG_META, config_option
+from apportion.cli.errors import fail
 from apportion.cli.logs import configure_logging
 from apportion.core.resources import SCALE, parse_amount, parse_resources
 from apportion.runs.live import DEFAULT_KILL_GRACE
@@ -32,12 +33,6 @@ logger = logging.getLogger("apportion.worker")
 
 #: Read for ``--resources`` when the option is not given.
 RESOURCES_VARIABLE = "APPORTION_RESOURCES"
-
-
-def _fail(ctx: click.Context, message: str) -> None:
-    # One line, no usage banner: the message already names the bad part.
-    click.echo(f"Error: {message}", err=True)
-    ctx.exit(2)
 
 
 def _resources_origin(ctx: click.Context) -> str:
@@ -60,7 +55,7 @@ def check_resources(ctx: click.Context, param: click.Parameter, value: str | Non
         try:
             parse_resources(split_auto(value)[1])
         except ValueError as exc:
-            _fail(ctx, f"{_resources_origin(ctx)}: {exc}")
+            fail(ctx, f"{_resources_origin(ctx)}: {exc}")
     return value
 
 
@@ -71,7 +66,7 @@ def resolve_resources(ctx: click.Context, resources: str | None) -> str | None:
     try:
         expanded = expand_auto(resources, detect_supply())
     except ValueError as exc:  # a malformed CUDA_VISIBLE_DEVICES
-        _fail(ctx, f"{_resources_origin(ctx)}: auto: {exc}")
+        fail(ctx, f"{_resources_origin(ctx)}: auto: {exc}")
     logger.info("resources %r detected as %r", resources, expanded)
     return expanded
 
@@ -269,7 +264,7 @@ def worker(
     try:
         limit = parse_memory_limit(memory_limit, nworkers)
     except ValueError as exc:
-        _fail(ctx, str(exc))
+        fail(ctx, str(exc))
     settings = WorkerSettings(
         nthreads,
         resolve_resources(ctx, resources),
@@ -286,10 +281,10 @@ def worker(
         supervise = nworkers > 1 or limit > 0
     if not supervise:
         if nworkers > 1:
-            _fail(ctx, "--nworkers above 1 needs a supervisor; drop --no-supervisor")
+            fail(ctx, "--nworkers above 1 needs a supervisor; drop --no-supervisor")
         if limit and SUPERVISOR_PID_VARIABLE not in os.environ:
             # Under a supervisor the limit is only reported; the supervisor enforces it.
-            _fail(ctx, "--memory-limit is enforced by a supervisor; drop --no-supervisor")
+            fail(ctx, "--memory-limit is enforced by a supervisor; drop --no-supervisor")
         sys.exit(run_one(scheduler_address, settings))
     from apportion.worker.supervisor import Supervisor, scheduler_reporter
 
@@ -298,7 +293,7 @@ def worker(
         try:
             specs = split_supply(settings.resources or "", nworkers)
         except ValueError as exc:
-            _fail(ctx, f"--split-units: {exc}")
+            fail(ctx, f"--split-units: {exc}")
     commands = child_commands(scheduler_address, nworkers, settings, specs)
     supervisor = Supervisor(
         commands,

@@ -422,17 +422,29 @@ class Journal:
         return found[0] if found else None
 
     def runs(
-        self, *, states: Collection[str] | None = None, ids: Collection[int] | None = None
+        self,
+        *,
+        states: Collection[str] | None = None,
+        ids: Collection[int] | None = None,
+        array_id: int | None = None,
+        latest: int | None = None,
     ) -> list[RunRecord]:
-        """Runs in any of ``states`` and among ``ids`` (None: no restriction), by id."""
+        """Runs in any of ``states``, among ``ids``, of the array ``array_id`` and among
+        the ``latest`` ones (None: no restriction), by id."""
         where: list[str] = []
-        params: list[str] = []
+        params: list[object] = []
         if states is not None:
             where.append(f"state IN {_IN_LIST}")
             params.append(json.dumps(sorted(states)))
         if ids is not None:
             where.append(f"id IN {_IN_LIST}")
             params.append(json.dumps(sorted(ids)))
+        if array_id is not None:
+            where.append("array_id = ?")
+            params.append(array_id)
+        if latest is not None:
+            where.append("id IN (SELECT id FROM runs ORDER BY id DESC LIMIT ?)")
+            params.append(latest)
         return self._records(f"WHERE {' AND '.join(where)}" if where else "", params)
 
     def _records(self, where: str, params: Sequence[object]) -> list[RunRecord]:

@@ -180,7 +180,7 @@ class RunQueue:
                 runnable.append(record)
         if runnable:
             self.journal.mark_queued([r.id for r in runnable], wall)
-            self._submit(self.journal.runs(ids=[r.id for r in runnable]))
+            self._submit(runnable)  # queuing changes nothing the tasks are made of
 
     def _never_fits(self, record: RunRecord) -> str:
         supply = self.options.fixed_supply
@@ -294,16 +294,12 @@ class RunQueue:
             # the journal only lets a run that started complete or be lost.
             self.journal.mark_running(run_id, "", "", wall)
         self.journal.mark_ended(run_id, state, wall, exit_code=code, signal=sig, reason=reason)
-        label = self._label(run_id)
+        label = record.label() if record is not None else str(run_id)
         if state == COMPLETED:
             logger.info("run %s completed", label)
         else:
             self.failures += 1
             logger.warning("run %s %s: %s", label, state, reason)
-
-    def _label(self, run_id: int) -> str:
-        record = self.journal.get(run_id)
-        return record.label() if record is not None else str(run_id)
 
     # --- what workers report ----------------------------------------------------------
 
@@ -460,17 +456,21 @@ class RunQueue:
         else:
             self.journal.requeue(run_id, why, wall)
             logger.warning("run %s interrupted (%s); queued again", record.label(), why)
-            self._submit(self.journal.runs(ids=[run_id]))
+            self._submit([record])
 
     # --- cancel and explain -----------------------------------------------------------
 
     def cancel(self, ids: list[int], wall: float) -> None:
         """A client asked to cancel these runs: journal it, then act as on a poll."""
-        for run_id in ids:
-            try:
-                self.journal.request_cancel(run_id, wall)
-            except KeyError:
-                continue
+        asked = []
+        with self.journal.batch():  # one commit, and before the workers are told
+            for run_id in ids:
+                try:
+                    self.journal.request_cancel(run_id, wall)
+                except KeyError:
+                    continue
+                asked.append(run_id)
+        for run_id in asked:
             self._cancel(run_id)
 
     def _cancel(self, run_id: int) -> None:
@@ -484,17 +484,18 @@ class RunQueue:
     def _explain_waiting(self) -> None:
         state = self.host.state
         queued = sorted(self.active)[:WAITING_BATCH]
-        for run_id in queued:
-            task = state.tasks.get(run_key(run_id))
-            if task is not None and task.state in ("queued", "waiting"):
-                self.journal.set_waiting(run_id, waiting_text(explain(state, task.key)))
+        with self.journal.batch():  # one commit, not one per run
+            for run_id in queued:
+                task = state.tasks.get(run_key(run_id))
+                if task is not None and task.state in ("queued", "waiting"):
+                    self.journal.set_waiting(run_id, waiting_text(explain(state, task.key)))
 
     def report(self, ids: list[int]) -> list[dict[str, object]]:
         """What ``QueryRuns`` and ``CancelRuns`` answer: each known run of ``ids``, or
         the latest runs if ``ids`` is empty, as ``remote.record_to_dict`` gives them."""
         from apportion.runs.remote import MAX_LISTED, record_to_dict
 
-        records = self.journal.runs(ids=ids) if ids else self.journal.runs()[-MAX_LISTED:]
+        records = self.journal.runs(ids=ids) if ids else self.journal.runs(latest=MAX_LISTED)
         return [record_to_dict(record) for record in records]
 
 

@@ -73,7 +73,9 @@ def cancel(address: str, ids: Sequence[int], timeout: float = 30.0) -> list[RunR
 
 def record_to_dict(record: RunRecord) -> dict[str, Any]:
     """A run record as plain data for the wire; its environment stays with the scheduler."""
-    data = dataclasses.asdict(record)
+    # Shallow: the other fields are plain values; asdict would deep-copy the spec's
+    # environment only for it to be replaced.
+    data = {field.name: getattr(record, field.name) for field in dataclasses.fields(record)}
     data["spec"] = dataclasses.replace(record.spec, env={}).to_dict()
     return data
 
