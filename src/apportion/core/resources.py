@@ -31,10 +31,10 @@ SCALE = 10_000
 MAX_TICKS = 2**63 - 1
 
 Amounts = dict[str, int]
+"""A supply or demand in ticks, keyed by resource name. Never holds a negative value."""
 
 Units = dict[str, list[str]]
 """Indexed pools: name -> unit labels in order (``{"gpu": ["0", "1"]}``)."""
-"""A supply or demand in ticks, keyed by resource name. Never holds a negative value."""
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 
@@ -128,17 +128,16 @@ def _pairs(spec: str) -> Iterator[tuple[str, str]]:
         if i >= n or spec[i] != "=":
             raise ValueError(f"invalid resource spec {name!r}: parts must be NAME=AMOUNT")
         i += 1
+        value_start = i
         if i < n and spec[i] == "[":
             end = spec.find("]", i)
             if end < 0:
                 raise ValueError(f"invalid resource spec {spec[start:]!r}: missing ']'")
             i = end + 1
-            value = spec[spec.index("=", start) + 1 : i]
         else:
-            value_start = i
             while i < n and spec[i] not in _SEPARATORS:
                 i += 1
-            value = spec[value_start:i]
+        value = spec[value_start:i]
         part = spec[start:i]
         if not name:
             raise ValueError(f"invalid resource spec {part!r}: missing name before '='")

@@ -63,11 +63,12 @@ def decode_body(body: bytes) -> list[Message]:
         checks = _CHECKS.get(cls)
         if checks is None:
             checks = _CHECKS[cls] = field_checks(cls)
-        for (name, check), value in zip(checks, item[1:], strict=True):
+        fields = item[1:]
+        for (name, check), value in zip(checks, fields, strict=True):
             if not check(value):
                 raise ProtocolError(f"{cls.__name__}.{name} has the wrong type")
         try:
-            out.append(cls.from_fields(item[1:]))
+            out.append(cls.from_fields(fields))
         except (TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed {cls.__name__}: {exc}") from None
     return out

@@ -72,6 +72,10 @@ def checker(tp: Any) -> Check:
     allowed = _SCALARS.get(tp)
     if allowed is not None:  # most fields: one type test, no column machinery
         return lambda value: type(value) in allowed
+    if get_origin(tp) is list:  # the list itself is the column: no copy of it
+        (item_type,) = get_args(tp)
+        items = column_checker(item_type)
+        return lambda value: type(value) is list and items(value)
     column = column_checker(tp)
     return lambda value: column((value,))
 

@@ -215,8 +215,8 @@ def dump(state: SchedulerState, client: ClientRecord, msg: m.DumpRequest) -> Non
     state.send(client.id, m.DumpReply(msg.request_id, state.dump()))
 
 
-def error_message(key: str, error: tuple[str, bytes | str, bytes], attempts: int = 1) -> m.Message:
-    """The message telling a client that ``key`` failed."""
+def error_message(key: str, error: tuple[str, bytes | str, bytes], attempts: int) -> m.Message:
+    """The message telling a client that ``key`` failed, after ``attempts`` runs."""
     kind, detail, traceback = error
     if kind == "exception" and isinstance(detail, bytes):
         return m.TaskErred(key, detail, traceback, attempts)

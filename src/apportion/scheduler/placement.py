@@ -80,13 +80,13 @@ def fits_now(
     state: SchedulerState,
     worker: WorkerRecord,
     task: TaskRecord,
-    demand: dict[str, int] | None = None,
+    demand: dict[str, int],
 ) -> bool:
-    """Could ``task`` (with ``demand``, default its own) start on ``worker`` right now?"""
+    """Could ``task``, asking ``demand``, start on ``worker`` right now?"""
     if len(worker.processing) >= worker.nthreads:
         return False
     holder = holder_of(state, worker, task)
-    for name, need in (task.resources if demand is None else demand).items():
+    for name, need in demand.items():
         if available(worker, name, holder) < need:
             return False
         if name in worker.units and pick_units(worker.units[name], need) is None:
@@ -107,7 +107,7 @@ def best_worker(
     state: SchedulerState,
     task: TaskRecord,
     pool: list[WorkerRecord],
-    demand: dict[str, int] | None = None,
+    demand: dict[str, int],
 ) -> WorkerRecord | None:
     """The fitting worker with most input bytes, then least load; None if none fits."""
     local = _input_bytes(state, task) if task.deps else {}

@@ -87,8 +87,6 @@ class Scheduler(BackgroundService):
         self._queue_options = queue_options or QueueOptions()
         #: The job queue, when this scheduler serves a journal of command runs.
         self.queue: RunQueue | None = None
-        #: peer id -> worker name, kept past the state's removal for the queue.
-        self._worker_names: dict[str, str] = {}
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -179,7 +177,6 @@ class Scheduler(BackgroundService):
             raise ProtocolError("a worker must register first")
         self._conns[peer_id] = conn
         registration = first[0]
-        self._worker_names[peer_id] = registration.name
         self._handle(WorkerJoined(peer_id, registration, time.monotonic()))
         if self.queue is not None:
             self._in_queue(self.queue.worker_joined, peer_id, registration, time.time())
@@ -194,9 +191,8 @@ class Scheduler(BackgroundService):
         finally:
             self._conns.pop(peer_id, None)
             self._handle(WorkerLeft(peer_id, time.monotonic()))
-            name = self._worker_names.pop(peer_id, "")
             if self.queue is not None:
-                self._in_queue(self.queue.worker_left, name, time.time())
+                self._in_queue(self.queue.worker_left, registration.name, time.time())
 
     def _from_worker(self, peer_id: str, batch: list[m.Message]) -> None:
         """Run reports go to the job queue, the rest to the state machine, in order."""

@@ -255,8 +255,6 @@ class SchedulerState:
                 if task.units:
                     cause += " holding " + describe_units(task.units)
         worker.processing.add(task.key)
-        if task.reserved_on is not None:
-            self.drop_reservation(task)
         task.worker = worker.id
         self.move(task, PROCESSING, cause)
         if task.func_id not in worker.functions:
@@ -346,13 +344,8 @@ class SchedulerState:
     def remove(self, task: TaskRecord, cause: str) -> None:
         if task.state == MEMORY:
             self._drop_result(task)
-        if task.reserved_on is not None:
-            self.drop_reservation(task)
         unfinished = task.state in (WAITING, QUEUED, PROCESSING)
-        self.move(task, "forgotten", cause)
-        del self.tasks[task.key]
-        self._forget_counts(task.key)
-        self._drop_function_use(task)
+        self._delete(task, cause)
         if unfinished:
             self.finish_inputs(task)
         self._unlink_lineage(task)
@@ -369,11 +362,15 @@ class SchedulerState:
                     continue
                 dep.lineage -= 1
                 if dep.lineage == 0 and dep.state == RELEASED:
-                    self.move(dep, "forgotten", "nothing computed from it is left")
-                    del self.tasks[dep.key]
-                    self._forget_counts(dep.key)
-                    self._drop_function_use(dep)
+                    self._delete(dep, "nothing computed from it is left")
                     stack.append(dep)
+
+    def _delete(self, task: TaskRecord, cause: str) -> None:
+        """``task`` leaves the table (``move`` frees a reservation it held)."""
+        self.move(task, "forgotten", cause)
+        del self.tasks[task.key]
+        self._forget_counts(task.key)
+        self._drop_function_use(task)
 
     def _drop_function_use(self, task: TaskRecord) -> None:
         if task.func_id != SCATTERED:
@@ -439,8 +436,6 @@ class SchedulerState:
                 self.forget(current)
                 self._notify_error(current, error)
             else:
-                if current.reserved_on is not None:
-                    self.drop_reservation(current)
                 self.move(current, ERRED, why)
                 current.error = error
                 self._notify_error(current, error)
@@ -453,8 +448,8 @@ class SchedulerState:
                 self.release_if_unneeded(current)
 
     def _notify_error(self, task: TaskRecord, error: tuple[str, bytes | str, bytes]) -> None:
+        attempts = self.retried.get(task.key, 0) + 1
         for client_id in task.wanted_by or ():
-            attempts = self.retried.get(task.key, 0) + 1
             self.send(client_id, client_requests.error_message(task.key, error, attempts))
 
     # --- events ---------------------------------------------------------------------
@@ -515,8 +510,11 @@ class SchedulerState:
             task = self.tasks.get(spec.key)
             if task is None or task.state != QUEUED or task.reserved_on is not None:
                 continue
-            here = worker is not None and worker.leaving is None
-            if worker is None or not here or not fits(task.resources, worker.free):
+            if (
+                worker is None
+                or worker.leaving is not None
+                or not fits(task.resources, worker.free)
+            ):
                 self.warn(f"{spec.key} cannot be adopted where it runs; it will run again")
                 continue
             self.assign(task, worker, event.units, f"adopted: still running on {worker.name}")

@@ -195,7 +195,9 @@ class TaskRunner:
     def run(self, command: Execute, inputs: dict[str, Any]) -> Outcome:
         """Run one task on this thread and describe how it went."""
         start = time.perf_counter()
-        cancel = self._cancel_events.setdefault(command.key, threading.Event())
+        cancel = self._cancel_events.get(command.key)
+        if cancel is None:  # run directly, not through submit
+            cancel = self._cancel_events[command.key] = threading.Event()
         try:
             func = self.functions.get(command.func_id)
             args, kwargs = unpack_call(command.args, inputs)
