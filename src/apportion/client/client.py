@@ -19,6 +19,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from apportion.client import dask_default
+from apportion.client.datasets import SharedData
 from apportion.client.errors import SchedulerGoneError, SerializationError
 from apportion.client.future import (
     CANCELLED,
@@ -31,6 +32,8 @@ from apportion.client.future import (
     KeyState,
 )
 from apportion.client.graph import canonical_keys, flatten_keys, graph_tasks, wire_key
+from apportion.client.lifecycle import ClusterLifecycle
+from apportion.client.remote_calls import RemoteCalls
 from apportion.client.session import MAX_BATCH, Session, TaskBatch
 from apportion.core import payload
 from apportion.core.resources import ResourceSpec, parse_demand
@@ -48,7 +51,7 @@ _FUNC_CACHE_SIZE = 512
 _GATHER_ATTEMPTS = 5
 
 
-class Client:
+class Client(ClusterLifecycle, RemoteCalls, SharedData):
     """Connect to a scheduler (``Client("tcp://host:8786")``), a ``LocalCluster``,
     or, with no argument, start an embedded local cluster sized to this machine.
 
