@@ -23,6 +23,7 @@ from apportion.client.errors import (
 )
 from apportion.client.future import Future
 from apportion.client.local import LocalCluster
+from apportion.client.progress import progress
 from apportion.client.waiting import ALL_COMPLETED, FIRST_COMPLETED, as_completed, wait
 from apportion.core.resources import parse_resources
 from apportion.scheduler.service import Scheduler
@@ -56,6 +57,7 @@ __all__ = [
     "as_completed",
     "get_worker",
     "parse_resources",
+    "progress",
     "task_cancel_event",
     "task_environment",
     "task_key",

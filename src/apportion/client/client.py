@@ -41,6 +41,7 @@ from apportion.protocol import messages as m
 from apportion.protocol.codec import MAX_FRAME
 
 if TYPE_CHECKING:
+    from apportion.client.executor import ClientExecutor
     from apportion.client.local import LocalCluster
 
 logger = logging.getLogger("apportion.client")
@@ -611,6 +612,13 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
                 fut._state.settle(CANCELLED, ("cancelled", f"{fut.key!r} was cancelled", b""))
                 fut._state.cancel_echo = True
         self._session.post(m.CancelKeys(keys))
+
+    def get_executor(self, **task_keywords: Any) -> ClientExecutor:
+        """This client as a ``concurrent.futures.Executor``; ``task_keywords``
+        (``resources``, ``priority``, ``retries``, ``pure``, ...) apply to every call."""
+        from apportion.client.executor import ClientExecutor
+
+        return ClientExecutor(self, **task_keywords)
 
     # --- introspection --------------------------------------------------------------
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
-from apportion.client.future import Future
+from apportion.client.future import ERROR, Future
 
 FIRST_COMPLETED = "FIRST_COMPLETED"
 ALL_COMPLETED = "ALL_COMPLETED"
@@ -45,52 +45,140 @@ def wait(
 
 
 class as_completed(Iterator[Any]):
-    """Iterate over futures in the order they finish.
+    """Iterate over futures in the order they finish, as Dask's ``as_completed``.
 
-    ``with_results=True`` yields ``(future, result)`` pairs. More futures can be
-    added while iterating with ``add``.
+    ``with_results=True`` yields ``(future, result)`` pairs, the result fetched before
+    the pair is yielded; a failed future then raises its exception, or with
+    ``raise_errors=False`` is yielded as ``(future, (type, exception, traceback))``
+    (a cancelled one as ``(future, exception)``), as Dask yields them. ``timeout``
+    counts from the creation of the iterator: once it has passed, ``next`` raises
+    ``TimeoutError`` whenever no finished future is waiting. More futures can be
+    added while iterating (``add``, ``update``); ``batches()`` yields lists of
+    everything finished so far.
     """
 
     def __init__(
         self,
-        futures: Iterable[Future] = (),
+        futures: Iterable[Future] | None = None,
+        loop: Any = None,
         with_results: bool = False,
+        raise_errors: bool = True,
+        *,
         timeout: float | None = None,
     ) -> None:
-        self._queue: queue.SimpleQueue[Future] = queue.SimpleQueue()
-        self._pending = 0
-        self._lock = threading.Lock()
+        #: Futures added and not finished yet, with how often each was added.
+        self._waiting: dict[Future, int] = {}
+        #: Finished and not yielded yet: futures, or (future, result) pairs.
+        self._ready: deque[Any] = deque()
+        self._condition = threading.Condition()
         self.with_results = with_results
-        self.timeout = timeout
-        for fut in futures:
-            self.add(fut)
+        self.raise_errors = raise_errors
+        self._deadline = None if timeout is None else time.monotonic() + timeout
+        if futures:
+            self.update(futures)
+
+    def update(self, futures: Iterable[Future]) -> None:
+        """Add several futures; each is yielded once it finishes."""
+        added = list(futures)
+        for fut in added:
+            if not isinstance(fut, Future):
+                raise TypeError(f"as_completed takes futures, not {type(fut).__name__}: {fut!r}")
+        with self._condition:
+            for fut in added:
+                self._waiting[fut] = self._waiting.get(fut, 0) + 1
+        for fut in added:
+            fut.add_done_callback(self._finished)
 
     def add(self, future: Future) -> None:
-        with self._lock:
-            self._pending += 1
-        future.add_done_callback(self._queue.put)
+        """Add one future; it is yielded once it finishes."""
+        self.update((future,))
+
+    def _finished(self, future: Future) -> None:
+        # On the client's callback thread (or the caller's, if already done), so
+        # fetching the result here never blocks the iterating thread's order.
+        item: Any = future
+        if self.with_results:
+            item = (future, _outcome(future))
+        with self._condition:
+            count = self._waiting.get(future)
+            if count is None:
+                return  # cleared meanwhile
+            if count > 1:
+                self._waiting[future] = count - 1
+            else:
+                del self._waiting[future]
+            self._ready.append(item)
+            self._condition.notify_all()
 
     def count(self) -> int:
-        """Futures not yielded yet."""
-        return self._pending
+        """Futures not yielded yet: still running, or finished and waiting here."""
+        with self._condition:
+            return sum(self._waiting.values()) + len(self._ready)
 
     def is_empty(self) -> bool:
-        return self._pending == 0
+        """Nothing left to yield, now or later."""
+        return self.count() == 0
+
+    def has_ready(self) -> bool:
+        """Some finished future waits to be yielded."""
+        return bool(self._ready)
+
+    def clear(self) -> None:
+        """Forget every future, finished or not."""
+        with self._condition:
+            self._waiting.clear()
+            self._ready.clear()
 
     def __iter__(self) -> as_completed:
         return self
 
     def __next__(self) -> Any:
-        with self._lock:
-            if self._pending == 0:
-                raise StopIteration
-        try:
-            fut = self._queue.get(timeout=self.timeout)
-        except queue.Empty:
-            # Still pending: counted, so a later ``next`` can yield it.
-            raise TimeoutError(f"no future finished within {self.timeout}s") from None
-        with self._lock:
-            self._pending -= 1
-        if self.with_results:
-            return fut, fut.result()
-        return fut
+        with self._condition:
+            while not self._ready:
+                if not self._waiting:
+                    raise StopIteration
+                left = None if self._deadline is None else self._deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    # Still counted, so a later ``next`` can yield it.
+                    raise TimeoutError("no future finished within the as_completed timeout")
+                self._condition.wait(left)
+            item = self._ready.popleft()
+        return self._raise_if_failed(item)
+
+    next = __next__
+
+    def _raise_if_failed(self, item: Any) -> Any:
+        if self.with_results and self.raise_errors:
+            future, outcome = item
+            if future.status == ERROR and isinstance(outcome, tuple):
+                raise outcome[1]
+        return item
+
+    def next_batch(self, block: bool = True) -> list[Any]:
+        """Everything finished so far; with ``block``, wait for at least one."""
+        batch = [next(self)] if block else []
+        with self._condition:
+            items, self._ready = list(self._ready), deque()
+        batch.extend(self._raise_if_failed(item) for item in items)
+        return batch
+
+    def batches(self) -> Iterator[list[Any]]:
+        """Lists of futures (or pairs) as they finish, as many at once as are ready."""
+        while True:
+            try:
+                yield self.next_batch(block=True)
+            except StopIteration:
+                return
+
+    def __repr__(self) -> str:
+        return f"<as_completed: waiting={len(self._waiting)} done={len(self._ready)}>"
+
+
+def _outcome(future: Future) -> Any:
+    """What Dask pairs a finished future with: its result, or its failure."""
+    exc = future.exception()
+    if exc is None:
+        return future.result()
+    if future.status == ERROR:
+        return (type(exc), exc, exc.__traceback__)
+    return exc

@@ -1,0 +1,128 @@
+"""``client.get_executor()``: the cluster as a ``concurrent.futures.Executor``.
+
+Code written against the standard library (``executor.submit``, ``executor.map``,
+``concurrent.futures.wait`` and ``as_completed``, ``with executor:``) runs on the
+cluster unchanged. Each call is a task; the keywords given to ``get_executor``
+(resources, priority, retries, workers, pure) apply to every task, as Dask's
+executor applies them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from apportion.client.future import CANCELLED, FINISHED, Future
+
+if TYPE_CHECKING:
+    from apportion.client.client import Client
+
+#: Keywords an executor passes on to every task it submits.
+TASK_KEYWORDS = frozenset(
+    {"pure", "workers", "resources", "allow_other_workers", "retries", "priority"}
+)
+
+
+class ClientExecutor(cf.Executor):
+    """A ``concurrent.futures.Executor`` whose calls run as tasks of one client."""
+
+    def __init__(self, client: Client, **task_keywords: Any) -> None:
+        unknown = set(task_keywords) - TASK_KEYWORDS
+        if unknown:
+            raise TypeError(
+                f"get_executor does not take {sorted(unknown)}; it takes {sorted(TASK_KEYWORDS)}"
+            )
+        self._client = client
+        self._keywords = task_keywords
+        self._futures: weakref.WeakSet[Future] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._shutdown = False
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future[Any]:
+        """Run ``fn(*args, **kwargs)`` as a task; a standard-library future of its result."""
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            future = self._client.submit(fn, *args, **self._keywords, **kwargs)
+            self._futures.add(future)
+        return _wrap(future)
+
+    def map(
+        self,
+        fn: Callable[..., Any],
+        *iterables: Iterable[Any],
+        timeout: float | None = None,
+        chunksize: int = 1,
+        buffersize: int | None = None,
+    ) -> Iterator[Any]:
+        """Results of ``fn`` over the zipped iterables, in order; every task is
+        submitted before the first result is asked for. ``chunksize`` and
+        ``buffersize`` are accepted for the standard signature: the client batches
+        submissions by itself."""
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            futures = self._client.map(fn, *iterables, **self._keywords)
+            self._futures.update(futures)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return self._results(futures, deadline)
+
+    def _results(self, futures: list[Future], deadline: float | None) -> Iterator[Any]:
+        try:
+            for i, future in enumerate(futures):
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    yield future.result(left)
+                except TimeoutError:
+                    raise cf.TimeoutError() from None
+                futures[i] = None  # type: ignore[call-overload]  # let its result go
+        finally:
+            left_over = [f for f in futures if f is not None and not f.done()]
+            if left_over:
+                self._client.cancel(left_over)  # abandoned: as the standard executors do
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """No new submissions; ``wait`` for the submitted tasks to finish, or (with
+        ``cancel_futures`` or ``wait=False``, as Dask's executor) cancel them."""
+        with self._lock:
+            self._shutdown = True
+            futures = list(self._futures)
+        if cancel_futures or not wait:
+            self._client.cancel([f for f in futures if not f.done()])
+            return
+        for future in futures:
+            future._state.event.wait()
+
+
+def _wrap(future: Future) -> cf.Future[Any]:
+    """A standard-library future that follows ``future``; cancelling it cancels the task."""
+    outer: cf.Future[Any] = cf.Future()
+
+    def cancel_task(done: cf.Future[Any]) -> None:
+        if done.cancelled() and not future.done():
+            future.cancel()
+
+    def follow(settled: Future) -> None:
+        if outer.done():
+            return  # cancelled from outside
+        if settled.status == CANCELLED:
+            if outer.cancel():
+                outer.set_running_or_notify_cancel()  # wakes wait() and as_completed()
+            return
+        with contextlib.suppress(cf.InvalidStateError):  # cancelled meanwhile
+            if settled.status == FINISHED:
+                try:
+                    outer.set_result(settled.result())
+                except BaseException as exc:  # the result could not be fetched
+                    outer.set_exception(exc)
+            else:
+                outer.set_exception(settled.exception())
+
+    outer.add_done_callback(cancel_task)
+    future.add_done_callback(follow)
+    return outer

@@ -1,0 +1,195 @@
+"""``progress``: live bars for futures and persisted collections, as Dask draws them.
+
+In a terminal it draws one bar per task group (the key's name without its hash or
+index: ``inc``, ``sum-aggregate``) and returns once every future is done; a stream
+that is not a terminal gets the final bars once, not a redraw per tick. In Jupyter
+(with ipywidgets installed) it returns a widget at once that keeps itself current
+from a background thread, as Dask's does.
+
+Counts come from done-callbacks, not from polling every future, so a bar over
+100,000 futures costs one callback per future and a redraw per tick.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from functools import partial
+from typing import IO, Any
+
+from apportion.client.future import CANCELLED, ERROR, FINISHED, Future
+
+#: Seconds between redraws.
+DEFAULT_INTERVAL = 0.1
+
+_HASHLIKE = re.compile(r"^[0-9a-f]{8,}$")
+
+
+def group_of(key: str) -> str:
+    """The task group a key belongs to: ``"inc-3f2a..."`` -> ``"inc"``,
+    ``"('sum-aggregate-9c1d...', 0)"`` -> ``"sum-aggregate"``."""
+    text = key
+    if text.startswith("("):  # a Dask tuple key, sent as its repr
+        text = text[1:].split(",", 1)[0].strip("'\" ")
+    words = text.split("-")
+    kept = [words[0]]
+    for word in words[1:]:
+        if not word.isalpha() or _HASHLIKE.match(word):
+            break
+        kept.append(word)
+    return "-".join(kept) or "other"
+
+
+def futures_of(obj: Any) -> list[Future]:
+    """Every future in ``obj``: a future, nested lists/tuples/sets/dicts of them, or
+    Dask collections persisted on apportion (their parts are futures)."""
+    found: list[Future] = []
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Future):
+            found.append(item)
+        elif isinstance(item, list | tuple | set | frozenset):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif hasattr(item, "__dask_graph__"):
+            graph = item.__dask_graph__() or {}
+            stack.extend(getattr(v, "value", v) for v in graph.values())
+    seen: set[int] = set()
+    unique = []
+    for fut in reversed(found):  # in the order given
+        if id(fut) not in seen:
+            seen.add(id(fut))
+            unique.append(fut)
+    return unique
+
+
+class Tally:
+    """Done and failed counts per group, kept by done-callbacks from any thread."""
+
+    def __init__(self, futures: Iterable[Future], multi: bool) -> None:
+        self._lock = threading.Lock()
+        self.start = time.monotonic()
+        self.total: dict[str, int] = {}
+        self.done: dict[str, int] = {}
+        self.failed: dict[str, int] = {}
+        self._all_done = threading.Event()
+        self._left = 0
+        self._futures = list(futures)
+        for fut in self._futures:
+            group = group_of(fut.key) if multi else "all"
+            self.total[group] = self.total.get(group, 0) + 1
+            self.done.setdefault(group, 0)
+            self.failed.setdefault(group, 0)
+        self._left = len(self._futures)
+        if not self._left:
+            self._all_done.set()
+        for fut in self._futures:
+            group = group_of(fut.key) if multi else "all"
+            fut.add_done_callback(partial(self._finished, group=group))
+
+    def _finished(self, future: Future, group: str) -> None:
+        with self._lock:
+            if future.status == FINISHED:
+                self.done[group] += 1
+            elif future.status in (ERROR, CANCELLED):
+                self.failed[group] += 1
+            else:
+                self.done[group] += 1  # lost: settled all the same
+            self._left -= 1
+            if self._left <= 0:
+                self._all_done.set()
+
+    def wait(self, timeout: float) -> bool:
+        return self._all_done.wait(timeout)
+
+    @property
+    def finished(self) -> bool:
+        return self._all_done.is_set()
+
+    def rows(self) -> list[tuple[str, int, int, int]]:
+        """``(group, done, failed, total)`` per group, in first-seen order."""
+        with self._lock:
+            return [(g, self.done[g], self.failed[g], t) for g, t in self.total.items()]
+
+
+def render(rows: list[tuple[str, int, int, int]], elapsed: float, width: int = 40) -> list[str]:
+    """The text bars: ``[####      ] | 40% Completed | inc 4/10 | 1.2s``."""
+    name_width = max((len(g) for g, *_ in rows), default=0)
+    lines = []
+    for group, done, failed, total in rows:
+        settled = done + failed
+        fraction = settled / total if total else 1.0
+        filled = round(fraction * width)
+        state = "Completed" if settled == total else "Running"
+        if failed:
+            state += f", {failed} failed"
+        lines.append(
+            f"[{'#' * filled}{' ' * (width - filled)}] | {fraction:4.0%} {state} | "
+            f"{group:<{name_width}} {settled}/{total} | {elapsed:5.1f}s"
+        )
+    return lines
+
+
+def _in_notebook() -> bool:
+    """Running inside a Jupyter kernel, with ipywidgets available to draw in."""
+    shell = sys.modules.get("IPython")
+    if shell is None:
+        return False
+    ipython = getattr(shell, "get_ipython", lambda: None)()
+    if ipython is None or "IPKernelApp" not in getattr(ipython, "config", {}):
+        return False
+    return importlib.util.find_spec("ipywidgets") is not None
+
+
+def progress(
+    *futures: Any,
+    notebook: bool | None = None,
+    multi: bool = True,
+    complete: bool = True,
+    interval: float = DEFAULT_INTERVAL,
+    file: IO[str] | None = None,
+    width: int = 40,
+    **kwargs: Any,
+) -> Any:
+    """Show progress of futures or persisted collections until they are all done.
+
+    ``multi=True`` (the default) draws a bar per task group, ``multi=False`` one
+    bar for everything. In a terminal it blocks until done and returns None; in
+    Jupyter (``notebook=None`` guesses, ``notebook=False`` forces text) it returns
+    a widget at once. ``complete`` is accepted for Dask's signature: finished
+    futures are always counted. A collection that was not persisted has no futures
+    to follow: persist it first (``x = client.persist(x)``).
+    """
+    tracked = futures_of(list(futures))
+    tally = Tally(tracked, multi)
+    if notebook is None:
+        notebook = _in_notebook()
+    if notebook:
+        from apportion.client.progress_widget import ProgressWidget
+
+        return ProgressWidget(tally, interval)
+    out = file if file is not None else sys.stdout
+    _draw_text(tally, out, interval, width)
+    return None
+
+
+def _draw_text(tally: Tally, out: IO[str], interval: float, width: int) -> None:
+    live = bool(getattr(out, "isatty", lambda: False)())
+    drawn = 0
+    while True:
+        finished = tally.wait(interval)
+        if live or finished:
+            lines = render(tally.rows(), time.monotonic() - tally.start, width)
+            if drawn:
+                out.write(f"\x1b[{drawn}F")  # back to the first line of the last drawing
+            out.write("".join(f"\x1b[2K{line}\n" if live else f"{line}\n" for line in lines))
+            out.flush()
+            drawn = len(lines)
+        if finished:
+            return
