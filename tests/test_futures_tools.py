@@ -218,3 +218,32 @@ def test_executor_map_timeout_and_cancel(client: Client, tmp_path: Any) -> None:
     stop.start()
     executor.shutdown(wait=True)
     stop.join()
+
+
+def test_progress_in_a_notebook_returns_a_widget_that_follows(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+    import types
+
+    class Widget:
+        def __init__(self, children: Any = (), **kwargs: Any) -> None:
+            self.children = list(children)
+            self.value: Any = 0
+            self.bar_style = ""
+            self.__dict__.update(kwargs)
+
+    fake = types.ModuleType("ipywidgets")
+    fake.IntProgress = fake.HTML = fake.HBox = fake.VBox = Widget  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "ipywidgets", fake)
+    sys.modules.pop("apportion.client.progress_widget", None)
+    futures = client.map(slow_inc, range(4), delay=0.1)
+    shown = progress(futures, notebook=True, interval=0.01)
+    assert not all(f.done() for f in futures)  # returned at once, as Dask's widget does
+    bar, label = shown._bars["slow_inc"]
+    assert bar.max == 4
+    deadline = time.monotonic() + 10
+    while bar.value < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert bar.value == 4 and bar.bar_style == "success" and "4 / 4" in label.value
+    sys.modules.pop("apportion.client.progress_widget", None)
