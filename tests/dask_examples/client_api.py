@@ -4,7 +4,6 @@ import json
 import logging
 import os
 import pathlib
-import sys
 import tempfile
 import time
 
