@@ -101,7 +101,6 @@ class Scheduler(BackgroundService):
         port = self._server.sockets[0].getsockname()[1]
         self.address = format_address(self.host, port)
         self.state.identity = {"id": self.id, "address": self.address}
-        self.logs.attach()
         self.state.remote.versions = versions()
         self.state.remote.logs = lambda n: [list(r) for r in self.logs.recent(n)]
         if self._journal is not None:
@@ -114,6 +113,7 @@ class Scheduler(BackgroundService):
             self.queue = RunQueue(self._journal, self, self._queue_options)
             self.queue.start(time.monotonic(), time.time())
             logger.info("serving the run journal %s", self._journal.path)
+        self.logs.attach()
         self._ticker = asyncio.create_task(self._tick(), name="scheduler-tick")
         logger.info("scheduler listening at %s", self.address)
         return self

@@ -208,6 +208,7 @@ class RemoteCallRunner:
             with open(path, "wb") as f:
                 f.write(data)
             self.uploads[filename] = data
+            importlib.invalidate_caches()  # a new file in a directory already listed
         if load and not unchanged:
             import_file(path)
         return {"status": "OK", "nbytes": len(data)}
