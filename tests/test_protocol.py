@@ -78,6 +78,19 @@ SAMPLES: list[m.Message] = [
     m.QueryRuns(13, [7]),
     m.CancelRuns(14, [7]),
     m.RunsReport(13, [{"id": 7, "state": "running"}]),
+    # code run on workers outside tasks
+    m.RunOnWorkers(15, b"call", ["w", "tcp://h:1"]),
+    m.InstallOnWorkers(16, "upload", "mod.py", b"X = 1", 1, 1),
+    m.UninstallFromWorkers(17, "plugin-a"),
+    m.WorkersAnswered(15, {"tcp://h:1": ["ok", b"v", b""]}, ""),
+    m.RunCall(3, b"call"),
+    m.Install(4, "plugin", "plugin-a", b"p", 0),
+    m.Uninstall(5, "plugin-a"),
+    m.CallAnswered(3, "error", b"exc", b"tb"),
+    m.VersionsRequest(18),
+    m.VersionsReply(18, {"packages": {"python": "3.11.2"}}),
+    m.LogsRequest(19, 0),
+    m.LogsReply(19, [["WARNING", "something"]]),
 ]
 
 

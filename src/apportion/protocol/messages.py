@@ -540,3 +540,117 @@ class RunsReport(Message):
 
     request_id: int
     runs: list[dict[str, Any]]
+
+
+# --- code run on workers outside tasks ---------------------------------------------
+
+#: ``request_id`` of a call nobody waits for (``run(wait=False)``, the uploads and
+#: plugins replayed to a worker that joins): its answers are dropped, not relayed.
+NO_REPLY = 0
+
+
+@message
+class RunOnWorkers(Message):
+    """Client -> scheduler: run a pickled ``(function, args, kwargs)`` on workers."""
+
+    request_id: int
+    call: bytes
+    workers: list[str]  #: names or addresses; empty: every worker
+
+
+@message
+class InstallOnWorkers(Message):
+    """Client -> scheduler: a file or a worker plugin for every worker, present and future.
+
+    The scheduler keeps ``blob`` (bounded) and replays it to each worker that joins.
+    """
+
+    request_id: int
+    kind: str  #: "upload" (``name`` is the file name) or "plugin"
+    name: str
+    blob: bytes  #: the file's bytes, or the pickled plugin
+    load: int  #: uploads: 1 imports (or reloads) what the file holds
+    replace: int  #: 0: keep an install of the same name instead (Dask's ``idempotent``)
+
+
+@message
+class UninstallFromWorkers(Message):
+    """Client -> scheduler: remove a worker plugin everywhere (its ``teardown`` runs)."""
+
+    request_id: int
+    name: str
+
+
+@message
+class WorkersAnswered(Message):
+    """Scheduler -> client: each worker's answer to a call, install or uninstall."""
+
+    request_id: int
+    #: worker address -> [status, value, traceback]; status "ok" (value: pickled
+    #: result), "error" (value: pickled exception) or "lost" (value: why, as text).
+    results: dict[str, list[Any]]
+    error: str  #: non-empty when the scheduler refused the request as a whole
+
+
+@message
+class RunCall(Message):
+    """Scheduler -> worker: run this pickled call outside the task threads."""
+
+    request_id: int
+    call: bytes
+
+
+@message
+class Install(Message):
+    """Scheduler -> worker: write (and load) an uploaded file, or set up a plugin."""
+
+    request_id: int
+    kind: str
+    name: str
+    blob: bytes
+    load: int
+
+
+@message
+class Uninstall(Message):
+    """Scheduler -> worker: tear down and forget the plugin ``name``."""
+
+    request_id: int
+    name: str
+
+
+@message
+class CallAnswered(Message):
+    """Worker -> scheduler: how a ``RunCall``, ``Install`` or ``Uninstall`` went."""
+
+    request_id: int
+    status: str  #: "ok" or "error"
+    value: bytes  #: pickled result, or pickled exception
+    traceback: bytes  #: pickled traceback of an error (empty when ok)
+
+
+@message
+class VersionsRequest(Message):
+    """Client -> scheduler: the scheduler's Python and package versions."""
+
+    request_id: int
+
+
+@message
+class VersionsReply(Message):
+    request_id: int
+    versions: dict[str, Any]
+
+
+@message
+class LogsRequest(Message):
+    """Client -> scheduler: the scheduler's most recent log records (``n`` <= 0: all kept)."""
+
+    request_id: int
+    n: int
+
+
+@message
+class LogsReply(Message):
+    request_id: int
+    records: list[list[str]]  #: [level name, formatted message], oldest first

@@ -10,6 +10,7 @@ from collections import Counter
 
 from apportion.core.resources import SCALE
 from apportion.scheduler.records import ERRED, MEMORY, PROCESSING, QUEUED, RELEASED, WAITING
+from apportion.scheduler.remote_calls import check_book
 from apportion.scheduler.state import SchedulerState
 
 
@@ -19,6 +20,7 @@ def check_invariants(state: SchedulerState) -> None:
     _check_units(state)
     _check_tasks(state)
     _check_reservations(state)
+    check_book(state)
 
 
 def _check_ledger(state: SchedulerState) -> None:

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from apportion.log_ring import LogRing
 from apportion.loop_thread import BackgroundService
 from apportion.net.address import DEFAULT_PORT, format_address
 from apportion.net.connection import Connection, ConnectionClosed
@@ -43,6 +44,7 @@ from apportion.scheduler.events import (
     WorkerLeft,
 )
 from apportion.scheduler.state import SchedulerConfig, SchedulerState
+from apportion.versions import versions
 
 logger = logging.getLogger("apportion.scheduler")
 
@@ -87,6 +89,8 @@ class Scheduler(BackgroundService):
         self._queue_options = queue_options or QueueOptions()
         #: The job queue, when this scheduler serves a journal of command runs.
         self.queue: RunQueue | None = None
+        #: Recent records of the scheduler's loggers (``client.get_scheduler_logs``).
+        self.logs = LogRing(only=("apportion.scheduler", "apportion.runs"))
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -97,6 +101,8 @@ class Scheduler(BackgroundService):
         port = self._server.sockets[0].getsockname()[1]
         self.address = format_address(self.host, port)
         self.state.identity = {"id": self.id, "address": self.address}
+        self.state.remote.versions = versions()
+        self.state.remote.logs = lambda n: [list(r) for r in self.logs.recent(n)]
         if self._journal is not None:
             try:
                 self._journal.claim(self.address)
@@ -107,6 +113,7 @@ class Scheduler(BackgroundService):
             self.queue = RunQueue(self._journal, self, self._queue_options)
             self.queue.start(time.monotonic(), time.time())
             logger.info("serving the run journal %s", self._journal.path)
+        self.logs.attach()
         self._ticker = asyncio.create_task(self._tick(), name="scheduler-tick")
         logger.info("scheduler listening at %s", self.address)
         return self
@@ -132,6 +139,7 @@ class Scheduler(BackgroundService):
         self._conns.clear()
         if self._journal is not None and self.queue is not None:
             self._journal.release()
+        self.logs.detach()
         if self._closed is not None:
             self._closed.set()
 

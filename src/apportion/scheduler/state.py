@@ -36,7 +36,7 @@ from apportion.core.resources import (
     to_units,
 )
 from apportion.protocol import messages as m
-from apportion.scheduler import client_requests, drain, relay, worker_reports
+from apportion.scheduler import client_requests, drain, relay, remote_calls, worker_reports
 from apportion.scheduler.events import (
     AdoptRunning,
     ClientJoined,
@@ -128,6 +128,7 @@ class SchedulerState:
         #: Identity shown in ``scheduler_info`` (set by the service).
         self.identity: dict[str, Any] = {}
         self.relays = relay.RelayBook()
+        self.remote = remote_calls.RemoteBook()
         self.now = 0.0
         self._seq = 0
         self._out: list[Command] = []
@@ -462,6 +463,7 @@ class SchedulerState:
         if client is not None:
             client_requests.release(self, client, list(client.wanted))
         self.relays.drop_client(self, event.client_id)
+        self.remote.drop_client(event.client_id)
 
     def _on_worker_joined(self, event: WorkerJoined, _: None) -> None:
         reg = event.registration
@@ -496,6 +498,7 @@ class SchedulerState:
         self.notified.clear()
         self.placement_due = True
         self.relays.worker_joined(self)
+        remote_calls.worker_joined(self, event.worker_id)
 
     def _on_worker_left(self, event: WorkerLeft, _: None) -> None:
         self._remove_worker(event.worker_id, "its connection closed")
@@ -565,6 +568,7 @@ class SchedulerState:
             if held is not None and held.state == MEMORY and held.worker == worker.id:
                 self.lose_result(held, f"its result was on worker {worker.name}, which left")
         self.relays.worker_left(self, worker.id)
+        remote_calls.worker_left(self, worker.id, how)
         for other in self.workers.values():
             drain.check(self, other)  # a draining worker may wait for nobody now
         self.satisfiable_cache.clear()
@@ -786,6 +790,11 @@ CLIENT_HANDLERS: dict[type[m.Message], Callable[[SchedulerState, ClientRecord, A
     m.InfoRequest: client_requests.info,
     m.StoryRequest: client_requests.story,
     m.DumpRequest: client_requests.dump,
+    m.RunOnWorkers: remote_calls.run,
+    m.InstallOnWorkers: remote_calls.install,
+    m.UninstallFromWorkers: remote_calls.uninstall,
+    m.VersionsRequest: remote_calls.versions,
+    m.LogsRequest: remote_calls.logs,
 }
 
 WORKER_HANDLERS: dict[type[m.Message], Callable[[SchedulerState, WorkerRecord, Any], None]] = {
@@ -798,6 +807,7 @@ WORKER_HANDLERS: dict[type[m.Message], Callable[[SchedulerState, WorkerRecord, A
     m.Heartbeat: worker_reports.heartbeat,
     m.DataReply: relay.data_reply,
     m.DataStored: relay.data_stored,
+    m.CallAnswered: remote_calls.call_answered,
 }
 
 

@@ -41,11 +41,14 @@ from apportion.protocol.messages import (
     FreeKeys,
     GetData,
     Heartbeat,
+    Install,
     LoadFunction,
     Message,
     PutData,
     RegisterWorker,
+    RunCall,
     RunOutput,
+    Uninstall,
     WorkerClosing,
     WorkerDraining,
 )
@@ -69,6 +72,7 @@ from apportion.worker.events import (
 )
 from apportion.worker.execution import Finished, Outcome, TaskRunner, type_name
 from apportion.worker.peers import PeerPool
+from apportion.worker.remote_calls import RemoteCallRunner
 from apportion.worker.sizeof import sizeof
 from apportion.worker.state import WorkerState
 
@@ -164,6 +168,8 @@ class Worker(BackgroundService):
         self._from_threads_lock = threading.Lock()
         self._unsent_bytes = 0
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: ``client.run`` calls, uploads, plugins and the log ring of this worker.
+        self.remote_calls = RemoteCallRunner(self)
 
     # --- lifecycle ----------------------------------------------------------------
 
@@ -173,6 +179,7 @@ class Worker(BackgroundService):
             raise RuntimeError(f"worker {self.name} was already started")
         self._started = True
         self._loop = asyncio.get_running_loop()
+        self.remote_calls.start()
         try:
             self.address = await self._server.start()
             self.state.address = self.address
@@ -203,6 +210,7 @@ class Worker(BackgroundService):
             await self._cancel_tasks(self._receiver, *self._fetches)
             if self._runner is not None:
                 self._runner.close()
+            await self.remote_calls.close()
             if self.live_runs.ids():
                 if self._scheduler is not None:
                     # Leaving, not lost: heartbeats go on while the runs are stopped, so
@@ -459,6 +467,8 @@ class Worker(BackgroundService):
                     runs = [run_id_of(key) for key in message.keys]
                     self.live_runs.cancel([r for r in runs if r is not None])
                     events.append(FreeArrived(tuple(message.keys), now))
+                case RunCall() | Install() | Uninstall():
+                    self.remote_calls.handle(message)
                 case DrainDone():
                     self._drained.set()
                 case PutData():

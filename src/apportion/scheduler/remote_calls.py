@@ -1,0 +1,247 @@
+"""Code run on workers outside tasks: relayed calls, kept uploads and plugins, facts.
+
+The scheduler runs no user code and unpickles no payload (DESIGN.md): a client's
+``run`` arrives as opaque bytes, goes to each chosen worker as one ``RunCall``, and
+the answers are collected in a ``RemoteBook`` entry until every worker has answered;
+a worker that leaves first answers "lost", so a call never waits for the dead.
+
+Uploaded files and worker plugins are kept here (as bytes, bounded in total) and
+replayed in the order they came to every worker that joins, so that a worker
+started later can import an upload as the first ones can.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from apportion.protocol import messages as m
+from apportion.scheduler.records import ClientRecord, WorkerRecord
+
+if TYPE_CHECKING:
+    from apportion.scheduler.state import SchedulerState
+
+#: Largest upload or pickled plugin accepted, in bytes.
+MAX_INSTALL_BYTES = 64 * 2**20
+
+#: Most bytes of uploads and plugins kept for workers that join later.
+MAX_KEPT_BYTES = 256 * 2**20
+
+#: Install kinds a client may ask for.
+KINDS = ("upload", "plugin")
+
+
+@dataclass
+class _Call:
+    client_id: str
+    request_id: int
+    #: worker id -> its address, for the workers that have not answered yet
+    pending: dict[str, str]
+    #: worker address -> [status, value, traceback]
+    results: dict[str, list[Any]] = field(default_factory=dict)
+
+
+@dataclass
+class RemoteBook:
+    """Calls in flight, by the request id the scheduler used towards workers, and
+    what every worker must have installed."""
+
+    calls: dict[int, _Call] = field(default_factory=dict)
+    #: (kind, name) -> the ``Install`` replayed to joining workers, oldest first.
+    kept: dict[tuple[str, str], m.Install] = field(default_factory=dict)
+    #: Total size of the kept blobs; never above ``MAX_KEPT_BYTES``.
+    kept_bytes: int = 0
+    #: This scheduler's Python and package versions (set by the service).
+    versions: dict[str, Any] = field(default_factory=dict)
+    #: Recent log records, newest last, at most ``n`` (``n <= 0``: all); set by the
+    #: service, which owns the logging handler behind it.
+    logs: Callable[[int], list[list[str]]] | None = None
+    next_id: int = 0
+
+    def new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    def drop_client(self, client_id: str) -> None:
+        """A client left: nobody will read its calls' answers."""
+        for rid in [rid for rid, call in self.calls.items() if call.client_id == client_id]:
+            del self.calls[rid]
+
+
+# --- client requests ---------------------------------------------------------------
+
+
+def run(state: SchedulerState, client: ClientRecord, msg: m.RunOnWorkers) -> None:
+    """Send the call to the named workers (every worker when none is named)."""
+    targets, unknown = _targets(state, msg.workers)
+    if unknown:
+        text = "no worker is named or listens at " + ", ".join(map(repr, unknown))
+        _refuse(state, client, msg.request_id, text)
+        return
+    _start(state, client.id, msg.request_id, targets, lambda rid: m.RunCall(rid, msg.call))
+
+
+def install(state: SchedulerState, client: ClientRecord, msg: m.InstallOnWorkers) -> None:
+    """Keep an upload or plugin for workers to come and send it to every worker now."""
+    book = state.remote
+    key = (msg.kind, msg.name)
+    error = ""
+    if msg.kind not in KINDS:
+        error = f"unknown install kind {msg.kind!r}"
+    elif len(msg.blob) > MAX_INSTALL_BYTES:
+        error = (
+            f"{msg.kind} {msg.name!r} is {len(msg.blob):,} bytes; the limit is "
+            f"{MAX_INSTALL_BYTES:,}"
+        )
+    elif key in book.kept and not msg.replace:
+        # Dask's ``idempotent``: what is installed stays; nothing to do anywhere.
+        _reply(state, client.id, msg.request_id, {}, "")
+        return
+    else:
+        old = book.kept.get(key)
+        total = book.kept_bytes - (len(old.blob) if old else 0) + len(msg.blob)
+        if total > MAX_KEPT_BYTES:
+            error = (
+                f"the scheduler keeps at most {MAX_KEPT_BYTES:,} bytes of uploads and "
+                f"plugins; {msg.name!r} would make it {total:,}"
+            )
+    if error:
+        _refuse(state, client, msg.request_id, error)
+        return
+    old = book.kept.pop(key, None)  # popped, so a replaced install moves to the end
+    book.kept_bytes -= len(old.blob) if old else 0
+    book.kept[key] = m.Install(m.NO_REPLY, msg.kind, msg.name, msg.blob, msg.load)
+    book.kept_bytes += len(msg.blob)
+    every = {w.id: w.address for w in state.workers.values()}
+    _start(
+        state,
+        client.id,
+        msg.request_id,
+        every,
+        lambda rid: m.Install(rid, msg.kind, msg.name, msg.blob, msg.load),
+    )
+
+
+def uninstall(state: SchedulerState, client: ClientRecord, msg: m.UninstallFromWorkers) -> None:
+    """Forget a plugin and have every worker tear it down."""
+    old = state.remote.kept.pop(("plugin", msg.name), None)
+    if old is None:
+        _refuse(state, client, msg.request_id, f"no worker plugin named {msg.name!r}")
+        return
+    state.remote.kept_bytes -= len(old.blob)
+    every = {w.id: w.address for w in state.workers.values()}
+    _start(state, client.id, msg.request_id, every, lambda rid: m.Uninstall(rid, msg.name))
+
+
+def versions(state: SchedulerState, client: ClientRecord, msg: m.VersionsRequest) -> None:
+    state.send(client.id, m.VersionsReply(msg.request_id, state.remote.versions))
+
+
+def logs(state: SchedulerState, client: ClientRecord, msg: m.LogsRequest) -> None:
+    recent = state.remote.logs
+    state.send(client.id, m.LogsReply(msg.request_id, recent(msg.n) if recent else []))
+
+
+# --- worker answers and membership -------------------------------------------------
+
+
+def call_answered(state: SchedulerState, worker: WorkerRecord, msg: m.CallAnswered) -> None:
+    call = state.remote.calls.get(msg.request_id)
+    if call is None or worker.id not in call.pending:
+        return  # nobody waits (no reply asked, client gone, or an earlier session's call)
+    address = call.pending.pop(worker.id)
+    call.results[address] = [msg.status, msg.value, msg.traceback]
+    _maybe_finish(state, msg.request_id)
+
+
+def worker_joined(state: SchedulerState, worker_id: str) -> None:
+    """Replay every kept upload and plugin, in the order they came."""
+    for kept in state.remote.kept.values():
+        state.send(worker_id, kept)
+
+
+def worker_left(state: SchedulerState, worker_id: str, how: str) -> None:
+    """The calls waiting for this worker get "lost" for it instead of waiting forever."""
+    for rid, call in list(state.remote.calls.items()):
+        address = call.pending.pop(worker_id, None)
+        if address is not None:
+            text = f"worker {address} left before answering: {how}"
+            call.results[address] = ["lost", text.encode(), b""]
+            _maybe_finish(state, rid)
+
+
+# --- helpers -----------------------------------------------------------------------
+
+
+def _targets(state: SchedulerState, wanted: list[str]) -> tuple[dict[str, str], list[str]]:
+    """worker id -> address for the workers ``wanted`` names (all if empty); unknown names."""
+    if not wanted:
+        return {w.id: w.address for w in state.workers.values()}, []
+    by_name = {w.name: w for w in state.workers.values()}
+    by_address = {w.address: w for w in state.workers.values()}
+    targets: dict[str, str] = {}
+    unknown: list[str] = []
+    for name in wanted:
+        worker = by_address.get(name) or by_name.get(name)
+        if worker is None:
+            unknown.append(name)
+        else:
+            targets[worker.id] = worker.address
+    return targets, unknown
+
+
+def _start(
+    state: SchedulerState,
+    client_id: str,
+    request_id: int,
+    targets: dict[str, str],
+    make: Callable[[int], m.Message],
+) -> None:
+    """Send one message per target; collect the answers if the client waits for them."""
+    if request_id == m.NO_REPLY:
+        for worker_id in targets:
+            state.send(worker_id, make(m.NO_REPLY))
+        return
+    rid = state.remote.new_id()
+    state.remote.calls[rid] = _Call(client_id, request_id, dict(targets))
+    for worker_id in targets:
+        state.send(worker_id, make(rid))
+    _maybe_finish(state, rid)
+
+
+def _maybe_finish(state: SchedulerState, rid: int) -> None:
+    call = state.remote.calls[rid]
+    if not call.pending:
+        del state.remote.calls[rid]
+        _reply(state, call.client_id, call.request_id, call.results, "")
+
+
+def _refuse(state: SchedulerState, client: ClientRecord, request_id: int, text: str) -> None:
+    if request_id == m.NO_REPLY:
+        state.warn(f"client {client.id}: {text}")
+    else:
+        _reply(state, client.id, request_id, {}, text)
+
+
+def _reply(
+    state: SchedulerState,
+    client_id: str,
+    request_id: int,
+    results: dict[str, list[Any]],
+    error: str,
+) -> None:
+    if client_id in state.clients:
+        state.send(client_id, m.WorkersAnswered(request_id, results, error))
+
+
+def check_book(state: SchedulerState) -> None:
+    """Invariants (``check_invariants``): a call waits only for connected workers and
+    for a client still there; the kept size is the sum of what is kept, within bound."""
+    for rid, call in state.remote.calls.items():
+        assert call.pending, f"call {rid} has nobody to wait for but was not answered"
+        gone = set(call.pending) - set(state.workers)
+        assert not gone, f"call {rid} waits for workers that left: {sorted(gone)}"
+        assert call.client_id in state.clients, f"call {rid} is for a client that left"
+    kept = sum(len(install.blob) for install in state.remote.kept.values())
+    assert state.remote.kept_bytes == kept <= MAX_KEPT_BYTES, "kept install bytes drifted"
