@@ -12,6 +12,8 @@ of an indexed pool) and ``task_environment()`` is the environment to start proce
 with, so that they use only those units (``CUDA_VISIBLE_DEVICES=2,3``).
 """
 
+import concurrent.futures
+
 from apportion.client.client import Client
 from apportion.client.errors import (
     FutureCancelledError,
@@ -23,9 +25,10 @@ from apportion.client.errors import (
 )
 from apportion.client.future import Future
 from apportion.client.local import LocalCluster
-from apportion.client.progress import progress
+from apportion.client.progress import futures_of, progress
 from apportion.client.waiting import ALL_COMPLETED, FIRST_COMPLETED, as_completed, wait
 from apportion.core.resources import parse_resources
+from apportion.plugins import WorkerPlugin
 from apportion.scheduler.service import Scheduler
 from apportion.worker.context import (
     get_worker,
@@ -39,12 +42,19 @@ from apportion.worker.service import Worker
 
 __version__ = "0.1.0"
 
+#: Dask's names for the same exceptions, so ``except CancelledError`` and
+#: ``except KilledWorker`` written for Dask catch apportion's failures.
+CancelledError = concurrent.futures.CancelledError
+KilledWorker = WorkerCrashedError
+
 __all__ = [
     "ALL_COMPLETED",
     "FIRST_COMPLETED",
+    "CancelledError",
     "Client",
     "Future",
     "FutureCancelledError",
+    "KilledWorker",
     "LocalCluster",
     "LostDataError",
     "Scheduler",
@@ -53,8 +63,10 @@ __all__ = [
     "UnsatisfiableError",
     "Worker",
     "WorkerCrashedError",
+    "WorkerPlugin",
     "__version__",
     "as_completed",
+    "futures_of",
     "get_worker",
     "parse_resources",
     "progress",

@@ -1,0 +1,45 @@
+"""The public names: all exported, documented, and usable under Dask's names."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import inspect
+from typing import Any
+
+import pytest
+
+import apportion
+from apportion import Client, LocalCluster, WorkerPlugin
+
+
+def test_every_exported_name_exists_and_is_documented() -> None:
+    for name in apportion.__all__:
+        obj = getattr(apportion, name)
+        if inspect.isclass(obj) or inspect.isfunction(obj):
+            assert inspect.getdoc(obj), f"apportion.{name} has no docstring"
+
+
+def test_dask_exception_names_catch_apportion_failures() -> None:
+    assert apportion.CancelledError is concurrent.futures.CancelledError
+    assert issubclass(apportion.FutureCancelledError, apportion.CancelledError)
+    with pytest.raises(apportion.KilledWorker):
+        raise apportion.WorkerCrashedError("died three times")
+
+
+class Marker(WorkerPlugin):
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def setup(self, worker: Any) -> None:
+        worker.marked = True
+
+
+def is_marked(dask_worker: Any) -> bool:
+    return getattr(dask_worker, "marked", False)
+
+
+def test_a_worker_plugin_subclass_is_installed_on_every_worker() -> None:
+    with LocalCluster(n_workers=2, processes=False) as cluster, Client(cluster) as client:
+        client.register_plugin(Marker(), name="marker")
+        assert set(client.run(is_marked).values()) == {True}
+        assert WorkerPlugin().setup(None) is None  # the base hooks do nothing
