@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import operator
+import os
 import pickle
 import signal
 import threading
@@ -123,9 +124,9 @@ def test_dask_compute_runs_on_the_open_client_and_not_after(cluster: LocalCluste
             on_gpu = db.from_sequence(range(2), npartitions=2).map(resources_held)
         # Only a task on an apportion worker sees task_resources() at all.
         assert bag.compute() == [{}] * 6
-        # Dask's own compute fuses tasks and drops annotations on the way unless
-        # told not to optimise; client.compute keeps them either way.
-        assert dask.compute(on_gpu, optimize_graph=False)[0] == [{"GPU": 1.0}] * 2
+        # Dask's own compute keeps annotations with its optimisation on or off.
+        assert dask.compute(on_gpu)[0] == [{"GPU": 1.0}] * 2
+        assert on_gpu.compute(optimize_graph=False) == [{"GPU": 1.0}] * 2
         assert client.compute(on_gpu, sync=True) == [{"GPU": 1.0}] * 2
         assert dask.compute(bag.count(), scheduler=client.get) == (6,)
         wait_until_empty(client)  # nothing left behind once Dask dropped its futures
@@ -364,3 +365,29 @@ def test_demands_by_key_written_as_text_are_told_from_one_demand(client: Client)
     assert client.compute(parts[0], resources=by_key, sync=True) == {"GPU": 1.0}
     with pytest.warns(UserWarning, match="name none of this graph's"):
         assert client.compute(parts[1], resources=by_key, sync=True) == {}
+
+
+def test_dasks_own_compute_and_persist_keep_annotated_blocks_on_the_gpu_worker() -> None:
+    # Dask's low-level fusion would rename the annotated blocks into fused tasks with
+    # no annotation, free to run on either worker.
+    def block_of_pids(block: Any) -> Any:  # local: travels by value to the processes
+        return np.full_like(block, os.getpid())
+
+    shape = [{"name": "gpu", "nthreads": 2, "resources": "GPU=1"}, {"name": "cpu", "nthreads": 2}]
+    with LocalCluster(workers=shape) as cluster, Client(cluster):
+        gpu_pid = dask.delayed(os.getpid)().compute(resources={"GPU": 1})
+        pids = {p.pid for p in cluster._procs}
+        assert gpu_pid in pids and len(pids) == 2
+        x = da.from_array(np.arange(256).reshape(16, 16), chunks=4)  # 16 blocks
+        with dask.annotate(resources={"GPU": 1}):
+            y = x.map_blocks(block_of_pids, dtype=int)
+        z = (y * 1).T  # unannotated NumPy work after the annotated blocks
+        assert set(np.unique(z.compute())) == {gpu_pid}
+        (computed,) = dask.compute(z)
+        assert set(np.unique(computed)) == {gpu_pid}
+        persisted = z.persist()
+        assert set(np.unique(persisted.compute())) == {gpu_pid}
+        # The unannotated blocks still run anywhere: Dask's optimisation stays on for them.
+        spread = x.map_blocks(block_of_pids, dtype=int).compute()
+        assert set(np.unique(spread)) <= pids
+
