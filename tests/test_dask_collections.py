@@ -7,6 +7,8 @@ import operator
 import os
 import pickle
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -391,3 +393,27 @@ def test_dasks_own_compute_and_persist_keep_annotated_blocks_on_the_gpu_worker()
         spread = x.map_blocks(block_of_pids, dtype=int).compute()
         assert set(np.unique(spread)) <= pids
 
+
+CLIENT_BEFORE_DASK = """
+import sys
+from apportion import Client, LocalCluster, task_resources
+assert "dask" not in sys.modules, "apportion imported Dask"
+with LocalCluster(workers=[{"nthreads": 1}], processes=False) as cluster, Client(cluster):
+    import dask  # after the client: it still becomes Dask's scheduler
+    import dask.bag as db
+    # task_resources() raises anywhere but in a task on an apportion worker.
+    assert dask.delayed(task_resources)().compute() == {}
+    assert db.from_sequence(range(4), npartitions=2).map(lambda i: i * 2).sum().compute() == 12
+    assert dask.__spec__.loader is dask.__loader__ and type(dask.__loader__).__module__ != __name__
+    assert not any("dask_default" in type(f).__module__ for f in sys.meta_path)
+assert dask.config.get("scheduler", None) is None  # closed: Dask's own schedulers again
+print("ran on apportion")
+"""
+
+
+def test_a_client_made_before_dask_is_imported_becomes_dasks_scheduler() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", CLIENT_BEFORE_DASK], capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ran on apportion"
