@@ -398,11 +398,15 @@ CLIENT_BEFORE_DASK = """
 import sys
 from apportion import Client, LocalCluster, task_resources
 assert "dask" not in sys.modules, "apportion imported Dask"
-with LocalCluster(workers=[{"nthreads": 1}], processes=False) as cluster, Client(cluster):
+with LocalCluster(1, 1, processes=False) as cluster, Client(cluster):
+    # Dask's variable is read without loading Dask.
+    assert cluster.specs[0]["resources"] == {"GPU": 10000}, cluster.specs
+    assert "dask" not in sys.modules, "the cluster or client imported Dask"
     import dask  # after the client: it still becomes Dask's scheduler
     import dask.bag as db
     # task_resources() raises anywhere but in a task on an apportion worker.
-    assert dask.delayed(task_resources)().compute() == {}
+    with dask.annotate(resources={"GPU": 1}):
+        assert dask.delayed(task_resources)().compute() == {"GPU": 1.0}
     assert db.from_sequence(range(4), npartitions=2).map(lambda i: i * 2).sum().compute() == 12
     assert dask.__spec__.loader is dask.__loader__ and type(dask.__loader__).__module__ != __name__
     assert not any("dask_default" in type(f).__module__ for f in sys.meta_path)
@@ -412,8 +416,13 @@ print("ran on apportion")
 
 
 def test_a_client_made_before_dask_is_imported_becomes_dasks_scheduler() -> None:
+    env = {**os.environ, "DASK_DISTRIBUTED__WORKER__RESOURCES__GPU": "1"}
     done = subprocess.run(
-        [sys.executable, "-c", CLIENT_BEFORE_DASK], capture_output=True, text=True, timeout=30
+        [sys.executable, "-c", CLIENT_BEFORE_DASK],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ran on apportion"
