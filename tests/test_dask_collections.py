@@ -135,6 +135,20 @@ def test_dask_compute_runs_on_the_open_client_and_not_after(cluster: LocalCluste
     assert dask.config.get("scheduler", None) == before
 
 
+def test_dasks_own_compute_keeps_annotations_where_its_optimisers_fuse(client: Client) -> None:
+    with dask.annotate(resources={"GPU": 1}):
+        held = delayed(resources_held)(delayed(operator.add)(1, 2))
+        on_gpu = db.from_sequence(range(4), npartitions=2).map(resources_held)
+    chain = delayed(dict)(held)  # unannotated, after the annotated call: fused with it
+    # Linear fusion of delayed calls is Dask's option; a bag's optimiser always fuses.
+    with dask.config.set({"optimization.fuse.delayed": True}):
+        assert chain.compute() == {"GPU": 1.0}
+    assert on_gpu.map(dict).compute() == [{"GPU": 1.0}] * 4
+    assert dask.compute(chain, on_gpu.count()) == ({"GPU": 1.0}, 4)
+    plain = db.from_sequence(range(4), npartitions=2).map(resources_held)
+    assert plain.compute() == [{}] * 4
+
+
 def test_annotations_set_resources_and_retries_per_task(client: Client) -> None:
     with dask.annotate(resources={"GPU": 1}):
         held = delayed(resources_held)()

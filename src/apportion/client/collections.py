@@ -162,9 +162,9 @@ def _optimised_keeping_annotations(part: Any) -> Any:
         return hlg
     if not _annotated_layers(hlg):
         return optimizer(hlg, keys)
-    with dask.config.set({"optimization.fuse.active": False}):
+    with dask.config.set({"optimization.fuse.active": False, "optimization.fuse.delayed": False}):
         optimised = optimizer(hlg, keys)
-    if isinstance(optimised, HighLevelGraph):
+    if isinstance(optimised, HighLevelGraph) and _annotated_layers(optimised):
         return optimised
     # This optimiser fuses whatever the configuration says (a bag's does): the
     # annotations outrank it, so the graph is only culled.
