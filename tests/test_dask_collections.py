@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import collections
 import operator
+import os
 import pickle
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -123,13 +126,27 @@ def test_dask_compute_runs_on_the_open_client_and_not_after(cluster: LocalCluste
             on_gpu = db.from_sequence(range(2), npartitions=2).map(resources_held)
         # Only a task on an apportion worker sees task_resources() at all.
         assert bag.compute() == [{}] * 6
-        # Dask's own compute fuses tasks and drops annotations on the way unless
-        # told not to optimise; client.compute keeps them either way.
-        assert dask.compute(on_gpu, optimize_graph=False)[0] == [{"GPU": 1.0}] * 2
+        # Dask's own compute keeps annotations with its optimisation on or off.
+        assert dask.compute(on_gpu)[0] == [{"GPU": 1.0}] * 2
+        assert on_gpu.compute(optimize_graph=False) == [{"GPU": 1.0}] * 2
         assert client.compute(on_gpu, sync=True) == [{"GPU": 1.0}] * 2
         assert dask.compute(bag.count(), scheduler=client.get) == (6,)
         wait_until_empty(client)  # nothing left behind once Dask dropped its futures
     assert dask.config.get("scheduler", None) == before
+
+
+def test_dasks_own_compute_keeps_annotations_where_its_optimisers_fuse(client: Client) -> None:
+    with dask.annotate(resources={"GPU": 1}):
+        held = delayed(resources_held)(delayed(operator.add)(1, 2))
+        on_gpu = db.from_sequence(range(4), npartitions=2).map(resources_held)
+    chain = delayed(dict)(held)  # unannotated, after the annotated call: fused with it
+    # Linear fusion of delayed calls is Dask's option; a bag's optimiser always fuses.
+    with dask.config.set({"optimization.fuse.delayed": True}):
+        assert chain.compute() == {"GPU": 1.0}
+    assert on_gpu.map(dict).compute() == [{"GPU": 1.0}] * 4
+    assert dask.compute(chain, on_gpu.count()) == ({"GPU": 1.0}, 4)
+    plain = db.from_sequence(range(4), npartitions=2).map(resources_held)
+    assert plain.compute() == [{}] * 4
 
 
 def test_annotations_set_resources_and_retries_per_task(client: Client) -> None:
@@ -364,3 +381,62 @@ def test_demands_by_key_written_as_text_are_told_from_one_demand(client: Client)
     assert client.compute(parts[0], resources=by_key, sync=True) == {"GPU": 1.0}
     with pytest.warns(UserWarning, match="name none of this graph's"):
         assert client.compute(parts[1], resources=by_key, sync=True) == {}
+
+
+def test_dasks_own_compute_and_persist_keep_annotated_blocks_on_the_gpu_worker() -> None:
+    # Dask's low-level fusion would rename the annotated blocks into fused tasks with
+    # no annotation, free to run on either worker.
+    def block_of_pids(block: Any) -> Any:  # local: travels by value to the processes
+        return np.full_like(block, os.getpid())
+
+    shape = [{"name": "gpu", "nthreads": 2, "resources": "GPU=1"}, {"name": "cpu", "nthreads": 2}]
+    with LocalCluster(workers=shape) as cluster, Client(cluster):
+        gpu_pid = dask.delayed(os.getpid)().compute(resources={"GPU": 1})
+        pids = {p.pid for p in cluster._procs}
+        assert gpu_pid in pids and len(pids) == 2
+        x = da.from_array(np.arange(256).reshape(16, 16), chunks=4)  # 16 blocks
+        with dask.annotate(resources={"GPU": 1}):
+            y = x.map_blocks(block_of_pids, dtype=int)
+        z = (y * 1).T  # unannotated NumPy work after the annotated blocks
+        assert set(np.unique(z.compute())) == {gpu_pid}
+        (computed,) = dask.compute(z)
+        assert set(np.unique(computed)) == {gpu_pid}
+        persisted = z.persist()
+        assert set(np.unique(persisted.compute())) == {gpu_pid}
+        # The unannotated blocks still run anywhere: Dask's optimisation stays on for them.
+        spread = x.map_blocks(block_of_pids, dtype=int).compute()
+        assert set(np.unique(spread)) <= pids
+
+
+CLIENT_BEFORE_DASK = """
+import sys
+from apportion import Client, LocalCluster, task_resources
+assert "dask" not in sys.modules, "apportion imported Dask"
+with LocalCluster(1, 1, processes=False) as cluster, Client(cluster):
+    # Dask's variable is read without loading Dask.
+    assert cluster.specs[0]["resources"] == {"GPU": 10000}, cluster.specs
+    assert "dask" not in sys.modules, "the cluster or client imported Dask"
+    import dask  # after the client: it still becomes Dask's scheduler
+    import dask.bag as db
+    # task_resources() raises anywhere but in a task on an apportion worker.
+    with dask.annotate(resources={"GPU": 1}):
+        assert dask.delayed(task_resources)().compute() == {"GPU": 1.0}
+    assert db.from_sequence(range(4), npartitions=2).map(lambda i: i * 2).sum().compute() == 12
+    assert dask.__spec__.loader is dask.__loader__ and type(dask.__loader__).__module__ != __name__
+    assert not any("dask_default" in type(f).__module__ for f in sys.meta_path)
+assert dask.config.get("scheduler", None) is None  # closed: Dask's own schedulers again
+print("ran on apportion")
+"""
+
+
+def test_a_client_made_before_dask_is_imported_becomes_dasks_scheduler() -> None:
+    env = {**os.environ, "DASK_DISTRIBUTED__WORKER__RESOURCES__GPU": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", CLIENT_BEFORE_DASK],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ran on apportion"

@@ -2,9 +2,12 @@
 
 Options come, in order of precedence, from the command line, from their environment
 variable (``APPORTION_RESOURCES``), from ``--config FILE``, then from built-in
-defaults. A resource spec may contain ``auto``, replaced here by what the machine
-has (``apportion.worker.detect``); with ``--nworkers N --split-units`` the supervisor
-deals every indexed pool out across the processes (``apportion.worker.shares``).
+defaults. Resources given by none of these come from Dask's configuration
+(``distributed.worker.resources``, ``apportion.worker.dask_config``), as a Dask
+worker's would; the source used is logged. A resource spec may contain ``auto``,
+replaced here by what the machine has (``apportion.worker.detect``); with
+``--nworkers N --split-units`` the supervisor deals every indexed pool out across the
+processes (``apportion.worker.shares``).
 Either way each worker process receives an explicit ``--resources`` text of its own.
 """
 
@@ -25,6 +28,7 @@ from apportion.cli.errors import fail
 from apportion.cli.logs import configure_logging
 from apportion.core.resources import SCALE, parse_amount, parse_resources
 from apportion.runs.live import DEFAULT_KILL_GRACE
+from apportion.worker.dask_config import dask_worker_resources, log_dask_resources
 from apportion.worker.detect import detect_supply, expand_auto, memory_total, split_auto
 from apportion.worker.shares import split_supply
 from apportion.worker.supervisor import SUPERVISOR_PID_VARIABLE
@@ -57,6 +61,22 @@ def check_resources(ctx: click.Context, param: click.Parameter, value: str | Non
         except ValueError as exc:
             fail(ctx, f"{_resources_origin(ctx)}: {exc}")
     return value
+
+
+def choose_resources(ctx: click.Context, resources: str | None) -> str | None:
+    """apportion's own resources if any of its settings gave them, else Dask's; the
+    source is logged, since a worker offering the wrong pools fails only later."""
+    if resources is not None:
+        logger.info("resources %r from %s", resources, _resources_origin(ctx))
+        return resources
+    try:
+        found = dask_worker_resources(os.environ)
+    except ValueError as exc:
+        fail(ctx, str(exc))
+    if found is None:
+        return None
+    log_dask_resources(found, "worker")
+    return found.spec
 
 
 def resolve_resources(ctx: click.Context, resources: str | None) -> str | None:
@@ -267,7 +287,7 @@ def worker(
         fail(ctx, str(exc))
     settings = WorkerSettings(
         nthreads,
-        resolve_resources(ctx, resources),
+        resolve_resources(ctx, choose_resources(ctx, resources)),
         name,
         host,
         port,

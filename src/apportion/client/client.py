@@ -11,7 +11,6 @@ import contextlib
 import hashlib
 import itertools
 import logging
-import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -56,9 +55,9 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
     """Connect to a scheduler (``Client("tcp://host:8786")``), a ``LocalCluster``,
     or, with no argument, start an embedded local cluster sized to this machine.
 
-    With ``set_as_default`` (the default) and Dask imported before the client is
-    made, Dask's own ``compute`` and ``persist`` run on the newest such client until
-    it is closed.
+    With ``set_as_default`` (the default), Dask's own ``compute`` and ``persist`` run
+    on the newest such client until it is closed, whether Dask was imported before
+    the client was made or after.
     """
 
     #: Dask asks this of a client given as ``scheduler=``: this one blocks.
@@ -108,7 +107,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
             if self._own_cluster is not None:
                 self._own_cluster.close()
             raise
-        self._dask_default = set_as_default and "dask" in sys.modules
+        self._dask_default = set_as_default
         if self._dask_default:
             dask_default.register(self)
 

@@ -103,6 +103,7 @@ def expression_graph(expr: Any) -> tuple[dict[Any, Any], dict[str, dict[Any, Any
     apply to every key the expression's own do not cover."""
     import dask
 
+    expr = _unfused_where_annotated(expr)
     graph = dict(expr.__dask_graph__())
     annotations = {kind: dict(by_key) for kind, by_key in expr.__dask_annotations__().items()}
     for kind, value in dask.get_annotations().items():
@@ -110,3 +111,61 @@ def expression_graph(expr: Any) -> tuple[dict[Any, Any], dict[str, dict[Any, Any
         for key in graph:
             by_key.setdefault(key, value(key) if callable(value) else value)
     return graph, annotations
+
+
+def _unfused_where_annotated(expr: Any) -> Any:
+    """``expr``, its annotated graphs optimised without Dask's low-level fusion.
+
+    ``dask.compute`` optimises the expression before it reaches a scheduler, but a
+    graph built from layers (arrays, bags, delayed) is only rendered, by its
+    collection's optimiser, once the scheduler asks for it. That optimiser's
+    low-level fusion renames tasks and drops their layers' annotations, so a task
+    annotated with a GPU would run without one. Annotated graphs are rendered here
+    with that fusion off; blockwise fusion stays, as it keeps annotations (a fused
+    layer takes the largest demand of the layers it merges). Unannotated graphs are
+    left to Dask's optimiser as they are.
+    """
+    from dask._expr import HLGExpr, _HLGExprSequence
+    from dask.core import flatten
+    from dask.highlevelgraph import HighLevelGraph
+
+    if isinstance(expr, _HLGExprSequence) and all(isinstance(p, HLGExpr) for p in expr.operands):
+        parts = list(expr.operands)
+    elif isinstance(expr, HLGExpr):
+        parts = [expr]
+    else:  # expressions of Dask's own (dataframes) carry their annotations themselves
+        return expr
+    if not any(_annotated_layers(part.hlg) for part in parts):
+        return expr
+    graphs = [_optimised_keeping_annotations(part) for part in parts]
+    keys = list(flatten(expr.__dask_keys__()))
+    # Dask's own rendering of an optimised graph: its keys, its annotations by key.
+    return _HLGExprSequence(HLGExpr(dsk=HighLevelGraph.merge(*graphs), output_keys=keys))
+
+
+def _annotated_layers(hlg: Any) -> bool:
+    return any(
+        layer.annotations and any(kind in layer.annotations for kind in ANNOTATIONS)
+        for layer in hlg.layers.values()
+    )
+
+
+def _optimised_keeping_annotations(part: Any) -> Any:
+    import dask
+    from dask.core import flatten
+    from dask.highlevelgraph import HighLevelGraph
+
+    keys = part.__dask_keys__()
+    hlg = part.hlg
+    optimizer = part.low_level_optimizer
+    if optimizer is None:
+        return hlg
+    if not _annotated_layers(hlg):
+        return optimizer(hlg, keys)
+    with dask.config.set({"optimization.fuse.active": False, "optimization.fuse.delayed": False}):
+        optimised = optimizer(hlg, keys)
+    if isinstance(optimised, HighLevelGraph) and _annotated_layers(optimised):
+        return optimised
+    # This optimiser fuses whatever the configuration says (a bag's does): the
+    # annotations outrank it, so the graph is only culled.
+    return hlg.cull(set(flatten(keys)))

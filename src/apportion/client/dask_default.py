@@ -1,10 +1,12 @@
 """While an apportion client is open, Dask's own ``compute`` and ``persist`` run on it.
 
 As with Dask's client (``set_as_default=True``), the newest open client is Dask's
-scheduler. Only once Dask is imported: a client never imports Dask itself. Dask's
-configuration holds ``get``, a plain function, so the configuration still pickles
-(Dask's process-based clusters copy it) and a forgotten client is still collected;
-the clients themselves are held weakly here.
+scheduler. A client never imports Dask itself: made before Dask is imported, it
+leaves a one-shot import hook that makes the open clients Dask's scheduler the
+moment ``import dask`` completes (a script may well make its client first).
+Dask's configuration holds ``get``, a plain function, so the configuration still
+pickles (Dask's process-based clusters copy it) and a forgotten client is still
+collected; the clients themselves are held weakly here.
 
 Inside a task, Dask's ``compute`` runs on the task's own thread instead: going back
 to the cluster from a worker thread could wait forever for a thread of its own.
@@ -12,9 +14,15 @@ to the cluster from a worker thread could wait forever for a thread of its own.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.abc
+import importlib.util
 import sys
 import threading
 import weakref
+from collections.abc import Sequence
+from importlib.machinery import ModuleSpec
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from apportion.worker.context import in_task
@@ -32,17 +40,67 @@ _lock = threading.RLock()
 
 
 def register(client: Client) -> None:
-    """``client`` is Dask's scheduler from now on, until it closes or a newer one opens."""
+    """``client`` is Dask's scheduler from now on, until it closes or a newer one opens;
+    if Dask is not imported yet, from the moment it is."""
+    with _lock:
+        _clients.append(weakref.ref(client, _forget))
+        if "dask" in sys.modules:
+            _become_default()
+        elif not any(isinstance(finder, _AfterDaskImport) for finder in sys.meta_path):
+            sys.meta_path.insert(0, _AfterDaskImport())
+
+
+def _become_default() -> None:
+    """Tell Dask to use ``get``, once, while some client is open (the lock is held)."""
     global _setting
     dask = sys.modules.get("dask")
-    if dask is None:
+    if _setting is not None or dask is None or current() is None:
         return
+    # Task-based shuffles: Dask's default on one machine writes to local disk,
+    # which workers on other hosts cannot read.
+    _setting = dask.config.set({"scheduler": get, "dataframe.shuffle.method": "tasks"})
+
+
+def _dask_imported() -> None:
     with _lock:
-        if _setting is None:
-            # Task-based shuffles: Dask's default on one machine writes to local disk,
-            # which workers on other hosts cannot read.
-            _setting = dask.config.set({"scheduler": get, "dataframe.shuffle.method": "tasks"})
-        _clients.append(weakref.ref(client, _forget))
+        _become_default()
+
+
+class _AfterDaskImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: wraps the loader of ``dask`` so that ``_dask_imported``
+    runs right after Dask's package has run. Leaves ``sys.meta_path`` at its first use.
+    """
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        if fullname != "dask":
+            return None
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)  # the finders after this one
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _ThenRegister(spec.loader)
+        return spec
+
+
+class _ThenRegister(importlib.abc.Loader):
+    """Runs the real loader, then makes the open clients Dask's scheduler."""
+
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        # Dask's package sees its own loader, as if this one had never been there.
+        module.__loader__ = self.loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+        _dask_imported()
 
 
 def unregister(client: Client) -> None:

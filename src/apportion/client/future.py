@@ -159,6 +159,11 @@ class Future:
         # Inside task arguments a future stands for its result (see core.payload).
         return payload.reduce_reference(self.key)
 
+    def __dask_tokenize__(self) -> tuple[str, str]:
+        """Dask's name for this future in the collections built on it (a persisted
+        dataframe's parts): its key, which names its result on the cluster."""
+        return ("apportion.Future", self.key)
+
     @property
     def status(self) -> str:
         """ "pending", "finished", "error", "cancelled" or "lost"."""

@@ -60,6 +60,7 @@ class LocalCluster:
         default_n, default_threads = _default_shape()
         if workers is None:
             count = default_n if n_workers is None else n_workers
+            resources = _default_resources() if resources is None else resources
             workers = [
                 {"nthreads": threads_per_worker or default_threads, "resources": resources}
             ] * count
@@ -169,6 +170,23 @@ class LocalCluster:
     def __repr__(self) -> str:
         kind = "processes" if self.processes else "in-process"
         return f"<LocalCluster {self.scheduler_address}: {len(self.specs)} workers ({kind})>"
+
+
+def _default_resources() -> ResourceSpec:
+    """Dask's ``distributed.worker.resources`` when ``resources=`` is not given, as
+    Dask's LocalCluster would; per-worker ``workers=[...]`` shapes are taken as written.
+    Dask's configuration is read only if the program imported Dask: never loaded here."""
+    from apportion.worker.dask_config import (
+        dask_worker_resources,
+        log_dask_resources,
+        read_dask_config,
+    )
+
+    found = dask_worker_resources(os.environ, lambda: read_dask_config(import_dask=False))
+    if found is None:
+        return None
+    log_dask_resources(found, "LocalCluster")
+    return found.spec
 
 
 def worker_command(scheduler_address: str, spec: Mapping[str, Any]) -> list[str]:
