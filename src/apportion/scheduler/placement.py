@@ -19,6 +19,12 @@ Rules (documented for users in docs/scheduling.md):
    except, while resource tasks wait, on workers that offer resources.
 5. A task with alternative demands runs with the first that fits somewhere now.
 6. A worker that announced it is closing gets nothing new.
+7. A task restricted to some workers (Dask's ``workers=``) is considered only for
+   those, by rules 1-3 as any task: it queues under its own key (demand plus
+   restriction), so it waits for them without holding up anyone else, and reserves
+   only among them. A loose one (``allow_other_workers``) is restricted the same way
+   while some connected, open named worker could ever hold its demand; when none
+   could, any worker may take it.
 
 Cost: one pass per loop turn, O(started tasks x candidate workers + request kinds),
 never a walk over everything queued.
@@ -38,7 +44,9 @@ from apportion.scheduler.records import (
     Signature,
     TaskRecord,
     WorkerRecord,
+    needs_resources,
     options_of,
+    restriction_of,
 )
 from apportion.scheduler.units import could_hold, pick_units
 from apportion.scheduler.unsatisfiable import fail_or_warn
@@ -59,6 +67,20 @@ def candidates(state: SchedulerState, signature: Signature) -> list[WorkerRecord
     """Workers whose declared supply could ever hold this request."""
     demand = dict(signature)
     return [w for w in state.workers.values() if w.leaving is None and could_hold(w, demand)]
+
+
+def pools(state: SchedulerState, key: QueueKey) -> list[list[WorkerRecord]]:
+    """For each demand of a queue (in order), the open workers that could ever run it,
+    its restriction applied: a loose one falls back to every worker only when no
+    named worker could run any of its demands."""
+    every = [candidates(state, option) for option in options_of(key)]
+    restriction = restriction_of(key)
+    if restriction is None:
+        return every
+    allowed = [[w for w in pool if restriction.allows(w)] for pool in every]
+    if restriction.loose and not any(allowed):
+        return every
+    return allowed
 
 
 def holder_of(state: SchedulerState, worker: WorkerRecord, task: TaskRecord) -> TaskRecord | None:
@@ -155,25 +177,31 @@ def _place_resource_tasks(state: SchedulerState) -> None:
     # No early return when every thread is busy: a blocked head must still take its
     # reservation then, or plain tasks pipelined ahead keep every thread busy forever
     # and the resource task starves behind newer work.
-    pools: dict[Signature, list[WorkerRecord]] = {}
+    known: dict[QueueKey, list[list[WorkerRecord]]] = {}
 
-    def pool_for(sig: Signature) -> list[WorkerRecord]:
-        if sig not in pools:
-            pools[sig] = candidates(state, sig)
-        return pools[sig]
+    def pool_for(key: QueueKey) -> list[list[WorkerRecord]]:
+        if key not in known:
+            known[key] = pools(state, key)
+        return known[key]
 
     # Reservation holders first: they are the oldest of their kind that could not fit.
     for worker in list(state.workers.values()):
         held = state.tasks.get(worker.reserved_by or "")
-        if held is not None and held.state == QUEUED:
-            _start_if_it_fits(state, held, pool_for)
+        if held is None or held.state != QUEUED:
+            continue
+        if held.restriction is not None and all(worker not in p for p in pool_for(held.signature)):
+            # A loose task that fell back here, and one of its named workers is back:
+            # it waits for that one now, so this worker's amounts are not kept for it.
+            state.drop_reservation(held)
+            continue
+        _start_if_it_fits(state, held, pool_for)
     _place_by_age(state, pool_for)
     for sig in [sig for sig, heap in state.ready.items() if not heap]:
         del state.ready[sig]
 
 
 def _place_by_age(
-    state: SchedulerState, pool_for: Callable[[Signature], list[WorkerRecord]]
+    state: SchedulerState, pool_for: Callable[[QueueKey], list[list[WorkerRecord]]]
 ) -> None:
     """Merge the request kinds' queues oldest first; a kind that blocks is done for this pass.
 
@@ -198,26 +226,42 @@ def _place_by_age(
             if nxt is not None:
                 heappush(heads, (nxt.order(), sig))
             continue
-        option = next((o for o in options_of(sig) if pool_for(o)), None)
-        if option is None:
+        found = next(
+            ((o, p) for o, p in zip(options_of(sig), pool_for(sig), strict=True) if p), None
+        )
+        if found is None:
             fail_or_warn(state, sig, heap)
         elif task.reserved_on is None:
+            option, pool = found
             task.resources = dict(option)  # reserve for the first it could ever run with
-            _reserve(state, task, pool_for(option))
+            _reserve(state, task, pool)
 
 
 def _start_if_it_fits(
-    state: SchedulerState, task: TaskRecord, pool_for: Callable[[Signature], list[WorkerRecord]]
+    state: SchedulerState,
+    task: TaskRecord,
+    pool_for: Callable[[QueueKey], list[list[WorkerRecord]]],
 ) -> bool:
     """Assign ``task`` with the first of its demands that fits somewhere now."""
-    for option in options_of(task.signature):
+    for option, pool in zip(options_of(task.signature), pool_for(task.signature), strict=True):
         demand = dict(option) if task.variants else task.resources
-        target = best_worker(state, task, pool_for(option), demand)
+        target = best_worker(state, task, pool, demand)
         if target is not None:
             task.resources = demand
-            state.assign(task, target)
+            state.assign(task, target, cause=_outside(task, target))
             return True
     return False
+
+
+def _outside(task: TaskRecord, target: WorkerRecord) -> str:
+    """The story's cause when a loose task runs away from its named workers ('' if not)."""
+    restriction = task.restriction
+    if restriction is None or restriction.allows(target):
+        return ""
+    return (
+        f"assigned to {target.name}, not one of its preferred workers "
+        f"({restriction.describe()}): none connected could ever run it"
+    )
 
 
 def plain_capacity(
@@ -251,7 +295,7 @@ def _place_plain_tasks(state: SchedulerState) -> None:
     capacity: dict[str, int] = {}
     loads: list[tuple[float, int, str]] = []
     # After the resource pass, a non-empty resource queue holds a task that is waiting.
-    waiting = any(key and queue for key, queue in state.ready.items())
+    waiting = any(queue and needs_resources(key) for key, queue in state.ready.items())
     for i, worker in enumerate(state.workers.values()):
         cap = plain_capacity(state, worker, waiting)
         if cap > 0:
