@@ -27,7 +27,8 @@ Rules (documented for users in docs/scheduling.md):
    could, any worker may take it.
 
 Cost: one pass per loop turn, O(started tasks x candidate workers + request kinds),
-never a walk over everything queued.
+never a walk over everything queued. A restricted kind finds its workers through an
+index of worker aliases built once per pass, not by a walk over every worker.
 """
 
 from __future__ import annotations
@@ -69,17 +70,40 @@ def candidates(state: SchedulerState, signature: Signature) -> list[WorkerRecord
     return [w for w in state.workers.values() if w.leaving is None and could_hold(w, demand)]
 
 
-def pools(state: SchedulerState, key: QueueKey) -> list[list[WorkerRecord]]:
+AliasIndex = dict[str, list[tuple[int, WorkerRecord]]]
+"""Worker name, address or host -> the workers it names, with their join order."""
+
+
+def alias_index(state: SchedulerState) -> AliasIndex:
+    """Every worker by each of its aliases, so that a restriction finds its workers
+    without a walk over the whole cluster."""
+    index: AliasIndex = {}
+    for position, worker in enumerate(state.workers.values()):
+        for alias in worker.aliases:
+            index.setdefault(alias, []).append((position, worker))
+    return index
+
+
+def pools(
+    state: SchedulerState, key: QueueKey, index: AliasIndex | None = None
+) -> list[list[WorkerRecord]]:
     """For each demand of a queue (in order), the open workers that could ever run it,
     its restriction applied: a loose one falls back to every worker only when no
     named worker could run any of its demands."""
-    every = [candidates(state, option) for option in options_of(key)]
+    options = options_of(key)
     restriction = restriction_of(key)
     if restriction is None:
-        return every
-    allowed = [[w for w in pool if restriction.allows(w)] for pool in every]
+        return [candidates(state, option) for option in options]
+    index = alias_index(state) if index is None else index
+    named = sorted(
+        {position: w for name in restriction.workers for position, w in index.get(name, ())}.items()
+    )
+    allowed = [
+        [w for _, w in named if w.leaving is None and could_hold(w, dict(option))]
+        for option in options
+    ]
     if restriction.loose and not any(allowed):
-        return every
+        return [candidates(state, option) for option in options]
     return allowed
 
 
@@ -178,10 +202,14 @@ def _place_resource_tasks(state: SchedulerState) -> None:
     # reservation then, or plain tasks pipelined ahead keep every thread busy forever
     # and the resource task starves behind newer work.
     known: dict[QueueKey, list[list[WorkerRecord]]] = {}
+    index: AliasIndex | None = None  # built once a restricted queue needs it
 
     def pool_for(key: QueueKey) -> list[list[WorkerRecord]]:
+        nonlocal index
         if key not in known:
-            known[key] = pools(state, key)
+            if index is None and restriction_of(key) is not None:
+                index = alias_index(state)
+            known[key] = pools(state, key, index)
         return known[key]
 
     # Reservation holders first: they are the oldest of their kind that could not fit.
