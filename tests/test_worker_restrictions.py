@@ -347,3 +347,13 @@ def test_compute_persist_and_get_take_workers(client: Client) -> None:
         pinned = dask.delayed(worker_name)("annotated")
     # A task's annotation wins over the graph-wide setting, as in Dask.
     assert client.compute(pinned, workers="b", sync=True) == "a"
+
+
+def test_alternatives_are_chosen_among_the_allowed_workers_only(sim: Sim) -> None:
+    sim.add_worker("gpu", nthreads=1, resources="GPU=1")
+    sim.add_worker("cpu", nthreads=1)
+    gpu, cpu = parse_demand("GPU=1"), parse_demand(None)
+    spec = m.TaskSpec("x", "f", b"", [], gpu, 0, 0, [gpu, cpu], ["cpu"], 0)
+    sim.client_says("c1", m.SubmitTasks([spec], {"f": b"func"}, ["x"]))
+    assert [sim.where(k) for _, k in sim.place()] == ["cpu"]
+    assert sim.running[sim.worker_of("x")]["x"].variant == 1

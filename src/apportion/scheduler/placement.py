@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING
 
@@ -85,15 +86,21 @@ def alias_index(state: SchedulerState) -> AliasIndex:
 
 
 def pools(
-    state: SchedulerState, key: QueueKey, index: AliasIndex | None = None
+    state: SchedulerState,
+    key: QueueKey,
+    index: AliasIndex | None = None,
+    every: Callable[[Signature], list[WorkerRecord]] | None = None,
 ) -> list[list[WorkerRecord]]:
     """For each demand of a queue (in order), the open workers that could ever run it,
     its restriction applied: a loose one falls back to every worker only when no
-    named worker could run any of its demands."""
+    named worker could run any of its demands. ``every`` is ``candidates`` (cached
+    by the caller, as queues share demands)."""
     options = options_of(key)
     restriction = restriction_of(key)
+    if every is None:
+        every = partial(candidates, state)
     if restriction is None:
-        return [candidates(state, option) for option in options]
+        return [every(option) for option in options]
     index = alias_index(state) if index is None else index
     named = sorted(
         {position: w for name in restriction.workers for position, w in index.get(name, ())}.items()
@@ -103,7 +110,7 @@ def pools(
         for option in options
     ]
     if restriction.loose and not any(allowed):
-        return [candidates(state, option) for option in options]
+        return [every(option) for option in options]
     return allowed
 
 
@@ -202,14 +209,20 @@ def _place_resource_tasks(state: SchedulerState) -> None:
     # reservation then, or plain tasks pipelined ahead keep every thread busy forever
     # and the resource task starves behind newer work.
     known: dict[QueueKey, list[list[WorkerRecord]]] = {}
+    by_demand: dict[Signature, list[WorkerRecord]] = {}
     index: AliasIndex | None = None  # built once a restricted queue needs it
+
+    def every(sig: Signature) -> list[WorkerRecord]:
+        if sig not in by_demand:
+            by_demand[sig] = candidates(state, sig)
+        return by_demand[sig]
 
     def pool_for(key: QueueKey) -> list[list[WorkerRecord]]:
         nonlocal index
         if key not in known:
             if index is None and restriction_of(key) is not None:
                 index = alias_index(state)
-            known[key] = pools(state, key, index)
+            known[key] = pools(state, key, index, every)
         return known[key]
 
     # Reservation holders first: they are the oldest of their kind that could not fit.
@@ -218,8 +231,9 @@ def _place_resource_tasks(state: SchedulerState) -> None:
         if held is None or held.state != QUEUED:
             continue
         if held.restriction is not None and all(worker not in p for p in pool_for(held.signature)):
-            # A loose task that fell back here, and one of its named workers is back:
-            # it waits for that one now, so this worker's amounts are not kept for it.
+            # It may no longer run here: a loose task that fell back here while its
+            # named workers were away (one is back), or this worker is closing. Its
+            # amounts are not kept for a task that will start elsewhere.
             state.drop_reservation(held)
             continue
         _start_if_it_fits(state, held, pool_for)
