@@ -7,10 +7,13 @@ Dask's documentation uses ``workers=``.
 
 from __future__ import annotations
 
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import cloudpickle
 import pytest
 
 from apportion import Client, LocalCluster, UnsatisfiableError, get_worker
@@ -21,6 +24,7 @@ from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import ERRED, PROCESSING, QUEUED
 from apportion.scheduler.state import SchedulerConfig
 from apportion.testing.simulation import SimulatedCluster
+from cli_processes import Processes
 
 # --- the state machine -----------------------------------------------------------------
 
@@ -357,3 +361,35 @@ def test_alternatives_are_chosen_among_the_allowed_workers_only(sim: Sim) -> Non
     sim.client_says("c1", m.SubmitTasks([spec], {"f": b"func"}, ["x"]))
     assert [sim.where(k) for _, k in sim.place()] == ["cpu"]
     assert sim.running[sim.worker_of("x")]["x"].variant == 1
+
+
+# --- real processes: a scheduler that can grow ------------------------------------------
+
+
+@pytest.mark.process
+def test_a_missing_worker_is_warned_about_and_runs_the_task_when_it_joins(
+    procs: Processes,
+) -> None:
+    address = procs.scheduler()
+    procs.start("worker", address, "--name", "a", "--nthreads", "1")
+    # Those workers cannot import this module: its functions travel by value, as
+    # functions of a user's script do.
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        _missing_worker_joins_later(procs, address)
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+def _missing_worker_joins_later(procs: Processes, address: str) -> None:
+    with Client(address) as client:
+        client.wait_for_workers(1, timeout=20)
+        fut = client.submit(worker_name, 7, workers="b")
+        deadline = time.monotonic() + 10
+        while not client.notices and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert client.notices and "may run only on workers matching b" in client.notices[0]
+        assert "no connected worker matches (connected: a)" in client.why(fut)
+        assert not fut.done()
+        procs.start("worker", address, "--name", "b", "--nthreads", "1")
+        assert fut.result(timeout=30) == "b"
