@@ -34,7 +34,7 @@ from apportion.client.future import (
 from apportion.client.graph import canonical_keys, flatten_keys, graph_tasks, wire_key
 from apportion.client.lifecycle import ClusterLifecycle
 from apportion.client.remote_calls import RemoteCalls
-from apportion.client.restrictions import ANYWHERE, Placement, placement, refuse_actors
+from apportion.client.restrictions import ANYWHERE, Where, refuse_actors, where_to_run
 from apportion.client.session import MAX_BATCH, Session, TaskBatch
 from apportion.core import payload
 from apportion.core.resources import ResourceSpec, parse_demand
@@ -211,7 +211,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         priority: int,
         retries: int,
         pure: bool,
-        where: Placement = ANYWHERE,
+        where: Where = ANYWHERE,
     ) -> Future:
         if not callable(func):
             raise TypeError(f"first argument must be callable, not {type(func).__name__}")
@@ -283,7 +283,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
             priority=priority,
             retries=retries or 0,
             pure=pure,
-            where=placement(workers, allow_other_workers, loose_restrictions),
+            where=where_to_run(workers, allow_other_workers, loose_restrictions),
         )
 
     def map(
@@ -312,7 +312,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         """
         self._check_open()
         refuse_actors(actor, actors)
-        where = placement(workers, allow_other_workers, loose_restrictions)
+        where = where_to_run(workers, allow_other_workers, loose_restrictions)
         demand = parse_demands(resources)
         calls = list(zip(*iterables, strict=False))
         if isinstance(key, list):
@@ -366,7 +366,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         every task, as in ``submit``, except where ``dask.annotate`` said otherwise.
         """
         refuse_actors(actors)
-        where = placement(workers, allow_other_workers, strict=False)
+        where = where_to_run(workers, allow_other_workers, strict=False)
         annotations: dict[str, dict[Any, Any]] = {}
         if not isinstance(dsk, Mapping) and hasattr(dsk, "__dask_graph__"):
             from apportion.client.collections import expression_graph
@@ -403,7 +403,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         from apportion.client.collections import is_collection, lower
 
         refuse_actors(actors)
-        where = placement(workers, allow_other_workers, strict=False)
+        where = where_to_run(workers, allow_other_workers, strict=False)
         items, single = _one_or_many(collections)
         dask_ones = [c for c in items if is_collection(c)]
         futures: dict[Any, Future] = {}
@@ -446,7 +446,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         from apportion.client.persisted import PersistedPart
 
         refuse_actors(actors)
-        where = placement(workers, allow_other_workers, strict=False)
+        where = where_to_run(workers, allow_other_workers, strict=False)
         items, single = _one_or_many(collections)
         for item in items:
             if not is_collection(item):
@@ -494,7 +494,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         priority: int,
         retries: int,
         annotations: Mapping[str, Mapping[Any, Any]],
-        where: Placement = ANYWHERE,
+        where: Where = ANYWHERE,
     ) -> dict[Any, Future]:
         """Send the tasks ``keys`` need; a future for each of ``keys``, by graph key."""
         self._check_open()

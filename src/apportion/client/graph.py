@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from apportion.client.future import Future
-from apportion.client.restrictions import ANYWHERE, Placement, placement
+from apportion.client.restrictions import ANYWHERE, Where, where_to_run
 from apportion.core import payload
 from apportion.core.resources import ResourceSpec, parse_demand
 from apportion.protocol import messages as m
@@ -175,9 +175,7 @@ ANNOTATIONS = (
 )
 
 
-def _per_key_placement(
-    annotations: Mapping[str, Mapping[Any, Any]], where: Placement
-) -> dict[Any, Placement]:
+def _per_key_where(annotations: Mapping[str, Mapping[Any, Any]], where: Where) -> dict[Any, Where]:
     """Where each annotated key may run: its own ``workers`` and ``allow_other_workers``
     annotations, each falling back to the whole graph's (``where``) when absent."""
     names = annotations.get("workers", {})
@@ -185,10 +183,10 @@ def _per_key_placement(
         **annotations.get("loose_restrictions", {}),
         **annotations.get("allow_other_workers", {}),
     }
-    out: dict[Any, Placement] = {}
+    out: dict[Any, Where] = {}
     for key in names.keys() | loose.keys():
         try:
-            out[key] = placement(
+            out[key] = where_to_run(
                 names[key] if key in names else where[0],
                 loose[key] if key in loose else bool(where[1]),
                 strict=False,
@@ -235,7 +233,7 @@ def graph_tasks(
     retries: int,
     annotations: Mapping[str, Mapping[Any, Any]] | None = None,
     canon: Mapping[Any, Any] | None = None,
-    where: Placement = ANYWHERE,
+    where: Where = ANYWHERE,
 ) -> Iterator[tuple[m.TaskSpec, bytes]]:
     """The tasks needed for ``keys``, dependencies first, with the function blob.
 
@@ -251,7 +249,7 @@ def graph_tasks(
         seen[name] = key
     common, per_key = _demand_by_key(dsk, resources)
     demands, priorities, retry_counts = _per_key_annotations(annotations or {})
-    places = _per_key_placement(annotations or {}, where)
+    places = _per_key_where(annotations or {}, where)
     canon = canonical_keys(dsk) if canon is None else canon
     for key in needed_in_order(dsk, keys, canon):
         value = dsk[key]

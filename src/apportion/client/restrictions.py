@@ -12,19 +12,20 @@ from __future__ import annotations
 from numbers import Number
 from typing import Any
 
-#: Where tasks may run, as ``TaskSpec`` carries it: (names, allow_other_workers 0/1).
-#: ``ANYWHERE`` is no restriction.
-Placement = tuple[list[str], int]
-ANYWHERE: Placement = ([], 0)
+Where = tuple[list[str], int]
+"""Where tasks may run, as ``TaskSpec`` carries it: (names, allow_other_workers 0/1)."""
+
+#: No restriction: any worker.
+ANYWHERE: Where = ([], 0)
 
 
-def placement(
+def where_to_run(
     workers: Any,
     allow_other_workers: bool | None = False,
     loose_restrictions: bool | None = None,
     *,
     strict: bool = True,
-) -> Placement:
+) -> Where:
     """Check and normalise ``workers=`` and ``allow_other_workers=`` as Dask takes them.
 
     ``strict`` refuses ``allow_other_workers=True`` without ``workers=``, as Dask's
