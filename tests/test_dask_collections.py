@@ -24,7 +24,7 @@ from dask import delayed
 import apportion.client.client as client_module
 import apportion.client.session as session_module
 import apportion.protocol.codec as codec
-from apportion import Client, Future, LocalCluster, task_resources
+from apportion import Client, Future, LocalCluster, get_worker, task_resources
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -309,11 +309,16 @@ def test_resources_by_key_that_match_nothing_are_reported(client: Client) -> Non
         assert client.compute(parts[1], resources=by_key, sync=True) == {}
 
 
-def test_worker_pinning_annotations_are_reported_as_ignored(client: Client) -> None:
+def worker_name(_: Any = None) -> str:
+    return str(get_worker().name)
+
+
+def test_worker_annotations_pin_tasks_per_task(client: Client) -> None:
     with dask.annotate(workers=["cpu"]):
-        pinned = delayed(operator.add)(1, 2)
-    with pytest.warns(UserWarning, match="ignores the workers annotations"):
-        assert client.compute(pinned).result() == 3
+        on_cpu = [delayed(worker_name)(i) for i in range(4)]
+    with dask.annotate(workers="gpu"):
+        on_gpu = delayed(worker_name)("g")
+    assert client.compute([*on_cpu, on_gpu], sync=True) == ["cpu"] * 4 + ["gpu"]
 
 
 def test_equal_keys_spelt_otherwise_name_the_same_task(client: Client) -> None:

@@ -290,7 +290,8 @@ def test_format_address_round_trips(host: str, port: int) -> None:
         ([m.TaskFinished.TAG, "k", True, 0.1, "int"], "TaskFinished.nbytes"),
         ([m.CancelKeys.TAG, "not-a-list"], "CancelKeys.keys"),
         ([m.SubmitTasks.TAG, [["k", "f", b"", [], {"GPU": "1"}, 0, 0, []]], {}, []], "tasks"),
-        ([m.SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0, []]], {}, [("x", 1)]], "wanted"),
+        ([m.SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0, [], [], 0]], {}, [("x", 1)]], "wanted"),
+        ([m.SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0, [], ["a"], True]], {}, []], "tasks"),
     ],
 )
 def test_fields_of_the_wrong_type_are_protocol_errors(message: list[object], field: str) -> None:

@@ -57,6 +57,8 @@ demands = st.one_of(
     # Requests no worker in this test can ever meet (1.5 units of an indexed pool too).
     st.sampled_from([{"GPU": 100}, {"fpga": 1}, {"lic": 1, "fpga": 2}, {"gpu": 1.5}]),
 )
+#: ``workers=`` restrictions: none (mostly), names, a host, an address, nobody.
+restrictions = st.sampled_from([[], [], [], ["a"], ["a", "b"], ["nobody"], ["w1"], ["sim://w2"]])
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -181,7 +183,13 @@ class SchedulerMachine(RuleBasedStateMachine):
             # Sometimes alternatives: the scheduler runs the first that fits now.
             others = [parse_demand(d) for d in data.draw(st.lists(demands, max_size=2))]
             variants = [demand, *others] if others else []
-            specs.append(m.TaskSpec(key, "f", b"", deps, demand, priority, retries, variants))
+            # Sometimes only some workers may run it (by name, host or address), or
+            # should: hard and loose restrictions, some naming nobody.
+            where = data.draw(restrictions)
+            loose = int(data.draw(st.booleans()))
+            specs.append(
+                m.TaskSpec(key, "f", b"", deps, demand, priority, retries, variants, where, loose)
+            )
             if data.draw(st.booleans()) or not wanted:
                 wanted.append(key)
         if shuffle:
@@ -336,11 +344,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         state = self.sim.state
         task = state.tasks[key]
         if task.state == QUEUED:
-            assert task.resources and not satisfiable(state, task.signature), f"{key} hangs"
+            restricted = task.restriction is not None and not task.restriction.loose
+            assert task.resources or restricted, f"{key} hangs"
+            assert not satisfiable(state, task.signature), f"{key} hangs"
             text = format_resources(task.resources)
             logs = [log.text for log in self.sim.logs if log.level == "warning"]
             said = [line for line in logs if f"needs {text}," in line]
             said += [line for line in logs if "alternatives" in line and text in line]
+            if task.restriction is not None:
+                named = f"may run only on workers matching {task.restriction.describe()}"
+                said += [line for line in logs if named in line]
             assert said, f"no warning for {key}"
             return
         pending = [d for d in task.deps if state.tasks[d].state != MEMORY]

@@ -33,6 +33,7 @@ from apportion.client.future import (
 from apportion.client.graph import canonical_keys, flatten_keys, graph_tasks, wire_key
 from apportion.client.lifecycle import ClusterLifecycle
 from apportion.client.remote_calls import RemoteCalls
+from apportion.client.restrictions import ANYWHERE, Where, refuse_actors, where_to_run
 from apportion.client.session import MAX_BATCH, Session, TaskBatch
 from apportion.core import payload
 from apportion.core.resources import ResourceSpec, parse_demand
@@ -210,6 +211,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         priority: int,
         retries: int,
         pure: bool,
+        where: Where = ANYWHERE,
     ) -> Future:
         if not callable(func):
             raise TypeError(f"first argument must be callable, not {type(func).__name__}")
@@ -226,6 +228,8 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
                 digest = hashlib.blake2b(func_id.encode() + args_blob, digest_size=16)
                 if resources != [{}]:
                     digest.update(repr([sorted(r.items()) for r in resources]).encode())
+                if where != ANYWHERE:  # so is where it may run, for the same reason
+                    digest.update(repr(where).encode())
                 key = f"{name}-{digest.hexdigest()}"
             else:
                 key = f"{name}-{self._unique}{next(self._counter)}"
@@ -234,7 +238,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
             future._state.reset()  # submitted again after a cancel: it runs again
         variants = resources if len(resources) > 1 else []
         spec = m.TaskSpec(
-            key, func_id, args_blob, sorted(deps), resources[0], priority, retries, variants
+            key, func_id, args_blob, sorted(deps), resources[0], priority, retries, variants, *where
         )
         self._post_tasks([(spec, blob, True)])
         return future
@@ -244,10 +248,16 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         func: Callable[..., Any],
         *args: Any,
         key: str | None = None,
+        workers: Any = None,
         resources: ResourceSpec | Sequence[ResourceSpec] = None,
+        retries: int | None = 0,
         priority: int = 0,
-        retries: int = 0,
+        fifo_timeout: Any = "100 ms",
+        allow_other_workers: bool | None = False,
+        actor: bool = False,
+        actors: bool = False,
         pure: bool = True,
+        loose_restrictions: bool | None = None,
         **kwargs: Any,
     ) -> Future:
         """Run ``func(*args, **kwargs)`` on a worker where ``resources`` are free.
@@ -255,8 +265,15 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         Futures anywhere in the arguments become dependencies and are replaced by
         their results on the worker. With ``pure=True`` (the default, as in Dask)
         the same call yields the same key, so it is computed once.
+
+        Dask's scheduling keywords never reach ``func``: ``workers=`` (addresses,
+        names or hosts) restricts where it runs, ``allow_other_workers=True`` (or
+        ``loose_restrictions=True``) makes that a preference. ``fifo_timeout`` has
+        no effect: tasks start in submission order (within a priority) exactly.
+        ``actor=True`` raises ``NotImplementedError``: apportion has no actors.
         """
         self._check_open()
+        refuse_actors(actor, actors)
         return self._task(
             func,
             args,
@@ -264,8 +281,9 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
             key=key,
             resources=parse_demands(resources),
             priority=priority,
-            retries=retries,
+            retries=retries or 0,
             pure=pure,
+            where=where_to_run(workers, allow_other_workers, loose_restrictions),
         )
 
     def map(
@@ -273,14 +291,28 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         func: Callable[..., Any],
         *iterables: Iterable[Any],
         key: str | list[str] | None = None,
+        workers: Any = None,
+        retries: int | None = 0,
         resources: ResourceSpec | Sequence[ResourceSpec] = None,
         priority: int = 0,
-        retries: int = 0,
+        allow_other_workers: bool | None = False,
+        fifo_timeout: Any = "100 ms",
+        actor: bool = False,
+        actors: bool = False,
         pure: bool = True,
+        batch_size: int | None = None,
+        loose_restrictions: bool | None = None,
         **kwargs: Any,
     ) -> list[Future]:
-        """``submit`` over zipped iterables; ``func`` is pickled once for all tasks."""
+        """``submit`` over zipped iterables; ``func`` is pickled once for all tasks.
+
+        Takes ``submit``'s scheduling keywords, for every task. ``batch_size`` has
+        no effect: every submission already travels in batches, one message per
+        loop turn.
+        """
         self._check_open()
+        refuse_actors(actor, actors)
+        where = where_to_run(workers, allow_other_workers, loose_restrictions)
         demand = parse_demands(resources)
         calls = list(zip(*iterables, strict=False))
         if isinstance(key, list):
@@ -302,8 +334,9 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
                     key=task_key,
                     resources=demand,
                     priority=priority,
-                    retries=retries,
+                    retries=retries or 0,
                     pure=pure,
+                    where=where,
                 )
             )
         return out
@@ -312,10 +345,13 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         self,
         dsk: Mapping[Any, Any],
         keys: Any,
+        workers: Any = None,
+        allow_other_workers: bool | None = None,
         *,
         resources: ResourceSpec | Mapping[Any, ResourceSpec] = None,
         priority: int = 0,
-        retries: int = 0,
+        retries: int | None = 0,
+        actors: bool | None = None,
         **dask_options: Any,
     ) -> Any:
         """Compute a graph and return ``keys``: an old-style one (``{"x": 1, "y": (add,
@@ -326,14 +362,19 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         shape. ``resources`` is one demand for every task, or a mapping from keys
         (or tuples of keys) to demands; ``dask.annotate`` annotations override both.
         Options meant for Dask's local schedulers (``num_workers=``, ...) are ignored,
-        as Dask's own client does.
+        as Dask's own client does. ``workers=`` and ``allow_other_workers=`` apply to
+        every task, as in ``submit``, except where ``dask.annotate`` said otherwise.
         """
+        refuse_actors(actors)
+        where = where_to_run(workers, allow_other_workers, strict=False)
         annotations: dict[str, dict[Any, Any]] = {}
         if not isinstance(dsk, Mapping) and hasattr(dsk, "__dask_graph__"):
             from apportion.client.collections import expression_graph
 
             dsk, annotations = expression_graph(dsk)
-        futures = self._submit_graph(dsk, keys, resources, priority, retries, annotations)
+        futures = self._submit_graph(
+            dsk, keys, resources, priority, retries or 0, annotations, where
+        )
         return self.gather(_shaped(keys, futures))
 
     def compute(
@@ -342,19 +383,27 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         *,
         sync: bool = False,
         optimize_graph: bool = True,
+        workers: Any = None,
+        allow_other_workers: bool | None = False,
         resources: ResourceSpec | Mapping[Any, ResourceSpec] = None,
+        retries: int | None = 0,
         priority: int = 0,
-        retries: int = 0,
+        fifo_timeout: Any = "60s",
+        actors: bool | None = None,
     ) -> Any:
         """Start computing Dask collections; a future of each one's final value.
 
         One collection gives one future, a list gives a list (anything in it that is
         not a Dask collection comes back as it is). ``sync=True`` returns the values
-        instead. ``resources``, ``priority`` and ``retries`` apply to every task of
-        the graph, except where ``dask.annotate`` said otherwise.
+        instead. ``resources``, ``priority``, ``retries``, ``workers`` and
+        ``allow_other_workers`` apply to every task of the graph, except where
+        ``dask.annotate`` said otherwise. ``fifo_timeout`` has no effect, as in
+        ``submit``.
         """
         from apportion.client.collections import is_collection, lower
 
+        refuse_actors(actors)
+        where = where_to_run(workers, allow_other_workers, strict=False)
         items, single = _one_or_many(collections)
         dask_ones = [c for c in items if is_collection(c)]
         futures: dict[Any, Future] = {}
@@ -365,7 +414,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
             )
             names = list(flatten_keys(lowered.keys))
             futures = self._submit_graph(
-                lowered.graph, names, resources, priority, retries, lowered.annotations
+                lowered.graph, names, resources, priority, retries or 0, lowered.annotations, where
             )
         outputs = iter(names)
         result = [futures[next(outputs)] if is_collection(c) else c for c in items]
@@ -378,27 +427,39 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         collections: Any,
         *,
         optimize_graph: bool = True,
+        workers: Any = None,
+        allow_other_workers: bool | None = None,
         resources: ResourceSpec | Mapping[Any, ResourceSpec] = None,
         priority: int = 0,
-        retries: int = 0,
+        retries: int | None = 0,
+        actors: bool | None = None,
         **dask_options: Any,
     ) -> Any:
         """Start computing Dask collections; the same collections, now made of futures.
 
         Their parts stay on the workers; computing the returned collections, or new
         ones built from them, starts from those parts instead of from scratch.
-        Options meant for Dask's local schedulers are ignored, as in ``get``.
+        Options meant for Dask's local schedulers are ignored, as in ``get``;
+        ``workers=`` and ``allow_other_workers=`` restrict every task, as in ``get``.
         """
         from apportion.client.collections import is_collection, lower
         from apportion.client.persisted import PersistedPart
 
+        refuse_actors(actors)
+        where = where_to_run(workers, allow_other_workers, strict=False)
         items, single = _one_or_many(collections)
         for item in items:
             if not is_collection(item):
                 raise TypeError(f"persist takes Dask collections, not {type(item).__name__}")
         lowered = lower(items, optimize_graph=optimize_graph, finalize=False, resources=resources)
         futures = self._submit_graph(
-            lowered.graph, lowered.keys, resources, priority, retries, lowered.annotations
+            lowered.graph,
+            lowered.keys,
+            resources,
+            priority,
+            retries or 0,
+            lowered.annotations,
+            where,
         )
         result = []
         for item, keys in zip(items, lowered.keys, strict=True):
@@ -433,6 +494,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         priority: int,
         retries: int,
         annotations: Mapping[str, Mapping[Any, Any]],
+        where: Where = ANYWHERE,
     ) -> dict[Any, Future]:
         """Send the tasks ``keys`` need; a future for each of ``keys``, by graph key."""
         self._check_open()
@@ -440,7 +502,9 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
             other._caught_up()
         canon = canonical_keys(dsk)
         roots = {canon.get(k, k) for k in flatten_keys(keys)}
-        tasks = list(graph_tasks(self, dsk, keys, resources, priority, retries, annotations, canon))
+        tasks = list(
+            graph_tasks(self, dsk, keys, resources, priority, retries, annotations, canon, where)
+        )
         _check_graph_size(tasks)
         futures = {key: Future(wire_key(key), self) for key in roots}
         wanted = {future.key: future for future in futures.values()}

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from apportion.client.future import Future
+from apportion.client.restrictions import ANYWHERE, Where, where_to_run
 from apportion.core import payload
 from apportion.core.resources import ResourceSpec, parse_demand
 from apportion.protocol import messages as m
@@ -164,22 +165,41 @@ def names_keys(resources: Any, dsk: Mapping[Any, Any]) -> bool:
 
 
 #: Dask annotations (``dask.annotate(...)``) that apportion honours, per key.
-ANNOTATIONS = ("resources", "priority", "retries")
-#: Dask.distributed's annotations that pin tasks to workers, which apportion does not.
-_UNSUPPORTED = ("workers", "allow_other_workers")
+ANNOTATIONS = (
+    "resources",
+    "priority",
+    "retries",
+    "workers",
+    "allow_other_workers",
+    "loose_restrictions",
+)
+
+
+def _per_key_where(annotations: Mapping[str, Mapping[Any, Any]], where: Where) -> dict[Any, Where]:
+    """Where each annotated key may run: its own ``workers`` and ``allow_other_workers``
+    annotations, each falling back to the whole graph's (``where``) when absent."""
+    names = annotations.get("workers", {})
+    loose = {
+        **annotations.get("loose_restrictions", {}),
+        **annotations.get("allow_other_workers", {}),
+    }
+    out: dict[Any, Where] = {}
+    for key in names.keys() | loose.keys():
+        try:
+            out[key] = where_to_run(
+                names[key] if key in names else where[0],
+                loose[key] if key in loose else bool(where[1]),
+                strict=False,
+            )
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"workers annotated on {key!r}: {exc}") from None
+    return out
 
 
 def _per_key_annotations(
     annotations: Mapping[str, Mapping[Any, Any]],
 ) -> tuple[dict[Any, dict[str, int]], dict[Any, int], dict[Any, int]]:
     """Demands, priorities and retries given to single keys, checked."""
-    pinned = sorted(kind for kind in annotations if kind in _UNSUPPORTED)
-    if pinned:
-        warnings.warn(
-            f"apportion ignores the {' and '.join(pinned)} annotations: it places tasks "
-            "by the resources they ask for, never on named workers",
-            stacklevel=5,
-        )
     demands: dict[Any, dict[str, int]] = {}
     for key, spec in annotations.get("resources", {}).items():
         try:
@@ -213,12 +233,13 @@ def graph_tasks(
     retries: int,
     annotations: Mapping[str, Mapping[Any, Any]] | None = None,
     canon: Mapping[Any, Any] | None = None,
+    where: Where = ANYWHERE,
 ) -> Iterator[tuple[m.TaskSpec, bytes]]:
     """The tasks needed for ``keys``, dependencies first, with the function blob.
 
-    ``annotations`` (Dask's, by type then key) override ``resources``, ``priority``
-    and ``retries`` for the keys they name. ``canon`` is ``canonical_keys(dsk)``
-    if the caller has it already.
+    ``annotations`` (Dask's, by type then key) override ``resources``, ``priority``,
+    ``retries`` and where tasks may run (``where``) for the keys they name.
+    ``canon`` is ``canonical_keys(dsk)`` if the caller has it already.
     """
     seen: dict[str, Any] = {}
     for key in dsk:
@@ -228,6 +249,7 @@ def graph_tasks(
         seen[name] = key
     common, per_key = _demand_by_key(dsk, resources)
     demands, priorities, retry_counts = _per_key_annotations(annotations or {})
+    places = _per_key_where(annotations or {}, where)
     canon = canonical_keys(dsk) if canon is None else canon
     for key in needed_in_order(dsk, keys, canon):
         value = dsk[key]
@@ -249,5 +271,7 @@ def graph_tasks(
             demands.get(key, per_key.get(key, common)),
             priorities.get(key, priority),
             retry_counts.get(key, retries),
+            [],
+            *places.get(key, where),
         )
         yield spec, blob

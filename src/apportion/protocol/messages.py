@@ -104,6 +104,12 @@ class TaskSpec(NamedTuple):
     #: Alternative demands in order of preference (empty unless there are two or more;
     #: then ``resources`` is the first). The scheduler runs the first that fits now.
     variants: list[dict[str, int]] = []
+    #: Dask's ``workers=``: addresses, names or hosts of the workers it may run on
+    #: (empty: any worker).
+    workers: list[str] = []
+    #: 1 makes ``workers`` a preference (Dask's ``allow_other_workers``), 0 a hard
+    #: restriction; an int because the wire has no booleans.
+    allow_other_workers: int = 0
 
 
 @message

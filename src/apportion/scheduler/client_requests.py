@@ -17,6 +17,7 @@ from apportion.scheduler.records import (
     RELEASED,
     WAITING,
     ClientRecord,
+    Restriction,
     TaskRecord,
 )
 from apportion.scheduler.unsatisfiable import (
@@ -38,6 +39,8 @@ def submit(state: SchedulerState, client: ClientRecord, msg: m.SubmitTasks) -> N
     # submission must already know who wants it and which dependents fail with
     # it, or it would be forgotten unseen and reported only as "unknown".
     created: list[TaskRecord] = []
+    # One Restriction object per distinct restriction in the batch, not one per task.
+    restrictions: dict[tuple[tuple[str, ...], int], Restriction] = {}
     for spec in msg.tasks:
         existing = state.tasks.get(spec.key)
         wanters: set[str] | None = None
@@ -45,7 +48,7 @@ def submit(state: SchedulerState, client: ClientRecord, msg: m.SubmitTasks) -> N
             wanters = existing.wanted_by
             existing = _revive(state, existing)
         if existing is None:
-            task = _new_task(state, spec)
+            task = _new_task(state, spec, restrictions)
             task.wanted_by = set(wanters) if wanters else None  # their futures still exist
             created.append(task)
     # After the loop above: dropping a revived record may have dropped its function.
@@ -64,7 +67,11 @@ def submit(state: SchedulerState, client: ClientRecord, msg: m.SubmitTasks) -> N
     # New tasks, and existing ones this client now waits for too, get the warning.
     asked = [state.tasks[key] for key in msg.wanted if key in state.tasks]
     for task in (*created, *asked):
-        if task.resources and task.state in (WAITING, QUEUED) and state.workers:
+        if (
+            (task.resources or task.restriction)
+            and task.state in (WAITING, QUEUED)
+            and state.workers
+        ):
             _warn_if_unsatisfiable(state, task)
 
 
@@ -104,9 +111,20 @@ def _warn_if_unsatisfiable(state: SchedulerState, task: TaskRecord) -> None:
         warn_unsatisfiable(state, task, unsatisfiable_text(task, state.workers.values()))
 
 
-def _new_task(state: SchedulerState, spec: m.TaskSpec) -> TaskRecord:
+def _new_task(
+    state: SchedulerState,
+    spec: m.TaskSpec,
+    restrictions: dict[tuple[tuple[str, ...], int], Restriction],
+) -> TaskRecord:
     """A "new" record; ``submit`` links it to its inputs and ``_start`` sets its state."""
     variants = tuple(v or NO_RESOURCES for v in spec.variants) if len(spec.variants) > 1 else None
+    restriction: Restriction | None = None
+    if spec.workers:
+        shape = (tuple(spec.workers), spec.allow_other_workers)
+        restriction = restrictions.get(shape)
+        if restriction is None:
+            restriction = Restriction(frozenset(spec.workers), bool(spec.allow_other_workers))
+            restrictions[shape] = restriction
     task = TaskRecord(
         spec.key,
         spec.func_id,
@@ -117,6 +135,7 @@ def _new_task(state: SchedulerState, spec: m.TaskSpec) -> TaskRecord:
         spec.retries,
         state.next_seq(),
         variants,
+        restriction,
     )
     state.tasks[spec.key] = task
     state.function_users[spec.func_id] += 1
@@ -140,14 +159,18 @@ def _start(state: SchedulerState, task: TaskRecord) -> None:
             task.missing_deps += 1
         elif dep.state != MEMORY:
             task.missing_deps += 1
-    if failure is None and task.resources:
+    if failure is None and (task.resources or task.restriction):
         failure = check_satisfiable(state, task)
+    cause = "submitted"
+    if task.restriction is not None:
+        kind = "preferring" if task.restriction.loose else "restricted to"
+        cause += f", {kind} workers {task.restriction.describe()}"
     if failure is not None:
-        state.fail(task, failure, "submitted")
+        state.fail(task, failure, cause)
     elif task.missing_deps:
-        state.move(task, WAITING, "submitted")
+        state.move(task, WAITING, cause)
     else:
-        state.enqueue(task, "submitted")
+        state.enqueue(task, cause)
 
 
 def want(state: SchedulerState, client: ClientRecord, key: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from apportion.core.resources import format_amount, format_resources
-from apportion.scheduler.placement import available, candidates, holder_of
+from apportion.scheduler.placement import available, holder_of, pools
 from apportion.scheduler.records import (
     ERRED,
     MEMORY,
@@ -60,7 +60,7 @@ def _explain_queued(state: SchedulerState, task: TaskRecord) -> str:
         and state.tasks[k].order() < task.order()
     )
     queue = f" ({ahead} older ready tasks with the same request are ahead of it)" if ahead else ""
-    if not task.resources and not task.variants:
+    if not task.resources and not task.variants and task.restriction is None:
         slots = sum(w.nthreads for w in state.workers.values())
         busy = sum(len(w.processing) for w in state.workers.values())
         return (
@@ -68,14 +68,17 @@ def _explain_queued(state: SchedulerState, task: TaskRecord) -> str:
             f"({busy} tasks running or queued on them){queue}"
         )
     options = options_of(task.signature)
-    pools = [candidates(state, option) for option in options]
-    if not any(pools):
+    by_option = pools(state, task.signature)
+    if not any(by_option):
         return "queued: " + unsatisfiable_text(task, state.workers.values())
     if len(options) == 1:
-        lines = [f"queued: needs {format_resources(task.resources)}{queue}"]
+        need = format_resources(task.resources) or "a free thread"
+        lines = [f"queued: needs {need}{queue}"]
     else:
         lines = [f"queued: none of its {len(options)} alternatives fits anywhere now{queue}"]
-    for option, pool in zip(options, pools, strict=True):
+    if task.restriction is not None:
+        lines.append("  " + _restriction_note(task, by_option))
+    for option, pool in zip(options, by_option, strict=True):
         demand = dict(option)
         if len(options) > 1:
             lines.append(f"  {format_resources(demand) or 'no resources'}:")
@@ -89,6 +92,24 @@ def _explain_queued(state: SchedulerState, task: TaskRecord) -> str:
             "for it, so newer tasks cannot overtake it"
         )
     return "\n".join(lines)
+
+
+def _restriction_note(task: TaskRecord, by_option: list[list[WorkerRecord]]) -> str:
+    """Where a restricted task may run, and whether a loose one has fallen back."""
+    restriction = task.restriction
+    assert restriction is not None
+    named = restriction.describe()
+    if not restriction.loose:
+        return f"it may run only on workers matching {named} (workers=); those are:"
+    if any(restriction.allows(w) for pool in by_option for w in pool):
+        return (
+            f"it prefers workers matching {named} (allow_other_workers): it waits for "
+            "them while one of them could run it; those are:"
+        )
+    return (
+        f"it prefers workers matching {named} (allow_other_workers), but none connected "
+        "could ever run it, so any worker may:"
+    )
 
 
 def _worker_obstacles(

@@ -20,6 +20,7 @@ def check_invariants(state: SchedulerState) -> None:
     _check_units(state)
     _check_tasks(state)
     _check_reservations(state)
+    _check_restrictions(state)
     check_book(state)
 
 
@@ -94,6 +95,19 @@ def _check_reservations(state: SchedulerState) -> None:
         if task.reserved_on is not None:
             worker = state.workers[task.reserved_on]
             assert worker.reserved_by == task.key
+
+
+def _check_restrictions(state: SchedulerState) -> None:
+    """A task under a hard restriction runs, and holds a reservation, only on a worker
+    it may run on."""
+    for worker in state.workers.values():
+        for key in worker.processing:
+            restriction = state.tasks[key].restriction
+            if restriction is not None and not restriction.loose:
+                assert restriction.allows(worker), f"{key} runs on {worker.name}, not allowed"
+        held = state.tasks.get(worker.reserved_by or "")
+        if held is not None and held.restriction is not None and not held.restriction.loose:
+            assert held.restriction.allows(worker), f"{held.key} reserved disallowed {worker.name}"
 
 
 def _check_units(state: SchedulerState) -> None:

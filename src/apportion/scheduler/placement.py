@@ -19,15 +19,23 @@ Rules (documented for users in docs/scheduling.md):
    except, while resource tasks wait, on workers that offer resources.
 5. A task with alternative demands runs with the first that fits somewhere now.
 6. A worker that announced it is closing gets nothing new.
+7. A task restricted to some workers (Dask's ``workers=``) is considered only for
+   those, by rules 1-3 as any task: it queues under its own key (demand plus
+   restriction), so it waits for them without holding up anyone else, and reserves
+   only among them. A loose one (``allow_other_workers``) is restricted the same way
+   while some connected, open named worker could ever hold its demand; when none
+   could, any worker may take it.
 
 Cost: one pass per loop turn, O(started tasks x candidate workers + request kinds),
-never a walk over everything queued.
+never a walk over everything queued. A restricted kind finds its workers through an
+index of worker aliases built once per pass, not by a walk over every worker.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING
 
@@ -38,7 +46,9 @@ from apportion.scheduler.records import (
     Signature,
     TaskRecord,
     WorkerRecord,
+    needs_resources,
     options_of,
+    restriction_of,
 )
 from apportion.scheduler.units import could_hold, pick_units
 from apportion.scheduler.unsatisfiable import fail_or_warn
@@ -59,6 +69,49 @@ def candidates(state: SchedulerState, signature: Signature) -> list[WorkerRecord
     """Workers whose declared supply could ever hold this request."""
     demand = dict(signature)
     return [w for w in state.workers.values() if w.leaving is None and could_hold(w, demand)]
+
+
+AliasIndex = dict[str, list[tuple[int, WorkerRecord]]]
+"""Worker name, address or host -> the workers it names, with their join order."""
+
+
+def alias_index(state: SchedulerState) -> AliasIndex:
+    """Every worker by each of its aliases, so that a restriction finds its workers
+    without a walk over the whole cluster."""
+    index: AliasIndex = {}
+    for position, worker in enumerate(state.workers.values()):
+        for alias in worker.aliases:
+            index.setdefault(alias, []).append((position, worker))
+    return index
+
+
+def pools(
+    state: SchedulerState,
+    key: QueueKey,
+    index: AliasIndex | None = None,
+    every: Callable[[Signature], list[WorkerRecord]] | None = None,
+) -> list[list[WorkerRecord]]:
+    """For each demand of a queue (in order), the open workers that could ever run it,
+    its restriction applied: a loose one falls back to every worker only when no
+    named worker could run any of its demands. ``every`` is ``candidates`` (cached
+    by the caller, as queues share demands)."""
+    options = options_of(key)
+    restriction = restriction_of(key)
+    if every is None:
+        every = partial(candidates, state)
+    if restriction is None:
+        return [every(option) for option in options]
+    index = alias_index(state) if index is None else index
+    named = sorted(
+        {position: w for name in restriction.workers for position, w in index.get(name, ())}.items()
+    )
+    allowed = [
+        [w for _, w in named if w.leaving is None and could_hold(w, dict(option))]
+        for option in options
+    ]
+    if restriction.loose and not any(allowed):
+        return [every(option) for option in options]
+    return allowed
 
 
 def holder_of(state: SchedulerState, worker: WorkerRecord, task: TaskRecord) -> TaskRecord | None:
@@ -155,25 +208,42 @@ def _place_resource_tasks(state: SchedulerState) -> None:
     # No early return when every thread is busy: a blocked head must still take its
     # reservation then, or plain tasks pipelined ahead keep every thread busy forever
     # and the resource task starves behind newer work.
-    pools: dict[Signature, list[WorkerRecord]] = {}
+    known: dict[QueueKey, list[list[WorkerRecord]]] = {}
+    by_demand: dict[Signature, list[WorkerRecord]] = {}
+    index: AliasIndex | None = None  # built once a restricted queue needs it
 
-    def pool_for(sig: Signature) -> list[WorkerRecord]:
-        if sig not in pools:
-            pools[sig] = candidates(state, sig)
-        return pools[sig]
+    def every(sig: Signature) -> list[WorkerRecord]:
+        if sig not in by_demand:
+            by_demand[sig] = candidates(state, sig)
+        return by_demand[sig]
+
+    def pool_for(key: QueueKey) -> list[list[WorkerRecord]]:
+        nonlocal index
+        if key not in known:
+            if index is None and restriction_of(key) is not None:
+                index = alias_index(state)
+            known[key] = pools(state, key, index, every)
+        return known[key]
 
     # Reservation holders first: they are the oldest of their kind that could not fit.
     for worker in list(state.workers.values()):
         held = state.tasks.get(worker.reserved_by or "")
-        if held is not None and held.state == QUEUED:
-            _start_if_it_fits(state, held, pool_for)
+        if held is None or held.state != QUEUED:
+            continue
+        if held.restriction is not None and all(worker not in p for p in pool_for(held.signature)):
+            # It may no longer run here: a loose task that fell back here while its
+            # named workers were away (one is back), or this worker is closing. Its
+            # amounts are not kept for a task that will start elsewhere.
+            state.drop_reservation(held)
+            continue
+        _start_if_it_fits(state, held, pool_for)
     _place_by_age(state, pool_for)
     for sig in [sig for sig, heap in state.ready.items() if not heap]:
         del state.ready[sig]
 
 
 def _place_by_age(
-    state: SchedulerState, pool_for: Callable[[Signature], list[WorkerRecord]]
+    state: SchedulerState, pool_for: Callable[[QueueKey], list[list[WorkerRecord]]]
 ) -> None:
     """Merge the request kinds' queues oldest first; a kind that blocks is done for this pass.
 
@@ -198,26 +268,42 @@ def _place_by_age(
             if nxt is not None:
                 heappush(heads, (nxt.order(), sig))
             continue
-        option = next((o for o in options_of(sig) if pool_for(o)), None)
-        if option is None:
+        found = next(
+            ((o, p) for o, p in zip(options_of(sig), pool_for(sig), strict=True) if p), None
+        )
+        if found is None:
             fail_or_warn(state, sig, heap)
         elif task.reserved_on is None:
+            option, pool = found
             task.resources = dict(option)  # reserve for the first it could ever run with
-            _reserve(state, task, pool_for(option))
+            _reserve(state, task, pool)
 
 
 def _start_if_it_fits(
-    state: SchedulerState, task: TaskRecord, pool_for: Callable[[Signature], list[WorkerRecord]]
+    state: SchedulerState,
+    task: TaskRecord,
+    pool_for: Callable[[QueueKey], list[list[WorkerRecord]]],
 ) -> bool:
     """Assign ``task`` with the first of its demands that fits somewhere now."""
-    for option in options_of(task.signature):
+    for option, pool in zip(options_of(task.signature), pool_for(task.signature), strict=True):
         demand = dict(option) if task.variants else task.resources
-        target = best_worker(state, task, pool_for(option), demand)
+        target = best_worker(state, task, pool, demand)
         if target is not None:
             task.resources = demand
-            state.assign(task, target)
+            state.assign(task, target, cause=_outside(task, target))
             return True
     return False
+
+
+def _outside(task: TaskRecord, target: WorkerRecord) -> str:
+    """The story's cause when a loose task runs away from its named workers ('' if not)."""
+    restriction = task.restriction
+    if restriction is None or restriction.allows(target):
+        return ""
+    return (
+        f"assigned to {target.name}, not one of its preferred workers "
+        f"({restriction.describe()}): none connected could ever run it"
+    )
 
 
 def plain_capacity(
@@ -251,7 +337,7 @@ def _place_plain_tasks(state: SchedulerState) -> None:
     capacity: dict[str, int] = {}
     loads: list[tuple[float, int, str]] = []
     # After the resource pass, a non-empty resource queue holds a task that is waiting.
-    waiting = any(key and queue for key, queue in state.ready.items())
+    waiting = any(queue and needs_resources(key) for key, queue in state.ready.items())
     for i, worker in enumerate(state.workers.values()):
         cap = plain_capacity(state, worker, waiting)
         if cap > 0:

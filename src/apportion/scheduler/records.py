@@ -29,12 +29,69 @@ class Alternatives:
     options: tuple[Signature, ...]
 
 
-QueueKey = Signature | Alternatives
+@dataclass(frozen=True, slots=True)
+class Restriction:
+    """Where a task may run (Dask's ``workers=``): workers named by address, name or host.
+
+    ``loose`` is Dask's ``allow_other_workers``: the named workers are preferred, and
+    the task runs elsewhere only while none of the connected ones could ever hold its
+    demand (none connected, or all too small).
+    """
+
+    workers: frozenset[str]
+    loose: bool
+
+    def allows(self, worker: WorkerRecord) -> bool:
+        """``worker`` is one of the named ones (by address, name or host)."""
+        return not self.workers.isdisjoint(worker.aliases)
+
+    def describe(self) -> str:
+        """The named workers as the user wrote them, sorted."""
+        return ", ".join(sorted(self.workers))
+
+
+@dataclass(frozen=True, slots=True)
+class Restricted:
+    """Queue key of tasks restricted to some workers: their demand's key and where.
+
+    The restriction is part of the key so that restricted tasks queue apart: tasks
+    with equal keys fit in the same places, and a restricted task that waits for its
+    worker never holds up unrestricted tasks with the same demand.
+    """
+
+    demand: Signature | Alternatives
+    restriction: Restriction
+
+
+QueueKey = Signature | Alternatives | Restricted
 
 
 def options_of(key: QueueKey) -> tuple[Signature, ...]:
     """The demands a queue's tasks may run with, in order of preference."""
+    if isinstance(key, Restricted):
+        key = key.demand
     return key.options if isinstance(key, Alternatives) else (key,)
+
+
+def restriction_of(key: QueueKey) -> Restriction | None:
+    """Where a queue's tasks may run; None for anywhere."""
+    return key.restriction if isinstance(key, Restricted) else None
+
+
+def needs_resources(key: QueueKey) -> bool:
+    """A queue's tasks ask for resources (in some alternative), not just a thread."""
+    return any(options_of(key))
+
+
+def worker_aliases(name: str, address: str) -> frozenset[str]:
+    """Every way a ``workers=`` restriction may name a worker: its name, its address
+    with and without scheme (``tcp://10.0.0.5:4000``, ``10.0.0.5:4000``), its host."""
+    bare = address.partition("://")[2] or address
+    if bare.startswith("["):  # [IPv6]:port
+        host = bare[1:].partition("]")[0]
+    else:
+        host = bare.rpartition(":")[0] if ":" in bare else bare
+    return frozenset(a for a in (name, address, bare, host) if a)
 
 
 #: Task states. "new" and "forgotten" appear only in stories, never on a record.
@@ -102,6 +159,7 @@ class TaskRecord:
         "priority",
         "reserved_on",
         "resources",
+        "restriction",
         "retries",
         "seq",
         "signature",
@@ -123,6 +181,7 @@ class TaskRecord:
         retries: int,
         seq: int,
         variants: tuple[Amounts, ...] | None = None,
+        restriction: Restriction | None = None,
     ) -> None:
         self.key = key
         self.func_id = func_id
@@ -142,10 +201,16 @@ class TaskRecord:
         self.resources = resources
         #: Alternative demands in order of preference, or None for a single demand.
         self.variants = variants
-        self.signature: QueueKey = (
+        #: Where it may run (None: anywhere); a hard one is checked by the invariants.
+        self.restriction = restriction
+        demand: Signature | Alternatives = (
             Alternatives(tuple(tuple(sorted(v.items())) for v in variants))
             if variants
             else tuple(sorted(resources.items()))
+        )
+        #: Its queue: tasks with equal keys fit in the same places.
+        self.signature: QueueKey = (
+            demand if restriction is None else Restricted(demand, restriction)
         )
         self.priority = priority
         self.retries = retries
@@ -184,6 +249,7 @@ class WorkerRecord:
 
     __slots__ = (
         "address",
+        "aliases",
         "avg_duration",
         "draining",
         "free",
@@ -220,6 +286,8 @@ class WorkerRecord:
         self.id = worker_id
         self.name = name
         self.address = address
+        #: Name, address and host: what a ``workers=`` restriction matches.
+        self.aliases = worker_aliases(name, address)
         self.nthreads = nthreads
         #: Declared supply in ticks; never changes while connected.
         self.total = dict(total)

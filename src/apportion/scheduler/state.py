@@ -709,6 +709,7 @@ class SchedulerState:
                 "dependents": sorted(t.dependents),
                 "resources": to_units(t.resources),
                 "alternatives": [to_units(v) for v in t.variants or ()],
+                "workers": sorted(t.restriction.workers) if t.restriction else None,
                 "units": t.units,
                 "priority": t.priority,
                 "retries_left": t.retries,

@@ -6,7 +6,14 @@ from typing import TYPE_CHECKING, Any
 
 from apportion.core.resources import format_amount, format_resources, missing
 from apportion.protocol import messages as m
-from apportion.scheduler.records import QUEUED, QueueKey, TaskRecord, options_of
+from apportion.scheduler.records import (
+    QUEUED,
+    QueueKey,
+    Restriction,
+    TaskRecord,
+    options_of,
+    restriction_of,
+)
 from apportion.scheduler.units import could_hold, splittable
 
 if TYPE_CHECKING:
@@ -14,11 +21,14 @@ if TYPE_CHECKING:
 
 
 def satisfiable(state: SchedulerState, signature: QueueKey) -> bool:
-    """Some connected worker's declared supply could hold this request."""
+    """Some connected worker's declared supply could hold this request, and (for a
+    hard restriction) that worker is one the task may run on."""
     known = state.satisfiable_cache.get(signature)
     if known is None:
+        restriction = restriction_of(signature)
         known = any(
             could_hold(w, dict(option))
+            and (restriction is None or restriction.loose or restriction.allows(w))
             for option in options_of(signature)
             for w in state.workers.values()
         )
@@ -67,6 +77,9 @@ def warn_unsatisfiable(state: SchedulerState, task: TaskRecord, text: str) -> No
 def unsatisfiable_text(task: TaskRecord, workers: Any) -> str:
     """Name what is missing and the largest supply on offer, for a warning or an error."""
     workers = list(workers)
+    restriction = task.restriction
+    if restriction is not None and not restriction.loose:
+        return _restricted_text(task, restriction, workers)
     if not task.variants:
         return (
             f"task {task.key!r} needs {format_resources(task.resources)}, which no connected "
@@ -79,6 +92,25 @@ def unsatisfiable_text(task: TaskRecord, workers: Any) -> str:
         f"task {task.key!r} gives {len(task.variants)} alternatives and no connected worker "
         f"can ever provide any of them: {options}"
     )
+
+
+def _restricted_text(task: TaskRecord, restriction: Restriction, workers: list[Any]) -> str:
+    """A hard restriction no connected worker meets: none of the named is connected,
+    or those that are could never hold the demand."""
+    where = f"task {task.key!r} may run only on workers matching {restriction.describe()}"
+    allowed = [w for w in workers if restriction.allows(w)]
+    if not allowed:
+        connected = ", ".join(sorted(w.name for w in workers)[:10]) or "none"
+        return (
+            f"{where} (workers=), and no connected worker matches (connected: {connected}); "
+            "pass allow_other_workers=True to let others run it"
+        )
+    names = ", ".join(sorted(w.name for w in allowed))
+    options = task.variants or (task.resources,)
+    shortfalls = "; ".join(
+        f"{format_resources(v) or 'nothing'} ({_shortfall(v, allowed)})" for v in options
+    )
+    return f"{where} ({names}), and none of them can ever provide what it needs: {shortfalls}"
 
 
 def _shortfall(demand: dict[str, int], workers: list[Any]) -> str:
