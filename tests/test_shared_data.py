@@ -7,11 +7,16 @@ Dask's documented usage.
 
 from __future__ import annotations
 
+import operator
+import os
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
 
+from apportion import Client, Future, LocalCluster
 from apportion.protocol import messages as m
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import ERRED, MEMORY, QUEUED, WAITING
@@ -319,3 +324,169 @@ def test_retry_of_a_forgotten_or_finished_key_says_so(sim: SimulatedCluster) -> 
     (failed,) = got(sim, m.KeysFailed)
     assert failed.keys == ["gone"] and "no longer knows it" in failed.message
     assert [k for msg in got(sim, m.KeysDone) for k in msg.keys] == ["done", "done"]
+
+
+# --- the client API on an in-process cluster ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    # "pin" lets a test put every task on the first worker (Dask would say workers=).
+    with LocalCluster(
+        workers=[
+            {"name": "first", "nthreads": 2, "resources": "pin=100"},
+            {"name": "second", "nthreads": 2},
+        ],
+        processes=False,
+    ) as c:
+        yield c
+
+
+@pytest.fixture
+def client(cluster: LocalCluster) -> Iterator[Client]:
+    with Client(cluster) as c:
+        yield c
+    settle(cluster)
+    check_invariants(cluster.scheduler.state)
+
+
+def settle(cluster: LocalCluster, timeout: float = 5.0) -> None:
+    """Wait until the scheduler holds no tasks (every release has been processed)."""
+    deadline = time.monotonic() + timeout
+    while cluster.scheduler.state.tasks and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def inc(x: int) -> int:
+    return x + 1
+
+
+def addresses(cluster: LocalCluster) -> list[str]:
+    return sorted(w.address for w in cluster.scheduler.state.workers.values())
+
+
+def test_a_dataset_outlives_the_client_that_published_it(cluster: LocalCluster) -> None:
+    with Client(cluster) as first:
+        total = first.submit(operator.add, 1, 2)
+        first.publish_dataset(total=total)
+        assert first.list_datasets() == ["total"]
+    with Client(cluster) as second:
+        got_back = second.get_dataset("total")
+        assert isinstance(got_back, Future) and got_back.key == total.key
+        assert got_back.result() == 3
+        second.unpublish_dataset("total")
+        assert second.list_datasets() == []
+        assert got_back.result() == 3  # the reader's own future still holds it
+    settle(cluster)
+    assert not cluster.scheduler.state.tasks
+
+
+def test_datasets_behave_as_a_dictionary(client: Client) -> None:
+    future = client.submit(inc, 10)
+    client.datasets["x"] = future
+    client.publish_dataset(client.submit(inc, 20), name="y")
+    client.publish_dataset({"config": {"alpha": 0.5, "layers": [1, 2]}})
+    assert "x" in client.datasets and "z" not in client.datasets
+    assert len(client.datasets) == 3 and sorted(client.datasets) == ["config", "x", "y"]
+    assert client.datasets["x"].result() == 11
+    assert client.get_dataset("y").result() == 21
+    assert client.get_dataset("config") == {"alpha": 0.5, "layers": [1, 2]}
+    assert client.get_dataset(["x", "config"])[1]["alpha"] == 0.5
+
+    with pytest.raises(KeyError, match="already exists"):
+        client.publish_dataset(x=1)
+    client.publish_dataset(x=2, override=True)
+    assert client.datasets["x"] == 2
+    with pytest.raises(KeyError, match=r"'nope' not found; published: \['config', 'x', 'y'\]"):
+        client.get_dataset("nope")
+    assert client.get_dataset("nope", default=None) is None
+    with pytest.raises(ValueError, match="publish_dataset\\(df, name='ds'\\)"):
+        client.publish_dataset(name="empty")
+
+    del client.datasets["x"]
+    with pytest.raises(KeyError):
+        del client.datasets["x"]
+    client.unpublish_dataset(["y", "config"])
+    assert dict(client.datasets) == {}
+
+
+def test_a_persisted_collection_is_rebuilt_for_another_client(cluster: LocalCluster) -> None:
+    db = pytest.importorskip("dask.bag")
+    with Client(cluster) as first:
+        bag = first.persist(db.from_sequence(range(10), npartitions=3).map(inc))
+        first.publish_dataset(numbers=bag)
+    with Client(cluster) as second:
+        numbers = second.get_dataset("numbers")
+        parts = [getattr(v, "value", v) for v in dict(numbers.__dask_graph__()).values()]
+        assert {type(p) for p in parts} == {Future} and parts[0]._client is second
+        assert second.compute(numbers.sum()).result() == sum(range(1, 11))
+        assert sorted(second.compute(numbers, sync=True)) == list(range(1, 11))
+        second.unpublish_dataset("numbers")
+
+
+def test_metadata_is_kept_by_key_or_nested_path(client: Client) -> None:
+    client.set_metadata("x", 123)
+    assert client.get_metadata("x") == 123
+    client.set_metadata(["x", "y"], 123)
+    client.set_metadata(["x", "w", "z"], 456)
+    assert client.get_metadata("x") == {"y": 123, "w": {"z": 456}}
+    assert client.get_metadata(["x", "w"]) == {"z": 456}
+    with pytest.raises(KeyError):
+        client.get_metadata(["x", "missing"])
+    assert client.get_metadata("missing", default="d") == "d"
+    with pytest.raises(TypeError, match="plain data"):
+        client.set_metadata("obj", object())
+
+
+def test_retry_runs_a_task_that_failed_the_first_time(client: Client, tmp_path: Path) -> None:
+    flag = str(tmp_path / "ran-once")
+    first = client.submit(fails_once, flag)
+    second = client.submit(inc, first)
+    with pytest.raises(RuntimeError, match="first run fails"):
+        second.result()
+    assert first.status == second.status == "error"
+    client.retry([second])  # the failed input runs again too
+    assert second.result(timeout=10) == 43
+    assert first.result(timeout=10) == 42
+
+
+def fails_once(flag: str) -> int:
+    if not os.path.exists(flag):
+        with open(flag, "w"):
+            pass
+        raise RuntimeError("first run fails")
+    return 42
+
+
+def test_replicate_puts_a_copy_on_every_worker(client: Client, cluster: LocalCluster) -> None:
+    x = client.submit(inc, 1)
+    client.replicate([x])
+    assert client.who_has([x]) == {x.key: addresses(cluster)}
+    assert client.who_has()[x.key] == addresses(cluster)
+    assert {w: keys for w, keys in client.has_what().items()} == {
+        w: [x.key] for w in addresses(cluster)
+    }
+    client.replicate([x], n=1)
+    assert len(client.who_has([x])[x.key]) == 1
+    assert x.result() == 2
+
+
+def test_rebalance_evens_out_what_each_worker_holds(client: Client, cluster: LocalCluster) -> None:
+    futures = client.map(inc, range(10), resources={"pin": 1})
+    assert [f.result() for f in futures] == list(range(1, 11))
+    counts = {w: len(keys) for w, keys in client.has_what().items()}
+    assert sorted(counts.values()) == [0, 10]
+    client.rebalance()
+    counts = {w: len(keys) for w, keys in client.has_what().items()}
+    assert sorted(counts.values()) == [5, 5]
+    assert client.gather(futures) == list(range(1, 11))
+    assert all(len(holders) == 1 for holders in client.who_has(futures).values())
+
+
+def test_worker_facts_have_dasks_shapes(client: Client, cluster: LocalCluster) -> None:
+    both = addresses(cluster)
+    assert client.nthreads() == dict.fromkeys(both, 2)
+    assert client.ncores(both[:1]) == {both[0]: 2}
+    assert sorted(client.processing()) == both
+    assert client.has_what(both[0]) == {both[0]: []}
+    assert client.who_has([]) == {}

@@ -403,7 +403,8 @@ class WorkerClosing(Message):
 
 @message
 class KeysPending(Message):
-    """Scheduler -> client: these results were lost and are being computed again.
+    """Scheduler -> client: these results were lost (or failed and are retried) and are
+    being computed again.
 
     Futures go back to pending; a ``KeysDone`` (or a failure) follows.
     """

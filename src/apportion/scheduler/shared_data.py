@@ -190,6 +190,9 @@ def _run_again(state: SchedulerState, task: TaskRecord, client_id: str) -> None:
     task.error = None
     task.cancelled = False
     state.retried.pop(task.key, None)
+    for wanter in task.wanted_by or ():
+        # Futures of failed inputs retried along with the asked key wait again too.
+        state.send(wanter, m.KeysPending([task.key]))
     task.missing_deps = 0
     for dep_key in task.deps:
         dep = state.tasks[dep_key]
