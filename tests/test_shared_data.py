@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from apportion import Client, Future, LocalCluster
 from apportion.protocol import messages as m
@@ -326,6 +329,136 @@ def test_retry_of_a_forgotten_or_finished_key_says_so(sim: SimulatedCluster) -> 
     assert [k for msg in got(sim, m.KeysDone) for k in msg.keys] == ["done", "done"]
 
 
+# --- copies under random events ----------------------------------------------------------
+
+
+class CopiesMachine(RuleBasedStateMachine):
+    """Results computed, copied, moved, lost, released and drained in random order:
+    the invariants (every holder listed, every listed holder real, byte counts right)
+    hold after every step, and every wanted result is still there or computed again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sim = SimulatedCluster()
+        self.sim.add_client("c1")
+        self.next_key = 0
+
+    @initialize(n=st.integers(2, 3))
+    def workers(self, n: int) -> None:
+        for _ in range(n):
+            self.sim.add_worker(nthreads=2)
+
+    def _done(self) -> list[str]:
+        return sorted(k for k, t in self.sim.state.tasks.items() if t.state == MEMORY)
+
+    @rule(data=st.data(), wanted=st.booleans())
+    def compute(self, data: st.DataObject, wanted: bool) -> None:
+        """A task, perhaps on earlier results; everything running finishes."""
+        key = f"t{self.next_key}"
+        self.next_key += 1
+        done = self._done()
+        deps = data.draw(st.lists(st.sampled_from(done), max_size=2, unique=True)) if done else []
+        self.sim.submit(key, deps, wanted=wanted or not deps)
+        self.sim.place()
+        for running in sorted(self.sim.all_running()):
+            self.sim.finish(running, nbytes=data.draw(st.integers(0, 50)))
+        self.sim.place()
+
+    @precondition(lambda self: self._done())
+    @rule(data=st.data(), n=st.integers(0, 3))
+    def replicate(self, data: st.DataObject, n: int) -> None:
+        keys = data.draw(st.lists(st.sampled_from(self._done()), min_size=1, max_size=3))
+        self.sim.client_says("c1", m.ReplicateKeys(1, keys, n, []))
+
+    @rule()
+    def rebalance(self) -> None:
+        self.sim.client_says("c1", m.RebalanceKeys(2, [], 1, []))
+
+    @rule()
+    def workers_answer(self) -> None:
+        """Sources send, receivers store, drained workers leave."""
+        for worker_id, inbox in list(self.sim.to_workers.items()):
+            messages, self.sim.to_workers[worker_id] = inbox, []
+            for msg in messages:
+                if worker_id not in self.sim.running:
+                    break
+                if isinstance(msg, m.GetData):
+                    values = dict.fromkeys(msg.keys, b"v")
+                    self.sim.worker_says(worker_id, m.DataReply(msg.request_id, values, [], {}))
+                elif isinstance(msg, m.PutData):
+                    stored = m.DataStored(msg.request_id, sorted(msg.data), {})
+                    self.sim.worker_says(worker_id, stored)
+                elif isinstance(msg, m.DrainDone):
+                    self.sim.worker_says(worker_id, m.WorkerClosing("drained"))
+                    self.sim.remove_worker(worker_id)
+
+    @rule()
+    def add_worker(self) -> None:
+        self.sim.add_worker(nthreads=2)
+
+    @precondition(lambda self: len(self.sim.running) > 1)
+    @rule(data=st.data(), drain=st.booleans())
+    def worker_goes(self, data: st.DataObject, drain: bool) -> None:
+        worker_id = data.draw(st.sampled_from(sorted(self.sim.running)))
+        if drain:
+            self.sim.worker_says(worker_id, m.WorkerDraining(30.0))
+        else:
+            self.sim.remove_worker(worker_id)
+        self.sim.place()
+
+    @precondition(lambda self: self._done())
+    @rule(data=st.data())
+    def a_holder_lacks_it(self, data: st.DataObject) -> None:
+        """A task finds that some holders of its input do not have it."""
+        dep = data.draw(st.sampled_from(self._done()))
+        key = f"t{self.next_key}"
+        self.next_key += 1
+        self.sim.submit(key, [dep])
+        self.sim.place()
+        if key not in self.sim.all_running():
+            return
+        worker_id = self.sim.worker_of(key)
+        holders = self.sim.running[worker_id][key].who_has[dep]
+        tried = data.draw(st.lists(st.sampled_from(holders), min_size=1, unique=True))
+        del self.sim.running[worker_id][key]
+        self.sim.worker_says(worker_id, m.MissingDependency(key, dep, tried, ""))
+
+    @precondition(lambda self: self.sim.state.clients["c1"].wanted)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(sorted(self.sim.state.clients["c1"].wanted)))
+        self.sim.client_says("c1", m.ReleaseKeys([key]))
+
+    @invariant()
+    def consistent(self) -> None:
+        check_invariants(self.sim.state)
+
+    def teardown(self) -> None:
+        """Everything settles: every wanted key is in memory again, where it says."""
+        sim = self.sim
+        sim.add_worker("last", nthreads=4)
+        for _ in range(1_000):
+            self.workers_answer()
+            for key in sorted(sim.all_running()):
+                sim.finish(key)
+            sim.place()
+            if not sim.all_running() and not any(sim.to_workers.values()):
+                break
+        check_invariants(sim.state)
+        for key in sim.state.clients["c1"].wanted:
+            assert sim.state.tasks[key].state == MEMORY, key
+        assert not sim.state.shared.copies
+
+
+CopiesMachine.TestCase.settings = settings(
+    max_examples=60,
+    stateful_step_count=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestCopies = CopiesMachine.TestCase
+
+
 # --- the client API on an in-process cluster ---------------------------------------------
 
 
@@ -404,8 +537,7 @@ def test_datasets_behave_as_a_dictionary(client: Client) -> None:
         client.publish_dataset(name="empty")
 
     del client.datasets["x"]
-    with pytest.raises(KeyError):
-        del client.datasets["x"]
+    del client.datasets["x"]  # not published any more: as in Dask, not an error
     client.unpublish_dataset(["y", "config"])
     assert dict(client.datasets) == {}
 
@@ -461,8 +593,8 @@ def fails_once(flag: str) -> int:
 def test_replicate_puts_a_copy_on_every_worker(client: Client, cluster: LocalCluster) -> None:
     x = client.submit(inc, 1)
     client.replicate([x])
-    assert client.who_has([x]) == {x.key: addresses(cluster)}
-    assert client.who_has()[x.key] == addresses(cluster)
+    assert sorted(client.who_has([x])[x.key]) == addresses(cluster)
+    assert sorted(client.who_has()[x.key]) == addresses(cluster)
     assert {w: keys for w, keys in client.has_what().items()} == {
         w: [x.key] for w in addresses(cluster)
     }

@@ -247,8 +247,7 @@ class Datasets(MutableMapping[str, Any]):
         self._client.publish_dataset(value, name=name)
 
     def __delitem__(self, name: str) -> None:
-        if name not in self:
-            raise KeyError(name)
+        # As Dask's: deleting a name that is not published is not an error.
         self._client.unpublish_dataset(name)
 
     def __contains__(self, name: object) -> bool:
