@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import operator
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -553,6 +555,8 @@ def test_a_persisted_collection_is_rebuilt_for_another_client(cluster: LocalClus
         assert {type(p) for p in parts} == {Future} and parts[0]._client is second
         assert second.compute(numbers.sum()).result() == sum(range(1, 11))
         assert sorted(second.compute(numbers, sync=True)) == list(range(1, 11))
+        second.replicate(numbers)  # a collection stands for its parts, as in Dask
+        assert [len(where) for where in second.who_has(numbers).values()] == [2, 2, 2]
         second.unpublish_dataset("numbers")
 
 
@@ -622,3 +626,35 @@ def test_worker_facts_have_dasks_shapes(client: Client, cluster: LocalCluster) -
     assert sorted(client.processing()) == both
     assert client.has_what(both[0]) == {both[0]: []}
     assert client.who_has([]) == {}
+
+
+PUBLISHER = """
+import sys
+from apportion import Client
+
+def square(x):
+    return x * x
+
+client = Client(sys.argv[1])
+client.publish_dataset(squares=client.map(square, range(5)), note={"by": "a script"})
+# Exits without closing: the dataset must not depend on a clean goodbye.
+"""
+
+
+@pytest.mark.process
+def test_a_dataset_published_by_a_script_that_exited(cluster: LocalCluster) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", PUBLISHER, cluster.scheduler_address],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr
+    with Client(cluster) as reader:
+        assert reader.list_datasets() == ["note", "squares"]
+        assert reader.gather(reader.get_dataset("squares")) == [0, 1, 4, 9, 16]
+        assert reader.datasets["note"] == {"by": "a script"}
+        reader.unpublish_dataset(["note", "squares"])
+    settle(cluster)
+    assert not cluster.scheduler.state.tasks

@@ -290,9 +290,18 @@ def _path(keys: Any) -> list[str]:
 
 
 def _futures(obj: Any) -> list[Future]:
+    """The futures in ``obj``: nested lists and dicts, and persisted Dask collections."""
     from apportion.client.client import iter_futures
 
-    return list(iter_futures(obj))
+    items = obj if isinstance(obj, list | tuple) else [obj]
+    found = list(iter_futures(obj))
+    for item in items:
+        if hasattr(item, "__dask_graph__") and not isinstance(item, Future):
+            for node in dict(item.__dask_graph__()).values():
+                part = getattr(node, "value", node)  # a persisted part wraps its future
+                if isinstance(part, Future):
+                    found.append(part)
+    return found
 
 
 def _addresses(workers: Any) -> list[str]:

@@ -185,8 +185,10 @@ def receiver_stored(state: SchedulerState, worker: WorkerRecord, msg: m.DataStor
     for key in msg.keys:
         source = state.workers.get(job.origin.pop((key, worker.id), ""))
         task = state.tasks.get(key)
-        if task is None or task.state != MEMORY:
-            state.free_keys[worker.id].append(key)  # released or lost meanwhile
+        if task is None or task.state != MEMORY or worker.leaving is not None:
+            # Released or lost meanwhile, or the receiver started leaving: its hand-off
+            # may be over, so a copy there could be lost with it.
+            state.free_keys[worker.id].append(key)
             continue
         if add_holder(task, worker):
             job.copied += 1

@@ -713,6 +713,7 @@ class SchedulerState:
             key: {
                 "state": t.state,
                 "worker": t.worker,
+                "copies": sorted(t.replicas or ()),
                 "deps": list(t.deps),
                 "dependents": sorted(t.dependents),
                 "resources": to_units(t.resources),
