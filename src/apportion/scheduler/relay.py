@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from apportion.protocol import messages as m
 from apportion.scheduler import copies, drain
 from apportion.scheduler.client_requests import want
-from apportion.scheduler.holders import holders
+from apportion.scheduler.holders import holders, holds
 from apportion.scheduler.records import (
     MEMORY,
     NO_RESOURCES,
@@ -207,7 +207,7 @@ def _adopt(
     task = state.tasks.get(key)
     if task is not None:
         # Same key scattered twice: keep the first copy, drop this one.
-        if task.worker != worker.id:
+        if not holds(task, worker.id):
             state.send(worker.id, m.FreeKeys([key]))
         if client is not None:
             want(state, client, key)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from apportion.protocol import messages as m
-from apportion.scheduler.holders import drop_holder, holders
+from apportion.scheduler.holders import drop_holder, holders, holds
 from apportion.scheduler.records import (
     ERRED,
     MEMORY,
@@ -28,7 +28,7 @@ def running_task(state: SchedulerState, worker: WorkerRecord, key: str) -> TaskR
     """The task ``worker`` reports on, or None (after freeing its data) if stale."""
     task = state.tasks.get(key)
     if task is None or task.state != PROCESSING or task.worker != worker.id:
-        if task is None or task.worker != worker.id:
+        if task is None or not holds(task, worker.id):  # a copy it holds stays
             state.free_keys[worker.id].append(key)
         return None
     state.unassign(task, worker)
