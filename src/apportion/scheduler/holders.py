@@ -22,6 +22,7 @@ def holders(task: TaskRecord) -> list[str]:
 
 
 def holds(task: TaskRecord, worker_id: str) -> bool:
+    """Whether the worker ``worker_id`` holds ``task``'s result (original or copy)."""
     return task.worker == worker_id or (task.replicas is not None and worker_id in task.replicas)
 
 

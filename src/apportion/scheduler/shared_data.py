@@ -49,6 +49,7 @@ class SharedBook:
 
 
 def publish(state: SchedulerState, client: ClientRecord, msg: m.PublishDataset) -> None:
+    """Keep a dataset; its keys are wanted by its pseudo-client from now on."""
     book = state.shared
     if msg.name in book.datasets and not msg.override:
         state.send(client.id, m.SharedDataAck(msg.request_id, f"Dataset {msg.name} already exists"))
@@ -65,6 +66,7 @@ def publish(state: SchedulerState, client: ClientRecord, msg: m.PublishDataset) 
 
 
 def unpublish(state: SchedulerState, client: ClientRecord, msg: m.UnpublishDataset) -> None:
+    """Forget datasets (unknown names are no error, as in Dask); their keys may go."""
     for name in msg.names:
         if state.shared.datasets.pop(name, None) is not None:
             owner = state.clients.pop(DATASET_OWNER + name)
@@ -73,6 +75,7 @@ def unpublish(state: SchedulerState, client: ClientRecord, msg: m.UnpublishDatas
 
 
 def get_dataset(state: SchedulerState, client: ClientRecord, msg: m.DatasetRequest) -> None:
+    """The dataset's bytes and keys, with every published name (for the error, the list)."""
     found = state.shared.datasets.get(msg.name)
     data, keys = found or (b"", [])
     names = sorted(state.shared.datasets)
@@ -97,6 +100,7 @@ def set_metadata(state: SchedulerState, client: ClientRecord, msg: m.SetMetadata
 
 
 def get_metadata(state: SchedulerState, client: ClientRecord, msg: m.MetadataRequest) -> None:
+    """The value at the path, or ``found`` 0 where a level on the way is missing."""
     value: Any = state.shared.metadata
     for key in msg.path:
         if not isinstance(value, dict) or key not in value:
@@ -110,6 +114,7 @@ def get_metadata(state: SchedulerState, client: ClientRecord, msg: m.MetadataReq
 
 
 def cluster_facts(state: SchedulerState, client: ClientRecord, msg: m.ClusterFactsRequest) -> None:
+    """Who holds what, threads and assigned tasks, keyed by worker address as in Dask."""
     address = {w.id: w.address for w in state.workers.values()}
     who_has = {
         key: [address[w] for w in holders(task)] if task.state == MEMORY else []
