@@ -91,6 +91,21 @@ SAMPLES: list[m.Message] = [
     m.VersionsReply(18, {"packages": {"python": "3.11.2"}}),
     m.LogsRequest(19, 0),
     m.LogsReply(19, [["WARNING", "something"]]),
+    # --- shared data: datasets, metadata, who has what, retry, replicate, rebalance ---
+    m.PublishDataset(20, "x", b"\x80pickle", ["a"], 0),
+    m.UnpublishDataset(21, ["x"]),
+    m.DatasetRequest(22, "x"),
+    m.DatasetReply(22, 1, b"\x80pickle", ["a"], ["x"]),
+    m.SharedDataAck(21, ""),
+    m.SetMetadata(23, ["x", "y"], {"z": [1, 2.5, "s"]}),
+    m.MetadataRequest(24, ["x"]),
+    m.MetadataReply(24, 1, {"y": 1}),
+    m.ClusterFactsRequest(25),
+    m.ClusterFactsReply(25, {"a": ["tcp://w:1"]}, {"tcp://w:1": ["a"]}, {"tcp://w:1": 2}, {}),
+    m.RetryKeys(["a"]),
+    m.ReplicateKeys(26, ["a"], 0, []),
+    m.RebalanceKeys(27, [], 1, ["tcp://w:1"]),
+    m.CopiesDone(26, 1, 0),
 ]
 
 

@@ -283,6 +283,52 @@ class SchedulerMachine(RuleBasedStateMachine):
         reply = self.sim.inbox[client][-1]
         assert isinstance(reply, m.WhyReply) and all(reply.reasons.values())
 
+    # --- shared data: retry, copies of results, datasets -------------------------------
+
+    @precondition(lambda self: self.connected and self.next_key)
+    @rule(data=st.data())
+    def retry(self, data: st.DataObject) -> None:
+        """A client runs a key again: failed (with its failed inputs), or any other."""
+        client = data.draw(st.sampled_from(sorted(self.connected)))
+        self.sim.client_says(client, m.RetryKeys([self._any_key(data, client)]))
+        self._maybe_place(data)
+
+    def _results_to_copy(self) -> bool:
+        state = self.sim.state
+        return len(state.workers) > 1 and any(t.state == MEMORY for t in state.tasks.values())
+
+    @precondition(lambda self: self.connected and self._results_to_copy())
+    @rule(data=st.data(), n=st.integers(0, 3))
+    def replicate(self, data: st.DataObject, n: int) -> None:
+        """Copies to ``n`` workers (0: all); the copies travel when workers answer."""
+        client = data.draw(st.sampled_from(sorted(self.connected)))
+        done = sorted(k for k, t in self.sim.state.tasks.items() if t.state == MEMORY)
+        keys = data.draw(st.lists(st.sampled_from(done), max_size=3)) if done else []
+        keys.append(self._any_key(data, client))
+        self.sim.client_says(client, m.ReplicateKeys(1, keys, n, []))
+        if data.draw(st.booleans()):
+            self.workers_answer()  # the copies land before anything else happens
+
+    @precondition(lambda self: self.connected and self._results_to_copy())
+    @rule(data=st.data())
+    def rebalance(self, data: st.DataObject) -> None:
+        client = data.draw(st.sampled_from(sorted(self.connected)))
+        self.sim.client_says(client, m.RebalanceKeys(1, [], 1, []))
+        if data.draw(st.booleans()):
+            self.workers_answer()
+
+    @precondition(lambda self: self.connected and self.next_key)
+    @rule(data=st.data(), name=st.sampled_from(["x", "y"]))
+    def publish_or_unpublish(self, data: st.DataObject, name: str) -> None:
+        """A dataset holds keys (any, even unknown ones) until it is unpublished."""
+        client = data.draw(st.sampled_from(sorted(self.connected)))
+        if name in self.sim.state.shared.datasets and data.draw(st.booleans()):
+            self.sim.client_says(client, m.UnpublishDataset(1, [name]))
+        else:
+            key = self._any_key(data, client)
+            self.sim.client_says(client, m.PublishDataset(1, name, b"", [key], 1))
+        self._maybe_place(data)
+
     # --- checks ---------------------------------------------------------------------
 
     @invariant()

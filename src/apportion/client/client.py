@@ -139,7 +139,8 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         elif isinstance(msg, m.KeysPending):
             for key in msg.keys:
                 state = self._keys.get(key)
-                if state is not None and state.status == FINISHED:
+                # Lost results, or failed ones run again by ``retry``: pending again.
+                if state is not None and state.status in (FINISHED, ERROR):
                     state.reset()
         elif isinstance(msg, m.Notice):
             self.notices.append(msg.text)

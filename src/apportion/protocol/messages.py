@@ -660,3 +660,131 @@ class LogsRequest(Message):
 class LogsReply(Message):
     request_id: int
     records: list[list[str]]  #: [level name, formatted message], oldest first
+
+
+# --- shared data: datasets, metadata, who has what, retry, replicate, rebalance ---
+
+
+@message
+class PublishDataset(Message):
+    """Client -> scheduler: keep ``data`` under ``name``, and the keys it refers to."""
+
+    request_id: int
+    name: str
+    data: bytes  #: the pickled object; futures inside it pickle as references to ``keys``
+    keys: list[str]
+    override: int  #: 1: replace a dataset of that name; 0: refuse (as Dask's KeyError)
+
+
+@message
+class UnpublishDataset(Message):
+    """Client -> scheduler: forget these datasets and let their keys go."""
+
+    request_id: int
+    names: list[str]
+
+
+@message
+class DatasetRequest(Message):
+    """Client -> scheduler: the dataset ``name``; also the names of all (for the error)."""
+
+    request_id: int
+    name: str
+
+
+@message
+class DatasetReply(Message):
+    """The dataset asked for (``found`` 0: unknown), and every published name."""
+
+    request_id: int
+    found: int
+    data: bytes
+    keys: list[str]
+    names: list[str]
+
+
+@message
+class SharedDataAck(Message):
+    """Scheduler -> client: done; ``error`` says why not (empty when it was done)."""
+
+    request_id: int
+    error: str
+
+
+@message
+class SetMetadata(Message):
+    """Client -> scheduler: store a plain value at a path of nested dictionaries."""
+
+    request_id: int
+    path: list[str]
+    value: Any
+
+
+@message
+class MetadataRequest(Message):
+    """Client -> scheduler: the value at ``path``."""
+
+    request_id: int
+    path: list[str]
+
+
+@message
+class MetadataReply(Message):
+    request_id: int
+    found: int
+    value: Any
+
+
+@message
+class ClusterFactsRequest(Message):
+    """Client -> scheduler: who holds what, threads and running tasks of every worker."""
+
+    request_id: int
+
+
+@message
+class ClusterFactsReply(Message):
+    """Shaped as Dask's answers: keys -> holder addresses, and per worker address."""
+
+    request_id: int
+    who_has: dict[str, list[str]]
+    has_what: dict[str, list[str]]
+    nthreads: dict[str, int]
+    processing: dict[str, list[str]]
+
+
+@message
+class RetryKeys(Message):
+    """Client -> scheduler: run these failed tasks again, with their failed inputs."""
+
+    keys: list[str]
+
+
+@message
+class ReplicateKeys(Message):
+    """Client -> scheduler: have ``n`` workers (0: all) of ``workers`` (empty: all) hold
+    each key; answered with ``CopiesDone`` once every copy is stored."""
+
+    request_id: int
+    keys: list[str]
+    n: int
+    workers: list[str]  #: worker addresses or names
+
+
+@message
+class RebalanceKeys(Message):
+    """Client -> scheduler: even out the bytes each worker holds by moving results."""
+
+    request_id: int
+    keys: list[str]
+    all_keys: int  #: 1: every result in memory (``keys`` is then ignored)
+    workers: list[str]  #: worker addresses or names; empty: all
+
+
+@message
+class CopiesDone(Message):
+    """Scheduler -> client: a replicate or rebalance finished."""
+
+    request_id: int
+    copied: int  #: copies stored (for a rebalance: results moved)
+    dropped: int  #: copies let go (replicas over ``n``; sources of moves)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from apportion.protocol import messages as m
+from apportion.scheduler.holders import add_holder, drop_holder, holds
 from apportion.scheduler.records import MEMORY, WorkerRecord
 
 if TYPE_CHECKING:
@@ -59,6 +60,9 @@ def check(state: SchedulerState, worker: WorkerRecord) -> None:
     """After any report of a draining worker: start the hand-off once nothing runs there."""
     if not worker.draining or worker.processing or worker.handoff is not None:
         return
+    for key in sorted(worker.has_what):
+        if drop_holder(state.tasks[key], worker):  # another worker holds a copy
+            state.free_keys[worker.id].append(key)
     keys = sorted(k for k in worker.has_what if state.tasks[k].needed())
     if keys and _receivers(state):
         rid = state.relays.new_id()
@@ -100,16 +104,13 @@ def receiver_stored(state: SchedulerState, worker: WorkerRecord, msg: m.DataStor
     source = state.workers.get(handoff.source)
     for key in msg.keys:
         task = state.tasks.get(key)
-        if task is None or task.state != MEMORY or source is None or task.worker != source.id:
-            if task is None or task.worker != worker.id:  # not its own copy since
+        if task is None or task.state != MEMORY or source is None or not holds(task, source.id):
+            if task is None or not holds(task, worker.id):  # not its own copy since
                 state.free_keys[worker.id].append(key)  # released (or lost) meanwhile
             continue
-        source.has_what.discard(key)
-        source.nbytes -= task.nbytes
+        add_holder(task, worker)
+        drop_holder(task, source)
         state.free_keys[source.id].append(key)
-        task.worker = worker.id
-        worker.has_what.add(key)
-        worker.nbytes += task.nbytes
         handoff.moved += 1
         state.log.append(
             (state.now, key, MEMORY, MEMORY, f"handed from {source.name} to {worker.name}")

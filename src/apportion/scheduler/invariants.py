@@ -9,7 +9,16 @@ from __future__ import annotations
 from collections import Counter
 
 from apportion.core.resources import SCALE
-from apportion.scheduler.records import ERRED, MEMORY, PROCESSING, QUEUED, RELEASED, WAITING
+from apportion.scheduler.holders import holds
+from apportion.scheduler.records import (
+    ERRED,
+    MEMORY,
+    PROCESSING,
+    QUEUED,
+    RELEASED,
+    WAITING,
+    TaskRecord,
+)
 from apportion.scheduler.remote_calls import check_book
 from apportion.scheduler.state import SchedulerState
 
@@ -44,7 +53,9 @@ def _check_ledger(state: SchedulerState) -> None:
         assert resource_tasks <= worker.nthreads, f"{worker.name}: more resource tasks than threads"
         for key in worker.has_what:
             task = state.tasks.get(key)
-            assert task is not None and task.state == MEMORY and task.worker == worker.id
+            assert task is not None and task.state == MEMORY and holds(task, worker.id)
+        held = sum(state.tasks[key].nbytes for key in worker.has_what)
+        assert worker.nbytes == held, f"{worker.name}: nbytes {worker.nbytes} != {held} held"
 
 
 def _check_tasks(state: SchedulerState) -> None:
@@ -67,9 +78,7 @@ def _check_tasks(state: SchedulerState) -> None:
             assert key in state.workers[task.worker].processing, f"{key}: lost its worker"
         if task.units:
             assert task.state == PROCESSING and task.worker, f"{key}: holds units off a worker"
-        if task.state == MEMORY:
-            worker = state.workers.get(task.worker or "")
-            assert worker is not None and key in worker.has_what, f"{key}: result nowhere"
+        _check_holders(state, task)
         for dep_key in task.dependents:
             dependent = state.tasks.get(dep_key)
             assert dependent is not None, f"{key}: dependent {dep_key} forgotten"
@@ -83,6 +92,20 @@ def _check_tasks(state: SchedulerState) -> None:
                 assert key in dep.dependents, f"{key}: not registered with {dep_key}"
         for client_id in task.wanted_by or ():
             assert key in state.clients[client_id].wanted
+
+
+def _check_holders(state: SchedulerState, task: TaskRecord) -> None:
+    """A result in memory is on its worker and on every copy's; nothing else has copies."""
+    key = task.key
+    if task.state != MEMORY:
+        assert task.replicas is None, f"{key}: copies of a result not in memory"
+        return
+    worker = state.workers.get(task.worker or "")
+    assert worker is not None and key in worker.has_what, f"{key}: result nowhere"
+    for copy in task.replicas or ():
+        assert copy != task.worker, f"{key}: its holder is listed as a copy too"
+        holder = state.workers.get(copy)
+        assert holder is not None and key in holder.has_what, f"{key}: copy on {copy} gone"
 
 
 def _check_reservations(state: SchedulerState) -> None:

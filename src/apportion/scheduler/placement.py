@@ -153,6 +153,8 @@ def _input_bytes(state: SchedulerState, task: TaskRecord) -> dict[str, int]:
         record = state.tasks[dep]
         if record.worker is not None:
             by_worker[record.worker] = by_worker.get(record.worker, 0) + record.nbytes
+            for copy in record.replicas or ():  # copies made by replicate or rebalance
+                by_worker[copy] = by_worker.get(copy, 0) + record.nbytes
     return by_worker
 
 

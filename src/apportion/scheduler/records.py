@@ -137,6 +137,9 @@ TRANSITIONS: frozenset[tuple[str, str]] = frozenset(
         (RELEASED, ERRED),
         (RELEASED, "forgotten"),
         (ERRED, "forgotten"),
+        # ``Client.retry``: a failed task (and its failed inputs) runs again.
+        (ERRED, WAITING),
+        (ERRED, QUEUED),
     }
 )
 
@@ -157,6 +160,7 @@ class TaskRecord:
         "missing_deps",
         "nbytes",
         "priority",
+        "replicas",
         "reserved_on",
         "resources",
         "restriction",
@@ -219,6 +223,9 @@ class TaskRecord:
         self.state = "new"
         #: The worker running it (PROCESSING) or holding its result (MEMORY).
         self.worker: str | None = None
+        #: MEMORY only: other workers holding a copy (replicate, rebalance), never
+        #: ``worker`` itself; None (not an empty set) while there are none.
+        self.replicas: set[str] | None = None
         #: Clients holding a future for this key.
         self.wanted_by: set[str] | None = None
         self.nbytes = 0

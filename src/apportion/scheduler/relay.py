@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from apportion.protocol import messages as m
-from apportion.scheduler import drain
+from apportion.scheduler import copies, drain
 from apportion.scheduler.client_requests import want
+from apportion.scheduler.holders import holders, holds
 from apportion.scheduler.records import (
     MEMORY,
     NO_RESOURCES,
@@ -94,6 +95,7 @@ class RelayBook:
                     ),
                 )
         drain.worker_left(state, worker_id)
+        copies.worker_left(state, worker_id)
 
 
 def gather(state: SchedulerState, client: ClientRecord, msg: m.GatherRequest) -> None:
@@ -117,6 +119,9 @@ def gather(state: SchedulerState, client: ClientRecord, msg: m.GatherRequest) ->
 def data_reply(state: SchedulerState, worker: WorkerRecord, msg: m.DataReply) -> None:
     if msg.request_id in state.relays.handoffs:
         drain.source_reply(state, worker, msg)
+        return
+    if msg.request_id in state.shared.copies:
+        copies.source_reply(state, worker, msg)
         return
     gather_ = state.relays.gathers.get(msg.request_id)
     if gather_ is None or gather_.pending.pop(worker.id, None) is None:
@@ -156,6 +161,9 @@ def data_stored(state: SchedulerState, worker: WorkerRecord, msg: m.DataStored) 
         return  # a client put it there and reports it with ScatterPlaced
     if msg.request_id in state.relays.handoffs:
         drain.receiver_stored(state, worker, msg)
+        return
+    if msg.request_id in state.shared.copies:
+        copies.receiver_stored(state, worker, msg)
         return
     scatter_ = state.relays.scatters.get(msg.request_id)
     if scatter_ is None or scatter_.pending.pop(worker.id, None) is None:
@@ -199,7 +207,7 @@ def _adopt(
     task = state.tasks.get(key)
     if task is not None:
         # Same key scattered twice: keep the first copy, drop this one.
-        if task.worker != worker.id:
+        if not holds(task, worker.id):
             state.send(worker.id, m.FreeKeys([key]))
         if client is not None:
             want(state, client, key)
@@ -217,5 +225,5 @@ def who_has(state: SchedulerState, client: ClientRecord, msg: m.WhoHasRequest) -
     for key in msg.keys:
         task: TaskRecord | None = state.tasks.get(key)
         if task is not None and task.state == MEMORY and task.worker in state.workers:
-            out[key] = [state.workers[task.worker].address]
+            out[key] = [state.workers[w].address for w in holders(task)]
     state.send(client.id, m.WhoHasReply(msg.request_id, out))

@@ -36,7 +36,14 @@ from apportion.core.resources import (
     to_units,
 )
 from apportion.protocol import messages as m
-from apportion.scheduler import client_requests, drain, relay, remote_calls, worker_reports
+from apportion.scheduler import (
+    client_requests,
+    drain,
+    relay,
+    remote_calls,
+    shared_data,
+    worker_reports,
+)
 from apportion.scheduler.events import (
     AdoptRunning,
     ClientJoined,
@@ -54,6 +61,7 @@ from apportion.scheduler.events import (
     WorkerJoined,
     WorkerLeft,
 )
+from apportion.scheduler.holders import clear_replicas, drop_holder, holders
 from apportion.scheduler.records import (
     ERRED,
     MEMORY,
@@ -129,6 +137,8 @@ class SchedulerState:
         self.identity: dict[str, Any] = {}
         self.relays = relay.RelayBook()
         self.remote = remote_calls.RemoteBook()
+        #: Datasets, metadata and copies in flight (``shared_data.py``).
+        self.shared = shared_data.SharedBook()
         self.now = 0.0
         self._seq = 0
         self._out: list[Command] = []
@@ -263,8 +273,7 @@ class SchedulerState:
             self.send(worker.id, m.LoadFunction(task.func_id, self.functions[task.func_id]))
         who_has: dict[str, list[str]] = {}
         for dep in task.deps:
-            holder = self.workers[self.tasks[dep].worker or ""]
-            who_has[dep] = [holder.address]
+            who_has[dep] = [self.workers[w].address for w in holders(self.tasks[dep])]
         self.send(
             worker.id,
             m.ComputeTask(
@@ -323,6 +332,8 @@ class SchedulerState:
             return
         if task.state == RELEASED:
             return  # still feeds results that exist (lineage), or it would be gone
+        if task.state == ERRED and task.lineage and task.error and task.error[0] == "exception":
+            return  # it raised: a failed dependent may be retried, and needs this recipe
         kept = task.state in (MEMORY, WAITING, QUEUED)  # not a failure: nothing to recompute
         if kept and task.lineage and task.func_id != SCATTERED:
             self.keep_released(task, "released; kept to recompute what was computed from it")
@@ -362,7 +373,9 @@ class SchedulerState:
                 if dep is None or dep.lineage <= 0:
                     continue
                 dep.lineage -= 1
-                if dep.lineage == 0 and dep.state == RELEASED:
+                if dep.lineage == 0 and (
+                    dep.state == RELEASED or (dep.state == ERRED and not dep.needed())
+                ):
                     self._delete(dep, "nothing computed from it is left")
                     stack.append(dep)
 
@@ -392,6 +405,8 @@ class SchedulerState:
             self.retried.pop(key, None)
 
     def _drop_result(self, task: TaskRecord) -> None:
+        for worker_id in clear_replicas(task, self.workers):
+            self.free_keys[worker_id].append(task.key)
         worker = self.workers.get(task.worker or "")
         if worker is not None and task.key in worker.has_what:
             worker.has_what.discard(task.key)
@@ -563,10 +578,7 @@ class SchedulerState:
                     self._fail_poisoned(task)
             else:
                 self.requeue(task, f"worker {worker.name} lost while running it: {how}")
-        for key in list(worker.has_what):
-            held = self.tasks.get(key)
-            if held is not None and held.state == MEMORY and held.worker == worker.id:
-                self.lose_result(held, f"its result was on worker {worker.name}, which left")
+        self._lose_results_on(worker)
         self.relays.worker_left(self, worker.id)
         remote_calls.worker_left(self, worker.id, how)
         for other in self.workers.values():
@@ -575,6 +587,13 @@ class SchedulerState:
         self.warned.clear()
         self.notified.clear()
         self.placement_due = True
+
+    def _lose_results_on(self, worker: WorkerRecord) -> None:
+        """The results ``worker`` held are gone; a copy elsewhere keeps a result."""
+        for key in list(worker.has_what):
+            held = self.tasks.get(key)
+            if held is not None and held.state == MEMORY and not drop_holder(held, worker):
+                self.lose_result(held, f"its result was on worker {worker.name}, which left")
 
     def _too_many_deaths(self, task: TaskRecord, worker: WorkerRecord, how: str) -> bool:
         """Count a worker death during ``task``; True once it reaches the limit."""
@@ -705,6 +724,7 @@ class SchedulerState:
             key: {
                 "state": t.state,
                 "worker": t.worker,
+                "copies": sorted(t.replicas or ()),
                 "deps": list(t.deps),
                 "dependents": sorted(t.dependents),
                 "resources": to_units(t.resources),
@@ -796,6 +816,15 @@ CLIENT_HANDLERS: dict[type[m.Message], Callable[[SchedulerState, ClientRecord, A
     m.UninstallFromWorkers: remote_calls.uninstall,
     m.VersionsRequest: remote_calls.versions,
     m.LogsRequest: remote_calls.logs,
+    m.PublishDataset: shared_data.publish,
+    m.UnpublishDataset: shared_data.unpublish,
+    m.DatasetRequest: shared_data.get_dataset,
+    m.SetMetadata: shared_data.set_metadata,
+    m.MetadataRequest: shared_data.get_metadata,
+    m.ClusterFactsRequest: shared_data.cluster_facts,
+    m.RetryKeys: shared_data.retry,
+    m.ReplicateKeys: shared_data.replicate,
+    m.RebalanceKeys: shared_data.rebalance,
 }
 
 WORKER_HANDLERS: dict[type[m.Message], Callable[[SchedulerState, WorkerRecord, Any], None]] = {

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from apportion.protocol import messages as m
+from apportion.scheduler.holders import drop_holder, holders, holds
 from apportion.scheduler.records import (
     ERRED,
     MEMORY,
@@ -27,7 +28,7 @@ def running_task(state: SchedulerState, worker: WorkerRecord, key: str) -> TaskR
     """The task ``worker`` reports on, or None (after freeing its data) if stale."""
     task = state.tasks.get(key)
     if task is None or task.state != PROCESSING or task.worker != worker.id:
-        if task is None or task.worker != worker.id:
+        if task is None or not holds(task, worker.id):  # a copy it holds stays
             state.free_keys[worker.id].append(key)
         return None
     state.unassign(task, worker)
@@ -104,6 +105,25 @@ def tasks_dropped(state: SchedulerState, worker: WorkerRecord, msg: m.TasksDropp
             settle_discarded(state, task, f"dropped by {worker.name} before it started")
 
 
+def _drop_failed_holders(
+    state: SchedulerState, dep: TaskRecord, tried: list[str], worker: WorkerRecord
+) -> None:
+    """The holders ``worker`` tried do not have ``dep``: forget them; lose it with the last."""
+    for holder_id in holders(dep):
+        holder = state.workers.get(holder_id)
+        if holder is not None and holder.address not in tried:
+            continue  # a copy made after the task was sent: still good
+        if holder is not None:
+            # Whatever the holder still has under that key is stale from now on.
+            state.free_keys[holder.id].append(dep.key)
+            if drop_holder(dep, holder):
+                continue
+            holder.has_what.discard(dep.key)
+            holder.nbytes -= dep.nbytes
+        state.lose_result(dep, f"{worker.name} could not fetch it")
+        return
+
+
 #: A task whose inputs could not be fetched this many times fails instead of looping.
 MAX_FETCH_FAILURES = 3
 
@@ -124,14 +144,7 @@ def missing_dependency(
         return
     dep = state.tasks.get(msg.dep)
     if dep is not None and dep.state == MEMORY:
-        holder = state.workers.get(dep.worker or "")
-        if holder is None or holder.address in msg.holders:
-            if holder is not None:
-                holder.has_what.discard(dep.key)
-                holder.nbytes -= dep.nbytes
-                # Whatever the holder still has under that key is stale from now on.
-                state.free_keys[holder.id].append(dep.key)
-            state.lose_result(dep, f"{worker.name} could not fetch it")
+        _drop_failed_holders(state, dep, msg.holders, worker)
     if task is None or task.state != PROCESSING:
         return  # a stale report, or the task failed with the input it could not fetch
     state.placement_due = True

@@ -1,0 +1,210 @@
+"""Data and facts the scheduler keeps for clients: datasets, metadata, who has what,
+retrying failed tasks; ``copies.py`` does replicate and rebalance.
+
+A published dataset is an opaque pickled object and the keys its futures refer
+to. The keys are wanted by a pseudo-client of the dataset's own (as Dask's
+``published-<name>``), so they outlive the publishing client until unpublished;
+the scheduler never opens the bytes. Metadata are plain msgpack values in nested
+dictionaries, addressed by a path of keys, as Dask's ``task_metadata``.
+
+A retry runs a failed task again, with the failed inputs it needs, inputs
+first. A failed input is kept (ERRED) while a record computed from it exists
+(``SchedulerState.forget``), so a failed chain can be retried from its root.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from apportion.protocol import messages as m
+from apportion.scheduler import copies
+from apportion.scheduler.client_requests import error_message, release, want
+from apportion.scheduler.holders import holders
+from apportion.scheduler.records import ERRED, MEMORY, RELEASED, WAITING, ClientRecord, TaskRecord
+
+if TYPE_CHECKING:
+    from apportion.scheduler.state import SchedulerState
+
+#: Prefix of the pseudo-client that holds a dataset's keys.
+DATASET_OWNER = "dataset:"
+
+replicate = copies.replicate
+rebalance = copies.rebalance
+
+
+@dataclass
+class SharedBook:
+    """What clients left with the scheduler for each other."""
+
+    #: name -> (pickled object, keys its futures refer to)
+    datasets: dict[str, tuple[bytes, list[str]]] = field(default_factory=dict)
+    #: Nested dictionaries of plain values (``set_metadata``).
+    metadata: dict[str, Any] = field(default_factory=dict)
+    #: Replicates and rebalances in flight, by the request id sent to workers.
+    copies: dict[int, copies.CopyJob] = field(default_factory=dict)
+
+
+# --- datasets -------------------------------------------------------------------------
+
+
+def publish(state: SchedulerState, client: ClientRecord, msg: m.PublishDataset) -> None:
+    """Keep a dataset; its keys are wanted by its pseudo-client from now on."""
+    book = state.shared
+    if msg.name in book.datasets and not msg.override:
+        state.send(client.id, m.SharedDataAck(msg.request_id, f"Dataset {msg.name} already exists"))
+        return
+    owner_id = DATASET_OWNER + msg.name
+    old = state.clients.get(owner_id)
+    owner = state.clients[owner_id] = ClientRecord(owner_id)
+    for key in msg.keys:
+        want(state, owner, key)
+    if old is not None:  # after wanting the new keys, so keys in both stay put
+        release(state, old, sorted(old.wanted))
+    book.datasets[msg.name] = (msg.data, list(msg.keys))
+    state.send(client.id, m.SharedDataAck(msg.request_id, ""))
+
+
+def unpublish(state: SchedulerState, client: ClientRecord, msg: m.UnpublishDataset) -> None:
+    """Forget datasets (unknown names are no error, as in Dask); their keys may go."""
+    for name in msg.names:
+        if state.shared.datasets.pop(name, None) is not None:
+            owner = state.clients.pop(DATASET_OWNER + name)
+            release(state, owner, sorted(owner.wanted))
+    state.send(client.id, m.SharedDataAck(msg.request_id, ""))
+
+
+def get_dataset(state: SchedulerState, client: ClientRecord, msg: m.DatasetRequest) -> None:
+    """The dataset's bytes and keys, with every published name (for the error, the list)."""
+    found = state.shared.datasets.get(msg.name)
+    data, keys = found or (b"", [])
+    names = sorted(state.shared.datasets)
+    state.send(client.id, m.DatasetReply(msg.request_id, int(found is not None), data, keys, names))
+
+
+# --- metadata -------------------------------------------------------------------------
+
+
+def set_metadata(state: SchedulerState, client: ClientRecord, msg: m.SetMetadata) -> None:
+    """As Dask's: missing (or non-dictionary) levels on the way become dictionaries."""
+    if not msg.path:
+        state.send(client.id, m.SharedDataAck(msg.request_id, "a metadata key is needed"))
+        return
+    level = state.shared.metadata
+    for key in msg.path[:-1]:
+        if not isinstance(level.get(key), dict):
+            level[key] = {}
+        level = level[key]
+    level[msg.path[-1]] = msg.value
+    state.send(client.id, m.SharedDataAck(msg.request_id, ""))
+
+
+def get_metadata(state: SchedulerState, client: ClientRecord, msg: m.MetadataRequest) -> None:
+    """The value at the path, or ``found`` 0 where a level on the way is missing."""
+    value: Any = state.shared.metadata
+    for key in msg.path:
+        if not isinstance(value, dict) or key not in value:
+            state.send(client.id, m.MetadataReply(msg.request_id, 0, None))
+            return
+        value = value[key]
+    state.send(client.id, m.MetadataReply(msg.request_id, 1, value))
+
+
+# --- who has what ---------------------------------------------------------------------
+
+
+def cluster_facts(state: SchedulerState, client: ClientRecord, msg: m.ClusterFactsRequest) -> None:
+    """Who holds what, threads and assigned tasks, keyed by worker address as in Dask."""
+    address = {w.id: w.address for w in state.workers.values()}
+    who_has = {
+        key: [address[w] for w in holders(task)] if task.state == MEMORY else []
+        for key, task in state.tasks.items()
+    }
+    workers = state.workers.values()
+    state.send(
+        client.id,
+        m.ClusterFactsReply(
+            msg.request_id,
+            who_has,
+            {w.address: sorted(w.has_what) for w in workers},
+            {w.address: w.nthreads for w in workers},
+            {w.address: sorted(w.processing) for w in workers},
+        ),
+    )
+
+
+# --- retry ----------------------------------------------------------------------------
+
+
+def retry(state: SchedulerState, client: ClientRecord, msg: m.RetryKeys) -> None:
+    """Run failed keys again; a finished one is said to be done, a pending one goes on."""
+    for key in msg.keys:
+        task = state.tasks.get(key)
+        if task is None:
+            text = f"{key!r} cannot be retried: the scheduler no longer knows it; submit it again"
+            state.send(client.id, m.KeysFailed([key], "lost", text))
+        elif task.state == ERRED:
+            for failed in _failed_chain(state, task):
+                _run_again(state, failed, client.id)
+        elif task.state == MEMORY:
+            state.done_keys[client.id].append(key)
+
+
+def _failed_chain(state: SchedulerState, task: TaskRecord) -> list[TaskRecord]:
+    """``task`` and the failed inputs it needs, transitively, inputs before dependents."""
+    order: list[TaskRecord] = []
+    seen = {task.key}
+    stack: list[tuple[TaskRecord, bool]] = [(task, False)]
+    while stack:
+        current, inputs_done = stack.pop()
+        if inputs_done:
+            order.append(current)
+            continue
+        stack.append((current, True))
+        for dep_key in current.deps:
+            dep = state.tasks.get(dep_key)
+            if dep is not None and dep.state == ERRED and dep_key not in seen:
+                seen.add(dep_key)
+                stack.append((dep, False))
+    return order
+
+
+def _run_again(state: SchedulerState, task: TaskRecord, client_id: str) -> None:
+    cause = f"retried by client {client_id}"
+    for dep_key in task.deps:
+        dep = state.tasks.get(dep_key)
+        if dep is not None and dep.state == RELEASED:
+            state.recompute(dep, f"needed to retry {task.key}")
+    blocked = next(
+        (d for d in task.deps if d not in state.tasks or state.tasks[d].state == ERRED), None
+    )
+    if blocked is not None:
+        dep = state.tasks.get(blocked)
+        error = (
+            dep.error
+            if dep is not None and dep.error is not None
+            else ("lost", f"{task.key!r} cannot be retried: input {blocked!r} is gone", b"")
+        )
+        task.error = error
+        for wanter in task.wanted_by or ():
+            state.send(wanter, error_message(task.key, error, 1))
+        for dep_key in task.deps:  # inputs recomputed above for nothing: let them go
+            if dep_key in state.tasks:
+                state.release_if_unneeded(state.tasks[dep_key])
+        return
+    task.error = None
+    task.cancelled = False
+    state.retried.pop(task.key, None)
+    for wanter in task.wanted_by or ():
+        # Futures of failed inputs retried along with the asked key wait again too.
+        state.send(wanter, m.KeysPending([task.key]))
+    task.missing_deps = 0
+    for dep_key in task.deps:
+        dep = state.tasks[dep_key]
+        dep.dependents.add(task.key)
+        if dep.state != MEMORY:
+            task.missing_deps += 1
+    if task.missing_deps:
+        state.move(task, WAITING, cause)
+    else:
+        state.enqueue(task, cause)
