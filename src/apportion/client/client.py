@@ -33,12 +33,13 @@ from apportion.client.future import (
 from apportion.client.graph import canonical_keys, flatten_keys, graph_tasks, wire_key
 from apportion.client.lifecycle import ClusterLifecycle
 from apportion.client.remote_calls import RemoteCalls
-from apportion.client.restrictions import ANYWHERE, Where, refuse_actors, where_to_run
+from apportion.client.restrictions import ANYWHERE, Where, refuse_actors, where_to_run, worker_names
 from apportion.client.session import MAX_BATCH, Session, TaskBatch
 from apportion.core import payload
 from apportion.core.resources import ResourceSpec, parse_demand
 from apportion.protocol import messages as m
 from apportion.protocol.codec import MAX_FRAME
+from apportion.scheduler.records import worker_aliases
 
 if TYPE_CHECKING:
     from apportion.client.executor import ClientExecutor
@@ -611,12 +612,20 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
             out.update(data.data)
         return out, missing, errors
 
-    async def _scatter_direct(self, items: dict[str, bytes]) -> None:
+    async def _scatter_direct(self, items: dict[str, bytes], allowed: list[str]) -> None:
         """Put data on workers' data ports, fewest stored bytes first, then tell the scheduler."""
         info = await self._session.request(m.InfoRequest(self._session.next_id()))
-        workers = sorted(info.info["workers"].items(), key=lambda kv: kv[1]["nbytes"])
+        workers = sorted(
+            (
+                (address, w)
+                for address, w in info.info["workers"].items()
+                if not allowed or worker_aliases(w["name"], address) & set(allowed)
+            ),
+            key=lambda kv: kv[1]["nbytes"],
+        )
         if not workers:
-            raise RuntimeError("no workers are connected to scatter data to")
+            where = f" matching {allowed}" if allowed else ""
+            raise RuntimeError(f"no workers{where} are connected to scatter data to")
         parts: dict[str, dict[str, bytes]] = {}
         for i, (key, blob) in enumerate(items.items()):
             parts.setdefault(workers[i % len(workers)][0], {})[key] = blob
@@ -628,9 +637,29 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
                 placed[key] = [address, stored.nbytes.get(key, len(part[key]))]
         await self._session.request(m.ScatterPlaced(self._session.next_id(), placed))
 
-    def scatter(self, data: Any, *, hash: bool = True) -> Any:
-        """Put local data on workers; returns futures in the shape given (list, dict, one)."""
+    def scatter(
+        self,
+        data: Any,
+        workers: Any = None,
+        broadcast: bool = False,
+        direct: bool | None = None,
+        hash: bool = True,
+        timeout: float | None = None,
+        asynchronous: bool | None = None,
+    ) -> Any:
+        """Put local data on workers; returns futures in the shape given (list, dict, one).
+
+        ``workers`` (names, addresses or hosts) limits where the data goes; it waits
+        for such a worker if none is connected. ``broadcast=True`` copies every value
+        to each of those workers (all, by default). ``direct=True`` sends the data to
+        the workers' data ports instead of through the scheduler (default: the
+        client's ``direct_to_workers``). ``hash=False`` gives equal values distinct
+        keys. ``timeout`` bounds the wait for the data to be stored.
+        """
+        if asynchronous:
+            raise NotImplementedError("asynchronous scatter is not supported yet")
         self._check_open()
+        allowed = worker_names(workers)
         if isinstance(data, Mapping):
             from apportion.client.graph import wire_key
 
@@ -654,12 +683,15 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         for name, blob in items.items():
             _check_size(blob, f"scattered value {name!r}")
         futures = {name: Future(name, self) for name in names}
-        if self.direct_to_workers:
-            self._session.loop.run(self._scatter_direct(items))
+        wait = self.timeout if timeout is None else timeout
+        if self.direct_to_workers if direct is None else direct:
+            self._session.loop.run(self._scatter_direct(items, allowed), wait)
         else:
-            self._session.call(lambda rid: m.ScatterRequest(rid, items))
+            self._session.call(lambda rid: m.ScatterRequest(rid, items, allowed), wait)
         for fut in futures.values():
-            fut._wait(self.timeout)
+            fut._wait(wait)
+        if broadcast:
+            self.replicate(list(futures.values()), workers=allowed or None)
         if isinstance(data, Mapping):
             return {k: futures[name] for k, name in zip(data, names, strict=True)}
         if isinstance(data, list | tuple):

@@ -154,6 +154,9 @@ class ScatterRequest(Message):
 
     request_id: int
     data: dict[str, bytes]
+    #: Only on workers with one of these names, addresses or hosts; empty: any.
+    #: While none is connected the request waits, as it does for no workers at all.
+    workers: list[str] = field(default_factory=list)
 
 
 @message

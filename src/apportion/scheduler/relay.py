@@ -141,11 +141,13 @@ def _maybe_finish_gather(state: SchedulerState, rid: int) -> None:
 
 
 def scatter(state: SchedulerState, client: ClientRecord, msg: m.ScatterRequest) -> None:
-    if not state.workers:
+    allowed = set(msg.workers)
+    chosen = [w for w in state.workers.values() if not allowed or w.aliases & allowed]
+    if not chosen:
         state.relays.parked.append((client.id, msg))
         return
     # Spread keys over workers, fewest stored bytes first, so scatter balances memory.
-    order = sorted(state.workers.values(), key=lambda w: (w.nbytes, len(w.has_what)))
+    order = sorted(chosen, key=lambda w: (w.nbytes, len(w.has_what)))
     parts: dict[str, dict[str, bytes]] = defaultdict(dict)
     for i, (key, blob) in enumerate(msg.data.items()):
         parts[order[i % len(order)].id][key] = blob
