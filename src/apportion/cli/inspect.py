@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from apportion.cli.errors import check_address
 from apportion.cli.runs import explain_run
 from apportion.client.client import Client
 from apportion.core.resources import SCALE, format_amount
@@ -20,6 +21,7 @@ scheduler_option = click.option(
     "address",
     default=lambda: os.environ.get("APPORTION_SCHEDULER", DEFAULT_SCHEDULER),
     show_default="$APPORTION_SCHEDULER or tcp://127.0.0.1:8786",
+    callback=check_address,
     help="Scheduler address.",
 )
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import click
 
+from apportion.cli.errors import check_host_option, check_port_option
 from apportion.cli.logs import configure_logging
 from apportion.cli.worker import check_resources
 from apportion.core.resources import format_resources, parse_supply
@@ -47,11 +48,17 @@ def is_loopback(host: str) -> bool:
 
 
 @click.command("scheduler")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    callback=check_host_option,
+    help="Interface to listen on.",
+)
 @click.option(
     "--port",
-    type=click.IntRange(0, 65535),
     default=DEFAULT_PORT,
+    callback=check_port_option,
     show_default=True,
     help="Port for workers and clients (0: any free port).",
 )

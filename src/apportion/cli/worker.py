@@ -21,7 +21,7 @@ import click
 from click.core import ParameterSource
 
 from apportion.cli.config import CONFIG_META, config_option
-from apportion.cli.errors import fail
+from apportion.cli.errors import check_address, fail
 from apportion.cli.logs import configure_logging
 from apportion.core.resources import SCALE, parse_amount, parse_resources
 from apportion.runs.live import DEFAULT_KILL_GRACE
@@ -30,6 +30,9 @@ from apportion.worker.shares import split_supply
 from apportion.worker.supervisor import SUPERVISOR_PID_VARIABLE
 
 logger = logging.getLogger("apportion.worker")
+
+#: Seconds a worker started before its scheduler keeps trying to reach it.
+DEFAULT_CONNECT_TIMEOUT = 60.0
 
 #: Read for ``--resources`` when the option is not given.
 RESOURCES_VARIABLE = "APPORTION_RESOURCES"
@@ -88,6 +91,8 @@ class WorkerSettings:
     drain_timeout: float = 30.0
     #: Seconds a stopped command run gets between SIGTERM and SIGKILL.
     kill_grace: float = DEFAULT_KILL_GRACE
+    #: Seconds to keep trying to reach a scheduler that is not listening yet (0: once).
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
 
 
 def parse_memory_limit(text: str, nworkers: int, total: int | None = None) -> int:
@@ -138,6 +143,7 @@ def child_commands(
         argv += ["--reconnect-timeout", repr(settings.reconnect_timeout)]
         argv += ["--drain-timeout", repr(settings.drain_timeout)]
         argv += ["--kill-grace", repr(settings.kill_grace)]
+        argv += ["--connect-timeout", repr(settings.connect_timeout)]
         argv += ["--memory-limit", str(settings.memory_limit)]
         argv += ["--nworkers", "1", "--no-supervisor", "--name", f"{base}-{i}"]
         commands.append(argv)
@@ -149,7 +155,7 @@ def child_names(commands: list[list[str]]) -> list[str]:
 
 
 @click.command("worker")
-@click.argument("scheduler_address")
+@click.argument("scheduler_address", callback=check_address)
 @config_option(
     'TOML file of option defaults (nthreads = 2, resources = "gpu=[0-3]", ...); '
     "command-line options override it."
@@ -241,6 +247,15 @@ def child_names(commands: list[list[str]]) -> list[str]:
     help="After losing the scheduler, keep trying to reconnect (dropping this worker's "
     "tasks and data, registering afresh) for this long before exiting; 0: exit at once.",
 )
+@click.option(
+    "--connect-timeout",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_CONNECT_TIMEOUT,
+    show_default=True,
+    metavar="SECONDS",
+    help="A worker started before its scheduler keeps trying to reach it for this "
+    "long, then exits with status 1; 0: try once.",
+)
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -258,6 +273,7 @@ def worker(
     kill_grace: float,
     heartbeat_interval: float,
     reconnect_timeout: float,
+    connect_timeout: float,
 ) -> None:
     """Run a worker connected to the scheduler at SCHEDULER_ADDRESS."""
     configure_logging()
@@ -276,6 +292,7 @@ def worker(
         limit,
         drain_timeout,
         kill_grace,
+        connect_timeout,
     )
     if supervise is None:
         supervise = nworkers > 1 or limit > 0
@@ -327,10 +344,11 @@ def run_one(address: str, settings: WorkerSettings) -> int:
             reconnect_timeout=settings.reconnect_timeout,
             supervisor=supervisor or 0,
             kill_grace=settings.kill_grace,
+            connect_timeout=settings.connect_timeout,
         )
         try:
             await worker.start()
-        except OSError as exc:
+        except OSError as exc:  # one line: what was found at the address, not a traceback
             logger.error("worker %s could not start: %s", worker.name, exc)
             return 1
         stopped = asyncio.Event()

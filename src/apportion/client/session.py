@@ -20,6 +20,7 @@ from typing import Any
 
 from apportion.client.errors import SchedulerGoneError
 from apportion.loop_thread import LoopThread
+from apportion.net.address import parse_address
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import open_connection
 from apportion.protocol import messages as m
@@ -105,6 +106,9 @@ class Session:
         on_message: Callable[[m.Message], None],
         on_lost: Callable[[str], None],
     ) -> None:
+        # A malformed address is the caller's mistake, said at once in one line
+        # (ValueError), before any thread or connection is started.
+        parse_address(address)
         self.address = address
         self.name = name
         self._on_message = on_message
@@ -122,7 +126,9 @@ class Session:
         self.closed = False
         self.loop = LoopThread("apportion-client")
         try:
-            self.loop.run(self._connect(timeout), timeout)
+            # open_connection keeps to ``timeout`` and says what it found; the margin
+            # only guards against a loop that never answers.
+            self.loop.run(self._connect(timeout), timeout + 5.0)
         except BaseException:
             self.loop.stop()
             raise
