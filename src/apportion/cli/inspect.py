@@ -10,7 +10,7 @@ import click
 from apportion.cli.errors import check_address
 from apportion.cli.runs import explain_run
 from apportion.client.client import Client
-from apportion.core.resources import SCALE, format_amount
+from apportion.core.resources import SCALE, describe_amount, format_amount
 from apportion.runs.journal import Journal, default_journal_path
 from apportion.scheduler.client_requests import WHY_ALL_LIMIT
 
@@ -78,7 +78,7 @@ def info(address: str) -> None:
         click.echo("tasks: " + ", ".join(f"{n} {state}" for state, n in sorted(tasks.items())))
     for addr, w in sorted(workers.items(), key=lambda item: item[1]["name"]):
         pools = ", ".join(
-            f"{name} {_units(w['free_resources'][name])}/{_units(total)} free"
+            f"{name} {_units(name, w['free_resources'][name])}/{_units(name, total)} free"
             for name, total in sorted(w["resources"].items())
         )
         click.echo(
@@ -106,8 +106,8 @@ def _unit_state(free: float) -> str:
     return format_amount(ticks)
 
 
-def _units(value: float) -> str:
-    return format_amount(round(value * SCALE))
+def _units(name: str, value: float) -> str:
+    return describe_amount(name, round(value * SCALE))
 
 
 @click.command("dump")

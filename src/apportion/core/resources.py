@@ -276,6 +276,56 @@ def format_resources(
     )
 
 
+_BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+
+
+def is_byte_pool(name: str) -> bool:
+    """Whether a pool counts bytes, by its name: ``memory``/``mem`` (any case) or a name
+    ending in ``_memory``/``_bytes``.
+
+    The name is the only honest sign: an amount given as ``16GiB`` is stored as a
+    plain number, and a large count of licences is not memory.
+    """
+    lowered = name.lower()
+    return lowered in ("memory", "mem") or lowered.endswith(("_memory", "_bytes"))
+
+
+def describe_amount(name: str, ticks: int) -> str:
+    """An amount of pool ``name`` for people to read: ``93.1 GiB`` for a byte pool
+    (``is_byte_pool``), else the exact number (``2``, ``0.5``).
+
+    The one rule for every text a user reads (``apportion info``, ``why``, errors,
+    logs); specs that are parsed again use ``format_resources``, which is exact.
+    """
+    if not is_byte_pool(name):
+        return format_amount(ticks)
+    value = ticks / SCALE
+    unit = 0
+    while unit < len(_BINARY_UNITS) - 1 and round(value, 1) >= 1024:
+        value /= 1024
+        unit += 1
+    if unit == 0:
+        return f"{format_amount(ticks)} B"
+    text = f"{value:.1f}".removesuffix(".0")
+    return f"{text} {_BINARY_UNITS[unit]}"
+
+
+def describe_resources(
+    amounts: Mapping[str, int], units: Mapping[str, list[str]] | None = None
+) -> str:
+    """A supply or demand for people to read: ``GPU=2 memory=93.1 GiB``, names sorted.
+
+    Like ``format_resources`` but with ``describe_amount``; not meant to be parsed.
+    """
+    units = units or {}
+    return " ".join(
+        f"{name}=[{','.join(units[name])}]"
+        if name in units
+        else f"{name}={describe_amount(name, amounts[name])}"
+        for name in sorted(amounts)
+    )
+
+
 def to_units(amounts: Mapping[str, int]) -> dict[str, float]:
     """Amounts as plain numbers of units, as Dask reports them in ``scheduler_info()``."""
     return {name: ticks / SCALE for name, ticks in amounts.items()}

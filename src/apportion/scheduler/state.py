@@ -30,8 +30,8 @@ from typing import Any
 
 from apportion.core.resources import (
     SCALE,
+    describe_resources,
     fits,
-    format_resources,
     give_back,
     to_units,
 )
@@ -244,7 +244,7 @@ class SchedulerState:
         """
         cause = cause or f"assigned to {worker.name}"
         if task.variants:
-            cause += f" with {format_resources(task.resources) or 'no resources'}"
+            cause += f" with {describe_resources(task.resources) or 'no resources'}"
         task.units = None
         if task.resources:
             for name, need in task.resources.items():
@@ -488,7 +488,7 @@ class SchedulerState:
             Log(
                 "info",
                 f"worker {reg.name} joined at {reg.address}: {reg.nthreads} threads, "
-                f"resources {format_resources(reg.resources, units) or '(none)'}",
+                f"resources {describe_resources(reg.resources, units) or '(none)'}",
             )
         )
         self.satisfiable_cache.clear()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from apportion.core.resources import format_amount, format_resources, missing
+from apportion.core.resources import describe_amount, describe_resources, missing
 from apportion.protocol import messages as m
 from apportion.scheduler.records import QUEUED, QueueKey, TaskRecord, options_of
 from apportion.scheduler.units import could_hold, splittable
@@ -69,11 +69,11 @@ def unsatisfiable_text(task: TaskRecord, workers: Any) -> str:
     workers = list(workers)
     if not task.variants:
         return (
-            f"task {task.key!r} needs {format_resources(task.resources)}, which no connected "
+            f"task {task.key!r} needs {describe_resources(task.resources)}, which no connected "
             f"worker can ever provide: {_shortfall(task.resources, workers)}"
         )
     options = "; ".join(
-        f"{format_resources(v) or 'nothing'} ({_shortfall(v, workers)})" for v in task.variants
+        f"{describe_resources(v) or 'nothing'} ({_shortfall(v, workers)})" for v in task.variants
     )
     return (
         f"task {task.key!r} gives {len(task.variants)} alternatives and no connected worker "
@@ -97,7 +97,7 @@ def _shortfall(demand: dict[str, int], workers: list[Any]) -> str:
         have, where = best.get(name, (0, ""))
         if name in short:
             if have:
-                parts.append(f"largest {name} supply is {format_amount(have)} on {where}")
+                parts.append(f"largest {name} supply is {describe_amount(name, have)} on {where}")
             else:
                 parts.append(f"no worker offers {name}")
     for name in names:
@@ -105,6 +105,6 @@ def _shortfall(demand: dict[str, int], workers: list[Any]) -> str:
         if not splittable(need) and any(name in w.units for w in workers):
             parts.append(
                 f"{name} is an indexed pool: ask for whole units, or at most 1 to share one "
-                f"unit, not {format_amount(need)}"
+                f"unit, not {describe_amount(name, need)}"
             )
     return "; ".join(parts) or "no single worker offers all of it"

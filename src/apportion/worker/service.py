@@ -28,7 +28,7 @@ from typing import Any
 import psutil
 
 from apportion.core.payload import loads
-from apportion.core.resources import ResourceSpec, parse_supply, to_units
+from apportion.core.resources import ResourceSpec, describe_resources, parse_supply, to_units
 from apportion.loop_thread import BackgroundService
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeError, open_connection
@@ -195,7 +195,7 @@ class Worker(BackgroundService):
             self.name,
             self.address,
             self.nthreads,
-            self.resources or "none",
+            describe_resources(self.supply, self.units) or "none",
             self.scheduler_address,
         )
         return self
