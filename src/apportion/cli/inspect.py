@@ -13,6 +13,7 @@ from apportion.client.client import Client
 from apportion.core.resources import SCALE, describe_amount, format_amount
 from apportion.runs.journal import Journal, default_journal_path
 from apportion.scheduler.client_requests import WHY_ALL_LIMIT
+from apportion.scheduler.explain import unknown_text
 
 DEFAULT_SCHEDULER = "tcp://127.0.0.1:8786"
 
@@ -55,10 +56,18 @@ def why(keys: tuple[str, ...], address: str, journal_path: Path | None) -> None:
         reasons = client.why(list(keys))
     if not reasons:
         click.echo("no task is waiting: everything submitted is running or done")
+    unknown = [key for key, reason in reasons.items() if reason == unknown_text(key)]
     for key, reason in reasons.items():
-        click.echo(f"{key}: {reason}")
+        if key not in unknown:
+            click.echo(f"{key}: {reason}")
     if not keys and len(reasons) >= WHY_ALL_LIMIT:
         click.echo(f"(the first {WHY_ALL_LIMIT} waiting tasks; name keys to ask about others)")
+    if unknown:
+        # A typo'd key must not look like an answer: a script checking the status sees it.
+        names = ", ".join(repr(key) for key in unknown)
+        raise click.ClickException(
+            f"no task {names} on the scheduler at {address}: never submitted, or already released"
+        )
 
 
 @click.command("info")

@@ -48,13 +48,26 @@ def _resources_origin(ctx: click.Context) -> str:
     return "--resources"
 
 
+#: The spec that says "no resources" in so many words; an empty text is refused.
+NO_RESOURCES = "none"
+
+
 def check_resources(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """Reject a malformed spec at once (exit status 2), keeping the text to pass on.
 
     ``auto`` is checked here only for what surrounds it; detection runs later, in
-    the command, once logging is set up.
+    the command, once logging is set up. An empty spec is refused (an unset shell
+    variable, most likely); ``none`` asks for no resources and becomes ``""``.
     """
     if value is not None:
+        if value.strip().lower() == NO_RESOURCES:
+            return ""
+        if not value.strip(" \t\n,"):
+            fail(
+                ctx,
+                f"{_resources_origin(ctx)}: the spec {value!r} is empty: give NAME=AMOUNT "
+                f"pairs, auto, or {NO_RESOURCES} for no resources",
+            )
         try:
             parse_resources(split_auto(value)[1])
         except ValueError as exc:
@@ -138,7 +151,7 @@ def child_commands(
         argv += ["--host", settings.host, "--port", str(port + i if port else 0)]
         if settings.nthreads is not None:
             argv += ["--nthreads", str(settings.nthreads)]
-        argv += ["--resources", resources[i]]
+        argv += ["--resources", resources[i] or NO_RESOURCES]
         argv += ["--heartbeat-interval", repr(settings.heartbeat_interval)]
         argv += ["--reconnect-timeout", repr(settings.reconnect_timeout)]
         argv += ["--drain-timeout", repr(settings.drain_timeout)]

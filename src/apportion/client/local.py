@@ -177,7 +177,7 @@ def worker_command(scheduler_address: str, spec: Mapping[str, Any]) -> list[str]
     cmd += ["--nthreads", str(spec["nthreads"]), "--name", spec["name"]]
     # Always given, even empty, so a worker never falls back to APPORTION_RESOURCES
     # from the user's environment: a LocalCluster's workers have what its spec says.
-    cmd += ["--resources", format_resources(spec["resources"], spec["units"])]
+    cmd += ["--resources", format_resources(spec["resources"], spec["units"]) or "none"]
     cmd += ["--reconnect-timeout", repr(LOCAL_RECONNECT_SECONDS)]
     return cmd
 

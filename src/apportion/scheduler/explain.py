@@ -23,11 +23,16 @@ if TYPE_CHECKING:
     from apportion.scheduler.state import SchedulerState
 
 
+def unknown_text(key: str) -> str:
+    """The answer for a key the scheduler does not know (the CLI tells it apart by it)."""
+    return f"{key!r} is not known to the scheduler: never submitted, or already released"
+
+
 def explain(state: SchedulerState, key: str) -> str:
     """One paragraph on where ``key`` stands and what it waits for."""
     task = state.tasks.get(key)
     if task is None:
-        return f"{key!r} is not known to the scheduler: never submitted, or already released"
+        return unknown_text(key)
     if task.state == WAITING:
         pending = [d for d in task.deps if state.tasks[d].state != MEMORY]
         shown = ", ".join(repr(d) for d in pending[:5]) + (" ..." if len(pending) > 5 else "")
