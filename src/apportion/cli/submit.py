@@ -99,7 +99,25 @@ def submit(ctx: click.Context, run: RunOptions, scheduler_address: str, wait: bo
     else:
         click.echo(f"submitted {len(ids)} runs {format_array(ids)}{label} to {address}")
     if wait:
-        ctx.exit(follow(address, ids))
+        try:
+            status = follow(address, ids)
+        except KeyboardInterrupt:
+            # Ctrl-C stops the watching, not the runs: say so, and how to stop them too.
+            click.echo(
+                f"\ninterrupted: the {_runs_word(ids)} go on; cancel with "
+                f"apportion cancel {format_array(ids)} --scheduler {address}",
+                err=True,
+            )
+            status = INTERRUPTED
+        ctx.exit(status)
+
+
+#: The shell's status for a command ended by SIGINT (128 + 2).
+INTERRUPTED = 130
+
+
+def _runs_word(ids: list[int]) -> str:
+    return f"run {ids[0]}" if len(ids) == 1 else f"runs {format_array(ids)}"
 
 
 def follow(address: str, ids: list[int]) -> int:

@@ -10,11 +10,13 @@ messages, each function pickled once per batch).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import contextlib
 import itertools
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -95,6 +97,21 @@ def _batch_size(batch: TaskBatch, functions: dict[str, bytes]) -> int:
     return size
 
 
+#: Sessions not closed yet; closed at interpreter exit (see ``_close_all``).
+_open: weakref.WeakSet[Session] = weakref.WeakSet()
+
+
+@atexit.register
+def close_all() -> None:
+    """Close the sessions of clients a script never closed, as Dask does at exit.
+
+    A daemon loop thread is frozen at exit: its pending tasks would be destroyed
+    ("Task was destroyed but it is pending!") and its sockets collected unclosed.
+    """
+    for session in list(_open):
+        session.close()
+
+
 class Session:
     """Connection, outbox and request/reply bookkeeping of one ``Client``."""
 
@@ -132,6 +149,7 @@ class Session:
         except BaseException:
             self.loop.stop()
             raise
+        _open.add(self)
 
     async def _connect(self, timeout: float) -> None:
         self._conn, _ = await open_connection(self.address, "client", self.name, timeout=timeout)

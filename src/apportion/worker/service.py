@@ -44,6 +44,7 @@ from apportion.protocol.messages import (
     LoadFunction,
     Message,
     PutData,
+    Refused,
     RegisterWorker,
     RunOutput,
     WorkerClosing,
@@ -171,6 +172,8 @@ class Worker(BackgroundService):
         self._from_threads_lock = threading.Lock()
         self._unsent_bytes = 0
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: Why the scheduler refused this worker's registration (a taken name), if it did.
+        self.refused: str | None = None
 
     # --- lifecycle ----------------------------------------------------------------
 
@@ -379,6 +382,15 @@ class Worker(BackgroundService):
             reason = await self._receive()
             if self._draining:
                 break  # leaving anyway; what we ran is rescheduled by whoever comes back
+            if self.refused is not None:
+                # Final: registering again under the same name is refused again.
+                logger.error(
+                    "worker %s: the scheduler at %s refused it: %s",
+                    self.name,
+                    self.scheduler_address,
+                    self.refused,
+                )
+                break
             if self.reconnect_timeout <= 0:
                 logger.warning(
                     "worker %s: %s at %s; closing this worker",
@@ -501,6 +513,9 @@ class Worker(BackgroundService):
                     events.append(FreeArrived(tuple(message.keys), now))
                 case DrainDone():
                     self._drained.set()
+                case Refused():
+                    # The scheduler closes the connection after this; _serve says why.
+                    self.refused = message.reason
                 case PutData():
                     events.append(self._store_put(message, now))
                 case GetData():
