@@ -57,7 +57,8 @@ def is_loopback(host: str) -> bool:
 )
 @click.option(
     "--port",
-    default=DEFAULT_PORT,
+    type=str,  # checked by the callback, in one line rather than a usage banner
+    default=str(DEFAULT_PORT),
     callback=check_port_option,
     show_default=True,
     help="Port for workers and clients (0: any free port).",

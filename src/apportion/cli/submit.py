@@ -104,7 +104,7 @@ def submit(ctx: click.Context, run: RunOptions, scheduler_address: str, wait: bo
         except KeyboardInterrupt:
             # Ctrl-C stops the watching, not the runs: say so, and how to stop them too.
             click.echo(
-                f"\ninterrupted: the {_runs_word(ids)} go on; cancel with "
+                f"\ninterrupted: {_runs_go_on(ids)}; cancel with "
                 f"apportion cancel {format_array(ids)} --scheduler {address}",
                 err=True,
             )
@@ -116,8 +116,8 @@ def submit(ctx: click.Context, run: RunOptions, scheduler_address: str, wait: bo
 INTERRUPTED = 130
 
 
-def _runs_word(ids: list[int]) -> str:
-    return f"run {ids[0]}" if len(ids) == 1 else f"runs {format_array(ids)}"
+def _runs_go_on(ids: list[int]) -> str:
+    return f"run {ids[0]} goes on" if len(ids) == 1 else f"runs {format_array(ids)} go on"
 
 
 def follow(address: str, ids: list[int]) -> int:
