@@ -189,7 +189,8 @@ def child_names(commands: list[list[str]]) -> list[str]:
     envvar=RESOURCES_VARIABLE,
     show_envvar=True,
     help='Resources of each worker process, e.g. "GPU=2 MEMORY=16GiB", "gpu=[0-3]", '
-    'or "auto" (detected GPUs, cpus, memory; may be combined: "auto licence=2").',
+    'or "auto" (detected GPUs, cpus, memory; may be combined: "auto licence=2"); '
+    '"none" for no resources (an empty spec is refused).',
 )
 @click.option(
     "--split-units",
