@@ -107,8 +107,13 @@ def test_a_malformed_address_from_the_environment_is_named_too() -> None:
         (["--port", "abc"], "'abc'"),
     ],
 )
-def test_scheduler_host_and_port_are_checked_in_one_line(args: list[str], named: str) -> None:
-    result = CliRunner().invoke(main, ["scheduler", "--no-journal", *args])
+@pytest.mark.parametrize(
+    "command", [["scheduler", "--no-journal"], ["worker", "127.0.0.1:1"]], ids=lambda c: c[0]
+)
+def test_host_and_port_are_checked_in_one_line(
+    command: list[str], args: list[str], named: str
+) -> None:
+    result = CliRunner().invoke(main, [*command, *args])
     assert result.exit_code == 2, result.output
     assert named in one_error_line(result.output)
 

@@ -21,7 +21,7 @@ import click
 from click.core import ParameterSource
 
 from apportion.cli.config import CONFIG_META, config_option
-from apportion.cli.errors import check_address, fail
+from apportion.cli.errors import check_address, check_host_option, check_port_option, fail
 from apportion.cli.logs import configure_logging
 from apportion.core.resources import SCALE, parse_amount, parse_resources
 from apportion.runs.live import DEFAULT_KILL_GRACE
@@ -200,11 +200,18 @@ def child_names(commands: list[list[str]]) -> list[str]:
     "instead of giving every process all of it.",
 )
 @click.option("--name", help="Worker name (with --nworkers, suffixed -0, -1, ...).")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Data port interface.")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    callback=check_host_option,
+    help="Data port interface.",
+)
 @click.option(
     "--port",
-    type=click.IntRange(0, 65535),
-    default=0,
+    type=str,  # checked by the callback, in one line rather than a usage banner
+    default="0",
+    callback=check_port_option,
     show_default=True,
     help="Data port (0: any free; with --nworkers, worker i gets PORT+i).",
 )
