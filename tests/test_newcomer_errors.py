@@ -584,3 +584,21 @@ def test_ctrl_c_of_submit_wait_says_the_runs_go_on(procs: Processes, tmp_path: P
     assert lines == [
         f"interrupted: run 1 goes on; cancel with apportion cancel 1 --scheduler {address}"
     ]
+
+
+def test_why_text_of_a_waiting_memory_task_uses_human_units() -> None:
+    from apportion.scheduler.explain import explain
+
+    sim = SimulatedCluster()
+    sim.add_worker("worker-0", nthreads=2, resources={"memory": 100e9})
+    sim.add_client()
+    specs = [
+        m.TaskSpec(key, "f", b"", [], parse_demand("memory=60GiB"), 0, 0) for key in ("a", "b")
+    ]
+    sim.client_says("c1", m.SubmitTasks(specs, {"f": b"func"}, ["a", "b"]))
+    sim.place()
+    text = explain(sim.state, "b")
+    assert "queued: needs memory=60 GiB" in text
+    assert "worker-0: memory 33.1 GiB of 93.1 GiB free" in text
+    assert explain(sim.state, "a").endswith("holding memory=60 GiB")
+    check_invariants(sim.state)
