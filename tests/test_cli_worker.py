@@ -323,7 +323,7 @@ def test_environment_overrides_config_file(launched: Launched, tmp_path: Path) -
     [
         (
             "resource = 'gpu=[0-3]'\n",
-            "unknown key 'resource' (known: drain_timeout, heartbeat_interval,",
+            "unknown key 'resource' (known: connect_timeout, drain_timeout,",
         ),
         ("nprocs = 2\n", "unknown key 'nprocs'"),
         ("nthreads = 0\n", "nthreads: 0 is not in the range x>=1."),

@@ -275,20 +275,29 @@ def test_parse_address_default_port_is_a_parameter() -> None:
 @pytest.mark.parametrize(
     ("text", "match"),
     [
-        ("h:abc", "invalid port 'abc'"),
-        ("h:65536", "invalid port '65536'"),
-        ("h:-1", "invalid port '-1'"),
-        ("[::1]:x", "invalid port 'x'"),
-        ("udp://h:1", "unsupported address scheme 'udp'"),
-        ("tls://h:1", "unsupported address scheme 'tls'"),
-        (":8786", "has no host"),
-        ("tcp://", "has no host"),
-        ("", "has no host"),
+        ("h:abc", "the port 'abc' is not a number"),
+        ("h:65536", "the port 65536 is not in 0-65535"),
+        ("h:99999", "the port 99999 is not in 0-65535"),
+        ("h:-1", "the port '-1' is not a number"),
+        ("[::1]:x", "the port 'x' is not a number"),
+        ("udp://h:1", "the scheme 'udp://' is not supported"),
+        ("tls://h:1", "the scheme 'tls://' is not supported"),
+        ("http://h:8786", "the scheme 'http://' is not supported"),
+        (":8786", "no host"),
+        ("tcp://", "no host"),
+        ("", "it is empty"),
+        ("h:8786/status", "the port '8786/status' is not a number"),
+        ("tcp://h h:1", "'h h' is not a host name"),
+        ("::1:8786", "an IPv6 host goes in brackets"),
     ],
 )
 def test_parse_address_errors(text: str, match: str) -> None:
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match=match) as info:
         parse_address(text)
+    # One line naming the address as written and every accepted form.
+    assert "\n" not in str(info.value)
+    assert repr(text) in str(info.value)
+    assert "tcp://host:port, host:port or host" in str(info.value)
 
 
 @pytest.mark.parametrize(("host", "port"), [("h", 1), ("::1", 8786), ("10.0.0.1", 80)])

@@ -13,9 +13,7 @@ from apportion.scheduler.invariants import check_invariants
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(
-        workers=[{"name": "a"}, {"name": "b"}, {"name": "c"}], processes=False
-    ) as c:
+    with LocalCluster(workers=[{"name": "a"}, {"name": "b"}, {"name": "c"}], processes=False) as c:
         yield c
 
 

@@ -7,11 +7,13 @@ from pathlib import Path
 
 import click
 
+from apportion.cli.errors import check_address
 from apportion.cli.runs import explain_run
 from apportion.client.client import Client
-from apportion.core.resources import SCALE, format_amount
+from apportion.core.resources import SCALE, describe_amount, format_amount
 from apportion.runs.journal import Journal, default_journal_path
 from apportion.scheduler.client_requests import WHY_ALL_LIMIT
+from apportion.scheduler.explain import unknown_text
 
 DEFAULT_SCHEDULER = "tcp://127.0.0.1:8786"
 
@@ -20,6 +22,7 @@ scheduler_option = click.option(
     "address",
     default=lambda: os.environ.get("APPORTION_SCHEDULER", DEFAULT_SCHEDULER),
     show_default="$APPORTION_SCHEDULER or tcp://127.0.0.1:8786",
+    callback=check_address,
     help="Scheduler address.",
 )
 
@@ -53,10 +56,18 @@ def why(keys: tuple[str, ...], address: str, journal_path: Path | None) -> None:
         reasons = client.why(list(keys))
     if not reasons:
         click.echo("no task is waiting: everything submitted is running or done")
+    unknown = [key for key, reason in reasons.items() if reason == unknown_text(key)]
     for key, reason in reasons.items():
-        click.echo(f"{key}: {reason}")
+        if key not in unknown:
+            click.echo(f"{key}: {reason}")
     if not keys and len(reasons) >= WHY_ALL_LIMIT:
         click.echo(f"(the first {WHY_ALL_LIMIT} waiting tasks; name keys to ask about others)")
+    if unknown:
+        # A typo'd key must not look like an answer: a script checking the status sees it.
+        names = ", ".join(repr(key) for key in unknown)
+        raise click.ClickException(
+            f"no task {names} on the scheduler at {address}: never submitted, or already released"
+        )
 
 
 @click.command("info")
@@ -76,7 +87,7 @@ def info(address: str) -> None:
         click.echo("tasks: " + ", ".join(f"{n} {state}" for state, n in sorted(tasks.items())))
     for addr, w in sorted(workers.items(), key=lambda item: item[1]["name"]):
         pools = ", ".join(
-            f"{name} {_units(w['free_resources'][name])}/{_units(total)} free"
+            f"{name} {_units(name, w['free_resources'][name])}/{_units(name, total)} free"
             for name, total in sorted(w["resources"].items())
         )
         click.echo(
@@ -104,8 +115,8 @@ def _unit_state(free: float) -> str:
     return format_amount(ticks)
 
 
-def _units(value: float) -> str:
-    return format_amount(round(value * SCALE))
+def _units(name: str, value: float) -> str:
+    return describe_amount(name, round(value * SCALE))
 
 
 @click.command("dump")

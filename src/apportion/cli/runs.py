@@ -31,7 +31,7 @@ from typing import Any, BinaryIO, TypeVar
 import click
 from click.core import ParameterSource
 
-from apportion.cli.errors import fail
+from apportion.cli.errors import check_address, fail
 from apportion.runs import remote
 from apportion.runs.journal import (
     FINISHED,
@@ -363,6 +363,7 @@ _LISTING_OPTIONS = ("states", "array_id", "ids", "watch", "interval", "address")
     "--scheduler",
     "address",
     metavar="ADDRESS",
+    callback=check_address,
     help="Ask the scheduler at ADDRESS for its runs instead of reading a journal here "
     "(from another machine; the latest 1,000 runs unless --ids or --array).",
 )
@@ -642,6 +643,7 @@ def _silence_stdout() -> None:
     "--scheduler",
     "address",
     metavar="ADDRESS",
+    callback=check_address,
     help="Ask the scheduler at ADDRESS to cancel them (from another machine).",
 )
 @click.pass_context

@@ -25,9 +25,10 @@ from pathlib import Path
 
 import click
 
+from apportion.cli.errors import check_host_option, check_port_option
 from apportion.cli.logs import configure_logging
 from apportion.cli.worker import check_resources
-from apportion.core.resources import format_resources, parse_supply
+from apportion.core.resources import describe_resources, parse_supply
 from apportion.net.address import DEFAULT_PORT
 from apportion.runs.journal import Journal, JournalBusy, JournalError, default_journal_path
 from apportion.runs.queue import QueueOptions
@@ -47,11 +48,18 @@ def is_loopback(host: str) -> bool:
 
 
 @click.command("scheduler")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    callback=check_host_option,
+    help="Interface to listen on.",
+)
 @click.option(
     "--port",
-    type=click.IntRange(0, 65535),
-    default=DEFAULT_PORT,
+    type=str,  # checked by the callback, in one line rather than a usage banner
+    default=str(DEFAULT_PORT),
+    callback=check_port_option,
     show_default=True,
     help="Port for workers and clients (0: any free port).",
 )
@@ -218,7 +226,7 @@ async def _run_once(
     server = await _start(host, 0, config, journal, options, explicit=True)
     queue = server.queue
     assert queue is not None
-    logger.info("cluster resources: %s", format_resources(amounts, units) or "(none)")
+    logger.info("cluster resources: %s", describe_resources(amounts, units) or "(none)")
     worker = Worker(server.address, nthreads, resources, name="run-once", reconnect_timeout=0)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

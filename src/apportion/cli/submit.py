@@ -13,7 +13,7 @@ from collections import Counter
 
 import click
 
-from apportion.cli.errors import fail
+from apportion.cli.errors import check_address, fail
 from apportion.cli.inspect import DEFAULT_SCHEDULER
 from apportion.cli.runs import RUN_CONTEXT_SETTINGS, RunOptions, run_options, specs_from_options
 from apportion.runs import remote
@@ -42,11 +42,20 @@ class AddressFirst(click.Command):
         return super().parse_args(ctx, args)
 
 
+#: Stands for the leading ADDRESS in error messages (it is not a declared parameter).
+ADDRESS_ARGUMENT = click.Argument(["address"])
+
+
 def _is_address(word: str) -> bool:
+    """Whether a leading word is meant as the scheduler's address (checked later).
+
+    ``host:port`` with a bad port (``host:abc``) counts, so that it is refused as an
+    address rather than run as a command; a command word has no ``:`` before a ``/``.
+    """
     if "://" in word:
         return True
-    host, _, port = word.rpartition(":")
-    return bool(host) and port.isdigit()
+    host, colon, _ = word.partition(":")
+    return bool(colon) and "/" not in host and "=" not in word and " " not in word
 
 
 @click.command("submit", cls=AddressFirst, context_settings=RUN_CONTEXT_SETTINGS)
@@ -55,6 +64,7 @@ def _is_address(word: str) -> bool:
     "scheduler_address",
     default=lambda: os.environ.get("APPORTION_SCHEDULER", DEFAULT_SCHEDULER),
     show_default="$APPORTION_SCHEDULER or tcp://127.0.0.1:8786",
+    callback=check_address,
     help="Scheduler address (may also come first: apportion submit ADDRESS ...).",
 )
 @click.option(
@@ -73,6 +83,8 @@ def submit(ctx: click.Context, run: RunOptions, scheduler_address: str, wait: bo
     captured now. Prints the ids given to the runs.
     """
     address = ctx.meta.get("address", scheduler_address)
+    if "address" in ctx.meta:
+        check_address(ctx, ADDRESS_ARGUMENT, address)
     try:
         specs = specs_from_options(run)
     except ValueError as error:
@@ -87,7 +99,25 @@ def submit(ctx: click.Context, run: RunOptions, scheduler_address: str, wait: bo
     else:
         click.echo(f"submitted {len(ids)} runs {format_array(ids)}{label} to {address}")
     if wait:
-        ctx.exit(follow(address, ids))
+        try:
+            status = follow(address, ids)
+        except KeyboardInterrupt:
+            # Ctrl-C stops the watching, not the runs: say so, and how to stop them too.
+            click.echo(
+                f"\ninterrupted: {_runs_go_on(ids)}; cancel with "
+                f"apportion cancel {format_array(ids)} --scheduler {address}",
+                err=True,
+            )
+            status = INTERRUPTED
+        ctx.exit(status)
+
+
+#: The shell's status for a command ended by SIGINT (128 + 2).
+INTERRUPTED = 130
+
+
+def _runs_go_on(ids: list[int]) -> str:
+    return f"run {ids[0]} goes on" if len(ids) == 1 else f"runs {format_array(ids)} go on"
 
 
 def follow(address: str, ids: list[int]) -> int:

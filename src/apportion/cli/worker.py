@@ -24,7 +24,7 @@ import click
 from click.core import ParameterSource
 
 from apportion.cli.config import CONFIG_META, config_option
-from apportion.cli.errors import fail
+from apportion.cli.errors import check_address, check_host_option, check_port_option, fail
 from apportion.cli.logs import configure_logging
 from apportion.core.resources import SCALE, parse_amount, parse_resources
 from apportion.runs.live import DEFAULT_KILL_GRACE
@@ -34,6 +34,9 @@ from apportion.worker.shares import split_supply
 from apportion.worker.supervisor import SUPERVISOR_PID_VARIABLE
 
 logger = logging.getLogger("apportion.worker")
+
+#: Seconds a worker started before its scheduler keeps trying to reach it.
+DEFAULT_CONNECT_TIMEOUT = 60.0
 
 #: Read for ``--resources`` when the option is not given.
 RESOURCES_VARIABLE = "APPORTION_RESOURCES"
@@ -49,13 +52,26 @@ def _resources_origin(ctx: click.Context) -> str:
     return "--resources"
 
 
+#: The spec that says "no resources" in so many words; an empty text is refused.
+NO_RESOURCES = "none"
+
+
 def check_resources(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """Reject a malformed spec at once (exit status 2), keeping the text to pass on.
 
     ``auto`` is checked here only for what surrounds it; detection runs later, in
-    the command, once logging is set up.
+    the command, once logging is set up. An empty spec is refused (an unset shell
+    variable, most likely); ``none`` asks for no resources and becomes ``""``.
     """
     if value is not None:
+        if value.strip().lower() == NO_RESOURCES:
+            return ""
+        if not value.strip(" \t\n,"):
+            fail(
+                ctx,
+                f"{_resources_origin(ctx)}: the spec {value!r} is empty: give NAME=AMOUNT "
+                f"pairs, auto, or {NO_RESOURCES} for no resources",
+            )
         try:
             parse_resources(split_auto(value)[1])
         except ValueError as exc:
@@ -108,6 +124,8 @@ class WorkerSettings:
     drain_timeout: float = 30.0
     #: Seconds a stopped command run gets between SIGTERM and SIGKILL.
     kill_grace: float = DEFAULT_KILL_GRACE
+    #: Seconds to keep trying to reach a scheduler that is not listening yet (0: once).
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
 
 
 def parse_memory_limit(text: str, nworkers: int, total: int | None = None) -> int:
@@ -153,11 +171,12 @@ def child_commands(
         argv += ["--host", settings.host, "--port", str(port + i if port else 0)]
         if settings.nthreads is not None:
             argv += ["--nthreads", str(settings.nthreads)]
-        argv += ["--resources", resources[i]]
+        argv += ["--resources", resources[i] or NO_RESOURCES]
         argv += ["--heartbeat-interval", repr(settings.heartbeat_interval)]
         argv += ["--reconnect-timeout", repr(settings.reconnect_timeout)]
         argv += ["--drain-timeout", repr(settings.drain_timeout)]
         argv += ["--kill-grace", repr(settings.kill_grace)]
+        argv += ["--connect-timeout", repr(settings.connect_timeout)]
         argv += ["--memory-limit", str(settings.memory_limit)]
         argv += ["--nworkers", "1", "--no-supervisor", "--name", f"{base}-{i}"]
         commands.append(argv)
@@ -169,7 +188,7 @@ def child_names(commands: list[list[str]]) -> list[str]:
 
 
 @click.command("worker")
-@click.argument("scheduler_address")
+@click.argument("scheduler_address", callback=check_address)
 @config_option(
     'TOML file of option defaults (nthreads = 2, resources = "gpu=[0-3]", ...); '
     "command-line options override it."
@@ -190,7 +209,8 @@ def child_names(commands: list[list[str]]) -> list[str]:
     envvar=RESOURCES_VARIABLE,
     show_envvar=True,
     help='Resources of each worker process, e.g. "GPU=2 MEMORY=16GiB", "gpu=[0-3]", '
-    'or "auto" (detected GPUs, cpus, memory; may be combined: "auto licence=2").',
+    'or "auto" (detected GPUs, cpus, memory; may be combined: "auto licence=2"); '
+    '"none" for no resources (an empty spec is refused).',
 )
 @click.option(
     "--split-units",
@@ -200,11 +220,18 @@ def child_names(commands: list[list[str]]) -> list[str]:
     "instead of giving every process all of it.",
 )
 @click.option("--name", help="Worker name (with --nworkers, suffixed -0, -1, ...).")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Data port interface.")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    callback=check_host_option,
+    help="Data port interface.",
+)
 @click.option(
     "--port",
-    type=click.IntRange(0, 65535),
-    default=0,
+    type=str,  # checked by the callback, in one line rather than a usage banner
+    default="0",
+    callback=check_port_option,
     show_default=True,
     help="Data port (0: any free; with --nworkers, worker i gets PORT+i).",
 )
@@ -261,6 +288,15 @@ def child_names(commands: list[list[str]]) -> list[str]:
     help="After losing the scheduler, keep trying to reconnect (dropping this worker's "
     "tasks and data, registering afresh) for this long before exiting; 0: exit at once.",
 )
+@click.option(
+    "--connect-timeout",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_CONNECT_TIMEOUT,
+    show_default=True,
+    metavar="SECONDS",
+    help="A worker started before its scheduler keeps trying to reach it for this "
+    "long, then exits with status 1; 0: try once.",
+)
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -278,6 +314,7 @@ def worker(
     kill_grace: float,
     heartbeat_interval: float,
     reconnect_timeout: float,
+    connect_timeout: float,
 ) -> None:
     """Run a worker connected to the scheduler at SCHEDULER_ADDRESS."""
     configure_logging()
@@ -296,6 +333,7 @@ def worker(
         limit,
         drain_timeout,
         kill_grace,
+        connect_timeout,
     )
     if supervise is None:
         supervise = nworkers > 1 or limit > 0
@@ -347,10 +385,11 @@ def run_one(address: str, settings: WorkerSettings) -> int:
             reconnect_timeout=settings.reconnect_timeout,
             supervisor=supervisor or 0,
             kill_grace=settings.kill_grace,
+            connect_timeout=settings.connect_timeout,
         )
         try:
             await worker.start()
-        except OSError as exc:
+        except OSError as exc:  # one line: what was found at the address, not a traceback
             logger.error("worker %s could not start: %s", worker.name, exc)
             return 1
         stopped = asyncio.Event()

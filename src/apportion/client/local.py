@@ -9,6 +9,7 @@ functions defined in it travel by value.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import subprocess
@@ -19,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from apportion.cli.logs import LEVEL_VARIABLE
+from apportion.client import session
 from apportion.core.resources import ResourceSpec, format_resources, parse_supply
 from apportion.loop_thread import LoopThread
 from apportion.scheduler.service import Scheduler
@@ -28,6 +30,24 @@ from apportion.scheduler.state import SchedulerConfig
 #: rejoin after being declared lost (a task that held the GIL past the worker timeout),
 #: short enough that workers of a process that died do not linger.
 LOCAL_RECONNECT_SECONDS = 5.0
+
+
+#: Clusters not closed yet: closed at interpreter exit (see ``_close_at_exit``).
+_open_clusters: weakref.WeakSet[LocalCluster] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Close what a script left open, clients first, as Dask does at exit.
+
+    Left alone, the loop thread is frozen at exit with its tasks pending ("Task was
+    destroyed but it is pending!", unclosed sockets). Clients go first so that none
+    sees its scheduler vanish and reports it as a lost connection.
+    """
+    session.close_all()
+    for cluster in list(_open_clusters):
+        with contextlib.suppress(Exception):
+            cluster.close()
 
 
 def _default_shape() -> tuple[int, int]:
@@ -74,6 +94,7 @@ class LocalCluster:
         self._workers: list[Any] = []
         self._closed = False
         self._finalizer = weakref.finalize(self, _stop_processes, self._procs)
+        _open_clusters.add(self)
         try:
             self._loop.run(self.scheduler.start())
             self.scheduler_address = self.scheduler.address
@@ -195,7 +216,7 @@ def worker_command(scheduler_address: str, spec: Mapping[str, Any]) -> list[str]
     cmd += ["--nthreads", str(spec["nthreads"]), "--name", spec["name"]]
     # Always given, even empty, so a worker never falls back to APPORTION_RESOURCES
     # from the user's environment: a LocalCluster's workers have what its spec says.
-    cmd += ["--resources", format_resources(spec["resources"], spec["units"])]
+    cmd += ["--resources", format_resources(spec["resources"], spec["units"]) or "none"]
     cmd += ["--reconnect-timeout", repr(LOCAL_RECONNECT_SECONDS)]
     return cmd
 

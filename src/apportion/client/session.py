@@ -10,16 +10,19 @@ messages, each function pickled once per batch).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import contextlib
 import itertools
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 from apportion.client.errors import SchedulerGoneError
 from apportion.loop_thread import LoopThread
+from apportion.net.address import parse_address
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import open_connection
 from apportion.protocol import messages as m
@@ -94,6 +97,21 @@ def _batch_size(batch: TaskBatch, functions: dict[str, bytes]) -> int:
     return size
 
 
+#: Sessions not closed yet; closed at interpreter exit (see ``_close_all``).
+_open: weakref.WeakSet[Session] = weakref.WeakSet()
+
+
+@atexit.register
+def close_all() -> None:
+    """Close the sessions of clients a script never closed, as Dask does at exit.
+
+    A daemon loop thread is frozen at exit: its pending tasks would be destroyed
+    ("Task was destroyed but it is pending!") and its sockets collected unclosed.
+    """
+    for session in list(_open):
+        session.close()
+
+
 class Session:
     """Connection, outbox and request/reply bookkeeping of one ``Client``."""
 
@@ -105,6 +123,9 @@ class Session:
         on_message: Callable[[m.Message], None],
         on_lost: Callable[[str], None],
     ) -> None:
+        # A malformed address is the caller's mistake, said at once in one line
+        # (ValueError), before any thread or connection is started.
+        parse_address(address)
         self.address = address
         self.name = name
         self._on_message = on_message
@@ -122,10 +143,13 @@ class Session:
         self.closed = False
         self.loop = LoopThread("apportion-client")
         try:
-            self.loop.run(self._connect(timeout), timeout)
+            # open_connection keeps to ``timeout`` and says what it found; the margin
+            # only guards against a loop that never answers.
+            self.loop.run(self._connect(timeout), timeout + 5.0)
         except BaseException:
             self.loop.stop()
             raise
+        _open.add(self)
 
     async def _connect(self, timeout: float) -> None:
         self._conn, _ = await open_connection(self.address, "client", self.name, timeout=timeout)

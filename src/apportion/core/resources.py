@@ -83,14 +83,21 @@ def parse_amount(text: str | float | int, *, name: str = "?") -> int:
                 "(examples: 2, 0.5, 100e9, 16GiB)"
             )
         try:
-            value = Decimal(match.group(1)) * _SUFFIXES[suffix]
+            number = Decimal(match.group(1))
         except InvalidOperation:
             raise ValueError(
                 f"resource {name!r}: amount {text!r} is not a number "
                 "(examples: 2, 0.5, 100e9, 16GiB)"
             ) from None
-        if not value.is_finite():
+        if not number.is_finite():
             raise ValueError(f"resource {name!r}: amount must be finite, got {text!r}")
+        # Checked before any arithmetic: 1e999999999 would overflow Decimal's context
+        # (an exception that is not a ValueError) and 1e-999999999 would round to 0.
+        if number and number.adjusted() > 30:
+            raise ValueError(f"resource {name!r}: amount {text!r} is too large")
+        if number and number.adjusted() < -30:
+            raise ValueError(f"resource {name!r}: amount {text!r} is below the smallest unit 1e-4")
+        value = number * _SUFFIXES[suffix]
     if value < 0:
         raise ValueError(f"resource {name!r}: amount must not be negative, got {text!r}")
     ticks = int((value * SCALE).to_integral_value())
@@ -148,6 +155,12 @@ def _pairs(spec: str) -> Iterator[tuple[str, str]]:
 
 _LABEL = re.compile(r"^[A-Za-z0-9_.:\-]+$")
 _RANGE = re.compile(r"^(\d+)-(\d+)$")
+#: Digits and dashes that are not a range (``0-``, ``-3``, ``0--3``): a range typed
+#: wrong, refused rather than taken as one unit with that label.
+_BROKEN_RANGE = re.compile(r"^[\d\-]*-[\d\-]*$")
+
+#: Most units one indexed pool may have: ``[0-99999999]`` is a typo, not a pool.
+MAX_UNITS = 65_536
 
 
 def parse_units(value: str | Iterable[object], *, name: str = "?") -> list[str]:
@@ -169,13 +182,21 @@ def parse_units(value: str | Iterable[object], *, name: str = "?") -> list[str]:
             low, high = int(span.group(1)), int(span.group(2))
             if high < low:
                 raise ValueError(f"resource {name!r}: range {part!r} runs backwards")
+            if high - low + 1 + len(labels) > MAX_UNITS:
+                raise ValueError(f"resource {name!r}: more than {MAX_UNITS} units in {part!r}")
             labels.extend(str(i) for i in range(low, high + 1))
+        elif _BROKEN_RANGE.match(part):
+            raise ValueError(
+                f"resource {name!r}: {part!r} is not a range: write FIRST-LAST, like 0-3"
+            )
         elif _LABEL.match(part):
             labels.append(part)
         else:
             raise ValueError(f"resource {name!r}: {part!r} is not a unit label")
     if not labels:
         raise ValueError(f"resource {name!r}: an indexed pool needs at least one unit")
+    if len(labels) > MAX_UNITS:
+        raise ValueError(f"resource {name!r}: more than {MAX_UNITS} units")
     if len(set(labels)) != len(labels):
         raise ValueError(f"resource {name!r}: a unit is listed twice in {value!r}")
     return labels
@@ -272,6 +293,56 @@ def format_resources(
         f"{name}=[{','.join(units[name])}]"
         if name in units
         else f"{name}={format_amount(amounts[name])}"
+        for name in sorted(amounts)
+    )
+
+
+_BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+
+
+def is_byte_pool(name: str) -> bool:
+    """Whether a pool counts bytes, by its name: ``memory``/``mem`` (any case) or a name
+    ending in ``_memory``/``_bytes``.
+
+    The name is the only honest sign: an amount given as ``16GiB`` is stored as a
+    plain number, and a large count of licences is not memory.
+    """
+    lowered = name.lower()
+    return lowered in ("memory", "mem") or lowered.endswith(("_memory", "_bytes"))
+
+
+def describe_amount(name: str, ticks: int) -> str:
+    """An amount of pool ``name`` for people to read: ``93.1 GiB`` for a byte pool
+    (``is_byte_pool``), else the exact number (``2``, ``0.5``).
+
+    The one rule for every text a user reads (``apportion info``, ``why``, errors,
+    logs); specs that are parsed again use ``format_resources``, which is exact.
+    """
+    if not is_byte_pool(name):
+        return format_amount(ticks)
+    value = ticks / SCALE
+    unit = 0
+    while unit < len(_BINARY_UNITS) - 1 and round(value, 1) >= 1024:
+        value /= 1024
+        unit += 1
+    if unit == 0:
+        return f"{format_amount(ticks)} B"
+    text = f"{value:.1f}".removesuffix(".0")
+    return f"{text} {_BINARY_UNITS[unit]}"
+
+
+def describe_resources(
+    amounts: Mapping[str, int], units: Mapping[str, list[str]] | None = None
+) -> str:
+    """A supply or demand for people to read: ``GPU=2 memory=93.1 GiB``, names sorted.
+
+    Like ``format_resources`` but with ``describe_amount``; not meant to be parsed.
+    """
+    units = units or {}
+    return " ".join(
+        f"{name}=[{','.join(units[name])}]"
+        if name in units
+        else f"{name}={describe_amount(name, amounts[name])}"
         for name in sorted(amounts)
     )
 

@@ -2,35 +2,87 @@
 
 from __future__ import annotations
 
+import ipaddress
+import re
+
 DEFAULT_PORT = 8786
+
+#: The forms every bad-address message names, so that the fix is in the error itself.
+ACCEPTED_FORMS = "tcp://host:port, host:port or host"
+
+#: A host name or an IPv4 address; IPv6 literals go in brackets and are checked apart.
+_HOST = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.\-]*[A-Za-z0-9_])?$")
+
+
+class AddressError(ValueError):
+    """An address that is not one of the accepted forms; the message is one line."""
+
+
+def _bad(address: str, why: str) -> AddressError:
+    return AddressError(f"invalid address {address!r}: {why}; use {ACCEPTED_FORMS}")
+
+
+def check_host(host: str, address: str | None = None) -> str:
+    """Return ``host`` if it is a host name, an IPv4 or an IPv6 address, else raise.
+
+    ``address`` is what the user wrote, quoted in the error (default: ``host``).
+    """
+    if not host:
+        why = "no host"
+    elif ":" in host:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            why = f"{host!r} is not an IPv6 address"
+        else:
+            return host
+    elif _HOST.match(host):
+        return host
+    else:
+        why = f"{host!r} is not a host name"
+    if address is None:
+        raise AddressError(f"invalid host {host!r}: use a host name or an IP address")
+    raise _bad(address, why)
 
 
 def parse_address(address: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
-    """Split an address into ``(host, port)``.
+    """Split an address into ``(host, port)``; raise ``AddressError`` (a ``ValueError``).
 
     The scheme may be omitted, as the seeds write ``scheduler:8786``; IPv6 hosts go in
-    brackets (``tcp://[::1]:8786``).
+    brackets (``tcp://[::1]:8786``). The error names the address and the accepted forms.
     """
+    if not isinstance(address, str):
+        raise AddressError(f"an address must be text, not {type(address).__name__}")
     text = address.strip()
+    if not text:
+        raise _bad(address, "it is empty")
     scheme, sep, rest = text.partition("://")
     if not sep:
         rest = text
     elif scheme != "tcp":
-        raise ValueError(f"unsupported address scheme {scheme!r} in {address!r}: use tcp://")
+        raise _bad(address, f"the scheme {scheme + '://'!r} is not supported")
     if rest.startswith("["):
-        host, _, tail = rest[1:].partition("]")
-        if tail and not tail.startswith(":"):
-            raise ValueError(f"address {address!r} has unexpected text after ']'")
+        host, closed, tail = rest[1:].partition("]")
+        if not closed or (tail and not tail.startswith(":")):
+            raise _bad(address, "unexpected text around the bracketed IPv6 host")
+        if ":" not in host:
+            raise _bad(address, f"{host!r} in brackets is not an IPv6 address")
         port_text = tail[1:]
+        has_port = bool(tail)
     else:
-        host, _, port_text = rest.rpartition(":") if ":" in rest else (rest, "", "")
-    if not host:
-        raise ValueError(f"address {address!r} has no host")
-    if not port_text:
+        if rest.count(":") > 1:
+            raise _bad(address, "an IPv6 host goes in brackets, as [::1]:8786")
+        host, colon, port_text = rest.partition(":")
+        has_port = bool(colon)
+    check_host(host, address)
+    if not has_port:
         return host, default_port
-    if not port_text.isdigit() or not 0 <= int(port_text) < 65536:
-        raise ValueError(f"address {address!r} has an invalid port {port_text!r}")
-    return host, int(port_text)
+    if not port_text.isdigit() or not port_text.isascii():
+        raise _bad(address, f"the port {port_text!r} is not a number")
+    port = int(port_text)
+    if not 0 <= port < 65536:
+        raise _bad(address, f"the port {port} is not in 0-65535")
+    return host, port
 
 
 def format_address(host: str, port: int) -> str:

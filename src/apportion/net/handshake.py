@@ -7,12 +7,20 @@ payload is ever unpickled here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 from apportion.net.address import parse_address
-from apportion.net.connection import Connection, ConnectionClosed
-from apportion.protocol.codec import MAX_FRAME, MAX_HANDSHAKE_FRAME, ProtocolError
-from apportion.protocol.messages import PROTOCOL_VERSION, Hello, Refused, Welcome
+from apportion.net.connection import Connection
+from apportion.protocol.codec import (
+    HEADER,
+    MAX_FRAME,
+    MAX_HANDSHAKE_FRAME,
+    ProtocolError,
+    decode_body,
+    frame_length,
+)
+from apportion.protocol.messages import PROTOCOL_VERSION, Hello, Message, Refused, Welcome
 
 
 class HandshakeError(ConnectionError):
@@ -29,31 +37,89 @@ def version_mismatch(ours: int, theirs: int, what: str) -> str:
 async def open_connection(
     address: str, role: str, name: str, *, timeout: float = 10.0
 ) -> tuple[Connection, Welcome]:
-    """Connect to ``address`` and complete the handshake as ``role``."""
+    """Connect to ``address`` and complete the handshake as ``role``, within ``timeout``.
+
+    Failures are one line naming the address and what was found there: ``OSError``
+    when nothing could be reached (refused at once, or no answer in time), and
+    ``HandshakeError`` when something answered that is not an apportion peer of
+    this version (its first bytes are quoted), or refused us.
+    """
     host, port = parse_address(address)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-    except (OSError, TimeoutError) as exc:
-        raise OSError(f"cannot connect to {address}: {exc}") from exc
+    except TimeoutError:
+        raise OSError(f"cannot connect to {address}: no answer within {timeout:g}s") from None
+    except ConnectionRefusedError:
+        raise ConnectionRefusedError(f"cannot connect to {address}: connection refused") from None
+    except OSError as exc:
+        raise OSError(f"cannot connect to {address}: {exc.strerror or exc}") from None
     conn = Connection(reader, writer, max_frame=MAX_HANDSHAKE_FRAME)
     conn.send(Hello(PROTOCOL_VERSION, role, name))
     try:
-        reply = await asyncio.wait_for(conn.recv(), timeout)
-    except (ConnectionClosed, ProtocolError, TimeoutError) as exc:
-        await conn.close()
-        raise HandshakeError(f"handshake with {address} failed: {exc!r}") from None
+        reply = await asyncio.wait_for(_first_frame(reader), max(0.0, deadline - loop.time()))
+    except TimeoutError:
+        conn.abort()
+        raise HandshakeError(
+            f"{address}: no apportion handshake: no answer within {timeout:g}s"
+        ) from None
+    except HandshakeError as exc:
+        conn.abort()
+        raise HandshakeError(f"{address}: no apportion handshake: {exc}") from None
     first = reply[0] if reply else None
     if isinstance(first, Refused):
         await conn.close()
         raise HandshakeError(f"{address} refused the connection: {first.reason}")
     if not isinstance(first, Welcome):
         await conn.close()
-        raise HandshakeError(f"{address} did not answer the handshake")
+        raise HandshakeError(f"{address}: no apportion handshake: the peer sent {first!r}")
     if first.protocol != PROTOCOL_VERSION:
         await conn.close()
         raise HandshakeError(version_mismatch(PROTOCOL_VERSION, first.protocol, "server"))
     conn.max_frame = MAX_FRAME
     return conn, first
+
+
+#: Bytes of a non-apportion answer quoted in the error (an HTTP status line fits).
+QUOTED_BYTES = 40
+
+
+async def _first_frame(reader: asyncio.StreamReader) -> list[Message]:
+    """The reply to our ``Hello``, read raw so that a foreign answer can be quoted."""
+    try:
+        header = await reader.readexactly(HEADER.size)
+    except asyncio.IncompleteReadError as exc:
+        raise HandshakeError(_closed_text(exc.partial)) from None
+    except ConnectionError:
+        raise HandshakeError("the peer reset the connection") from None
+    try:
+        length = frame_length(header, MAX_HANDSHAKE_FRAME)
+    except ProtocolError:
+        raise HandshakeError(f"the peer sent {await _sample(reader, header)!r}") from None
+    try:
+        body = await reader.readexactly(length)
+    except asyncio.IncompleteReadError as exc:
+        raise HandshakeError(_closed_text(header + exc.partial)) from None
+    except ConnectionError:
+        raise HandshakeError("the peer reset the connection") from None
+    try:
+        return decode_body(body)
+    except ProtocolError:
+        raise HandshakeError(f"the peer sent {(header + body)[:QUOTED_BYTES]!r}") from None
+
+
+def _closed_text(partial: bytes) -> str:
+    if not partial:
+        return "the peer closed the connection without a word"
+    return f"the peer sent {partial[:QUOTED_BYTES]!r} and closed the connection"
+
+
+async def _sample(reader: asyncio.StreamReader, head: bytes) -> bytes:
+    """``head`` and what follows it at once, up to ``QUOTED_BYTES``, for an error message."""
+    with contextlib.suppress(TimeoutError, ConnectionError):
+        head += await asyncio.wait_for(reader.read(QUOTED_BYTES - len(head)), 0.2)
+    return head[:QUOTED_BYTES]
 
 
 async def accept_connection(

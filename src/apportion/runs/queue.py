@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from apportion.core.payload import dumps_function, function_id, pack_call
-from apportion.core.resources import format_amount, format_resources, parse_demand, parse_supply
+from apportion.core.resources import describe_amount, describe_resources, parse_demand, parse_supply
 from apportion.protocol import messages as m
 from apportion.runs.journal import (
     CANCELLED,
@@ -173,7 +173,7 @@ class RunQueue:
                 logger.warning(
                     "ignoring staged run %s (%s); it stays staged", record.label(), problem
                 )
-                cluster = format_resources(self.options.fixed_supply or {}) or "no resources"
+                cluster = describe_resources(self.options.fixed_supply or {}) or "no resources"
                 text = f"the --run-once cluster ({cluster}) cannot run it: {problem}"
                 self.journal.set_waiting(record.id, text)
             else:
@@ -190,7 +190,7 @@ class RunQueue:
         undefined = sorted(name for name in demand if name not in supply)
         if undefined:
             return "requires resources not defined for the cluster: " + ", ".join(undefined)
-        short = [f"{n}={format_amount(t)}" for n, t in sorted(demand.items()) if t > supply[n]]
+        short = [f"{n}={describe_amount(n, t)}" for n, t in sorted(demand.items()) if t > supply[n]]
         if short:
             return "requires more than the cluster has: " + " ".join(short)
         return ""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from apportion.core.resources import format_amount, format_resources
+from apportion.core.resources import describe_amount, describe_resources
 from apportion.scheduler.placement import available, holder_of, pools
 from apportion.scheduler.records import (
     ERRED,
@@ -23,11 +23,16 @@ if TYPE_CHECKING:
     from apportion.scheduler.state import SchedulerState
 
 
+def unknown_text(key: str) -> str:
+    """The answer for a key the scheduler does not know (the CLI tells it apart by it)."""
+    return f"{key!r} is not known to the scheduler: never submitted, or already released"
+
+
 def explain(state: SchedulerState, key: str) -> str:
     """One paragraph on where ``key`` stands and what it waits for."""
     task = state.tasks.get(key)
     if task is None:
-        return f"{key!r} is not known to the scheduler: never submitted, or already released"
+        return unknown_text(key)
     if task.state == WAITING:
         pending = [d for d in task.deps if state.tasks[d].state != MEMORY]
         shown = ", ".join(repr(d) for d in pending[:5]) + (" ..." if len(pending) > 5 else "")
@@ -35,7 +40,7 @@ def explain(state: SchedulerState, key: str) -> str:
     if task.state == PROCESSING:
         worker = state.workers.get(task.worker or "")
         where = f"{worker.name} ({worker.address})" if worker else "a worker"
-        holding = f", holding {format_resources(task.resources)}" if task.resources else ""
+        holding = f", holding {describe_resources(task.resources)}" if task.resources else ""
         if task.units:
             holding += f" (units: {describe_units(task.units)})"
         return f"running on {where}{holding}"
@@ -72,7 +77,7 @@ def _explain_queued(state: SchedulerState, task: TaskRecord) -> str:
     if not any(by_option):
         return "queued: " + unsatisfiable_text(task, state.workers.values())
     if len(options) == 1:
-        need = format_resources(task.resources) or "a free thread"
+        need = describe_resources(task.resources) or "a free thread"
         lines = [f"queued: needs {need}{queue}"]
     else:
         lines = [f"queued: none of its {len(options)} alternatives fits anywhere now{queue}"]
@@ -81,7 +86,7 @@ def _explain_queued(state: SchedulerState, task: TaskRecord) -> str:
     for option, pool in zip(options, by_option, strict=True):
         demand = dict(option)
         if len(options) > 1:
-            lines.append(f"  {format_resources(demand) or 'no resources'}:")
+            lines.append(f"  {describe_resources(demand) or 'no resources'}:")
         for worker in pool:
             why_not = _worker_obstacles(state, worker, task, demand)
             lines.append(f"{'    ' if len(options) > 1 else '  '}{worker.name}: {why_not}")
@@ -121,17 +126,19 @@ def _worker_obstacles(
         free = available(worker, name, holder)
         if free < need:
             reasons.append(
-                f"{name} {format_amount(free)} of {format_amount(worker.total[name])} free"
+                f"{name} {describe_amount(name, free)} of "
+                f"{describe_amount(name, worker.total[name])} free"
             )
         elif name in worker.units and pick_units(worker.units[name], need) is None:
             unit_free = ", ".join(
-                f"{label}: {format_amount(left)}" for label, left in worker.units[name].items()
+                f"{label}: {describe_amount(name, left)}"
+                for label, left in worker.units[name].items()
             )
             reasons.append(f"{name} has no unit with room for it (free per unit: {unit_free})")
     if len(worker.processing) >= worker.nthreads:
         reasons.append(f"all {worker.nthreads} threads busy")
     if holder is not None:
         reasons.append(
-            f"reserved for older task {holder.key!r} (needs {format_resources(holder.resources)})"
+            f"reserved for older task {holder.key!r} (needs {describe_resources(holder.resources)})"
         )
     return "; ".join(reasons) if reasons else "fits now; starts in the next placement pass"

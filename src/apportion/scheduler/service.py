@@ -186,6 +186,10 @@ class Scheduler(BackgroundService):
         self._conns[peer_id] = conn
         registration = first[0]
         self._handle(WorkerJoined(peer_id, registration, time.monotonic()))
+        if peer_id not in self.state.workers:  # refused (its name is taken): told why
+            self._conns.pop(peer_id, None)
+            await conn.close()
+            return
         if self.queue is not None:
             self._in_queue(self.queue.worker_joined, peer_id, registration, time.time())
         elif registration.live_runs:
@@ -199,7 +203,8 @@ class Scheduler(BackgroundService):
         finally:
             self._conns.pop(peer_id, None)
             self._handle(WorkerLeft(peer_id, time.monotonic()))
-            if self.queue is not None:
+            replaced = any(w.name == registration.name for w in self.state.workers.values())
+            if self.queue is not None and not replaced:
                 self._in_queue(self.queue.worker_left, registration.name, time.time())
 
     def _from_worker(self, peer_id: str, batch: list[m.Message]) -> None:

@@ -30,8 +30,8 @@ from typing import Any
 
 from apportion.core.resources import (
     SCALE,
+    describe_resources,
     fits,
-    format_resources,
     give_back,
     to_units,
 )
@@ -255,7 +255,7 @@ class SchedulerState:
         """
         cause = cause or f"assigned to {worker.name}"
         if task.variants:
-            cause += f" with {format_resources(task.resources) or 'no resources'}"
+            cause += f" with {describe_resources(task.resources) or 'no resources'}"
         task.units = None
         if task.resources:
             for name, need in task.resources.items():
@@ -482,6 +482,8 @@ class SchedulerState:
 
     def _on_worker_joined(self, event: WorkerJoined, _: None) -> None:
         reg = event.registration
+        if not self._claim_name(event.worker_id, reg):
+            return
         units = {
             name: labels
             for name, labels in reg.units.items()
@@ -505,7 +507,7 @@ class SchedulerState:
             Log(
                 "info",
                 f"worker {reg.name} joined at {reg.address}: {reg.nthreads} threads, "
-                f"resources {format_resources(reg.resources, units) or '(none)'}",
+                f"resources {describe_resources(reg.resources, units) or '(none)'}",
             )
         )
         self.satisfiable_cache.clear()
@@ -514,6 +516,34 @@ class SchedulerState:
         self.placement_due = True
         self.relays.worker_joined(self)
         remote_calls.worker_joined(self, event.worker_id)
+
+    def _claim_name(self, worker_id: str, reg: m.RegisterWorker) -> bool:
+        """Whether ``reg`` may take its name: refuse a second worker under a live one's name.
+
+        Names are how people and the job queue tell workers apart, so two live workers
+        never share one (Dask refuses the second too). A registration from the same
+        worker (same data address: it reconnected before its old connection's end was
+        seen) or from its supervisor's replacement (same supervisor on the same host:
+        the old process is dead) takes the name over; the stale record is dropped as
+        lost, so its tasks run again.
+        """
+        holder = next((w for w in self.workers.values() if reg.name and w.name == reg.name), None)
+        if holder is None:
+            return True
+        same_host = _host(holder.address) == _host(reg.address)
+        if holder.address == reg.address or (
+            reg.supervisor and holder.supervisor == reg.supervisor and same_host
+        ):
+            self._remove_worker(holder.id, f"replaced by a new registration as {reg.name}")
+            self._out.append(Disconnect(holder.id, "replaced by a new registration"))
+            return True
+        reason = (
+            f"a worker named {reg.name!r} is already connected from {holder.address}; "
+            "give each worker its own --name"
+        )
+        self.warn(f"refused the worker at {reg.address}: {reason}")
+        self.send(worker_id, m.Refused(reason))
+        return False
 
     def _on_worker_left(self, event: WorkerLeft, _: None) -> None:
         self._remove_worker(event.worker_id, "its connection closed")
@@ -843,3 +873,8 @@ WORKER_HANDLERS: dict[type[m.Message], Callable[[SchedulerState, WorkerRecord, A
 
 def _text(detail: bytes | str) -> str:
     return detail if isinstance(detail, str) else "(a pickled exception; see the client)"
+
+
+def _host(address: str) -> str:
+    """The host part of ``tcp://host:port`` (the whole text if it has no port)."""
+    return address.rpartition(":")[0] or address

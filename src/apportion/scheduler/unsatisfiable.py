@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from apportion.core.resources import format_amount, format_resources, missing
+from apportion.core.resources import describe_amount, describe_resources, missing
 from apportion.protocol import messages as m
 from apportion.scheduler.records import (
     QUEUED,
@@ -82,11 +82,11 @@ def unsatisfiable_text(task: TaskRecord, workers: Any) -> str:
         return _restricted_text(task, restriction, workers)
     if not task.variants:
         return (
-            f"task {task.key!r} needs {format_resources(task.resources)}, which no connected "
+            f"task {task.key!r} needs {describe_resources(task.resources)}, which no connected "
             f"worker can ever provide: {_shortfall(task.resources, workers)}"
         )
     options = "; ".join(
-        f"{format_resources(v) or 'nothing'} ({_shortfall(v, workers)})" for v in task.variants
+        f"{describe_resources(v) or 'nothing'} ({_shortfall(v, workers)})" for v in task.variants
     )
     return (
         f"task {task.key!r} gives {len(task.variants)} alternatives and no connected worker "
@@ -108,7 +108,7 @@ def _restricted_text(task: TaskRecord, restriction: Restriction, workers: list[A
     names = ", ".join(sorted(w.name for w in allowed))
     options = task.variants or (task.resources,)
     shortfalls = "; ".join(
-        f"{format_resources(v) or 'nothing'} ({_shortfall(v, allowed)})" for v in options
+        f"{describe_resources(v) or 'nothing'} ({_shortfall(v, allowed)})" for v in options
     )
     return f"{where} ({names}), and none of them can ever provide what it needs: {shortfalls}"
 
@@ -129,7 +129,7 @@ def _shortfall(demand: dict[str, int], workers: list[Any]) -> str:
         have, where = best.get(name, (0, ""))
         if name in short:
             if have:
-                parts.append(f"largest {name} supply is {format_amount(have)} on {where}")
+                parts.append(f"largest {name} supply is {describe_amount(name, have)} on {where}")
             else:
                 parts.append(f"no worker offers {name}")
     for name in names:
@@ -137,6 +137,6 @@ def _shortfall(demand: dict[str, int], workers: list[Any]) -> str:
         if not splittable(need) and any(name in w.units for w in workers):
             parts.append(
                 f"{name} is an indexed pool: ask for whole units, or at most 1 to share one "
-                f"unit, not {format_amount(need)}"
+                f"unit, not {describe_amount(name, need)}"
             )
     return "; ".join(parts) or "no single worker offers all of it"

@@ -141,7 +141,8 @@ def split_auto(spec: str) -> tuple[bool, str]:
     """Whether ``spec`` contains the word ``auto``, and the spec without it.
 
     ``auto`` is a part of its own, separated by spaces or commas; text inside
-    brackets (unit labels) is left alone.
+    brackets (unit labels) is left alone. ``auto`` given twice is a ``ValueError``:
+    it says nothing more than once, so it is a slip (a pasted spec, say).
     """
     found = False
     kept: list[str] = []
@@ -152,6 +153,8 @@ def split_auto(spec: str) -> tuple[bool, str]:
         nonlocal found
         text = "".join(word)
         if text == AUTO:
+            if found:
+                raise ValueError(f"{AUTO!r} is given twice in {spec!r}")
             found = True
         else:
             kept.append(text)

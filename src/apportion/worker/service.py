@@ -28,7 +28,7 @@ from typing import Any
 import psutil
 
 from apportion.core.payload import loads
-from apportion.core.resources import ResourceSpec, parse_supply, to_units
+from apportion.core.resources import ResourceSpec, describe_resources, parse_supply, to_units
 from apportion.loop_thread import BackgroundService
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeError, open_connection
@@ -45,6 +45,7 @@ from apportion.protocol.messages import (
     LoadFunction,
     Message,
     PutData,
+    Refused,
     RegisterWorker,
     RunCall,
     RunOutput,
@@ -97,6 +98,9 @@ class Worker(BackgroundService):
     worker timeout. ``reconnect_timeout``: how long to keep trying to reconnect after
     losing the scheduler before closing; 0 closes at once. ``kill_grace``: seconds a
     command run gets between SIGTERM and SIGKILL when it is cancelled or stopped.
+    ``connect_timeout``: how long ``start`` keeps trying to reach a scheduler that is
+    not listening yet (a worker started before its scheduler, as Dask's waits too);
+    0 tries once. Something that answers but is not an apportion scheduler fails at once.
     """
 
     def __init__(
@@ -113,6 +117,7 @@ class Worker(BackgroundService):
         reconnect_timeout: float = 120.0,
         supervisor: int = 0,
         kill_grace: float = DEFAULT_KILL_GRACE,
+        connect_timeout: float = 0.0,
     ) -> None:
         self.scheduler_address = scheduler_address
         self.nthreads = nthreads if nthreads is not None else os.cpu_count() or 1
@@ -124,6 +129,9 @@ class Worker(BackgroundService):
             raise ValueError(f"reconnect_timeout must be 0 or more, got {reconnect_timeout}")
         self.heartbeat_interval = heartbeat_interval
         self.reconnect_timeout = reconnect_timeout
+        if not connect_timeout >= 0:
+            raise ValueError(f"connect_timeout must be 0 or more, got {connect_timeout}")
+        self.connect_timeout = connect_timeout
         #: Supply in ticks, as registered with the scheduler.
         self.supply, self.units = parse_supply(resources)
         #: Supply in units (``{"GPU": 2.0}``), as users write and read it.
@@ -170,6 +178,8 @@ class Worker(BackgroundService):
         self._loop: asyncio.AbstractEventLoop | None = None
         #: ``client.run`` calls, uploads, plugins and the log ring of this worker.
         self.remote_calls = RemoteCallRunner(self)
+        #: Why the scheduler refused this worker's registration (a taken name), if it did.
+        self.refused: str | None = None
 
     # --- lifecycle ----------------------------------------------------------------
 
@@ -184,7 +194,7 @@ class Worker(BackgroundService):
             self.address = await self._server.start()
             self.state.address = self.address
             self._runner = self._new_runner()
-            self._connected(await self._register())
+            self._connected(await self._first_registration())
         except BaseException:
             await self.close()
             raise
@@ -195,7 +205,7 @@ class Worker(BackgroundService):
             self.name,
             self.address,
             self.nthreads,
-            self.resources or "none",
+            describe_resources(self.supply, self.units) or "none",
             self.scheduler_address,
         )
         return self
@@ -300,6 +310,39 @@ class Worker(BackgroundService):
         self.sessions += 1
         return conn
 
+    async def _first_registration(self) -> Connection:
+        """Register, retrying while nothing listens at the address, for ``connect_timeout``.
+
+        Only "nothing there" is retried (refused, no answer): a peer that answers
+        wrongly, or a scheduler that refuses us, will not change its mind.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.connect_timeout
+        delay = FIRST_BACKOFF
+        waiting_said = False
+        while True:
+            try:
+                return await self._register()
+            except HandshakeError:
+                raise
+            except OSError as exc:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    if self.connect_timeout > 0:
+                        raise OSError(f"{exc}; gave up after {self.connect_timeout:g}s") from None
+                    raise
+                if not waiting_said:
+                    # One line, not one per attempt: the worker is expected to wait here.
+                    logger.info(
+                        "worker %s: %s; retrying for up to %gs",
+                        self.name,
+                        exc,
+                        self.connect_timeout,
+                    )
+                    waiting_said = True
+                await asyncio.sleep(min(delay, remaining))
+                delay = min(delay * 2, MAX_BACKOFF)
+
     def _connected(self, conn: Connection) -> None:
         """``conn`` is the live session now: send what waited for one, in order."""
         self._scheduler = conn
@@ -347,6 +390,15 @@ class Worker(BackgroundService):
             reason = await self._receive()
             if self._draining:
                 break  # leaving anyway; what we ran is rescheduled by whoever comes back
+            if self.refused is not None:
+                # Final: registering again under the same name is refused again.
+                logger.error(
+                    "worker %s: the scheduler at %s refused it: %s",
+                    self.name,
+                    self.scheduler_address,
+                    self.refused,
+                )
+                break
             if self.reconnect_timeout <= 0:
                 logger.warning(
                     "worker %s: %s at %s; closing this worker",
@@ -471,6 +523,9 @@ class Worker(BackgroundService):
                     self.remote_calls.handle(message)
                 case DrainDone():
                     self._drained.set()
+                case Refused():
+                    # The scheduler closes the connection after this; _serve says why.
+                    self.refused = message.reason
                 case PutData():
                     events.append(self._store_put(message, now))
                 case GetData():
