@@ -540,3 +540,29 @@ class RunsReport(Message):
 
     request_id: int
     runs: list[dict[str, Any]]
+
+
+# --- cluster lifecycle (restart) -----------------------------------------------------
+
+
+@message
+class RestartRequest(Message):
+    """Client -> scheduler: drop every task and result, and reset every worker.
+
+    Every client's futures are told (``KeysPending`` then ``KeysFailed`` "cancelled",
+    so finished ones are cancelled too); every worker is disconnected, which makes
+    it forget its tasks and data and register afresh. Replacing the processes is
+    up to whoever supervises them (a ``LocalCluster`` does).
+    """
+
+    request_id: int
+    reason: str
+
+
+@message
+class RestartReply(Message):
+    """How many workers were reset, and the names of those no supervisor watches."""
+
+    request_id: int
+    workers: int
+    unsupervised: list[str]

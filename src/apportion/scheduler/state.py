@@ -36,7 +36,7 @@ from apportion.core.resources import (
     to_units,
 )
 from apportion.protocol import messages as m
-from apportion.scheduler import client_requests, drain, relay, worker_reports
+from apportion.scheduler import client_requests, drain, relay, restart, worker_reports
 from apportion.scheduler.events import (
     AdoptRunning,
     ClientJoined,
@@ -786,6 +786,7 @@ CLIENT_HANDLERS: dict[type[m.Message], Callable[[SchedulerState, ClientRecord, A
     m.InfoRequest: client_requests.info,
     m.StoryRequest: client_requests.story,
     m.DumpRequest: client_requests.dump,
+    m.RestartRequest: restart.restart,
 }
 
 WORKER_HANDLERS: dict[type[m.Message], Callable[[SchedulerState, WorkerRecord, Any], None]] = {

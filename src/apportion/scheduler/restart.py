@@ -1,0 +1,68 @@
+"""Restarting the cluster (``Client.restart``): every task and result dropped at once.
+
+Every client is told about each of its keys (``KeysPending`` turns a finished
+future back into a waiting one, ``KeysFailed`` "cancelled" then settles it), the
+task table is emptied, and every worker is removed as a departure (not a crash, so
+no task is blamed for it) and disconnected. A disconnected worker forgets its whole
+session - running tasks, results - and registers afresh, so the cluster is clean
+even where no process is replaced; a ``LocalCluster`` also replaces its processes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from apportion.protocol import messages as m
+from apportion.scheduler.events import Disconnect
+from apportion.scheduler.records import ClientRecord
+
+if TYPE_CHECKING:
+    from apportion.scheduler.state import SchedulerState
+
+#: ``WorkerRecord.leaving`` of the workers a restart removes.
+RESTARTING = "restarting"
+
+
+def restart(state: SchedulerState, client: ClientRecord, msg: m.RestartRequest) -> None:
+    text = (
+        f"the cluster was restarted ({msg.reason})" if msg.reason else "the cluster was restarted"
+    )
+    by_client: dict[str, list[str]] = defaultdict(list)
+    for key, task in state.tasks.items():
+        for client_id in task.wanted_by or ():
+            by_client[client_id].append(key)
+        state.log.append((state.now, key, task.state, "forgotten", text))
+    for client_id, keys in by_client.items():
+        if client_id in state.clients:
+            state.send(client_id, m.KeysPending(keys))
+            state.send(client_id, m.KeysFailed(keys, "cancelled", text))
+    _forget_all_tasks(state)
+    unsupervised = []
+    workers = list(state.workers.values())
+    for worker in workers:
+        if not worker.supervisor:
+            unsupervised.append(worker.name)
+        worker.processing.clear()
+        worker.has_what.clear()
+        worker.nbytes = 0
+        worker.leaving = RESTARTING
+        state._remove_worker(worker.id, text)
+        state._out.append(Disconnect(worker.id, text))
+    state.log_info(f"{text}: {len(workers)} workers reset")
+    state.send(client.id, m.RestartReply(msg.request_id, len(workers), sorted(unsupervised)))
+
+
+def _forget_all_tasks(state: SchedulerState) -> None:
+    state.tasks.clear()
+    state.ready.clear()
+    state.functions.clear()
+    state.function_users.clear()
+    state.verdicts.clear()
+    state.deaths.clear()
+    state.retried.clear()
+    state.fetch_failures.clear()
+    state.done_keys.clear()
+    state.free_keys.clear()
+    for record in state.clients.values():
+        record.wanted.clear()
