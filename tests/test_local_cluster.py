@@ -1,0 +1,336 @@
+"""LocalCluster and Client() with Dask's arguments; scaling, logs, restart, shutdown; the
+embedded cluster's supervision (a task that kills its worker fails, the workers come back).
+
+Pure tests first (scheduler state, supervisor policy, argument parsing), then in-process
+clusters, then a few with real worker processes (marked ``process``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+import warnings
+from collections.abc import Iterator
+
+import pytest
+
+from apportion import Client, FutureCancelledError, LocalCluster, WorkerCrashedError, wait
+from apportion.client.cluster_options import (
+    IgnoredOptionWarning,
+    log_levels,
+    memory_limit_bytes,
+)
+from apportion.protocol import messages as m
+from apportion.scheduler.invariants import check_invariants
+from apportion.scheduler.records import PROCESSING
+from apportion.testing.simulation import SimulatedCluster
+from apportion.worker.detect import memory_total
+from apportion.worker.supervisor import Supervisor
+from test_supervisor import FakeClock, FakeLauncher
+
+# --- restart in the scheduler's state machine -----------------------------------------
+
+
+def test_restart_drops_every_task_tells_every_client_and_resets_every_worker() -> None:
+    sim = SimulatedCluster()
+    sim.add_client("c1")
+    sim.add_client("c2")
+    supervised = sim.add_worker("a", nthreads=1, resources="GPU=1", pid=11, supervisor=5)
+    sim.add_worker("b", nthreads=1, pid=12)
+    sim.submit("done", client="c1")
+    sim.place()
+    sim.finish("done")
+    sim.submit("running", resources="GPU=1", client="c2")
+    sim.submit("after", deps=["running"], client="c1")
+    sim.place()
+    assert sim.state.tasks["running"].state == PROCESSING
+
+    sim.client_says("c1", m.RestartRequest(7, "test"))
+
+    assert not sim.state.tasks and not sim.state.workers
+    assert sorted(sim.disconnected) == sorted([supervised, "w2"])
+    (reply,) = [msg for msg in sim.inbox["c1"] if isinstance(msg, m.RestartReply)]
+    assert (reply.request_id, reply.workers, reply.unsupervised) == (7, 2, ["b"])
+    for client, keys in [("c1", ["after", "done"]), ("c2", ["running"])]:
+        pending = [
+            k for msg in sim.inbox[client] if isinstance(msg, m.KeysPending) for k in msg.keys
+        ]
+        failed = [msg for msg in sim.inbox[client] if isinstance(msg, m.KeysFailed)]
+        assert sorted(pending) == keys  # finished futures are reset first, then cancelled
+        assert [f.kind for f in failed] == ["cancelled"]
+        assert sorted(failed[0].keys) == keys and "restarted" in failed[0].message
+    # A restart is no crash: nothing was blamed on the running task.
+    assert not sim.state.deaths and not [log for log in sim.logs if "lost worker" in log.text]
+    check_invariants(sim.state)
+
+    sim.add_worker("a", nthreads=1, resources="GPU=1", pid=21)  # the fresh process
+    sim.submit("done", client="c1")
+    assert sim.place() == [("w3", "done")]
+    check_invariants(sim.state)
+
+
+# --- the supervisor's policy for a local cluster ------------------------------------
+
+
+def test_supervisor_replaces_a_child_at_once_without_reporting_a_death() -> None:
+    launcher, clock, reports = FakeLauncher(), FakeClock(), []
+    supervisor = Supervisor(
+        [["w", "--name", "w-0"]],
+        launcher,
+        clock,
+        names=["w-0"],
+        report=lambda *r: reports.append(r),
+    )
+    supervisor.start()
+    supervisor.replace(supervisor.slots[0])
+    supervisor.poll()
+    assert len(launcher.launched) == 2 and launcher.launched[0].returncode == -signal.SIGKILL
+    assert reports == [] and supervisor.slots[0].quick_failures == 0
+    launcher.launched[1].kill()  # a real death afterwards is reported and restarted
+    supervisor.poll()
+    assert [r[2] for r in reports] == ["was killed by SIGKILL"]
+    assert len(launcher.launched) == 3
+
+
+def test_supervisor_retires_and_adds_children() -> None:
+    launcher, clock = FakeLauncher(stubborn=True), FakeClock()
+    supervisor = Supervisor([["w0"]], launcher, clock, report=lambda *r: None)
+    supervisor.start()
+    slot = supervisor.add(["w1"], "w-1")
+    assert [p.argv for p in launcher.launched] == [["w0"], ["w1"]]
+    supervisor.retire(slot)
+    assert launcher.launched[1].signals == [signal.SIGTERM]
+    launcher.launched[1].returncode = 1  # even a drain that fails is not restarted
+    supervisor.poll()
+    assert slot.stopped and len(launcher.launched) == 2
+
+
+# --- Dask's arguments -------------------------------------------------------------------
+
+
+def test_memory_limit_takes_dasks_forms() -> None:
+    machine = memory_total()
+    assert memory_limit_bytes("4GiB", 2) == 4 * 2**30
+    assert memory_limit_bytes(3_000_000_000, 2) == 3_000_000_000
+    assert memory_limit_bytes(0.5, 2) == machine // 2
+    assert memory_limit_bytes("auto", 4) == machine // 4
+    assert memory_limit_bytes(0, 2) == memory_limit_bytes(None, 2) == 0
+    with pytest.raises(ValueError, match="memory_limit"):
+        memory_limit_bytes("lots", 1)
+    with pytest.raises(TypeError):
+        memory_limit_bytes([1], 1)  # type: ignore[arg-type]
+
+
+def test_silence_logs_sets_what_workers_log_and_what_is_shown() -> None:
+    assert log_levels(logging.WARN) == (logging.INFO, logging.WARNING)
+    assert log_levels(logging.ERROR) == (logging.INFO, logging.ERROR)
+    assert log_levels(logging.DEBUG) == (logging.DEBUG, logging.DEBUG)
+    assert log_levels("error") == (logging.INFO, logging.ERROR)
+    assert log_levels(False) == (logging.INFO, logging.NOTSET)  # Dask: "no change"
+
+
+@pytest.fixture
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False) as c:
+        yield c
+
+
+def test_local_cluster_takes_dasks_arguments() -> None:
+    with LocalCluster(
+        n_workers=3,
+        threads_per_worker=2,
+        processes=False,
+        memory_limit="2GiB",
+        resources={"GPU": 1},
+        dashboard_address=":0",
+        silence_logs=logging.ERROR,
+        host="127.0.0.1",
+        scheduler_port=0,
+        name="mine",
+    ) as cluster:
+        assert cluster.name == "mine" and cluster.dashboard_link is None
+        assert cluster.memory_limit == 2 * 2**30
+        assert cluster.scheduler_address.startswith("tcp://127.0.0.1:")
+        assert len(cluster.workers) == 3 and sorted(cluster.workers) == [
+            "worker-0",
+            "worker-1",
+            "worker-2",
+        ]
+        info = cluster.scheduler.info()["workers"].values()
+        assert [(w["nthreads"], w["resources"]) for w in info] == [(2, {"GPU": 1.0})] * 3
+        assert repr(cluster) == (
+            f"LocalCluster('mine', '{cluster.scheduler_address}', workers=3, threads=6, in-process)"
+        )
+    # Dask's rule: threads given, workers not -> one in-process worker.
+    with LocalCluster(threads_per_worker=2, processes=False) as one:
+        assert len(one.workers) == 1
+
+
+def test_options_for_dasks_internals_are_ignored_with_one_warning() -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cluster = LocalCluster(
+            n_workers=1,
+            processes=False,
+            protocol="tcp://",
+            nanny=True,
+            death_timeout=60,
+            local_directory="/tmp",
+            worker_class=object,
+        )
+    cluster.close()
+    assert [type(w.message) for w in caught] == [IgnoredOptionWarning]
+    text = str(caught[0].message)
+    for name in ("death_timeout", "local_directory", "nanny", "protocol", "worker_class"):
+        assert name in text
+    with pytest.raises(TypeError, match="n_wrokers"):
+        LocalCluster(n_wrokers=2, processes=False)
+    with pytest.raises(NotImplementedError, match="asynchronous"):
+        LocalCluster(asynchronous=True, processes=False)
+
+
+def test_client_forwards_cluster_arguments_like_dasks() -> None:
+    with pytest.warns(IgnoredOptionWarning, match="interface, serializers") as caught:
+        client = Client(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=False,
+            resources="GPU=2",
+            dashboard_address=None,
+            interface="lo",
+            serializers=["pickle"],
+            set_as_default=False,
+            name="me",
+        )
+    assert len(caught) == 1  # one warning for the client and its cluster together
+    with client:
+        assert client.cluster is not None and len(client.cluster.workers) == 2
+        assert client.dashboard_link is None and client.name == "me"
+        assert client.submit(lambda: 3).result(timeout=10) == 3
+        workers = client.scheduler_info()["workers"].values()
+        assert [w["resources"] for w in workers] == [{"GPU": 2.0}] * 2
+    assert client.cluster._closed  # its own cluster closed with it
+    with pytest.raises(NotImplementedError, match="asynchronous"):
+        Client(asynchronous=True)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        Client(processes=False, n_wrokers=1)
+
+
+def test_client_of_a_cluster_and_shutdown_closes_a_cluster_it_did_not_start(
+    cluster: LocalCluster,
+) -> None:
+    client = Client(cluster, set_as_default=False)
+    assert client.cluster is cluster
+    assert client.submit(lambda: 1).result(timeout=10) == 1
+    client.shutdown()
+    assert client._closed and cluster._closed
+    with pytest.raises(TypeError, match="n_workers"):
+        Client(cluster.scheduler_address, n_workers=2)  # only Client() starts a cluster
+
+
+def test_scale_up_and_down_loses_no_result(cluster: LocalCluster) -> None:
+    with Client(cluster, set_as_default=False) as client:
+        cluster.scale(4)
+        assert len(cluster.workers) == 4 and len(cluster.scheduler.state.workers) == 4
+        futures = client.map(lambda x: x * 10, range(40))
+        client.wait_for_workers(4)
+        cluster.scale(1)
+        assert list(cluster.workers) == ["worker-0"]  # newest left first
+        assert client.gather(futures) == [x * 10 for x in range(40)]
+        assert len(cluster.scheduler.state.workers) == 1
+        check_invariants(cluster.scheduler.state)
+
+
+def test_restart_cancels_every_future_and_new_work_runs(cluster: LocalCluster) -> None:
+    with Client(cluster, set_as_default=False) as client:
+        finished = client.submit(lambda: 1, pure=False)
+        finished.result(timeout=10)
+        blocked = client.submit(time.sleep, 60)
+        client.restart(timeout=20)
+        assert finished.status == blocked.status == "cancelled"
+        with pytest.raises(FutureCancelledError, match="restarted"):
+            finished.result(timeout=1)
+        assert len(client.scheduler_info()["workers"]) == 2
+        assert client.submit(lambda: 2, pure=False).result(timeout=10) == 2
+        check_invariants(cluster.scheduler.state)
+
+
+# --- real worker processes: supervision ---------------------------------------------------
+
+
+@pytest.fixture
+def process_cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(n_workers=2, threads_per_worker=1, memory_limit=None) as c:
+        yield c
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+def test_a_task_that_kills_its_worker_fails_and_the_workers_come_back(
+    process_cluster: LocalCluster,
+) -> None:
+    with Client(process_cluster, set_as_default=False) as client:
+        started = time.monotonic()
+
+        def die() -> None:  # defined here: it travels by value, as a script's would
+            os._exit(1)
+
+        with pytest.raises(WorkerCrashedError, match="exited with status 1") as info:
+            client.submit(die).result(timeout=30)
+        assert time.monotonic() - started < 15
+        assert "3 workers that died" in str(info.value)
+        process_cluster.wait_for_workers(2, timeout=20)
+        assert client.gather(client.map(lambda x: x + 1, range(10))) == list(range(1, 11))
+        assert len(process_cluster.workers) == 2
+        logs = process_cluster.get_logs()
+        assert set(logs) == {"scheduler", "worker-0", "worker-1"}
+        assert "worker worker-0" in logs["worker-0"]  # its own INFO lines, kept
+        assert "exited with status 1" in logs["scheduler"]
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+def test_a_worker_killed_from_outside_is_replaced_and_its_task_runs_again(
+    process_cluster: LocalCluster,
+) -> None:
+    with Client(process_cluster, set_as_default=False) as client:
+        before = {w["pid"] for w in client.scheduler_info()["workers"].values()}
+
+        def pid_after(seconds: float) -> int:
+            time.sleep(seconds)
+            return os.getpid()
+
+        future = client.submit(pid_after, 2.0, pure=False)
+        deadline = time.monotonic() + 10
+        while not any(w.processing for w in process_cluster.scheduler.state.workers.values()):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        (victim,) = [
+            w.pid for w in process_cluster.scheduler.state.workers.values() if w.processing
+        ]
+        os.kill(victim, signal.SIGKILL)
+        ran_on = future.result(timeout=30)
+        assert ran_on != victim
+        process_cluster.wait_for_workers(2, timeout=20)
+        after = {w["pid"] for w in client.scheduler_info()["workers"].values()}
+        assert len(after) == 2 and victim not in after and len(after & before) == 1
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+def test_restart_and_scale_down_on_worker_processes(process_cluster: LocalCluster) -> None:
+    with Client(process_cluster, set_as_default=False) as client:
+        before = {w["pid"] for w in client.scheduler_info()["workers"].values()}
+        old = client.submit(lambda: 1, pure=False)
+        old.result(timeout=10)
+        client.restart(timeout=30)
+        after = {w["pid"] for w in client.scheduler_info()["workers"].values()}
+        assert len(after) == 2 and not before & after
+        assert old.status == "cancelled"
+        futures = client.map(lambda x: x * 2, range(20), pure=False)
+        wait(futures, timeout=20)  # every result exists before its holder leaves
+        process_cluster.scale(1)
+        assert len(process_cluster.workers) == 1
+        assert client.gather(futures) == [x * 2 for x in range(20)]
