@@ -28,6 +28,7 @@ from apportion.scheduler.records import PROCESSING
 from apportion.testing.simulation import SimulatedCluster
 from apportion.worker.detect import memory_total
 from apportion.worker.supervisor import Supervisor
+from cli_processes import Processes
 from test_supervisor import FakeClock, FakeLauncher
 
 # --- restart in the scheduler's state machine -----------------------------------------
@@ -50,7 +51,9 @@ def test_restart_drops_every_task_tells_every_client_and_resets_every_worker() -
     sim.client_says("c1", m.RestartRequest(7, "test"))
 
     assert not sim.state.tasks and not sim.state.workers
-    assert sorted(sim.disconnected) == sorted([supervised, "w2"])
+    # The supervised worker leaves for a fresh process; the other is reset in place.
+    assert [type(msg) for msg in sim.to_workers[supervised]][-1] is m.RestartWorker
+    assert sim.disconnected == ["w2"]
     (reply,) = [msg for msg in sim.inbox["c1"] if isinstance(msg, m.RestartReply)]
     assert (reply.request_id, reply.workers, reply.unsupervised) == (7, 2, ["b"])
     for client, keys in [("c1", ["after", "done"]), ("c2", ["running"])]:
@@ -334,3 +337,29 @@ def test_restart_and_scale_down_on_worker_processes(process_cluster: LocalCluste
         process_cluster.scale(1)
         assert len(process_cluster.workers) == 1
         assert client.gather(futures) == [x * 2 for x in range(20)]
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+def test_restart_on_a_remote_cluster_replaces_supervised_workers_and_resets_the_rest(
+    procs: Processes,
+) -> None:
+    address = procs.scheduler()
+    procs.start("worker", address, "--nworkers", "2", "--nthreads", "1", "--name", "sup")
+    procs.start("worker", address, "--nthreads", "1", "--name", "plain")
+    client = Client(address, set_as_default=False)
+    try:
+        client.wait_for_workers(3, timeout=20)
+        before = {w["name"]: w["pid"] for w in client.scheduler_info()["workers"].values()}
+        done = client.submit(lambda: 1, pure=False)
+        done.result(timeout=10)
+        client.restart(timeout=30)
+        after = {w["name"]: w["pid"] for w in client.scheduler_info()["workers"].values()}
+        assert sorted(after) == ["plain", "sup-0", "sup-1"]
+        assert after["plain"] == before["plain"]  # no supervisor: reset in its own process
+        assert after["sup-0"] != before["sup-0"] and after["sup-1"] != before["sup-1"]
+        assert done.status == "cancelled"
+        assert client.gather(client.map(lambda x: -x, range(6))) == [0, -1, -2, -3, -4, -5]
+    finally:
+        with pytest.warns(UserWarning, match="keeps running"):
+            client.shutdown()  # only a LocalCluster object can be closed from a client

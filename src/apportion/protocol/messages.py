@@ -550,9 +550,9 @@ class RestartRequest(Message):
     """Client -> scheduler: drop every task and result, and reset every worker.
 
     Every client's futures are told (``KeysPending`` then ``KeysFailed`` "cancelled",
-    so finished ones are cancelled too); every worker is disconnected, which makes
-    it forget its tasks and data and register afresh. Replacing the processes is
-    up to whoever supervises them (a ``LocalCluster`` does).
+    so finished ones are cancelled too). Supervised workers are told to exit
+    (``RestartWorker``) for a fresh process; the others are disconnected, which makes
+    them forget their tasks and data and register afresh.
     """
 
     request_id: int
@@ -566,3 +566,11 @@ class RestartReply(Message):
     request_id: int
     workers: int
     unsupervised: list[str]
+
+
+@message
+class RestartWorker(Message):
+    """Scheduler -> a supervised worker, at a restart: exit so that your supervisor
+    starts a fresh process (exit status ``RESTART_EXIT`` of worker/supervisor.py)."""
+
+    reason: str

@@ -3,9 +3,10 @@
 Every client is told about each of its keys (``KeysPending`` turns a finished
 future back into a waiting one, ``KeysFailed`` "cancelled" then settles it), the
 task table is emptied, and every worker is removed as a departure (not a crash, so
-no task is blamed for it) and disconnected. A disconnected worker forgets its whole
-session - running tasks, results - and registers afresh, so the cluster is clean
-even where no process is replaced; a ``LocalCluster`` also replaces its processes.
+no task is blamed for it). A worker with a supervisor (``apportion worker
+--nworkers``, a ``LocalCluster``) is told to exit (``RestartWorker``), and its
+supervisor starts a fresh process. One without is disconnected: it forgets its
+whole session - running tasks, results - and registers afresh in the same process.
 """
 
 from __future__ import annotations
@@ -48,7 +49,12 @@ def restart(state: SchedulerState, client: ClientRecord, msg: m.RestartRequest) 
         worker.nbytes = 0
         worker.leaving = RESTARTING
         state._remove_worker(worker.id, text)
-        state._out.append(Disconnect(worker.id, text))
+        if worker.supervisor:
+            # Its supervisor starts a fresh process once it exits.
+            state.send(worker.id, m.RestartWorker(text))
+        else:
+            # Disconnected, it drops its tasks and data and registers afresh.
+            state._out.append(Disconnect(worker.id, text))
     state.log_info(f"{text}: {len(workers)} workers reset")
     state.send(client.id, m.RestartReply(msg.request_id, len(workers), sorted(unsupervised)))
 

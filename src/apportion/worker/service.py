@@ -45,6 +45,7 @@ from apportion.protocol.messages import (
     Message,
     PutData,
     RegisterWorker,
+    RestartWorker,
     RunOutput,
     WorkerClosing,
     WorkerDraining,
@@ -164,6 +165,9 @@ class Worker(BackgroundService):
         self._from_threads_lock = threading.Lock()
         self._unsent_bytes = 0
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: The scheduler asked for a fresh process (a restart): set before closing.
+        self.restart_requested = False
+        self._leaving: asyncio.Task[None] | None = None  #: keeps that close referenced
 
     # --- lifecycle ----------------------------------------------------------------
 
@@ -461,6 +465,12 @@ class Worker(BackgroundService):
                     events.append(FreeArrived(tuple(message.keys), now))
                 case DrainDone():
                     self._drained.set()
+                case RestartWorker():
+                    logger.info(
+                        "worker %s: %s; leaving for a fresh process", self.name, message.reason
+                    )
+                    self.restart_requested = True
+                    self._leaving = asyncio.get_running_loop().create_task(self.close())
                 case PutData():
                     events.append(self._store_put(message, now))
                 case GetData():

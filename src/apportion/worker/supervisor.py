@@ -43,6 +43,10 @@ from apportion.runs.live import kill_orphaned_runs
 
 logger = logging.getLogger("apportion.supervisor")
 
+#: A worker exits with this status to be replaced by a fresh process at once (the
+#: scheduler asked for it: a restart of the cluster); it is no death to report.
+RESTART_EXIT = 75
+
 #: Set in each child's environment to the supervisor's pid; a worker process that
 #: finds it watches ``os.getppid()`` and stops when it no longer matches.
 SUPERVISOR_PID_VARIABLE = "APPORTION_SUPERVISOR_PID"
@@ -319,8 +323,9 @@ class Supervisor:
         pid = slot.process.pid if slot.process is not None else -1
         how = self.describe_death(slot, code)
         slot.process = None
-        if slot.replacing:
+        if slot.replacing or (code == RESTART_EXIT and not slot.retired):
             slot.replacing = False
+            logger.info("worker %s (pid %d) is replaced by a fresh process", slot.name, pid)
             kill_orphaned_runs(pid)
             self._start(slot)
             return
