@@ -10,10 +10,14 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
+import psutil
 import pytest
 
 from apportion import Client, FutureCancelledError, LocalCluster, WorkerCrashedError, wait
@@ -363,3 +367,82 @@ def test_restart_on_a_remote_cluster_replaces_supervised_workers_and_resets_the_
     finally:
         with pytest.warns(UserWarning, match="keeps running"):
             client.shutdown()  # only a LocalCluster object can be closed from a client
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+def test_a_worker_past_its_memory_limit_is_killed_and_its_task_told_why() -> None:
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, memory_limit="300MiB") as cluster,
+        Client(cluster, set_as_default=False) as client,
+    ):
+
+        def hog() -> int:
+            block = b"x" * (600 * 2**20)  # written, so resident
+            time.sleep(10)
+            return len(block)
+
+        with pytest.raises(WorkerCrashedError, match="out of memory"):
+            client.submit(hog).result(timeout=40)
+        cluster.wait_for_workers(1, timeout=20)
+        assert client.submit(lambda: "fine").result(timeout=10) == "fine"
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+def test_silence_logs_decides_what_reaches_stderr_and_get_logs_keeps_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, silence_logs=logging.ERROR) as cluster,
+        Client(cluster, set_as_default=False) as client,
+    ):
+
+        def say() -> None:
+            log = logging.getLogger("apportion.task")
+            log.warning("a quiet warning")
+            log.error("a loud error")
+
+        client.submit(say).result(timeout=10)
+        deadline = time.monotonic() + 10
+        while "a loud error" not in cluster.get_logs()["worker-0"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        logs = cluster.get_logs()["worker-0"]
+        assert "a quiet warning" in logs and "INFO" in logs  # context is kept
+    shown = capsys.readouterr().err
+    assert "a loud error" in shown and "a quiet warning" not in shown
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+def test_no_worker_outlives_the_process_that_started_the_cluster(tmp_path: Path) -> None:
+    script = tmp_path / "dies.py"
+    script.write_text(
+        "import os\n"
+        "from apportion import Client\n"
+        "client = Client(n_workers=2, threads_per_worker=1)\n"
+        "print(*[w['pid'] for w in client.scheduler_info()['workers'].values()], flush=True)\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=40,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    pids = [int(word) for word in result.stdout.split()]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 15
+    while any(psutil.pid_exists(pid) and _alive(pid) for pid in pids):
+        assert time.monotonic() < deadline, "a worker outlived its user's process"
+        time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
