@@ -54,7 +54,13 @@ _GATHER_ATTEMPTS = 5
 
 class Client(ClusterLifecycle, RemoteCalls, SharedData):
     """Connect to a scheduler (``Client("tcp://host:8786")``), a ``LocalCluster``,
-    or, with no argument, start an embedded local cluster sized to this machine.
+    or, with no address, start an embedded local cluster sized to this machine.
+
+    As in Dask, keywords the client does not take go to that ``LocalCluster``:
+    ``Client(n_workers=2, threads_per_worker=1, processes=False, memory_limit="2GiB",
+    resources="GPU=1")``. With an address they are an error, except Dask's own
+    client tuning (``serializers=``, ``security=``...), ignored with one
+    ``IgnoredOptionWarning``. ``asynchronous=True`` is not supported yet.
 
     With ``set_as_default`` (the default) and Dask imported before the client is
     made, Dask's own ``compute`` and ``persist`` run on the newest such client until

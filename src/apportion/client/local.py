@@ -128,8 +128,10 @@ class LocalCluster:
     ``"auto"`` for an even share, ``0``/``None`` for none) is enforced by the
     supervisor: a worker past it is killed and restarted, its task told it ran out
     of memory. ``silence_logs`` is the level from which workers' log lines reach
-    this process's stderr. There is no dashboard yet: ``dashboard_address`` is
-    accepted and ``dashboard_link`` is None. Options that only tune Dask's
+    this process's stderr (``get_logs`` keeps more). Both need worker processes:
+    with ``processes=False`` the workers share this process and its logging.
+    There is no dashboard yet: ``dashboard_address`` is accepted and
+    ``dashboard_link`` is None. Options that only tune Dask's
     internals (``protocol=``, ``nanny=``...) are ignored with one
     ``IgnoredOptionWarning`` naming them.
     """
@@ -178,7 +180,8 @@ class LocalCluster:
         self._log_level, self._show_from = log_levels(silence_logs)
         self._loop = LoopThread("apportion-cluster")
         self._scheduler_log: deque[str] = deque(maxlen=LOG_LINES)
-        _THREAD_LOGS.by_thread[self._loop._thread.ident] = self._scheduler_log
+        self._loop_ident = self._loop.run(_thread_ident())
+        _THREAD_LOGS.by_thread[self._loop_ident] = self._scheduler_log
         self.scheduler = Scheduler(
             host or "127.0.0.1", scheduler_port, config=SchedulerConfig(fail_unsatisfiable=True)
         )
@@ -392,7 +395,7 @@ class LocalCluster:
         with contextlib.suppress(Exception):
             self._loop.run(stop_in_process(), timeout=15)
         self._loop.stop()
-        _THREAD_LOGS.by_thread.pop(self._loop._thread.ident, None)
+        _THREAD_LOGS.by_thread.pop(self._loop_ident, None)
         self._finalizer.detach()
 
     def __enter__(self) -> LocalCluster:
@@ -409,6 +412,11 @@ class LocalCluster:
             f"LocalCluster({self.name!r}, {address!r}, workers={len(self.workers)}, "
             f"threads={threads}, {kind})"
         )
+
+
+async def _thread_ident() -> int:
+    """The identity of the thread running this coroutine's loop."""
+    return threading.get_ident()
 
 
 def _finalize(loop: LoopThread, pool: WorkerProcesses | None) -> None:
