@@ -382,6 +382,7 @@ def test_a_worker_past_its_memory_limit_is_killed_and_its_task_told_why() -> Non
             time.sleep(10)
             return len(block)
 
+        assert "workers=1, threads=1, memory=300.0 MiB, processes)" in repr(cluster)
         with pytest.raises(WorkerCrashedError, match="out of memory"):
             client.submit(hog).result(timeout=40)
         cluster.wait_for_workers(1, timeout=20)

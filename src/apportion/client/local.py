@@ -44,6 +44,7 @@ from apportion.protocol.messages import WorkerDied
 from apportion.scheduler.events import WorkerDeathReport
 from apportion.scheduler.service import Scheduler
 from apportion.scheduler.state import SchedulerConfig
+from apportion.worker.supervisor import format_bytes
 
 #: A local worker that loses its scheduler retries this long, then exits. Long enough to
 #: rejoin after being declared lost (a task that held the GIL past the worker timeout),
@@ -408,9 +409,12 @@ class LocalCluster:
         kind = "processes" if self.processes else "in-process"
         address = getattr(self, "scheduler_address", "(not started)")
         threads = sum(spec["nthreads"] for spec in self.specs if spec["name"] in self.workers)
+        count = len(self.workers)
+        limited = self.memory_limit and self.processes  # nothing enforces it in-process
+        memory = f", memory={format_bytes(self.memory_limit * count)}" if limited else ""
         return (
-            f"LocalCluster({self.name!r}, {address!r}, workers={len(self.workers)}, "
-            f"threads={threads}, {kind})"
+            f"LocalCluster({self.name!r}, {address!r}, workers={count}, "
+            f"threads={threads}{memory}, {kind})"
         )
 
 

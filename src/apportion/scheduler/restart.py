@@ -26,9 +26,8 @@ RESTARTING = "restarting"
 
 
 def restart(state: SchedulerState, client: ClientRecord, msg: m.RestartRequest) -> None:
-    text = (
-        f"the cluster was restarted ({msg.reason})" if msg.reason else "the cluster was restarted"
-    )
+    why = f" ({msg.reason})" if msg.reason else ""
+    text = f"the cluster was restarted{why}; submit the work again"
     by_client: dict[str, list[str]] = defaultdict(list)
     for key, task in state.tasks.items():
         for client_id in task.wanted_by or ():
@@ -55,7 +54,7 @@ def restart(state: SchedulerState, client: ClientRecord, msg: m.RestartRequest) 
         else:
             # Disconnected, it drops its tasks and data and registers afresh.
             state._out.append(Disconnect(worker.id, text))
-    state.log_info(f"{text}: {len(workers)} workers reset")
+    state.log_info(f"the cluster was restarted{why}: {len(workers)} workers reset")
     state.send(client.id, m.RestartReply(msg.request_id, len(workers), sorted(unsupervised)))
 
 
