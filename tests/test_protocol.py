@@ -78,6 +78,10 @@ SAMPLES: list[m.Message] = [
     m.QueryRuns(13, [7]),
     m.CancelRuns(14, [7]),
     m.RunsReport(13, [{"id": 7, "state": "running"}]),
+    # --- cluster lifecycle (restart) ---
+    m.RestartRequest(15, "Client.restart"),
+    m.RestartReply(15, 3, ["plain"]),
+    m.RestartWorker("the cluster was restarted"),
 ]
 
 
