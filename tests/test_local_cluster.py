@@ -78,6 +78,43 @@ def test_restart_drops_every_task_tells_every_client_and_resets_every_worker() -
     check_invariants(sim.state)
 
 
+def test_restart_answers_unplaced_scatters_and_abandons_hand_offs() -> None:
+    sim = SimulatedCluster()
+    sim.add_client("c1")
+    sim.client_says("c1", m.ScatterRequest(1, {"d": b"x"}))  # parked, then sent to "a"
+    a = sim.add_worker("a", nthreads=1)
+    sim.add_worker("b", nthreads=1)
+    sim.client_says("c1", m.ScatterRequest(2, {"e": b"y"}))  # on its way to a worker
+    sim.submit("r", client="c1")
+    sim.place()
+    sim.finish("r")
+    holder = sim.state.tasks["r"].worker
+    sim.worker_says(holder or a, m.WorkerDraining(30.0))  # hands "r" off: GetData sent
+    assert sim.state.relays.handoffs
+
+    sim.client_says("c1", m.RestartRequest(3, ""))
+
+    # Both scatters were still waiting for their workers' DataStored: answered, empty.
+    replies = [msg for msg in sim.inbox["c1"] if isinstance(msg, m.ScatterReply)]
+    assert sorted((r.request_id, r.keys) for r in replies) == [(1, []), (2, [])]
+    cancelled = {k for msg in sim.inbox["c1"] if isinstance(msg, m.KeysFailed) for k in msg.keys}
+    assert {"d", "e", "r"} <= cancelled
+    assert not sim.state.relays.handoffs and not sim.state.relays.scatters
+    assert not sim.state.relays.parked
+    check_invariants(sim.state)
+
+
+def test_restart_answers_a_scatter_parked_for_want_of_workers() -> None:
+    sim = SimulatedCluster()
+    sim.add_client("c1")
+    sim.client_says("c1", m.ScatterRequest(1, {"d": b"x"}))
+    sim.client_says("c1", m.RestartRequest(2, ""))
+    assert [type(msg) for msg in sim.inbox["c1"]] == [m.KeysFailed, m.ScatterReply, m.RestartReply]
+    sim.add_worker("a", nthreads=1)  # it must not land after the restart
+    assert not sim.state.tasks and not sim.to_workers.get("w1")
+    check_invariants(sim.state)
+
+
 # --- the supervisor's policy for a local cluster ------------------------------------
 
 

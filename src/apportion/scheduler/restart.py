@@ -37,6 +37,7 @@ def restart(state: SchedulerState, client: ClientRecord, msg: m.RestartRequest) 
         if client_id in state.clients:
             state.send(client_id, m.KeysPending(keys))
             state.send(client_id, m.KeysFailed(keys, "cancelled", text))
+    _cancel_scatters(state, text)
     _forget_all_tasks(state)
     unsupervised = []
     workers = list(state.workers.values())
@@ -56,6 +57,22 @@ def restart(state: SchedulerState, client: ClientRecord, msg: m.RestartRequest) 
             state._out.append(Disconnect(worker.id, text))
     state.log_info(f"the cluster was restarted{why}: {len(workers)} workers reset")
     state.send(client.id, m.RestartReply(msg.request_id, len(workers), sorted(unsupervised)))
+
+
+def _cancel_scatters(state: SchedulerState, text: str) -> None:
+    """Scattered data not placed yet (no worker, or on its way): cancelled and answered,
+    so the scattering client does not wait for it."""
+    relays = state.relays
+    pending = [(c, r.request_id, list(r.data)) for c, r in relays.parked]
+    for scatter in relays.scatters.values():
+        keys = scatter.keys + [k for part in scatter.pending.values() for k in part]
+        pending.append((scatter.client_id, scatter.request_id, keys))
+    relays.parked.clear()
+    relays.scatters.clear()
+    for client_id, request_id, keys in pending:
+        if client_id in state.clients:
+            state.send(client_id, m.KeysFailed(keys, "cancelled", text))
+            state.send(client_id, m.ScatterReply(request_id, []))
 
 
 def _forget_all_tasks(state: SchedulerState) -> None:
