@@ -484,3 +484,19 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+def test_a_worker_that_cannot_start_is_an_error_with_its_log(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(address: str, spec: dict[str, object]) -> list[str]:
+        code = "import sys; sys.stderr.write('cannot start here\\n'); sys.exit(3)"
+        return [sys.executable, "-c", code, "--name", str(spec["name"])]
+
+    monkeypatch.setattr("apportion.client.local.worker_command", broken)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"(?s)exited again and again.*cannot start here"):
+        LocalCluster(n_workers=1)
+    assert time.monotonic() - started < 20

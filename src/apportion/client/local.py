@@ -26,7 +26,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from apportion.client.cluster_options import (
@@ -207,7 +207,7 @@ class LocalCluster:
                     self._pool.add(self._command(spec), spec["name"])
             else:
                 self._loop.run(self._start_in_process(self.specs))
-            self.wait_for_workers(len(self.specs), timeout)
+            self._wait(self._started(len(self.specs)), timeout, "workers did not connect")
         except BaseException:
             self.close()
             raise
@@ -292,7 +292,23 @@ class LocalCluster:
             f"fewer than {n_workers} workers connected",
         )
 
-    def _wait(self, done: Any, timeout: float | None, what: str) -> None:
+    def _started(self, n: int) -> Callable[[], bool]:
+        """True once ``n`` workers are connected; raises if one keeps dying on the way
+        (a broken environment), instead of restarting it until the timeout."""
+
+        def check() -> bool:
+            failing = self._pool.failing() if self._pool is not None else []
+            if failing:
+                name = failing[0]
+                raise RuntimeError(
+                    f"worker {name} exited again and again while starting; its log:\n"
+                    + self.get_logs().get(name, "")[-3000:]
+                )
+            return len(self.scheduler.state.workers) >= n
+
+        return check
+
+    def _wait(self, done: Callable[[], bool], timeout: float | None, what: str) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         while not done():
             if self._closed:

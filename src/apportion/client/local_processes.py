@@ -190,6 +190,11 @@ class WorkerProcesses:
         with self._lock:
             return [s.process for s in self._supervisor.slots if s.process is not None]
 
+    def failing(self) -> list[str]:
+        """Workers that died twice in a row soon after starting (the supervisor backs off)."""
+        with self._lock:
+            return [s.name for s in self._supervisor.slots if s.quick_failures >= 2]
+
     def close(self, timeout: float = 5.0) -> None:
         """Drain every worker (SIGTERM), then kill what is left after ``timeout``."""
         self._stop.set()
