@@ -207,6 +207,10 @@ def test_local_cluster_takes_dasks_arguments() -> None:
         assert repr(cluster) == (
             f"LocalCluster('mine', '{cluster.scheduler_address}', workers=3, threads=6, in-process)"
         )
+    with LocalCluster(n_workers=0, threads_per_worker=3, processes=False) as empty:
+        assert empty.workers == {}
+        empty.scale(2)
+        assert [w.nthreads for w in empty.workers.values()] == [3, 3]
     # Dask's rule: threads given, workers not -> one in-process worker.
     with LocalCluster(threads_per_worker=2, processes=False) as one:
         assert len(one.workers) == 1
@@ -375,8 +379,10 @@ def test_restart_and_scale_down_on_worker_processes(process_cluster: LocalCluste
         assert old.status == "cancelled"
         futures = client.map(lambda x: x * 2, range(20), pure=False)
         wait(futures, timeout=20)  # every result exists before its holder leaves
+        process_cluster.scale(3)
+        assert sorted(process_cluster.workers) == ["worker-0", "worker-1", "worker-2"]
         process_cluster.scale(1)
-        assert len(process_cluster.workers) == 1
+        assert list(process_cluster.workers) == ["worker-0"]
         assert client.gather(futures) == [x * 2 for x in range(20)]
 
 
