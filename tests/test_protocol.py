@@ -106,6 +106,10 @@ SAMPLES: list[m.Message] = [
     m.ReplicateKeys(26, ["a"], 0, []),
     m.RebalanceKeys(27, [], 1, ["tcp://w:1"]),
     m.CopiesDone(26, 1, 0),
+    # --- cluster lifecycle (restart) ---
+    m.RestartRequest(15, "Client.restart"),
+    m.RestartReply(15, 3, ["plain"]),
+    m.RestartWorker("the cluster was restarted"),
 ]
 
 

@@ -31,7 +31,7 @@ from apportion.runs.live import DEFAULT_KILL_GRACE
 from apportion.worker.dask_config import dask_worker_resources, log_dask_resources
 from apportion.worker.detect import detect_supply, expand_auto, memory_total, split_auto
 from apportion.worker.shares import split_supply
-from apportion.worker.supervisor import SUPERVISOR_PID_VARIABLE
+from apportion.worker.supervisor import RESTART_EXIT, SUPERVISOR_PID_VARIABLE
 
 logger = logging.getLogger("apportion.worker")
 
@@ -418,6 +418,8 @@ def run_one(address: str, settings: WorkerSettings) -> int:
         await worker.finished()
         if watchdog is not None:
             watchdog.cancel()
+        if worker.restart_requested:
+            return RESTART_EXIT  # our supervisor starts a fresh process at once
         return 0 if stopped.is_set() else 1
 
     return asyncio.run(serve())

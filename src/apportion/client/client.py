@@ -18,6 +18,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from apportion.client import dask_default
+from apportion.client.cluster_options import DASK_CLIENT_OPTIONS, sort_options, warn_ignored
 from apportion.client.datasets import SharedData
 from apportion.client.errors import SchedulerGoneError, SerializationError
 from apportion.client.future import (
@@ -55,7 +56,13 @@ _GATHER_ATTEMPTS = 5
 
 class Client(ClusterLifecycle, RemoteCalls, SharedData):
     """Connect to a scheduler (``Client("tcp://host:8786")``), a ``LocalCluster``,
-    or, with no argument, start an embedded local cluster sized to this machine.
+    or, with no address, start an embedded local cluster sized to this machine.
+
+    As in Dask, keywords the client does not take go to that ``LocalCluster``:
+    ``Client(n_workers=2, threads_per_worker=1, processes=False, memory_limit="2GiB",
+    resources="GPU=1")``. With an address they are an error, except Dask's own
+    client tuning (``serializers=``, ``security=``...), ignored with one
+    ``IgnoredOptionWarning``. ``asynchronous=True`` is not supported yet.
 
     With ``set_as_default`` (the default), Dask's own ``compute`` and ``persist`` run
     on the newest such client until it is closed, whether Dask was imported before
@@ -73,17 +80,26 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         direct_to_workers: bool = False,
         name: str | None = None,
         set_as_default: bool = True,
+        asynchronous: bool = False,
+        **cluster_options: Any,
     ) -> None:
         from apportion.client.local import LocalCluster
 
         self._own_cluster: LocalCluster | None = None
         self.cluster: LocalCluster | None = None
+        if asynchronous:
+            raise NotImplementedError(
+                "Client(asynchronous=True) is not supported yet; use the blocking Client"
+            )
         if address is None:
-            self._own_cluster = self.cluster = LocalCluster()
+            # Dask's Client hands every keyword it does not know to the LocalCluster.
+            self._own_cluster = self.cluster = start_cluster(cluster_options)
             address = self.cluster.scheduler_address
-        elif isinstance(address, LocalCluster):
-            self.cluster = address
-            address = address.scheduler_address
+        else:
+            ignore_client_options(cluster_options)
+            if isinstance(address, LocalCluster):
+                self.cluster = address
+                address = address.scheduler_address
         self.scheduler_address = address
         self.direct_to_workers = direct_to_workers
         self.timeout = timeout
@@ -799,6 +815,20 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
 
     def __repr__(self) -> str:
         return f"<Client: scheduler={self.scheduler_address!r}>"
+
+
+def start_cluster(options: dict[str, Any]) -> LocalCluster:
+    """The embedded cluster of ``Client()``, given every option the client does not
+    take, as Dask's does; it names the ignored ones (its own and the client's) in
+    one warning and rejects what neither Dask nor apportion knows."""
+    from apportion.client.local import LocalCluster
+
+    return LocalCluster(**options)
+
+
+def ignore_client_options(options: dict[str, Any]) -> None:
+    """A client of an existing scheduler: options meant to start a cluster are an error."""
+    warn_ignored(sort_options(options, DASK_CLIENT_OPTIONS, "Client()"), "Client", stacklevel=4)
 
 
 def _one_or_many(collections: Any) -> tuple[list[Any], bool]:

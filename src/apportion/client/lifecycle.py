@@ -2,6 +2,73 @@
 
 from __future__ import annotations
 
+import warnings
+from typing import TYPE_CHECKING, Any
+
+from apportion.protocol import messages as m
+
+if TYPE_CHECKING:
+    from apportion.client.local import LocalCluster
+    from apportion.client.session import Session
+
 
 class ClusterLifecycle:
     """Part of ``Client``; see the module docstring."""
+
+    if TYPE_CHECKING:  # provided by ``Client``
+        cluster: LocalCluster | None
+        scheduler_address: str
+        timeout: float
+        _session: Session
+
+        def close(self) -> None: ...
+
+        def scheduler_info(self) -> dict[str, Any]: ...
+
+        def wait_for_workers(self, n_workers: int = 1, timeout: float | None = None) -> None: ...
+
+    @property
+    def dashboard_link(self) -> str | None:
+        """None: apportion has no dashboard yet."""
+        return None
+
+    def restart(self, timeout: float | None = None, wait_for_workers: bool = True) -> None:
+        """Drop every task and result in the cluster and start every worker afresh.
+
+        As in Dask, every future of every client is told: pending and finished
+        ones become cancelled (``FutureCancelledError``, "the cluster was
+        restarted"); submit again to recompute. The workers of a ``LocalCluster``
+        (processes) are replaced by fresh processes; any other worker (an
+        ``apportion worker``, supervised or not) forgets its tasks and data and
+        registers again, but keeps its process. With ``wait_for_workers`` the call
+        returns once as many workers as before are connected (``TimeoutError``
+        after ``timeout``, by default four times the client's).
+        """
+        limit = self.timeout * 4 if timeout is None else timeout
+        before = len(self.scheduler_info()["workers"])
+        local = self.cluster if self.cluster is not None and not self.cluster._closed else None
+        if local is not None:
+            local.quiet_workers()
+        reply = self._session.call(lambda rid: m.RestartRequest(rid, "Client.restart"), limit)
+        if local is not None:
+            local.restart_workers(limit, wait=wait_for_workers)
+        if wait_for_workers:
+            self.wait_for_workers(max(before, reply.workers), limit)
+
+    def shutdown(self) -> None:
+        """Close this client and its cluster, even one it did not start (as Dask's).
+
+        Only a ``LocalCluster`` object can be closed from here: given just an
+        address, the scheduler keeps running and a ``UserWarning`` says so.
+        """
+        cluster = self.cluster
+        self.close()
+        if cluster is not None:
+            cluster.close()
+        else:
+            warnings.warn(
+                f"shutdown() closed the client, but the scheduler at {self.scheduler_address} "
+                "was not started here and keeps running; stop it where it was started",
+                UserWarning,
+                stacklevel=2,
+            )

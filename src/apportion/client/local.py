@@ -4,32 +4,57 @@ The scheduler runs on a background thread of this process. Workers are separate
 processes started as fresh interpreters running apportion's own worker entry point
 (``python -m apportion.cli.main worker``), never forks or spawns of the user's
 ``__main__``: a script without an ``if __name__ == "__main__":`` guard works, and
-functions defined in it travel by value.
+functions defined in it travel by value. They are supervised from a thread of this
+process (``local_processes.py``): one that dies is started again, a task that kills
+worker after worker fails with ``WorkerCrashedError``, and none outlives this process.
+
+With ``processes=False`` the workers run on the scheduler's event loop, in this
+process: nothing to supervise, and no memory limit can be enforced.
+
+The arguments are Dask's (``cluster_options.py`` sorts them): a script written for
+``distributed.LocalCluster`` runs with the import changed.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
+import logging
 import os
-import subprocess
 import sys
+import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from apportion.cli.logs import LEVEL_VARIABLE
 from apportion.client import session
+from apportion.client.cluster_options import (
+    DASK_CLIENT_OPTIONS,
+    DASK_CLUSTER_OPTIONS,
+    log_levels,
+    memory_limit_bytes,
+    sort_options,
+    warn_ignored,
+)
+from apportion.client.local_processes import LOG_LINES, WorkerProcesses
 from apportion.core.resources import ResourceSpec, format_resources, parse_supply
 from apportion.loop_thread import LoopThread
+from apportion.protocol.messages import WorkerDied
+from apportion.scheduler.events import WorkerDeathReport
 from apportion.scheduler.service import Scheduler
 from apportion.scheduler.state import SchedulerConfig
+from apportion.worker.supervisor import format_bytes
 
 #: A local worker that loses its scheduler retries this long, then exits. Long enough to
 #: rejoin after being declared lost (a task that held the GIL past the worker timeout),
 #: short enough that workers of a process that died do not linger.
 LOCAL_RECONNECT_SECONDS = 5.0
+
+#: Seconds a worker removed by ``scale`` gets to finish its tasks and hand off results.
+DRAIN_SECONDS = 30.0
 
 
 #: Clusters not closed yet: closed at interpreter exit (see ``_close_at_exit``).
@@ -50,58 +75,161 @@ def _close_at_exit() -> None:
             cluster.close()
 
 
+def _cpus() -> int:
+    return os.cpu_count() or 1
+
+
 def _default_shape() -> tuple[int, int]:
-    cpus = os.cpu_count() or 1
+    cpus = _cpus()
     n_workers = max(1, min(cpus, 4))
     return n_workers, max(1, cpus // n_workers)
 
 
+def cluster_shape(
+    n_workers: int | None, threads_per_worker: int | None, processes: bool
+) -> tuple[int, int]:
+    """Dask's rules for (workers, threads each) from what was given."""
+    cpus = _cpus()
+    if n_workers is None and threads_per_worker is None:
+        return _default_shape() if processes else (1, cpus)
+    if n_workers is None:
+        assert threads_per_worker is not None
+        return (max(1, cpus // threads_per_worker) if processes else 1), threads_per_worker
+    if threads_per_worker is None:
+        return n_workers, max(1, -(-cpus // max(1, n_workers)))
+    return n_workers, threads_per_worker
+
+
+class _ThreadLogs(logging.Handler):
+    """Keeps what each cluster's event loop logs (scheduler, in-process workers).
+
+    One handler for every cluster of the process, on the ``apportion`` logger. A
+    handler there would stop Python's last-resort output of warnings to stderr,
+    so this one gives those records to it where no other handler would take them.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_thread: dict[int | None, deque[str]] = {}
+        self.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        lines = self.by_thread.get(record.thread)
+        if lines is not None:
+            lines.append(self.format(record) + "\n")
+        last = logging.lastResort
+        if last is not None and record.levelno >= last.level and not self._others(record.name):
+            last.handle(record)
+
+    def _others(self, name: str) -> bool:
+        logger: logging.Logger | None = logging.getLogger(name)
+        while logger is not None:
+            if any(h is not self for h in logger.handlers):
+                return True
+            if not logger.propagate:
+                return False
+            logger = logger.parent
+        return False
+
+
+_THREAD_LOGS = _ThreadLogs()
+logging.getLogger("apportion").addHandler(_THREAD_LOGS)
+
+
 class LocalCluster:
-    """A scheduler and workers on this machine.
+    """A scheduler and workers on this machine, with Dask's arguments.
 
     ``LocalCluster(n_workers=2, threads_per_worker=1, resources="GPU=2")`` gives every
     worker the same shape; ``workers=[{"nthreads": 4, "resources": {"GPU": 2}}, ...]``
-    describes each worker. A local cluster cannot grow, so a task asking for more
-    than any worker offers fails at once with ``UnsatisfiableError``.
+    describes each worker. A local cluster has only the workers it is given, so a
+    task asking for more than any worker offers fails at once with
+    ``UnsatisfiableError``.
+
+    ``memory_limit`` (each worker: ``"4GiB"``, bytes, a fraction of the machine,
+    ``"auto"`` for an even share, ``0``/``None`` for none) is enforced by the
+    supervisor: a worker past it is killed and restarted, its task told it ran out
+    of memory. ``silence_logs`` is the level from which workers' log lines reach
+    this process's stderr (``get_logs`` keeps more). Both need worker processes:
+    with ``processes=False`` the workers share this process and its logging.
+    There is no dashboard yet: ``dashboard_address`` is accepted and
+    ``dashboard_link`` is None. Options that only tune Dask's
+    internals (``protocol=``, ``nanny=``...) are ignored with one
+    ``IgnoredOptionWarning`` naming them.
     """
 
     def __init__(
         self,
         n_workers: int | None = None,
         threads_per_worker: int | None = None,
-        resources: ResourceSpec = None,
-        *,
         processes: bool = True,
-        workers: Sequence[Mapping[str, Any]] | None = None,
-        host: str = "127.0.0.1",
+        memory_limit: str | float | None = "auto",
+        resources: ResourceSpec = None,
+        dashboard_address: str | None = ":8787",
+        silence_logs: int | str | bool | None = logging.WARN,
+        host: str | None = None,
         scheduler_port: int = 0,
+        name: str | None = None,
+        workers: Sequence[Mapping[str, Any]] | None = None,
+        *,
         timeout: float = 60.0,
+        asynchronous: bool = False,
+        **kwargs: Any,
     ) -> None:
-        default_n, default_threads = _default_shape()
-        if workers is None:
-            count = default_n if n_workers is None else n_workers
-            resources = _default_resources() if resources is None else resources
-            workers = [
-                {"nthreads": threads_per_worker or default_threads, "resources": resources}
-            ] * count
-        self.specs = [self._spec(i, w) for i, w in enumerate(workers)]
-        self.processes = processes
-        self._loop = LoopThread("apportion-cluster")
-        self.scheduler = Scheduler(
-            host, scheduler_port, config=SchedulerConfig(fail_unsatisfiable=True)
+        if asynchronous:
+            raise NotImplementedError("LocalCluster(asynchronous=True) is not supported yet")
+        warn_ignored(
+            sort_options(kwargs, DASK_CLUSTER_OPTIONS | DASK_CLIENT_OPTIONS, "LocalCluster()"),
+            "LocalCluster",
         )
-        self._procs: list[subprocess.Popen[bytes]] = []
+        if n_workers is not None and n_workers < 0:
+            raise ValueError(f"n_workers must be 0 or more, got {n_workers}")
+        count, threads = cluster_shape(n_workers, threads_per_worker, processes)
+        if workers is None:
+            resources = _default_resources() if resources is None else resources
+            workers = [{"nthreads": threads, "resources": resources}] * count
+        self.name = name or f"LocalCluster-{os.getpid()}-{id(self):x}"
+        self.processes = processes
+        self.memory_limit = memory_limit_bytes(memory_limit, max(1, len(workers)))
+        self.dashboard_address = dashboard_address
+        self.specs = [self._spec(i, w) for i, w in enumerate(workers)]
+        #: The shape ``scale`` gives new workers: the last one described.
+        self._template = (
+            dict(self.specs[-1])
+            if self.specs
+            else self._spec(0, {"nthreads": threads, "resources": resources})
+        )
+        self._names = itertools.count(len(self.specs))
+        self._log_level, self._show_from = log_levels(silence_logs)
+        self._loop = LoopThread("apportion-cluster")
+        self._scheduler_log: deque[str] = deque(maxlen=LOG_LINES)
+        self._loop_ident = self._loop.run(_thread_ident())
+        _THREAD_LOGS.by_thread[self._loop_ident] = self._scheduler_log
+        self.scheduler = Scheduler(
+            host or "127.0.0.1", scheduler_port, config=SchedulerConfig(fail_unsatisfiable=True)
+        )
+        self._pool: WorkerProcesses | None = None
         self._workers: list[Any] = []
+        self._lock = threading.Lock()
         self._closed = False
-        self._finalizer = weakref.finalize(self, _stop_processes, self._procs)
+        self._finalizer = weakref.finalize(self, _finalize, self._loop, None)
         _open_clusters.add(self)
         try:
             self._loop.run(self.scheduler.start())
             self.scheduler_address = self.scheduler.address
             if processes:
-                self._start_processes(timeout)
+                self._pool = WorkerProcesses(
+                    self._report_death,
+                    memory_limit=self.memory_limit,
+                    log_level=self._log_level,
+                    show_from=self._show_from,
+                )
+                self._finalizer.detach()
+                self._finalizer = weakref.finalize(self, _finalize, self._loop, self._pool)
+                for spec in self.specs:
+                    self._pool.add(self._command(spec), spec["name"])
             else:
-                self._loop.run(self._start_in_process())
+                self._loop.run(self._start_in_process(self.specs))
+            self._wait(self._started(len(self.specs)), timeout, "workers did not connect")
         except BaseException:
             self.close()
             raise
@@ -124,31 +252,20 @@ class LocalCluster:
             "units": units,
         }
 
-    def _start_processes(self, timeout: float) -> None:
-        env = dict(os.environ)
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        env.setdefault(LEVEL_VARIABLE, "WARNING")
-        for spec in self.specs:
-            cmd = worker_command(self.scheduler_address, spec)
-            self._procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL))
-        self._wait_for_workers(timeout)
+    def _command(self, spec: Mapping[str, Any]) -> list[str]:
+        cmd = worker_command(self.scheduler_address, spec)
+        return [*cmd, "--memory-limit", str(self.memory_limit), "--no-supervisor"]
 
-    def _wait_for_workers(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while len(self.scheduler.state.workers) < len(self.specs):
-            for proc in self._procs:
-                if proc.poll() is not None:
-                    raise RuntimeError(
-                        f"a worker process exited with status {proc.returncode} while starting"
-                    )
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"workers did not connect within {timeout}s")
-            time.sleep(0.02)
+    def _report_death(self, name: str, pid: int, how: str) -> None:
+        """How a worker died, straight into the scheduler's state (from the supervisor)."""
+        event = WorkerDeathReport(WorkerDied(name, pid, how), time.monotonic())
+        with contextlib.suppress(RuntimeError):  # the loop stopped: the cluster is closing
+            self._loop.loop.call_soon_threadsafe(self.scheduler.handle, event)
 
-    async def _start_in_process(self) -> None:
+    async def _start_in_process(self, specs: list[dict[str, Any]]) -> None:
         from apportion.worker.service import Worker
 
-        for spec in self.specs:
+        for spec in specs:
             worker = Worker(
                 self.scheduler_address,
                 nthreads=spec["nthreads"],
@@ -159,13 +276,149 @@ class LocalCluster:
             await worker.start()
             self._workers.append(worker)
 
-    @property
-    def workers(self) -> list[dict[str, Any]]:
-        """The worker shapes this cluster was asked for."""
-        return list(self.specs)
+    # --- what scripts look at -------------------------------------------------------
 
-    def close(self) -> None:
-        """Stop workers (TERM, then KILL after a grace period) and the scheduler."""
+    @property
+    def workers(self) -> dict[str, Any]:
+        """Worker name -> its spec (processes) or its ``Worker`` (in-process), as Dask's
+        name -> worker mapping; ``len()`` counts the workers kept alive."""
+        if self._pool is not None:
+            specs = {spec["name"]: spec for spec in self.specs}
+            return {name: dict(specs[name]) for name in self._pool.names}
+        return {w.name: w for w in self._workers}
+
+    @property
+    def _procs(self) -> list[Any]:
+        """The worker processes running now (for tests that kill one)."""
+        return [] if self._pool is None else self._pool.processes
+
+    @property
+    def dashboard_link(self) -> str | None:
+        """None: apportion has no dashboard yet (``dashboard_address`` is accepted)."""
+        return None
+
+    def get_logs(self) -> dict[str, str]:
+        """Recent log text: ``"scheduler"`` (everything this cluster's event loop logged,
+        in-process workers included) and one entry per worker process, restarts
+        included, at the level its workers log (INFO unless ``silence_logs`` is lower)."""
+        out = {"scheduler": "".join(self._scheduler_log)}
+        if self._pool is not None:
+            out.update((name, log.text()) for name, log in self._pool.logs.items())
+        return out
+
+    def wait_for_workers(self, n_workers: int = 1, timeout: float | None = None) -> None:
+        """Block until at least ``n_workers`` workers are connected to the scheduler."""
+        self._wait(
+            lambda: len(self.scheduler.state.workers) >= n_workers,
+            timeout,
+            f"fewer than {n_workers} workers connected",
+        )
+
+    def _started(self, n: int) -> Callable[[], bool]:
+        """True once ``n`` workers are connected; raises if one keeps dying on the way
+        (a broken environment), instead of restarting it until the timeout."""
+
+        def check() -> bool:
+            failing = self._pool.failing() if self._pool is not None else []
+            if failing:
+                name = failing[0]
+                raise RuntimeError(
+                    f"worker {name} exited again and again while starting; its log:\n"
+                    + self.get_logs().get(name, "")[-3000:]
+                )
+            return len(self.scheduler.state.workers) >= n
+
+        return check
+
+    def _wait(self, done: Callable[[], bool], timeout: float | None, what: str) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not done():
+            if self._closed:
+                raise RuntimeError("the cluster was closed")
+            if deadline is not None and time.monotonic() > deadline:
+                logs = self.get_logs()
+                tail = "".join(text[-2000:] for name, text in logs.items() if name != "scheduler")
+                raise TimeoutError(
+                    f"{what} after {timeout}s" + (f"; worker logs:\n{tail}" if tail else "")
+                )
+            time.sleep(0.02)
+
+    # --- changing the workers ---------------------------------------------------------
+
+    def scale(self, n: int, timeout: float = DRAIN_SECONDS + 30.0) -> None:
+        """Grow or shrink to ``n`` workers; returns once there are ``n``.
+
+        New workers take the shape of the last one described. Workers leave newest
+        first, each drained: its running tasks finish and the results still needed
+        are handed to the workers that stay, so no accepted work is lost.
+        """
+        if n < 0:
+            raise ValueError(f"scale: n must be 0 or more, got {n}")
+        with self._lock:
+            current = list(self.workers)
+            if n > len(current):
+                new = [
+                    {**self._template, "name": f"worker-{next(self._names)}"}
+                    for _ in range(n - len(current))
+                ]
+                self.specs += new
+                if self._pool is not None:
+                    for spec in new:
+                        self._pool.add(self._command(spec), spec["name"])
+                else:
+                    self._loop.run(self._start_in_process(new))
+            elif n < len(current):
+                self._retire(current[n:][::-1], timeout)
+            self._wait(lambda: self._connected() == n, timeout, f"not {n} workers")
+
+    def _connected(self) -> int:
+        return len(self.scheduler.state.workers)
+
+    def _retire(self, names: list[str], timeout: float) -> None:
+        if self._pool is not None:
+            for name in names:
+                self._pool.retire(name)
+            self._pool.wait_retired(timeout)
+            return
+        leaving = [w for w in self._workers if w.name in names]
+        self._workers = [w for w in self._workers if w.name not in names]
+
+        async def drain() -> None:
+            for worker in leaving:
+                await worker.drain(DRAIN_SECONDS)
+
+        self._loop.run(drain(), timeout)
+
+    def quiet_workers(self) -> None:
+        """Stop showing the running workers' logs: a restart is about to disconnect them."""
+        if self._pool is not None:
+            self._pool.mute()
+
+    def restart_workers(self, timeout: float | None = None, wait: bool = True) -> None:
+        """Replace every worker process by a fresh one; with ``wait``, return once all
+        are back. In-process workers are not replaced (``Client.restart`` resets them).
+        """
+        if self._pool is None:
+            if wait:
+                self.wait_for_workers(len(self._workers), timeout)
+            return
+        old = {proc.pid for proc in self._pool.processes}
+        self._pool.mute()
+        self._pool.replace_all()
+        if not wait:
+            return
+        expected = len(self._pool.names)
+
+        def fresh() -> bool:
+            pids = [w.pid for w in list(self.scheduler.state.workers.values())]
+            return len(pids) >= expected and not old & set(pids)
+
+        self._wait(fresh, timeout, "the workers did not come back")
+
+    # --- closing ----------------------------------------------------------------------
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the workers (drained, then killed after ``timeout``) and the scheduler."""
         if self._closed:
             return
         self._closed = True
@@ -176,10 +429,12 @@ class LocalCluster:
                     await worker.close()
             await self.scheduler.close()
 
-        _stop_processes(self._procs)
+        if self._pool is not None:
+            self._pool.close(timeout)
         with contextlib.suppress(Exception):
             self._loop.run(stop_in_process(), timeout=15)
         self._loop.stop()
+        _THREAD_LOGS.by_thread.pop(self._loop_ident, None)
         self._finalizer.detach()
 
     def __enter__(self) -> LocalCluster:
@@ -190,7 +445,27 @@ class LocalCluster:
 
     def __repr__(self) -> str:
         kind = "processes" if self.processes else "in-process"
-        return f"<LocalCluster {self.scheduler_address}: {len(self.specs)} workers ({kind})>"
+        address = getattr(self, "scheduler_address", "(not started)")
+        threads = sum(spec["nthreads"] for spec in self.specs if spec["name"] in self.workers)
+        count = len(self.workers)
+        limited = self.memory_limit and self.processes  # nothing enforces it in-process
+        memory = f", memory={format_bytes(self.memory_limit * count)}" if limited else ""
+        return (
+            f"LocalCluster({self.name!r}, {address!r}, workers={count}, "
+            f"threads={threads}{memory}, {kind})"
+        )
+
+
+async def _thread_ident() -> int:
+    """The identity of the thread running this coroutine's loop."""
+    return threading.get_ident()
+
+
+def _finalize(loop: LoopThread, pool: WorkerProcesses | None) -> None:
+    """A cluster dropped without ``close``: its workers must not outlive it."""
+    if pool is not None:
+        pool.close(1.0)
+    loop.stop()
 
 
 def _default_resources() -> ResourceSpec:
@@ -219,16 +494,3 @@ def worker_command(scheduler_address: str, spec: Mapping[str, Any]) -> list[str]
     cmd += ["--resources", format_resources(spec["resources"], spec["units"]) or "none"]
     cmd += ["--reconnect-timeout", repr(LOCAL_RECONNECT_SECONDS)]
     return cmd
-
-
-def _stop_processes(procs: list[subprocess.Popen[bytes]], grace: float = 5.0) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    deadline = time.monotonic() + grace
-    for proc in procs:
-        try:
-            proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()

@@ -791,3 +791,37 @@ class CopiesDone(Message):
     request_id: int
     copied: int  #: copies stored (for a rebalance: results moved)
     dropped: int  #: copies let go (replicas over ``n``; sources of moves)
+
+
+# --- cluster lifecycle (restart) -----------------------------------------------------
+
+
+@message
+class RestartRequest(Message):
+    """Client -> scheduler: drop every task and result, and reset every worker.
+
+    Every client's futures are told (``KeysPending`` then ``KeysFailed`` "cancelled",
+    so finished ones are cancelled too). Supervised workers are told to exit
+    (``RestartWorker``) for a fresh process; the others are disconnected, which makes
+    them forget their tasks and data and register afresh.
+    """
+
+    request_id: int
+    reason: str
+
+
+@message
+class RestartReply(Message):
+    """How many workers were reset, and the names of those no supervisor watches."""
+
+    request_id: int
+    workers: int
+    unsupervised: list[str]
+
+
+@message
+class RestartWorker(Message):
+    """Scheduler -> a supervised worker, at a restart: exit so that your supervisor
+    starts a fresh process (exit status ``RESTART_EXIT`` of worker/supervisor.py)."""
+
+    reason: str

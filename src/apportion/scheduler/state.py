@@ -41,6 +41,7 @@ from apportion.scheduler import (
     drain,
     relay,
     remote_calls,
+    restart,
     shared_data,
     worker_reports,
 )
@@ -855,6 +856,7 @@ CLIENT_HANDLERS: dict[type[m.Message], Callable[[SchedulerState, ClientRecord, A
     m.RetryKeys: shared_data.retry,
     m.ReplicateKeys: shared_data.replicate,
     m.RebalanceKeys: shared_data.rebalance,
+    m.RestartRequest: restart.restart,
 }
 
 WORKER_HANDLERS: dict[type[m.Message], Callable[[SchedulerState, WorkerRecord, Any], None]] = {

@@ -47,6 +47,7 @@ from apportion.protocol.messages import (
     PutData,
     Refused,
     RegisterWorker,
+    RestartWorker,
     RunCall,
     RunOutput,
     Uninstall,
@@ -180,6 +181,9 @@ class Worker(BackgroundService):
         self.remote_calls = RemoteCallRunner(self)
         #: Why the scheduler refused this worker's registration (a taken name), if it did.
         self.refused: str | None = None
+        #: The scheduler asked for a fresh process (a restart): set before closing.
+        self.restart_requested = False
+        self._leaving: asyncio.Task[None] | None = None  #: keeps that close referenced
 
     # --- lifecycle ----------------------------------------------------------------
 
@@ -526,6 +530,12 @@ class Worker(BackgroundService):
                 case Refused():
                     # The scheduler closes the connection after this; _serve says why.
                     self.refused = message.reason
+                case RestartWorker():
+                    logger.info(
+                        "worker %s: %s; leaving for a fresh process", self.name, message.reason
+                    )
+                    self.restart_requested = True
+                    self._leaving = asyncio.get_running_loop().create_task(self.close())
                 case PutData():
                     events.append(self._store_put(message, now))
                 case GetData():

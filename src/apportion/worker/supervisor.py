@@ -43,6 +43,10 @@ from apportion.runs.live import kill_orphaned_runs
 
 logger = logging.getLogger("apportion.supervisor")
 
+#: A worker exits with this status to be replaced by a fresh process at once (the
+#: scheduler asked for it: a restart of the cluster); it is no death to report.
+RESTART_EXIT = 75
+
 #: Set in each child's environment to the supervisor's pid; a worker process that
 #: finds it watches ``os.getppid()`` and stops when it no longer matches.
 SUPERVISOR_PID_VARIABLE = "APPORTION_SUPERVISOR_PID"
@@ -153,6 +157,11 @@ class Slot:
     memory_kill: str = ""
     #: The process exited with status 0 (stopped, drained): never started again.
     stopped: bool = False
+    #: We killed the running process to replace it (a restart of the cluster): its
+    #: death is no news, and the fresh process starts at once.
+    replacing: bool = False
+    #: Asked to leave (a cluster scaled down): not started again however it ends.
+    retired: bool = False
 
 
 class Supervisor:
@@ -206,6 +215,31 @@ class Supervisor:
                     self._check_memory(slot)
             if slot.process is None and slot.restart_at is not None and slot.restart_at <= now:
                 self._start(slot)
+
+    def add(self, argv: list[str], name: str) -> Slot:
+        """One more child (a cluster scaled up), started now."""
+        slot = Slot(len(self.slots), list(argv), name)
+        self.slots.append(slot)
+        self._start(slot)
+        return slot
+
+    def retire(self, slot: Slot) -> None:
+        """Ask ``slot``'s child to drain and leave (SIGTERM); it is not started again."""
+        slot.restart_at = None
+        slot.retired = True
+        if slot.process is not None and slot.process.poll() is None:
+            slot.process.send_signal(signal.SIGTERM)
+        elif slot.process is None:
+            slot.stopped = True
+
+    def replace(self, slot: Slot) -> None:
+        """Kill ``slot``'s child for a fresh one, without counting it as a death."""
+        slot.quick_failures = 0
+        if slot.process is not None and slot.process.poll() is None:
+            slot.replacing = True
+            slot.process.kill()
+        elif not slot.stopped:
+            slot.restart_at = self._clock()
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
         """Pass ``sig`` to every child, wait up to ``timeout``, then kill what is left."""
@@ -289,12 +323,18 @@ class Supervisor:
         pid = slot.process.pid if slot.process is not None else -1
         how = self.describe_death(slot, code)
         slot.process = None
+        if slot.replacing or (code == RESTART_EXIT and not slot.retired):
+            slot.replacing = False
+            logger.info("worker %s (pid %d) is replaced by a fresh process", slot.name, pid)
+            kill_orphaned_runs(pid)
+            self._start(slot)
+            return
         orphans = kill_orphaned_runs(pid) if pid > 0 else 0
         if orphans:
             logger.warning("worker %s left %d command runs behind; killed them", slot.name, orphans)
-        if self._report is not None and code != 0:  # a stop is no news for the scheduler
-            self._report(slot.name, pid, how)
-        if code == 0:
+        if self._report is not None and code != 0 and not slot.retired:
+            self._report(slot.name, pid, how)  # a stop is no news for the scheduler
+        if code == 0 or slot.retired:
             slot.stopped = True
             logger.info("worker %s (pid %d) stopped; not restarting it", slot.name, pid)
             return

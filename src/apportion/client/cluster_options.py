@@ -1,0 +1,151 @@
+"""Dask's keyword arguments to ``LocalCluster`` and ``Client``, sorted into ours and the rest.
+
+Dask's ``LocalCluster`` takes some thirty keywords and forwards unknown ones to its
+``Worker`` class; scripts written for it pass many that only tune Dask's own
+machinery (``protocol=``, ``nanny=``, ``local_directory=``...). Those are accepted
+here so that such a script runs unchanged, and named once, in one
+``IgnoredOptionWarning`` per cluster, so that nothing is ignored silently. A keyword
+that neither Dask nor apportion knows is a ``TypeError``, as a misspelt argument is
+everywhere else in Python.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from apportion.cli.worker import parse_memory_limit
+
+
+class IgnoredOptionWarning(UserWarning):
+    """Options of Dask that tune its internals and have no meaning here were ignored.
+
+    Filter it like any warning: ``warnings.filterwarnings("ignore",
+    category=IgnoredOptionWarning)``.
+    """
+
+
+#: Keywords of Dask's ``LocalCluster``, ``SpecCluster`` and ``Worker``/``Nanny`` that
+#: tune Dask's own machinery: accepted, ignored, and named in one warning.
+DASK_CLUSTER_OPTIONS = frozenset(
+    {
+        "loop",
+        "start",
+        "ip",
+        "worker_dashboard_address",
+        "services",
+        "worker_services",
+        "service_kwargs",
+        "security",
+        "protocol",
+        "blocked_handlers",
+        "interface",
+        "worker_class",
+        "scheduler_kwargs",
+        "scheduler_sync_interval",
+        "nanny",
+        "death_timeout",
+        "local_directory",
+        "env",
+        "dashboard",
+        "preload",
+        "preload_argv",
+        "preload_nanny",
+        "lifetime",
+        "lifetime_stagger",
+        "lifetime_restart",
+        "validate",
+        "heartbeat_interval",
+        "extensions",
+        "data",
+        "plugins",
+        "shutdown_on_close",
+        "scheduler_file",
+        "quiet",
+        "contact_address",
+        "listen_address",
+        "executor",
+        "low_level_profiler",
+        "transition_counter_max",
+        "memory_target_fraction",
+        "memory_spill_fraction",
+        "memory_pause_fraction",
+        "max_spill",
+        "memory_terminate_fraction",
+    }
+)
+
+#: Keywords of Dask's ``Client`` alone (not meant for a cluster) that tune its internals.
+DASK_CLIENT_OPTIONS = frozenset(
+    {
+        "loop",
+        "scheduler_file",
+        "security",
+        "heartbeat_interval",
+        "serializers",
+        "deserializers",
+        "extensions",
+        "connection_limit",
+    }
+)
+
+
+def sort_options(given: Mapping[str, Any], ignorable: Iterable[str], where: str) -> list[str]:
+    """The names in ``given`` to ignore (sorted); ``TypeError`` for any unknown one."""
+    allowed = frozenset(ignorable)
+    unknown = sorted(set(given) - allowed)
+    if unknown:
+        raise TypeError(f"{where} got unexpected keyword arguments: {', '.join(unknown)}")
+    return sorted(given)
+
+
+def warn_ignored(names: Iterable[str], where: str, stacklevel: int = 3) -> None:
+    """One warning naming every ignored option, or none when there is nothing to say."""
+    listed = sorted(names)
+    if listed:
+        warnings.warn(
+            f"{where}: ignoring options that only tune Dask's internals: {', '.join(listed)}",
+            IgnoredOptionWarning,
+            stacklevel=stacklevel,
+        )
+
+
+def memory_limit_bytes(value: str | float | None, n_workers: int) -> int:
+    """Dask's ``memory_limit`` forms as bytes per worker; 0 means no limit.
+
+    ``"4GiB"`` or ``4_000_000_000`` (bytes), ``0.5`` (a fraction of the machine's
+    memory, for each worker), ``"auto"`` (the machine's memory shared among the
+    workers), ``0`` or ``None`` (no limit).
+    """
+    if value is None or value is False:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise TypeError(f"memory_limit must be a size, a fraction, 'auto' or None, not {value!r}")
+    text = value if isinstance(value, str) else repr(value)
+    try:
+        return parse_memory_limit(text, max(1, n_workers))
+    except ValueError as exc:
+        raise ValueError(str(exc).replace("--memory-limit", "memory_limit")) from None
+
+
+def log_levels(silence_logs: int | str | bool | None) -> tuple[int, int]:
+    """(level the workers log at, level from which their lines reach the user).
+
+    Workers log one level more than the user sees (INFO at most), so that
+    ``get_logs`` has the context of a warning. A falsy ``silence_logs`` shows
+    everything at INFO, as Dask's "no change" would.
+    """
+    if silence_logs is None or silence_logs is False or silence_logs == 0:
+        return logging.INFO, logging.NOTSET
+    if silence_logs is True:
+        level = logging.WARNING
+    elif isinstance(silence_logs, str):
+        named = logging.getLevelName(silence_logs.upper())
+        if not isinstance(named, int):
+            raise ValueError(f"silence_logs: unknown log level {silence_logs!r}")
+        level = named
+    else:
+        level = int(silence_logs)
+    return min(level, logging.INFO), level
