@@ -139,8 +139,8 @@ def test_apportions_own_settings_come_before_dasks(
     both = {**dask_env, "APPORTION_RESOURCES": "GPU=5"}
     assert invoke("--config", str(config), env=both).exit_code == 0
     assert invoke("--resources", "GPU=7", env=both).exit_code == 0
-    # Given, but empty: apportion was told "no resources", so Dask's are not used.
-    assert invoke("--resources", "", env=dask_env).exit_code == 0
+    # Given as none: apportion was told "no resources", so Dask's are not used.
+    assert invoke("--resources", "none", env=dask_env).exit_code == 0
     # An empty variable counts as unset (as for every option read from a variable).
     assert invoke(env={**dask_env, "APPORTION_RESOURCES": ""}).exit_code == 0
     assert [s.resources for s in launched] == ["licence=3", "GPU=5", "GPU=7", "", "GPU=2"]

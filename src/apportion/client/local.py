@@ -212,6 +212,9 @@ class LocalCluster:
         self._lock = threading.Lock()
         self._closed = False
         self._finalizer = weakref.finalize(self, _finalize, self._loop, None)
+        # At exit ``_close_at_exit`` closes the cluster properly; run first (atexit
+        # order), this would stop the loop that closing needs.
+        self._finalizer.atexit = False
         _open_clusters.add(self)
         try:
             self._loop.run(self.scheduler.start())
@@ -225,6 +228,7 @@ class LocalCluster:
                 )
                 self._finalizer.detach()
                 self._finalizer = weakref.finalize(self, _finalize, self._loop, self._pool)
+                self._finalizer.atexit = False
                 for spec in self.specs:
                     self._pool.add(self._command(spec), spec["name"])
             else:
