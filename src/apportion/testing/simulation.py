@@ -55,6 +55,8 @@ class SimulatedCluster:
         self.logs: list[Log] = []
         #: Peers the scheduler told its service to disconnect (declared lost).
         self.disconnected: list[str] = []
+        #: Workers refused at registration (their name was taken by a live worker).
+        self.refused: list[str] = []
         #: client id -> every message the scheduler sent it
         self.inbox: dict[str, list[m.Message]] = {}
         self.started: list[tuple[float, str, str]] = []
@@ -72,6 +74,10 @@ class SimulatedCluster:
             elif isinstance(command, Disconnect):
                 self.disconnected.append(command.peer_id)
                 self.running.pop(command.peer_id, None)  # a lost worker runs nothing more
+            elif isinstance(command.message, m.Refused):
+                # Refused at registration (a name taken): it never became a worker.
+                self.running.pop(command.peer_id, None)
+                self.refused.append(command.peer_id)
             elif command.peer_id in self.running:
                 self._to_worker(command)
             else:
