@@ -117,6 +117,16 @@ def test_publishing_a_taken_name_needs_override(sim: SimulatedCluster) -> None:
     assert got(sim, m.DatasetReply)[-1] == m.DatasetReply(4, 0, b"", [], ["x"])
 
 
+def test_republishing_the_same_keys_keeps_them(sim: SimulatedCluster) -> None:
+    sim.add_worker()
+    computed(sim, "a", "b")
+    sim.client_says("c1", m.PublishDataset(1, "x", b"1", ["a", "b"], 0))
+    sim.client_says("c1", m.PublishDataset(2, "x", b"2", ["a"], 1))
+    sim.remove_client("c1")
+    # "a" is in both versions: still held; "b" only in the replaced one: let go.
+    assert (state_of(sim, "a"), state_of(sim, "b")) == (MEMORY, "forgotten")
+
+
 def test_plain_objects_are_kept_as_opaque_bytes(sim: SimulatedCluster) -> None:
     sim.client_says("c1", m.PublishDataset(1, "config", b"\x80opaque", [], 0))
     sim.remove_client("c1")

@@ -25,8 +25,14 @@ from apportion.client.errors import (
 )
 from apportion.client.future import Future
 from apportion.client.local import LocalCluster
-from apportion.client.progress import futures_of, progress
-from apportion.client.waiting import ALL_COMPLETED, FIRST_COMPLETED, as_completed, wait
+from apportion.client.progress import progress
+from apportion.client.waiting import (
+    ALL_COMPLETED,
+    FIRST_COMPLETED,
+    as_completed,
+    futures_of,
+    wait,
+)
 from apportion.core.resources import parse_resources
 from apportion.plugins import WorkerPlugin
 from apportion.scheduler.service import Scheduler

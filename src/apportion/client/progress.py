@@ -22,6 +22,7 @@ from functools import partial
 from typing import IO, Any
 
 from apportion.client.future import CANCELLED, ERROR, FINISHED, Future
+from apportion.client.waiting import futures_of
 
 #: Seconds between redraws.
 DEFAULT_INTERVAL = 0.1
@@ -42,31 +43,6 @@ def group_of(key: str) -> str:
             break
         kept.append(word)
     return "-".join(kept) or "other"
-
-
-def futures_of(obj: Any) -> list[Future]:
-    """Every future in ``obj``: a future, nested lists/tuples/sets/dicts of them, or
-    Dask collections persisted on apportion (their parts are futures)."""
-    found: list[Future] = []
-    stack = [obj]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, Future):
-            found.append(item)
-        elif isinstance(item, list | tuple | set | frozenset):
-            stack.extend(item)
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-        elif hasattr(item, "__dask_graph__"):
-            graph = item.__dask_graph__() or {}
-            stack.extend(getattr(v, "value", v) for v in graph.values())
-    seen: set[int] = set()
-    unique = []
-    for fut in reversed(found):  # in the order given
-        if id(fut) not in seen:
-            seen.add(id(fut))
-            unique.append(fut)
-    return unique
 
 
 class Tally:

@@ -14,18 +14,47 @@ FIRST_COMPLETED = "FIRST_COMPLETED"
 ALL_COMPLETED = "ALL_COMPLETED"
 
 
+def futures_of(obj: Any) -> list[Future]:
+    """Every future in ``obj``: a future, nested lists/tuples/sets/dicts of them, or
+    Dask collections persisted on apportion (their parts are futures)."""
+    found: list[Future] = []
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Future):
+            found.append(item)
+        elif isinstance(item, list | tuple | set | frozenset):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif hasattr(item, "__dask_graph__"):
+            graph = item.__dask_graph__() or {}
+            stack.extend(getattr(v, "value", v) for v in graph.values())
+    seen: set[int] = set()
+    unique = []
+    for fut in reversed(found):  # in the order given
+        if id(fut) not in seen:
+            seen.add(id(fut))
+            unique.append(fut)
+    return unique
+
+
 class DoneAndNotDone(NamedTuple):
     done: set[Future]
     not_done: set[Future]
 
 
 def wait(
-    fs: Future | Iterable[Future],
+    fs: Any,
     timeout: float | None = None,
     return_when: str = ALL_COMPLETED,
 ) -> DoneAndNotDone:
-    """Block until all (or the first of) ``fs`` are done; raises ``TimeoutError``."""
-    futures = [fs] if isinstance(fs, Future) else list(fs)
+    """Block until all (or the first of) ``fs`` are done; raises ``TimeoutError``.
+
+    ``fs`` is a future, a container of futures, or a persisted Dask collection
+    (its parts), as Dask's ``wait`` takes them.
+    """
+    futures = futures_of(fs)
     if return_when not in (ALL_COMPLETED, FIRST_COMPLETED):
         raise ValueError(f"return_when must be {ALL_COMPLETED} or {FIRST_COMPLETED}")
     deadline = None if timeout is None else time.monotonic() + timeout

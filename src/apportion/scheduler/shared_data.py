@@ -55,12 +55,16 @@ def publish(state: SchedulerState, client: ClientRecord, msg: m.PublishDataset) 
         state.send(client.id, m.SharedDataAck(msg.request_id, f"Dataset {msg.name} already exists"))
         return
     owner_id = DATASET_OWNER + msg.name
-    old = state.clients.get(owner_id)
-    owner = state.clients[owner_id] = ClientRecord(owner_id)
+    owner = state.clients.get(owner_id)
+    if owner is None:
+        owner = state.clients[owner_id] = ClientRecord(owner_id)
+    # Replacing: one owner keeps its id, so keys in both versions must not be
+    # released; only those the new version no longer has go, after the new ones are
+    # wanted (one of them may be computed from an old one).
+    dropped = sorted(owner.wanted - set(msg.keys))
     for key in msg.keys:
         want(state, owner, key)
-    if old is not None:  # after wanting the new keys, so keys in both stay put
-        release(state, old, sorted(old.wanted))
+    release(state, owner, dropped)
     book.datasets[msg.name] = (msg.data, list(msg.keys))
     state.send(client.id, m.SharedDataAck(msg.request_id, ""))
 
