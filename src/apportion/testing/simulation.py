@@ -78,6 +78,7 @@ class SimulatedCluster:
                 # Refused at registration (a name taken): it never became a worker.
                 self.running.pop(command.peer_id, None)
                 self.refused.append(command.peer_id)
+                self.to_workers.setdefault(command.peer_id, []).append(command.message)
             elif command.peer_id in self.running:
                 self._to_worker(command)
             else:
