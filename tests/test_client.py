@@ -25,7 +25,7 @@ from apportion import (
     wait,
 )
 from apportion.client.local import worker_command
-from apportion.scheduler.invariants import check_invariants
+from cluster_checks import checked_client, settle
 
 
 @pytest.fixture(scope="module")
@@ -42,17 +42,8 @@ def cluster() -> Iterator[LocalCluster]:
 
 @pytest.fixture
 def client(cluster: LocalCluster) -> Iterator[Client]:
-    with Client(cluster) as c:
+    with checked_client(cluster) as c:
         yield c
-    settle(cluster)
-    check_invariants(cluster.scheduler.state)
-
-
-def settle(cluster: LocalCluster, timeout: float = 5.0) -> None:
-    """Wait until the scheduler holds no tasks (every release has been processed)."""
-    deadline = time.monotonic() + timeout
-    while cluster.scheduler.state.tasks and time.monotonic() < deadline:
-        time.sleep(0.01)
 
 
 class Boom(Exception):

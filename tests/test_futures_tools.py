@@ -15,7 +15,7 @@ import pytest
 
 from apportion import Client, LocalCluster, as_completed, progress
 from apportion.client.progress import futures_of, group_of, render
-from apportion.scheduler.invariants import check_invariants
+from cluster_checks import checked_client
 
 
 @pytest.fixture(scope="module")
@@ -26,12 +26,8 @@ def cluster() -> Iterator[LocalCluster]:
 
 @pytest.fixture
 def client(cluster: LocalCluster) -> Iterator[Client]:
-    with Client(cluster) as c:
+    with checked_client(cluster) as c:
         yield c
-    deadline = time.monotonic() + 5
-    while cluster.scheduler.state.tasks and time.monotonic() < deadline:
-        time.sleep(0.01)  # releases travel asynchronously
-    check_invariants(cluster.scheduler.state)
 
 
 def inc(x: int) -> int:

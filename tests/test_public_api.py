@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import inspect
+import time
 from typing import Any
 
 import pytest
@@ -43,3 +44,31 @@ def test_a_worker_plugin_subclass_is_installed_on_every_worker() -> None:
         client.register_plugin(Marker(), name="marker")
         assert set(client.run(is_marked).values()) == {True}
         assert WorkerPlugin().setup(None) is None  # the base hooks do nothing
+
+
+def fail_once(path: str) -> str:
+    import os
+
+    if not os.path.exists(path):
+        open(path, "w").close()
+        raise RuntimeError("first call fails")
+    return "second call works"
+
+
+def test_future_client_release_and_retry(tmp_path: Any) -> None:
+    with LocalCluster(n_workers=1, processes=False) as cluster, cluster.get_client() as client:
+        assert apportion.TimeoutError is TimeoutError
+        future = client.submit(sum, [1, 2, 3])
+        assert future.client is client and future.result() == 6
+        assert client.futures_of([future, {"x": future}]) == [future]
+        future.release()
+        future.release()  # idempotent: counted once
+        deadline = time.monotonic() + 5
+        while cluster.scheduler.state.tasks and time.monotonic() < deadline:
+            time.sleep(0.01)  # the release travels to the scheduler
+        assert not cluster.scheduler.state.tasks  # released before garbage collection
+        flaky = client.submit(fail_once, str(tmp_path / "flag"))
+        with pytest.raises(RuntimeError, match="first call fails"):
+            flaky.result()
+        flaky.retry()
+        assert flaky.result() == "second call works"

@@ -28,6 +28,7 @@ from apportion.protocol import messages as m
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.remote_calls import MAX_INSTALL_BYTES
 from apportion.testing.simulation import SimulatedCluster
+from cluster_checks import checked_client
 
 
 @pytest.fixture(scope="module")
@@ -38,9 +39,8 @@ def cluster() -> Iterator[LocalCluster]:
 
 @pytest.fixture
 def client(cluster: LocalCluster) -> Iterator[Client]:
-    with Client(cluster) as c:
+    with checked_client(cluster) as c:
         yield c
-    check_invariants(cluster.scheduler.state)
 
 
 def addresses(cluster: LocalCluster) -> set[str]:

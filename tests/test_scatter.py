@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
 
 from apportion import Client, LocalCluster, get_worker
-from apportion.scheduler.invariants import check_invariants
+from cluster_checks import checked_client
 
 
 @pytest.fixture(scope="module")
@@ -19,12 +18,8 @@ def cluster() -> Iterator[LocalCluster]:
 
 @pytest.fixture(params=[False, True], ids=["through-scheduler", "direct"])
 def client(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[Client]:
-    with Client(cluster, direct_to_workers=request.param) as c:
+    with checked_client(cluster, direct_to_workers=request.param) as c:
         yield c
-    deadline = time.monotonic() + 5
-    while cluster.scheduler.state.tasks and time.monotonic() < deadline:
-        time.sleep(0.01)  # releases travel asynchronously
-    check_invariants(cluster.scheduler.state)
 
 
 def holders(client: Client, future: object) -> set[str]:

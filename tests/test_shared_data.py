@@ -11,7 +11,6 @@ import operator
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -26,6 +25,7 @@ from apportion.protocol import messages as m
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import ERRED, MEMORY, QUEUED, WAITING
 from apportion.testing import SimulatedCluster
+from cluster_checks import checked_client, settle
 
 M = TypeVar("M", bound=m.Message)
 
@@ -489,17 +489,8 @@ def cluster() -> Iterator[LocalCluster]:
 
 @pytest.fixture
 def client(cluster: LocalCluster) -> Iterator[Client]:
-    with Client(cluster) as c:
+    with checked_client(cluster) as c:
         yield c
-    settle(cluster)
-    check_invariants(cluster.scheduler.state)
-
-
-def settle(cluster: LocalCluster, timeout: float = 5.0) -> None:
-    """Wait until the scheduler holds no tasks (every release has been processed)."""
-    deadline = time.monotonic() + timeout
-    while cluster.scheduler.state.tasks and time.monotonic() < deadline:
-        time.sleep(0.01)
 
 
 def inc(x: int) -> int:

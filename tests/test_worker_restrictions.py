@@ -25,6 +25,7 @@ from apportion.scheduler.records import ERRED, PROCESSING, QUEUED
 from apportion.scheduler.state import SchedulerConfig
 from apportion.testing.simulation import SimulatedCluster
 from cli_processes import Processes
+from cluster_checks import checked_client
 
 # --- the state machine -----------------------------------------------------------------
 
@@ -263,7 +264,7 @@ def cluster() -> Iterator[LocalCluster]:
 
 @pytest.fixture
 def client(cluster: LocalCluster) -> Iterator[Client]:
-    with Client(cluster) as c:
+    with checked_client(cluster) as c:
         yield c
 
 

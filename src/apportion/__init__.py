@@ -12,6 +12,7 @@ of an indexed pool) and ``task_environment()`` is the environment to start proce
 with, so that they use only those units (``CUDA_VISIBLE_DEVICES=2,3``).
 """
 
+import builtins
 import concurrent.futures
 
 from apportion.client.client import Client
@@ -52,6 +53,8 @@ __version__ = "0.1.0"
 #: ``except KilledWorker`` written for Dask catch apportion's failures.
 CancelledError = concurrent.futures.CancelledError
 KilledWorker = WorkerCrashedError
+#: What Dask exports as ``distributed.TimeoutError``: Python's own.
+TimeoutError = builtins.TimeoutError
 
 __all__ = [
     "ALL_COMPLETED",
@@ -66,6 +69,7 @@ __all__ = [
     "Scheduler",
     "SchedulerGoneError",
     "SerializationError",
+    "TimeoutError",
     "UnsatisfiableError",
     "Worker",
     "WorkerCrashedError",

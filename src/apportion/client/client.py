@@ -725,6 +725,13 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
                 fut._state.cancel_echo = True
         self._session.post(m.CancelKeys(keys))
 
+    @staticmethod
+    def futures_of(collection: Any) -> list[Future]:
+        """The futures in ``collection`` (Dask's ``Client.futures_of``)."""
+        from apportion.client.waiting import futures_of
+
+        return futures_of(collection)
+
     def get_executor(self, **task_keywords: Any) -> ClientExecutor:
         """This client as a ``concurrent.futures.Executor``; ``task_keywords``
         (``resources``, ``priority``, ``retries``, ``pure``, ...) apply to every call."""

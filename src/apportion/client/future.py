@@ -143,17 +143,34 @@ def _build_traceback(tb_dict: Any, box: list[TracebackType]) -> None:
 class Future:
     """A remote result. Same names as ``distributed.Future``."""
 
-    __slots__ = ("__weakref__", "_client", "_state", "key")
+    __slots__ = ("__weakref__", "_client", "_released", "_state", "key")
 
     def __init__(self, key: str, client: Client) -> None:
         self.key = key
         self._client = client
+        self._released = True  # until counted: a failed ``_ref`` must not be undone
         self._state = client._ref(key)
+        self._released = False
 
     def __del__(self) -> None:
+        self.release()
+
+    def release(self) -> None:
+        """Let go of the result now rather than when this future is garbage-collected;
+        the cluster drops it once nothing else needs it. Idempotent."""
         client = getattr(self, "_client", None)
-        if client is not None:
+        if client is not None and not getattr(self, "_released", True):
+            self._released = True
             client._unref(self.key)
+
+    @property
+    def client(self) -> Client:
+        """The client this future belongs to."""
+        return self._client
+
+    def retry(self) -> None:
+        """Run the task again if it failed (``client.retry`` for this future)."""
+        self._client.retry([self])
 
     def __reduce__(self) -> tuple[Callable[[str], Any], tuple[str]]:
         # Inside task arguments a future stands for its result (see core.payload).

@@ -28,7 +28,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from apportion.client import session
 from apportion.client.cluster_options import (
@@ -47,6 +47,9 @@ from apportion.scheduler.events import WorkerDeathReport
 from apportion.scheduler.service import Scheduler
 from apportion.scheduler.state import SchedulerConfig
 from apportion.worker.supervisor import format_bytes
+
+if TYPE_CHECKING:
+    from apportion.client.client import Client
 
 #: A local worker that loses its scheduler retries this long, then exits. Long enough to
 #: rejoin after being declared lost (a task that held the GIL past the worker timeout),
@@ -300,6 +303,12 @@ class LocalCluster:
     def dashboard_link(self) -> str | None:
         """None: apportion has no dashboard yet (``dashboard_address`` is accepted)."""
         return None
+
+    def get_client(self) -> Client:
+        """A client of this cluster (a new one each call; close it when done)."""
+        from apportion.client.client import Client
+
+        return Client(self)
 
     def get_logs(self) -> dict[str, str]:
         """Recent log text: ``"scheduler"`` (everything this cluster's event loop logged,

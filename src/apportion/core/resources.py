@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -288,11 +288,19 @@ def format_resources(
     amounts: Mapping[str, int], units: Mapping[str, list[str]] | None = None
 ) -> str:
     """Render a supply or demand in the spec syntax, names sorted: ``"GPU=2 gpu=[0,1]"``."""
+    return _render(amounts, units, lambda _, ticks: format_amount(ticks))
+
+
+def _render(
+    amounts: Mapping[str, int],
+    units: Mapping[str, list[str]] | None,
+    amount_text: Callable[[str, int], str],
+) -> str:
     units = units or {}
     return " ".join(
         f"{name}=[{','.join(units[name])}]"
         if name in units
-        else f"{name}={format_amount(amounts[name])}"
+        else f"{name}={amount_text(name, amounts[name])}"
         for name in sorted(amounts)
     )
 
@@ -338,13 +346,7 @@ def describe_resources(
 
     Like ``format_resources`` but with ``describe_amount``; not meant to be parsed.
     """
-    units = units or {}
-    return " ".join(
-        f"{name}=[{','.join(units[name])}]"
-        if name in units
-        else f"{name}={describe_amount(name, amounts[name])}"
-        for name in sorted(amounts)
-    )
+    return _render(amounts, units, describe_amount)
 
 
 def to_units(amounts: Mapping[str, int]) -> dict[str, float]:

@@ -21,7 +21,7 @@ from apportion.protocol import messages as m
 from apportion.scheduler import copies
 from apportion.scheduler.client_requests import error_message, release, want
 from apportion.scheduler.holders import holders
-from apportion.scheduler.records import ERRED, MEMORY, RELEASED, WAITING, ClientRecord, TaskRecord
+from apportion.scheduler.records import ERRED, MEMORY, RELEASED, ClientRecord, TaskRecord
 
 if TYPE_CHECKING:
     from apportion.scheduler.state import SchedulerState
@@ -202,13 +202,4 @@ def _run_again(state: SchedulerState, task: TaskRecord, client_id: str) -> None:
     for wanter in task.wanted_by or ():
         # Futures of failed inputs retried along with the asked key wait again too.
         state.send(wanter, m.KeysPending([task.key]))
-    task.missing_deps = 0
-    for dep_key in task.deps:
-        dep = state.tasks[dep_key]
-        dep.dependents.add(task.key)
-        if dep.state != MEMORY:
-            task.missing_deps += 1
-    if task.missing_deps:
-        state.move(task, WAITING, cause)
-    else:
-        state.enqueue(task, cause)
+    state.start_again(task, cause)  # its released inputs are on their way already

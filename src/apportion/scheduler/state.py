@@ -709,18 +709,26 @@ class SchedulerState:
                 error = self.tasks[failed].error or ("lost", f"input {failed!r} failed", b"")
                 self.fail(current, error, f"{why}; input {failed} failed")
                 continue
-            current.missing_deps = 0
-            for dep_key in current.deps:
-                dep = self.tasks[dep_key]
-                dep.dependents.add(current.key)
-                if dep.state != MEMORY:
-                    current.missing_deps += 1
-                if dep.state == RELEASED:
-                    stack.append((dep, f"needed to recompute {current.key}"))
-            if current.missing_deps:
-                self.move(current, WAITING, why)
-            else:
-                self.enqueue(current, why)
+            for dep in self.start_again(current, why):
+                stack.append((dep, f"needed to recompute {current.key}"))
+
+    def start_again(self, task: TaskRecord, cause: str) -> list[TaskRecord]:
+        """Run ``task`` again from its inputs: WAITING for those not in memory, else
+        QUEUED. Returns its RELEASED inputs, which the caller must recompute."""
+        task.missing_deps = 0
+        released = []
+        for dep_key in task.deps:
+            dep = self.tasks[dep_key]
+            dep.dependents.add(task.key)
+            if dep.state != MEMORY:
+                task.missing_deps += 1
+            if dep.state == RELEASED:
+                released.append(dep)
+        if task.missing_deps:
+            self.move(task, WAITING, cause)
+        else:
+            self.enqueue(task, cause)
+        return released
 
     def _on_placement_due(self, event: PlacementDue, _: None) -> None:
         from apportion.scheduler.placement import place
