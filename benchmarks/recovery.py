@@ -12,11 +12,11 @@ Each system runs the graph
 a. normally, on one warmed-up cluster, with the scheduler idle before every run;
 b. with one worker process killed with SIGKILL once 1,000 futures have completed,
    counted in the client with ``as_completed``; each such run gets a fresh cluster
-   (warmed up first), since apportion's LocalCluster does not restart workers.
+   (warmed up first), so that every run starts with 3 workers.
 
-Dask's Nanny starts a new worker process in place of the killed one; apportion
-finishes on the 2 workers left. What is compared is the time to finish despite
-losing a worker. The makespan runs from the first submit to the root's result;
+Both restart the killed worker process (Dask's Nanny; apportion's LocalCluster
+supervises its workers). What is compared is the time to finish despite losing a
+worker. The makespan runs from the first submit to the root's result;
 afterwards every one of the 1,999 results is gathered and checked (untimed).
 
 Usage: ``python benchmarks/recovery.py [--repeat N] [--systems apportion,dask]``
@@ -326,10 +326,10 @@ def report(results: dict[str, SystemResult]) -> None:
     )
     print("  counted with as_completed in the client; a fresh cluster for each run with a kill.")
     print(
-        "  Dask's Nanny restarts the killed worker process; apportion's LocalCluster does "
-        "not, so it"
+        "  Both restart the killed worker process (Dask's Nanny, apportion's supervised "
+        "LocalCluster)."
     )
-    print("  finishes on 2 workers. The comparison is the time to finish despite losing a worker.")
+    print("  The comparison is the time to finish despite losing a worker.")
     print(
         f"  No-kill lower bound: {work:.2f} s of work / {N_WORKERS} threads = "
         f"{work / N_WORKERS:.3f} s"

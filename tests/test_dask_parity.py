@@ -18,7 +18,7 @@ distributed = pytest.importorskip("distributed")
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 STATUSES = {"supported", "differently", "not yet", "not planned"}
-ROW = re.compile(r"^\| `([A-Za-z_]\w*)` \| ([a-z ]+) \| (.*) \|$")
+ROW = re.compile(r"^\| `([A-Za-z_]\w*)` \| ([a-z ]+?) \|(.*)\|$")
 
 
 def table(section: str) -> dict[str, str]:

@@ -37,7 +37,7 @@ from apportion.core.resources import (
     parse_supply,
 )
 from apportion.net.address import ACCEPTED_FORMS
-from apportion.net.handshake import HandshakeError
+from apportion.net.handshake import HandshakeError, open_connection
 from apportion.protocol import messages as m
 from apportion.scheduler.events import WorkerJoined
 from apportion.scheduler.invariants import check_invariants
@@ -602,3 +602,25 @@ def test_why_text_of_a_waiting_memory_task_uses_human_units() -> None:
     assert "worker-0: memory 33.1 GiB of 93.1 GiB free" in text
     assert explain(sim.state, "a").endswith("holding memory=60 GiB")
     check_invariants(sim.state)
+
+
+def test_a_peer_that_hangs_up_at_once_is_not_called_foreign() -> None:
+    """A worker that died while a peer connected: said as such, not as a foreign port."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        port = sock.getsockname()[1]
+
+        def hang_up() -> None:
+            conn, _ = sock.accept()
+            conn.close()
+
+        thread = threading.Thread(target=hang_up)
+        thread.start()
+        with pytest.raises(HandshakeError) as info:
+            asyncio.run(open_connection(f"127.0.0.1:{port}", "peer", "test", timeout=5))
+        thread.join(5)
+    text = str(info.value)
+    # A close with our Hello unread is a reset on Linux; either way, not "foreign".
+    assert "the handshake did not complete: the peer" in text
+    assert "no apportion handshake" not in text

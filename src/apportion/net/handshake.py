@@ -64,6 +64,9 @@ async def open_connection(
         raise HandshakeError(
             f"{address}: no apportion handshake: no answer within {timeout:g}s"
         ) from None
+    except _PeerGone as exc:
+        conn.abort()
+        raise HandshakeError(f"{address}: the handshake did not complete: {exc}") from None
     except HandshakeError as exc:
         conn.abort()
         raise HandshakeError(f"{address}: no apportion handshake: {exc}") from None
@@ -85,14 +88,21 @@ async def open_connection(
 QUOTED_BYTES = 40
 
 
+class _PeerGone(HandshakeError):
+    """The peer went away before answering: said as such, not as a foreign peer (a
+    worker that died while a peer was connecting to it is the common case)."""
+
+
 async def _first_frame(reader: asyncio.StreamReader) -> list[Message]:
     """The reply to our ``Hello``, read raw so that a foreign answer can be quoted."""
     try:
         header = await reader.readexactly(HEADER.size)
     except asyncio.IncompleteReadError as exc:
+        if not exc.partial:
+            raise _PeerGone("the peer closed the connection without a word") from None
         raise HandshakeError(_closed_text(exc.partial)) from None
     except ConnectionError:
-        raise HandshakeError("the peer reset the connection") from None
+        raise _PeerGone("the peer reset the connection") from None
     try:
         length = frame_length(header, MAX_HANDSHAKE_FRAME)
     except ProtocolError:
@@ -102,7 +112,7 @@ async def _first_frame(reader: asyncio.StreamReader) -> list[Message]:
     except asyncio.IncompleteReadError as exc:
         raise HandshakeError(_closed_text(header + exc.partial)) from None
     except ConnectionError:
-        raise HandshakeError("the peer reset the connection") from None
+        raise _PeerGone("the peer reset the connection") from None
     try:
         return decode_body(body)
     except ProtocolError:
@@ -110,8 +120,6 @@ async def _first_frame(reader: asyncio.StreamReader) -> list[Message]:
 
 
 def _closed_text(partial: bytes) -> str:
-    if not partial:
-        return "the peer closed the connection without a word"
     return f"the peer sent {partial[:QUOTED_BYTES]!r} and closed the connection"
 
 
