@@ -72,3 +72,20 @@ def test_future_client_release_and_retry(tmp_path: Any) -> None:
             flaky.result()
         flaky.retry()
         assert flaky.result() == "second call works"
+
+
+def test_default_client_is_the_newest_open_default_client(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from apportion.client import dask_default
+
+    monkeypatch.setattr(dask_default, "_clients", [])  # clients other tests left open
+    with LocalCluster(n_workers=1, processes=False) as cluster:
+        with Client(cluster) as first:
+            assert apportion.default_client() is first and Client.current() is first
+            with Client(cluster) as second, Client(cluster, set_as_default=False) as other:
+                assert apportion.default_client() is second
+                assert apportion.default_client(other) is other
+            assert Client.current() is first
+        with pytest.raises(ValueError, match="no open client"):
+            apportion.default_client()

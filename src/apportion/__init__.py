@@ -15,7 +15,7 @@ with, so that they use only those units (``CUDA_VISIBLE_DEVICES=2,3``).
 import builtins
 import concurrent.futures
 
-from apportion.client.client import Client
+from apportion.client.client import Client, default_client
 from apportion.client.errors import (
     FutureCancelledError,
     LostDataError,
@@ -76,6 +76,7 @@ __all__ = [
     "WorkerPlugin",
     "__version__",
     "as_completed",
+    "default_client",
     "futures_of",
     "get_worker",
     "parse_resources",

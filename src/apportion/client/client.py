@@ -725,6 +725,12 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
                 fut._state.cancel_echo = True
         self._session.post(m.CancelKeys(keys))
 
+    @classmethod
+    def current(cls, allow_global: bool = True) -> Client:
+        """The newest open client made with ``set_as_default=True`` (the default), as
+        Dask's ``Client.current``; ``ValueError`` if there is none."""
+        return default_client()
+
     @staticmethod
     def futures_of(collection: Any) -> list[Future]:
         """The futures in ``collection`` (Dask's ``Client.futures_of``)."""
@@ -836,6 +842,20 @@ def start_cluster(options: dict[str, Any]) -> LocalCluster:
 def ignore_client_options(options: dict[str, Any]) -> None:
     """A client of an existing scheduler: options meant to start a cluster are an error."""
     warn_ignored(sort_options(options, DASK_CLIENT_OPTIONS, "Client()"), "Client", stacklevel=4)
+
+
+def default_client(c: Client | None = None) -> Client:
+    """``c`` if given, else the newest open client made with ``set_as_default=True``
+    (the default), as Dask's ``default_client``; ``ValueError`` if there is none."""
+    if c is not None:
+        return c
+    client = dask_default.current()
+    if client is None:
+        raise ValueError(
+            "no open client: start one first, e.g. client = Client() for a local "
+            "cluster or Client('tcp://scheduler:8786')"
+        )
+    return client
 
 
 def _one_or_many(collections: Any) -> tuple[list[Any], bool]:
