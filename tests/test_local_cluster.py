@@ -78,6 +78,36 @@ def test_restart_drops_every_task_tells_every_client_and_resets_every_worker() -
     check_invariants(sim.state)
 
 
+def test_restart_keeps_the_job_queues_runs_and_drops_datasets_of_results() -> None:
+    sim = SimulatedCluster()
+    sim.add_client("c1")
+    sim.add_client("runs", durable=True)
+    sim.add_worker("a", nthreads=2, resources="GPU=1", pid=11, supervisor=5)
+    sim.submit("run-1", resources="GPU=1", client="runs")
+    sim.submit("run-2", resources="GPU=1", client="runs")
+    sim.submit("mine", client="c1")
+    sim.place()
+    sim.finish("mine")
+    sim.client_says("c1", m.PublishDataset(1, "result", b"p", ["mine"], 0))
+    sim.client_says("c1", m.PublishDataset(2, "note", b"plain", [], 0))
+    assert sim.state.tasks["run-1"].state == PROCESSING
+
+    sim.client_says("c1", m.RestartRequest(3, ""))
+
+    # The runs are not cancelled: the running one is queued again, as when its worker
+    # leaves gracefully (the queue records a new attempt), the waiting one waits on.
+    assert not [msg for msg in sim.inbox["runs"] if isinstance(msg, m.KeysFailed)]
+    assert {k: t.state for k, t in sim.state.tasks.items()} == {
+        "run-1": "queued",
+        "run-2": "queued",
+    }
+    assert list(sim.state.shared.datasets) == ["note"]  # the result it named is gone
+    check_invariants(sim.state)
+    sim.add_worker("a", nthreads=1, resources="GPU=1", pid=21)
+    assert sim.place() == [("w2", "run-1")]
+    check_invariants(sim.state)
+
+
 def test_restart_answers_unplaced_scatters_and_abandons_hand_offs() -> None:
     sim = SimulatedCluster()
     sim.add_client("c1")

@@ -16,6 +16,9 @@ from apportion.protocol.messages import Message, RegisterWorker, SubmitTasks, Wo
 class ClientJoined:
     client_id: str
     now: float
+    #: Its work outlives a cluster restart (the job queue's runs are queued again,
+    #: not cancelled, when a Dask client restarts the cluster).
+    durable: bool = False
 
 
 @dataclass(frozen=True, slots=True)

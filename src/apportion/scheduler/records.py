@@ -335,8 +335,10 @@ class WorkerRecord:
 class ClientRecord:
     """A connected client and the keys it holds futures for."""
 
-    __slots__ = ("id", "wanted")
+    __slots__ = ("durable", "id", "wanted")
 
-    def __init__(self, client_id: str) -> None:
+    def __init__(self, client_id: str, durable: bool = False) -> None:
         self.id = client_id
         self.wanted: set[str] = set()
+        #: Its tasks survive a restart (``restart.py``): the job queue's runs.
+        self.durable = durable

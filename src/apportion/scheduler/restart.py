@@ -7,16 +7,23 @@ no task is blamed for it). A worker with a supervisor (``apportion worker
 --nworkers``, a ``LocalCluster``) is told to exit (``RestartWorker``), and its
 supervisor starts a fresh process. One without is disconnected: it forgets its
 whole session - running tasks, results - and registers afresh in the same process.
+
+The work of durable clients (the job queue's runs) is not dropped: a run waiting
+stays queued, and one running is queued again, as when its worker leaves
+gracefully, so the queue records a new attempt instead of a cancellation.
+Published datasets refer to results that no longer exist: they are dropped too.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from heapq import heapify
 from typing import TYPE_CHECKING
 
 from apportion.protocol import messages as m
 from apportion.scheduler.events import Disconnect
-from apportion.scheduler.records import ClientRecord
+from apportion.scheduler.records import PROCESSING, QUEUED, ClientRecord
+from apportion.scheduler.shared_data import DATASET_OWNER
 
 if TYPE_CHECKING:
     from apportion.scheduler.state import SchedulerState
@@ -28,8 +35,11 @@ RESTARTING = "restarting"
 def restart(state: SchedulerState, client: ClientRecord, msg: m.RestartRequest) -> None:
     why = f" ({msg.reason})" if msg.reason else ""
     text = f"the cluster was restarted{why}; submit the work again"
+    kept = _durable_work(state)
     by_client: dict[str, list[str]] = defaultdict(list)
     for key, task in state.tasks.items():
+        if key in kept:
+            continue
         for client_id in task.wanted_by or ():
             by_client[client_id].append(key)
         state.log.append((state.now, key, task.state, "forgotten", text))
@@ -38,13 +48,15 @@ def restart(state: SchedulerState, client: ClientRecord, msg: m.RestartRequest) 
             state.send(client_id, m.KeysPending(keys))
             state.send(client_id, m.KeysFailed(keys, "cancelled", text))
     _cancel_scatters(state, text)
-    _forget_all_tasks(state)
+    _drop_datasets(state)
+    _forget_tasks(state, kept)
     unsupervised = []
     workers = list(state.workers.values())
     for worker in workers:
         if not worker.supervisor:
             unsupervised.append(worker.name)
-        worker.processing.clear()
+        # Kept tasks running there are queued again as the worker is removed.
+        worker.processing.intersection_update(kept)
         worker.has_what.clear()
         worker.nbytes = 0
         worker.leaving = RESTARTING
@@ -75,16 +87,50 @@ def _cancel_scatters(state: SchedulerState, text: str) -> None:
             state.send(client_id, m.ScatterReply(request_id, []))
 
 
-def _forget_all_tasks(state: SchedulerState) -> None:
-    state.tasks.clear()
-    state.ready.clear()
-    state.functions.clear()
+def _durable_work(state: SchedulerState) -> set[str]:
+    """Unfinished tasks only durable clients want, with no inputs (the job queue's runs)."""
+    durable = {c.id for c in state.clients.values() if c.durable}
+    if not durable:
+        return set()
+    return {
+        key
+        for key, task in state.tasks.items()
+        if task.wanted_by
+        and task.wanted_by <= durable
+        and not task.deps
+        and task.state in (QUEUED, PROCESSING)
+    }
+
+
+def _drop_datasets(state: SchedulerState) -> None:
+    """Datasets naming results are gone with them; plain values stay published."""
+    book = state.shared
+    for name, (_, keys) in list(book.datasets.items()):
+        if keys:
+            del book.datasets[name]
+            state.clients.pop(DATASET_OWNER + name, None)
+
+
+def _forget_tasks(state: SchedulerState, kept: set[str]) -> None:
+    """Every task but ``kept`` leaves the table, with everything said about it."""
+    for key in [k for k in state.tasks if k not in kept]:
+        del state.tasks[key]
+    users: dict[str, int] = defaultdict(int)
+    for task in state.tasks.values():
+        users[task.func_id] += 1
     state.function_users.clear()
-    state.verdicts.clear()
-    state.deaths.clear()
-    state.retried.clear()
-    state.fetch_failures.clear()
+    state.function_users.update(users)
+    for func_id in [f for f in state.functions if f not in users]:
+        del state.functions[func_id]
+    for signature, heap in list(state.ready.items()):
+        heap[:] = [entry for entry in heap if entry[2] in kept]
+        heapify(heap)
+        if not heap:
+            del state.ready[signature]
+    for book in (state.verdicts, state.deaths, state.retried, state.fetch_failures):
+        for key in [k for k in book if k not in kept]:
+            del book[key]
     state.done_keys.clear()
     state.free_keys.clear()
     for record in state.clients.values():
-        record.wanted.clear()
+        record.wanted.intersection_update(kept)

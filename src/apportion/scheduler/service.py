@@ -109,7 +109,7 @@ class Scheduler(BackgroundService):
             except BaseException:
                 self._server.close()
                 raise
-            self._handle(ClientJoined(RUNS_CLIENT, time.monotonic()))
+            self._handle(ClientJoined(RUNS_CLIENT, time.monotonic(), durable=True))
             self.queue = RunQueue(self._journal, self, self._queue_options)
             self.queue.start(time.monotonic(), time.time())
             logger.info("serving the run journal %s", self._journal.path)

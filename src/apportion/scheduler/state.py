@@ -472,7 +472,7 @@ class SchedulerState:
     # --- events ---------------------------------------------------------------------
 
     def _on_client_joined(self, event: ClientJoined, _: None) -> None:
-        self.clients[event.client_id] = ClientRecord(event.client_id)
+        self.clients[event.client_id] = ClientRecord(event.client_id, event.durable)
 
     def _on_client_left(self, event: ClientLeft, _: None) -> None:
         client = self.clients.pop(event.client_id, None)

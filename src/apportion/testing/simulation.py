@@ -133,9 +133,10 @@ class SimulatedCluster:
         self.handle(WorkerLeft(worker_id, self.now))
         return lost
 
-    def add_client(self, client_id: str = "c1") -> str:
+    def add_client(self, client_id: str = "c1", *, durable: bool = False) -> str:
+        """A client; ``durable`` as the job queue's, whose work outlives a restart."""
         self.inbox.setdefault(client_id, [])
-        self.handle(ClientJoined(client_id, self.now))
+        self.handle(ClientJoined(client_id, self.now, durable))
         return client_id
 
     def remove_client(self, client_id: str) -> None:
