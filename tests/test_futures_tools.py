@@ -15,7 +15,7 @@ import pytest
 
 from apportion import Client, LocalCluster, as_completed, progress
 from apportion.client.progress import futures_of, group_of, render
-from cluster_checks import checked_client
+from cluster_checks import checked_client, settle
 
 
 @pytest.fixture(scope="module")
@@ -115,8 +115,7 @@ def test_as_completed_timeout_counts_from_creation(client: Client, tmp_path: Any
 
 def test_next_batch_without_blocking(client: Client) -> None:
     seq = as_completed(client.map(inc, range(3)))
-    assert isinstance(seq.next_batch(block=False), list)
-    got: list[Any] = []
+    got: list[Any] = seq.next_batch(block=False)  # whatever is done already, maybe nothing
     while not seq.is_empty():
         got.extend(seq.next_batch())
     assert len(got) == 3
@@ -243,3 +242,33 @@ def test_progress_in_a_notebook_returns_a_widget_that_follows(
         time.sleep(0.01)
     assert bar.value == 4 and bar.bar_style == "success" and "4 / 4" in label.value
     sys.modules.pop("apportion.client.progress_widget", None)
+
+
+def test_leaving_an_executor_block_waits_for_the_futures_it_returned(client: Client) -> None:
+    with client.get_executor(pure=False) as executor:
+        futures = [executor.submit(slow_inc, i, 0.1) for i in range(4)]
+    assert all(f.done() for f in futures)  # set, not only finished on the cluster
+    assert sorted(f.result() for f in futures) == [1, 2, 3, 4]
+
+
+def test_a_cancelled_standard_future_wakes_its_waiters(client: Client, tmp_path: Any) -> None:
+    executor = client.get_executor(pure=False)
+    outer = executor.submit(wait_for, str(tmp_path / "never"))
+    assert outer.cancel()
+    done, _ = cf.wait([outer], timeout=5)  # a cancelled future must count as done
+    assert done == {outer} and list(cf.as_completed([outer], timeout=5)) == [outer]
+    executor.shutdown(wait=True)  # returns: nothing left to wait for
+    (tmp_path / "never").touch()  # the task may have started: let its thread go
+
+
+def test_progress_counts_futures_lost_with_their_client_as_failed(cluster: LocalCluster) -> None:
+    client = Client(cluster)
+    futures = client.map(slow_inc, range(4), delay=0.5)
+    closer = threading.Timer(0.1, client.close)
+    closer.start()
+    out = io.StringIO()
+    progress(futures, notebook=False, file=out)
+    closer.join()
+    assert {f.status for f in futures} == {"lost"}
+    assert "4 failed" in out.getvalue() and "Completed" in out.getvalue()
+    settle(cluster)

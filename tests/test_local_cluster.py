@@ -536,3 +536,11 @@ def test_a_worker_that_cannot_start_is_an_error_with_its_log(
     with pytest.raises(RuntimeError, match=r"(?s)exited again and again.*cannot start here"):
         LocalCluster(n_workers=1)
     assert time.monotonic() - started < 20
+
+
+def test_worker_names_must_be_distinct_and_scale_never_reuses_one() -> None:
+    with pytest.raises(ValueError, match=r"given more than once: \['a'\]"):
+        LocalCluster(processes=False, workers=[{"name": "a"}, {"name": "a"}])
+    with LocalCluster(processes=False, workers=[{"name": "worker-1"}]) as cluster:
+        cluster.scale(3)
+        assert sorted(cluster.workers) == ["worker-1", "worker-2", "worker-3"]

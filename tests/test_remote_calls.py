@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -603,3 +604,10 @@ def test_installs_are_bounded(sim: SimulatedCluster, monkeypatch: Any) -> None:
     assert list(sim.state.remote.kept) == [("upload", "a.py")]
     sim.client_says("c1", m.InstallOnWorkers(4, "script", "c", b"", 1, 1))
     assert "unknown install kind" in answers(sim)[-1].error
+
+
+def test_run_names_workers_by_bare_address_and_host(client: Client) -> None:
+    address = sorted(client.scheduler_info()["workers"])[0]
+    bare = address.removeprefix("tcp://")
+    assert list(client.run(os.getpid, workers=[bare])) == [address]
+    assert len(client.run(os.getpid, workers=["127.0.0.1"])) == 2  # a host: all its workers

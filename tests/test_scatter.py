@@ -6,7 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from apportion import Client, LocalCluster, get_worker
+from apportion import Client, LocalCluster, UnsatisfiableError, get_worker
+from apportion.protocol import messages as m
+from apportion.testing import SimulatedCluster
 from cluster_checks import checked_client
 
 
@@ -53,15 +55,51 @@ def test_direct_overrides_the_client_default(client: Client) -> None:
     assert future.result() == "payload"
 
 
-def test_scatter_to_a_worker_nobody_has_waits_and_times_out(client: Client) -> None:
-    if client.direct_to_workers:  # the client itself picks workers: it cannot wait
+def test_scatter_to_a_worker_nobody_has_fails_on_a_local_cluster(client: Client) -> None:
+    if client.direct_to_workers:  # the client itself picks workers
         with pytest.raises(RuntimeError, match=r"no workers matching \['nobody'\]"):
             client.scatter([1], workers=["nobody"])
-    else:
-        with pytest.raises(TimeoutError):
-            client.scatter([1], workers=["nobody"], timeout=0.3)
+    else:  # a local cluster cannot grow: no such worker will ever come
+        with pytest.raises(UnsatisfiableError, match="no worker matches nobody"):
+            client.scatter([1], workers=["nobody"])
+
+
+def test_a_scatter_given_up_on_is_not_stored_when_its_worker_comes() -> None:
+    sim = SimulatedCluster()  # a cluster that may grow: the request waits
+    sim.add_client("c1")
+    sim.add_worker("a")
+    sim.client_says("c1", m.ScatterRequest(1, {"x": b"1"}, ["b"]))
+    assert not [msg for msg in sim.inbox["c1"] if isinstance(msg, m.ScatterReply)]
+    sim.client_says("c1", m.CancelKeys(["x"]))  # the client timed out
+    sim.add_worker("b")
+    assert not [msg for msg in sim.to_workers.get("w2", []) if isinstance(msg, m.PutData)]
+    assert "x" not in sim.state.tasks
+
+
+def test_a_scatter_waits_for_its_worker_on_a_cluster_that_may_grow() -> None:
+    sim = SimulatedCluster()
+    sim.add_client("c1")
+    sim.add_worker("a")
+    sim.client_says("c1", m.ScatterRequest(1, {"x": b"1"}, ["b"]))
+    b = sim.add_worker("b")
+    (put,) = [msg for msg in sim.to_workers[b] if isinstance(msg, m.PutData)]
+    assert list(put.data) == ["x"]
 
 
 def test_asynchronous_scatter_is_refused_clearly(client: Client) -> None:
     with pytest.raises(NotImplementedError, match="asynchronous"):
         client.scatter([1], asynchronous=True)
+
+
+def test_broadcast_and_replicate_name_workers_as_everywhere_else(client: Client) -> None:
+    addresses = {w["name"]: a for a, w in client.scheduler_info()["workers"].items()}
+    [by_host] = client.scatter([[1, 2]], workers=["127.0.0.1"], broadcast=True)
+    assert holders(client, by_host) == {"a", "b", "c"}  # a host names all its workers
+    bare = addresses["b"].removeprefix("tcp://")
+    [one] = client.scatter([[3]], workers=["a"])
+    client.replicate([one], workers=["a", bare])  # an address without its scheme
+    assert holders(client, one) == {"a", "b"}
+    with pytest.raises(ValueError, match="no connected worker is named, or listens at, 'nobody'"):
+        client.replicate([one], workers=["nobody"])
+    with pytest.raises(ValueError, match="'nobody'"):
+        client.rebalance(workers=["nobody"])

@@ -282,6 +282,33 @@ def test_rebalance_of_chosen_keys_moves_only_those(sim: SimulatedCluster) -> Non
 # --- retry ----------------------------------------------------------------------------
 
 
+def test_retrying_a_task_failed_while_still_running_answers_at_once() -> None:
+    """``b`` ran on B when its input, lost and recomputed, raised: it failed while still
+    running. A retry cannot start it again yet, so the client hears the failure again
+    instead of waiting on a future nothing would settle."""
+    sim = SimulatedCluster()
+    sim.add_client("c1")
+    first = sim.add_worker("A")
+    sim.add_worker("B")
+    specs = [
+        m.TaskSpec("a", "f", b"", [], {}, 0, 0, [], ["A"]),
+        m.TaskSpec("b", "f", b"", ["a"], {}, 0, 0, [], ["B"]),
+    ]
+    sim.client_says("c1", m.SubmitTasks(specs, {"f": b"func"}, ["b"]))
+    sim.place()
+    sim.finish("a")
+    sim.place()
+    sim.remove_worker(first)  # "a" is lost, to be recomputed on the new A
+    sim.add_worker("A")
+    sim.place()
+    sim.raise_("a")
+    assert state_of(sim, "b") == "processing" and sim.state.tasks["b"].cancelled
+    before = len(got(sim, m.TaskErred))
+    sim.client_says("c1", m.RetryKeys(["b"]))
+    assert [msg.key for msg in got(sim, m.TaskErred)[before:]] == ["b"]
+    check_invariants(sim.state)
+
+
 def test_retry_runs_an_erred_task_again(sim: SimulatedCluster) -> None:
     sim.add_worker()
     sim.submit("a")

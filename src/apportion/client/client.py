@@ -700,12 +700,20 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
             _check_size(blob, f"scattered value {name!r}")
         futures = {name: Future(name, self) for name in names}
         wait = self.timeout if timeout is None else timeout
-        if self.direct_to_workers if direct is None else direct:
-            self._session.loop.run(self._scatter_direct(items, allowed), wait)
-        else:
-            self._session.call(lambda rid: m.ScatterRequest(rid, items, allowed), wait)
-        for fut in futures.values():
-            fut._wait(wait)
+        try:
+            if self.direct_to_workers if direct is None else direct:
+                self._session.loop.run(self._scatter_direct(items, allowed), wait)
+            else:
+                self._session.call(lambda rid: m.ScatterRequest(rid, items, allowed), wait)
+            for fut in futures.values():
+                fut._wait(wait)
+        except TimeoutError:
+            self._session.post(m.CancelKeys(list(futures)))  # not stored later for nobody
+            where = f" on a worker matching {allowed}" if allowed else ""
+            raise TimeoutError(f"scattered data was not stored{where} within {wait:g}s") from None
+        failed = next(iter(futures.values())).exception()
+        if failed is not None:
+            raise failed
         if broadcast:
             self.replicate(list(futures.values()), workers=allowed or None)
         if isinstance(data, Mapping):

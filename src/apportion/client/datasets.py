@@ -20,6 +20,7 @@ import msgpack
 from apportion.client.future import ERROR, Future
 from apportion.core import payload
 from apportion.protocol import messages as m
+from apportion.scheduler.records import worker_aliases
 
 if TYPE_CHECKING:
     from apportion.client.future import KeyState
@@ -212,7 +213,7 @@ class SharedData:
         for future in found:
             future._wait(None)
         keys = sorted({f.key for f in found if f.status != ERROR})
-        names = [] if workers is None else _addresses(workers)
+        names = self._named_workers(workers)
         self._session.call(partial(m.ReplicateKeys, keys=keys, n=n or 0, workers=names))
 
     def rebalance(self, futures: Any = None, workers: Any = None) -> None:
@@ -226,10 +227,27 @@ class SharedData:
             for future in found:
                 future._wait(None)
             keys = sorted({f.key for f in found})
-        names = [] if workers is None else _addresses(workers)
+        names = self._named_workers(workers)
         self._session.call(
             partial(m.RebalanceKeys, keys=keys, all_keys=int(futures is None), workers=names)
         )
+
+    def _named_workers(self, workers: Any) -> list[str]:
+        """``workers=`` as names; a name that matches no connected worker is an error
+        here rather than a copy that silently goes nowhere."""
+        if workers is None:
+            return []
+        names = _addresses(workers)
+        connected = self._session.call(lambda rid: m.InfoRequest(rid)).info["workers"]
+        known: set[str] = set()
+        for address, worker in connected.items():
+            known |= worker_aliases(worker["name"], address)
+        unknown = [name for name in names if name not in known]
+        if unknown:
+            raise ValueError(
+                f"no connected worker is named, or listens at, {', '.join(map(repr, unknown))}"
+            )
+        return names
 
 
 class Datasets(MutableMapping[str, Any]):

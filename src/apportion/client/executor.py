@@ -39,7 +39,9 @@ class ClientExecutor(cf.Executor):
             )
         self._client = client
         self._keywords = task_keywords
+        #: Tasks of ``map``, and the standard futures ``submit`` returned.
         self._futures: weakref.WeakSet[Future] = weakref.WeakSet()
+        self._returned: weakref.WeakSet[cf.Future[Any]] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._shutdown = False
 
@@ -49,8 +51,9 @@ class ClientExecutor(cf.Executor):
             if self._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")
             future = self._client.submit(fn, *args, **self._keywords, **kwargs)
-            self._futures.add(future)
-        return _wrap(future)
+            outer = _wrap(future)
+            self._returned.add(outer)
+        return outer
 
     def map(
         self,
@@ -92,11 +95,16 @@ class ClientExecutor(cf.Executor):
         with self._lock:
             self._shutdown = True
             futures = list(self._futures)
+            returned = list(self._returned)
         if cancel_futures or not wait:
             self._client.cancel([f for f in futures if not f.done()])
+            for outer in returned:
+                outer.cancel()  # cancels its task too
             return
         for future in futures:
             future._state.event.wait()
+        # The standard futures themselves: each is set after its result is fetched.
+        cf.wait(returned)
 
 
 def _wrap(future: Future) -> cf.Future[Any]:
@@ -104,15 +112,18 @@ def _wrap(future: Future) -> cf.Future[Any]:
     outer: cf.Future[Any] = cf.Future()
 
     def cancel_task(done: cf.Future[Any]) -> None:
-        if done.cancelled() and not future.done():
-            future.cancel()
+        if done.cancelled():
+            # Waiters (``concurrent.futures.wait``, ``as_completed``) count a cancelled
+            # future only once it is notified, which the standard executors do.
+            done.set_running_or_notify_cancel()
+            if not future.done():
+                future.cancel()
 
     def follow(settled: Future) -> None:
         if outer.done():
             return  # cancelled from outside
         if settled.status == CANCELLED:
-            if outer.cancel():
-                outer.set_running_or_notify_cancel()  # wakes wait() and as_completed()
+            outer.cancel()  # ``cancel_task`` notifies its waiters
             return
         with contextlib.suppress(cf.InvalidStateError):  # cancelled meanwhile
             if settled.status == FINISHED:

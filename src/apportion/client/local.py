@@ -195,6 +195,11 @@ class LocalCluster:
         self.memory_limit = memory_limit_bytes(memory_limit, max(1, len(workers)))
         self.dashboard_address = dashboard_address
         self.specs = [self._spec(i, w) for i, w in enumerate(workers)]
+        names = [spec["name"] for spec in self.specs]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            # Two live workers never share a name (the scheduler refuses the second).
+            raise ValueError(f"worker names must be distinct; given more than once: {twice}")
         #: The shape ``scale`` gives new workers: the last one described.
         self._template = (
             dict(self.specs[-1])
@@ -371,8 +376,7 @@ class LocalCluster:
             current = list(self.workers)
             if n > len(current):
                 new = [
-                    {**self._template, "name": f"worker-{next(self._names)}"}
-                    for _ in range(n - len(current))
+                    {**self._template, "name": self._new_name()} for _ in range(n - len(current))
                 ]
                 self.specs += new
                 if self._pool is not None:
@@ -383,6 +387,13 @@ class LocalCluster:
             elif n < len(current):
                 self._retire(current[n:][::-1], timeout)
             self._wait(lambda: self._connected() == n, timeout, f"not {n} workers")
+
+    def _new_name(self) -> str:
+        """``worker-N`` for the next N no worker of this cluster was ever named."""
+        taken = {spec["name"] for spec in self.specs}
+        while (name := f"worker-{next(self._names)}") in taken:
+            pass
+        return name
 
     def _connected(self) -> int:
         return len(self.scheduler.state.workers)

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from functools import partial
 from typing import IO, Any
 
-from apportion.client.future import CANCELLED, ERROR, FINISHED, Future
+from apportion.client.future import FINISHED, Future
 from apportion.client.waiting import futures_of
 
 #: Seconds between redraws.
@@ -73,10 +73,8 @@ class Tally:
         with self._lock:
             if future.status == FINISHED:
                 self.done[group] += 1
-            elif future.status in (ERROR, CANCELLED):
+            else:  # raised, cancelled, or lost with its scheduler: no result either way
                 self.failed[group] += 1
-            else:
-                self.done[group] += 1  # lost: settled all the same
             self._left -= 1
             if self._left <= 0:
                 self._all_done.set()

@@ -204,6 +204,8 @@ def release_keys(state: SchedulerState, client: ClientRecord, msg: m.ReleaseKeys
 
 
 def cancel_keys(state: SchedulerState, client: ClientRecord, msg: m.CancelKeys) -> None:
+    if state.relays.parked:
+        state.relays.drop_parked(client.id, msg.keys)
     for key in msg.keys:
         task = state.tasks.get(key)
         if task is None or task.state not in (WAITING, QUEUED, PROCESSING):

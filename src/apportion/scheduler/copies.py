@@ -134,12 +134,13 @@ def _largest_below(
 
 
 def chosen_workers(state: SchedulerState, names: list[str]) -> list[WorkerRecord]:
-    """The staying workers named by address or name (all staying ones if none named)."""
+    """The staying workers named by name, address (with or without scheme) or host, as
+    ``workers=`` names them everywhere (all staying ones if none named)."""
     staying = [w for w in state.workers.values() if w.leaving is None]
     if not names:
         return staying
     wanted = set(names)
-    return [w for w in staying if w.address in wanted or w.name in wanted]
+    return [w for w in staying if w.aliases & wanted]
 
 
 def start(

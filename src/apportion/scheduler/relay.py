@@ -63,6 +63,14 @@ class RelayBook:
         self.next_id += 1
         return self.next_id
 
+    def drop_parked(self, client_id: str, keys: list[str]) -> None:
+        """The client gave up on these keys (a scatter that timed out): a parked request
+        carrying them must not store them for nobody once a worker joins."""
+        gone = set(keys)
+        self.parked = [
+            (c, req) for c, req in self.parked if c != client_id or not gone & req.data.keys()
+        ]
+
     def drop_client(self, state: SchedulerState, client_id: str) -> None:
         for book in (self.gathers, self.scatters):
             for rid in [rid for rid, r in book.items() if r.client_id == client_id]:
@@ -143,6 +151,13 @@ def _maybe_finish_gather(state: SchedulerState, rid: int) -> None:
 def scatter(state: SchedulerState, client: ClientRecord, msg: m.ScatterRequest) -> None:
     allowed = set(msg.workers)
     chosen = [w for w in state.workers.values() if not allowed or w.aliases & allowed]
+    if not chosen and allowed and state.workers and state.config.fail_unsatisfiable:
+        # A cluster that cannot grow will never have such a worker: say so now.
+        names = ", ".join(sorted(allowed))
+        text = f"no worker matches {names}, and this cluster cannot grow"
+        state.send(client.id, m.KeysFailed(list(msg.data), "unsatisfiable", text))
+        state.send(client.id, m.ScatterReply(msg.request_id, []))
+        return
     if not chosen:
         state.relays.parked.append((client.id, msg))
         return

@@ -178,16 +178,14 @@ def _targets(state: SchedulerState, wanted: list[str]) -> tuple[dict[str, str], 
     """worker id -> address for the workers ``wanted`` names (all if empty); unknown names."""
     if not wanted:
         return {w.id: w.address for w in state.workers.values()}, []
-    by_name = {w.name: w for w in state.workers.values()}
-    by_address = {w.address: w for w in state.workers.values()}
     targets: dict[str, str] = {}
     unknown: list[str] = []
     for name in wanted:
-        worker = by_address.get(name) or by_name.get(name)
-        if worker is None:
+        # By name, address (with or without scheme) or host, as ``workers=`` elsewhere.
+        named = [w for w in state.workers.values() if name in w.aliases]
+        if not named:
             unknown.append(name)
-        else:
-            targets[worker.id] = worker.address
+        targets.update((w.id, w.address) for w in named)
     return targets, unknown
 
 

@@ -152,6 +152,11 @@ def retry(state: SchedulerState, client: ClientRecord, msg: m.RetryKeys) -> None
                 _run_again(state, failed, client.id)
         elif task.state == MEMORY:
             state.done_keys[client.id].append(key)
+        elif task.error is not None:
+            # Failed while still running (its input failed): it cannot run again until
+            # its worker gives it back, so the client hears the failure again rather
+            # than waiting on a future nothing will settle.
+            state.send(client.id, error_message(key, task.error, 1))
 
 
 def _failed_chain(state: SchedulerState, task: TaskRecord) -> list[TaskRecord]:
