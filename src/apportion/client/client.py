@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from apportion.client import dask_default
 from apportion.client.cluster_options import DASK_CLIENT_OPTIONS, sort_options, warn_ignored
 from apportion.client.datasets import SharedData
+from apportion.client.durations import Duration, seconds
 from apportion.client.errors import SchedulerGoneError, SerializationError
 from apportion.client.future import (
     CANCELLED,
@@ -76,7 +77,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         self,
         address: str | LocalCluster | None = None,
         *,
-        timeout: float = 30.0,
+        timeout: Duration = 30.0,
         direct_to_workers: bool = False,
         name: str | None = None,
         set_as_default: bool = True,
@@ -85,6 +86,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
     ) -> None:
         from apportion.client.local import LocalCluster
 
+        limit = 30.0 if timeout is None else seconds(timeout, "Client timeout") or 0.0
         self._own_cluster: LocalCluster | None = None
         self.cluster: LocalCluster | None = None
         if asynchronous:
@@ -102,7 +104,8 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
                 address = address.scheduler_address
         self.scheduler_address = address
         self.direct_to_workers = direct_to_workers
-        self.timeout = timeout
+        #: Seconds to connect, and to wait for a scatter; Dask's texts (``"60s"``) too.
+        self.timeout: float = limit
         self.name = name or f"client-{uuid.uuid4().hex[:8]}"
         # Impure keys: one random prefix per client plus a counter is as unique as a
         # uuid4 per task, at a fraction of the cost on the submit path.
@@ -119,7 +122,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         self._closed = False
         try:
             self._session = Session(
-                address, self.name, timeout, self._on_message, self._scheduler_gone
+                address, self.name, self.timeout, self._on_message, self._scheduler_gone
             )
         except BaseException:
             if self._own_cluster is not None:
@@ -660,7 +663,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         broadcast: bool = False,
         direct: bool | None = None,
         hash: bool = True,
-        timeout: float | None = None,
+        timeout: Duration | None = None,
         asynchronous: bool | None = None,
     ) -> Any:
         """Put local data on workers; returns futures in the shape given (list, dict, one).
@@ -699,7 +702,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         for name, blob in items.items():
             _check_size(blob, f"scattered value {name!r}")
         futures = {name: Future(name, self) for name in names}
-        wait = self.timeout if timeout is None else timeout
+        wait = self.timeout if timeout is None else seconds(timeout) or 0.0
         try:
             if self.direct_to_workers if direct is None else direct:
                 self._session.loop.run(self._scatter_direct(items, allowed), wait)
@@ -792,10 +795,11 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         info: dict[str, Any] = reply.info
         return info
 
-    def wait_for_workers(self, n_workers: int = 1, timeout: float | None = None) -> None:
+    def wait_for_workers(self, n_workers: int = 1, timeout: Duration | None = None) -> None:
         """Block until at least ``n_workers`` workers are connected."""
         import time
 
+        timeout = seconds(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while len(self.scheduler_info()["workers"]) < n_workers:
             if deadline is not None and time.monotonic() > deadline:

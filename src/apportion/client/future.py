@@ -16,6 +16,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from apportion.client.durations import Duration, seconds
 from apportion.client.errors import failure
 from apportion.core import payload
 
@@ -193,7 +194,7 @@ class Future:
     def cancelled(self) -> bool:
         return self._state.status == CANCELLED
 
-    def result(self, timeout: float | None = None) -> Any:
+    def result(self, timeout: Duration | None = None) -> Any:
         """The task's return value; re-raises its exception with the worker's traceback."""
         self._wait(timeout)
         exc = self._state.exception_object()
@@ -204,12 +205,12 @@ class Future:
                 del exc  # else this frame and the exception's traceback hold each other
         return self._client._gather_keys([self.key])[self.key]
 
-    def exception(self, timeout: float | None = None) -> BaseException | None:
+    def exception(self, timeout: Duration | None = None) -> BaseException | None:
         """The exception the task raised, or None if it succeeded."""
         self._wait(timeout)
         return self._state.exception_object()
 
-    def traceback(self, timeout: float | None = None) -> Any:
+    def traceback(self, timeout: Duration | None = None) -> Any:
         exc = self.exception(timeout)
         return exc.__traceback__ if exc is not None else None
 
@@ -227,8 +228,8 @@ class Future:
         if not self._state.add_callback(lambda: runner.submit(fn, self)):
             fn(self)
 
-    def _wait(self, timeout: float | None) -> None:
-        if not self._state.event.wait(timeout):
+    def _wait(self, timeout: Duration | None) -> None:
+        if not self._state.event.wait(seconds(timeout)):
             raise TimeoutError(f"{self.key!r} not done after {timeout}s")
 
     def __repr__(self) -> str:

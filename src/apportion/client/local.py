@@ -39,6 +39,7 @@ from apportion.client.cluster_options import (
     sort_options,
     warn_ignored,
 )
+from apportion.client.durations import Duration, seconds
 from apportion.client.local_processes import LOG_LINES, WorkerProcesses
 from apportion.core.resources import ResourceSpec, format_resources, parse_supply
 from apportion.loop_thread import LoopThread
@@ -174,7 +175,7 @@ class LocalCluster:
         name: str | None = None,
         workers: Sequence[Mapping[str, Any]] | None = None,
         *,
-        timeout: float = 60.0,
+        timeout: Duration = 60.0,
         asynchronous: bool = False,
         **kwargs: Any,
     ) -> None:
@@ -324,7 +325,7 @@ class LocalCluster:
             out.update((name, log.text()) for name, log in self._pool.logs.items())
         return out
 
-    def wait_for_workers(self, n_workers: int = 1, timeout: float | None = None) -> None:
+    def wait_for_workers(self, n_workers: int = 1, timeout: Duration | None = None) -> None:
         """Block until at least ``n_workers`` workers are connected to the scheduler."""
         self._wait(
             lambda: len(self.scheduler.state.workers) >= n_workers,
@@ -348,7 +349,8 @@ class LocalCluster:
 
         return check
 
-    def _wait(self, done: Callable[[], bool], timeout: float | None, what: str) -> None:
+    def _wait(self, done: Callable[[], bool], timeout: Duration | None, what: str) -> None:
+        timeout = seconds(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while not done():
             if self._closed:

@@ -8,6 +8,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
+from apportion.client.durations import Duration, seconds
 from apportion.client.future import ERROR, Future
 
 FIRST_COMPLETED = "FIRST_COMPLETED"
@@ -46,7 +47,7 @@ class DoneAndNotDone(NamedTuple):
 
 def wait(
     fs: Any,
-    timeout: float | None = None,
+    timeout: Duration | None = None,
     return_when: str = ALL_COMPLETED,
 ) -> DoneAndNotDone:
     """Block until all (or the first of) ``fs`` are done; raises ``TimeoutError``.
@@ -57,6 +58,7 @@ def wait(
     futures = futures_of(fs)
     if return_when not in (ALL_COMPLETED, FIRST_COMPLETED):
         raise ValueError(f"return_when must be {ALL_COMPLETED} or {FIRST_COMPLETED}")
+    timeout = seconds(timeout)
     deadline = None if timeout is None else time.monotonic() + timeout
     if return_when == ALL_COMPLETED:
         for fut in futures:
@@ -93,7 +95,7 @@ class as_completed(Iterator[Any]):
         with_results: bool = False,
         raise_errors: bool = True,
         *,
-        timeout: float | None = None,
+        timeout: Duration | None = None,
     ) -> None:
         #: Futures added and not finished yet, with how often each was added.
         self._waiting: dict[Future, int] = {}
@@ -102,7 +104,8 @@ class as_completed(Iterator[Any]):
         self._condition = threading.Condition()
         self.with_results = with_results
         self.raise_errors = raise_errors
-        self._deadline = None if timeout is None else time.monotonic() + timeout
+        limit = seconds(timeout)
+        self._deadline = None if limit is None else time.monotonic() + limit
         if futures:
             self.update(futures)
 
