@@ -16,6 +16,7 @@ import builtins
 import concurrent.futures
 
 from apportion.client.client import Client, default_client
+from apportion.client.cluster_options import IgnoredOptionWarning
 from apportion.client.errors import (
     FutureCancelledError,
     LostDataError,
@@ -63,6 +64,7 @@ __all__ = [
     "Client",
     "Future",
     "FutureCancelledError",
+    "IgnoredOptionWarning",
     "KilledWorker",
     "LocalCluster",
     "LostDataError",
