@@ -37,22 +37,26 @@ class ClusterLifecycle:
 
         As in Dask, every future of every client is told: pending and finished
         ones become cancelled (``FutureCancelledError``, "the cluster was
-        restarted"); submit again to recompute. The workers of a ``LocalCluster``
-        (processes) are replaced by fresh processes; any other worker (an
-        ``apportion worker``, supervised or not) forgets its tasks and data and
+        restarted"); submit again to recompute. A worker with a supervisor (those of
+        a ``LocalCluster`` with processes, ``apportion worker --nworkers``) is
+        replaced by a fresh process; any other forgets its tasks and data and
         registers again, but keeps its process. With ``wait_for_workers`` the call
-        returns once as many workers as before are connected (``TimeoutError``
-        after ``timeout``, by default four times the client's).
+        returns once as many workers as before are connected, a local cluster's
+        from fresh processes (``TimeoutError`` after ``timeout``, by default four
+        times the client's).
         """
         limit = self.timeout * 4 if timeout is None else timeout
         before = len(self.scheduler_info()["workers"])
         local = self.cluster if self.cluster is not None and not self.cluster._closed else None
+        old: set[int] = set()
         if local is not None:
+            old = local.worker_pids()
             local.quiet_workers()
+        # The scheduler has each supervised worker leave for a fresh process.
         reply = self._session.call(lambda rid: m.RestartRequest(rid, "Client.restart"), limit)
-        if local is not None:
-            local.restart_workers(limit, wait=wait_for_workers)
         if wait_for_workers:
+            if local is not None and old:
+                local.wait_replaced(old, limit)
             self.wait_for_workers(max(before, reply.workers), limit)
 
     def shutdown(self) -> None:

@@ -216,11 +216,20 @@ class LocalCluster:
         self.scheduler = Scheduler(
             host or "127.0.0.1", scheduler_port, config=SchedulerConfig(fail_unsatisfiable=True)
         )
-        self._pool: WorkerProcesses | None = None
+        self._pool = (
+            WorkerProcesses(
+                self._report_death,
+                memory_limit=self.memory_limit,
+                log_level=self._log_level,
+                show_from=self._show_from,
+            )
+            if processes
+            else None
+        )
         self._workers: list[Any] = []
         self._lock = threading.Lock()
         self._closed = False
-        self._finalizer = weakref.finalize(self, _finalize, self._loop, None)
+        self._finalizer = weakref.finalize(self, _finalize, self._loop, self._pool)
         # At exit ``_close_at_exit`` closes the cluster properly; run first (atexit
         # order), this would stop the loop that closing needs.
         self._finalizer.atexit = False
@@ -228,16 +237,7 @@ class LocalCluster:
         try:
             self._loop.run(self.scheduler.start())
             self.scheduler_address = self.scheduler.address
-            if processes:
-                self._pool = WorkerProcesses(
-                    self._report_death,
-                    memory_limit=self.memory_limit,
-                    log_level=self._log_level,
-                    show_from=self._show_from,
-                )
-                self._finalizer.detach()
-                self._finalizer = weakref.finalize(self, _finalize, self._loop, self._pool)
-                self._finalizer.atexit = False
+            if self._pool is not None:
                 for spec in self.specs:
                     self._pool.add(self._command(spec), spec["name"])
             else:
@@ -428,16 +428,23 @@ class LocalCluster:
             if wait:
                 self.wait_for_workers(len(self._workers), timeout)
             return
-        old = {proc.pid for proc in self._pool.processes}
+        old = self.worker_pids()
         self._pool.mute()
         self._pool.replace_all()
-        if not wait:
-            return
-        expected = len(self._pool.names)
+        if wait:
+            self.wait_replaced(old, timeout)
+
+    def worker_pids(self) -> set[int]:
+        """The pids of the worker processes running now (none in-process)."""
+        return {proc.pid for proc in self._procs}
+
+    def wait_replaced(self, old: set[int], timeout: Duration | None) -> None:
+        """Return once every worker kept alive is connected from a process not in ``old``."""
+        expected = len(self.workers)
 
         def fresh() -> bool:
-            pids = [w.pid for w in list(self.scheduler.state.workers.values())]
-            return len(pids) >= expected and not old & set(pids)
+            pids = {w.pid for w in list(self.scheduler.state.workers.values())}
+            return len(pids) >= expected and not old & pids
 
         self._wait(fresh, timeout, "the workers did not come back")
 
