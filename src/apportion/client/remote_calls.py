@@ -20,8 +20,6 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType, SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-import cloudpickle
-
 from apportion.client.future import rebuild_exception
 from apportion.core import payload
 from apportion.protocol import messages as m
@@ -113,7 +111,8 @@ class RemoteCalls:
         names = [workers] if isinstance(workers, str) else list(workers or ())
         if workers is not None and not names:
             return {} if wait else None  # asked for no worker at all
-        call = _pickled((function, args, kwargs))
+        # By value, as task functions travel: a script's own functions run on workers.
+        call = payload.dumps_function((function, args, kwargs))
         if not wait:
             self._session.post(m.RunOnWorkers(m.NO_REPLY, call, names))
             return None
@@ -185,8 +184,10 @@ class RemoteCalls:
                 "plugin %s has a transition() hook; apportion's workers do not call it",
                 type(plugin).__name__,
             )
-        name = name or getattr(plugin, "name", None) or _default_name(plugin)
-        blob = _pickled(plugin)
+        blob = payload.dumps_function(plugin)
+        # Dask names an unnamed plugin by its class and a token of its pickle.
+        name = name or getattr(plugin, "name", None)
+        name = name or f"{type(plugin).__name__}-{payload.function_id(blob)[:12]}"
         return self._install("plugin", name, blob, replace=not idempotent)
 
     def register_worker_plugin(
@@ -259,11 +260,6 @@ class RemoteCalls:
 # --- helpers ---------------------------------------------------------------------------
 
 
-def _pickled(obj: Any) -> bytes:
-    """cloudpickle, as task functions are sent: functions of a script travel by value."""
-    return bytes(cloudpickle.dumps(obj, protocol=5))
-
-
 def _answers(reply: m.WorkersAnswered, on_error: str) -> dict[str, Any]:
     """The workers' answers as values, exceptions raised, returned or left out."""
     if reply.error:
@@ -330,9 +326,3 @@ def _has_own_transition(plugin: Any) -> bool:
     dask_plugins = sys.modules.get("distributed.diagnostics.plugin")
     base = getattr(getattr(dask_plugins, "WorkerPlugin", None), "transition", None)
     return hook is not base
-
-
-def _default_name(plugin: Any) -> str:
-    """Dask names an unnamed plugin by its class and a token of its pickle."""
-    blob = _pickled(plugin)
-    return f"{type(plugin).__name__}-{payload.function_id(blob)[:12]}"

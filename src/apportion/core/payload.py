@@ -129,8 +129,9 @@ class _WithKwargs:
         return _WithKwargs, (self.args, self.kwargs)
 
 
-def dumps_function(func: Callable[..., Any]) -> bytes:
-    """Pickle a task's function; cloudpickle, so script-defined functions go by value."""
+def dumps_function(func: object) -> bytes:
+    """Pickle a task's function (or a call, a plugin: code sent to run elsewhere);
+    cloudpickle, so script-defined functions go by value."""
     return bytes(cloudpickle.dumps(func, protocol=5))
 
 
