@@ -50,14 +50,17 @@ class RemoteBook:
     calls: dict[int, _Call] = field(default_factory=dict)
     #: (kind, name) -> the ``Install`` replayed to joining workers, oldest first.
     kept: dict[tuple[str, str], m.Install] = field(default_factory=dict)
-    #: Total size of the kept blobs; never above ``MAX_KEPT_BYTES``.
-    kept_bytes: int = 0
     #: This scheduler's Python and package versions (set by the service).
     versions: dict[str, Any] = field(default_factory=dict)
     #: Recent log records, newest last, at most ``n`` (``n <= 0``: all); set by the
     #: service, which owns the logging handler behind it.
     logs: Callable[[int], list[list[str]]] | None = None
     next_id: int = 0
+
+    @property
+    def kept_bytes(self) -> int:
+        """Total size of the kept blobs; never above ``MAX_KEPT_BYTES``."""
+        return sum(len(install.blob) for install in self.kept.values())
 
     def new_id(self) -> int:
         self.next_id += 1
@@ -109,10 +112,8 @@ def install(state: SchedulerState, client: ClientRecord, msg: m.InstallOnWorkers
     if error:
         _refuse(state, client, msg.request_id, error)
         return
-    old = book.kept.pop(key, None)  # popped, so a replaced install moves to the end
-    book.kept_bytes -= len(old.blob) if old else 0
+    book.kept.pop(key, None)  # popped, so a replaced install moves to the end
     book.kept[key] = m.Install(m.NO_REPLY, msg.kind, msg.name, msg.blob, msg.load)
-    book.kept_bytes += len(msg.blob)
     every = {w.id: w.address for w in state.workers.values()}
     _start(
         state,
@@ -125,11 +126,9 @@ def install(state: SchedulerState, client: ClientRecord, msg: m.InstallOnWorkers
 
 def uninstall(state: SchedulerState, client: ClientRecord, msg: m.UninstallFromWorkers) -> None:
     """Forget a plugin and have every worker tear it down."""
-    old = state.remote.kept.pop(("plugin", msg.name), None)
-    if old is None:
+    if state.remote.kept.pop(("plugin", msg.name), None) is None:
         _refuse(state, client, msg.request_id, f"no worker plugin named {msg.name!r}")
         return
-    state.remote.kept_bytes -= len(old.blob)
     every = {w.id: w.address for w in state.workers.values()}
     _start(state, client.id, msg.request_id, every, lambda rid: m.Uninstall(rid, msg.name))
 
@@ -235,11 +234,10 @@ def _reply(
 
 def check_book(state: SchedulerState) -> None:
     """Invariants (``check_invariants``): a call waits only for connected workers and
-    for a client still there; the kept size is the sum of what is kept, within bound."""
+    for a client still there; what is kept stays within its bound."""
     for rid, call in state.remote.calls.items():
         assert call.pending, f"call {rid} has nobody to wait for but was not answered"
         gone = set(call.pending) - set(state.workers)
         assert not gone, f"call {rid} waits for workers that left: {sorted(gone)}"
         assert call.client_id in state.clients, f"call {rid} is for a client that left"
-    kept = sum(len(install.blob) for install in state.remote.kept.values())
-    assert state.remote.kept_bytes == kept <= MAX_KEPT_BYTES, "kept install bytes drifted"
+    assert state.remote.kept_bytes <= MAX_KEPT_BYTES, "kept uploads and plugins above bound"
