@@ -25,6 +25,7 @@ from apportion.core import payload
 from apportion.protocol import messages as m
 from apportion.scheduler.remote_calls import MAX_INSTALL_BYTES
 from apportion.versions import mismatches, versions
+from apportion.worker.remote_calls import parameter_names
 
 if TYPE_CHECKING:
     from apportion.client.session import Session
@@ -129,7 +130,7 @@ class RemoteCalls:
         scheduler (adds plugins, edits tasks) cannot work here.
         """
         self._check_open()
-        if "dask_scheduler" in _parameters(function):
+        if "dask_scheduler" in parameter_names(function):
             state = self._session.call(lambda rid: m.DumpRequest(rid)).state
             kwargs = {**kwargs, "dask_scheduler": SchedulerView(state)}
         if inspect.iscoroutinefunction(function):
@@ -293,13 +294,6 @@ def _worker_logs(n: int | None, dask_worker: Any) -> list[tuple[str, str]]:
     """Runs on a worker: its recent log records."""
     records: list[tuple[str, str]] = dask_worker.remote_calls.logs.recent(n)
     return records
-
-
-def _parameters(function: Callable[..., Any]) -> set[str]:
-    try:
-        return set(inspect.signature(function).parameters)
-    except (TypeError, ValueError):
-        return set()
 
 
 def _refuse_scheduler_plugin(plugin: Any) -> None:

@@ -93,7 +93,7 @@ class RemoteCallRunner:
     def _run(self, message: RunCall) -> None:
         try:
             function, args, kwargs = loads(message.call)
-            if "dask_worker" in _parameters(function):
+            if "dask_worker" in parameter_names(function):
                 kwargs = {**kwargs, "dask_worker": self.worker}
         except BaseException as exc:
             self._send_error(message.request_id, exc)
@@ -230,10 +230,16 @@ def import_file(path: str) -> list[Any]:
         logger.warning("nothing to import from %s", os.path.basename(path))
         return []
     importlib.invalidate_caches()
-    return [importlib.reload(importlib.import_module(n)) for n in names]
+    # A module imported before runs again (a changed upload); a new one runs once.
+    return [
+        importlib.reload(sys.modules[n]) if n in sys.modules else importlib.import_module(n)
+        for n in names
+    ]
 
 
-def _parameters(function: Any) -> set[str]:
+def parameter_names(function: Any) -> set[str]:
+    """The names of ``function``'s parameters (none for builtins without a signature):
+    Dask passes ``dask_worker``/``dask_scheduler`` to functions that ask for them."""
     try:
         return set(inspect.signature(function).parameters)
     except (TypeError, ValueError):  # builtins without a signature
