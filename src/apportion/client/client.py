@@ -13,7 +13,7 @@ import itertools
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -975,10 +975,3 @@ def _rebuild(obj: Any, values: dict[str, Any]) -> Any:
 
 def _skipped(obj: Any, values: dict[str, Any]) -> bool:
     return isinstance(obj, Future) and values.get(obj.key) is _SKIPPED
-
-
-def iter_futures(obj: Any) -> Iterator[Future]:
-    """Every future inside ``obj`` (nested lists, tuples, sets, dict values)."""
-    found: list[Future] = []
-    _collect(obj, found)
-    return iter(found)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from apportion.client.future import ERROR, Future
+from apportion.client.waiting import futures_of
 from apportion.core import payload
 from apportion.protocol import messages as m
 from apportion.scheduler.records import worker_aliases
@@ -158,7 +159,7 @@ class SharedData:
         """Worker addresses holding each key: of ``futures``, or of every task known."""
         if futures is None:
             return dict(self._facts().who_has)
-        keys = list(dict.fromkeys(f.key for f in _futures(futures)))
+        keys = list(dict.fromkeys(f.key for f in futures_of(futures)))
         reply = self._session.call(partial(m.WhoHasRequest, keys=keys))
         return {key: list(reply.who_has.get(key, [])) for key in keys}
 
@@ -193,7 +194,7 @@ class SharedData:
         to pending. A failure the scheduler has forgotten fails again, saying so."""
         self._check_open()
         keys = []
-        for future in _futures(futures):
+        for future in futures_of(futures):
             if future.status == ERROR and future.key not in keys:
                 # Before the request: the outcome of the new run must find it pending.
                 future._state.reset()
@@ -209,7 +210,7 @@ class SharedData:
         until done. ``branching_factor`` is accepted for Dask's sake: copies are
         relayed by the scheduler, not passed on from worker to worker."""
         self._check_open()
-        found = _futures(futures)
+        found = futures_of(futures)
         for future in found:
             future._wait(None)
         keys = sorted({f.key for f in found if f.status != ERROR})
@@ -223,7 +224,7 @@ class SharedData:
         self._check_open()
         keys: list[str] = []
         if futures is not None:
-            found = _futures(futures)
+            found = futures_of(futures)
             for future in found:
                 future._wait(None)
             keys = sorted({f.key for f in found})
@@ -305,21 +306,6 @@ def _name(name: object) -> str:
 def _path(keys: Any) -> list[str]:
     items = list(keys) if isinstance(keys, list | tuple) else [keys]
     return [_name(k) for k in items]
-
-
-def _futures(obj: Any) -> list[Future]:
-    """The futures in ``obj``: nested lists and dicts, and persisted Dask collections."""
-    from apportion.client.client import iter_futures
-
-    items = obj if isinstance(obj, list | tuple) else [obj]
-    found = list(iter_futures(obj))
-    for item in items:
-        if hasattr(item, "__dask_graph__") and not isinstance(item, Future):
-            for node in dict(item.__dask_graph__()).values():
-                part = getattr(node, "value", node)  # a persisted part wraps its future
-                if isinstance(part, Future):
-                    found.append(part)
-    return found
 
 
 def _addresses(workers: Any) -> list[str]:
