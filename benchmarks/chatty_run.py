@@ -1,0 +1,119 @@
+"""Task throughput on a scheduler serving a journal, quiet and beside a chatty run.
+
+One run's output must not stall scheduling for everyone. A scheduler serving a
+journal and 2 workers of 2 threads each run as ``apportion`` processes over loopback
+TCP (``queue_throughput._cluster``). One run is submitted first and holds one thread:
+in the *quiet* round it sleeps, printing nothing; in the *chatty* round it prints
+``--megabytes`` (50 MB) to stdout as fast as it can. Each of ``--repeat`` times a
+fresh run is submitted and, as soon as the journal says it started, the throughput
+benchmark's independent workload (10,000 no-op tasks, ``map`` then ``gather``) is
+timed; the median tasks per second of each round is printed. Each repetition also
+prints how much output the run's log held when the workload was done.
+
+Usage: ``python benchmarks/chatty_run.py [--repeat N] [--megabytes M]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from apportion import Client
+from apportion.runs import remote
+from apportion.runs.journal import FINISHED, QUEUED, Journal
+from apportion.runs.spec import RunSpec, new_spec
+from harness import wait_until
+from queue_throughput import _cluster
+from throughput import N_INDEPENDENT, independent, warm_up
+
+N_WORKERS = 2
+N_THREADS = 2
+REPEAT = 3
+MEGABYTES = 50
+
+#: The chatty run: ``MB`` megabytes of text lines, then it ends.
+_CHATTY = (
+    "import sys\n"
+    "line = b'x' * 99 + b'\\n'\n"
+    "out = sys.stdout.buffer\n"
+    "for _ in range({mb} * 10_000):\n"
+    "    out.write(line)\n"
+    "out.flush()\n"
+)
+
+
+def round_tasks_per_second(chatty: bool, repeat: int, megabytes: int) -> list[float]:
+    """Tasks/s of the independent workload, each time beside a run just started."""
+    with tempfile.TemporaryDirectory(prefix="apportion-chatty-", ignore_cleanup_errors=True) as tmp:
+        base = Path(tmp)
+        with _cluster(base, N_WORKERS, N_THREADS) as address:
+            journal = Journal(base / "runs.db")
+            client = Client(address)
+            try:
+                warm_up(client)
+                if chatty:
+                    command = [sys.executable, "-c", _CHATTY.format(mb=megabytes)]
+                else:
+                    command = ["sleep", "600"]
+                spec = new_spec(command, cwd=tmp)
+                return [beside_run(client, journal, spec, stop=not chatty) for _ in range(repeat)]
+            finally:
+                client.close()
+                journal.close()
+
+
+def beside_run(client: Client, journal: Journal, spec: RunSpec, *, stop: bool) -> float:
+    """Tasks/s of the workload timed from the start of a fresh run of ``spec``."""
+    _settle(client, 0)
+    [run_id] = remote.submit(client.scheduler_address, [spec])
+    wait_until(lambda: _state(journal, run_id) != QUEUED, "the run did not start", 60.0)
+    start = time.perf_counter()
+    rate = independent(client) / (time.perf_counter() - start)
+    log = journal.log_path(run_id)
+    size = log.stat().st_size if log.exists() else 0
+    print(f"    {rate:>10,.0f} tasks/s, log {size / 1e6:.1f} MB", flush=True)
+    if stop:
+        remote.cancel(client.scheduler_address, [run_id])
+    wait_until(lambda: _state(journal, run_id) in FINISHED, "the run did not end", 120.0)
+    return rate
+
+
+def _state(journal: Journal, run_id: int) -> str:
+    record = journal.get(run_id)
+    assert record is not None, "the run vanished from the journal"
+    return record.state
+
+
+def _settle(client: Client, runs: int) -> None:
+    """Wait until the scheduler holds no task but ``runs`` runs' (between timed runs)."""
+    gc.collect()
+    wait_until(
+        lambda: sum(client.scheduler_info()["tasks"].values()) <= runs,
+        "the scheduler still holds tasks",
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=REPEAT, help="timed runs per round")
+    parser.add_argument("--megabytes", type=int, default=MEGABYTES, help="chatty run output")
+    args = parser.parse_args()
+    print(
+        f"{N_INDEPENDENT:,} no-op tasks on {N_WORKERS} workers x {N_THREADS} threads, "
+        f"scheduler serving a journal (median of {args.repeat})",
+        flush=True,
+    )
+    quiet = statistics.median(round_tasks_per_second(False, args.repeat, args.megabytes))
+    print(f"quiet : {quiet:>10,.0f} tasks/s  (beside a run printing nothing)", flush=True)
+    chatty = statistics.median(round_tasks_per_second(True, args.repeat, args.megabytes))
+    print(f"chatty: {chatty:>10,.0f} tasks/s  (beside a run printing {args.megabytes} MB)")
+    print(f"chatty/quiet: {chatty / quiet:.2f}")
+
+
+if __name__ == "__main__":
+    main()
