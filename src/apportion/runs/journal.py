@@ -15,7 +15,8 @@ and SQLite can only fail it. ``batch()`` groups many changes into one commit (th
 scheduler commits once per turn of its loop); inside a batch each method still
 changes all it was asked to or nothing, by a savepoint.
 
-A run's state moves only along ``TRANSITIONS``; anything else raises, because a run
+A run's state moves only along ``TRANSITIONS`` (``views``, shared with the queue's
+lifecycle); anything else raises, because a run
 completing twice or restarting after cancellation is a bug upstream. Environments
 are stored once per distinct content: the elements of an array, or runs submitted
 from one shell, share one, so a 10,000-element array does not hold 10,000 copies.
@@ -42,43 +43,43 @@ from types import TracebackType
 from typing import Any
 
 from apportion.runs.spec import RunSpec
-
-STAGED = "staged"
-"""Written down, not started: a scheduler serving the journal picks it up."""
-QUEUED = "queued"
-"""Waiting for a worker with the resources free."""
-RUNNING = "running"
-"""Its process was started on a worker."""
-COMPLETED = "completed"
-"""Exited with status 0."""
-FAILED = "failed"
-"""Exited otherwise, was killed, timed out, or can never start."""
-CANCELLED = "cancelled"
-"""Stopped or dropped at a user's request."""
-LOST = "lost"
-"""Its worker vanished while it ran and it is not to be run again."""
-
-#: Every state, in the order a run goes through them (for tables and counts).
-STATES = (STAGED, QUEUED, RUNNING, COMPLETED, FAILED, CANCELLED, LOST)
-
-#: Final states: a run in one never changes state again.
-FINISHED = frozenset({COMPLETED, FAILED, CANCELLED, LOST})
-
-#: Every legal change of state, as (from, to).
-TRANSITIONS = frozenset(
-    {
-        (STAGED, QUEUED),  # mark_queued
-        (STAGED, CANCELLED),  # request_cancel, at once
-        (QUEUED, RUNNING),  # mark_running
-        (QUEUED, FAILED),  # mark_ended: it can never start
-        (QUEUED, CANCELLED),  # mark_ended: cancelled before it started
-        (RUNNING, QUEUED),  # requeue: interrupted (its worker died), to run again
-        (RUNNING, COMPLETED),
-        (RUNNING, FAILED),
-        (RUNNING, CANCELLED),
-        (RUNNING, LOST),
-    }
+from apportion.runs.views import (
+    CANCELLED,
+    COMPLETED,
+    FAILED,
+    FINISHED,
+    LOST,
+    QUEUED,
+    RUNNING,
+    STAGED,
+    STATES,
+    TRANSITIONS,
+    check_move,
 )
+
+# The states are the lifecycle's (``views``); readers of the journal name them from here.
+__all__ = [
+    "CANCELLED",
+    "COMPLETED",
+    "FAILED",
+    "FINISHED",
+    "LOST",
+    "QUEUED",
+    "RUNNING",
+    "SCHEMA_VERSION",
+    "STAGED",
+    "STATES",
+    "TIMED_OUT",
+    "TRANSITIONS",
+    "Journal",
+    "JournalBusy",
+    "JournalError",
+    "RunRecord",
+    "check_invariants",
+    "default_home",
+    "default_journal_path",
+    "describe_exit",
+]
 
 #: How the ``reason`` of a run stopped at its time limit begins (tables show just this).
 TIMED_OUT = "timed out"
@@ -618,9 +619,7 @@ class Journal:
 
     def _move(self, run_id: int, new: str, *, only_from: str | None = None) -> None:
         """Raise unless the run may go from its state to ``new`` (and is in ``only_from``)."""
-        old = self._state(run_id)
-        if (old, new) not in TRANSITIONS or (only_from is not None and old != only_from):
-            raise ValueError(f"run {run_id} is {old}; it cannot become {new}")
+        check_move(run_id, self._state(run_id), new, only_from)
 
     # --- removing runs --------------------------------------------------------------
 

@@ -1,0 +1,352 @@
+"""The job queue's lifecycle, pure: events in, commands out, no journal, no scheduler."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from apportion.runs import run_events as e
+from apportion.runs.lifecycle import RunLifecycle, check_invariants, final_state, never_fits
+from apportion.runs.views import (
+    CANCELLED,
+    COMPLETED,
+    FAILED,
+    FINISHED,
+    LOST,
+    QUEUED,
+    RUNNING,
+    STAGED,
+    RunView,
+    check_move,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def view(run_id: int, state: str = QUEUED, **fields: object) -> RunView:
+    return RunView(run_id, str(run_id), state, **fields)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def life() -> Iterator[RunLifecycle]:
+    machine = RunLifecycle(adopt_grace=30.0)
+    yield machine
+    check_invariants(machine)
+
+
+def of(kind: type[object], commands: list[e.Command]) -> list[object]:
+    return [c for c in commands if isinstance(c, kind)]
+
+
+def ended(run_id: int, reason: str = "completed", detail: str = "exit code 0") -> e.Ended:
+    return e.Ended(run_id, 0 if reason == "completed" else 1, 0, reason, detail, 1.0, 1.0)
+
+
+def test_an_illegal_move_raises() -> None:
+    check_move(1, QUEUED, RUNNING)
+    with pytest.raises(ValueError, match="run 1 is completed; it cannot become running"):
+        check_move(1, COMPLETED, RUNNING)
+    with pytest.raises(ValueError):
+        check_move(1, RUNNING, QUEUED, only_from=STAGED)
+
+
+def test_a_submitted_run_is_scheduled_with_its_retries(life: RunLifecycle) -> None:
+    out = life.handle(e.Submitted((view(1, retries=2),), 0.0, 0.0))
+    assert of(e.Schedule, out) == [e.Schedule(1, 2)]
+    assert life.active == {1}
+
+
+def test_a_run_that_starts_and_completes(life: RunLifecycle) -> None:
+    life.handle(e.Submitted((view(1),), 0.0, 0.0))
+    out = life.handle(e.Started(1, "w1", "gpu=[0]", 42, 1.0, 1.0))
+    assert of(e.NewAttempt, out) == [e.NewAttempt(1, 0)]
+    assert of(e.MarkRunning, out) == [e.MarkRunning(1, "w1", "gpu=[0]", 1.0)]
+    life.handle(ended(1))
+    out = life.handle(e.TaskDone(1, None, 2.0, 2.0))
+    assert out[0] == e.Release(1)
+    assert of(e.MarkEnded, out) == [e.MarkEnded(1, COMPLETED, 0, None, "", 2.0)]
+    assert life.idle() and life.failures == 0
+
+
+def test_a_task_end_maps_to_a_run_state() -> None:
+    assert final_state(None, None) == (COMPLETED, "")
+    assert final_state(("cancelled", ""), None) == (CANCELLED, "cancelled before it started")
+    assert final_state(("lost", "worker w1 lost"), None) == (LOST, "worker w1 lost")
+    assert final_state(("crashed", "SIGKILL"), None) == (LOST, "SIGKILL")
+    timed = ended(1, "timed out", "after 1s")
+    assert final_state(("failed", "RunFailed"), timed) == (FAILED, "timed out: after 1s")
+    assert final_state(("failed", "RunFailed"), ended(1, "failed", "exit 3")) == (FAILED, "exit 3")
+
+
+def test_a_retry_requeues_then_runs_again(life: RunLifecycle) -> None:
+    life.handle(e.Submitted((view(1, retries=1),), 0.0, 0.0))
+    life.handle(e.Started(1, "w1", "", 42, 1.0, 1.0))
+    life.handle(ended(1, "failed", "exit 1"))
+    out = life.handle(e.Started(1, "w2", "", 43, 2.0, 2.0))
+    assert of(e.Requeue, out) == [e.Requeue(1, "attempt 1 ended: exit 1; retrying", 2.0)]
+    assert of(e.NewAttempt, out) == [e.NewAttempt(1, 1)]
+    assert life.runs[1].attempts == 2 and life.runs[1].worker == "w2"
+
+
+def test_a_started_run_is_cancelled_once_its_processes_are_gone(life: RunLifecycle) -> None:
+    life.handle(e.Submitted((view(1),), 0.0, 0.0))
+    life.handle(e.Started(1, "w1", "", 42, 1.0, 1.0))
+    out = life.handle(e.Polled((), (1,), 1.5, 1.5))
+    assert out == [e.CancelTask(1)]
+    assert life.handle(e.Polled((), (1,), 1.6, 1.6)) == []  # asked once
+    out = life.handle(e.TaskDone(1, ("cancelled", ""), 2.0, 2.0))
+    assert out == [e.Release(1)] and life.stopping == {1: ("w1", ("cancelled", ""))}
+    out = life.handle(ended(1, "cancelled", "SIGTERM after cancel"))
+    assert of(e.MarkEnded, out) == [e.MarkEnded(1, CANCELLED, 1, None, "SIGTERM after cancel", 1.0)]
+    assert life.idle() and life.failures == 1
+
+
+def test_a_cancel_after_completion_completes(life: RunLifecycle) -> None:
+    life.handle(e.Submitted((view(1),), 0.0, 0.0))
+    life.handle(e.Started(1, "w1", "", 42, 1.0, 1.0))
+    life.handle(ended(1))
+    out = life.handle(e.TaskDone(1, ("cancelled", ""), 2.0, 2.0))
+    assert of(e.MarkEnded, out)[0].state == COMPLETED  # type: ignore[attr-defined]
+
+
+def test_a_stopping_run_settles_when_its_worker_leaves(life: RunLifecycle) -> None:
+    life.handle(e.Submitted((view(1),), 0.0, 0.0))
+    life.handle(e.Started(1, "w1", "", 42, 1.0, 1.0))
+    life.handle(e.Polled((), (1,), 1.5, 1.5))
+    life.handle(e.TaskDone(1, ("cancelled", "asked"), 2.0, 2.0))
+    out = life.handle(e.WorkerGone("w1", 3.0, 3.0))
+    [mark] = of(e.MarkEnded, out)
+    assert mark == e.MarkEnded(1, CANCELLED, None, None, "cancelled before it started", 3.0)
+
+
+def test_a_worker_leaving_requeues_its_running_runs(life: RunLifecycle) -> None:
+    life.handle(e.Submitted((view(1), view(2)), 0.0, 0.0))
+    life.handle(e.Started(1, "w1", "gpu=[1]", 42, 1.0, 1.0))
+    life.handle(e.Started(2, "w2", "", 43, 1.0, 1.0))
+    out = life.handle(e.WorkerGone("w1", 2.0, 2.0))
+    assert of(e.Requeue, out) == [e.Requeue(1, "its worker w1 left", 2.0)]
+    assert life.runs[1].state == QUEUED and life.runs[2].state == RUNNING
+    # It comes back with the command still running: adopted, holding the same GPU.
+    out = life.handle(e.WorkerBack("w1b", "w1", (1,), {1: "queued"}, 3.0, 3.0))
+    assert of(e.Adopt, out) == [e.Adopt("w1b", 1, 0, "gpu=[1]")]
+    assert of(e.MarkRunning, out) == [e.MarkRunning(1, "w1", "gpu=[1]", 3.0)]
+
+
+def test_staged_runs_are_queued_unless_a_fixed_cluster_never_fits_them() -> None:
+    life = RunLifecycle(0.0, fixed_supply={"gpu": 10_000})
+    fits = view(1, STAGED, resources="gpu=1", demand={"gpu": 10_000})
+    too_big = view(2, STAGED, resources="gpu=2", demand={"gpu": 20_000})
+    unknown = view(3, STAGED, resources="foo=1", demand={"foo": 10_000})
+    out = life.handle(e.Polled((fits, too_big, unknown), (), 0.0, 0.0))
+    assert of(e.MarkQueued, out) == [e.MarkQueued((1,), 0.0)]
+    assert of(e.Schedule, out) == [e.Schedule(1, 0)]
+    waiting = {c.run_id: c.text for c in of(e.SetWaiting, out)}  # type: ignore[attr-defined]
+    assert "requires more than the cluster has: gpu=2" in waiting[2]
+    assert "not defined for the cluster: foo" in waiting[3]
+    assert life.ignored == {2, 3}
+    assert of(e.SetWaiting, life.handle(e.Polled((too_big,), (), 1.0, 1.0))) == []  # once
+    check_invariants(life)
+
+
+def test_never_fits_without_a_fixed_cluster_is_empty() -> None:
+    assert never_fits({"gpu": 1}, None) == ""
+
+
+def test_a_run_running_at_a_restart_is_adopted(life: RunLifecycle) -> None:
+    running = view(1, RUNNING, attempts=1, worker="w1", held="gpu=[1]")
+    life.handle(e.Resumed((), (running,), 0.0, 0.0))
+    assert life.awaiting == {1: 30.0}
+    out = life.handle(e.WorkerBack("peer-1", "w1", (1, 9), {}, 1.0, 1.0))
+    assert of(e.Adopt, out) == [e.Adopt("peer-1", 1, 0, "gpu=[1]")]  # no retries left
+    assert of(e.StopStrays, out) == [e.StopStrays("peer-1", (9,))]
+    assert of(e.MarkRunning, out) == []  # the journal already says running
+    assert of(e.Note, out) == [e.Note(1, "adopted: still running on w1", 1.0)]
+
+
+def test_a_run_whose_worker_never_returns(life: RunLifecycle) -> None:
+    retried = view(1, RUNNING, attempts=1, retries=1, worker="w1")
+    spent = view(2, RUNNING, attempts=1, worker="w1")
+    cancelled = view(3, RUNNING, attempts=1, worker="w1", cancel_requested=True)
+    life.handle(e.Resumed((), (retried, spent, cancelled), 0.0, 0.0))
+    assert life.handle(e.Tick(29.0, 29.0)) == []
+    out = life.handle(e.Tick(30.0, 30.0))
+    assert of(e.Schedule, out) == [e.Schedule(1, 0)]
+    states = {c.run_id: c.state for c in of(e.MarkEnded, out)}  # type: ignore[attr-defined]
+    assert states == {2: LOST, 3: CANCELLED}
+    assert life.failures == 1
+
+
+def test_a_copy_running_elsewhere_is_stopped(life: RunLifecycle) -> None:
+    life.handle(e.Submitted((view(1),), 0.0, 0.0))
+    life.handle(e.Started(1, "w2", "", 42, 1.0, 1.0))
+    out = life.handle(e.WorkerBack("peer-1", "w1", (1,), {1: "processing"}, 2.0, 2.0))
+    assert out == [e.StopStrays("peer-1", (1,))]
+
+
+def test_reports_for_runs_not_served_are_ignored(life: RunLifecycle) -> None:
+    assert life.handle(e.Started(5, "w1", "", 1, 0.0, 0.0)) == []
+    assert life.handle(ended(5)) == []
+    assert life.handle(e.TaskDone(5, None, 0.0, 0.0)) == []
+    assert life.handle(e.Polled((), (5,), 0.0, 0.0)) == []
+
+
+# --- no accepted run is ever lost -------------------------------------------------
+
+
+class FakeJournal:
+    """Applies the lifecycle's journal commands along the transition table."""
+
+    def __init__(self) -> None:
+        self.states: dict[int, str] = {}
+        self.attempts: dict[int, int] = {}
+        self.retries: dict[int, int] = {}
+        self.worker: dict[int, str] = {}
+        self.cancel: set[int] = set()
+        self.ended_times: dict[int, int] = {}
+
+    def apply(self, commands: list[e.Command]) -> None:
+        for command in commands:
+            match command:
+                case e.MarkQueued():
+                    for run_id in command.run_ids:
+                        self._move(run_id, QUEUED)
+                case e.MarkRunning():
+                    self._move(command.run_id, RUNNING)
+                    self.attempts[command.run_id] += 1
+                    self.worker[command.run_id] = command.worker
+                case e.Requeue():
+                    self._move(command.run_id, QUEUED)
+                case e.MarkEnded():
+                    self._move(command.run_id, command.state)
+                    self.ended_times[command.run_id] = self.ended_times.get(command.run_id, 0) + 1
+                case _:
+                    pass
+
+    def _move(self, run_id: int, new: str) -> None:
+        check_move(run_id, self.states[run_id], new)
+        self.states[run_id] = new
+
+    def view(self, run_id: int) -> RunView:
+        return RunView(
+            run_id,
+            str(run_id),
+            self.states[run_id],
+            self.attempts[run_id],
+            self.retries[run_id],
+            worker=self.worker.get(run_id, ""),
+            cancel_requested=run_id in self.cancel,
+        )
+
+
+WORKERS = ("w1", "w2")
+FAILURES = st.sampled_from(
+    [None, ("failed", "boom"), ("cancelled", ""), ("lost", "gone"), ("crashed", "SIGKILL")]
+)
+
+
+class NoRunIsLost(RuleBasedStateMachine):
+    """Any order of events, restarts included: every accepted run is either served
+    (queued or running) or ended exactly once in a final state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.journal = FakeJournal()
+        self.life = RunLifecycle(adopt_grace=5.0)
+        self.now = 0.0
+        self.next_id = 1
+
+    def _apply(self, event: e.Event) -> None:
+        self.journal.apply(self.life.handle(event))
+
+    @rule(retries=st.integers(0, 2), staged=st.booleans())
+    def accept(self, retries: int, staged: bool) -> None:
+        run_id, self.next_id = self.next_id, self.next_id + 1
+        self.journal.states[run_id] = STAGED if staged else QUEUED
+        self.journal.attempts[run_id] = 0
+        self.journal.retries[run_id] = retries
+        if staged:
+            self._apply(e.Polled((self.journal.view(run_id),), (), self.now, self.now))
+        else:
+            self._apply(e.Submitted((self.journal.view(run_id),), self.now, self.now))
+
+    def _some(self, data: st.DataObject) -> int | None:
+        ids = sorted(self.life.runs)
+        return data.draw(st.sampled_from(ids)) if ids else None
+
+    @precondition(lambda self: bool(self.life.runs))
+    @rule(data=st.data(), worker=st.sampled_from(WORKERS))
+    def start(self, data: st.DataObject, worker: str) -> None:
+        run_id = self._some(data)
+        assert run_id is not None
+        self._apply(e.Started(run_id, worker, "", 1, self.now, self.now))
+
+    @precondition(lambda self: bool(self.life.runs))
+    @rule(data=st.data(), completed=st.booleans())
+    def end(self, data: st.DataObject, completed: bool) -> None:
+        run_id = self._some(data)
+        assert run_id is not None
+        reason = "completed" if completed else "failed"
+        self._apply(e.Ended(run_id, 0, 0, reason, "", self.now, self.now))
+
+    @precondition(lambda self: bool(self.life.runs))
+    @rule(data=st.data(), failure=FAILURES)
+    def task_done(self, data: st.DataObject, failure: e.Failure) -> None:
+        run_id = self._some(data)
+        assert run_id is not None
+        self._apply(e.TaskDone(run_id, failure, self.now, self.now))
+
+    @precondition(lambda self: bool(self.life.runs))
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        run_id = self._some(data)
+        assert run_id is not None
+        self.journal.cancel.add(run_id)
+        self._apply(e.Polled((), (run_id,), self.now, self.now))
+
+    @rule(worker=st.sampled_from(WORKERS))
+    def worker_gone(self, worker: str) -> None:
+        self._apply(e.WorkerGone(worker, self.now, self.now))
+
+    @rule(worker=st.sampled_from(WORKERS), data=st.data())
+    def worker_back(self, worker: str, data: st.DataObject) -> None:
+        known = sorted(self.journal.states)
+        live = data.draw(st.lists(st.sampled_from(known), unique=True)) if known else []
+        task_states = {
+            run_id: data.draw(st.sampled_from(["queued", "processing"]))
+            for run_id in live
+            if run_id in self.life.active
+        }
+        self._apply(e.WorkerBack(f"peer-{worker}", worker, tuple(live), task_states, 0, 0))
+
+    @rule(seconds=st.floats(0.0, 10.0))
+    def tick(self, seconds: float) -> None:
+        self.now += seconds
+        self._apply(e.Tick(self.now, self.now))
+
+    @rule()
+    def restart(self) -> None:
+        """The scheduler dies and a new one resumes from the journal."""
+        self.life = RunLifecycle(adopt_grace=5.0)
+        states = self.journal.states
+        queued = tuple(self.journal.view(i) for i in sorted(states) if states[i] == QUEUED)
+        running = tuple(self.journal.view(i) for i in sorted(states) if states[i] == RUNNING)
+        self._apply(e.Resumed(queued, running, self.now, self.now))
+
+    @invariant()
+    def every_run_is_served_or_ended_once(self) -> None:
+        check_invariants(self.life)
+        for run_id, state in self.journal.states.items():
+            if state in FINISHED:
+                assert run_id not in self.life.runs, f"run {run_id} {state} but still served"
+                assert self.journal.ended_times[run_id] == 1, f"run {run_id} ended twice"
+            elif state != STAGED:
+                assert run_id in self.life.runs, f"run {run_id} {state} but forgotten"
+                assert self.life.runs[run_id].state == state, f"run {run_id} views differ"
+
+
+NoRunIsLost.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+test_no_run_is_lost = NoRunIsLost.TestCase
