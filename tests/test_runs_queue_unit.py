@@ -1,9 +1,15 @@
-"""The job queue inside the scheduler, without sockets: a journal, a state machine, a fake host."""
+"""The job queue inside the scheduler, without sockets: a journal, a state machine, a fake host.
+
+The queue's journal and log I/O happens on its writer thread: each test runs on an
+event loop of its own and waits for the writer (``settle``) before reading the journal.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,6 +50,8 @@ def host() -> Iterator[FakeHost]:
     fake = FakeHost()
     yield fake
     check_invariants(fake.state)
+    if fake.queue is not None:
+        fake.queue.writer.close()
     for journal in fake.journals:
         journal.close()
 
@@ -57,6 +65,17 @@ def make_queue(host: FakeHost, tmp_path: Path, **options: object) -> tuple[RunQu
     return queue, journal
 
 
+def run(body: Coroutine[Any, Any, None]) -> None:
+    asyncio.run(body)
+
+
+async def settle(queue: RunQueue) -> None:
+    """Wait until the writer has done everything handed over, and its answers are in."""
+    await asyncio.wrap_future(queue.writer.sync())
+    await asyncio.sleep(0.01)  # answers come back to the loop through call_soon_threadsafe
+    await asyncio.wrap_future(queue.writer.sync())
+
+
 def register(
     host: FakeHost, worker_id: str, live_runs: list[int] | None = None
 ) -> m.RegisterWorker:
@@ -68,63 +87,79 @@ def register(
 def test_output_sent_again_after_a_reconnection_is_written_once(
     host: FakeHost, tmp_path: Path
 ) -> None:
-    queue, journal = make_queue(host, tmp_path)
-    (run_id,) = journal.stage([new_spec(["true"])], 0.0, queued=True)
-    queue.start(0.0, 0.0)
-    register(host, "w1")
-    queue.on_worker_message("w1", m.RunStarted(run_id, 42, ""), 1.0)
-    queue.on_worker_message("w1", m.RunOutput(run_id, 0, b"hello "), 1.0)
-    queue.on_worker_message("w1", m.RunOutput(run_id, 0, b"hello world\n"), 1.0)  # resent
-    queue.on_worker_message("w1", m.RunOutput(run_id, 20, b"later\n"), 1.0)  # 8 bytes lost
-    text = journal.log_path(run_id).read_text()
-    assert text == "hello world\n\n[apportion: 8 bytes of output were lost here]\nlater\n"
+    async def body() -> None:
+        queue, journal = make_queue(host, tmp_path)
+        (run_id,) = journal.stage([new_spec(["true"])], 0.0, queued=True)
+        await queue.start(0.0, 0.0)
+        register(host, "w1")
+        queue.on_worker_message("w1", m.RunStarted(run_id, 42, ""), 1.0)
+        queue.on_worker_message("w1", m.RunOutput(run_id, 0, b"hello "), 1.0)
+        queue.on_worker_message("w1", m.RunOutput(run_id, 0, b"hello world\n"), 1.0)  # resent
+        queue.on_worker_message("w1", m.RunOutput(run_id, 20, b"later\n"), 1.0)  # 8 bytes lost
+        await settle(queue)
+        text = journal.log_path(run_id).read_text()
+        assert text == "hello world\n\n[apportion: 8 bytes of output were lost here]\nlater\n"
+
+    run(body())
 
 
 def test_a_run_running_at_a_restart_is_adopted_by_its_returning_worker(
     host: FakeHost, tmp_path: Path
 ) -> None:
-    journal = Journal(tmp_path / "runs.db")
-    (run_id,) = journal.stage([new_spec(["sleep", "9"], resources="gpu=1")], 0.0, queued=True)
-    journal.mark_running(run_id, "w1", "gpu=[1]", 0.0)
-    journal.close()
-    queue, journal = make_queue(host, tmp_path, adopt_grace=30.0)
-    queue.start(0.0, 0.0)
-    assert queue.awaiting == {run_id: 30.0}
-    units = {"gpu": ["0", "1"]}
-    reg = m.RegisterWorker("w1", "sim://w1", 2, {"gpu": 20_000}, 1, 0, units, 0, [run_id])
-    host.handle(WorkerJoined("w1", reg, 1.0))
-    queue.worker_joined("w1", reg, 1.0)
-    task = host.state.tasks[f"run-{run_id}"]
-    assert task.state == "processing" and task.units == {"gpu": ["1"]}  # the same GPU
-    assert not queue.awaiting and journal.get(run_id).state == RUNNING  # type: ignore[union-attr]
-    queue.on_worker_message("w1", m.RunEnded(run_id, 0, 0, "completed", "exit code 0"), 2.0)
-    host.handle(FromWorker("w1", [m.TaskFinished(f"run-{run_id}", 8, 1.0, "dict")], 2.0))
-    assert journal.get(run_id).state == COMPLETED  # type: ignore[union-attr]
+    async def body() -> None:
+        journal = Journal(tmp_path / "runs.db")
+        (run_id,) = journal.stage([new_spec(["sleep", "9"], resources="gpu=1")], 0.0, queued=True)
+        journal.mark_running(run_id, "w1", "gpu=[1]", 0.0)
+        journal.close()
+        queue, journal = make_queue(host, tmp_path, adopt_grace=30.0)
+        await queue.start(0.0, 0.0)
+        assert queue.life.awaiting == {run_id: 30.0}
+        units = {"gpu": ["0", "1"]}
+        reg = m.RegisterWorker("w1", "sim://w1", 2, {"gpu": 20_000}, 1, 0, units, 0, [run_id])
+        host.handle(WorkerJoined("w1", reg, 1.0))
+        queue.worker_joined("w1", reg, 1.0)
+        await settle(queue)
+        task = host.state.tasks[f"run-{run_id}"]
+        assert task.state == "processing" and task.units == {"gpu": ["1"]}  # the same GPU
+        assert not queue.life.awaiting and journal.get(run_id).state == RUNNING  # type: ignore[union-attr]
+        queue.on_worker_message("w1", m.RunEnded(run_id, 0, 0, "completed", "exit code 0"), 2.0)
+        host.handle(FromWorker("w1", [m.TaskFinished(f"run-{run_id}", 8, 1.0, "dict")], 2.0))
+        await settle(queue)
+        assert journal.get(run_id).state == COMPLETED  # type: ignore[union-attr]
+
+    run(body())
 
 
 def test_a_run_whose_worker_never_returns_is_queued_again(host: FakeHost, tmp_path: Path) -> None:
-    journal = Journal(tmp_path / "runs.db")
-    (run_id,) = journal.stage([new_spec(["true"], retries=1)], 0.0, queued=True)
-    journal.mark_running(run_id, "gone", "", 0.0)
-    journal.close()
-    queue, journal = make_queue(host, tmp_path, adopt_grace=5.0)
-    queue.start(0.0, 0.0)
-    queue.tick(6.0, 6.0)
-    record = journal.get(run_id)
-    assert record is not None and record.state == QUEUED
-    assert any("did not come back" in text for _, text in journal.history(run_id))
-    assert f"run-{run_id}" in host.state.tasks
+    async def body() -> None:
+        journal = Journal(tmp_path / "runs.db")
+        (run_id,) = journal.stage([new_spec(["true"], retries=1)], 0.0, queued=True)
+        journal.mark_running(run_id, "gone", "", 0.0)
+        journal.close()
+        queue, journal = make_queue(host, tmp_path, adopt_grace=5.0)
+        await queue.start(0.0, 0.0)
+        queue.tick(6.0, 6.0)
+        await settle(queue)
+        record = journal.get(run_id)
+        assert record is not None and record.state == QUEUED
+        assert any("did not come back" in text for _, text in journal.history(run_id))
+        assert f"run-{run_id}" in host.state.tasks
+
+    run(body())
 
 
 def test_a_returning_worker_is_told_to_stop_runs_nobody_waits_for(
     host: FakeHost, tmp_path: Path
 ) -> None:
-    queue, _ = make_queue(host, tmp_path)
-    queue.start(0.0, 0.0)
-    reg = register(host, "w1", live_runs=[99])
-    assert isinstance(reg, m.RegisterWorker)
-    queue.worker_joined("w1", reg, 0.0)
-    assert ("w1", m.FreeKeys(["run-99"])) in host.sent
+    async def body() -> None:
+        queue, _ = make_queue(host, tmp_path)
+        await queue.start(0.0, 0.0)
+        reg = register(host, "w1", live_runs=[99])
+        assert isinstance(reg, m.RegisterWorker)
+        queue.worker_joined("w1", reg, 0.0)
+        assert ("w1", m.FreeKeys(["run-99"])) in host.sent
+
+    run(body())
 
 
 def test_waiting_text_is_one_line_without_the_state() -> None:

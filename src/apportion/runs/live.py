@@ -278,8 +278,11 @@ def run_environment(run_id: int, spec: RunSpec, resources_env: Mapping[str, str]
     return env
 
 
-def execute_run(run_id: int, spec: dict[str, Any]) -> dict[str, Any]:
-    """The task function of a run: run its command on this worker, raise if it failed."""
+def execute_run(run_id: int, run: RunSpec) -> dict[str, Any]:
+    """The task function of a run: run its command on this worker, raise if it failed.
+
+    ``run`` arrives in its final form, validated once when it was staged or submitted.
+    """
     from apportion.worker.context import (
         get_worker,
         task_cancel_event,
@@ -288,7 +291,6 @@ def execute_run(run_id: int, spec: dict[str, Any]) -> dict[str, Any]:
     )
 
     worker = get_worker()
-    run = RunSpec.from_dict(spec)
     env = run_environment(run_id, run, task_environment(run.env))
     session = worker.sessions
     outcome = worker.live_runs.execute(run_id, run, env, task_held(), task_cancel_event())

@@ -4,47 +4,44 @@
 scheduler process (client id ``RUNS_CLIENT``). Each queued run becomes one task,
 ``run-<id>``, whose function is ``execute_run``: placement, resources, priority,
 backfill, retries, cancellation and worker loss are the scheduler's, unchanged.
-What is particular to runs happens here:
 
-- the journal is the truth: staged runs are picked up from it (also while running,
-  so ``apportion stage`` and ``apportion cancel`` work beside a live scheduler),
-  and every state change is written to it before anyone is told;
-- workers report a run's start, output and end as typed messages; output goes to
-  the run's log under the journal, through the cluster, not a shared filesystem;
-- after a scheduler restart, runs the journal says were running wait
-  ``adopt_grace`` seconds for their worker to come back and are *adopted*, not
-  started again; the others are requeued (within their retries) or marked lost.
-
-The queue owns no socket and no clock: the service calls it with the time.
+What becomes of a run is decided by its pure lifecycle (``lifecycle.RunLifecycle``);
+this service only turns what it hears into the lifecycle's events and carries out
+the commands: tasks into the scheduler, journal writes and run output to the
+writer thread (``writer.JournalWriter``), so that no SQLite commit or log file is
+ever waited for on the scheduler's event loop. Reads of the journal (runs staged
+and cancels asked by other processes, answers to clients) go through the writer
+too and come back to the loop as futures.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from apportion.core.payload import dumps_function, function_id, pack_call
-from apportion.core.resources import describe_amount, describe_resources, parse_demand, parse_supply
+from apportion.core.resources import parse_demand, parse_supply
 from apportion.protocol import messages as m
-from apportion.runs.journal import (
-    CANCELLED,
-    COMPLETED,
-    FAILED,
-    LOST,
-    QUEUED,
-    RUNNING,
-    STAGED,
-    Journal,
-    RunRecord,
-)
+from apportion.runs import run_events as e
+from apportion.runs.journal import QUEUED, RUNNING, STAGED, Journal, RunRecord
+from apportion.runs.lifecycle import RunLifecycle
 from apportion.runs.live import execute_run, run_id_of, run_key
+from apportion.runs.spec import RunSpec
+from apportion.runs.views import RunView
+from apportion.runs.writer import JournalWriter
 from apportion.scheduler.events import AdoptRunning, Event, FromClient
 from apportion.scheduler.explain import explain
 from apportion.scheduler.state import SchedulerState
 
 logger = logging.getLogger("apportion.runs")
+
+T = TypeVar("T")
 
 #: The queue's client id inside the scheduler's state machine.
 RUNS_CLIENT = "runs"
@@ -75,428 +72,382 @@ class QueueOptions:
     #: The supply of a fixed cluster (``--run-once``): staged runs it can never
     #: meet are reported and left staged instead of queued. None: workers may join.
     fixed_supply: dict[str, int] | None = None
-    #: Called with every chunk of run output (``--run-once`` echoes it).
+    #: Called with every chunk of run output (``--run-once`` echoes it), from the
+    #: writer thread.
     echo: Callable[[bytes], None] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class _RunTask:
+    """What a run's task is made of, made once from its spec."""
+
+    #: ``execute_run(id, spec)``'s arguments, pickled: the spec in its final form.
+    args: bytes
+    demand: dict[str, int]
+    priority: int
+
+
 class RunQueue:
-    """Feeds journal runs to the scheduler as tasks and records what becomes of them."""
+    """Feeds journal runs to the scheduler as tasks and records what becomes of them.
+
+    Every method runs on the scheduler's event loop.
+    """
 
     def __init__(self, journal: Journal, host: QueueHost, options: QueueOptions) -> None:
-        self.journal = journal
         self.host = host
         self.options = options
+        self.life = RunLifecycle(options.adopt_grace, options.fixed_supply)
+        self.writer = JournalWriter(journal, options.echo)
         blob = dumps_function(execute_run)
         self._function = (function_id(blob), blob)
-        #: Runs with a live task in the scheduler, by id.
-        self.active: set[int] = set()
-        #: Runs that were running when the scheduler stopped: id -> adoption deadline.
-        self.awaiting: dict[int, float] = {}
-        #: How each active run's latest attempt ended (``RunEnded``), until it settles.
-        self.ended: dict[int, m.RunEnded] = {}
-        #: Log bytes written per run, to place output sent again after a reconnection.
-        self._log_sizes: dict[int, int] = {}
-        #: Log byte where each run's current attempt began (see ``_new_attempt``).
-        self._bases: dict[int, int] = {}
-        #: What each active run's command holds, as its worker last said (units!).
-        self._held: dict[int, str] = {}
-        #: Staged runs a fixed cluster can never run, reported once each.
-        self.ignored: set[int] = set()
-        #: Active runs already asked to stop (the journal keeps asking until they end).
-        self._cancelling: set[int] = set()
-        #: Cancelled runs whose processes are still being stopped: id -> (worker
-        #: name, failure); settled on their ``RunEnded`` or their worker's loss.
-        self._stopping: dict[int, tuple[str, tuple[str, str]]] = {}
-        #: Runs processed in this session that did not complete (``--run-once`` exit).
-        self.failures = 0
+        #: The task of every run the lifecycle serves (and of staged runs it saw).
+        self._tasks: dict[int, _RunTask] = {}
+        #: Lifecycle events not yet handled: one is handled at a time, in order, even
+        #: when carrying out a command makes the scheduler answer at once.
+        self._events: deque[e.Event] = deque()
+        self._handling = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: A look at the journal is under way (at most one at a time).
+        self._polling = False
+        #: The journal has been looked at once since the start.
+        self._looked = False
         self._next_poll = 0.0
         self._next_waiting = 0.0
 
     # --- lifecycle ----------------------------------------------------------------
 
-    def start(self, now: float, wall: float) -> None:
-        """Resume what the journal holds: queued runs queue, running ones await adoption."""
-        queued = self.journal.runs(states={QUEUED})
-        if queued:
-            logger.info("resuming %d queued runs", len(queued))
-        self._submit(queued)
-        for record in self.journal.runs(states={RUNNING}):
-            self.awaiting[record.id] = now + self.options.adopt_grace
-            logger.info(
-                "run %s was running on %s; waiting %gs for it to be adopted",
-                record.label(),
-                record.worker or "?",
-                self.options.adopt_grace,
-            )
+    async def start(self, now: float, wall: float) -> None:
+        """Resume what the journal holds: queued runs queue, running ones await adoption;
+        then take the runs staged meanwhile."""
+        self._loop = asyncio.get_running_loop()
+        queued, running = await asyncio.wrap_future(self.writer.call(_resume))
+        self._feed(e.Resumed(self._views(queued), self._views(running), now, wall))
+        self._polling = True
+        self._polled(await asyncio.wrap_future(self.writer.call(_look)))
+        self._next_poll = now + POLL_SECONDS
         self.tick(now, wall)
+
+    async def close(self) -> None:
+        """Let the writer finish what it was given (off the loop)."""
+        await asyncio.to_thread(self.writer.close)
+
+    @property
+    def failures(self) -> int:
+        """Runs settled in this session that did not complete (``--run-once`` exit)."""
+        return self.life.failures
 
     def idle(self) -> bool:
         """Nothing queued, running, awaiting adoption, or staged that this cluster can run."""
-        if self.active or self.awaiting:
-            return False
-        staged = self.journal.runs(states={STAGED})
-        return all(record.id in self.ignored for record in staged)
+        return self._looked and not self._polling and self.life.idle()
 
     def tick(self, now: float, wall: float) -> None:
-        """Time passes: pick up staged runs and cancels, expire adoptions, explain waits."""
-        if now >= self._next_poll:
+        """Time passes: look for staged runs and cancels, expire adoptions, explain waits."""
+        if now >= self._next_poll and not self._polling:
             self._next_poll = now + POLL_SECONDS
-            self._take_staged(wall)
-            for run_id in self.journal.cancel_requests():
-                self._cancel(run_id)
-        for run_id, deadline in list(self.awaiting.items()):
-            if now >= deadline:
-                del self.awaiting[run_id]
-                self._not_adopted(run_id, wall)
+            self._polling = True
+            self._when_done(self.writer.call(_look), self._polled)
+        self._feed(e.Tick(now, wall))
         if now >= self._next_waiting:
             self._next_waiting = now + WAITING_SECONDS
             self._explain_waiting()
 
-    # --- runs into tasks ------------------------------------------------------------
+    def _polled(self, found: tuple[list[RunRecord], list[int]]) -> None:
+        self._polling = False
+        self._looked = True
+        staged, cancels = found
+        self._feed(e.Polled(self._views(staged), tuple(cancels), time.monotonic(), time.time()))
+        for run_id in self.life.ignored:
+            self._tasks.pop(run_id, None)
 
-    def submit_specs(self, specs: list[dict[str, object]], wall: float) -> list[int]:
-        """``SubmitRuns`` from a client: validate, journal as queued, queue."""
-        from apportion.runs.spec import RunSpec
+    # --- events in, commands out ----------------------------------------------------
 
-        parsed = [RunSpec.from_dict(spec) for spec in specs]
-        ids = self.journal.stage(parsed, wall, queued=True)
-        self._submit(self.journal.runs(ids=ids))
-        return ids
+    def _feed(self, event: e.Event) -> None:
+        self._events.append(event)
+        if self._handling:
+            return  # the loop below takes it, once the current commands are done
+        self._handling = True
+        try:
+            while self._events:
+                event = self._events.popleft()
+                try:
+                    self._carry_out(self.life.handle(event))
+                except Exception:
+                    logger.exception("job queue: %s failed", type(event).__name__)
+        finally:
+            self._handling = False
 
-    def _take_staged(self, wall: float) -> None:
-        staged = [r for r in self.journal.runs(states={STAGED}) if r.id not in self.ignored]
-        runnable = []
-        for record in staged:
-            problem = self._never_fits(record)
-            if problem:
-                self.ignored.add(record.id)
-                logger.warning(
-                    "ignoring staged run %s (%s); it stays staged", record.label(), problem
-                )
-                cluster = describe_resources(self.options.fixed_supply or {}) or "no resources"
-                text = f"the --run-once cluster ({cluster}) cannot run it: {problem}"
-                self.journal.set_waiting(record.id, text)
-            else:
-                runnable.append(record)
-        if runnable:
-            self.journal.mark_queued([r.id for r in runnable], wall)
-            self._submit(runnable)  # queuing changes nothing the tasks are made of
+    def _carry_out(self, commands: list[e.Command]) -> None:
+        journal: list[e.JournalCommand] = []
+        tasks: list[m.TaskSpec] = []
+        for command in commands:
+            match command:
+                case e.Schedule():
+                    tasks.append(self._task_spec(command.run_id, command.retries_left))
+                case e.Say():
+                    level = logging.WARNING if command.level == "warning" else logging.INFO
+                    logger.log(level, "%s", command.text)
+                case e.Adopt() | e.Release() | e.CancelTask() | e.StopStrays():
+                    self._submit(tasks)
+                    tasks = []
+                    self._to_scheduler(command)
+                case e.MarkEnded():
+                    self._tasks.pop(command.run_id, None)
+                    journal.append(command)
+                case _:
+                    journal.append(command)
+        self.writer.write(journal)  # before the scheduler acts on what comes next
+        self._submit(tasks)
 
-    def _never_fits(self, record: RunRecord) -> str:
-        supply = self.options.fixed_supply
-        if supply is None:
-            return ""
-        demand = parse_demand(record.spec.resources or None)
-        undefined = sorted(name for name in demand if name not in supply)
-        if undefined:
-            return "requires resources not defined for the cluster: " + ", ".join(undefined)
-        short = [f"{n}={describe_amount(n, t)}" for n, t in sorted(demand.items()) if t > supply[n]]
-        if short:
-            return "requires more than the cluster has: " + " ".join(short)
-        return ""
+    def _to_scheduler(self, command: e.Adopt | e.Release | e.CancelTask | e.StopStrays) -> None:
+        now = self.host.state.now
+        match command:
+            case e.Adopt():
+                func_id, blob = self._function
+                task = self._task_spec(command.run_id, command.retries_left)
+                units = parse_supply(command.held or None)[1]
+                submit = m.SubmitTasks([task], {func_id: blob}, [task.key])
+                self.host.handle(AdoptRunning(command.worker_id, RUNS_CLIENT, submit, units, now))
+            case e.Release():
+                release = m.ReleaseKeys([run_key(command.run_id)])
+                self.host.handle(FromClient(RUNS_CLIENT, [release], now))
+            case e.CancelTask():
+                cancel = m.CancelKeys([run_key(command.run_id)])
+                self.host.handle(FromClient(RUNS_CLIENT, [cancel], now))
+            case e.StopStrays():
+                keys = [run_key(run_id) for run_id in command.run_ids]
+                self.host.send_to(command.worker_id, m.FreeKeys(keys))
 
-    def _submit(self, records: list[RunRecord]) -> None:
-        if not records:
-            return
-        func_id, blob = self._function
-        tasks = []
+    def _submit(self, tasks: list[m.TaskSpec]) -> None:
+        if tasks:
+            func_id, blob = self._function
+            submit = m.SubmitTasks(tasks, {func_id: blob}, [t.key for t in tasks])
+            self.host.handle(FromClient(RUNS_CLIENT, [submit], self.host.state.now))
+
+    def _task_spec(self, run_id: int, retries_left: int) -> m.TaskSpec:
+        """The task that runs the command: ``execute_run(id, spec)``, with its demand."""
+        task = self._tasks[run_id]
+        key = run_key(run_id)
+        func_id = self._function[0]
+        return m.TaskSpec(key, func_id, task.args, [], task.demand, task.priority, retries_left)
+
+    def _views(self, records: list[RunRecord]) -> tuple[RunView, ...]:
+        """The lifecycle's views of ``records``; their tasks are made here, once."""
+        views = []
         for record in records:
             spec = record.spec
-            task = self._task_spec(record)
-            tasks.append(task)
-            self.active.add(record.id)
-            logger.info(
-                "scheduling run %s (requires %s)", record.label(), spec.resources or "nothing"
-            )
-        submit = m.SubmitTasks(tasks, {func_id: blob}, [t.key for t in tasks])
-        self.host.handle(FromClient(RUNS_CLIENT, [submit], self._now()))
+            task = self._tasks.get(record.id)
+            if task is None:
+                args = pack_call((record.id, spec), {})[0]
+                demand = parse_demand(spec.resources or None)
+                task = self._tasks[record.id] = _RunTask(args, demand, spec.priority)
+            views.append(view_of(record, task.demand))
+        return tuple(views)
 
-    def _task_spec(self, record: RunRecord, *, running: bool = False) -> m.TaskSpec:
-        """The task that runs ``record``'s command: ``execute_run(id, spec)``, its demand.
+    def _when_done(self, future: Future[T], then: Callable[[T], None]) -> None:
+        """Call ``then`` with the future's result on the loop, once the writer has it."""
+        loop = self._loop
+        assert loop is not None, "start() first"
 
-        Its retries are what the run has left: attempts made before (a restart
-        resumes a run, it does not renew its retries) count, the one now running
-        (``running``, an adopted run) excepted.
-        """
-        spec = record.spec
-        args = pack_call((record.id, spec.to_dict()), {})[0]
-        demand = parse_demand(spec.resources or None)
-        func_id = self._function[0]
-        left = max(0, spec.retries - record.attempts + (1 if running else 0))
-        return m.TaskSpec(run_key(record.id), func_id, args, [], demand, spec.priority, left)
+        def done(future: Future[T]) -> None:
+            error = future.exception()
+            if error is not None:
+                logger.error("job queue: the journal failed: %s", error)
+                self._polling = False
+                return
+            then(future.result())
 
-    def _now(self) -> float:
-        return self.host.state.now
+        def hand_over(future: Future[T]) -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(done, future)
+
+        future.add_done_callback(hand_over)
 
     # --- what the state machine tells its client ------------------------------------
 
     def on_message(self, message: m.Message, wall: float) -> None:
         """A message the state machine addressed to the queue's client."""
+        now = time.monotonic()
         match message:
             case m.KeysDone():
                 for key in message.keys:
-                    self._settle(key, wall, None)
+                    self._task_done(key, None, now, wall)
             case m.TaskErred():
-                self._settle(message.key, wall, ("failed", ""))
+                self._task_done(message.key, ("failed", ""), now, wall)
             case m.KeysFailed():
                 for key in message.keys:
-                    self._settle(key, wall, (message.kind, message.message))
+                    self._task_done(key, (message.kind, message.message), now, wall)
             case m.Notice():
                 level = logging.WARNING if message.level == "warning" else logging.INFO
                 logger.log(level, "%s", message.text)
             case _:
                 pass  # KeysPending and the like: a run's task is never an input
 
-    def _settle(self, key: str, wall: float, failure: tuple[str, str] | None) -> None:
+    def _task_done(self, key: str, failure: e.Failure, now: float, wall: float) -> None:
         run_id = run_id_of(key)
-        if run_id is None or run_id not in self.active or run_id in self._stopping:
-            return
-        self.host.handle(FromClient(RUNS_CLIENT, [m.ReleaseKeys([key])], self._now()))
-        record = self.journal.get(run_id)
-        cancelled = failure is not None and failure[0] == "cancelled"
-        ended = self.ended.get(run_id)
-        if cancelled and ended is not None and ended.reason == "completed":
-            failure = None  # the cancel came after the command had completed
-            cancelled = False
-        started = record is not None and record.state == RUNNING
-        if cancelled and started and record is not None and run_id not in self.ended:
-            # The scheduler failed the task at once; the run is cancelled only once
-            # its processes are gone (RunEnded), as its resources are freed.
-            self._stopping[run_id] = (record.worker, failure or ("", ""))
-            return
-        self._finish(run_id, wall, failure)
-
-    def _finish(self, run_id: int, wall: float, failure: tuple[str, str] | None) -> None:
-        self.active.discard(run_id)
-        self._held.pop(run_id, None)
-        self._bases.pop(run_id, None)
-        self._log_sizes.pop(run_id, None)
-        self.journal.log_path(run_id).with_suffix(".base").unlink(missing_ok=True)
-        self._cancelling.discard(run_id)
-        self._stopping.pop(run_id, None)
-        ended = self.ended.pop(run_id, None)
-        code = None if ended is None or ended.exit_code < 0 else ended.exit_code
-        sig = None if ended is None or not ended.signal else ended.signal
-        detail = ended.detail if ended is not None else ""
-        if failure is None:
-            state, reason = COMPLETED, ""
-        elif failure[0] == "cancelled":
-            state, reason = CANCELLED, detail or "cancelled before it started"
-        elif failure[0] in ("crashed", "lost"):
-            state, reason = LOST, failure[1]
-        else:
-            state, reason = FAILED, detail or failure[1]
-            if ended is not None and ended.reason in ("timed out", "could not start"):
-                reason = f"{ended.reason}: {detail}"  # tables show "timed out" from this
-        record = self.journal.get(run_id)
-        if record is not None and record.state == QUEUED and state in (COMPLETED, LOST):
-            # Its start report never came (an adopted run that ended meanwhile, say):
-            # the journal only lets a run that started complete or be lost.
-            self.journal.mark_running(run_id, "", "", wall)
-        self.journal.mark_ended(run_id, state, wall, exit_code=code, signal=sig, reason=reason)
-        label = record.label() if record is not None else str(run_id)
-        if state == COMPLETED:
-            logger.info("run %s completed", label)
-        else:
-            self.failures += 1
-            logger.warning("run %s %s: %s", label, state, reason)
+        if run_id is not None:
+            self._feed(e.TaskDone(run_id, failure, now, wall))
 
     # --- what workers report ----------------------------------------------------------
 
     def on_worker_message(self, worker_id: str, message: m.Message, wall: float) -> None:
         """``RunStarted``, ``RunOutput`` or ``RunEnded`` from the worker ``worker_id``."""
+        now = time.monotonic()
         match message:
             case m.RunStarted():
-                self._started(worker_id, message, wall)
+                worker = self.host.state.workers.get(worker_id)
+                name = worker.name if worker is not None else worker_id
+                run_id, held, pid = message.run_id, message.held, message.pid
+                self._feed(e.Started(run_id, name, held, pid, now, wall))
             case m.RunOutput():
-                self._output(message)
+                self.writer.output(message.run_id, message.offset, message.data)
             case m.RunEnded():
-                if message.run_id in self.active:
-                    self.ended[message.run_id] = message
-                stopping = self._stopping.get(message.run_id)
-                if stopping is not None:
-                    self._finish(message.run_id, wall, stopping[1])
-
-    def _started(self, worker_id: str, message: m.RunStarted, wall: float) -> None:
-        record = self.journal.get(message.run_id)
-        if record is None or message.run_id not in self.active:
-            return
-        worker = self.host.state.workers.get(worker_id)
-        name = worker.name if worker is not None else worker_id
-        previous = self.ended.pop(record.id, None)
-        if record.state == RUNNING and previous is not None:
-            # The last attempt ended and the scheduler runs it again (its retries).
-            why = f"attempt {record.attempts} ended: {previous.detail}; retrying"
-            self.journal.requeue(record.id, why, wall)
-            logger.warning("run %s: %s", record.label(), why)
-            record = self.journal.get(record.id) or record
-        self._held[record.id] = message.held
-        if record.state == QUEUED:
-            self._new_attempt(record)
-            self.journal.mark_running(record.id, name, message.held, wall)
-            logger.info(
-                "run %s started on %s (pid %d%s)",
-                record.label(),
-                name,
-                message.pid,
-                f", holding {message.held}" if message.held else "",
-            )
-
-    # A run's log holds every attempt, one after the other. Workers count output
-    # offsets from the start of their attempt; the log byte where the current
-    # attempt began is kept in memory and in ``<id>.base`` beside the log, so that
-    # output sent again by an adopted run after a restart is written once.
-
-    def _new_attempt(self, record: RunRecord) -> None:
-        path = self.journal.log_path(record.id)
-        size = path.stat().st_size if path.exists() else 0
-        if size and record.attempts:
-            banner = f"\n[apportion: attempt {record.attempts + 1}]\n".encode()
-            self.journal.append_log(record.id, banner)
-            size += len(banner)
-        self._log_sizes[record.id] = size
-        self._bases[record.id] = size
-        if size:
-            path.with_suffix(".base").write_text(str(size))
-
-    def _base(self, run_id: int) -> int:
-        base = self._bases.get(run_id)
-        if base is None:
-            marker = self.journal.log_path(run_id).with_suffix(".base")
-            base = int(marker.read_text()) if marker.exists() else 0
-            self._bases[run_id] = base
-        return base
-
-    def _output(self, message: m.RunOutput) -> None:
-        run_id = message.run_id
-        base = self._base(run_id)
-        size = self._log_sizes.get(run_id)
-        if size is None:
-            path = self.journal.log_path(run_id)
-            size = path.stat().st_size if path.exists() else 0
-        offset = base + message.offset
-        data = message.data
-        if offset < size:  # sent again after a reconnection: keep the new part
-            data = data[size - offset :]
-        elif offset > size:
-            gap = offset - size
-            data = f"\n[apportion: {gap} bytes of output were lost here]\n".encode() + data
-        if data:
-            self.journal.append_log(run_id, data)
-            if self.options.echo is not None:
-                self.options.echo(data)
-        self._log_sizes[run_id] = max(size, offset + len(message.data))
+                code, sig, reason, detail = (
+                    message.exit_code,
+                    message.signal,
+                    message.reason,
+                    message.detail,
+                )
+                self._feed(e.Ended(message.run_id, code, sig, reason, detail, now, wall))
 
     def worker_left(self, name: str, wall: float) -> None:
-        """A worker is gone: its cancelled runs are settled, its running ones requeued.
-
-        The scheduler runs the lost worker's tasks again (or fails them as poison,
-        which ``on_message`` then records as lost); the journal says so meanwhile.
-        """
-        for run_id, (worker, failure) in list(self._stopping.items()):
-            if worker == name:
-                self._finish(run_id, wall, (failure[0], f"{failure[1]}; its worker left"))
-        for record in self.journal.runs(states={RUNNING}):
-            if record.worker == name and record.id in self.active:
-                self.ended.pop(record.id, None)
-                self.journal.requeue(record.id, f"its worker {name} left", wall)
-                logger.warning("run %s interrupted: its worker %s left", record.label(), name)
-
-    # --- adoption after a restart -----------------------------------------------------
+        """A worker is gone: its cancelled runs are settled, its running ones requeued."""
+        self._feed(e.WorkerGone(name, time.monotonic(), wall))
 
     def worker_joined(self, worker_id: str, reg: m.RegisterWorker, wall: float) -> None:
         """Adopt the runs this worker still runs that we wait for; stop the others."""
-        stray: list[str] = []
-        for run_id in reg.live_runs:
-            record = self.journal.get(run_id)
-            task = self.host.state.tasks.get(run_key(run_id))
-            if record is not None and run_id in self.active and task is not None:
-                if task.state == "queued":
-                    # Requeued when this worker was declared lost, not started again
-                    # anywhere yet: its command still runs here, so keep it there.
-                    self._adopt(worker_id, reg.name, record, wall)
-                else:
-                    stray.append(run_key(run_id))  # it runs elsewhere now: stop this copy
-                continue
-            if run_id not in self.awaiting or record is None or record.state != RUNNING:
-                stray.append(run_key(run_id))
-                continue
-            del self.awaiting[run_id]
-            self._adopt(worker_id, reg.name, record, wall)
-        if stray:
-            # Not ours to run any more (finished, cancelled or running elsewhere).
-            self.host.send_to(worker_id, m.FreeKeys(stray))
+        tasks = self.host.state.tasks
+        states = {
+            run_id: task.state
+            for run_id in reg.live_runs
+            if (task := tasks.get(run_key(run_id))) is not None
+        }
+        event = e.WorkerBack(worker_id, reg.name, tuple(reg.live_runs), states, 0.0, wall)
+        self._feed(event)
 
-    def _adopt(self, worker_id: str, name: str, record: RunRecord, wall: float) -> None:
-        """Record ``record``'s run as running on the worker whose command still runs it."""
-        run_id = record.id
-        func_id, blob = self._function
-        task = self._task_spec(record, running=True)  # its latest attempt still runs
-        self.active.add(run_id)
-        held = self._held.get(run_id) or record.held
-        if record.state == QUEUED:  # requeued when its worker was declared lost
-            self.journal.mark_running(run_id, name, held, wall)
-        self.journal.note(run_id, f"adopted: still running on {name}", wall)
-        logger.info("run %s adopted: still running on %s", record.label(), name)
-        units = parse_supply(held or None)[1]
-        submit = m.SubmitTasks([task], {func_id: blob}, [task.key])
-        self.host.handle(AdoptRunning(worker_id, RUNS_CLIENT, submit, units, self._now()))
+    # --- requests from clients ----------------------------------------------------------
 
-    def _not_adopted(self, run_id: int, wall: float) -> None:
-        record = self.journal.get(run_id)
-        if record is None or record.state != RUNNING:
-            return
-        why = "its worker did not come back after the scheduler restarted"
-        if record.cancel_requested:
-            self.journal.mark_ended(run_id, CANCELLED, wall, reason=f"cancelled; {why}")
-        elif record.attempts > record.spec.retries:
-            self.failures += 1
-            self.journal.mark_ended(run_id, LOST, wall, reason=why)
-            logger.warning("run %s lost: %s", record.label(), why)
-        else:
-            self.journal.requeue(run_id, why, wall)
-            logger.warning("run %s interrupted (%s); queued again", record.label(), why)
-            self._submit([record])
-
-    # --- cancel and explain -----------------------------------------------------------
-
-    def cancel(self, ids: list[int], wall: float) -> None:
-        """A client asked to cancel these runs: journal it, then act as on a poll."""
-        asked = []
-        with self.journal.batch():  # one commit, and before the workers are told
-            for run_id in ids:
+    def request(self, message: m.Message, reply: Callable[[m.Message], None]) -> None:
+        """``SubmitRuns``, ``QueryRuns`` or ``CancelRuns``: answered through ``reply`` once
+        the journal has it."""
+        wall = time.time()
+        match message:
+            case m.SubmitRuns():
+                request_id = message.request_id
                 try:
-                    self.journal.request_cancel(run_id, wall)
-                except KeyError:
-                    continue
-                asked.append(run_id)
-        for run_id in asked:
-            self._cancel(run_id)
+                    specs = [RunSpec.from_dict(spec) for spec in message.specs]
+                except ValueError as exc:
+                    reply(m.RunsSubmitted(request_id, [], str(exc)))
+                    return
 
-    def _cancel(self, run_id: int) -> None:
-        if run_id in self.active and run_id not in self._cancelling:
-            self._cancelling.add(run_id)
-            key = run_key(run_id)
-            self.host.handle(FromClient(RUNS_CLIENT, [m.CancelKeys([key])], self._now()))
-        # A run awaiting adoption is stopped when its worker comes back, or ends
-        # cancelled when the grace runs out (``_not_adopted``).
+                def stage(journal: Journal) -> list[RunRecord]:
+                    return journal.runs(ids=journal.stage(specs, wall, queued=True))
+
+                def submitted(records: list[RunRecord]) -> None:
+                    self._feed(e.Submitted(self._views(records), time.monotonic(), wall))
+                    reply(m.RunsSubmitted(request_id, [r.id for r in records], ""))
+
+                def failed(error: str) -> m.Message:
+                    return m.RunsSubmitted(request_id, [], f"the scheduler failed: {error}")
+
+                self._ask(self.writer.call(stage), submitted, failed, reply)
+            case m.CancelRuns():
+                ids = list(message.ids)
+
+                def cancelled(asked: list[int]) -> None:
+                    self._feed(e.Polled((), tuple(asked), time.monotonic(), wall))
+                    self._report(message.request_id, ids, reply)
+
+                ask = self.writer.call(lambda journal: _request_cancel(journal, ids, wall))
+                self._ask(ask, cancelled, _no_report(message.request_id), reply)
+            case m.QueryRuns():
+                self._report(message.request_id, list(message.ids), reply)
+
+    def _report(self, request_id: int, ids: list[int], reply: Callable[[m.Message], None]) -> None:
+        future = self.writer.call(lambda journal: report(journal, ids))
+        answer = lambda runs: reply(m.RunsReport(request_id, runs))  # noqa: E731
+        self._ask(future, answer, _no_report(request_id), reply)
+
+    def _ask(
+        self,
+        future: Future[T],
+        then: Callable[[T], None],
+        failed: Callable[[str], m.Message],
+        reply: Callable[[m.Message], None],
+    ) -> None:
+        """Like ``_when_done``, but a failure is also answered (``failed(why)``)."""
+
+        def answered(future: Future[T]) -> None:
+            error = future.exception()
+            if error is None:
+                then(future.result())
+            else:
+                logger.error("job queue: a request failed: %s", error)
+                reply(failed(str(error)))
+
+        loop = self._loop
+        assert loop is not None, "start() first"
+        future.add_done_callback(
+            lambda f: None if loop.is_closed() else loop.call_soon_threadsafe(answered, f)
+        )
 
     def _explain_waiting(self) -> None:
         state = self.host.state
-        queued = sorted(self.active)[:WAITING_BATCH]
-        with self.journal.batch():  # one commit, not one per run
-            for run_id in queued:
-                task = state.tasks.get(run_key(run_id))
-                if task is not None and task.state in ("queued", "waiting"):
-                    self.journal.set_waiting(run_id, waiting_text(explain(state, task.key)))
+        commands: list[e.JournalCommand] = []
+        for run_id in sorted(self.life.active)[:WAITING_BATCH]:
+            task = state.tasks.get(run_key(run_id))
+            if task is not None and task.state in ("queued", "waiting"):
+                commands.append(e.SetWaiting(run_id, waiting_text(explain(state, task.key))))
+        self.writer.write(commands)
 
-    def report(self, ids: list[int]) -> list[dict[str, object]]:
-        """What ``QueryRuns`` and ``CancelRuns`` answer: each known run of ``ids``, or
-        the latest runs if ``ids`` is empty, as ``remote.record_to_dict`` gives them."""
-        from apportion.runs.remote import MAX_LISTED, record_to_dict
 
-        records = self.journal.runs(ids=ids) if ids else self.journal.runs(latest=MAX_LISTED)
-        return [record_to_dict(record) for record in records]
+def _no_report(request_id: int) -> Callable[[str], m.Message]:
+    """The answer to a query the journal failed (the error is logged): no runs."""
+    return lambda _: m.RunsReport(request_id, [])
+
+
+def view_of(record: RunRecord, demand: Mapping[str, int]) -> RunView:
+    """The lifecycle's view of a journal record."""
+    return RunView(
+        record.id,
+        record.label(),
+        record.state,
+        record.attempts,
+        record.spec.retries,
+        resources=record.spec.resources,
+        demand=demand,
+        worker=record.worker,
+        held=record.held,
+        cancel_requested=record.cancel_requested,
+    )
+
+
+def _resume(journal: Journal) -> tuple[list[RunRecord], list[RunRecord]]:
+    return journal.runs(states={QUEUED}), journal.runs(states={RUNNING})
+
+
+def _look(journal: Journal) -> tuple[list[RunRecord], list[int]]:
+    return journal.runs(states={STAGED}), journal.cancel_requests()
+
+
+def _request_cancel(journal: Journal, ids: list[int], wall: float) -> list[int]:
+    asked = []
+    with journal.batch():  # one commit, and before the workers are told
+        for run_id in ids:
+            try:
+                journal.request_cancel(run_id, wall)
+            except KeyError:
+                continue
+            asked.append(run_id)
+    return asked
+
+
+def report(journal: Journal, ids: list[int]) -> list[dict[str, Any]]:
+    """What ``QueryRuns`` and ``CancelRuns`` answer: each known run of ``ids``, or the
+    latest runs if ``ids`` is empty, as ``remote.record_to_dict`` gives them."""
+    from apportion.runs.remote import MAX_LISTED, record_to_dict
+
+    records = journal.runs(ids=ids) if ids else journal.runs(latest=MAX_LISTED)
+    return [record_to_dict(record) for record in records]
 
 
 def waiting_text(explanation: str) -> str:

@@ -111,7 +111,7 @@ class Scheduler(BackgroundService):
                 raise
             self._handle(ClientJoined(RUNS_CLIENT, time.monotonic(), durable=True))
             self.queue = RunQueue(self._journal, self, self._queue_options)
-            self.queue.start(time.monotonic(), time.time())
+            await self.queue.start(time.monotonic(), time.time())
             logger.info("serving the run journal %s", self._journal.path)
         self.logs.attach()
         self._ticker = asyncio.create_task(self._tick(), name="scheduler-tick")
@@ -138,7 +138,8 @@ class Scheduler(BackgroundService):
             await conn.close()
         self._conns.clear()
         if self._journal is not None and self.queue is not None:
-            self._journal.release()
+            await self.queue.close()
+            await asyncio.to_thread(self._journal.release)
         self.logs.detach()
         if self._closed is not None:
             self._closed.set()
@@ -246,7 +247,7 @@ class Scheduler(BackgroundService):
                 requests = [msg for msg in batch if isinstance(msg, RUN_REQUESTS)]
                 if requests:
                     for request in requests:
-                        conn.send(self._run_request(request))
+                        self._run_request(request, conn)
                     batch = [msg for msg in batch if not isinstance(msg, RUN_REQUESTS)]
                 if batch:
                     self._handle(FromClient(peer_id, batch, time.monotonic()))
@@ -261,27 +262,21 @@ class Scheduler(BackgroundService):
         except Exception:
             logger.exception("job queue: %s failed", getattr(call, "__name__", call))
 
-    def _run_request(self, msg: m.Message) -> m.Message:
-        """Answer a client's request about command runs."""
-        queue = self.queue
-        if isinstance(msg, m.SubmitRuns):
-            if queue is None:
-                text = "this scheduler keeps no run journal (start it with --journal)"
-                return m.RunsSubmitted(msg.request_id, [], text)
-            try:
-                ids = queue.submit_specs(msg.specs, time.time())
-            except ValueError as exc:
-                return m.RunsSubmitted(msg.request_id, [], str(exc))
-            except Exception as exc:
-                logger.exception("job queue: submission failed")
-                return m.RunsSubmitted(msg.request_id, [], f"the scheduler failed: {exc}")
-            return m.RunsSubmitted(msg.request_id, ids, "")
-        assert isinstance(msg, m.QueryRuns | m.CancelRuns)
-        if queue is None:
-            return m.RunsReport(msg.request_id, [])
-        if isinstance(msg, m.CancelRuns):
-            queue.cancel(msg.ids, time.time())
-        return m.RunsReport(msg.request_id, queue.report(msg.ids))
+    def _run_request(self, msg: m.Message, conn: Connection) -> None:
+        """Have the job queue answer a client's request about command runs."""
+
+        def reply(answer: m.Message) -> None:
+            if not conn.closed:
+                conn.send(answer)
+
+        if self.queue is not None:
+            self._in_queue(self.queue.request, msg, reply)
+        elif isinstance(msg, m.SubmitRuns):
+            text = "this scheduler keeps no run journal (start it with --journal)"
+            reply(m.RunsSubmitted(msg.request_id, [], text))
+        else:
+            assert isinstance(msg, m.QueryRuns | m.CancelRuns)
+            reply(m.RunsReport(msg.request_id, []))
 
     # --- the shell around the state machine -----------------------------------------
 
