@@ -8,7 +8,10 @@ in the *quiet* round it sleeps, printing nothing; in the *chatty* round it print
 fresh run is submitted and, as soon as the journal says it started, the throughput
 benchmark's independent workload (10,000 no-op tasks, ``map`` then ``gather``) is
 timed; the median tasks per second of each round is printed. Each repetition also
-prints how much output the run's log held when the workload was done.
+prints how much output the run's log held when the workload was done. A third,
+*busy* round runs the chatty program with its output sent to /dev/null: on a
+machine with few cores the command's own CPU slows everything, and chatty/busy
+shows what handling its output costs beyond that.
 
 Usage: ``python benchmarks/chatty_run.py [--repeat N] [--megabytes M]``
 """
@@ -47,7 +50,7 @@ _CHATTY = (
 )
 
 
-def round_tasks_per_second(chatty: bool, repeat: int, megabytes: int) -> list[float]:
+def round_tasks_per_second(kind: str, repeat: int, megabytes: int) -> list[float]:
     """Tasks/s of the independent workload, each time beside a run just started."""
     with tempfile.TemporaryDirectory(prefix="apportion-chatty-", ignore_cleanup_errors=True) as tmp:
         base = Path(tmp)
@@ -56,12 +59,16 @@ def round_tasks_per_second(chatty: bool, repeat: int, megabytes: int) -> list[fl
             client = Client(address)
             try:
                 warm_up(client)
-                if chatty:
-                    command = [sys.executable, "-c", _CHATTY.format(mb=megabytes)]
-                else:
-                    command = ["sleep", "600"]
+                program = _CHATTY.format(mb=megabytes)
+                command = {
+                    "quiet": ["sleep", "600"],
+                    "chatty": [sys.executable, "-c", program],
+                    # The same work, its output thrown away: what the command alone costs.
+                    "busy": ["sh", "-c", '"$0" -c "$1" > /dev/null', sys.executable, program],
+                }[kind]
                 spec = new_spec(command, cwd=tmp)
-                return [beside_run(client, journal, spec, stop=not chatty) for _ in range(repeat)]
+                stop = kind == "quiet"
+                return [beside_run(client, journal, spec, stop=stop) for _ in range(repeat)]
             finally:
                 client.close()
                 journal.close()
@@ -108,11 +115,17 @@ def main() -> None:
         f"scheduler serving a journal (median of {args.repeat})",
         flush=True,
     )
-    quiet = statistics.median(round_tasks_per_second(False, args.repeat, args.megabytes))
-    print(f"quiet : {quiet:>10,.0f} tasks/s  (beside a run printing nothing)", flush=True)
-    chatty = statistics.median(round_tasks_per_second(True, args.repeat, args.megabytes))
-    print(f"chatty: {chatty:>10,.0f} tasks/s  (beside a run printing {args.megabytes} MB)")
-    print(f"chatty/quiet: {chatty / quiet:.2f}")
+    mb = args.megabytes
+    figures = {}
+    for kind, beside in (
+        ("quiet", "a run printing nothing"),
+        ("busy", f"a run writing {mb} MB to /dev/null"),
+        ("chatty", f"a run printing {mb} MB"),
+    ):
+        figures[kind] = statistics.median(round_tasks_per_second(kind, args.repeat, mb))
+        print(f"{kind:<6}: {figures[kind]:>10,.0f} tasks/s  (beside {beside})", flush=True)
+    quiet, busy, chatty = figures["quiet"], figures["busy"], figures["chatty"]
+    print(f"chatty/quiet: {chatty / quiet:.2f}   chatty/busy: {chatty / busy:.2f}")
 
 
 if __name__ == "__main__":

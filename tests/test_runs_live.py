@@ -51,3 +51,26 @@ def test_a_stopped_copy_is_forgotten_so_a_later_attempt_starts_afresh() -> None:
     assert runs.ids() == []
     runs.execute(3, spec, dict(os.environ), "", threading.Event())
     assert len(outbox.of(m.RunStarted)) == 2  # the command ran again
+
+
+def test_consecutive_output_of_a_run_is_sent_as_one_message() -> None:
+    from apportion.protocol.messages import RunEnded, RunOutput, RunStarted
+    from apportion.runs.live import coalesce_output
+
+    batch = [
+        RunStarted(1, 42, ""),
+        RunOutput(1, 0, b"ab"),
+        RunOutput(1, 2, b"cd"),
+        RunOutput(2, 0, b"x"),  # another run: not joined
+        RunOutput(1, 4, b"ef"),
+        RunOutput(1, 9, b"gh"),  # a gap: kept apart, so the log says so
+        RunEnded(1, 0, 0, "completed", ""),
+    ]
+    assert coalesce_output(batch) == [
+        RunStarted(1, 42, ""),
+        RunOutput(1, 0, b"abcd"),
+        RunOutput(2, 0, b"x"),
+        RunOutput(1, 4, b"ef"),
+        RunOutput(1, 9, b"gh"),
+        RunEnded(1, 0, 0, "completed", ""),
+    ]

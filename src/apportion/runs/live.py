@@ -268,6 +268,49 @@ class LiveRuns:
         self._write_groups()
 
 
+#: Output chunks are joined into messages of at most this many bytes.
+MAX_OUTPUT_MESSAGE = 1 << 20
+
+
+def coalesce_output(batch: list[Message]) -> list[Message]:
+    """``batch`` with each run of consecutive ``RunOutput`` of one run, each chunk
+    following the last, joined into one message (up to ``MAX_OUTPUT_MESSAGE`` bytes).
+
+    A chatty command is read in small chunks; sent as they come, each would cost the
+    scheduler a message. Whatever gathered while the worker's loop was busy goes as one.
+    """
+    out: list[Message] = []
+    joined: list[bytes] = []  # data of the last message of ``out``, if it is output
+    size = 0
+    for message in batch:
+        last = out[-1] if out else None
+        if (
+            isinstance(message, RunOutput)
+            and isinstance(last, RunOutput)
+            and joined
+            and last.run_id == message.run_id
+            and last.offset + size == message.offset
+            and size + len(message.data) <= MAX_OUTPUT_MESSAGE
+        ):
+            joined.append(message.data)
+            size += len(message.data)
+            continue
+        _close_output(out, joined)
+        out.append(message)
+        joined = [message.data] if isinstance(message, RunOutput) else []
+        size = len(message.data) if isinstance(message, RunOutput) else 0
+    _close_output(out, joined)
+    return out
+
+
+def _close_output(out: list[Message], joined: list[bytes]) -> None:
+    """Replace the last message of ``out`` by one with all of ``joined`` as its data."""
+    if len(joined) > 1:
+        last = out[-1]
+        assert isinstance(last, RunOutput)
+        out[-1] = RunOutput(last.run_id, last.offset, b"".join(joined))
+
+
 def run_environment(run_id: int, spec: RunSpec, resources_env: Mapping[str, str]) -> dict[str, str]:
     """The run's environment: as captured at submission, plus what it holds and its id."""
     env = dict(resources_env)

@@ -49,6 +49,11 @@ logger = logging.getLogger("apportion.runs")
 #: Largest single read of output: Linux's default pipe capacity, so one read
 #: usually empties a full pipe.
 READ_SIZE = 64 * 1024
+#: A chatty command's output is gathered for up to this long, or this many bytes,
+#: and delivered as one chunk: each delivery costs the worker and the scheduler a
+#: message, so thousands of small writes must not become thousands of messages.
+GATHER_SECONDS = 0.005
+GATHER_BYTES = 256 * 1024
 #: Reads made for a reader that is given up on: what the pipe holds then (the reads
 #: are bounded because the unknown writer may keep writing).
 _LAST_READS = 16
@@ -404,10 +409,33 @@ class RunProcess:
                 if chunk == b"":
                     return
                 if chunk is not None:
+                    chunk, ended = self._gather(fd, poller, chunk)
                     self._deliver(chunk)
+                    if ended:
+                        return
         finally:
             self._close_pipes()
             self._drained.set()
+
+    def _gather(self, fd: int, poller: select.poll, first: bytes) -> tuple[bytes, bool]:
+        """``first`` and what follows within ``GATHER_SECONDS`` (up to ``GATHER_BYTES``);
+        whether the output ended meanwhile. A wake-up ends the gathering early."""
+        parts, size = [first], len(first)
+        deadline = time.monotonic() + GATHER_SECONDS
+        while size < GATHER_BYTES:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            ready = {ready_fd for ready_fd, _ in poller.poll(left * 1000)}
+            if not ready or self._wake_read in ready:
+                break
+            more = _read(fd)
+            if more == b"":
+                return b"".join(parts), True
+            if more is not None:
+                parts.append(more)
+                size += len(more)
+        return b"".join(parts), False
 
     def _deliver(self, chunk: bytes) -> None:
         if self._output_failed:

@@ -54,7 +54,13 @@ from apportion.protocol.messages import (
     WorkerClosing,
     WorkerDraining,
 )
-from apportion.runs.live import DEFAULT_KILL_GRACE, LiveRuns, run_groups_path, run_id_of
+from apportion.runs.live import (
+    DEFAULT_KILL_GRACE,
+    LiveRuns,
+    coalesce_output,
+    run_groups_path,
+    run_id_of,
+)
 from apportion.worker.data_server import DataServer, data_reply
 from apportion.worker.events import (
     ComputeArrived,
@@ -375,7 +381,7 @@ class Worker(BackgroundService):
         reported, so that a run's start and end always precede its task's result."""
         with self._from_threads_lock:
             batch, self._from_threads = self._from_threads, []
-        for message in batch:
+        for message in coalesce_output(batch):
             self._send_or_keep(message)
 
     def _send_or_keep(self, message: Message) -> None:
