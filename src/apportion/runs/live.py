@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from apportion.protocol.messages import Message, RunEnded, RunOutput, RunStarted
-from apportion.runs.process import ExitStatus, RunOutcome, run_command
+from apportion.runs.launcher import Launch, Launcher, ProcessLauncher
+from apportion.runs.process import ExitStatus, RunOutcome
 from apportion.runs.spec import RunSpec
 
 logger = logging.getLogger("apportion.runs")
@@ -114,8 +115,11 @@ class LiveRuns:
         send: Callable[[Message], None],
         kill_grace: float = DEFAULT_KILL_GRACE,
         groups_file: Path | None = None,
+        launcher: Launcher | None = None,
     ) -> None:
         self._send = send
+        #: Runs each command (a real process group unless a test injects another).
+        self.launcher: Launcher = launcher or ProcessLauncher()
         self.kill_grace = kill_grace
         self._runs: dict[int, LiveRun] = {}
         self._lock = threading.Lock()
@@ -242,15 +246,9 @@ class LiveRuns:
                 live.offset += len(chunk)
 
         try:
-            outcome = run_command(
-                spec.command,
-                cwd=spec.cwd,
-                env=env,
-                on_output=output,
-                cancel=live.cancel,
-                time_limit=spec.time_limit,
-                grace=self.kill_grace,
-                on_start=started,
+            launch = Launch(spec.command, spec.cwd, env, spec.time_limit, self.kill_grace)
+            outcome = self.launcher.run(
+                launch, on_start=started, on_output=output, cancel=live.cancel
             )
         except Exception as exc:  # a bug here must still end the run, not hang it
             logger.exception("run %d: could not be run", live.run_id)

@@ -11,8 +11,11 @@ simulated time, so a resource plan can be checked in milliseconds::
     for name, need in [("a", "gpu0=1"), ("b", "gpu0=1"), ("c", "gpu0=1 gpu1=1")]:
         sim.submit(name, resources=need)
     intervals = sim.run({"a": 2.0, "b": 2.0, "c": 2.0})
+
+``FakeLauncher`` runs command runs without processes: ``Worker(..., launcher=...)``.
 """
 
+from apportion.testing.launcher import FakeLauncher
 from apportion.testing.simulation import Interval, SimulatedCluster
 
-__all__ = ["Interval", "SimulatedCluster"]
+__all__ = ["FakeLauncher", "Interval", "SimulatedCluster"]

@@ -54,6 +54,7 @@ from apportion.protocol.messages import (
     WorkerClosing,
     WorkerDraining,
 )
+from apportion.runs.launcher import Launcher
 from apportion.runs.live import (
     DEFAULT_KILL_GRACE,
     LiveRuns,
@@ -108,6 +109,8 @@ class Worker(BackgroundService):
     ``connect_timeout``: how long ``start`` keeps trying to reach a scheduler that is
     not listening yet (a worker started before its scheduler, as Dask's waits too);
     0 tries once. Something that answers but is not an apportion scheduler fails at once.
+    ``launcher`` runs command runs' commands (default: real processes; tests inject
+    ``apportion.testing.FakeLauncher``).
     """
 
     def __init__(
@@ -125,6 +128,7 @@ class Worker(BackgroundService):
         supervisor: int = 0,
         kill_grace: float = DEFAULT_KILL_GRACE,
         connect_timeout: float = 0.0,
+        launcher: Launcher | None = None,
     ) -> None:
         self.scheduler_address = scheduler_address
         self.nthreads = nthreads if nthreads is not None else os.cpu_count() or 1
@@ -173,7 +177,7 @@ class Worker(BackgroundService):
         self._drained = asyncio.Event()
         #: Command runs of the job queue; they outlive scheduler sessions.
         groups = run_groups_path(os.getpid()) if supervisor else None
-        self.live_runs = LiveRuns(self.send_threadsafe, kill_grace, groups)
+        self.live_runs = LiveRuns(self.send_threadsafe, kill_grace, groups, launcher)
         #: Messages from task threads while no scheduler is connected, sent on the
         #: next registration (a run's output and end must not be lost); bounded.
         self._unsent: list[Message] = []
