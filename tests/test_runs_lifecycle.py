@@ -99,8 +99,9 @@ def test_a_started_run_is_cancelled_once_its_processes_are_gone(life: RunLifecyc
     assert out == [e.CancelTask(1)]
     assert life.handle(e.Polled((), (1,), 1.6, 1.6)) == []  # asked once
     out = life.handle(e.TaskDone(1, ("cancelled", ""), 2.0, 2.0))
-    assert out == [e.Release(1)] and life.stopping == {1: ("w1", ("cancelled", ""))}
+    assert out == [] and life.stopping == {1: ("w1", ("cancelled", ""))}  # task kept
     out = life.handle(ended(1, "cancelled", "SIGTERM after cancel"))
+    assert out[0] == e.Release(1)
     assert of(e.MarkEnded, out) == [e.MarkEnded(1, CANCELLED, 1, None, "SIGTERM after cancel", 1.0)]
     assert life.idle() and life.failures == 1
 

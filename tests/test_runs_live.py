@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from apportion.protocol import messages as m
+from apportion.protocol.codec import decode_message
 from apportion.runs.live import LiveRuns
 from apportion.runs.spec import new_spec
 
@@ -21,8 +22,9 @@ class Outbox:
         self.lock = threading.Lock()
 
     def __call__(self, message: m.Message) -> None:
+        assert isinstance(message, m.TaskNote), message  # all about the run's task
         with self.lock:
-            self.sent.append(message)
+            self.sent.append(decode_message(message.note))
 
     def of(self, kind: type[m.Message]) -> list[m.Message]:
         with self.lock:
@@ -34,12 +36,12 @@ def test_attaching_to_a_run_that_ended_reports_its_end_not_a_new_start() -> None
     runs = LiveRuns(outbox, kill_grace=1.0)
     spec = new_spec([sys.executable, "-c", "print('hi')"])
     first = runs.execute(7, spec, dict(os.environ), "", threading.Event())
-    assert first.reason == "completed" and runs.ids() == [7]  # not settled: adoptable
+    assert first.reason == "completed" and runs.keys() == ["run-7"]  # not settled: adoptable
     again = runs.execute(7, spec, dict(os.environ), "", threading.Event())  # adopted
     assert again is first
     assert len(outbox.of(m.RunStarted)) == 1 and len(outbox.of(m.RunEnded)) == 1
     runs.settled(7)
-    assert runs.ids() == []
+    assert runs.keys() == []
 
 
 def test_a_stopped_copy_is_forgotten_so_a_later_attempt_starts_afresh() -> None:
@@ -48,29 +50,6 @@ def test_a_stopped_copy_is_forgotten_so_a_later_attempt_starts_afresh() -> None:
     spec = new_spec([sys.executable, "-c", "print('run')"])
     runs.execute(3, spec, dict(os.environ), "", threading.Event())
     runs.cancel([3])  # the scheduler did not adopt this copy
-    assert runs.ids() == []
+    assert runs.keys() == []
     runs.execute(3, spec, dict(os.environ), "", threading.Event())
     assert len(outbox.of(m.RunStarted)) == 2  # the command ran again
-
-
-def test_consecutive_output_of_a_run_is_sent_as_one_message() -> None:
-    from apportion.protocol.messages import RunEnded, RunOutput, RunStarted
-    from apportion.runs.live import coalesce_output
-
-    batch = [
-        RunStarted(1, 42, ""),
-        RunOutput(1, 0, b"ab"),
-        RunOutput(1, 2, b"cd"),
-        RunOutput(2, 0, b"x"),  # another run: not joined
-        RunOutput(1, 4, b"ef"),
-        RunOutput(1, 9, b"gh"),  # a gap: kept apart, so the log says so
-        RunEnded(1, 0, 0, "completed", ""),
-    ]
-    assert coalesce_output(batch) == [
-        RunStarted(1, 42, ""),
-        RunOutput(1, 0, b"abcd"),
-        RunOutput(2, 0, b"x"),
-        RunOutput(1, 4, b"ef"),
-        RunOutput(1, 9, b"gh"),
-        RunEnded(1, 0, 0, "completed", ""),
-    ]

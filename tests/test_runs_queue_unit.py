@@ -1,4 +1,4 @@
-"""The job queue inside the scheduler, without sockets: a journal, a state machine, a fake host.
+"""The job queue as a client of the scheduler's state machine, without sockets.
 
 The queue's journal and log I/O happens on its writer thread: each test runs on an
 event loop of its own and waits for the writer (``settle``) before reading the journal.
@@ -14,18 +14,30 @@ from typing import Any
 import pytest
 
 from apportion.protocol import messages as m
+from apportion.protocol.codec import encode_message
 from apportion.runs.journal import COMPLETED, QUEUED, RUNNING, Journal
-from apportion.runs.queue import RUNS_CLIENT, QueueOptions, RunQueue, waiting_text
+from apportion.runs.queue import QueueOptions, RunQueue, waiting_text
 from apportion.runs.spec import new_spec
-from apportion.scheduler.events import ClientJoined, Event, FromWorker, Send, WorkerJoined
+from apportion.scheduler.events import (
+    ClientJoined,
+    Event,
+    FromClient,
+    FromWorker,
+    Send,
+    WorkerJoined,
+)
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.state import SchedulerState
 
 pytestmark = pytest.mark.timeout(10)
 
 
+RUNS_CLIENT = "runs"
+
+
 class FakeHost:
-    """The service's part: events into the state machine, what it sends recorded."""
+    """The service's part: events into the state machine, what it sends recorded; the
+    queue's link to it (``send``), as the queue's client."""
 
     def __init__(self) -> None:
         self.state = SchedulerState()
@@ -37,12 +49,17 @@ class FakeHost:
         for command in self.state.handle(event):
             if isinstance(command, Send):
                 if command.peer_id == RUNS_CLIENT and self.queue is not None:
-                    self.queue.on_message(command.message, 0.0)
+                    self.queue.on_message(command.message)
                 else:
                     self.sent.append((command.peer_id, command.message))
 
-    def send_to(self, peer_id: str, message: m.Message) -> None:
-        self.sent.append((peer_id, message))
+    def send(self, messages: list[m.Message]) -> None:
+        self.handle(FromClient(RUNS_CLIENT, messages, 0.0))
+
+    def note(self, worker_id: str, run_id: int, message: m.Message) -> None:
+        """The worker ``worker_id`` says something about a run."""
+        note = m.TaskNote(f"run-{run_id}", encode_message(message), 0)
+        self.handle(FromWorker(worker_id, [note], 0.0))
 
 
 @pytest.fixture
@@ -60,6 +77,7 @@ def make_queue(host: FakeHost, tmp_path: Path, **options: object) -> tuple[RunQu
     journal = Journal(tmp_path / "runs.db")
     host.journals.append(journal)
     host.handle(ClientJoined(RUNS_CLIENT, 0.0))
+    host.queue = None  # not before it exists
     queue = RunQueue(journal, host, QueueOptions(**options))  # type: ignore[arg-type]
     host.queue = queue
     return queue, journal
@@ -79,7 +97,8 @@ async def settle(queue: RunQueue) -> None:
 def register(
     host: FakeHost, worker_id: str, live_runs: list[int] | None = None
 ) -> m.RegisterWorker:
-    reg = m.RegisterWorker(worker_id, f"sim://{worker_id}", 2, {}, 1, 0, {}, 0, live_runs or [])
+    live = [f"run-{run_id}" for run_id in live_runs or []]
+    reg = m.RegisterWorker(worker_id, f"sim://{worker_id}", 2, {}, 1, 0, {}, 0, live)
     host.handle(WorkerJoined(worker_id, reg, 0.0))
     return reg
 
@@ -92,10 +111,10 @@ def test_output_sent_again_after_a_reconnection_is_written_once(
         (run_id,) = journal.stage([new_spec(["true"])], 0.0, queued=True)
         await queue.start(0.0, 0.0)
         register(host, "w1")
-        queue.on_worker_message("w1", m.RunStarted(run_id, 42, ""), 1.0)
-        queue.on_worker_message("w1", m.RunOutput(run_id, 0, b"hello "), 1.0)
-        queue.on_worker_message("w1", m.RunOutput(run_id, 0, b"hello world\n"), 1.0)  # resent
-        queue.on_worker_message("w1", m.RunOutput(run_id, 20, b"later\n"), 1.0)  # 8 bytes lost
+        host.note("w1", run_id, m.RunStarted(run_id, 42, ""))
+        host.note("w1", run_id, m.RunOutput(run_id, 0, b"hello "))
+        host.note("w1", run_id, m.RunOutput(run_id, 0, b"hello world\n"))  # resent
+        host.note("w1", run_id, m.RunOutput(run_id, 20, b"later\n"))  # 8 bytes lost
         await settle(queue)
         text = journal.log_path(run_id).read_text()
         assert text == "hello world\n\n[apportion: 8 bytes of output were lost here]\nlater\n"
@@ -115,14 +134,14 @@ def test_a_run_running_at_a_restart_is_adopted_by_its_returning_worker(
         await queue.start(0.0, 0.0)
         assert queue.life.awaiting == {run_id: 30.0}
         units = {"gpu": ["0", "1"]}
-        reg = m.RegisterWorker("w1", "sim://w1", 2, {"gpu": 20_000}, 1, 0, units, 0, [run_id])
-        host.handle(WorkerJoined("w1", reg, 1.0))
-        queue.worker_joined("w1", reg, 1.0)
+        live = [f"run-{run_id}"]
+        reg = m.RegisterWorker("w1", "sim://w1", 2, {"gpu": 20_000}, 1, 0, units, 0, live)
+        host.handle(WorkerJoined("w1", reg, 1.0))  # the scheduler tells the queue
         await settle(queue)
         task = host.state.tasks[f"run-{run_id}"]
         assert task.state == "processing" and task.units == {"gpu": ["1"]}  # the same GPU
         assert not queue.life.awaiting and journal.get(run_id).state == RUNNING  # type: ignore[union-attr]
-        queue.on_worker_message("w1", m.RunEnded(run_id, 0, 0, "completed", "exit code 0"), 2.0)
+        host.note("w1", run_id, m.RunEnded(run_id, 0, 0, "completed", "exit code 0"))
         host.handle(FromWorker("w1", [m.TaskFinished(f"run-{run_id}", 8, 1.0, "dict")], 2.0))
         await settle(queue)
         assert journal.get(run_id).state == COMPLETED  # type: ignore[union-attr]
@@ -154,9 +173,8 @@ def test_a_returning_worker_is_told_to_stop_runs_nobody_waits_for(
     async def body() -> None:
         queue, _ = make_queue(host, tmp_path)
         await queue.start(0.0, 0.0)
-        reg = register(host, "w1", live_runs=[99])
-        assert isinstance(reg, m.RegisterWorker)
-        queue.worker_joined("w1", reg, 0.0)
+        register(host, "w1", live_runs=[99])
+        await settle(queue)
         assert ("w1", m.FreeKeys(["run-99"])) in host.sent
 
     run(body())

@@ -74,6 +74,19 @@ def decode_body(body: bytes) -> list[Message]:
     return out
 
 
+def encode_message(message: Message) -> bytes:
+    """One message as bytes another message can carry (a ``TaskNote``'s note)."""
+    return encode_frame([message])[HEADER.size :]
+
+
+def decode_message(data: bytes) -> Message:
+    """The message ``encode_message`` made; ``ProtocolError`` if it is not exactly one."""
+    messages = decode_body(data)
+    if len(messages) != 1:
+        raise ProtocolError(f"expected one encoded message, got {len(messages)}")
+    return messages[0]
+
+
 def frame_length(header: bytes, limit: int) -> int:
     """Body length announced by ``header``; refuses frames above ``limit``."""
     (length,) = HEADER.unpack(header)

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, NamedTuple, TypeVar, cast, dataclass_transform
 
 #: Bumped whenever a message changes shape. Peers with another version are refused
 #: in the handshake, naming both versions, instead of failing later on a bad field.
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 
 
 class Message:
@@ -282,9 +282,10 @@ class RegisterWorker(Message):
     #: pid of the supervisor that restarts this process (0: none); a supervised
     #: worker's death is classified by its supervisor (``WorkerDied``).
     supervisor: int = 0
-    #: Command runs still alive here (or finished and not yet reported) from an
-    #: earlier session: a restarted scheduler adopts them instead of running them again.
-    live_runs: list[int] = field(default_factory=list)
+    #: Keys of tasks still running here (or finished and not yet reported) from an
+    #: earlier session, that outlive sessions (command runs): the client serving
+    #: their keys may adopt them instead of running them again (``TasksStillRunning``).
+    live_tasks: list[str] = field(default_factory=list)
 
 
 @message
@@ -825,3 +826,106 @@ class RestartWorker(Message):
     starts a fresh process (exit status ``RESTART_EXIT`` of worker/supervisor.py)."""
 
     reason: str
+
+
+# --- generic hooks for services that are clients (the job queue) -------------------
+
+
+@message
+class TaskNote(Message):
+    """Worker -> scheduler: a note about a running task, for the clients wanting its key.
+
+    ``note`` is one encoded message (``codec.encode_message``) the scheduler forwards
+    as it is (``TaskNoted``); it never reads it. A ``droppable`` note may be dropped
+    when the worker must hold too much while the scheduler is away.
+    """
+
+    key: str
+    note: bytes
+    droppable: int  #: 1 or 0: the wire has no booleans
+
+
+@message
+class TaskNoted(Message):
+    """Scheduler -> client: a ``TaskNote`` about a task it wants, from worker ``worker``."""
+
+    key: str
+    worker: str
+    note: bytes
+
+
+@message
+class RegisterService(Message):
+    """Client -> scheduler: serve the ``requests`` of these kinds (message class names)
+    that other clients send, and hear of tasks still running on a worker that joins
+    whose keys begin with ``key_prefix`` ("" for none)."""
+
+    requests: list[str]
+    key_prefix: str
+
+
+@message
+class ForwardedRequest(Message):
+    """Scheduler -> service: a request of client ``origin`` (an encoded message)."""
+
+    origin: str
+    request: bytes
+
+
+@message
+class ForwardedReply(Message):
+    """Service -> scheduler: the answer (an encoded message) to relay to ``origin``."""
+
+    origin: str
+    reply: bytes
+
+
+@message
+class TasksStillRunning(Message):
+    """Scheduler -> service: a worker joined with these tasks still running from an
+    earlier session. ``states`` gives the state of those the scheduler has a task for.
+    The service adopts them (``AdoptTask``) or has them stopped (``StopTasks``)."""
+
+    worker_id: str
+    worker: str
+    keys: list[str]
+    states: dict[str, str]
+
+
+@message
+class AdoptTask(Message):
+    """Service -> scheduler: submit ``task`` as already running on ``worker_id``,
+    holding ``units``, instead of queueing it (its process is not started again)."""
+
+    worker_id: str
+    task: TaskSpec
+    functions: dict[str, bytes]
+    units: dict[str, list[str]]
+
+    @classmethod
+    def from_fields(cls, values: list[Any]) -> Message:
+        worker_id, task, functions, units = values
+        return cls(worker_id, TaskSpec(*task), functions, units)
+
+
+@message
+class StopTasks(Message):
+    """Service -> scheduler: have worker ``worker_id`` stop these tasks (``FreeKeys``)."""
+
+    worker_id: str
+    keys: list[str]
+
+
+@message
+class WorkerDeparted(Message):
+    """Scheduler -> service: the worker named ``name`` left and none of that name remains."""
+
+    name: str
+
+
+@message
+class Unserved(Message):
+    """Scheduler -> client: nothing here serves requests of this kind (a class name),
+    so none will be answered (a scheduler without a job queue asked about runs)."""
+
+    kind: str

@@ -169,7 +169,6 @@ class RunLifecycle:
         view = self.runs.get(run_id)
         if view is None or run_id not in self.active or run_id in self.stopping:
             return
-        out.append(e.Release(run_id))
         cancelled = failure is not None and failure[0] == "cancelled"
         ended = self.ended.get(run_id)
         if cancelled and ended is not None and ended.reason == "completed":
@@ -177,13 +176,15 @@ class RunLifecycle:
             cancelled = False
         if cancelled and view.state == RUNNING and ended is None:
             # The scheduler failed the task at once; the run is cancelled only once
-            # its processes are gone (Ended), as its resources are freed.
+            # its processes are gone (Ended), as its resources are freed. Its task is
+            # kept meanwhile: the worker's notes about it come to the task's clients.
             self.stopping[run_id] = (view.worker, failure or ("", ""))
             return
         self._finish(view, event.wall, failure, out)
 
     def _finish(self, view: RunView, wall: float, failure: e.Failure, out: list[e.Command]) -> None:
         run_id = view.id
+        out.append(e.Release(run_id))
         del self.runs[run_id]
         self.active.discard(run_id)
         self.cancelling.discard(run_id)

@@ -4,13 +4,14 @@ A run reaches a worker as an ordinary task whose function is ``execute_run``, so
 it is placed, holds resources and is cancelled like any task. The command itself
 runs in a thread of this module's ``LiveRuns``, which belongs to the worker
 process and outlives scheduler sessions: when the scheduler restarts, the worker
-registers again with the ids of the runs still alive (``RegisterWorker.live_runs``)
+registers again with the keys of the runs still alive (``RegisterWorker.live_tasks``)
 and the new scheduler sends the same task again; ``execute_run`` then *attaches*
 to the live run instead of starting the command a second time.
 
-Everything the scheduler must know travels as typed messages (``RunStarted``,
-``RunOutput``, ``RunEnded``), so it never unpickles a run's result; messages sent
-while no scheduler is connected wait in the worker until one is.
+Everything the job queue must know travels as typed messages (``RunStarted``,
+``RunOutput``, ``RunEnded``), each in a ``TaskNote`` about the run's task that the
+scheduler forwards unread to the queue, so nobody unpickles a run's result;
+notes sent while no scheduler is connected wait in the worker until one is.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from apportion.protocol.messages import Message, RunEnded, RunOutput, RunStarted
+from apportion.protocol.codec import encode_message
+from apportion.protocol.messages import Message, RunEnded, RunOutput, RunStarted, TaskNote
 from apportion.runs.launcher import Launch, Launcher, ProcessLauncher
 from apportion.runs.process import ExitStatus, RunOutcome
 from apportion.runs.spec import RunSpec
@@ -142,10 +144,20 @@ class LiveRuns:
         except OSError as exc:  # only a crash clean-up aid: never fail a run for it
             logger.warning("cannot write %s: %s", self._groups_file, exc)
 
-    def ids(self) -> list[int]:
-        """Runs a restarted scheduler may adopt: alive, or ended and not yet reported."""
+    def keys(self) -> list[str]:
+        """Task keys of the runs a restarted scheduler may adopt: alive, or ended and not
+        yet reported (``RegisterWorker.live_tasks``)."""
         with self._lock:
-            return sorted(self._runs)
+            return [run_key(run_id) for run_id in sorted(self._runs)]
+
+    def cancel_keys(self, keys: Collection[str]) -> None:
+        """``cancel`` the runs among these task keys (the others are not runs)."""
+        runs = [run_id_of(key) for key in keys]
+        self.cancel([run_id for run_id in runs if run_id is not None])
+
+    def _note(self, run_id: int, message: Message, *, droppable: bool = False) -> None:
+        """Tell the scheduler, for the client wanting the run's task (``TaskNote``)."""
+        self._send(TaskNote(run_key(run_id), encode_message(message), int(droppable)))
 
     def execute(
         self,
@@ -168,7 +180,7 @@ class LiveRuns:
         if attach:
             logger.info("run %d: attached to its live command (pid %d)", run_id, live.pid)
             if live.pid and not live.done.is_set():  # an ended one has said so already
-                self._send(RunStarted(run_id, live.pid, live.held))
+                self._note(run_id, RunStarted(run_id, live.pid, live.held))
         else:
             thread = threading.Thread(
                 target=self._run,
@@ -231,9 +243,10 @@ class LiveRuns:
             with order:
                 live.pid = pid
                 self._write_groups()
-                self._send(RunStarted(live.run_id, pid, live.held))
+                self._note(live.run_id, RunStarted(live.run_id, pid, live.held))
                 for chunk in early:
-                    self._send(RunOutput(live.run_id, live.offset, chunk))
+                    output = RunOutput(live.run_id, live.offset, chunk)
+                    self._note(live.run_id, output, droppable=True)
                     live.offset += len(chunk)
                 early.clear()
 
@@ -242,7 +255,7 @@ class LiveRuns:
                 if not live.pid:
                     early.append(chunk)
                     return
-                self._send(RunOutput(live.run_id, live.offset, chunk))
+                self._note(live.run_id, RunOutput(live.run_id, live.offset, chunk), droppable=True)
                 live.offset += len(chunk)
 
         try:
@@ -256,7 +269,7 @@ class LiveRuns:
             outcome = RunOutcome(no_status, "could not start", f"internal error: {exc}", 0)
         code = -1 if outcome.status.code is None else outcome.status.code
         sig = outcome.status.signal or 0
-        self._send(RunEnded(live.run_id, code, sig, outcome.reason, outcome.detail))
+        self._note(live.run_id, RunEnded(live.run_id, code, sig, outcome.reason, outcome.detail))
         live.outcome = outcome
         live.done.set()
         if live.forget_when_done:
@@ -264,49 +277,6 @@ class LiveRuns:
                 if self._runs.get(live.run_id) is live:
                     del self._runs[live.run_id]
         self._write_groups()
-
-
-#: Output chunks are joined into messages of at most this many bytes.
-MAX_OUTPUT_MESSAGE = 1 << 20
-
-
-def coalesce_output(batch: list[Message]) -> list[Message]:
-    """``batch`` with each run of consecutive ``RunOutput`` of one run, each chunk
-    following the last, joined into one message (up to ``MAX_OUTPUT_MESSAGE`` bytes).
-
-    A chatty command is read in small chunks; sent as they come, each would cost the
-    scheduler a message. Whatever gathered while the worker's loop was busy goes as one.
-    """
-    out: list[Message] = []
-    joined: list[bytes] = []  # data of the last message of ``out``, if it is output
-    size = 0
-    for message in batch:
-        last = out[-1] if out else None
-        if (
-            isinstance(message, RunOutput)
-            and isinstance(last, RunOutput)
-            and joined
-            and last.run_id == message.run_id
-            and last.offset + size == message.offset
-            and size + len(message.data) <= MAX_OUTPUT_MESSAGE
-        ):
-            joined.append(message.data)
-            size += len(message.data)
-            continue
-        _close_output(out, joined)
-        out.append(message)
-        joined = [message.data] if isinstance(message, RunOutput) else []
-        size = len(message.data) if isinstance(message, RunOutput) else 0
-    _close_output(out, joined)
-    return out
-
-
-def _close_output(out: list[Message], joined: list[bytes]) -> None:
-    """Replace the last message of ``out`` by one with all of ``joined`` as its data."""
-    if len(joined) > 1:
-        last = out[-1]
-        assert isinstance(last, RunOutput)
-        out[-1] = RunOutput(last.run_id, last.offset, b"".join(joined))
 
 
 def run_environment(run_id: int, spec: RunSpec, resources_env: Mapping[str, str]) -> dict[str, str]:

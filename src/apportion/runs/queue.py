@@ -1,9 +1,13 @@
-"""The scheduler's job queue: runs in the journal, tasks in the state machine.
+"""The job queue: runs in the journal, tasks in the scheduler, as one of its clients.
 
-``RunQueue`` is a client of the scheduler's state machine that lives inside the
-scheduler process (client id ``RUNS_CLIENT``). Each queued run becomes one task,
-``run-<id>``, whose function is ``execute_run``: placement, resources, priority,
-backfill, retries, cancellation and worker loss are the scheduler's, unchanged.
+``RunQueue`` talks to the scheduler only in client messages (``QueueHost.send`` out,
+``on_message`` in). Each queued run becomes one task, ``run-<id>``, whose function
+is ``execute_run``: placement, resources, priority, backfill, retries, cancellation
+and worker loss are the scheduler's, unchanged. It registers as the service for
+run requests (``SubmitRuns``, ``QueryRuns``, ``CancelRuns``, forwarded to it) and
+for tasks whose keys begin with ``run-`` (adopted after a scheduler restart), and
+hears of its runs through the notes workers send about their tasks (``TaskNoted``
+carrying ``RunStarted``, ``RunOutput``, ``RunEnded``).
 
 What becomes of a run is decided by its pure lifecycle (``lifecycle.RunLifecycle``);
 this service only turns what it hears into the lifecycle's events and carries out
@@ -17,6 +21,7 @@ too and come back to the loop as futures.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections import deque
@@ -28,39 +33,35 @@ from typing import Any, Protocol, TypeVar
 from apportion.core.payload import dumps_function, function_id, pack_call
 from apportion.core.resources import parse_demand, parse_supply
 from apportion.protocol import messages as m
+from apportion.protocol.codec import ProtocolError, decode_message, encode_message
 from apportion.runs import run_events as e
 from apportion.runs.journal import QUEUED, RUNNING, STAGED, Journal, RunRecord
 from apportion.runs.lifecycle import RunLifecycle
-from apportion.runs.live import execute_run, run_id_of, run_key
+from apportion.runs.live import RUN_KEY_PREFIX, execute_run, run_id_of, run_key
 from apportion.runs.spec import RunSpec
 from apportion.runs.views import RunView
 from apportion.runs.writer import JournalWriter
-from apportion.scheduler.events import AdoptRunning, Event, FromClient
-from apportion.scheduler.explain import explain
-from apportion.scheduler.state import SchedulerState
 
 logger = logging.getLogger("apportion.runs")
 
 T = TypeVar("T")
 
-#: The queue's client id inside the scheduler's state machine.
-RUNS_CLIENT = "runs"
 #: Seconds between looks at the journal for runs staged and cancels asked meanwhile.
 POLL_SECONDS = 0.5
 #: Seconds between updates of the "why is it waiting" text of queued runs.
 WAITING_SECONDS = 2.0
 #: At most this many queued runs get their waiting text refreshed per update.
 WAITING_BATCH = 200
+#: How the scheduler's explanation of a task that waits in a queue begins.
+_WAITING = ("queued", "waiting")
 
 
 class QueueHost(Protocol):
-    """What the queue needs of the scheduler service around it."""
+    """The queue's connection to the scheduler, as any client has."""
 
-    state: SchedulerState
-
-    def handle(self, event: Event) -> None: ...
-
-    def send_to(self, peer_id: str, message: m.Message) -> None: ...
+    def send(self, messages: list[m.Message]) -> None:
+        """Send these messages to the scheduler, in order."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +114,11 @@ class RunQueue:
         self._looked = False
         self._next_poll = 0.0
         self._next_waiting = 0.0
+        #: Events that came before the journal was read (``start``): handled after it.
+        self._early: list[e.Event] | None = []
+        self._why_requests = itertools.count(1)
+        requests = [m.SubmitRuns.__name__, m.QueryRuns.__name__, m.CancelRuns.__name__]
+        host.send([m.RegisterService(requests, RUN_KEY_PREFIX)])
 
     # --- lifecycle ----------------------------------------------------------------
 
@@ -121,7 +127,10 @@ class RunQueue:
         then take the runs staged meanwhile."""
         self._loop = asyncio.get_running_loop()
         queued, running = await asyncio.wrap_future(self.writer.call(_resume))
+        early, self._early = self._early or [], None
         self._feed(e.Resumed(self._views(queued), self._views(running), now, wall))
+        for event in early:
+            self._feed(event)
         self._polling = True
         self._polled(await asyncio.wrap_future(self.writer.call(_look)))
         self._next_poll = now + POLL_SECONDS
@@ -162,6 +171,9 @@ class RunQueue:
     # --- events in, commands out ----------------------------------------------------
 
     def _feed(self, event: e.Event) -> None:
+        if self._early is not None:
+            self._early.append(event)  # the journal is not read yet
+            return
         self._events.append(event)
         if self._handling:
             return  # the loop below takes it, once the current commands are done
@@ -199,29 +211,26 @@ class RunQueue:
         self._submit(tasks)
 
     def _to_scheduler(self, command: e.Adopt | e.Release | e.CancelTask | e.StopStrays) -> None:
-        now = self.host.state.now
+        message: m.Message
         match command:
             case e.Adopt():
                 func_id, blob = self._function
                 task = self._task_spec(command.run_id, command.retries_left)
                 units = parse_supply(command.held or None)[1]
-                submit = m.SubmitTasks([task], {func_id: blob}, [task.key])
-                self.host.handle(AdoptRunning(command.worker_id, RUNS_CLIENT, submit, units, now))
+                message = m.AdoptTask(command.worker_id, task, {func_id: blob}, units)
             case e.Release():
-                release = m.ReleaseKeys([run_key(command.run_id)])
-                self.host.handle(FromClient(RUNS_CLIENT, [release], now))
+                message = m.ReleaseKeys([run_key(command.run_id)])
             case e.CancelTask():
-                cancel = m.CancelKeys([run_key(command.run_id)])
-                self.host.handle(FromClient(RUNS_CLIENT, [cancel], now))
+                message = m.CancelKeys([run_key(command.run_id)])
             case e.StopStrays():
                 keys = [run_key(run_id) for run_id in command.run_ids]
-                self.host.send_to(command.worker_id, m.FreeKeys(keys))
+                message = m.StopTasks(command.worker_id, keys)
+        self.host.send([message])
 
     def _submit(self, tasks: list[m.TaskSpec]) -> None:
         if tasks:
             func_id, blob = self._function
-            submit = m.SubmitTasks(tasks, {func_id: blob}, [t.key for t in tasks])
-            self.host.handle(FromClient(RUNS_CLIENT, [submit], self.host.state.now))
+            self.host.send([m.SubmitTasks(tasks, {func_id: blob}, [t.key for t in tasks])])
 
     def _task_spec(self, run_id: int, retries_left: int) -> m.TaskSpec:
         """The task that runs the command: ``execute_run(id, spec)``, with its demand."""
@@ -262,11 +271,11 @@ class RunQueue:
 
         future.add_done_callback(hand_over)
 
-    # --- what the state machine tells its client ------------------------------------
+    # --- what the scheduler tells its client ----------------------------------------
 
-    def on_message(self, message: m.Message, wall: float) -> None:
-        """A message the state machine addressed to the queue's client."""
-        now = time.monotonic()
+    def on_message(self, message: m.Message) -> None:
+        """A message from the scheduler to the queue's client."""
+        now, wall = time.monotonic(), time.time()
         match message:
             case m.KeysDone():
                 for key in message.keys:
@@ -276,6 +285,16 @@ class RunQueue:
             case m.KeysFailed():
                 for key in message.keys:
                     self._task_done(key, (message.kind, message.message), now, wall)
+            case m.TaskNoted():
+                self._noted(message, now, wall)
+            case m.TasksStillRunning():
+                self._still_running(message, now, wall)
+            case m.WorkerDeparted():
+                self._feed(e.WorkerGone(message.name, now, wall))
+            case m.ForwardedRequest():
+                self._forwarded(message)
+            case m.WhyReply():
+                self._waiting(message.reasons)
             case m.Notice():
                 level = logging.WARNING if message.level == "warning" else logging.INFO
                 logger.log(level, "%s", message.text)
@@ -287,42 +306,44 @@ class RunQueue:
         if run_id is not None:
             self._feed(e.TaskDone(run_id, failure, now, wall))
 
-    # --- what workers report ----------------------------------------------------------
-
-    def on_worker_message(self, worker_id: str, message: m.Message, wall: float) -> None:
-        """``RunStarted``, ``RunOutput`` or ``RunEnded`` from the worker ``worker_id``."""
-        now = time.monotonic()
-        match message:
+    def _noted(self, noted: m.TaskNoted, now: float, wall: float) -> None:
+        """A worker's note about a run: its start, output or end."""
+        try:
+            note = decode_message(noted.note)
+        except ProtocolError as exc:
+            logger.warning("job queue: a garbled note about %s: %s", noted.key, exc)
+            return
+        match note:
             case m.RunStarted():
-                worker = self.host.state.workers.get(worker_id)
-                name = worker.name if worker is not None else worker_id
-                run_id, held, pid = message.run_id, message.held, message.pid
-                self._feed(e.Started(run_id, name, held, pid, now, wall))
+                run_id, held, pid = note.run_id, note.held, note.pid
+                self._feed(e.Started(run_id, noted.worker, held, pid, now, wall))
             case m.RunOutput():
-                self.writer.output(message.run_id, message.offset, message.data)
+                self.writer.output(note.run_id, note.offset, note.data)
             case m.RunEnded():
-                code, sig, reason, detail = (
-                    message.exit_code,
-                    message.signal,
-                    message.reason,
-                    message.detail,
-                )
-                self._feed(e.Ended(message.run_id, code, sig, reason, detail, now, wall))
+                code, sig, reason, detail = note.exit_code, note.signal, note.reason, note.detail
+                self._feed(e.Ended(note.run_id, code, sig, reason, detail, now, wall))
 
-    def worker_left(self, name: str, wall: float) -> None:
-        """A worker is gone: its cancelled runs are settled, its running ones requeued."""
-        self._feed(e.WorkerGone(name, time.monotonic(), wall))
-
-    def worker_joined(self, worker_id: str, reg: m.RegisterWorker, wall: float) -> None:
-        """Adopt the runs this worker still runs that we wait for; stop the others."""
-        tasks = self.host.state.tasks
+    def _still_running(self, message: m.TasksStillRunning, now: float, wall: float) -> None:
+        """A worker came back with runs alive: adopt those we wait for, stop the others."""
+        live = tuple(i for key in message.keys if (i := run_id_of(key)) is not None)
         states = {
-            run_id: task.state
-            for run_id in reg.live_runs
-            if (task := tasks.get(run_key(run_id))) is not None
+            run_id: state
+            for key, state in message.states.items()
+            if (run_id := run_id_of(key)) is not None
         }
-        event = e.WorkerBack(worker_id, reg.name, tuple(reg.live_runs), states, 0.0, wall)
-        self._feed(event)
+        self._feed(e.WorkerBack(message.worker_id, message.worker, live, states, now, wall))
+
+    def _forwarded(self, forwarded: m.ForwardedRequest) -> None:
+        """A client's run request, forwarded by the scheduler; the answer goes back."""
+        origin = forwarded.origin
+
+        def reply(answer: m.Message) -> None:
+            self.host.send([m.ForwardedReply(origin, encode_message(answer))])
+
+        try:
+            self.request(decode_message(forwarded.request), reply)
+        except ProtocolError as exc:
+            logger.warning("job queue: a garbled request from %s: %s", origin, exc)
 
     # --- requests from clients ----------------------------------------------------------
 
@@ -391,12 +412,21 @@ class RunQueue:
         )
 
     def _explain_waiting(self) -> None:
-        state = self.host.state
+        """Ask the scheduler why the runs not started yet wait (``WhyRequest``)."""
+        runs = self.life.runs
+        queued = [i for i in sorted(self.life.active) if runs[i].state == QUEUED]
+        if queued:
+            keys = [run_key(run_id) for run_id in queued[:WAITING_BATCH]]
+            self.host.send([m.WhyRequest(next(self._why_requests), keys)])
+
+    def _waiting(self, reasons: dict[str, str]) -> None:
+        """Write down why runs wait, for those still waiting in a queue."""
         commands: list[e.JournalCommand] = []
-        for run_id in sorted(self.life.active)[:WAITING_BATCH]:
-            task = state.tasks.get(run_key(run_id))
-            if task is not None and task.state in ("queued", "waiting"):
-                commands.append(e.SetWaiting(run_id, waiting_text(explain(state, task.key))))
+        for key, reason in reasons.items():
+            run_id = run_id_of(key)
+            view = self.life.runs.get(run_id) if run_id is not None else None
+            if view is not None and view.state == QUEUED and reason.startswith(_WAITING):
+                commands.append(e.SetWaiting(view.id, waiting_text(reason)))
         self.writer.write(commands)
 
 

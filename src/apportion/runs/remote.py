@@ -41,10 +41,21 @@ async def _ask(address: str, request: m.Message, timeout: float) -> m.Message:
             for reply in await asyncio.wait_for(conn.recv(), timeout):
                 if isinstance(reply, m.RunsSubmitted | m.RunsReport):
                     return reply
+                if isinstance(reply, m.Unserved):
+                    return _without_journal(request)
     except (OSError, ConnectionClosed, ProtocolError) as exc:
         raise RemoteQueueError(f"the scheduler at {address} went away: {exc}") from None
     finally:
         conn.abort()
+
+
+def _without_journal(request: m.Message) -> m.Message:
+    """The answer of a scheduler that serves no run journal."""
+    if isinstance(request, m.SubmitRuns):
+        text = "this scheduler keeps no run journal (start it with --journal)"
+        return m.RunsSubmitted(request.request_id, [], text)
+    assert isinstance(request, m.QueryRuns | m.CancelRuns)
+    return m.RunsReport(request.request_id, [])
 
 
 def submit(address: str, specs: Sequence[RunSpec], timeout: float = 30.0) -> list[int]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from apportion.protocol.messages import Message, RegisterWorker, SubmitTasks, WorkerDied
+from apportion.protocol.messages import Message, RegisterWorker, WorkerDied
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,23 +67,6 @@ class WorkerDeathReport:
 
 
 @dataclass(frozen=True, slots=True)
-class AdoptRunning:
-    """A task already running on a worker that just (re)joined: record it as running.
-
-    The job queue sends this for a command run that kept running while the
-    scheduler restarted: ``submit`` creates the task for ``client_id`` and, instead
-    of queueing it, it is assigned to ``worker_id`` holding ``units``, so the run's
-    processes are not started a second time.
-    """
-
-    worker_id: str
-    client_id: str
-    submit: SubmitTasks
-    units: dict[str, list[str]]
-    now: float
-
-
-@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passes (the service sends one about twice a second): find silent workers."""
 
@@ -103,7 +86,6 @@ Event = (
     | WorkerJoined
     | WorkerLeft
     | WorkerDeathReport
-    | AdoptRunning
     | FromClient
     | FromWorker
     | PlacementDue

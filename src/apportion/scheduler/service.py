@@ -25,8 +25,7 @@ from apportion.net.handshake import HandshakeError, accept_connection
 from apportion.protocol import messages as m
 from apportion.protocol.codec import ProtocolError
 from apportion.runs.journal import Journal
-from apportion.runs.live import run_key
-from apportion.runs.queue import RUNS_CLIENT, QueueOptions, RunQueue
+from apportion.runs.queue import QueueOptions, RunQueue
 from apportion.scheduler.events import (
     ClientJoined,
     ClientLeft,
@@ -51,10 +50,8 @@ logger = logging.getLogger("apportion.scheduler")
 #: How often the state machine is told the time, to find workers gone silent.
 TICK_SECONDS = 0.5
 
-#: Worker messages about command runs, for the job queue rather than the state machine.
-RUN_REPORTS = (m.RunStarted, m.RunOutput, m.RunEnded)
-#: Client requests about command runs, answered by the job queue.
-RUN_REQUESTS = (m.SubmitRuns, m.QueryRuns, m.CancelRuns)
+#: Client id of the job queue, when this scheduler serves a journal.
+QUEUE_CLIENT = "runs"
 
 
 class Scheduler(BackgroundService):
@@ -109,8 +106,8 @@ class Scheduler(BackgroundService):
             except BaseException:
                 self._server.close()
                 raise
-            self._handle(ClientJoined(RUNS_CLIENT, time.monotonic(), durable=True))
-            self.queue = RunQueue(self._journal, self, self._queue_options)
+            self._handle(ClientJoined(QUEUE_CLIENT, time.monotonic(), durable=True))
+            self.queue = RunQueue(self._journal, self._queue_link(), self._queue_options)
             await self.queue.start(time.monotonic(), time.time())
             logger.info("serving the run journal %s", self._journal.path)
         self.logs.attach()
@@ -125,6 +122,10 @@ class Scheduler(BackgroundService):
             self._handle(Tick(time.monotonic()))
             if self.queue is not None:
                 self._in_queue(self.queue.tick, time.monotonic(), time.time())
+
+    def _queue_link(self) -> _LocalLink:
+        """The job queue's connection to this scheduler (the one place to change it)."""
+        return _LocalLink(self)
 
     async def close(self) -> None:
         """Stop listening and drop every connection; idempotent."""
@@ -191,11 +192,6 @@ class Scheduler(BackgroundService):
             self._conns.pop(peer_id, None)
             await conn.close()
             return
-        if self.queue is not None:
-            self._in_queue(self.queue.worker_joined, peer_id, registration, time.time())
-        elif registration.live_runs:
-            # Runs of another scheduler's journal: nobody here will ever want them.
-            conn.send(m.FreeKeys([run_key(run_id) for run_id in registration.live_runs]))
         try:
             if first[1:]:
                 self._from_worker(peer_id, first[1:])
@@ -204,31 +200,9 @@ class Scheduler(BackgroundService):
         finally:
             self._conns.pop(peer_id, None)
             self._handle(WorkerLeft(peer_id, time.monotonic()))
-            replaced = any(w.name == registration.name for w in self.state.workers.values())
-            if self.queue is not None and not replaced:
-                self._in_queue(self.queue.worker_left, registration.name, time.time())
 
     def _from_worker(self, peer_id: str, batch: list[m.Message]) -> None:
-        """Run reports go to the job queue, the rest to the state machine, in order."""
-        if any(isinstance(msg, RUN_REPORTS) for msg in batch):
-            batch = self._run_reports(peer_id, batch)
-        if batch:
-            self._handle(FromWorker(peer_id, batch, time.monotonic()))
-
-    def _run_reports(self, peer_id: str, batch: list[m.Message]) -> list[m.Message]:
-        """Hand the batch's run reports to the job queue (none: dropped), each after the
-        messages before it; return what follows the last one."""
-        rest: list[m.Message] = []
-        wall = time.time()
-        for msg in batch:
-            if not isinstance(msg, RUN_REPORTS):
-                rest.append(msg)
-            elif self.queue is not None:
-                if rest:
-                    self._handle(FromWorker(peer_id, rest, time.monotonic()))
-                    rest = []
-                self._in_queue(self.queue.on_worker_message, peer_id, msg, wall)
-        return rest
+        self._handle(FromWorker(peer_id, batch, time.monotonic()))
 
     async def _serve_supervisor(self, conn: Connection) -> None:
         """A worker supervisor reporting how its processes ended; nothing is sent back."""
@@ -243,14 +217,7 @@ class Scheduler(BackgroundService):
         self._handle(ClientJoined(peer_id, time.monotonic()))
         try:
             while True:
-                batch = await conn.recv()
-                requests = [msg for msg in batch if isinstance(msg, RUN_REQUESTS)]
-                if requests:
-                    for request in requests:
-                        self._run_request(request, conn)
-                    batch = [msg for msg in batch if not isinstance(msg, RUN_REQUESTS)]
-                if batch:
-                    self._handle(FromClient(peer_id, batch, time.monotonic()))
+                self._handle(FromClient(peer_id, await conn.recv(), time.monotonic()))
         finally:
             self._conns.pop(peer_id, None)
             self._handle(ClientLeft(peer_id, time.monotonic()))
@@ -262,33 +229,12 @@ class Scheduler(BackgroundService):
         except Exception:
             logger.exception("job queue: %s failed", getattr(call, "__name__", call))
 
-    def _run_request(self, msg: m.Message, conn: Connection) -> None:
-        """Have the job queue answer a client's request about command runs."""
-
-        def reply(answer: m.Message) -> None:
-            if not conn.closed:
-                conn.send(answer)
-
-        if self.queue is not None:
-            self._in_queue(self.queue.request, msg, reply)
-        elif isinstance(msg, m.SubmitRuns):
-            text = "this scheduler keeps no run journal (start it with --journal)"
-            reply(m.RunsSubmitted(msg.request_id, [], text))
-        else:
-            assert isinstance(msg, m.QueryRuns | m.CancelRuns)
-            reply(m.RunsReport(msg.request_id, []))
-
     # --- the shell around the state machine -----------------------------------------
 
     def handle(self, event: Event) -> None:
-        """Apply one event (the job queue's way in; ``QueueHost``)."""
+        """Apply one event that came another way than a connection (a local cluster's
+        supervisor reports, the job queue's messages)."""
         self._handle(event)
-
-    def send_to(self, peer_id: str, message: m.Message) -> None:
-        """Send to a connected peer, if it still is (``QueueHost``)."""
-        conn = self._conns.get(peer_id)
-        if conn is not None:
-            conn.send(message)
 
     def _handle(self, event: Event) -> None:
         self._execute(self.state.handle(event))
@@ -307,9 +253,9 @@ class Scheduler(BackgroundService):
                 level = logging.WARNING if command.level == "warning" else logging.INFO
                 logger.log(level, "%s", command.text)
                 continue
-            if command.peer_id == RUNS_CLIENT:
+            if command.peer_id == QUEUE_CLIENT:
                 if self.queue is not None and isinstance(command, Send):
-                    self._in_queue(self.queue.on_message, command.message, time.time())
+                    self._in_queue(self.queue.on_message, command.message)
                 continue
             conn = conns.get(command.peer_id)
             if conn is None:
@@ -338,3 +284,16 @@ async def serve(host: str, port: int, config: SchedulerConfig | None = None) -> 
     finally:
         with contextlib.suppress(Exception):
             await scheduler.close()
+
+
+class _LocalLink:
+    """The job queue's connection to a scheduler in the same loop: what it sends is
+    handled as from any client (``QUEUE_CLIENT``); what the scheduler sends it comes
+    back through ``_execute``."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._scheduler = scheduler
+
+    def send(self, messages: list[m.Message]) -> None:
+        """See ``QueueHost.send``."""
+        self._scheduler.handle(FromClient(QUEUE_CLIENT, messages, time.monotonic()))

@@ -31,7 +31,6 @@ from typing import Any
 from apportion.core.resources import (
     SCALE,
     describe_resources,
-    fits,
     give_back,
     to_units,
 )
@@ -43,10 +42,10 @@ from apportion.scheduler import (
     remote_calls,
     restart,
     shared_data,
+    task_hooks,
     worker_reports,
 )
 from apportion.scheduler.events import (
-    AdoptRunning,
     ClientJoined,
     ClientLeft,
     Command,
@@ -163,13 +162,14 @@ class SchedulerState:
         #: Poison tasks held QUEUED (in no heap) until their last worker death is
         #: classified or the deadline passes; then they fail. key -> deadline.
         self.verdicts: dict[str, float] = {}
+        #: Clients serving others: requests, tasks still running, notes (``task_hooks``).
+        self.services = task_hooks.ServiceBook()
         self._handlers: dict[type[Any], Callable[[Any, Any], None]] = {
             ClientJoined: self._on_client_joined,
             ClientLeft: self._on_client_left,
             WorkerJoined: self._on_worker_joined,
             WorkerLeft: self._on_worker_left,
             WorkerDeathReport: self._on_death_report,
-            AdoptRunning: self._on_adopt_running,
             FromClient: self._on_from_client,
             FromWorker: self._on_from_worker,
             Tick: self._on_tick,
@@ -182,6 +182,7 @@ class SchedulerState:
         """Apply one event; return what must be sent and logged because of it."""
         self.now = event.now
         self._handlers[type(event)](event, None)
+        task_hooks.flush(self)
         for client_id, keys in self.done_keys.items():
             if client_id in self.clients:
                 self._out.append(Send(client_id, m.KeysDone(keys)))
@@ -517,6 +518,7 @@ class SchedulerState:
         self.placement_due = True
         self.relays.worker_joined(self)
         remote_calls.worker_joined(self, event.worker_id)
+        task_hooks.worker_joined(self, event.worker_id, reg)
 
     def _claim_name(self, worker_id: str, reg: m.RegisterWorker) -> bool:
         """Whether ``reg`` may take its name: refuse a second worker under a live one's name.
@@ -548,25 +550,6 @@ class SchedulerState:
 
     def _on_worker_left(self, event: WorkerLeft, _: None) -> None:
         self._remove_worker(event.worker_id, "its connection closed")
-
-    def _on_adopt_running(self, event: AdoptRunning, _: None) -> None:
-        client = self.clients.get(event.client_id)
-        if client is None:
-            return
-        client_requests.submit(self, client, event.submit)
-        worker = self.workers.get(event.worker_id)
-        for spec in event.submit.tasks:
-            task = self.tasks.get(spec.key)
-            if task is None or task.state != QUEUED or task.reserved_on is not None:
-                continue
-            if (
-                worker is None
-                or worker.leaving is not None
-                or not fits(task.resources, worker.free)
-            ):
-                self.warn(f"{spec.key} cannot be adopted where it runs; it will run again")
-                continue
-            self.assign(task, worker, event.units, f"adopted: still running on {worker.name}")
 
     def _on_tick(self, event: Tick, _: None) -> None:
         """Declare lost the workers silent for longer than the timeout."""
@@ -612,6 +595,7 @@ class SchedulerState:
         self._lose_results_on(worker)
         self.relays.worker_left(self, worker.id)
         remote_calls.worker_left(self, worker.id, how)
+        task_hooks.worker_left(self, worker)
         for other in self.workers.values():
             drain.check(self, other)  # a draining worker may wait for nobody now
         self.satisfiable_cache.clear()
@@ -753,6 +737,8 @@ class SchedulerState:
         for msg in messages:
             handler = handlers.get(type(msg))
             if handler is None:
+                if task_hooks.forward(self, peer, msg):
+                    continue  # a request another client serves
                 self.warn(f"{who} sent unexpected {type(msg).__name__}; ignored")
             else:
                 handler(self, peer, msg)
@@ -865,6 +851,10 @@ CLIENT_HANDLERS: dict[type[m.Message], Callable[[SchedulerState, ClientRecord, A
     m.ReplicateKeys: shared_data.replicate,
     m.RebalanceKeys: shared_data.rebalance,
     m.RestartRequest: restart.restart,
+    m.RegisterService: task_hooks.register_service,
+    m.ForwardedReply: task_hooks.forwarded_reply,
+    m.AdoptTask: task_hooks.adopt_task,
+    m.StopTasks: task_hooks.stop_tasks,
 }
 
 WORKER_HANDLERS: dict[type[m.Message], Callable[[SchedulerState, WorkerRecord, Any], None]] = {
@@ -878,6 +868,7 @@ WORKER_HANDLERS: dict[type[m.Message], Callable[[SchedulerState, WorkerRecord, A
     m.DataReply: relay.data_reply,
     m.DataStored: relay.data_stored,
     m.CallAnswered: remote_calls.call_answered,
+    m.TaskNote: task_hooks.task_note,
 }
 
 

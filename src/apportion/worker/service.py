@@ -49,7 +49,7 @@ from apportion.protocol.messages import (
     RegisterWorker,
     RestartWorker,
     RunCall,
-    RunOutput,
+    TaskNote,
     Uninstall,
     WorkerClosing,
     WorkerDraining,
@@ -58,9 +58,7 @@ from apportion.runs.launcher import Launcher
 from apportion.runs.live import (
     DEFAULT_KILL_GRACE,
     LiveRuns,
-    coalesce_output,
     run_groups_path,
-    run_id_of,
 )
 from apportion.worker.data_server import DataServer, data_reply
 from apportion.worker.events import (
@@ -235,7 +233,7 @@ class Worker(BackgroundService):
             if self._runner is not None:
                 self._runner.close()
             await self.remote_calls.close()
-            if self.live_runs.ids():
+            if self.live_runs.keys():
                 if self._scheduler is not None:
                     # Leaving, not lost: heartbeats go on while the runs are stopped, so
                     # the scheduler starts none of them again while a copy still runs.
@@ -318,7 +316,7 @@ class Worker(BackgroundService):
                 self.memory_limit,
                 self.units,
                 self.supervisor,
-                self.live_runs.ids(),
+                self.live_runs.keys(),
             )
         )
         self.sessions += 1
@@ -385,16 +383,17 @@ class Worker(BackgroundService):
         reported, so that a run's start and end always precede its task's result."""
         with self._from_threads_lock:
             batch, self._from_threads = self._from_threads, []
-        for message in coalesce_output(batch):
+        for message in batch:
             self._send_or_keep(message)
 
     def _send_or_keep(self, message: Message) -> None:
         if self._scheduler is not None:
             self._scheduler.send(message)
             return
-        size = len(message.data) if isinstance(message, RunOutput) else 64
-        if self._unsent_bytes + size > MAX_UNSENT_BYTES and isinstance(message, RunOutput):
-            return  # output beyond the bound is dropped; the log shows the gap
+        droppable = isinstance(message, TaskNote) and message.droppable
+        size = len(message.note) if isinstance(message, TaskNote) else 64
+        if self._unsent_bytes + size > MAX_UNSENT_BYTES and droppable:
+            return  # e.g. run output beyond the bound: dropped, and the log shows the gap
         self._unsent.append(message)
         self._unsent_bytes += size
 
@@ -530,8 +529,7 @@ class Worker(BackgroundService):
                     self._handle(events)
                     events = []
                     self._runner.cancel(message.keys)
-                    runs = [run_id_of(key) for key in message.keys]
-                    self.live_runs.cancel([r for r in runs if r is not None])
+                    self.live_runs.cancel_keys(message.keys)
                     events.append(FreeArrived(tuple(message.keys), now))
                 case RunCall() | Install() | Uninstall():
                     self.remote_calls.handle(message)

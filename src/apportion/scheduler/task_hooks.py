@@ -1,0 +1,150 @@
+"""Generic hooks that let a client serve others: notes, adoption, forwarded requests.
+
+The job queue is such a client; the scheduler knows nothing of runs. What it offers
+any client that registers as a service (``RegisterService``):
+
+- *notes*: a worker's ``TaskNote`` about a running task goes, unread, to every
+  client wanting the task's key (``TaskNoted``, naming the worker);
+- *tasks still running*: a worker that joins with tasks alive from an earlier
+  session (``RegisterWorker.live_tasks``) is announced to the service whose key
+  prefix they bear (``TasksStillRunning``), which adopts them (``AdoptTask``: the
+  task is assigned where it runs, not queued) or has them stopped (``StopTasks``);
+  those no service claims are stopped at once (``FreeKeys``), as nobody wants them;
+- *departures*: a service hears when the last worker of a name leaves
+  (``WorkerDeparted``), once the event that removed it is over (a worker replaced by
+  a new registration of its name has not departed);
+- *requests*: a client's request of a kind the scheduler does not serve goes to the
+  service registered for that kind (``ForwardedRequest``), whose answer is relayed
+  (``ForwardedReply``); with no such service, the client is told (``Unserved``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from apportion.core.resources import fits
+from apportion.protocol import messages as m
+from apportion.protocol.codec import ProtocolError, decode_message, encode_message
+from apportion.scheduler import client_requests
+from apportion.scheduler.records import QUEUED, ClientRecord, WorkerRecord
+
+if TYPE_CHECKING:
+    from apportion.scheduler.state import SchedulerState
+
+
+@dataclass
+class ServiceBook:
+    """Which clients serve what; entries of clients that left are ignored."""
+
+    #: Request kind (message class name) -> id of the client serving it.
+    requests: dict[str, str] = field(default_factory=dict)
+    #: Key prefix -> id of the client that adopts running tasks with such keys.
+    prefixes: dict[str, str] = field(default_factory=dict)
+    #: Names of workers removed during the current event (see ``flush``).
+    departed: list[str] = field(default_factory=list)
+
+
+def register_service(state: SchedulerState, client: ClientRecord, msg: m.RegisterService) -> None:
+    for kind in msg.requests:
+        state.services.requests[kind] = client.id
+    if msg.key_prefix:
+        state.services.prefixes[msg.key_prefix] = client.id
+
+
+def forward(state: SchedulerState, peer: ClientRecord | WorkerRecord, msg: m.Message) -> bool:
+    """Forward a client's request to the service serving its kind; whether there is one.
+
+    If there is none the client is told so (``Unserved``), not left waiting.
+    """
+    if not isinstance(peer, ClientRecord):
+        return False
+    kind = type(msg).__name__
+    server = state.services.requests.get(kind)
+    if server is None or server not in state.clients:
+        state.send(peer.id, m.Unserved(kind))
+        return False
+    state.send(server, m.ForwardedRequest(peer.id, encode_message(msg)))
+    return True
+
+
+def forwarded_reply(state: SchedulerState, client: ClientRecord, msg: m.ForwardedReply) -> None:
+    if msg.origin not in state.clients:
+        return  # the asker left meanwhile
+    try:
+        reply = decode_message(msg.reply)
+    except ProtocolError as exc:
+        state.warn(f"client {client.id} sent a garbled reply for {msg.origin}: {exc}")
+        return
+    state.send(msg.origin, reply)
+
+
+def task_note(state: SchedulerState, worker: WorkerRecord, msg: m.TaskNote) -> None:
+    task = state.tasks.get(msg.key)
+    if task is None or not task.wanted_by:
+        return  # nobody to tell
+    for client_id in task.wanted_by:
+        state.send(client_id, m.TaskNoted(msg.key, worker.name, msg.note))
+
+
+def worker_joined(state: SchedulerState, worker_id: str, reg: m.RegisterWorker) -> None:
+    """Offer the tasks still running on a worker that joined to the services claiming them."""
+    if not reg.live_tasks:
+        return
+    offers: dict[str, list[str]] = {}
+    unclaimed: list[str] = []
+    for key in reg.live_tasks:
+        server = _server_of(state, key)
+        if server is None:
+            unclaimed.append(key)
+        else:
+            offers.setdefault(server, []).append(key)
+    for server, keys in offers.items():
+        states = {key: task.state for key in keys if (task := state.tasks.get(key)) is not None}
+        state.send(server, m.TasksStillRunning(worker_id, reg.name, keys, states))
+    if unclaimed:
+        state.send(worker_id, m.FreeKeys(unclaimed))  # nobody here will ever want them
+
+
+def _server_of(state: SchedulerState, key: str) -> str | None:
+    for prefix, client_id in state.services.prefixes.items():
+        if key.startswith(prefix) and client_id in state.clients:
+            return client_id
+    return None
+
+
+def adopt_task(state: SchedulerState, client: ClientRecord, msg: m.AdoptTask) -> None:
+    key = msg.task.key
+    client_requests.submit(state, client, m.SubmitTasks([msg.task], msg.functions, [key]))
+    worker = state.workers.get(msg.worker_id)
+    task = state.tasks.get(key)
+    if task is None or task.state != QUEUED or task.reserved_on is not None:
+        return
+    if worker is None or worker.leaving is not None or not fits(task.resources, worker.free):
+        state.warn(f"{key} cannot be adopted where it runs; it will run again")
+        return
+    state.assign(task, worker, msg.units, f"adopted: still running on {worker.name}")
+
+
+def stop_tasks(state: SchedulerState, client: ClientRecord, msg: m.StopTasks) -> None:
+    if msg.worker_id in state.workers:
+        state.send(msg.worker_id, m.FreeKeys(msg.keys))
+
+
+def worker_left(state: SchedulerState, worker: WorkerRecord) -> None:
+    if state.services.prefixes:
+        state.services.departed.append(worker.name)
+
+
+def flush(state: SchedulerState) -> None:
+    """At the end of an event: tell services of workers whose name nobody holds now."""
+    book = state.services
+    if not book.departed:
+        return
+    names = {w.name for w in state.workers.values()}
+    servers = {c for c in book.prefixes.values() if c in state.clients}
+    for name in book.departed:
+        if name not in names:
+            for server in sorted(servers):
+                state.send(server, m.WorkerDeparted(name))
+    book.departed.clear()
