@@ -340,5 +340,6 @@ class ClientRecord:
     def __init__(self, client_id: str, durable: bool = False) -> None:
         self.id = client_id
         self.wanted: set[str] = set()
-        #: Its tasks survive a restart (``restart.py``): the job queue's runs.
+        #: A service (``RegisterService``): its tasks survive a restart (``restart.py``)
+        #: and its leaving (they are not released): the job queue's runs.
         self.durable = durable

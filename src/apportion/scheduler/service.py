@@ -14,7 +14,6 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 from apportion.log_ring import LogRing
@@ -26,6 +25,7 @@ from apportion.protocol import messages as m
 from apportion.protocol.codec import ProtocolError
 from apportion.runs.journal import Journal
 from apportion.runs.queue import QueueOptions, RunQueue
+from apportion.runs.service import RunsService
 from apportion.scheduler.events import (
     ClientJoined,
     ClientLeft,
@@ -36,7 +36,6 @@ from apportion.scheduler.events import (
     FromWorker,
     Log,
     PlacementDue,
-    Send,
     Tick,
     WorkerDeathReport,
     WorkerJoined,
@@ -49,9 +48,6 @@ logger = logging.getLogger("apportion.scheduler")
 
 #: How often the state machine is told the time, to find workers gone silent.
 TICK_SECONDS = 0.5
-
-#: Client id of the job queue, when this scheduler serves a journal.
-QUEUE_CLIENT = "runs"
 
 
 class Scheduler(BackgroundService):
@@ -84,8 +80,12 @@ class Scheduler(BackgroundService):
         self._ticker: asyncio.Task[None] | None = None
         self._journal = journal
         self._queue_options = queue_options or QueueOptions()
-        #: The job queue, when this scheduler serves a journal of command runs.
+        #: The job queue, when this scheduler serves a journal of command runs; it
+        #: lives on a thread of its own (``RunsService``), a client of this scheduler.
         self.queue: RunQueue | None = None
+        self._runs: RunsService | None = None
+        #: Set once the job queue (if any) is ready for the workers' live runs.
+        self._services_ready = asyncio.Event()
         #: Recent records of the scheduler's loggers (``client.get_scheduler_logs``).
         self.logs = LogRing(only=("apportion.scheduler", "apportion.runs"))
 
@@ -106,10 +106,15 @@ class Scheduler(BackgroundService):
             except BaseException:
                 self._server.close()
                 raise
-            self._handle(ClientJoined(QUEUE_CLIENT, time.monotonic(), durable=True))
-            self.queue = RunQueue(self._journal, self._queue_link(), self._queue_options)
-            await self.queue.start(time.monotonic(), time.time())
+            self._runs = RunsService(self._journal, self._runs_address(), self._queue_options)
+            try:
+                self.queue = await self._runs.start()
+            except BaseException:
+                await asyncio.to_thread(self._runs.close)
+                self._server.close()
+                raise
             logger.info("serving the run journal %s", self._journal.path)
+        self._services_ready.set()
         self.logs.attach()
         self._ticker = asyncio.create_task(self._tick(), name="scheduler-tick")
         logger.info("scheduler listening at %s", self.address)
@@ -120,12 +125,10 @@ class Scheduler(BackgroundService):
         while True:
             await asyncio.sleep(TICK_SECONDS)
             self._handle(Tick(time.monotonic()))
-            if self.queue is not None:
-                self._in_queue(self.queue.tick, time.monotonic(), time.time())
 
-    def _queue_link(self) -> _LocalLink:
-        """The job queue's connection to this scheduler (the one place to change it)."""
-        return _LocalLink(self)
+    def _runs_address(self) -> str:
+        """Where the job queue connects to this scheduler (the one place to change it)."""
+        return self.address
 
     async def close(self) -> None:
         """Stop listening and drop every connection; idempotent."""
@@ -135,11 +138,14 @@ class Scheduler(BackgroundService):
         if self._server is not None:
             self._server.close()
             self._server = None
+        if self._runs is not None:
+            # First, so that the workers leaving below do not requeue its runs: they
+            # stay running in the journal, for the next scheduler to adopt.
+            await asyncio.to_thread(self._runs.close)
         for conn in list(self._conns.values()):
             await conn.close()
         self._conns.clear()
-        if self._journal is not None and self.queue is not None:
-            await self.queue.close()
+        if self._journal is not None and self._runs is not None:
             await asyncio.to_thread(self._journal.release)
         self.logs.detach()
         if self._closed is not None:
@@ -185,6 +191,7 @@ class Scheduler(BackgroundService):
         first = await conn.recv()
         if not first or not isinstance(first[0], m.RegisterWorker):
             raise ProtocolError("a worker must register first")
+        await self._services_ready.wait()  # its live runs are offered to the job queue
         self._conns[peer_id] = conn
         registration = first[0]
         self._handle(WorkerJoined(peer_id, registration, time.monotonic()))
@@ -222,18 +229,11 @@ class Scheduler(BackgroundService):
             self._conns.pop(peer_id, None)
             self._handle(ClientLeft(peer_id, time.monotonic()))
 
-    def _in_queue(self, call: Callable[..., None], *args: Any) -> None:
-        """Call into the job queue; a failure there is logged, never a dropped peer."""
-        try:
-            call(*args)
-        except Exception:
-            logger.exception("job queue: %s failed", getattr(call, "__name__", call))
-
     # --- the shell around the state machine -----------------------------------------
 
     def handle(self, event: Event) -> None:
         """Apply one event that came another way than a connection (a local cluster's
-        supervisor reports, the job queue's messages)."""
+        supervisor reports)."""
         self._handle(event)
 
     def _handle(self, event: Event) -> None:
@@ -252,10 +252,6 @@ class Scheduler(BackgroundService):
             if isinstance(command, Log):
                 level = logging.WARNING if command.level == "warning" else logging.INFO
                 logger.log(level, "%s", command.text)
-                continue
-            if command.peer_id == QUEUE_CLIENT:
-                if self.queue is not None and isinstance(command, Send):
-                    self._in_queue(self.queue.on_message, command.message)
                 continue
             conn = conns.get(command.peer_id)
             if conn is None:
@@ -284,16 +280,3 @@ async def serve(host: str, port: int, config: SchedulerConfig | None = None) -> 
     finally:
         with contextlib.suppress(Exception):
             await scheduler.close()
-
-
-class _LocalLink:
-    """The job queue's connection to a scheduler in the same loop: what it sends is
-    handled as from any client (``QUEUE_CLIENT``); what the scheduler sends it comes
-    back through ``_execute``."""
-
-    def __init__(self, scheduler: Scheduler) -> None:
-        self._scheduler = scheduler
-
-    def send(self, messages: list[m.Message]) -> None:
-        """See ``QueueHost.send``."""
-        self._scheduler.handle(FromClient(QUEUE_CLIENT, messages, time.monotonic()))

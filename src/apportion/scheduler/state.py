@@ -477,7 +477,7 @@ class SchedulerState:
 
     def _on_client_left(self, event: ClientLeft, _: None) -> None:
         client = self.clients.pop(event.client_id, None)
-        if client is not None:
+        if client is not None and not client.durable:  # a durable client's work stays
             client_requests.release(self, client, list(client.wanted))
         self.relays.drop_client(self, event.client_id)
         self.remote.drop_client(event.client_id)

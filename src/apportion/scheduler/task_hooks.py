@@ -46,6 +46,9 @@ class ServiceBook:
 
 
 def register_service(state: SchedulerState, client: ClientRecord, msg: m.RegisterService) -> None:
+    # A service's work outlives its connection (the job queue's runs keep running
+    # while the scheduler stops, for the next one to adopt).
+    client.durable = True
     for kind in msg.requests:
         state.services.requests[kind] = client.id
     if msg.key_prefix:
