@@ -154,7 +154,7 @@ class RunQueue:
         if now >= self._next_poll and not self._polling:
             self._next_poll = now + POLL_SECONDS
             self._polling = True
-            self._when_done(self.writer.call(_look), self._polled)
+            self._when_done(self.writer.call(_look), self._polled, self._poll_failed)
         self._feed(e.Tick(now, wall))
         if now >= self._next_waiting:
             self._next_waiting = now + WAITING_SECONDS
@@ -252,24 +252,32 @@ class RunQueue:
             views.append(view_of(record, task.demand))
         return tuple(views)
 
-    def _when_done(self, future: Future[T], then: Callable[[T], None]) -> None:
-        """Call ``then`` with the future's result on the loop, once the writer has it."""
+    def _when_done(
+        self,
+        future: Future[T],
+        then: Callable[[T], None],
+        failed: Callable[[BaseException], None],
+    ) -> None:
+        """Call ``then`` with the writer's answer, or ``failed`` with its error, on the loop."""
         loop = self._loop
         assert loop is not None, "start() first"
 
         def done(future: Future[T]) -> None:
             error = future.exception()
-            if error is not None:
+            if error is None:
+                then(future.result())
+            else:
                 logger.error("job queue: the journal failed: %s", error)
-                self._polling = False
-                return
-            then(future.result())
+                failed(error)
 
         def hand_over(future: Future[T]) -> None:
             if not loop.is_closed():
                 loop.call_soon_threadsafe(done, future)
 
         future.add_done_callback(hand_over)
+
+    def _poll_failed(self, _: BaseException) -> None:
+        self._polling = False  # the next tick looks again
 
     # --- what the scheduler tells its client ----------------------------------------
 
@@ -395,21 +403,8 @@ class RunQueue:
         failed: Callable[[str], m.Message],
         reply: Callable[[m.Message], None],
     ) -> None:
-        """Like ``_when_done``, but a failure is also answered (``failed(why)``)."""
-
-        def answered(future: Future[T]) -> None:
-            error = future.exception()
-            if error is None:
-                then(future.result())
-            else:
-                logger.error("job queue: a request failed: %s", error)
-                reply(failed(str(error)))
-
-        loop = self._loop
-        assert loop is not None, "start() first"
-        future.add_done_callback(
-            lambda f: None if loop.is_closed() else loop.call_soon_threadsafe(answered, f)
-        )
+        """``_when_done``, with a failure answered to the client (``failed(why)``)."""
+        self._when_done(future, then, lambda error: reply(failed(str(error))))
 
     def _explain_waiting(self) -> None:
         """Ask the scheduler why the runs not started yet wait (``WhyRequest``)."""
