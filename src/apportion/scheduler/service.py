@@ -19,9 +19,10 @@ from typing import Any
 
 from apportion.log_ring import LogRing
 from apportion.loop_thread import BackgroundService
-from apportion.net.address import DEFAULT_PORT, format_address
+from apportion.net.address import DEFAULT_PORT
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeError, accept_connection
+from apportion.net.transport import Listener, transport_for
 from apportion.protocol import messages as m
 from apportion.protocol.codec import ProtocolError
 from apportion.runs.journal import Journal
@@ -62,7 +63,9 @@ class Scheduler(BackgroundService):
 
     Use ``async with Scheduler(port=0) as s`` inside an event loop, or
     ``with Scheduler(port=0) as s`` from plain code (it then runs on a background
-    thread). ``s.address`` is where workers and clients connect.
+    thread). ``s.address`` is where workers and clients connect. A ``host`` of
+    ``inproc://name`` (or ``inproc://`` for a fresh name) listens in memory instead of
+    on TCP, for clusters within one process (``port`` is then not used).
     """
 
     def __init__(
@@ -79,7 +82,7 @@ class Scheduler(BackgroundService):
         self.state = SchedulerState(config)
         self.id = f"scheduler-{uuid.uuid4().hex[:8]}"
         self.address = ""
-        self._server: asyncio.Server | None = None
+        self._server: Listener | None = None
         self._conns: dict[str, Connection] = {}
         self._ids = itertools.count(1)
         self._placement_scheduled = False
@@ -97,9 +100,9 @@ class Scheduler(BackgroundService):
     async def start(self) -> Scheduler:
         """Listen; return once connections are accepted."""
         self._closed = asyncio.Event()
-        self._server = await asyncio.start_server(self._on_connect, self.host, self.port)
-        port = self._server.sockets[0].getsockname()[1]
-        self.address = format_address(self.host, port)
+        transport = transport_for(self.host)
+        self._server = await transport.listen(self.host, self.port, self._on_connect)
+        self.address = self._server.address
         self.state.identity = {"id": self.id, "address": self.address}
         self.state.remote.versions = versions()
         self.state.remote.logs = lambda n: [list(r) for r in self.logs.recent(n)]

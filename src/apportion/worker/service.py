@@ -32,6 +32,7 @@ from apportion.core.resources import ResourceSpec, describe_resources, parse_sup
 from apportion.loop_thread import BackgroundService
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeError, open_connection
+from apportion.net.transport import serving_host
 from apportion.protocol.codec import ProtocolError
 from apportion.protocol.messages import (
     DIRECT_PUT,
@@ -146,10 +147,13 @@ class Worker(BackgroundService):
         #: scheduler, which then waits for the supervisor's word on how we died).
         self.supervisor = supervisor
         self._process = psutil.Process()
-        #: Where peers and clients fetch data, ``tcp://host:port``; set by ``start``.
+        #: Where peers and clients fetch data (``tcp://host:port`` or ``inproc://name``);
+        #: set by ``start``.
         self.address = ""
         self.state = WorkerState(self.nthreads)
-        self._server = DataServer(self.data, self.name, host, port, self._put_direct)
+        # In memory when the scheduler is: peers in this process reach it there.
+        data_host = serving_host(scheduler_address, host)
+        self._server = DataServer(self.data, self.name, data_host, port, self._put_direct)
         self._peers = PeerPool(self.name)
         self._runner: TaskRunner | None = None
         #: The live scheduler connection; None while reconnecting (and before start).
