@@ -13,6 +13,7 @@ simulated time, so a resource plan can be checked in milliseconds::
     intervals = sim.run({"a": 2.0, "b": 2.0, "c": 2.0})
 """
 
+from apportion.testing.clock import FakeClock
 from apportion.testing.simulation import Interval, SimulatedCluster
 
-__all__ = ["Interval", "SimulatedCluster"]
+__all__ = ["FakeClock", "Interval", "SimulatedCluster"]
