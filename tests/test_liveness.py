@@ -7,6 +7,7 @@ import asyncio
 import pytest
 from click.testing import CliRunner
 
+from apportion import Scheduler, get_worker
 from apportion.cli.main import main
 from apportion.scheduler.state import SchedulerConfig
 from apportion.testing import FakeClock, InMemoryCluster
@@ -57,3 +58,28 @@ def test_scheduler_cli_passes_the_worker_timeout(monkeypatch: pytest.MonkeyPatch
     result = CliRunner().invoke(main, ["scheduler", "--help"])
     assert "--worker-timeout" in result.output
     assert CliRunner().invoke(main, ["scheduler", "--worker-timeout", "0"]).exit_code == 2
+
+
+def _where() -> str:
+    return get_worker().name
+
+
+def test_workers_reconnect_to_a_restarted_scheduler_after_their_backoff() -> None:
+    async def main() -> None:
+        clock = FakeClock()
+        workers = [{"name": name, "resources": f"{name}=1", "nthreads": 2} for name in "ab"]
+        async with InMemoryCluster(workers, clock=clock) as cluster:
+            await cluster.scheduler.close()  # the scheduler goes away; its address stays
+            await clock.advance(0)
+            assert not any(w.connected for w in cluster.workers)
+            cluster.scheduler = Scheduler(cluster.address, clock=clock)
+            await cluster.scheduler.start()
+            await clock.advance(1.0)  # past the first backoffs
+            names = sorted(w.name for w in cluster.scheduler.state.workers.values())
+            assert names == ["a", "b"] and all(w.sessions == 2 for w in cluster.workers)
+            client = await asyncio.to_thread(cluster.client)
+            ran_on = [client.submit(_where, resources={name: 1}) for name in "ab"]
+            assert await asyncio.to_thread(client.gather, ran_on) == ["a", "b"]
+            await asyncio.to_thread(client.close)
+
+    asyncio.run(main())
