@@ -34,6 +34,14 @@ when time passes::
 
 from apportion.testing.clock import FakeClock
 from apportion.testing.cluster import InMemoryCluster
+from apportion.testing.recording import RecordingCluster, UnexpectedMessages
 from apportion.testing.simulation import Interval, SimulatedCluster
 
-__all__ = ["FakeClock", "InMemoryCluster", "Interval", "SimulatedCluster"]
+__all__ = [
+    "FakeClock",
+    "InMemoryCluster",
+    "Interval",
+    "RecordingCluster",
+    "SimulatedCluster",
+    "UnexpectedMessages",
+]
