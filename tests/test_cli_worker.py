@@ -233,6 +233,7 @@ def fake_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
 
 
+@pytest.mark.process
 @pytest.mark.timeout(10)
 @pytest.mark.usefixtures("fake_gpus")
 def test_auto_under_a_mask_offers_exactly_the_masked_gpus(
@@ -246,6 +247,7 @@ def test_auto_under_a_mask_offers_exactly_the_masked_gpus(
     assert amounts["memory"] == psutil.virtual_memory().total * SCALE
 
 
+@pytest.mark.process
 @pytest.mark.timeout(10)
 @pytest.mark.usefixtures("fake_gpus")
 def test_auto_is_detected_once_then_split(launched: Launched) -> None:

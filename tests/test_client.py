@@ -230,6 +230,7 @@ def test_why_story_and_scheduler_info(cluster: InMemoryCluster, client: Client) 
     client.wait_for_workers(2, timeout=5)
 
 
+@pytest.mark.tcp
 def test_scheduler_and_worker_classes_sync_and_async() -> None:
     store: dict[str, Any] = {}
     with Scheduler(port=0) as scheduler, Worker(scheduler.address, nthreads=1, data=store) as w:
@@ -277,6 +278,7 @@ def test_testing_exports_the_simulation() -> None:
     assert max(ends.values()) == 6.0 and ends["d"] == 2.0
 
 
+@pytest.mark.tcp
 def test_local_cluster_hands_its_workers_their_units_intact() -> None:
     shape = {"name": "g", "nthreads": 1, "resources": "gpu=[0-1,5] MEMORY=16GiB"}
     cmd = worker_command("tcp://127.0.0.1:1", LocalCluster._spec(0, shape))

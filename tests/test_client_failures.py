@@ -170,6 +170,7 @@ def test_gather_skip_leaves_failures_out(client: Client) -> None:
         client.gather([good, bad])
 
 
+@pytest.mark.tcp
 def test_every_client_is_told_when_nobody_can_run_its_request() -> None:
     from apportion import Scheduler, Worker
 

@@ -302,6 +302,7 @@ def test_execution_freed_while_running_is_still_reported() -> None:
     run(scenario)
 
 
+@pytest.mark.tcp
 @pytest.mark.timeout(30)
 def test_garbage_on_the_data_port_closes_only_that_connection(
     caplog: pytest.LogCaptureFixture,
@@ -449,6 +450,7 @@ def test_liveness_settings_are_checked() -> None:
         Worker("tcp://127.0.0.1:1", reconnect_timeout=-1)
 
 
+@pytest.mark.tcp
 @pytest.mark.timeout(30)
 def test_sync_context_manager_runs_on_its_own_loop() -> None:
     loop_thread = LoopThread()
@@ -471,6 +473,7 @@ async def _send_and_expect(
     return await scheduler.expect(conn, TaskFinished)
 
 
+@pytest.mark.tcp
 @pytest.mark.timeout(30)
 def test_unreachable_scheduler_is_a_clear_error() -> None:
     async def scenario() -> None:

@@ -34,24 +34,27 @@ class RecordingCluster(SimulatedCluster):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        #: (peer, message) sent and not taken yet, in the order they were sent.
-        self.untaken: list[tuple[str, m.Message]] = []
+        #: (peer, kind) -> (order sent, message) for each message sent and not taken yet;
+        #: keyed so that taking one kind costs nothing per message of other kinds.
+        self.untaken: dict[tuple[str, type[m.Message]], list[tuple[int, m.Message]]] = {}
+        self._sent = 0
         #: Kinds of message this test does not care about (``allow``).
         self.allowed: set[type[m.Message]] = set(ALWAYS_ALLOWED)
 
     def handle(self, event: Event) -> list[Command]:
         commands = super().handle(event)
-        self.untaken.extend(
-            (command.peer_id, command.message) for command in commands if isinstance(command, Send)
-        )
+        for command in commands:
+            if isinstance(command, Send):
+                kind = (command.peer_id, type(command.message))
+                self.untaken.setdefault(kind, []).append((self._sent, command.message))
+                self._sent += 1
         return commands
 
     # --- taking ---------------------------------------------------------------------
 
     def _take(self, peer: str, cls: type[m.Message]) -> None:
-        self.untaken = [
-            (p, msg) for p, msg in self.untaken if p != peer or not isinstance(msg, cls)
-        ]
+        for kind in [k for k in self.untaken if k[0] == peer and issubclass(k[1], cls)]:
+            del self.untaken[kind]
 
     def got(self, cls: type[M], client: str = "c1") -> list[M]:
         """Every message of type ``cls`` sent to ``client`` so far; takes them."""
@@ -85,9 +88,14 @@ class RecordingCluster(SimulatedCluster):
 
     def check_all_taken(self) -> None:
         """Fail if any message sent is neither taken nor of an allowed kind."""
-        left = [(p, msg) for p, msg in self.untaken if not isinstance(msg, tuple(self.allowed))]
+        left = sorted(
+            (order, peer, msg)
+            for (peer, kind), sent in self.untaken.items()
+            if not issubclass(kind, tuple(self.allowed))
+            for order, msg in sent
+        )
         if left:
-            lines = "\n".join(f"  to {peer}: {msg!r}"[:300] for peer, msg in left)
+            lines = "\n".join(f"  to {peer}: {msg!r}"[:300] for _, peer, msg in left)
             raise UnexpectedMessages(f"{len(left)} messages sent and not expected:\n{lines}")
 
     # --- helpers the scheduler tests share --------------------------------------------
