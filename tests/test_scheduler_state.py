@@ -58,7 +58,7 @@ class RecordingCluster(SimulatedCluster):
         return "forgotten" if task is None else task.state
 
     def free(self, worker_id: str) -> dict[str, float]:
-        return {n: t / SCALE for n, t in self.state.workers[worker_id].free.items()}
+        return {n: t / SCALE for n, t in self.state.workers[worker_id].ledger.free.items()}
 
 
 @pytest.fixture

@@ -80,9 +80,9 @@ def test_units_come_back_on_every_exit_path(sim: SimulatedCluster) -> None:
     sim.finish("ok")
     sim.raise_("boom")
     sim.client_says("c1", m.CancelKeys(["cancelled"]))
-    assert sim.state.workers[w].units["gpu"] != dict.fromkeys("012", 10_000)  # still held
+    assert sim.state.workers[w].ledger.units["gpu"] != dict.fromkeys("012", 10_000)  # still held
     sim.finish("cancelled")  # the worker reports; only now is the unit free
-    assert sim.state.workers[w].units["gpu"] == dict.fromkeys("012", 10_000)
+    assert sim.state.workers[w].ledger.units["gpu"] == dict.fromkeys("012", 10_000)
     # Released, so that losing the worker below does not recompute "ok" first.
     sim.client_says("c1", m.ReleaseKeys(["ok", "boom", "cancelled"]))
     sim.submit("lost", resources={"gpu": 2})
@@ -137,7 +137,7 @@ def test_a_registration_whose_units_do_not_match_its_pool_is_not_trusted(
     reg = m.RegisterWorker("odd", "sim://odd", 1, {"gpu": 30_000}, 0, 0, {"gpu": ["0", "1"]})
     sim.running["odd"] = {}
     sim.handle(WorkerJoined("odd", reg, sim.now))
-    assert sim.state.workers["odd"].units == {}
+    assert sim.state.workers["odd"].ledger.units == {}
     assert any("unit lists" in log.text for log in sim.logs)
     sim.handle(FromWorker("odd", [], sim.now))
 
@@ -169,7 +169,7 @@ def test_the_first_alternative_that_fits_now_is_taken(sim: SimulatedCluster) -> 
     assert sim.running[w]["c"].variant == 1
     sim.finish("a")
     sim.finish("c")
-    assert sim.state.workers[w].free == {"gpu": 10_000, "cpus": 80_000}
+    assert sim.state.workers[w].ledger.free == {"gpu": 10_000, "cpus": 80_000}
 
 
 def test_alternatives_are_unsatisfiable_only_when_all_are(sim: SimulatedCluster) -> None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from apportion.core.ledger import describe_units
 from apportion.core.resources import describe_amount, describe_resources
-from apportion.scheduler.placement import available, holder_of, pools
+from apportion.scheduler.placement import held_back, holder_of, pools
 from apportion.scheduler.records import (
     ERRED,
     MEMORY,
@@ -16,7 +17,6 @@ from apportion.scheduler.records import (
     WorkerRecord,
     options_of,
 )
-from apportion.scheduler.units import describe_units, pick_units
 from apportion.scheduler.unsatisfiable import unsatisfiable_text
 
 if TYPE_CHECKING:
@@ -122,17 +122,19 @@ def _worker_obstacles(
 ) -> str:
     reasons = []
     holder = holder_of(state, worker, task)
+    kept = held_back(state, worker, task)
+    ledger = worker.ledger
     for name, need in sorted(demand.items()):
-        free = available(worker, name, holder)
+        free = ledger.available(name, kept)
         if free < need:
             reasons.append(
                 f"{name} {describe_amount(name, free)} of "
-                f"{describe_amount(name, worker.total[name])} free"
+                f"{describe_amount(name, ledger.total[name])} free"
             )
-        elif name in worker.units and pick_units(worker.units[name], need) is None:
+        elif not ledger.has_unit_room(name, need):
             unit_free = ", ".join(
                 f"{label}: {describe_amount(name, left)}"
-                for label, left in worker.units[name].items()
+                for label, left in ledger.units[name].items()
             )
             reasons.append(f"{name} has no unit with room for it (free per unit: {unit_free})")
     if len(worker.processing) >= worker.nthreads:

@@ -45,11 +45,11 @@ def _check_ledger(state: SchedulerState) -> None:
             )
             used.update(task.resources)
             resource_tasks += bool(task.resources)
-        for name, total in worker.total.items():
-            free = worker.free[name]
-            assert 0 <= free <= total, f"{worker.name}: {name} free {free} outside [0, {total}]"
-            assert free == total - used[name], f"{worker.name}: {name} ledger drifted"
-        assert not set(used) - set(worker.total), f"{worker.name}: uses undeclared resources"
+        ledger = worker.ledger
+        ledger.check()
+        for name, total in ledger.total.items():
+            assert ledger.free[name] == total - used[name], f"{worker.name}: {name} ledger drifted"
+        assert not set(used) - set(ledger.total), f"{worker.name}: uses undeclared resources"
         assert resource_tasks <= worker.nthreads, f"{worker.name}: more resource tasks than threads"
         for key in worker.has_what:
             task = state.tasks.get(key)
@@ -134,9 +134,10 @@ def _check_restrictions(state: SchedulerState) -> None:
 
 
 def _check_units(state: SchedulerState) -> None:
-    """No unit above 100%, and per pool the units account for exactly what is taken."""
+    """Each unit's free share accounts for exactly the tasks holding it (``Ledger.check``
+    has checked the units against the amounts)."""
     for worker in state.workers.values():
-        for name, unit_free in worker.units.items():
+        for name, unit_free in worker.ledger.units.items():
             used: Counter[str] = Counter()
             for key in worker.processing:
                 task = state.tasks[key]
@@ -145,7 +146,4 @@ def _check_units(state: SchedulerState) -> None:
                     share = min(task.resources[name], SCALE)
                     used.update(dict.fromkeys(task.units[name], share))
             for label, free in unit_free.items():
-                assert 0 <= free <= SCALE, f"{worker.name}: {name}[{label}] free {free}"
                 assert free == SCALE - used[label], f"{worker.name}: {name}[{label}] drifted"
-            taken = sum(SCALE - free for free in unit_free.values())
-            assert taken == worker.total[name] - worker.free[name], f"{name} units != ledger"

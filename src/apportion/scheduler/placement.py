@@ -39,7 +39,7 @@ from functools import partial
 from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING
 
-from apportion.core.resources import fits
+from apportion.core.resources import Amounts
 from apportion.scheduler.records import (
     QUEUED,
     QueueKey,
@@ -50,7 +50,6 @@ from apportion.scheduler.records import (
     options_of,
     restriction_of,
 )
-from apportion.scheduler.units import could_hold, pick_units
 from apportion.scheduler.unsatisfiable import fail_or_warn
 
 if TYPE_CHECKING:
@@ -68,7 +67,7 @@ def place(state: SchedulerState) -> None:
 def candidates(state: SchedulerState, signature: Signature) -> list[WorkerRecord]:
     """Workers whose declared supply could ever hold this request."""
     demand = dict(signature)
-    return [w for w in state.workers.values() if w.leaving is None and could_hold(w, demand)]
+    return [w for w in state.workers.values() if w.leaving is None and w.ledger.could_hold(demand)]
 
 
 AliasIndex = dict[str, list[tuple[int, WorkerRecord]]]
@@ -106,7 +105,7 @@ def pools(
         {position: w for name in restriction.workers for position, w in index.get(name, ())}.items()
     )
     allowed = [
-        [w for _, w in named if w.leaving is None and could_hold(w, dict(option))]
+        [w for _, w in named if w.leaving is None and w.ledger.could_hold(dict(option))]
         for option in options
     ]
     if restriction.loose and not any(allowed):
@@ -121,12 +120,10 @@ def holder_of(state: SchedulerState, worker: WorkerRecord, task: TaskRecord) -> 
     return state.tasks.get(worker.reserved_by)
 
 
-def available(worker: WorkerRecord, name: str, holder: TaskRecord | None) -> int:
-    """Free amount of ``name`` on ``worker`` that is not held for a reservation."""
-    free = worker.free.get(name, 0)
-    if holder is not None:
-        free -= min(free, holder.resources.get(name, 0))
-    return free
+def held_back(state: SchedulerState, worker: WorkerRecord, task: TaskRecord) -> Amounts | None:
+    """What ``worker`` keeps for the reservation of a task other than ``task``, if any."""
+    holder = holder_of(state, worker, task)
+    return None if holder is None else holder.resources
 
 
 def fits_now(
@@ -138,13 +135,7 @@ def fits_now(
     """Could ``task``, asking ``demand``, start on ``worker`` right now?"""
     if len(worker.processing) >= worker.nthreads:
         return False
-    holder = holder_of(state, worker, task)
-    for name, need in demand.items():
-        if available(worker, name, holder) < need:
-            return False
-        if name in worker.units and pick_units(worker.units[name], need) is None:
-            return False  # enough in total, but not in units that fit this request
-    return True
+    return worker.ledger.can_take(demand, held_back(state, worker, task))
 
 
 def _input_bytes(state: SchedulerState, task: TaskRecord) -> dict[str, int]:
@@ -185,7 +176,7 @@ def _reserve(state: SchedulerState, task: TaskRecord, pool: list[WorkerRecord]) 
         if worker.reserved_by is not None:
             continue
         closeness = sum(
-            min(worker.free.get(n, 0), need) / need for n, need in task.resources.items()
+            min(worker.ledger.free.get(n, 0), need) / need for n, need in task.resources.items()
         )
         score = (-closeness, len(worker.processing))
         if best_score is None or score < best_score:
@@ -315,9 +306,9 @@ def plain_capacity(
     if worker.leaving is not None:
         return 0  # it said it is closing: nothing new goes there
     holder = state.tasks.get(worker.reserved_by or "")
-    if holder is not None and fits(holder.resources, worker.free):
+    if holder is not None and worker.ledger.fits(holder.resources):
         return 0  # the reserved task waits only for a thread: let the threads drain
-    if resource_work_waiting and worker.total:
+    if resource_work_waiting and worker.ledger.total:
         # A plain task queued ahead here would take the thread a GPU (say) frees next,
         # leaving the GPU idle while work for it waits: fill free threads only.
         return worker.nthreads - len(worker.processing)

@@ -28,13 +28,8 @@ from dataclasses import dataclass
 from heapq import heappush
 from typing import Any
 
-from apportion.core.resources import (
-    SCALE,
-    describe_resources,
-    fits,
-    give_back,
-    to_units,
-)
+from apportion.core.ledger import describe_units, matching_units
+from apportion.core.resources import describe_resources, to_units
 from apportion.protocol import messages as m
 from apportion.scheduler import (
     client_requests,
@@ -75,12 +70,6 @@ from apportion.scheduler.records import (
     QueueKey,
     TaskRecord,
     WorkerRecord,
-)
-from apportion.scheduler.units import (
-    describe_units,
-    return_units,
-    take_given_units,
-    take_units,
 )
 
 #: The task's own key was never computed: scattered data cannot be recomputed.
@@ -259,13 +248,9 @@ class SchedulerState:
             cause += f" with {describe_resources(task.resources) or 'no resources'}"
         task.units = None
         if task.resources:
-            for name, need in task.resources.items():
-                worker.free[name] -= need
-            if worker.units:
-                given = take_given_units(worker, task.resources, units) if units else None
-                task.units = given or take_units(worker, task.resources) or None
-                if task.units:
-                    cause += " holding " + describe_units(task.units)
+            task.units = worker.ledger.take(task.resources, units) or None
+            if task.units:
+                cause += " holding " + describe_units(task.units)
         worker.processing.add(task.key)
         task.worker = worker.id
         self.move(task, PROCESSING, cause)
@@ -293,9 +278,7 @@ class SchedulerState:
         """The worker is done with ``task``: return its resources exactly once."""
         worker.processing.remove(task.key)
         if task.resources:
-            give_back(worker.free, task.resources, worker.total)
-        if task.units:
-            return_units(worker, task.resources, task.units)
+            worker.ledger.give(task.resources, task.units)
             task.units = None
         task.worker = None
 
@@ -485,11 +468,7 @@ class SchedulerState:
         reg = event.registration
         if not self._claim_name(event.worker_id, reg):
             return
-        units = {
-            name: labels
-            for name, labels in reg.units.items()
-            if reg.resources.get(name) == len(labels) * SCALE and len(set(labels)) == len(labels)
-        }
+        units = matching_units(reg.resources, reg.units)
         if len(units) != len(reg.units):
             self.warn(f"worker {reg.name}: unit lists that do not match its pools were ignored")
         self.workers[event.worker_id] = WorkerRecord(
@@ -562,7 +541,7 @@ class SchedulerState:
             if (
                 worker is None
                 or worker.leaving is not None
-                or not fits(task.resources, worker.free)
+                or not worker.ledger.fits(task.resources)
             ):
                 self.warn(f"{spec.key} cannot be adopted where it runs; it will run again")
                 continue
@@ -802,12 +781,9 @@ class SchedulerState:
                 "id": w.id,
                 "name": w.name,
                 "nthreads": w.nthreads,
-                "resources": to_units(w.total),
-                "free_resources": to_units(w.free),
-                "units": {
-                    name: {label: free / SCALE for label, free in unit_free.items()}
-                    for name, unit_free in w.units.items()
-                },
+                "resources": to_units(w.ledger.total),
+                "free_resources": to_units(w.ledger.free),
+                "units": w.ledger.unit_view(),
                 "processing": len(w.processing),
                 "keys": len(w.has_what),
                 "nbytes": w.nbytes,

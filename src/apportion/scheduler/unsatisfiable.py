@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from apportion.core.resources import describe_amount, describe_resources, missing
+from apportion.core.ledger import splittable
+from apportion.core.resources import describe_amount, describe_resources
 from apportion.protocol import messages as m
 from apportion.scheduler.records import (
     QUEUED,
@@ -14,7 +15,6 @@ from apportion.scheduler.records import (
     options_of,
     restriction_of,
 )
-from apportion.scheduler.units import could_hold, splittable
 
 if TYPE_CHECKING:
     from apportion.scheduler.state import SchedulerState
@@ -27,7 +27,7 @@ def satisfiable(state: SchedulerState, signature: QueueKey) -> bool:
     if known is None:
         restriction = restriction_of(signature)
         known = any(
-            could_hold(w, dict(option))
+            w.ledger.could_hold(dict(option))
             and (restriction is None or restriction.loose or restriction.allows(w))
             for option in options_of(signature)
             for w in state.workers.values()
@@ -118,12 +118,12 @@ def _shortfall(demand: dict[str, int], workers: list[Any]) -> str:
     best: dict[str, tuple[int, str]] = {}
     for w in workers:
         for name in names:
-            have = w.total.get(name, 0)
+            have = w.ledger.total.get(name, 0)
             if name not in best or have > best[name][0]:
                 best[name] = (have, w.name)
     short: set[str] = set()
     for w in workers:
-        short.update(missing(demand, w.total))
+        short.update(w.ledger.missing(demand))
     parts = []
     for name in names:
         have, where = best.get(name, (0, ""))
@@ -134,7 +134,7 @@ def _shortfall(demand: dict[str, int], workers: list[Any]) -> str:
                 parts.append(f"no worker offers {name}")
     for name in names:
         need = demand[name]
-        if not splittable(need) and any(name in w.units for w in workers):
+        if not splittable(need) and any(name in w.ledger.units for w in workers):
             parts.append(
                 f"{name} is an indexed pool: ask for whole units, or at most 1 to share one "
                 f"unit, not {describe_amount(name, need)}"
