@@ -41,8 +41,8 @@ def explain(state: SchedulerState, key: str) -> str:
         worker = state.workers.get(task.worker or "")
         where = f"{worker.name} ({worker.address})" if worker else "a worker"
         holding = f", holding {describe_resources(task.resources)}" if task.resources else ""
-        if task.units:
-            holding += f" (units: {describe_units(task.units)})"
+        if task.allocation is not None and task.allocation.units:
+            holding += f" (units: {describe_units(task.allocation.units)})"
         return f"running on {where}{holding}"
     if task.state == MEMORY:
         worker = state.workers.get(task.worker or "")

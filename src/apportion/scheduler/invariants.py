@@ -76,8 +76,9 @@ def _check_tasks(state: SchedulerState) -> None:
             assert key in queued_keys or key in state.verdicts, f"{key}: queued but in no heap"
         if task.state == PROCESSING and task.worker is not None:
             assert key in state.workers[task.worker].processing, f"{key}: lost its worker"
-        if task.units:
-            assert task.state == PROCESSING and task.worker, f"{key}: holds units off a worker"
+        if task.allocation is not None:
+            assert task.state == PROCESSING and task.worker, f"{key}: holds resources off a worker"
+            assert task.allocation.resources == task.resources, f"{key}: allocation drifted"
         _check_holders(state, task)
         for dep_key in task.dependents:
             dependent = state.tasks.get(dep_key)
@@ -141,9 +142,10 @@ def _check_units(state: SchedulerState) -> None:
             used: Counter[str] = Counter()
             for key in worker.processing:
                 task = state.tasks[key]
+                held = task.allocation.units if task.allocation is not None else {}
                 if name in task.resources:
-                    assert task.units and name in task.units, f"{key} holds no {name} units"
+                    assert name in held, f"{key} holds no {name} units"
                     share = min(task.resources[name], SCALE)
-                    used.update(dict.fromkeys(task.units[name], share))
+                    used.update(dict.fromkeys(held[name], share))
             for label, free in unit_free.items():
                 assert free == SCALE - used[label], f"{worker.name}: {name}[{label}] drifted"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from apportion.core.allocation import Allocation
 from apportion.core.ledger import Ledger
 from apportion.core.resources import Amounts, Units
 
@@ -149,6 +150,7 @@ class TaskRecord:
     """The scheduler's view of one task."""
 
     __slots__ = (
+        "allocation",
         "args",
         "cancelled",
         "dependents",
@@ -169,7 +171,6 @@ class TaskRecord:
         "seq",
         "signature",
         "state",
-        "units",
         "variants",
         "wanted_by",
         "worker",
@@ -238,8 +239,9 @@ class TaskRecord:
         #: Set when the worker was told to drop the result of this running task.
         self.discard_result = False
         self.cancelled = False
-        #: While PROCESSING: the unit labels it holds in each indexed pool.
-        self.units: dict[str, list[str]] | None = None
+        #: While PROCESSING on a worker: what it holds there (taken from that
+        #: worker's ledger, given back exactly once); None otherwise.
+        self.allocation: Allocation | None = None
 
     def needed(self) -> bool:
         """A client wants it or an unfinished dependent needs its result."""

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from heapq import heappush
 from typing import Any
 
+from apportion.core.allocation import NOTHING, Allocation
 from apportion.core.ledger import describe_units, matching_units
 from apportion.core.resources import describe_resources, to_units
 from apportion.protocol import messages as m
@@ -246,11 +247,14 @@ class SchedulerState:
         cause = cause or f"assigned to {worker.name}"
         if task.variants:
             cause += f" with {describe_resources(task.resources) or 'no resources'}"
-        task.units = None
-        if task.resources:
-            task.units = worker.ledger.take(task.resources, units) or None
-            if task.units:
-                cause += " holding " + describe_units(task.units)
+        allocation = NOTHING
+        if task.resources or task.variants:
+            held = worker.ledger.take(task.resources, units) if task.resources else {}
+            if held:
+                cause += " holding " + describe_units(held)
+            variant = task.variants.index(task.resources) if task.variants else 0
+            allocation = Allocation(task.resources, held, variant)
+        task.allocation = allocation
         worker.processing.add(task.key)
         task.worker = worker.id
         self.move(task, PROCESSING, cause)
@@ -262,24 +266,16 @@ class SchedulerState:
             who_has[dep] = [self.workers[w].address for w in holders(self.tasks[dep])]
         self.send(
             worker.id,
-            m.ComputeTask(
-                task.key,
-                task.func_id,
-                task.args,
-                who_has,
-                task.resources,
-                task.priority,
-                task.units or {},
-                task.variants.index(task.resources) if task.variants else 0,
-            ),
+            m.ComputeTask(task.key, task.func_id, task.args, who_has, task.priority, allocation),
         )
 
     def unassign(self, task: TaskRecord, worker: WorkerRecord) -> None:
         """The worker is done with ``task``: return its resources exactly once."""
         worker.processing.remove(task.key)
-        if task.resources:
-            worker.ledger.give(task.resources, task.units)
-            task.units = None
+        allocation = task.allocation
+        if allocation is not None and allocation.resources:
+            worker.ledger.give(allocation.resources, allocation.units)
+        task.allocation = None
         task.worker = None
 
     def drop_reservation(self, task: TaskRecord) -> None:
@@ -573,7 +569,7 @@ class SchedulerState:
         for key in sorted(worker.processing, key=lambda k: self.tasks[k].seq):
             task = self.tasks[key]
             task.worker = None
-            task.units = None  # they were that worker's units, gone with its ledger
+            task.allocation = None  # it held that worker's resources, gone with its ledger
             if task.discard_result:
                 task.discard_result = False
                 worker_reports.settle_discarded(self, task, f"worker {worker.name} lost")
@@ -748,7 +744,7 @@ class SchedulerState:
                 "resources": to_units(t.resources),
                 "alternatives": [to_units(v) for v in t.variants or ()],
                 "workers": sorted(t.restriction.workers) if t.restriction else None,
-                "units": t.units,
+                "units": (t.allocation.units or None) if t.allocation else None,
                 "priority": t.priority,
                 "retries_left": t.retries,
                 "wanted_by": sorted(t.wanted_by or ()),
