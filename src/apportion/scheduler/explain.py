@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from apportion.core.ledger import describe_units
 from apportion.core.resources import describe_amount, describe_resources
+from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.placement import held_back, holder_of, pools
 from apportion.scheduler.records import (
     ERRED,
@@ -19,16 +18,13 @@ from apportion.scheduler.records import (
 )
 from apportion.scheduler.unsatisfiable import unsatisfiable_text
 
-if TYPE_CHECKING:
-    from apportion.scheduler.state import SchedulerState
-
 
 def unknown_text(key: str) -> str:
     """The answer for a key the scheduler does not know (the CLI tells it apart by it)."""
     return f"{key!r} is not known to the scheduler: never submitted, or already released"
 
 
-def explain(state: SchedulerState, key: str) -> str:
+def explain(state: SchedulerCore, key: str) -> str:
     """One paragraph on where ``key`` stands and what it waits for."""
     task = state.tasks.get(key)
     if task is None:
@@ -54,7 +50,7 @@ def explain(state: SchedulerState, key: str) -> str:
     return _explain_queued(state, task)
 
 
-def _explain_queued(state: SchedulerState, task: TaskRecord) -> str:
+def _explain_queued(state: SchedulerCore, task: TaskRecord) -> str:
     if not state.workers:
         return "queued: no workers are connected"
     ahead = sum(
@@ -118,7 +114,7 @@ def _restriction_note(task: TaskRecord, by_option: list[list[WorkerRecord]]) -> 
 
 
 def _worker_obstacles(
-    state: SchedulerState, worker: WorkerRecord, task: TaskRecord, demand: dict[str, int]
+    state: SchedulerCore, worker: WorkerRecord, task: TaskRecord, demand: dict[str, int]
 ) -> str:
     reasons = []
     holder = holder_of(state, worker, task)

@@ -37,9 +37,9 @@ import math
 from collections.abc import Callable
 from functools import partial
 from heapq import heapify, heappop, heappush
-from typing import TYPE_CHECKING
 
 from apportion.core.resources import Amounts
+from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.records import (
     QUEUED,
     QueueKey,
@@ -52,11 +52,8 @@ from apportion.scheduler.records import (
 )
 from apportion.scheduler.unsatisfiable import fail_or_warn
 
-if TYPE_CHECKING:
-    from apportion.scheduler.state import SchedulerState
 
-
-def place(state: SchedulerState) -> None:
+def place(state: SchedulerCore) -> None:
     """Start every ready task that can start now."""
     if not state.workers:
         return
@@ -64,7 +61,7 @@ def place(state: SchedulerState) -> None:
     _place_plain_tasks(state)
 
 
-def candidates(state: SchedulerState, signature: Signature) -> list[WorkerRecord]:
+def candidates(state: SchedulerCore, signature: Signature) -> list[WorkerRecord]:
     """Workers whose declared supply could ever hold this request."""
     demand = dict(signature)
     return [w for w in state.workers.values() if w.leaving is None and w.ledger.could_hold(demand)]
@@ -74,7 +71,7 @@ AliasIndex = dict[str, list[tuple[int, WorkerRecord]]]
 """Worker name, address or host -> the workers it names, with their join order."""
 
 
-def alias_index(state: SchedulerState) -> AliasIndex:
+def alias_index(state: SchedulerCore) -> AliasIndex:
     """Every worker by each of its aliases, so that a restriction finds its workers
     without a walk over the whole cluster."""
     index: AliasIndex = {}
@@ -85,7 +82,7 @@ def alias_index(state: SchedulerState) -> AliasIndex:
 
 
 def pools(
-    state: SchedulerState,
+    state: SchedulerCore,
     key: QueueKey,
     index: AliasIndex | None = None,
     every: Callable[[Signature], list[WorkerRecord]] | None = None,
@@ -113,21 +110,21 @@ def pools(
     return allowed
 
 
-def holder_of(state: SchedulerState, worker: WorkerRecord, task: TaskRecord) -> TaskRecord | None:
+def holder_of(state: SchedulerCore, worker: WorkerRecord, task: TaskRecord) -> TaskRecord | None:
     """The task holding a reservation on ``worker`` if it is not ``task`` itself."""
     if worker.reserved_by is None or worker.reserved_by == task.key:
         return None
     return state.tasks.get(worker.reserved_by)
 
 
-def held_back(state: SchedulerState, worker: WorkerRecord, task: TaskRecord) -> Amounts | None:
+def held_back(state: SchedulerCore, worker: WorkerRecord, task: TaskRecord) -> Amounts | None:
     """What ``worker`` keeps for the reservation of a task other than ``task``, if any."""
     holder = holder_of(state, worker, task)
     return None if holder is None else holder.resources
 
 
 def fits_now(
-    state: SchedulerState,
+    state: SchedulerCore,
     worker: WorkerRecord,
     task: TaskRecord,
     demand: dict[str, int],
@@ -138,7 +135,7 @@ def fits_now(
     return worker.ledger.can_take(demand, held_back(state, worker, task))
 
 
-def _input_bytes(state: SchedulerState, task: TaskRecord) -> dict[str, int]:
+def _input_bytes(state: SchedulerCore, task: TaskRecord) -> dict[str, int]:
     by_worker: dict[str, int] = {}
     for dep in task.deps:
         record = state.tasks[dep]
@@ -150,7 +147,7 @@ def _input_bytes(state: SchedulerState, task: TaskRecord) -> dict[str, int]:
 
 
 def best_worker(
-    state: SchedulerState,
+    state: SchedulerCore,
     task: TaskRecord,
     pool: list[WorkerRecord],
     demand: dict[str, int],
@@ -168,7 +165,7 @@ def best_worker(
     return best
 
 
-def _reserve(state: SchedulerState, task: TaskRecord, pool: list[WorkerRecord]) -> None:
+def _reserve(state: SchedulerCore, task: TaskRecord, pool: list[WorkerRecord]) -> None:
     """Hold the worker closest to fitting ``task`` so backfill cannot starve it."""
     best: WorkerRecord | None = None
     best_score: tuple[float, int] | None = None
@@ -187,7 +184,7 @@ def _reserve(state: SchedulerState, task: TaskRecord, pool: list[WorkerRecord]) 
         state.log.append((state.now, task.key, QUEUED, QUEUED, f"reserved {best.name}"))
 
 
-def _head(state: SchedulerState, heap: list[tuple[int, int, str]]) -> TaskRecord | None:
+def _head(state: SchedulerCore, heap: list[tuple[int, int, str]]) -> TaskRecord | None:
     """First live entry of ``heap``, discarding stale ones (tasks no longer queued)."""
     while heap:
         task = state.tasks.get(heap[0][2])
@@ -197,7 +194,7 @@ def _head(state: SchedulerState, heap: list[tuple[int, int, str]]) -> TaskRecord
     return None
 
 
-def _place_resource_tasks(state: SchedulerState) -> None:
+def _place_resource_tasks(state: SchedulerCore) -> None:
     # No early return when every thread is busy: a blocked head must still take its
     # reservation then, or plain tasks pipelined ahead keep every thread busy forever
     # and the resource task starves behind newer work.
@@ -236,7 +233,7 @@ def _place_resource_tasks(state: SchedulerState) -> None:
 
 
 def _place_by_age(
-    state: SchedulerState, pool_for: Callable[[QueueKey], list[list[WorkerRecord]]]
+    state: SchedulerCore, pool_for: Callable[[QueueKey], list[list[WorkerRecord]]]
 ) -> None:
     """Merge the request kinds' queues oldest first; a kind that blocks is done for this pass.
 
@@ -273,7 +270,7 @@ def _place_by_age(
 
 
 def _start_if_it_fits(
-    state: SchedulerState,
+    state: SchedulerCore,
     task: TaskRecord,
     pool_for: Callable[[QueueKey], list[list[WorkerRecord]]],
 ) -> bool:
@@ -300,7 +297,7 @@ def _outside(task: TaskRecord, target: WorkerRecord) -> str:
 
 
 def plain_capacity(
-    state: SchedulerState, worker: WorkerRecord, resource_work_waiting: bool = False
+    state: SchedulerCore, worker: WorkerRecord, resource_work_waiting: bool = False
 ) -> int:
     """How many more plain tasks ``worker`` may be given now (running or queued ahead)."""
     if worker.leaving is not None:
@@ -323,7 +320,7 @@ def plain_capacity(
     return worker.nthreads * (1 + ahead) - len(worker.processing)
 
 
-def _place_plain_tasks(state: SchedulerState) -> None:
+def _place_plain_tasks(state: SchedulerCore) -> None:
     heap = state.ready.get(())
     if not heap:
         return
@@ -360,7 +357,7 @@ def _place_plain_tasks(state: SchedulerState) -> None:
 
 
 def _local_choice(
-    state: SchedulerState, task: TaskRecord, capacity: dict[str, int]
+    state: SchedulerCore, task: TaskRecord, capacity: dict[str, int]
 ) -> WorkerRecord | None:
     """The worker holding most input bytes, if it can take the task now."""
     local = _input_bytes(state, task)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from apportion.core.ledger import splittable
 from apportion.core.resources import describe_amount, describe_resources
 from apportion.protocol import messages as m
+from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.records import (
     QUEUED,
     QueueKey,
@@ -16,11 +17,8 @@ from apportion.scheduler.records import (
     restriction_of,
 )
 
-if TYPE_CHECKING:
-    from apportion.scheduler.state import SchedulerState
 
-
-def satisfiable(state: SchedulerState, signature: QueueKey) -> bool:
+def satisfiable(state: SchedulerCore, signature: QueueKey) -> bool:
     """Some connected worker's declared supply could hold this request, and (for a
     hard restriction) that worker is one the task may run on."""
     known = state.satisfiable_cache.get(signature)
@@ -37,7 +35,7 @@ def satisfiable(state: SchedulerState, signature: QueueKey) -> bool:
 
 
 def check_satisfiable(
-    state: SchedulerState, task: TaskRecord
+    state: SchedulerCore, task: TaskRecord
 ) -> tuple[str, bytes | str, bytes] | None:
     """At submission, on a cluster that cannot grow: the failure to give ``task``."""
     if not state.config.fail_unsatisfiable or not state.workers:
@@ -47,7 +45,7 @@ def check_satisfiable(
     return ("unsatisfiable", unsatisfiable_text(task, state.workers.values()), b"")
 
 
-def fail_or_warn(state: SchedulerState, signature: QueueKey, heap: list[Any]) -> None:
+def fail_or_warn(state: SchedulerCore, signature: QueueKey, heap: list[Any]) -> None:
     """Placement found ready tasks that no connected worker can ever hold."""
     if satisfiable(state, signature):
         return  # only workers that are closing could: wait for others, say nothing yet
@@ -63,7 +61,7 @@ def fail_or_warn(state: SchedulerState, signature: QueueKey, heap: list[Any]) ->
         state.fail(task, ("unsatisfiable", text, b""), "no connected worker can run it")
 
 
-def warn_unsatisfiable(state: SchedulerState, task: TaskRecord, text: str) -> None:
+def warn_unsatisfiable(state: SchedulerCore, task: TaskRecord, text: str) -> None:
     """Log it once per kind of request, and tell each client waiting for one once."""
     if task.signature not in state.warned:
         state.warned.add(task.signature)
