@@ -58,24 +58,13 @@ PURE = re.compile(
 ALLOWED_PACKAGE_CYCLES = {
     frozenset({"apportion.runs", "apportion.scheduler"}),
     frozenset({"apportion.runs", "apportion.worker"}),
-    # The CLI starts local clusters and the client reuses CLI option parsing and log
-    # formatting: three edges from client to cli (cluster_options, local_processes).
-    frozenset({"apportion.cli", "apportion.client"}),
 }
 
-#: Module cycles that exist today, through lazy imports inside functions (in the
-#: client and the command line, outside the engine's layers); to be deleted.
-ALLOWED_MODULE_CYCLES = {
-    frozenset({"apportion.client.progress", "apportion.client.progress_widget"}),
-    frozenset({"apportion.client.client", "apportion.client.datasets", "apportion.client.local"}),
-    frozenset({"apportion.cli.inspect", "apportion.cli.runs", "apportion.cli.submit"}),
-}
+#: Module cycles allowed (none).
+ALLOWED_MODULE_CYCLES: set[frozenset[str]] = set()
 
-
-#: Pure by its package, impure today: the pickler's per-thread state in
-#: ``core.payload`` (``threading.local``) belongs with the client and worker code
-#: that pickles; to be deleted once it moves.
-ALLOWED_IMPURE = {("apportion.core.payload", "threading")}
+#: Pure modules allowed an impure import (none).
+ALLOWED_IMPURE: set[tuple[str, str]] = set()
 
 
 def strongly_connected(graph: dict[str, set[str]]) -> list[frozenset[str]]:
