@@ -28,8 +28,8 @@ demo: $(STAMP)
 	$(BIN)/python examples/seed_resources.py
 
 lint: $(TEST_STAMP)
-	$(BIN)/python -m ruff check src tests benchmarks examples
-	$(BIN)/python -m ruff format --check src tests benchmarks examples
+	$(BIN)/python -m ruff check src tests benchmarks examples tools
+	$(BIN)/python -m ruff format --check src tests benchmarks examples tools
 
 typecheck: $(TEST_STAMP)
 	$(BIN)/python -m mypy

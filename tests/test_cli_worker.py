@@ -17,11 +17,12 @@ import pytest
 from click.testing import CliRunner
 
 from apportion.cli.main import main
-from apportion.cli.worker import WorkerSettings, check_resources, parse_memory_limit
+from apportion.cli.worker import WorkerSettings, check_resources
 from apportion.cli.worker import worker as worker_command
 from apportion.core.resources import SCALE, parse_supply
 from apportion.loop_thread import LoopThread
 from apportion.protocol.messages import WorkerClosing
+from apportion.worker.detect import parse_memory_limit
 from test_worker_service import FakeScheduler
 
 

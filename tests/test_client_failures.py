@@ -136,9 +136,9 @@ def test_keys_must_be_strings_and_graph_keys_must_stay_distinct(client: Client) 
 def test_oversized_arguments_are_refused_up_front(
     client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import apportion.client.client as client_module
+    import apportion.client.payload_limits as limits
 
-    monkeypatch.setattr(client_module, "MAX_PAYLOAD", 1000)
+    monkeypatch.setattr(limits, "MAX_PAYLOAD", 1000)
     with pytest.raises(ValueError, match="split the data"):
         client.submit(len, b"x" * 5000)
     with pytest.raises(ValueError, match="split the data"):

@@ -15,6 +15,7 @@ import pytest
 import tblib
 
 import apportion
+from apportion.core.allocation import Allocation
 from apportion.core.payload import KeyRef, dumps, function_id, loads, pack_call
 from apportion.loop_thread import LoopThread
 from apportion.net.connection import Connection
@@ -104,10 +105,8 @@ def compute(key: str, func: Callable[..., Any], *args: Any, **extra: Any) -> lis
         fid,
         packed,
         extra.get("who_has", {}),
-        extra.get("resources", {}),
         extra.get("p", 0),
-        extra.get("units", {}),
-        extra.get("variant", 0),
+        Allocation(extra.get("resources", {}), extra.get("units", {}), extra.get("variant", 0)),
     )
     return [LoadFunction(fid, blob), task]
 

@@ -52,6 +52,11 @@ from apportion.worker.supervisor import format_bytes
 if TYPE_CHECKING:
     from apportion.client.client import Client
 
+#: The class ``get_client`` makes. ``apportion.client.client`` sets it as it loads
+#: (importing ``apportion`` loads it first): it imports this module, since ``Client()``
+#: starts a LocalCluster, so this module must not import it back.
+client_type: Callable[[LocalCluster], Client] | None = None
+
 #: A local worker that loses its scheduler retries this long, then exits. Long enough to
 #: rejoin after being declared lost (a task that held the GIL past the worker timeout),
 #: short enough that workers of a process that died do not linger.
@@ -312,9 +317,8 @@ class LocalCluster:
 
     def get_client(self) -> Client:
         """A client of this cluster (a new one each call; close it when done)."""
-        from apportion.client.client import Client
-
-        return Client(self)
+        assert client_type is not None, "apportion.client.client sets it as it loads"
+        return client_type(self)
 
     def get_logs(self) -> dict[str, str]:
         """Recent log text: ``"scheduler"`` (everything this cluster's event loop logged,

@@ -120,4 +120,4 @@ class RecordingCluster(SimulatedCluster):
 
     def free(self, worker_id: str) -> dict[str, float]:
         """The worker's free resources, in units."""
-        return {n: t / SCALE for n, t in self.state.workers[worker_id].free.items()}
+        return {n: t / SCALE for n, t in self.state.workers[worker_id].ledger.free.items()}
