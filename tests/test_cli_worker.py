@@ -17,11 +17,12 @@ import pytest
 from click.testing import CliRunner
 
 from apportion.cli.main import main
-from apportion.cli.worker import WorkerSettings, check_resources, parse_memory_limit
+from apportion.cli.worker import WorkerSettings, check_resources
 from apportion.cli.worker import worker as worker_command
 from apportion.core.resources import SCALE, parse_supply
 from apportion.loop_thread import LoopThread
 from apportion.protocol.messages import WorkerClosing
+from apportion.worker.detect import parse_memory_limit
 from test_worker_service import FakeScheduler
 
 
@@ -83,7 +84,7 @@ def loop_thread() -> Iterator[LoopThread]:
 @pytest.mark.process
 @pytest.mark.timeout(45)
 def test_nworkers_runs_supervised_workers_that_stop_on_sigterm(loop_thread: LoopThread) -> None:
-    scheduler = loop_thread.run(FakeScheduler().start())
+    scheduler = loop_thread.run(FakeScheduler("127.0.0.1").start())
     argv = [sys.executable, "-m", "apportion.cli.main", "worker", scheduler.address]
     argv += ["--nworkers", "2", "--nthreads", "1", "--name", "box"]
     argv += ["--resources", "GPU=1 gpu=[0-1,5]", "--drain-timeout", "0.5"]
@@ -114,7 +115,7 @@ def test_nworkers_runs_supervised_workers_that_stop_on_sigterm(loop_thread: Loop
 @pytest.mark.timeout(45)
 def test_workers_stop_when_their_supervisor_is_killed(loop_thread: LoopThread) -> None:
     """SIGKILL leaves the supervisor no chance to stop its children; they notice alone."""
-    scheduler = loop_thread.run(FakeScheduler().start())
+    scheduler = loop_thread.run(FakeScheduler("127.0.0.1").start())
     argv = [sys.executable, "-m", "apportion.cli.main", "worker", scheduler.address]
     argv += ["--nworkers", "2", "--nthreads", "1", "--name", "orphan"]
     # Own session, so that the test runner's process group is not involved.
@@ -233,6 +234,7 @@ def fake_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
 
 
+@pytest.mark.process
 @pytest.mark.timeout(10)
 @pytest.mark.usefixtures("fake_gpus")
 def test_auto_under_a_mask_offers_exactly_the_masked_gpus(
@@ -246,6 +248,7 @@ def test_auto_under_a_mask_offers_exactly_the_masked_gpus(
     assert amounts["memory"] == psutil.virtual_memory().total * SCALE
 
 
+@pytest.mark.process
 @pytest.mark.timeout(10)
 @pytest.mark.usefixtures("fake_gpus")
 def test_auto_is_detected_once_then_split(launched: Launched) -> None:

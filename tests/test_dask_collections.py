@@ -22,11 +22,12 @@ import pytest
 from dask import delayed
 
 import apportion.client.client as client_module
+import apportion.client.payload_limits as payload_limits
 import apportion.client.session as session_module
 import apportion.protocol.codec as codec
 from apportion import Client, Future, LocalCluster, get_worker, task_resources
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.tcp, pytest.mark.timeout(30)]
 
 #: Calls by argument, across the in-process workers' threads.
 CALLS: collections.Counter[Any] = collections.Counter()
@@ -366,7 +367,7 @@ def test_graphs_sent_together_beyond_one_frame_leave_in_several(
     monkeypatch.setattr(codec, "MAX_FRAME", 400_000)
     monkeypatch.setattr(session_module, "MAX_BATCH", 200_000)
     monkeypatch.setattr(client_module, "MAX_GRAPH", 200_000)
-    monkeypatch.setattr(client_module, "MAX_PAYLOAD", 100_000)
+    monkeypatch.setattr(payload_limits, "MAX_PAYLOAD", 100_000)
     arrays = [da.from_array(np.full(160_000, i, np.uint8), chunks=80_000) for i in range(3)]
     client._session.loop.loop.call_soon_threadsafe(time.sleep, 0.5)  # they pile up meanwhile
     futures = [client.compute(a.sum()) for a in arrays]

@@ -170,9 +170,10 @@ def offered(cluster: LocalCluster) -> list[dict[str, int]]:
         assert time.monotonic() < deadline, "workers did not register"
         time.sleep(0.01)
     workers = sorted(cluster.scheduler.state.workers.values(), key=lambda w: w.name)
-    return [dict(w.total) for w in workers]
+    return [dict(w.ledger.total) for w in workers]
 
 
+@pytest.mark.tcp
 def test_a_local_cluster_without_resources_takes_dasks(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

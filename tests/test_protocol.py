@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from apportion.core.allocation import Allocation
 from apportion.net.address import DEFAULT_PORT, format_address, parse_address
 from apportion.protocol import messages as m
 from apportion.protocol.codec import (
@@ -61,7 +62,12 @@ SAMPLES: list[m.Message] = [
     m.DataStored(8, ["d"], {"d": 2}),
     m.LoadFunction("fid", b"fn"),
     m.ComputeTask(
-        "x-1", "fid", b"args", {"a": ["tcp://h:1"]}, {"gpu": 10_000}, 3, {"gpu": ["1"]}, 1
+        "x-1",
+        "fid",
+        b"args",
+        {"a": ["tcp://h:1"]},
+        3,
+        Allocation({"gpu": 10_000}, {"gpu": ["1"]}, 1),
     ),
     m.FreeKeys(["a"]),
     m.GetData(9, ["a"]),

@@ -1,8 +1,7 @@
-"""Resource specs: parsing into fixed-point ticks, formatting, and ledger arithmetic."""
+"""Resource specs: parsing into fixed-point ticks and formatting (the ledger: test_ledger)."""
 
 from __future__ import annotations
 
-import random
 import re
 
 import pytest
@@ -11,15 +10,11 @@ from hypothesis import strategies as st
 
 from apportion.core.resources import (
     SCALE,
-    fits,
     format_amount,
     format_resources,
-    give_back,
-    missing,
     parse_amount,
     parse_demand,
     parse_resources,
-    take,
     to_units,
 )
 
@@ -205,65 +200,3 @@ def test_format_resources_round_trips_any_ticks(amounts: dict[str, int]) -> None
 
 def test_to_units() -> None:
     assert to_units({"GPU": 3 * SCALE // 2}) == {"GPU": 1.5}
-
-
-# --- ledger arithmetic --------------------------------------------------------------
-
-
-def test_fits_take_give_back() -> None:
-    total = parse_resources("GPU=2 MEMORY=100")
-    free = dict(total)
-    demand = parse_demand("GPU=1.5 MEMORY=10")
-    assert fits(demand, free)
-    take(free, demand)
-    assert free == {"GPU": SCALE // 2, "MEMORY": 90 * SCALE}
-    assert not fits(demand, free)
-    assert fits({}, free)
-    give_back(free, demand, total)
-    assert free == total
-
-
-def test_take_refuses_to_overcommit_and_give_back_to_double_release() -> None:
-    total = {"GPU": SCALE}
-    free = dict(total)
-    with pytest.raises(AssertionError, match="over-committed"):
-        take(free, {"GPU": 2 * SCALE})
-    with pytest.raises(AssertionError, match="twice"):
-        give_back(free, {"GPU": 1}, total)
-
-
-def test_missing_against_totals() -> None:
-    supply = parse_resources("GPU=2 MEMORY=100")
-    assert missing(parse_demand("GPU=4 lic=1 MEMORY=50"), supply) == {
-        "GPU": 2 * SCALE,
-        "lic": SCALE,
-    }
-    assert missing(parse_demand("GPU=2"), supply) == {}
-
-
-_fraction = st.decimals(min_value="0.0001", max_value="3", places=4).map(str)
-
-
-@given(
-    st.lists(
-        st.tuples(st.sampled_from(["GPU", "MEM", "lic"]), _fraction),
-        min_size=1,
-        max_size=200,
-    ),
-    st.randoms(use_true_random=False),
-)
-def test_many_fractional_takes_and_returns_restore_free_exactly(
-    demands: list[tuple[str, str]], rnd: random.Random
-) -> None:
-    parsed = [parse_demand({name: amount}) for name, amount in demands]
-    total = {name: sum(d.get(name, 0) for d in parsed) for name in ("GPU", "MEM", "lic")}
-    free = dict(total)
-    for demand in parsed:
-        assert fits(demand, free)
-        take(free, demand)
-    assert all(v == 0 for v in free.values())
-    order = list(parsed)
-    rnd.shuffle(order)
-    for demand in order:
-        give_back(free, demand, total)
-    assert free == total

@@ -367,7 +367,8 @@ class SchedulerMachine(RuleBasedStateMachine):
     def _check_nothing_hangs(self) -> None:
         state = self.sim.state
         for worker in state.workers.values():
-            assert worker.free == worker.total, f"{worker.name} did not get everything back"
+            ledger = worker.ledger
+            assert ledger.free == ledger.total, f"{worker.name} did not get everything back"
         for client_id in self.connected:
             client = state.clients[client_id]
             inbox = self.sim.inbox[client_id]

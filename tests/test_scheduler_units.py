@@ -22,7 +22,7 @@ def sim() -> Iterator[SimulatedCluster]:
 
 
 def units_of(sim: SimulatedCluster, worker: str, key: str) -> list[str]:
-    return sim.running[worker][key].units["gpu"]
+    return sim.running[worker][key].allocation.units["gpu"]
 
 
 def test_concurrent_tasks_get_distinct_units_and_whole_requests_get_several(
@@ -80,9 +80,9 @@ def test_units_come_back_on_every_exit_path(sim: SimulatedCluster) -> None:
     sim.finish("ok")
     sim.raise_("boom")
     sim.client_says("c1", m.CancelKeys(["cancelled"]))
-    assert sim.state.workers[w].units["gpu"] != dict.fromkeys("012", 10_000)  # still held
+    assert sim.state.workers[w].ledger.units["gpu"] != dict.fromkeys("012", 10_000)  # still held
     sim.finish("cancelled")  # the worker reports; only now is the unit free
-    assert sim.state.workers[w].units["gpu"] == dict.fromkeys("012", 10_000)
+    assert sim.state.workers[w].ledger.units["gpu"] == dict.fromkeys("012", 10_000)
     # Released, so that losing the worker below does not recompute "ok" first.
     sim.client_says("c1", m.ReleaseKeys(["ok", "boom", "cancelled"]))
     sim.submit("lost", resources={"gpu": 2})
@@ -97,7 +97,7 @@ def test_story_and_compute_message_name_the_units(sim: SimulatedCluster) -> None
     w = sim.add_worker("gpus", nthreads=2, resources="gpu=[4,5]")
     sim.submit("t", resources={"gpu": 2})
     sim.place()
-    assert sim.running[w]["t"].units == {"gpu": ["4", "5"]}
+    assert sim.running[w]["t"].allocation.units == {"gpu": ["4", "5"]}
     causes = [row[4] for row in sim.state.story_of("t")]
     assert "assigned to gpus holding gpu [4,5]" in causes
 
@@ -125,8 +125,8 @@ def test_amount_and_indexed_pools_of_other_workers_mix(sim: SimulatedCluster) ->
     by_worker = {w: list(sim.running[w]) for w in (counted, indexed)}
     assert sorted(by_worker.values()) == [["a"], ["b"]]
     task_on_indexed = by_worker[indexed][0]
-    assert sim.running[indexed][task_on_indexed].units == {"gpu": ["0", "1"]}
-    assert sim.running[counted][by_worker[counted][0]].units == {}
+    assert sim.running[indexed][task_on_indexed].allocation.units == {"gpu": ["0", "1"]}
+    assert sim.running[counted][by_worker[counted][0]].allocation.units == {}
 
 
 def test_a_registration_whose_units_do_not_match_its_pool_is_not_trusted(
@@ -137,7 +137,7 @@ def test_a_registration_whose_units_do_not_match_its_pool_is_not_trusted(
     reg = m.RegisterWorker("odd", "sim://odd", 1, {"gpu": 30_000}, 0, 0, {"gpu": ["0", "1"]})
     sim.running["odd"] = {}
     sim.handle(WorkerJoined("odd", reg, sim.now))
-    assert sim.state.workers["odd"].units == {}
+    assert sim.state.workers["odd"].ledger.units == {}
     assert any("unit lists" in log.text for log in sim.logs)
     sim.handle(FromWorker("odd", [], sim.now))
 
@@ -156,8 +156,8 @@ def test_the_first_alternative_that_fits_now_is_taken(sim: SimulatedCluster) -> 
     submit_alternatives(sim, "a", *gpu_first)
     submit_alternatives(sim, "b", *gpu_first)  # the GPU is taken: runs on 4 CPUs
     sim.place()
-    assert sim.running[w]["a"].variant == 0 and sim.running[w]["a"].units == {"gpu": ["0"]}
-    assert sim.running[w]["b"].variant == 1 and sim.running[w]["b"].resources == {"cpus": 40_000}
+    assert sim.running[w]["a"].allocation == ({"gpu": 10_000, "cpus": 10_000}, {"gpu": ["0"]}, 0)
+    assert sim.running[w]["b"].allocation == ({"cpus": 40_000}, {}, 1)
     submit_alternatives(sim, "c", *gpu_first)  # neither fits now (3 CPUs left): it waits
     sim.place()
     assert "c" not in sim.running[w]
@@ -166,10 +166,10 @@ def test_the_first_alternative_that_fits_now_is_taken(sim: SimulatedCluster) -> 
     assert "none of its 2 alternatives fits anywhere now" in reply.reasons["c"]
     sim.finish("b")
     sim.place()
-    assert sim.running[w]["c"].variant == 1
+    assert sim.running[w]["c"].allocation.variant == 1
     sim.finish("a")
     sim.finish("c")
-    assert sim.state.workers[w].free == {"gpu": 10_000, "cpus": 80_000}
+    assert sim.state.workers[w].ledger.free == {"gpu": 10_000, "cpus": 80_000}
 
 
 def test_alternatives_are_unsatisfiable_only_when_all_are(sim: SimulatedCluster) -> None:
@@ -177,7 +177,7 @@ def test_alternatives_are_unsatisfiable_only_when_all_are(sim: SimulatedCluster)
     submit_alternatives(sim, "flex", {"gpu": 10_000}, {"cpus": 20_000})
     submit_alternatives(sim, "never", {"gpu": 10_000}, {"cpus": 80_000})
     sim.place()
-    assert sim.running[w]["flex"].variant == 1
+    assert sim.running[w]["flex"].allocation.variant == 1
     (notice,) = [msg for msg in sim.inbox["c1"] if isinstance(msg, m.Notice)]
     assert "gives 2 alternatives" in notice.text and "no worker offers gpu" in notice.text
     assert "largest cpus supply is 4" in notice.text
@@ -187,10 +187,10 @@ def test_units_of_a_lost_worker_are_not_given_back_elsewhere(sim: SimulatedClust
     gpus = sim.add_worker("gpus", resources="gpu=[0]")
     submit_alternatives(sim, "t", {"gpu": 10_000}, {})
     sim.place()
-    assert sim.running[gpus]["t"].units == {"gpu": ["0"]}
+    assert sim.running[gpus]["t"].allocation.units == {"gpu": ["0"]}
     plain = sim.add_worker("plain")
     sim.remove_worker(gpus)
     assert sim.place() == [(plain, "t")]  # runs with its second alternative: no units
-    assert sim.running[plain]["t"].units == {}
+    assert sim.running[plain]["t"].allocation.units == {}
     sim.raise_("t")  # giving back must not touch units of the lost worker
     assert sim.state.tasks["t"].state == "erred"

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from apportion import task_cancel_event, task_environment, task_resources
+from apportion.core.allocation import NOTHING, Allocation
 from apportion.core.payload import dumps_function, function_id, pack_call
 from apportion.worker.context import running_task
 from apportion.worker.events import Execute
@@ -26,7 +27,8 @@ def holding(
 ) -> Iterator[None]:
     """Run the block as a task holding ``resources`` on a worker offering ``pools``."""
     worker: Any = SimpleNamespace(units=pools or {})
-    command = Execute("k", "f", b"", (), resources, units or {})
+    allocation = Allocation(dict(resources), {k: list(v) for k, v in (units or {}).items()})
+    command = Execute("k", "f", b"", (), allocation)
     with running_task(worker, command, threading.Event()):
         yield
 
@@ -130,7 +132,7 @@ def test_a_cancel_before_a_thread_takes_the_task_still_reaches_it() -> None:
         second = _GATES["queued"] = threading.Event()
         for key in ("busy", "queued"):
             args, _ = pack_call((key,), {})
-            runner.submit(Execute(key, function_id(blob), args, (), {}, {}), {})
+            runner.submit(Execute(key, function_id(blob), args, (), NOTHING), {})
         # The only thread is busy with "busy": "queued" waits in the queue when cancelled.
         assert runner.cancel(["queued"]) == 1
         first.set()

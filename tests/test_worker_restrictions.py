@@ -27,6 +27,8 @@ from apportion.testing.simulation import SimulatedCluster
 from cli_processes import Processes
 from cluster_checks import checked_client
 
+pytestmark = pytest.mark.tcp  # an in-process cluster over real TCP
+
 # --- the state machine -----------------------------------------------------------------
 
 
@@ -361,7 +363,7 @@ def test_alternatives_are_chosen_among_the_allowed_workers_only(sim: Sim) -> Non
     spec = m.TaskSpec("x", "f", b"", [], gpu, 0, 0, [gpu, cpu], ["cpu"], 0)
     sim.client_says("c1", m.SubmitTasks([spec], {"f": b"func"}, ["x"]))
     assert [sim.where(k) for _, k in sim.place()] == ["cpu"]
-    assert sim.running[sim.worker_of("x")]["x"].variant == 1
+    assert sim.running[sim.worker_of("x")]["x"].allocation.variant == 1
 
 
 # --- real processes: a scheduler that can grow ------------------------------------------

@@ -9,6 +9,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from apportion.core.allocation import Allocation
 from apportion.protocol.messages import (
     ComputeTask,
     DataStored,
@@ -48,9 +49,8 @@ def compute(
     units: dict[str, list[str]] | None = None,
     variant: int = 0,
 ) -> ComputeArrived:
-    task = ComputeTask(
-        key, "f", b"args", who_has or {}, resources or {}, priority, units or {}, variant
-    )
+    allocation = Allocation(resources or {}, units or {}, variant)
+    task = ComputeTask(key, "f", b"args", who_has or {}, priority, allocation)
     return ComputeArrived(task, t)
 
 
@@ -80,7 +80,7 @@ def state() -> Iterator[WorkerState]:
 @pytest.mark.timeout(5)
 def test_task_without_dependencies_runs_at_once(state: WorkerState) -> None:
     commands = state.handle(compute("x"))
-    assert commands == [Execute("x", "f", b"args", (), {}, {})]
+    assert commands == [Execute("x", "f", b"args", (), Allocation({}, {}))]
     commands = state.handle(ok("x"))
     assert sent(commands) == [TaskFinished("x", 8, 0.5, "int")]
     assert state.data == {"x": INFO} and state.owned == {"x"}
@@ -92,8 +92,10 @@ def test_units_chosen_by_the_scheduler_reach_the_execution(state: WorkerState) -
     half = compute("y", resources={"gpu": 5_000}, units={"gpu": ["1"]})
     commands = state.handle(gpus, half)
     assert commands == [
-        Execute("x", "f", b"args", (), {"gpu": 20_000, "MEMORY": 10}, {"gpu": ["2", "3"]}),
-        Execute("y", "f", b"args", (), {"gpu": 5_000}, {"gpu": ["1"]}),
+        Execute(
+            "x", "f", b"args", (), Allocation({"gpu": 20_000, "MEMORY": 10}, {"gpu": ["2", "3"]})
+        ),
+        Execute("y", "f", b"args", (), Allocation({"gpu": 5_000}, {"gpu": ["1"]})),
     ]
 
 
@@ -103,7 +105,9 @@ def test_units_survive_waiting_for_a_dependency(state: WorkerState) -> None:
     assert executed(state.handle(arrived)) == []
     commands = state.handle(FetchDone(PEER_A, {"x": INFO}, (), 2.0))
     run = [c for c in commands if isinstance(c, Execute)]
-    assert [(c.key, c.deps, dict(c.units)) for c in run] == [("y", ("x",), {"gpu": ["0"]})]
+    assert [(c.key, c.deps, dict(c.allocation.units)) for c in run] == [
+        ("y", ("x",), {"gpu": ["0"]})
+    ]
 
 
 @pytest.mark.timeout(5)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from apportion.cli.config import DEFAULT_SCHEDULER
 from apportion.cli.errors import check_address
 from apportion.cli.runs import explain_run
 from apportion.client.client import Client
@@ -14,8 +15,6 @@ from apportion.core.resources import SCALE, describe_amount, format_amount
 from apportion.runs.journal import Journal, default_journal_path
 from apportion.scheduler.client_requests import WHY_ALL_LIMIT
 from apportion.scheduler.explain import unknown_text
-
-DEFAULT_SCHEDULER = "tcp://127.0.0.1:8786"
 
 scheduler_option = click.option(
     "--scheduler",

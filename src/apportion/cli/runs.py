@@ -32,6 +32,7 @@ import click
 from click.core import ParameterSource
 
 from apportion.cli.errors import check_address, fail
+from apportion.cli.follow import follow
 from apportion.runs import remote
 from apportion.runs.journal import (
     FINISHED,
@@ -430,8 +431,6 @@ def _remote_runs(
     watch: bool,
 ) -> None:
     """``runs --scheduler``: the same table, or progress, from a scheduler anywhere."""
-    from apportion.cli.submit import follow
-
     wanted = [] if ids is None else _parse_ids(ctx, [ids])
     try:
         records = remote.query(address, wanted)

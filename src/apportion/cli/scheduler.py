@@ -26,9 +26,9 @@ from pathlib import Path
 import click
 
 from apportion.cli.errors import check_host_option, check_port_option
-from apportion.cli.logs import configure_logging
 from apportion.cli.worker import check_resources
 from apportion.core.resources import describe_resources, parse_supply
+from apportion.log_setup import configure_logging
 from apportion.net.address import DEFAULT_PORT
 from apportion.runs.journal import Journal, JournalBusy, JournalError, default_journal_path
 from apportion.runs.queue import QueueOptions

@@ -25,11 +25,16 @@ from click.core import ParameterSource
 
 from apportion.cli.config import CONFIG_META, config_option
 from apportion.cli.errors import check_address, check_host_option, check_port_option, fail
-from apportion.cli.logs import configure_logging
-from apportion.core.resources import SCALE, parse_amount, parse_resources
+from apportion.core.resources import parse_resources
+from apportion.log_setup import configure_logging
 from apportion.runs.live import DEFAULT_KILL_GRACE
 from apportion.worker.dask_config import dask_worker_resources, log_dask_resources
-from apportion.worker.detect import detect_supply, expand_auto, memory_total, split_auto
+from apportion.worker.detect import (
+    detect_supply,
+    expand_auto,
+    parse_memory_limit,
+    split_auto,
+)
 from apportion.worker.shares import split_supply
 from apportion.worker.supervisor import RESTART_EXIT, SUPERVISOR_PID_VARIABLE
 
@@ -126,32 +131,6 @@ class WorkerSettings:
     kill_grace: float = DEFAULT_KILL_GRACE
     #: Seconds to keep trying to reach a scheduler that is not listening yet (0: once).
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
-
-
-def parse_memory_limit(text: str, nworkers: int, total: int | None = None) -> int:
-    """``--memory-limit``: bytes for each worker process, 0 for none.
-
-    ``4GiB`` or ``4e9`` (a size), ``0.5`` (a fraction of the machine's memory, for each
-    process), ``auto`` (the machine's memory shared among the ``nworkers`` processes),
-    ``0`` or ``none`` (no limit). Raises ``ValueError`` with the accepted forms.
-    """
-    value = text.strip().lower()
-    if value in ("", "0", "none"):
-        return 0
-    machine = memory_total() if total is None else total
-    if value == "auto":
-        return machine // nworkers
-    try:
-        amount = parse_amount(value, name="memory-limit") / SCALE
-    except ValueError:
-        raise ValueError(
-            f"--memory-limit {text!r}: use a size (4GiB, 4e9), a fraction of the "
-            "machine's memory (0.5), auto or none"
-        ) from None
-    limit = int(amount * machine) if amount <= 1 else int(amount)
-    if limit < 2**20:
-        raise ValueError(f"--memory-limit {text!r} is below 1 MiB: no worker can run in that")
-    return limit
 
 
 def child_commands(

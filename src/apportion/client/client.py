@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from apportion.client import dask_default
+from apportion.client import dask_default, local
 from apportion.client.cluster_options import DASK_CLIENT_OPTIONS, sort_options, warn_ignored
 from apportion.client.datasets import SharedData
 from apportion.client.durations import Duration, seconds
@@ -34,18 +34,18 @@ from apportion.client.future import (
 )
 from apportion.client.graph import canonical_keys, flatten_keys, graph_tasks, wire_key
 from apportion.client.lifecycle import ClusterLifecycle
+from apportion.client.local import LocalCluster
+from apportion.client.payload_limits import check_size
 from apportion.client.remote_calls import RemoteCalls
 from apportion.client.restrictions import ANYWHERE, Where, refuse_actors, where_to_run, worker_names
 from apportion.client.session import MAX_BATCH, Session, TaskBatch
 from apportion.core import payload
 from apportion.core.resources import ResourceSpec, parse_demand
 from apportion.protocol import messages as m
-from apportion.protocol.codec import MAX_FRAME
 from apportion.scheduler.records import worker_aliases
 
 if TYPE_CHECKING:
     from apportion.client.executor import ClientExecutor
-    from apportion.client.local import LocalCluster
 
 logger = logging.getLogger("apportion.client")
 
@@ -84,8 +84,6 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         asynchronous: bool = False,
         **cluster_options: Any,
     ) -> None:
-        from apportion.client.local import LocalCluster
-
         limit = 30.0 if timeout is None else seconds(timeout, "Client timeout") or 0.0
         self._own_cluster: LocalCluster | None = None
         self.cluster: LocalCluster | None = None
@@ -240,7 +238,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
             raise TypeError(f"key must be a str, not {type(key).__name__}: {key!r}")
         func_id, blob = self._function(func)
         args_blob, deps = payload.pack_call(args, kwargs)
-        _check_size(args_blob, f"the arguments of {getattr(func, '__name__', func)!r}")
+        check_size(args_blob, f"the arguments of {getattr(func, '__name__', func)!r}")
         if key is None:
             name = getattr(func, "__name__", type(func).__name__)
             if pure:
@@ -700,7 +698,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
             ]
             items = dict(zip(names, blobs, strict=True))
         for name, blob in items.items():
-            _check_size(blob, f"scattered value {name!r}")
+            check_size(blob, f"scattered value {name!r}")
         futures = {name: Future(name, self) for name in names}
         wait = self.timeout if timeout is None else seconds(timeout) or 0.0
         try:
@@ -846,8 +844,6 @@ def start_cluster(options: dict[str, Any]) -> LocalCluster:
     """The embedded cluster of ``Client()``, given every option the client does not
     take, as Dask's does; it names the ignored ones (its own and the client's) in
     one warning and rejects what neither Dask nor apportion knows."""
-    from apportion.client.local import LocalCluster
-
     return LocalCluster(**options)
 
 
@@ -895,11 +891,6 @@ def _shaped(keys: Any, futures: Mapping[Any, Future]) -> Any:
     return futures[keys]
 
 
-#: Largest pickled argument or scattered value: well inside one frame (MAX_FRAME),
-#: so one oversized call is refused here instead of ending the whole session.
-MAX_PAYLOAD = MAX_FRAME // 4
-
-
 def parse_demands(resources: ResourceSpec | Sequence[ResourceSpec]) -> list[dict[str, int]]:
     """One demand, or a list of alternatives in order of preference (HyperQueue's variants).
 
@@ -913,14 +904,6 @@ def parse_demands(resources: ResourceSpec | Sequence[ResourceSpec]) -> list[dict
     return [parse_demand(spec) for spec in resources]
 
 
-def _check_size(blob: bytes, what: str) -> None:
-    if len(blob) > MAX_PAYLOAD:
-        raise ValueError(
-            f"{what} pickle to {len(blob):,} bytes, more than the {MAX_PAYLOAD:,} one message "
-            "may carry: split the data, or load it on the workers inside a task"
-        )
-
-
 #: Largest graph sent at once: one message, with room for the framing around it.
 MAX_GRAPH = MAX_BATCH
 
@@ -929,7 +912,7 @@ def _check_graph_size(tasks: list[tuple[m.TaskSpec, bytes]]) -> None:
     total = 0
     functions: set[str] = set()
     for spec, blob in tasks:
-        _check_size(spec.args, f"the values in graph task {spec.key!r}")
+        check_size(spec.args, f"the values in graph task {spec.key!r}")
         total += len(spec.args)
         if spec.func_id not in functions:
             functions.add(spec.func_id)
@@ -975,3 +958,6 @@ def _rebuild(obj: Any, values: dict[str, Any]) -> Any:
 
 def _skipped(obj: Any, values: dict[str, Any]) -> bool:
     return isinstance(obj, Future) and values.get(obj.key) is _SKIPPED
+
+
+local.client_type = Client  # LocalCluster.get_client makes these (see ``local.client_type``)

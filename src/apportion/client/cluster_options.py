@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from apportion.cli.worker import parse_memory_limit
+from apportion.worker.detect import parse_memory_limit
 
 
 class IgnoredOptionWarning(UserWarning):

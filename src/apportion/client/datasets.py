@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from apportion.client.future import ERROR, Future
+from apportion.client.payload_limits import check_size
 from apportion.client.waiting import futures_of
 from apportion.core import payload
 from apportion.protocol import messages as m
@@ -76,11 +77,9 @@ class SharedData:
                     "If name is omitted, positional argument must be a {name: value} dict"
                 )
             items.extend(args[0].items())
-        from apportion.client.client import _check_size
-
         for item_name, value in items:
             blob, keys = payload.pack_call((value,), {})
-            _check_size(blob, f"dataset {item_name!r}")
+            check_size(blob, f"dataset {item_name!r}")
             reply = self._session.call(
                 partial(
                     m.PublishDataset,

@@ -52,6 +52,11 @@ from apportion.worker.supervisor import format_bytes
 if TYPE_CHECKING:
     from apportion.client.client import Client
 
+#: The class ``get_client`` makes. ``apportion.client.client`` sets it as it loads
+#: (importing ``apportion`` loads it first): it imports this module, since ``Client()``
+#: starts a LocalCluster, so this module must not import it back.
+client_type: Callable[[LocalCluster], Client] | None = None
+
 #: A local worker that loses its scheduler retries this long, then exits. Long enough to
 #: rejoin after being declared lost (a task that held the GIL past the worker timeout),
 #: short enough that workers of a process that died do not linger.
@@ -271,7 +276,7 @@ class LocalCluster:
 
     def _report_death(self, name: str, pid: int, how: str) -> None:
         """How a worker died, straight into the scheduler's state (from the supervisor)."""
-        event = WorkerDeathReport(WorkerDied(name, pid, how), time.monotonic())
+        event = WorkerDeathReport(WorkerDied(name, pid, how), self.scheduler.clock.monotonic())
         with contextlib.suppress(RuntimeError):  # the loop stopped: the cluster is closing
             self._loop.loop.call_soon_threadsafe(self.scheduler.handle, event)
 
@@ -312,9 +317,8 @@ class LocalCluster:
 
     def get_client(self) -> Client:
         """A client of this cluster (a new one each call; close it when done)."""
-        from apportion.client.client import Client
-
-        return Client(self)
+        assert client_type is not None, "apportion.client.client sets it as it loads"
+        return client_type(self)
 
     def get_logs(self) -> dict[str, str]:
         """Recent log text: ``"scheduler"`` (everything this cluster's event loop logged,

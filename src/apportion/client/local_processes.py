@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import IO
 
-from apportion.cli.logs import LEVEL_VARIABLE
+from apportion.log_setup import LEVEL_VARIABLE
 from apportion.worker.supervisor import (
     SUPERVISOR_PID_VARIABLE,
     ChildProcess,

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets  # type: ignore[import-not-found, unused-ignore]
 
-from apportion.client.progress import Tally
+if TYPE_CHECKING:  # only for annotations: progress imports this module lazily
+    from apportion.client.progress import Tally
 
 
 class ProgressWidget:

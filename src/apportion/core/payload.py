@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import hashlib
 import pickle
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import cloudpickle
 
-_local = threading.local()
+#: The keys ``pack_call`` is collecting on this thread (None outside it). Context
+#: variables, not module globals: each thread (and task) sees only its own.
+_collected: ContextVar[set[str] | None] = ContextVar("apportion_collected", default=None)
+#: The input values placeholders unpickle as, inside ``task_inputs`` (None outside).
+_inputs: ContextVar[Mapping[str, Any] | None] = ContextVar("apportion_inputs", default=None)
 
 
 class MissingInputError(RuntimeError):
@@ -30,7 +34,7 @@ class MissingInputError(RuntimeError):
 
 def _input(key: str) -> Any:
     """Placeholder target: the value of ``key`` for the task being unpacked."""
-    inputs: Mapping[str, Any] | None = getattr(_local, "inputs", None)
+    inputs = _inputs.get()
     if inputs is None:
         raise MissingInputError(f"a reference to {key!r} was unpickled outside a task")
     try:
@@ -44,7 +48,7 @@ def reduce_reference(key: str) -> tuple[Callable[[str], Any], tuple[str]]:
 
     While ``pack_call`` runs on this thread, the key is recorded as a dependency.
     """
-    collected: set[str] | None = getattr(_local, "collected", None)
+    collected = _collected.get()
     if collected is not None:
         collected.add(key)
     return _input, (key,)
@@ -88,23 +92,22 @@ def loads(data: bytes) -> Any:
 def pack_call(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[bytes, set[str]]:
     """Pickle a call's arguments; return them with the keys they depend on."""
     collected: set[str] = set()
-    _local.collected = collected
+    token = _collected.set(collected)
     try:
         blob = dumps(_WithKwargs(args, dict(kwargs)) if kwargs else args)
     finally:
-        _local.collected = None
+        _collected.reset(token)
     return blob, collected
 
 
 @contextmanager
 def task_inputs(inputs: Mapping[str, Any]) -> Iterator[None]:
     """Within this block, placeholders unpickle as the given input values."""
-    previous = getattr(_local, "inputs", None)
-    _local.inputs = inputs
+    token = _inputs.set(inputs)
     try:
         yield
     finally:
-        _local.inputs = previous
+        _inputs.reset(token)
 
 
 def unpack_call(blob: bytes, inputs: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""Resource specs and the fixed-point arithmetic of the ledger.
+"""Resource specs and fixed-point amounts (the ledger itself: ``core.ledger``).
 
 Theory of operation
 -------------------
@@ -352,42 +352,3 @@ def describe_resources(
 def to_units(amounts: Mapping[str, int]) -> dict[str, float]:
     """Amounts as plain numbers of units, as Dask reports them in ``scheduler_info()``."""
     return {name: ticks / SCALE for name, ticks in amounts.items()}
-
-
-# --- ledger arithmetic -------------------------------------------------------------
-# Kept as functions over plain dicts: they sit on the scheduler's hot path.
-
-
-def fits(demand: Mapping[str, int], free: Mapping[str, int]) -> bool:
-    """True if every amount in ``demand`` is available in ``free``."""
-    for name, need in demand.items():
-        if free.get(name, 0) < need:
-            return False
-    return True
-
-
-def take(free: dict[str, int], demand: Mapping[str, int]) -> None:
-    """Subtract ``demand`` from ``free``; the caller has checked that it ``fits``."""
-    for name, need in demand.items():
-        left = free[name] - need
-        if left < 0:
-            raise AssertionError(f"ledger over-committed on {name!r}")
-        free[name] = left
-
-
-def give_back(free: dict[str, int], demand: Mapping[str, int], total: Mapping[str, int]) -> None:
-    """Return ``demand`` to ``free``; never above ``total``, which would mean a double release."""
-    for name, need in demand.items():
-        back = free[name] + need
-        if back > total[name]:
-            raise AssertionError(f"ledger released {name!r} twice")
-        free[name] = back
-
-
-def missing(demand: Mapping[str, int], supply: Mapping[str, int]) -> dict[str, int]:
-    """The part of ``demand`` that ``supply`` (a total, not what is free) can never meet."""
-    return {
-        name: need - supply.get(name, 0)
-        for name, need in demand.items()
-        if supply.get(name, 0) < need
-    }

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, NamedTuple, TypeVar, cast, dataclass_transform
 
+from apportion.core.allocation import Allocation
+
 #: Bumped whenever a message changes shape. Peers with another version are refused
 #: in the handshake, naming both versions, instead of failing later on a bad field.
 PROTOCOL_VERSION = 4
@@ -351,10 +353,13 @@ class ComputeTask(Message):
     func_id: str
     args: bytes
     who_has: dict[str, list[str]]  #: every dependency -> data addresses holding it
-    resources: dict[str, int]
     priority: int
-    units: dict[str, list[str]]  #: indexed pools: the unit labels this run holds
-    variant: int  #: which of the task's alternative demands ``resources`` is (0 if none)
+    allocation: Allocation  #: what it runs with: demand, units held, alternative chosen
+
+    @classmethod
+    def from_fields(cls, values: list[Any]) -> Message:
+        key, func_id, args, who_has, priority, allocation = values
+        return cls(key, func_id, args, who_has, priority, Allocation(*allocation))
 
 
 @message

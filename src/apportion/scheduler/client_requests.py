@@ -1,13 +1,16 @@
 """Client requests: submitting tasks, wanting and releasing keys, cancelling, asking.
 
-Functions over ``SchedulerState``; ``state.py`` dispatches each client message here.
+Functions over ``SchedulerCore``; ``state.py`` dispatches each client message here.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from apportion.protocol import messages as m
+from apportion.scheduler import views
+from apportion.scheduler.core import SchedulerCore, error_message
+from apportion.scheduler.explain import explain
 from apportion.scheduler.records import (
     ERRED,
     MEMORY,
@@ -27,14 +30,11 @@ from apportion.scheduler.unsatisfiable import (
     warn_unsatisfiable,
 )
 
-if TYPE_CHECKING:
-    from apportion.scheduler.state import SchedulerState
-
 #: ``why`` with no keys explains at most this many tasks that are not running.
 WHY_ALL_LIMIT = 100
 
 
-def submit(state: SchedulerState, client: ClientRecord, msg: m.SubmitTasks) -> None:
+def submit(state: SchedulerCore, client: ClientRecord, msg: m.SubmitTasks) -> None:
     # Records, links and wants first, states second: a task that fails at
     # submission must already know who wants it and which dependents fail with
     # it, or it would be forgotten unseen and reported only as "unknown".
@@ -83,7 +83,7 @@ def _was_cancelled(task: TaskRecord) -> bool:
     )
 
 
-def _revive(state: SchedulerState, task: TaskRecord) -> TaskRecord | None:
+def _revive(state: SchedulerCore, task: TaskRecord) -> TaskRecord | None:
     """A cancelled key submitted again runs again, as a new task would.
 
     A finished cancellation is dropped so the submission creates a fresh record; one
@@ -98,7 +98,7 @@ def _revive(state: SchedulerState, task: TaskRecord) -> TaskRecord | None:
     return task
 
 
-def _link_inputs(state: SchedulerState, task: TaskRecord) -> None:
+def _link_inputs(state: SchedulerCore, task: TaskRecord) -> None:
     for dep_key in task.deps:
         dep = state.tasks.get(dep_key)
         if dep is not None:
@@ -106,13 +106,13 @@ def _link_inputs(state: SchedulerState, task: TaskRecord) -> None:
             dep.lineage += 1
 
 
-def _warn_if_unsatisfiable(state: SchedulerState, task: TaskRecord) -> None:
+def _warn_if_unsatisfiable(state: SchedulerCore, task: TaskRecord) -> None:
     if not satisfiable(state, task.signature):
         warn_unsatisfiable(state, task, unsatisfiable_text(task, state.workers.values()))
 
 
 def _new_task(
-    state: SchedulerState,
+    state: SchedulerCore,
     spec: m.TaskSpec,
     restrictions: dict[tuple[tuple[str, ...], int], Restriction],
 ) -> TaskRecord:
@@ -142,7 +142,7 @@ def _new_task(
     return task
 
 
-def _start(state: SchedulerState, task: TaskRecord) -> None:
+def _start(state: SchedulerCore, task: TaskRecord) -> None:
     """Move a new task to WAITING, QUEUED or (bad input, unsatisfiable) ERRED."""
     failure: tuple[str, bytes | str, bytes] | None = None
     for dep_key in task.deps:
@@ -173,7 +173,7 @@ def _start(state: SchedulerState, task: TaskRecord) -> None:
         state.enqueue(task, cause)
 
 
-def want(state: SchedulerState, client: ClientRecord, key: str) -> None:
+def want(state: SchedulerCore, client: ClientRecord, key: str) -> None:
     task = state.tasks.get(key)
     if task is None:
         state.send(client.id, m.KeysFailed([key], "lost", f"{key!r} is unknown"))
@@ -190,7 +190,7 @@ def want(state: SchedulerState, client: ClientRecord, key: str) -> None:
         state.send(client.id, error_message(key, task.error, state.retried.get(key, 0) + 1))
 
 
-def release(state: SchedulerState, client: ClientRecord, keys: list[str]) -> None:
+def release(state: SchedulerCore, client: ClientRecord, keys: list[str]) -> None:
     for key in keys:
         client.wanted.discard(key)
         task = state.tasks.get(key)
@@ -199,11 +199,11 @@ def release(state: SchedulerState, client: ClientRecord, keys: list[str]) -> Non
             state.release_if_unneeded(task)
 
 
-def release_keys(state: SchedulerState, client: ClientRecord, msg: m.ReleaseKeys) -> None:
+def release_keys(state: SchedulerCore, client: ClientRecord, msg: m.ReleaseKeys) -> None:
     release(state, client, msg.keys)
 
 
-def cancel_keys(state: SchedulerState, client: ClientRecord, msg: m.CancelKeys) -> None:
+def cancel_keys(state: SchedulerCore, client: ClientRecord, msg: m.CancelKeys) -> None:
     if state.relays.parked:
         state.relays.drop_parked(client.id, msg.keys)
     for key in msg.keys:
@@ -214,8 +214,7 @@ def cancel_keys(state: SchedulerState, client: ClientRecord, msg: m.CancelKeys) 
         state.fail(task, ("cancelled", text, b""), f"cancelled by client {client.id}")
 
 
-def why(state: SchedulerState, client: ClientRecord, msg: m.WhyRequest) -> None:
-    from apportion.scheduler.explain import explain
+def why(state: SchedulerCore, client: ClientRecord, msg: m.WhyRequest) -> None:
 
     keys = (
         msg.keys
@@ -227,22 +226,14 @@ def why(state: SchedulerState, client: ClientRecord, msg: m.WhyRequest) -> None:
     state.send(client.id, m.WhyReply(msg.request_id, reasons))
 
 
-def info(state: SchedulerState, client: ClientRecord, msg: m.InfoRequest) -> None:
-    state.send(client.id, m.InfoReply(msg.request_id, state.snapshot()))
+def info(state: SchedulerCore, client: ClientRecord, msg: m.InfoRequest) -> None:
+    state.send(client.id, m.InfoReply(msg.request_id, views.snapshot(state)))
 
 
-def story(state: SchedulerState, client: ClientRecord, msg: m.StoryRequest) -> None:
+def story(state: SchedulerCore, client: ClientRecord, msg: m.StoryRequest) -> None:
     rows: list[list[Any]] = [list(row) for row in state.story_of(msg.key)]
     state.send(client.id, m.StoryReply(msg.request_id, rows))
 
 
-def dump(state: SchedulerState, client: ClientRecord, msg: m.DumpRequest) -> None:
-    state.send(client.id, m.DumpReply(msg.request_id, state.dump()))
-
-
-def error_message(key: str, error: tuple[str, bytes | str, bytes], attempts: int) -> m.Message:
-    """The message telling a client that ``key`` failed, after ``attempts`` runs."""
-    kind, detail, traceback = error
-    if kind == "exception" and isinstance(detail, bytes):
-        return m.TaskErred(key, detail, traceback, attempts)
-    return m.KeysFailed([key], kind, str(detail))
+def dump(state: SchedulerCore, client: ClientRecord, msg: m.DumpRequest) -> None:
+    state.send(client.id, m.DumpReply(msg.request_id, views.dump(state)))

@@ -17,39 +17,15 @@ results of unknown size even out by count.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from apportion.protocol import messages as m
+from apportion.scheduler.books import CopyJob, Plan
+from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.holders import add_holder, drop_holder, holds
 from apportion.scheduler.records import MEMORY, ClientRecord, TaskRecord, WorkerRecord
 
-if TYPE_CHECKING:
-    from apportion.scheduler.state import SchedulerState
 
-#: source worker id -> key -> receiving worker ids
-Plan = dict[str, dict[str, list[str]]]
-
-
-@dataclass
-class CopyJob:
-    """One replicate or rebalance in flight, under the request id sent to workers."""
-
-    client_id: str
-    request_id: int
-    #: Sources not heard from yet: worker id -> key -> receivers.
-    plan: Plan
-    #: A rebalance: the source lets its copy go once the receiver holds one.
-    move: bool
-    #: Receiver worker id -> ``PutData`` sent to it and not confirmed yet.
-    puts: dict[str, int] = field(default_factory=dict)
-    #: (key, receiver id) -> source id, for the moves relayed so far.
-    origin: dict[tuple[str, str], str] = field(default_factory=dict)
-    copied: int = 0
-    dropped: int = 0
-
-
-def replicate(state: SchedulerState, client: ClientRecord, msg: m.ReplicateKeys) -> None:
+def replicate(state: SchedulerCore, client: ClientRecord, msg: m.ReplicateKeys) -> None:
     """Copy each key until ``n`` chosen workers hold it; drop copies beyond ``n``."""
     pool = chosen_workers(state, msg.workers)
     n = len(pool) if msg.n <= 0 else min(msg.n, len(pool))
@@ -79,7 +55,7 @@ def replicate(state: SchedulerState, client: ClientRecord, msg: m.ReplicateKeys)
     start(state, client.id, msg.request_id, dict(plan), move=False, dropped=dropped)
 
 
-def rebalance(state: SchedulerState, client: ClientRecord, msg: m.RebalanceKeys) -> None:
+def rebalance(state: SchedulerCore, client: ClientRecord, msg: m.RebalanceKeys) -> None:
     """Move results from the fullest chosen worker to the emptiest (module docstring)."""
     pool = chosen_workers(state, msg.workers)
     load = {w.id: w.nbytes for w in pool}
@@ -133,7 +109,7 @@ def _largest_below(
     return None
 
 
-def chosen_workers(state: SchedulerState, names: list[str]) -> list[WorkerRecord]:
+def chosen_workers(state: SchedulerCore, names: list[str]) -> list[WorkerRecord]:
     """The staying workers named by name, address (with or without scheme) or host, as
     ``workers=`` names them everywhere (all staying ones if none named)."""
     staying = [w for w in state.workers.values() if w.leaving is None]
@@ -144,7 +120,7 @@ def chosen_workers(state: SchedulerState, names: list[str]) -> list[WorkerRecord
 
 
 def start(
-    state: SchedulerState, client_id: str, request_id: int, plan: Plan, *, move: bool, dropped: int
+    state: SchedulerCore, client_id: str, request_id: int, plan: Plan, *, move: bool, dropped: int
 ) -> None:
     """Ask each source for the keys it gives; answer at once if there is nothing to copy."""
     if not plan:
@@ -156,7 +132,7 @@ def start(
         state.send(source_id, m.GetData(rid, sorted(keys)))
 
 
-def source_reply(state: SchedulerState, worker: WorkerRecord, msg: m.DataReply) -> None:
+def source_reply(state: SchedulerCore, worker: WorkerRecord, msg: m.DataReply) -> None:
     """A source sent the values: pass each on to its receivers."""
     job = state.shared.copies[msg.request_id]
     wanted = job.plan.pop(worker.id, None)
@@ -174,7 +150,7 @@ def source_reply(state: SchedulerState, worker: WorkerRecord, msg: m.DataReply) 
     _maybe_done(state, msg.request_id)
 
 
-def receiver_stored(state: SchedulerState, worker: WorkerRecord, msg: m.DataStored) -> None:
+def receiver_stored(state: SchedulerCore, worker: WorkerRecord, msg: m.DataStored) -> None:
     """A receiver holds copies now: record them (and, for a move, let the source's go)."""
     job = state.shared.copies[msg.request_id]
     left = job.puts.pop(worker.id, 0)
@@ -204,7 +180,7 @@ def receiver_stored(state: SchedulerState, worker: WorkerRecord, msg: m.DataStor
     _maybe_done(state, msg.request_id)
 
 
-def worker_left(state: SchedulerState, worker_id: str) -> None:
+def worker_left(state: SchedulerCore, worker_id: str) -> None:
     """Answers that will never come: from a source (not copied) or a receiver."""
     for rid, job in list(state.shared.copies.items()):
         job.plan.pop(worker_id, None)
@@ -212,7 +188,7 @@ def worker_left(state: SchedulerState, worker_id: str) -> None:
         _maybe_done(state, rid)
 
 
-def _maybe_done(state: SchedulerState, rid: int) -> None:
+def _maybe_done(state: SchedulerCore, rid: int) -> None:
     job = state.shared.copies[rid]
     if not job.plan and not job.puts:
         del state.shared.copies[rid]

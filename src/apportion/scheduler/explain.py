@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from apportion.core.ledger import describe_units
 from apportion.core.resources import describe_amount, describe_resources
-from apportion.scheduler.placement import available, holder_of, pools
+from apportion.scheduler.core import SchedulerCore
+from apportion.scheduler.placement import held_back, holder_of, pools
 from apportion.scheduler.records import (
     ERRED,
     MEMORY,
@@ -16,11 +16,7 @@ from apportion.scheduler.records import (
     WorkerRecord,
     options_of,
 )
-from apportion.scheduler.units import describe_units, pick_units
 from apportion.scheduler.unsatisfiable import unsatisfiable_text
-
-if TYPE_CHECKING:
-    from apportion.scheduler.state import SchedulerState
 
 
 def unknown_text(key: str) -> str:
@@ -28,7 +24,7 @@ def unknown_text(key: str) -> str:
     return f"{key!r} is not known to the scheduler: never submitted, or already released"
 
 
-def explain(state: SchedulerState, key: str) -> str:
+def explain(state: SchedulerCore, key: str) -> str:
     """One paragraph on where ``key`` stands and what it waits for."""
     task = state.tasks.get(key)
     if task is None:
@@ -41,8 +37,8 @@ def explain(state: SchedulerState, key: str) -> str:
         worker = state.workers.get(task.worker or "")
         where = f"{worker.name} ({worker.address})" if worker else "a worker"
         holding = f", holding {describe_resources(task.resources)}" if task.resources else ""
-        if task.units:
-            holding += f" (units: {describe_units(task.units)})"
+        if task.allocation is not None and task.allocation.units:
+            holding += f" (units: {describe_units(task.allocation.units)})"
         return f"running on {where}{holding}"
     if task.state == MEMORY:
         worker = state.workers.get(task.worker or "")
@@ -54,7 +50,7 @@ def explain(state: SchedulerState, key: str) -> str:
     return _explain_queued(state, task)
 
 
-def _explain_queued(state: SchedulerState, task: TaskRecord) -> str:
+def _explain_queued(state: SchedulerCore, task: TaskRecord) -> str:
     if not state.workers:
         return "queued: no workers are connected"
     ahead = sum(
@@ -118,21 +114,23 @@ def _restriction_note(task: TaskRecord, by_option: list[list[WorkerRecord]]) -> 
 
 
 def _worker_obstacles(
-    state: SchedulerState, worker: WorkerRecord, task: TaskRecord, demand: dict[str, int]
+    state: SchedulerCore, worker: WorkerRecord, task: TaskRecord, demand: dict[str, int]
 ) -> str:
     reasons = []
     holder = holder_of(state, worker, task)
+    kept = held_back(state, worker, task)
+    ledger = worker.ledger
     for name, need in sorted(demand.items()):
-        free = available(worker, name, holder)
+        free = ledger.available(name, kept)
         if free < need:
             reasons.append(
                 f"{name} {describe_amount(name, free)} of "
-                f"{describe_amount(name, worker.total[name])} free"
+                f"{describe_amount(name, ledger.total[name])} free"
             )
-        elif name in worker.units and pick_units(worker.units[name], need) is None:
+        elif not ledger.has_unit_room(name, need):
             unit_free = ", ".join(
                 f"{label}: {describe_amount(name, left)}"
-                for label, left in worker.units[name].items()
+                for label, left in ledger.units[name].items()
             )
             reasons.append(f"{name} has no unit with room for it (free per unit: {unit_free})")
     if len(worker.processing) >= worker.nthreads:

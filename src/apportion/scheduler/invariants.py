@@ -1,6 +1,6 @@
 """Consistency checks over the whole scheduler state, for tests and debugging.
 
-Called after every test that builds a ``SchedulerState`` and after every step of
+Called after every test that builds a ``SchedulerCore`` and after every step of
 the Hypothesis stateful tests. O(everything): never on a hot path.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 
 from apportion.core.resources import SCALE
+from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.holders import holds
 from apportion.scheduler.records import (
     ERRED,
@@ -20,10 +21,9 @@ from apportion.scheduler.records import (
     TaskRecord,
 )
 from apportion.scheduler.remote_calls import check_book
-from apportion.scheduler.state import SchedulerState
 
 
-def check_invariants(state: SchedulerState) -> None:
+def check_invariants(state: SchedulerCore) -> None:
     """Raise ``AssertionError`` naming the first broken invariant."""
     _check_ledger(state)
     _check_units(state)
@@ -33,7 +33,7 @@ def check_invariants(state: SchedulerState) -> None:
     check_book(state)
 
 
-def _check_ledger(state: SchedulerState) -> None:
+def _check_ledger(state: SchedulerCore) -> None:
     for worker in state.workers.values():
         used: Counter[str] = Counter()
         resource_tasks = 0
@@ -45,11 +45,11 @@ def _check_ledger(state: SchedulerState) -> None:
             )
             used.update(task.resources)
             resource_tasks += bool(task.resources)
-        for name, total in worker.total.items():
-            free = worker.free[name]
-            assert 0 <= free <= total, f"{worker.name}: {name} free {free} outside [0, {total}]"
-            assert free == total - used[name], f"{worker.name}: {name} ledger drifted"
-        assert not set(used) - set(worker.total), f"{worker.name}: uses undeclared resources"
+        ledger = worker.ledger
+        ledger.check()
+        for name, total in ledger.total.items():
+            assert ledger.free[name] == total - used[name], f"{worker.name}: {name} ledger drifted"
+        assert not set(used) - set(ledger.total), f"{worker.name}: uses undeclared resources"
         assert resource_tasks <= worker.nthreads, f"{worker.name}: more resource tasks than threads"
         for key in worker.has_what:
             task = state.tasks.get(key)
@@ -58,7 +58,7 @@ def _check_ledger(state: SchedulerState) -> None:
         assert worker.nbytes == held, f"{worker.name}: nbytes {worker.nbytes} != {held} held"
 
 
-def _check_tasks(state: SchedulerState) -> None:
+def _check_tasks(state: SchedulerCore) -> None:
     queued_keys = {key for heap in state.ready.values() for _, _, key in heap}
     lineage: Counter[str] = Counter(dep for task in state.tasks.values() for dep in task.deps)
     for key, task in state.tasks.items():
@@ -76,8 +76,9 @@ def _check_tasks(state: SchedulerState) -> None:
             assert key in queued_keys or key in state.verdicts, f"{key}: queued but in no heap"
         if task.state == PROCESSING and task.worker is not None:
             assert key in state.workers[task.worker].processing, f"{key}: lost its worker"
-        if task.units:
-            assert task.state == PROCESSING and task.worker, f"{key}: holds units off a worker"
+        if task.allocation is not None:
+            assert task.state == PROCESSING and task.worker, f"{key}: holds resources off a worker"
+            assert task.allocation.resources == task.resources, f"{key}: allocation drifted"
         _check_holders(state, task)
         for dep_key in task.dependents:
             dependent = state.tasks.get(dep_key)
@@ -94,7 +95,7 @@ def _check_tasks(state: SchedulerState) -> None:
             assert key in state.clients[client_id].wanted
 
 
-def _check_holders(state: SchedulerState, task: TaskRecord) -> None:
+def _check_holders(state: SchedulerCore, task: TaskRecord) -> None:
     """A result in memory is on its worker and on every copy's; nothing else has copies."""
     key = task.key
     if task.state != MEMORY:
@@ -108,7 +109,7 @@ def _check_holders(state: SchedulerState, task: TaskRecord) -> None:
         assert holder is not None and key in holder.has_what, f"{key}: copy on {copy} gone"
 
 
-def _check_reservations(state: SchedulerState) -> None:
+def _check_reservations(state: SchedulerCore) -> None:
     for worker in state.workers.values():
         if worker.reserved_by is not None:
             task = state.tasks.get(worker.reserved_by)
@@ -120,7 +121,7 @@ def _check_reservations(state: SchedulerState) -> None:
             assert worker.reserved_by == task.key
 
 
-def _check_restrictions(state: SchedulerState) -> None:
+def _check_restrictions(state: SchedulerCore) -> None:
     """A task under a hard restriction runs, and holds a reservation, only on a worker
     it may run on."""
     for worker in state.workers.values():
@@ -133,19 +134,18 @@ def _check_restrictions(state: SchedulerState) -> None:
             assert held.restriction.allows(worker), f"{held.key} reserved disallowed {worker.name}"
 
 
-def _check_units(state: SchedulerState) -> None:
-    """No unit above 100%, and per pool the units account for exactly what is taken."""
+def _check_units(state: SchedulerCore) -> None:
+    """Each unit's free share accounts for exactly the tasks holding it (``Ledger.check``
+    has checked the units against the amounts)."""
     for worker in state.workers.values():
-        for name, unit_free in worker.units.items():
+        for name, unit_free in worker.ledger.units.items():
             used: Counter[str] = Counter()
             for key in worker.processing:
                 task = state.tasks[key]
+                held = task.allocation.units if task.allocation is not None else {}
                 if name in task.resources:
-                    assert task.units and name in task.units, f"{key} holds no {name} units"
+                    assert name in held, f"{key} holds no {name} units"
                     share = min(task.resources[name], SCALE)
-                    used.update(dict.fromkeys(task.units[name], share))
+                    used.update(dict.fromkeys(held[name], share))
             for label, free in unit_free.items():
-                assert 0 <= free <= SCALE, f"{worker.name}: {name}[{label}] free {free}"
                 assert free == SCALE - used[label], f"{worker.name}: {name}[{label}] drifted"
-            taken = sum(SCALE - free for free in unit_free.values())
-            assert taken == worker.total[name] - worker.free[name], f"{name} units != ledger"

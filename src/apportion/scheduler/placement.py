@@ -37,9 +37,9 @@ import math
 from collections.abc import Callable
 from functools import partial
 from heapq import heapify, heappop, heappush
-from typing import TYPE_CHECKING
 
-from apportion.core.resources import fits
+from apportion.core.resources import Amounts
+from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.records import (
     QUEUED,
     QueueKey,
@@ -50,14 +50,10 @@ from apportion.scheduler.records import (
     options_of,
     restriction_of,
 )
-from apportion.scheduler.units import could_hold, pick_units
 from apportion.scheduler.unsatisfiable import fail_or_warn
 
-if TYPE_CHECKING:
-    from apportion.scheduler.state import SchedulerState
 
-
-def place(state: SchedulerState) -> None:
+def place(state: SchedulerCore) -> None:
     """Start every ready task that can start now."""
     if not state.workers:
         return
@@ -65,17 +61,17 @@ def place(state: SchedulerState) -> None:
     _place_plain_tasks(state)
 
 
-def candidates(state: SchedulerState, signature: Signature) -> list[WorkerRecord]:
+def candidates(state: SchedulerCore, signature: Signature) -> list[WorkerRecord]:
     """Workers whose declared supply could ever hold this request."""
     demand = dict(signature)
-    return [w for w in state.workers.values() if w.leaving is None and could_hold(w, demand)]
+    return [w for w in state.workers.values() if w.leaving is None and w.ledger.could_hold(demand)]
 
 
 AliasIndex = dict[str, list[tuple[int, WorkerRecord]]]
 """Worker name, address or host -> the workers it names, with their join order."""
 
 
-def alias_index(state: SchedulerState) -> AliasIndex:
+def alias_index(state: SchedulerCore) -> AliasIndex:
     """Every worker by each of its aliases, so that a restriction finds its workers
     without a walk over the whole cluster."""
     index: AliasIndex = {}
@@ -86,7 +82,7 @@ def alias_index(state: SchedulerState) -> AliasIndex:
 
 
 def pools(
-    state: SchedulerState,
+    state: SchedulerCore,
     key: QueueKey,
     index: AliasIndex | None = None,
     every: Callable[[Signature], list[WorkerRecord]] | None = None,
@@ -106,7 +102,7 @@ def pools(
         {position: w for name in restriction.workers for position, w in index.get(name, ())}.items()
     )
     allowed = [
-        [w for _, w in named if w.leaving is None and could_hold(w, dict(option))]
+        [w for _, w in named if w.leaving is None and w.ledger.could_hold(dict(option))]
         for option in options
     ]
     if restriction.loose and not any(allowed):
@@ -114,23 +110,21 @@ def pools(
     return allowed
 
 
-def holder_of(state: SchedulerState, worker: WorkerRecord, task: TaskRecord) -> TaskRecord | None:
+def holder_of(state: SchedulerCore, worker: WorkerRecord, task: TaskRecord) -> TaskRecord | None:
     """The task holding a reservation on ``worker`` if it is not ``task`` itself."""
     if worker.reserved_by is None or worker.reserved_by == task.key:
         return None
     return state.tasks.get(worker.reserved_by)
 
 
-def available(worker: WorkerRecord, name: str, holder: TaskRecord | None) -> int:
-    """Free amount of ``name`` on ``worker`` that is not held for a reservation."""
-    free = worker.free.get(name, 0)
-    if holder is not None:
-        free -= min(free, holder.resources.get(name, 0))
-    return free
+def held_back(state: SchedulerCore, worker: WorkerRecord, task: TaskRecord) -> Amounts | None:
+    """What ``worker`` keeps for the reservation of a task other than ``task``, if any."""
+    holder = holder_of(state, worker, task)
+    return None if holder is None else holder.resources
 
 
 def fits_now(
-    state: SchedulerState,
+    state: SchedulerCore,
     worker: WorkerRecord,
     task: TaskRecord,
     demand: dict[str, int],
@@ -138,16 +132,10 @@ def fits_now(
     """Could ``task``, asking ``demand``, start on ``worker`` right now?"""
     if len(worker.processing) >= worker.nthreads:
         return False
-    holder = holder_of(state, worker, task)
-    for name, need in demand.items():
-        if available(worker, name, holder) < need:
-            return False
-        if name in worker.units and pick_units(worker.units[name], need) is None:
-            return False  # enough in total, but not in units that fit this request
-    return True
+    return worker.ledger.can_take(demand, held_back(state, worker, task))
 
 
-def _input_bytes(state: SchedulerState, task: TaskRecord) -> dict[str, int]:
+def _input_bytes(state: SchedulerCore, task: TaskRecord) -> dict[str, int]:
     by_worker: dict[str, int] = {}
     for dep in task.deps:
         record = state.tasks[dep]
@@ -159,7 +147,7 @@ def _input_bytes(state: SchedulerState, task: TaskRecord) -> dict[str, int]:
 
 
 def best_worker(
-    state: SchedulerState,
+    state: SchedulerCore,
     task: TaskRecord,
     pool: list[WorkerRecord],
     demand: dict[str, int],
@@ -177,7 +165,7 @@ def best_worker(
     return best
 
 
-def _reserve(state: SchedulerState, task: TaskRecord, pool: list[WorkerRecord]) -> None:
+def _reserve(state: SchedulerCore, task: TaskRecord, pool: list[WorkerRecord]) -> None:
     """Hold the worker closest to fitting ``task`` so backfill cannot starve it."""
     best: WorkerRecord | None = None
     best_score: tuple[float, int] | None = None
@@ -185,7 +173,7 @@ def _reserve(state: SchedulerState, task: TaskRecord, pool: list[WorkerRecord]) 
         if worker.reserved_by is not None:
             continue
         closeness = sum(
-            min(worker.free.get(n, 0), need) / need for n, need in task.resources.items()
+            min(worker.ledger.free.get(n, 0), need) / need for n, need in task.resources.items()
         )
         score = (-closeness, len(worker.processing))
         if best_score is None or score < best_score:
@@ -196,7 +184,7 @@ def _reserve(state: SchedulerState, task: TaskRecord, pool: list[WorkerRecord]) 
         state.log.append((state.now, task.key, QUEUED, QUEUED, f"reserved {best.name}"))
 
 
-def _head(state: SchedulerState, heap: list[tuple[int, int, str]]) -> TaskRecord | None:
+def _head(state: SchedulerCore, heap: list[tuple[int, int, str]]) -> TaskRecord | None:
     """First live entry of ``heap``, discarding stale ones (tasks no longer queued)."""
     while heap:
         task = state.tasks.get(heap[0][2])
@@ -206,7 +194,7 @@ def _head(state: SchedulerState, heap: list[tuple[int, int, str]]) -> TaskRecord
     return None
 
 
-def _place_resource_tasks(state: SchedulerState) -> None:
+def _place_resource_tasks(state: SchedulerCore) -> None:
     # No early return when every thread is busy: a blocked head must still take its
     # reservation then, or plain tasks pipelined ahead keep every thread busy forever
     # and the resource task starves behind newer work.
@@ -245,7 +233,7 @@ def _place_resource_tasks(state: SchedulerState) -> None:
 
 
 def _place_by_age(
-    state: SchedulerState, pool_for: Callable[[QueueKey], list[list[WorkerRecord]]]
+    state: SchedulerCore, pool_for: Callable[[QueueKey], list[list[WorkerRecord]]]
 ) -> None:
     """Merge the request kinds' queues oldest first; a kind that blocks is done for this pass.
 
@@ -282,7 +270,7 @@ def _place_by_age(
 
 
 def _start_if_it_fits(
-    state: SchedulerState,
+    state: SchedulerCore,
     task: TaskRecord,
     pool_for: Callable[[QueueKey], list[list[WorkerRecord]]],
 ) -> bool:
@@ -309,15 +297,15 @@ def _outside(task: TaskRecord, target: WorkerRecord) -> str:
 
 
 def plain_capacity(
-    state: SchedulerState, worker: WorkerRecord, resource_work_waiting: bool = False
+    state: SchedulerCore, worker: WorkerRecord, resource_work_waiting: bool = False
 ) -> int:
     """How many more plain tasks ``worker`` may be given now (running or queued ahead)."""
     if worker.leaving is not None:
         return 0  # it said it is closing: nothing new goes there
     holder = state.tasks.get(worker.reserved_by or "")
-    if holder is not None and fits(holder.resources, worker.free):
+    if holder is not None and worker.ledger.fits(holder.resources):
         return 0  # the reserved task waits only for a thread: let the threads drain
-    if resource_work_waiting and worker.total:
+    if resource_work_waiting and worker.ledger.total:
         # A plain task queued ahead here would take the thread a GPU (say) frees next,
         # leaving the GPU idle while work for it waits: fill free threads only.
         return worker.nthreads - len(worker.processing)
@@ -332,7 +320,7 @@ def plain_capacity(
     return worker.nthreads * (1 + ahead) - len(worker.processing)
 
 
-def _place_plain_tasks(state: SchedulerState) -> None:
+def _place_plain_tasks(state: SchedulerCore) -> None:
     heap = state.ready.get(())
     if not heap:
         return
@@ -369,7 +357,7 @@ def _place_plain_tasks(state: SchedulerState) -> None:
 
 
 def _local_choice(
-    state: SchedulerState, task: TaskRecord, capacity: dict[str, int]
+    state: SchedulerCore, task: TaskRecord, capacity: dict[str, int]
 ) -> WorkerRecord | None:
     """The worker holding most input bytes, if it can take the task now."""
     local = _input_bytes(state, task)

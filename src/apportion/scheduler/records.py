@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from apportion.core.resources import SCALE, Amounts
+from apportion.core.allocation import Allocation
+from apportion.core.ledger import Ledger
+from apportion.core.resources import Amounts, Units
 
 #: Shared by every plain task, so 100,000 of them do not hold 100,000 empty dicts.
 NO_RESOURCES: Amounts = {}
@@ -148,6 +150,7 @@ class TaskRecord:
     """The scheduler's view of one task."""
 
     __slots__ = (
+        "allocation",
         "args",
         "cancelled",
         "dependents",
@@ -168,7 +171,6 @@ class TaskRecord:
         "seq",
         "signature",
         "state",
-        "units",
         "variants",
         "wanted_by",
         "worker",
@@ -237,8 +239,9 @@ class TaskRecord:
         #: Set when the worker was told to drop the result of this running task.
         self.discard_result = False
         self.cancelled = False
-        #: While PROCESSING: the unit labels it holds in each indexed pool.
-        self.units: dict[str, list[str]] | None = None
+        #: While PROCESSING on a worker: what it holds there (taken from that
+        #: worker's ledger, given back exactly once); None otherwise.
+        self.allocation: Allocation | None = None
 
     def needed(self) -> bool:
         """A client wants it or an unfinished dependent needs its result."""
@@ -259,13 +262,13 @@ class WorkerRecord:
         "aliases",
         "avg_duration",
         "draining",
-        "free",
         "functions",
         "handoff",
         "has_what",
         "id",
         "last_seen",
         "leaving",
+        "ledger",
         "memory",
         "memory_limit",
         "name",
@@ -275,8 +278,6 @@ class WorkerRecord:
         "processing",
         "reserved_by",
         "supervisor",
-        "total",
-        "units",
     )
 
     def __init__(
@@ -288,7 +289,7 @@ class WorkerRecord:
         total: Amounts,
         pid: int,
         memory_limit: int,
-        units: dict[str, list[str]] | None = None,
+        units: Units | None = None,
     ) -> None:
         self.id = worker_id
         self.name = name
@@ -296,10 +297,9 @@ class WorkerRecord:
         #: Name, address and host: what a ``workers=`` restriction matches.
         self.aliases = worker_aliases(name, address)
         self.nthreads = nthreads
-        #: Declared supply in ticks; never changes while connected.
-        self.total = dict(total)
-        #: total minus the demand of every task in ``processing``; never negative.
-        self.free = dict(total)
+        #: Its supply and what is free of it: the demand of every task in
+        #: ``processing`` is taken, and nothing else.
+        self.ledger = Ledger(total, units)
         #: Keys assigned here and not yet reported back.
         self.processing: set[str] = set()
         #: Keys whose result lives here.
@@ -315,11 +315,6 @@ class WorkerRecord:
         self.last_seen = 0.0
         #: Moving average of plain task run times, to size the pipeline; None until known.
         self.avg_duration: float | None = None
-        #: Indexed pools: name -> unit label -> free ticks (each unit holds SCALE).
-        #: Per pool, the ticks taken from its units equal those taken from ``free``.
-        self.units: dict[str, dict[str, int]] = {
-            name: dict.fromkeys(labels, SCALE) for name, labels in (units or {}).items()
-        }
         self.pid = pid
         self.memory_limit = memory_limit
         #: Resident memory at the last heartbeat, bytes (0 until reported).

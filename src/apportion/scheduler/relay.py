@@ -9,12 +9,12 @@ per request, one reply to the client when every worker has answered.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from apportion.protocol import messages as m
 from apportion.scheduler import copies, drain
+from apportion.scheduler.books import Gather, Scatter
 from apportion.scheduler.client_requests import want
+from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.holders import holders, holds
 from apportion.scheduler.records import (
     MEMORY,
@@ -24,89 +24,41 @@ from apportion.scheduler.records import (
     WorkerRecord,
 )
 
-if TYPE_CHECKING:
-    from apportion.scheduler.state import SchedulerState
+
+def worker_joined(state: SchedulerCore) -> None:
+    """Scatters parked while no worker was connected are placed now."""
+    relays = state.relays
+    parked, relays.parked = relays.parked, []
+    for client_id, request in parked:
+        client = state.clients.get(client_id)
+        if client is not None:
+            scatter(state, client, request)
 
 
-@dataclass
-class _Gather:
-    client_id: str
-    request_id: int
-    #: worker id -> keys asked of it and not answered yet
-    pending: dict[str, list[str]]
-    data: dict[str, bytes] = field(default_factory=dict)
-    missing: list[str] = field(default_factory=list)
-    errors: dict[str, str] = field(default_factory=dict)
+def worker_left(state: SchedulerCore, worker_id: str) -> None:
+    """Answers that will never come count as missing (gather) or are re-placed (scatter)."""
+    relays = state.relays
+    for rid, gather_ in list(relays.gathers.items()):
+        keys = gather_.pending.pop(worker_id, None)
+        if keys is not None:
+            gather_.missing.extend(keys)
+            _maybe_finish_gather(state, rid)
+    for rid, scatter_ in list(relays.scatters.items()):
+        if worker_id in scatter_.pending:
+            del relays.scatters[rid]
+            state.send(
+                scatter_.client_id,
+                m.KeysFailed(
+                    scatter_.pending[worker_id],
+                    "lost",
+                    "the worker receiving scattered data left; scatter again",
+                ),
+            )
+    drain.worker_left(state, worker_id)
+    copies.worker_left(state, worker_id)
 
 
-@dataclass
-class _Scatter:
-    client_id: str
-    request_id: int
-    pending: dict[str, list[str]]
-    keys: list[str] = field(default_factory=list)
-
-
-@dataclass
-class RelayBook:
-    """Relays in flight, by the request id the scheduler used towards workers."""
-
-    gathers: dict[int, _Gather] = field(default_factory=dict)
-    scatters: dict[int, _Scatter] = field(default_factory=dict)
-    #: Results of draining workers on their way to others (``drain.py``).
-    handoffs: dict[int, drain.Handoff] = field(default_factory=dict)
-    #: Scatter requests that arrived before any worker did.
-    parked: list[tuple[str, m.ScatterRequest]] = field(default_factory=list)
-    next_id: int = 0
-
-    def new_id(self) -> int:
-        self.next_id += 1
-        return self.next_id
-
-    def drop_parked(self, client_id: str, keys: list[str]) -> None:
-        """The client gave up on these keys (a scatter that timed out): a parked request
-        carrying them must not store them for nobody once a worker joins."""
-        gone = set(keys)
-        self.parked = [
-            (c, req) for c, req in self.parked if c != client_id or not gone & req.data.keys()
-        ]
-
-    def drop_client(self, state: SchedulerState, client_id: str) -> None:
-        for book in (self.gathers, self.scatters):
-            for rid in [rid for rid, r in book.items() if r.client_id == client_id]:
-                del book[rid]
-        self.parked = [(c, req) for c, req in self.parked if c != client_id]
-
-    def worker_joined(self, state: SchedulerState) -> None:
-        parked, self.parked = self.parked, []
-        for client_id, request in parked:
-            client = state.clients.get(client_id)
-            if client is not None:
-                scatter(state, client, request)
-
-    def worker_left(self, state: SchedulerState, worker_id: str) -> None:
-        """Answers that will never come count as missing (gather) or are re-placed (scatter)."""
-        for rid, gather_ in list(self.gathers.items()):
-            keys = gather_.pending.pop(worker_id, None)
-            if keys is not None:
-                gather_.missing.extend(keys)
-                _maybe_finish_gather(state, rid)
-        for rid, scatter_ in list(self.scatters.items()):
-            if worker_id in scatter_.pending:
-                del self.scatters[rid]
-                state.send(
-                    scatter_.client_id,
-                    m.KeysFailed(
-                        scatter_.pending[worker_id],
-                        "lost",
-                        "the worker receiving scattered data left; scatter again",
-                    ),
-                )
-        drain.worker_left(state, worker_id)
-        copies.worker_left(state, worker_id)
-
-
-def gather(state: SchedulerState, client: ClientRecord, msg: m.GatherRequest) -> None:
+def gather(state: SchedulerCore, client: ClientRecord, msg: m.GatherRequest) -> None:
     by_worker: dict[str, list[str]] = defaultdict(list)
     missing: list[str] = []
     for key in msg.keys:
@@ -119,12 +71,12 @@ def gather(state: SchedulerState, client: ClientRecord, msg: m.GatherRequest) ->
         state.send(client.id, m.GatherReply(msg.request_id, {}, missing, {}))
         return
     rid = state.relays.new_id()
-    state.relays.gathers[rid] = _Gather(client.id, msg.request_id, dict(by_worker), {}, missing)
+    state.relays.gathers[rid] = Gather(client.id, msg.request_id, dict(by_worker), {}, missing)
     for worker_id, keys in by_worker.items():
         state.send(worker_id, m.GetData(rid, keys))
 
 
-def data_reply(state: SchedulerState, worker: WorkerRecord, msg: m.DataReply) -> None:
+def data_reply(state: SchedulerCore, worker: WorkerRecord, msg: m.DataReply) -> None:
     if msg.request_id in state.relays.handoffs:
         drain.source_reply(state, worker, msg)
         return
@@ -140,7 +92,7 @@ def data_reply(state: SchedulerState, worker: WorkerRecord, msg: m.DataReply) ->
     _maybe_finish_gather(state, msg.request_id)
 
 
-def _maybe_finish_gather(state: SchedulerState, rid: int) -> None:
+def _maybe_finish_gather(state: SchedulerCore, rid: int) -> None:
     gather_ = state.relays.gathers[rid]
     if not gather_.pending:
         del state.relays.gathers[rid]
@@ -148,7 +100,7 @@ def _maybe_finish_gather(state: SchedulerState, rid: int) -> None:
         state.send(gather_.client_id, reply)
 
 
-def scatter(state: SchedulerState, client: ClientRecord, msg: m.ScatterRequest) -> None:
+def scatter(state: SchedulerCore, client: ClientRecord, msg: m.ScatterRequest) -> None:
     allowed = set(msg.workers)
     chosen = [w for w in state.workers.values() if not allowed or w.aliases & allowed]
     if not chosen and allowed and state.workers and state.config.fail_unsatisfiable:
@@ -168,12 +120,12 @@ def scatter(state: SchedulerState, client: ClientRecord, msg: m.ScatterRequest) 
         parts[order[i % len(order)].id][key] = blob
     rid = state.relays.new_id()
     pending = {worker_id: list(data) for worker_id, data in parts.items()}
-    state.relays.scatters[rid] = _Scatter(client.id, msg.request_id, pending)
+    state.relays.scatters[rid] = Scatter(client.id, msg.request_id, pending)
     for worker_id, data in parts.items():
         state.send(worker_id, m.PutData(rid, data))
 
 
-def data_stored(state: SchedulerState, worker: WorkerRecord, msg: m.DataStored) -> None:
+def data_stored(state: SchedulerCore, worker: WorkerRecord, msg: m.DataStored) -> None:
     if msg.request_id == m.DIRECT_PUT:
         return  # a client put it there and reports it with ScatterPlaced
     if msg.request_id in state.relays.handoffs:
@@ -196,7 +148,7 @@ def data_stored(state: SchedulerState, worker: WorkerRecord, msg: m.DataStored) 
             state.send(client.id, m.ScatterReply(scatter_.request_id, scatter_.keys))
 
 
-def scatter_placed(state: SchedulerState, client: ClientRecord, msg: m.ScatterPlaced) -> None:
+def scatter_placed(state: SchedulerCore, client: ClientRecord, msg: m.ScatterPlaced) -> None:
     """The client put data on workers itself (``direct_to_workers``): record where."""
     by_address = {w.address: w for w in state.workers.values()}
     placed, lost = [], []
@@ -214,7 +166,7 @@ def scatter_placed(state: SchedulerState, client: ClientRecord, msg: m.ScatterPl
 
 
 def _adopt(
-    state: SchedulerState,
+    state: SchedulerCore,
     worker: WorkerRecord,
     client: ClientRecord | None,
     key: str,
@@ -237,7 +189,7 @@ def _adopt(
     state.complete(task, worker, nbytes, "scattered")
 
 
-def who_has(state: SchedulerState, client: ClientRecord, msg: m.WhoHasRequest) -> None:
+def who_has(state: SchedulerCore, client: ClientRecord, msg: m.WhoHasRequest) -> None:
     out: dict[str, list[str]] = {}
     for key in msg.keys:
         task: TaskRecord | None = state.tasks.get(key)

@@ -13,69 +13,24 @@ started later can import an upload as the first ones can.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from apportion.protocol import messages as m
+from apportion.scheduler.books import MAX_KEPT_BYTES, Call
+from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.records import ClientRecord, WorkerRecord
-
-if TYPE_CHECKING:
-    from apportion.scheduler.state import SchedulerState
 
 #: Largest upload or pickled plugin accepted, in bytes.
 MAX_INSTALL_BYTES = 64 * 2**20
-
-#: Most bytes of uploads and plugins kept for workers that join later.
-MAX_KEPT_BYTES = 256 * 2**20
 
 #: Install kinds a client may ask for.
 KINDS = ("upload", "plugin")
 
 
-@dataclass
-class _Call:
-    client_id: str
-    request_id: int
-    #: worker id -> its address, for the workers that have not answered yet
-    pending: dict[str, str]
-    #: worker address -> [status, value, traceback]
-    results: dict[str, list[Any]] = field(default_factory=dict)
-
-
-@dataclass
-class RemoteBook:
-    """Calls in flight, by the request id the scheduler used towards workers, and
-    what every worker must have installed."""
-
-    calls: dict[int, _Call] = field(default_factory=dict)
-    #: (kind, name) -> the ``Install`` replayed to joining workers, oldest first.
-    kept: dict[tuple[str, str], m.Install] = field(default_factory=dict)
-    #: This scheduler's Python and package versions (set by the service).
-    versions: dict[str, Any] = field(default_factory=dict)
-    #: Recent log records, newest last, at most ``n`` (``n <= 0``: all); set by the
-    #: service, which owns the logging handler behind it.
-    logs: Callable[[int], list[list[str]]] | None = None
-    next_id: int = 0
-
-    @property
-    def kept_bytes(self) -> int:
-        """Total size of the kept blobs; never above ``MAX_KEPT_BYTES``."""
-        return sum(len(install.blob) for install in self.kept.values())
-
-    def new_id(self) -> int:
-        self.next_id += 1
-        return self.next_id
-
-    def drop_client(self, client_id: str) -> None:
-        """A client left: nobody will read its calls' answers."""
-        for rid in [rid for rid, call in self.calls.items() if call.client_id == client_id]:
-            del self.calls[rid]
-
-
 # --- client requests ---------------------------------------------------------------
 
 
-def run(state: SchedulerState, client: ClientRecord, msg: m.RunOnWorkers) -> None:
+def run(state: SchedulerCore, client: ClientRecord, msg: m.RunOnWorkers) -> None:
     """Send the call to the named workers (every worker when none is named)."""
     targets, unknown = _targets(state, msg.workers)
     if unknown:
@@ -85,7 +40,7 @@ def run(state: SchedulerState, client: ClientRecord, msg: m.RunOnWorkers) -> Non
     _start(state, client.id, msg.request_id, targets, lambda rid: m.RunCall(rid, msg.call))
 
 
-def install(state: SchedulerState, client: ClientRecord, msg: m.InstallOnWorkers) -> None:
+def install(state: SchedulerCore, client: ClientRecord, msg: m.InstallOnWorkers) -> None:
     """Keep an upload or plugin for workers to come and send it to every worker now."""
     book = state.remote
     key = (msg.kind, msg.name)
@@ -124,7 +79,7 @@ def install(state: SchedulerState, client: ClientRecord, msg: m.InstallOnWorkers
     )
 
 
-def uninstall(state: SchedulerState, client: ClientRecord, msg: m.UninstallFromWorkers) -> None:
+def uninstall(state: SchedulerCore, client: ClientRecord, msg: m.UninstallFromWorkers) -> None:
     """Forget a plugin and have every worker tear it down."""
     if state.remote.kept.pop(("plugin", msg.name), None) is None:
         _refuse(state, client, msg.request_id, f"no worker plugin named {msg.name!r}")
@@ -133,11 +88,11 @@ def uninstall(state: SchedulerState, client: ClientRecord, msg: m.UninstallFromW
     _start(state, client.id, msg.request_id, every, lambda rid: m.Uninstall(rid, msg.name))
 
 
-def versions(state: SchedulerState, client: ClientRecord, msg: m.VersionsRequest) -> None:
+def versions(state: SchedulerCore, client: ClientRecord, msg: m.VersionsRequest) -> None:
     state.send(client.id, m.VersionsReply(msg.request_id, state.remote.versions))
 
 
-def logs(state: SchedulerState, client: ClientRecord, msg: m.LogsRequest) -> None:
+def logs(state: SchedulerCore, client: ClientRecord, msg: m.LogsRequest) -> None:
     recent = state.remote.logs
     state.send(client.id, m.LogsReply(msg.request_id, recent(msg.n) if recent else []))
 
@@ -145,7 +100,7 @@ def logs(state: SchedulerState, client: ClientRecord, msg: m.LogsRequest) -> Non
 # --- worker answers and membership -------------------------------------------------
 
 
-def call_answered(state: SchedulerState, worker: WorkerRecord, msg: m.CallAnswered) -> None:
+def call_answered(state: SchedulerCore, worker: WorkerRecord, msg: m.CallAnswered) -> None:
     call = state.remote.calls.get(msg.request_id)
     if call is None or worker.id not in call.pending:
         return  # nobody waits (no reply asked, client gone, or an earlier session's call)
@@ -154,13 +109,13 @@ def call_answered(state: SchedulerState, worker: WorkerRecord, msg: m.CallAnswer
     _maybe_finish(state, msg.request_id)
 
 
-def worker_joined(state: SchedulerState, worker_id: str) -> None:
+def worker_joined(state: SchedulerCore, worker_id: str) -> None:
     """Replay every kept upload and plugin, in the order they came."""
     for kept in state.remote.kept.values():
         state.send(worker_id, kept)
 
 
-def worker_left(state: SchedulerState, worker_id: str, how: str) -> None:
+def worker_left(state: SchedulerCore, worker_id: str, how: str) -> None:
     """The calls waiting for this worker get "lost" for it instead of waiting forever."""
     for rid, call in list(state.remote.calls.items()):
         address = call.pending.pop(worker_id, None)
@@ -173,7 +128,7 @@ def worker_left(state: SchedulerState, worker_id: str, how: str) -> None:
 # --- helpers -----------------------------------------------------------------------
 
 
-def _targets(state: SchedulerState, wanted: list[str]) -> tuple[dict[str, str], list[str]]:
+def _targets(state: SchedulerCore, wanted: list[str]) -> tuple[dict[str, str], list[str]]:
     """worker id -> address for the workers ``wanted`` names (all if empty); unknown names."""
     if not wanted:
         return {w.id: w.address for w in state.workers.values()}, []
@@ -189,7 +144,7 @@ def _targets(state: SchedulerState, wanted: list[str]) -> tuple[dict[str, str], 
 
 
 def _start(
-    state: SchedulerState,
+    state: SchedulerCore,
     client_id: str,
     request_id: int,
     targets: dict[str, str],
@@ -201,20 +156,20 @@ def _start(
             state.send(worker_id, make(m.NO_REPLY))
         return
     rid = state.remote.new_id()
-    state.remote.calls[rid] = _Call(client_id, request_id, dict(targets))
+    state.remote.calls[rid] = Call(client_id, request_id, dict(targets))
     for worker_id in targets:
         state.send(worker_id, make(rid))
     _maybe_finish(state, rid)
 
 
-def _maybe_finish(state: SchedulerState, rid: int) -> None:
+def _maybe_finish(state: SchedulerCore, rid: int) -> None:
     call = state.remote.calls[rid]
     if not call.pending:
         del state.remote.calls[rid]
         _reply(state, call.client_id, call.request_id, call.results, "")
 
 
-def _refuse(state: SchedulerState, client: ClientRecord, request_id: int, text: str) -> None:
+def _refuse(state: SchedulerCore, client: ClientRecord, request_id: int, text: str) -> None:
     if request_id == m.NO_REPLY:
         state.warn(f"client {client.id}: {text}")
     else:
@@ -222,7 +177,7 @@ def _refuse(state: SchedulerState, client: ClientRecord, request_id: int, text: 
 
 
 def _reply(
-    state: SchedulerState,
+    state: SchedulerCore,
     client_id: str,
     request_id: int,
     results: dict[str, list[Any]],
@@ -232,7 +187,7 @@ def _reply(
         state.send(client_id, m.WorkersAnswered(request_id, results, error))
 
 
-def check_book(state: SchedulerState) -> None:
+def check_book(state: SchedulerCore) -> None:
     """Invariants (``check_invariants``): a call waits only for connected workers and
     for a client still there; what is kept stays within its bound."""
     for rid, call in state.remote.calls.items():

@@ -18,21 +18,19 @@ from __future__ import annotations
 
 from collections import defaultdict
 from heapq import heapify
-from typing import TYPE_CHECKING
 
 from apportion.protocol import messages as m
+from apportion.scheduler import membership
+from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.events import Disconnect
 from apportion.scheduler.records import PROCESSING, QUEUED, ClientRecord
 from apportion.scheduler.shared_data import DATASET_OWNER
-
-if TYPE_CHECKING:
-    from apportion.scheduler.state import SchedulerState
 
 #: ``WorkerRecord.leaving`` of the workers a restart removes.
 RESTARTING = "restarting"
 
 
-def restart(state: SchedulerState, client: ClientRecord, msg: m.RestartRequest) -> None:
+def restart(state: SchedulerCore, client: ClientRecord, msg: m.RestartRequest) -> None:
     why = f" ({msg.reason})" if msg.reason else ""
     text = f"the cluster was restarted{why}; submit the work again"
     kept = _durable_work(state)
@@ -60,7 +58,7 @@ def restart(state: SchedulerState, client: ClientRecord, msg: m.RestartRequest) 
         worker.has_what.clear()
         worker.nbytes = 0
         worker.leaving = RESTARTING
-        state._remove_worker(worker.id, text)
+        membership.remove_worker(state, worker.id, text)
         if worker.supervisor:
             # Its supervisor starts a fresh process once it exits.
             state.send(worker.id, m.RestartWorker(text))
@@ -71,7 +69,7 @@ def restart(state: SchedulerState, client: ClientRecord, msg: m.RestartRequest) 
     state.send(client.id, m.RestartReply(msg.request_id, len(workers), sorted(unsupervised)))
 
 
-def _cancel_scatters(state: SchedulerState, text: str) -> None:
+def _cancel_scatters(state: SchedulerCore, text: str) -> None:
     """Scattered data not placed yet (no worker, or on its way): cancelled and answered,
     so the scattering client does not wait for it."""
     relays = state.relays
@@ -87,7 +85,7 @@ def _cancel_scatters(state: SchedulerState, text: str) -> None:
             state.send(client_id, m.ScatterReply(request_id, []))
 
 
-def _durable_work(state: SchedulerState) -> set[str]:
+def _durable_work(state: SchedulerCore) -> set[str]:
     """Unfinished tasks only durable clients want, with no inputs (the job queue's runs)."""
     durable = {c.id for c in state.clients.values() if c.durable}
     if not durable:
@@ -102,7 +100,7 @@ def _durable_work(state: SchedulerState) -> set[str]:
     }
 
 
-def _drop_datasets(state: SchedulerState) -> None:
+def _drop_datasets(state: SchedulerCore) -> None:
     """Datasets naming results are gone with them; plain values stay published."""
     book = state.shared
     for name, (_, keys) in list(book.datasets.items()):
@@ -111,7 +109,7 @@ def _drop_datasets(state: SchedulerState) -> None:
             state.clients.pop(DATASET_OWNER + name, None)
 
 
-def _forget_tasks(state: SchedulerState, kept: set[str]) -> None:
+def _forget_tasks(state: SchedulerCore, kept: set[str]) -> None:
     """Every task but ``kept`` leaves the table, with everything said about it."""
     for key in [k for k in state.tasks if k not in kept]:
         del state.tasks[key]

@@ -12,15 +12,16 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import time
 import uuid
 from typing import Any
 
+from apportion.clock import SYSTEM_CLOCK, Clock
 from apportion.log_ring import LogRing
 from apportion.loop_thread import BackgroundService
-from apportion.net.address import DEFAULT_PORT, format_address
+from apportion.net.address import DEFAULT_PORT
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeError, accept_connection
+from apportion.net.transport import Listener, transport_for
 from apportion.protocol import messages as m
 from apportion.protocol.codec import ProtocolError
 from apportion.runs.journal import Journal
@@ -55,7 +56,11 @@ class Scheduler(BackgroundService):
 
     Use ``async with Scheduler(port=0) as s`` inside an event loop, or
     ``with Scheduler(port=0) as s`` from plain code (it then runs on a background
-    thread). ``s.address`` is where workers and clients connect.
+    thread). ``s.address`` is where workers and clients connect. A ``host`` of
+    ``inproc://name`` (or ``inproc://`` for a fresh name) listens in memory instead of
+    on TCP, for clusters within one process (``port`` is then not used). ``clock``
+    (default: the system's) gives the time of every event and paces the tick that
+    finds silent workers.
     """
 
     def __init__(
@@ -66,13 +71,16 @@ class Scheduler(BackgroundService):
         config: SchedulerConfig | None = None,
         journal: Journal | None = None,
         queue_options: QueueOptions | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.host = host
         self.port = port
         self.state = SchedulerState(config)
         self.id = f"scheduler-{uuid.uuid4().hex[:8]}"
+        #: The time in every event, and the pace of the tick.
+        self.clock: Clock = clock or SYSTEM_CLOCK
         self.address = ""
-        self._server: asyncio.Server | None = None
+        self._server: Listener | None = None
         self._conns: dict[str, Connection] = {}
         self._ids = itertools.count(1)
         self._placement_scheduled = False
@@ -94,9 +102,9 @@ class Scheduler(BackgroundService):
     async def start(self) -> Scheduler:
         """Listen; return once connections are accepted."""
         self._closed = asyncio.Event()
-        self._server = await asyncio.start_server(self._on_connect, self.host, self.port)
-        port = self._server.sockets[0].getsockname()[1]
-        self.address = format_address(self.host, port)
+        transport = transport_for(self.host)
+        self._server = await transport.listen(self.host, self.port, self._on_connect)
+        self.address = self._server.address
         self.state.identity = {"id": self.id, "address": self.address}
         self.state.remote.versions = versions()
         self.state.remote.logs = lambda n: [list(r) for r in self.logs.recent(n)]
@@ -123,8 +131,8 @@ class Scheduler(BackgroundService):
     async def _tick(self) -> None:
         """Let time pass in the state machine, so silent workers are noticed."""
         while True:
-            await asyncio.sleep(TICK_SECONDS)
-            self._handle(Tick(time.monotonic()))
+            await self.clock.sleep(TICK_SECONDS)
+            self._handle(Tick(self.clock.monotonic()))
 
     def _runs_address(self) -> str:
         """Where the job queue connects to this scheduler (the one place to change it)."""
@@ -194,7 +202,7 @@ class Scheduler(BackgroundService):
         await self._services_ready.wait()  # its live runs are offered to the job queue
         self._conns[peer_id] = conn
         registration = first[0]
-        self._handle(WorkerJoined(peer_id, registration, time.monotonic()))
+        self._handle(WorkerJoined(peer_id, registration, self.clock.monotonic()))
         if peer_id not in self.state.workers:  # refused (its name is taken): told why
             self._conns.pop(peer_id, None)
             await conn.close()
@@ -206,10 +214,10 @@ class Scheduler(BackgroundService):
                 self._from_worker(peer_id, await conn.recv())
         finally:
             self._conns.pop(peer_id, None)
-            self._handle(WorkerLeft(peer_id, time.monotonic()))
+            self._handle(WorkerLeft(peer_id, self.clock.monotonic()))
 
     def _from_worker(self, peer_id: str, batch: list[m.Message]) -> None:
-        self._handle(FromWorker(peer_id, batch, time.monotonic()))
+        self._handle(FromWorker(peer_id, batch, self.clock.monotonic()))
 
     async def _serve_supervisor(self, conn: Connection) -> None:
         """A worker supervisor reporting how its processes ended; nothing is sent back."""
@@ -217,17 +225,17 @@ class Scheduler(BackgroundService):
             for message in await conn.recv():
                 if not isinstance(message, m.WorkerDied):
                     raise ProtocolError(f"a supervisor sent {type(message).__name__}")
-                self._handle(WorkerDeathReport(message, time.monotonic()))
+                self._handle(WorkerDeathReport(message, self.clock.monotonic()))
 
     async def _serve_client(self, conn: Connection, peer_id: str) -> None:
         self._conns[peer_id] = conn
-        self._handle(ClientJoined(peer_id, time.monotonic()))
+        self._handle(ClientJoined(peer_id, self.clock.monotonic()))
         try:
             while True:
-                self._handle(FromClient(peer_id, await conn.recv(), time.monotonic()))
+                self._handle(FromClient(peer_id, await conn.recv(), self.clock.monotonic()))
         finally:
             self._conns.pop(peer_id, None)
-            self._handle(ClientLeft(peer_id, time.monotonic()))
+            self._handle(ClientLeft(peer_id, self.clock.monotonic()))
 
     # --- the shell around the state machine -----------------------------------------
 
@@ -244,7 +252,7 @@ class Scheduler(BackgroundService):
 
     def _place(self) -> None:
         self._placement_scheduled = False
-        self._execute(self.state.handle(PlacementDue(time.monotonic())))
+        self._execute(self.state.handle(PlacementDue(self.clock.monotonic())))
 
     def _execute(self, commands: list[Command]) -> None:
         conns = self._conns

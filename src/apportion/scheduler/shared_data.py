@@ -9,22 +9,19 @@ dictionaries, addressed by a path of keys, as Dask's ``task_metadata``.
 
 A retry runs a failed task again, with the failed inputs it needs, inputs
 first. A failed input is kept (ERRED) while a record computed from it exists
-(``SchedulerState.forget``), so a failed chain can be retried from its root.
+(``SchedulerCore.forget``), so a failed chain can be retried from its root.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from apportion.protocol import messages as m
 from apportion.scheduler import copies
-from apportion.scheduler.client_requests import error_message, release, want
+from apportion.scheduler.client_requests import release, want
+from apportion.scheduler.core import SchedulerCore, error_message
 from apportion.scheduler.holders import holders
 from apportion.scheduler.records import ERRED, MEMORY, RELEASED, ClientRecord, TaskRecord
-
-if TYPE_CHECKING:
-    from apportion.scheduler.state import SchedulerState
 
 #: Prefix of the pseudo-client that holds a dataset's keys.
 DATASET_OWNER = "dataset:"
@@ -33,22 +30,10 @@ replicate = copies.replicate
 rebalance = copies.rebalance
 
 
-@dataclass
-class SharedBook:
-    """What clients left with the scheduler for each other."""
-
-    #: name -> (pickled object, keys its futures refer to)
-    datasets: dict[str, tuple[bytes, list[str]]] = field(default_factory=dict)
-    #: Nested dictionaries of plain values (``set_metadata``).
-    metadata: dict[str, Any] = field(default_factory=dict)
-    #: Replicates and rebalances in flight, by the request id sent to workers.
-    copies: dict[int, copies.CopyJob] = field(default_factory=dict)
-
-
 # --- datasets -------------------------------------------------------------------------
 
 
-def publish(state: SchedulerState, client: ClientRecord, msg: m.PublishDataset) -> None:
+def publish(state: SchedulerCore, client: ClientRecord, msg: m.PublishDataset) -> None:
     """Keep a dataset; its keys are wanted by its pseudo-client from now on."""
     book = state.shared
     if msg.name in book.datasets and not msg.override:
@@ -69,7 +54,7 @@ def publish(state: SchedulerState, client: ClientRecord, msg: m.PublishDataset) 
     state.send(client.id, m.SharedDataAck(msg.request_id, ""))
 
 
-def unpublish(state: SchedulerState, client: ClientRecord, msg: m.UnpublishDataset) -> None:
+def unpublish(state: SchedulerCore, client: ClientRecord, msg: m.UnpublishDataset) -> None:
     """Forget datasets (unknown names are no error, as in Dask); their keys may go."""
     for name in msg.names:
         if state.shared.datasets.pop(name, None) is not None:
@@ -78,7 +63,7 @@ def unpublish(state: SchedulerState, client: ClientRecord, msg: m.UnpublishDatas
     state.send(client.id, m.SharedDataAck(msg.request_id, ""))
 
 
-def get_dataset(state: SchedulerState, client: ClientRecord, msg: m.DatasetRequest) -> None:
+def get_dataset(state: SchedulerCore, client: ClientRecord, msg: m.DatasetRequest) -> None:
     """The dataset's bytes and keys, with every published name (for the error, the list)."""
     found = state.shared.datasets.get(msg.name)
     data, keys = found or (b"", [])
@@ -89,7 +74,7 @@ def get_dataset(state: SchedulerState, client: ClientRecord, msg: m.DatasetReque
 # --- metadata -------------------------------------------------------------------------
 
 
-def set_metadata(state: SchedulerState, client: ClientRecord, msg: m.SetMetadata) -> None:
+def set_metadata(state: SchedulerCore, client: ClientRecord, msg: m.SetMetadata) -> None:
     """As Dask's: missing (or non-dictionary) levels on the way become dictionaries."""
     if not msg.path:
         state.send(client.id, m.SharedDataAck(msg.request_id, "a metadata key is needed"))
@@ -103,7 +88,7 @@ def set_metadata(state: SchedulerState, client: ClientRecord, msg: m.SetMetadata
     state.send(client.id, m.SharedDataAck(msg.request_id, ""))
 
 
-def get_metadata(state: SchedulerState, client: ClientRecord, msg: m.MetadataRequest) -> None:
+def get_metadata(state: SchedulerCore, client: ClientRecord, msg: m.MetadataRequest) -> None:
     """The value at the path, or ``found`` 0 where a level on the way is missing."""
     value: Any = state.shared.metadata
     for key in msg.path:
@@ -117,7 +102,7 @@ def get_metadata(state: SchedulerState, client: ClientRecord, msg: m.MetadataReq
 # --- who has what ---------------------------------------------------------------------
 
 
-def cluster_facts(state: SchedulerState, client: ClientRecord, msg: m.ClusterFactsRequest) -> None:
+def cluster_facts(state: SchedulerCore, client: ClientRecord, msg: m.ClusterFactsRequest) -> None:
     """Who holds what, threads and assigned tasks, keyed by worker address as in Dask."""
     address = {w.id: w.address for w in state.workers.values()}
     who_has = {
@@ -140,7 +125,7 @@ def cluster_facts(state: SchedulerState, client: ClientRecord, msg: m.ClusterFac
 # --- retry ----------------------------------------------------------------------------
 
 
-def retry(state: SchedulerState, client: ClientRecord, msg: m.RetryKeys) -> None:
+def retry(state: SchedulerCore, client: ClientRecord, msg: m.RetryKeys) -> None:
     """Run failed keys again; a finished one is said to be done, a pending one goes on."""
     for key in msg.keys:
         task = state.tasks.get(key)
@@ -159,7 +144,7 @@ def retry(state: SchedulerState, client: ClientRecord, msg: m.RetryKeys) -> None
             state.send(client.id, error_message(key, task.error, 1))
 
 
-def _failed_chain(state: SchedulerState, task: TaskRecord) -> list[TaskRecord]:
+def _failed_chain(state: SchedulerCore, task: TaskRecord) -> list[TaskRecord]:
     """``task`` and the failed inputs it needs, transitively, inputs before dependents."""
     order: list[TaskRecord] = []
     seen = {task.key}
@@ -178,7 +163,7 @@ def _failed_chain(state: SchedulerState, task: TaskRecord) -> list[TaskRecord]:
     return order
 
 
-def _run_again(state: SchedulerState, task: TaskRecord, client_id: str) -> None:
+def _run_again(state: SchedulerCore, task: TaskRecord, client_id: str) -> None:
     cause = f"retried by client {client_id}"
     for dep_key in task.deps:
         dep = state.tasks.get(dep_key)

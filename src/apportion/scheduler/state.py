@@ -1,830 +1,125 @@
 """The scheduler's state machine: events in, commands out, no I/O and no clock.
 
-Theory of operation
--------------------
-Clients submit tasks; a task whose dependencies are all in memory is QUEUED in a
-heap for its *signature* (its resource demand), ordered by priority then
-submission. Events never place tasks themselves: they only set
-``placement_due``, and the service sends one ``PlacementDue`` per loop turn, so a
-burst of ten thousand completions costs one placement pass (``placement.py``).
+This module only dispatches: each event type and each message type has one
+handler function in a module above the core (``membership``, ``client_requests``,
+``worker_reports``, ``relay`` ...), and ``handle`` returns the commands the core
+gathered meanwhile. The records and their low-level changes are in ``core.py``;
+its header tells the theory of operation.
 
-A result is kept while a client holds a future for it or an unfinished dependent
-needs it (``TaskRecord.needed``); when neither holds, the record is forgotten and
-the worker told to drop the data. Resources are taken from a worker's ledger when
-a task is assigned and given back exactly once, when the worker reports the task
-or when the worker is lost, whatever happened to the task in between.
-
-Every state change goes through ``_move``, which checks the transition table in
-``records.py`` and appends ``(time, key, from, to, cause)`` to the log that
-``story(key)`` reads.
+``SchedulerState`` inherits the core rather than wrapping it, so that tests,
+the service and the simulation see one object (``state.tasks``,
+``state.handle(...)``) and handlers take the core without an indirection on the
+hot path. Unlike Dask's ``Scheduler(SchedulerState, ServerNode)``, nothing here
+does I/O: the service owns a ``SchedulerState``, it is not one.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections import defaultdict, deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from heapq import heappush
 from typing import Any
 
-from apportion.core.resources import (
-    SCALE,
-    describe_resources,
-    give_back,
-    to_units,
-)
 from apportion.protocol import messages as m
 from apportion.scheduler import (
     client_requests,
     drain,
+    membership,
+    placement,
     relay,
     remote_calls,
     restart,
     shared_data,
     task_hooks,
+    views,
     worker_reports,
 )
+from apportion.scheduler.core import SchedulerConfig, SchedulerCore
 from apportion.scheduler.events import (
     ClientJoined,
     ClientLeft,
     Command,
-    Disconnect,
     Event,
     FromClient,
     FromWorker,
-    Log,
     PlacementDue,
-    Send,
     Tick,
     WorkerDeathReport,
     WorkerJoined,
     WorkerLeft,
 )
-from apportion.scheduler.holders import clear_replicas, drop_holder, holders
-from apportion.scheduler.records import (
-    ERRED,
-    MEMORY,
-    PROCESSING,
-    QUEUED,
-    RELEASED,
-    TRANSITIONS,
-    WAITING,
-    ClientRecord,
-    QueueKey,
-    TaskRecord,
-    WorkerRecord,
-)
-from apportion.scheduler.units import (
-    describe_units,
-    return_units,
-    take_given_units,
-    take_units,
-)
+from apportion.scheduler.records import ClientRecord, WorkerRecord
 
-#: The task's own key was never computed: scattered data cannot be recomputed.
-SCATTERED = ""
-
-#: Supervisor reports of worker deaths kept for poison-task errors.
-MAX_DEATH_CAUSES = 1_000
+__all__ = ["SchedulerConfig", "SchedulerState"]
 
 
-class IllegalTransition(AssertionError):
-    """A state change outside the transition table: always a bug in the scheduler."""
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerConfig:
-    """Policy settings of one scheduler."""
-
-    #: Fail a task at once when no connected worker can ever meet its demand. Right
-    #: for a LocalCluster, which cannot grow; a real cluster warns and waits instead.
-    fail_unsatisfiable: bool = False
-    #: Transitions kept for ``story``; the oldest are dropped beyond this.
-    log_size: int = 200_000
-    #: Seconds of plain work to queue ahead on each thread, to hide the round trip.
-    pipeline_seconds: float = 0.002
-    #: Upper bound on plain tasks queued ahead per thread.
-    max_pipeline: int = 16
-    #: A worker not heard from for this many seconds (no message, no heartbeat) is
-    #: declared lost: stopped, cut off or frozen. Its tasks run elsewhere.
-    worker_timeout: float = 30.0
-    #: A task running on this many workers that died is failed as the likely cause
-    #: (a "poison" task) instead of killing worker after worker.
-    max_worker_deaths: int = 3
-    #: How long a poison task's failure waits for the supervisor to say how the
-    #: last worker died (exit code, signal, out of memory), in seconds.
-    death_report_wait: float = 3.0
-
-
-class SchedulerState:
+class SchedulerState(SchedulerCore):
     """All task, worker and client state, and every decision about it."""
-
-    def __init__(self, config: SchedulerConfig | None = None) -> None:
-        self.config = config or SchedulerConfig()
-        self.tasks: dict[str, TaskRecord] = {}
-        self.workers: dict[str, WorkerRecord] = {}
-        self.clients: dict[str, ClientRecord] = {}
-        #: func_id -> pickled function, with the number of live tasks using it.
-        self.functions: dict[str, bytes] = {}
-        self.function_users: dict[str, int] = defaultdict(int)
-        #: signature -> heap of (-priority, seq, key). Entries go stale when a task
-        #: leaves QUEUED; placement skips them, which is cheaper than deleting.
-        self.ready: dict[QueueKey, list[tuple[int, int, str]]] = {}
-        self.log: deque[tuple[float, str, str, str, str]] = deque(maxlen=self.config.log_size)
-        self.placement_due = False
-        #: Identity shown in ``scheduler_info`` (set by the service).
-        self.identity: dict[str, Any] = {}
-        self.relays = relay.RelayBook()
-        self.remote = remote_calls.RemoteBook()
-        #: Datasets, metadata and copies in flight (``shared_data.py``).
-        self.shared = shared_data.SharedBook()
-        self.now = 0.0
-        self._seq = 0
-        self._out: list[Command] = []
-        self.done_keys: dict[str, list[str]] = defaultdict(list)
-        self.free_keys: dict[str, list[str]] = defaultdict(list)
-        #: Request kinds already warned about, so a sweep of 1,000 says it once.
-        self.warned: set[QueueKey] = set()
-        self.satisfiable_cache: dict[QueueKey, bool] = {}
-        #: (client, request kind) pairs already told that nobody can run it.
-        self.notified: set[tuple[str, QueueKey]] = set()
-        #: Tasks whose inputs could not be fetched, and how often (sparse: only those).
-        self.fetch_failures: dict[str, int] = {}
-        #: Tasks that were running when their worker died: (worker name, pid, how)
-        #: for each death (sparse).
-        self.deaths: dict[str, list[tuple[str, int, str]]] = {}
-        #: Tasks that raised and were run again: how many times (sparse).
-        self.retried: dict[str, int] = {}
-        #: (worker name, pid) -> how that process ended, as its supervisor reported.
-        #: Bounded: only the latest ``MAX_DEATH_CAUSES`` are kept.
-        self.death_causes: dict[tuple[str, int], str] = {}
-        #: Poison tasks held QUEUED (in no heap) until their last worker death is
-        #: classified or the deadline passes; then they fail. key -> deadline.
-        self.verdicts: dict[str, float] = {}
-        #: Clients serving others: requests, tasks still running, notes (``task_hooks``).
-        self.services = task_hooks.ServiceBook()
-        self._handlers: dict[type[Any], Callable[[Any, Any], None]] = {
-            ClientJoined: self._on_client_joined,
-            ClientLeft: self._on_client_left,
-            WorkerJoined: self._on_worker_joined,
-            WorkerLeft: self._on_worker_left,
-            WorkerDeathReport: self._on_death_report,
-            FromClient: self._on_from_client,
-            FromWorker: self._on_from_worker,
-            Tick: self._on_tick,
-            PlacementDue: self._on_placement_due,
-        }
-
-    # --- entry point ----------------------------------------------------------------
 
     def handle(self, event: Event) -> list[Command]:
         """Apply one event; return what must be sent and logged because of it."""
         self.now = event.now
-        self._handlers[type(event)](event, None)
+        EVENT_HANDLERS[type(event)](self, event)
         task_hooks.flush(self)
-        for client_id, keys in self.done_keys.items():
-            if client_id in self.clients:
-                self._out.append(Send(client_id, m.KeysDone(keys)))
-        self.done_keys.clear()
-        for worker_id, keys in self.free_keys.items():
-            if worker_id in self.workers:
-                self._out.append(Send(worker_id, m.FreeKeys(keys)))
-        self.free_keys.clear()
-        out, self._out = self._out, []
-        return out
-
-    def next_seq(self) -> int:
-        self._seq += 1
-        return self._seq
-
-    def send(self, peer_id: str, message: m.Message) -> None:
-        self._out.append(Send(peer_id, message))
-
-    def warn(self, text: str) -> None:
-        self._out.append(Log("warning", text))
-
-    def log_info(self, text: str) -> None:
-        self._out.append(Log("info", text))
-
-    # --- lifecycle helpers ----------------------------------------------------------
-
-    def move(self, task: TaskRecord, new: str, cause: str) -> None:
-        """Change ``task``'s state, checking the table and recording the cause."""
-        if (task.state, new) not in TRANSITIONS:
-            raise IllegalTransition(f"{task.key}: {task.state} -> {new} ({cause})")
-        if task.reserved_on is not None and new != QUEUED:
-            # Only a QUEUED task may hold a reservation; checked here so that every way
-            # out (an input lost, say, back to WAITING) frees the worker it held.
-            self.drop_reservation(task)
-        if self.verdicts and task.state == QUEUED:
-            self.verdicts.pop(task.key, None)
-        self.log.append((self.now, task.key, task.state, new, cause))
-        task.state = new
-
-    def enqueue(self, task: TaskRecord, cause: str) -> None:
-        """Make ``task`` ready: QUEUED, in its signature's heap, placement due."""
-        self.move(task, QUEUED, cause)
-        heap = self.ready.get(task.signature)
-        if heap is None:
-            heap = self.ready[task.signature] = []
-        heappush(heap, (-task.priority, task.seq, task.key))
-        self.placement_due = True
-
-    def requeue(self, task: TaskRecord, cause: str) -> None:
-        """Run ``task`` again after its worker gave it back (raised, lost, discarded).
-
-        An input may have been lost while it ran (``lose_result`` counts it in
-        ``missing_deps``): then it waits for the recomputation instead of starting
-        on a worker that cannot fetch the input.
-        """
-        if task.missing_deps:
-            self.move(task, WAITING, cause)
-        else:
-            self.enqueue(task, cause)
-
-    def assign(
-        self,
-        task: TaskRecord,
-        worker: WorkerRecord,
-        units: dict[str, list[str]] | None = None,
-        cause: str = "",
-    ) -> None:
-        """Start ``task`` on ``worker``: take its resources and send it there.
-
-        ``units``: take these units of indexed pools if they are free (an adopted
-        run keeps the devices its processes already use); else placement picks.
-        """
-        cause = cause or f"assigned to {worker.name}"
-        if task.variants:
-            cause += f" with {describe_resources(task.resources) or 'no resources'}"
-        task.units = None
-        if task.resources:
-            for name, need in task.resources.items():
-                worker.free[name] -= need
-            if worker.units:
-                given = take_given_units(worker, task.resources, units) if units else None
-                task.units = given or take_units(worker, task.resources) or None
-                if task.units:
-                    cause += " holding " + describe_units(task.units)
-        worker.processing.add(task.key)
-        task.worker = worker.id
-        self.move(task, PROCESSING, cause)
-        if task.func_id not in worker.functions:
-            worker.functions.add(task.func_id)
-            self.send(worker.id, m.LoadFunction(task.func_id, self.functions[task.func_id]))
-        who_has: dict[str, list[str]] = {}
-        for dep in task.deps:
-            who_has[dep] = [self.workers[w].address for w in holders(self.tasks[dep])]
-        self.send(
-            worker.id,
-            m.ComputeTask(
-                task.key,
-                task.func_id,
-                task.args,
-                who_has,
-                task.resources,
-                task.priority,
-                task.units or {},
-                task.variants.index(task.resources) if task.variants else 0,
-            ),
-        )
-
-    def unassign(self, task: TaskRecord, worker: WorkerRecord) -> None:
-        """The worker is done with ``task``: return its resources exactly once."""
-        worker.processing.remove(task.key)
-        if task.resources:
-            give_back(worker.free, task.resources, worker.total)
-        if task.units:
-            return_units(worker, task.resources, task.units)
-            task.units = None
-        task.worker = None
-
-    def drop_reservation(self, task: TaskRecord) -> None:
-        worker = self.workers.get(task.reserved_on or "")
-        if worker is not None and worker.reserved_by == task.key:
-            worker.reserved_by = None
-        task.reserved_on = None
-
-    def finish_inputs(self, task: TaskRecord) -> None:
-        """``task`` no longer needs its inputs: release those nobody else needs."""
-        for dep_key in task.deps:
-            dep = self.tasks.get(dep_key)
-            if dep is not None and task.key in dep.dependents:
-                dep.dependents.discard(task.key)
-                self.release_if_unneeded(dep)
-
-    def release_if_unneeded(self, task: TaskRecord) -> None:
-        # A "new" task is mid-submission (a batch sibling failed first): ``submit``
-        # releases it after giving it a state, if it is still unneeded then. A
-        # "forgotten" one went already, when its last dependent failed.
-        if not task.needed() and task.state not in ("new", "forgotten"):
-            self.forget(task)
-
-    def forget(self, task: TaskRecord) -> None:
-        """Drop a task nobody needs. A running one is forgotten when its worker reports.
-
-        A finished one whose result fed results that still exist keeps its record
-        (RELEASED, its data dropped), so that a lost result can be recomputed.
-        """
-        if task.state == PROCESSING and task.worker is not None:
-            if not task.discard_result:
-                task.discard_result = True
-                self.free_keys[task.worker].append(task.key)
-            return
-        if task.state == RELEASED:
-            return  # still feeds results that exist (lineage), or it would be gone
-        if task.state == ERRED and task.lineage and task.error and task.error[0] == "exception":
-            return  # it raised: a failed dependent may be retried, and needs this recipe
-        kept = task.state in (MEMORY, WAITING, QUEUED)  # not a failure: nothing to recompute
-        if kept and task.lineage and task.func_id != SCATTERED:
-            self.keep_released(task, "released; kept to recompute what was computed from it")
-            return
-        self.remove(task, "released")
-
-    def keep_released(self, task: TaskRecord, cause: str) -> None:
-        """Drop ``task``'s result (or stop waiting to compute it) but keep its recipe.
-
-        Scattered data is never kept: it could not be recomputed anyway.
-        """
-        if task.state == MEMORY:
-            self._drop_result(task)
-        unfinished = task.state in (WAITING, QUEUED, PROCESSING)
-        self.move(task, RELEASED, cause)
-        task.worker = None
-        if unfinished:
-            self.finish_inputs(task)
-
-    def remove(self, task: TaskRecord, cause: str) -> None:
-        if task.state == MEMORY:
-            self._drop_result(task)
-        unfinished = task.state in (WAITING, QUEUED, PROCESSING)
-        self._delete(task, cause)
-        if unfinished:
-            self.finish_inputs(task)
-        self._unlink_lineage(task)
-
-    def _unlink_lineage(self, task: TaskRecord) -> None:
-        """``task`` is gone: released inputs that only it could need go too (iteratively:
-        a chain of 100,000 released tasks must not recurse 100,000 deep)."""
-        stack = [task]
-        while stack:
-            gone = stack.pop()
-            for dep_key in gone.deps:
-                dep = self.tasks.get(dep_key)
-                if dep is None or dep.lineage <= 0:
-                    continue
-                dep.lineage -= 1
-                if dep.lineage == 0 and (
-                    dep.state == RELEASED or (dep.state == ERRED and not dep.needed())
-                ):
-                    self._delete(dep, "nothing computed from it is left")
-                    stack.append(dep)
-
-    def _delete(self, task: TaskRecord, cause: str) -> None:
-        """``task`` leaves the table (``move`` frees a reservation it held)."""
-        self.move(task, "forgotten", cause)
-        del self.tasks[task.key]
-        self._forget_counts(task.key)
-        self._drop_function_use(task)
-
-    def _drop_function_use(self, task: TaskRecord) -> None:
-        if task.func_id != SCATTERED:
-            users = self.function_users[task.func_id] - 1
-            if users:
-                self.function_users[task.func_id] = users
-            else:
-                del self.function_users[task.func_id]
-                self.functions.pop(task.func_id, None)
-
-    def _forget_counts(self, key: str) -> None:
-        """A task finished or went away: its failure counts no longer matter."""
-        if self.fetch_failures:
-            self.fetch_failures.pop(key, None)
-        if self.deaths:
-            self.deaths.pop(key, None)
-        if self.retried:
-            self.retried.pop(key, None)
-
-    def _drop_result(self, task: TaskRecord) -> None:
-        for worker_id in clear_replicas(task, self.workers):
-            self.free_keys[worker_id].append(task.key)
-        worker = self.workers.get(task.worker or "")
-        if worker is not None and task.key in worker.has_what:
-            worker.has_what.discard(task.key)
-            worker.nbytes -= task.nbytes
-            self.free_keys[worker.id].append(task.key)
-        task.worker = None
-
-    def complete(self, task: TaskRecord, worker: WorkerRecord, nbytes: int, cause: str) -> None:
-        """``task``'s result now lives on ``worker``."""
-        self.move(task, MEMORY, cause)
-        self._forget_counts(task.key)
-        task.worker = worker.id
-        task.nbytes = nbytes
-        worker.has_what.add(task.key)
-        worker.nbytes += nbytes
-        if task.wanted_by:
-            for client_id in task.wanted_by:
-                self.done_keys[client_id].append(task.key)
-        for dependent_key in task.dependents:
-            dependent = self.tasks[dependent_key]
-            dependent.missing_deps -= 1
-            if dependent.missing_deps == 0 and dependent.state == WAITING:
-                self.enqueue(dependent, f"input {task.key} ready")
-        self.finish_inputs(task)
-        self.release_if_unneeded(task)
-
-    def fail(self, task: TaskRecord, error: tuple[str, bytes | str, bytes], cause: str) -> None:
-        """``task`` and, transitively, every unfinished dependent fail with ``error``."""
-        stack = [(task, cause)]
-        while stack:
-            current, why = stack.pop()
-            if current.state == ERRED or current.key not in self.tasks:
-                continue
-            if current.state == MEMORY and current is not task:
-                continue  # a finished dependent no longer needs the failed input
-            if current.state == PROCESSING and current.worker is not None:
-                if current.cancelled:
-                    continue  # failed already; settled when its worker reports
-                # Still running: the worker drops the result; resources return on report.
-                # The error is kept for clients that ask for the key in the meantime.
-                current.cancelled = True
-                current.error = error
-                self.forget(current)
-                self._notify_error(current, error)
-            else:
-                self.move(current, ERRED, why)
-                current.error = error
-                self._notify_error(current, error)
-                self.finish_inputs(current)
-            for dependent_key in current.dependents:
-                stack.append((self.tasks[dependent_key], f"input {current.key} failed"))
-            if current.state == ERRED:
-                # Dependents leave ``dependents`` as they fail (``_finish_inputs``); one
-                # still running stays, so its inputs are kept until its worker reports.
-                self.release_if_unneeded(current)
-
-    def _notify_error(self, task: TaskRecord, error: tuple[str, bytes | str, bytes]) -> None:
-        attempts = self.retried.get(task.key, 0) + 1
-        for client_id in task.wanted_by or ():
-            self.send(client_id, client_requests.error_message(task.key, error, attempts))
-
-    # --- events ---------------------------------------------------------------------
-
-    def _on_client_joined(self, event: ClientJoined, _: None) -> None:
-        self.clients[event.client_id] = ClientRecord(event.client_id, event.durable)
-
-    def _on_client_left(self, event: ClientLeft, _: None) -> None:
-        client = self.clients.pop(event.client_id, None)
-        if client is not None and not client.durable:  # a durable client's work stays
-            client_requests.release(self, client, list(client.wanted))
-        self.relays.drop_client(self, event.client_id)
-        self.remote.drop_client(event.client_id)
-
-    def _on_worker_joined(self, event: WorkerJoined, _: None) -> None:
-        reg = event.registration
-        if not self._claim_name(event.worker_id, reg):
-            return
-        units = {
-            name: labels
-            for name, labels in reg.units.items()
-            if reg.resources.get(name) == len(labels) * SCALE and len(set(labels)) == len(labels)
-        }
-        if len(units) != len(reg.units):
-            self.warn(f"worker {reg.name}: unit lists that do not match its pools were ignored")
-        self.workers[event.worker_id] = WorkerRecord(
-            event.worker_id,
-            reg.name or event.worker_id,
-            reg.address,
-            max(1, reg.nthreads),
-            reg.resources,
-            reg.pid,
-            reg.memory_limit,
-            units,
-        )
-        self.workers[event.worker_id].last_seen = event.now
-        self.workers[event.worker_id].supervisor = reg.supervisor
-        self._out.append(
-            Log(
-                "info",
-                f"worker {reg.name} joined at {reg.address}: {reg.nthreads} threads, "
-                f"resources {describe_resources(reg.resources, units) or '(none)'}",
-            )
-        )
-        self.satisfiable_cache.clear()
-        self.warned.clear()
-        self.notified.clear()
-        self.placement_due = True
-        self.relays.worker_joined(self)
-        remote_calls.worker_joined(self, event.worker_id)
-        task_hooks.worker_joined(self, event.worker_id, reg)
-
-    def _claim_name(self, worker_id: str, reg: m.RegisterWorker) -> bool:
-        """Whether ``reg`` may take its name: refuse a second worker under a live one's name.
-
-        Names are how people and the job queue tell workers apart, so two live workers
-        never share one (Dask refuses the second too). A registration from the same
-        worker (same data address: it reconnected before its old connection's end was
-        seen) or from its supervisor's replacement (same supervisor on the same host:
-        the old process is dead) takes the name over; the stale record is dropped as
-        lost, so its tasks run again.
-        """
-        holder = next((w for w in self.workers.values() if reg.name and w.name == reg.name), None)
-        if holder is None:
-            return True
-        same_host = _host(holder.address) == _host(reg.address)
-        if holder.address == reg.address or (
-            reg.supervisor and holder.supervisor == reg.supervisor and same_host
-        ):
-            self._remove_worker(holder.id, f"replaced by a new registration as {reg.name}")
-            self._out.append(Disconnect(holder.id, "replaced by a new registration"))
-            return True
-        reason = (
-            f"a worker named {reg.name!r} is already connected from {holder.address}; "
-            "give each worker its own --name"
-        )
-        self.warn(f"refused the worker at {reg.address}: {reason}")
-        self.send(worker_id, m.Refused(reason))
-        return False
-
-    def _on_worker_left(self, event: WorkerLeft, _: None) -> None:
-        self._remove_worker(event.worker_id, "its connection closed")
-
-    def _on_tick(self, event: Tick, _: None) -> None:
-        """Declare lost the workers silent for longer than the timeout."""
-        self._settle_verdicts()
-        limit = self.config.worker_timeout
-        for worker in [w for w in self.workers.values() if event.now - w.last_seen > limit]:
-            silent = f"silent for {event.now - worker.last_seen:.0f}s (stopped, frozen or cut off)"
-            self._remove_worker(worker.id, silent)
-            self._out.append(Disconnect(worker.id, silent))
-
-    def _remove_worker(self, worker_id: str, how: str) -> None:
-        """The worker is gone: its running tasks run again, its results are recomputed."""
-        worker = self.workers.pop(worker_id, None)
-        if worker is None:
-            return
-        crashed = worker.leaving is None
-        if crashed:
-            self._out.append(Log("warning", f"lost worker {worker.name} ({worker.address}): {how}"))
-        else:
-            self._out.append(Log("info", f"worker {worker.name} closed ({worker.leaving})"))
-        if worker.reserved_by is not None:
-            reserved = self.tasks.get(worker.reserved_by)
-            if reserved is not None:
-                reserved.reserved_on = None
-        for key in sorted(worker.processing, key=lambda k: self.tasks[k].seq):
-            task = self.tasks[key]
-            task.worker = None
-            task.units = None  # they were that worker's units, gone with its ledger
-            if task.discard_result:
-                task.discard_result = False
-                worker_reports.settle_discarded(self, task, f"worker {worker.name} lost")
-            elif crashed and self._too_many_deaths(task, worker, how):
-                if worker.supervisor and (worker.name, worker.pid) not in self.death_causes:
-                    # Its supervisor is about to say how it died: wait for that.
-                    self.move(task, QUEUED, f"worker {worker.name} lost: {how}; held for a verdict")
-                    self.verdicts[task.key] = self.now + self.config.death_report_wait
-                    # A new number makes its old heap entry stale: placement skips it.
-                    task.seq = self.next_seq()
-                else:
-                    self._fail_poisoned(task)
-            else:
-                self.requeue(task, f"worker {worker.name} lost while running it: {how}")
-        self._lose_results_on(worker)
-        self.relays.worker_left(self, worker.id)
-        remote_calls.worker_left(self, worker.id, how)
-        task_hooks.worker_left(self, worker)
-        for other in self.workers.values():
-            drain.check(self, other)  # a draining worker may wait for nobody now
-        self.satisfiable_cache.clear()
-        self.warned.clear()
-        self.notified.clear()
-        self.placement_due = True
-
-    def _lose_results_on(self, worker: WorkerRecord) -> None:
-        """The results ``worker`` held are gone; a copy elsewhere keeps a result."""
-        for key in list(worker.has_what):
-            held = self.tasks.get(key)
-            if held is not None and held.state == MEMORY and not drop_holder(held, worker):
-                self.lose_result(held, f"its result was on worker {worker.name}, which left")
-
-    def _too_many_deaths(self, task: TaskRecord, worker: WorkerRecord, how: str) -> bool:
-        """Count a worker death during ``task``; True once it reaches the limit."""
-        if worker.memory_limit and worker.memory >= 0.9 * worker.memory_limit:
-            how += (
-                f", its memory at {worker.memory / worker.memory_limit:.0%} of its limit"
-                " - likely out of memory"
-            )
-        seen = self.deaths.setdefault(task.key, [])
-        seen.append((worker.name, worker.pid, how))
-        return len(seen) >= self.config.max_worker_deaths
-
-    def _fail_poisoned(self, task: TaskRecord) -> None:
-        deaths = "; ".join(
-            f"{name} ({self.death_causes.get((name, pid), how)})"
-            for name, pid, how in self.deaths.pop(task.key)
-        )
-        text = (
-            f"{task.key!r} was running on {self.config.max_worker_deaths} workers that "
-            f"died, so it is likely the cause: {deaths}"
-        )
-        self.fail(task, ("crashed", text, b""), "too many worker deaths")
-
-    def _on_death_report(self, event: WorkerDeathReport, _: None) -> None:
-        report = event.report
-        self.death_causes[(report.name, report.pid)] = report.description
-        while len(self.death_causes) > MAX_DEATH_CAUSES:
-            del self.death_causes[next(iter(self.death_causes))]
-        self._out.append(
-            Log("warning", f"worker {report.name} (pid {report.pid}) {report.description}")
-        )
-        self._settle_verdicts()
-
-    def _settle_verdicts(self) -> None:
-        """Fail the held poison tasks whose last death is explained, or waited enough."""
-        for key, deadline in list(self.verdicts.items()):
-            name, pid, _ = self.deaths[key][-1]
-            if self.now >= deadline or (name, pid) in self.death_causes:
-                del self.verdicts[key]
-                self._fail_poisoned(self.tasks[key])
-
-    def lose_result(self, task: TaskRecord, cause: str) -> None:
-        """The only copy of ``task``'s result is gone: recompute it if we can."""
-        task.worker = None
-        for client_id in task.wanted_by or ():
-            # Their futures said "finished": they must wait again, not fail on gather.
-            self.send(client_id, m.KeysPending([task.key]))
-        for dependent_key in task.dependents:
-            dependent = self.tasks[dependent_key]
-            dependent.missing_deps += 1
-            if dependent.state == QUEUED:
-                self.move(dependent, WAITING, f"input {task.key} lost")
-        if not task.needed():
-            self.forget(task)
-            return
-        self.recompute(task, cause)
-
-    def recompute(self, task: TaskRecord, cause: str) -> None:
-        """Run ``task`` (lost or RELEASED) again, and the RELEASED inputs it needs first.
-
-        Its lineage is walked with a stack, not recursion. Scattered data and inputs
-        already forgotten cannot be recomputed: the task fails, saying which.
-        """
-        stack = [(task, cause)]
-        while stack:
-            current, why = stack.pop()
-            if current.state not in (MEMORY, RELEASED):
-                continue  # reached twice through two paths: already on its way
-            if current.func_id == SCATTERED:
-                text = f"scattered data {current.key!r} was lost ({why}) and cannot be recomputed"
-                self.fail(current, ("lost", text, b""), why)
-                continue
-            unknown = [d for d in current.deps if d not in self.tasks]
-            if unknown:
-                text = (
-                    f"result of {current.key!r} was lost ({why}) and input {unknown[0]!r} is gone"
-                )
-                self.fail(current, ("lost", text, b""), why)
-                continue
-            failed = next((d for d in current.deps if self.tasks[d].state == ERRED), None)
-            if failed is not None:
-                error = self.tasks[failed].error or ("lost", f"input {failed!r} failed", b"")
-                self.fail(current, error, f"{why}; input {failed} failed")
-                continue
-            for dep in self.start_again(current, why):
-                stack.append((dep, f"needed to recompute {current.key}"))
-
-    def start_again(self, task: TaskRecord, cause: str) -> list[TaskRecord]:
-        """Run ``task`` again from its inputs: WAITING for those not in memory, else
-        QUEUED. Returns its RELEASED inputs, which the caller must recompute."""
-        task.missing_deps = 0
-        released = []
-        for dep_key in task.deps:
-            dep = self.tasks[dep_key]
-            dep.dependents.add(task.key)
-            if dep.state != MEMORY:
-                task.missing_deps += 1
-            if dep.state == RELEASED:
-                released.append(dep)
-        if task.missing_deps:
-            self.move(task, WAITING, cause)
-        else:
-            self.enqueue(task, cause)
-        return released
-
-    def _on_placement_due(self, event: PlacementDue, _: None) -> None:
-        from apportion.scheduler.placement import place
-
-        self.placement_due = False
-        place(self)
-
-    # --- client messages ------------------------------------------------------------
-
-    def _on_from_client(self, event: FromClient, _: None) -> None:
-        client = self.clients[event.client_id]
-        self._dispatch(CLIENT_HANDLERS, client, event.messages, f"client {client.id}")
-
-    def _dispatch(
-        self,
-        handlers: dict[type[m.Message], Callable[[SchedulerState, Any, Any], None]],
-        peer: ClientRecord | WorkerRecord,
-        messages: list[m.Message],
-        who: str,
-    ) -> None:
-        """One handler per message type; a type not served from this peer is said, not run."""
-        for msg in messages:
-            handler = handlers.get(type(msg))
-            if handler is None:
-                if task_hooks.forward(self, peer, msg):
-                    continue  # a request another client serves
-                self.warn(f"{who} sent unexpected {type(msg).__name__}; ignored")
-            else:
-                handler(self, peer, msg)
+        return self.take_commands()
 
     def dump(self, log_rows: int = 10_000) -> dict[str, Any]:
         """Everything the scheduler knows, as plain data: attach it to a bug report."""
-        tasks = {
-            key: {
-                "state": t.state,
-                "worker": t.worker,
-                "copies": sorted(t.replicas or ()),
-                "deps": list(t.deps),
-                "dependents": sorted(t.dependents),
-                "resources": to_units(t.resources),
-                "alternatives": [to_units(v) for v in t.variants or ()],
-                "workers": sorted(t.restriction.workers) if t.restriction else None,
-                "units": t.units,
-                "priority": t.priority,
-                "retries_left": t.retries,
-                "wanted_by": sorted(t.wanted_by or ()),
-                "reserved_on": t.reserved_on,
-                "error": None if t.error is None else [t.error[0], _text(t.error[1])],
-            }
-            for key, t in self.tasks.items()
-        }
-        return {
-            **self.snapshot(),
-            "config": dataclasses.asdict(self.config),
-            "now": self.now,
-            "task_states": tasks,
-            "clients": {c.id: sorted(c.wanted) for c in self.clients.values()},
-            "deaths": dict(self.deaths),
-            "log": [list(row) for row in list(self.log)[-log_rows:]],
-        }
-
-    def story_of(self, key: str) -> list[tuple[float, str, str, str, str]]:
-        """Every recorded transition of ``key``, oldest first, with its cause."""
-        return [row for row in self.log if row[1] == key]
+        return views.dump(self, log_rows)
 
     def snapshot(self) -> dict[str, Any]:
         """A plain-data picture of the cluster, shaped like Dask's ``scheduler_info``."""
-        counts: dict[str, int] = defaultdict(int)
-        for task in self.tasks.values():
-            counts[task.state] += 1
-        workers = {
-            w.address: {
-                "id": w.id,
-                "name": w.name,
-                "nthreads": w.nthreads,
-                "resources": to_units(w.total),
-                "free_resources": to_units(w.free),
-                "units": {
-                    name: {label: free / SCALE for label, free in unit_free.items()}
-                    for name, unit_free in w.units.items()
-                },
-                "processing": len(w.processing),
-                "keys": len(w.has_what),
-                "nbytes": w.nbytes,
-                "pid": w.pid,
-                "memory_limit": w.memory_limit,
-                "reserved_for": w.reserved_by,
-            }
-            for w in self.workers.values()
-        }
-        return {
-            "type": "Scheduler",
-            **self.identity,
-            "workers": workers,
-            "tasks": dict(counts),
-            "clients": len(self.clients),
-        }
-
-    # --- worker messages ------------------------------------------------------------
-
-    def _on_from_worker(self, event: FromWorker, _: None) -> None:
-        worker = self.workers.get(event.worker_id)
-        if worker is not None:
-            worker.last_seen = event.now
-            self._dispatch(WORKER_HANDLERS, worker, event.messages, f"worker {worker.name}")
-            if worker.draining:
-                drain.check(self, worker)
-
-    # --- resources nobody has -------------------------------------------------------
+        return views.snapshot(self)
 
 
-CLIENT_HANDLERS: dict[type[m.Message], Callable[[SchedulerState, ClientRecord, Any], None]] = {
+def _placement_due(state: SchedulerCore, event: PlacementDue) -> None:
+    state.placement_due = False
+    placement.place(state)
+
+
+def _from_client(state: SchedulerCore, event: FromClient) -> None:
+    client = state.clients[event.client_id]
+    _dispatch(state, CLIENT_HANDLERS, client, event.messages, f"client {client.id}")
+
+
+def _from_worker(state: SchedulerCore, event: FromWorker) -> None:
+    worker = state.workers.get(event.worker_id)
+    if worker is not None:
+        worker.last_seen = event.now
+        _dispatch(state, WORKER_HANDLERS, worker, event.messages, f"worker {worker.name}")
+        if worker.draining:
+            drain.check(state, worker)
+
+
+def _dispatch(
+    state: SchedulerCore,
+    handlers: dict[type[m.Message], Callable[[SchedulerCore, Any, Any], None]],
+    peer: ClientRecord | WorkerRecord,
+    messages: list[m.Message],
+    who: str,
+) -> None:
+    """One handler per message type; a type not served from this peer is said, not run."""
+    for msg in messages:
+        handler = handlers.get(type(msg))
+        if handler is None:
+            if task_hooks.forward(state, peer, msg):
+                continue  # a request another client serves
+            state.warn(f"{who} sent unexpected {type(msg).__name__}; ignored")
+        else:
+            handler(state, peer, msg)
+
+
+EVENT_HANDLERS: dict[type[Any], Callable[[SchedulerCore, Any], None]] = {
+    ClientJoined: membership.client_joined,
+    ClientLeft: membership.client_left,
+    WorkerJoined: membership.worker_joined,
+    WorkerLeft: membership.worker_left,
+    WorkerDeathReport: membership.death_report,
+    FromClient: _from_client,
+    FromWorker: _from_worker,
+    Tick: membership.tick,
+    PlacementDue: _placement_due,
+}
+
+CLIENT_HANDLERS: dict[type[m.Message], Callable[[SchedulerCore, ClientRecord, Any], None]] = {
     m.SubmitTasks: client_requests.submit,
     m.ReleaseKeys: client_requests.release_keys,
     m.CancelKeys: client_requests.cancel_keys,
@@ -857,7 +152,7 @@ CLIENT_HANDLERS: dict[type[m.Message], Callable[[SchedulerState, ClientRecord, A
     m.StopTasks: task_hooks.stop_tasks,
 }
 
-WORKER_HANDLERS: dict[type[m.Message], Callable[[SchedulerState, WorkerRecord, Any], None]] = {
+WORKER_HANDLERS: dict[type[m.Message], Callable[[SchedulerCore, WorkerRecord, Any], None]] = {
     m.TaskFinished: worker_reports.task_finished,
     m.TaskRaised: worker_reports.task_raised,
     m.MissingDependency: worker_reports.missing_dependency,
@@ -870,12 +165,3 @@ WORKER_HANDLERS: dict[type[m.Message], Callable[[SchedulerState, WorkerRecord, A
     m.CallAnswered: remote_calls.call_answered,
     m.TaskNote: task_hooks.task_note,
 }
-
-
-def _text(detail: bytes | str) -> str:
-    return detail if isinstance(detail, str) else "(a pickled exception; see the client)"
-
-
-def _host(address: str) -> str:
-    """The host part of ``tcp://host:port`` (the whole text if it has no port)."""
-    return address.rpartition(":")[0] or address

@@ -20,32 +20,18 @@ any client that registers as a service (``RegisterService``):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from apportion.core.resources import fits
 from apportion.protocol import messages as m
 from apportion.protocol.codec import ProtocolError, decode_message, encode_message
 from apportion.scheduler import client_requests
 from apportion.scheduler.records import QUEUED, ClientRecord, WorkerRecord
 
 if TYPE_CHECKING:
-    from apportion.scheduler.state import SchedulerState
+    from apportion.scheduler.core import SchedulerCore
 
 
-@dataclass
-class ServiceBook:
-    """Which clients serve what; entries of clients that left are ignored."""
-
-    #: Request kind (message class name) -> id of the client serving it.
-    requests: dict[str, str] = field(default_factory=dict)
-    #: Key prefix -> id of the client that adopts running tasks with such keys.
-    prefixes: dict[str, str] = field(default_factory=dict)
-    #: Names of workers removed during the current event (see ``flush``).
-    departed: list[str] = field(default_factory=list)
-
-
-def register_service(state: SchedulerState, client: ClientRecord, msg: m.RegisterService) -> None:
+def register_service(state: SchedulerCore, client: ClientRecord, msg: m.RegisterService) -> None:
     # A service's work outlives its connection (the job queue's runs keep running
     # while the scheduler stops, for the next one to adopt).
     client.durable = True
@@ -55,7 +41,7 @@ def register_service(state: SchedulerState, client: ClientRecord, msg: m.Registe
         state.services.prefixes[msg.key_prefix] = client.id
 
 
-def forward(state: SchedulerState, peer: ClientRecord | WorkerRecord, msg: m.Message) -> bool:
+def forward(state: SchedulerCore, peer: ClientRecord | WorkerRecord, msg: m.Message) -> bool:
     """Forward a client's request to the service serving its kind; whether there is one.
 
     If there is none the client is told so (``Unserved``), not left waiting.
@@ -71,7 +57,7 @@ def forward(state: SchedulerState, peer: ClientRecord | WorkerRecord, msg: m.Mes
     return True
 
 
-def forwarded_reply(state: SchedulerState, client: ClientRecord, msg: m.ForwardedReply) -> None:
+def forwarded_reply(state: SchedulerCore, client: ClientRecord, msg: m.ForwardedReply) -> None:
     if msg.origin not in state.clients:
         return  # the asker left meanwhile
     try:
@@ -82,7 +68,7 @@ def forwarded_reply(state: SchedulerState, client: ClientRecord, msg: m.Forwarde
     state.send(msg.origin, reply)
 
 
-def task_note(state: SchedulerState, worker: WorkerRecord, msg: m.TaskNote) -> None:
+def task_note(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskNote) -> None:
     task = state.tasks.get(msg.key)
     if task is None or not task.wanted_by:
         return  # nobody to tell
@@ -90,7 +76,7 @@ def task_note(state: SchedulerState, worker: WorkerRecord, msg: m.TaskNote) -> N
         state.send(client_id, m.TaskNoted(msg.key, worker.name, msg.note))
 
 
-def worker_joined(state: SchedulerState, worker_id: str, reg: m.RegisterWorker) -> None:
+def worker_joined(state: SchedulerCore, worker_id: str, reg: m.RegisterWorker) -> None:
     """Offer the tasks still running on a worker that joined to the services claiming them."""
     if not reg.live_tasks:
         return
@@ -109,37 +95,37 @@ def worker_joined(state: SchedulerState, worker_id: str, reg: m.RegisterWorker) 
         state.send(worker_id, m.FreeKeys(unclaimed))  # nobody here will ever want them
 
 
-def _server_of(state: SchedulerState, key: str) -> str | None:
+def _server_of(state: SchedulerCore, key: str) -> str | None:
     for prefix, client_id in state.services.prefixes.items():
         if key.startswith(prefix) and client_id in state.clients:
             return client_id
     return None
 
 
-def adopt_task(state: SchedulerState, client: ClientRecord, msg: m.AdoptTask) -> None:
+def adopt_task(state: SchedulerCore, client: ClientRecord, msg: m.AdoptTask) -> None:
     key = msg.task.key
     client_requests.submit(state, client, m.SubmitTasks([msg.task], msg.functions, [key]))
     worker = state.workers.get(msg.worker_id)
     task = state.tasks.get(key)
     if task is None or task.state != QUEUED or task.reserved_on is not None:
         return
-    if worker is None or worker.leaving is not None or not fits(task.resources, worker.free):
+    if worker is None or worker.leaving is not None or not worker.ledger.fits(task.resources):
         state.warn(f"{key} cannot be adopted where it runs; it will run again")
         return
     state.assign(task, worker, msg.units, f"adopted: still running on {worker.name}")
 
 
-def stop_tasks(state: SchedulerState, client: ClientRecord, msg: m.StopTasks) -> None:
+def stop_tasks(state: SchedulerCore, client: ClientRecord, msg: m.StopTasks) -> None:
     if msg.worker_id in state.workers:
         state.send(msg.worker_id, m.FreeKeys(msg.keys))
 
 
-def worker_left(state: SchedulerState, worker: WorkerRecord) -> None:
+def worker_left(state: SchedulerCore, worker: WorkerRecord) -> None:
     if state.services.prefixes:
         state.services.departed.append(worker.name)
 
 
-def flush(state: SchedulerState) -> None:
+def flush(state: SchedulerCore) -> None:
     """At the end of an event: tell services of workers whose name nobody holds now."""
     book = state.services
     if not book.departed:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from apportion.core.resources import describe_amount, describe_resources, missing
+from apportion.core.ledger import splittable
+from apportion.core.resources import describe_amount, describe_resources
 from apportion.protocol import messages as m
+from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.records import (
     QUEUED,
     QueueKey,
@@ -14,20 +16,16 @@ from apportion.scheduler.records import (
     options_of,
     restriction_of,
 )
-from apportion.scheduler.units import could_hold, splittable
-
-if TYPE_CHECKING:
-    from apportion.scheduler.state import SchedulerState
 
 
-def satisfiable(state: SchedulerState, signature: QueueKey) -> bool:
+def satisfiable(state: SchedulerCore, signature: QueueKey) -> bool:
     """Some connected worker's declared supply could hold this request, and (for a
     hard restriction) that worker is one the task may run on."""
     known = state.satisfiable_cache.get(signature)
     if known is None:
         restriction = restriction_of(signature)
         known = any(
-            could_hold(w, dict(option))
+            w.ledger.could_hold(dict(option))
             and (restriction is None or restriction.loose or restriction.allows(w))
             for option in options_of(signature)
             for w in state.workers.values()
@@ -37,7 +35,7 @@ def satisfiable(state: SchedulerState, signature: QueueKey) -> bool:
 
 
 def check_satisfiable(
-    state: SchedulerState, task: TaskRecord
+    state: SchedulerCore, task: TaskRecord
 ) -> tuple[str, bytes | str, bytes] | None:
     """At submission, on a cluster that cannot grow: the failure to give ``task``."""
     if not state.config.fail_unsatisfiable or not state.workers:
@@ -47,7 +45,7 @@ def check_satisfiable(
     return ("unsatisfiable", unsatisfiable_text(task, state.workers.values()), b"")
 
 
-def fail_or_warn(state: SchedulerState, signature: QueueKey, heap: list[Any]) -> None:
+def fail_or_warn(state: SchedulerCore, signature: QueueKey, heap: list[Any]) -> None:
     """Placement found ready tasks that no connected worker can ever hold."""
     if satisfiable(state, signature):
         return  # only workers that are closing could: wait for others, say nothing yet
@@ -63,7 +61,7 @@ def fail_or_warn(state: SchedulerState, signature: QueueKey, heap: list[Any]) ->
         state.fail(task, ("unsatisfiable", text, b""), "no connected worker can run it")
 
 
-def warn_unsatisfiable(state: SchedulerState, task: TaskRecord, text: str) -> None:
+def warn_unsatisfiable(state: SchedulerCore, task: TaskRecord, text: str) -> None:
     """Log it once per kind of request, and tell each client waiting for one once."""
     if task.signature not in state.warned:
         state.warned.add(task.signature)
@@ -118,12 +116,12 @@ def _shortfall(demand: dict[str, int], workers: list[Any]) -> str:
     best: dict[str, tuple[int, str]] = {}
     for w in workers:
         for name in names:
-            have = w.total.get(name, 0)
+            have = w.ledger.total.get(name, 0)
             if name not in best or have > best[name][0]:
                 best[name] = (have, w.name)
     short: set[str] = set()
     for w in workers:
-        short.update(missing(demand, w.total))
+        short.update(w.ledger.missing(demand))
     parts = []
     for name in names:
         have, where = best.get(name, (0, ""))
@@ -134,7 +132,7 @@ def _shortfall(demand: dict[str, int], workers: list[Any]) -> str:
                 parts.append(f"no worker offers {name}")
     for name in names:
         need = demand[name]
-        if not splittable(need) and any(name in w.units for w in workers):
+        if not splittable(need) and any(name in w.ledger.units for w in workers):
             parts.append(
                 f"{name} is an indexed pool: ask for whole units, or at most 1 to share one "
                 f"unit, not {describe_amount(name, need)}"

@@ -1,15 +1,14 @@
 """Worker reports: tasks finished, raised, dropped, inputs missing, departures.
 
-Functions over ``SchedulerState``; ``state.py`` dispatches each worker message here.
+Functions over ``SchedulerCore``; ``state.py`` dispatches each worker message here.
 Every report of a task the worker was running returns that task's resources
 (``running_task``) before anything else is decided about it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from apportion.protocol import messages as m
+from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.holders import drop_holder, holders, holds
 from apportion.scheduler.records import (
     ERRED,
@@ -20,11 +19,8 @@ from apportion.scheduler.records import (
     WorkerRecord,
 )
 
-if TYPE_CHECKING:
-    from apportion.scheduler.state import SchedulerState
 
-
-def running_task(state: SchedulerState, worker: WorkerRecord, key: str) -> TaskRecord | None:
+def running_task(state: SchedulerCore, worker: WorkerRecord, key: str) -> TaskRecord | None:
     """The task ``worker`` reports on, or None (after freeing its data) if stale."""
     task = state.tasks.get(key)
     if task is None or task.state != PROCESSING or task.worker != worker.id:
@@ -35,7 +31,7 @@ def running_task(state: SchedulerState, worker: WorkerRecord, key: str) -> TaskR
     return task
 
 
-def task_finished(state: SchedulerState, worker: WorkerRecord, msg: m.TaskFinished) -> None:
+def task_finished(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskFinished) -> None:
     task = running_task(state, worker, msg.key)
     if task is None:
         return
@@ -50,7 +46,7 @@ def task_finished(state: SchedulerState, worker: WorkerRecord, msg: m.TaskFinish
     state.complete(task, worker, msg.nbytes, f"finished on {worker.name}")
 
 
-def task_raised(state: SchedulerState, worker: WorkerRecord, msg: m.TaskRaised) -> None:
+def task_raised(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskRaised) -> None:
     task = running_task(state, worker, msg.key)
     if task is None:
         return
@@ -66,7 +62,7 @@ def task_raised(state: SchedulerState, worker: WorkerRecord, msg: m.TaskRaised) 
         state.fail(task, ("exception", msg.exception, msg.traceback), f"raised on {worker.name}")
 
 
-def settle_discarded(state: SchedulerState, task: TaskRecord, cause: str) -> None:
+def settle_discarded(state: SchedulerCore, task: TaskRecord, cause: str) -> None:
     """A task whose result was dropped on purpose is back from its worker."""
     if task.cancelled:
         task.cancelled = False
@@ -86,16 +82,16 @@ def settle_discarded(state: SchedulerState, task: TaskRecord, cause: str) -> Non
         state.remove(task, cause)
 
 
-def heartbeat(state: SchedulerState, worker: WorkerRecord, msg: m.Heartbeat) -> None:
+def heartbeat(state: SchedulerCore, worker: WorkerRecord, msg: m.Heartbeat) -> None:
     """Hearing from the worker is the point (``last_seen``); its memory dates a crash."""
     worker.memory = msg.memory
 
 
-def worker_closing(state: SchedulerState, worker: WorkerRecord, msg: m.WorkerClosing) -> None:
+def worker_closing(state: SchedulerCore, worker: WorkerRecord, msg: m.WorkerClosing) -> None:
     worker.leaving = msg.reason or "closed"
 
 
-def tasks_dropped(state: SchedulerState, worker: WorkerRecord, msg: m.TasksDropped) -> None:
+def tasks_dropped(state: SchedulerCore, worker: WorkerRecord, msg: m.TasksDropped) -> None:
     """The worker let go of tasks we had freed before they started: settle them."""
     for key in msg.keys:
         task = running_task(state, worker, key)
@@ -106,7 +102,7 @@ def tasks_dropped(state: SchedulerState, worker: WorkerRecord, msg: m.TasksDropp
 
 
 def _drop_failed_holders(
-    state: SchedulerState, dep: TaskRecord, tried: list[str], worker: WorkerRecord
+    state: SchedulerCore, dep: TaskRecord, tried: list[str], worker: WorkerRecord
 ) -> None:
     """The holders ``worker`` tried do not have ``dep``: forget them; lose it with the last."""
     for holder_id in holders(dep):
@@ -129,7 +125,7 @@ MAX_FETCH_FAILURES = 3
 
 
 def missing_dependency(
-    state: SchedulerState, worker: WorkerRecord, msg: m.MissingDependency
+    state: SchedulerCore, worker: WorkerRecord, msg: m.MissingDependency
 ) -> None:
     task = running_task(state, worker, msg.key)
     if msg.reason:

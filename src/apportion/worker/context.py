@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from apportion.core.allocation import Allocation
 from apportion.core.resources import SCALE, format_amount, format_resources
 
 if TYPE_CHECKING:
@@ -37,9 +38,7 @@ class _Running:
 
     worker: Worker
     key: str
-    resources: Mapping[str, int]
-    units: Mapping[str, Sequence[str]]
-    variant: int
+    allocation: Allocation
     cancel: threading.Event
 
 
@@ -47,14 +46,13 @@ class _Running:
 def running_task(worker: Worker, command: Execute, cancel: threading.Event) -> Iterator[None]:
     """Within this block, this thread runs ``command`` on ``worker``.
 
-    ``command.units`` names the labels held of each indexed pool; ``resources`` still
-    has an amount for those pools, which ``task_resources`` then leaves out.
+    ``command.allocation.units`` names the labels held of each indexed pool; its
+    ``resources`` still has an amount for those pools, which ``task_resources`` then
+    leaves out.
     ``cancel`` is set when the scheduler no longer wants the result.
     """
     previous = getattr(_local, "task", None)
-    _local.task = _Running(
-        worker, command.key, command.resources, command.units, command.variant, cancel
-    )
+    _local.task = _Running(worker, command.key, command.allocation, cancel)
     try:
         yield
     finally:
@@ -93,16 +91,16 @@ def task_resources() -> dict[str, float | list[int] | list[str]]:
     is numbered. Raises ``RuntimeError`` outside a task, rather than answer ``{}``
     and let code believe it holds nothing when it is simply not running on a worker.
     """
-    current = _current("task_resources")
-    pools = current.worker.units
+    allocation = _current("task_resources").allocation
+    pools = _current("task_resources").worker.units
     held: dict[str, float | list[int] | list[str]] = {}
-    for name, ticks in current.resources.items():
-        labels = current.units.get(name)
+    for name, ticks in allocation.resources.items():
+        labels = allocation.units.get(name)
         if labels is None:
             held[name] = ticks / SCALE
         else:
             held[name] = _label_values(labels, pools.get(name, ()))
-    for name, labels in current.units.items():
+    for name, labels in allocation.units.items():
         if name not in held:  # labels without an amount: still held, so still shown
             held[name] = _label_values(labels, pools.get(name, ()))
     return held
@@ -114,7 +112,7 @@ def task_variant() -> int:
     ``submit(f, resources=[{"gpu": 1, "cpus": 1}, {"cpus": 8}])``: inside ``f``, 1 means
     it runs on 8 CPUs instead of a GPU. A task that gave one demand always sees 0.
     """
-    return _current("task_variant").variant
+    return _current("task_variant").allocation.variant
 
 
 def task_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -128,16 +126,16 @@ def task_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """
     current = _current("task_environment")
     env = dict(os.environ if base is None else base)
-    for variable, value in _resource_variables(current).items():
+    for variable, value in _resource_variables(current.allocation).items():
         env[variable] = value
     return env
 
 
-def _resource_variables(current: _Running) -> dict[str, str]:
+def _resource_variables(allocation: Allocation) -> dict[str, str]:
     """``APPORTION_RESOURCE_*`` and, for GPU units held, ``CUDA_VISIBLE_DEVICES``."""
     names: dict[str, str] = {}
     variables: dict[str, str] = {}
-    for name in sorted({*current.resources, *current.units}):
+    for name in sorted({*allocation.resources, *allocation.units}):
         variable = RESOURCE_VARIABLE_PREFIX + _NOT_ALNUM.sub("_", name.upper())
         if variable in names:
             # Picking one would hand a process the wrong pool without a word.
@@ -146,9 +144,9 @@ def _resource_variables(current: _Running) -> dict[str, str]:
                 "rename one of the pools"
             )
         names[variable] = name
-        labels = current.units.get(name)
+        labels = allocation.units.get(name)
         if labels is None:
-            variables[variable] = format_amount(current.resources[name])
+            variables[variable] = format_amount(allocation.resources[name])
         else:
             variables[variable] = ",".join(labels)
             if name.lower() == "gpu":
@@ -158,8 +156,8 @@ def _resource_variables(current: _Running) -> dict[str, str]:
 
 def task_held() -> str:
     """What the running task holds in the spec syntax: ``"foo=5 gpu=[0]"`` ("" if nothing)."""
-    current = _current("task_held")
-    return format_resources(current.resources, {k: list(v) for k, v in current.units.items()})
+    allocation = _current("task_held").allocation
+    return format_resources(allocation.resources, allocation.units)
 
 
 def task_key() -> str:

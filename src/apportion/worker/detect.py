@@ -27,7 +27,14 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from apportion.core.resources import SCALE, Amounts, Units, format_resources, parse_supply
+from apportion.core.resources import (
+    SCALE,
+    Amounts,
+    Units,
+    format_resources,
+    parse_amount,
+    parse_supply,
+)
 
 logger = logging.getLogger("apportion.worker")
 
@@ -268,3 +275,29 @@ def memory_total() -> int:
 def detect_supply(environ: Mapping[str, str] | None = None) -> tuple[Amounts, Units]:
     """Run every probe: what ``auto`` stands for on this machine, in this environment."""
     return detected_supply(probe_gpus(environ), cpu_count(), memory_total())
+
+
+def parse_memory_limit(text: str, nworkers: int, total: int | None = None) -> int:
+    """``--memory-limit``: bytes for each worker process, 0 for none.
+
+    ``4GiB`` or ``4e9`` (a size), ``0.5`` (a fraction of the machine's memory, for each
+    process), ``auto`` (the machine's memory shared among the ``nworkers`` processes),
+    ``0`` or ``none`` (no limit). Raises ``ValueError`` with the accepted forms.
+    """
+    value = text.strip().lower()
+    if value in ("", "0", "none"):
+        return 0
+    machine = memory_total() if total is None else total
+    if value == "auto":
+        return machine // nworkers
+    try:
+        amount = parse_amount(value, name="memory-limit") / SCALE
+    except ValueError:
+        raise ValueError(
+            f"--memory-limit {text!r}: use a size (4GiB, 4e9), a fraction of the "
+            "machine's memory (0.5), auto or none"
+        ) from None
+    limit = int(amount * machine) if amount <= 1 else int(amount)
+    if limit < 2**20:
+        raise ValueError(f"--memory-limit {text!r} is below 1 MiB: no worker can run in that")
+    return limit

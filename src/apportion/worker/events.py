@@ -7,10 +7,11 @@ say what to do, never how: the service owns sockets, threads and the data store.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from apportion.core.allocation import Allocation
 from apportion.protocol.messages import ComputeTask, Message
 
 
@@ -116,11 +117,8 @@ class Execute:
     func_id: str
     args: bytes
     deps: tuple[str, ...]
-    resources: Mapping[str, int]
-    #: Indexed pools: the unit labels the scheduler gave this run, as text.
-    units: Mapping[str, Sequence[str]]
-    #: Which of the task's alternative demands ``resources`` is (0 if it gave one).
-    variant: int = 0
+    #: What it holds, as the scheduler allocated it.
+    allocation: Allocation
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from apportion.core.allocation import Allocation
 from apportion.protocol.messages import (
     ComputeTask,
     DataStored,
@@ -93,9 +94,7 @@ class TaskRecord:
     func_id: str
     args: bytes
     deps: tuple[str, ...]
-    resources: dict[str, int]
-    units: dict[str, list[str]]  #: indexed pools: labels held, as the scheduler chose them
-    variant: int  #: which of the task's alternative demands ``resources`` is
+    allocation: Allocation  #: what it holds, as the scheduler allocated it
     priority: int
     seq: int  #: arrival order; breaks ties in the ready order
     state: str  #: "waiting", "ready" or "executing"
@@ -212,9 +211,7 @@ class WorkerState:
             task.func_id,
             task.args,
             deps,
-            dict(task.resources),
-            dict(task.units),
-            task.variant,
+            task.allocation,
             task.priority,
             self._seq,
             "",
@@ -407,7 +404,7 @@ class WorkerState:
 
     def _make_ready(self, record: TaskRecord) -> None:
         record.state = "ready"
-        entry = (0 if record.resources else 1, -record.priority, record.seq, record.key)
+        entry = (0 if record.allocation.resources else 1, -record.priority, record.seq, record.key)
         heapq.heappush(self._ready, entry)
 
     def _is_live(self, entry: tuple[int, int, int, str]) -> bool:
@@ -425,15 +422,7 @@ class WorkerState:
             self.executing.add(record.key)
             self._move(record.key, "ready", "executing", "thread free", now)
             self._out.append(
-                Execute(
-                    record.key,
-                    record.func_id,
-                    record.args,
-                    record.deps,
-                    record.resources,
-                    record.units,
-                    record.variant,
-                )
+                Execute(record.key, record.func_id, record.args, record.deps, record.allocation)
             )
             for dep in record.deps:
                 self._release_need(dep, record.key, now)

@@ -1,0 +1,502 @@
+"""The scheduler's core: its records and every low-level change to them.
+
+The bottom layer of ``scheduler/``: the handler modules (``client_requests``,
+``worker_reports``, ``membership``, ``relay``, ``placement`` ...) import this and
+call its mutations; it imports none of them. ``state.py`` only dispatches events
+and messages to the handlers.
+
+Theory of operation
+-------------------
+Clients submit tasks; a task whose dependencies are all in memory is QUEUED in a
+heap for its *signature* (its resource demand), ordered by priority then
+submission. Events never place tasks themselves: they only set
+``placement_due``, and the service sends one ``PlacementDue`` per loop turn, so a
+burst of ten thousand completions costs one placement pass (``placement.py``).
+
+A result is kept while a client holds a future for it or an unfinished dependent
+needs it (``TaskRecord.needed``); when neither holds, the record is forgotten and
+the worker told to drop the data. Resources are taken from a worker's ledger when
+a task is assigned and given back exactly once, when the worker reports the task
+or when the worker is lost, whatever happened to the task in between.
+
+Every state change goes through ``_move``, which checks the transition table in
+``records.py`` and appends ``(time, key, from, to, cause)`` to the log that
+``story(key)`` reads.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from dataclasses import dataclass
+from heapq import heappush
+from typing import Any
+
+from apportion.core.allocation import NOTHING, Allocation
+from apportion.core.ledger import describe_units
+from apportion.core.resources import describe_resources
+from apportion.protocol import messages as m
+from apportion.scheduler.books import RelayBook, RemoteBook, ServiceBook, SharedBook
+from apportion.scheduler.events import Command, Log, Send
+from apportion.scheduler.holders import clear_replicas, holders
+from apportion.scheduler.records import (
+    ERRED,
+    MEMORY,
+    PROCESSING,
+    QUEUED,
+    RELEASED,
+    TRANSITIONS,
+    WAITING,
+    ClientRecord,
+    QueueKey,
+    TaskRecord,
+    WorkerRecord,
+)
+
+#: The task's own key was never computed: scattered data cannot be recomputed.
+SCATTERED = ""
+
+#: Supervisor reports of worker deaths kept for poison-task errors.
+MAX_DEATH_CAUSES = 1_000
+
+
+class IllegalTransition(AssertionError):
+    """A state change outside the transition table: always a bug in the scheduler."""
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Policy settings of one scheduler."""
+
+    #: Fail a task at once when no connected worker can ever meet its demand. Right
+    #: for a LocalCluster, which cannot grow; a real cluster warns and waits instead.
+    fail_unsatisfiable: bool = False
+    #: Transitions kept for ``story``; the oldest are dropped beyond this.
+    log_size: int = 200_000
+    #: Seconds of plain work to queue ahead on each thread, to hide the round trip.
+    pipeline_seconds: float = 0.002
+    #: Upper bound on plain tasks queued ahead per thread.
+    max_pipeline: int = 16
+    #: A worker not heard from for this many seconds (no message, no heartbeat) is
+    #: declared lost: stopped, cut off or frozen. Its tasks run elsewhere.
+    worker_timeout: float = 30.0
+    #: A task running on this many workers that died is failed as the likely cause
+    #: (a "poison" task) instead of killing worker after worker.
+    max_worker_deaths: int = 3
+    #: How long a poison task's failure waits for the supervisor to say how the
+    #: last worker died (exit code, signal, out of memory), in seconds.
+    death_report_wait: float = 3.0
+
+
+class SchedulerCore:
+    """All task, worker and client records, and the changes every handler makes to them."""
+
+    def __init__(self, config: SchedulerConfig | None = None) -> None:
+        self.config = config or SchedulerConfig()
+        self.tasks: dict[str, TaskRecord] = {}
+        self.workers: dict[str, WorkerRecord] = {}
+        self.clients: dict[str, ClientRecord] = {}
+        #: func_id -> pickled function, with the number of live tasks using it.
+        self.functions: dict[str, bytes] = {}
+        self.function_users: dict[str, int] = defaultdict(int)
+        #: signature -> heap of (-priority, seq, key). Entries go stale when a task
+        #: leaves QUEUED; placement skips them, which is cheaper than deleting.
+        self.ready: dict[QueueKey, list[tuple[int, int, str]]] = {}
+        self.log: deque[tuple[float, str, str, str, str]] = deque(maxlen=self.config.log_size)
+        self.placement_due = False
+        #: Identity shown in ``scheduler_info`` (set by the service).
+        self.identity: dict[str, Any] = {}
+        self.relays = RelayBook()
+        self.remote = RemoteBook()
+        #: Datasets, metadata and copies in flight (``shared_data.py``).
+        self.shared = SharedBook()
+        self.now = 0.0
+        self._seq = 0
+        self._out: list[Command] = []
+        self.done_keys: dict[str, list[str]] = defaultdict(list)
+        self.free_keys: dict[str, list[str]] = defaultdict(list)
+        #: Request kinds already warned about, so a sweep of 1,000 says it once.
+        self.warned: set[QueueKey] = set()
+        self.satisfiable_cache: dict[QueueKey, bool] = {}
+        #: (client, request kind) pairs already told that nobody can run it.
+        self.notified: set[tuple[str, QueueKey]] = set()
+        #: Tasks whose inputs could not be fetched, and how often (sparse: only those).
+        self.fetch_failures: dict[str, int] = {}
+        #: Tasks that were running when their worker died: (worker name, pid, how)
+        #: for each death (sparse).
+        self.deaths: dict[str, list[tuple[str, int, str]]] = {}
+        #: Tasks that raised and were run again: how many times (sparse).
+        self.retried: dict[str, int] = {}
+        #: (worker name, pid) -> how that process ended, as its supervisor reported.
+        #: Bounded: only the latest ``MAX_DEATH_CAUSES`` are kept.
+        self.death_causes: dict[tuple[str, int], str] = {}
+        #: Poison tasks held QUEUED (in no heap) until their last worker death is
+        #: classified or the deadline passes; then they fail. key -> deadline.
+        self.verdicts: dict[str, float] = {}
+        #: Clients serving others: requests, tasks still running, notes (``task_hooks``).
+        self.services = ServiceBook()
+
+    # --- output -----------------------------------------------------------------------
+
+    def take_commands(self) -> list[Command]:
+        """What the handled event made necessary; completions and frees are batched."""
+        for client_id, keys in self.done_keys.items():
+            if client_id in self.clients:
+                self._out.append(Send(client_id, m.KeysDone(keys)))
+        self.done_keys.clear()
+        for worker_id, keys in self.free_keys.items():
+            if worker_id in self.workers:
+                self._out.append(Send(worker_id, m.FreeKeys(keys)))
+        self.free_keys.clear()
+        out, self._out = self._out, []
+        return out
+
+    def emit(self, command: Command) -> None:
+        """Return ``command`` from the event being handled."""
+        self._out.append(command)
+
+    def next_seq(self) -> int:
+        """A number later than every one given before: submission order."""
+        self._seq += 1
+        return self._seq
+
+    def send(self, peer_id: str, message: m.Message) -> None:
+        """Send ``message`` to a client or worker."""
+        self._out.append(Send(peer_id, message))
+
+    def warn(self, text: str) -> None:
+        """Log a warning (the service's logger)."""
+        self._out.append(Log("warning", text))
+
+    def log_info(self, text: str) -> None:
+        """Log for information (the service's logger)."""
+        self._out.append(Log("info", text))
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    def move(self, task: TaskRecord, new: str, cause: str) -> None:
+        """Change ``task``'s state, checking the table and recording the cause."""
+        if (task.state, new) not in TRANSITIONS:
+            raise IllegalTransition(f"{task.key}: {task.state} -> {new} ({cause})")
+        if task.reserved_on is not None and new != QUEUED:
+            # Only a QUEUED task may hold a reservation; checked here so that every way
+            # out (an input lost, say, back to WAITING) frees the worker it held.
+            self.drop_reservation(task)
+        if self.verdicts and task.state == QUEUED:
+            self.verdicts.pop(task.key, None)
+        self.log.append((self.now, task.key, task.state, new, cause))
+        task.state = new
+
+    def enqueue(self, task: TaskRecord, cause: str) -> None:
+        """Make ``task`` ready: QUEUED, in its signature's heap, placement due."""
+        self.move(task, QUEUED, cause)
+        heap = self.ready.get(task.signature)
+        if heap is None:
+            heap = self.ready[task.signature] = []
+        heappush(heap, (-task.priority, task.seq, task.key))
+        self.placement_due = True
+
+    def requeue(self, task: TaskRecord, cause: str) -> None:
+        """Run ``task`` again after its worker gave it back (raised, lost, discarded).
+
+        An input may have been lost while it ran (``lose_result`` counts it in
+        ``missing_deps``): then it waits for the recomputation instead of starting
+        on a worker that cannot fetch the input.
+        """
+        if task.missing_deps:
+            self.move(task, WAITING, cause)
+        else:
+            self.enqueue(task, cause)
+
+    def assign(
+        self,
+        task: TaskRecord,
+        worker: WorkerRecord,
+        units: dict[str, list[str]] | None = None,
+        cause: str = "",
+    ) -> None:
+        """Start ``task`` on ``worker``: take its resources and send it there.
+
+        ``units``: take these units of indexed pools if they are free (an adopted
+        run keeps the devices its processes already use); else placement picks.
+        """
+        cause = cause or f"assigned to {worker.name}"
+        if task.variants:
+            cause += f" with {describe_resources(task.resources) or 'no resources'}"
+        allocation = NOTHING
+        if task.resources or task.variants:
+            held = worker.ledger.take(task.resources, units) if task.resources else {}
+            if held:
+                cause += " holding " + describe_units(held)
+            variant = task.variants.index(task.resources) if task.variants else 0
+            allocation = Allocation(task.resources, held, variant)
+        task.allocation = allocation
+        worker.processing.add(task.key)
+        task.worker = worker.id
+        self.move(task, PROCESSING, cause)
+        if task.func_id not in worker.functions:
+            worker.functions.add(task.func_id)
+            self.send(worker.id, m.LoadFunction(task.func_id, self.functions[task.func_id]))
+        who_has: dict[str, list[str]] = {}
+        for dep in task.deps:
+            who_has[dep] = [self.workers[w].address for w in holders(self.tasks[dep])]
+        self.send(
+            worker.id,
+            m.ComputeTask(task.key, task.func_id, task.args, who_has, task.priority, allocation),
+        )
+
+    def unassign(self, task: TaskRecord, worker: WorkerRecord) -> None:
+        """The worker is done with ``task``: return its resources exactly once."""
+        worker.processing.remove(task.key)
+        allocation = task.allocation
+        if allocation is not None and allocation.resources:
+            worker.ledger.give(allocation.resources, allocation.units)
+        task.allocation = None
+        task.worker = None
+
+    def drop_reservation(self, task: TaskRecord) -> None:
+        """``task`` no longer holds a worker's reservation."""
+        worker = self.workers.get(task.reserved_on or "")
+        if worker is not None and worker.reserved_by == task.key:
+            worker.reserved_by = None
+        task.reserved_on = None
+
+    def finish_inputs(self, task: TaskRecord) -> None:
+        """``task`` no longer needs its inputs: release those nobody else needs."""
+        for dep_key in task.deps:
+            dep = self.tasks.get(dep_key)
+            if dep is not None and task.key in dep.dependents:
+                dep.dependents.discard(task.key)
+                self.release_if_unneeded(dep)
+
+    def release_if_unneeded(self, task: TaskRecord) -> None:
+        # A "new" task is mid-submission (a batch sibling failed first): ``submit``
+        # releases it after giving it a state, if it is still unneeded then. A
+        # "forgotten" one went already, when its last dependent failed.
+        if not task.needed() and task.state not in ("new", "forgotten"):
+            self.forget(task)
+
+    def forget(self, task: TaskRecord) -> None:
+        """Drop a task nobody needs. A running one is forgotten when its worker reports.
+
+        A finished one whose result fed results that still exist keeps its record
+        (RELEASED, its data dropped), so that a lost result can be recomputed.
+        """
+        if task.state == PROCESSING and task.worker is not None:
+            if not task.discard_result:
+                task.discard_result = True
+                self.free_keys[task.worker].append(task.key)
+            return
+        if task.state == RELEASED:
+            return  # still feeds results that exist (lineage), or it would be gone
+        if task.state == ERRED and task.lineage and task.error and task.error[0] == "exception":
+            return  # it raised: a failed dependent may be retried, and needs this recipe
+        kept = task.state in (MEMORY, WAITING, QUEUED)  # not a failure: nothing to recompute
+        if kept and task.lineage and task.func_id != SCATTERED:
+            self.keep_released(task, "released; kept to recompute what was computed from it")
+            return
+        self.remove(task, "released")
+
+    def keep_released(self, task: TaskRecord, cause: str) -> None:
+        """Drop ``task``'s result (or stop waiting to compute it) but keep its recipe.
+
+        Scattered data is never kept: it could not be recomputed anyway.
+        """
+        if task.state == MEMORY:
+            self._drop_result(task)
+        unfinished = task.state in (WAITING, QUEUED, PROCESSING)
+        self.move(task, RELEASED, cause)
+        task.worker = None
+        if unfinished:
+            self.finish_inputs(task)
+
+    def remove(self, task: TaskRecord, cause: str) -> None:
+        """Forget ``task`` and what only it kept (its result, released inputs)."""
+        if task.state == MEMORY:
+            self._drop_result(task)
+        unfinished = task.state in (WAITING, QUEUED, PROCESSING)
+        self._delete(task, cause)
+        if unfinished:
+            self.finish_inputs(task)
+        self._unlink_lineage(task)
+
+    def _unlink_lineage(self, task: TaskRecord) -> None:
+        """``task`` is gone: released inputs that only it could need go too (iteratively:
+        a chain of 100,000 released tasks must not recurse 100,000 deep)."""
+        stack = [task]
+        while stack:
+            gone = stack.pop()
+            for dep_key in gone.deps:
+                dep = self.tasks.get(dep_key)
+                if dep is None or dep.lineage <= 0:
+                    continue
+                dep.lineage -= 1
+                if dep.lineage == 0 and (
+                    dep.state == RELEASED or (dep.state == ERRED and not dep.needed())
+                ):
+                    self._delete(dep, "nothing computed from it is left")
+                    stack.append(dep)
+
+    def _delete(self, task: TaskRecord, cause: str) -> None:
+        """``task`` leaves the table (``move`` frees a reservation it held)."""
+        self.move(task, "forgotten", cause)
+        del self.tasks[task.key]
+        self._forget_counts(task.key)
+        self._drop_function_use(task)
+
+    def _drop_function_use(self, task: TaskRecord) -> None:
+        if task.func_id != SCATTERED:
+            users = self.function_users[task.func_id] - 1
+            if users:
+                self.function_users[task.func_id] = users
+            else:
+                del self.function_users[task.func_id]
+                self.functions.pop(task.func_id, None)
+
+    def _forget_counts(self, key: str) -> None:
+        """A task finished or went away: its failure counts no longer matter."""
+        if self.fetch_failures:
+            self.fetch_failures.pop(key, None)
+        if self.deaths:
+            self.deaths.pop(key, None)
+        if self.retried:
+            self.retried.pop(key, None)
+
+    def _drop_result(self, task: TaskRecord) -> None:
+        for worker_id in clear_replicas(task, self.workers):
+            self.free_keys[worker_id].append(task.key)
+        worker = self.workers.get(task.worker or "")
+        if worker is not None and task.key in worker.has_what:
+            worker.has_what.discard(task.key)
+            worker.nbytes -= task.nbytes
+            self.free_keys[worker.id].append(task.key)
+        task.worker = None
+
+    def complete(self, task: TaskRecord, worker: WorkerRecord, nbytes: int, cause: str) -> None:
+        """``task``'s result now lives on ``worker``."""
+        self.move(task, MEMORY, cause)
+        self._forget_counts(task.key)
+        task.worker = worker.id
+        task.nbytes = nbytes
+        worker.has_what.add(task.key)
+        worker.nbytes += nbytes
+        if task.wanted_by:
+            for client_id in task.wanted_by:
+                self.done_keys[client_id].append(task.key)
+        for dependent_key in task.dependents:
+            dependent = self.tasks[dependent_key]
+            dependent.missing_deps -= 1
+            if dependent.missing_deps == 0 and dependent.state == WAITING:
+                self.enqueue(dependent, f"input {task.key} ready")
+        self.finish_inputs(task)
+        self.release_if_unneeded(task)
+
+    def fail(self, task: TaskRecord, error: tuple[str, bytes | str, bytes], cause: str) -> None:
+        """``task`` and, transitively, every unfinished dependent fail with ``error``."""
+        stack = [(task, cause)]
+        while stack:
+            current, why = stack.pop()
+            if current.state == ERRED or current.key not in self.tasks:
+                continue
+            if current.state == MEMORY and current is not task:
+                continue  # a finished dependent no longer needs the failed input
+            if current.state == PROCESSING and current.worker is not None:
+                if current.cancelled:
+                    continue  # failed already; settled when its worker reports
+                # Still running: the worker drops the result; resources return on report.
+                # The error is kept for clients that ask for the key in the meantime.
+                current.cancelled = True
+                current.error = error
+                self.forget(current)
+                self._notify_error(current, error)
+            else:
+                self.move(current, ERRED, why)
+                current.error = error
+                self._notify_error(current, error)
+                self.finish_inputs(current)
+            for dependent_key in current.dependents:
+                stack.append((self.tasks[dependent_key], f"input {current.key} failed"))
+            if current.state == ERRED:
+                # Dependents leave ``dependents`` as they fail (``_finish_inputs``); one
+                # still running stays, so its inputs are kept until its worker reports.
+                self.release_if_unneeded(current)
+
+    def _notify_error(self, task: TaskRecord, error: tuple[str, bytes | str, bytes]) -> None:
+        attempts = self.retried.get(task.key, 0) + 1
+        for client_id in task.wanted_by or ():
+            self.send(client_id, error_message(task.key, error, attempts))
+
+    def lose_result(self, task: TaskRecord, cause: str) -> None:
+        """The only copy of ``task``'s result is gone: recompute it if we can."""
+        task.worker = None
+        for client_id in task.wanted_by or ():
+            # Their futures said "finished": they must wait again, not fail on gather.
+            self.send(client_id, m.KeysPending([task.key]))
+        for dependent_key in task.dependents:
+            dependent = self.tasks[dependent_key]
+            dependent.missing_deps += 1
+            if dependent.state == QUEUED:
+                self.move(dependent, WAITING, f"input {task.key} lost")
+        if not task.needed():
+            self.forget(task)
+            return
+        self.recompute(task, cause)
+
+    def recompute(self, task: TaskRecord, cause: str) -> None:
+        """Run ``task`` (lost or RELEASED) again, and the RELEASED inputs it needs first.
+
+        Its lineage is walked with a stack, not recursion. Scattered data and inputs
+        already forgotten cannot be recomputed: the task fails, saying which.
+        """
+        stack = [(task, cause)]
+        while stack:
+            current, why = stack.pop()
+            if current.state not in (MEMORY, RELEASED):
+                continue  # reached twice through two paths: already on its way
+            if current.func_id == SCATTERED:
+                text = f"scattered data {current.key!r} was lost ({why}) and cannot be recomputed"
+                self.fail(current, ("lost", text, b""), why)
+                continue
+            unknown = [d for d in current.deps if d not in self.tasks]
+            if unknown:
+                text = (
+                    f"result of {current.key!r} was lost ({why}) and input {unknown[0]!r} is gone"
+                )
+                self.fail(current, ("lost", text, b""), why)
+                continue
+            failed = next((d for d in current.deps if self.tasks[d].state == ERRED), None)
+            if failed is not None:
+                error = self.tasks[failed].error or ("lost", f"input {failed!r} failed", b"")
+                self.fail(current, error, f"{why}; input {failed} failed")
+                continue
+            for dep in self.start_again(current, why):
+                stack.append((dep, f"needed to recompute {current.key}"))
+
+    def start_again(self, task: TaskRecord, cause: str) -> list[TaskRecord]:
+        """Run ``task`` again from its inputs: WAITING for those not in memory, else
+        QUEUED. Returns its RELEASED inputs, which the caller must recompute."""
+        task.missing_deps = 0
+        released = []
+        for dep_key in task.deps:
+            dep = self.tasks[dep_key]
+            dep.dependents.add(task.key)
+            if dep.state != MEMORY:
+                task.missing_deps += 1
+            if dep.state == RELEASED:
+                released.append(dep)
+        if task.missing_deps:
+            self.move(task, WAITING, cause)
+        else:
+            self.enqueue(task, cause)
+        return released
+
+    def story_of(self, key: str) -> list[tuple[float, str, str, str, str]]:
+        """Every recorded transition of ``key``, oldest first, with its cause."""
+        return [row for row in self.log if row[1] == key]
+
+
+def error_message(key: str, error: tuple[str, bytes | str, bytes], attempts: int) -> m.Message:
+    """The message telling a client that ``key`` failed, after ``attempts`` runs."""
+    kind, detail, traceback = error
+    if kind == "exception" and isinstance(detail, bytes):
+        return m.TaskErred(key, detail, traceback, attempts)
+    return m.KeysFailed([key], kind, str(detail))

@@ -1,0 +1,227 @@
+"""Workers and clients joining and leaving, death verdicts and the passing of time.
+
+Handlers of the membership events (``state.py`` dispatches them here). A worker
+that is lost costs recomputation, not results: its running tasks run again, the
+results only it held are recomputed (``SchedulerCore.lose_result``), and a task
+that was running on ``max_worker_deaths`` workers that died is failed as the
+likely cause, once its last worker's supervisor says how it died (or after
+``death_report_wait``).
+"""
+
+from __future__ import annotations
+
+from apportion.core.ledger import matching_units
+from apportion.core.resources import describe_resources
+from apportion.protocol import messages as m
+from apportion.scheduler import (
+    client_requests,
+    drain,
+    relay,
+    remote_calls,
+    task_hooks,
+    worker_reports,
+)
+from apportion.scheduler.core import MAX_DEATH_CAUSES, SchedulerCore
+from apportion.scheduler.events import (
+    ClientJoined,
+    ClientLeft,
+    Disconnect,
+    Log,
+    Tick,
+    WorkerDeathReport,
+    WorkerJoined,
+    WorkerLeft,
+)
+from apportion.scheduler.holders import drop_holder
+from apportion.scheduler.records import MEMORY, QUEUED, ClientRecord, TaskRecord, WorkerRecord
+
+
+def client_joined(state: SchedulerCore, event: ClientJoined) -> None:
+    state.clients[event.client_id] = ClientRecord(event.client_id, event.durable)
+
+
+def client_left(state: SchedulerCore, event: ClientLeft) -> None:
+    client = state.clients.pop(event.client_id, None)
+    if client is not None and not client.durable:  # a durable client's work stays
+        client_requests.release(state, client, list(client.wanted))
+    state.relays.drop_client(event.client_id)
+    state.remote.drop_client(event.client_id)
+
+
+def worker_joined(state: SchedulerCore, event: WorkerJoined) -> None:
+    reg = event.registration
+    if not _claim_name(state, event.worker_id, reg):
+        return
+    units = matching_units(reg.resources, reg.units)
+    if len(units) != len(reg.units):
+        state.warn(f"worker {reg.name}: unit lists that do not match its pools were ignored")
+    state.workers[event.worker_id] = WorkerRecord(
+        event.worker_id,
+        reg.name or event.worker_id,
+        reg.address,
+        max(1, reg.nthreads),
+        reg.resources,
+        reg.pid,
+        reg.memory_limit,
+        units,
+    )
+    state.workers[event.worker_id].last_seen = event.now
+    state.workers[event.worker_id].supervisor = reg.supervisor
+    state.emit(
+        Log(
+            "info",
+            f"worker {reg.name} joined at {reg.address}: {reg.nthreads} threads, "
+            f"resources {describe_resources(reg.resources, units) or '(none)'}",
+        )
+    )
+    state.satisfiable_cache.clear()
+    state.warned.clear()
+    state.notified.clear()
+    state.placement_due = True
+    relay.worker_joined(state)
+    remote_calls.worker_joined(state, event.worker_id)
+    task_hooks.worker_joined(state, event.worker_id, reg)
+
+
+def _claim_name(state: SchedulerCore, worker_id: str, reg: m.RegisterWorker) -> bool:
+    """Whether ``reg`` may take its name: refuse a second worker under a live one's name.
+
+    Names are how people and the job queue tell workers apart, so two live workers
+    never share one (Dask refuses the second too). A registration from the same
+    worker (same data address: it reconnected before its old connection's end was
+    seen) or from its supervisor's replacement (same supervisor on the same host:
+    the old process is dead) takes the name over; the stale record is dropped as
+    lost, so its tasks run again.
+    """
+    holder = next((w for w in state.workers.values() if reg.name and w.name == reg.name), None)
+    if holder is None:
+        return True
+    same_host = _host(holder.address) == _host(reg.address)
+    if holder.address == reg.address or (
+        reg.supervisor and holder.supervisor == reg.supervisor and same_host
+    ):
+        remove_worker(state, holder.id, f"replaced by a new registration as {reg.name}")
+        state.emit(Disconnect(holder.id, "replaced by a new registration"))
+        return True
+    reason = (
+        f"a worker named {reg.name!r} is already connected from {holder.address}; "
+        "give each worker its own --name"
+    )
+    state.warn(f"refused the worker at {reg.address}: {reason}")
+    state.send(worker_id, m.Refused(reason))
+    return False
+
+
+def worker_left(state: SchedulerCore, event: WorkerLeft) -> None:
+    remove_worker(state, event.worker_id, "its connection closed")
+
+
+def tick(state: SchedulerCore, event: Tick) -> None:
+    """Declare lost the workers silent for longer than the timeout."""
+    _settle_verdicts(state)
+    limit = state.config.worker_timeout
+    for worker in [w for w in state.workers.values() if event.now - w.last_seen > limit]:
+        silent = f"silent for {event.now - worker.last_seen:.0f}s (stopped, frozen or cut off)"
+        remove_worker(state, worker.id, silent)
+        state.emit(Disconnect(worker.id, silent))
+
+
+def remove_worker(state: SchedulerCore, worker_id: str, how: str) -> None:
+    """The worker is gone: its running tasks run again, its results are recomputed."""
+    worker = state.workers.pop(worker_id, None)
+    if worker is None:
+        return
+    crashed = worker.leaving is None
+    if crashed:
+        state.emit(Log("warning", f"lost worker {worker.name} ({worker.address}): {how}"))
+    else:
+        state.emit(Log("info", f"worker {worker.name} closed ({worker.leaving})"))
+    if worker.reserved_by is not None:
+        reserved = state.tasks.get(worker.reserved_by)
+        if reserved is not None:
+            reserved.reserved_on = None
+    for key in sorted(worker.processing, key=lambda k: state.tasks[k].seq):
+        task = state.tasks[key]
+        task.worker = None
+        task.allocation = None  # it held that worker's resources, gone with its ledger
+        if task.discard_result:
+            task.discard_result = False
+            worker_reports.settle_discarded(state, task, f"worker {worker.name} lost")
+        elif crashed and _too_many_deaths(state, task, worker, how):
+            if worker.supervisor and (worker.name, worker.pid) not in state.death_causes:
+                # Its supervisor is about to say how it died: wait for that.
+                state.move(task, QUEUED, f"worker {worker.name} lost: {how}; held for a verdict")
+                state.verdicts[task.key] = state.now + state.config.death_report_wait
+                # A new number makes its old heap entry stale: placement skips it.
+                task.seq = state.next_seq()
+            else:
+                _fail_poisoned(state, task)
+        else:
+            state.requeue(task, f"worker {worker.name} lost while running it: {how}")
+    _lose_results_on(state, worker)
+    relay.worker_left(state, worker.id)
+    remote_calls.worker_left(state, worker.id, how)
+    task_hooks.worker_left(state, worker)
+    for other in state.workers.values():
+        drain.check(state, other)  # a draining worker may wait for nobody now
+    state.satisfiable_cache.clear()
+    state.warned.clear()
+    state.notified.clear()
+    state.placement_due = True
+
+
+def _lose_results_on(state: SchedulerCore, worker: WorkerRecord) -> None:
+    """The results ``worker`` held are gone; a copy elsewhere keeps a result."""
+    for key in list(worker.has_what):
+        held = state.tasks.get(key)
+        if held is not None and held.state == MEMORY and not drop_holder(held, worker):
+            state.lose_result(held, f"its result was on worker {worker.name}, which left")
+
+
+def _too_many_deaths(
+    state: SchedulerCore, task: TaskRecord, worker: WorkerRecord, how: str
+) -> bool:
+    """Count a worker death during ``task``; True once it reaches the limit."""
+    if worker.memory_limit and worker.memory >= 0.9 * worker.memory_limit:
+        how += (
+            f", its memory at {worker.memory / worker.memory_limit:.0%} of its limit"
+            " - likely out of memory"
+        )
+    seen = state.deaths.setdefault(task.key, [])
+    seen.append((worker.name, worker.pid, how))
+    return len(seen) >= state.config.max_worker_deaths
+
+
+def _fail_poisoned(state: SchedulerCore, task: TaskRecord) -> None:
+    deaths = "; ".join(
+        f"{name} ({state.death_causes.get((name, pid), how)})"
+        for name, pid, how in state.deaths.pop(task.key)
+    )
+    text = (
+        f"{task.key!r} was running on {state.config.max_worker_deaths} workers that "
+        f"died, so it is likely the cause: {deaths}"
+    )
+    state.fail(task, ("crashed", text, b""), "too many worker deaths")
+
+
+def death_report(state: SchedulerCore, event: WorkerDeathReport) -> None:
+    report = event.report
+    state.death_causes[(report.name, report.pid)] = report.description
+    while len(state.death_causes) > MAX_DEATH_CAUSES:
+        del state.death_causes[next(iter(state.death_causes))]
+    state.emit(Log("warning", f"worker {report.name} (pid {report.pid}) {report.description}"))
+    _settle_verdicts(state)
+
+
+def _settle_verdicts(state: SchedulerCore) -> None:
+    """Fail the held poison tasks whose last death is explained, or waited enough."""
+    for key, deadline in list(state.verdicts.items()):
+        name, pid, _ = state.deaths[key][-1]
+        if state.now >= deadline or (name, pid) in state.death_causes:
+            del state.verdicts[key]
+            _fail_poisoned(state, state.tasks[key])
+
+
+def _host(address: str) -> str:
+    """The host part of ``tcp://host:port`` (the whole text if it has no port)."""
+    return address.rpartition(":")[0] or address

@@ -1,0 +1,81 @@
+"""Plain-data pictures of the scheduler: ``snapshot`` for views, ``dump`` for bug reports.
+
+Read-only over the core's records; the dashboard and ``scheduler_info`` read these,
+never the live records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from typing import Any
+
+from apportion.core.resources import to_units
+from apportion.scheduler.core import SchedulerCore
+
+
+def dump(state: SchedulerCore, log_rows: int = 10_000) -> dict[str, Any]:
+    """Everything the scheduler knows, as plain data: attach it to a bug report."""
+    tasks = {
+        key: {
+            "state": t.state,
+            "worker": t.worker,
+            "copies": sorted(t.replicas or ()),
+            "deps": list(t.deps),
+            "dependents": sorted(t.dependents),
+            "resources": to_units(t.resources),
+            "alternatives": [to_units(v) for v in t.variants or ()],
+            "workers": sorted(t.restriction.workers) if t.restriction else None,
+            "units": (t.allocation.units or None) if t.allocation else None,
+            "priority": t.priority,
+            "retries_left": t.retries,
+            "wanted_by": sorted(t.wanted_by or ()),
+            "reserved_on": t.reserved_on,
+            "error": None if t.error is None else [t.error[0], _text(t.error[1])],
+        }
+        for key, t in state.tasks.items()
+    }
+    return {
+        **snapshot(state),
+        "config": dataclasses.asdict(state.config),
+        "now": state.now,
+        "task_states": tasks,
+        "clients": {c.id: sorted(c.wanted) for c in state.clients.values()},
+        "deaths": dict(state.deaths),
+        "log": [list(row) for row in list(state.log)[-log_rows:]],
+    }
+
+
+def snapshot(state: SchedulerCore) -> dict[str, Any]:
+    """A plain-data picture of the cluster, shaped like Dask's ``scheduler_info``."""
+    counts: dict[str, int] = defaultdict(int)
+    for task in state.tasks.values():
+        counts[task.state] += 1
+    workers = {
+        w.address: {
+            "id": w.id,
+            "name": w.name,
+            "nthreads": w.nthreads,
+            "resources": to_units(w.ledger.total),
+            "free_resources": to_units(w.ledger.free),
+            "units": w.ledger.unit_view(),
+            "processing": len(w.processing),
+            "keys": len(w.has_what),
+            "nbytes": w.nbytes,
+            "pid": w.pid,
+            "memory_limit": w.memory_limit,
+            "reserved_for": w.reserved_by,
+        }
+        for w in state.workers.values()
+    }
+    return {
+        "type": "Scheduler",
+        **state.identity,
+        "workers": workers,
+        "tasks": dict(counts),
+        "clients": len(state.clients),
+    }
+
+
+def _text(detail: bytes | str) -> str:
+    return detail if isinstance(detail, str) else "(a pickled exception; see the client)"
