@@ -688,7 +688,7 @@ class Journal:
         """File holding a run's output (stdout and stderr, every attempt)."""
         return self.logs_dir / f"{run_id}.log"
 
-    def append_log(self, run_id: int, data: bytes) -> None:
+    def append_log(self, run_id: int, data: bytes | bytearray) -> None:
         """Append output to a run's log file, creating the logs directory if need be."""
         path = self.log_path(run_id)
         try:

@@ -29,6 +29,7 @@ child subreaper closes that gap, and both reach beyond one run's process.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import select
@@ -49,11 +50,15 @@ logger = logging.getLogger("apportion.runs")
 #: Largest single read of output: Linux's default pipe capacity, so one read
 #: usually empties a full pipe.
 READ_SIZE = 64 * 1024
-#: A chatty command's output is gathered for up to this long, or this many bytes,
-#: and delivered as one chunk: each delivery costs the worker and the scheduler a
-#: message, so thousands of small writes must not become thousands of messages.
+#: Once output comes, the reader lets more gather for this long (or up to this many
+#: bytes) and delivers it as one chunk: each delivery costs the worker and the
+#: scheduler a message, so thousands of small writes must not become thousands of
+#: messages, nor thousands of wake-ups of the reader.
 GATHER_SECONDS = 0.005
-GATHER_BYTES = 256 * 1024
+GATHER_BYTES = 1 << 20
+#: Pipe capacity asked for (Linux; the default is 64 KiB), so that a command writing
+#: fast is not held up while output gathers.
+PIPE_SIZE = 1 << 20
 #: Reads made for a reader that is given up on: what the pipe holds then (the reads
 #: are bounded because the unknown writer may keep writing).
 _LAST_READS = 16
@@ -169,6 +174,8 @@ class RunProcess:
         self._wake_lock = threading.Lock()
         self._wake_open = True
         os.set_blocking(self._output.fileno(), False)
+        with contextlib.suppress(OSError, AttributeError):  # not Linux, or over the limit
+            fcntl.fcntl(self._output.fileno(), fcntl.F_SETPIPE_SZ, PIPE_SIZE)
         self._waiter = threading.Thread(target=self._reap_leader, name=f"run-{self.pid}-wait")
         self._reader = threading.Thread(target=self._read_output, name=f"run-{self.pid}-output")
         self._waiter.daemon = self._reader.daemon = True
@@ -394,6 +401,8 @@ class RunProcess:
         poller = select.poll()
         poller.register(fd, select.POLLIN)
         poller.register(self._wake_read, select.POLLIN)
+        woken = select.poll()  # while output gathers, only a give-up cuts it short
+        woken.register(self._wake_read, select.POLLIN)
         try:
             while True:
                 ready = {ready_fd for ready_fd, _ in poller.poll()}
@@ -409,7 +418,7 @@ class RunProcess:
                 if chunk == b"":
                     return
                 if chunk is not None:
-                    chunk, ended = self._gather(fd, poller, chunk)
+                    chunk, ended = self._gather(fd, woken, chunk)
                     self._deliver(chunk)
                     if ended:
                         return
@@ -417,24 +426,20 @@ class RunProcess:
             self._close_pipes()
             self._drained.set()
 
-    def _gather(self, fd: int, poller: select.poll, first: bytes) -> tuple[bytes, bool]:
-        """``first`` and what follows within ``GATHER_SECONDS`` (up to ``GATHER_BYTES``);
-        whether the output ended meanwhile. A wake-up ends the gathering early."""
+    def _gather(self, fd: int, woken: select.poll, first: bytes) -> tuple[bytes, bool]:
+        """``first`` and what else came within ``GATHER_SECONDS`` (up to ``GATHER_BYTES``);
+        whether the output ended meanwhile. A give-up (``woken``) ends it at once."""
+        if woken.poll(GATHER_SECONDS * 1000):
+            return first, False
         parts, size = [first], len(first)
-        deadline = time.monotonic() + GATHER_SECONDS
         while size < GATHER_BYTES:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            ready = {ready_fd for ready_fd, _ in poller.poll(left * 1000)}
-            if not ready or self._wake_read in ready:
-                break
             more = _read(fd)
+            if more is None:
+                break
             if more == b"":
                 return b"".join(parts), True
-            if more is not None:
-                parts.append(more)
-                size += len(more)
+            parts.append(more)
+            size += len(more)
         return b"".join(parts), False
 
     def _deliver(self, chunk: bytes) -> None:

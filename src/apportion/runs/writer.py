@@ -141,7 +141,7 @@ class RunLogs:
     def _write(self, run_id: int) -> None:
         buffered = self._pending.pop(run_id, None)
         if buffered is not None:
-            self.journal.append_log(run_id, bytes(buffered[0]))
+            self.journal.append_log(run_id, buffered[0])  # no copy: a bytearray is fine
 
 
 class JournalWriter:
