@@ -23,7 +23,7 @@ from apportion.core.resources import SCALE, parse_supply
 from apportion.loop_thread import LoopThread
 from apportion.protocol.messages import WorkerClosing
 from apportion.worker.detect import parse_memory_limit
-from test_worker_service import FakeScheduler
+from fake_scheduler import FakeScheduler
 
 
 @pytest.mark.timeout(10)

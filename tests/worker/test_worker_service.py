@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import tblib
@@ -19,8 +19,7 @@ from apportion.core.allocation import Allocation
 from apportion.core.payload import KeyRef, dumps, function_id, loads, pack_call
 from apportion.loop_thread import LoopThread
 from apportion.net.connection import Connection
-from apportion.net.handshake import HandshakeError, accept_connection, open_connection
-from apportion.net.transport import Listener, transport_for
+from apportion.net.handshake import HandshakeError, open_connection
 from apportion.protocol.messages import (
     ComputeTask,
     DataReply,
@@ -31,57 +30,11 @@ from apportion.protocol.messages import (
     LoadFunction,
     Message,
     PutData,
-    RegisterWorker,
     TaskFinished,
     TaskRaised,
 )
 from apportion.worker.service import Worker
-
-M = TypeVar("M", bound=Message)
-WAIT = 10.0
-
-
-class FakeScheduler:
-    """Accepts workers and lets a test speak the scheduler's side of the protocol."""
-
-    def __init__(self, host: str = "inproc://") -> None:
-        self.address = ""
-        self._host = host
-        self._server: Listener | None = None
-        self._workers: asyncio.Queue[Connection] = asyncio.Queue()
-        self._inbox: dict[Connection, list[Message]] = {}
-
-    async def start(self) -> FakeScheduler:
-        self._server = await transport_for(self._host).listen(self._host, 0, self._accept)
-        self.address = self._server.address
-        return self
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = Connection(reader, writer)
-        await accept_connection(conn, {"worker"}, "w", {})
-        self._inbox[conn] = []
-        await self._workers.put(conn)
-
-    async def next_worker(self) -> tuple[Connection, RegisterWorker]:
-        conn = await asyncio.wait_for(self._workers.get(), WAIT)
-        return conn, await self.expect(conn, RegisterWorker)
-
-    async def expect(self, conn: Connection, cls: type[M]) -> M:
-        """The next message of type ``cls``; others are kept for later ``expect`` calls."""
-        inbox = self._inbox[conn]
-        while True:
-            for i, message in enumerate(inbox):
-                if isinstance(message, cls):
-                    del inbox[i]
-                    return message
-            inbox.extend(await asyncio.wait_for(conn.recv(), WAIT))
-
-    async def close(self) -> None:
-        for conn in self._inbox:
-            await conn.close()
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+from fake_scheduler import WAIT, FakeScheduler
 
 
 def run(test: Callable[[FakeScheduler], Awaitable[None]], host: str = "inproc://") -> None:

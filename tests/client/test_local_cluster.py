@@ -33,7 +33,7 @@ from apportion.testing.simulation import SimulatedCluster
 from apportion.worker.detect import memory_total
 from apportion.worker.supervisor import Supervisor
 from cli_processes import Processes
-from test_supervisor import FakeClock, FakeLauncher
+from supervisor_fakes import FakeClock, FakeLauncher
 
 # --- restart in the scheduler's state machine -----------------------------------------
 

@@ -1,16 +1,16 @@
 """Scripts in the shape of Dask's documentation run with only their import changed.
 
-Each script in ``tests/dask_examples/`` is written for Dask.distributed
+Each script in ``tests/system/dask_examples/`` is written for Dask.distributed
 (``from dask.distributed import ...``) and prints its answers as JSON on its last
 line. The test rewrites that import to ``from apportion import ...``, runs the
 script in a fresh interpreter, as a user would, and compares its answers with the
 ones Dask.distributed gave for the unchanged script, recorded in
-``tests/dask_examples/expected/``. A recording names the hash of the script it came
+``tests/system/dask_examples/expected/``. A recording names the hash of the script it came
 from, so a script changed without recording Dask's answers again fails here.
 
 Record Dask's answers again (Dask.distributed installed) with::
 
-    .venv/bin/python tests/test_dask_examples.py --record [NAME ...]
+    .venv/bin/python tests/system/test_dask_examples.py --record [NAME ...]
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def test_script_runs_with_the_import_changed(name: str) -> None:
     recorded = json.loads((EXPECTED / f"{name}.json").read_text())
     assert recorded["script_sha256"] == digest(source), (
         f"{name}.py changed since Dask's answers were recorded: "
-        f"run `.venv/bin/python tests/test_dask_examples.py --record {name}`"
+        f"run `.venv/bin/python tests/system/test_dask_examples.py --record {name}`"
     )
     assert run_script(switched(source), timeout=150) == recorded["answers"]
 

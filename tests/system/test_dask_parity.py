@@ -16,7 +16,7 @@ from apportion import Client, LocalCluster
 
 distributed = pytest.importorskip("distributed")
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 STATUSES = {"supported", "differently", "not yet", "not planned"}
 ROW = re.compile(r"^\| `([A-Za-z_]\w*)` \| ([a-z ]+?) \|(.*)\|$")
 
