@@ -11,9 +11,17 @@ from apportion.protocol import messages as m
 from apportion.runs.journal import COMPLETED, QUEUED, RUNNING, Journal
 from apportion.runs.queue import RUNS_CLIENT, QueueOptions, RunQueue, waiting_text
 from apportion.runs.spec import new_spec
-from apportion.scheduler.events import ClientJoined, Event, FromWorker, Send, WorkerJoined
+from apportion.scheduler.events import (
+    ClientJoined,
+    Disconnect,
+    Event,
+    FromWorker,
+    Log,
+    WorkerJoined,
+)
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.state import SchedulerState
+from apportion.scheduler.wire import to_wire
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -29,11 +37,12 @@ class FakeHost:
 
     def handle(self, event: Event) -> None:
         for command in self.state.handle(event):
-            if isinstance(command, Send):
-                if command.peer_id == RUNS_CLIENT and self.queue is not None:
-                    self.queue.on_message(command.message, 0.0)
+            if not isinstance(command, Log | Disconnect):
+                peer_id, message = to_wire(command)
+                if peer_id == RUNS_CLIENT and self.queue is not None:
+                    self.queue.on_message(message, 0.0)
                 else:
-                    self.sent.append((command.peer_id, command.message))
+                    self.sent.append((peer_id, message))
 
     def send_to(self, peer_id: str, message: m.Message) -> None:
         self.sent.append((peer_id, message))
