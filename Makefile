@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: demo test check lint typecheck bench clean
+.PHONY: demo test test-fast check lint typecheck bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -38,6 +38,10 @@ check: lint typecheck
 
 test: check
 	$(BIN)/python -m pytest -q
+
+# The pure and in-memory tiers only: no real process, no TCP socket.
+test-fast: $(TEST_STAMP)
+	$(BIN)/python -m pytest -q -m "not process and not tcp"
 
 bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/run_all.py

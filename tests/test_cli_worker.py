@@ -84,7 +84,7 @@ def loop_thread() -> Iterator[LoopThread]:
 @pytest.mark.process
 @pytest.mark.timeout(45)
 def test_nworkers_runs_supervised_workers_that_stop_on_sigterm(loop_thread: LoopThread) -> None:
-    scheduler = loop_thread.run(FakeScheduler().start())
+    scheduler = loop_thread.run(FakeScheduler("127.0.0.1").start())
     argv = [sys.executable, "-m", "apportion.cli.main", "worker", scheduler.address]
     argv += ["--nworkers", "2", "--nthreads", "1", "--name", "box"]
     argv += ["--resources", "GPU=1 gpu=[0-1,5]", "--drain-timeout", "0.5"]
@@ -115,7 +115,7 @@ def test_nworkers_runs_supervised_workers_that_stop_on_sigterm(loop_thread: Loop
 @pytest.mark.timeout(45)
 def test_workers_stop_when_their_supervisor_is_killed(loop_thread: LoopThread) -> None:
     """SIGKILL leaves the supervisor no chance to stop its children; they notice alone."""
-    scheduler = loop_thread.run(FakeScheduler().start())
+    scheduler = loop_thread.run(FakeScheduler("127.0.0.1").start())
     argv = [sys.executable, "-m", "apportion.cli.main", "worker", scheduler.address]
     argv += ["--nworkers", "2", "--nthreads", "1", "--name", "orphan"]
     # Own session, so that the test runner's process group is not involved.
@@ -234,6 +234,7 @@ def fake_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
 
 
+@pytest.mark.process
 @pytest.mark.timeout(10)
 @pytest.mark.usefixtures("fake_gpus")
 def test_auto_under_a_mask_offers_exactly_the_masked_gpus(
@@ -247,6 +248,7 @@ def test_auto_under_a_mask_offers_exactly_the_masked_gpus(
     assert amounts["memory"] == psutil.virtual_memory().total * SCALE
 
 
+@pytest.mark.process
 @pytest.mark.timeout(10)
 @pytest.mark.usefixtures("fake_gpus")
 def test_auto_is_detected_once_then_split(launched: Launched) -> None:

@@ -1,4 +1,4 @@
-"""The client API against an in-process cluster (real TCP on loopback, no subprocesses)."""
+"""The client API against an in-memory cluster (no socket, no subprocess)."""
 
 from __future__ import annotations
 
@@ -25,23 +25,23 @@ from apportion import (
     wait,
 )
 from apportion.client.local import worker_command
+from apportion.testing import InMemoryCluster
 from cluster_checks import checked_client, settle
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(
+def cluster() -> Iterator[InMemoryCluster]:
+    with InMemoryCluster(
         workers=[
             {"name": "gpu-a", "nthreads": 2, "resources": "GPU=2"},
             {"name": "plain", "nthreads": 2},
         ],
-        processes=False,
     ) as c:
         yield c
 
 
 @pytest.fixture
-def client(cluster: LocalCluster) -> Iterator[Client]:
+def client(cluster: InMemoryCluster) -> Iterator[Client]:
     with checked_client(cluster) as c:
         yield c
 
@@ -176,9 +176,9 @@ def test_scatter_and_gather_through_the_scheduler(client: Client) -> None:
 
 
 def test_direct_to_workers_gathers_and_scatters_without_the_scheduler(
-    cluster: LocalCluster,
+    cluster: InMemoryCluster,
 ) -> None:
-    with Client(cluster, direct_to_workers=True) as direct:
+    with Client(cluster.address, direct_to_workers=True) as direct:
         assert direct.gather(direct.map(operator.neg, range(10))) == [-i for i in range(10)]
         relayed_before = cluster.scheduler.state.relays.next_id
         xs = direct.scatter([1, 2, 3, 4])
@@ -191,7 +191,7 @@ def test_direct_to_workers_gathers_and_scatters_without_the_scheduler(
         assert len(holders) == 2  # spread over both workers
 
 
-def test_released_futures_free_results(cluster: LocalCluster, client: Client) -> None:
+def test_released_futures_free_results(cluster: InMemoryCluster, client: Client) -> None:
     futures = client.map(operator.neg, range(20))
     client.gather(futures)
     assert sum(len(w.has_what) for w in cluster.scheduler.state.workers.values()) >= 20
@@ -200,12 +200,12 @@ def test_released_futures_free_results(cluster: LocalCluster, client: Client) ->
     settle(cluster)
     assert not cluster.scheduler.state.tasks
     deadline = time.monotonic() + 5
-    while any(w.data for w in cluster._workers) and time.monotonic() < deadline:
+    while any(w.data for w in cluster.workers) and time.monotonic() < deadline:
         time.sleep(0.01)  # the scheduler's FreeKeys may still be on the wire
-    assert not any(w.data for w in cluster._workers)
+    assert not any(w.data for w in cluster.workers)
 
 
-def test_why_story_and_scheduler_info(cluster: LocalCluster, client: Client) -> None:
+def test_why_story_and_scheduler_info(cluster: InMemoryCluster, client: Client) -> None:
     blocker = [
         client.submit(slow_identity, i, 0.5, resources={"GPU": 2}, pure=False) for i in range(2)
     ]
@@ -230,6 +230,7 @@ def test_why_story_and_scheduler_info(cluster: LocalCluster, client: Client) -> 
     client.wait_for_workers(2, timeout=5)
 
 
+@pytest.mark.tcp
 def test_scheduler_and_worker_classes_sync_and_async() -> None:
     store: dict[str, Any] = {}
     with Scheduler(port=0) as scheduler, Worker(scheduler.address, nthreads=1, data=store) as w:
@@ -277,6 +278,7 @@ def test_testing_exports_the_simulation() -> None:
     assert max(ends.values()) == 6.0 and ends["d"] == 2.0
 
 
+@pytest.mark.tcp
 def test_local_cluster_hands_its_workers_their_units_intact() -> None:
     shape = {"name": "g", "nthreads": 1, "resources": "gpu=[0-1,5] MEMORY=16GiB"}
     cmd = worker_command("tcp://127.0.0.1:1", LocalCluster._spec(0, shape))
@@ -304,7 +306,7 @@ def test_resource_alternatives_and_task_variant(client: Client) -> None:
 
 
 def test_an_erred_result_is_released_without_the_garbage_collector(
-    client: Client, cluster: LocalCluster
+    client: Client, cluster: InMemoryCluster
 ) -> None:
     # A raised exception must not tie the futures into a reference cycle: only the
     # collector would free them, and until then the scheduler keeps the errors.

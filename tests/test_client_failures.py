@@ -10,25 +10,26 @@ from typing import Any
 
 import pytest
 
-from apportion import Client, LocalCluster, LostDataError, as_completed
+from apportion import Client, LostDataError, as_completed
 from apportion.client.errors import SerializationError
 from apportion.scheduler.invariants import check_invariants
+from apportion.testing import InMemoryCluster
 
 
 @pytest.fixture
-def cluster() -> Iterator[LocalCluster]:
+def cluster() -> Iterator[InMemoryCluster]:
     workers = [
         {"name": "a", "nthreads": 2, "resources": "x=1"},
         {"name": "b", "nthreads": 2, "resources": "GPU=1"},
     ]
-    with LocalCluster(workers=workers, processes=False) as c:
+    with InMemoryCluster(workers) as c:
         yield c
         check_invariants(c.scheduler.state)
 
 
 @pytest.fixture
-def client(cluster: LocalCluster) -> Iterator[Client]:
-    with Client(cluster) as c:
+def client(cluster: InMemoryCluster) -> Iterator[Client]:
+    with Client(cluster.address) as c:
         yield c
 
 
@@ -63,8 +64,8 @@ def test_a_raising_callback_is_logged_and_the_client_keeps_working(
     assert any("callback bug" in r.getMessage() or r.exc_info for r in caplog.records)
 
 
-def test_close_settles_pending_futures_instead_of_hanging(cluster: LocalCluster) -> None:
-    client = Client(cluster)
+def test_close_settles_pending_futures_instead_of_hanging(cluster: InMemoryCluster) -> None:
+    client = Client(cluster.address)
     fut = client.submit(sleepy, 1, 5, pure=False)
     outcome: list[BaseException] = []
 
@@ -98,15 +99,15 @@ def test_as_completed_timeout_keeps_the_futures(client: Client) -> None:
 
 
 def test_results_lost_with_a_worker_are_recomputed_not_failed(
-    cluster: LocalCluster, client: Client
+    cluster: InMemoryCluster, client: Client
 ) -> None:
     futures = client.map(sleepy, range(8), [0.01] * 8, pure=False)
     assert client.gather(futures) == list(range(8))
     state = cluster.scheduler.state
     on_a = [f for f in futures if state.workers[state.tasks[f.key].worker or ""].name == "a"]
     assert on_a, "some results live on worker a"
-    victim = next(w for w in cluster._workers if w.name == "a")
-    cluster._loop.run(victim.close())
+    victim = next(w for w in cluster.workers if w.name == "a")
+    cluster.run(victim.close())
     assert client.gather(futures) == list(range(8))
     assert all(f.status == "finished" for f in futures)
 
@@ -169,6 +170,7 @@ def test_gather_skip_leaves_failures_out(client: Client) -> None:
         client.gather([good, bad])
 
 
+@pytest.mark.tcp
 def test_every_client_is_told_when_nobody_can_run_its_request() -> None:
     from apportion import Scheduler, Worker
 
@@ -190,7 +192,7 @@ def test_every_client_is_told_when_nobody_can_run_its_request() -> None:
 
 
 def test_the_callback_thread_does_not_keep_futures_alive(
-    cluster: LocalCluster, client: Client
+    cluster: InMemoryCluster, client: Client
 ) -> None:
     import gc
 

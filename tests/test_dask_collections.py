@@ -27,7 +27,7 @@ import apportion.client.session as session_module
 import apportion.protocol.codec as codec
 from apportion import Client, Future, LocalCluster, get_worker, task_resources
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.tcp, pytest.mark.timeout(30)]
 
 #: Calls by argument, across the in-process workers' threads.
 CALLS: collections.Counter[Any] = collections.Counter()

@@ -173,6 +173,7 @@ def offered(cluster: LocalCluster) -> list[dict[str, int]]:
     return [dict(w.ledger.total) for w in workers]
 
 
+@pytest.mark.tcp
 def test_a_local_cluster_without_resources_takes_dasks(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -20,7 +20,7 @@ from dask.base import tokenize
 
 from apportion import Client, Future, LocalCluster, task_resources
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.tcp, pytest.mark.timeout(30)]
 
 #: Partition-function calls by the partition's first index value.
 CALLS: collections.Counter[Any] = collections.Counter()

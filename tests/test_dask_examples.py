@@ -28,6 +28,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.tcp  # an in-process cluster over real TCP
+
 HERE = Path(__file__).parent / "dask_examples"
 EXPECTED = HERE / "expected"
 SCRIPTS = sorted(p.stem for p in HERE.glob("*.py"))

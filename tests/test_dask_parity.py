@@ -56,6 +56,7 @@ def objects() -> Iterator[dict[str, Any]]:
         }
 
 
+@pytest.mark.tcp
 @pytest.mark.parametrize(
     ("section", "dask_names"),
     [

@@ -35,6 +35,7 @@ def test_anything_else_is_a_clear_error(given: object) -> None:
         seconds(given)  # type: ignore[arg-type]
 
 
+@pytest.mark.tcp
 def test_dask_style_timeouts_are_taken_everywhere() -> None:
     with LocalCluster(n_workers=1, processes=False, timeout="30s") as cluster:
         with Client(cluster, timeout="10s") as client:

@@ -13,19 +13,20 @@ from typing import Any
 
 import pytest
 
-from apportion import Client, LocalCluster, as_completed, progress
+from apportion import Client, as_completed, progress
 from apportion.client.progress import futures_of, group_of, render
+from apportion.testing import InMemoryCluster
 from cluster_checks import checked_client, settle
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(n_workers=2, threads_per_worker=2, processes=False) as c:
+def cluster() -> Iterator[InMemoryCluster]:
+    with InMemoryCluster([{"nthreads": 2}] * 2) as c:
         yield c
 
 
 @pytest.fixture
-def client(cluster: LocalCluster) -> Iterator[Client]:
+def client(cluster: InMemoryCluster) -> Iterator[Client]:
     with checked_client(cluster) as c:
         yield c
 
@@ -261,8 +262,10 @@ def test_a_cancelled_standard_future_wakes_its_waiters(client: Client, tmp_path:
     (tmp_path / "never").touch()  # the task may have started: let its thread go
 
 
-def test_progress_counts_futures_lost_with_their_client_as_failed(cluster: LocalCluster) -> None:
-    client = Client(cluster)
+def test_progress_counts_futures_lost_with_their_client_as_failed(
+    cluster: InMemoryCluster,
+) -> None:
+    client = Client(cluster.address)
     futures = client.map(slow_inc, range(4), delay=0.5)
     closer = threading.Timer(0.1, client.close)
     closer.start()

@@ -31,6 +31,7 @@ def client() -> Iterator[Client]:
         yield c
 
 
+@pytest.mark.tcp
 @pytest.mark.parametrize("order", [["aaa", "bbb", "ccc", "ddd"], ["aaa", "ddd", "bbb", "ccc"]])
 def test_guild_gpu_example_takes_three_lengths(client: Client, order: list[str]) -> None:
     futures = [client.submit(run, name, resources=REQUESTS[name], pure=False) for name in order]

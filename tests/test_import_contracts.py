@@ -147,10 +147,15 @@ def test_the_pure_modules_are_the_expected_ones() -> None:
     assert "apportion.worker.state" in pure and "apportion.testing.simulation" in pure
 
 
-#: The shells around the state machine: the only modules that turn its commands into
-#: wire messages. ``scheduler.wire`` is pure (it only builds message dataclasses) but
-#: no module of the state machine imports it, so decisions stay domain values.
-WIRE_USERS = {"apportion.scheduler.service", "apportion.testing.simulation"}
+#: The shells around the state machine (the service, the simulation and its recording
+#: variant): the only modules that turn its commands into wire messages.
+#: ``scheduler.wire`` is pure (it only builds message dataclasses) but no module of
+#: the state machine imports it, so decisions stay domain values.
+WIRE_USERS = {
+    "apportion.scheduler.service",
+    "apportion.testing.simulation",
+    "apportion.testing.recording",
+}
 
 
 def test_only_the_shells_turn_commands_into_messages() -> None:

@@ -1,31 +1,45 @@
-"""Heartbeats against the worker timeout, in-process, and the scheduler's CLI option."""
+"""Heartbeats against the worker timeout, in memory on a fake clock, and the CLI option."""
 
 from __future__ import annotations
 
-import time
+import asyncio
 
 import pytest
 from click.testing import CliRunner
 
-from apportion import Scheduler, Worker
+from apportion import Scheduler, get_worker
 from apportion.cli.main import main
 from apportion.scheduler.state import SchedulerConfig
+from apportion.testing import FakeClock, InMemoryCluster
 
 
-@pytest.mark.timeout(20)
 def test_heartbeats_keep_an_idle_worker_registered_past_the_timeout() -> None:
-    config = SchedulerConfig(worker_timeout=0.6)
-    with (
-        Scheduler(port=0, config=config) as scheduler,
-        Worker(scheduler.address, nthreads=1, heartbeat_interval=0.1) as worker,
-    ):
-        deadline = time.monotonic() + 10
-        while not scheduler.info()["workers"]:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-        time.sleep(2.0)  # measuring silence: several timeouts pass with only heartbeats
-        assert list(scheduler.info()["workers"]) == [worker.address]
-        assert worker.sessions == 1
+    async def main() -> None:
+        clock = FakeClock()
+        config = SchedulerConfig(worker_timeout=0.6)
+        async with InMemoryCluster([{"heartbeat_interval": 0.1}], config=config, clock=clock) as c:
+            await clock.advance(2.0)  # several timeouts pass with only heartbeats
+            (worker,) = c.workers
+            assert list(c.scheduler.info()["workers"]) == [worker.address]
+            assert worker.sessions == 1
+
+    asyncio.run(main())
+
+
+def test_a_silent_worker_is_declared_lost_once_its_timeout_passes() -> None:
+    async def main() -> None:
+        clock = FakeClock()
+        config = SchedulerConfig(worker_timeout=5.0)
+        silent = {"name": "silent", "heartbeat_interval": 60.0, "reconnect_timeout": 0}
+        async with InMemoryCluster([silent], config=config, clock=clock) as c:
+            (worker,) = c.workers
+            await clock.advance(4.5)
+            assert c.scheduler.info()["workers"], "not yet: the timeout has not passed"
+            await clock.advance(1.5)
+            assert not c.scheduler.info()["workers"]
+            await asyncio.wait_for(worker.finished(), 5)  # told by the closed connection
+
+    asyncio.run(main())
 
 
 @pytest.mark.timeout(10)
@@ -44,3 +58,28 @@ def test_scheduler_cli_passes_the_worker_timeout(monkeypatch: pytest.MonkeyPatch
     result = CliRunner().invoke(main, ["scheduler", "--help"])
     assert "--worker-timeout" in result.output
     assert CliRunner().invoke(main, ["scheduler", "--worker-timeout", "0"]).exit_code == 2
+
+
+def _where() -> str:
+    return get_worker().name
+
+
+def test_workers_reconnect_to_a_restarted_scheduler_after_their_backoff() -> None:
+    async def main() -> None:
+        clock = FakeClock()
+        workers = [{"name": name, "resources": f"{name}=1", "nthreads": 2} for name in "ab"]
+        async with InMemoryCluster(workers, clock=clock) as cluster:
+            await cluster.scheduler.close()  # the scheduler goes away; its address stays
+            await clock.advance(0)
+            assert not any(w.connected for w in cluster.workers)
+            cluster.scheduler = Scheduler(cluster.address, clock=clock)
+            await cluster.scheduler.start()
+            await clock.advance(1.0)  # past the first backoffs
+            names = sorted(w.name for w in cluster.scheduler.state.workers.values())
+            assert names == ["a", "b"] and all(w.sessions == 2 for w in cluster.workers)
+            client = await asyncio.to_thread(cluster.client)
+            ran_on = [client.submit(_where, resources={name: 1}) for name in "ab"]
+            assert await asyncio.to_thread(client.gather, ran_on) == ["a", "b"]
+            await asyncio.to_thread(client.close)
+
+    asyncio.run(main())

@@ -211,6 +211,7 @@ def cluster() -> Iterator[LocalCluster]:
         yield c
 
 
+@pytest.mark.tcp
 def test_local_cluster_takes_dasks_arguments() -> None:
     with LocalCluster(
         n_workers=3,
@@ -246,6 +247,7 @@ def test_local_cluster_takes_dasks_arguments() -> None:
         assert len(one.workers) == 1
 
 
+@pytest.mark.tcp
 def test_options_for_dasks_internals_are_ignored_with_one_warning() -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -269,6 +271,7 @@ def test_options_for_dasks_internals_are_ignored_with_one_warning() -> None:
         LocalCluster(asynchronous=True, processes=False)
 
 
+@pytest.mark.tcp
 def test_client_forwards_cluster_arguments_like_dasks() -> None:
     with pytest.warns(IgnoredOptionWarning, match="interface, serializers") as caught:
         client = Client(
@@ -296,6 +299,7 @@ def test_client_forwards_cluster_arguments_like_dasks() -> None:
         Client(processes=False, n_wrokers=1)
 
 
+@pytest.mark.tcp
 def test_client_of_a_cluster_and_shutdown_closes_a_cluster_it_did_not_start(
     cluster: LocalCluster,
 ) -> None:
@@ -308,6 +312,7 @@ def test_client_of_a_cluster_and_shutdown_closes_a_cluster_it_did_not_start(
         Client(cluster.scheduler_address, n_workers=2)  # only Client() starts a cluster
 
 
+@pytest.mark.tcp
 def test_scale_up_and_down_loses_no_result(cluster: LocalCluster) -> None:
     with Client(cluster, set_as_default=False) as client:
         cluster.scale(4)
@@ -321,6 +326,7 @@ def test_scale_up_and_down_loses_no_result(cluster: LocalCluster) -> None:
         check_invariants(cluster.scheduler.state)
 
 
+@pytest.mark.tcp
 def test_restart_cancels_every_future_and_new_work_runs(cluster: LocalCluster) -> None:
     with Client(cluster, set_as_default=False) as client:
         finished = client.submit(lambda: 1, pure=False)
@@ -538,6 +544,7 @@ def test_a_worker_that_cannot_start_is_an_error_with_its_log(
     assert time.monotonic() - started < 20
 
 
+@pytest.mark.tcp
 def test_worker_names_must_be_distinct_and_scale_never_reuses_one() -> None:
     with pytest.raises(ValueError, match=r"given more than once: \['a'\]"):
         LocalCluster(processes=False, workers=[{"name": "a"}, {"name": "a"}])

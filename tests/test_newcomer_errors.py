@@ -159,6 +159,7 @@ def silent_port() -> Iterator[int]:
         yield sock.getsockname()[1]
 
 
+@pytest.mark.tcp
 def test_client_at_an_http_port_says_what_answered(http_port: int) -> None:
     began = time.monotonic()
     with pytest.raises(HandshakeError) as info:
@@ -169,6 +170,7 @@ def test_client_at_an_http_port_says_what_answered(http_port: int) -> None:
     assert "b'HTTP/1.1 400 Bad Request" in text and "\n" not in text
 
 
+@pytest.mark.tcp
 def test_client_at_a_silent_port_fails_within_its_timeout(silent_port: int) -> None:
     began = time.monotonic()
     with pytest.raises(HandshakeError, match=r"no answer within 1s"):
@@ -176,6 +178,7 @@ def test_client_at_a_silent_port_fails_within_its_timeout(silent_port: int) -> N
     assert time.monotonic() - began < 3
 
 
+@pytest.mark.tcp
 def test_client_at_a_closed_port_fails_at_once() -> None:
     port = free_port()
     began = time.monotonic()
@@ -184,12 +187,14 @@ def test_client_at_a_closed_port_fails_at_once() -> None:
     assert time.monotonic() - began < 2  # not the 30 s timeout
 
 
+@pytest.mark.tcp
 def test_info_at_an_http_port_is_one_line(http_port: int) -> None:
     result = CliRunner().invoke(main, ["info", "--scheduler", f"127.0.0.1:{http_port}"])
     assert result.exit_code == 1
     assert "b'HTTP/1.1 400" in one_error_line(result.output)
 
 
+@pytest.mark.tcp
 def test_a_worker_at_an_http_port_says_so_and_does_not_wait(http_port: int) -> None:
     async def start() -> None:
         await Worker(f"127.0.0.1:{http_port}", 1, connect_timeout=30).start()
@@ -203,6 +208,7 @@ def test_a_worker_at_an_http_port_says_so_and_does_not_wait(http_port: int) -> N
 # --- 3. a worker started before its scheduler -------------------------------------
 
 
+@pytest.mark.tcp
 def test_worker_class_waits_for_a_scheduler_that_starts_later() -> None:
     from apportion.scheduler.service import Scheduler
 
@@ -226,6 +232,7 @@ def test_worker_class_waits_for_a_scheduler_that_starts_later() -> None:
     assert asyncio.run(scenario()) == 1
 
 
+@pytest.mark.tcp
 def test_worker_class_with_no_connect_timeout_tries_once() -> None:
     async def start() -> None:
         await Worker(f"127.0.0.1:{free_port()}", 1).start()
@@ -234,6 +241,7 @@ def test_worker_class_with_no_connect_timeout_tries_once() -> None:
         asyncio.run(start())
 
 
+@pytest.mark.process
 @pytest.mark.timeout(30)
 def test_worker_process_started_first_registers_once_the_scheduler_starts(
     procs: Processes,
@@ -251,6 +259,7 @@ def test_worker_process_started_first_registers_once_the_scheduler_starts(
     assert log.read_text().count("retrying for up to") == 1  # one line while waiting
 
 
+@pytest.mark.process
 @pytest.mark.timeout(30)
 def test_worker_process_gives_up_after_its_connect_timeout() -> None:
     address = f"127.0.0.1:{free_port()}"
@@ -282,6 +291,7 @@ def run_script(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.process
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     "setup",
@@ -305,6 +315,7 @@ def test_a_script_exits_without_asyncio_noise(tmp_path: Path, setup: str, close:
     assert not [word for word in NOISE if word in done.stderr], done.stderr
 
 
+@pytest.mark.process
 @pytest.mark.timeout(60)
 def test_ctrl_c_of_a_script_leaves_only_pythons_keyboard_interrupt(tmp_path: Path) -> None:
     script = tmp_path / "script.py"
@@ -388,6 +399,7 @@ def test_a_supervisors_restarted_worker_takes_its_name_back() -> None:
     check_invariants(sim.state)
 
 
+@pytest.mark.process
 @pytest.mark.timeout(40)
 def test_a_worker_process_with_a_taken_name_exits_with_one_line(procs: Processes) -> None:
     address = procs.scheduler()
@@ -431,6 +443,7 @@ def test_malformed_resource_specs_are_refused_in_one_line(spec: str, says: str) 
     assert "--resources" in line and says in line
 
 
+@pytest.mark.tcp
 def test_none_says_no_resources_explicitly() -> None:
     port = free_port()
     argv = ["worker", f"127.0.0.1:{port}", "--resources", "none", "--connect-timeout", "0"]
@@ -468,6 +481,7 @@ def cluster() -> Iterator[LocalCluster]:
         yield local
 
 
+@pytest.mark.tcp
 def test_why_of_an_unknown_key_exits_1_with_one_line(cluster: LocalCluster) -> None:
     result = CliRunner().invoke(
         main, ["why", "no-such-key", "--scheduler", cluster.scheduler_address]
@@ -476,6 +490,7 @@ def test_why_of_an_unknown_key_exits_1_with_one_line(cluster: LocalCluster) -> N
     assert "'no-such-key'" in one_error_line(result.output)
 
 
+@pytest.mark.tcp
 def test_why_of_a_known_key_exits_0(cluster: LocalCluster) -> None:
     with Client(cluster) as client:
         future = client.submit(slow_inc, 1, key="known")
@@ -547,6 +562,7 @@ def test_unsatisfiable_memory_error_and_join_log_use_human_units() -> None:
     assert "largest memory supply is 93.1 GiB on worker-0" in str(error[1])
 
 
+@pytest.mark.tcp
 def test_info_shows_memory_in_gib(cluster: LocalCluster) -> None:
     result = CliRunner().invoke(main, ["info", "--scheduler", cluster.scheduler_address])
     assert result.exit_code == 0, result.output
@@ -557,6 +573,7 @@ def test_info_shows_memory_in_gib(cluster: LocalCluster) -> None:
 # --- 9. Ctrl-C of submit --wait ---------------------------------------------------------
 
 
+@pytest.mark.process
 @pytest.mark.timeout(40)
 def test_ctrl_c_of_submit_wait_says_the_runs_go_on(procs: Processes, tmp_path: Path) -> None:
     _, address, _ = procs.start_scheduler("--port", "0", "--journal", str(tmp_path / "runs.db"))
@@ -604,6 +621,7 @@ def test_why_text_of_a_waiting_memory_task_uses_human_units() -> None:
     check_invariants(sim.state)
 
 
+@pytest.mark.tcp
 def test_a_peer_that_hangs_up_at_once_is_not_called_foreign() -> None:
     """A worker that died while a peer connected: said as such, not as a foreign port."""
     with socket.socket() as sock:

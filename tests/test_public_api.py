@@ -39,6 +39,7 @@ def is_marked(dask_worker: Any) -> bool:
     return getattr(dask_worker, "marked", False)
 
 
+@pytest.mark.tcp
 def test_a_worker_plugin_subclass_is_installed_on_every_worker() -> None:
     with LocalCluster(n_workers=2, processes=False) as cluster, Client(cluster) as client:
         client.register_plugin(Marker(), name="marker")
@@ -55,6 +56,7 @@ def fail_once(path: str) -> str:
     return "second call works"
 
 
+@pytest.mark.tcp
 def test_future_client_release_and_retry(tmp_path: Any) -> None:
     with LocalCluster(n_workers=1, processes=False) as cluster, cluster.get_client() as client:
         assert apportion.TimeoutError is TimeoutError
@@ -74,6 +76,7 @@ def test_future_client_release_and_retry(tmp_path: Any) -> None:
         assert flaky.result() == "second call works"
 
 
+@pytest.mark.tcp
 def test_default_client_is_the_newest_open_default_client(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

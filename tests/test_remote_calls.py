@@ -31,6 +31,8 @@ from apportion.scheduler.remote_calls import MAX_INSTALL_BYTES
 from apportion.testing.simulation import SimulatedCluster
 from cluster_checks import checked_client
 
+pytestmark = pytest.mark.tcp  # an in-process cluster over real TCP
+
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:

@@ -11,6 +11,8 @@ from apportion.protocol import messages as m
 from apportion.testing import SimulatedCluster
 from cluster_checks import checked_client
 
+pytestmark = pytest.mark.tcp  # an in-process cluster over real TCP
+
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:

@@ -19,6 +19,8 @@ from apportion.net.handshake import HandshakeError, accept_connection, open_conn
 from apportion.protocol import messages as m
 from apportion.protocol.codec import MAX_HANDSHAKE_FRAME, decode_body, encode_frame
 
+pytestmark = pytest.mark.tcp  # an in-process cluster over real TCP
+
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[tuple[Scheduler, Worker]]:

@@ -1,69 +1,32 @@
-"""The scheduler's state machine, driven through ``SimulatedCluster``: no sockets, no clock.
+"""The scheduler's state machine, driven through ``RecordingCluster``: no sockets, no clock.
 
-Every test ends with ``check_invariants`` (the ``sim`` fixture does it at teardown).
+Every test ends with ``check_invariants`` and ``check_all_taken`` (the ``sim``
+fixture does both at teardown): a message the test did not take or allow fails it.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import pytest
 
-from apportion.core.resources import SCALE, ResourceSpec, parse_demand
+from apportion.core.resources import ResourceSpec
 from apportion.protocol import messages as m
 from apportion.scheduler.events import FromWorker
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import ERRED, MEMORY, PROCESSING, QUEUED, RELEASED, WAITING
 from apportion.scheduler.state import SchedulerConfig
-from apportion.testing.simulation import Interval, SimulatedCluster
+from apportion.testing import Interval, RecordingCluster, UnexpectedMessages
 
 M = TypeVar("M", bound=m.Message)
 
 
-class RecordingCluster(SimulatedCluster):
-    """A simulated cluster that also keeps every message sent to each fake worker."""
-
-    # --- helpers the tests share ----------------------------------------------------
-
-    def got(self, cls: type[M], client: str = "c1") -> list[M]:
-        """Messages of type ``cls`` the scheduler sent to ``client``."""
-        return [msg for msg in self.inbox.get(client, []) if isinstance(msg, cls)]
-
-    def worker_got(self, worker_id: str, cls: type[M]) -> list[M]:
-        return [msg for msg in self.to_workers.get(worker_id, []) if isinstance(msg, cls)]
-
-    def freed(self, worker_id: str) -> list[str]:
-        return [key for msg in self.worker_got(worker_id, m.FreeKeys) for key in msg.keys]
-
-    def done(self, client: str = "c1") -> list[str]:
-        return [key for msg in self.got(m.KeysDone, client) for key in msg.keys]
-
-    def submit_graph(
-        self,
-        graph: Mapping[str, tuple[Iterable[str], ResourceSpec]],
-        wanted: Iterable[str],
-        client: str = "c1",
-    ) -> None:
-        """Submit several tasks in one message, as a client's ``compute`` does."""
-        specs = [
-            m.TaskSpec(key, "f", b"", list(deps), parse_demand(res), 0, 0)
-            for key, (deps, res) in graph.items()
-        ]
-        self.client_says(client, m.SubmitTasks(specs, {"f": b"func"}, list(wanted)))
-
-    def state_of(self, key: str) -> str:
-        task = self.state.tasks.get(key)
-        return "forgotten" if task is None else task.state
-
-    def free(self, worker_id: str) -> dict[str, float]:
-        return {n: t / SCALE for n, t in self.state.workers[worker_id].ledger.free.items()}
-
-
 @pytest.fixture
 def make_sim() -> Iterator[Callable[..., RecordingCluster]]:
-    """Build clusters (with a client "c1"); check their invariants after the test."""
+    """Build clusters (with a client "c1"); after the test, check their invariants and
+    that every message they sent was taken by the test (or allowed by it)."""
     made: list[RecordingCluster] = []
 
     def make(config: SchedulerConfig | None = None) -> RecordingCluster:
@@ -75,6 +38,7 @@ def make_sim() -> Iterator[Callable[..., RecordingCluster]]:
     yield make
     for cluster in made:
         check_invariants(cluster.state)
+        cluster.check_all_taken()
 
 
 @pytest.fixture
@@ -103,6 +67,7 @@ def by_key(intervals: list[Interval]) -> dict[str, Interval]:
 
 
 def test_tasks_start_only_where_their_demand_is_free(sim: RecordingCluster) -> None:
+    sim.allow(m.KeysDone)  # not what this test is about
     small = sim.add_worker("small", nthreads=4, resources="GPU=1")
     big = sim.add_worker("big", nthreads=4, resources="GPU=2")
     plain = sim.add_worker("plain", nthreads=4)
@@ -119,6 +84,7 @@ def test_tasks_start_only_where_their_demand_is_free(sim: RecordingCluster) -> N
 
 
 def test_fractional_demands_share_one_unit(sim: RecordingCluster) -> None:
+    sim.allow(m.KeysDone)  # not what this test is about
     w = sim.add_worker(nthreads=8, resources="GPU=1")
     for i in range(3):
         sim.submit(f"h{i}", resources="GPU=0.5")
@@ -149,6 +115,7 @@ def test_plain_tasks_are_pipelined_a_little(sim: RecordingCluster) -> None:
 
 
 def test_no_plain_task_is_queued_ahead_of_waiting_gpu_work(sim: RecordingCluster) -> None:
+    sim.allow(m.KeysDone)  # not what this test is about
     gpu = sim.add_worker("gpu", nthreads=2, resources="GPU=2")
     cpu = sim.add_worker("cpu", nthreads=1)
     for i in range(3):
@@ -170,6 +137,7 @@ def test_no_plain_task_is_queued_ahead_of_waiting_gpu_work(sim: RecordingCluster
 
 
 def test_two_gpu_task_never_shares_a_two_gpu_worker(sim: RecordingCluster) -> None:
+    sim.allow(m.KeysDone)  # not what this test is about
     w = sim.add_worker(nthreads=4, resources="GPU=2")
     keys = ["a", "b", "big", "c", "d", "big2", "e"]
     for key in keys:
@@ -206,6 +174,7 @@ def test_blocked_large_request_does_not_block_others_elsewhere(sim: RecordingClu
 def test_dask_6136_gpu2_queued_does_not_block_gpu1_on_another_worker(
     sim: RecordingCluster,
 ) -> None:
+    sim.allow(m.KeysDone)  # not what this test is about
     a = sim.add_worker("a", nthreads=2, resources="GPU=2")
     b = sim.add_worker("b", nthreads=2, resources="GPU=1")
     sim.submit("x", resources="GPU=1")
@@ -239,6 +208,7 @@ def _stream(sim: RecordingCluster, resources: ResourceSpec) -> Callable[[], str]
 def test_stream_of_small_requests_cannot_starve_a_whole_worker_request(
     sim: RecordingCluster,
 ) -> None:
+    sim.allow(m.KeysDone)  # not what this test is about
     w = sim.add_worker("gpu", nthreads=4, resources="GPU=2")
     small = _stream(sim, "GPU=1")
     small(), small()
@@ -268,6 +238,7 @@ def test_stream_of_small_requests_cannot_starve_a_whole_worker_request(
 
 def test_stream_of_plain_tasks_cannot_starve_a_resource_task(sim: RecordingCluster) -> None:
     """Plain tasks pipelined ahead keep threads busy; the reservation lets them drain."""
+    sim.allow(m.KeysDone)  # not what this test is about
     w = sim.add_worker("w", nthreads=2, resources="GPU=1")
     plain = _stream(sim, None)
     for _ in range(4):
@@ -291,6 +262,7 @@ def test_reservation_holds_one_worker_while_the_other_keeps_working(
     sim: RecordingCluster,
 ) -> None:
     """The worker closest to fitting is held; the other keeps taking small tasks."""
+    sim.allow(m.KeysDone)  # not what this test is about
     w1 = sim.add_worker("w1", nthreads=4, resources="GPU=2")
     w2 = sim.add_worker("w2", nthreads=4, resources="GPU=2")
     for key in ("a", "b", "c"):
@@ -317,6 +289,7 @@ def test_reservation_holds_one_worker_while_the_other_keeps_working(
 def test_reserved_task_waiting_only_for_a_thread_drains_plain_tasks(
     sim: RecordingCluster,
 ) -> None:
+    sim.allow(m.KeysDone)  # not what this test is about
     w = sim.add_worker(nthreads=1, resources="GPU=1")
     for i in range(2):
         sim.submit(f"p{i}")
@@ -382,6 +355,7 @@ def test_seed_example_two_gpu_workers_and_a_memory_worker(sim: RecordingCluster)
 
 
 def test_higher_priority_starts_first_then_submission_order(sim: RecordingCluster) -> None:
+    sim.allow(m.KeysDone)  # not what this test is about
     w = sim.add_worker(nthreads=1, resources="GPU=1")
     sim.submit("first", resources="GPU=1")
     sim.place()
@@ -451,6 +425,7 @@ def test_chain_runs_in_order_and_releases_intermediates(sim: RecordingCluster) -
 
 
 def test_diamond_keeps_shared_input_until_both_dependents_finish(sim: RecordingCluster) -> None:
+    sim.allow(m.FreeKeys, m.KeysDone)  # not what this test is about
     w = sim.add_worker(nthreads=4, resources="GPU=1")
     sim.submit_graph(
         {
@@ -491,6 +466,7 @@ def test_result_wanted_by_a_client_is_kept_after_dependents_finish(
 
 
 def test_two_clients_share_a_result_until_both_release(sim: RecordingCluster) -> None:
+    sim.allow(m.FreeKeys)  # not what this test is about
     sim.add_worker()
     sim.add_client("c2")
     sim.submit("x")
@@ -504,6 +480,7 @@ def test_two_clients_share_a_result_until_both_release(sim: RecordingCluster) ->
 
 
 def test_dependent_on_finished_result_is_queued_at_once(sim: RecordingCluster) -> None:
+    sim.allow(m.KeysDone)  # not what this test is about
     sim.add_worker()
     sim.submit("a")
     sim.run({})
@@ -628,6 +605,7 @@ def test_cancel_running_task_returns_resources_only_on_report(sim: RecordingClus
 
 
 def test_task_dropped_before_it_started_returns_its_resources(sim: RecordingCluster) -> None:
+    sim.allow(m.KeysFailed)  # not what this test is about
     w = sim.add_worker(nthreads=2, resources="GPU=1")
     sim.submit("x", resources="GPU=1")
     sim.submit("y", resources="GPU=1")
@@ -656,6 +634,7 @@ def test_closing_worker_is_logged_as_a_departure_not_a_loss(sim: RecordingCluste
 
 
 def test_cancel_finished_task_is_a_no_op(sim: RecordingCluster) -> None:
+    sim.allow(m.KeysDone)  # not what this test is about
     sim.add_worker()
     sim.submit("x")
     sim.run({})
@@ -682,6 +661,7 @@ def test_lost_worker_running_tasks_finish_elsewhere(sim: RecordingCluster) -> No
 
 
 def test_lost_results_are_recomputed_when_needed(sim: RecordingCluster) -> None:
+    sim.allow(m.FreeKeys, m.Notice)  # not what this test is about
     w1 = sim.add_worker("w1", nthreads=2)
     sim.submit_graph({"a": ([], None), "b": (["a"], "GPU=1")}, wanted=["b"])
     sim.place()
@@ -700,6 +680,7 @@ def test_lost_results_are_recomputed_when_needed(sim: RecordingCluster) -> None:
 def test_lost_result_whose_input_was_released_is_recomputed_from_its_lineage(
     sim: RecordingCluster,
 ) -> None:
+    sim.allow(m.FreeKeys, m.KeysPending)  # not what this test is about
     w1 = sim.add_worker("w1")
     sim.submit_graph({"a": ([], None), "b": (["a"], None)}, wanted=["a", "b"])
     sim.run({})
@@ -714,6 +695,7 @@ def test_lost_result_whose_input_was_released_is_recomputed_from_its_lineage(
 
 
 def test_lost_results_chain_is_recomputed_in_order(sim: RecordingCluster) -> None:
+    sim.allow(m.KeysDone, m.KeysPending)  # not what this test is about
     w1 = sim.add_worker("w1")
     sim.submit_graph(
         {"a": ([], None), "b": (["a"], None), "c": (["b"], None)}, wanted=["a", "b", "c"]
@@ -729,6 +711,7 @@ def test_lost_results_chain_is_recomputed_in_order(sim: RecordingCluster) -> Non
 def test_lost_worker_with_a_reservation_and_cancelled_running_task(
     sim: RecordingCluster,
 ) -> None:
+    sim.allow(m.FreeKeys, m.KeysDone, m.KeysFailed)  # not what this test is about
     w1 = sim.add_worker("w1", nthreads=2, resources="GPU=2")
     w2 = sim.add_worker("w2", nthreads=2, resources="GPU=1")
     sim.submit("x", resources="GPU=1")
@@ -775,6 +758,7 @@ def test_stale_reports_from_a_lost_worker_are_ignored(sim: RecordingCluster) -> 
 
 
 def test_unsatisfiable_request_warns_once_and_stays_queued(sim: RecordingCluster) -> None:
+    sim.allow(m.Notice)  # not what this test is about
     sim.add_worker("small", resources="GPU=2")
     sim.add_worker("none")
     sim.submit("x", resources="GPU=4")
@@ -880,6 +864,7 @@ def test_explain_names_the_short_resource_busy_threads_and_reservation(
 
 
 def test_explain_waiting_finished_failed_and_unsatisfiable(sim: RecordingCluster) -> None:
+    sim.allow(m.KeysDone, m.Notice, m.TaskErred)  # not what this test is about
     sim.add_worker("w", nthreads=1)
     sim.submit_graph({"a": ([], None), "b": (["a"], None)}, wanted=["a", "b"])
     sim.submit("huge", resources="GPU=8")
@@ -903,6 +888,7 @@ def test_explain_plain_task_with_busy_threads(sim: RecordingCluster) -> None:
 
 
 def test_story_lists_transitions_with_causes(sim: RecordingCluster) -> None:
+    sim.allow(m.FreeKeys, m.KeysDone)  # not what this test is about
     sim.add_worker("w", resources="GPU=1")
     sim.submit("x", resources="GPU=1", retries=1)
     sim.place()
@@ -952,6 +938,7 @@ def test_snapshot_shape(sim: RecordingCluster) -> None:
 
 
 def test_gather_relays_through_the_worker(sim: RecordingCluster) -> None:
+    sim.allow(m.KeysDone)  # not what this test is about
     w = sim.add_worker()
     sim.submit("x")
     sim.run({})
@@ -971,6 +958,7 @@ def test_gather_of_nothing_in_memory_answers_at_once(sim: RecordingCluster) -> N
 
 
 def test_gather_from_a_worker_that_leaves_counts_as_missing(sim: RecordingCluster) -> None:
+    sim.allow(m.GetData, m.KeysDone, m.KeysPending)  # not what this test is about
     w1 = sim.add_worker("w1")
     sim.submit("x")
     sim.run({})
@@ -981,6 +969,7 @@ def test_gather_from_a_worker_that_leaves_counts_as_missing(sim: RecordingCluste
 
 
 def test_scatter_is_parked_until_a_worker_joins(sim: RecordingCluster) -> None:
+    sim.allow(m.KeysDone)  # not what this test is about
     sim.client_says("c1", m.ScatterRequest(7, {"d": b"data"}))
     assert sim.got(m.ScatterReply) == []
     w = sim.add_worker()
@@ -999,6 +988,7 @@ def test_scatter_is_parked_until_a_worker_joins(sim: RecordingCluster) -> None:
 
 
 def test_scattered_data_lost_with_its_worker_fails_as_lost(sim: RecordingCluster) -> None:
+    sim.allow(m.KeysDone, m.KeysPending, m.ScatterReply)  # not what this test is about
     w = sim.add_worker()
     sim.client_says("c1", m.ScatterRequest(1, {"d": b"data"}))
     (put,) = sim.worker_got(w, m.PutData)
@@ -1009,6 +999,7 @@ def test_scattered_data_lost_with_its_worker_fails_as_lost(sim: RecordingCluster
 
 
 def test_who_has(sim: RecordingCluster) -> None:
+    sim.allow(m.KeysDone)  # not what this test is about
     w = sim.add_worker()
     sim.submit("x")
     sim.run({})
@@ -1028,6 +1019,7 @@ def test_unexpected_messages_are_logged_not_fatal(sim: RecordingCluster) -> None
 
 
 def test_batch_may_list_dependents_before_their_inputs(sim: RecordingCluster) -> None:
+    sim.allow(m.FreeKeys)  # not what this test is about
     sim.add_worker()
     sim.submit_graph({"b": (["a"], None), "a": ([], None)}, wanted=["b"])
     assert (sim.state_of("a"), sim.state_of("b")) == (QUEUED, WAITING)
@@ -1065,6 +1057,7 @@ def test_reservation_is_dropped_when_an_input_is_lost(sim: RecordingCluster) -> 
 
 
 def test_task_given_back_after_its_input_was_lost_waits_for_it(sim: RecordingCluster) -> None:
+    sim.allow(m.FreeKeys, m.Notice)  # not what this test is about
     w1 = sim.add_worker("w1")
     sim.submit_graph({"a": ([], None), "b": (["a"], "GPU=1")}, wanted=["b"])
     sim.place()
@@ -1083,6 +1076,7 @@ def test_task_given_back_after_its_input_was_lost_waits_for_it(sim: RecordingClu
 
 
 def test_cancelled_running_task_wanted_again_reports_at_once(sim: RecordingCluster) -> None:
+    sim.allow(m.FreeKeys, m.KeysFailed)  # not what this test is about
     sim.add_worker()
     sim.add_client("c2")
     sim.submit("x")
@@ -1098,6 +1092,7 @@ def test_cancelled_running_task_wanted_again_reports_at_once(sim: RecordingClust
 
 
 def test_cancelled_task_submitted_again_runs_again(sim: RecordingCluster) -> None:
+    sim.allow(m.FreeKeys, m.KeysFailed)  # not what this test is about
     w = sim.add_worker()
     sim.submit("x")
     sim.place()
@@ -1116,6 +1111,7 @@ def test_cancelled_task_submitted_again_runs_again(sim: RecordingCluster) -> Non
 
 
 def test_cancelling_twice_reports_once(sim: RecordingCluster) -> None:
+    sim.allow(m.FreeKeys)  # not what this test is about
     sim.add_worker()
     sim.submit("x")
     sim.place()
@@ -1126,6 +1122,7 @@ def test_cancelling_twice_reports_once(sim: RecordingCluster) -> None:
 def test_dependent_of_a_cancelled_running_task_fails_when_it_settles(
     sim: RecordingCluster,
 ) -> None:
+    sim.allow(m.FreeKeys)  # not what this test is about
     sim.add_worker()
     sim.submit("x")
     sim.place()
@@ -1140,6 +1137,7 @@ def test_dependent_of_a_cancelled_running_task_fails_when_it_settles(
 
 
 def test_running_dependent_keeps_a_failed_input_registered(sim: RecordingCluster) -> None:
+    sim.allow(m.FreeKeys, m.KeysDone, m.KeysPending, m.Notice)  # not what this test is about
     w1 = sim.add_worker("w1", nthreads=2)
     sim.submit_graph({"a": ([], None), "b": (["a"], "GPU=1")}, wanted=["a", "b"])
     sim.place()
@@ -1167,6 +1165,7 @@ def _report_missing(sim: RecordingCluster, key: str, dep: str) -> None:
 
 
 def test_missing_dependency_recomputes_the_input_then_reruns(sim: RecordingCluster) -> None:
+    sim.allow(m.FreeKeys, m.Notice)  # not what this test is about
     w1 = sim.add_worker("w1")
     sim.submit_graph({"a": ([], None), "b": (["a"], "GPU=1")}, wanted=["b"])
     sim.place()
@@ -1185,6 +1184,7 @@ def test_missing_dependency_recomputes_the_input_then_reruns(sim: RecordingClust
 def test_missing_dependency_whose_input_was_released_is_recomputed(
     sim: RecordingCluster,
 ) -> None:
+    sim.allow(m.FreeKeys, m.Notice)  # not what this test is about
     sim.add_worker("w1", nthreads=2)
     sim.submit_graph({"x": ([], None), "a": (["x"], None), "b": (["a"], "GPU=1")}, wanted=["b"])
     sim.run({})
@@ -1201,6 +1201,9 @@ def test_missing_dependency_whose_input_was_released_is_recomputed(
 def test_missing_dependency_of_a_cancelled_task_does_not_rerun_it(
     sim: RecordingCluster,
 ) -> None:
+    sim.allow(
+        m.FreeKeys, m.KeysDone, m.KeysFailed, m.KeysPending, m.Notice
+    )  # not what this test is about
     sim.add_worker("w1")
     sim.submit_graph({"a": ([], None), "b": (["a"], "GPU=1")}, wanted=["a", "b"])
     sim.place()
@@ -1216,6 +1219,7 @@ def test_missing_dependency_of_a_cancelled_task_does_not_rerun_it(
 
 
 def test_resubmitting_a_cancelled_key_keeps_its_function(sim: RecordingCluster) -> None:
+    sim.allow(m.KeysFailed)  # not what this test is about
     w = sim.add_worker()
     sim.submit("x", resources=None)
     sim.client_says("c1", m.CancelKeys(["x"]))
@@ -1228,6 +1232,7 @@ def test_resubmitting_a_cancelled_key_keeps_its_function(sim: RecordingCluster) 
 
 
 def test_a_lost_result_is_recomputed_from_released_inputs(sim: RecordingCluster) -> None:
+    sim.allow(m.FreeKeys)  # not what this test is about
     w = sim.add_worker(nthreads=1, name="first")
     sim.submit_graph({"a": ([], None), "b": (["a"], None), "c": (["b"], None)}, wanted=["c"])
     for key in "abc":
@@ -1248,6 +1253,7 @@ def test_a_lost_result_is_recomputed_from_released_inputs(sim: RecordingCluster)
 
 
 def test_wanting_a_released_key_again_recomputes_it(sim: RecordingCluster) -> None:
+    sim.allow(m.FreeKeys)  # not what this test is about
     w = sim.add_worker(nthreads=1)
     sim.submit_graph({"a": ([], None), "b": (["a"], None)}, wanted=["b"])
     for key in "ab":
@@ -1265,6 +1271,7 @@ def test_wanting_a_released_key_again_recomputes_it(sim: RecordingCluster) -> No
 def test_a_long_released_chain_is_recomputed_and_dropped_without_recursion(
     sim: RecordingCluster,
 ) -> None:
+    sim.allow(m.FreeKeys, m.KeysDone, m.KeysPending)  # not what this test is about
     w = sim.add_worker(nthreads=1)
     n = 5_000
     graph = {f"t{i}": ([f"t{i - 1}"] if i else [], None) for i in range(n)}
@@ -1285,6 +1292,7 @@ def test_a_long_released_chain_is_recomputed_and_dropped_without_recursion(
 def test_a_lost_result_whose_released_input_was_scattered_fails_clearly(
     sim: RecordingCluster,
 ) -> None:
+    sim.allow(m.FreeKeys, m.KeysDone, m.KeysPending, m.ScatterReply)  # not what this test is about
     w = sim.add_worker(nthreads=1)
     sim.client_says("c1", m.ScatterRequest(1, {"data": b"x"}))
     (put,) = sim.worker_got(w, m.PutData)
@@ -1303,6 +1311,7 @@ def test_a_lost_result_whose_released_input_was_scattered_fails_clearly(
 def test_a_new_task_on_released_input_that_cannot_be_recomputed_fails_cleanly(
     sim: RecordingCluster,
 ) -> None:
+    sim.allow(m.FreeKeys, m.KeysDone, m.ScatterReply)  # not what this test is about
     w = sim.add_worker(nthreads=1)
     sim.client_says("c1", m.ScatterRequest(1, {"data": b"x"}))
     (put,) = sim.worker_got(w, m.PutData)
@@ -1317,6 +1326,7 @@ def test_a_new_task_on_released_input_that_cannot_be_recomputed_fails_cleanly(
 
 
 def test_a_recomputed_input_released_again_keeps_its_lineage(sim: RecordingCluster) -> None:
+    sim.allow(m.FreeKeys, m.KeysDone, m.KeysPending)  # not what this test is about
     w = sim.add_worker(nthreads=2)
     sim.submit_graph({"d": ([], None), "e": (["d"], None), "f": (["d"], None)}, wanted=["e", "f"])
     sim.run({})
@@ -1330,3 +1340,19 @@ def test_a_recomputed_input_released_again_keeps_its_lineage(sim: RecordingClust
     sim.add_worker(nthreads=2)
     sim.run({})  # and f can be recomputed once more
     assert sim.state_of("f") == MEMORY and not sim.got(m.KeysFailed)
+
+
+def test_a_message_nobody_took_fails_the_check_unless_allowed() -> None:
+    cluster = RecordingCluster()
+    cluster.add_client("c1")
+    w = cluster.add_worker("w")
+    cluster.submit("x")
+    assert cluster.place() == [(w, "x")]
+    cluster.finish("x")
+    with pytest.raises(UnexpectedMessages, match=r"to c1: KeysDone\(keys=\['x'\]"):
+        cluster.check_all_taken()
+    assert cluster.done() == ["x"]
+    cluster.check_all_taken()
+    cluster.client_says("c1", m.ReleaseKeys(["x"]))
+    cluster.allow(m.FreeKeys)
+    cluster.check_all_taken()

@@ -27,6 +27,8 @@ from apportion.scheduler.records import ERRED, MEMORY, QUEUED, WAITING
 from apportion.testing import SimulatedCluster
 from cluster_checks import checked_client, settle
 
+pytestmark = pytest.mark.tcp  # an in-process cluster over real TCP
+
 M = TypeVar("M", bound=m.Message)
 
 

@@ -207,10 +207,12 @@ def four_gpus(tmp_path: Path) -> Path:
     return fake_nvidia_smi(tmp_path, f"cat <<'EOF'\n{FOUR_GPUS}EOF")
 
 
+@pytest.mark.process
 def test_probe_offers_every_device_nvidia_smi_lists(four_gpus: Path) -> None:
     assert probe_gpus(env_with(four_gpus)) == ["0", "1", "2", "3"]
 
 
+@pytest.mark.process
 def test_probe_under_a_mask_offers_exactly_the_masked_devices(four_gpus: Path) -> None:
     assert probe_gpus(env_with(four_gpus, CUDA_VISIBLE_DEVICES="2,3")) == ["2", "3"]
     assert probe_gpus(env_with(four_gpus, CUDA_VISIBLE_DEVICES=UUID2)) == [UUID2]
@@ -227,6 +229,7 @@ def test_probe_with_an_empty_mask_offers_no_gpus(
     ]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("body", "reason"),
     [
@@ -254,6 +257,7 @@ def test_probe_failures_mean_no_gpus_with_one_log_line(
     assert reason in caplog.records[0].message
 
 
+@pytest.mark.process
 def test_mask_naming_unknown_devices_is_offered_and_warned(
     four_gpus: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

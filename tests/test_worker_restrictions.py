@@ -27,6 +27,8 @@ from apportion.testing.simulation import SimulatedCluster
 from cli_processes import Processes
 from cluster_checks import checked_client
 
+pytestmark = pytest.mark.tcp  # an in-process cluster over real TCP
+
 # --- the state machine -----------------------------------------------------------------
 
 

@@ -1,4 +1,5 @@
-"""Workers in-process over real TCP on loopback, driven by a minimal fake scheduler."""
+"""Workers in-process, driven by a minimal fake scheduler: in memory, or over real TCP on
+loopback for what only TCP shows (a foreign client on the data port, default addresses)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,9 @@ import apportion
 from apportion.core.allocation import Allocation
 from apportion.core.payload import KeyRef, dumps, function_id, loads, pack_call
 from apportion.loop_thread import LoopThread
-from apportion.net.address import format_address
 from apportion.net.connection import Connection
 from apportion.net.handshake import HandshakeError, accept_connection, open_connection
+from apportion.net.transport import Listener, transport_for
 from apportion.protocol.messages import (
     ComputeTask,
     DataReply,
@@ -43,15 +44,16 @@ WAIT = 10.0
 class FakeScheduler:
     """Accepts workers and lets a test speak the scheduler's side of the protocol."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "inproc://") -> None:
         self.address = ""
-        self._server: asyncio.Server | None = None
+        self._host = host
+        self._server: Listener | None = None
         self._workers: asyncio.Queue[Connection] = asyncio.Queue()
         self._inbox: dict[Connection, list[Message]] = {}
 
     async def start(self) -> FakeScheduler:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        self.address = format_address("127.0.0.1", self._server.sockets[0].getsockname()[1])
+        self._server = await transport_for(self._host).listen(self._host, 0, self._accept)
+        self.address = self._server.address
         return self
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -82,9 +84,9 @@ class FakeScheduler:
             await self._server.wait_closed()
 
 
-def run(test: Callable[[FakeScheduler], Awaitable[None]]) -> None:
+def run(test: Callable[[FakeScheduler], Awaitable[None]], host: str = "inproc://") -> None:
     async def main() -> None:
-        scheduler = await FakeScheduler().start()
+        scheduler = await FakeScheduler(host).start()
         try:
             await asyncio.wait_for(test(scheduler), 30)
         finally:
@@ -299,6 +301,7 @@ def test_execution_freed_while_running_is_still_reported() -> None:
     run(scenario)
 
 
+@pytest.mark.tcp
 @pytest.mark.timeout(30)
 def test_garbage_on_the_data_port_closes_only_that_connection(
     caplog: pytest.LogCaptureFixture,
@@ -321,7 +324,7 @@ def test_garbage_on_the_data_port_closes_only_that_connection(
             assert (await scheduler.expect(conn, TaskFinished)).key == "x"
 
     with caplog.at_level(logging.WARNING, logger="apportion.worker"):
-        run(scenario)
+        run(scenario, host="127.0.0.1")
     assert "dropping connection" in caplog.text
 
 
@@ -446,11 +449,12 @@ def test_liveness_settings_are_checked() -> None:
         Worker("tcp://127.0.0.1:1", reconnect_timeout=-1)
 
 
+@pytest.mark.tcp
 @pytest.mark.timeout(30)
 def test_sync_context_manager_runs_on_its_own_loop() -> None:
     loop_thread = LoopThread()
     try:
-        scheduler = loop_thread.run(FakeScheduler().start())
+        scheduler = loop_thread.run(FakeScheduler("127.0.0.1").start())
         with Worker(scheduler.address, nthreads=1, name="sync") as worker:
             conn, hello = loop_thread.run(scheduler.next_worker(), WAIT)
             assert hello.name == "sync" and worker.address.startswith("tcp://127.0.0.1:")
@@ -468,6 +472,7 @@ async def _send_and_expect(
     return await scheduler.expect(conn, TaskFinished)
 
 
+@pytest.mark.tcp
 @pytest.mark.timeout(30)
 def test_unreachable_scheduler_is_a_clear_error() -> None:
     async def scenario() -> None:

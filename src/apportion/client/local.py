@@ -276,7 +276,7 @@ class LocalCluster:
 
     def _report_death(self, name: str, pid: int, how: str) -> None:
         """How a worker died, straight into the scheduler's state (from the supervisor)."""
-        event = WorkerDeathReport(WorkerDied(name, pid, how), time.monotonic())
+        event = WorkerDeathReport(WorkerDied(name, pid, how), self.scheduler.clock.monotonic())
         with contextlib.suppress(RuntimeError):  # the loop stopped: the cluster is closing
             self._loop.loop.call_soon_threadsafe(self.scheduler.handle, event)
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from apportion.client.errors import SchedulerGoneError
 from apportion.loop_thread import LoopThread
-from apportion.net.address import parse_address
+from apportion.net.address import check_address
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import open_connection
 from apportion.protocol import messages as m
@@ -125,7 +125,7 @@ class Session:
     ) -> None:
         # A malformed address is the caller's mistake, said at once in one line
         # (ValueError), before any thread or connection is started.
-        parse_address(address)
+        check_address(address)
         self.address = address
         self.name = name
         self._on_message = on_message

@@ -1,4 +1,5 @@
-"""Addresses as users write them: ``tcp://host:port``, ``host:port`` or ``host``."""
+"""Addresses as users write them: ``tcp://host:port``, ``host:port`` or ``host``; and
+``inproc://name`` for a peer in this same process (the in-memory transport)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ ACCEPTED_FORMS = "tcp://host:port, host:port or host"
 
 #: A host name or an IPv4 address; IPv6 literals go in brackets and are checked apart.
 _HOST = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.\-]*[A-Za-z0-9_])?$")
+
+
+#: The scheme of in-memory addresses, as Dask names its in-process transport.
+INPROC = "inproc://"
 
 
 class AddressError(ValueError):
@@ -88,3 +93,18 @@ def parse_address(address: str, default_port: int = DEFAULT_PORT) -> tuple[str, 
 def format_address(host: str, port: int) -> str:
     """``tcp://host:port``, bracketing IPv6 hosts."""
     return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+def is_inproc(address: str) -> bool:
+    """Whether ``address`` names a listener in this process (``inproc://name``)."""
+    return address.startswith(INPROC)
+
+
+def check_address(address: str) -> None:
+    """Raise ``AddressError`` unless ``address`` is a TCP address or ``inproc://name``."""
+    if isinstance(address, str) and is_inproc(address):
+        name = address[len(INPROC) :]
+        if not _HOST.match(name):
+            raise AddressError(f"invalid address {address!r}: use inproc://name")
+        return
+    parse_address(address)

@@ -10,8 +10,8 @@ import asyncio
 import contextlib
 from typing import Any
 
-from apportion.net.address import parse_address
 from apportion.net.connection import Connection
+from apportion.net.transport import transport_for
 from apportion.protocol.codec import (
     HEADER,
     MAX_FRAME,
@@ -39,16 +39,18 @@ async def open_connection(
 ) -> tuple[Connection, Welcome]:
     """Connect to ``address`` and complete the handshake as ``role``, within ``timeout``.
 
+    The address's scheme chooses the transport (``transport_for``): TCP or in memory.
+
     Failures are one line naming the address and what was found there: ``OSError``
     when nothing could be reached (refused at once, or no answer in time), and
     ``HandshakeError`` when something answered that is not an apportion peer of
     this version (its first bytes are quoted), or refused us.
     """
-    host, port = parse_address(address)
+    transport = transport_for(address)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        reader, writer = await asyncio.wait_for(transport.connect(address), timeout)
     except TimeoutError:
         raise OSError(f"cannot connect to {address}: no answer within {timeout:g}s") from None
     except ConnectionRefusedError:

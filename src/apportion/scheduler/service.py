@@ -14,16 +14,17 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
+from apportion.clock import SYSTEM_CLOCK, Clock
 from apportion.log_ring import LogRing
 from apportion.loop_thread import BackgroundService
-from apportion.net.address import DEFAULT_PORT, format_address
+from apportion.net.address import DEFAULT_PORT
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeError, accept_connection
+from apportion.net.transport import Listener, transport_for
 from apportion.protocol import messages as m
 from apportion.protocol.codec import ProtocolError
 from apportion.runs.journal import Journal
@@ -64,7 +65,11 @@ class Scheduler(BackgroundService):
 
     Use ``async with Scheduler(port=0) as s`` inside an event loop, or
     ``with Scheduler(port=0) as s`` from plain code (it then runs on a background
-    thread). ``s.address`` is where workers and clients connect.
+    thread). ``s.address`` is where workers and clients connect. A ``host`` of
+    ``inproc://name`` (or ``inproc://`` for a fresh name) listens in memory instead of
+    on TCP, for clusters within one process (``port`` is then not used). ``clock``
+    (default: the system's) gives the time of every event and paces the tick that
+    finds silent workers.
     """
 
     def __init__(
@@ -75,13 +80,16 @@ class Scheduler(BackgroundService):
         config: SchedulerConfig | None = None,
         journal: Journal | None = None,
         queue_options: QueueOptions | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.host = host
         self.port = port
         self.state = SchedulerState(config)
         self.id = f"scheduler-{uuid.uuid4().hex[:8]}"
+        #: The time in every event, and the pace of the tick.
+        self.clock: Clock = clock or SYSTEM_CLOCK
         self.address = ""
-        self._server: asyncio.Server | None = None
+        self._server: Listener | None = None
         self._conns: dict[str, Connection] = {}
         self._ids = itertools.count(1)
         self._placement_scheduled = False
@@ -99,9 +107,9 @@ class Scheduler(BackgroundService):
     async def start(self) -> Scheduler:
         """Listen; return once connections are accepted."""
         self._closed = asyncio.Event()
-        self._server = await asyncio.start_server(self._on_connect, self.host, self.port)
-        port = self._server.sockets[0].getsockname()[1]
-        self.address = format_address(self.host, port)
+        transport = transport_for(self.host)
+        self._server = await transport.listen(self.host, self.port, self._on_connect)
+        self.address = self._server.address
         self.state.identity = {"id": self.id, "address": self.address}
         self.state.remote.versions = versions()
         self.state.remote.logs = lambda n: [list(r) for r in self.logs.recent(n)]
@@ -111,9 +119,9 @@ class Scheduler(BackgroundService):
             except BaseException:
                 self._server.close()
                 raise
-            self._handle(ClientJoined(RUNS_CLIENT, time.monotonic(), durable=True))
+            self._handle(ClientJoined(RUNS_CLIENT, self.clock.monotonic(), durable=True))
             self.queue = RunQueue(self._journal, self, self._queue_options)
-            self.queue.start(time.monotonic(), time.time())
+            self.queue.start(self.clock.monotonic(), self.clock.time())
             logger.info("serving the run journal %s", self._journal.path)
         self.logs.attach()
         self._ticker = asyncio.create_task(self._tick(), name="scheduler-tick")
@@ -123,10 +131,10 @@ class Scheduler(BackgroundService):
     async def _tick(self) -> None:
         """Let time pass in the state machine, so silent workers are noticed."""
         while True:
-            await asyncio.sleep(TICK_SECONDS)
-            self._handle(Tick(time.monotonic()))
+            await self.clock.sleep(TICK_SECONDS)
+            self._handle(Tick(self.clock.monotonic()))
             if self.queue is not None:
-                self._in_queue(self.queue.tick, time.monotonic(), time.time())
+                self._in_queue(self.queue.tick, self.clock.monotonic(), self.clock.time())
 
     async def close(self) -> None:
         """Stop listening and drop every connection; idempotent."""
@@ -187,13 +195,13 @@ class Scheduler(BackgroundService):
             raise ProtocolError("a worker must register first")
         self._conns[peer_id] = conn
         registration = first[0]
-        self._handle(WorkerJoined(peer_id, registration, time.monotonic()))
+        self._handle(WorkerJoined(peer_id, registration, self.clock.monotonic()))
         if peer_id not in self.state.workers:  # refused (its name is taken): told why
             self._conns.pop(peer_id, None)
             await conn.close()
             return
         if self.queue is not None:
-            self._in_queue(self.queue.worker_joined, peer_id, registration, time.time())
+            self._in_queue(self.queue.worker_joined, peer_id, registration, self.clock.time())
         elif registration.live_runs:
             # Runs of another scheduler's journal: nobody here will ever want them.
             conn.send(m.FreeKeys([run_key(run_id) for run_id in registration.live_runs]))
@@ -204,29 +212,29 @@ class Scheduler(BackgroundService):
                 self._from_worker(peer_id, await conn.recv())
         finally:
             self._conns.pop(peer_id, None)
-            self._handle(WorkerLeft(peer_id, time.monotonic()))
+            self._handle(WorkerLeft(peer_id, self.clock.monotonic()))
             replaced = any(w.name == registration.name for w in self.state.workers.values())
             if self.queue is not None and not replaced:
-                self._in_queue(self.queue.worker_left, registration.name, time.time())
+                self._in_queue(self.queue.worker_left, registration.name, self.clock.time())
 
     def _from_worker(self, peer_id: str, batch: list[m.Message]) -> None:
         """Run reports go to the job queue, the rest to the state machine, in order."""
         if any(isinstance(msg, RUN_REPORTS) for msg in batch):
             batch = self._run_reports(peer_id, batch)
         if batch:
-            self._handle(FromWorker(peer_id, batch, time.monotonic()))
+            self._handle(FromWorker(peer_id, batch, self.clock.monotonic()))
 
     def _run_reports(self, peer_id: str, batch: list[m.Message]) -> list[m.Message]:
         """Hand the batch's run reports to the job queue (none: dropped), each after the
         messages before it; return what follows the last one."""
         rest: list[m.Message] = []
-        wall = time.time()
+        wall = self.clock.time()
         for msg in batch:
             if not isinstance(msg, RUN_REPORTS):
                 rest.append(msg)
             elif self.queue is not None:
                 if rest:
-                    self._handle(FromWorker(peer_id, rest, time.monotonic()))
+                    self._handle(FromWorker(peer_id, rest, self.clock.monotonic()))
                     rest = []
                 self._in_queue(self.queue.on_worker_message, peer_id, msg, wall)
         return rest
@@ -237,11 +245,11 @@ class Scheduler(BackgroundService):
             for message in await conn.recv():
                 if not isinstance(message, m.WorkerDied):
                     raise ProtocolError(f"a supervisor sent {type(message).__name__}")
-                self._handle(WorkerDeathReport(message, time.monotonic()))
+                self._handle(WorkerDeathReport(message, self.clock.monotonic()))
 
     async def _serve_client(self, conn: Connection, peer_id: str) -> None:
         self._conns[peer_id] = conn
-        self._handle(ClientJoined(peer_id, time.monotonic()))
+        self._handle(ClientJoined(peer_id, self.clock.monotonic()))
         try:
             while True:
                 batch = await conn.recv()
@@ -251,10 +259,10 @@ class Scheduler(BackgroundService):
                         conn.send(self._run_request(request))
                     batch = [msg for msg in batch if not isinstance(msg, RUN_REQUESTS)]
                 if batch:
-                    self._handle(FromClient(peer_id, batch, time.monotonic()))
+                    self._handle(FromClient(peer_id, batch, self.clock.monotonic()))
         finally:
             self._conns.pop(peer_id, None)
-            self._handle(ClientLeft(peer_id, time.monotonic()))
+            self._handle(ClientLeft(peer_id, self.clock.monotonic()))
 
     def _in_queue(self, call: Callable[..., None], *args: Any) -> None:
         """Call into the job queue; a failure there is logged, never a dropped peer."""
@@ -271,7 +279,7 @@ class Scheduler(BackgroundService):
                 text = "this scheduler keeps no run journal (start it with --journal)"
                 return m.RunsSubmitted(msg.request_id, [], text)
             try:
-                ids = queue.submit_specs(msg.specs, time.time())
+                ids = queue.submit_specs(msg.specs, self.clock.time())
             except ValueError as exc:
                 return m.RunsSubmitted(msg.request_id, [], str(exc))
             except Exception as exc:
@@ -282,7 +290,7 @@ class Scheduler(BackgroundService):
         if queue is None:
             return m.RunsReport(msg.request_id, [])
         if isinstance(msg, m.CancelRuns):
-            queue.cancel(msg.ids, time.time())
+            queue.cancel(msg.ids, self.clock.time())
         return m.RunsReport(msg.request_id, queue.report(msg.ids))
 
     # --- the shell around the state machine -----------------------------------------
@@ -305,7 +313,7 @@ class Scheduler(BackgroundService):
 
     def _place(self) -> None:
         self._placement_scheduled = False
-        self._execute(self.state.handle(PlacementDue(time.monotonic())))
+        self._execute(self.state.handle(PlacementDue(self.clock.monotonic())))
 
     def _execute(self, commands: list[Command]) -> None:
         conns = self._conns
@@ -324,7 +332,7 @@ class Scheduler(BackgroundService):
             peer_id, message = to_wire(command)
             if peer_id == RUNS_CLIENT:
                 if self.queue is not None:
-                    self._in_queue(self.queue.on_message, message, time.time())
+                    self._in_queue(self.queue.on_message, message, self.clock.time())
                 continue
             conn = conns.get(peer_id)
             if conn is not None:

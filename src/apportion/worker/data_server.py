@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from apportion.core.payload import dumps
-from apportion.net.address import format_address
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeError, accept_connection
+from apportion.net.transport import Listener, transport_for
 from apportion.protocol.codec import ProtocolError
 from apportion.protocol.messages import DataReply, DataStored, GetData, PutData
 
@@ -63,15 +63,16 @@ class DataServer:
         self._name = name
         self._host = host
         self._port = port
-        self._server: asyncio.Server | None = None
+        self._server: Listener | None = None
         self._conns: set[Connection] = set()
         self.address = ""
 
     async def start(self) -> str:
-        """Start listening; returns the address peers should use, ``tcp://host:port``."""
-        self._server = await asyncio.start_server(self._serve, self._host, self._port)
-        port = self._server.sockets[0].getsockname()[1]
-        self.address = format_address(self._host, port)
+        """Start listening; returns the address peers should use, ``tcp://host:port``
+        (``inproc://name`` when ``host`` is in memory)."""
+        transport = transport_for(self._host)
+        self._server = await transport.listen(self._host, self._port, self._serve)
+        self.address = self._server.address
         return self.address
 
     async def close(self) -> None:

@@ -20,18 +20,19 @@ import contextlib
 import logging
 import os
 import threading
-import time
 import uuid
 from collections.abc import Iterable, MutableMapping
 from typing import Any
 
 import psutil
 
+from apportion.clock import SYSTEM_CLOCK, Clock, wait_event
 from apportion.core.payload import loads
 from apportion.core.resources import ResourceSpec, describe_resources, parse_supply, to_units
 from apportion.loop_thread import BackgroundService
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeError, open_connection
+from apportion.net.transport import serving_host
 from apportion.protocol.codec import ProtocolError
 from apportion.protocol.messages import (
     DIRECT_PUT,
@@ -102,6 +103,8 @@ class Worker(BackgroundService):
     ``connect_timeout``: how long ``start`` keeps trying to reach a scheduler that is
     not listening yet (a worker started before its scheduler, as Dask's waits too);
     0 tries once. Something that answers but is not an apportion scheduler fails at once.
+    ``clock`` (default: the system's) paces all of these and stamps every event.
+    A ``scheduler_address`` of ``inproc://name`` puts the data port in memory too.
     """
 
     def __init__(
@@ -119,8 +122,11 @@ class Worker(BackgroundService):
         supervisor: int = 0,
         kill_grace: float = DEFAULT_KILL_GRACE,
         connect_timeout: float = 0.0,
+        clock: Clock | None = None,
     ) -> None:
         self.scheduler_address = scheduler_address
+        #: Paces heartbeats, drain deadlines and reconnection; the time in every event.
+        self.clock: Clock = clock or SYSTEM_CLOCK
         self.nthreads = nthreads if nthreads is not None else os.cpu_count() or 1
         if self.nthreads < 1:
             raise ValueError(f"nthreads must be at least 1, got {self.nthreads}")
@@ -146,10 +152,13 @@ class Worker(BackgroundService):
         #: scheduler, which then waits for the supervisor's word on how we died).
         self.supervisor = supervisor
         self._process = psutil.Process()
-        #: Where peers and clients fetch data, ``tcp://host:port``; set by ``start``.
+        #: Where peers and clients fetch data (``tcp://host:port`` or ``inproc://name``);
+        #: set by ``start``.
         self.address = ""
         self.state = WorkerState(self.nthreads)
-        self._server = DataServer(self.data, self.name, host, port, self._put_direct)
+        # In memory when the scheduler is: peers in this process reach it there.
+        data_host = serving_host(scheduler_address, host)
+        self._server = DataServer(self.data, self.name, data_host, port, self._put_direct)
         self._peers = PeerPool(self.name)
         self._runner: TaskRunner | None = None
         #: The live scheduler connection; None while reconnecting (and before start).
@@ -268,9 +277,7 @@ class Worker(BackgroundService):
         if self._scheduler is not None:
             self._scheduler.send(WorkerDraining(grace))
             logger.info("worker %s: draining (for up to %gs)", self.name, grace)
-            try:
-                await asyncio.wait_for(self._drained.wait(), grace)
-            except TimeoutError:
+            if not await wait_event(self._drained, grace, self.clock):
                 logger.warning(
                     "worker %s: not drained after %gs; leaving with %d tasks running",
                     self.name,
@@ -320,8 +327,7 @@ class Worker(BackgroundService):
         Only "nothing there" is retried (refused, no answer): a peer that answers
         wrongly, or a scheduler that refuses us, will not change its mind.
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.connect_timeout
+        deadline = self.clock.monotonic() + self.connect_timeout
         delay = FIRST_BACKOFF
         waiting_said = False
         while True:
@@ -330,7 +336,7 @@ class Worker(BackgroundService):
             except HandshakeError:
                 raise
             except OSError as exc:
-                remaining = deadline - loop.time()
+                remaining = deadline - self.clock.monotonic()
                 if remaining <= 0:
                     if self.connect_timeout > 0:
                         raise OSError(f"{exc}; gave up after {self.connect_timeout:g}s") from None
@@ -344,7 +350,7 @@ class Worker(BackgroundService):
                         self.connect_timeout,
                     )
                     waiting_said = True
-                await asyncio.sleep(min(delay, remaining))
+                await self.clock.sleep(min(delay, remaining))
                 delay = min(delay * 2, MAX_BACKOFF)
 
     def _connected(self, conn: Connection) -> None:
@@ -468,18 +474,18 @@ class Worker(BackgroundService):
 
     async def _reconnect(self) -> str | None:
         """Register afresh with backoff; None on success, else the last failure."""
-        deadline = time.monotonic() + self.reconnect_timeout
+        deadline = self.clock.monotonic() + self.reconnect_timeout
         delay = FIRST_BACKOFF
         failure = "no attempt was made"
         while True:
-            remaining = deadline - time.monotonic()
+            remaining = deadline - self.clock.monotonic()
             if remaining <= 0:
                 return failure
-            await asyncio.sleep(min(delay, remaining))
+            await self.clock.sleep(min(delay, remaining))
             delay = min(delay * 2, MAX_BACKOFF)
             try:
                 conn = await asyncio.wait_for(
-                    self._register(), max(0.1, deadline - time.monotonic())
+                    self._register(), max(0.1, deadline - self.clock.monotonic())
                 )
                 self._connected(conn)
                 return None
@@ -490,7 +496,7 @@ class Worker(BackgroundService):
     async def _beat(self) -> None:
         """Tell the scheduler this worker is alive, from the loop: a frozen loop falls silent."""
         while True:
-            await asyncio.sleep(self.heartbeat_interval)
+            await self.clock.sleep(self.heartbeat_interval)
             if self._scheduler is not None:
                 self._scheduler.send(Heartbeat(len(self.state.executing), self._memory()))
 
@@ -506,7 +512,7 @@ class Worker(BackgroundService):
     def _on_messages(self, messages: Iterable[Message]) -> None:
         """Turn one frame into events; a ``GetData`` sees the state of the messages before it."""
         assert self._scheduler is not None and self._runner is not None
-        now = time.time()
+        now = self.clock.time()
         events: list[WorkerEvent] = []
         for message in messages:
             match message:
@@ -554,7 +560,7 @@ class Worker(BackgroundService):
                 "worker %s: refused data put while reconnecting to the scheduler", self.name
             )
             return DataStored(message.request_id, [], {})
-        event = self._store_put(PutData(DIRECT_PUT, message.data), time.time())
+        event = self._store_put(PutData(DIRECT_PUT, message.data), self.clock.time())
         self._handle([event])
         nbytes = {key: info.nbytes for key, info in event.stored.items()}
         return DataStored(message.request_id, list(event.stored), nbytes)
@@ -600,7 +606,7 @@ class Worker(BackgroundService):
         """A batch of finished executions, values already stored by the runner."""
         if self._from_threads:  # read without the lock: what must precede is appended
             self._flush_from_threads()
-        now = time.time()
+        now = self.clock.time()
         events: list[WorkerEvent] = [
             ExecutionOk(o.key, o.info, o.duration, now)
             if isinstance(o, Finished)
@@ -616,7 +622,7 @@ class Worker(BackgroundService):
             logger.warning(
                 "worker %s: fetch of %d keys from %s failed: %s", self.name, len(keys), address, exc
             )
-            self._handle([FetchFailed(address, keys, str(exc), time.time())])
+            self._handle([FetchFailed(address, keys, str(exc), self.clock.time())])
             return
         obtained: dict[str, DataInfo] = {}
         missing = [key for key in keys if key not in reply.data and key not in reply.errors]
@@ -632,7 +638,7 @@ class Worker(BackgroundService):
                 continue
             self.data[key] = value
             obtained[key] = DataInfo(sizeof(value), type_name(value))
-        done = FetchDone(address, obtained, tuple(missing), time.time(), dict(reply.errors))
+        done = FetchDone(address, obtained, tuple(missing), self.clock.time(), dict(reply.errors))
         self._handle([done])
 
     def __repr__(self) -> str:
