@@ -143,6 +143,23 @@ def test_the_pure_modules_are_the_expected_ones() -> None:
     assert "apportion.worker.state" in pure and "apportion.testing.simulation" in pure
 
 
+#: The shells around the state machine (the service, the simulation and its recording
+#: variant): the only modules that turn its commands into wire messages.
+#: ``scheduler.wire`` is pure (it only builds message dataclasses) but no module of
+#: the state machine imports it, so decisions stay domain values.
+WIRE_USERS = {
+    "apportion.scheduler.service",
+    "apportion.testing.simulation",
+    "apportion.testing.recording",
+}
+
+
+def test_only_the_shells_turn_commands_into_messages() -> None:
+    assert "apportion.scheduler.wire" in {name for name in OWN if PURE.match(name)}
+    users = {name for name, deps in OWN.items() if "apportion.scheduler.wire" in deps}
+    assert users == WIRE_USERS
+
+
 def test_pure_modules_import_no_io_clock_or_randomness() -> None:
     broken = []
     for name in sorted(n for n in OWN if PURE.match(n)):

@@ -20,14 +20,16 @@ from apportion.runs.queue import QueueOptions, RunQueue, waiting_text
 from apportion.runs.spec import new_spec
 from apportion.scheduler.events import (
     ClientJoined,
+    Disconnect,
     Event,
     FromClient,
     FromWorker,
-    Send,
+    Log,
     WorkerJoined,
 )
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.state import SchedulerState
+from apportion.scheduler.wire import to_wire
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -47,11 +49,12 @@ class FakeHost:
 
     def handle(self, event: Event) -> None:
         for command in self.state.handle(event):
-            if isinstance(command, Send):
-                if command.peer_id == RUNS_CLIENT and self.queue is not None:
-                    self.queue.on_message(command.message)
+            if not isinstance(command, Log | Disconnect):
+                peer_id, message = to_wire(command)
+                if peer_id == RUNS_CLIENT and self.queue is not None:
+                    self.queue.on_message(message)
                 else:
-                    self.sent.append((command.peer_id, command.message))
+                    self.sent.append((peer_id, message))
 
     def send(self, messages: list[m.Message]) -> None:
         self.handle(FromClient(RUNS_CLIENT, messages, 0.0))

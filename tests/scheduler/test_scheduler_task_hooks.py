@@ -10,15 +10,17 @@ from apportion.scheduler.events import (
     ClientJoined,
     ClientLeft,
     Command,
+    Disconnect,
     Event,
     FromClient,
     FromWorker,
-    Send,
+    Log,
     WorkerJoined,
     WorkerLeft,
 )
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.state import SchedulerState
+from apportion.scheduler.wire import to_wire
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -30,7 +32,7 @@ class Cluster:
 
     def handle(self, event: Event) -> list[Command]:
         out = self.state.handle(event)
-        self.sent += [(c.peer_id, c.message) for c in out if isinstance(c, Send)]
+        self.sent += [to_wire(c) for c in out if not isinstance(c, Log | Disconnect)]
         return out
 
     def to(self, peer: str, kind: type[m.Message]) -> list[m.Message]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from apportion.protocol import messages as m
+from apportion.scheduler.events import Installation
 
 #: Most bytes of uploads and plugins kept for workers that join later.
 MAX_KEPT_BYTES = 256 * 2**20
@@ -102,8 +103,8 @@ class RemoteBook:
     what every worker must have installed."""
 
     calls: dict[int, Call] = field(default_factory=dict)
-    #: (kind, name) -> the ``Install`` replayed to joining workers, oldest first.
-    kept: dict[tuple[str, str], m.Install] = field(default_factory=dict)
+    #: (kind, name) -> what is installed again on joining workers, oldest first.
+    kept: dict[tuple[str, str], Installation] = field(default_factory=dict)
     #: This scheduler's Python and package versions (set by the service).
     versions: dict[str, Any] = field(default_factory=dict)
     #: Recent log records, newest last, at most ``n`` (``n <= 0``: all); set by the

@@ -9,7 +9,8 @@ from typing import Any
 
 from apportion.protocol import messages as m
 from apportion.scheduler import views
-from apportion.scheduler.core import SchedulerCore, error_message
+from apportion.scheduler.core import SchedulerCore
+from apportion.scheduler.events import TaskFailed, TasksFailed
 from apportion.scheduler.explain import explain
 from apportion.scheduler.records import (
     ERRED,
@@ -176,7 +177,7 @@ def _start(state: SchedulerCore, task: TaskRecord) -> None:
 def want(state: SchedulerCore, client: ClientRecord, key: str) -> None:
     task = state.tasks.get(key)
     if task is None:
-        state.send(client.id, m.KeysFailed([key], "lost", f"{key!r} is unknown"))
+        state.emit(TasksFailed(client.id, [key], "lost", f"{key!r} is unknown"))
         return
     if task.wanted_by is None:
         task.wanted_by = set()
@@ -187,7 +188,7 @@ def want(state: SchedulerCore, client: ClientRecord, key: str) -> None:
     elif task.state == RELEASED:
         state.recompute(task, f"wanted again by client {client.id}")
     elif (task.state == ERRED or task.cancelled) and task.error is not None:
-        state.send(client.id, error_message(key, task.error, state.retried.get(key, 0) + 1))
+        state.emit(TaskFailed(client.id, key, task.error, state.retried.get(key, 0) + 1))
 
 
 def release(state: SchedulerCore, client: ClientRecord, keys: list[str]) -> None:
@@ -223,17 +224,17 @@ def why(state: SchedulerCore, client: ClientRecord, msg: m.WhyRequest) -> None:
         ]
     )
     reasons = {key: explain(state, key) for key in keys}
-    state.send(client.id, m.WhyReply(msg.request_id, reasons))
+    state.reply(client.id, m.WhyReply(msg.request_id, reasons))
 
 
 def info(state: SchedulerCore, client: ClientRecord, msg: m.InfoRequest) -> None:
-    state.send(client.id, m.InfoReply(msg.request_id, views.snapshot(state)))
+    state.reply(client.id, m.InfoReply(msg.request_id, views.snapshot(state)))
 
 
 def story(state: SchedulerCore, client: ClientRecord, msg: m.StoryRequest) -> None:
     rows: list[list[Any]] = [list(row) for row in state.story_of(msg.key)]
-    state.send(client.id, m.StoryReply(msg.request_id, rows))
+    state.reply(client.id, m.StoryReply(msg.request_id, rows))
 
 
 def dump(state: SchedulerCore, client: ClientRecord, msg: m.DumpRequest) -> None:
-    state.send(client.id, m.DumpReply(msg.request_id, views.dump(state)))
+    state.reply(client.id, m.DumpReply(msg.request_id, views.dump(state)))

@@ -21,6 +21,7 @@ from collections import defaultdict
 from apportion.protocol import messages as m
 from apportion.scheduler.books import CopyJob, Plan
 from apportion.scheduler.core import SchedulerCore
+from apportion.scheduler.events import FetchData, StoreData
 from apportion.scheduler.holders import add_holder, drop_holder, holds
 from apportion.scheduler.records import MEMORY, ClientRecord, TaskRecord, WorkerRecord
 
@@ -124,12 +125,12 @@ def start(
 ) -> None:
     """Ask each source for the keys it gives; answer at once if there is nothing to copy."""
     if not plan:
-        state.send(client_id, m.CopiesDone(request_id, 0, dropped))
+        state.reply(client_id, m.CopiesDone(request_id, 0, dropped))
         return
     rid = state.relays.new_id()
     state.shared.copies[rid] = CopyJob(client_id, request_id, plan, move, dropped=dropped)
     for source_id, keys in plan.items():
-        state.send(source_id, m.GetData(rid, sorted(keys)))
+        state.emit(FetchData(source_id, rid, sorted(keys)))
 
 
 def source_reply(state: SchedulerCore, worker: WorkerRecord, msg: m.DataReply) -> None:
@@ -146,7 +147,7 @@ def source_reply(state: SchedulerCore, worker: WorkerRecord, msg: m.DataReply) -
                 job.origin[(key, receiver_id)] = worker.id
     for receiver_id, data in parts.items():
         job.puts[receiver_id] = job.puts.get(receiver_id, 0) + 1
-        state.send(receiver_id, m.PutData(msg.request_id, data))
+        state.emit(StoreData(receiver_id, msg.request_id, data))
     _maybe_done(state, msg.request_id)
 
 
@@ -192,4 +193,4 @@ def _maybe_done(state: SchedulerCore, rid: int) -> None:
     job = state.shared.copies[rid]
     if not job.plan and not job.puts:
         del state.shared.copies[rid]
-        state.send(job.client_id, m.CopiesDone(job.request_id, job.copied, job.dropped))
+        state.reply(job.client_id, m.CopiesDone(job.request_id, job.copied, job.dropped))

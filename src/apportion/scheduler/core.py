@@ -22,6 +22,12 @@ or when the worker is lost, whatever happened to the task in between.
 Every state change goes through ``_move``, which checks the transition table in
 ``records.py`` and appends ``(time, key, from, to, cause)`` to the log that
 ``story(key)`` reads.
+
+What a handled event made necessary is gathered as commands (``events.py``):
+decisions as domain values (``AssignTask``, ``FreeData``, ``TaskFailed`` ...),
+answers to client requests as ``Reply``. Completions and frees are batched per
+peer until the event is handled (``take_commands``). Nothing here builds a wire
+message to send: the service turns commands into messages (``wire.py``).
 """
 
 from __future__ import annotations
@@ -36,7 +42,18 @@ from apportion.core.ledger import describe_units
 from apportion.core.resources import describe_resources
 from apportion.protocol import messages as m
 from apportion.scheduler.books import RelayBook, RemoteBook, ServiceBook, SharedBook
-from apportion.scheduler.events import Command, Log, Send
+from apportion.scheduler.events import (
+    AssignTask,
+    Command,
+    FreeData,
+    Log,
+    Reply,
+    ShipFunction,
+    TaskError,
+    TaskFailed,
+    TasksDone,
+    TasksPending,
+)
 from apportion.scheduler.holders import clear_replicas, holders
 from apportion.scheduler.records import (
     ERRED,
@@ -141,11 +158,11 @@ class SchedulerCore:
         """What the handled event made necessary; completions and frees are batched."""
         for client_id, keys in self.done_keys.items():
             if client_id in self.clients:
-                self._out.append(Send(client_id, m.KeysDone(keys)))
+                self._out.append(TasksDone(client_id, keys))
         self.done_keys.clear()
         for worker_id, keys in self.free_keys.items():
             if worker_id in self.workers:
-                self._out.append(Send(worker_id, m.FreeKeys(keys)))
+                self._out.append(FreeData(worker_id, keys))
         self.free_keys.clear()
         out, self._out = self._out, []
         return out
@@ -159,9 +176,9 @@ class SchedulerCore:
         self._seq += 1
         return self._seq
 
-    def send(self, peer_id: str, message: m.Message) -> None:
-        """Send ``message`` to a client or worker."""
-        self._out.append(Send(peer_id, message))
+    def reply(self, client_id: str, message: m.Message) -> None:
+        """Answer a client's request with ``message`` (the shape it asked for)."""
+        self._out.append(Reply(client_id, message))
 
     def warn(self, text: str) -> None:
         """Log a warning (the service's logger)."""
@@ -235,13 +252,14 @@ class SchedulerCore:
         self.move(task, PROCESSING, cause)
         if task.func_id not in worker.functions:
             worker.functions.add(task.func_id)
-            self.send(worker.id, m.LoadFunction(task.func_id, self.functions[task.func_id]))
+            self._out.append(ShipFunction(worker.id, task.func_id, self.functions[task.func_id]))
         who_has: dict[str, list[str]] = {}
         for dep in task.deps:
             who_has[dep] = [self.workers[w].address for w in holders(self.tasks[dep])]
-        self.send(
-            worker.id,
-            m.ComputeTask(task.key, task.func_id, task.args, who_has, task.priority, allocation),
+        self._out.append(
+            AssignTask(
+                worker.id, task.key, task.func_id, task.args, who_has, task.priority, allocation
+            )
         )
 
     def unassign(self, task: TaskRecord, worker: WorkerRecord) -> None:
@@ -390,7 +408,7 @@ class SchedulerCore:
         self.finish_inputs(task)
         self.release_if_unneeded(task)
 
-    def fail(self, task: TaskRecord, error: tuple[str, bytes | str, bytes], cause: str) -> None:
+    def fail(self, task: TaskRecord, error: TaskError, cause: str) -> None:
         """``task`` and, transitively, every unfinished dependent fail with ``error``."""
         stack = [(task, cause)]
         while stack:
@@ -420,17 +438,17 @@ class SchedulerCore:
                 # still running stays, so its inputs are kept until its worker reports.
                 self.release_if_unneeded(current)
 
-    def _notify_error(self, task: TaskRecord, error: tuple[str, bytes | str, bytes]) -> None:
+    def _notify_error(self, task: TaskRecord, error: TaskError) -> None:
         attempts = self.retried.get(task.key, 0) + 1
         for client_id in task.wanted_by or ():
-            self.send(client_id, error_message(task.key, error, attempts))
+            self._out.append(TaskFailed(client_id, task.key, error, attempts))
 
     def lose_result(self, task: TaskRecord, cause: str) -> None:
         """The only copy of ``task``'s result is gone: recompute it if we can."""
         task.worker = None
         for client_id in task.wanted_by or ():
             # Their futures said "finished": they must wait again, not fail on gather.
-            self.send(client_id, m.KeysPending([task.key]))
+            self._out.append(TasksPending(client_id, [task.key]))
         for dependent_key in task.dependents:
             dependent = self.tasks[dependent_key]
             dependent.missing_deps += 1
@@ -492,11 +510,3 @@ class SchedulerCore:
     def story_of(self, key: str) -> list[tuple[float, str, str, str, str]]:
         """Every recorded transition of ``key``, oldest first, with its cause."""
         return [row for row in self.log if row[1] == key]
-
-
-def error_message(key: str, error: tuple[str, bytes | str, bytes], attempts: int) -> m.Message:
-    """The message telling a client that ``key`` failed, after ``attempts`` runs."""
-    kind, detail, traceback = error
-    if kind == "exception" and isinstance(detail, bytes):
-        return m.TaskErred(key, detail, traceback, attempts)
-    return m.KeysFailed([key], kind, str(detail))

@@ -20,6 +20,7 @@ from collections import defaultdict
 from apportion.protocol import messages as m
 from apportion.scheduler.books import Handoff
 from apportion.scheduler.core import SchedulerCore
+from apportion.scheduler.events import DrainFinished, FetchData, StoreData
 from apportion.scheduler.holders import add_holder, drop_holder, holds
 from apportion.scheduler.records import MEMORY, WorkerRecord
 
@@ -55,7 +56,7 @@ def check(state: SchedulerCore, worker: WorkerRecord) -> None:
         rid = state.relays.new_id()
         state.relays.handoffs[rid] = Handoff(worker.id)
         worker.handoff = rid
-        state.send(worker.id, m.GetData(rid, keys))
+        state.emit(FetchData(worker.id, rid, keys))
         return
     if keys:
         state.warn(
@@ -79,7 +80,7 @@ def source_reply(state: SchedulerCore, worker: WorkerRecord, msg: m.DataReply) -
         parts[receivers[i % len(receivers)].id][key] = blob
     for receiver_id, data in parts.items():
         handoff.pending[receiver_id] = list(data)
-        state.send(receiver_id, m.PutData(msg.request_id, data))
+        state.emit(StoreData(receiver_id, msg.request_id, data))
 
 
 def receiver_stored(state: SchedulerCore, worker: WorkerRecord, msg: m.DataStored) -> None:
@@ -131,4 +132,4 @@ def _finish(state: SchedulerCore, rid: int) -> None:
 def _done(state: SchedulerCore, worker: WorkerRecord, moved: int) -> None:
     worker.handoff = DONE
     state.log_info(f"worker {worker.name} drained; {moved} results handed to other workers")
-    state.send(worker.id, m.DrainDone(moved))
+    state.emit(DrainFinished(worker.id, moved))

@@ -1,14 +1,31 @@
 """Events the scheduler state machine takes and commands it gives back.
 
 Events carry the time (``now``, seconds) so that the state machine never reads a
-clock. Commands are addressed to a peer id; the service turns them into sends,
-and everything sent to one peer in one loop turn leaves as one frame.
+clock. Events in are wire messages as they arrived (``FromClient``,
+``FromWorker``); commands out are not.
+
+Commands come in three kinds:
+
+* **Decisions** are domain values, one frozen dataclass per kind: instructions to
+  a worker (``AssignTask``, ``FreeData``, ``FetchData`` ...) and notices to a
+  client (``TasksDone``, ``TaskFailed``, ``NotifyClient`` ...). They say what the
+  scheduler decided, in its own terms (an ``Allocation``, a task's error), and
+  nothing about how it travels: ``scheduler/wire.py`` turns each into the message
+  for its peer, in the service and in the simulation, and no module of the state
+  machine imports it.
+* **Answers to questions** are one generic ``Reply`` wrapping the reply message a
+  client's request asked for (``InfoReply``, ``WhyReply``, ``GatherReply`` ...):
+  the request named its answer's shape, so there is no decision to model.
+* **Effects on the service itself**: ``Log`` and ``Disconnect``.
+
+The service sends everything addressed to one peer in one loop turn as one frame.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from apportion.core.allocation import Allocation
 from apportion.protocol.messages import Message, RegisterWorker, WorkerDied
 
 
@@ -93,8 +110,221 @@ Event = (
 )
 
 
+#: How a task failed: (kind, detail, traceback). ``kind`` "exception" carries the
+#: pickled exception and traceback; "lost", "cancelled", "unsatisfiable",
+#: "crashed" ... carry a text for users and no traceback.
+TaskError = tuple[str, bytes | str, bytes]
+
+
+# --- decisions: instructions to a worker --------------------------------------------
+
+
 @dataclass(frozen=True, slots=True)
-class Send:
+class ShipFunction:
+    """The worker will run tasks of a function it does not have yet: give it the bytes."""
+
+    worker_id: str
+    func_id: str
+    blob: bytes  #: the pickled function, unpickled only on the worker
+
+
+@dataclass(frozen=True, slots=True)
+class AssignTask:
+    """Run ``key`` on the worker with ``allocation`` (its ``ShipFunction`` went first)."""
+
+    worker_id: str
+    key: str
+    func_id: str
+    args: bytes
+    #: every input key -> data addresses of the workers holding it
+    who_has: dict[str, list[str]]
+    priority: int
+    allocation: Allocation
+
+
+@dataclass(frozen=True, slots=True)
+class FreeData:
+    """Drop these results (or the result of these running tasks) from the worker."""
+
+    worker_id: str
+    keys: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class FetchData:
+    """Send the values of ``keys`` to the scheduler, answering ``request_id``."""
+
+    worker_id: str
+    request_id: int  #: the scheduler's own id for the relay (gather, drain, copy)
+    keys: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreData:
+    """Keep these values and confirm under ``request_id``."""
+
+    worker_id: str
+    request_id: int
+    data: dict[str, bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class RestartProcess:
+    """Exit so that the supervisor starts a fresh process (a cluster restart)."""
+
+    worker_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class DrainFinished:
+    """The draining worker's results are safe elsewhere: it may close now."""
+
+    worker_id: str
+    handed_off: int  #: results copied to other workers
+
+
+@dataclass(frozen=True, slots=True)
+class RefuseWorker:
+    """The registration is refused (its name is taken): the peer never became a worker."""
+
+    worker_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Installation:
+    """An upload or plugin every worker must have, joining ones included."""
+
+    kind: str  #: "upload" or "plugin"
+    name: str
+    blob: bytes
+    load: int  #: uploads: 1 imports (or reloads) what the file holds
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteCall:
+    """Run a client's pickled call on the worker, outside tasks."""
+
+    worker_id: str
+    request_id: int  #: ``NO_REPLY`` when nobody waits for the answer
+    call: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteInstall:
+    """Install an upload or plugin on the worker."""
+
+    worker_id: str
+    request_id: int  #: ``NO_REPLY`` when nobody waits for the answer
+    installation: Installation
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteUninstall:
+    """Tear a plugin down on the worker."""
+
+    worker_id: str
+    request_id: int
+    name: str
+
+
+# --- decisions: notices to a client --------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TasksDone:
+    """These keys the client wants are in memory."""
+
+    client_id: str
+    keys: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class TasksPending:
+    """These keys, said done or failed before, are on their way again: wait."""
+
+    client_id: str
+    keys: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class TasksFailed:
+    """These keys will not be computed, for one reason that is not an exception."""
+
+    client_id: str
+    keys: list[str]
+    kind: str  #: "unsatisfiable", "cancelled", "lost"
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFailed:
+    """``key`` failed with the error the scheduler recorded for it."""
+
+    client_id: str
+    key: str
+    error: TaskError
+    attempts: int  #: runs that raised, retries included
+
+
+@dataclass(frozen=True, slots=True)
+class NotifyClient:
+    """Something the client should know and may show its user (no key fails)."""
+
+    client_id: str
+    level: str  #: "warning"
+    text: str
+
+
+# --- decisions: what a service client hears (``task_hooks.py``) -----------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PassNote:
+    """A worker's note about a running task, unread, for a client wanting the task."""
+
+    client_id: str
+    key: str
+    worker: str  #: the name of the worker the note came from
+    note: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class OfferRunningTasks:
+    """A worker joined with these tasks still running: the service adopts or stops them."""
+
+    client_id: str
+    worker_id: str
+    worker: str
+    keys: list[str]
+    states: dict[str, str]  #: the state of those the scheduler has a task for
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardRequest:
+    """A client's request (encoded, unread) for the service serving its kind."""
+
+    client_id: str
+    origin: str  #: the client that asked, to whom the answer is relayed
+    request: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class AnnounceDeparture:
+    """The last worker named ``name`` left (a service settles what it ran there)."""
+
+    client_id: str
+    name: str
+
+
+# --- answers and effects on the service ----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """The answer to a client's request, in the shape the request asked for."""
+
     peer_id: str
     message: Message
 
@@ -113,4 +343,35 @@ class Disconnect:
     reason: str
 
 
-Command = Send | Log | Disconnect
+#: Instructions to a worker.
+WorkerCommand = (
+    ShipFunction
+    | AssignTask
+    | FreeData
+    | FetchData
+    | StoreData
+    | RestartProcess
+    | DrainFinished
+    | RefuseWorker
+    | RemoteCall
+    | RemoteInstall
+    | RemoteUninstall
+)
+
+#: Notices to a client.
+ClientCommand = (
+    TasksDone
+    | TasksPending
+    | TasksFailed
+    | TaskFailed
+    | NotifyClient
+    | PassNote
+    | OfferRunningTasks
+    | ForwardRequest
+    | AnnounceDeparture
+)
+
+#: What travels to a peer: ``wire.to_wire`` makes each a message.
+PeerCommand = WorkerCommand | ClientCommand | Reply
+
+Command = PeerCommand | Log | Disconnect

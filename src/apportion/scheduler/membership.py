@@ -27,6 +27,7 @@ from apportion.scheduler.events import (
     ClientLeft,
     Disconnect,
     Log,
+    RefuseWorker,
     Tick,
     WorkerDeathReport,
     WorkerJoined,
@@ -108,7 +109,7 @@ def _claim_name(state: SchedulerCore, worker_id: str, reg: m.RegisterWorker) -> 
         "give each worker its own --name"
     )
     state.warn(f"refused the worker at {reg.address}: {reason}")
-    state.send(worker_id, m.Refused(reason))
+    state.emit(RefuseWorker(worker_id, reason))
     return False
 
 

@@ -15,6 +15,7 @@ from apportion.scheduler import copies, drain
 from apportion.scheduler.books import Gather, Scatter
 from apportion.scheduler.client_requests import want
 from apportion.scheduler.core import SchedulerCore
+from apportion.scheduler.events import FetchData, FreeData, StoreData, TasksFailed
 from apportion.scheduler.holders import holders, holds
 from apportion.scheduler.records import (
     MEMORY,
@@ -46,13 +47,13 @@ def worker_left(state: SchedulerCore, worker_id: str) -> None:
     for rid, scatter_ in list(relays.scatters.items()):
         if worker_id in scatter_.pending:
             del relays.scatters[rid]
-            state.send(
-                scatter_.client_id,
-                m.KeysFailed(
+            state.emit(
+                TasksFailed(
+                    scatter_.client_id,
                     scatter_.pending[worker_id],
                     "lost",
                     "the worker receiving scattered data left; scatter again",
-                ),
+                )
             )
     drain.worker_left(state, worker_id)
     copies.worker_left(state, worker_id)
@@ -68,12 +69,12 @@ def gather(state: SchedulerCore, client: ClientRecord, msg: m.GatherRequest) -> 
         else:
             missing.append(key)
     if not by_worker:
-        state.send(client.id, m.GatherReply(msg.request_id, {}, missing, {}))
+        state.reply(client.id, m.GatherReply(msg.request_id, {}, missing, {}))
         return
     rid = state.relays.new_id()
     state.relays.gathers[rid] = Gather(client.id, msg.request_id, dict(by_worker), {}, missing)
     for worker_id, keys in by_worker.items():
-        state.send(worker_id, m.GetData(rid, keys))
+        state.emit(FetchData(worker_id, rid, keys))
 
 
 def data_reply(state: SchedulerCore, worker: WorkerRecord, msg: m.DataReply) -> None:
@@ -97,7 +98,7 @@ def _maybe_finish_gather(state: SchedulerCore, rid: int) -> None:
     if not gather_.pending:
         del state.relays.gathers[rid]
         reply = m.GatherReply(gather_.request_id, gather_.data, gather_.missing, gather_.errors)
-        state.send(gather_.client_id, reply)
+        state.reply(gather_.client_id, reply)
 
 
 def scatter(state: SchedulerCore, client: ClientRecord, msg: m.ScatterRequest) -> None:
@@ -107,8 +108,8 @@ def scatter(state: SchedulerCore, client: ClientRecord, msg: m.ScatterRequest) -
         # A cluster that cannot grow will never have such a worker: say so now.
         names = ", ".join(sorted(allowed))
         text = f"no worker matches {names}, and this cluster cannot grow"
-        state.send(client.id, m.KeysFailed(list(msg.data), "unsatisfiable", text))
-        state.send(client.id, m.ScatterReply(msg.request_id, []))
+        state.emit(TasksFailed(client.id, list(msg.data), "unsatisfiable", text))
+        state.reply(client.id, m.ScatterReply(msg.request_id, []))
         return
     if not chosen:
         state.relays.parked.append((client.id, msg))
@@ -122,7 +123,7 @@ def scatter(state: SchedulerCore, client: ClientRecord, msg: m.ScatterRequest) -
     pending = {worker_id: list(data) for worker_id, data in parts.items()}
     state.relays.scatters[rid] = Scatter(client.id, msg.request_id, pending)
     for worker_id, data in parts.items():
-        state.send(worker_id, m.PutData(rid, data))
+        state.emit(StoreData(worker_id, rid, data))
 
 
 def data_stored(state: SchedulerCore, worker: WorkerRecord, msg: m.DataStored) -> None:
@@ -136,7 +137,7 @@ def data_stored(state: SchedulerCore, worker: WorkerRecord, msg: m.DataStored) -
         return
     scatter_ = state.relays.scatters.get(msg.request_id)
     if scatter_ is None or scatter_.pending.pop(worker.id, None) is None:
-        state.send(worker.id, m.FreeKeys(msg.keys))
+        state.emit(FreeData(worker.id, msg.keys))
         return
     client = state.clients.get(scatter_.client_id)
     for key in msg.keys:
@@ -145,7 +146,7 @@ def data_stored(state: SchedulerCore, worker: WorkerRecord, msg: m.DataStored) -
     if not scatter_.pending:
         del state.relays.scatters[msg.request_id]
         if client is not None:
-            state.send(client.id, m.ScatterReply(scatter_.request_id, scatter_.keys))
+            state.reply(client.id, m.ScatterReply(scatter_.request_id, scatter_.keys))
 
 
 def scatter_placed(state: SchedulerCore, client: ClientRecord, msg: m.ScatterPlaced) -> None:
@@ -161,8 +162,8 @@ def scatter_placed(state: SchedulerCore, client: ClientRecord, msg: m.ScatterPla
         _adopt(state, worker, client, key, int(nbytes))
     if lost:
         text = "the worker holding scattered data left before the scheduler heard of it"
-        state.send(client.id, m.KeysFailed(lost, "lost", text))
-    state.send(client.id, m.ScatterReply(msg.request_id, placed))
+        state.emit(TasksFailed(client.id, lost, "lost", text))
+    state.reply(client.id, m.ScatterReply(msg.request_id, placed))
 
 
 def _adopt(
@@ -177,7 +178,7 @@ def _adopt(
     if task is not None:
         # Same key scattered twice: keep the first copy, drop this one.
         if not holds(task, worker.id):
-            state.send(worker.id, m.FreeKeys([key]))
+            state.emit(FreeData(worker.id, [key]))
         if client is not None:
             want(state, client, key)
         return
@@ -195,4 +196,4 @@ def who_has(state: SchedulerCore, client: ClientRecord, msg: m.WhoHasRequest) ->
         task: TaskRecord | None = state.tasks.get(key)
         if task is not None and task.state == MEMORY and task.worker in state.workers:
             out[key] = [state.workers[w].address for w in holders(task)]
-    state.send(client.id, m.WhoHasReply(msg.request_id, out))
+    state.reply(client.id, m.WhoHasReply(msg.request_id, out))

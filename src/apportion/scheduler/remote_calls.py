@@ -1,7 +1,7 @@
 """Code run on workers outside tasks: relayed calls, kept uploads and plugins, facts.
 
 The scheduler runs no user code and unpickles no payload (DESIGN.md): a client's
-``run`` arrives as opaque bytes, goes to each chosen worker as one ``RunCall``, and
+``run`` arrives as opaque bytes, goes to each chosen worker as one ``RemoteCall``, and
 the answers are collected in a ``RemoteBook`` entry until every worker has answered;
 a worker that leaves first answers "lost", so a call never waits for the dead.
 
@@ -18,6 +18,7 @@ from typing import Any
 from apportion.protocol import messages as m
 from apportion.scheduler.books import MAX_KEPT_BYTES, Call
 from apportion.scheduler.core import SchedulerCore
+from apportion.scheduler.events import Installation, RemoteCall, RemoteInstall, RemoteUninstall
 from apportion.scheduler.records import ClientRecord, WorkerRecord
 
 #: Largest upload or pickled plugin accepted, in bytes.
@@ -37,7 +38,13 @@ def run(state: SchedulerCore, client: ClientRecord, msg: m.RunOnWorkers) -> None
         text = "no worker is named or listens at " + ", ".join(map(repr, unknown))
         _refuse(state, client, msg.request_id, text)
         return
-    _start(state, client.id, msg.request_id, targets, lambda rid: m.RunCall(rid, msg.call))
+    _start(
+        state,
+        client.id,
+        msg.request_id,
+        targets,
+        lambda worker_id, rid: RemoteCall(worker_id, rid, msg.call),
+    )
 
 
 def install(state: SchedulerCore, client: ClientRecord, msg: m.InstallOnWorkers) -> None:
@@ -68,14 +75,14 @@ def install(state: SchedulerCore, client: ClientRecord, msg: m.InstallOnWorkers)
         _refuse(state, client, msg.request_id, error)
         return
     book.kept.pop(key, None)  # popped, so a replaced install moves to the end
-    book.kept[key] = m.Install(m.NO_REPLY, msg.kind, msg.name, msg.blob, msg.load)
+    installation = book.kept[key] = Installation(msg.kind, msg.name, msg.blob, msg.load)
     every = {w.id: w.address for w in state.workers.values()}
     _start(
         state,
         client.id,
         msg.request_id,
         every,
-        lambda rid: m.Install(rid, msg.kind, msg.name, msg.blob, msg.load),
+        lambda worker_id, rid: RemoteInstall(worker_id, rid, installation),
     )
 
 
@@ -85,16 +92,22 @@ def uninstall(state: SchedulerCore, client: ClientRecord, msg: m.UninstallFromWo
         _refuse(state, client, msg.request_id, f"no worker plugin named {msg.name!r}")
         return
     every = {w.id: w.address for w in state.workers.values()}
-    _start(state, client.id, msg.request_id, every, lambda rid: m.Uninstall(rid, msg.name))
+    _start(
+        state,
+        client.id,
+        msg.request_id,
+        every,
+        lambda worker_id, rid: RemoteUninstall(worker_id, rid, msg.name),
+    )
 
 
 def versions(state: SchedulerCore, client: ClientRecord, msg: m.VersionsRequest) -> None:
-    state.send(client.id, m.VersionsReply(msg.request_id, state.remote.versions))
+    state.reply(client.id, m.VersionsReply(msg.request_id, state.remote.versions))
 
 
 def logs(state: SchedulerCore, client: ClientRecord, msg: m.LogsRequest) -> None:
     recent = state.remote.logs
-    state.send(client.id, m.LogsReply(msg.request_id, recent(msg.n) if recent else []))
+    state.reply(client.id, m.LogsReply(msg.request_id, recent(msg.n) if recent else []))
 
 
 # --- worker answers and membership -------------------------------------------------
@@ -112,7 +125,7 @@ def call_answered(state: SchedulerCore, worker: WorkerRecord, msg: m.CallAnswere
 def worker_joined(state: SchedulerCore, worker_id: str) -> None:
     """Replay every kept upload and plugin, in the order they came."""
     for kept in state.remote.kept.values():
-        state.send(worker_id, kept)
+        state.emit(RemoteInstall(worker_id, m.NO_REPLY, kept))
 
 
 def worker_left(state: SchedulerCore, worker_id: str, how: str) -> None:
@@ -148,17 +161,18 @@ def _start(
     client_id: str,
     request_id: int,
     targets: dict[str, str],
-    make: Callable[[int], m.Message],
+    make: Callable[[str, int], RemoteCall | RemoteInstall | RemoteUninstall],
 ) -> None:
-    """Send one message per target; collect the answers if the client waits for them."""
+    """One command per target, ``make(worker id, request id)``; collect the answers if
+    the client waits for them."""
     if request_id == m.NO_REPLY:
         for worker_id in targets:
-            state.send(worker_id, make(m.NO_REPLY))
+            state.emit(make(worker_id, m.NO_REPLY))
         return
     rid = state.remote.new_id()
     state.remote.calls[rid] = Call(client_id, request_id, dict(targets))
     for worker_id in targets:
-        state.send(worker_id, make(rid))
+        state.emit(make(worker_id, rid))
     _maybe_finish(state, rid)
 
 
@@ -184,7 +198,7 @@ def _reply(
     error: str,
 ) -> None:
     if client_id in state.clients:
-        state.send(client_id, m.WorkersAnswered(request_id, results, error))
+        state.reply(client_id, m.WorkersAnswered(request_id, results, error))
 
 
 def check_book(state: SchedulerCore) -> None:

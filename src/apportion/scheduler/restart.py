@@ -22,7 +22,7 @@ from heapq import heapify
 from apportion.protocol import messages as m
 from apportion.scheduler import membership
 from apportion.scheduler.core import SchedulerCore
-from apportion.scheduler.events import Disconnect
+from apportion.scheduler.events import Disconnect, RestartProcess, TasksFailed, TasksPending
 from apportion.scheduler.records import PROCESSING, QUEUED, ClientRecord
 from apportion.scheduler.shared_data import DATASET_OWNER
 
@@ -43,8 +43,8 @@ def restart(state: SchedulerCore, client: ClientRecord, msg: m.RestartRequest) -
         state.log.append((state.now, key, task.state, "forgotten", text))
     for client_id, keys in by_client.items():
         if client_id in state.clients:
-            state.send(client_id, m.KeysPending(keys))
-            state.send(client_id, m.KeysFailed(keys, "cancelled", text))
+            state.emit(TasksPending(client_id, keys))
+            state.emit(TasksFailed(client_id, keys, "cancelled", text))
     _cancel_scatters(state, text)
     _drop_datasets(state)
     _forget_tasks(state, kept)
@@ -61,12 +61,12 @@ def restart(state: SchedulerCore, client: ClientRecord, msg: m.RestartRequest) -
         membership.remove_worker(state, worker.id, text)
         if worker.supervisor:
             # Its supervisor starts a fresh process once it exits.
-            state.send(worker.id, m.RestartWorker(text))
+            state.emit(RestartProcess(worker.id, text))
         else:
             # Disconnected, it drops its tasks and data and registers afresh.
-            state._out.append(Disconnect(worker.id, text))
+            state.emit(Disconnect(worker.id, text))
     state.log_info(f"the cluster was restarted{why}: {len(workers)} workers reset")
-    state.send(client.id, m.RestartReply(msg.request_id, len(workers), sorted(unsupervised)))
+    state.reply(client.id, m.RestartReply(msg.request_id, len(workers), sorted(unsupervised)))
 
 
 def _cancel_scatters(state: SchedulerCore, text: str) -> None:
@@ -81,8 +81,8 @@ def _cancel_scatters(state: SchedulerCore, text: str) -> None:
     relays.scatters.clear()
     for client_id, request_id, keys in pending:
         if client_id in state.clients:
-            state.send(client_id, m.KeysFailed(keys, "cancelled", text))
-            state.send(client_id, m.ScatterReply(request_id, []))
+            state.emit(TasksFailed(client_id, keys, "cancelled", text))
+            state.reply(client_id, m.ScatterReply(request_id, []))
 
 
 def _durable_work(state: SchedulerCore) -> set[str]:

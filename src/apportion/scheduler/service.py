@@ -1,7 +1,9 @@
 """The scheduler process: a thin asyncio shell around ``SchedulerState``.
 
 It accepts connections, runs the handshake, turns each received frame into one
-event, and carries out the commands the state machine returns. Placement runs at
+event, and carries out the commands the state machine returns: decisions and
+replies become messages through ``wire.to_wire``, the one place that knows which
+message carries which decision. Placement runs at
 most once per loop turn: events only mark it due, and ``call_soon`` runs the pass
 after every frame that arrived in the same turn has been handled.
 """
@@ -43,6 +45,7 @@ from apportion.scheduler.events import (
     WorkerLeft,
 )
 from apportion.scheduler.state import SchedulerConfig, SchedulerState
+from apportion.scheduler.wire import to_wire
 from apportion.versions import versions
 
 logger = logging.getLogger("apportion.scheduler")
@@ -261,16 +264,17 @@ class Scheduler(BackgroundService):
                 level = logging.WARNING if command.level == "warning" else logging.INFO
                 logger.log(level, "%s", command.text)
                 continue
-            conn = conns.get(command.peer_id)
-            if conn is None:
-                continue
             if isinstance(command, Disconnect):
                 # Already gone as far as the state knows; closing makes a frozen worker
                 # that wakes up reconnect and register afresh, never double-counted.
-                conns.pop(command.peer_id, None)
-                conn.abort()
-            else:
-                conn.send(command.message)
+                gone = conns.pop(command.peer_id, None)
+                if gone is not None:
+                    gone.abort()
+                continue
+            peer_id, message = to_wire(command)
+            conn = conns.get(peer_id)
+            if conn is not None:
+                conn.send(message)
 
     # --- views for tools --------------------------------------------------------------
 

@@ -19,7 +19,8 @@ from typing import Any
 from apportion.protocol import messages as m
 from apportion.scheduler import copies
 from apportion.scheduler.client_requests import release, want
-from apportion.scheduler.core import SchedulerCore, error_message
+from apportion.scheduler.core import SchedulerCore
+from apportion.scheduler.events import TaskFailed, TasksFailed, TasksPending
 from apportion.scheduler.holders import holders
 from apportion.scheduler.records import ERRED, MEMORY, RELEASED, ClientRecord, TaskRecord
 
@@ -37,7 +38,9 @@ def publish(state: SchedulerCore, client: ClientRecord, msg: m.PublishDataset) -
     """Keep a dataset; its keys are wanted by its pseudo-client from now on."""
     book = state.shared
     if msg.name in book.datasets and not msg.override:
-        state.send(client.id, m.SharedDataAck(msg.request_id, f"Dataset {msg.name} already exists"))
+        state.reply(
+            client.id, m.SharedDataAck(msg.request_id, f"Dataset {msg.name} already exists")
+        )
         return
     owner_id = DATASET_OWNER + msg.name
     owner = state.clients.get(owner_id)
@@ -51,7 +54,7 @@ def publish(state: SchedulerCore, client: ClientRecord, msg: m.PublishDataset) -
         want(state, owner, key)
     release(state, owner, dropped)
     book.datasets[msg.name] = (msg.data, list(msg.keys))
-    state.send(client.id, m.SharedDataAck(msg.request_id, ""))
+    state.reply(client.id, m.SharedDataAck(msg.request_id, ""))
 
 
 def unpublish(state: SchedulerCore, client: ClientRecord, msg: m.UnpublishDataset) -> None:
@@ -60,7 +63,7 @@ def unpublish(state: SchedulerCore, client: ClientRecord, msg: m.UnpublishDatase
         if state.shared.datasets.pop(name, None) is not None:
             owner = state.clients.pop(DATASET_OWNER + name)
             release(state, owner, sorted(owner.wanted))
-    state.send(client.id, m.SharedDataAck(msg.request_id, ""))
+    state.reply(client.id, m.SharedDataAck(msg.request_id, ""))
 
 
 def get_dataset(state: SchedulerCore, client: ClientRecord, msg: m.DatasetRequest) -> None:
@@ -68,7 +71,9 @@ def get_dataset(state: SchedulerCore, client: ClientRecord, msg: m.DatasetReques
     found = state.shared.datasets.get(msg.name)
     data, keys = found or (b"", [])
     names = sorted(state.shared.datasets)
-    state.send(client.id, m.DatasetReply(msg.request_id, int(found is not None), data, keys, names))
+    state.reply(
+        client.id, m.DatasetReply(msg.request_id, int(found is not None), data, keys, names)
+    )
 
 
 # --- metadata -------------------------------------------------------------------------
@@ -77,7 +82,7 @@ def get_dataset(state: SchedulerCore, client: ClientRecord, msg: m.DatasetReques
 def set_metadata(state: SchedulerCore, client: ClientRecord, msg: m.SetMetadata) -> None:
     """As Dask's: missing (or non-dictionary) levels on the way become dictionaries."""
     if not msg.path:
-        state.send(client.id, m.SharedDataAck(msg.request_id, "a metadata key is needed"))
+        state.reply(client.id, m.SharedDataAck(msg.request_id, "a metadata key is needed"))
         return
     level = state.shared.metadata
     for key in msg.path[:-1]:
@@ -85,7 +90,7 @@ def set_metadata(state: SchedulerCore, client: ClientRecord, msg: m.SetMetadata)
             level[key] = {}
         level = level[key]
     level[msg.path[-1]] = msg.value
-    state.send(client.id, m.SharedDataAck(msg.request_id, ""))
+    state.reply(client.id, m.SharedDataAck(msg.request_id, ""))
 
 
 def get_metadata(state: SchedulerCore, client: ClientRecord, msg: m.MetadataRequest) -> None:
@@ -93,10 +98,10 @@ def get_metadata(state: SchedulerCore, client: ClientRecord, msg: m.MetadataRequ
     value: Any = state.shared.metadata
     for key in msg.path:
         if not isinstance(value, dict) or key not in value:
-            state.send(client.id, m.MetadataReply(msg.request_id, 0, None))
+            state.reply(client.id, m.MetadataReply(msg.request_id, 0, None))
             return
         value = value[key]
-    state.send(client.id, m.MetadataReply(msg.request_id, 1, value))
+    state.reply(client.id, m.MetadataReply(msg.request_id, 1, value))
 
 
 # --- who has what ---------------------------------------------------------------------
@@ -110,7 +115,7 @@ def cluster_facts(state: SchedulerCore, client: ClientRecord, msg: m.ClusterFact
         for key, task in state.tasks.items()
     }
     workers = state.workers.values()
-    state.send(
+    state.reply(
         client.id,
         m.ClusterFactsReply(
             msg.request_id,
@@ -131,7 +136,7 @@ def retry(state: SchedulerCore, client: ClientRecord, msg: m.RetryKeys) -> None:
         task = state.tasks.get(key)
         if task is None:
             text = f"{key!r} cannot be retried: the scheduler no longer knows it; submit it again"
-            state.send(client.id, m.KeysFailed([key], "lost", text))
+            state.emit(TasksFailed(client.id, [key], "lost", text))
         elif task.state == ERRED:
             for failed in _failed_chain(state, task):
                 _run_again(state, failed, client.id)
@@ -141,7 +146,7 @@ def retry(state: SchedulerCore, client: ClientRecord, msg: m.RetryKeys) -> None:
             # Failed while still running (its input failed): it cannot run again until
             # its worker gives it back, so the client hears the failure again rather
             # than waiting on a future nothing will settle.
-            state.send(client.id, error_message(key, task.error, 1))
+            state.emit(TaskFailed(client.id, key, task.error, 1))
 
 
 def _failed_chain(state: SchedulerCore, task: TaskRecord) -> list[TaskRecord]:
@@ -181,7 +186,7 @@ def _run_again(state: SchedulerCore, task: TaskRecord, client_id: str) -> None:
         )
         task.error = error
         for wanter in task.wanted_by or ():
-            state.send(wanter, error_message(task.key, error, 1))
+            state.emit(TaskFailed(wanter, task.key, error, 1))
         for dep_key in task.deps:  # inputs recomputed above for nothing: let them go
             if dep_key in state.tasks:
                 state.release_if_unneeded(state.tasks[dep_key])
@@ -191,5 +196,5 @@ def _run_again(state: SchedulerCore, task: TaskRecord, client_id: str) -> None:
     state.retried.pop(task.key, None)
     for wanter in task.wanted_by or ():
         # Futures of failed inputs retried along with the asked key wait again too.
-        state.send(wanter, m.KeysPending([task.key]))
+        state.emit(TasksPending(wanter, [task.key]))
     state.start_again(task, cause)  # its released inputs are on their way already

@@ -3,7 +3,9 @@
 This module only dispatches: each event type and each message type has one
 handler function in a module above the core (``membership``, ``client_requests``,
 ``worker_reports``, ``relay`` ...), and ``handle`` returns the commands the core
-gathered meanwhile. The records and their low-level changes are in ``core.py``;
+gathered meanwhile: decisions as domain values (``AssignTask``, ``TasksDone`` ...)
+and answers to client requests as ``Reply`` (``events.py``); the service makes
+them messages (``wire.py``). The records and their low-level changes are in ``core.py``;
 its header tells the theory of operation.
 
 ``SchedulerState`` inherits the core rather than wrapping it, so that tests,
@@ -55,7 +57,7 @@ class SchedulerState(SchedulerCore):
     """All task, worker and client state, and every decision about it."""
 
     def handle(self, event: Event) -> list[Command]:
-        """Apply one event; return what must be sent and logged because of it."""
+        """Apply one event; return the decisions, replies and log lines it led to."""
         self.now = event.now
         EVENT_HANDLERS[type(event)](self, event)
         task_hooks.flush(self)

@@ -25,6 +25,13 @@ from typing import TYPE_CHECKING
 from apportion.protocol import messages as m
 from apportion.protocol.codec import ProtocolError, decode_message, encode_message
 from apportion.scheduler import client_requests
+from apportion.scheduler.events import (
+    AnnounceDeparture,
+    ForwardRequest,
+    FreeData,
+    OfferRunningTasks,
+    PassNote,
+)
 from apportion.scheduler.records import QUEUED, ClientRecord, WorkerRecord
 
 if TYPE_CHECKING:
@@ -51,9 +58,9 @@ def forward(state: SchedulerCore, peer: ClientRecord | WorkerRecord, msg: m.Mess
     kind = type(msg).__name__
     server = state.services.requests.get(kind)
     if server is None or server not in state.clients:
-        state.send(peer.id, m.Unserved(kind))
+        state.reply(peer.id, m.Unserved(kind))
         return False
-    state.send(server, m.ForwardedRequest(peer.id, encode_message(msg)))
+    state.emit(ForwardRequest(server, peer.id, encode_message(msg)))
     return True
 
 
@@ -65,7 +72,7 @@ def forwarded_reply(state: SchedulerCore, client: ClientRecord, msg: m.Forwarded
     except ProtocolError as exc:
         state.warn(f"client {client.id} sent a garbled reply for {msg.origin}: {exc}")
         return
-    state.send(msg.origin, reply)
+    state.reply(msg.origin, reply)
 
 
 def task_note(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskNote) -> None:
@@ -73,7 +80,7 @@ def task_note(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskNote) -> No
     if task is None or not task.wanted_by:
         return  # nobody to tell
     for client_id in task.wanted_by:
-        state.send(client_id, m.TaskNoted(msg.key, worker.name, msg.note))
+        state.emit(PassNote(client_id, msg.key, worker.name, msg.note))
 
 
 def worker_joined(state: SchedulerCore, worker_id: str, reg: m.RegisterWorker) -> None:
@@ -90,9 +97,9 @@ def worker_joined(state: SchedulerCore, worker_id: str, reg: m.RegisterWorker) -
             offers.setdefault(server, []).append(key)
     for server, keys in offers.items():
         states = {key: task.state for key in keys if (task := state.tasks.get(key)) is not None}
-        state.send(server, m.TasksStillRunning(worker_id, reg.name, keys, states))
+        state.emit(OfferRunningTasks(server, worker_id, reg.name, keys, states))
     if unclaimed:
-        state.send(worker_id, m.FreeKeys(unclaimed))  # nobody here will ever want them
+        state.emit(FreeData(worker_id, unclaimed))  # nobody here will ever want them
 
 
 def _server_of(state: SchedulerCore, key: str) -> str | None:
@@ -117,7 +124,7 @@ def adopt_task(state: SchedulerCore, client: ClientRecord, msg: m.AdoptTask) -> 
 
 def stop_tasks(state: SchedulerCore, client: ClientRecord, msg: m.StopTasks) -> None:
     if msg.worker_id in state.workers:
-        state.send(msg.worker_id, m.FreeKeys(msg.keys))
+        state.emit(FreeData(msg.worker_id, msg.keys))
 
 
 def worker_left(state: SchedulerCore, worker: WorkerRecord) -> None:
@@ -135,5 +142,5 @@ def flush(state: SchedulerCore) -> None:
     for name in book.departed:
         if name not in names:
             for server in sorted(servers):
-                state.send(server, m.WorkerDeparted(name))
+                state.emit(AnnounceDeparture(server, name))
     book.departed.clear()

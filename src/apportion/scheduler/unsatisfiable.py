@@ -6,8 +6,8 @@ from typing import Any
 
 from apportion.core.ledger import splittable
 from apportion.core.resources import describe_amount, describe_resources
-from apportion.protocol import messages as m
 from apportion.scheduler.core import SchedulerCore
+from apportion.scheduler.events import NotifyClient
 from apportion.scheduler.records import (
     QUEUED,
     QueueKey,
@@ -69,7 +69,7 @@ def warn_unsatisfiable(state: SchedulerCore, task: TaskRecord, text: str) -> Non
     for client_id in task.wanted_by or ():
         if (client_id, task.signature) not in state.notified:
             state.notified.add((client_id, task.signature))
-            state.send(client_id, m.Notice("warning", text))
+            state.emit(NotifyClient(client_id, "warning", text))
 
 
 def unsatisfiable_text(task: TaskRecord, workers: Any) -> str:

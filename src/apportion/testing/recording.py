@@ -15,7 +15,8 @@ from typing import TypeVar
 
 from apportion.core.resources import SCALE, ResourceSpec, parse_demand
 from apportion.protocol import messages as m
-from apportion.scheduler.events import Command, Event, Send
+from apportion.scheduler.events import Command, Disconnect, Event, Log
+from apportion.scheduler.wire import to_wire
 from apportion.testing.simulation import SimulatedCluster
 
 M = TypeVar("M", bound=m.Message)
@@ -44,9 +45,10 @@ class RecordingCluster(SimulatedCluster):
     def handle(self, event: Event) -> list[Command]:
         commands = super().handle(event)
         for command in commands:
-            if isinstance(command, Send):
-                kind = (command.peer_id, type(command.message))
-                self.untaken.setdefault(kind, []).append((self._sent, command.message))
+            if not isinstance(command, Log | Disconnect):
+                peer_id, message = to_wire(command)
+                kind = (peer_id, type(message))
+                self.untaken.setdefault(kind, []).append((self._sent, message))
                 self._sent += 1
         return commands
 

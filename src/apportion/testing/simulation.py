@@ -24,11 +24,12 @@ from apportion.scheduler.events import (
     FromWorker,
     Log,
     PlacementDue,
-    Send,
+    RefuseWorker,
     WorkerJoined,
     WorkerLeft,
 )
 from apportion.scheduler.state import SchedulerConfig, SchedulerState
+from apportion.scheduler.wire import to_wire
 
 
 @dataclass
@@ -74,23 +75,25 @@ class SimulatedCluster:
             elif isinstance(command, Disconnect):
                 self.disconnected.append(command.peer_id)
                 self.running.pop(command.peer_id, None)  # a lost worker runs nothing more
-            elif isinstance(command.message, m.Refused):
+            elif isinstance(command, RefuseWorker):
                 # Refused at registration (a name taken): it never became a worker.
-                self.running.pop(command.peer_id, None)
-                self.refused.append(command.peer_id)
-                self.to_workers.setdefault(command.peer_id, []).append(command.message)
-            elif command.peer_id in self.running:
-                self._to_worker(command)
+                peer_id, msg = to_wire(command)
+                self.running.pop(peer_id, None)
+                self.refused.append(peer_id)
+                self.to_workers.setdefault(peer_id, []).append(msg)
             else:
-                self.inbox.setdefault(command.peer_id, []).append(command.message)
+                peer_id, msg = to_wire(command)
+                if peer_id in self.running:
+                    self._to_worker(peer_id, msg)
+                else:
+                    self.inbox.setdefault(peer_id, []).append(msg)
         return commands
 
-    def _to_worker(self, command: Send) -> None:
-        msg = command.message
-        self.to_workers.setdefault(command.peer_id, []).append(msg)
+    def _to_worker(self, worker_id: str, msg: m.Message) -> None:
+        self.to_workers.setdefault(worker_id, []).append(msg)
         if isinstance(msg, m.ComputeTask):
-            self.running[command.peer_id][msg.key] = msg
-            self.started.append((self.now, command.peer_id, msg.key))
+            self.running[worker_id][msg.key] = msg
+            self.started.append((self.now, worker_id, msg.key))
 
     def place(self) -> list[tuple[str, str]]:
         """Run one placement pass; return the (worker, key) pairs it started."""
