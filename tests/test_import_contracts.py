@@ -50,11 +50,8 @@ PURE = re.compile(
     r")$"
 )
 
-#: Package cycles that exist today, each to be deleted when its edges are gone:
-#: the worker hosts the live runs while ``runs.live`` reads the task context.
-ALLOWED_PACKAGE_CYCLES = {
-    frozenset({"apportion.runs", "apportion.worker"}),
-}
+#: Package cycles allowed (none).
+ALLOWED_PACKAGE_CYCLES: set[frozenset[str]] = set()
 
 #: Module cycles allowed (none).
 ALLOWED_MODULE_CYCLES: set[frozenset[str]] = set()
@@ -130,6 +127,24 @@ def test_no_package_imports_in_a_cycle() -> None:
         packages[name] = {d for d in deps if frozenset({name, d}) not in ALLOWED_PACKAGE_CYCLES}
     cycles = strongly_connected(packages)
     assert not cycles, f"package cycles: {[sorted(c) for c in cycles]}"
+
+
+#: The engine's packages, which the job queue (``apportion.runs``) is a client of.
+ENGINE = ("apportion.scheduler", "apportion.worker")
+
+
+def test_the_engine_never_imports_the_job_queue() -> None:
+    """The job queue depends on the scheduler and the worker, never the other way: the
+    scheduler hosts it as a companion, the worker runs its commands through the
+    long-lived executor it is given."""
+    found = [
+        f"{name} imports {dep}"
+        for name, deps in sorted(OWN.items())
+        if TOOL.package_of(name) in ENGINE
+        for dep in sorted(deps)
+        if TOOL.package_of(dep) == "apportion.runs"
+    ]
+    assert not found, "\n".join(found)
 
 
 def test_the_pure_modules_are_the_expected_ones() -> None:

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from apportion.runs.journal import CANCELLED, COMPLETED, FINISHED, Journal, RunRecord
+from apportion.runs.live import LiveRuns
+from apportion.runs.service import RunsService
 from apportion.runs.spec import new_spec
 from apportion.scheduler.service import Scheduler
 from apportion.testing import FakeLauncher
@@ -31,8 +33,8 @@ async def _run(tmp_path: Path, launcher: FakeLauncher, *, cancel: bool) -> RunRe
     reader = Journal(tmp_path / "runs.db")
     try:
         async with (
-            Scheduler(port=0, journal=journal) as scheduler,
-            Worker(scheduler.address, 1, launcher=launcher),
+            Scheduler(port=0, companions=[RunsService(journal)]) as scheduler,
+            Worker(scheduler.address, 1, long_lived=LiveRuns(launcher)),
         ):
             (run_id,) = reader.stage([new_spec(["pretend", "to", "run"])], time.time())
             if cancel:

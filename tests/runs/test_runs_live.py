@@ -10,8 +10,11 @@ import pytest
 
 from apportion.protocol import messages as m
 from apportion.protocol.codec import decode_message
+from apportion.runs.launcher import ProcessLauncher
 from apportion.runs.live import LiveRuns
 from apportion.runs.spec import new_spec
+from apportion.worker.long_lived import WorkerLink
+from apportion.worker.process_groups import ProcessGroups
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(30)]
 
@@ -31,9 +34,16 @@ class Outbox:
             return [msg for msg in self.sent if isinstance(msg, kind)]
 
 
+def live_runs(outbox: Outbox) -> LiveRuns:
+    """Real processes, stopped with a one-second grace, reporting to ``outbox``."""
+    runs = LiveRuns(ProcessLauncher())
+    runs.attach(WorkerLink(outbox, kill_grace=1.0, process_groups=ProcessGroups()))
+    return runs
+
+
 def test_attaching_to_a_run_that_ended_reports_its_end_not_a_new_start() -> None:
     outbox = Outbox()
-    runs = LiveRuns(outbox, kill_grace=1.0)
+    runs = live_runs(outbox)
     spec = new_spec([sys.executable, "-c", "print('hi')"])
     first = runs.execute(7, spec, dict(os.environ), "", threading.Event())
     assert first.reason == "completed" and runs.keys() == ["run-7"]  # not settled: adoptable
@@ -46,7 +56,7 @@ def test_attaching_to_a_run_that_ended_reports_its_end_not_a_new_start() -> None
 
 def test_a_stopped_copy_is_forgotten_so_a_later_attempt_starts_afresh() -> None:
     outbox = Outbox()
-    runs = LiveRuns(outbox, kill_grace=1.0)
+    runs = live_runs(outbox)
     spec = new_spec([sys.executable, "-c", "print('run')"])
     runs.execute(3, spec, dict(os.environ), "", threading.Event())
     runs.cancel([3])  # the scheduler did not adopt this copy

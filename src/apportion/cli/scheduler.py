@@ -31,7 +31,10 @@ from apportion.core.resources import describe_resources, parse_supply
 from apportion.log_setup import configure_logging
 from apportion.net.address import DEFAULT_PORT
 from apportion.runs.journal import Journal, JournalBusy, JournalError, default_journal_path
-from apportion.runs.queue import QueueOptions
+from apportion.runs.launcher import ProcessLauncher
+from apportion.runs.live import LiveRuns
+from apportion.runs.queue import QueueOptions, RunQueue
+from apportion.runs.service import RunsService
 from apportion.scheduler.service import Scheduler
 from apportion.scheduler.state import SchedulerConfig
 
@@ -166,17 +169,19 @@ async def _start(
     options: QueueOptions,
     *,
     explicit: bool,
-) -> Scheduler:
+) -> tuple[Scheduler, RunQueue | None]:
+    """A started scheduler, and its job queue if it serves ``journal``."""
+    if journal is None:
+        return await Scheduler(host, port, config=config).start(), None
+    runs = RunsService(journal, options)
     try:
-        server = Scheduler(host, port, config=config, journal=journal, queue_options=options)
-        await server.start()
+        server = await Scheduler(host, port, config=config, companions=[runs]).start()
     except JournalBusy as exc:
         if explicit:
             raise click.ClickException(str(exc)) from None
         logger.warning("%s; this scheduler serves no run journal", exc)
-        server = Scheduler(host, port, config=config)
-        await server.start()
-    return server
+        return await Scheduler(host, port, config=config).start(), None
+    return server, runs.queue
 
 
 async def _run(
@@ -188,7 +193,7 @@ async def _run(
     *,
     explicit: bool,
 ) -> None:
-    server = await _start(host, port, config, journal, options, explicit=explicit)
+    server, _ = await _start(host, port, config, journal, options, explicit=explicit)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -223,11 +228,17 @@ async def _run_once(
     # A request this cluster can never meet (1.5 units of an indexed pool, say) fails
     # at once rather than keeping --run-once from ever ending.
     config = dataclasses.replace(config, fail_unsatisfiable=True)
-    server = await _start(host, 0, config, journal, options, explicit=True)
-    queue = server.queue
+    server, queue = await _start(host, 0, config, journal, options, explicit=True)
     assert queue is not None
     logger.info("cluster resources: %s", describe_resources(amounts, units) or "(none)")
-    worker = Worker(server.address, nthreads, resources, name="run-once", reconnect_timeout=0)
+    worker = Worker(
+        server.address,
+        nthreads,
+        resources,
+        name="run-once",
+        reconnect_timeout=0,
+        long_lived=LiveRuns(ProcessLauncher()),
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -27,7 +27,6 @@ from apportion.cli.config import CONFIG_META, config_option
 from apportion.cli.errors import check_address, check_host_option, check_port_option, fail
 from apportion.core.resources import parse_resources
 from apportion.log_setup import configure_logging
-from apportion.runs.live import DEFAULT_KILL_GRACE
 from apportion.worker.dask_config import dask_worker_resources, log_dask_resources
 from apportion.worker.detect import (
     detect_supply,
@@ -35,6 +34,7 @@ from apportion.worker.detect import (
     parse_memory_limit,
     split_auto,
 )
+from apportion.worker.long_lived import DEFAULT_KILL_GRACE
 from apportion.worker.shares import split_supply
 from apportion.worker.supervisor import RESTART_EXIT, SUPERVISOR_PID_VARIABLE
 
@@ -348,6 +348,8 @@ def run_one(address: str, settings: WorkerSettings) -> int:
     The first SIGTERM or SIGINT drains the worker (``Worker.drain``); a second one
     closes it at once. Status 0 tells a supervisor not to start it again.
     """
+    from apportion.runs.launcher import ProcessLauncher
+    from apportion.runs.live import LiveRuns
     from apportion.worker.service import Worker
 
     async def serve() -> int:
@@ -365,6 +367,7 @@ def run_one(address: str, settings: WorkerSettings) -> int:
             supervisor=supervisor or 0,
             kill_grace=settings.kill_grace,
             connect_timeout=settings.connect_timeout,
+            long_lived=LiveRuns(ProcessLauncher()),  # the job queue's command runs
         )
         try:
             await worker.start()

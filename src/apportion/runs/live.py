@@ -12,33 +12,31 @@ Everything the job queue must know travels as typed messages (``RunStarted``,
 ``RunOutput``, ``RunEnded``), each in a ``TaskNote`` about the run's task that the
 scheduler forwards unread to the queue, so nobody unpickles a run's result;
 notes sent while no scheduler is connected wait in the worker until one is.
+
+``LiveRuns`` is the worker's long-lived executor (``worker.long_lived``): whoever
+builds a worker that runs commands gives it one, with the launcher that starts them.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from apportion.protocol.codec import encode_message
 from apportion.protocol.messages import Message, RunEnded, RunOutput, RunStarted, TaskNote
-from apportion.runs.launcher import Launch, Launcher, ProcessLauncher
+from apportion.runs.launcher import Launch, Launcher
 from apportion.runs.process import ExitStatus, RunOutcome
 from apportion.runs.spec import RunSpec
+from apportion.worker.long_lived import WorkerLink
 
 logger = logging.getLogger("apportion.runs")
 
 #: A run's task key is this prefix and its id: ``run-7``.
 RUN_KEY_PREFIX = "run-"
-#: How long a cancelled run's processes get between SIGTERM and SIGKILL.
-DEFAULT_KILL_GRACE = 10.0
 
 
 def run_key(run_id: int) -> str:
@@ -53,32 +51,11 @@ def run_id_of(key: str) -> int | None:
     return None
 
 
-def run_groups_path(worker_pid: int) -> Path:
-    """Where a supervised worker lists the process groups of its live runs.
-
-    Its supervisor reads the list when the worker dies without stopping them (killed
-    with SIGKILL, by the kernel or for its memory) and kills those groups, so that a
-    run never keeps its GPU after its worker is gone.
-    """
-    return Path(tempfile.gettempdir()) / "apportion-run-groups" / str(worker_pid)
-
-
-def kill_orphaned_runs(worker_pid: int) -> int:
-    """SIGKILL the run process groups a dead worker left; how many were still there."""
-    path = run_groups_path(worker_pid)
-    try:
-        groups = [int(word) for word in path.read_text().split()]
-    except (OSError, ValueError):
-        return 0
-    path.unlink(missing_ok=True)
-    killed = 0
-    for pgid in groups:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-            killed += 1
-        except (ProcessLookupError, PermissionError):
-            pass
-    return killed
+def note(
+    send: Callable[[Message], None], run_id: int, message: Message, *, droppable: bool = False
+) -> None:
+    """Tell the scheduler, for the client wanting the run's task (``TaskNote``)."""
+    send(TaskNote(run_key(run_id), encode_message(message), int(droppable)))
 
 
 class RunFailed(Exception):
@@ -109,40 +86,39 @@ class LiveRun:
 class LiveRuns:
     """The runs alive in this worker process, whatever happens to scheduler sessions.
 
-    ``send`` must be safe to call from any thread (``Worker.send_threadsafe``).
+    ``launcher`` runs each command: ``ProcessLauncher`` for real process groups,
+    ``apportion.testing.FakeLauncher`` for none. The worker ``attach``es it before
+    any run starts (``worker.long_lived.LongLivedTasks``).
     """
 
-    def __init__(
-        self,
-        send: Callable[[Message], None],
-        kill_grace: float = DEFAULT_KILL_GRACE,
-        groups_file: Path | None = None,
-        launcher: Launcher | None = None,
-    ) -> None:
-        self._send = send
-        #: Runs each command (a real process group unless a test injects another).
-        self.launcher: Launcher = launcher or ProcessLauncher()
-        self.kill_grace = kill_grace
+    def __init__(self, launcher: Launcher) -> None:
+        #: Runs each command.
+        self.launcher = launcher
+        #: The worker served; set once by ``attach``.
+        self._link: WorkerLink | None = None
         self._runs: dict[int, LiveRun] = {}
         self._lock = threading.Lock()
-        #: Kept listing the live runs' process groups (``run_groups_path``), if set.
-        self._groups_file = groups_file
+
+    def attach(self, link: WorkerLink) -> None:
+        """Serve the worker behind ``link`` (its sending, kill grace, process groups)."""
+        if self._link is not None:
+            raise RuntimeError("these live runs already serve a worker")
+        self._link = link
+
+    @property
+    def link(self) -> WorkerLink:
+        """The worker served (``attach`` first)."""
+        if self._link is None:
+            raise RuntimeError("these live runs serve no worker yet: attach() first")
+        return self._link
 
     def _write_groups(self) -> None:
-        if self._groups_file is None:
-            return
+        """List the live runs' process groups, for the supervisor should the worker die."""
         with self._lock:
             groups = [
-                str(live.pid) for live in self._runs.values() if live.pid and not live.done.is_set()
+                live.pid for live in self._runs.values() if live.pid and not live.done.is_set()
             ]
-        try:
-            self._groups_file.parent.mkdir(parents=True, exist_ok=True)
-            if groups:
-                self._groups_file.write_text(" ".join(groups))
-            else:
-                self._groups_file.unlink(missing_ok=True)
-        except OSError as exc:  # only a crash clean-up aid: never fail a run for it
-            logger.warning("cannot write %s: %s", self._groups_file, exc)
+        self.link.process_groups.replace(groups)
 
     def keys(self) -> list[str]:
         """Task keys of the runs a restarted scheduler may adopt: alive, or ended and not
@@ -156,8 +132,7 @@ class LiveRuns:
         self.cancel([run_id for run_id in runs if run_id is not None])
 
     def _note(self, run_id: int, message: Message, *, droppable: bool = False) -> None:
-        """Tell the scheduler, for the client wanting the run's task (``TaskNote``)."""
-        self._send(TaskNote(run_key(run_id), encode_message(message), int(droppable)))
+        note(self.link.send, run_id, message, droppable=droppable)
 
     def execute(
         self,
@@ -259,7 +234,7 @@ class LiveRuns:
                 live.offset += len(chunk)
 
         try:
-            launch = Launch(spec.command, spec.cwd, env, spec.time_limit, self.kill_grace)
+            launch = Launch(spec.command, spec.cwd, env, spec.time_limit, self.link.kill_grace)
             outcome = self.launcher.run(
                 launch, on_start=started, on_output=output, cancel=live.cancel
             )
@@ -302,11 +277,21 @@ def execute_run(run_id: int, run: RunSpec) -> dict[str, Any]:
     )
 
     worker = get_worker()
+    runs = worker.long_lived
+    if not isinstance(runs, LiveRuns):
+        # Said as the run's end, so the journal shows why rather than a bare failure.
+        detail = (
+            f"worker {worker.name} runs no commands: it was built without a launcher "
+            "(Worker(long_lived=LiveRuns(launcher)))"
+        )
+        logger.error("run %d: %s", run_id, detail)
+        note(worker.send_threadsafe, run_id, RunEnded(run_id, -1, 0, "could not start", detail))
+        raise RunFailed(f"run {run_id}: could not start: {detail}")
     env = run_environment(run_id, run, task_environment(run.env))
     session = worker.sessions
-    outcome = worker.live_runs.execute(run_id, run, env, task_held(), task_cancel_event())
+    outcome = runs.execute(run_id, run, env, task_held(), task_cancel_event())
     if worker.sessions == session and worker.connected:
-        worker.live_runs.settled(run_id)
+        runs.settled(run_id)
     if outcome.reason != "completed":
         raise RunFailed(f"run {run_id}: {outcome.reason}: {outcome.detail}")
     return {"exit_code": outcome.status.code, "detail": outcome.detail}

@@ -6,6 +6,9 @@ queue runs on the scheduler's loop: a chatty run's output, the journal's commits
 and the queue's decisions all happen beside it. The scheduler only forwards: notes
 about run tasks, requests about runs, runs still alive on workers that come back.
 
+It is a companion of its scheduler (``Scheduler(companions=[RunsService(...)])``):
+it claims the journal under the scheduler's public address, so that ``apportion``
+commands find where to connect, and connects at the scheduler's local address.
 Starting waits until the scheduler has taken the queue's registration (a round
 trip on the connection) and the journal has been read, so that a worker that
 registers afterwards has its live runs offered to the queue, never dropped.
@@ -25,6 +28,7 @@ from apportion.net.handshake import open_connection
 from apportion.protocol import messages as m
 from apportion.runs.journal import Journal
 from apportion.runs.queue import QueueOptions, RunQueue
+from apportion.scheduler.companions import SchedulerAddresses
 
 logger = logging.getLogger("apportion.runs")
 
@@ -46,12 +50,17 @@ class _Link:
 
 
 class RunsService:
-    """A ``RunQueue`` on its own thread, talking to the scheduler at an address."""
+    """A ``RunQueue`` on its own thread: the companion of a scheduler serving ``journal``.
 
-    def __init__(self, journal: Journal, address: str, options: QueueOptions) -> None:
+    ``start`` raises ``JournalBusy`` if another live scheduler serves the journal.
+    """
+
+    #: The scheduler's log ring keeps the queue's records too.
+    loggers: tuple[str, ...] = ("apportion.runs",)
+
+    def __init__(self, journal: Journal, options: QueueOptions | None = None) -> None:
         self.journal = journal
-        self.address = address
-        self.options = options
+        self.options = options or QueueOptions()
         #: The queue, once connected (ready once ``start`` has answered).
         self.queue: RunQueue | None = None
         self._thread: LoopThread | None = None
@@ -60,17 +69,32 @@ class RunsService:
         self._ids = itertools.count(1)
         self._answers: dict[int, asyncio.Future[m.Message]] = {}
 
-    def start(self) -> asyncio.Future[RunQueue]:
-        """Start the thread, connect, register, resume the journal; the queue, once ready.
+    async def start(self, scheduler: SchedulerAddresses) -> None:
+        """Claim the journal, start the thread, connect, register, resume the journal.
 
-        Call from the scheduler's loop and await the result.
+        Call on the scheduler's loop (``Companion.start``); returns once the queue is
+        ready. On failure everything started is stopped and the claim released.
         """
-        self._thread = LoopThread("apportion-runs")
-        future = asyncio.run_coroutine_threadsafe(self._start(), self._thread.loop)
-        return asyncio.wrap_future(future)
+        self.journal.claim(scheduler.public)
+        try:
+            self._thread = LoopThread("apportion-runs")
+            future = asyncio.run_coroutine_threadsafe(
+                self._start(scheduler.local), self._thread.loop
+            )
+            await asyncio.wrap_future(future)
+        except BaseException:
+            await asyncio.to_thread(self._stop)
+            self.journal.release()
+            raise
+        logger.info("serving the run journal %s", self.journal.path)
 
-    async def _start(self) -> RunQueue:
-        conn, _ = await open_connection(self.address, "client", "runs")
+    async def close(self) -> None:
+        """Disconnect, let the writer finish, stop the thread, release the journal."""
+        await asyncio.to_thread(self._stop)
+        await asyncio.to_thread(self.journal.release)
+
+    async def _start(self, address: str) -> RunQueue:
+        conn, _ = await open_connection(address, "client", "runs")
         self._conn = conn
         queue = self.queue = RunQueue(self.journal, _Link(conn), self.options)  # registers
         self._tasks.append(asyncio.create_task(self._receive(conn, queue), name="runs-recv"))
@@ -111,7 +135,7 @@ class RunsService:
             except Exception:
                 logger.exception("job queue: tick failed")
 
-    def close(self) -> None:
+    def _stop(self) -> None:
         """Disconnect, let the writer finish, stop the thread (blocking; from any thread
         but the service's own)."""
         thread, self._thread = self._thread, None

@@ -15,20 +15,19 @@ import contextlib
 import itertools
 import logging
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from apportion.clock import SYSTEM_CLOCK, Clock
 from apportion.log_ring import LogRing
 from apportion.loop_thread import BackgroundService
-from apportion.net.address import DEFAULT_PORT
+from apportion.net.address import DEFAULT_PORT, INPROC, is_inproc
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeError, accept_connection
 from apportion.net.transport import Listener, transport_for
 from apportion.protocol import messages as m
 from apportion.protocol.codec import ProtocolError
-from apportion.runs.journal import Journal
-from apportion.runs.queue import QueueOptions, RunQueue
-from apportion.runs.service import RunsService
+from apportion.scheduler.companions import Companion, SchedulerAddresses
 from apportion.scheduler.events import (
     ClientJoined,
     ClientLeft,
@@ -63,7 +62,9 @@ class Scheduler(BackgroundService):
     ``inproc://name`` (or ``inproc://`` for a fresh name) listens in memory instead of
     on TCP, for clusters within one process (``port`` is then not used). ``clock``
     (default: the system's) gives the time of every event and paces the tick that
-    finds silent workers.
+    finds silent workers. ``companions`` are services started beside it once it
+    listens, before any worker is admitted, and closed first when it closes
+    (``scheduler.companions``: the job queue is one).
     """
 
     def __init__(
@@ -72,9 +73,8 @@ class Scheduler(BackgroundService):
         port: int = DEFAULT_PORT,
         *,
         config: SchedulerConfig | None = None,
-        journal: Journal | None = None,
-        queue_options: QueueOptions | None = None,
         clock: Clock | None = None,
+        companions: Sequence[Companion] = (),
     ) -> None:
         self.host = host
         self.port = port
@@ -89,16 +89,17 @@ class Scheduler(BackgroundService):
         self._placement_scheduled = False
         self._closed: asyncio.Event | None = None
         self._ticker: asyncio.Task[None] | None = None
-        self._journal = journal
-        self._queue_options = queue_options or QueueOptions()
-        #: The job queue, when this scheduler serves a journal of command runs; it
-        #: lives on a thread of its own (``RunsService``), a client of this scheduler.
-        self.queue: RunQueue | None = None
-        self._runs: RunsService | None = None
-        #: Set once the job queue (if any) is ready for the workers' live runs.
-        self._services_ready = asyncio.Event()
+        #: Services beside this scheduler, in the order they start.
+        self.companions = tuple(companions)
+        #: The companions started and not closed yet.
+        self._started: list[Companion] = []
+        #: Where the companions connect when the public address is not in memory.
+        self._local_server: Listener | None = None
+        #: Set once every companion is ready: workers are admitted from then on.
+        self._companions_ready = asyncio.Event()
         #: Recent records of the scheduler's loggers (``client.get_scheduler_logs``).
-        self.logs = LogRing(only=("apportion.scheduler", "apportion.runs"))
+        loggers = [name for companion in self.companions for name in companion.loggers]
+        self.logs = LogRing(only=("apportion.scheduler", *loggers))
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -111,21 +112,12 @@ class Scheduler(BackgroundService):
         self.state.identity = {"id": self.id, "address": self.address}
         self.state.remote.versions = versions()
         self.state.remote.logs = lambda n: [list(r) for r in self.logs.recent(n)]
-        if self._journal is not None:
-            try:
-                self._journal.claim(self.address)
-            except BaseException:
-                self._server.close()
-                raise
-            self._runs = RunsService(self._journal, self._runs_address(), self._queue_options)
-            try:
-                self.queue = await self._runs.start()
-            except BaseException:
-                await asyncio.to_thread(self._runs.close)
-                self._server.close()
-                raise
-            logger.info("serving the run journal %s", self._journal.path)
-        self._services_ready.set()
+        try:
+            await self._start_companions()
+        except BaseException:
+            self._server.close()
+            raise
+        self._companions_ready.set()
         self.logs.attach()
         self._ticker = asyncio.create_task(self._tick(), name="scheduler-tick")
         logger.info("scheduler listening at %s", self.address)
@@ -137,9 +129,36 @@ class Scheduler(BackgroundService):
             await self.clock.sleep(TICK_SECONDS)
             self._handle(Tick(self.clock.monotonic()))
 
-    def _runs_address(self) -> str:
-        """Where the job queue connects to this scheduler (the one place to change it)."""
-        return self.address
+    async def _start_companions(self) -> None:
+        """Start every companion, giving each the address it connects to.
+
+        That address is in memory even when the scheduler listens on TCP: the
+        in-memory transport works across the loops and threads of one process and
+        carries the same frames through the same handshake, without a socket, so a
+        companion's traffic (a chatty run's output) costs no system calls.
+        """
+        if not self.companions:
+            return
+        local = self.address
+        if not is_inproc(local):
+            self._local_server = await transport_for(INPROC).listen(INPROC, 0, self._on_connect)
+            local = self._local_server.address
+        where = SchedulerAddresses(self.address, local)
+        try:
+            for companion in self.companions:
+                await companion.start(where)
+                self._started.append(companion)
+        except BaseException:
+            await self._close_companions()
+            raise
+
+    async def _close_companions(self) -> None:
+        """Close the companions started, last first, then their in-memory listener."""
+        while self._started:
+            await self._started.pop().close()
+        if self._local_server is not None:
+            self._local_server.close()
+            self._local_server = None
 
     async def close(self) -> None:
         """Stop listening and drop every connection; idempotent."""
@@ -149,15 +168,13 @@ class Scheduler(BackgroundService):
         if self._server is not None:
             self._server.close()
             self._server = None
-        if self._runs is not None:
-            # First, so that the workers leaving below do not requeue its runs: they
-            # stay running in the journal, for the next scheduler to adopt.
-            await asyncio.to_thread(self._runs.close)
+        # First, so that the workers leaving below reach no companion: the job queue
+        # would requeue their runs, which must stay running in the journal for the
+        # next scheduler to adopt.
+        await self._close_companions()
         for conn in list(self._conns.values()):
             await conn.close()
         self._conns.clear()
-        if self._journal is not None and self._runs is not None:
-            await asyncio.to_thread(self._journal.release)
         self.logs.detach()
         if self._closed is not None:
             self._closed.set()
@@ -202,7 +219,7 @@ class Scheduler(BackgroundService):
         first = await conn.recv()
         if not first or not isinstance(first[0], m.RegisterWorker):
             raise ProtocolError("a worker must register first")
-        await self._services_ready.wait()  # its live runs are offered to the job queue
+        await self._companions_ready.wait()  # its live tasks are offered to a ready one
         self._conns[peer_id] = conn
         registration = first[0]
         self._handle(WorkerJoined(peer_id, registration, self.clock.monotonic()))

@@ -31,7 +31,10 @@ when time passes::
             await clock.advance(5)
             assert len(cluster.scheduler.state.workers) == 2
 
-``FakeLauncher`` runs command runs without processes: ``Worker(..., launcher=...)``.
+``FakeLauncher`` runs command runs without processes:
+``Worker(..., long_lived=LiveRuns(FakeLauncher()))``; with the job queue as the
+scheduler's companion (``InMemoryCluster(..., companions=[RunsService(journal)])``)
+a whole queue runs in one process.
 """
 
 from apportion.testing.clock import FakeClock

@@ -17,6 +17,7 @@ from apportion.client.client import Client
 from apportion.clock import SYSTEM_CLOCK, Clock
 from apportion.loop_thread import LoopThread
 from apportion.net.address import INPROC
+from apportion.scheduler.companions import Companion
 from apportion.scheduler.service import Scheduler
 from apportion.scheduler.state import SchedulerConfig
 from apportion.worker.service import Worker
@@ -35,7 +36,9 @@ class InMemoryCluster:
     keywords per worker (``{"name": "gpu", "nthreads": 2, "resources": "GPU=2"}``).
     ``config``: the scheduler's; by default, as in ``LocalCluster``, a request that
     no worker can meet fails at once. ``clock``: shared by the scheduler and every
-    worker (a ``FakeClock`` lets a test decide when time passes).
+    worker (a ``FakeClock`` lets a test decide when time passes). ``companions``:
+    services started beside the scheduler (``Scheduler(companions=...)``), such as
+    the job queue.
 
     ``async with`` runs the services on the running loop (drive the fake clock with
     ``await clock.advance(...)``); ``with`` runs them on a background loop thread,
@@ -50,12 +53,15 @@ class InMemoryCluster:
         config: SchedulerConfig | None = None,
         clock: Clock | None = None,
         name: str | None = None,
+        companions: Sequence[Companion] = (),
     ) -> None:
         self.clock: Clock = clock or SYSTEM_CLOCK
         self.name = name or f"cluster-{uuid.uuid4().hex[:8]}"
         config = config if config is not None else SchedulerConfig(fail_unsatisfiable=True)
         #: The real scheduler service, listening at ``inproc://<name>``.
-        self.scheduler = Scheduler(INPROC + self.name, config=config, clock=self.clock)
+        self.scheduler = Scheduler(
+            INPROC + self.name, config=config, clock=self.clock, companions=companions
+        )
         self._specs = [{}] * workers if isinstance(workers, int) else [dict(w) for w in workers]
         #: The workers started and not removed, in order.
         self.workers: list[Worker] = []

@@ -14,7 +14,8 @@ class FakeLauncher:
 
     With ``block=True`` a command runs until it is cancelled (then it ends as a
     process stopped with SIGTERM would). ``launches`` records every command run, in
-    order. Give it to ``Worker(..., launcher=FakeLauncher())``.
+    order. Give it to a worker through its live runs:
+    ``Worker(..., long_lived=LiveRuns(FakeLauncher()))`` (``apportion.runs.live``).
     """
 
     def __init__(self, output: bytes = b"", exit_code: int = 0, *, block: bool = False) -> None:

@@ -55,12 +55,6 @@ from apportion.protocol.messages import (
     WorkerClosing,
     WorkerDraining,
 )
-from apportion.runs.launcher import Launcher
-from apportion.runs.live import (
-    DEFAULT_KILL_GRACE,
-    LiveRuns,
-    run_groups_path,
-)
 from apportion.worker.data_server import DataServer, data_reply
 from apportion.worker.events import (
     ComputeArrived,
@@ -79,7 +73,9 @@ from apportion.worker.events import (
     WorkerEvent,
 )
 from apportion.worker.execution import Finished, Outcome, TaskRunner, type_name
+from apportion.worker.long_lived import DEFAULT_KILL_GRACE, LongLivedTasks, WorkerLink
 from apportion.worker.peers import PeerPool
+from apportion.worker.process_groups import ProcessGroups, process_groups_path
 from apportion.worker.remote_calls import RemoteCallRunner
 from apportion.worker.sizeof import sizeof
 from apportion.worker.state import WorkerState
@@ -103,15 +99,19 @@ class Worker(BackgroundService):
     ``heartbeat_interval``: seconds between ``Heartbeat`` messages, sent from the event
     loop so that a frozen worker falls silent; keep it well under the scheduler's
     worker timeout. ``reconnect_timeout``: how long to keep trying to reconnect after
-    losing the scheduler before closing; 0 closes at once. ``kill_grace``: seconds a
-    command run gets between SIGTERM and SIGKILL when it is cancelled or stopped.
+    losing the scheduler before closing; 0 closes at once. ``kill_grace``: seconds
+    long-lived work (a command run) gets between SIGTERM and SIGKILL when it is
+    cancelled or stopped.
     ``connect_timeout``: how long ``start`` keeps trying to reach a scheduler that is
     not listening yet (a worker started before its scheduler, as Dask's waits too);
     0 tries once. Something that answers but is not an apportion scheduler fails at once.
     ``clock`` (default: the system's) paces all of these and stamps every event.
     A ``scheduler_address`` of ``inproc://name`` puts the data port in memory too.
-    ``launcher`` runs command runs' commands (default: real processes; tests inject
-    ``apportion.testing.FakeLauncher``).
+    ``long_lived`` executes the tasks whose work outlives scheduler sessions (the job
+    queue's command runs: ``LiveRuns(launcher)`` of ``apportion.runs.live``); by
+    default there is none, and such a task fails saying so. The worker package cannot
+    pick real processes as the default (those live in ``apportion.runs``), and an
+    in-process worker should not start them unasked: ``apportion worker`` injects them.
     """
 
     def __init__(
@@ -130,7 +130,7 @@ class Worker(BackgroundService):
         kill_grace: float = DEFAULT_KILL_GRACE,
         connect_timeout: float = 0.0,
         clock: Clock | None = None,
-        launcher: Launcher | None = None,
+        long_lived: LongLivedTasks | None = None,
     ) -> None:
         self.scheduler_address = scheduler_address
         #: Paces heartbeats, drain deadlines and reconnection; the time in every event.
@@ -182,9 +182,14 @@ class Worker(BackgroundService):
         #: Set by ``drain``: leave once the scheduler says so (``DrainDone``).
         self._draining = False
         self._drained = asyncio.Event()
-        #: Command runs of the job queue; they outlive scheduler sessions.
-        groups = run_groups_path(os.getpid()) if supervisor else None
-        self.live_runs = LiveRuns(self.send_threadsafe, kill_grace, groups, launcher)
+        #: Seconds stopped long-lived work gets between SIGTERM and SIGKILL.
+        self.kill_grace = kill_grace
+        #: Executes the tasks whose work outlives scheduler sessions, if any.
+        self.long_lived = long_lived
+        if long_lived is not None:
+            # Listed for the supervisor only: nobody else kills them if we are killed.
+            groups = ProcessGroups(process_groups_path(os.getpid()) if supervisor else None)
+            long_lived.attach(WorkerLink(self.send_threadsafe, kill_grace, groups))
         #: Messages from task threads while no scheduler is connected, sent on the
         #: next registration (a run's output and end must not be lost); bounded.
         self._unsent: list[Message] = []
@@ -242,15 +247,17 @@ class Worker(BackgroundService):
             if self._runner is not None:
                 self._runner.close()
             await self.remote_calls.close()
-            if self.live_runs.keys():
+            long_lived = self.long_lived
+            if long_lived is not None and long_lived.keys():
                 if self._scheduler is not None:
-                    # Leaving, not lost: heartbeats go on while the runs are stopped, so
-                    # the scheduler starts none of them again while a copy still runs.
-                    self._scheduler.send(WorkerClosing("stopping its command runs"))
-                grace = self.live_runs.kill_grace + 5.0
-                left = await asyncio.to_thread(self.live_runs.stop_all, grace)
+                    # Leaving, not lost: heartbeats go on while the work is stopped, so
+                    # the scheduler starts none of it again while a copy still runs.
+                    self._scheduler.send(WorkerClosing("stopping its long-lived tasks"))
+                left = await asyncio.to_thread(long_lived.stop_all, self.kill_grace + 5.0)
                 if left:
-                    logger.error("worker %s: %d runs could not be stopped", self.name, left)
+                    logger.error(
+                        "worker %s: %d long-lived tasks could not be stopped", self.name, left
+                    )
             await self._cancel_tasks(self._heartbeat)
             await self._peers.close()
             if self._scheduler is not None:
@@ -323,7 +330,7 @@ class Worker(BackgroundService):
                 self.memory_limit,
                 self.units,
                 self.supervisor,
-                self.live_runs.keys(),
+                self.long_lived.keys() if self.long_lived is not None else [],
             )
         )
         self.sessions += 1
@@ -535,7 +542,8 @@ class Worker(BackgroundService):
                     self._handle(events)
                     events = []
                     self._runner.cancel(message.keys)
-                    self.live_runs.cancel_keys(message.keys)
+                    if self.long_lived is not None:
+                        self.long_lived.cancel_keys(message.keys)
                     events.append(FreeArrived(tuple(message.keys), now))
                 case RunCall() | Install() | Uninstall():
                     self.remote_calls.handle(message)

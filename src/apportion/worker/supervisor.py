@@ -39,7 +39,7 @@ import psutil
 
 from apportion.net.handshake import open_connection
 from apportion.protocol.messages import WorkerDied
-from apportion.runs.live import kill_orphaned_runs
+from apportion.worker.process_groups import kill_orphaned_groups
 
 logger = logging.getLogger("apportion.supervisor")
 
@@ -326,12 +326,14 @@ class Supervisor:
         if slot.replacing or (code == RESTART_EXIT and not slot.retired):
             slot.replacing = False
             logger.info("worker %s (pid %d) is replaced by a fresh process", slot.name, pid)
-            kill_orphaned_runs(pid)
+            kill_orphaned_groups(pid)
             self._start(slot)
             return
-        orphans = kill_orphaned_runs(pid) if pid > 0 else 0
+        orphans = kill_orphaned_groups(pid) if pid > 0 else 0
         if orphans:
-            logger.warning("worker %s left %d command runs behind; killed them", slot.name, orphans)
+            logger.warning(
+                "worker %s left %d process groups behind; killed them", slot.name, orphans
+            )
         if self._report is not None and code != 0 and not slot.retired:
             self._report(slot.name, pid, how)  # a stop is no news for the scheduler
         if code == 0 or slot.retired:
