@@ -1,4 +1,5 @@
-"""Command runs through an injected launcher: a real scheduler and worker, no process."""
+"""Command runs through an injected launcher: a real scheduler and worker, no process;
+and a worker built without one."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from apportion.runs.journal import CANCELLED, COMPLETED, FINISHED, Journal, RunRecord
+from apportion.runs import remote
+from apportion.runs.journal import CANCELLED, COMPLETED, FAILED, FINISHED, Journal, RunRecord
 from apportion.runs.live import LiveRuns
 from apportion.runs.service import RunsService
 from apportion.runs.spec import new_spec
 from apportion.scheduler.service import Scheduler
-from apportion.testing import FakeLauncher
+from apportion.testing import FakeLauncher, InMemoryCluster
 from apportion.worker.service import Worker
 
 pytestmark = pytest.mark.timeout(30)
@@ -59,3 +61,17 @@ def test_a_run_goes_through_the_injected_launcher(tmp_path: Path) -> None:
 def test_a_blocked_fake_command_is_cancelled(tmp_path: Path) -> None:
     record = asyncio.run(_run(tmp_path, FakeLauncher(block=True), cancel=True))
     assert record.state == CANCELLED and record.signal == 15
+
+
+def test_a_worker_built_without_a_launcher_fails_runs_saying_why(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "runs.db")
+    reader = Journal(tmp_path / "runs.db")
+    try:
+        with InMemoryCluster(1, companions=[RunsService(journal)]) as cluster:
+            (run_id,) = remote.submit(cluster.address, [new_spec(["never", "started"])])
+            record = cluster.run(asyncio.wait_for(_finished(reader, run_id), 20))
+    finally:
+        reader.close()
+        journal.close()
+    assert record.state == FAILED, record
+    assert "built without a launcher" in record.reason, record.reason
