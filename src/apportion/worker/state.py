@@ -87,8 +87,9 @@ class InvalidTransition(AssertionError):
 
 
 @dataclass(slots=True)
-class TaskRecord:
-    """One task this worker was asked to run and has not reported yet."""
+class AssignedTask:
+    """The worker's own record of one task the scheduler assigned to it and that it
+    has not reported yet (the scheduler's view of a task is ``scheduler.records.TaskRecord``)."""
 
     key: str
     func_id: str
@@ -124,7 +125,7 @@ class WorkerState:
         #: Our own data address: never fetch from ourselves.
         self.address = address
         #: Tasks not yet reported, by key.
-        self.tasks: dict[str, TaskRecord] = {}
+        self.tasks: dict[str, AssignedTask] = {}
         #: Keys whose values are in the data store.
         self.data: dict[str, DataInfo] = {}
         #: Subset of ``data`` the scheduler knows is here; the rest is transient.
@@ -206,7 +207,7 @@ class WorkerState:
             return
         deps = tuple(d for d in task.who_has if d != key)
         self._seq += 1
-        record = TaskRecord(
+        record = AssignedTask(
             key,
             task.func_id,
             task.args,
@@ -402,7 +403,7 @@ class WorkerState:
             if orphaned and key not in self.fetches and moved_to == "released":
                 self._dep_unavailable(key, [], now)
 
-    def _make_ready(self, record: TaskRecord) -> None:
+    def _make_ready(self, record: AssignedTask) -> None:
         record.state = "ready"
         entry = (0 if record.allocation.resources else 1, -record.priority, record.seq, record.key)
         heapq.heappush(self._ready, entry)
@@ -427,7 +428,7 @@ class WorkerState:
             for dep in record.deps:
                 self._release_need(dep, record.key, now)
 
-    def _finish_execution(self, key: str) -> TaskRecord:
+    def _finish_execution(self, key: str) -> AssignedTask:
         record = self.tasks.get(key)
         if record is None or record.state != "executing":
             raise InvalidTransition(f"execution of {key!r} finished but it was not executing")
