@@ -178,7 +178,7 @@ def test_replicated_results_are_listed_on_every_holder(sim: SimulatedCluster) ->
     assert facts.nthreads == {"sim://w1": 1, "sim://w2": 1}
     assert facts.processing == {f"sim://{w}": ["b"] if w == runs_b else [] for w in (w1, w2)}
     assert got(sim, m.WhoHasReply) == [m.WhoHasReply(3, {"a": ["sim://w1", "sim://w2"]})]
-    assert any("copied from w1 to w2" in row[4] for row in sim.state.story_of("a"))
+    assert any("copied from w1 to w2" in row[4] for row in sim.state.story("a"))
 
 
 def test_a_replicated_result_survives_losing_a_holder(sim: SimulatedCluster) -> None:
@@ -322,7 +322,7 @@ def test_retry_runs_an_erred_task_again(sim: SimulatedCluster) -> None:
     sim.place()
     sim.finish("a")
     assert [k for msg in got(sim, m.KeysDone) for k in msg.keys] == ["a"]
-    assert any("retried by client c1" in row[4] for row in sim.state.story_of("a"))
+    assert any("retried by client c1" in row[4] for row in sim.state.story("a"))
 
 
 def test_retry_runs_the_failed_chain_from_its_root(sim: SimulatedCluster) -> None:

@@ -163,7 +163,7 @@ def test_loose_goes_elsewhere_only_when_no_named_worker_could_run_it(sim: Sim) -
         sim.finish(key)
     sim.place()
     assert sim.where("too-small") == "a"
-    story = [row[4] for row in sim.state.story_of("too-small")]
+    story = [row[4] for row in sim.state.story("too-small")]
     assert "submitted, preferring workers small" in story
     assert any("not one of its preferred workers (small)" in cause for cause in story)
 

@@ -59,7 +59,7 @@ def test_a_draining_worker_finishes_its_task_then_hands_its_results_off(
     sim.remove_worker(leaving)
     assert not got(sim, m.KeysPending)  # nothing was lost, nothing runs again
     assert {sim.state.tasks[k].state for k in ("held", "running")} == {MEMORY}
-    assert any("handed from leaving to staying" in row[4] for row in sim.state.story_of("held"))
+    assert any("handed from leaving to staying" in row[4] for row in sim.state.story("held"))
 
 
 def test_a_draining_worker_with_nobody_to_take_its_results_is_let_go(

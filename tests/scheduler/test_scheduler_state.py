@@ -498,7 +498,7 @@ def test_release_of_a_queued_task_forgets_it(sim: RecordingCluster) -> None:
     sim.submit("x", resources="GPU=1")
     sim.client_says("c1", m.ReleaseKeys(["x"]))
     assert sim.state.tasks == {}
-    assert sim.state.story_of("x")[-1][2:4] == (QUEUED, "forgotten")
+    assert sim.state.story("x")[-1][2:4] == (QUEUED, "forgotten")
     w = sim.add_worker(resources="GPU=1")
     assert sim.place() == []
     assert not sim.running[w]
@@ -567,7 +567,7 @@ def test_retries_requeue_then_fail(sim: RecordingCluster) -> None:
     assert sim.state_of("x") == ERRED
     assert [e.key for e in sim.got(m.TaskErred)] == ["x"]
     assert sim.place() == []
-    causes = [row[4] for row in sim.state.story_of("x")]
+    causes = [row[4] for row in sim.state.story("x")]
     assert sum("retrying" in c for c in causes) == 2
 
 
@@ -896,7 +896,7 @@ def test_story_lists_transitions_with_causes(sim: RecordingCluster) -> None:
     sim.place()
     sim.finish("x")
     sim.client_says("c1", m.ReleaseKeys(["x"]))
-    story = [row[2:] for row in sim.state.story_of("x")]
+    story = [row[2:] for row in sim.state.story("x")]
     assert story == [
         ("new", QUEUED, "submitted"),
         (QUEUED, PROCESSING, "assigned to w"),
@@ -1249,7 +1249,7 @@ def test_a_lost_result_is_recomputed_from_released_inputs(sim: RecordingCluster)
         sim.finish(key)
     assert sim.done() == ["c", "c"]
     assert sim.state_of("c") == MEMORY and sim.state_of("a") == RELEASED
-    story = [row[4] for row in sim.state.story_of("a")]
+    story = [row[4] for row in sim.state.story("a")]
     assert "needed to recompute b" in story
 
 

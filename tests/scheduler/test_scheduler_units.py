@@ -98,7 +98,7 @@ def test_story_and_compute_message_name_the_units(sim: SimulatedCluster) -> None
     sim.submit("t", resources={"gpu": 2})
     sim.place()
     assert sim.running[w]["t"].allocation.units == {"gpu": ["4", "5"]}
-    causes = [row[4] for row in sim.state.story_of("t")]
+    causes = [row[4] for row in sim.state.story("t")]
     assert "assigned to gpus holding gpu [4,5]" in causes
 
 

@@ -232,7 +232,7 @@ def info(state: SchedulerCore, client: ClientRecord, msg: m.InfoRequest) -> None
 
 
 def story(state: SchedulerCore, client: ClientRecord, msg: m.StoryRequest) -> None:
-    rows: list[list[Any]] = [list(row) for row in state.story_of(msg.key)]
+    rows: list[list[Any]] = [list(row) for row in state.story(msg.key)]
     state.reply(client.id, m.StoryReply(msg.request_id, rows))
 
 

@@ -505,6 +505,6 @@ class SchedulerCore:
             self.enqueue(task, cause)
         return released
 
-    def story_of(self, key: str) -> list[tuple[float, str, str, str, str]]:
+    def story(self, key: str) -> list[tuple[float, str, str, str, str]]:
         """Every recorded transition of ``key``, oldest first, with its cause."""
         return [row for row in self.log if row[1] == key]
