@@ -23,7 +23,15 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from apportion import Client, Future, LocalCluster
 from apportion.protocol import messages as m
 from apportion.scheduler.invariants import check_invariants
-from apportion.scheduler.records import ERRED, MEMORY, QUEUED, WAITING
+from apportion.scheduler.records import (
+    ERRED,
+    FORGOTTEN,
+    MEMORY,
+    PROCESSING,
+    QUEUED,
+    RELEASED,
+    WAITING,
+)
 from apportion.testing import SimulatedCluster
 from cluster_checks import checked_client, settle
 
@@ -54,7 +62,7 @@ def freed(sim: SimulatedCluster, worker_id: str) -> list[str]:
 
 def state_of(sim: SimulatedCluster, key: str) -> str:
     task = sim.state.tasks.get(key)
-    return "forgotten" if task is None else task.state
+    return FORGOTTEN if task is None else task.state
 
 
 def computed(sim: SimulatedCluster, *keys: str, nbytes: int = 8) -> None:
@@ -100,7 +108,7 @@ def test_a_published_result_outlives_its_client_until_unpublished(sim: Simulated
     sim.client_says("c2", m.UnpublishDataset(3, ["x"]))
     assert state_of(sim, "a") == MEMORY  # the reader still holds a future
     sim.client_says("c2", m.ReleaseKeys(["a"]))
-    assert state_of(sim, "a") == "forgotten" and freed(sim, w) == ["a"]
+    assert state_of(sim, "a") == FORGOTTEN and freed(sim, w) == ["a"]
     assert "dataset:x" not in sim.state.clients
 
 
@@ -242,7 +250,7 @@ def test_a_result_released_while_copied_is_not_kept_by_the_receiver(
     sim.client_says("c1", m.ReplicateKeys(1, ["a"], 0, []))
     sim.client_says("c1", m.ReleaseKeys(["a"]))
     copy_through(sim, w1, w2)
-    assert freed(sim, w2) == ["a"] and state_of(sim, "a") == "forgotten"
+    assert freed(sim, w2) == ["a"] and state_of(sim, "a") == FORGOTTEN
     assert got(sim, m.CopiesDone) == [m.CopiesDone(1, 0, 0)]
 
 
@@ -304,7 +312,7 @@ def test_retrying_a_task_failed_while_still_running_answers_at_once() -> None:
     sim.add_worker("A")
     sim.place()
     sim.raise_("a")
-    assert state_of(sim, "b") == "processing" and sim.state.tasks["b"].cancelled
+    assert state_of(sim, "b") == PROCESSING and sim.state.tasks["b"].cancelled
     before = len(got(sim, m.TaskErred))
     sim.client_says("c1", m.RetryKeys(["b"]))
     assert [msg.key for msg in got(sim, m.TaskErred)[before:]] == ["b"]
@@ -345,7 +353,7 @@ def test_retry_recomputes_released_inputs(sim: SimulatedCluster) -> None:
     sim.finish("a")
     sim.place()
     sim.raise_("b")
-    assert state_of(sim, "a") == "released"
+    assert state_of(sim, "a") == RELEASED
     sim.client_says("c1", m.RetryKeys(["b"]))
     assert (state_of(sim, "a"), state_of(sim, "b")) == (QUEUED, WAITING)
     sim.run({})

@@ -9,7 +9,7 @@ import pytest
 from apportion.protocol import messages as m
 from apportion.scheduler.events import Tick, WorkerDeathReport
 from apportion.scheduler.invariants import check_invariants
-from apportion.scheduler.records import MEMORY, QUEUED
+from apportion.scheduler.records import ERRED, MEMORY, QUEUED
 from apportion.scheduler.state import SchedulerConfig
 from apportion.testing import SimulatedCluster
 
@@ -176,7 +176,7 @@ def test_a_held_poison_task_is_not_placed_through_an_old_heap_entry() -> None:
     assert "t" not in {key for _, key in sim.place()}
     sim.now += 5
     sim.handle(Tick(sim.now))
-    assert sim.state.tasks["t"].state == "erred"
+    assert sim.state.tasks["t"].state == ERRED
     check_invariants(sim.state)
 
 

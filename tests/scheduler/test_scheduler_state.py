@@ -16,7 +16,15 @@ from apportion.core.resources import ResourceSpec
 from apportion.protocol import messages as m
 from apportion.scheduler.events import FromWorker
 from apportion.scheduler.invariants import check_invariants
-from apportion.scheduler.records import ERRED, MEMORY, PROCESSING, QUEUED, RELEASED, WAITING
+from apportion.scheduler.records import (
+    ERRED,
+    FORGOTTEN,
+    MEMORY,
+    PROCESSING,
+    QUEUED,
+    RELEASED,
+    WAITING,
+)
 from apportion.scheduler.state import SchedulerConfig
 from apportion.testing import Interval, RecordingCluster, UnexpectedMessages
 
@@ -1134,7 +1142,7 @@ def test_dependent_of_a_cancelled_running_task_fails_when_it_settles(
     sim.finish("x")
     assert sim.state_of("y") == ERRED
     assert [f.keys for f in sim.got(m.KeysFailed)] == [["x"], ["y"]]
-    assert sim.state_of("x") == "forgotten"
+    assert sim.state_of("x") == FORGOTTEN
 
 
 def test_running_dependent_keeps_a_failed_input_registered(sim: RecordingCluster) -> None:
@@ -1302,7 +1310,7 @@ def test_a_lost_result_whose_released_input_was_scattered_fails_clearly(
     sim.place()
     sim.finish("use")
     sim.client_says("c1", m.ReleaseKeys(["data"]))
-    assert sim.state_of("data") == "forgotten"  # scattered: nothing to recompute it from
+    assert sim.state_of("data") == FORGOTTEN  # scattered: nothing to recompute it from
     sim.add_worker(nthreads=1)
     sim.remove_worker(w)
     (failed,) = sim.got(m.KeysFailed)
