@@ -32,10 +32,8 @@ from apportion.scheduler.records import (
     RELEASED,
     WAITING,
 )
-from apportion.testing import SimulatedCluster
-from cluster_checks import checked_client, settle
-
-pytestmark = pytest.mark.tcp  # an in-process cluster over real TCP
+from apportion.testing import InMemoryCluster, SimulatedCluster
+from cluster_checks import InProcess, checked_client, settle
 
 M = TypeVar("M", bound=m.Message)
 
@@ -122,7 +120,7 @@ def test_publishing_a_taken_name_needs_override(sim: SimulatedCluster) -> None:
     assert got(sim, m.SharedDataAck)[-1] == m.SharedDataAck(3, "")
     sim.client_says("c1", m.ReleaseKeys(["a", "b"]))
     # The replaced dataset let "a" go; the new one holds "b".
-    assert (state_of(sim, "a"), state_of(sim, "b")) == ("forgotten", MEMORY)
+    assert (state_of(sim, "a"), state_of(sim, "b")) == (FORGOTTEN, MEMORY)
     sim.client_says("c1", m.DatasetRequest(4, "y"))
     assert got(sim, m.DatasetReply)[-1] == m.DatasetReply(4, 0, b"", [], ["x"])
 
@@ -134,7 +132,7 @@ def test_republishing_the_same_keys_keeps_them(sim: SimulatedCluster) -> None:
     sim.client_says("c1", m.PublishDataset(2, "x", b"2", ["a"], 1))
     sim.remove_client("c1")
     # "a" is in both versions: still held; "b" only in the replaced one: let go.
-    assert (state_of(sim, "a"), state_of(sim, "b")) == (MEMORY, "forgotten")
+    assert (state_of(sim, "a"), state_of(sim, "b")) == (MEMORY, FORGOTTEN)
 
 
 def test_plain_objects_are_kept_as_opaque_bytes(sim: SimulatedCluster) -> None:
@@ -511,21 +509,21 @@ TestCopies = CopiesMachine.TestCase
 # --- the client API on an in-process cluster ---------------------------------------------
 
 
+#: "pin" lets a test put every task on the first worker (Dask would say workers=).
+WORKERS = [
+    {"name": "first", "nthreads": 2, "resources": "pin=100"},
+    {"name": "second", "nthreads": 2},
+]
+
+
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    # "pin" lets a test put every task on the first worker (Dask would say workers=).
-    with LocalCluster(
-        workers=[
-            {"name": "first", "nthreads": 2, "resources": "pin=100"},
-            {"name": "second", "nthreads": 2},
-        ],
-        processes=False,
-    ) as c:
+def cluster() -> Iterator[InMemoryCluster]:
+    with InMemoryCluster(WORKERS) as c:
         yield c
 
 
 @pytest.fixture
-def client(cluster: LocalCluster) -> Iterator[Client]:
+def client(cluster: InProcess) -> Iterator[Client]:
     with checked_client(cluster) as c:
         yield c
 
@@ -534,16 +532,16 @@ def inc(x: int) -> int:
     return x + 1
 
 
-def addresses(cluster: LocalCluster) -> list[str]:
+def addresses(cluster: InProcess) -> list[str]:
     return sorted(w.address for w in cluster.scheduler.state.workers.values())
 
 
-def test_a_dataset_outlives_the_client_that_published_it(cluster: LocalCluster) -> None:
-    with Client(cluster) as first:
+def test_a_dataset_outlives_the_client_that_published_it(cluster: InProcess) -> None:
+    with Client(cluster.address) as first:
         total = first.submit(operator.add, 1, 2)
         first.publish_dataset(total=total)
         assert first.list_datasets() == ["total"]
-    with Client(cluster) as second:
+    with Client(cluster.address) as second:
         got_back = second.get_dataset("total")
         assert isinstance(got_back, Future) and got_back.key == total.key
         assert got_back.result() == 3
@@ -582,12 +580,12 @@ def test_datasets_behave_as_a_dictionary(client: Client) -> None:
     assert dict(client.datasets) == {}
 
 
-def test_a_persisted_collection_is_rebuilt_for_another_client(cluster: LocalCluster) -> None:
+def test_a_persisted_collection_is_rebuilt_for_another_client(cluster: InProcess) -> None:
     db = pytest.importorskip("dask.bag")
-    with Client(cluster) as first:
+    with Client(cluster.address) as first:
         bag = first.persist(db.from_sequence(range(10), npartitions=3).map(inc))
         first.publish_dataset(numbers=bag)
-    with Client(cluster) as second:
+    with Client(cluster.address) as second:
         numbers = second.get_dataset("numbers")
         parts = [getattr(v, "value", v) for v in dict(numbers.__dask_graph__()).values()]
         assert {type(p) for p in parts} == {Future} and parts[0]._client is second
@@ -632,7 +630,7 @@ def fails_once(flag: str) -> int:
     return 42
 
 
-def test_replicate_puts_a_copy_on_every_worker(client: Client, cluster: LocalCluster) -> None:
+def test_replicate_puts_a_copy_on_every_worker(client: Client, cluster: InProcess) -> None:
     x = client.submit(inc, 1)
     client.replicate([x])
     assert sorted(client.who_has([x])[x.key]) == addresses(cluster)
@@ -645,7 +643,7 @@ def test_replicate_puts_a_copy_on_every_worker(client: Client, cluster: LocalClu
     assert x.result() == 2
 
 
-def test_rebalance_evens_out_what_each_worker_holds(client: Client, cluster: LocalCluster) -> None:
+def test_rebalance_evens_out_what_each_worker_holds(client: Client, cluster: InProcess) -> None:
     futures = client.map(inc, range(10), resources={"pin": 1})
     assert [f.result() for f in futures] == list(range(1, 11))
     counts = {w: len(keys) for w, keys in client.has_what().items()}
@@ -657,7 +655,7 @@ def test_rebalance_evens_out_what_each_worker_holds(client: Client, cluster: Loc
     assert all(len(holders) == 1 for holders in client.who_has(futures).values())
 
 
-def test_worker_facts_have_dasks_shapes(client: Client, cluster: LocalCluster) -> None:
+def test_worker_facts_have_dasks_shapes(client: Client, cluster: InProcess) -> None:
     both = addresses(cluster)
     assert client.nthreads() == dict.fromkeys(both, 2)
     assert client.ncores(both[:1]) == {both[0]: 2}
@@ -680,19 +678,21 @@ client.publish_dataset(squares=client.map(square, range(5)), note={"by": "a scri
 
 
 @pytest.mark.process
-def test_a_dataset_published_by_a_script_that_exited(cluster: LocalCluster) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", PUBLISHER, cluster.scheduler_address],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        stdin=subprocess.DEVNULL,
-    )
-    assert done.returncode == 0, done.stderr
-    with Client(cluster) as reader:
-        assert reader.list_datasets() == ["note", "squares"]
-        assert reader.gather(reader.get_dataset("squares")) == [0, 1, 4, 9, 16]
-        assert reader.datasets["note"] == {"by": "a script"}
-        reader.unpublish_dataset(["note", "squares"])
-    settle(cluster)
-    assert not cluster.scheduler.state.tasks
+def test_a_dataset_published_by_a_script_that_exited() -> None:
+    # The script is another process: it reaches the scheduler over TCP.
+    with LocalCluster(workers=WORKERS, processes=False) as cluster:
+        done = subprocess.run(
+            [sys.executable, "-c", PUBLISHER, cluster.scheduler_address],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+        )
+        assert done.returncode == 0, done.stderr
+        with Client(cluster) as reader:
+            assert reader.list_datasets() == ["note", "squares"]
+            assert reader.gather(reader.get_dataset("squares")) == [0, 1, 4, 9, 16]
+            assert reader.datasets["note"] == {"by": "a script"}
+            reader.unpublish_dataset(["note", "squares"])
+        settle(cluster)
+        assert not cluster.scheduler.state.tasks
