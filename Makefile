@@ -41,7 +41,7 @@ test: check
 
 # The pure and in-memory tiers only: no real process, no TCP socket.
 test-fast: $(TEST_STAMP)
-	$(BIN)/python -m pytest -q -m "not process and not tcp"
+	$(BIN)/python -m pytest -q -n auto -m "not process and not tcp"
 
 bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/run_all.py

@@ -1,4 +1,6 @@
-"""Fakes of the supervisor's outside world: processes whose deaths a test decides, and time."""
+"""Fakes of the supervisor's outside world: processes whose deaths a test decides, and
+monotonic time (not ``apportion.testing``'s ``FakeLauncher`` and ``FakeClock``, which
+stand in for the command-run launcher and the services' ``Clock``)."""
 
 from __future__ import annotations
 
@@ -33,18 +35,22 @@ class FakeProcess:
         self.returncode = -signal.SIGKILL
 
 
-class FakeLauncher:
+class FakeSpawner:
+    """A supervisor's ``spawn``: makes ``FakeProcess``es and keeps them in order."""
+
     def __init__(self, *, stubborn: bool = False) -> None:
-        self.launched: list[FakeProcess] = []
+        self.spawned: list[FakeProcess] = []
         self.stubborn = stubborn
 
     def __call__(self, argv: list[str]) -> FakeProcess:
-        process = FakeProcess(argv, 1000 + len(self.launched), stubborn=self.stubborn)
-        self.launched.append(process)
+        process = FakeProcess(argv, 1000 + len(self.spawned), stubborn=self.stubborn)
+        self.spawned.append(process)
         return process
 
 
-class FakeClock:
+class FakeMonotonic:
+    """A supervisor's ``monotonic``: reads ``now``, which only the test moves."""
+
     def __init__(self) -> None:
         self.now = 100.0
 

@@ -46,7 +46,7 @@ PURE = re.compile(
     r"|scheduler\.(?!service$)[a-z_]+"
     r"|worker\.(state|events)"
     r"|testing\.simulation"
-    r"|runs\.(lifecycle|views|run_events)"
+    r"|runs\.(lifecycle|views|run_states|run_events)"
     r")$"
 )
 

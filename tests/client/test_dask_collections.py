@@ -26,8 +26,9 @@ import apportion.client.payload_limits as payload_limits
 import apportion.client.session as session_module
 import apportion.protocol.codec as codec
 from apportion import Client, Future, LocalCluster, get_worker, task_resources
+from apportion.testing import InMemoryCluster
 
-pytestmark = [pytest.mark.tcp, pytest.mark.timeout(30)]
+pytestmark = pytest.mark.timeout(30)
 
 #: Calls by argument, across the in-process workers' threads.
 CALLS: collections.Counter[Any] = collections.Counter()
@@ -68,21 +69,16 @@ def negate_on_gpu(block: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(
-        workers=[
-            {"name": "gpu", "nthreads": 2, "resources": "GPU=1"},
-            {"name": "cpu", "nthreads": 2},
-        ],
-        processes=False,
-    ) as cluster:
+def cluster() -> Iterator[InMemoryCluster]:
+    workers = [{"name": "gpu", "nthreads": 2, "resources": "GPU=1"}, {"name": "cpu", "nthreads": 2}]
+    with InMemoryCluster(workers) as cluster:
         yield cluster
 
 
 @pytest.fixture
-def client(cluster: LocalCluster) -> Iterator[Client]:
+def client(cluster: InMemoryCluster) -> Iterator[Client]:
     CALLS.clear()
-    with Client(cluster) as c:
+    with Client(cluster.address) as c:
         yield c
 
 
@@ -119,9 +115,9 @@ def test_a_persisted_collection_is_not_computed_again(client: Client) -> None:
     assert {i: 1 for i in range(12)} == CALLS  # each element doubled once, on persist
 
 
-def test_dask_compute_runs_on_the_open_client_and_not_after(cluster: LocalCluster) -> None:
+def test_dask_compute_runs_on_the_open_client_and_not_after(cluster: InMemoryCluster) -> None:
     before = dask.config.get("scheduler", None)
-    with Client(cluster) as client:
+    with Client(cluster.address) as client:
         bag = db.from_sequence(range(6), npartitions=2).map(resources_held)
         with dask.annotate(resources={"GPU": 1}):
             on_gpu = db.from_sequence(range(2), npartitions=2).map(resources_held)
@@ -199,6 +195,7 @@ def test_bad_annotations_and_arguments_are_refused_before_anything_runs(client: 
     wait_until_empty(client)
 
 
+@pytest.mark.process
 def test_persisted_parts_lost_with_a_killed_worker_are_computed_again() -> None:
     shape = [{"name": "a", "nthreads": 1}, {"name": "b", "nthreads": 1}]
     with LocalCluster(workers=shape) as cluster, Client(cluster) as client:
@@ -250,8 +247,8 @@ def test_a_collection_computed_again_after_a_cancel_runs_again(client: Client) -
     assert client.compute(d).result(timeout=10) == 1
 
 
-def test_a_collection_persisted_by_another_client_is_shared(cluster: LocalCluster) -> None:
-    with Client(cluster) as a, Client(cluster) as b:
+def test_a_collection_persisted_by_another_client_is_shared(cluster: InMemoryCluster) -> None:
+    with Client(cluster.address) as a, Client(cluster.address) as b:
         # a's graph leaves late: b must not overtake it on its own connection.
         a._session.loop.loop.call_soon_threadsafe(time.sleep, 0.3)
         p = a.persist(da.arange(10, chunks=5) + 1)
@@ -263,10 +260,10 @@ def test_a_collection_persisted_by_another_client_is_shared(cluster: LocalCluste
 
 
 def test_dask_uses_the_newest_open_client_and_its_config_still_pickles(
-    cluster: LocalCluster,
+    cluster: InMemoryCluster,
 ) -> None:
     before = dask.config.get("scheduler", None)
-    first, second = Client(cluster), Client(cluster)
+    first, second = Client(cluster.address), Client(cluster.address)
     try:
         pickle.dumps(dask.config.config)  # Dask's process-based clusters copy it
         first.close()  # the older one first: Dask keeps using the newer one
@@ -340,9 +337,9 @@ class SlowToPickle:
 
 
 def test_a_client_closed_while_a_graph_is_prepared_fails_its_futures(
-    cluster: LocalCluster,
+    cluster: InMemoryCluster,
 ) -> None:
-    client = Client(cluster, set_as_default=False)
+    client = Client(cluster.address, set_as_default=False)
     outcome: list[BaseException] = []
 
     def compute() -> None:
@@ -389,6 +386,7 @@ def test_demands_by_key_written_as_text_are_told_from_one_demand(client: Client)
         assert client.compute(parts[1], resources=by_key, sync=True) == {}
 
 
+@pytest.mark.process
 def test_dasks_own_compute_and_persist_keep_annotated_blocks_on_the_gpu_worker() -> None:
     # Dask's low-level fusion would rename the annotated blocks into fused tasks with
     # no annotation, free to run on either worker.
@@ -435,6 +433,7 @@ print("ran on apportion")
 """
 
 
+@pytest.mark.process
 def test_a_client_made_before_dask_is_imported_becomes_dasks_scheduler() -> None:
     env = {**os.environ, "DASK_DISTRIBUTED__WORKER__RESOURCES__GPU": "1"}
     done = subprocess.run(

@@ -18,9 +18,10 @@ import pandas as pd
 import pytest
 from dask.base import tokenize
 
-from apportion import Client, Future, LocalCluster, task_resources
+from apportion import Client, Future, task_resources
+from apportion.testing import InMemoryCluster
 
-pytestmark = [pytest.mark.tcp, pytest.mark.timeout(30)]
+pytestmark = pytest.mark.timeout(30)
 
 #: Partition-function calls by the partition's first index value.
 CALLS: collections.Counter[Any] = collections.Counter()
@@ -48,15 +49,15 @@ def on_apportion(part: pd.DataFrame) -> pd.DataFrame:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(workers=[{"nthreads": 2}, {"nthreads": 2}], processes=False) as cluster:
+def cluster() -> Iterator[InMemoryCluster]:
+    with InMemoryCluster([{"nthreads": 2}, {"nthreads": 2}]) as cluster:
         yield cluster
 
 
 @pytest.fixture
-def client(cluster: LocalCluster) -> Iterator[Client]:
+def client(cluster: InMemoryCluster) -> Iterator[Client]:
     CALLS.clear()
-    with Client(cluster) as c:
+    with Client(cluster.address) as c:
         yield c
 
 

@@ -33,7 +33,7 @@ from apportion.testing.simulation import SimulatedCluster
 from apportion.worker.detect import memory_total
 from apportion.worker.supervisor import Supervisor
 from cli_processes import Processes
-from supervisor_fakes import FakeClock, FakeLauncher
+from supervisor_fakes import FakeMonotonic, FakeSpawner
 
 # --- restart in the scheduler's state machine -----------------------------------------
 
@@ -149,36 +149,36 @@ def test_restart_answers_a_scatter_parked_for_want_of_workers() -> None:
 
 
 def test_supervisor_replaces_a_child_at_once_without_reporting_a_death() -> None:
-    launcher, clock, reports = FakeLauncher(), FakeClock(), []
+    spawner, monotonic, reports = FakeSpawner(), FakeMonotonic(), []
     supervisor = Supervisor(
         [["w", "--name", "w-0"]],
-        launcher,
-        clock,
+        spawner,
+        monotonic,
         names=["w-0"],
         report=lambda *r: reports.append(r),
     )
     supervisor.start()
     supervisor.replace(supervisor.slots[0])
     supervisor.poll()
-    assert len(launcher.launched) == 2 and launcher.launched[0].returncode == -signal.SIGKILL
+    assert len(spawner.spawned) == 2 and spawner.spawned[0].returncode == -signal.SIGKILL
     assert reports == [] and supervisor.slots[0].quick_failures == 0
-    launcher.launched[1].kill()  # a real death afterwards is reported and restarted
+    spawner.spawned[1].kill()  # a real death afterwards is reported and restarted
     supervisor.poll()
     assert [r[2] for r in reports] == ["was killed by SIGKILL"]
-    assert len(launcher.launched) == 3
+    assert len(spawner.spawned) == 3
 
 
 def test_supervisor_retires_and_adds_children() -> None:
-    launcher, clock = FakeLauncher(stubborn=True), FakeClock()
-    supervisor = Supervisor([["w0"]], launcher, clock, report=lambda *r: None)
+    spawner, monotonic = FakeSpawner(stubborn=True), FakeMonotonic()
+    supervisor = Supervisor([["w0"]], spawner, monotonic, report=lambda *r: None)
     supervisor.start()
     slot = supervisor.add(["w1"], "w-1")
-    assert [p.argv for p in launcher.launched] == [["w0"], ["w1"]]
+    assert [p.argv for p in spawner.spawned] == [["w0"], ["w1"]]
     supervisor.retire(slot)
-    assert launcher.launched[1].signals == [signal.SIGTERM]
-    launcher.launched[1].returncode = 1  # even a drain that fails is not restarted
+    assert spawner.spawned[1].signals == [signal.SIGTERM]
+    spawner.spawned[1].returncode = 1  # even a drain that fails is not restarted
     supervisor.poll()
-    assert slot.stopped and len(launcher.launched) == 2
+    assert slot.stopped and len(spawner.spawned) == 2
 
 
 # --- Dask's arguments -------------------------------------------------------------------

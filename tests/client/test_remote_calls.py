@@ -28,45 +28,41 @@ from apportion.client.remote_calls import SchedulerView, WorkerLostError
 from apportion.protocol import messages as m
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.remote_calls import MAX_INSTALL_BYTES
+from apportion.testing import InMemoryCluster
 from apportion.testing.simulation import SimulatedCluster
-from cluster_checks import checked_client
-
-pytestmark = pytest.mark.tcp  # an in-process cluster over real TCP
+from cluster_checks import InProcess, checked_client
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False) as c:
+def cluster() -> Iterator[InMemoryCluster]:
+    with InMemoryCluster([{"name": "worker-0"}, {"name": "worker-1"}]) as c:
         yield c
 
 
 @pytest.fixture
-def client(cluster: LocalCluster) -> Iterator[Client]:
+def client(cluster: InMemoryCluster) -> Iterator[Client]:
     with checked_client(cluster) as c:
         yield c
 
 
-def addresses(cluster: LocalCluster) -> set[str]:
+def addresses(cluster: InProcess) -> set[str]:
     return {w.address for w in cluster.scheduler.state.workers.values()}
 
 
-def worker_named(cluster: LocalCluster, name: str) -> Worker:
-    worker: Worker = next(w for w in cluster._workers if w.name == name)
-    return worker
+def worker_named(cluster: InMemoryCluster, name: str) -> Worker:
+    return next(w for w in cluster.workers if w.name == name)
 
 
-def start_worker(cluster: LocalCluster, name: str) -> Worker:
+def start_worker(cluster: InMemoryCluster, name: str) -> Worker:
     """A worker that joins the running cluster later (closed by the caller)."""
-    worker = Worker(cluster.scheduler_address, nthreads=1, name=name, reconnect_timeout=0)
-    cluster._loop.run(worker.start())
-    return worker
+    return cluster.run(cluster.add_worker(name=name, reconnect_timeout=0))
 
 
-def stop_worker(cluster: LocalCluster, worker: Worker) -> None:
-    cluster._loop.run(worker.close())
+def stop_worker(cluster: InMemoryCluster, worker: Worker) -> None:
+    cluster.run(cluster.remove_worker(worker))
     deadline = time.monotonic() + 5
     while worker.address in addresses(cluster) and time.monotonic() < deadline:
-        time.sleep(0.01)
+        time.sleep(0.01)  # the scheduler learns of the departure by message; nothing signals it
 
 
 class Boom(Exception):
@@ -76,12 +72,12 @@ class Boom(Exception):
 # --- run --------------------------------------------------------------------------------
 
 
-def test_run_returns_a_result_per_worker_address(client: Client, cluster: LocalCluster) -> None:
+def test_run_returns_a_result_per_worker_address(client: Client, cluster: InMemoryCluster) -> None:
     result = client.run(lambda x, y=0: x + y, 1, y=2)
     assert result == {address: 3 for address in addresses(cluster)}
 
 
-def test_run_on_workers_named_by_name_or_address(client: Client, cluster: LocalCluster) -> None:
+def test_run_on_workers_named_by_name_or_address(client: Client, cluster: InMemoryCluster) -> None:
     def name(dask_worker: Any) -> str:
         return str(dask_worker.name)
 
@@ -99,7 +95,9 @@ def test_run_refuses_unknown_workers(client: Client) -> None:
         client.run(lambda: 1, workers=["nobody"])
 
 
-def test_run_passes_the_worker_object_as_dask_worker(client: Client, cluster: LocalCluster) -> None:
+def test_run_passes_the_worker_object_as_dask_worker(
+    client: Client, cluster: InMemoryCluster
+) -> None:
     def describe(dask_worker: Any) -> tuple[str, str, int, dict[str, float], bool]:
         return (
             dask_worker.name,
@@ -125,7 +123,7 @@ def test_run_reraises_with_the_workers_traceback(client: Client) -> None:
     assert "fails_here" in [entry.name for entry in info.traceback]
 
 
-def test_run_on_error_return_and_ignore(client: Client, cluster: LocalCluster) -> None:
+def test_run_on_error_return_and_ignore(client: Client, cluster: InMemoryCluster) -> None:
     def fails_on_worker_0(dask_worker: Any) -> str:
         if dask_worker.name == "worker-0":
             raise Boom("worker-0 fails")
@@ -188,7 +186,7 @@ def gates() -> Iterator[None]:
 
 
 def test_run_reaches_workers_whose_task_threads_are_all_busy(
-    client: Client, cluster: LocalCluster, gates: None
+    client: Client, cluster: InMemoryCluster, gates: None
 ) -> None:
     futures = [client.submit(block, pure=False) for _ in range(2)]  # one per single thread
     for _ in futures:
@@ -212,7 +210,7 @@ def test_run_refuses_nanny(client: Client) -> None:
 
 
 def test_run_answers_lost_for_a_worker_that_leaves_mid_call(
-    client: Client, cluster: LocalCluster, gates: None
+    client: Client, cluster: InMemoryCluster, gates: None
 ) -> None:
     late = start_worker(cluster, "short-lived")
     HANG_ON["name"] = "short-lived"
@@ -231,7 +229,9 @@ def test_run_answers_lost_for_a_worker_that_leaves_mid_call(
 # --- run_on_scheduler -----------------------------------------------------------------
 
 
-def test_run_on_scheduler_sees_a_read_only_snapshot(client: Client, cluster: LocalCluster) -> None:
+def test_run_on_scheduler_sees_a_read_only_snapshot(
+    client: Client, cluster: InMemoryCluster
+) -> None:
     future = client.submit(lambda: 41, key="answer")
     assert future.result() == 41
 
@@ -270,7 +270,7 @@ def _forget_module(name: str) -> None:
 
 
 def test_upload_py_then_changed_takes_effect_also_on_later_workers(
-    client: Client, cluster: LocalCluster, tmp_path: Path
+    client: Client, cluster: InMemoryCluster, tmp_path: Path
 ) -> None:
     source = tmp_path / "uploaded_mod_a.py"
     source.write_text("VALUE = 1\n")
@@ -337,6 +337,7 @@ def test_upload_refusals(client: Client, tmp_path: Path) -> None:
         _forget_module("broken_upload_c")
 
 
+@pytest.mark.process
 def test_upload_reaches_worker_processes_and_a_later_one(tmp_path: Path) -> None:
     source = tmp_path / "proc_uploaded_d.py"
     source.write_text("def hello():\n    return 'hello from an upload'\n")
@@ -382,12 +383,12 @@ class Recorder:
 
 
 def test_plugin_setup_on_existing_and_later_workers_teardown_on_unregister(
-    client: Client, cluster: LocalCluster
+    client: Client, cluster: InMemoryCluster
 ) -> None:
     def calls(dask_worker: Any) -> list[str]:
         return list(getattr(dask_worker, "plugin_calls", []))
 
-    for worker in cluster._workers:
+    for worker in cluster.workers:
         worker.plugin_calls = []
     assert client.register_plugin(Recorder()) == {a: {"status": "OK"} for a in addresses(cluster)}
     assert set(map(tuple, (client.run(calls) or {}).values())) == {("setup",)}
@@ -405,7 +406,7 @@ def test_plugin_setup_on_existing_and_later_workers_teardown_on_unregister(
         client.unregister_worker_plugin("recorder")
 
 
-def test_dask_worker_plugin_subclass_and_errors(client: Client, cluster: LocalCluster) -> None:
+def test_dask_worker_plugin_subclass_and_errors(client: Client, cluster: InMemoryCluster) -> None:
     from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
     class Tagger(WorkerPlugin):
@@ -438,7 +439,9 @@ def test_plugin_idempotent_keeps_the_first(client: Client) -> None:
         client.unregister_worker_plugin("once")
 
 
-def test_plugin_teardown_runs_when_the_worker_closes(client: Client, cluster: LocalCluster) -> None:
+def test_plugin_teardown_runs_when_the_worker_closes(
+    client: Client, cluster: InMemoryCluster
+) -> None:
     late = start_worker(cluster, "closing")
     client.register_plugin(Recorder(), name="closer")
     try:
@@ -451,7 +454,7 @@ def test_plugin_teardown_runs_when_the_worker_closes(client: Client, cluster: Lo
 # --- versions and logs ----------------------------------------------------------------
 
 
-def test_get_versions(client: Client, cluster: LocalCluster) -> None:
+def test_get_versions(client: Client, cluster: InMemoryCluster) -> None:
     versions = client.get_versions(check=True, packages=["pytest"])
     assert set(versions) == {"scheduler", "workers", "client"}
     assert set(versions["workers"]) == addresses(cluster)
@@ -485,7 +488,7 @@ def test_get_versions_check_names_a_mismatch(client: Client, monkeypatch: Any) -
     assert client.get_versions()["client"]["packages"]["msgpack"] == "0.0-other"  # no check
 
 
-def test_worker_and_scheduler_logs(client: Client, cluster: LocalCluster) -> None:
+def test_worker_and_scheduler_logs(client: Client, cluster: InMemoryCluster) -> None:
     def say(text: str, dask_worker: Any) -> None:
         logging.getLogger("some.user.code").warning("%s from %s", text, dask_worker.name)
 
@@ -608,8 +611,14 @@ def test_installs_are_bounded(sim: SimulatedCluster, monkeypatch: Any) -> None:
     assert "unknown install kind" in answers(sim)[-1].error
 
 
-def test_run_names_workers_by_bare_address_and_host(client: Client) -> None:
-    address = sorted(client.scheduler_info()["workers"])[0]
-    bare = address.removeprefix("tcp://")
-    assert list(client.run(os.getpid, workers=[bare])) == [address]
-    assert len(client.run(os.getpid, workers=["127.0.0.1"])) == 2  # a host: all its workers
+@pytest.mark.tcp
+def test_run_names_workers_by_bare_address_and_host() -> None:
+    # Only TCP addresses have a host and a bare form.
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=False) as cluster,
+        checked_client(cluster) as client,
+    ):
+        address = sorted(client.scheduler_info()["workers"])[0]
+        bare = address.removeprefix("tcp://")
+        assert list(client.run(os.getpid, workers=[bare])) == [address]
+        assert len(client.run(os.getpid, workers=["127.0.0.1"])) == 2  # a host: all its workers

@@ -8,21 +8,38 @@ import pytest
 
 from apportion import Client, LocalCluster, UnsatisfiableError, get_worker
 from apportion.protocol import messages as m
-from apportion.testing import SimulatedCluster
-from cluster_checks import checked_client
+from apportion.testing import InMemoryCluster, SimulatedCluster
+from cluster_checks import InProcess, checked_client
 
-pytestmark = pytest.mark.tcp  # an in-process cluster over real TCP
+WORKERS = [{"name": "a"}, {"name": "b"}, {"name": "c"}]
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(workers=[{"name": "a"}, {"name": "b"}, {"name": "c"}], processes=False) as c:
+def cluster() -> Iterator[InMemoryCluster]:
+    with InMemoryCluster(WORKERS) as c:
         yield c
 
 
-@pytest.fixture(params=[False, True], ids=["through-scheduler", "direct"])
-def client(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[Client]:
+#: Each client test runs both ways data can travel.
+DIRECT = pytest.fixture(params=[False, True], ids=["through-scheduler", "direct"])
+
+
+@DIRECT
+def client(cluster: InProcess, request: pytest.FixtureRequest) -> Iterator[Client]:
     with checked_client(cluster, direct_to_workers=request.param) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def tcp_cluster() -> Iterator[LocalCluster]:
+    """Workers at TCP addresses, for what names them by host or bare address."""
+    with LocalCluster(workers=WORKERS, processes=False) as c:
+        yield c
+
+
+@DIRECT
+def tcp_client(tcp_cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[Client]:
+    with checked_client(tcp_cluster, direct_to_workers=request.param) as c:
         yield c
 
 
@@ -93,7 +110,9 @@ def test_asynchronous_scatter_is_refused_clearly(client: Client) -> None:
         client.scatter([1], asynchronous=True)
 
 
-def test_broadcast_and_replicate_name_workers_as_everywhere_else(client: Client) -> None:
+@pytest.mark.tcp
+def test_broadcast_and_replicate_name_workers_as_everywhere_else(tcp_client: Client) -> None:
+    client = tcp_client
     addresses = {w["name"]: a for a, w in client.scheduler_info()["workers"].items()}
     [by_host] = client.scatter([[1, 2]], workers=["127.0.0.1"], broadcast=True)
     assert holders(client, by_host) == {"a", "b", "c"}  # a host names all its workers

@@ -23,11 +23,17 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from apportion import Client, Future, LocalCluster
 from apportion.protocol import messages as m
 from apportion.scheduler.invariants import check_invariants
-from apportion.scheduler.records import ERRED, MEMORY, QUEUED, WAITING
-from apportion.testing import SimulatedCluster
-from cluster_checks import checked_client, settle
-
-pytestmark = pytest.mark.tcp  # an in-process cluster over real TCP
+from apportion.scheduler.records import (
+    ERRED,
+    FORGOTTEN,
+    MEMORY,
+    PROCESSING,
+    QUEUED,
+    RELEASED,
+    WAITING,
+)
+from apportion.testing import InMemoryCluster, SimulatedCluster
+from cluster_checks import InProcess, checked_client, settle
 
 M = TypeVar("M", bound=m.Message)
 
@@ -54,7 +60,7 @@ def freed(sim: SimulatedCluster, worker_id: str) -> list[str]:
 
 def state_of(sim: SimulatedCluster, key: str) -> str:
     task = sim.state.tasks.get(key)
-    return "forgotten" if task is None else task.state
+    return FORGOTTEN if task is None else task.state
 
 
 def computed(sim: SimulatedCluster, *keys: str, nbytes: int = 8) -> None:
@@ -100,7 +106,7 @@ def test_a_published_result_outlives_its_client_until_unpublished(sim: Simulated
     sim.client_says("c2", m.UnpublishDataset(3, ["x"]))
     assert state_of(sim, "a") == MEMORY  # the reader still holds a future
     sim.client_says("c2", m.ReleaseKeys(["a"]))
-    assert state_of(sim, "a") == "forgotten" and freed(sim, w) == ["a"]
+    assert state_of(sim, "a") == FORGOTTEN and freed(sim, w) == ["a"]
     assert "dataset:x" not in sim.state.clients
 
 
@@ -114,7 +120,7 @@ def test_publishing_a_taken_name_needs_override(sim: SimulatedCluster) -> None:
     assert got(sim, m.SharedDataAck)[-1] == m.SharedDataAck(3, "")
     sim.client_says("c1", m.ReleaseKeys(["a", "b"]))
     # The replaced dataset let "a" go; the new one holds "b".
-    assert (state_of(sim, "a"), state_of(sim, "b")) == ("forgotten", MEMORY)
+    assert (state_of(sim, "a"), state_of(sim, "b")) == (FORGOTTEN, MEMORY)
     sim.client_says("c1", m.DatasetRequest(4, "y"))
     assert got(sim, m.DatasetReply)[-1] == m.DatasetReply(4, 0, b"", [], ["x"])
 
@@ -126,7 +132,7 @@ def test_republishing_the_same_keys_keeps_them(sim: SimulatedCluster) -> None:
     sim.client_says("c1", m.PublishDataset(2, "x", b"2", ["a"], 1))
     sim.remove_client("c1")
     # "a" is in both versions: still held; "b" only in the replaced one: let go.
-    assert (state_of(sim, "a"), state_of(sim, "b")) == (MEMORY, "forgotten")
+    assert (state_of(sim, "a"), state_of(sim, "b")) == (MEMORY, FORGOTTEN)
 
 
 def test_plain_objects_are_kept_as_opaque_bytes(sim: SimulatedCluster) -> None:
@@ -178,7 +184,7 @@ def test_replicated_results_are_listed_on_every_holder(sim: SimulatedCluster) ->
     assert facts.nthreads == {"sim://w1": 1, "sim://w2": 1}
     assert facts.processing == {f"sim://{w}": ["b"] if w == runs_b else [] for w in (w1, w2)}
     assert got(sim, m.WhoHasReply) == [m.WhoHasReply(3, {"a": ["sim://w1", "sim://w2"]})]
-    assert any("copied from w1 to w2" in row[4] for row in sim.state.story_of("a"))
+    assert any("copied from w1 to w2" in row[4] for row in sim.state.story("a"))
 
 
 def test_a_replicated_result_survives_losing_a_holder(sim: SimulatedCluster) -> None:
@@ -242,7 +248,7 @@ def test_a_result_released_while_copied_is_not_kept_by_the_receiver(
     sim.client_says("c1", m.ReplicateKeys(1, ["a"], 0, []))
     sim.client_says("c1", m.ReleaseKeys(["a"]))
     copy_through(sim, w1, w2)
-    assert freed(sim, w2) == ["a"] and state_of(sim, "a") == "forgotten"
+    assert freed(sim, w2) == ["a"] and state_of(sim, "a") == FORGOTTEN
     assert got(sim, m.CopiesDone) == [m.CopiesDone(1, 0, 0)]
 
 
@@ -304,7 +310,7 @@ def test_retrying_a_task_failed_while_still_running_answers_at_once() -> None:
     sim.add_worker("A")
     sim.place()
     sim.raise_("a")
-    assert state_of(sim, "b") == "processing" and sim.state.tasks["b"].cancelled
+    assert state_of(sim, "b") == PROCESSING and sim.state.tasks["b"].cancelled
     before = len(got(sim, m.TaskErred))
     sim.client_says("c1", m.RetryKeys(["b"]))
     assert [msg.key for msg in got(sim, m.TaskErred)[before:]] == ["b"]
@@ -322,7 +328,7 @@ def test_retry_runs_an_erred_task_again(sim: SimulatedCluster) -> None:
     sim.place()
     sim.finish("a")
     assert [k for msg in got(sim, m.KeysDone) for k in msg.keys] == ["a"]
-    assert any("retried by client c1" in row[4] for row in sim.state.story_of("a"))
+    assert any("retried by client c1" in row[4] for row in sim.state.story("a"))
 
 
 def test_retry_runs_the_failed_chain_from_its_root(sim: SimulatedCluster) -> None:
@@ -345,7 +351,7 @@ def test_retry_recomputes_released_inputs(sim: SimulatedCluster) -> None:
     sim.finish("a")
     sim.place()
     sim.raise_("b")
-    assert state_of(sim, "a") == "released"
+    assert state_of(sim, "a") == RELEASED
     sim.client_says("c1", m.RetryKeys(["b"]))
     assert (state_of(sim, "a"), state_of(sim, "b")) == (QUEUED, WAITING)
     sim.run({})
@@ -503,21 +509,21 @@ TestCopies = CopiesMachine.TestCase
 # --- the client API on an in-process cluster ---------------------------------------------
 
 
+#: "pin" lets a test put every task on the first worker (Dask would say workers=).
+WORKERS = [
+    {"name": "first", "nthreads": 2, "resources": "pin=100"},
+    {"name": "second", "nthreads": 2},
+]
+
+
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    # "pin" lets a test put every task on the first worker (Dask would say workers=).
-    with LocalCluster(
-        workers=[
-            {"name": "first", "nthreads": 2, "resources": "pin=100"},
-            {"name": "second", "nthreads": 2},
-        ],
-        processes=False,
-    ) as c:
+def cluster() -> Iterator[InMemoryCluster]:
+    with InMemoryCluster(WORKERS) as c:
         yield c
 
 
 @pytest.fixture
-def client(cluster: LocalCluster) -> Iterator[Client]:
+def client(cluster: InProcess) -> Iterator[Client]:
     with checked_client(cluster) as c:
         yield c
 
@@ -526,16 +532,16 @@ def inc(x: int) -> int:
     return x + 1
 
 
-def addresses(cluster: LocalCluster) -> list[str]:
+def addresses(cluster: InProcess) -> list[str]:
     return sorted(w.address for w in cluster.scheduler.state.workers.values())
 
 
-def test_a_dataset_outlives_the_client_that_published_it(cluster: LocalCluster) -> None:
-    with Client(cluster) as first:
+def test_a_dataset_outlives_the_client_that_published_it(cluster: InProcess) -> None:
+    with Client(cluster.address) as first:
         total = first.submit(operator.add, 1, 2)
         first.publish_dataset(total=total)
         assert first.list_datasets() == ["total"]
-    with Client(cluster) as second:
+    with Client(cluster.address) as second:
         got_back = second.get_dataset("total")
         assert isinstance(got_back, Future) and got_back.key == total.key
         assert got_back.result() == 3
@@ -574,12 +580,12 @@ def test_datasets_behave_as_a_dictionary(client: Client) -> None:
     assert dict(client.datasets) == {}
 
 
-def test_a_persisted_collection_is_rebuilt_for_another_client(cluster: LocalCluster) -> None:
+def test_a_persisted_collection_is_rebuilt_for_another_client(cluster: InProcess) -> None:
     db = pytest.importorskip("dask.bag")
-    with Client(cluster) as first:
+    with Client(cluster.address) as first:
         bag = first.persist(db.from_sequence(range(10), npartitions=3).map(inc))
         first.publish_dataset(numbers=bag)
-    with Client(cluster) as second:
+    with Client(cluster.address) as second:
         numbers = second.get_dataset("numbers")
         parts = [getattr(v, "value", v) for v in dict(numbers.__dask_graph__()).values()]
         assert {type(p) for p in parts} == {Future} and parts[0]._client is second
@@ -624,7 +630,7 @@ def fails_once(flag: str) -> int:
     return 42
 
 
-def test_replicate_puts_a_copy_on_every_worker(client: Client, cluster: LocalCluster) -> None:
+def test_replicate_puts_a_copy_on_every_worker(client: Client, cluster: InProcess) -> None:
     x = client.submit(inc, 1)
     client.replicate([x])
     assert sorted(client.who_has([x])[x.key]) == addresses(cluster)
@@ -637,7 +643,7 @@ def test_replicate_puts_a_copy_on_every_worker(client: Client, cluster: LocalClu
     assert x.result() == 2
 
 
-def test_rebalance_evens_out_what_each_worker_holds(client: Client, cluster: LocalCluster) -> None:
+def test_rebalance_evens_out_what_each_worker_holds(client: Client, cluster: InProcess) -> None:
     futures = client.map(inc, range(10), resources={"pin": 1})
     assert [f.result() for f in futures] == list(range(1, 11))
     counts = {w: len(keys) for w, keys in client.has_what().items()}
@@ -649,7 +655,7 @@ def test_rebalance_evens_out_what_each_worker_holds(client: Client, cluster: Loc
     assert all(len(holders) == 1 for holders in client.who_has(futures).values())
 
 
-def test_worker_facts_have_dasks_shapes(client: Client, cluster: LocalCluster) -> None:
+def test_worker_facts_have_dasks_shapes(client: Client, cluster: InProcess) -> None:
     both = addresses(cluster)
     assert client.nthreads() == dict.fromkeys(both, 2)
     assert client.ncores(both[:1]) == {both[0]: 2}
@@ -672,19 +678,21 @@ client.publish_dataset(squares=client.map(square, range(5)), note={"by": "a scri
 
 
 @pytest.mark.process
-def test_a_dataset_published_by_a_script_that_exited(cluster: LocalCluster) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", PUBLISHER, cluster.scheduler_address],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        stdin=subprocess.DEVNULL,
-    )
-    assert done.returncode == 0, done.stderr
-    with Client(cluster) as reader:
-        assert reader.list_datasets() == ["note", "squares"]
-        assert reader.gather(reader.get_dataset("squares")) == [0, 1, 4, 9, 16]
-        assert reader.datasets["note"] == {"by": "a script"}
-        reader.unpublish_dataset(["note", "squares"])
-    settle(cluster)
-    assert not cluster.scheduler.state.tasks
+def test_a_dataset_published_by_a_script_that_exited() -> None:
+    # The script is another process: it reaches the scheduler over TCP.
+    with LocalCluster(workers=WORKERS, processes=False) as cluster:
+        done = subprocess.run(
+            [sys.executable, "-c", PUBLISHER, cluster.scheduler_address],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+        )
+        assert done.returncode == 0, done.stderr
+        with Client(cluster) as reader:
+            assert reader.list_datasets() == ["note", "squares"]
+            assert reader.gather(reader.get_dataset("squares")) == [0, 1, 4, 9, 16]
+            assert reader.datasets["note"] == {"by": "a script"}
+            reader.unpublish_dataset(["note", "squares"])
+        settle(cluster)
+        assert not cluster.scheduler.state.tasks

@@ -7,13 +7,11 @@ Dask's documentation uses ``workers=``.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import cloudpickle
 import pytest
 
 from apportion import Client, LocalCluster, UnsatisfiableError, get_worker
@@ -21,13 +19,11 @@ from apportion.core.resources import ResourceSpec, parse_demand
 from apportion.protocol import messages as m
 from apportion.scheduler.explain import explain
 from apportion.scheduler.invariants import check_invariants
-from apportion.scheduler.records import ERRED, PROCESSING, QUEUED
+from apportion.scheduler.records import ERRED, FORGOTTEN, PROCESSING, QUEUED
 from apportion.scheduler.state import SchedulerConfig
+from apportion.testing import InMemoryCluster
 from apportion.testing.simulation import SimulatedCluster
-from cli_processes import Processes
 from cluster_checks import checked_client
-
-pytestmark = pytest.mark.tcp  # an in-process cluster over real TCP
 
 # --- the state machine -----------------------------------------------------------------
 
@@ -55,7 +51,7 @@ class Sim(SimulatedCluster):
 
     def state_of(self, key: str) -> str:
         task = self.state.tasks.get(key)
-        return "forgotten" if task is None else task.state
+        return FORGOTTEN if task is None else task.state
 
     def notices(self) -> list[str]:
         return [msg.text for msg in self.inbox["c1"] if isinstance(msg, m.Notice)]
@@ -163,7 +159,7 @@ def test_loose_goes_elsewhere_only_when_no_named_worker_could_run_it(sim: Sim) -
         sim.finish(key)
     sim.place()
     assert sim.where("too-small") == "a"
-    story = [row[4] for row in sim.state.story_of("too-small")]
+    story = [row[4] for row in sim.state.story("too-small")]
     assert "submitted, preferring workers small" in story
     assert any("not one of its preferred workers (small)" in cause for cause in story)
 
@@ -256,16 +252,17 @@ def echo_kwargs(*_: Any, **kwargs: Any) -> dict[str, Any]:
     return kwargs
 
 
+WORKERS = [{"name": "a", "nthreads": 2}, {"name": "b", "nthreads": 2}]
+
+
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(
-        processes=False, workers=[{"name": "a", "nthreads": 2}, {"name": "b", "nthreads": 2}]
-    ) as cluster:
+def cluster() -> Iterator[InMemoryCluster]:
+    with InMemoryCluster(WORKERS) as cluster:
         yield cluster
 
 
 @pytest.fixture
-def client(cluster: LocalCluster) -> Iterator[Client]:
+def client(cluster: InMemoryCluster) -> Iterator[Client]:
     with checked_client(cluster) as c:
         yield c
 
@@ -276,12 +273,23 @@ def test_submit_and_map_run_where_workers_says(client: Client) -> None:
     assert client.submit(worker_name, 1, workers="a").result() == "a"
     assert client.submit(worker_name, 2, workers=["b"]).result() == "b"
     assert client.submit(worker_name, 3, workers=[address_of["a"]]).result() == "a"
-    bare = address_of["b"].removeprefix("tcp://")
-    assert client.submit(worker_name, 4, workers=bare).result() == "b"
     futures = client.map(worker_name, range(8), workers=["b"])
     assert client.gather(futures) == ["b"] * 8
-    on_host = client.map(worker_name, range(8), workers="127.0.0.1", pure=False)
-    assert set(client.gather(on_host)) <= {"a", "b"}
+
+
+@pytest.mark.tcp
+def test_workers_name_tcp_workers_by_bare_address_or_host() -> None:
+    # Only TCP addresses have a host and a bare form.
+    with (
+        LocalCluster(processes=False, workers=WORKERS) as cluster,
+        checked_client(cluster) as client,
+    ):
+        info = client.scheduler_info()["workers"]
+        address_of = {w["name"]: address for address, w in info.items()}
+        bare = address_of["b"].removeprefix("tcp://")
+        assert client.submit(worker_name, 4, workers=bare).result() == "b"
+        on_host = client.map(worker_name, range(8), workers="127.0.0.1", pure=False)
+        assert set(client.gather(on_host)) <= {"a", "b"}
 
 
 def test_no_scheduling_keyword_reaches_the_function(client: Client) -> None:
@@ -366,33 +374,18 @@ def test_alternatives_are_chosen_among_the_allowed_workers_only(sim: Sim) -> Non
     assert sim.running[sim.worker_of("x")]["x"].allocation.variant == 1
 
 
-# --- real processes: a scheduler that can grow ------------------------------------------
+# --- a scheduler that can grow --------------------------------------------------------
 
 
-@pytest.mark.process
-def test_a_missing_worker_is_warned_about_and_runs_the_task_when_it_joins(
-    procs: Processes,
-) -> None:
-    address = procs.scheduler()
-    procs.start("worker", address, "--name", "a", "--nthreads", "1")
-    # Those workers cannot import this module: its functions travel by value, as
-    # functions of a user's script do.
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    try:
-        _missing_worker_joins_later(procs, address)
-    finally:
-        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
-
-
-def _missing_worker_joins_later(procs: Processes, address: str) -> None:
-    with Client(address) as client:
-        client.wait_for_workers(1, timeout=20)
+def test_a_missing_worker_is_warned_about_and_runs_the_task_when_it_joins() -> None:
+    with InMemoryCluster([{"name": "a"}], config=SchedulerConfig()) as cluster:
+        client = cluster.client()
         fut = client.submit(worker_name, 7, workers="b")
         deadline = time.monotonic() + 10
         while not client.notices and time.monotonic() < deadline:
-            time.sleep(0.02)
+            time.sleep(0.01)  # a notice arrives by message; the client has no event for it
         assert client.notices and "may run only on workers matching b" in client.notices[0]
         assert "no connected worker matches (connected: a)" in client.why(fut)
         assert not fut.done()
-        procs.start("worker", address, "--name", "b", "--nthreads", "1")
-        assert fut.result(timeout=30) == "b"
+        cluster.run(cluster.add_worker(name="b"))
+        assert fut.result(timeout=10) == "b"

@@ -12,10 +12,10 @@ from apportion.core.resources import (
     SCALE,
     format_amount,
     format_resources,
+    from_ticks,
     parse_amount,
     parse_demand,
     parse_resources,
-    to_units,
 )
 
 # --- parsing ------------------------------------------------------------------------
@@ -198,5 +198,5 @@ def test_format_resources_round_trips_any_ticks(amounts: dict[str, int]) -> None
     assert parse_resources(format_resources(amounts)) == amounts
 
 
-def test_to_units() -> None:
-    assert to_units({"GPU": 3 * SCALE // 2}) == {"GPU": 1.5}
+def test_from_ticks_gives_plain_numbers() -> None:
+    assert from_ticks({"GPU": 3 * SCALE // 2}) == {"GPU": 1.5}

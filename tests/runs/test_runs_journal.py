@@ -26,11 +26,11 @@ from apportion.runs.journal import (
     FINISHED,
     LOST,
     QUEUED,
+    RUN_MOVES,
     RUNNING,
     SCHEMA_VERSION,
     STAGED,
     STATES,
-    TRANSITIONS,
     Journal,
     JournalBusy,
     JournalError,
@@ -607,7 +607,7 @@ ACTIONS = ("stage", "queue", "start", "end", "requeue", "cancel", "remove", "pru
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.sampled_from(ACTIONS), st.integers(0, 5)), max_size=30))
 def test_random_walks_keep_the_model_and_the_invariants(steps: list[tuple[str, int]]) -> None:
-    """Any sequence of calls either follows ``TRANSITIONS`` or raises and changes nothing."""
+    """Any sequence of calls either follows ``RUN_MOVES`` or raises and changes nothing."""
     with tempfile.TemporaryDirectory() as tmp, Journal(Path(tmp) / "runs.db") as journal:
         model: dict[int, str] = {}
         for now, (action, pick) in enumerate(steps):
@@ -644,7 +644,7 @@ def step(journal: Journal, action: str, run_id: int, state: str | None, now: flo
         legal = state is not None and state not in (QUEUED, RUNNING)
     else:
         only_from = {"queue": STAGED, "requeue": RUNNING}.get(action, state)
-        legal = (state, targets[action]) in TRANSITIONS and state == only_from
+        legal = (state, targets[action]) in RUN_MOVES and state == only_from
     try:
         if action == "queue":
             journal.mark_queued([run_id], now)

@@ -9,9 +9,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from apportion.core.transitions import IllegalTransition
 from apportion.runs import run_events as e
 from apportion.runs.lifecycle import RunLifecycle, check_invariants, final_state, never_fits
-from apportion.runs.views import (
+from apportion.runs.run_states import (
     CANCELLED,
     COMPLETED,
     FAILED,
@@ -20,9 +21,9 @@ from apportion.runs.views import (
     QUEUED,
     RUNNING,
     STAGED,
-    RunView,
-    check_move,
+    check_run_move,
 )
+from apportion.runs.views import RunView
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -47,11 +48,11 @@ def ended(run_id: int, reason: str = "completed", detail: str = "exit code 0") -
 
 
 def test_an_illegal_move_raises() -> None:
-    check_move(1, QUEUED, RUNNING)
-    with pytest.raises(ValueError, match="run 1 is completed; it cannot become running"):
-        check_move(1, COMPLETED, RUNNING)
+    check_run_move(1, QUEUED, RUNNING)
+    with pytest.raises(IllegalTransition, match=r"^job queue: run 1 is completed; it cannot"):
+        check_run_move(1, COMPLETED, RUNNING)
     with pytest.raises(ValueError):
-        check_move(1, RUNNING, QUEUED, only_from=STAGED)
+        check_run_move(1, RUNNING, QUEUED, only_from=STAGED)
 
 
 def test_a_submitted_run_is_scheduled_with_its_retries(life: RunLifecycle) -> None:
@@ -228,7 +229,7 @@ class FakeJournal:
                     pass
 
     def _move(self, run_id: int, new: str) -> None:
-        check_move(run_id, self.states[run_id], new)
+        check_run_move(run_id, self.states[run_id], new)
         self.states[run_id] = new
 
     def view(self, run_id: int) -> RunView:

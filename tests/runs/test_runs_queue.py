@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from apportion.runs.journal import COMPLETED, FINISHED, Journal
+from apportion.runs.journal import COMPLETED, FINISHED, QUEUED, Journal
 from cli_processes import APPORTION, Processes, free_port, poll
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(120)]
@@ -366,7 +366,7 @@ def test_a_worker_cut_off_and_back_keeps_its_run_which_runs_once(
     poll(lambda: queue.states().get(run_id) == "running", 20, "the run to start")
     os.kill(worker.pid, signal.SIGSTOP)  # silent: declared lost, its run requeued
     try:
-        poll(lambda: queue.states()[run_id] == "queued", 20, "the run to be requeued")
+        poll(lambda: queue.states()[run_id] == QUEUED, 20, "the run to be requeued")
     finally:
         os.kill(worker.pid, signal.SIGCONT)
     poll(lambda: queue.states()[run_id] == COMPLETED, 30, "the run to complete")

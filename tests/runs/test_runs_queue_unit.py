@@ -28,6 +28,7 @@ from apportion.scheduler.events import (
     WorkerJoined,
 )
 from apportion.scheduler.invariants import check_invariants
+from apportion.scheduler.records import PROCESSING
 from apportion.scheduler.state import SchedulerState
 from apportion.scheduler.wire import to_wire
 
@@ -142,7 +143,7 @@ def test_a_run_running_at_a_restart_is_adopted_by_its_returning_worker(
         host.handle(WorkerJoined("w1", reg, 1.0))  # the scheduler tells the queue
         await settle(queue)
         task = host.state.tasks[f"run-{run_id}"]
-        assert task.state == "processing" and task.allocation is not None
+        assert task.state == PROCESSING and task.allocation is not None
         assert task.allocation.units == {"gpu": ["1"]}  # the same GPU
         assert not queue.life.awaiting and journal.get(run_id).state == RUNNING  # type: ignore[union-attr]
         host.note("w1", run_id, m.RunEnded(run_id, 0, 0, "completed", "exit code 0"))

@@ -1,7 +1,11 @@
-"""Draining workers and classified worker deaths, in the state machine alone."""
+"""Draining workers and classified worker deaths, in the state machine alone; then one
+drain through the real services, on the in-memory cluster."""
 
 from __future__ import annotations
 
+import collections
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -9,9 +13,9 @@ import pytest
 from apportion.protocol import messages as m
 from apportion.scheduler.events import Tick, WorkerDeathReport
 from apportion.scheduler.invariants import check_invariants
-from apportion.scheduler.records import MEMORY, QUEUED
+from apportion.scheduler.records import ERRED, MEMORY, QUEUED
 from apportion.scheduler.state import SchedulerConfig
-from apportion.testing import SimulatedCluster
+from apportion.testing import FakeClock, InMemoryCluster, SimulatedCluster
 
 
 @pytest.fixture
@@ -59,7 +63,7 @@ def test_a_draining_worker_finishes_its_task_then_hands_its_results_off(
     sim.remove_worker(leaving)
     assert not got(sim, m.KeysPending)  # nothing was lost, nothing runs again
     assert {sim.state.tasks[k].state for k in ("held", "running")} == {MEMORY}
-    assert any("handed from leaving to staying" in row[4] for row in sim.state.story_of("held"))
+    assert any("handed from leaving to staying" in row[4] for row in sim.state.story("held"))
 
 
 def test_a_draining_worker_with_nobody_to_take_its_results_is_let_go(
@@ -176,7 +180,7 @@ def test_a_held_poison_task_is_not_placed_through_an_old_heap_entry() -> None:
     assert "t" not in {key for _, key in sim.place()}
     sim.now += 5
     sim.handle(Tick(sim.now))
-    assert sim.state.tasks["t"].state == "erred"
+    assert sim.state.tasks["t"].state == ERRED
     check_invariants(sim.state)
 
 
@@ -210,3 +214,55 @@ def test_a_late_handoff_confirmation_keeps_the_receivers_own_copy(
         k for msg in sim.to_workers[rcv][before:] if isinstance(msg, m.FreeKeys) for k in msg.keys
     ]
     assert "k" not in freed
+
+
+# --- through the services, in memory ------------------------------------------------------
+
+#: Runs by argument: a result computed again would show here.
+RUNS: collections.Counter[int] = collections.Counter()
+STARTED = threading.Event()
+RELEASE = threading.Event()
+
+
+def square(x: int, gated: bool) -> int:
+    RUNS[x] += 1
+    if gated:
+        STARTED.set()
+        RELEASE.wait(10)
+    return x * x
+
+
+def test_a_draining_worker_hands_its_results_to_the_others_and_nothing_runs_again() -> None:
+    RUNS.clear()
+    STARTED.clear()
+    RELEASE.clear()
+    clock = FakeClock()  # stands still: the drain ends by DrainDone, never by its grace
+    workers = [
+        {"name": "leaving", "nthreads": 2, "resources": "here=2"},
+        {"name": "staying", "nthreads": 2},
+    ]
+    with InMemoryCluster(workers, clock=clock) as cluster:
+        client = cluster.client()
+        held = client.submit(square, 3, False, resources={"here": 1})
+        assert held.result(timeout=10) == 9
+        running = client.submit(square, 4, True, resources={"here": 1})
+        assert STARTED.wait(10)
+        leaving = cluster.workers[0]
+        # drain() returns once the worker has left: it runs beside this test's thread.
+        drain = threading.Thread(target=cluster.run, args=(leaving.drain(30),))
+        drain.start()
+        record = next(w for w in cluster.scheduler.state.workers.values() if w.name == "leaving")
+        deadline = time.monotonic() + 10
+        while not record.draining and time.monotonic() < deadline:
+            time.sleep(0.001)  # the scheduler learns of the drain by message; nothing signals it
+        assert record.draining
+        RELEASE.set()  # the task finishes during the drain
+        drain.join(10)
+        assert not drain.is_alive()
+        assert sorted(w.name for w in cluster.scheduler.state.workers.values()) == ["staying"]
+        assert client.gather([held, running]) == [9, 16]  # from the worker that stayed
+        assert RUNS == {3: 1, 4: 1}
+        for future in (held, running):
+            story = client.story(future)
+            assert sum(1 for row in story if row[3] == "processing") == 1, story
+            assert any("handed from leaving to staying" in row[4] for row in story), story

@@ -16,7 +16,15 @@ from apportion.core.resources import ResourceSpec
 from apportion.protocol import messages as m
 from apportion.scheduler.events import FromWorker
 from apportion.scheduler.invariants import check_invariants
-from apportion.scheduler.records import ERRED, MEMORY, PROCESSING, QUEUED, RELEASED, WAITING
+from apportion.scheduler.records import (
+    ERRED,
+    FORGOTTEN,
+    MEMORY,
+    PROCESSING,
+    QUEUED,
+    RELEASED,
+    WAITING,
+)
 from apportion.scheduler.state import SchedulerConfig
 from apportion.testing import Interval, RecordingCluster, UnexpectedMessages
 
@@ -67,7 +75,6 @@ def by_key(intervals: list[Interval]) -> dict[str, Interval]:
 
 
 def test_tasks_start_only_where_their_demand_is_free(sim: RecordingCluster) -> None:
-    sim.allow(m.KeysDone)  # not what this test is about
     small = sim.add_worker("small", nthreads=4, resources="GPU=1")
     big = sim.add_worker("big", nthreads=4, resources="GPU=2")
     plain = sim.add_worker("plain", nthreads=4)
@@ -81,10 +88,10 @@ def test_tasks_start_only_where_their_demand_is_free(sim: RecordingCluster) -> N
     assert not sim.running[plain]
     sim.finish("g0")
     assert sim.place() == [(sim.worker_of("g3"), "g3")]
+    assert sorted(sim.done()) == ["g0"]  # each reported once
 
 
 def test_fractional_demands_share_one_unit(sim: RecordingCluster) -> None:
-    sim.allow(m.KeysDone)  # not what this test is about
     w = sim.add_worker(nthreads=8, resources="GPU=1")
     for i in range(3):
         sim.submit(f"h{i}", resources="GPU=0.5")
@@ -95,6 +102,7 @@ def test_fractional_demands_share_one_unit(sim: RecordingCluster) -> None:
     sim.finish("h1")
     sim.finish("h2")
     assert sim.free(w) == {"GPU": 1.0}
+    assert sorted(sim.done()) == ["h0", "h1", "h2"]  # each reported once
 
 
 def test_resource_tasks_are_not_pipelined_beyond_threads(sim: RecordingCluster) -> None:
@@ -115,7 +123,6 @@ def test_plain_tasks_are_pipelined_a_little(sim: RecordingCluster) -> None:
 
 
 def test_no_plain_task_is_queued_ahead_of_waiting_gpu_work(sim: RecordingCluster) -> None:
-    sim.allow(m.KeysDone)  # not what this test is about
     gpu = sim.add_worker("gpu", nthreads=2, resources="GPU=2")
     cpu = sim.add_worker("cpu", nthreads=1)
     for i in range(3):
@@ -134,10 +141,10 @@ def test_no_plain_task_is_queued_ahead_of_waiting_gpu_work(sim: RecordingCluster
     sim.finish("g2")
     sim.place()  # no GPU work left: the GPU worker takes plain tasks, queued ahead too
     assert len(sim.running[gpu]) == 4
+    assert sorted(sim.done()) == ["g0", "g1", "g2"]  # each reported once
 
 
 def test_two_gpu_task_never_shares_a_two_gpu_worker(sim: RecordingCluster) -> None:
-    sim.allow(m.KeysDone)  # not what this test is about
     w = sim.add_worker(nthreads=4, resources="GPU=2")
     keys = ["a", "b", "big", "c", "d", "big2", "e"]
     for key in keys:
@@ -152,6 +159,7 @@ def test_two_gpu_task_never_shares_a_two_gpu_worker(sim: RecordingCluster) -> No
                 assert iv.end <= ov.start or ov.end <= iv.start, f"{big} overlaps {other}"
     assert peak(intervals, set(keys), w) <= 2
     assert sim.free(w) == {"GPU": 2.0}
+    assert sorted(sim.done()) == ["a", "b", "big", "big2", "c", "d", "e"]  # each reported once
 
 
 # --- no head-of-line blocking ---------------------------------------------------------
@@ -174,7 +182,6 @@ def test_blocked_large_request_does_not_block_others_elsewhere(sim: RecordingClu
 def test_dask_6136_gpu2_queued_does_not_block_gpu1_on_another_worker(
     sim: RecordingCluster,
 ) -> None:
-    sim.allow(m.KeysDone)  # not what this test is about
     a = sim.add_worker("a", nthreads=2, resources="GPU=2")
     b = sim.add_worker("b", nthreads=2, resources="GPU=1")
     sim.submit("x", resources="GPU=1")
@@ -188,6 +195,7 @@ def test_dask_6136_gpu2_queued_does_not_block_gpu1_on_another_worker(
     sim.submit("z", resources="GPU=1")
     assert sim.place() == [(b, "z")]
     assert sim.state_of("wide") == QUEUED
+    assert sorted(sim.done()) == ["y"]  # each reported once
 
 
 # --- no starvation --------------------------------------------------------------------
@@ -208,7 +216,6 @@ def _stream(sim: RecordingCluster, resources: ResourceSpec) -> Callable[[], str]
 def test_stream_of_small_requests_cannot_starve_a_whole_worker_request(
     sim: RecordingCluster,
 ) -> None:
-    sim.allow(m.KeysDone)  # not what this test is about
     w = sim.add_worker("gpu", nthreads=4, resources="GPU=2")
     small = _stream(sim, "GPU=1")
     small(), small()
@@ -234,11 +241,11 @@ def test_stream_of_small_requests_cannot_starve_a_whole_worker_request(
     assert not set(after) & set(started)
     sim.finish("big")
     assert sorted(k for _, k in sim.place()) == after
+    assert sorted(sim.done()) == ["big", "s0", "s1"]  # each reported once
 
 
 def test_stream_of_plain_tasks_cannot_starve_a_resource_task(sim: RecordingCluster) -> None:
     """Plain tasks pipelined ahead keep threads busy; the reservation lets them drain."""
-    sim.allow(m.KeysDone)  # not what this test is about
     w = sim.add_worker("w", nthreads=2, resources="GPU=1")
     plain = _stream(sim, None)
     for _ in range(4):
@@ -256,13 +263,13 @@ def test_stream_of_plain_tasks_cannot_starve_a_resource_task(sim: RecordingClust
     started = [key for _, _, key in sim.started]
     assert set(started[: started.index("gpu")]) == assigned_before
     assert not set(after) & set(started[: started.index("gpu")])
+    assert sorted(sim.done()) == ["s0", "s1", "s2"]  # each reported once
 
 
 def test_reservation_holds_one_worker_while_the_other_keeps_working(
     sim: RecordingCluster,
 ) -> None:
     """The worker closest to fitting is held; the other keeps taking small tasks."""
-    sim.allow(m.KeysDone)  # not what this test is about
     w1 = sim.add_worker("w1", nthreads=4, resources="GPU=2")
     w2 = sim.add_worker("w2", nthreads=4, resources="GPU=2")
     for key in ("a", "b", "c"):
@@ -284,12 +291,12 @@ def test_reservation_holds_one_worker_while_the_other_keeps_working(
     assert sim.state.tasks["big"].reserved_on is None
     assert sim.state_of("e") == QUEUED  # and now the oldest blocked GPU=1 task
     assert sim.state.workers[reserved].reserved_by == "e"
+    assert sorted(sim.done()) == ["a", "b"]  # each reported once
 
 
 def test_reserved_task_waiting_only_for_a_thread_drains_plain_tasks(
     sim: RecordingCluster,
 ) -> None:
-    sim.allow(m.KeysDone)  # not what this test is about
     w = sim.add_worker(nthreads=1, resources="GPU=1")
     for i in range(2):
         sim.submit(f"p{i}")
@@ -304,6 +311,7 @@ def test_reserved_task_waiting_only_for_a_thread_drains_plain_tasks(
     sim.finish("p1")
     started = sim.place()
     assert started[0] == (w, "gpu")  # plain tasks may queue behind it, not before it
+    assert sorted(sim.done()) == ["p0", "p1"]  # each reported once
 
 
 # --- Guild's run queue ----------------------------------------------------------------
@@ -355,7 +363,6 @@ def test_seed_example_two_gpu_workers_and_a_memory_worker(sim: RecordingCluster)
 
 
 def test_higher_priority_starts_first_then_submission_order(sim: RecordingCluster) -> None:
-    sim.allow(m.KeysDone)  # not what this test is about
     w = sim.add_worker(nthreads=1, resources="GPU=1")
     sim.submit("first", resources="GPU=1")
     sim.place()
@@ -373,6 +380,7 @@ def test_higher_priority_starts_first_then_submission_order(sim: RecordingCluste
         "low2",
     ]
     assert sim.free(w) == {"GPU": 1.0}
+    assert sorted(sim.done()) == ["first", "high", "low1", "low2", "mid"]  # each reported once
 
 
 def test_priority_across_request_kinds(sim: RecordingCluster) -> None:
@@ -425,7 +433,6 @@ def test_chain_runs_in_order_and_releases_intermediates(sim: RecordingCluster) -
 
 
 def test_diamond_keeps_shared_input_until_both_dependents_finish(sim: RecordingCluster) -> None:
-    sim.allow(m.FreeKeys, m.KeysDone)  # not what this test is about
     w = sim.add_worker(nthreads=4, resources="GPU=1")
     sim.submit_graph(
         {
@@ -450,6 +457,8 @@ def test_diamond_keeps_shared_input_until_both_dependents_finish(sim: RecordingC
     assert sorted(sim.freed(w)) == ["a", "b", "c"]
     sim.client_says("c1", m.ReleaseKeys(["d"]))
     assert sim.state.tasks == {}
+    assert sim.done() == ["d"]
+    assert sorted(sim.freed(w)) == ["a", "b", "c", "d"]
 
 
 def test_result_wanted_by_a_client_is_kept_after_dependents_finish(
@@ -466,7 +475,6 @@ def test_result_wanted_by_a_client_is_kept_after_dependents_finish(
 
 
 def test_two_clients_share_a_result_until_both_release(sim: RecordingCluster) -> None:
-    sim.allow(m.FreeKeys)  # not what this test is about
     sim.add_worker()
     sim.add_client("c2")
     sim.submit("x")
@@ -477,15 +485,16 @@ def test_two_clients_share_a_result_until_both_release(sim: RecordingCluster) ->
     assert sim.state_of("x") == MEMORY
     sim.remove_client("c2")
     assert sim.state.tasks == {}
+    assert sorted(sim.freed("w1")) == ["x"]
 
 
 def test_dependent_on_finished_result_is_queued_at_once(sim: RecordingCluster) -> None:
-    sim.allow(m.KeysDone)  # not what this test is about
     sim.add_worker()
     sim.submit("a")
     sim.run({})
     sim.submit("b", deps=["a"])
     assert sim.state_of("b") == QUEUED
+    assert sorted(sim.done()) == ["a"]  # each reported once
 
 
 def test_dependent_on_unknown_key_fails_as_lost(sim: RecordingCluster) -> None:
@@ -498,7 +507,7 @@ def test_release_of_a_queued_task_forgets_it(sim: RecordingCluster) -> None:
     sim.submit("x", resources="GPU=1")
     sim.client_says("c1", m.ReleaseKeys(["x"]))
     assert sim.state.tasks == {}
-    assert sim.state.story_of("x")[-1][2:4] == (QUEUED, "forgotten")
+    assert sim.state.story("x")[-1][2:4] == (QUEUED, FORGOTTEN)
     w = sim.add_worker(resources="GPU=1")
     assert sim.place() == []
     assert not sim.running[w]
@@ -567,7 +576,7 @@ def test_retries_requeue_then_fail(sim: RecordingCluster) -> None:
     assert sim.state_of("x") == ERRED
     assert [e.key for e in sim.got(m.TaskErred)] == ["x"]
     assert sim.place() == []
-    causes = [row[4] for row in sim.state.story_of("x")]
+    causes = [row[4] for row in sim.state.story("x")]
     assert sum("retrying" in c for c in causes) == 2
 
 
@@ -634,13 +643,13 @@ def test_closing_worker_is_logged_as_a_departure_not_a_loss(sim: RecordingCluste
 
 
 def test_cancel_finished_task_is_a_no_op(sim: RecordingCluster) -> None:
-    sim.allow(m.KeysDone)  # not what this test is about
     sim.add_worker()
     sim.submit("x")
     sim.run({})
     sim.client_says("c1", m.CancelKeys(["x", "unknown"]))
     assert sim.state_of("x") == MEMORY
     assert sim.got(m.KeysFailed) == []
+    assert sorted(sim.done()) == ["x"]  # each reported once
 
 
 # --- worker loss ----------------------------------------------------------------------
@@ -888,7 +897,6 @@ def test_explain_plain_task_with_busy_threads(sim: RecordingCluster) -> None:
 
 
 def test_story_lists_transitions_with_causes(sim: RecordingCluster) -> None:
-    sim.allow(m.FreeKeys, m.KeysDone)  # not what this test is about
     sim.add_worker("w", resources="GPU=1")
     sim.submit("x", resources="GPU=1", retries=1)
     sim.place()
@@ -896,14 +904,14 @@ def test_story_lists_transitions_with_causes(sim: RecordingCluster) -> None:
     sim.place()
     sim.finish("x")
     sim.client_says("c1", m.ReleaseKeys(["x"]))
-    story = [row[2:] for row in sim.state.story_of("x")]
+    story = [row[2:] for row in sim.state.story("x")]
     assert story == [
         ("new", QUEUED, "submitted"),
         (QUEUED, PROCESSING, "assigned to w"),
         (PROCESSING, QUEUED, "raised on w; retrying (0 left)"),
         (QUEUED, PROCESSING, "assigned to w"),
         (PROCESSING, MEMORY, "finished on w"),
-        (MEMORY, "forgotten", "released"),
+        (MEMORY, FORGOTTEN, "released"),
     ]
     sim.client_says("c1", m.StoryRequest(9, "x"))
     (reply,) = sim.got(m.StoryReply)
@@ -911,6 +919,8 @@ def test_story_lists_transitions_with_causes(sim: RecordingCluster) -> None:
     assert [tuple(row[2:]) for row in reply.story] == story
     assert all(row[1] == "x" for row in reply.story)
     assert all(isinstance(row[0], float) for row in reply.story)
+    assert sim.done() == ["x"]  # once, after the retry
+    assert sim.freed("w1") == ["x"]
 
 
 def test_snapshot_shape(sim: RecordingCluster) -> None:
@@ -938,7 +948,6 @@ def test_snapshot_shape(sim: RecordingCluster) -> None:
 
 
 def test_gather_relays_through_the_worker(sim: RecordingCluster) -> None:
-    sim.allow(m.KeysDone)  # not what this test is about
     w = sim.add_worker()
     sim.submit("x")
     sim.run({})
@@ -949,6 +958,7 @@ def test_gather_relays_through_the_worker(sim: RecordingCluster) -> None:
     sim.handle(FromWorker(w, [m.DataReply(get.request_id, {"x": b"value"}, [], {})], sim.now))
     (reply,) = sim.got(m.GatherReply)
     assert reply == m.GatherReply(5, {"x": b"value"}, ["missing"], {})
+    assert sorted(sim.done()) == ["x"]  # each reported once
 
 
 def test_gather_of_nothing_in_memory_answers_at_once(sim: RecordingCluster) -> None:
@@ -969,7 +979,6 @@ def test_gather_from_a_worker_that_leaves_counts_as_missing(sim: RecordingCluste
 
 
 def test_scatter_is_parked_until_a_worker_joins(sim: RecordingCluster) -> None:
-    sim.allow(m.KeysDone)  # not what this test is about
     sim.client_says("c1", m.ScatterRequest(7, {"d": b"data"}))
     assert sim.got(m.ScatterReply) == []
     w = sim.add_worker()
@@ -985,6 +994,7 @@ def test_scatter_is_parked_until_a_worker_joins(sim: RecordingCluster) -> None:
     sim.client_says("c1", m.ReleaseKeys(["d", "e"]))
     assert sim.state.tasks == {}
     assert sorted(sim.freed(w)) == ["d", "e"]
+    assert sorted(sim.done()) == ["d", "e"]  # each reported once
 
 
 def test_scattered_data_lost_with_its_worker_fails_as_lost(sim: RecordingCluster) -> None:
@@ -999,12 +1009,12 @@ def test_scattered_data_lost_with_its_worker_fails_as_lost(sim: RecordingCluster
 
 
 def test_who_has(sim: RecordingCluster) -> None:
-    sim.allow(m.KeysDone)  # not what this test is about
     w = sim.add_worker()
     sim.submit("x")
     sim.run({})
     sim.client_says("c1", m.WhoHasRequest(4, ["x", "y"]))
     assert sim.got(m.WhoHasReply) == [m.WhoHasReply(4, {"x": [f"sim://{w}"]})]
+    assert sorted(sim.done()) == ["x"]  # each reported once
 
 
 def test_unexpected_messages_are_logged_not_fatal(sim: RecordingCluster) -> None:
@@ -1020,12 +1030,12 @@ def test_unexpected_messages_are_logged_not_fatal(sim: RecordingCluster) -> None
 
 
 def test_batch_may_list_dependents_before_their_inputs(sim: RecordingCluster) -> None:
-    sim.allow(m.FreeKeys)  # not what this test is about
     sim.add_worker()
     sim.submit_graph({"b": (["a"], None), "a": ([], None)}, wanted=["b"])
     assert (sim.state_of("a"), sim.state_of("b")) == (QUEUED, WAITING)
     sim.run({})
     assert sim.done() == ["b"]
+    assert sorted(sim.freed("w1")) == ["a"]
 
 
 def test_unsatisfiable_input_fails_a_wanted_dependent_with_the_reason(
@@ -1112,18 +1122,17 @@ def test_cancelled_task_submitted_again_runs_again(sim: RecordingCluster) -> Non
 
 
 def test_cancelling_twice_reports_once(sim: RecordingCluster) -> None:
-    sim.allow(m.FreeKeys)  # not what this test is about
     sim.add_worker()
     sim.submit("x")
     sim.place()
     sim.client_says("c1", m.CancelKeys(["x"]), m.CancelKeys(["x"]))
     assert len(sim.got(m.KeysFailed)) == 1
+    assert sorted(sim.freed("w1")) == ["x"]
 
 
 def test_dependent_of_a_cancelled_running_task_fails_when_it_settles(
     sim: RecordingCluster,
 ) -> None:
-    sim.allow(m.FreeKeys)  # not what this test is about
     sim.add_worker()
     sim.submit("x")
     sim.place()
@@ -1134,7 +1143,8 @@ def test_dependent_of_a_cancelled_running_task_fails_when_it_settles(
     sim.finish("x")
     assert sim.state_of("y") == ERRED
     assert [f.keys for f in sim.got(m.KeysFailed)] == [["x"], ["y"]]
-    assert sim.state_of("x") == "forgotten"
+    assert sim.state_of("x") == FORGOTTEN
+    assert sorted(sim.freed("w1")) == ["x"]
 
 
 def test_running_dependent_keeps_a_failed_input_registered(sim: RecordingCluster) -> None:
@@ -1233,7 +1243,6 @@ def test_resubmitting_a_cancelled_key_keeps_its_function(sim: RecordingCluster) 
 
 
 def test_a_lost_result_is_recomputed_from_released_inputs(sim: RecordingCluster) -> None:
-    sim.allow(m.FreeKeys)  # not what this test is about
     w = sim.add_worker(nthreads=1, name="first")
     sim.submit_graph({"a": ([], None), "b": (["a"], None), "c": (["b"], None)}, wanted=["c"])
     for key in "abc":
@@ -1249,12 +1258,13 @@ def test_a_lost_result_is_recomputed_from_released_inputs(sim: RecordingCluster)
         sim.finish(key)
     assert sim.done() == ["c", "c"]
     assert sim.state_of("c") == MEMORY and sim.state_of("a") == RELEASED
-    story = [row[4] for row in sim.state.story_of("a")]
+    story = [row[4] for row in sim.state.story("a")]
     assert "needed to recompute b" in story
+    assert sorted(sim.freed("w1")) == ["a", "b"]
+    assert sorted(sim.freed("w2")) == ["a", "b"]
 
 
 def test_wanting_a_released_key_again_recomputes_it(sim: RecordingCluster) -> None:
-    sim.allow(m.FreeKeys)  # not what this test is about
     w = sim.add_worker(nthreads=1)
     sim.submit_graph({"a": ([], None), "b": (["a"], None)}, wanted=["b"])
     for key in "ab":
@@ -1267,6 +1277,7 @@ def test_wanting_a_released_key_again_recomputes_it(sim: RecordingCluster) -> No
     assert sim.place() == [(w, "d")]
     sim.finish("d")
     assert sim.done() == ["b", "d"]
+    assert sorted(sim.freed("w1")) == ["a", "a"]
 
 
 def test_a_long_released_chain_is_recomputed_and_dropped_without_recursion(
@@ -1302,7 +1313,7 @@ def test_a_lost_result_whose_released_input_was_scattered_fails_clearly(
     sim.place()
     sim.finish("use")
     sim.client_says("c1", m.ReleaseKeys(["data"]))
-    assert sim.state_of("data") == "forgotten"  # scattered: nothing to recompute it from
+    assert sim.state_of("data") == FORGOTTEN  # scattered: nothing to recompute it from
     sim.add_worker(nthreads=1)
     sim.remove_worker(w)
     (failed,) = sim.got(m.KeysFailed)

@@ -19,6 +19,7 @@ from apportion.scheduler.events import (
     WorkerLeft,
 )
 from apportion.scheduler.invariants import check_invariants
+from apportion.scheduler.records import PROCESSING
 from apportion.scheduler.state import SchedulerState
 from apportion.scheduler.wire import to_wire
 
@@ -72,7 +73,7 @@ def test_tasks_still_running_go_to_the_service_of_their_prefix(cluster: Cluster)
     assert cluster.to("w", m.FreeKeys) == [m.FreeKeys(["other-1"])]  # nobody claims it
     task = m.TaskSpec("run-7", "f", b"", [], {}, 0, 0)
     cluster.handle(FromClient("svc", [m.AdoptTask("w", task, {"f": b"f"}, {})], 0.0))
-    assert cluster.state.tasks["run-7"].state == "processing"
+    assert cluster.state.tasks["run-7"].state == PROCESSING
     cluster.handle(FromClient("svc", [m.StopTasks("w", ["run-8"])], 0.0))
     assert cluster.to("w", m.FreeKeys)[-1] == m.FreeKeys(["run-8"])
     check_invariants(cluster.state)

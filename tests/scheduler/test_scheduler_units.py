@@ -9,6 +9,7 @@ import pytest
 from apportion.protocol import messages as m
 from apportion.scheduler.events import FromWorker
 from apportion.scheduler.invariants import check_invariants
+from apportion.scheduler.records import ERRED
 from apportion.scheduler.state import SchedulerConfig
 from apportion.testing import SimulatedCluster
 
@@ -98,7 +99,7 @@ def test_story_and_compute_message_name_the_units(sim: SimulatedCluster) -> None
     sim.submit("t", resources={"gpu": 2})
     sim.place()
     assert sim.running[w]["t"].allocation.units == {"gpu": ["4", "5"]}
-    causes = [row[4] for row in sim.state.story_of("t")]
+    causes = [row[4] for row in sim.state.story("t")]
     assert "assigned to gpus holding gpu [4,5]" in causes
 
 
@@ -193,4 +194,4 @@ def test_units_of_a_lost_worker_are_not_given_back_elsewhere(sim: SimulatedClust
     assert sim.place() == [(plain, "t")]  # runs with its second alternative: no units
     assert sim.running[plain]["t"].allocation.units == {}
     sim.raise_("t")  # giving back must not touch units of the lost worker
-    assert sim.state.tasks["t"].state == "erred"
+    assert sim.state.tasks["t"].state == ERRED

@@ -1,4 +1,5 @@
-"""The --nworkers supervisor: policy with a fake launcher and clock, plus one real run."""
+"""The --nworkers supervisor: policy with a fake spawner and fake monotonic time, plus one
+real run."""
 
 from __future__ import annotations
 
@@ -11,66 +12,66 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from apportion.worker.supervisor import Supervisor, describe_exit, popen_launcher
-from supervisor_fakes import FakeClock, FakeLauncher
+from apportion.worker.supervisor import Supervisor, describe_exit, popen_spawn
+from supervisor_fakes import FakeMonotonic, FakeSpawner
 
 
-def make(n: int = 2, **kwargs: bool) -> tuple[Supervisor, FakeLauncher, FakeClock]:
-    launcher, clock = FakeLauncher(**kwargs), FakeClock()
+def make(n: int = 2, **kwargs: bool) -> tuple[Supervisor, FakeSpawner, FakeMonotonic]:
+    spawner, monotonic = FakeSpawner(**kwargs), FakeMonotonic()
     commands = [["worker", f"--name=w-{i}"] for i in range(n)]
-    supervisor = Supervisor(commands, launcher, clock, min_uptime=10.0, max_backoff=30.0)
+    supervisor = Supervisor(commands, spawner, monotonic, min_uptime=10.0, max_backoff=30.0)
     supervisor.start()
-    return supervisor, launcher, clock
+    return supervisor, spawner, monotonic
 
 
 @pytest.mark.timeout(5)
 def test_starts_one_process_per_command() -> None:
-    _, launcher, _ = make(3)
-    assert [p.argv for p in launcher.launched] == [["worker", f"--name=w-{i}"] for i in range(3)]
+    _, spawner, _ = make(3)
+    assert [p.argv for p in spawner.spawned] == [["worker", f"--name=w-{i}"] for i in range(3)]
 
 
 @pytest.mark.timeout(5)
 def test_child_killed_by_sigkill_is_restarted_and_logged(caplog: pytest.LogCaptureFixture) -> None:
-    supervisor, launcher, clock = make(2)
-    clock.now += 60
-    launcher.launched[0].returncode = -signal.SIGKILL
+    supervisor, spawner, monotonic = make(2)
+    monotonic.now += 60
+    spawner.spawned[0].returncode = -signal.SIGKILL
     with caplog.at_level(logging.WARNING, logger="apportion.supervisor"):
         supervisor.poll()
-    assert len(launcher.launched) == 3
-    assert launcher.launched[2].argv == ["worker", "--name=w-0"]
-    assert supervisor.slots[0].process is launcher.launched[2]
+    assert len(spawner.spawned) == 3
+    assert spawner.spawned[2].argv == ["worker", "--name=w-0"]
+    assert supervisor.slots[0].process is spawner.spawned[2]
     assert "was killed by SIGKILL" in caplog.text
 
 
 @pytest.mark.timeout(5)
 def test_children_that_keep_dying_are_restarted_with_growing_delays() -> None:
-    supervisor, launcher, clock = make(1)
+    supervisor, spawner, monotonic = make(1)
     delays = []
     for _ in range(5):
-        launcher.launched[-1].returncode = 1
-        before, start = len(launcher.launched), clock.now
+        spawner.spawned[-1].returncode = 1
+        before, start = len(spawner.spawned), monotonic.now
         supervisor.poll()
-        while len(launcher.launched) == before:
-            clock.now += 0.5
+        while len(spawner.spawned) == before:
+            monotonic.now += 0.5
             supervisor.poll()
-        delays.append(clock.now - start)
+        delays.append(monotonic.now - start)
     assert delays == [0.0, 1.0, 2.0, 4.0, 8.0]  # the first restart is immediate
 
 
 @pytest.mark.timeout(5)
 def test_stop_forwards_the_signal_and_does_not_restart() -> None:
-    supervisor, launcher, _ = make(2)
+    supervisor, spawner, _ = make(2)
     supervisor.stop(signal.SIGINT)
-    assert [p.signals for p in launcher.launched] == [[signal.SIGINT], [signal.SIGINT]]
+    assert [p.signals for p in spawner.spawned] == [[signal.SIGINT], [signal.SIGINT]]
     supervisor.poll()
-    assert len(launcher.launched) == 2
+    assert len(spawner.spawned) == 2
 
 
 @pytest.mark.timeout(5)
 def test_stop_kills_children_that_ignore_the_signal() -> None:
-    supervisor, launcher, _ = make(1, stubborn=True)
+    supervisor, spawner, _ = make(1, stubborn=True)
     supervisor.stop(signal.SIGTERM, timeout=0.0)
-    assert launcher.launched[0].returncode == -signal.SIGKILL
+    assert spawner.spawned[0].returncode == -signal.SIGKILL
 
 
 @pytest.mark.timeout(5)
@@ -96,7 +97,7 @@ def reaper() -> Iterator[list[psutil.Process]]:
 @pytest.mark.timeout(30)
 def test_real_child_killed_with_sigkill_is_restarted(reaper: list[psutil.Process]) -> None:
     def launch(argv: list[str]) -> subprocess.Popen[bytes]:
-        process = popen_launcher(argv)
+        process = popen_spawn(argv)
         reaper.append(psutil.Process(process.pid))
         assert isinstance(process, subprocess.Popen)
         return process
@@ -130,33 +131,33 @@ class Reports:
 
 def make_limited(
     memory: dict[int, int], limit: int = 1000
-) -> tuple[Supervisor, FakeLauncher, FakeClock, Reports]:
-    launcher, clock, reports = FakeLauncher(), FakeClock(), Reports()
+) -> tuple[Supervisor, FakeSpawner, FakeMonotonic, Reports]:
+    spawner, monotonic, reports = FakeSpawner(), FakeMonotonic(), Reports()
     supervisor = Supervisor(
         [["worker", "--name=w-0"]],
-        launcher,
-        clock,
+        spawner,
+        monotonic,
         names=["w-0"],
         memory_limit=limit,
         memory_of=lambda pid: memory.get(pid, 0),
         report=reports,
     )
     supervisor.start()
-    return supervisor, launcher, clock, reports
+    return supervisor, spawner, monotonic, reports
 
 
 @pytest.mark.timeout(5)
 def test_a_child_above_its_memory_limit_is_killed_restarted_and_reported() -> None:
     memory = {1000: 900}
-    supervisor, launcher, clock, reports = make_limited(memory)
+    supervisor, spawner, monotonic, reports = make_limited(memory)
     supervisor.poll()
-    assert launcher.launched[0].returncode is None  # 900 of 1000: fine
+    assert spawner.spawned[0].returncode is None  # 900 of 1000: fine
     memory[1000] = 1200
     supervisor.poll()
-    assert launcher.launched[0].returncode == -signal.SIGKILL
-    clock.now += 60
+    assert spawner.spawned[0].returncode == -signal.SIGKILL
+    monotonic.now += 60
     supervisor.poll()
-    assert len(launcher.launched) == 2  # restarted
+    assert len(spawner.spawned) == 2  # restarted
     ((name, pid, how),) = reports.got
     assert (name, pid) == ("w-0", 1000)
     assert "killed by its supervisor" in how and "out of memory" in how and "1.2 KiB" in how
@@ -165,19 +166,19 @@ def test_a_child_above_its_memory_limit_is_killed_restarted_and_reported() -> No
 @pytest.mark.timeout(5)
 def test_a_sigkill_near_the_limit_is_likely_out_of_memory() -> None:
     memory = {1000: 950}
-    supervisor, launcher, _, reports = make_limited(memory)
+    supervisor, spawner, _, reports = make_limited(memory)
     supervisor.poll()
-    launcher.launched[0].returncode = -signal.SIGKILL  # the kernel's OOM killer, say
+    spawner.spawned[0].returncode = -signal.SIGKILL  # the kernel's OOM killer, say
     supervisor.poll()
     assert "was killed by SIGKILL - likely out of memory" in reports.got[0][2]
 
 
 @pytest.mark.timeout(5)
 def test_a_child_that_exits_with_status_0_was_stopped_and_is_not_restarted() -> None:
-    supervisor, launcher, clock, reports = make_limited({})
-    launcher.launched[0].returncode = 0  # drained after its own SIGTERM
-    clock.now += 60
+    supervisor, spawner, monotonic, reports = make_limited({})
+    spawner.spawned[0].returncode = 0  # drained after its own SIGTERM
+    monotonic.now += 60
     supervisor.poll()
     supervisor.poll()
-    assert len(launcher.launched) == 1 and supervisor.all_stopped
+    assert len(spawner.spawned) == 1 and supervisor.all_stopped
     assert reports.got == []  # a stop is not a death: nothing to tell the scheduler

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from apportion.core.allocation import Allocation
+from apportion.core.transitions import IllegalTransition
 from apportion.protocol.messages import (
     ComputeTask,
     DataStored,
@@ -32,7 +33,7 @@ from apportion.worker.events import (
     SendToScheduler,
     WorkerCommand,
 )
-from apportion.worker.state import InvalidTransition, WorkerState, check_invariants
+from apportion.worker.state import WorkerState, check_invariants
 
 ME = "tcp://127.0.0.1:1000"
 PEER_A = "tcp://127.0.0.1:2000"
@@ -266,7 +267,7 @@ def test_story_explains_each_transition(state: WorkerState) -> None:
 
 @pytest.mark.timeout(5)
 def test_impossible_event_raises(state: WorkerState) -> None:
-    with pytest.raises(InvalidTransition):
+    with pytest.raises(IllegalTransition, match="worker: task 'never-started' is released"):
         state.handle(ok("never-started"))
 
 

@@ -86,7 +86,7 @@ def info(address: str) -> None:
         click.echo("tasks: " + ", ".join(f"{n} {state}" for state, n in sorted(tasks.items())))
     for addr, w in sorted(workers.items(), key=lambda item: item[1]["name"]):
         pools = ", ".join(
-            f"{name} {_units(name, w['free_resources'][name])}/{_units(name, total)} free"
+            f"{name} {_readable(name, w['free_resources'][name])}/{_readable(name, total)} free"
             for name, total in sorted(w["resources"].items())
         )
         click.echo(
@@ -114,7 +114,8 @@ def _unit_state(free: float) -> str:
     return format_amount(ticks)
 
 
-def _units(name: str, value: float) -> str:
+def _readable(name: str, value: float) -> str:
+    """A plain-number amount (as ``scheduler_info()`` gives it) for people to read."""
     return describe_amount(name, round(value * SCALE))
 
 

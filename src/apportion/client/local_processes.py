@@ -105,7 +105,7 @@ class WorkerProcesses:
         self._mutes: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
         self._supervisor = Supervisor(
-            [], self._launch, memory_limit=memory_limit, report=report, min_uptime=5.0
+            [], self._spawn, memory_limit=memory_limit, report=report, min_uptime=5.0
         )
         self._stop = threading.Event()
         self._thread = threading.Thread(
@@ -113,7 +113,7 @@ class WorkerProcesses:
         )
         self._thread.start()
 
-    def _launch(self, argv: list[str]) -> ChildProcess:
+    def _spawn(self, argv: list[str]) -> ChildProcess:
         name = argv[argv.index("--name") + 1]
         log = self.logs.setdefault(name, WorkerLog(self._show_from))
         proc = subprocess.Popen(

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 A *supply* says what a worker process offers (``GPU=2 MEMORY=100e9``); a *demand*
 says what a task needs while it runs (``{"GPU": 1}``). Both are parsed here into
-``dict[str, int]`` in fixed point: one unit is ``SCALE`` ticks, so ``0.5`` GPU is
+``dict[str, int]`` in fixed point: an amount of 1 is ``SCALE`` ticks, so ``0.5`` GPU is
 5,000 ticks and ``100e9`` bytes is an exact integer. Integer ticks mean that taking
 and returning the same amounts always restores the ledger exactly: floats would
 drift after a few thousand fractional tasks and a pool would end up "almost" free.
@@ -23,11 +23,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-#: Ticks per unit of any resource. 10**4 keeps 1 TiB of memory (1.1e16 ticks)
+#: Ticks in an amount of 1 of any resource. 10**4 keeps 1 TiB of memory (1.1e16 ticks)
 #: inside a signed 64-bit integer on the wire and allows requests down to 0.0001.
 SCALE = 10_000
 
-#: Amounts travel as signed 64-bit integers; 9.2e14 units is beyond any real pool.
+#: Amounts travel as signed 64-bit integers; an amount of 9.2e14 is beyond any real pool.
 MAX_TICKS = 2**63 - 1
 
 Amounts = dict[str, int]
@@ -349,6 +349,7 @@ def describe_resources(
     return _render(amounts, units, describe_amount)
 
 
-def to_units(amounts: Mapping[str, int]) -> dict[str, float]:
-    """Amounts as plain numbers of units, as Dask reports them in ``scheduler_info()``."""
+def from_ticks(amounts: Mapping[str, int]) -> dict[str, float]:
+    """Ticks back to plain numbers (``5000`` -> ``0.5``), as Dask reports amounts in
+    ``scheduler_info()``. Not to be confused with an indexed pool's units (``Units``)."""
     return {name: ticks / SCALE for name, ticks in amounts.items()}

@@ -15,8 +15,8 @@ and SQLite can only fail it. ``batch()`` groups many changes into one commit (th
 scheduler commits once per turn of its loop); inside a batch each method still
 changes all it was asked to or nothing, by a savepoint.
 
-A run's state moves only along ``TRANSITIONS`` (``views``, shared with the queue's
-lifecycle); anything else raises, because a run
+A run's state moves only along ``RUN_MOVES`` (``run_states``, shared with the
+queue's lifecycle); anything else raises ``IllegalTransition``, because a run
 completing twice or restarting after cancellation is a bug upstream. Environments
 are stored once per distinct content: the elements of an array, or runs submitted
 from one shell, share one, so a 10,000-element array does not hold 10,000 copies.
@@ -42,22 +42,22 @@ from signal import Signals
 from types import TracebackType
 from typing import Any
 
-from apportion.runs.spec import RunSpec
-from apportion.runs.views import (
+from apportion.runs.run_states import (
     CANCELLED,
     COMPLETED,
     FAILED,
     FINISHED,
     LOST,
     QUEUED,
+    RUN_MOVES,
     RUNNING,
     STAGED,
     STATES,
-    TRANSITIONS,
-    check_move,
+    check_run_move,
 )
+from apportion.runs.spec import RunSpec
 
-# The states are the lifecycle's (``views``); readers of the journal name them from here.
+# The states are the lifecycle's (``run_states``); readers of the journal name them from here.
 __all__ = [
     "CANCELLED",
     "COMPLETED",
@@ -66,11 +66,11 @@ __all__ = [
     "LOST",
     "QUEUED",
     "RUNNING",
+    "RUN_MOVES",
     "SCHEMA_VERSION",
     "STAGED",
     "STATES",
     "TIMED_OUT",
-    "TRANSITIONS",
     "Journal",
     "JournalBusy",
     "JournalError",
@@ -619,7 +619,7 @@ class Journal:
 
     def _move(self, run_id: int, new: str, *, only_from: str | None = None) -> None:
         """Raise unless the run may go from its state to ``new`` (and is in ``only_from``)."""
-        check_move(run_id, self._state(run_id), new, only_from)
+        check_run_move(run_id, self._state(run_id), new, only_from)
 
     # --- removing runs --------------------------------------------------------------
 

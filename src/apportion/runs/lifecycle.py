@@ -24,9 +24,9 @@ the journal. Commands are either for the scheduler (``Schedule``, ``Adopt``,
 ``Release``, ``CancelTask``, ``StopStrays``), for the journal (``JournalCommand``),
 or a line for the log (``Say``). The service carries them out in order.
 
-A run's state moves only along ``TRANSITIONS``, here and in the journal: anything
-else raises, because a run completing twice or restarting after cancellation is a
-bug upstream.
+A run's state moves only along ``RUN_MOVES`` (``run_states``), here and in the
+journal: anything else raises ``IllegalTransition``, because a run completing twice
+or restarting after cancellation is a bug upstream.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from collections.abc import Mapping
 
 from apportion.core.resources import describe_amount, describe_resources
 from apportion.runs import run_events as e
-from apportion.runs.views import (
+from apportion.runs.run_states import (
     CANCELLED,
     COMPLETED,
     FAILED,
@@ -43,8 +43,8 @@ from apportion.runs.views import (
     QUEUED,
     RUNNING,
     STAGED,
-    RunView,
 )
+from apportion.runs.views import RunView
 
 #: Why a run awaiting adoption is given up on.
 NOT_BACK = "its worker did not come back after the scheduler restarted"

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any, TypeGuard
 
-from apportion.core.resources import format_resources, parse_demand, to_units
+from apportion.core.resources import format_resources, from_ticks, parse_demand
 
 #: Most elements one array may have: beyond this a typo (``1-1000000``) is likelier
 #: than a wish, and every element is a row in the journal.
@@ -184,7 +184,7 @@ def parse_run_resources(texts: str | Sequence[str]) -> tuple[str, dict[str, floa
                 )
             merged[name] = ticks
             given_in[name] = text
-    return format_resources(merged), to_units(dict(sorted(merged.items())))
+    return format_resources(merged), from_ticks(dict(sorted(merged.items())))
 
 
 _ARRAY_PART = re.compile(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?")

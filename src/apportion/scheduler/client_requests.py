@@ -15,6 +15,7 @@ from apportion.scheduler.explain import explain
 from apportion.scheduler.records import (
     ERRED,
     MEMORY,
+    NEW,
     NO_RESOURCES,
     PROCESSING,
     QUEUED,
@@ -59,7 +60,7 @@ def submit(state: SchedulerCore, client: ClientRecord, msg: m.SubmitTasks) -> No
     for key in msg.wanted:
         want(state, client, key)
     for task in created:
-        if task.state == "new":  # not already failed with an input
+        if task.state == NEW:  # not already failed with an input
             _start(state, task)
     # Tasks nobody wants and nothing depends on would run for no one.
     for task in reversed(created):
@@ -117,7 +118,7 @@ def _new_task(
     spec: m.TaskSpec,
     restrictions: dict[tuple[tuple[str, ...], int], Restriction],
 ) -> TaskRecord:
-    """A "new" record; ``submit`` links it to its inputs and ``_start`` sets its state."""
+    """A NEW record; ``submit`` links it to its inputs and ``_start`` sets its state."""
     variants = tuple(v or NO_RESOURCES for v in spec.variants) if len(spec.variants) > 1 else None
     restriction: Restriction | None = None
     if spec.workers:
@@ -155,7 +156,7 @@ def _start(state: SchedulerCore, task: TaskRecord) -> None:
             failure = dep.error
         elif dep.state == RELEASED:
             state.recompute(dep, f"needed again by {task.key}")
-            if task.state != "new":
+            if task.state != NEW:
                 return  # the input could not be recomputed and failed it too
             task.missing_deps += 1
         elif dep.state != MEMORY:
@@ -232,7 +233,7 @@ def info(state: SchedulerCore, client: ClientRecord, msg: m.InfoRequest) -> None
 
 
 def story(state: SchedulerCore, client: ClientRecord, msg: m.StoryRequest) -> None:
-    rows: list[list[Any]] = [list(row) for row in state.story_of(msg.key)]
+    rows: list[list[Any]] = [list(row) for row in state.story(msg.key)]
     state.reply(client.id, m.StoryReply(msg.request_id, rows))
 
 

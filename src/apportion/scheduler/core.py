@@ -19,7 +19,7 @@ the worker told to drop the data. Resources are taken from a worker's ledger whe
 a task is assigned and given back exactly once, when the worker reports the task
 or when the worker is lost, whatever happened to the task in between.
 
-Every state change goes through ``_move``, which checks the transition table in
+Every state change goes through ``move``, which checks ``SCHEDULER_TASK_MOVES`` in
 ``records.py`` and appends ``(time, key, from, to, cause)`` to the log that
 ``story(key)`` reads.
 
@@ -40,6 +40,7 @@ from typing import Any
 from apportion.core.allocation import NOTHING, Allocation
 from apportion.core.ledger import describe_units
 from apportion.core.resources import describe_resources
+from apportion.core.transitions import check_move
 from apportion.protocol import messages as m
 from apportion.scheduler.books import RelayBook, RemoteBook, ServiceBook, SharedBook
 from apportion.scheduler.events import (
@@ -57,11 +58,13 @@ from apportion.scheduler.events import (
 from apportion.scheduler.holders import clear_replicas, holders
 from apportion.scheduler.records import (
     ERRED,
+    FORGOTTEN,
     MEMORY,
+    NEW,
     PROCESSING,
     QUEUED,
     RELEASED,
-    TRANSITIONS,
+    SCHEDULER_TASK_MOVES,
     WAITING,
     ClientRecord,
     QueueKey,
@@ -74,10 +77,6 @@ SCATTERED = ""
 
 #: Supervisor reports of worker deaths kept for poison-task errors.
 MAX_DEATH_CAUSES = 1_000
-
-
-class IllegalTransition(AssertionError):
-    """A state change outside the transition table: always a bug in the scheduler."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,8 +191,7 @@ class SchedulerCore:
 
     def move(self, task: TaskRecord, new: str, cause: str) -> None:
         """Change ``task``'s state, checking the table and recording the cause."""
-        if (task.state, new) not in TRANSITIONS:
-            raise IllegalTransition(f"{task.key}: {task.state} -> {new} ({cause})")
+        check_move(SCHEDULER_TASK_MOVES, "scheduler", f"task {task.key!r}", task.state, new, cause)
         if task.reserved_on is not None and new != QUEUED:
             # Only a QUEUED task may hold a reservation; checked here so that every way
             # out (an input lost, say, back to WAITING) frees the worker it held.
@@ -287,10 +285,10 @@ class SchedulerCore:
                 self.release_if_unneeded(dep)
 
     def release_if_unneeded(self, task: TaskRecord) -> None:
-        # A "new" task is mid-submission (a batch sibling failed first): ``submit``
+        # A NEW task is mid-submission (a batch sibling failed first): ``submit``
         # releases it after giving it a state, if it is still unneeded then. A
-        # "forgotten" one went already, when its last dependent failed.
-        if not task.needed() and task.state not in ("new", "forgotten"):
+        # FORGOTTEN one went already, when its last dependent failed.
+        if not task.needed() and task.state not in (NEW, FORGOTTEN):
             self.forget(task)
 
     def forget(self, task: TaskRecord) -> None:
@@ -356,7 +354,7 @@ class SchedulerCore:
 
     def _delete(self, task: TaskRecord, cause: str) -> None:
         """``task`` leaves the table (``move`` frees a reservation it held)."""
-        self.move(task, "forgotten", cause)
+        self.move(task, FORGOTTEN, cause)
         del self.tasks[task.key]
         self._forget_counts(task.key)
         self._drop_function_use(task)
@@ -507,6 +505,6 @@ class SchedulerCore:
             self.enqueue(task, cause)
         return released
 
-    def story_of(self, key: str) -> list[tuple[float, str, str, str, str]]:
+    def story(self, key: str) -> list[tuple[float, str, str, str, str]]:
         """Every recorded transition of ``key``, oldest first, with its cause."""
         return [row for row in self.log if row[1] == key]

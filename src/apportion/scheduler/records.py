@@ -96,7 +96,10 @@ def worker_aliases(name: str, address: str) -> frozenset[str]:
     return frozenset(a for a in (name, address, bare, host) if a)
 
 
-#: Task states. "new" and "forgotten" appear only in stories, never on a record.
+#: Task states. NEW is a record's state only while ``submit`` builds it; FORGOTTEN
+#: appears only in stories, never on a record.
+NEW = "new"  #: being submitted: not yet linked to its inputs
+FORGOTTEN = "forgotten"  #: dropped from the scheduler's tables
 WAITING = "waiting"  #: some dependency is not in memory yet
 QUEUED = "queued"  #: ready; waits in the scheduler for a worker where it fits
 PROCESSING = "processing"  #: assigned to a worker, which holds its resources
@@ -107,29 +110,30 @@ ERRED = "erred"  #: failed (raised, cancelled, unsatisfiable, lost); kept while 
 #: so that a lost one can be recomputed from its inputs' inputs.
 RELEASED = "released"
 
-#: Every legal move. Anything else is a bug and raises at once.
-TRANSITIONS: frozenset[tuple[str, str]] = frozenset(
+#: Every legal move of a task in the scheduler. Anything else is a bug and raises
+#: ``IllegalTransition`` at once.
+SCHEDULER_TASK_MOVES: frozenset[tuple[str, str]] = frozenset(
     {
-        ("new", WAITING),
-        ("new", QUEUED),
-        ("new", MEMORY),
-        ("new", ERRED),
+        (NEW, WAITING),
+        (NEW, QUEUED),
+        (NEW, MEMORY),
+        (NEW, ERRED),
         (WAITING, QUEUED),
         (WAITING, ERRED),
-        (WAITING, "forgotten"),
+        (WAITING, FORGOTTEN),
         (QUEUED, PROCESSING),
         (QUEUED, WAITING),
         (QUEUED, ERRED),
-        (QUEUED, "forgotten"),
+        (QUEUED, FORGOTTEN),
         (PROCESSING, MEMORY),
         (PROCESSING, QUEUED),
         (PROCESSING, WAITING),
         (PROCESSING, ERRED),
-        (PROCESSING, "forgotten"),
+        (PROCESSING, FORGOTTEN),
         (MEMORY, WAITING),
         (MEMORY, QUEUED),
         (MEMORY, ERRED),
-        (MEMORY, "forgotten"),
+        (MEMORY, FORGOTTEN),
         (MEMORY, RELEASED),
         (WAITING, RELEASED),
         (QUEUED, RELEASED),
@@ -137,8 +141,8 @@ TRANSITIONS: frozenset[tuple[str, str]] = frozenset(
         (RELEASED, WAITING),
         (RELEASED, QUEUED),
         (RELEASED, ERRED),
-        (RELEASED, "forgotten"),
-        (ERRED, "forgotten"),
+        (RELEASED, FORGOTTEN),
+        (ERRED, FORGOTTEN),
         # ``Client.retry``: a failed task (and its failed inputs) runs again.
         (ERRED, WAITING),
         (ERRED, QUEUED),
@@ -222,7 +226,7 @@ class TaskRecord:
         self.retries = retries
         #: Submission order; with priority, the start order among ready tasks.
         self.seq = seq
-        self.state = "new"
+        self.state = NEW
         #: The worker running it (PROCESSING) or holding its result (MEMORY).
         self.worker: str | None = None
         #: MEMORY only: other workers holding a copy (replicate, rebalance), never

@@ -23,7 +23,7 @@ from apportion.protocol import messages as m
 from apportion.scheduler import membership
 from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.events import Disconnect, RestartProcess, TasksFailed, TasksPending
-from apportion.scheduler.records import PROCESSING, QUEUED, ClientRecord
+from apportion.scheduler.records import FORGOTTEN, PROCESSING, QUEUED, ClientRecord
 from apportion.scheduler.shared_data import DATASET_OWNER
 
 #: ``WorkerRecord.leaving`` of the workers a restart removes.
@@ -40,7 +40,7 @@ def restart(state: SchedulerCore, client: ClientRecord, msg: m.RestartRequest) -
             continue
         for client_id in task.wanted_by or ():
             by_client[client_id].append(key)
-        state.log.append((state.now, key, task.state, "forgotten", text))
+        state.log.append((state.now, key, task.state, FORGOTTEN, text))
     for client_id, keys in by_client.items():
         if client_id in state.clients:
             state.emit(TasksPending(client_id, keys))

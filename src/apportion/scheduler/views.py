@@ -10,7 +10,7 @@ import dataclasses
 from collections import defaultdict
 from typing import Any
 
-from apportion.core.resources import to_units
+from apportion.core.resources import from_ticks
 from apportion.scheduler.core import SchedulerCore
 
 
@@ -23,8 +23,8 @@ def dump(state: SchedulerCore, log_rows: int = 10_000) -> dict[str, Any]:
             "copies": sorted(t.replicas or ()),
             "deps": list(t.deps),
             "dependents": sorted(t.dependents),
-            "resources": to_units(t.resources),
-            "alternatives": [to_units(v) for v in t.variants or ()],
+            "resources": from_ticks(t.resources),
+            "alternatives": [from_ticks(v) for v in t.variants or ()],
             "workers": sorted(t.restriction.workers) if t.restriction else None,
             "units": (t.allocation.units or None) if t.allocation else None,
             "priority": t.priority,
@@ -56,8 +56,8 @@ def snapshot(state: SchedulerCore) -> dict[str, Any]:
             "id": w.id,
             "name": w.name,
             "nthreads": w.nthreads,
-            "resources": to_units(w.ledger.total),
-            "free_resources": to_units(w.ledger.free),
+            "resources": from_ticks(w.ledger.total),
+            "free_resources": from_ticks(w.ledger.free),
             "units": w.ledger.unit_view(),
             "processing": len(w.processing),
             "keys": len(w.has_what),

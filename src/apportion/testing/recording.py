@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TypeVar
 
-from apportion.core.resources import SCALE, ResourceSpec, parse_demand
+from apportion.core.resources import ResourceSpec, from_ticks, parse_demand
 from apportion.protocol import messages as m
 from apportion.scheduler.events import Command, Disconnect, Event, Log
+from apportion.scheduler.records import FORGOTTEN
 from apportion.scheduler.wire import to_wire
 from apportion.testing.simulation import SimulatedCluster
 
@@ -116,10 +117,10 @@ class RecordingCluster(SimulatedCluster):
         self.client_says(client, m.SubmitTasks(specs, {"f": b"func"}, list(wanted)))
 
     def state_of(self, key: str) -> str:
-        """The task's state, ``"forgotten"`` once the scheduler dropped it."""
+        """The task's state, FORGOTTEN once the scheduler dropped it."""
         task = self.state.tasks.get(key)
-        return "forgotten" if task is None else task.state
+        return FORGOTTEN if task is None else task.state
 
     def free(self, worker_id: str) -> dict[str, float]:
-        """The worker's free resources, in units."""
-        return {n: t / SCALE for n, t in self.state.workers[worker_id].ledger.free.items()}
+        """The worker's free resources, as plain numbers."""
+        return from_ticks(self.state.workers[worker_id].ledger.free)

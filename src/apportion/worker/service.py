@@ -28,7 +28,7 @@ import psutil
 
 from apportion.clock import SYSTEM_CLOCK, Clock, wait_event
 from apportion.core.payload import loads
-from apportion.core.resources import ResourceSpec, describe_resources, parse_supply, to_units
+from apportion.core.resources import ResourceSpec, describe_resources, from_ticks, parse_supply
 from apportion.loop_thread import BackgroundService
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeError, open_connection
@@ -150,7 +150,7 @@ class Worker(BackgroundService):
         #: Supply in ticks, as registered with the scheduler.
         self.supply, self.units = parse_supply(resources)
         #: Supply in units (``{"GPU": 2.0}``), as users write and read it.
-        self.resources = to_units(self.supply)
+        self.resources = from_ticks(self.supply)
         self.data: MutableMapping[str, Any] = data if data is not None else {}
         self.name = name or f"worker-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.host = host

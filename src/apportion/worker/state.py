@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from apportion.core.allocation import Allocation
+from apportion.core.transitions import IllegalTransition, check_move
 from apportion.protocol.messages import (
     ComputeTask,
     DataStored,
@@ -57,38 +58,45 @@ from apportion.worker.events import (
     WorkerEvent,
 )
 
-#: Every move a key may make, as (from, to). Anything else is a bug and raises.
-LEGAL_MOVES = frozenset(
+#: Where a key is on this worker (its story's states). Only WAITING, READY and
+#: EXECUTING are an ``AssignedTask``'s state; the others describe the key's value.
+RELEASED = "released"  #: neither a task here nor a value in the data store
+WAITING = "waiting"  #: a task whose inputs are not all in memory here
+READY = "ready"  #: a task with every input here, waiting for a thread
+EXECUTING = "executing"  #: a task running on a thread
+FETCHING = "fetching"  #: a value being fetched from a peer
+MEMORY = "memory"  #: a value in the data store
+
+#: Every move a key may make on a worker, as (from, to). Anything else is a bug and
+#: raises ``IllegalTransition``.
+WORKER_TASK_MOVES = frozenset(
     {
-        ("released", "waiting"),
-        ("released", "ready"),
-        ("released", "fetching"),
-        ("released", "memory"),
-        ("waiting", "ready"),
-        ("waiting", "memory"),
-        ("waiting", "released"),
-        ("ready", "executing"),
-        ("ready", "memory"),
-        ("ready", "released"),
-        ("executing", "executing"),
-        ("executing", "memory"),
-        ("executing", "released"),
-        ("fetching", "fetching"),
-        ("fetching", "memory"),
-        ("fetching", "released"),
-        ("memory", "memory"),
-        ("memory", "released"),
+        (RELEASED, WAITING),
+        (RELEASED, READY),
+        (RELEASED, FETCHING),
+        (RELEASED, MEMORY),
+        (WAITING, READY),
+        (WAITING, MEMORY),
+        (WAITING, RELEASED),
+        (READY, EXECUTING),
+        (READY, MEMORY),
+        (READY, RELEASED),
+        (EXECUTING, EXECUTING),
+        (EXECUTING, MEMORY),
+        (EXECUTING, RELEASED),
+        (FETCHING, FETCHING),
+        (FETCHING, MEMORY),
+        (FETCHING, RELEASED),
+        (MEMORY, MEMORY),
+        (MEMORY, RELEASED),
     }
 )
 
 
-class InvalidTransition(AssertionError):
-    """A move outside ``LEGAL_MOVES``, or an event that cannot happen in this state."""
-
-
 @dataclass(slots=True)
-class TaskRecord:
-    """One task this worker was asked to run and has not reported yet."""
+class AssignedTask:
+    """The worker's own record of one task the scheduler assigned to it and that it
+    has not reported yet (the scheduler's view of a task is ``scheduler.records.TaskRecord``)."""
 
     key: str
     func_id: str
@@ -97,7 +105,7 @@ class TaskRecord:
     allocation: Allocation  #: what it holds, as the scheduler allocated it
     priority: int
     seq: int  #: arrival order; breaks ties in the ready order
-    state: str  #: "waiting", "ready" or "executing"
+    state: str  #: WAITING, READY or EXECUTING
     missing: set[str] = field(default_factory=set)  #: deps not in memory; empty unless waiting
     freed: bool = False  #: freed while executing: report it, then discard the result
 
@@ -124,7 +132,7 @@ class WorkerState:
         #: Our own data address: never fetch from ourselves.
         self.address = address
         #: Tasks not yet reported, by key.
-        self.tasks: dict[str, TaskRecord] = {}
+        self.tasks: dict[str, AssignedTask] = {}
         #: Keys whose values are in the data store.
         self.data: dict[str, DataInfo] = {}
         #: Subset of ``data`` the scheduler knows is here; the rest is transient.
@@ -133,7 +141,7 @@ class WorkerState:
         self.needed_by: dict[str, set[str]] = {}
         #: Dependencies being fetched; disjoint from ``data``.
         self.fetches: dict[str, FetchRecord] = {}
-        #: Keys of tasks in state "executing"; never more than ``nthreads``.
+        #: Keys of tasks in state EXECUTING; never more than ``nthreads``.
         self.executing: set[str] = set()
         #: Heap of (no-resources, -priority, seq, key); entries of gone tasks are skipped.
         self._ready: list[tuple[int, int, int, str]] = []
@@ -196,17 +204,17 @@ class WorkerState:
         if existing is not None:
             if existing.freed:
                 existing.freed = False
-                self._move(key, "executing", "executing", "computed again after free", now)
+                self._move(key, EXECUTING, EXECUTING, "computed again after free", now)
             return
         if key in self.data:
             info = self.data[key]
             self.owned.add(key)
             self._send(TaskFinished(key, info.nbytes, 0.0, info.type_name))
-            self._move(key, "memory", "memory", "asked to compute a key held here", now)
+            self._move(key, MEMORY, MEMORY, "asked to compute a key held here", now)
             return
         deps = tuple(d for d in task.who_has if d != key)
         self._seq += 1
-        record = TaskRecord(
+        record = AssignedTask(
             key,
             task.func_id,
             task.args,
@@ -222,30 +230,30 @@ class WorkerState:
             if dep not in self.data:
                 record.missing.add(dep)
         if record.missing:
-            self._move(key, "released", "waiting", "compute-task", now)
-            record.state = "waiting"
+            self._move(key, RELEASED, WAITING, "compute-task", now)
+            record.state = WAITING
             for dep in sorted(record.missing):
                 self._want(dep, task.who_has.get(dep, ()), now)
                 if key not in self.tasks:
                     return  # dropped: a dependency has no holder
         else:
-            self._move(key, "released", "ready", "compute-task", now)
+            self._move(key, RELEASED, READY, "compute-task", now)
             self._make_ready(record)
 
     def _on_free(self, keys: Iterable[str], now: float) -> None:
         dropped: list[str] = []
         for key in dict.fromkeys(keys):
             record = self.tasks.get(key)
-            if record is not None and record.state == "executing":
+            if record is not None and record.state == EXECUTING:
                 if not record.freed:
                     record.freed = True
-                    self._move(key, "executing", "executing", "freed; result discarded", now)
+                    self._move(key, EXECUTING, EXECUTING, "freed; result discarded", now)
             elif record is not None:
                 dropped.append(key)
             if key in self.data:
                 if key in self.needed_by:
                     self.owned.discard(key)
-                    self._move(key, "memory", "memory", "freed; kept for local tasks", now)
+                    self._move(key, MEMORY, MEMORY, "freed; kept for local tasks", now)
                 else:
                     self._forget_key(key, "freed", now)
         self._drop_tasks(dropped, "freed", now)
@@ -262,26 +270,26 @@ class WorkerState:
             if record is not None and record.address == event.address:
                 del self.fetches[key]
                 # Another holder would fail the same way: the value itself cannot travel.
-                self._move(key, "fetching", "released", f"{event.address}: {reason}", event.time)
+                self._move(key, FETCHING, RELEASED, f"{event.address}: {reason}", event.time)
                 self._dep_unavailable(key, record.holders, event.time, reason)
 
     def _on_execution_ok(self, event: ExecutionOk) -> None:
-        record = self._finish_execution(event.key)
+        record = self._finish_execution(event.key, MEMORY)
         info = event.info
         self._send(TaskFinished(event.key, info.nbytes, event.duration, info.type_name))
         if record.freed:
-            self._move(event.key, "executing", "released", "finished after free", event.time)
+            self._move(event.key, EXECUTING, RELEASED, "finished after free", event.time)
             self._forget[event.key] = None
         else:
-            self._move(event.key, "executing", "memory", "finished", event.time)
+            self._move(event.key, EXECUTING, MEMORY, "finished", event.time)
             self.fetches.pop(event.key, None)  # a fetch started before the task arrived
             self._hold(event.key, info, True, event.time)
 
     def _on_execution_raised(self, event: ExecutionRaised) -> None:
         # Local dependents stay waiting: the scheduler fails them and frees them.
-        self._finish_execution(event.key)
+        self._finish_execution(event.key, RELEASED)
         self._send(TaskRaised(event.key, event.exception, event.traceback, event.duration))
-        self._move(event.key, "executing", "released", "raised", event.time)
+        self._move(event.key, EXECUTING, RELEASED, "raised", event.time)
 
     def _on_put(self, event: DataPut) -> None:
         for key, info in event.stored.items():
@@ -294,14 +302,14 @@ class WorkerState:
     def _arrived(self, key: str, info: DataInfo, owned: bool, cause: str, now: float) -> None:
         """A value for ``key`` is in the data store (fetched or put)."""
         self._forget.pop(key, None)
-        old = "fetching" if self.fetches.pop(key, None) is not None else "released"
+        old = FETCHING if self.fetches.pop(key, None) is not None else RELEASED
         record = self.tasks.get(key)
-        if record is not None and record.state == "executing":
+        if record is not None and record.state == EXECUTING:
             self._forget[key] = None  # the running execution will store its own result
             return
         if record is not None:
             # A pending task whose result turned up: done without running it.
-            self._drop_tasks([key], cause, now, moved_to="memory")
+            self._drop_tasks([key], cause, now, moved_to=MEMORY)
             self._send(TaskFinished(key, info.nbytes, 0.0, info.type_name))
             owned = True
         elif key in self.data:
@@ -310,11 +318,11 @@ class WorkerState:
             return
         elif not owned and key not in self.needed_by:
             self._forget[key] = None
-            if old == "fetching":
-                self._move(key, old, "released", f"{cause}; no longer needed", now)
+            if old == FETCHING:
+                self._move(key, old, RELEASED, f"{cause}; no longer needed", now)
             return
         else:
-            self._move(key, old, "memory", cause, now)
+            self._move(key, old, MEMORY, cause, now)
         self._hold(key, info, owned, now)
 
     def _hold(self, key: str, info: DataInfo, owned: bool, now: float) -> None:
@@ -325,15 +333,15 @@ class WorkerState:
         for dependent in self.needed_by.get(key, ()):
             record = self.tasks[dependent]
             record.missing.discard(key)
-            if record.state == "waiting" and not record.missing:
-                self._move(dependent, "waiting", "ready", f"dependency {key} in memory", now)
+            if record.state == WAITING and not record.missing:
+                self._move(dependent, WAITING, READY, f"dependency {key} in memory", now)
                 self._make_ready(record)
 
     def _forget_key(self, key: str, cause: str, now: float) -> None:
         del self.data[key]
         self.owned.discard(key)
         self._forget[key] = None
-        self._move(key, "memory", "released", cause, now)
+        self._move(key, MEMORY, RELEASED, cause, now)
 
     def _release_need(self, dep: str, key: str, now: float) -> None:
         """``key`` no longer needs ``dep``; a transient copy nobody needs goes."""
@@ -360,7 +368,7 @@ class WorkerState:
             self._dep_unavailable(dep, list(holders), now)
             return
         record = self.fetches[dep] = FetchRecord(list(dict.fromkeys(others)))
-        self._move(dep, "released", "fetching", f"fetch from {record.address}", now)
+        self._move(dep, RELEASED, FETCHING, f"fetch from {record.address}", now)
         self._to_fetch.setdefault(record.address, []).append(dep)
 
     def _fetch_failed(self, key: str, address: str, reason: str, now: float) -> None:
@@ -370,13 +378,13 @@ class WorkerState:
         record.index += 1
         if key not in self.needed_by:
             del self.fetches[key]
-            self._move(key, "fetching", "released", f"{address}: {reason}; not needed", now)
+            self._move(key, FETCHING, RELEASED, f"{address}: {reason}; not needed", now)
         elif record.index < len(record.holders):
-            self._move(key, "fetching", "fetching", f"{address}: {reason}; try next", now)
+            self._move(key, FETCHING, FETCHING, f"{address}: {reason}; try next", now)
             self._to_fetch.setdefault(record.address, []).append(key)
         else:
             del self.fetches[key]
-            self._move(key, "fetching", "released", f"{address}: {reason}; no holder left", now)
+            self._move(key, FETCHING, RELEASED, f"{address}: {reason}; no holder left", now)
             self._dep_unavailable(key, record.holders, now)
 
     def _dep_unavailable(self, dep: str, holders: list[str], now: float, reason: str = "") -> None:
@@ -389,7 +397,7 @@ class WorkerState:
     # --- tasks --------------------------------------------------------------------
 
     def _drop_tasks(
-        self, keys: list[str], cause: str, now: float, *, moved_to: str = "released"
+        self, keys: list[str], cause: str, now: float, *, moved_to: str = RELEASED
     ) -> None:
         """Forget pending tasks; local tasks that waited on them cannot proceed either."""
         for key in keys:
@@ -399,17 +407,17 @@ class WorkerState:
                 self._release_need(dep, key, now)
         for key in keys:
             orphaned = key in self.needed_by and key not in self.data and key not in self.tasks
-            if orphaned and key not in self.fetches and moved_to == "released":
+            if orphaned and key not in self.fetches and moved_to == RELEASED:
                 self._dep_unavailable(key, [], now)
 
-    def _make_ready(self, record: TaskRecord) -> None:
-        record.state = "ready"
+    def _make_ready(self, record: AssignedTask) -> None:
+        record.state = READY
         entry = (0 if record.allocation.resources else 1, -record.priority, record.seq, record.key)
         heapq.heappush(self._ready, entry)
 
     def _is_live(self, entry: tuple[int, int, int, str]) -> bool:
         record = self.tasks.get(entry[3])
-        return record is not None and record.state == "ready" and record.seq == entry[2]
+        return record is not None and record.state == READY and record.seq == entry[2]
 
     def _start_ready(self, now: float) -> None:
         """Start ready tasks while threads are free: resource tasks, priority, arrival."""
@@ -418,19 +426,22 @@ class WorkerState:
             if not self._is_live(entry):
                 continue
             record = self.tasks[entry[3]]
-            record.state = "executing"
+            record.state = EXECUTING
             self.executing.add(record.key)
-            self._move(record.key, "ready", "executing", "thread free", now)
+            self._move(record.key, READY, EXECUTING, "thread free", now)
             self._out.append(
                 Execute(record.key, record.func_id, record.args, record.deps, record.allocation)
             )
             for dep in record.deps:
                 self._release_need(dep, record.key, now)
 
-    def _finish_execution(self, key: str) -> TaskRecord:
+    def _finish_execution(self, key: str, outcome: str) -> AssignedTask:
+        """Take ``key`` off the executing tasks as its execution ends towards ``outcome``."""
         record = self.tasks.get(key)
-        if record is None or record.state != "executing":
-            raise InvalidTransition(f"execution of {key!r} finished but it was not executing")
+        if record is None or record.state != EXECUTING:
+            state = RELEASED if record is None else record.state
+            detail = "its execution finished but it was not executing"
+            raise IllegalTransition("worker", f"task {key!r}", state, outcome, detail)
         del self.tasks[key]
         self.executing.discard(key)
         return record
@@ -441,8 +452,7 @@ class WorkerState:
         self._out.append(SendToScheduler(message))
 
     def _move(self, key: str, old: str, new: str, cause: str, now: float) -> None:
-        if (old, new) not in LEGAL_MOVES:
-            raise InvalidTransition(f"{key!r}: illegal move {old} -> {new} ({cause})")
+        check_move(WORKER_TASK_MOVES, "worker", f"task {key!r}", old, new, cause)
         self._story.append((now, key, old, new, cause))
 
 
@@ -452,8 +462,8 @@ def check_invariants(state: WorkerState) -> None:
     Called after every step of the Hypothesis machine and at the end of every state
     test, so a rule broken by any interleaving shows up where it happened.
     """
-    ready = {k for k, t in state.tasks.items() if t.state == "ready"}
-    executing = {k for k, t in state.tasks.items() if t.state == "executing"}
+    ready = {k for k, t in state.tasks.items() if t.state == READY}
+    executing = {k for k, t in state.tasks.items() if t.state == EXECUTING}
     live = [e[3] for e in state._ready if state._is_live(e)]
     assert len(live) == len(set(live)), f"duplicate live ready entries: {live}"
     assert set(live) == ready, f"ready heap {sorted(live)} != ready tasks {sorted(ready)}"
@@ -466,12 +476,12 @@ def check_invariants(state: WorkerState) -> None:
     assert not state.data.keys() & state.tasks.keys(), "a key is both in memory and a task"
     needs: dict[str, set[str]] = {}
     for key, record in state.tasks.items():
-        assert record.state in ("waiting", "ready", "executing"), f"{key}: {record.state}"
+        assert record.state in (WAITING, READY, EXECUTING), f"{key}: {record.state}"
         assert record.missing <= set(record.deps), f"{key}: missing deps it does not have"
         assert not record.missing & state.data.keys(), f"{key}: a missing dep is in memory"
-        assert (record.state == "waiting") == bool(record.missing), f"{key}: waiting/missing"
-        assert not (record.freed and record.state != "executing"), f"{key}: freed but pending"
-        if record.state != "executing":
+        assert (record.state == WAITING) == bool(record.missing), f"{key}: waiting/missing"
+        assert not (record.freed and record.state != EXECUTING), f"{key}: freed but pending"
+        if record.state != EXECUTING:
             for dep in record.deps:
                 needs.setdefault(dep, set()).add(key)
     assert needs == state.needed_by, f"needed_by {state.needed_by} != {needs}"

@@ -3,8 +3,9 @@
 Each child is a fresh interpreter running apportion's own entry point, so nothing
 of the supervisor's state leaks into it. A child that dies without being asked to
 is started again; one that keeps dying within ``min_uptime`` is restarted with a
-growing delay, so a wrong scheduler address does not become a busy loop. The
-launcher and the clock are injected, so the policy is tested without processes.
+growing delay, so a wrong scheduler address does not become a busy loop. How a
+child is spawned and how monotonic time is read are injected (``spawn``,
+``monotonic``), so the policy is tested without processes or waiting.
 
 A child that exits with status 0 was stopped (a drained worker): it is not
 restarted, and the supervisor ends once every child has stopped.
@@ -67,7 +68,9 @@ class ChildProcess(Protocol):
     def kill(self) -> None: ...
 
 
-Launcher = Callable[[list[str]], ChildProcess]
+#: Starts one child process from its command line (not ``runs``' launcher, which
+#: starts command runs).
+Spawner = Callable[[list[str]], ChildProcess]
 #: Reads a child's resident memory in bytes (0 if it cannot be read).
 MemoryReader = Callable[[int], int]
 #: Tells the scheduler how a child ended: (worker name, pid, description).
@@ -122,7 +125,7 @@ def format_bytes(n: int) -> str:
     return f"{value:.1f} TiB"
 
 
-def popen_launcher(argv: list[str]) -> ChildProcess:
+def popen_spawn(argv: list[str]) -> ChildProcess:
     """Start ``argv`` as a child sharing our stdout and stderr, told our pid."""
     env = {**os.environ, SUPERVISOR_PID_VARIABLE: str(os.getpid())}
     return subprocess.Popen(argv, env=env)
@@ -170,8 +173,8 @@ class Supervisor:
     def __init__(
         self,
         commands: Sequence[list[str]],
-        launcher: Launcher = popen_launcher,
-        clock: Callable[[], float] = time.monotonic,
+        spawn: Spawner = popen_spawn,
+        monotonic: Callable[[], float] = time.monotonic,
         *,
         names: Sequence[str] | None = None,
         memory_limit: int = 0,
@@ -184,8 +187,8 @@ class Supervisor:
             list(names) if names is not None else [f"process {i}" for i in range(len(commands))]
         )
         self.slots = [Slot(i, list(argv), labels[i]) for i, argv in enumerate(commands)]
-        self._launch = launcher
-        self._clock = clock
+        self._spawn = spawn
+        self._monotonic = monotonic
         #: Bytes of resident memory a child may use; 0 for no limit.
         self.memory_limit = memory_limit
         self._memory_of = memory_of
@@ -203,7 +206,7 @@ class Supervisor:
 
     def poll(self) -> None:
         """Notice children that died and start those whose restart is due."""
-        now = self._clock()
+        now = self._monotonic()
         for slot in self.slots:
             if self.stopping:
                 return
@@ -239,7 +242,7 @@ class Supervisor:
             slot.replacing = True
             slot.process.kill()
         elif not slot.stopped:
-            slot.restart_at = self._clock()
+            slot.restart_at = self._monotonic()
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
         """Pass ``sig`` to every child, wait up to ``timeout``, then kill what is left."""
@@ -248,10 +251,10 @@ class Supervisor:
         for process in running:
             if process.poll() is None:
                 process.send_signal(sig)
-        deadline = self._clock() + timeout
+        deadline = self._monotonic() + timeout
         for process in running:
             try:
-                process.wait(timeout=max(0.0, deadline - self._clock()))
+                process.wait(timeout=max(0.0, deadline - self._monotonic()))
             except subprocess.TimeoutExpired:
                 logger.warning("worker process %d ignored the signal; killing it", process.pid)
                 process.kill()
@@ -288,8 +291,8 @@ class Supervisor:
         self._wake.set()
 
     def _start(self, slot: Slot) -> None:
-        slot.process = self._launch(slot.argv)
-        slot.started_at = self._clock()
+        slot.process = self._spawn(slot.argv)
+        slot.started_at = self._monotonic()
         slot.restart_at = None
         slot.memory = 0
         slot.memory_kill = ""
