@@ -191,3 +191,10 @@ def test_pure_modules_import_no_io_clock_or_randomness() -> None:
                 seen.add(dep)
                 todo.append((dep, (*path, dep)))
     assert not broken, "\n".join(broken)
+
+
+def test_the_drawing_in_the_docs_is_the_graph_of_today() -> None:
+    drawing = (ROOT / "docs" / "imports.dot").read_text()
+    assert drawing == TOOL.to_dot(GRAPH, True) + "\n", (
+        "docs/imports.dot is stale: python tools/import_graph.py --packages > docs/imports.dot"
+    )
