@@ -424,20 +424,7 @@ class CopiesMachine(RuleBasedStateMachine):
     @rule()
     def workers_answer(self) -> None:
         """Sources send, receivers store, drained workers leave."""
-        for worker_id, inbox in list(self.sim.to_workers.items()):
-            messages, self.sim.to_workers[worker_id] = inbox, []
-            for msg in messages:
-                if worker_id not in self.sim.running:
-                    break
-                if isinstance(msg, m.GetData):
-                    values = dict.fromkeys(msg.keys, b"v")
-                    self.sim.worker_says(worker_id, m.DataReply(msg.request_id, values, [], {}))
-                elif isinstance(msg, m.PutData):
-                    stored = m.DataStored(msg.request_id, sorted(msg.data), {})
-                    self.sim.worker_says(worker_id, stored)
-                elif isinstance(msg, m.DrainDone):
-                    self.sim.worker_says(worker_id, m.WorkerClosing("drained"))
-                    self.sim.remove_worker(worker_id)
+        self.sim.answer_transfers()
 
     @rule()
     def add_worker(self) -> None:

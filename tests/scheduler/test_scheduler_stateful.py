@@ -112,20 +112,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule()
     def workers_answer(self) -> None:
         """Workers answer the hand-off relays; a worker told it is drained leaves."""
-        for worker_id, inbox in list(self.sim.to_workers.items()):
-            messages, self.sim.to_workers[worker_id] = inbox, []
-            for msg in messages:
-                if worker_id not in self.sim.running:
-                    break
-                if isinstance(msg, m.GetData):
-                    data = {key: b"value" for key in msg.keys}
-                    self.sim.worker_says(worker_id, m.DataReply(msg.request_id, data, [], {}))
-                elif isinstance(msg, m.PutData):
-                    stored = m.DataStored(msg.request_id, list(msg.data), {})
-                    self.sim.worker_says(worker_id, stored)
-                elif isinstance(msg, m.DrainDone):
-                    self.sim.worker_says(worker_id, m.WorkerClosing("drained"))
-                    self.sim.remove_worker(worker_id)
+        self.sim.answer_transfers()
 
     @rule(data=st.data(), seconds=st.sampled_from([0.5, 2.0, 4.0]))
     def time_passes(self, data: st.DataObject, seconds: float) -> None:

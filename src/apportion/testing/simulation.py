@@ -182,6 +182,24 @@ class SimulatedCluster:
         msg = m.TaskRaised(key, exception, traceback, 0.001)
         self.handle(FromWorker(worker_id, [msg], self.now))
 
+    def answer_transfers(self) -> None:
+        """Every worker answers what it was sent about data, as a real one would:
+        fetches (``GetData``) with placeholder values, stores (``PutData``) as done,
+        and a finished drain (``DrainDone``) by leaving."""
+        for worker_id, inbox in list(self.to_workers.items()):
+            messages, self.to_workers[worker_id] = inbox, []
+            for msg in messages:
+                if worker_id not in self.running:
+                    break  # it left: the rest of its inbox is moot
+                if isinstance(msg, m.GetData):
+                    values = dict.fromkeys(msg.keys, b"v")
+                    self.worker_says(worker_id, m.DataReply(msg.request_id, values, [], {}))
+                elif isinstance(msg, m.PutData):
+                    self.worker_says(worker_id, m.DataStored(msg.request_id, sorted(msg.data), {}))
+                elif isinstance(msg, m.DrainDone):
+                    self.worker_says(worker_id, m.WorkerClosing("drained"))
+                    self.remove_worker(worker_id)
+
     def worker_of(self, key: str) -> str:
         for worker_id, keys in self.running.items():
             if key in keys:
