@@ -124,3 +124,9 @@ def test_broadcast_and_replicate_name_workers_as_everywhere_else(tcp_client: Cli
         client.replicate([one], workers=["nobody"])
     with pytest.raises(ValueError, match="'nobody'"):
         client.rebalance(workers=["nobody"])
+
+
+def test_scattering_nothing_gives_nothing_back_at_once(client: Client) -> None:
+    assert client.scatter([]) == []
+    assert client.scatter(()) == ()
+    assert client.scatter({}) == {}

@@ -697,6 +697,8 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
                 for v, b in zip(seq, blobs, strict=True)
             ]
             items = dict(zip(names, blobs, strict=True))
+        if not items:
+            return {} if isinstance(data, Mapping) else type(data)()  # nothing to store
         for name, blob in items.items():
             check_size(blob, f"scattered value {name!r}")
         futures = {name: Future(name, self) for name in names}
