@@ -116,7 +116,12 @@ class InMemoryCluster:
             await asyncio.sleep(0.001)
 
     async def close(self) -> None:
-        """Close the workers, then the scheduler; idempotent."""
+        """Close the clients made by ``client()``, the workers, then the scheduler;
+        idempotent."""
+        clients, self._clients = self._clients, []
+        for client in clients:
+            # A client blocks while it closes: off this loop, which must answer it.
+            await asyncio.to_thread(client.close)
         workers, self.workers = self.workers, []
         for worker in reversed(workers):
             await worker.close()
@@ -141,9 +146,6 @@ class InMemoryCluster:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        clients, self._clients = self._clients, []
-        for client in clients:
-            client.close()
         thread, self._thread = self._thread, None
         if thread is not None:
             try:
