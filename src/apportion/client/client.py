@@ -654,6 +654,28 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
                 placed[key] = [address, stored.nbytes.get(key, len(part[key]))]
         await self._session.request(m.ScatterPlaced(self._session.next_id(), placed))
 
+    def _scatter_items(self, data: Any, hash: bool) -> tuple[list[str], dict[str, bytes]]:
+        """The keys ``scatter`` stores ``data`` under, in order, and each one's pickle."""
+        if isinstance(data, Mapping):
+            from apportion.client.graph import wire_key
+
+            names = [wire_key(k) for k in data]
+            if len(set(names)) != len(names):
+                raise ValueError("scatter keys must stay distinct as strings (e.g. 1 and '1')")
+            return names, {n: payload.dumps(v) for n, v in zip(names, data.values(), strict=True)}
+        seq = data if isinstance(data, list | tuple) else [data]
+        blobs = [payload.dumps(v) for v in seq]
+        names = [
+            f"{type(v).__name__}-"
+            + (
+                hashlib.blake2b(b, digest_size=16).hexdigest()
+                if hash
+                else f"{self._unique}{next(self._counter)}"
+            )
+            for v, b in zip(seq, blobs, strict=True)
+        ]
+        return names, dict(zip(names, blobs, strict=True))
+
     def scatter(
         self,
         data: Any,
@@ -677,26 +699,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
             raise NotImplementedError("asynchronous scatter is not supported yet")
         self._check_open()
         allowed = worker_names(workers)
-        if isinstance(data, Mapping):
-            from apportion.client.graph import wire_key
-
-            names = [wire_key(k) for k in data]
-            if len(set(names)) != len(names):
-                raise ValueError("scatter keys must stay distinct as strings (e.g. 1 and '1')")
-            items = {name: payload.dumps(v) for name, v in zip(names, data.values(), strict=True)}
-        else:
-            seq = data if isinstance(data, list | tuple) else [data]
-            blobs = [payload.dumps(v) for v in seq]
-            names = [
-                f"{type(v).__name__}-"
-                + (
-                    hashlib.blake2b(b, digest_size=16).hexdigest()
-                    if hash
-                    else f"{self._unique}{next(self._counter)}"
-                )
-                for v, b in zip(seq, blobs, strict=True)
-            ]
-            items = dict(zip(names, blobs, strict=True))
+        names, items = self._scatter_items(data, hash)
         if not items:
             return {} if isinstance(data, Mapping) else type(data)()  # nothing to store
         for name, blob in items.items():

@@ -40,7 +40,7 @@ from typing import Any
 from apportion.core.allocation import NOTHING, Allocation
 from apportion.core.ledger import describe_units
 from apportion.core.resources import describe_resources
-from apportion.core.transitions import check_move
+from apportion.core.transitions import IllegalTransition
 from apportion.protocol import messages as m
 from apportion.scheduler.books import RelayBook, RemoteBook, ServiceBook, SharedBook
 from apportion.scheduler.events import (
@@ -191,7 +191,8 @@ class SchedulerCore:
 
     def move(self, task: TaskRecord, new: str, cause: str) -> None:
         """Change ``task``'s state, checking the table and recording the cause."""
-        check_move(SCHEDULER_TASK_MOVES, "scheduler", f"task {task.key!r}", task.state, new, cause)
+        if (task.state, new) not in SCHEDULER_TASK_MOVES:  # inline: a few times per task
+            raise IllegalTransition("scheduler", f"task {task.key!r}", task.state, new, cause)
         if task.reserved_on is not None and new != QUEUED:
             # Only a QUEUED task may hold a reservation; checked here so that every way
             # out (an input lost, say, back to WAITING) frees the worker it held.
