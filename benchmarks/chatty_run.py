@@ -19,7 +19,6 @@ Usage: ``python benchmarks/chatty_run.py [--repeat N] [--megabytes M]``
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from apportion import Client
 from apportion.runs import remote
 from apportion.runs.journal import FINISHED, QUEUED, Journal
 from apportion.runs.spec import RunSpec, new_spec
-from harness import wait_until
+from harness import settle_apportion, wait_until
 from queue_throughput import _cluster
 from throughput import N_INDEPENDENT, independent, warm_up
 
@@ -77,7 +76,7 @@ def round_tasks_per_second(kind: str, repeat: int, megabytes: int) -> list[float
 
 def beside_run(client: Client, journal: Journal, spec: RunSpec, *, stop: bool) -> float:
     """Tasks/s of the workload timed from the start of a fresh run of ``spec``."""
-    _settle(client, 0)
+    settle_apportion(client)
     [run_id] = remote.submit(client.scheduler_address, [spec])
     wait_until(lambda: _state(journal, run_id) != QUEUED, "the run did not start", 60.0)
     start = time.perf_counter()
@@ -95,15 +94,6 @@ def _state(journal: Journal, run_id: int) -> str:
     record = journal.get(run_id)
     assert record is not None, "the run vanished from the journal"
     return record.state
-
-
-def _settle(client: Client, runs: int) -> None:
-    """Wait until the scheduler holds no task but ``runs`` runs' (between timed runs)."""
-    gc.collect()
-    wait_until(
-        lambda: sum(client.scheduler_info()["tasks"].values()) <= runs,
-        "the scheduler still holds tasks",
-    )
 
 
 def main() -> None:

@@ -27,12 +27,15 @@ class Recorder:
         self.gate.set()
         self.scheduler: Scheduler | None = None
         self.given: SchedulerAddresses | None = None
+        #: Set once ``start`` was called (``given`` is known).
+        self.started = asyncio.Event()
         #: Workers the scheduler had admitted when this was closed.
         self.workers_at_close: int | None = None
         self.closed = False
 
     async def start(self, scheduler: SchedulerAddresses) -> None:
         self.given = scheduler
+        self.started.set()
         conn, _ = await open_connection(scheduler.local, "client", "companion")
         await conn.close()
         await self.gate.wait()
@@ -57,8 +60,7 @@ def test_workers_are_admitted_once_the_companions_are_ready_and_outlive_them() -
         recorder.gate.clear()
         scheduler = recorder.scheduler = Scheduler("inproc://", companions=[recorder])
         starting = asyncio.create_task(scheduler.start())
-        while recorder.given is None:
-            await asyncio.sleep(0.001)
+        await asyncio.wait_for(recorder.started.wait(), 10)
         async with Worker(scheduler.address, nthreads=1):  # registers at once
             await _turns()
             assert not scheduler.state.workers, "admitted before the companion was ready"

@@ -20,6 +20,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -56,15 +57,22 @@ def run_script(source: str, timeout: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "script.py"
         path.write_text(source)
-        done = subprocess.run(
+        proc = subprocess.Popen(
             [sys.executable, str(path)],
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=timeout,
             cwd=folder,
             env={**os.environ, "PYTHONWARNINGS": "default"},
-            start_new_session=True,  # a timeout kills the script's whole group below
+            start_new_session=True,  # its own group: a timeout kills its workers too
         )
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+        done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     if done.returncode != 0 or not done.stdout.strip():
         raise AssertionError(
             f"exit status {done.returncode}\n--- stdout\n{done.stdout[-3000:]}\n"
