@@ -75,10 +75,7 @@ def worker_joined(state: SchedulerCore, event: WorkerJoined) -> None:
             f"resources {describe_resources(reg.resources, units) or '(none)'}",
         )
     )
-    state.satisfiable_cache.clear()
-    state.warned.clear()
-    state.notified.clear()
-    state.placement_due = True
+    _supply_changed(state)
     relay.worker_joined(state)
     remote_calls.worker_joined(state, event.worker_id)
     task_hooks.worker_joined(state, event.worker_id, reg)
@@ -146,7 +143,6 @@ def remove_worker(state: SchedulerCore, worker_id: str, how: str) -> None:
         task.worker = None
         task.allocation = None  # it held that worker's resources, gone with its ledger
         if task.discard_result:
-            task.discard_result = False
             worker_reports.settle_discarded(state, task, f"worker {worker.name} lost")
         elif crashed and _too_many_deaths(state, task, worker, how):
             if worker.supervisor and (worker.name, worker.pid) not in state.death_causes:
@@ -165,10 +161,7 @@ def remove_worker(state: SchedulerCore, worker_id: str, how: str) -> None:
     task_hooks.worker_left(state, worker)
     for other in state.workers.values():
         drain.check(state, other)  # a draining worker may wait for nobody now
-    state.satisfiable_cache.clear()
-    state.warned.clear()
-    state.notified.clear()
-    state.placement_due = True
+    _supply_changed(state)
 
 
 def _lose_results_on(state: SchedulerCore, worker: WorkerRecord) -> None:
@@ -226,3 +219,11 @@ def _settle_verdicts(state: SchedulerCore) -> None:
 def _host(address: str) -> str:
     """The host part of ``tcp://host:port`` (the whole text if it has no port)."""
     return address.rpartition(":")[0] or address
+
+
+def _supply_changed(state: SchedulerCore) -> None:
+    """A worker came or went: what can run where, and what nobody can run, is new."""
+    state.satisfiable_cache.clear()
+    state.warned.clear()
+    state.notified.clear()
+    state.placement_due = True

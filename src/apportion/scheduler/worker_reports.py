@@ -14,7 +14,6 @@ from apportion.scheduler.records import (
     ERRED,
     MEMORY,
     PROCESSING,
-    WAITING,
     TaskRecord,
     WorkerRecord,
 )
@@ -40,7 +39,6 @@ def task_finished(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskFinishe
         worker.avg_duration = msg.duration if avg is None else 0.8 * avg + 0.2 * msg.duration
     state.placement_due = True
     if task.discard_result:
-        task.discard_result = False
         settle_discarded(state, task, f"finished on {worker.name}, result discarded")
         return
     state.complete(task, worker, msg.nbytes, f"finished on {worker.name}")
@@ -52,7 +50,6 @@ def task_raised(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskRaised) -
         return
     state.placement_due = True
     if task.discard_result:
-        task.discard_result = False
         settle_discarded(state, task, f"raised on {worker.name}, result discarded")
     elif task.retries > 0:
         task.retries -= 1
@@ -64,6 +61,7 @@ def task_raised(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskRaised) -
 
 def settle_discarded(state: SchedulerCore, task: TaskRecord, cause: str) -> None:
     """A task whose result was dropped on purpose is back from its worker."""
+    task.discard_result = False  # settled now: its worker no longer holds it
     if task.cancelled:
         task.cancelled = False
         error = task.error or ("cancelled", f"{task.key!r} was cancelled", b"")
@@ -97,7 +95,6 @@ def tasks_dropped(state: SchedulerCore, worker: WorkerRecord, msg: m.TasksDroppe
         task = running_task(state, worker, key)
         if task is not None:
             state.placement_due = True
-            task.discard_result = False
             settle_discarded(state, task, f"dropped by {worker.name} before it started")
 
 
@@ -134,7 +131,6 @@ def missing_dependency(
             text = f"input {msg.dep!r} of {msg.key!r} cannot be sent to {worker.name}: {msg.reason}"
             state.fail(task, ("unserializable", text, b""), f"input {msg.dep} cannot be sent")
         elif task is not None and task.state == PROCESSING:
-            task.discard_result = False
             settle_discarded(state, task, f"input {msg.dep} cannot be sent")
         state.placement_due = True
         return
@@ -146,7 +142,6 @@ def missing_dependency(
     state.placement_due = True
     cause = f"input {msg.dep} missing on {worker.name}"
     if task.discard_result:  # released or cancelled meanwhile: do not run it again
-        task.discard_result = False
         settle_discarded(state, task, cause)
         return
     failures = state.fetch_failures.get(task.key, 0) + 1
@@ -156,7 +151,4 @@ def missing_dependency(
         return
     state.fetch_failures[task.key] = failures
     task.missing_deps = sum(1 for d in task.deps if state.tasks[d].state != MEMORY)
-    if task.missing_deps:
-        state.move(task, WAITING, cause)
-    else:
-        state.enqueue(task, cause)
+    state.requeue(task, cause)
