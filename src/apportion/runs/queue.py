@@ -164,9 +164,11 @@ class RunQueue:
         self._polling = False
         self._looked = True
         staged, cancels = found
+        # Runs a fixed cluster can never run were reported once: not made into tasks again.
+        staged = [record for record in staged if record.id not in self.life.ignored]
         self._feed(e.Polled(self._views(staged), tuple(cancels), time.monotonic(), time.time()))
-        for run_id in self.life.ignored:
-            self._tasks.pop(run_id, None)
+        for run_id in self.life.ignored.intersection(self._tasks):
+            del self._tasks[run_id]
 
     # --- events in, commands out ----------------------------------------------------
 
