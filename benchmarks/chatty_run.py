@@ -13,16 +13,26 @@ prints how much output the run's log held when the workload was done. A third,
 machine with few cores the command and a reader of its pipe slow everything by
 themselves, and chatty/busy shows what carrying its output to the log costs beyond.
 
+The three rounds run in two layouts. *Shared*: every process may use every core.
+*Own core* (Linux, 2 cores or more): the run's command is pinned to the last core and
+the cluster (scheduler, workers, this client) to the others, as a run would have the
+core it asked for on a machine with enough of them; there chatty/quiet is what
+carrying the output costs everyone else, without the command's own printing competing
+with the cluster for a core.
+
 Usage: ``python benchmarks/chatty_run.py [--repeat N] [--megabytes M]``
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from apportion import Client
@@ -48,12 +58,47 @@ _CHATTY = (
     "out.flush()\n"
 )
 
+#: Runs argv[1:] pinned to the cores listed in argv[1] (comma-separated).
+_PINNED = (
+    "import os, sys\n"
+    "os.sched_setaffinity(0, map(int, sys.argv[1].split(',')))\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
 
-def round_tasks_per_second(kind: str, repeat: int, megabytes: int) -> list[float]:
-    """Tasks/s of the independent workload, each time beside a run just started."""
+
+def own_core_layout() -> tuple[set[int], int] | None:
+    """(the cluster's cores, the run's core) for the own-core layout, or None here."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return None
+    return set(cores[:-1]), cores[-1]
+
+
+@contextmanager
+def pinned(cores: set[int] | None) -> Iterator[None]:
+    """This process (and so the cluster it starts) on ``cores`` meanwhile; None: as is."""
+    if cores is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def round_tasks_per_second(
+    kind: str, repeat: int, megabytes: int, layout: tuple[set[int], int] | None
+) -> list[float]:
+    """Tasks/s of the independent workload, each time beside a run just started; with a
+    ``layout``, the cluster on its cores and the run on its own."""
     with tempfile.TemporaryDirectory(prefix="apportion-chatty-", ignore_cleanup_errors=True) as tmp:
         base = Path(tmp)
-        with _cluster(base, N_WORKERS, N_THREADS) as address:
+        cluster_cores = layout[0] if layout else None
+        with pinned(cluster_cores), _cluster(base, N_WORKERS, N_THREADS) as address:
             journal = Journal(base / "runs.db")
             client = Client(address)
             try:
@@ -66,6 +111,8 @@ def round_tasks_per_second(kind: str, repeat: int, megabytes: int) -> list[float
                     # the command and a pipe reader alone cost the machine.
                     "busy": ["sh", "-c", '"$0" -c "$1" | cat > /dev/null', sys.executable, program],
                 }[kind]
+                if layout is not None:
+                    command = [sys.executable, "-c", _PINNED, str(layout[1]), *command]
                 spec = new_spec(command, cwd=tmp)
                 stop = kind == "quiet"
                 return [beside_run(client, journal, spec, stop=stop) for _ in range(repeat)]
@@ -106,17 +153,28 @@ def main() -> None:
         f"scheduler serving a journal (median of {args.repeat})",
         flush=True,
     )
-    mb = args.megabytes
+    print("shared cores:", flush=True)
+    report(args.repeat, args.megabytes, None)
+    own_core = own_core_layout()
+    if own_core is None:
+        print("run on its own core: skipped, needs Linux and 2 cores or more", flush=True)
+    else:
+        print(f"run on its own core (core {own_core[1]}; the cluster on the others):", flush=True)
+        report(args.repeat, args.megabytes, own_core)
+
+
+def report(repeat: int, mb: int, layout: tuple[set[int], int] | None) -> None:
+    """The three rounds in one layout, and their ratios."""
     figures = {}
     for kind, beside in (
         ("quiet", "a run printing nothing"),
         ("busy", f"a run piping {mb} MB to cat > /dev/null"),
         ("chatty", f"a run printing {mb} MB"),
     ):
-        figures[kind] = statistics.median(round_tasks_per_second(kind, args.repeat, mb))
-        print(f"{kind:<6}: {figures[kind]:>10,.0f} tasks/s  (beside {beside})", flush=True)
+        figures[kind] = statistics.median(round_tasks_per_second(kind, repeat, mb, layout))
+        print(f"  {kind:<6}: {figures[kind]:>10,.0f} tasks/s  (beside {beside})", flush=True)
     quiet, busy, chatty = figures["quiet"], figures["busy"], figures["chatty"]
-    print(f"chatty/quiet: {chatty / quiet:.2f}   chatty/busy: {chatty / busy:.2f}")
+    print(f"  chatty/quiet: {chatty / quiet:.2f}   chatty/busy: {chatty / busy:.2f}", flush=True)
 
 
 if __name__ == "__main__":
