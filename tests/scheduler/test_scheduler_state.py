@@ -614,7 +614,6 @@ def test_cancel_running_task_returns_resources_only_on_report(sim: RecordingClus
 
 
 def test_task_dropped_before_it_started_returns_its_resources(sim: RecordingCluster) -> None:
-    sim.allow(m.KeysFailed)  # not what this test is about
     w = sim.add_worker(nthreads=2, resources="GPU=1")
     sim.submit("x", resources="GPU=1")
     sim.submit("y", resources="GPU=1")
@@ -627,6 +626,8 @@ def test_task_dropped_before_it_started_returns_its_resources(sim: RecordingClus
     assert sim.free(w) == {"GPU": 1.0}
     assert sim.state_of("x") == ERRED
     assert sim.place() == [(w, "y")]
+    (failed,) = sim.got(m.KeysFailed)  # told at the cancel; the drop adds nothing
+    assert failed.keys == ["x"] and failed.kind == "cancelled"
 
 
 def test_closing_worker_is_logged_as_a_departure_not_a_loss(sim: RecordingCluster) -> None:
@@ -670,9 +671,10 @@ def test_lost_worker_running_tasks_finish_elsewhere(sim: RecordingCluster) -> No
 
 
 def test_lost_results_are_recomputed_when_needed(sim: RecordingCluster) -> None:
-    sim.allow(m.FreeKeys, m.Notice)  # not what this test is about
     w1 = sim.add_worker("w1", nthreads=2)
     sim.submit_graph({"a": ([], None), "b": (["a"], "GPU=1")}, wanted=["b"])
+    (notice,) = sim.got(m.Notice)  # no GPU worker yet: the client is warned about b
+    assert "no worker offers GPU" in notice.text
     sim.place()
     sim.finish("a")
     assert sim.state_of("b") == QUEUED  # no GPU worker yet
@@ -683,44 +685,48 @@ def test_lost_results_are_recomputed_when_needed(sim: RecordingCluster) -> None:
     spans = by_key(sim.run({}))
     assert spans["a"].worker == w2 and spans["b"].worker == w2
     assert sim.done() == ["b"]
+    assert sim.freed(w2) == ["a"]  # once b, its only dependent, finished
     assert sim.free(w2) == {"GPU": 1.0}
 
 
 def test_lost_result_whose_input_was_released_is_recomputed_from_its_lineage(
     sim: RecordingCluster,
 ) -> None:
-    sim.allow(m.FreeKeys, m.KeysPending)  # not what this test is about
     w1 = sim.add_worker("w1")
     sim.submit_graph({"a": ([], None), "b": (["a"], None)}, wanted=["a", "b"])
     sim.run({})
     sim.client_says("c1", m.ReleaseKeys(["a"]))
     assert sim.state_of("a") == RELEASED  # nobody wants it; b was computed from it
+    assert sim.freed(w1) == ["a"]
     w2 = sim.add_worker("w2")
     sim.remove_worker(w1)
     assert not sim.got(m.KeysFailed)
+    assert sim.got(m.KeysPending) == [m.KeysPending(["b"])]  # a is wanted by nobody
     sim.run({})
     assert sim.done() == ["a", "b", "b"] and sim.state_of("b") == MEMORY
     assert sim.state.tasks["b"].worker == w2
+    assert sim.freed(w2) == ["a"]  # recomputed for b only, and dropped again
 
 
 def test_lost_results_chain_is_recomputed_in_order(sim: RecordingCluster) -> None:
-    sim.allow(m.KeysDone, m.KeysPending)  # not what this test is about
     w1 = sim.add_worker("w1")
     sim.submit_graph(
         {"a": ([], None), "b": (["a"], None), "c": (["b"], None)}, wanted=["a", "b", "c"]
     )
     sim.run({})
+    assert sim.done() == ["a", "b", "c"]
     sim.remove_worker(w1)
     assert (sim.state_of("a"), sim.state_of("b"), sim.state_of("c")) == (QUEUED, WAITING, WAITING)
+    assert sorted(k for p in sim.got(m.KeysPending) for k in p.keys) == ["a", "b", "c"]
     w2 = sim.add_worker("w2")
     assert [iv.key for iv in sim.run({})] == ["a", "b", "c"]
     assert sorted(sim.state.workers[w2].has_what) == ["a", "b", "c"]
+    assert sim.done() == ["a", "b", "c"] * 2  # each reported again once recomputed
 
 
 def test_lost_worker_with_a_reservation_and_cancelled_running_task(
     sim: RecordingCluster,
 ) -> None:
-    sim.allow(m.FreeKeys, m.KeysDone, m.KeysFailed)  # not what this test is about
     w1 = sim.add_worker("w1", nthreads=2, resources="GPU=2")
     w2 = sim.add_worker("w2", nthreads=2, resources="GPU=1")
     sim.submit("x", resources="GPU=1")
@@ -731,10 +737,14 @@ def test_lost_worker_with_a_reservation_and_cancelled_running_task(
     assert sim.state.tasks["big"].reserved_on == w1
     running_on_w1 = set(sim.running[w1])
     (victim,) = running_on_w1
+    (survivor,) = {"x", "y"} - running_on_w1
     sim.client_says("c1", m.CancelKeys([victim]))
+    assert sim.freed(w1) == [victim]
     sim.remove_worker(w1)
     assert sim.state.tasks["big"].reserved_on is None
     assert sim.state_of(victim) == ERRED
+    (failed,) = sim.got(m.KeysFailed)  # at the cancel; the loss settles it silently
+    assert failed.keys == [victim] and failed.kind == "cancelled"
     check_invariants(sim.state)
     w3 = sim.add_worker("w3", nthreads=2, resources="GPU=2")
     for key in list(sim.running[w2]):
@@ -742,6 +752,7 @@ def test_lost_worker_with_a_reservation_and_cancelled_running_task(
     spans = by_key(sim.run({}))
     assert spans["big"].worker == w3
     assert sim.free(w2) == {"GPU": 1.0} and sim.free(w3) == {"GPU": 2.0}
+    assert sim.done() == [survivor, "big"]
 
 
 def test_stale_reports_from_a_lost_worker_are_ignored(sim: RecordingCluster) -> None:
@@ -767,7 +778,6 @@ def test_stale_reports_from_a_lost_worker_are_ignored(sim: RecordingCluster) -> 
 
 
 def test_unsatisfiable_request_warns_once_and_stays_queued(sim: RecordingCluster) -> None:
-    sim.allow(m.Notice)  # not what this test is about
     sim.add_worker("small", resources="GPU=2")
     sim.add_worker("none")
     sim.submit("x", resources="GPU=4")
@@ -785,9 +795,13 @@ def test_unsatisfiable_request_warns_once_and_stays_queued(sim: RecordingCluster
     # Another kind of request gets its own warning.
     sim.submit("z", resources="lic=1")
     assert "no worker offers lic" in sim.logs[-1].text
+    on_lic = m.Notice("warning", sim.logs[-1].text)
+    assert sim.got(m.Notice) == [*notices, on_lic]
     # A worker that can run it arrives: the task starts.
     big = sim.add_worker("big", resources="GPU=4")
     assert sim.place() == [(big, "x")]
+    # The supply changed: z, which big cannot run either, is warned about anew.
+    assert sim.got(m.Notice) == [*notices, on_lic, on_lic]
 
 
 def test_unsatisfiable_before_any_worker_warns_at_placement(sim: RecordingCluster) -> None:
@@ -873,19 +887,22 @@ def test_explain_names_the_short_resource_busy_threads_and_reservation(
 
 
 def test_explain_waiting_finished_failed_and_unsatisfiable(sim: RecordingCluster) -> None:
-    sim.allow(m.KeysDone, m.Notice, m.TaskErred)  # not what this test is about
     sim.add_worker("w", nthreads=1)
     sim.submit_graph({"a": ([], None), "b": (["a"], None)}, wanted=["a", "b"])
     sim.submit("huge", resources="GPU=8")
     reasons = _why(sim, "b", "huge")
     assert "waiting for 1 of its 1 inputs: 'a'" in reasons["b"]
     assert "no worker offers GPU" in reasons["huge"]
+    (notice,) = sim.got(m.Notice)  # what the client was told at once says the same
+    assert "no worker offers GPU" in notice.text
     sim.place()
     sim.finish("a")
     assert "finished" in _why(sim, "a")["a"]
+    assert sim.done() == ["a"]
     sim.place()
     sim.raise_("b")
     assert "failed (exception)" in _why(sim, "b")["b"]
+    assert [e.key for e in sim.got(m.TaskErred)] == ["b"]
 
 
 def test_explain_plain_task_with_busy_threads(sim: RecordingCluster) -> None:
@@ -968,14 +985,17 @@ def test_gather_of_nothing_in_memory_answers_at_once(sim: RecordingCluster) -> N
 
 
 def test_gather_from_a_worker_that_leaves_counts_as_missing(sim: RecordingCluster) -> None:
-    sim.allow(m.GetData, m.KeysDone, m.KeysPending)  # not what this test is about
     w1 = sim.add_worker("w1")
     sim.submit("x")
     sim.run({})
+    assert sim.done() == ["x"]
     sim.client_says("c1", m.GatherRequest(2, ["x"]))
-    sim.remove_worker(w1)
+    (get,) = sim.worker_got(w1, m.GetData)
+    assert get.keys == ["x"] and sim.got(m.GatherReply) == []
+    sim.remove_worker(w1)  # before it answered
     (reply,) = sim.got(m.GatherReply)
     assert reply == m.GatherReply(2, {}, ["x"], {})
+    assert sim.got(m.KeysPending) == [m.KeysPending(["x"])]  # x is to be computed again
 
 
 def test_scatter_is_parked_until_a_worker_joins(sim: RecordingCluster) -> None:
@@ -997,15 +1017,25 @@ def test_scatter_is_parked_until_a_worker_joins(sim: RecordingCluster) -> None:
     assert sorted(sim.done()) == ["d", "e"]  # each reported once
 
 
+def _scatter(sim: RecordingCluster, worker: str, key: str) -> None:
+    """Client c1 scatters ``key`` and ``worker`` stores it; c1 hears it is stored and done."""
+    sim.client_says("c1", m.ScatterRequest(1, {key: b"data"}))
+    (put,) = sim.worker_got(worker, m.PutData)
+    sim.handle(FromWorker(worker, [m.DataStored(put.request_id, [key], {key: 4})], sim.now))
+    assert sim.got(m.ScatterReply) == [m.ScatterReply(1, [key])]
+    assert sim.done() == [key]
+
+
 def test_scattered_data_lost_with_its_worker_fails_as_lost(sim: RecordingCluster) -> None:
-    sim.allow(m.KeysDone, m.KeysPending, m.ScatterReply)  # not what this test is about
     w = sim.add_worker()
-    sim.client_says("c1", m.ScatterRequest(1, {"d": b"data"}))
-    (put,) = sim.worker_got(w, m.PutData)
-    sim.handle(FromWorker(w, [m.DataStored(put.request_id, ["d"], {"d": 4})], sim.now))
+    _scatter(sim, w, "d")
     sim.remove_worker(w)
     (failed,) = sim.got(m.KeysFailed)
-    assert failed.kind == "lost" and "scattered" in failed.message
+    assert failed.keys == ["d"] and failed.kind == "lost" and "scattered" in failed.message
+    # As for any lost result, the client first hears d is pending again; the failure
+    # follows in the same breath, so it is the last word.
+    assert sim.got(m.KeysPending) == [m.KeysPending(["d"])]
+    assert sim.inbox["c1"][-1] == failed
 
 
 def test_who_has(sim: RecordingCluster) -> None:
@@ -1068,9 +1098,9 @@ def test_reservation_is_dropped_when_an_input_is_lost(sim: RecordingCluster) -> 
 
 
 def test_task_given_back_after_its_input_was_lost_waits_for_it(sim: RecordingCluster) -> None:
-    sim.allow(m.FreeKeys, m.Notice)  # not what this test is about
     w1 = sim.add_worker("w1")
     sim.submit_graph({"a": ([], None), "b": (["a"], "GPU=1")}, wanted=["b"])
+    assert len(sim.got(m.Notice)) == 1  # no GPU worker yet: the client is warned about b
     sim.place()
     sim.finish("a")
     w2 = sim.add_worker("w2", resources="GPU=1")
@@ -1084,15 +1114,17 @@ def test_task_given_back_after_its_input_was_lost_waits_for_it(sim: RecordingClu
     spans = by_key(sim.run({}))
     assert spans["a"].end <= spans["b"].start
     assert sim.done() == ["b"]
+    assert sim.freed(w2) == ["a"]  # recomputed there, dropped once b finished
 
 
 def test_cancelled_running_task_wanted_again_reports_at_once(sim: RecordingCluster) -> None:
-    sim.allow(m.FreeKeys, m.KeysFailed)  # not what this test is about
     sim.add_worker()
     sim.add_client("c2")
     sim.submit("x")
     sim.place()
     sim.client_says("c1", m.CancelKeys(["x"]))
+    assert [f.keys for f in sim.got(m.KeysFailed, "c1")] == [["x"]]
+    assert sim.freed("w1") == ["x"]
     sim.remove_client("c1")
     sim.client_says("c2", m.SubmitTasks([], {}, ["x"]))  # asks for it, still running
     (failed,) = sim.got(m.KeysFailed, "c2")
@@ -1103,20 +1135,27 @@ def test_cancelled_running_task_wanted_again_reports_at_once(sim: RecordingClust
 
 
 def test_cancelled_task_submitted_again_runs_again(sim: RecordingCluster) -> None:
-    sim.allow(m.FreeKeys, m.KeysFailed)  # not what this test is about
     w = sim.add_worker()
     sim.submit("x")
     sim.place()
     sim.client_says("c1", m.CancelKeys(["x"]))
+    assert [f.keys for f in sim.got(m.KeysFailed)] == [["x"]]
+    assert sim.freed(w) == ["x"]  # the cancelled run's result is to be dropped
     sim.submit("x")  # the same task again while the cancelled run is still going
     sim.finish("x")  # that run's result was discarded; the task is queued again
+    assert sim.done() == []
     assert sim.place() == [(w, "x")]
     sim.finish("x")
-    assert sim.state_of("x") == MEMORY and "x" in sim.done()
+    assert sim.state_of("x") == MEMORY and sim.done() == ["x"]
     sim.client_says("c1", m.CancelKeys(["x"]), m.ReleaseKeys(["x"]))
+    assert sim.freed(w) == ["x", "x"]  # finished: the cancel is a no-op, the release frees
     sim.submit("y")
     sim.client_says("c1", m.CancelKeys(["y"]))
     assert sim.state_of("y") == ERRED
+    assert [(f.keys, f.kind) for f in sim.got(m.KeysFailed)] == [
+        (["x"], "cancelled"),
+        (["y"], "cancelled"),
+    ]
     sim.submit("y")  # cancelled before it ran: a fresh task
     assert sim.place() == [(w, "y")]
 
@@ -1148,19 +1187,21 @@ def test_dependent_of_a_cancelled_running_task_fails_when_it_settles(
 
 
 def test_running_dependent_keeps_a_failed_input_registered(sim: RecordingCluster) -> None:
-    sim.allow(m.FreeKeys, m.KeysDone, m.KeysPending, m.Notice)  # not what this test is about
     w1 = sim.add_worker("w1", nthreads=2)
     sim.submit_graph({"a": ([], None), "b": (["a"], "GPU=1")}, wanted=["a", "b"])
+    assert len(sim.got(m.Notice)) == 1  # no GPU worker yet: the client is warned about b
     sim.place()
     sim.finish("a")
     w2 = sim.add_worker("w2", resources="GPU=1")
     sim.place()
     sim.remove_worker(w1)  # a is recomputed while b still runs on w2
+    assert sim.done() == ["a"] and sim.got(m.KeysPending) == [m.KeysPending(["a"])]
     w3 = sim.add_worker("w3")
     assert sim.place() == [(w3, "a")]
     sim.raise_("a")  # b fails with it, but its worker has not reported yet
     assert sim.state_of("b") == PROCESSING
     assert [e.key for e in sim.got(m.TaskErred)] == ["a", "b"]
+    assert sim.freed(w2) == ["b"]  # whatever b's run gives is dropped
     check_invariants(sim.state)
     sim.finish("b")
     assert sim.state_of("b") == ERRED
@@ -1176,9 +1217,9 @@ def _report_missing(sim: RecordingCluster, key: str, dep: str) -> None:
 
 
 def test_missing_dependency_recomputes_the_input_then_reruns(sim: RecordingCluster) -> None:
-    sim.allow(m.FreeKeys, m.Notice)  # not what this test is about
     w1 = sim.add_worker("w1")
     sim.submit_graph({"a": ([], None), "b": (["a"], "GPU=1")}, wanted=["b"])
+    assert len(sim.got(m.Notice)) == 1  # no GPU worker yet: the client is warned about b
     sim.place()
     sim.finish("a")
     w2 = sim.add_worker("w2", resources="GPU=1")
@@ -1187,53 +1228,64 @@ def test_missing_dependency_recomputes_the_input_then_reruns(sim: RecordingClust
     assert (sim.state_of("a"), sim.state_of("b")) == (QUEUED, WAITING)
     assert sim.free(w2) == {"GPU": 1.0}
     assert "a" not in sim.state.workers[w1].has_what
+    assert sim.freed(w1) == ["a"]  # whatever w1 still has under that key is stale
     spans = by_key(sim.run({}))
     assert spans["a"].end <= spans["b"].start
     assert sim.done() == ["b"]
+    assert sim.freed(w1) == ["a", "a"]  # a ran there again; dropped once b finished
 
 
 def test_missing_dependency_whose_input_was_released_is_recomputed(
     sim: RecordingCluster,
 ) -> None:
-    sim.allow(m.FreeKeys, m.Notice)  # not what this test is about
-    sim.add_worker("w1", nthreads=2)
+    w1 = sim.add_worker("w1", nthreads=2)
     sim.submit_graph({"x": ([], None), "a": (["x"], None), "b": (["a"], "GPU=1")}, wanted=["b"])
+    assert len(sim.got(m.Notice)) == 1  # no GPU worker yet: the client is warned about b
     sim.run({})
     assert sim.state_of("x") == RELEASED  # a finished, so nobody needed x's data any more
+    assert sim.freed(w1) == ["x"]
     w2 = sim.add_worker("w2", resources="GPU=1")
     assert sim.place() == [(w2, "b")]
     _report_missing(sim, "b", "a")  # a is gone: x and then a are computed again
     assert (sim.state_of("x"), sim.state_of("a"), sim.state_of("b")) == (QUEUED, WAITING, WAITING)
     assert sim.free(w2) == {"GPU": 1.0}
+    assert sim.freed(w1) == ["x", "a"]  # w1's stale a goes too
     sim.run({})
     assert sim.done() == ["b"] and not sim.got(m.KeysFailed)
+    assert sim.freed(w1) == ["x", "a", "x", "a"]  # each recomputed input dropped once used
 
 
 def test_missing_dependency_of_a_cancelled_task_does_not_rerun_it(
     sim: RecordingCluster,
 ) -> None:
-    sim.allow(
-        m.FreeKeys, m.KeysDone, m.KeysFailed, m.KeysPending, m.Notice
-    )  # not what this test is about
-    sim.add_worker("w1")
+    w1 = sim.add_worker("w1")
     sim.submit_graph({"a": ([], None), "b": (["a"], "GPU=1")}, wanted=["a", "b"])
+    assert len(sim.got(m.Notice)) == 1  # no GPU worker yet: the client is warned about b
     sim.place()
     sim.finish("a")
+    assert sim.done() == ["a"]
     w2 = sim.add_worker("w2", resources="GPU=1")
     sim.place()
     sim.client_says("c1", m.CancelKeys(["b"]))
+    assert sim.freed(w2) == ["b"]
     _report_missing(sim, "b", "a")
     assert sim.state_of("b") == ERRED
+    (failed,) = sim.got(m.KeysFailed)  # at the cancel only
+    assert failed.keys == ["b"] and failed.kind == "cancelled"
+    # a is lost all the same: the client waits for it again, w1 drops its stale copy.
+    assert sim.got(m.KeysPending) == [m.KeysPending(["a"])]
+    assert sim.freed(w1) == ["a"]
     assert sim.place() == [(sim.worker_of("a"), "a")]  # a is still wanted: recomputed
     assert "b" not in sim.all_running()
     assert sim.free(w2) == {"GPU": 1.0}
 
 
 def test_resubmitting_a_cancelled_key_keeps_its_function(sim: RecordingCluster) -> None:
-    sim.allow(m.KeysFailed)  # not what this test is about
     w = sim.add_worker()
     sim.submit("x", resources=None)
     sim.client_says("c1", m.CancelKeys(["x"]))
+    (failed,) = sim.got(m.KeysFailed)
+    assert failed.keys == ["x"] and failed.kind == "cancelled"
     assert "f" in sim.state.functions  # still used by the cancelled record
     sim.submit("x")  # drops the cancelled record (its function's last user) first
     assert sim.place() == [(w, "x")]
@@ -1283,7 +1335,6 @@ def test_wanting_a_released_key_again_recomputes_it(sim: RecordingCluster) -> No
 def test_a_long_released_chain_is_recomputed_and_dropped_without_recursion(
     sim: RecordingCluster,
 ) -> None:
-    sim.allow(m.FreeKeys, m.KeysDone, m.KeysPending)  # not what this test is about
     w = sim.add_worker(nthreads=1)
     n = 5_000
     graph = {f"t{i}": ([f"t{i - 1}"] if i else [], None) for i in range(n)}
@@ -1294,64 +1345,75 @@ def test_a_long_released_chain_is_recomputed_and_dropped_without_recursion(
     spare = sim.add_worker(nthreads=1)
     sim.remove_worker(w)
     assert sim.state_of("t0") == QUEUED and sim.state_of(f"t{n - 2}") == WAITING
+    assert sim.got(m.KeysPending) == [m.KeysPending([f"t{n - 1}"])]
     for i in range(n):
         assert sim.place() == [(spare, f"t{i}")]
         sim.finish(f"t{i}")
+    assert sim.done() == [f"t{n - 1}"] * 2
     sim.client_says("c1", m.ReleaseKeys([f"t{n - 1}"]))
     assert sim.state.tasks == {}
+    # Each input was dropped once its dependent finished, on both workers; the last
+    # result with the release.
+    assert sim.freed(w) == [f"t{i}" for i in range(n - 1)]
+    assert sim.freed(spare) == [f"t{i}" for i in range(n)]
 
 
 def test_a_lost_result_whose_released_input_was_scattered_fails_clearly(
     sim: RecordingCluster,
 ) -> None:
-    sim.allow(m.FreeKeys, m.KeysDone, m.KeysPending, m.ScatterReply)  # not what this test is about
     w = sim.add_worker(nthreads=1)
-    sim.client_says("c1", m.ScatterRequest(1, {"data": b"x"}))
-    (put,) = sim.worker_got(w, m.PutData)
-    sim.handle(FromWorker(w, [m.DataStored(put.request_id, ["data"], {"data": 1})], sim.now))
+    _scatter(sim, w, "data")
     sim.submit_graph({"use": (["data"], None)}, wanted=["use"])
     sim.place()
     sim.finish("use")
+    assert sim.done() == ["data", "use"]
     sim.client_says("c1", m.ReleaseKeys(["data"]))
     assert sim.state_of("data") == FORGOTTEN  # scattered: nothing to recompute it from
+    assert sim.freed(w) == ["data"]
     sim.add_worker(nthreads=1)
     sim.remove_worker(w)
     (failed,) = sim.got(m.KeysFailed)
     assert failed.keys == ["use"] and "input 'data' is gone" in failed.message
+    # Pending first, as for any lost result; the failure follows at once, last.
+    assert sim.got(m.KeysPending) == [m.KeysPending(["use"])]
+    assert sim.inbox["c1"][-1] == failed
 
 
 def test_a_new_task_on_released_input_that_cannot_be_recomputed_fails_cleanly(
     sim: RecordingCluster,
 ) -> None:
-    sim.allow(m.FreeKeys, m.KeysDone, m.ScatterReply)  # not what this test is about
     w = sim.add_worker(nthreads=1)
-    sim.client_says("c1", m.ScatterRequest(1, {"data": b"x"}))
-    (put,) = sim.worker_got(w, m.PutData)
-    sim.handle(FromWorker(w, [m.DataStored(put.request_id, ["data"], {"data": 1})], sim.now))
+    _scatter(sim, w, "data")
     sim.submit_graph({"a": (["data"], None), "b": (["a"], None)}, wanted=["b"])
     sim.run({})
+    assert sim.done() == ["data", "b"]
     sim.client_says("c1", m.ReleaseKeys(["data"]))  # gone; a stays as b's lineage
     assert sim.state_of("a") == RELEASED
+    assert sim.freed(w) == ["a", "data"]
     sim.submit_graph({"c": (["a"], None)}, wanted=["c"])  # a must be recomputed: impossible
     failed = sim.got(m.KeysFailed)
     assert [f.keys for f in failed] == [["c"]] and "'data' is gone" in failed[0].message
 
 
 def test_a_recomputed_input_released_again_keeps_its_lineage(sim: RecordingCluster) -> None:
-    sim.allow(m.FreeKeys, m.KeysDone, m.KeysPending)  # not what this test is about
     w = sim.add_worker(nthreads=2)
     sim.submit_graph({"d": ([], None), "e": (["d"], None), "f": (["d"], None)}, wanted=["e", "f"])
     sim.run({})
-    assert sim.state_of("d") == RELEASED
+    assert sim.state_of("d") == RELEASED and sim.freed(w) == ["d"]
     sim.client_says("c1", m.ReleaseKeys(["e"]))  # e goes; d stays for f
+    assert sim.freed(w) == ["d", "e"]
     spare = sim.add_worker(nthreads=2)
     sim.remove_worker(w)  # f lost: d is recomputed, then released again with f done
     sim.run({})
     assert sim.state_of("f") == MEMORY and sim.state_of("d") == RELEASED
+    assert sim.freed(spare) == ["d"]
     sim.remove_worker(spare)
-    sim.add_worker(nthreads=2)
+    third = sim.add_worker(nthreads=2)
     sim.run({})  # and f can be recomputed once more
     assert sim.state_of("f") == MEMORY and not sim.got(m.KeysFailed)
+    assert sim.freed(third) == ["d"]
+    assert sim.got(m.KeysPending) == [m.KeysPending(["f"])] * 2  # once per loss
+    assert sim.done() == ["e", "f", "f", "f"]
 
 
 def test_a_message_nobody_took_fails_the_check_unless_allowed() -> None:
