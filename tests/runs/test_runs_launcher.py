@@ -1,5 +1,5 @@
-"""Command runs through an injected launcher: a real scheduler and worker, no process;
-and a worker built without one."""
+"""Command runs through an injected launcher: the real scheduler, job queue and worker
+on the in-memory cluster, no process and no socket; and a worker built without one."""
 
 from __future__ import annotations
 
@@ -14,9 +14,7 @@ from apportion.runs.journal import CANCELLED, COMPLETED, FAILED, FINISHED, Journ
 from apportion.runs.live import LiveRuns
 from apportion.runs.service import RunsService
 from apportion.runs.spec import new_spec
-from apportion.scheduler.service import Scheduler
 from apportion.testing import FakeLauncher, InMemoryCluster
-from apportion.worker.service import Worker
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -34,10 +32,9 @@ async def _run(tmp_path: Path, launcher: FakeLauncher, *, cancel: bool) -> RunRe
     journal = Journal(tmp_path / "runs.db")
     reader = Journal(tmp_path / "runs.db")
     try:
-        async with (
-            Scheduler(port=0, companions=[RunsService(journal)]) as scheduler,
-            Worker(scheduler.address, 1, long_lived=LiveRuns(launcher)),
-        ):
+        worker = {"name": "runner", "long_lived": LiveRuns(launcher)}
+        async with InMemoryCluster([worker], companions=[RunsService(journal)]) as cluster:
+            assert cluster.address.startswith("inproc://")
             (run_id,) = reader.stage([new_spec(["pretend", "to", "run"])], time.time())
             if cancel:
                 while not launcher.launches:
@@ -53,14 +50,17 @@ def test_a_run_goes_through_the_injected_launcher(tmp_path: Path) -> None:
     launcher = FakeLauncher(output=b"pretend output\n")
     record = asyncio.run(_run(tmp_path, launcher, cancel=False))
     assert record.state == COMPLETED and record.exit_code == 0
+    assert record.worker == "runner" and record.attempts == 1
     assert [launch.argv for launch in launcher.launches] == [("pretend", "to", "run")]
     log = tmp_path / "runs-logs" / f"{record.id}.log"
     assert log.read_bytes() == b"pretend output\n"
 
 
 def test_a_blocked_fake_command_is_cancelled(tmp_path: Path) -> None:
-    record = asyncio.run(_run(tmp_path, FakeLauncher(block=True), cancel=True))
+    launcher = FakeLauncher(block=True)
+    record = asyncio.run(_run(tmp_path, launcher, cancel=True))
     assert record.state == CANCELLED and record.signal == 15
+    assert [launch.argv for launch in launcher.launches] == [("pretend", "to", "run")]
 
 
 def test_a_worker_built_without_a_launcher_fails_runs_saying_why(tmp_path: Path) -> None:
