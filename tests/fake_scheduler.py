@@ -7,6 +7,7 @@ from typing import TypeVar
 
 from apportion.net.connection import Connection
 from apportion.net.handshake import accept_connection
+from apportion.net.stream import Stream
 from apportion.net.transport import Listener, transport_for
 from apportion.protocol.messages import Message, RegisterWorker
 
@@ -30,8 +31,8 @@ class FakeScheduler:
         self.address = self._server.address
         return self
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = Connection(reader, writer)
+    async def _accept(self, stream: Stream) -> None:
+        conn = Connection(stream)
         await accept_connection(conn, {"worker"}, "w", {})
         self._inbox[conn] = []
         await self._workers.put(conn)

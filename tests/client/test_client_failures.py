@@ -5,6 +5,7 @@ from __future__ import annotations
 import operator
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -134,17 +135,20 @@ def test_keys_must_be_strings_and_graph_keys_must_stay_distinct(client: Client) 
     assert client.submit(operator.neg, 5).result(timeout=10) == -5
 
 
-def test_oversized_arguments_are_refused_up_front(
+def test_large_arguments_warn_and_still_run_while_scattered_values_do_not_warn(
     client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import apportion.client.payload_limits as limits
+    import apportion.client.large_arguments as large_arguments
 
-    monkeypatch.setattr(limits, "MAX_PAYLOAD", 1000)
-    with pytest.raises(ValueError, match="split the data"):
-        client.submit(len, b"x" * 5000)
-    with pytest.raises(ValueError, match="split the data"):
-        client.scatter([b"y" * 5000])
-    assert client.submit(len, b"x" * 10).result(timeout=10) == 10
+    monkeypatch.setattr(large_arguments, "LARGE_ARGUMENT", 1000)
+    with pytest.warns(UserWarning, match=r"arguments of 'len' pickle to .* client.scatter"):
+        future = client.submit(len, b"x" * 5000)
+    assert future.result(timeout=10) == 5000
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        [scattered] = client.scatter([b"y" * 5000])
+        assert client.submit(len, scattered).result(timeout=10) == 5000
+        assert client.submit(len, b"x" * 10).result(timeout=10) == 10
 
 
 def test_cancel_leaves_finished_results_alone_and_resubmission_runs(client: Client) -> None:

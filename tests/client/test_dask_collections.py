@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,10 +22,8 @@ import numpy as np
 import pytest
 from dask import delayed
 
-import apportion.client.client as client_module
-import apportion.client.payload_limits as payload_limits
+import apportion.client.large_arguments as large_arguments
 import apportion.client.session as session_module
-import apportion.protocol.codec as codec
 from apportion import Client, Future, LocalCluster, get_worker, task_resources
 from apportion.testing import InMemoryCluster
 
@@ -290,14 +289,19 @@ def test_compute_inside_a_task_runs_there_instead_of_waiting_for_a_thread(
     assert results == [45 + i for i in range(8)]
 
 
-def test_a_graph_too_large_for_one_message_is_refused_and_the_client_goes_on(
+def test_a_graph_embedding_large_values_warns_once_and_computes(
     client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(client_module, "MAX_GRAPH", 50_000)
+    monkeypatch.setattr(large_arguments, "LARGE_ARGUMENT", 50_000)
     embedded = da.from_array(np.ones(80_000, np.uint8), chunks=20_000)
-    with pytest.raises(ValueError, match="more than the 50,000 one message may carry"):
-        client.compute(embedded.sum())
-    assert client.compute(delayed(operator.add)(1, 2)).result() == 3
+    with pytest.warns(
+        UserWarning, match=r"graph's \d+ tasks pickle to .* consider scattering"
+    ) as caught:
+        total = client.compute(embedded.sum()).result(timeout=10)
+    assert total == 80_000 and len(caught) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert client.compute(delayed(operator.add)(1, 2)).result() == 3
 
 
 def test_resources_by_key_that_match_nothing_are_reported(client: Client) -> None:
@@ -357,14 +361,11 @@ def test_a_client_closed_while_a_graph_is_prepared_fails_its_futures(
     assert [type(e).__name__ for e in outcome] == ["LostDataError"], outcome
 
 
-def test_graphs_sent_together_beyond_one_frame_leave_in_several(
+def test_graphs_sent_together_beyond_one_batch_leave_in_several(
     client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Limits scaled down: each graph fits a message, three at once do not.
-    monkeypatch.setattr(codec, "MAX_FRAME", 400_000)
+    # The batch size scaled down: each graph fits one, three at once do not.
     monkeypatch.setattr(session_module, "MAX_BATCH", 200_000)
-    monkeypatch.setattr(client_module, "MAX_GRAPH", 200_000)
-    monkeypatch.setattr(payload_limits, "MAX_PAYLOAD", 100_000)
     arrays = [da.from_array(np.full(160_000, i, np.uint8), chunks=80_000) for i in range(3)]
     client._session.loop.loop.call_soon_threadsafe(time.sleep, 0.5)  # they pile up meanwhile
     futures = [client.compute(a.sum()) for a in arrays]

@@ -11,6 +11,7 @@ from apportion.net.address import AddressError, check_address
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeError, accept_connection, open_connection
 from apportion.net.memory import MEMORY
+from apportion.net.stream import Stream
 from apportion.net.transport import TCP, Listener, serving_host, transport_for
 from apportion.protocol import messages as m
 
@@ -18,8 +19,8 @@ from apportion.protocol import messages as m
 async def _echo_server(address: str, roles: set[str]) -> Listener:
     """A listener that handshakes, then echoes every frame back."""
 
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = Connection(reader, writer)
+    async def serve(stream: Stream) -> None:
+        conn = Connection(stream)
         try:
             await accept_connection(conn, roles, "peer-1", {"echo": True})
             while True:
@@ -92,7 +93,7 @@ async def _connections_cross_event_loops_and_closes_reach_the_other_side() -> No
     try:
         listener = other.run(_echo_server("inproc://echo-other-loop", {"client"}))
         conn, _ = await open_connection("inproc://echo-other-loop", "client", "me")
-        big = m.PutData(1, {"k": b"x" * 1_000_000})  # beyond the reader's buffer limit
+        big = m.PutData(1, {"k": b"x" * 1_000_000})  # beyond the reader's buffer
         conn.send(big)
         assert await conn.recv() == [big]
         other.loop.call_soon_threadsafe(listener.close)
@@ -107,13 +108,12 @@ def test_the_peer_closing_ends_the_readers_wait() -> None:
 
 
 async def _the_peer_closing_ends_the_readers_wait() -> None:
-    async def close_at_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.close()
+    async def close_at_once(stream: Stream) -> None:
+        await stream.close()
 
     listener = await MEMORY.listen("inproc://closer", 0, close_at_once)
     try:
-        reader, writer = await MEMORY.connect("inproc://closer")
-        conn = Connection(reader, writer)
+        conn = Connection(await MEMORY.connect("inproc://closer"))
         with pytest.raises(ConnectionClosed):
             await conn.recv()
     finally:

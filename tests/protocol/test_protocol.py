@@ -19,9 +19,21 @@ from apportion.protocol.codec import (
     MAX_HANDSHAKE_FRAME,
     ProtocolError,
     decode_body,
+    decode_frame,
     encode_frame,
-    frame_length,
+    frame_sizes,
 )
+
+
+def _whole(frame: list[bytes | bytearray | memoryview]) -> bytes:
+    return b"".join(frame)
+
+
+def _body(frame: list[bytes | bytearray | memoryview]) -> bytes:
+    """The msgpack body of a frame without payloads."""
+    (head,) = frame
+    return bytes(head[HEADER.size :])
+
 
 SPEC = m.TaskSpec("x-1", "fid", b"\x80args", ["a", "b"], {"GPU": 10_000}, 3, 2)
 
@@ -147,20 +159,20 @@ def test_samples_cover_every_message_class() -> None:
 
 @pytest.mark.parametrize("msg", SAMPLES, ids=lambda s: type(s).__name__)
 def test_each_message_round_trips(msg: m.Message) -> None:
-    frame = encode_frame([msg])
-    assert frame_length(frame[: HEADER.size], MAX_FRAME) == len(frame) - HEADER.size
-    (back,) = decode_body(frame[HEADER.size :])
+    frame = _whole(encode_frame([msg]))
+    body, count = frame_sizes(frame[: HEADER.size], MAX_FRAME)
+    assert count == 0 and body == len(frame) - HEADER.size
+    (back,) = decode_frame(frame)
     assert type(back) is type(msg)
     assert back == msg
 
 
 def test_one_frame_carries_many_messages_in_order() -> None:
-    frame = encode_frame(SAMPLES)
-    assert decode_body(frame[HEADER.size :]) == SAMPLES
+    assert decode_frame(_whole(encode_frame(SAMPLES))) == SAMPLES
 
 
 def test_submit_tasks_decodes_task_specs() -> None:
-    (back,) = decode_body(encode_frame([SAMPLES[3]])[HEADER.size :])
+    (back,) = decode_frame(_whole(encode_frame([SAMPLES[3]])))
     assert isinstance(back, m.SubmitTasks)
     assert all(isinstance(t, m.TaskSpec) for t in back.tasks)
     assert back.tasks[0].resources == {"GPU": 10_000}
@@ -174,7 +186,7 @@ def test_tags_are_unique_and_stable() -> None:
 
 
 def test_empty_frame() -> None:
-    assert decode_body(encode_frame([])[HEADER.size :]) == []
+    assert decode_frame(_whole(encode_frame([]))) == []
 
 
 # --- garbage ------------------------------------------------------------------------
@@ -247,25 +259,27 @@ def test_wrongly_shaped_messages_raise_only_protocol_error(
     assert len(out) == len(items)
 
 
-def test_frame_length_refuses_huge_announcements() -> None:
-    header = HEADER.pack(2**32 - 1)
+def test_frame_sizes_refuse_huge_announcements() -> None:
     with pytest.raises(ProtocolError, match=str(MAX_FRAME)):
-        frame_length(header, MAX_FRAME)
-    big = HEADER.pack(MAX_HANDSHAKE_FRAME + 1)
+        frame_sizes(HEADER.pack(MAX_FRAME, 0), MAX_FRAME - 1)
+    big = HEADER.pack(MAX_HANDSHAKE_FRAME + 1, 0)
     with pytest.raises(ProtocolError, match="exceeds the limit"):
-        frame_length(big, MAX_HANDSHAKE_FRAME)
+        frame_sizes(big, MAX_HANDSHAKE_FRAME)
+    many_buffers = HEADER.pack(0, MAX_HANDSHAKE_FRAME)
+    with pytest.raises(ProtocolError, match="exceeds the limit"):
+        frame_sizes(many_buffers, MAX_HANDSHAKE_FRAME)
 
 
-def test_frame_length_accepts_up_to_the_limit() -> None:
-    assert (
-        frame_length(HEADER.pack(MAX_HANDSHAKE_FRAME), MAX_HANDSHAKE_FRAME) == MAX_HANDSHAKE_FRAME
-    )
-    assert frame_length(HEADER.pack(0), MAX_HANDSHAKE_FRAME) == 0
+def test_frame_sizes_accept_up_to_the_limit() -> None:
+    limit = MAX_HANDSHAKE_FRAME
+    assert frame_sizes(HEADER.pack(limit, 0), limit) == (limit, 0)
+    assert frame_sizes(HEADER.pack(0, 0), limit) == (0, 0)
 
 
 def test_a_real_hello_fits_the_handshake_limit() -> None:
     frame = encode_frame([m.Hello(m.PROTOCOL_VERSION, "worker", "x" * 200)])
-    assert frame_length(frame[: HEADER.size], MAX_HANDSHAKE_FRAME) < MAX_HANDSHAKE_FRAME
+    body, count = frame_sizes(frame[0][: HEADER.size], MAX_HANDSHAKE_FRAME)
+    assert count == 0 and body < MAX_HANDSHAKE_FRAME
 
 
 # --- addresses ----------------------------------------------------------------------

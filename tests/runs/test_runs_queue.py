@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from apportion.runs.journal import COMPLETED, FINISHED, QUEUED, Journal
+from apportion.worker.process_groups import process_groups_path
 from cli_processes import APPORTION, Processes, free_port, poll
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(120)]
@@ -396,8 +397,12 @@ def test_a_supervised_worker_killed_with_sigkill_leaves_no_run_behind(
     worker_pid = next(
         p.pid for p in psutil.process_iter(["cmdline"]) if "sup-0" in (p.info["cmdline"] or [])
     )
-    os.kill(worker_pid, signal.SIGKILL)
     family = [int(p) for p in pids.read_text().split()]
+    # The worker lists the run's group for its supervisor once the run has started,
+    # which may be after the run wrote its pids: kill only once it is listed.
+    listed = process_groups_path(worker_pid)
+    poll(lambda: listed.exists() and str(family[1]) in listed.read_text().split(), 20, "the list")
+    os.kill(worker_pid, signal.SIGKILL)
     poll(lambda: all(_zombie(p) for p in family), 20, "the orphaned run to be killed")
 
 

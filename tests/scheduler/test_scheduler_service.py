@@ -16,8 +16,16 @@ from apportion import Client, Scheduler, Worker
 from apportion.net.address import parse_address
 from apportion.net.connection import Connection
 from apportion.net.handshake import HandshakeError, accept_connection, open_connection
+from apportion.net.stream import Stream
+from apportion.net.transport import TCP
 from apportion.protocol import messages as m
-from apportion.protocol.codec import MAX_HANDSHAKE_FRAME, decode_body, encode_frame
+from apportion.protocol.codec import HEADER, MAX_HANDSHAKE_FRAME, decode_frame, encode_frame
+
+
+def frame(*messages: m.Message) -> bytes:
+    """One frame as the bytes on the wire."""
+    return b"".join(encode_frame(list(messages)))
+
 
 pytestmark = pytest.mark.tcp  # an in-process cluster over real TCP
 
@@ -54,9 +62,10 @@ def still_works(address: str) -> None:
     "garbage",
     [
         b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
-        struct.pack("!I", 5) + b"\xc1\xc1\xc1\xc1\xc1",  # msgpack's never-used byte
-        encode_frame([m.KeysDone(["x"])]),  # a valid frame that is not a Hello
-        struct.pack("!I", MAX_HANDSHAKE_FRAME + 1),  # a huge frame before authentication
+        HEADER.pack(5, 0) + b"\xc1\xc1\xc1\xc1\xc1",  # msgpack's never-used byte
+        frame(m.KeysDone(["x"])),  # a valid frame that is not a Hello
+        HEADER.pack(MAX_HANDSHAKE_FRAME + 1, 0),  # a huge frame before authentication
+        HEADER.pack(10, 2) + struct.pack("!QQ", 2**40, 2**40),  # huge buffers, likewise
     ],
 )
 def test_garbage_closes_only_that_connection(
@@ -71,8 +80,8 @@ def test_garbage_after_the_handshake_closes_only_that_connection(
     cluster: tuple[Scheduler, Worker],
 ) -> None:
     scheduler, _ = cluster
-    hello = encode_frame([m.Hello(m.PROTOCOL_VERSION, "client", "rogue")])
-    raw_exchange(scheduler.address, hello + struct.pack("!I", 3) + b"\x93\x01\x02")
+    hello = frame(m.Hello(m.PROTOCOL_VERSION, "client", "rogue"))
+    raw_exchange(scheduler.address, hello + HEADER.pack(3, 0) + b"\x93\x01\x02")
     still_works(scheduler.address)
 
 
@@ -80,8 +89,8 @@ def test_version_mismatch_is_refused_naming_both_versions(
     cluster: tuple[Scheduler, Worker],
 ) -> None:
     scheduler, _ = cluster
-    reply = raw_exchange(scheduler.address, encode_frame([m.Hello(99, "client", "future")]))
-    (refused,) = decode_body(reply[4:])
+    reply = raw_exchange(scheduler.address, frame(m.Hello(99, "client", "future")))
+    (refused,) = decode_frame(reply)
     assert isinstance(refused, m.Refused)
     assert f"version {m.PROTOCOL_VERSION}" in refused.reason and "version 99" in refused.reason
     still_works(scheduler.address)
@@ -89,16 +98,15 @@ def test_version_mismatch_is_refused_naming_both_versions(
 
 def test_client_refuses_a_server_speaking_another_version() -> None:
     async def main() -> str:
-        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            conn = Connection(reader, writer)
+        async def serve(stream: Stream) -> None:
+            conn = Connection(stream)
             await conn.recv()
             conn.send(m.Welcome(99, "x", {}))
             await conn.close()
 
-        server = await asyncio.start_server(serve, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
+        server = await TCP.listen("127.0.0.1", 0, serve)
         try:
-            await open_connection(f"127.0.0.1:{port}", "client", "me")
+            await open_connection(server.address, "client", "me")
         except HandshakeError as exc:
             return str(exc)
         finally:
@@ -111,15 +119,14 @@ def test_client_refuses_a_server_speaking_another_version() -> None:
 
 def test_unknown_role_is_refused() -> None:
     async def main() -> str:
-        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            conn = Connection(reader, writer)
+        async def serve(stream: Stream) -> None:
+            conn = Connection(stream)
             with contextlib.suppress(HandshakeError):
                 await accept_connection(conn, {"client"}, "p1", {})
 
-        server = await asyncio.start_server(serve, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
+        server = await TCP.listen("127.0.0.1", 0, serve)
         try:
-            await open_connection(f"127.0.0.1:{port}", "intruder", "me")
+            await open_connection(server.address, "intruder", "me")
         except HandshakeError as exc:
             return str(exc)
         finally:
@@ -131,5 +138,7 @@ def test_unknown_role_is_refused() -> None:
 
 def test_msgpack_of_a_hello_is_what_the_handshake_reads() -> None:
     # The handshake frame is tiny and plain: [[tag, version, role, name]].
-    frame = encode_frame([m.Hello(m.PROTOCOL_VERSION, "client", "c")])
-    assert msgpack.unpackb(frame[4:]) == [[m.Hello.TAG, m.PROTOCOL_VERSION, "client", "c"]]
+    (head,) = encode_frame([m.Hello(m.PROTOCOL_VERSION, "client", "c")])
+    assert HEADER.unpack(head[: HEADER.size]) == (len(head) - HEADER.size, 0)
+    body = msgpack.unpackb(head[HEADER.size :])
+    assert body == [[m.Hello.TAG, m.PROTOCOL_VERSION, "client", "c"]]

@@ -29,16 +29,17 @@ from apportion.client.future import (
     LOST,
     PENDING,
     CallbackRunner,
+    Failure,
     Future,
     KeyState,
 )
 from apportion.client.graph import canonical_keys, flatten_keys, graph_tasks, wire_key
+from apportion.client.large_arguments import warn_if_large
 from apportion.client.lifecycle import ClusterLifecycle
 from apportion.client.local import LocalCluster
-from apportion.client.payload_limits import check_size
 from apportion.client.remote_calls import RemoteCalls
 from apportion.client.restrictions import ANYWHERE, Where, refuse_actors, where_to_run, worker_names
-from apportion.client.session import MAX_BATCH, Session, TaskBatch
+from apportion.client.session import Session, TaskBatch
 from apportion.core import payload
 from apportion.core.resources import ResourceSpec, parse_demand
 from apportion.protocol import messages as m
@@ -166,7 +167,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         else:
             logger.warning("ignored unexpected %s from the scheduler", type(msg).__name__)
 
-    def _settle(self, key: str, status: str, error: tuple[str, bytes | str, bytes] | None) -> None:
+    def _settle(self, key: str, status: str, error: Failure | None) -> None:
         state = self._keys.get(key)
         if state is None:
             return
@@ -238,13 +239,14 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
             raise TypeError(f"key must be a str, not {type(key).__name__}: {key!r}")
         func_id, blob = self._function(func)
         args_blob, deps = payload.pack_call(args, kwargs)
-        check_size(args_blob, f"the arguments of {getattr(func, '__name__', func)!r}")
+        name = getattr(func, "__name__", type(func).__name__)
+        warn_if_large(payload.size_of(args_blob), f"the arguments of {name!r}")
         if key is None:
-            name = getattr(func, "__name__", type(func).__name__)
             if pure:
                 # The demand is part of the identity: the same call asking for other
                 # resources must not be merged into an existing task.
-                digest = hashlib.blake2b(func_id.encode() + args_blob, digest_size=16)
+                digest = hashlib.blake2b(func_id.encode(), digest_size=16)
+                payload.hash_into(digest, args_blob)
                 if resources != [{}]:
                     digest.update(repr([sorted(r.items()) for r in resources]).encode())
                 if where != ANYWHERE:  # so is where it may run, for the same reason
@@ -524,7 +526,8 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         tasks = list(
             graph_tasks(self, dsk, keys, resources, priority, retries, annotations, canon, where)
         )
-        _check_graph_size(tasks)
+        embedded = sum(payload.size_of(spec.args) for spec, _ in tasks)
+        warn_if_large(embedded, f"the values in this graph's {len(tasks)} tasks")
         futures = {key: Future(wire_key(key), self) for key in roots}
         wanted = {future.key: future for future in futures.values()}
         for spec, _ in tasks:
@@ -629,7 +632,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
             out.update(data.data)
         return out, missing, errors
 
-    async def _scatter_direct(self, items: dict[str, bytes], allowed: list[str]) -> None:
+    async def _scatter_direct(self, items: dict[str, payload.Pickled], allowed: list[str]) -> None:
         """Put data on workers' data ports, fewest stored bytes first, then tell the scheduler."""
         info = await self._session.request(m.InfoRequest(self._session.next_id()))
         workers = sorted(
@@ -643,7 +646,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         if not workers:
             where = f" matching {allowed}" if allowed else ""
             raise RuntimeError(f"no workers{where} are connected to scatter data to")
-        parts: dict[str, dict[str, bytes]] = {}
+        parts: dict[str, dict[str, payload.Pickled]] = {}
         for i, (key, blob) in enumerate(items.items()):
             parts.setdefault(workers[i % len(workers)][0], {})[key] = blob
         placed: dict[str, list[Any]] = {}
@@ -651,10 +654,10 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
             conn = await self._session.peer(address)
             stored = await self._session.request(m.PutData(self._session.next_id(), part), conn)
             for key in stored.keys:
-                placed[key] = [address, stored.nbytes.get(key, len(part[key]))]
+                placed[key] = [address, stored.nbytes.get(key, payload.size_of(part[key]))]
         await self._session.request(m.ScatterPlaced(self._session.next_id(), placed))
 
-    def _scatter_items(self, data: Any, hash: bool) -> tuple[list[str], dict[str, bytes]]:
+    def _scatter_items(self, data: Any, hash: bool) -> tuple[list[str], dict[str, payload.Pickled]]:
         """The keys ``scatter`` stores ``data`` under, in order, and each one's pickle."""
         if isinstance(data, Mapping):
             from apportion.client.graph import wire_key
@@ -668,7 +671,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         names = [
             f"{type(v).__name__}-"
             + (
-                hashlib.blake2b(b, digest_size=16).hexdigest()
+                payload.hash_into(hashlib.blake2b(digest_size=16), b).hexdigest()
                 if hash
                 else f"{self._unique}{next(self._counter)}"
             )
@@ -702,8 +705,6 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         names, items = self._scatter_items(data, hash)
         if not items:
             return {} if isinstance(data, Mapping) else type(data)()  # nothing to store
-        for name, blob in items.items():
-            check_size(blob, f"scattered value {name!r}")
         futures = {name: Future(name, self) for name in names}
         wait = self.timeout if timeout is None else seconds(timeout) or 0.0
         try:
@@ -907,26 +908,6 @@ def parse_demands(resources: ResourceSpec | Sequence[ResourceSpec]) -> list[dict
     if not isinstance(resources, list | tuple) or not resources:
         raise ValueError("resources: give one demand, or a non-empty list of alternatives")
     return [parse_demand(spec) for spec in resources]
-
-
-#: Largest graph sent at once: one message, with room for the framing around it.
-MAX_GRAPH = MAX_BATCH
-
-
-def _check_graph_size(tasks: list[tuple[m.TaskSpec, bytes]]) -> None:
-    total = 0
-    functions: set[str] = set()
-    for spec, blob in tasks:
-        check_size(spec.args, f"the values in graph task {spec.key!r}")
-        total += len(spec.args)
-        if spec.func_id not in functions:
-            functions.add(spec.func_id)
-            total += len(blob)
-    if total > MAX_GRAPH:
-        raise ValueError(
-            f"the graph pickles to {total:,} bytes, more than the {MAX_GRAPH:,} one message "
-            "may carry: load the data on the workers inside tasks, or scatter it first"
-        )
 
 
 def _missing_error(keys: list[str]) -> BaseException:

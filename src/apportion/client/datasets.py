@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from apportion.client.future import ERROR, Future
-from apportion.client.payload_limits import check_size
 from apportion.client.waiting import futures_of
 from apportion.core import payload
 from apportion.protocol import messages as m
@@ -79,7 +78,6 @@ class SharedData:
             items.extend(args[0].items())
         for item_name, value in items:
             blob, keys = payload.pack_call((value,), {})
-            check_size(blob, f"dataset {item_name!r}")
             reply = self._session.call(
                 partial(
                     m.PublishDataset,

@@ -19,6 +19,10 @@ from typing import TYPE_CHECKING, Any
 from apportion.client.durations import Duration, seconds
 from apportion.client.errors import failure
 from apportion.core import payload
+from apportion.core.payload import Pickled
+
+#: Why a key failed: (kind, pickled exception or message, pickled traceback or b"").
+Failure = tuple[str, Pickled | str, Pickled]
 
 if TYPE_CHECKING:
     from apportion.client.client import Client
@@ -50,7 +54,7 @@ class KeyState:
         self.status = PENDING
         self.event = threading.Event()
         #: ("exception", exc_bytes, tb_bytes) or (kind, message, b"") once failed
-        self.error: tuple[str, bytes | str, bytes] | None = None
+        self.error: Failure | None = None
         self.callbacks: list[Callable[[], None]] = []
         #: Live ``Future`` objects for this key.
         self.refs = 0
@@ -63,7 +67,7 @@ class KeyState:
         # atomic: without it a callback added while the key settles is never run.
         self._lock = threading.Lock()
 
-    def settle(self, status: str, error: tuple[str, bytes | str, bytes] | None = None) -> None:
+    def settle(self, status: str, error: Failure | None = None) -> None:
         with self._lock:
             self.status = status
             self.error = error
@@ -90,7 +94,7 @@ class KeyState:
         if self.error is None:
             return None
         kind, detail, tb = self.error
-        if kind == "exception" and isinstance(detail, bytes):
+        if kind == "exception" and not isinstance(detail, str):
             exc = rebuild_exception(detail, tb)
             if self.attempts > 1:
                 exc.add_note(
@@ -101,7 +105,7 @@ class KeyState:
         return failure(kind, str(detail))
 
 
-def rebuild_exception(exc_bytes: bytes, tb_bytes: bytes) -> BaseException:
+def rebuild_exception(exc_bytes: Pickled, tb_bytes: Pickled) -> BaseException:
     """The task's own exception, with the traceback it had on the worker."""
     try:
         exc = payload.loads(exc_bytes)

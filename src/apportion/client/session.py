@@ -21,12 +21,13 @@ from collections.abc import Callable
 from typing import Any
 
 from apportion.client.errors import SchedulerGoneError
+from apportion.core.payload import size_of
 from apportion.loop_thread import LoopThread
 from apportion.net.address import check_address
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import open_connection
 from apportion.protocol import messages as m
-from apportion.protocol.codec import MAX_FRAME, ProtocolError
+from apportion.protocol.codec import ProtocolError
 
 logger = logging.getLogger("apportion.client")
 
@@ -34,9 +35,9 @@ logger = logging.getLogger("apportion.client")
 TaskBatch = list[tuple[m.TaskSpec, bytes, bool]]
 
 
-#: Most bytes of arguments and functions merged into one SubmitTasks: with room
-#: for the framing, so a burst of graphs each within it never makes a frame too big.
-MAX_BATCH = MAX_FRAME // 2
+#: Most bytes of arguments and functions merged into one SubmitTasks: past this a
+#: larger message gains nothing, and the scheduler starts on what came sooner.
+MAX_BATCH = 64 * 2**20
 
 
 class _Merged:
@@ -90,7 +91,7 @@ def _batch_size(batch: TaskBatch, functions: dict[str, bytes]) -> int:
     size = 0
     new: set[str] = set()
     for spec, blob, _ in batch:
-        size += len(spec.args)
+        size += size_of(spec.args)
         if spec.func_id not in functions and spec.func_id not in new:
             new.add(spec.func_id)
             size += len(blob)

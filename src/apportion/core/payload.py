@@ -7,19 +7,85 @@ dependencies. On the worker, ``unpack_call`` unpickles with the task's input
 values in scope, so each placeholder turns straight into its value wherever it
 sits, nested in lists, dicts or objects. Pickling stays in C for plain data.
 
-The scheduler never calls anything here: it forwards these bytes unopened.
+Values are pickled with protocol 5 and their large buffers *out of band*: a NumPy
+array, a pandas column, a ``bytearray`` or a large ``bytes`` is not copied into the
+pickle stream but kept as a buffer of its own, sent from its own memory and received
+into the buffer the value then lives in (``Payload``). Small values stay one
+``bytes`` object, as cheap on the wire as before.
+
+The scheduler never calls anything here: it forwards these payloads unopened.
 """
 
 from __future__ import annotations
 
 import hashlib
 import pickle
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
 import cloudpickle
+
+#: Buffers smaller than this stay inside the pickle stream: a frame of their own
+#: would cost more than the copy.
+OUT_OF_BAND_MIN = 64 * 1024
+#: Pickle streams larger than this travel as a buffer of their own too, so that a
+#: large in-band value (a long list) is not copied into the message around it.
+INLINE_MAX = 64 * 1024
+
+
+class Payload:
+    """A pickled value as frames: the pickle stream, then its out-of-band buffers.
+
+    Frames are whatever holds the bytes (``bytes``, ``bytearray``, a ``memoryview``
+    of a NumPy array's memory); the codec sends each as it is and the receiver gets
+    each in a ``bytearray`` of its own.
+    """
+
+    __slots__ = ("frames",)
+
+    def __init__(self, frames: Sequence[bytes | bytearray | memoryview]) -> None:
+        if not frames:
+            raise ValueError("a payload has at least its pickle stream")
+        self.frames = tuple(frames)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes in all frames."""
+        return sum(memoryview(frame).nbytes for frame in self.frames)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Payload):
+            return NotImplemented
+        return len(self.frames) == len(other.frames) and all(
+            memoryview(a).cast("B") == memoryview(b).cast("B")
+            for a, b in zip(self.frames, other.frames, strict=True)
+        )
+
+    def __hash__(self) -> int:
+        return hash(bytes(memoryview(self.frames[0]).cast("B")))
+
+    def __repr__(self) -> str:
+        return f"<Payload {len(self.frames)} frames, {self.nbytes:,} bytes>"
+
+
+#: What a pickled value travels as: one ``bytes`` when small and self-contained,
+#: otherwise a ``Payload`` of frames.
+Pickled = bytes | Payload
+
+
+def size_of(pickled: Pickled) -> int:
+    """Bytes a pickled value occupies on the wire."""
+    return len(pickled) if isinstance(pickled, bytes) else pickled.nbytes
+
+
+def hash_into(digest: Any, pickled: Pickled) -> Any:
+    """Feed ``pickled``'s bytes to a ``hashlib`` object (frame by frame); return it."""
+    for frame in (pickled,) if isinstance(pickled, bytes) else pickled.frames:
+        digest.update(frame)
+    return digest
+
 
 #: The keys ``pack_call`` is collecting on this thread (None outside it). Context
 #: variables, not module globals: each thread (and task) sees only its own.
@@ -69,27 +135,93 @@ class KeyRef:
         return f"KeyRef({self.key!r})"
 
 
-def dumps(obj: Any) -> bytes:
-    """Pickle with the C pickler; fall back to cloudpickle for what it cannot do.
+def dumps(obj: Any) -> Pickled:
+    """Pickle with the C pickler, large buffers out of band; cloudpickle for what the
+    C pickler cannot do.
 
     Objects defined in ``__main__`` pickle fine by reference but would not load on a
     worker, whose ``__main__`` is not the user's script, so they go by value too.
     """
+    buffers: list[memoryview] = []
+
+    def out_of_band(buffer: pickle.PickleBuffer) -> bool:
+        raw = buffer.raw()
+        if raw.nbytes < OUT_OF_BAND_MIN:
+            return True  # in band
+        buffers.append(raw)
+        return False
+
+    kind = type(obj)
+    raw = kind is memoryview or (kind in (bytes, bytearray) and len(obj) >= OUT_OF_BAND_MIN)
+    value = _Raw(obj) if raw else obj
     try:
-        data = pickle.dumps(obj, protocol=5)
+        data = pickle.dumps(value, protocol=5, buffer_callback=out_of_band)
     except (pickle.PicklingError, AttributeError, TypeError):
-        return bytes(cloudpickle.dumps(obj, protocol=5))
-    if b"__main__" in data:
-        return bytes(cloudpickle.dumps(obj, protocol=5))
-    return data
+        buffers.clear()
+        data = bytes(cloudpickle.dumps(value, protocol=5, buffer_callback=out_of_band))
+    else:
+        if b"__main__" in data:
+            buffers.clear()
+            data = bytes(cloudpickle.dumps(value, protocol=5, buffer_callback=out_of_band))
+    if not buffers and len(data) <= INLINE_MAX:
+        return data
+    return Payload([data, *buffers])
 
 
-def loads(data: bytes) -> Any:
-    """Unpickle bytes made by ``dumps``."""
-    return pickle.loads(data)
+class _Raw:
+    """A large ``bytes`` or ``bytearray``, or any ``memoryview``, pickled as one buffer
+    (out of band when large).
+
+    Pickle copies ``bytes`` and ``bytearray`` into its stream and cannot pickle a
+    ``memoryview`` at all; this sends the memory as it is. A ``bytearray`` arrives as
+    the very buffer it was received into, a ``memoryview`` as a flat, writable view of
+    it; a ``bytes`` value costs one copy on arrival (a ``bytes`` object cannot be
+    received into).
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: bytes | bytearray | memoryview) -> None:
+        self.value = value
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        view = memoryview(self.value)
+        if not view.c_contiguous:
+            view = memoryview(view.tobytes())
+        rebuild = _REBUILD[type(self.value)]
+        return rebuild, (pickle.PickleBuffer(view.cast("B")),)
 
 
-def pack_call(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[bytes, set[str]]:
+def _as_bytes(buffer: Any) -> bytes:
+    return bytes(buffer)
+
+
+def _as_bytearray(buffer: Any) -> bytearray:
+    view = memoryview(buffer)
+    if isinstance(view.obj, bytearray) and len(view.obj) == view.nbytes:
+        return view.obj  # the buffer it was received into: no copy
+    return bytearray(view)
+
+
+def _as_view(buffer: Any) -> memoryview:
+    return memoryview(buffer).cast("B")
+
+
+_REBUILD: dict[type, Callable[[Any], Any]] = {
+    bytes: _as_bytes,
+    bytearray: _as_bytearray,
+    memoryview: _as_view,
+}
+
+
+def loads(pickled: Pickled) -> Any:
+    """The value ``dumps`` pickled."""
+    if isinstance(pickled, Payload):
+        return pickle.loads(pickled.frames[0], buffers=pickled.frames[1:])
+    return pickle.loads(pickled)
+
+
+def pack_call(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Pickled, set[str]]:
     """Pickle a call's arguments; return them with the keys they depend on."""
     collected: set[str] = set()
     token = _collected.set(collected)
@@ -110,7 +242,7 @@ def task_inputs(inputs: Mapping[str, Any]) -> Iterator[None]:
         _inputs.reset(token)
 
 
-def unpack_call(blob: bytes, inputs: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def unpack_call(blob: Pickled, inputs: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The ``(args, kwargs)`` of a call, with dependency placeholders resolved."""
     with task_inputs(inputs):
         value = loads(blob)

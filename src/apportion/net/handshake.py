@@ -11,6 +11,7 @@ import contextlib
 from typing import Any
 
 from apportion.net.connection import Connection
+from apportion.net.stream import Stream, StreamClosed
 from apportion.net.transport import transport_for
 from apportion.protocol.codec import (
     HEADER,
@@ -18,7 +19,7 @@ from apportion.protocol.codec import (
     MAX_HANDSHAKE_FRAME,
     ProtocolError,
     decode_body,
-    frame_length,
+    frame_sizes,
 )
 from apportion.protocol.messages import PROTOCOL_VERSION, Hello, Message, Refused, Welcome
 
@@ -50,17 +51,17 @@ async def open_connection(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     try:
-        reader, writer = await asyncio.wait_for(transport.connect(address), timeout)
+        stream = await asyncio.wait_for(transport.connect(address), timeout)
     except TimeoutError:
         raise OSError(f"cannot connect to {address}: no answer within {timeout:g}s") from None
     except ConnectionRefusedError:
         raise ConnectionRefusedError(f"cannot connect to {address}: connection refused") from None
     except OSError as exc:
         raise OSError(f"cannot connect to {address}: {exc.strerror or exc}") from None
-    conn = Connection(reader, writer, max_frame=MAX_HANDSHAKE_FRAME)
+    conn = Connection(stream, max_frame=MAX_HANDSHAKE_FRAME)
     conn.send(Hello(PROTOCOL_VERSION, role, name))
     try:
-        reply = await asyncio.wait_for(_first_frame(reader), max(0.0, deadline - loop.time()))
+        reply = await asyncio.wait_for(_first_frame(stream), max(0.0, deadline - loop.time()))
     except TimeoutError:
         conn.abort()
         raise HandshakeError(
@@ -95,40 +96,38 @@ class _PeerGone(HandshakeError):
     worker that died while a peer was connecting to it is the common case)."""
 
 
-async def _first_frame(reader: asyncio.StreamReader) -> list[Message]:
+async def _first_frame(stream: Stream) -> list[Message]:
     """The reply to our ``Hello``, read raw so that a foreign answer can be quoted."""
     try:
-        header = await reader.readexactly(HEADER.size)
-    except asyncio.IncompleteReadError as exc:
+        header = await stream.read_exactly(HEADER.size)
+    except StreamClosed as exc:
         if not exc.partial:
             raise _PeerGone("the peer closed the connection without a word") from None
         raise HandshakeError(_closed_text(exc.partial)) from None
-    except ConnectionError:
-        raise _PeerGone("the peer reset the connection") from None
     try:
-        length = frame_length(header, MAX_HANDSHAKE_FRAME)
+        length, count = frame_sizes(header, MAX_HANDSHAKE_FRAME)
+        if count:
+            raise ProtocolError("a handshake carries no payload")
     except ProtocolError:
-        raise HandshakeError(f"the peer sent {await _sample(reader, header)!r}") from None
+        raise HandshakeError(f"the peer sent {await _sample(stream, bytes(header))!r}") from None
     try:
-        body = await reader.readexactly(length)
-    except asyncio.IncompleteReadError as exc:
-        raise HandshakeError(_closed_text(header + exc.partial)) from None
-    except ConnectionError:
-        raise _PeerGone("the peer reset the connection") from None
+        body = await stream.read_exactly(length)
+    except StreamClosed as exc:
+        raise HandshakeError(_closed_text(bytes(header) + exc.partial)) from None
     try:
         return decode_body(body)
     except ProtocolError:
-        raise HandshakeError(f"the peer sent {(header + body)[:QUOTED_BYTES]!r}") from None
+        raise HandshakeError(f"the peer sent {(bytes(header) + body)[:QUOTED_BYTES]!r}") from None
 
 
 def _closed_text(partial: bytes) -> str:
     return f"the peer sent {partial[:QUOTED_BYTES]!r} and closed the connection"
 
 
-async def _sample(reader: asyncio.StreamReader, head: bytes) -> bytes:
+async def _sample(stream: Stream, head: bytes) -> bytes:
     """``head`` and what follows it at once, up to ``QUOTED_BYTES``, for an error message."""
     with contextlib.suppress(TimeoutError, ConnectionError):
-        head += await asyncio.wait_for(reader.read(QUOTED_BYTES - len(head)), 0.2)
+        head += await asyncio.wait_for(stream.read_some(QUOTED_BYTES - len(head)), 0.2)
     return head[:QUOTED_BYTES]
 
 

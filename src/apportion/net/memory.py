@@ -1,16 +1,16 @@
 """The in-memory transport: ``inproc://name`` connections within one process.
 
-A connection is two ``MemoryPipe`` ends, each an ``asyncio.Transport`` under an
-ordinary ``StreamReaderProtocol``, so the code above (``Connection``, the codec, the
-handshake) cannot tell it from TCP: frames are still encoded and decoded, only the
-socket is gone. The two ends may live on different event loops in different threads
-(a synchronous ``Client`` runs its own loop thread): bytes written on one end are
-handed to the other end's loop with ``call_soon_threadsafe``, in order, and a close
-reaches the other end after every byte written before it.
+A connection is two ``MemoryStream`` ends sharing ``Stream``'s reading half, so the
+code above (``Connection``, the codec, the handshake) cannot tell it from TCP: frames
+are still encoded and decoded, only the socket is gone. The two ends may live on
+different event loops in different threads (a synchronous ``Client`` runs its own
+loop thread): bytes written on one end are handed to the other end's loop with
+``call_soon_threadsafe``, in order, and a close reaches the other end after every
+byte written before it. Written bytes are copied on the way, as a socket would: the
+receiver never shares the sender's memory.
 
-Nothing is bounded here: the reader buffers whatever arrives (``pause_reading`` is
-not supported, so ``StreamReader`` stops asking), as it can only hold what this same
-process wrote.
+Nothing is bounded here: the reader buffers whatever arrives, as it can only hold
+what this same process wrote.
 """
 
 from __future__ import annotations
@@ -20,16 +20,14 @@ import contextlib
 import itertools
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from apportion.net.address import INPROC, check_address
+from apportion.net.stream import Buffer, Stream, byte_view
 
 if TYPE_CHECKING:
     from apportion.net.transport import Listener, OnConnect
-
-#: The same read-buffer limit as ``asyncio.open_connection``'s.
-_LIMIT = 2**16
 
 
 def _call_on(loop: asyncio.AbstractEventLoop, thread: int, fn: Callable[..., Any]) -> None:
@@ -41,79 +39,58 @@ def _call_on(loop: asyncio.AbstractEventLoop, thread: int, fn: Callable[..., Any
             loop.call_soon_threadsafe(fn)
 
 
-class MemoryPipe(asyncio.Transport):
+class MemoryStream(Stream):
     """One end of an in-memory connection, living on ``loop`` (run by thread ``thread``)."""
 
-    def __init__(
-        self, loop: asyncio.AbstractEventLoop, thread: int, peername: str, sockname: str
-    ) -> None:
-        super().__init__({"peername": peername, "sockname": sockname})
-        self._loop = loop
+    def __init__(self, loop: asyncio.AbstractEventLoop, thread: int, peer: str) -> None:
+        super().__init__(loop, peer)
         self._thread = thread
-        #: Set before any byte is received (received bytes are queued behind its setting).
-        self._protocol: asyncio.Protocol | None = None
         #: The other end; set once both exist, before either is used.
-        self.peer: MemoryPipe | None = None
-        #: True once either end closed: nothing more is written from here.
-        self._closing = False
-        self._lost = False
+        self.other: MemoryStream | None = None
 
-    def attach(self, protocol: asyncio.Protocol) -> None:
-        """Give this end its protocol (on its own loop) and tell the protocol it is connected."""
-        self._protocol = protocol
-        protocol.connection_made(self)
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if self._closing or self.peer is None:
+    def write(self, buffers: Sequence[Buffer]) -> None:
+        other = self.other
+        if self._closed or other is None:
             return
-        self.peer._deliver(bytes(data))  # a copy: the writer may reuse its buffer
+        data = b"".join(byte_view(b) for b in buffers)  # a copy: the writer may reuse them
+        if data:
+            _call_on(other._loop, other._thread, lambda: other._feed(data))
 
-    def _deliver(self, data: bytes) -> None:
-        _call_on(self._loop, self._thread, lambda: self._received(data))
-
-    def _received(self, data: bytes) -> None:
-        if not self._lost and self._protocol is not None:
-            self._protocol.data_received(data)
-
-    def is_closing(self) -> bool:
-        return self._closing
-
-    def close(self) -> None:
-        """Close both ends: the peer sees end-of-file after everything written before."""
-        if self._closing:
+    def _feed(self, data: bytes) -> None:
+        """Bytes from the other end, on this end's loop: into the waiting ``read_into``
+        first, the rest into the buffer (grown as needed: nothing here is bounded)."""
+        if self._closed:
             return
-        self._closing = True
-        peer = self.peer
-        if peer is not None:
-            _call_on(peer._loop, peer._thread, peer._peer_closed)
-        _call_on(self._loop, self._thread, self._connection_lost)
+        view = memoryview(data)
+        target = self._target
+        if target is not None:
+            n = min(len(target), len(view))
+            target[:n] = view[:n]
+            del target
+            self._got(n)
+            view = view[n:]
+        if view:
+            self._make_room(self._end - self._start + len(view))
+            self._buf[self._end : self._end + len(view)] = view
+            self._got(len(view))
 
-    def abort(self) -> None:
-        # Nothing is buffered on this side: aborting is closing.
-        self.close()
-
-    def _peer_closed(self) -> None:
-        self._closing = True
-        self._connection_lost()
-
-    def _connection_lost(self) -> None:
-        if self._lost:
-            return
-        self._lost = True
-        if self._protocol is not None:
-            self._protocol.connection_lost(None)
-
-    def get_write_buffer_size(self) -> int:
+    def queued(self) -> int:
         return 0
 
+    async def drain(self) -> None:
+        return None
 
-def _stream_end(pipe: MemoryPipe) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """Reader and writer over ``pipe``, on the running loop (``pipe``'s)."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=_LIMIT, loop=loop)
-    protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
-    pipe.attach(protocol)
-    return reader, asyncio.StreamWriter(pipe, protocol, reader, loop)
+    async def close(self) -> None:
+        self.abort()
+
+    def abort(self) -> None:
+        """Close both ends: the other sees the end after everything written before."""
+        if self._closed:
+            return
+        other = self.other
+        if other is not None:
+            _call_on(other._loop, other._thread, lambda: other._lost("connection closed"))
+        self._lost("closed by this side")
 
 
 class MemoryListener:
@@ -128,17 +105,15 @@ class MemoryListener:
         self._thread = threading.get_ident()
         self._handlers: set[asyncio.Task[None]] = set()
 
-    def accept(self, near: MemoryPipe, peername: str) -> MemoryPipe:
-        """The listener's end of a connection from ``near``; served on the listener's loop."""
-        far = MemoryPipe(self._loop, self._thread, peername, self.address)
-        far.peer, near.peer = near, far
-        # Queued before any byte ``near`` writes, so the protocol exists when they land.
+    def accept(self, near: MemoryStream, peername: str) -> None:
+        """Make the listener's end of a connection from ``near``; served on its loop."""
+        far = MemoryStream(self._loop, self._thread, peername)
+        far.other, near.other = near, far
+        # Queued before anything ``near`` writes reaches ``far``: served in order.
         _call_on(self._loop, self._thread, lambda: self._serve(far))
-        return far
 
-    def _serve(self, far: MemoryPipe) -> None:
-        reader, writer = _stream_end(far)
-        task = self._loop.create_task(self._on_connect(reader, writer))
+    def _serve(self, far: MemoryStream) -> None:
+        task = self._loop.create_task(self._on_connect(far))
         self._handlers.add(task)
         task.add_done_callback(self._handlers.discard)
 
@@ -158,16 +133,16 @@ class MemoryTransport:
         self._listeners: dict[str, MemoryListener] = {}
         self._ids = itertools.count(1)
 
-    async def connect(self, address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def connect(self, address: str) -> Stream:
         check_address(address)
         with self._lock:
             listener = self._listeners.get(address[len(INPROC) :])
         if listener is None:
             raise ConnectionRefusedError(f"nothing listens at {address}")
         loop, thread = asyncio.get_running_loop(), threading.get_ident()
-        near = MemoryPipe(loop, thread, address, f"{INPROC}connection-{next(self._ids)}")
-        listener.accept(near, near.get_extra_info("sockname"))
-        return _stream_end(near)
+        near = MemoryStream(loop, thread, address)
+        listener.accept(near, f"{INPROC}connection-{next(self._ids)}")
+        return near
 
     async def listen(self, host: str, port: int, on_connect: OnConnect) -> Listener:
         """Listen at ``host`` = ``inproc://name`` (``inproc://``: a fresh name); ``port``

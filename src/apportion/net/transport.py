@@ -4,21 +4,21 @@ Services never open sockets themselves: they ask ``transport_for(address)`` to
 connect to an address or to listen on one. ``tcp://`` (or no scheme) is TCP, as it
 always was; ``inproc://name`` is a pipe in memory to a listener of this process
 (``net/memory.py``), so a whole cluster can run in one process without a socket.
-Either way the result is an asyncio reader/writer pair, so ``Connection``, the
+Either way the result is a ``Stream`` (``net/stream.py``), so ``Connection``, the
 framing codec and the handshake run unchanged over both.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from apportion.net.address import format_address, is_inproc, parse_address
 from apportion.net.memory import MEMORY
+from apportion.net.stream import Stream, TcpListener, bind_tcp, connect_tcp
 
 #: What a listener calls for each accepted connection, on the listener's event loop.
-OnConnect = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Coroutine[Any, Any, None]]
+OnConnect = Callable[[Stream], Coroutine[Any, Any, None]]
 
 
 class Listener(Protocol):
@@ -35,7 +35,7 @@ class Listener(Protocol):
 class Transport(Protocol):
     """Opens connections to addresses and listens on them."""
 
-    async def connect(self, address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def connect(self, address: str) -> Stream:
         """Connect to ``address``; ``OSError`` (``ConnectionRefusedError``) if nobody listens."""
         ...
 
@@ -44,29 +44,16 @@ class Transport(Protocol):
         ...
 
 
-class TcpListener:
-    """An ``asyncio.Server`` and the address it was bound to."""
-
-    def __init__(self, server: asyncio.Server, host: str) -> None:
-        self._server = server
-        self.address = format_address(host, server.sockets[0].getsockname()[1])
-
-    def close(self) -> None:
-        self._server.close()
-
-    async def wait_closed(self) -> None:
-        await self._server.wait_closed()
-
-
 class TcpTransport:
-    """TCP through asyncio's streams: exactly what the services did before transports."""
+    """TCP through ``SocketStream``: zero-copy reads and writes on a plain socket."""
 
-    async def connect(self, address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def connect(self, address: str) -> Stream:
         host, port = parse_address(address)
-        return await asyncio.open_connection(host, port)
+        return await connect_tcp(host, port)
 
     async def listen(self, host: str, port: int, on_connect: OnConnect) -> Listener:
-        return TcpListener(await asyncio.start_server(on_connect, host, port), host)
+        sock = bind_tcp(host, port)
+        return TcpListener(sock, format_address(host, sock.getsockname()[1]), on_connect)
 
 
 TCP = TcpTransport()

@@ -1,4 +1,12 @@
-"""Frames: a 4-byte big-endian length, then a msgpack list of messages.
+"""Frames: a header, a msgpack list of messages, then the payloads' buffers.
+
+A frame is ``!QI`` (the body's length, the number of out-of-band buffers), one
+``!Q`` length per buffer, the msgpack body, then the buffers themselves. A
+``Payload`` inside a message (a pickled value, ``core/payload.py``) is written into
+the body as a msgpack extension naming its frames' place among the buffers; its
+frames go after the body as they are, so a NumPy array is sent from its own memory
+and received into a buffer of its own. Lengths are 64-bit: no value is too large to
+travel but one this process cannot hold.
 
 Pure: bytes in, messages out. Anything that does not decode into known messages
 with the right number of fields is a ``ProtocolError``; the connection that sent it
@@ -8,18 +16,27 @@ is closed and nothing else is affected.
 from __future__ import annotations
 
 import struct
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 import msgpack
 
+from apportion.core.payload import Payload
 from apportion.protocol.messages import Message, message_class
 from apportion.protocol.validate import Check, field_checks
 
-HEADER = struct.Struct("!I")
+#: A frame's fixed header: the body's length, then how many buffers follow it.
+HEADER = struct.Struct("!QI")
+#: One buffer's length, as many as the header announces, between header and body.
+BUFFER_LENGTH = struct.Struct("!Q")
+#: The msgpack extension type of a payload: its first buffer's index, and how many.
+PAYLOAD_EXT = 1
+_PAYLOAD_PLACE = struct.Struct("!II")
 
-#: Largest frame accepted from an authenticated peer (results can be large).
-MAX_FRAME = 2**31 - 1
+#: Largest frame (body and buffers) accepted from an authenticated peer: none but
+#: what this process can hold.
+MAX_FRAME = sys.maxsize
 
 #: Largest frame accepted before the handshake: a Hello is a few dozen bytes, so
 #: an unauthenticated peer cannot make us allocate more than this.
@@ -33,50 +50,123 @@ class ProtocolError(Exception):
     """The peer sent bytes that are not a valid frame of this protocol."""
 
 
-def encode_frame(messages: Sequence[Message]) -> bytes:
-    """One frame carrying ``messages`` in order."""
-    body: bytes = msgpack.packb([m.to_wire() for m in messages], use_bin_type=True)
-    if len(body) > MAX_FRAME:
-        raise ProtocolError(f"frame of {len(body):,} bytes exceeds the limit of {MAX_FRAME:,}")
-    return HEADER.pack(len(body)) + body
+def encode_frame(messages: Sequence[Message]) -> list[bytes | bytearray | memoryview]:
+    """One frame carrying ``messages`` in order: the header and body as one ``bytes``,
+    then every payload's frames as they are (not copied)."""
+    buffers: list[bytes | bytearray | memoryview] = []
+
+    def place(obj: object) -> Any:
+        if isinstance(obj, Payload):
+            first = len(buffers)
+            buffers.extend(obj.frames)
+            return msgpack.ExtType(PAYLOAD_EXT, _PAYLOAD_PLACE.pack(first, len(obj.frames)))
+        raise TypeError(f"cannot send a {type(obj).__name__} in a message")
+
+    body: bytes = msgpack.packb([m.to_wire() for m in messages], use_bin_type=True, default=place)
+    if not buffers:
+        return [HEADER.pack(len(body), 0) + body]
+    lengths = b"".join(BUFFER_LENGTH.pack(memoryview(b).nbytes) for b in buffers)
+    return [HEADER.pack(len(body), len(buffers)) + lengths + body, *buffers]
 
 
-def decode_body(body: bytes) -> list[Message]:
-    """Messages from a frame body (the bytes after the length header)."""
-    try:
-        raw: Any = msgpack.unpackb(body, raw=False, strict_map_key=False)
-    except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise ProtocolError(f"frame is not valid msgpack: {exc}") from None
+def frame_sizes(header: bytes | bytearray | memoryview, limit: int) -> tuple[int, int]:
+    """(body length, number of buffers) announced by ``header``; refuses frames whose
+    body and buffer lengths alone pass ``limit``."""
+    body, count = HEADER.unpack(header)
+    if body + count * BUFFER_LENGTH.size > limit:
+        raise ProtocolError(f"frame of {body} bytes exceeds the limit of {limit}")
+    return int(body), int(count)
+
+
+def buffer_lengths(
+    data: bytes | bytearray | memoryview, count: int, body: int, limit: int
+) -> list[int]:
+    """The ``count`` buffer lengths in ``data``; refuses a frame passing ``limit`` in all."""
+    lengths = [length for (length,) in BUFFER_LENGTH.iter_unpack(data)]
+    if len(lengths) != count:
+        raise ProtocolError(f"frame announces {count} buffers but lists {len(lengths)}")
+    total = body + sum(lengths)
+    if total > limit:
+        raise ProtocolError(f"frame of {total} bytes exceeds the limit of {limit}")
+    return lengths
+
+
+def decode_frame(data: bytes | bytearray | memoryview, limit: int = MAX_FRAME) -> list[Message]:
+    """The messages of one whole frame held in ``data`` (its buffers as views of it)."""
+    view = memoryview(data).cast("B")
+    body_size, count = frame_sizes(view[: HEADER.size], limit)
+    at = HEADER.size + count * BUFFER_LENGTH.size
+    lengths = buffer_lengths(view[HEADER.size : at], count, body_size, limit)
+    body, at = view[at : at + body_size], at + body_size
+    buffers = []
+    for length in lengths:
+        buffers.append(view[at : at + length])
+        at += length
+    if at != len(view):
+        raise ProtocolError(f"frame of {at} bytes followed by {len(view) - at} more")
+    return decode_body(bytes(body), buffers)
+
+
+def decode_body(
+    body: bytes | bytearray, buffers: Sequence[bytes | bytearray | memoryview] = ()
+) -> list[Message]:
+    """Messages from a frame body, with the frame's out-of-band ``buffers``."""
+    raw = _unpack(body, buffers)
     if not isinstance(raw, list):
         raise ProtocolError("frame must hold a list of messages")
-    out: list[Message] = []
-    for item in raw:
-        if not isinstance(item, list) or not item or not isinstance(item[0], int):
-            raise ProtocolError("each message must be [tag, fields...]")
-        cls = message_class(item[0])
-        if cls is None:
-            raise ProtocolError(f"unknown message tag {item[0]}")
-        if len(item) - 1 != len(cls._field_names):
+    return [_message(item) for item in raw]
+
+
+def _unpack(body: bytes | bytearray, buffers: Sequence[bytes | bytearray | memoryview]) -> Any:
+    def payload(code: int, data: bytes) -> Payload:
+        if code != PAYLOAD_EXT or len(data) != _PAYLOAD_PLACE.size:
+            raise ProtocolError(f"unknown msgpack extension {code}")
+        first, count = _PAYLOAD_PLACE.unpack(data)
+        if count < 1 or first + count > len(buffers):
             raise ProtocolError(
-                f"{cls.__name__} takes {len(cls._field_names)} fields, got {len(item) - 1}"
+                f"a payload names buffers {first}..{first + count - 1} of {len(buffers)}"
             )
-        checks = _CHECKS.get(cls)
-        if checks is None:
-            checks = _CHECKS[cls] = field_checks(cls)
-        fields = item[1:]
-        for (name, check), value in zip(checks, fields, strict=True):
-            if not check(value):
-                raise ProtocolError(f"{cls.__name__}.{name} has the wrong type")
-        try:
-            out.append(cls.from_fields(fields))
-        except (TypeError, ValueError) as exc:
-            raise ProtocolError(f"malformed {cls.__name__}: {exc}") from None
-    return out
+        return Payload(buffers[first : first + count])
+
+    try:
+        return msgpack.unpackb(body, raw=False, strict_map_key=False, ext_hook=payload)
+    except ProtocolError:
+        raise
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise ProtocolError(f"frame is not valid msgpack: {exc}") from None
+
+
+def _message(item: Any) -> Message:
+    """One decoded ``[tag, *fields]`` as its message, every field's type checked."""
+    if not isinstance(item, list) or not item or not isinstance(item[0], int):
+        raise ProtocolError("each message must be [tag, fields...]")
+    cls = message_class(item[0])
+    if cls is None:
+        raise ProtocolError(f"unknown message tag {item[0]}")
+    if len(item) - 1 != len(cls._field_names):
+        raise ProtocolError(
+            f"{cls.__name__} takes {len(cls._field_names)} fields, got {len(item) - 1}"
+        )
+    checks = _CHECKS.get(cls)
+    if checks is None:
+        checks = _CHECKS[cls] = field_checks(cls)
+    fields = item[1:]
+    for (name, check), value in zip(checks, fields, strict=True):
+        if not check(value):
+            raise ProtocolError(f"{cls.__name__}.{name} has the wrong type")
+    try:
+        return cls.from_fields(fields)
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"malformed {cls.__name__}: {exc}") from None
 
 
 def encode_message(message: Message) -> bytes:
-    """One message as bytes another message can carry (a ``TaskNote``'s note)."""
-    return encode_frame([message])[HEADER.size :]
+    """One message as bytes another message can carry (a ``TaskNote``'s note); it must
+    carry no payload."""
+    head, *buffers = encode_frame([message])
+    if buffers or not isinstance(head, bytes):
+        raise ValueError(f"{type(message).__name__} carries a payload and cannot be embedded")
+    return head[HEADER.size :]
 
 
 def decode_message(data: bytes) -> Message:
@@ -85,11 +175,3 @@ def decode_message(data: bytes) -> Message:
     if len(messages) != 1:
         raise ProtocolError(f"expected one encoded message, got {len(messages)}")
     return messages[0]
-
-
-def frame_length(header: bytes, limit: int) -> int:
-    """Body length announced by ``header``; refuses frames above ``limit``."""
-    (length,) = HEADER.unpack(header)
-    if length > limit:
-        raise ProtocolError(f"frame of {length} bytes exceeds the limit of {limit}")
-    return int(length)

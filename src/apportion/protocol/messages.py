@@ -3,8 +3,10 @@
 On the wire a message is a msgpack array ``[tag, field, field, ...]`` in field order;
 a frame carries a list of them (everything one peer had to say in one loop turn).
 Fields are msgpack primitives only: ``str``, ``int``, ``float``, ``bytes``, lists and
-dicts of those. Payloads produced by user code (pickled functions, arguments,
-results, exceptions) are ``bytes`` that the scheduler forwards without unpickling.
+dicts of those, and ``Pickled`` values. Payloads produced by user code (pickled
+arguments, results, exceptions) are ``Pickled``: ``bytes`` when small, a ``Payload``
+of frames sent out of band when large (``protocol/codec.py``); the scheduler forwards
+them without unpickling. Pickled functions and code stay ``bytes``.
 
 Resource amounts travel in fixed-point ticks (see ``apportion.core.resources``).
 """
@@ -15,10 +17,11 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, NamedTuple, TypeVar, cast, dataclass_transform
 
 from apportion.core.allocation import Allocation
+from apportion.core.payload import Pickled
 
 #: Bumped whenever a message changes shape. Peers with another version are refused
 #: in the handshake, naming both versions, instead of failing later on a bad field.
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 
 
 class Message:
@@ -98,7 +101,7 @@ class TaskSpec(NamedTuple):
 
     key: str
     func_id: str  #: hash of the pickled function; its bytes travel once per batch
-    args: bytes  #: pickled (args, kwargs) with dependencies as placeholders
+    args: Pickled  #: (args, kwargs) with dependencies as placeholders
     deps: list[str]
     resources: dict[str, int]  #: demand in ticks; empty for plain tasks
     priority: int  #: higher runs earlier, as in Dask
@@ -155,7 +158,7 @@ class ScatterRequest(Message):
     """Place client data on workers; the client holds futures for the keys."""
 
     request_id: int
-    data: dict[str, bytes]
+    data: dict[str, Pickled]
     #: Only on workers with one of these names, addresses or hosts; empty: any.
     #: While none is connected the request waits, as it does for no workers at all.
     workers: list[str] = field(default_factory=list)
@@ -207,8 +210,8 @@ class TaskErred(Message):
     """A task raised. ``exception`` and ``traceback`` are pickled by the worker."""
 
     key: str
-    exception: bytes
-    traceback: bytes
+    exception: Pickled
+    traceback: Pickled
     attempts: int  #: runs that raised, retries included; the exception is the last one
 
 
@@ -224,7 +227,7 @@ class KeysFailed(Message):
 @message
 class GatherReply(Message):
     request_id: int
-    data: dict[str, bytes]
+    data: dict[str, Pickled]
     missing: list[str]
     errors: dict[str, str]  #: key -> why its value could not be sent (e.g. unpicklable)
 
@@ -301,8 +304,8 @@ class TaskFinished(Message):
 @message
 class TaskRaised(Message):
     key: str
-    exception: bytes
-    traceback: bytes
+    exception: Pickled
+    traceback: Pickled
     duration: float
 
 
@@ -322,7 +325,7 @@ class DataReply(Message):
     """Answer to ``GetData``, from a worker to whoever asked (scheduler, peer, client)."""
 
     request_id: int
-    data: dict[str, bytes]
+    data: dict[str, Pickled]
     missing: list[str]
     errors: dict[str, str]  #: held, but the value cannot be sent: key -> why
 
@@ -351,7 +354,7 @@ class LoadFunction(Message):
 class ComputeTask(Message):
     key: str
     func_id: str
-    args: bytes
+    args: Pickled
     who_has: dict[str, list[str]]  #: every dependency -> data addresses holding it
     priority: int
     allocation: Allocation  #: what it runs with: demand, units held, alternative chosen
@@ -382,7 +385,7 @@ class PutData(Message):
     """Store data scattered by a client."""
 
     request_id: int
-    data: dict[str, bytes]
+    data: dict[str, Pickled]
 
 
 @message
@@ -640,8 +643,8 @@ class CallAnswered(Message):
 
     request_id: int
     status: str  #: "ok" or "error"
-    value: bytes  #: pickled result, or pickled exception
-    traceback: bytes  #: pickled traceback of an error (empty when ok)
+    value: Pickled  #: the result, or the exception
+    traceback: Pickled  #: pickled traceback of an error (empty when ok)
 
 
 @message
@@ -680,7 +683,7 @@ class PublishDataset(Message):
 
     request_id: int
     name: str
-    data: bytes  #: the pickled object; futures inside it pickle as references to ``keys``
+    data: Pickled  #: the pickled object; futures inside it pickle as references to ``keys``
     keys: list[str]
     override: int  #: 1: replace a dataset of that name; 0: refuse (as Dask's KeyError)
 
@@ -707,7 +710,7 @@ class DatasetReply(Message):
 
     request_id: int
     found: int
-    data: bytes
+    data: Pickled
     keys: list[str]
     names: list[str]
 

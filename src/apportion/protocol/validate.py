@@ -12,9 +12,12 @@ tasks is checked as seven columns, not 70,000 Python calls.
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable, Sequence
 from itertools import chain
 from typing import Any, get_args, get_origin, get_type_hints
+
+from apportion.core.payload import Payload
 
 ColumnCheck = Callable[[Sequence[Any]], bool]
 Check = Callable[[Any], bool]
@@ -25,14 +28,26 @@ _SCALARS: dict[Any, frozenset[type]] = {
     float: frozenset({float, int}),
     str: frozenset({str}),
     bytes: frozenset({bytes}),
+    #: Decoded from the payload extension by the codec, never from a peer's plain value.
+    Payload: frozenset({Payload}),
 }
+
+
+def _scalars(tp: Any) -> frozenset[type] | None:
+    """The decoded types allowed for a scalar type or a union of them (``Pickled``)."""
+    allowed = _SCALARS.get(tp)
+    if allowed is None and isinstance(tp, types.UnionType):
+        parts = [_SCALARS.get(arg) for arg in get_args(tp)]
+        if all(part is not None for part in parts):
+            allowed = frozenset(chain.from_iterable(p for p in parts if p is not None))
+    return allowed
 
 
 def column_checker(tp: Any) -> ColumnCheck:
     """A predicate accepting a sequence whose every item decodes into ``tp``."""
     if tp is Any:
         return lambda values: True
-    allowed = _SCALARS.get(tp)
+    allowed = _scalars(tp)
     if allowed is not None:
         return lambda values: set(map(type, values)) <= allowed
     origin = get_origin(tp)
@@ -69,7 +84,7 @@ def column_checker(tp: Any) -> ColumnCheck:
 
 def checker(tp: Any) -> Check:
     """A predicate accepting exactly the msgpack values that decode into ``tp``."""
-    allowed = _SCALARS.get(tp)
+    allowed = _scalars(tp)
     if allowed is not None:  # most fields: one type test, no column machinery
         return lambda value: type(value) in allowed
     if get_origin(tp) is list:  # the list itself is the column: no copy of it

@@ -30,7 +30,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from apportion.core.payload import dumps_function, function_id, pack_call
+from apportion.core.payload import Pickled, dumps_function, function_id, pack_call
 from apportion.core.resources import parse_demand, parse_supply
 from apportion.protocol import messages as m
 from apportion.protocol.codec import ProtocolError, decode_message, encode_message
@@ -83,7 +83,7 @@ class _RunTask:
     """What a run's task is made of, made once from its spec."""
 
     #: ``execute_run(id, spec)``'s arguments, pickled: the spec in its final form.
-    args: bytes
+    args: Pickled
     demand: dict[str, int]
     priority: int
 

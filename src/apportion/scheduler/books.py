@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from apportion.core.payload import Pickled
 from apportion.protocol import messages as m
 from apportion.scheduler.events import Installation
 
@@ -27,7 +28,7 @@ class Gather:
     request_id: int
     #: worker id -> keys asked of it and not answered yet
     pending: dict[str, list[str]]
-    data: dict[str, bytes] = field(default_factory=dict)
+    data: dict[str, Pickled] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
 
@@ -155,7 +156,7 @@ class SharedBook:
     """What clients left with the scheduler for each other."""
 
     #: name -> (pickled object, keys its futures refer to)
-    datasets: dict[str, tuple[bytes, list[str]]] = field(default_factory=dict)
+    datasets: dict[str, tuple[Pickled, list[str]]] = field(default_factory=dict)
     #: Nested dictionaries of plain values (``set_metadata``).
     metadata: dict[str, Any] = field(default_factory=dict)
     #: Replicates and rebalances in flight, by the request id sent to workers.

@@ -10,7 +10,7 @@ from typing import Any
 from apportion.protocol import messages as m
 from apportion.scheduler import views
 from apportion.scheduler.core import SchedulerCore
-from apportion.scheduler.events import TaskFailed, TasksFailed
+from apportion.scheduler.events import TaskError, TaskFailed, TasksFailed
 from apportion.scheduler.explain import explain
 from apportion.scheduler.records import (
     ERRED,
@@ -146,7 +146,7 @@ def _new_task(
 
 def _start(state: SchedulerCore, task: TaskRecord) -> None:
     """Move a new task to WAITING, QUEUED or (bad input, unsatisfiable) ERRED."""
-    failure: tuple[str, bytes | str, bytes] | None = None
+    failure: TaskError | None = None
     for dep_key in task.deps:
         dep = state.tasks.get(dep_key)
         if dep is None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from apportion.core.payload import Pickled
 from apportion.protocol import messages as m
 from apportion.scheduler.books import CopyJob, Plan
 from apportion.scheduler.core import SchedulerCore
@@ -139,7 +140,7 @@ def source_reply(state: SchedulerCore, worker: WorkerRecord, msg: m.DataReply) -
     wanted = job.plan.pop(worker.id, None)
     if wanted is None:
         return
-    parts: dict[str, dict[str, bytes]] = defaultdict(dict)
+    parts: dict[str, dict[str, Pickled]] = defaultdict(dict)
     for key, blob in msg.data.items():
         for receiver_id in wanted.get(key, ()):
             if receiver_id in state.workers:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from apportion.core.payload import Pickled
 from apportion.protocol import messages as m
 from apportion.scheduler.books import Handoff
 from apportion.scheduler.core import SchedulerCore
@@ -75,7 +76,7 @@ def source_reply(state: SchedulerCore, worker: WorkerRecord, msg: m.DataReply) -
     if not receivers or not msg.data:
         _finish(state, msg.request_id)
         return
-    parts: dict[str, dict[str, bytes]] = defaultdict(dict)
+    parts: dict[str, dict[str, Pickled]] = defaultdict(dict)
     for i, (key, blob) in enumerate(sorted(msg.data.items())):
         parts[receivers[i % len(receivers)].id][key] = blob
     for receiver_id, data in parts.items():

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from apportion.core.allocation import Allocation
+from apportion.core.payload import Pickled
 from apportion.protocol.messages import Message, RegisterWorker, WorkerDied
 
 
@@ -113,7 +114,7 @@ Event = (
 #: How a task failed: (kind, detail, traceback). ``kind`` "exception" carries the
 #: pickled exception and traceback; "lost", "cancelled", "unsatisfiable",
 #: "crashed" ... carry a text for users and no traceback.
-TaskError = tuple[str, bytes | str, bytes]
+TaskError = tuple[str, Pickled | str, Pickled]
 
 
 # --- decisions: instructions to a worker --------------------------------------------
@@ -135,7 +136,7 @@ class AssignTask:
     worker_id: str
     key: str
     func_id: str
-    args: bytes
+    args: Pickled
     #: every input key -> data addresses of the workers holding it
     who_has: dict[str, list[str]]
     priority: int
@@ -165,7 +166,7 @@ class StoreData:
 
     worker_id: str
     request_id: int
-    data: dict[str, bytes]
+    data: dict[str, Pickled]
 
 
 @dataclass(frozen=True, slots=True)

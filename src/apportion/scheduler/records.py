@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from apportion.core.allocation import Allocation
 from apportion.core.ledger import Ledger
+from apportion.core.payload import Pickled
 from apportion.core.resources import Amounts, Units
 
 #: Shared by every plain task, so 100,000 of them do not hold 100,000 empty dicts.
@@ -184,7 +185,7 @@ class TaskRecord:
         self,
         key: str,
         func_id: str,
-        args: bytes,
+        args: Pickled,
         deps: tuple[str, ...],
         resources: Amounts,
         priority: int,
@@ -237,7 +238,7 @@ class TaskRecord:
         self.nbytes = 0
         #: For ERRED, or PROCESSING and ``cancelled``: ("exception", exc_bytes, tb_bytes)
         #: or (kind, message, b"").
-        self.error: tuple[str, bytes | str, bytes] | None = None
+        self.error: tuple[str, Pickled | str, Pickled] | None = None
         #: The worker this task holds a reservation on while it cannot fit anywhere.
         self.reserved_on: str | None = None
         #: Set when the worker was told to drop the result of this running task.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from apportion.core.payload import Pickled
 from apportion.protocol import messages as m
 from apportion.scheduler import copies, drain
 from apportion.scheduler.books import Gather, Scatter
@@ -116,7 +117,7 @@ def scatter(state: SchedulerCore, client: ClientRecord, msg: m.ScatterRequest) -
         return
     # Spread keys over workers, fewest stored bytes first, so scatter balances memory.
     order = sorted(chosen, key=lambda w: (w.nbytes, len(w.has_what)))
-    parts: dict[str, dict[str, bytes]] = defaultdict(dict)
+    parts: dict[str, dict[str, Pickled]] = defaultdict(dict)
     for i, (key, blob) in enumerate(msg.data.items()):
         parts[order[i % len(order)].id][key] = blob
     rid = state.relays.new_id()

@@ -24,6 +24,7 @@ from apportion.loop_thread import BackgroundService
 from apportion.net.address import DEFAULT_PORT, INPROC, is_inproc
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeError, accept_connection
+from apportion.net.stream import Stream
 from apportion.net.transport import Listener, transport_for
 from apportion.protocol import messages as m
 from apportion.protocol.codec import ProtocolError
@@ -192,8 +193,8 @@ class Scheduler(BackgroundService):
 
     # --- connections ----------------------------------------------------------------
 
-    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = Connection(reader, writer)
+    async def _on_connect(self, stream: Stream) -> None:
+        conn = Connection(stream)
         peer_id = f"peer-{next(self._ids)}"
         try:
             roles = {"client", "worker", "supervisor"}

@@ -10,6 +10,7 @@ import dataclasses
 from collections import defaultdict
 from typing import Any
 
+from apportion.core.payload import Pickled
 from apportion.core.resources import from_ticks
 from apportion.scheduler.core import SchedulerCore
 
@@ -77,5 +78,5 @@ def snapshot(state: SchedulerCore) -> dict[str, Any]:
     }
 
 
-def _text(detail: bytes | str) -> str:
+def _text(detail: Pickled | str) -> str:
     return detail if isinstance(detail, str) else "(a pickled exception; see the client)"

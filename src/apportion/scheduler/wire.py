@@ -49,7 +49,7 @@ def to_wire(command: PeerCommand) -> tuple[str, m.Message]:
 def _error_message(key: str, error: TaskError, attempts: int) -> m.Message:
     """The message telling a client that ``key`` failed, after ``attempts`` runs."""
     kind, detail, traceback = error
-    if kind == "exception" and isinstance(detail, bytes):
+    if kind == "exception" and not isinstance(detail, str):
         return m.TaskErred(key, detail, traceback, attempts)
     return m.KeysFailed([key], kind, str(detail))
 

@@ -12,6 +12,7 @@ import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from apportion.core.payload import Pickled
 from apportion.core.resources import ResourceSpec, parse_demand, parse_supply
 from apportion.protocol import messages as m
 from apportion.scheduler.events import (
@@ -192,7 +193,7 @@ class SimulatedCluster:
                 if worker_id not in self.running:
                     break  # it left: the rest of its inbox is moot
                 if isinstance(msg, m.GetData):
-                    values = dict.fromkeys(msg.keys, b"v")
+                    values: dict[str, Pickled] = dict.fromkeys(msg.keys, b"v")
                     self.worker_says(worker_id, m.DataReply(msg.request_id, values, [], {}))
                 elif isinstance(msg, m.PutData):
                     self.worker_says(worker_id, m.DataStored(msg.request_id, sorted(msg.data), {}))

@@ -7,14 +7,14 @@ worker and every other connection carry on.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from apportion.core.payload import dumps
+from apportion.core.payload import Pickled, dumps
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeError, accept_connection
+from apportion.net.stream import Stream
 from apportion.net.transport import Listener, transport_for
 from apportion.protocol.codec import ProtocolError
 from apportion.protocol.messages import DataReply, DataStored, GetData, PutData
@@ -27,7 +27,7 @@ DATA_ROLES = frozenset({"peer", "client"})
 
 def data_reply(data: Mapping[str, Any], request_id: int, keys: Iterable[str]) -> DataReply:
     """Pickle the requested values; keys not held are missing, unpicklable ones errors."""
-    found: dict[str, bytes] = {}
+    found: dict[str, Pickled] = {}
     missing: list[str] = []
     errors: dict[str, str] = {}
     for key in keys:
@@ -84,8 +84,8 @@ class DataServer:
             await self._server.wait_closed()
             self._server = None
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = Connection(reader, writer)
+    async def _serve(self, stream: Stream) -> None:
+        conn = Connection(stream)
         self._conns.add(conn)
         try:
             await accept_connection(conn, set(DATA_ROLES), conn.peer, {"worker": self._name})

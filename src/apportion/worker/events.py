@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from apportion.core.allocation import Allocation
+from apportion.core.payload import Pickled
 from apportion.protocol.messages import ComputeTask, Message
 
 
@@ -78,8 +79,8 @@ class ExecutionRaised:
     """A task raised; exception and traceback are pickled for the client."""
 
     key: str
-    exception: bytes
-    traceback: bytes
+    exception: Pickled
+    traceback: Pickled
     duration: float
     time: float
 
@@ -115,7 +116,7 @@ class Execute:
 
     key: str
     func_id: str
-    args: bytes
+    args: Pickled
     deps: tuple[str, ...]
     #: What it holds, as the scheduler allocated it.
     allocation: Allocation

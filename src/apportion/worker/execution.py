@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import tblib
 
-from apportion.core.payload import dumps, loads, unpack_call
+from apportion.core.payload import Pickled, dumps, loads, unpack_call
 from apportion.worker.context import running_task
 from apportion.worker.events import DataInfo, Execute
 from apportion.worker.sizeof import sizeof
@@ -37,8 +37,8 @@ class Finished(NamedTuple):
 
 class Raised(NamedTuple):
     key: str
-    exception: bytes
-    traceback: bytes
+    exception: Pickled
+    traceback: Pickled
     duration: float
 
 
@@ -88,7 +88,7 @@ def type_name(value: Any) -> str:
     return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
 
 
-def pack_exception(exc: BaseException) -> tuple[bytes, bytes]:
+def pack_exception(exc: BaseException) -> tuple[Pickled, Pickled]:
     """Pickle ``exc`` and its traceback so the client can re-raise the original type.
 
     An exception that does not survive a pickle round trip (unpicklable attributes, an

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from apportion.core.allocation import Allocation
+from apportion.core.payload import Pickled
 from apportion.core.transitions import IllegalTransition
 from apportion.protocol.messages import (
     ComputeTask,
@@ -100,7 +101,7 @@ class AssignedTask:
 
     key: str
     func_id: str
-    args: bytes
+    args: Pickled
     deps: tuple[str, ...]
     allocation: Allocation  #: what it holds, as the scheduler allocated it
     priority: int

@@ -1,0 +1,243 @@
+"""Streams and connections carry bytes in order, large buffers without copies, and
+say when the peer is gone; measured, not assumed."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import tracemalloc
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from apportion.core.payload import Payload, dumps, loads
+from apportion.net.connection import Connection, ConnectionClosed
+from apportion.net.memory import MEMORY
+from apportion.net.stream import READ_BUFFER, SocketStream, Stream, StreamClosed
+from apportion.protocol import messages as m
+
+pytestmark = pytest.mark.timeout(60)
+
+Pair = Callable[[], Awaitable[tuple[Stream, Stream]]]
+
+
+async def socket_pair() -> tuple[Stream, Stream]:
+    """Two ends of a connected socket pair (a real socket, no port bound)."""
+    loop = asyncio.get_running_loop()
+    left, right = socket.socketpair()
+    return SocketStream(left, loop), SocketStream(right, loop)
+
+
+async def memory_pair() -> tuple[Stream, Stream]:
+    """Two ends of an in-memory connection."""
+    accepted: asyncio.Queue[Stream] = asyncio.Queue()
+
+    async def on_connect(stream: Stream) -> None:
+        await accepted.put(stream)
+
+    listener = await MEMORY.listen("inproc://", 0, on_connect)
+    try:
+        near = await MEMORY.connect(listener.address)
+        return near, await accepted.get()
+    finally:
+        listener.close()
+
+
+PAIRS = [pytest.param(socket_pair, id="socket"), pytest.param(memory_pair, id="memory")]
+
+
+@asynccontextmanager
+async def opened(pair: Pair) -> AsyncIterator[tuple[Stream, Stream]]:
+    a, b = await pair()
+    try:
+        yield a, b
+    finally:
+        a.abort()
+        b.abort()
+
+
+def run(coro: Awaitable[Any]) -> Any:
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(st.binary(min_size=0, max_size=3000), min_size=1, max_size=20),
+    st.lists(st.integers(1, 5000), min_size=1, max_size=20),
+)
+def test_bytes_arrive_in_order_however_written_and_read(
+    pair: Pair, writes: list[bytes], reads: list[int]
+) -> None:
+    async def main() -> bytes:
+        async with opened(pair) as (a, b):
+            for chunk in writes:
+                a.write([chunk, chunk[:1]])
+            total = sum(2 * len(c) if c else 0 for c in writes) - sum(
+                len(c) - 1 for c in writes if c
+            )
+            got = bytearray()
+            sizes = iter(reads * (total + 1))
+            while len(got) < total:
+                n = min(next(sizes), total - len(got))
+                if n % 2:
+                    got += await b.read_exactly(n)
+                else:
+                    view = memoryview(bytearray(n))
+                    await b.read_into(view)
+                    got += view
+            return bytes(got)
+
+    expected = b"".join(c + c[:1] for c in writes)
+    assert run(main()) == expected
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+def test_read_into_fills_the_callers_buffer_and_a_large_read_exactly_gets_its_own(
+    pair: Pair,
+) -> None:
+    async def main() -> None:
+        async with opened(pair) as (a, b):
+            data = np.arange(8 * 2**20, dtype=np.uint8)
+            a.write([b"head", memoryview(data)])
+            assert await b.read_exactly(4) == b"head"
+            target = bytearray(len(data))
+            await b.read_into(memoryview(target))
+            assert np.array_equal(np.frombuffer(target, np.uint8), data)
+            a.write([b"z" * (READ_BUFFER + 1)])
+            assert await b.read_exactly(READ_BUFFER + 1) == b"z" * (READ_BUFFER + 1)
+
+    run(main())
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+def test_the_peer_closing_mid_read_is_said_with_what_came(pair: Pair) -> None:
+    async def main() -> None:
+        async with opened(pair) as (a, b):
+            a.write([b"abc"])
+            await a.close()
+            with pytest.raises(StreamClosed) as caught:
+                await b.read_exactly(10)
+            assert caught.value.partial == b"abc"
+            assert b.closed
+            # A failed read takes nothing: what came can still be read, then the end.
+            assert await b.read_some(5) == b"abc"
+            assert await b.read_some(5) == b""
+
+    run(main())
+
+
+def test_a_reader_that_does_not_read_holds_the_writer_back_and_drain_waits() -> None:
+    async def main() -> None:
+        async with opened(socket_pair) as (a, b):
+            big = bytes(64 * 2**20)
+            a.write([big])
+            await asyncio.sleep(0.05)
+            # The socket and our read buffer are full; the rest waits unsent, uncopied.
+            assert a.queued() > 32 * 2**20
+            drained = asyncio.ensure_future(a.drain())
+            await asyncio.sleep(0.05)
+            assert not drained.done()
+            target = memoryview(bytearray(len(big)))
+            await b.read_into(target)
+            await asyncio.wait_for(drained, 10)
+            assert a.queued() == 0 and target == big
+
+    run(main())
+
+
+def test_writing_to_a_peer_that_went_away_fails_that_stream_only() -> None:
+    async def main() -> None:
+        async with opened(socket_pair) as (a, b):
+            b.abort()
+            for _ in range(100):  # the reset shows on a write or the next read
+                a.write([bytes(2**16)])
+                await asyncio.sleep(0.001)
+                if a.closed:
+                    break
+            assert a.closed
+            with pytest.raises(StreamClosed):
+                await a.read_exactly(1)
+
+    run(main())
+
+
+# --- connections: payloads without copies ------------------------------------------------
+
+
+async def _connections(pair: Pair) -> tuple[Connection, Connection]:
+    a, b = await pair()
+    return Connection(a), Connection(b)
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+def test_payloads_cross_a_connection_and_are_rebuilt_in_the_received_buffers(
+    pair: Pair,
+) -> None:
+    async def main() -> None:
+        sender, receiver = await _connections(pair)
+        try:
+            array = np.arange(2**20, dtype=np.float64)
+            frame = np.zeros(3)
+            sender.send(m.PutData(7, {"a": dumps(array), "b": dumps(frame), "c": dumps(b"x")}))
+            (message,) = await receiver.recv()
+            assert isinstance(message, m.PutData) and message.request_id == 7
+            got = message.data["a"]
+            assert isinstance(got, Payload)
+            back = loads(got)
+            assert np.array_equal(back, array)
+            assert np.shares_memory(back, np.frombuffer(got.frames[1], np.uint8))
+            assert np.array_equal(loads(message.data["b"]), frame)
+            assert loads(message.data["c"]) == b"x"
+        finally:
+            sender.abort()
+            receiver.abort()
+
+    run(main())
+
+
+def test_a_transfer_holds_one_copy_of_the_value_in_all() -> None:
+    """Sender and receiver in one process: the traced peak while a 64 MiB array
+    crosses is the receiving buffer alone, so neither side copied it."""
+    size = 64 * 2**20
+
+    async def main() -> tuple[int, int]:
+        sender, receiver = await _connections(socket_pair)
+        try:
+            array = np.ones(size, dtype=np.uint8)
+            pickled = dumps(array)
+            tracemalloc.start()
+            try:
+                tracemalloc.reset_peak()
+                sender.send(m.PutData(1, {"a": pickled}))
+                (message,) = await receiver.recv()
+                _, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+            assert isinstance(message, m.PutData)
+            back = loads(message.data["a"])
+            assert back.shape == array.shape and int(back[-1]) == 1
+            return peak, size
+        finally:
+            sender.abort()
+            receiver.abort()
+
+    peak, size = run(main())
+    assert size <= peak < 1.1 * size, f"peak {peak:,} for a value of {size:,} bytes"
+
+
+def test_a_connection_whose_peer_goes_raises_connection_closed() -> None:
+    async def main() -> None:
+        sender, receiver = await _connections(socket_pair)
+        sender.send(m.Heartbeat(1, 2))
+        await sender.close()
+        assert await receiver.recv() == [m.Heartbeat(1, 2)]
+        with pytest.raises(ConnectionClosed):
+            await receiver.recv()
+
+    run(main())
