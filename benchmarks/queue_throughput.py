@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import psutil
@@ -131,13 +131,20 @@ def _complaints(log: Path, most: int = 3) -> str:
 
 
 @contextlib.contextmanager
-def _cluster(base: Path, workers: int, nthreads: int) -> Iterator[str]:
+def _cluster(
+    base: Path, workers: int, nthreads: int, worker_args: Sequence[Sequence[str]] = ()
+) -> Iterator[str]:
     """A scheduler serving ``base/runs.db`` and ``workers`` workers, as processes.
+
+    ``worker_args``, if given, holds one list of extra options per worker (such as
+    ``["--resources", "produce=2"]``), appended to that worker's command.
 
     Yields the scheduler's address once every worker has registered. Their stderr goes
     to ``*.log`` files in ``base``. On exit all are stopped (SIGTERM, then SIGKILL after
     ``STOP_GRACE`` seconds), with anything they started.
     """
+    if worker_args and len(worker_args) != workers:
+        raise ValueError(f"worker_args has {len(worker_args)} entries for {workers} workers")
     env = {**os.environ, "APPORTION_HOME": str(base / "home")}
     command = [sys.executable, "-m", "apportion.cli.main"]
     procs: list[subprocess.Popen[bytes]] = []
@@ -148,6 +155,7 @@ def _cluster(base: Path, workers: int, nthreads: int) -> Iterator[str]:
         address = _address(log, procs[0])
         for i in range(workers):
             argv = [*command, "worker", address, "--nthreads", str(nthreads), "--name", f"w{i}"]
+            argv += worker_args[i] if worker_args else []
             procs.append(_start(argv, base / f"w{i}.log", env))
         client = Client(address)
         try:

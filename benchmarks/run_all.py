@@ -3,8 +3,9 @@
 ``make bench`` calls this. The tiers: the pure state machine (events per second),
 scheduler memory per queued task, end-to-end throughput beside Dask, placement
 quality on a mixed CPU/GPU workload beside Dask, recovery from a killed worker
-beside Dask, Dask collections computed on each, the job queue's runs per second
-beside HyperQueue, and task throughput beside a run printing 50 MB.
+beside Dask, Dask collections computed on each, bytes per second between workers
+and to the client beside Dask, the job queue's runs per second beside HyperQueue,
+and task throughput beside a run printing 50 MB.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ SCRIPTS = [
     "placement_quality.py",
     "recovery.py",
     "collections_compute.py",
+    "data_transfer.py",
     "queue_throughput.py",
     "chatty_run.py",
 ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 
 def share_with_workers() -> None:
@@ -84,3 +85,15 @@ def sleepy_add(x: int, y: int) -> int:
 
 def is_even(x: int) -> bool:
     return x % 2 == 0
+
+
+def filled(value: int, nbytes: int) -> Any:
+    """A float64 NumPy array of ``nbytes`` bytes, every element ``value``: cheap to make."""
+    import numpy as np
+
+    return np.full(nbytes // 8, value, dtype=np.float64)
+
+
+def array_sum(array: Any) -> float:
+    """The sum of ``array``: it reads every byte, at little cost beside moving them."""
+    return float(array.sum())
