@@ -173,10 +173,10 @@ class _Raw:
     (out of band when large).
 
     Pickle copies ``bytes`` and ``bytearray`` into its stream and cannot pickle a
-    ``memoryview`` at all; this sends the memory as it is. A ``bytearray`` arrives as
-    the very buffer it was received into, a ``memoryview`` as a flat, writable view of
-    it; a ``bytes`` value costs one copy on arrival (a ``bytes`` object cannot be
-    received into).
+    ``memoryview`` at all; this sends the memory as it is. A ``memoryview`` arrives as
+    a flat, writable view of the buffer it was received into; a ``bytearray`` is that
+    buffer when it is one (below a MiB), else one copy of it; a ``bytes`` value costs
+    one copy on arrival (a ``bytes`` object cannot be received into).
     """
 
     __slots__ = ("value",)
