@@ -978,6 +978,47 @@ def test_gather_relays_through_the_worker(sim: RecordingCluster) -> None:
     assert sorted(sim.done()) == ["x"]  # each reported once
 
 
+def test_gather_names_the_holders_of_large_results_and_relays_the_small(
+    sim: RecordingCluster,
+) -> None:
+    sim.add_worker("w1")
+    sim.add_worker("w2")
+    sim.submit("big")
+    sim.submit("small")
+    sim.place()
+    sim.finish("big", nbytes=5_000_000)
+    sim.finish("small", nbytes=10)
+    assert sorted(sim.done()) == ["big", "small"]
+    big_on, small_on = sim.state.tasks["big"].worker, sim.state.tasks["small"].worker
+    assert big_on is not None and small_on is not None
+    sim.client_says("c1", m.GatherRequest(3, ["big", "small", "gone"], 1_000_000))
+    (get,) = sim.worker_got(small_on, m.GetData)
+    assert get.keys == ["small"]  # the large value is never asked of its worker
+    sim.handle(
+        FromWorker(small_on, [m.DataReply(get.request_id, {"small": b"s"}, [], {})], sim.now)
+    )
+    (reply,) = sim.got(m.GatherReply)
+    holder = sim.state.workers[big_on].address
+    assert reply == m.GatherReply(3, {"small": b"s"}, ["gone"], {}, {"big": [holder]})
+    # Without a threshold everything is relayed, as before.
+    sim.client_says("c1", m.GatherRequest(4, ["big"]))
+    (get,) = sim.worker_got(big_on, m.GetData)
+    assert get.keys == ["big"]
+    sim.handle(FromWorker(big_on, [m.DataReply(get.request_id, {"big": b"b"}, [], {})], sim.now))
+    assert sim.got(m.GatherReply)[1:] == [m.GatherReply(4, {"big": b"b"}, [], {})]
+
+
+def test_gather_of_only_large_results_answers_at_once(sim: RecordingCluster) -> None:
+    sim.add_worker("w1")
+    sim.submit("big")
+    sim.place()
+    sim.finish("big", nbytes=2_000_000)
+    assert sim.done() == ["big"]
+    sim.client_says("c1", m.GatherRequest(9, ["big"], 1_000_000))
+    (reply,) = sim.got(m.GatherReply)
+    assert reply.data == {} and list(reply.elsewhere) == ["big"]
+
+
 def test_gather_of_nothing_in_memory_answers_at_once(sim: RecordingCluster) -> None:
     sim.submit("x")
     sim.client_says("c1", m.GatherRequest(1, ["x"]))

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from apportion.client import dask_default, local
+from apportion.client import dask_default, local, transfers
 from apportion.client.cluster_options import DASK_CLIENT_OPTIONS, sort_options, warn_ignored
 from apportion.client.datasets import SharedData
 from apportion.client.durations import Duration, seconds
@@ -43,7 +43,6 @@ from apportion.client.session import Session, TaskBatch
 from apportion.core import payload
 from apportion.core.resources import ResourceSpec, parse_demand
 from apportion.protocol import messages as m
-from apportion.scheduler.records import worker_aliases
 
 if TYPE_CHECKING:
     from apportion.client.executor import ClientExecutor
@@ -79,7 +78,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         address: str | LocalCluster | None = None,
         *,
         timeout: Duration = 30.0,
-        direct_to_workers: bool = False,
+        direct_to_workers: bool | None = None,
         name: str | None = None,
         set_as_default: bool = True,
         asynchronous: bool = False,
@@ -578,11 +577,8 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         wanted = list(dict.fromkeys(keys))
         out: dict[str, Any] = {}
         for _ in range(_GATHER_ATTEMPTS):
-            if self.direct_to_workers:
-                blobs, missing, errors = self._session.loop.run(self._gather_direct(wanted))
-            else:
-                reply = self._session.call(partial(m.GatherRequest, keys=wanted))
-                blobs, missing, errors = reply.data, reply.missing, reply.errors
+            fetch = transfers.fetch(self._session, wanted, self.direct_to_workers)
+            blobs, missing, errors = self._session.loop.run(fetch)
             if errors:
                 raise SerializationError(next(iter(errors.values())))
             out.update((key, payload.loads(blob)) for key, blob in blobs.items())
@@ -604,58 +600,6 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
                         del exc  # else this frame and the exception's traceback hold each other
             wanted = missing
         raise _missing_error(wanted)
-
-    async def _gather_direct(
-        self, keys: list[str]
-    ) -> tuple[dict[str, bytes], list[str], dict[str, str]]:
-        """Fetch straight from the workers holding ``keys`` (one request per worker)."""
-        reply = await self._session.request(m.WhoHasRequest(self._session.next_id(), keys))
-        by_address: dict[str, list[str]] = {}
-        missing: list[str] = []
-        for key in keys:
-            holders = reply.who_has.get(key)
-            if holders:
-                by_address.setdefault(holders[0], []).append(key)
-            else:
-                missing.append(key)
-        out: dict[str, bytes] = {}
-        errors: dict[str, str] = {}
-        for address, some in by_address.items():
-            try:
-                conn = await self._session.peer(address)
-                data = await self._session.request(m.GetData(self._session.next_id(), some), conn)
-            except OSError:
-                missing.extend(some)  # the worker went away: like a result it lost
-                continue
-            missing.extend(data.missing)
-            errors.update(data.errors)
-            out.update(data.data)
-        return out, missing, errors
-
-    async def _scatter_direct(self, items: dict[str, payload.Pickled], allowed: list[str]) -> None:
-        """Put data on workers' data ports, fewest stored bytes first, then tell the scheduler."""
-        info = await self._session.request(m.InfoRequest(self._session.next_id()))
-        workers = sorted(
-            (
-                (address, w)
-                for address, w in info.info["workers"].items()
-                if not allowed or worker_aliases(w["name"], address) & set(allowed)
-            ),
-            key=lambda kv: kv[1]["nbytes"],
-        )
-        if not workers:
-            where = f" matching {allowed}" if allowed else ""
-            raise RuntimeError(f"no workers{where} are connected to scatter data to")
-        parts: dict[str, dict[str, payload.Pickled]] = {}
-        for i, (key, blob) in enumerate(items.items()):
-            parts.setdefault(workers[i % len(workers)][0], {})[key] = blob
-        placed: dict[str, list[Any]] = {}
-        for address, part in parts.items():
-            conn = await self._session.peer(address)
-            stored = await self._session.request(m.PutData(self._session.next_id(), part), conn)
-            for key in stored.keys:
-                placed[key] = [address, stored.nbytes.get(key, payload.size_of(part[key]))]
-        await self._session.request(m.ScatterPlaced(self._session.next_id(), placed))
 
     def _scatter_items(self, data: Any, hash: bool) -> tuple[list[str], dict[str, payload.Pickled]]:
         """The keys ``scatter`` stores ``data`` under, in order, and each one's pickle."""
@@ -707,11 +651,15 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
             return {} if isinstance(data, Mapping) else type(data)()  # nothing to store
         futures = {name: Future(name, self) for name in names}
         wait = self.timeout if timeout is None else seconds(timeout) or 0.0
+        mode = self.direct_to_workers if direct is None else direct
+        size = sum(map(payload.size_of, items.values()))
         try:
-            if self.direct_to_workers if direct is None else direct:
-                self._session.loop.run(self._scatter_direct(items, allowed), wait)
-            else:
-                self._session.call(lambda rid: m.ScatterRequest(rid, items, allowed), wait)
+            left = items
+            if mode or (mode is None and size >= transfers.DIRECT_FROM):
+                scatter = transfers.scatter_direct(self._session, items, allowed, strict=bool(mode))
+                left = self._session.loop.run(scatter, wait)
+            if left:
+                self._session.call(lambda rid: m.ScatterRequest(rid, left, allowed), wait)
             for fut in futures.values():
                 fut._wait(wait)
         except TimeoutError:

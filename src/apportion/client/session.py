@@ -129,6 +129,7 @@ class Session:
         check_address(address)
         self.address = address
         self.name = name
+        self._timeout = timeout
         self._on_message = on_message
         self._on_lost = on_lost
         # Re-entrant: garbage collection can run ``Future.__del__`` (which posts a
@@ -139,6 +140,9 @@ class Session:
         self._requests: dict[int, asyncio.Future[Any]] = {}
         self._ids = itertools.count(1)
         self._peers: dict[str, Connection] = {}
+        #: Worker data addresses that could not be reached from here: their data goes
+        #: through the scheduler instead (``client/transfers.py``).
+        self.unreachable: set[str] = set()
         self._readers: set[asyncio.Task[None]] = set()
         self._conn: Connection | None = None
         self.closed = False
@@ -210,11 +214,13 @@ class Session:
         except concurrent.futures.CancelledError:  # the session closed while waiting
             raise SchedulerGoneError(f"the connection to {self.address} was closed") from None
 
-    async def peer(self, address: str) -> Connection:
-        """A data connection to the worker at ``address``, opened once and reused."""
+    async def peer(self, address: str, timeout: float | None = None) -> Connection:
+        """A data connection to the worker at ``address``, opened once and reused;
+        ``timeout`` bounds the connecting (default: the client's)."""
         conn = self._peers.get(address)
         if conn is None or conn.closed:
-            conn, _ = await open_connection(address, "client", self.name)
+            limit = self._timeout if timeout is None else timeout
+            conn, _ = await open_connection(address, "client", self.name, timeout=limit)
             self._peers[address] = conn
             self._watch(conn, scheduler=False)
         return conn

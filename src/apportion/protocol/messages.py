@@ -147,10 +147,13 @@ class CancelKeys(Message):
 
 @message
 class GatherRequest(Message):
-    """Ask the scheduler to relay the results of ``keys``."""
+    """Ask the scheduler for the results of ``keys``: relayed, or where to fetch them."""
 
     request_id: int
     keys: list[str]
+    #: Results of this many bytes or more are not relayed: the reply names their
+    #: holders and the client fetches them from the workers. 0: relay every result.
+    direct_from: int = 0
 
 
 @message
@@ -230,6 +233,8 @@ class GatherReply(Message):
     data: dict[str, Pickled]
     missing: list[str]
     errors: dict[str, str]  #: key -> why its value could not be sent (e.g. unpicklable)
+    #: Results left to fetch directly (``direct_from``): key -> its holders' data addresses.
+    elsewhere: dict[str, list[str]] = field(default_factory=dict)
 
 
 @message

@@ -31,6 +31,8 @@ class Gather:
     data: dict[str, Pickled] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
+    #: Large results the client fetches itself: key -> its holders' data addresses.
+    elsewhere: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass

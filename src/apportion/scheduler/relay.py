@@ -61,19 +61,26 @@ def worker_left(state: SchedulerCore, worker_id: str) -> None:
 
 
 def gather(state: SchedulerCore, client: ClientRecord, msg: m.GatherRequest) -> None:
+    """Relay small results; name the holders of those of ``direct_from`` bytes or more,
+    which the client fetches itself, so a large value never passes through here."""
     by_worker: dict[str, list[str]] = defaultdict(list)
     missing: list[str] = []
+    elsewhere: dict[str, list[str]] = {}
     for key in msg.keys:
         task = state.tasks.get(key)
-        if task is not None and task.state == MEMORY and task.worker in state.workers:
-            by_worker[task.worker].append(key)
-        else:
+        if task is None or task.state != MEMORY or task.worker not in state.workers:
             missing.append(key)
+        elif 0 < msg.direct_from <= task.nbytes:
+            elsewhere[key] = [state.workers[w].address for w in holders(task)]
+        else:
+            by_worker[task.worker].append(key)
     if not by_worker:
-        state.reply(client.id, m.GatherReply(msg.request_id, {}, missing, {}))
+        state.reply(client.id, m.GatherReply(msg.request_id, {}, missing, {}, elsewhere))
         return
     rid = state.relays.new_id()
-    state.relays.gathers[rid] = Gather(client.id, msg.request_id, dict(by_worker), {}, missing)
+    state.relays.gathers[rid] = Gather(
+        client.id, msg.request_id, dict(by_worker), {}, missing, elsewhere=elsewhere
+    )
     for worker_id, keys in by_worker.items():
         state.emit(FetchData(worker_id, rid, keys))
 
@@ -98,7 +105,9 @@ def _maybe_finish_gather(state: SchedulerCore, rid: int) -> None:
     gather_ = state.relays.gathers[rid]
     if not gather_.pending:
         del state.relays.gathers[rid]
-        reply = m.GatherReply(gather_.request_id, gather_.data, gather_.missing, gather_.errors)
+        reply = m.GatherReply(
+            gather_.request_id, gather_.data, gather_.missing, gather_.errors, gather_.elsewhere
+        )
         state.reply(gather_.client_id, reply)
 
 
