@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from apportion.core.payload import Pickled, dumps
+from apportion.core.payload import Pickled, dumps, size_of
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeError, accept_connection
 from apportion.net.stream import Stream
@@ -23,6 +23,9 @@ logger = logging.getLogger("apportion.worker")
 
 #: Who may connect to a data port: other workers, and clients fetching results directly.
 DATA_ROLES = frozenset({"peer", "client"})
+#: Replies of this many bytes or more are sent before the next request is answered,
+#: instead of leaving with the other replies to the same frame of requests.
+SEND_ALONE_FROM = 1 << 20
 
 
 def data_reply(data: Mapping[str, Any], request_id: int, keys: Iterable[str]) -> DataReply:
@@ -92,7 +95,12 @@ class DataServer:
             while True:
                 for message in await conn.recv():
                     if isinstance(message, GetData):
-                        conn.send(data_reply(self._data, message.request_id, message.keys))
+                        reply = data_reply(self._data, message.request_id, message.keys)
+                        conn.send(reply)
+                        if sum(map(size_of, reply.data.values())) >= SEND_ALONE_FROM:
+                            # Let it leave before the next request is answered, so the
+                            # asker can use it while the next one is on its way.
+                            await conn.drain()
                     elif isinstance(message, PutData) and self._on_put is not None:
                         conn.send(self._on_put(message))
                     else:
