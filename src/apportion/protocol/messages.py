@@ -18,7 +18,7 @@ from apportion.core.allocation import Allocation
 
 #: Bumped whenever a message changes shape. Peers with another version are refused
 #: in the handshake, naming both versions, instead of failing later on a bad field.
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 
 
 class Message:
@@ -428,10 +428,17 @@ class KeysPending(Message):
 
 @message
 class Heartbeat(Message):
-    """Worker -> scheduler, every heartbeat interval: still alive (and how busy)."""
+    """Worker -> scheduler, every heartbeat interval: still alive (and how busy).
+
+    Also sent at once when the worker pauses or resumes for its memory.
+    """
 
     executing: int
     memory: int = 0  #: resident memory of the worker process, bytes (0: unknown)
+    spilled: int = 0  #: bytes of results it moved to disk (as they were in memory)
+    #: 1 while paused for its memory (it starts nothing new), else 0; an int
+    #: because the wire has no booleans.
+    paused: int = 0
 
 
 @message
