@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Literal
 
 import psutil
 import pytest
@@ -130,7 +131,7 @@ class Reports:
 
 
 def make_limited(
-    memory: dict[int, int], limit: int = 1000
+    memory: dict[int, int], limit: int = 1000, terminate: float | Literal[False] = 0.95
 ) -> tuple[Supervisor, FakeSpawner, FakeMonotonic, Reports]:
     spawner, monotonic, reports = FakeSpawner(), FakeMonotonic(), Reports()
     supervisor = Supervisor(
@@ -139,6 +140,7 @@ def make_limited(
         monotonic,
         names=["w-0"],
         memory_limit=limit,
+        memory_terminate=terminate,
         memory_of=lambda pid: memory.get(pid, 0),
         report=reports,
     )
@@ -161,6 +163,34 @@ def test_a_child_above_its_memory_limit_is_killed_restarted_and_reported() -> No
     ((name, pid, how),) = reports.got
     assert (name, pid) == ("w-0", 1000)
     assert "killed by its supervisor" in how and "out of memory" in how and "1.2 KiB" in how
+
+
+@pytest.mark.timeout(5)
+def test_the_child_is_killed_above_the_terminate_fraction_of_its_limit() -> None:
+    memory = {1000: 950}
+    supervisor, spawner, _, reports = make_limited(memory)
+    supervisor.poll()
+    assert spawner.spawned[0].returncode is None  # at 95%: not above it
+    memory[1000] = 951
+    supervisor.poll()
+    assert spawner.spawned[0].returncode == -signal.SIGKILL
+    supervisor.poll()
+    assert "passed 95% of its limit (1000 B)" in reports.got[0][2]
+    memory = {1000: 850}
+    supervisor, spawner, _, _ = make_limited(memory, terminate=0.8)
+    supervisor.poll()
+    assert spawner.spawned[0].returncode == -signal.SIGKILL
+
+
+@pytest.mark.timeout(5)
+def test_with_terminate_off_the_supervisor_never_kills_for_memory() -> None:
+    memory = {1000: 5000}
+    supervisor, spawner, _, reports = make_limited(memory, terminate=False)
+    supervisor.poll()
+    assert spawner.spawned[0].returncode is None and not reports.got
+    spawner.spawned[0].returncode = -signal.SIGKILL  # the kernel's OOM killer, say
+    supervisor.poll()
+    assert "likely out of memory" in reports.got[0][2]  # the readings still date it
 
 
 @pytest.mark.timeout(5)
