@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import IO
 
 from apportion.log_setup import LEVEL_VARIABLE
+from apportion.worker.memory_policy import Fraction
 from apportion.worker.supervisor import (
     SUPERVISOR_PID_VARIABLE,
     ChildProcess,
@@ -92,6 +93,7 @@ class WorkerProcesses:
         report: DeathReporter,
         *,
         memory_limit: int,
+        memory_terminate: Fraction,
         log_level: int,
         show_from: int,
     ) -> None:
@@ -105,7 +107,12 @@ class WorkerProcesses:
         self._mutes: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
         self._supervisor = Supervisor(
-            [], self._spawn, memory_limit=memory_limit, report=report, min_uptime=5.0
+            [],
+            self._spawn,
+            memory_limit=memory_limit,
+            memory_terminate=memory_terminate,
+            report=report,
+            min_uptime=5.0,
         )
         self._stop = threading.Event()
         self._thread = threading.Thread(
