@@ -13,7 +13,7 @@ from typing import Literal
 import psutil
 import pytest
 
-from apportion.worker.supervisor import Supervisor, describe_exit, popen_spawn
+from apportion.worker.supervisor import Supervisor, describe_exit, popen_spawn, worker_environment
 from supervisor_fakes import FakeMonotonic, FakeSpawner
 
 
@@ -212,3 +212,9 @@ def test_a_child_that_exits_with_status_0_was_stopped_and_is_not_restarted() -> 
     supervisor.poll()
     assert len(spawner.spawned) == 1 and supervisor.all_stopped
     assert reports.got == []  # a stop is not a death: nothing to tell the scheduler
+
+
+@pytest.mark.timeout(5)
+def test_worker_processes_get_a_low_malloc_trim_threshold_unless_told_otherwise() -> None:
+    assert worker_environment({"HOME": "/h"}) == {"HOME": "/h", "MALLOC_TRIM_THRESHOLD_": "65536"}
+    assert worker_environment({"MALLOC_TRIM_THRESHOLD_": "0"})["MALLOC_TRIM_THRESHOLD_"] == "0"

@@ -35,6 +35,7 @@ from apportion.worker.supervisor import (
     DeathReporter,
     Slot,
     Supervisor,
+    worker_environment,
 )
 
 #: Lines of log kept per worker name (across its restarts).
@@ -97,7 +98,7 @@ class WorkerProcesses:
         log_level: int,
         show_from: int,
     ) -> None:
-        self._env = dict(os.environ)
+        self._env = worker_environment(os.environ)
         self._env.setdefault("PYTHONUNBUFFERED", "1")
         self._env[LEVEL_VARIABLE] = logging.getLevelName(log_level)
         self._env[SUPERVISOR_PID_VARIABLE] = str(os.getpid())

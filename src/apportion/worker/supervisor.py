@@ -35,7 +35,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
 from typing import Protocol
@@ -133,9 +133,23 @@ def format_bytes(n: int) -> str:
     return f"{value:.1f} TiB"
 
 
+#: Set in each worker process's environment unless already set, as Dask's nanny
+#: does (``distributed.nanny.pre-spawn-environ``). glibc otherwise raises its mmap
+#: threshold as large blocks are freed, so the next arrays of tens of MiB come from
+#: the heap and their memory is not returned to the system when they are spilled
+#: or released: a worker would stay above its pause threshold with nothing left to
+#: spill. A low trim threshold (which also keeps the mmap threshold fixed) returns it.
+WORKER_ENVIRONMENT = {"MALLOC_TRIM_THRESHOLD_": "65536"}
+
+
+def worker_environment(base: Mapping[str, str]) -> dict[str, str]:
+    """``base`` with ``WORKER_ENVIRONMENT`` added where ``base`` does not set it."""
+    return {**WORKER_ENVIRONMENT, **base}
+
+
 def popen_spawn(argv: list[str]) -> ChildProcess:
     """Start ``argv`` as a child sharing our stdout and stderr, told our pid."""
-    env = {**os.environ, SUPERVISOR_PID_VARIABLE: str(os.getpid())}
+    env = {**worker_environment(os.environ), SUPERVISOR_PID_VARIABLE: str(os.getpid())}
     return subprocess.Popen(argv, env=env)
 
 
