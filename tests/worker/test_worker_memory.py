@@ -16,7 +16,7 @@ import pytest
 from apportion.core.allocation import Allocation
 from apportion.core.payload import dumps, function_id, pack_call
 from apportion.protocol.messages import ComputeTask, Heartbeat, LoadFunction, TaskFinished
-from apportion.testing import FakeClock, InMemoryCluster
+from apportion.testing import FakeClock, FakeMemory, InMemoryCluster
 from apportion.worker.memory_manager import MemoryConfig
 from apportion.worker.service import Worker
 from apportion.worker.spill import SpillStore
@@ -28,23 +28,13 @@ MiB = 2**20
 LIMIT = 100 * MiB  # target 60, spill 70, pause 80 MiB
 
 
-class FakeMemory:
-    """What the worker reads as its resident memory; the test sets it."""
-
-    def __init__(self) -> None:
-        self.rss = 10 * MiB
-
-    def __call__(self) -> int:
-        return self.rss
-
-
 def limited(memory: FakeMemory, tmp_path: Path, **options: Any) -> dict[str, Any]:
     config = MemoryConfig(local_directory=str(tmp_path), measure=memory)
     return {"name": "w", "memory_limit": LIMIT, "memory": config, **options}
 
 
 def store_of(cluster: InMemoryCluster) -> SpillStore:
-    store = cluster.workers[0].memory.store
+    store = cluster.workers[0].memory_manager.store
     assert store is not None
     return store
 
@@ -56,7 +46,7 @@ def total(*arrays: np.ndarray) -> float:
 def test_over_the_spill_threshold_results_move_to_disk_and_still_feed_tasks(
     tmp_path: Path,
 ) -> None:
-    clock, memory = FakeClock(), FakeMemory()
+    clock, memory = FakeClock(), FakeMemory(10 * MiB)
     with InMemoryCluster([limited(memory, tmp_path)], clock=clock) as cluster:
         client = cluster.client()
         parts = [client.submit(np.full, 1000, i, dtype="float64") for i in range(5)]
@@ -78,7 +68,7 @@ def test_over_the_spill_threshold_results_move_to_disk_and_still_feed_tasks(
 
 
 def test_managed_memory_above_target_spills_as_results_arrive(tmp_path: Path) -> None:
-    clock, memory = FakeClock(), FakeMemory()
+    clock, memory = FakeClock(), FakeMemory(10 * MiB)
     small = {"memory_limit": 100_000}  # target: 60 kB, so 7 results of 8 kB
     with InMemoryCluster([{**limited(memory, tmp_path), **small}], clock=clock) as cluster:
         client = cluster.client()
@@ -91,7 +81,7 @@ def test_managed_memory_above_target_spills_as_results_arrive(tmp_path: Path) ->
 def test_above_pause_the_worker_takes_no_new_task_until_memory_falls(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    clock, memory = FakeClock(), FakeMemory()
+    clock, memory = FakeClock(), FakeMemory(10 * MiB)
     caplog.set_level(logging.WARNING, "apportion.worker")
     with InMemoryCluster([limited(memory, tmp_path)], clock=clock) as cluster:
         client = cluster.client()
@@ -127,7 +117,7 @@ def compute(key: str, func: Callable[..., Any], *args: Any) -> list[Any]:
 def test_a_task_sent_to_a_paused_worker_waits_there_for_it_to_resume(tmp_path: Path) -> None:
     """The scheduler may assign a task before it hears of the pause: the worker's
     state machine holds it back."""
-    clock, memory = FakeClock(), FakeMemory()
+    clock, memory = FakeClock(), FakeMemory(10 * MiB)
 
     async def scenario() -> None:
         scheduler = await FakeScheduler().start()
@@ -149,7 +139,7 @@ def test_a_task_sent_to_a_paused_worker_waits_there_for_it_to_resume(tmp_path: P
                 await clock.advance(0.1)
                 done = await scheduler.expect(conn, TaskFinished)
                 assert done.key == "x" and worker.data["x"] == 5
-                directory = worker.memory.directory
+                directory = worker.memory_manager.directory
                 assert directory is not None and directory.path.exists()
             assert directory.removed and not directory.path.exists()
         finally:
@@ -160,8 +150,8 @@ def test_a_task_sent_to_a_paused_worker_waits_there_for_it_to_resume(tmp_path: P
 
 def test_without_a_limit_there_is_no_store_no_directory_no_monitor(tmp_path: Path) -> None:
     plain = Worker("inproc://nowhere", memory=MemoryConfig(local_directory=str(tmp_path)))
-    assert type(plain.data) is dict and plain.memory.directory is None
+    assert type(plain.data) is dict and plain.memory_manager.directory is None
     assert list(tmp_path.iterdir()) == []
     mine: dict[str, Any] = {}
     own = Worker("inproc://nowhere", data=mine, memory_limit=LIMIT)
-    assert own.data is mine and own.memory.store is None  # never spilled; pausing applies
+    assert own.data is mine and own.memory_manager.store is None  # never spilled; pausing applies

@@ -161,8 +161,8 @@ class Worker(BackgroundService):
         self.port = port
         self.memory_limit = memory_limit
         #: The data store (spilling under a limit), its directory and memory monitor.
-        self.memory = MemoryManager(memory_limit, memory, data, self.name)
-        self.data: MutableMapping[str, Any] = self.memory.data
+        self.memory_manager = MemoryManager(memory_limit, memory, data, self.name)
+        self.data: MutableMapping[str, Any] = self.memory_manager.data
         #: pid of the supervisor that restarts this process, 0 if none (told to the
         #: scheduler, which then waits for the supervisor's word on how we died).
         self.supervisor = supervisor
@@ -232,7 +232,7 @@ class Worker(BackgroundService):
             raise
         self._receiver = asyncio.create_task(self._serve(), name=f"worker-{self.name}")
         self._heartbeat = asyncio.create_task(self._beat(), name=f"heartbeat-{self.name}")
-        self.memory.start(self.clock, lambda: self.state.paused, self._memory_changed)
+        self.memory_manager.start(self.clock, lambda: self.state.paused, self._memory_changed)
         logger.info(
             "worker %s: data at %s, %d threads, resources %s, scheduler %s",
             self.name,
@@ -273,7 +273,7 @@ class Worker(BackgroundService):
                 self._scheduler.send(WorkerClosing("closed"))
                 await self._scheduler.close()
             await self._server.close()
-            await self.memory.close()
+            await self.memory_manager.close()
         finally:
             self._closed.set()
 
@@ -529,8 +529,8 @@ class Worker(BackgroundService):
         OOM), bytes spilled, and whether paused (then it gets no new task)."""
         return Heartbeat(
             len(self.state.executing),
-            self.memory.measure(),
-            self.memory.spilled,
+            self.memory_manager.measure(),
+            self.memory_manager.spilled,
             int(self.state.paused),
         )
 
