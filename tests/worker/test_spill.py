@@ -220,3 +220,16 @@ def test_the_directory_of_a_killed_worker_is_removed_by_the_next(tmp_path: Path)
     fresh = LocalDirectory(tmp_path)
     assert not left.exists() and fresh.path.exists()
     fresh.remove()
+
+
+def test_a_spill_file_lost_behind_its_back_loses_the_key_said_once(
+    store: SpillStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    store["a"] = b"a" * 10
+    store.evict(10)
+    (name,) = files(store)
+    (store.directory / name).write_bytes(b"\x01")  # truncated
+    with caplog.at_level(logging.ERROR, "apportion.worker"), pytest.raises(KeyError):
+        store["a"]
+    assert "a" not in store and files(store) == [] and store.spilled_bytes == 0
+    assert "spilled value of 'a' cannot be read back" in caplog.text

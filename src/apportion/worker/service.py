@@ -628,7 +628,11 @@ class Worker(BackgroundService):
                 case SendToScheduler():
                     self._scheduler.send(command.message)
                 case Execute():
-                    inputs = {dep: self.data[dep] for dep in command.deps if dep in self.data}
+                    inputs = {}
+                    for dep in command.deps:
+                        # Absent, or spilled and lost: the task then says which input.
+                        with contextlib.suppress(KeyError):
+                            inputs[dep] = self.data[dep]
                     self._runner.submit(command, inputs)
                 case Fetch():
                     task = asyncio.create_task(self._fetch(command.address, command.keys))

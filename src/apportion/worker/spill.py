@@ -6,7 +6,9 @@ moves the oldest to files until enough bytes went; with a ``target``, every writ
 (and every read of a spilled value) evicts until the values in memory fit under it
 again, so a burst of results never waits for the memory monitor's next look.
 Reading a spilled key (``data[key]``) loads it back and counts it as used now;
-``del data[key]`` deletes its file without reading it (``pop`` would read it).
+``del data[key]`` deletes its file without reading it (``pop`` would read it). A
+file that cannot be read back loses its key (``KeyError``, said in the log), as a
+lost worker loses its results: the scheduler computes them again.
 
 A file holds one value pickled with protocol 5, its large buffers out of band:
 a short header of lengths, the pickle stream, then each buffer written straight
@@ -93,7 +95,14 @@ class SpillStore(MutableMapping[str, Any]):
                 return value
             if key not in self._files:
                 raise KeyError(key)
-            value = self._load(key)
+            try:
+                value = self._load(key)
+            except Exception as exc:
+                # Gone or damaged (a clean-up of the temporary directory, a full disk
+                # that truncated it): the value is lost, as with a lost worker.
+                logger.error("spilled value of %r cannot be read back (%s); it is lost", key, exc)
+                self._discard(key)
+                raise KeyError(key) from exc
             self._keep(key, value, self._sizes[key])
             self._fit_target()
             return value
