@@ -192,13 +192,16 @@ def test_memory_options_come_before_dasks_configuration(
     launched: list[WorkerSettings], caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, "apportion.worker")
+    # One process that only spills and pauses: no supervisor to start.
+    limited = ("--memory-limit", "1GiB", "--no-supervisor", "--memory-terminate", "off")
     with dask.config.set({"distributed.worker.memory.target": 0.4}):
-        assert invoke().exit_code == 0
-        assert invoke("--memory-target", "0.5").exit_code == 0
-    assert [s.memory.target for s in launched] == [0.4, 0.5]
+        assert invoke(*limited).exit_code == 0
+        assert invoke(*limited, "--memory-target", "0.5").exit_code == 0
+        assert invoke().exit_code == 0  # no limit: no thresholds to read
+    assert [s.memory.target for s in launched] == [0.4, 0.5, 0.6]
     assert "worker: memory thresholds target 0.4 from distributed.worker.memory" in caplog.text
     with dask.config.set({"distributed.worker.memory.pause": False}):
-        assert invoke().exit_code == 0
+        assert invoke(*limited).exit_code == 0
     assert launched[-1].memory.pause is False
 
 

@@ -139,11 +139,14 @@ def check_fraction(
 
 
 def choose_memory_thresholds(
-    ctx: click.Context, given: dict[str, Fraction | None]
+    ctx: click.Context, given: dict[str, Fraction | None], limit: int
 ) -> MemoryThresholds:
-    """The options given, then Dask's ``distributed.worker.memory.*``, then the defaults."""
+    """The options given, then Dask's ``distributed.worker.memory.*``, then the defaults.
+
+    Without a limit the thresholds mean nothing: Dask is not loaded to read them.
+    """
     set_here = {name: value for name, value in given.items() if value is not None}
-    if len(set_here) == len(THRESHOLD_NAMES):
+    if len(set_here) == len(THRESHOLD_NAMES) or not limit:
         return MemoryThresholds(**set_here)
     try:
         found = dask_memory_thresholds(os.environ)
@@ -396,7 +399,7 @@ def worker(
         "pause": memory_pause,
         "terminate": memory_terminate,
     }
-    thresholds = choose_memory_thresholds(ctx, given)
+    thresholds = choose_memory_thresholds(ctx, given, limit)
     settings = WorkerSettings(
         nthreads,
         resolve_resources(ctx, choose_resources(ctx, resources)),
