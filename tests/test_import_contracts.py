@@ -44,7 +44,7 @@ PURE = re.compile(
     r"core(\..*)?"
     r"|protocol\.(messages|codec|validate)"
     r"|scheduler\.(?!service$)[a-z_]+"
-    r"|worker\.(state|events)"
+    r"|worker\.(state|events|memory_policy)"
     r"|testing\.simulation"
     r"|runs\.(lifecycle|views|run_states|run_events)"
     r")$"
@@ -156,6 +156,7 @@ def test_the_pure_modules_are_the_expected_ones() -> None:
     } <= pure
     assert "apportion.scheduler.service" not in pure
     assert "apportion.worker.state" in pure and "apportion.testing.simulation" in pure
+    assert "apportion.worker.memory_policy" in pure
 
 
 #: The shells around the state machine (the service, the simulation and its recording

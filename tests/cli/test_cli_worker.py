@@ -23,6 +23,7 @@ from apportion.core.resources import SCALE, parse_supply
 from apportion.loop_thread import LoopThread
 from apportion.protocol.messages import WorkerClosing
 from apportion.worker.detect import parse_memory_limit
+from apportion.worker.memory_policy import THRESHOLD_NAMES, MemoryThresholds
 from fake_scheduler import FakeScheduler
 
 
@@ -398,11 +399,39 @@ def test_one_worker_without_a_limit_runs_bare(launched: Launched) -> None:
 
 
 @pytest.mark.timeout(10)
+def test_memory_thresholds_reach_the_supervisor_and_every_child(launched: Launched) -> None:
+    args = ("--memory-limit", "1GiB", "--nworkers", "2", "--local-directory", "/scratch")
+    assert invoke(*args, "--memory-target", "0.5", "--memory-pause", "off")[0] == 0
+    assert launched.supervisor_options["memory_terminate"] == 0.95
+    for argv in launched.commands:
+        given = {name: argv[argv.index(f"--memory-{name}") + 1] for name in THRESHOLD_NAMES}
+        assert given == {"target": "0.5", "spill": "0.7", "pause": "off", "terminate": "0.95"}
+        assert argv[argv.index("--local-directory") + 1] == "/scratch"
+    assert invoke("--memory-limit", "1GiB", "--memory-terminate", "OFF")[0] == 0
+    assert launched.supervisor_options["memory_terminate"] is False
+    assert invoke("--memory-spill", "0.75", "--memory-target", "false")[0] == 0
+    assert launched.settings is not None
+    assert launched.settings.memory == MemoryThresholds(target=False, spill=0.75)
+    assert launched.settings.local_directory is None
+
+
+@pytest.mark.timeout(10)
+def test_a_bad_memory_threshold_exits_2_naming_the_option(launched: Launched) -> None:
+    for bad in ("1.5", "0", "lots"):
+        code, output = invoke("--memory-pause", bad)
+        assert code == 2 and "--memory-pause" in output and len(output.splitlines()) == 1
+
+
+@pytest.mark.timeout(10)
 def test_no_supervisor_with_a_memory_limit_is_refused(
     launched: Launched, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("APPORTION_SUPERVISOR_PID", raising=False)
     code, output = invoke("--memory-limit", "1GiB", "--no-supervisor")
     assert code == 2 and "enforced by a supervisor" in output
+    assert "--memory-terminate off" in output
+    # Nothing to enforce from outside: the worker spills and pauses by itself.
+    args = ("--memory-limit", "1GiB", "--no-supervisor", "--memory-terminate", "off")
+    assert invoke(*args)[0] == 0 and launched.one
     code, output = invoke("--nworkers", "2", "--no-supervisor")
     assert code == 2 and "needs a supervisor" in output

@@ -31,6 +31,7 @@ from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import PROCESSING
 from apportion.testing.simulation import SimulatedCluster
 from apportion.worker.detect import memory_total
+from apportion.worker.memory_policy import THRESHOLD_NAMES, MemoryThresholds
 from apportion.worker.supervisor import Supervisor
 from cli_processes import Processes
 from supervisor_fakes import FakeMonotonic, FakeSpawner
@@ -257,18 +258,38 @@ def test_options_for_dasks_internals_are_ignored_with_one_warning() -> None:
             protocol="tcp://",
             nanny=True,
             death_timeout=60,
-            local_directory="/tmp",
+            max_spill="10GiB",
             worker_class=object,
         )
     cluster.close()
     assert [type(w.message) for w in caught] == [IgnoredOptionWarning]
     text = str(caught[0].message)
-    for name in ("death_timeout", "local_directory", "nanny", "protocol", "worker_class"):
+    for name in ("death_timeout", "max_spill", "nanny", "protocol", "worker_class"):
         assert name in text
     with pytest.raises(TypeError, match="n_wrokers"):
         LocalCluster(n_wrokers=2, processes=False)
     with pytest.raises(NotImplementedError, match="asynchronous"):
         LocalCluster(asynchronous=True, processes=False)
+
+
+@pytest.mark.tcp
+def test_memory_fractions_and_local_directory_are_taken_not_ignored(tmp_path: Path) -> None:
+    with LocalCluster(
+        n_workers=1,
+        processes=False,
+        memory_target_fraction=0.5,
+        memory_spill_fraction=False,
+        memory_terminate_fraction=None,  # Dask's "not given"
+        local_directory=tmp_path,
+    ) as cluster:  # no IgnoredOptionWarning: the suite turns warnings into errors
+        assert cluster.memory_thresholds == MemoryThresholds(target=0.5, spill=False)
+        assert cluster.local_directory == str(tmp_path)
+        argv = cluster._command(cluster.specs[0])
+        given = {name: argv[argv.index(f"--memory-{name}") + 1] for name in THRESHOLD_NAMES}
+        assert given == {"target": "0.5", "spill": "off", "pause": "0.8", "terminate": "0.95"}
+        assert argv[argv.index("--local-directory") + 1] == str(tmp_path)
+    with pytest.raises(ValueError, match="memory_pause_fraction"):
+        LocalCluster(n_workers=0, processes=False, memory_pause_fraction=80)
 
 
 @pytest.mark.tcp

@@ -53,6 +53,7 @@ SAMPLES: list[m.Message] = [
     m.KeysDone(["x-1"]),
     m.TaskErred("x-1", b"exc", b"tb", 3),
     m.Heartbeat(2, 2**30),
+    m.Heartbeat(1, 2**30, 2**20, 1),
     m.WorkerDraining(30.0),
     m.DrainDone(3),
     m.WorkerDied("w-0", 123, "was killed by SIGKILL"),

@@ -23,12 +23,19 @@ from click.testing import CliRunner
 from apportion import LocalCluster
 from apportion.cli.main import main
 from apportion.cli.worker import WorkerSettings
+from apportion.client.cluster_options import memory_thresholds
 from apportion.core.resources import SCALE
-from apportion.worker.dask_config import dask_worker_resources, read_dask_config
+from apportion.worker.dask_config import (
+    dask_memory_thresholds,
+    dask_worker_resources,
+    read_dask_config,
+)
+from apportion.worker.memory_policy import MemoryThresholds
 
 pytestmark = pytest.mark.timeout(10)
 
 GPU_VARIABLE = "DASK_DISTRIBUTED__WORKER__RESOURCES__GPU"
+MEMORY_VARIABLE_PREFIX = "DASK_DISTRIBUTED__WORKER__MEMORY__"
 
 
 @pytest.fixture(autouse=True)
@@ -36,7 +43,7 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """No resources setting from the machine running the tests, apportion's or Dask's."""
     monkeypatch.delenv("APPORTION_RESOURCES", raising=False)
     for name in list(os.environ):
-        if name.startswith("DASK_DISTRIBUTED__WORKER__RESOURCES"):
+        if name.startswith(("DASK_DISTRIBUTED__WORKER__RESOURCES", MEMORY_VARIABLE_PREFIX)):
             monkeypatch.delenv(name)
     with dask.config.set({"distributed.worker.resources": None}):
         yield
@@ -88,6 +95,38 @@ def test_dasks_configuration_is_read_through_dask_and_without_it_not_at_all(
         assert read_dask_config() is None
         found = dask_worker_resources({GPU_VARIABLE: "1"})
         assert found is not None and found.spec == "GPU=1"
+
+
+def test_memory_thresholds_come_from_dasks_configuration_or_its_variables() -> None:
+    config = {"target": 0.5, "spill": False, "monitor-interval": "100ms"}
+    found = dask_memory_thresholds({}, read_config=lambda: config)
+    assert found is not None and dict(found.fractions) == {"target": 0.5, "spill": False}
+    assert found.source == "distributed.worker.memory in Dask's configuration"
+    assert dask_memory_thresholds({}, read_config=dict) is None
+    # Without Dask, its variables, as Dask would parse them.
+    variables = {
+        MEMORY_VARIABLE_PREFIX + "PAUSE": "False",
+        MEMORY_VARIABLE_PREFIX + "TARGET": "0.4",
+    }
+    found = dask_memory_thresholds(variables, read_config=lambda: None)
+    assert found is not None and dict(found.fractions) == {"pause": False, "target": 0.4}
+    assert found.source == "DASK_DISTRIBUTED__WORKER__MEMORY__* environment variables"
+    with pytest.raises(ValueError, match=r"distributed\.worker\.memory\.pause"):
+        dask_memory_thresholds({}, read_config=lambda: {"pause": 1.5})
+    with pytest.raises(ValueError, match="MEMORY__SPILL"):
+        dask_memory_thresholds({MEMORY_VARIABLE_PREFIX + "SPILL": "lots"}, read_config=lambda: None)
+
+
+def test_a_local_clusters_memory_fractions_come_before_dasks() -> None:
+    options = {"memory_target_fraction": 0.5, "memory_pause_fraction": False, "n": 1}
+    with dask.config.set({"distributed.worker.memory.target": 0.3}):
+        chosen = memory_thresholds(options, {})
+    assert chosen == MemoryThresholds(target=0.5, pause=False)
+    assert options == {"n": 1}  # taken out: not ignored, not unknown
+    with dask.config.set({"distributed.worker.memory.terminate": False}):
+        assert memory_thresholds({"memory_spill_fraction": None}, {}).terminate is False
+    with pytest.raises(ValueError, match="memory_spill_fraction"):
+        memory_thresholds({"memory_spill_fraction": 7}, {})
 
 
 # --- apportion worker: precedence --------------------------------------------------
@@ -147,6 +186,23 @@ def test_apportions_own_settings_come_before_dasks(
     assert f"resources 'licence=3' from resources in {config}" in caplog.text
     assert "resources 'GPU=5' from APPORTION_RESOURCES" in caplog.text
     assert "resources 'GPU=7' from --resources" in caplog.text
+
+
+def test_memory_options_come_before_dasks_configuration(
+    launched: list[WorkerSettings], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "apportion.worker")
+    # One process that only spills and pauses: no supervisor to start.
+    limited = ("--memory-limit", "1GiB", "--no-supervisor", "--memory-terminate", "off")
+    with dask.config.set({"distributed.worker.memory.target": 0.4}):
+        assert invoke(*limited).exit_code == 0
+        assert invoke(*limited, "--memory-target", "0.5").exit_code == 0
+        assert invoke().exit_code == 0  # no limit: no thresholds to read
+    assert [s.memory.target for s in launched] == [0.4, 0.5, 0.6]
+    assert "worker: memory thresholds target 0.4 from distributed.worker.memory" in caplog.text
+    with dask.config.set({"distributed.worker.memory.pause": False}):
+        assert invoke(*limited).exit_code == 0
+    assert launched[-1].memory.pause is False
 
 
 def test_a_malformed_dask_amount_exits_2_naming_its_source(

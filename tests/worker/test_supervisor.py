@@ -8,11 +8,12 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Literal
 
 import psutil
 import pytest
 
-from apportion.worker.supervisor import Supervisor, describe_exit, popen_spawn
+from apportion.worker.supervisor import Supervisor, describe_exit, popen_spawn, worker_environment
 from supervisor_fakes import FakeMonotonic, FakeSpawner
 
 
@@ -130,7 +131,7 @@ class Reports:
 
 
 def make_limited(
-    memory: dict[int, int], limit: int = 1000
+    memory: dict[int, int], limit: int = 1000, terminate: float | Literal[False] = 0.95
 ) -> tuple[Supervisor, FakeSpawner, FakeMonotonic, Reports]:
     spawner, monotonic, reports = FakeSpawner(), FakeMonotonic(), Reports()
     supervisor = Supervisor(
@@ -139,6 +140,7 @@ def make_limited(
         monotonic,
         names=["w-0"],
         memory_limit=limit,
+        memory_terminate=terminate,
         memory_of=lambda pid: memory.get(pid, 0),
         report=reports,
     )
@@ -164,6 +166,34 @@ def test_a_child_above_its_memory_limit_is_killed_restarted_and_reported() -> No
 
 
 @pytest.mark.timeout(5)
+def test_the_child_is_killed_above_the_terminate_fraction_of_its_limit() -> None:
+    memory = {1000: 950}
+    supervisor, spawner, _, reports = make_limited(memory)
+    supervisor.poll()
+    assert spawner.spawned[0].returncode is None  # at 95%: not above it
+    memory[1000] = 951
+    supervisor.poll()
+    assert spawner.spawned[0].returncode == -signal.SIGKILL
+    supervisor.poll()
+    assert "passed 95% of its limit (1000 B)" in reports.got[0][2]
+    memory = {1000: 850}
+    supervisor, spawner, _, _ = make_limited(memory, terminate=0.8)
+    supervisor.poll()
+    assert spawner.spawned[0].returncode == -signal.SIGKILL
+
+
+@pytest.mark.timeout(5)
+def test_with_terminate_off_the_supervisor_never_kills_for_memory() -> None:
+    memory = {1000: 5000}
+    supervisor, spawner, _, reports = make_limited(memory, terminate=False)
+    supervisor.poll()
+    assert spawner.spawned[0].returncode is None and not reports.got
+    spawner.spawned[0].returncode = -signal.SIGKILL  # the kernel's OOM killer, say
+    supervisor.poll()
+    assert "likely out of memory" in reports.got[0][2]  # the readings still date it
+
+
+@pytest.mark.timeout(5)
 def test_a_sigkill_near_the_limit_is_likely_out_of_memory() -> None:
     memory = {1000: 950}
     supervisor, spawner, _, reports = make_limited(memory)
@@ -182,3 +212,9 @@ def test_a_child_that_exits_with_status_0_was_stopped_and_is_not_restarted() -> 
     supervisor.poll()
     assert len(spawner.spawned) == 1 and supervisor.all_stopped
     assert reports.got == []  # a stop is not a death: nothing to tell the scheduler
+
+
+@pytest.mark.timeout(5)
+def test_worker_processes_get_a_low_malloc_trim_threshold_unless_told_otherwise() -> None:
+    assert worker_environment({"HOME": "/h"}) == {"HOME": "/h", "MALLOC_TRIM_THRESHOLD_": "65536"}
+    assert worker_environment({"MALLOC_TRIM_THRESHOLD_": "0"})["MALLOC_TRIM_THRESHOLD_"] == "0"

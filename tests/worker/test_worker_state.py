@@ -30,6 +30,8 @@ from apportion.worker.events import (
     FetchFailed,
     ForgetData,
     FreeArrived,
+    Paused,
+    Resumed,
     SendToScheduler,
     WorkerCommand,
 )
@@ -271,6 +273,78 @@ def test_impossible_event_raises(state: WorkerState) -> None:
         state.handle(ok("never-started"))
 
 
+# --- paused for memory: no new execution, no new fetch -------------------------------
+
+
+def paused(t: float = 1.0) -> Paused:
+    return Paused(900, 1000, t)
+
+
+def resumed(t: float = 5.0) -> Resumed:
+    return Resumed(500, 1000, t)
+
+
+@pytest.mark.timeout(5)
+def test_a_paused_worker_starts_no_task_until_it_resumes(state: WorkerState) -> None:
+    assert state.handle(paused()) == []
+    assert state.handle(compute("x"), compute("y")) == []
+    assert state.ready_keys() == ["x", "y"] and not state.executing
+    check_invariants(state)  # ready tasks may wait while paused
+    assert executed(state.handle(resumed())) == ["x", "y"]
+
+
+@pytest.mark.timeout(5)
+def test_running_tasks_finish_and_report_while_paused(state: WorkerState) -> None:
+    state.handle(compute("running"))
+    state.handle(paused(), compute("next"))
+    commands = state.handle(ok("running"))
+    assert sent(commands) == [TaskFinished("running", 8, 0.5, "int")]
+    assert executed(commands) == []  # its thread is free, but the worker is paused
+    assert executed(state.handle(resumed())) == ["next"]
+
+
+@pytest.mark.timeout(5)
+def test_a_paused_worker_holds_its_fetches_until_it_resumes(state: WorkerState) -> None:
+    state.handle(paused())
+    assert state.handle(compute("x", {"a": [PEER_A], "b": [PEER_B]})) == []
+    assert set(state.fetches) == {"a", "b"}  # wanted, not asked
+    commands = state.handle(resumed())
+    assert {c.address: c.keys for c in commands if isinstance(c, Fetch)} == {
+        PEER_A: ("a",),
+        PEER_B: ("b",),
+    }
+    assert executed(state.handle(FetchDone(PEER_A, {"a": INFO}, (), 6.0))) == []
+    assert executed(state.handle(FetchDone(PEER_B, {"b": INFO}, (), 6.0))) == ["x"]
+
+
+@pytest.mark.timeout(5)
+def test_a_held_fetch_nobody_needs_any_more_is_never_sent(state: WorkerState) -> None:
+    state.handle(paused(), compute("x", {"a": [PEER_A]}))
+    state.handle(FreeArrived(("x",), 2.0))
+    assert state.handle(resumed()) == []
+    assert state.fetches == {} and state.tasks == {}
+    assert state.story("a")[-1][2:4] == ("fetching", "released")
+
+
+@pytest.mark.timeout(5)
+def test_a_held_fetch_whose_value_was_put_meanwhile_is_never_sent(state: WorkerState) -> None:
+    state.handle(paused(), compute("x", {"a": [PEER_A]}))
+    commands = state.handle(DataPut(3, {"a": INFO}, 2.0))
+    assert executed(commands) == [] and state.ready_keys() == ["x"]
+    commands = state.handle(resumed())
+    assert executed(commands) == ["x"]
+    assert not any(isinstance(c, Fetch) for c in commands)
+
+
+@pytest.mark.timeout(5)
+def test_pausing_twice_or_resuming_unpaused_changes_nothing(state: WorkerState) -> None:
+    assert state.handle(resumed()) == [] and not state.paused
+    state.handle(paused(), paused(2.0))
+    assert state.paused
+    state.handle(resumed(), resumed(6.0))
+    assert not state.paused
+
+
 # --- Hypothesis: invariants under any interleaving -----------------------------------
 
 KEYS = [f"k{i}" for i in range(8)]
@@ -289,6 +363,8 @@ class WorkerStateMachine(RuleBasedStateMachine):
 
     def step(self, *events: object) -> None:
         commands = self.state.handle(*events)  # type: ignore[arg-type]
+        if self.state.paused:
+            assert not [c for c in commands if isinstance(c, Execute | Fetch)], commands
         for command in commands:
             if isinstance(command, Fetch):
                 self.in_flight.append(command)
@@ -342,6 +418,14 @@ class WorkerStateMachine(RuleBasedStateMachine):
     @rule(keys=st.sets(st.sampled_from(KEYS), max_size=2))
     def put(self, keys: set[str]) -> None:
         self.step(DataPut(1, dict.fromkeys(keys, INFO), self.now()))
+
+    @rule()
+    def pause(self) -> None:
+        self.step(Paused(900, 1000, self.now()))
+
+    @rule()
+    def resume(self) -> None:
+        self.step(Resumed(500, 1000, self.now()))
 
     @invariant()
     def holds(self) -> None:

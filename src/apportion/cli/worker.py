@@ -9,6 +9,8 @@ replaced here by what the machine has (``apportion.worker.detect``); with
 ``--nworkers N --split-units`` the supervisor deals every indexed pool out across the
 processes (``apportion.worker.shares``).
 Either way each worker process receives an explicit ``--resources`` text of its own.
+Memory thresholds left unset take Dask's ``distributed.worker.memory.*`` settings
+likewise, and every worker process receives all four explicitly.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import logging
 import os
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import click
 from click.core import ParameterSource
@@ -27,7 +29,12 @@ from apportion.cli.config import CONFIG_META, config_option
 from apportion.cli.errors import check_address, check_host_option, check_port_option, fail
 from apportion.core.resources import parse_resources
 from apportion.log_setup import configure_logging
-from apportion.worker.dask_config import dask_worker_resources, log_dask_resources
+from apportion.worker.dask_config import (
+    choose_thresholds,
+    dask_memory_thresholds,
+    dask_worker_resources,
+    log_dask_resources,
+)
 from apportion.worker.detect import (
     detect_supply,
     expand_auto,
@@ -35,6 +42,13 @@ from apportion.worker.detect import (
     split_auto,
 )
 from apportion.worker.long_lived import DEFAULT_KILL_GRACE
+from apportion.worker.memory_policy import (
+    THRESHOLD_NAMES,
+    Fraction,
+    MemoryThresholds,
+    parse_fraction,
+    threshold_text,
+)
 from apportion.worker.shares import split_supply
 from apportion.worker.supervisor import RESTART_EXIT, SUPERVISOR_PID_VARIABLE
 
@@ -112,6 +126,35 @@ def resolve_resources(ctx: click.Context, resources: str | None) -> str | None:
     return expanded
 
 
+def check_fraction(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> Fraction | None:
+    """A memory threshold: a fraction of the limit in (0, 1], or ``off``; None if not given."""
+    if value is None:
+        return None
+    try:
+        return parse_fraction(value, f"--{(param.name or '').replace('_', '-')}")
+    except ValueError as exc:
+        fail(ctx, str(exc))
+
+
+def choose_memory_thresholds(
+    ctx: click.Context, given: dict[str, Fraction | None], limit: int
+) -> MemoryThresholds:
+    """The options given, then Dask's ``distributed.worker.memory.*``, then the defaults.
+
+    Without a limit the thresholds mean nothing: Dask is not loaded to read them.
+    """
+    set_here = {name: value for name, value in given.items() if value is not None}
+    if len(set_here) == len(THRESHOLD_NAMES) or not limit:
+        return MemoryThresholds(**set_here)
+    try:
+        found = dask_memory_thresholds(os.environ)
+    except ValueError as exc:
+        fail(ctx, str(exc))
+    return choose_thresholds(set_here, found, "worker")
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerSettings:
     """What each worker process is told: the options that reach ``Worker``."""
@@ -131,6 +174,10 @@ class WorkerSettings:
     kill_grace: float = DEFAULT_KILL_GRACE
     #: Seconds to keep trying to reach a scheduler that is not listening yet (0: once).
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    #: When a process with a memory limit spills, pauses, and is killed.
+    memory: MemoryThresholds = field(default_factory=MemoryThresholds)
+    #: Where each process makes its scratch directory (None: the system's temporary one).
+    local_directory: str | None = None
 
 
 def child_commands(
@@ -157,6 +204,10 @@ def child_commands(
         argv += ["--kill-grace", repr(settings.kill_grace)]
         argv += ["--connect-timeout", repr(settings.connect_timeout)]
         argv += ["--memory-limit", str(settings.memory_limit)]
+        for threshold in THRESHOLD_NAMES:
+            argv += [f"--memory-{threshold}", threshold_text(getattr(settings.memory, threshold))]
+        if settings.local_directory is not None:
+            argv += ["--local-directory", settings.local_directory]
         argv += ["--nworkers", "1", "--no-supervisor", "--name", f"{base}-{i}"]
         commands.append(argv)
     return commands
@@ -220,8 +271,44 @@ def child_names(commands: list[list[str]]) -> list[str]:
     show_default=True,
     help="Resident memory allowed to each worker process: a size (4GiB), a fraction of "
     "the machine's memory (0.5), auto (the machine's memory divided among the "
-    "processes) or none. A process above it is killed and restarted by its supervisor; "
-    "its tasks count it as a crash, out of memory.",
+    "processes) or none. Under it a process spills results to disk and pauses as the "
+    "--memory-* fractions say; above --memory-terminate of it, it is killed and "
+    "restarted by its supervisor, and its tasks count it as a crash, out of memory.",
+)
+@click.option(
+    "--memory-target",
+    callback=check_fraction,
+    metavar="FRACTION|off",
+    help="Results held in memory above this fraction of --memory-limit move to disk, "
+    "least recently used first (default 0.6, or Dask's distributed.worker.memory.target).",
+)
+@click.option(
+    "--memory-spill",
+    callback=check_fraction,
+    metavar="FRACTION|off",
+    help="Process memory above this fraction of --memory-limit spills results until it "
+    "is back under --memory-target (default 0.7).",
+)
+@click.option(
+    "--memory-pause",
+    callback=check_fraction,
+    metavar="FRACTION|off",
+    help="Process memory above this fraction of --memory-limit pauses the worker: no new "
+    "task and no new fetch starts until it falls back (default 0.8).",
+)
+@click.option(
+    "--memory-terminate",
+    callback=check_fraction,
+    metavar="FRACTION|off",
+    help="Process memory above this fraction of --memory-limit has the supervisor kill "
+    "and restart the process (default 0.95).",
+)
+@click.option(
+    "--local-directory",
+    type=click.Path(file_okay=False),
+    help="Where each worker process makes its scratch directory, which results spill "
+    "to (default: the system's temporary directory). Removed when the process ends; "
+    "the next worker removes those of killed ones.",
 )
 @click.option(
     "--supervisor/--no-supervisor",
@@ -288,6 +375,11 @@ def worker(
     host: str,
     port: int,
     memory_limit: str,
+    memory_target: Fraction | None,
+    memory_spill: Fraction | None,
+    memory_pause: Fraction | None,
+    memory_terminate: Fraction | None,
+    local_directory: str | None,
     supervise: bool | None,
     drain_timeout: float,
     kill_grace: float,
@@ -301,6 +393,13 @@ def worker(
         limit = parse_memory_limit(memory_limit, nworkers)
     except ValueError as exc:
         fail(ctx, str(exc))
+    given = {
+        "target": memory_target,
+        "spill": memory_spill,
+        "pause": memory_pause,
+        "terminate": memory_terminate,
+    }
+    thresholds = choose_memory_thresholds(ctx, given, limit)
     settings = WorkerSettings(
         nthreads,
         resolve_resources(ctx, choose_resources(ctx, resources)),
@@ -313,15 +412,22 @@ def worker(
         drain_timeout,
         kill_grace,
         connect_timeout,
+        thresholds,
+        local_directory,
     )
     if supervise is None:
         supervise = nworkers > 1 or limit > 0
     if not supervise:
         if nworkers > 1:
             fail(ctx, "--nworkers above 1 needs a supervisor; drop --no-supervisor")
-        if limit and SUPERVISOR_PID_VARIABLE not in os.environ:
-            # Under a supervisor the limit is only reported; the supervisor enforces it.
-            fail(ctx, "--memory-limit is enforced by a supervisor; drop --no-supervisor")
+        killing = limit and thresholds.terminate is not False
+        if killing and SUPERVISOR_PID_VARIABLE not in os.environ:
+            # Under a supervisor the process only spills and pauses; the supervisor kills.
+            fail(
+                ctx,
+                "--memory-limit is enforced by a supervisor (--memory-terminate); "
+                "drop --no-supervisor, or give --memory-terminate off",
+            )
         sys.exit(run_one(scheduler_address, settings))
     from apportion.worker.supervisor import Supervisor, scheduler_reporter
 
@@ -336,6 +442,7 @@ def worker(
         commands,
         names=child_names(commands),
         memory_limit=limit,
+        memory_terminate=thresholds.terminate,
         report=scheduler_reporter(scheduler_address),
     )
     # Room for the drain, then for the worker to stop its command runs (TERM, grace, KILL).
@@ -350,6 +457,7 @@ def run_one(address: str, settings: WorkerSettings) -> int:
     """
     from apportion.runs.launcher import ProcessLauncher
     from apportion.runs.live import LiveRuns
+    from apportion.worker.memory_manager import MemoryConfig
     from apportion.worker.service import Worker
 
     async def serve() -> int:
@@ -368,6 +476,7 @@ def run_one(address: str, settings: WorkerSettings) -> int:
             kill_grace=settings.kill_grace,
             connect_timeout=settings.connect_timeout,
             long_lived=LiveRuns(ProcessLauncher()),  # the job queue's command runs
+            memory=MemoryConfig(settings.memory, local_directory=settings.local_directory),
         )
         try:
             await worker.start()

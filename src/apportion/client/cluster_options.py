@@ -16,7 +16,14 @@ import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from apportion.worker.dask_config import (
+    MEMORY_KEY,
+    choose_thresholds,
+    dask_memory_thresholds,
+    read_dask_config,
+)
 from apportion.worker.detect import parse_memory_limit
+from apportion.worker.memory_policy import MemoryThresholds, parse_fraction
 
 
 class IgnoredOptionWarning(UserWarning):
@@ -47,7 +54,6 @@ DASK_CLUSTER_OPTIONS = frozenset(
         "scheduler_sync_interval",
         "nanny",
         "death_timeout",
-        "local_directory",
         "env",
         "dashboard",
         "preload",
@@ -69,13 +75,17 @@ DASK_CLUSTER_OPTIONS = frozenset(
         "executor",
         "low_level_profiler",
         "transition_counter_max",
-        "memory_target_fraction",
-        "memory_spill_fraction",
-        "memory_pause_fraction",
         "max_spill",
-        "memory_terminate_fraction",
     }
 )
+
+#: Dask's keywords for a worker's memory thresholds, and the threshold each sets.
+MEMORY_FRACTION_OPTIONS = {
+    "memory_target_fraction": "target",
+    "memory_spill_fraction": "spill",
+    "memory_pause_fraction": "pause",
+    "memory_terminate_fraction": "terminate",
+}
 
 #: Keywords of Dask's ``Client`` alone (not meant for a cluster) that tune its internals.
 DASK_CLIENT_OPTIONS = frozenset(
@@ -149,3 +159,17 @@ def log_levels(silence_logs: int | str | bool | None) -> tuple[int, int]:
     else:
         level = int(silence_logs)
     return min(level, logging.INFO), level
+
+
+def memory_thresholds(options: dict[str, Any], environ: Mapping[str, str]) -> MemoryThresholds:
+    """Take Dask's ``memory_*_fraction`` keywords out of ``options``: each given one
+    (a fraction in (0, 1], or False), else Dask's configuration if this program
+    imported Dask (or its variables), else Dask's default. None means not given,
+    as in Dask."""
+    given = {}
+    for option, name in MEMORY_FRACTION_OPTIONS.items():
+        value = options.pop(option, None)
+        if value is not None:
+            given[name] = parse_fraction(value, option)
+    found = dask_memory_thresholds(environ, lambda: read_dask_config(MEMORY_KEY, import_dask=False))
+    return choose_thresholds(given, found, "LocalCluster")

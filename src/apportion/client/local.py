@@ -36,6 +36,7 @@ from apportion.client.cluster_options import (
     DASK_CLUSTER_OPTIONS,
     log_levels,
     memory_limit_bytes,
+    memory_thresholds,
     sort_options,
     warn_ignored,
 )
@@ -47,6 +48,7 @@ from apportion.protocol.messages import WorkerDied
 from apportion.scheduler.events import WorkerDeathReport
 from apportion.scheduler.service import Scheduler
 from apportion.scheduler.state import SchedulerConfig
+from apportion.worker.memory_policy import THRESHOLD_NAMES, threshold_text
 from apportion.worker.supervisor import format_bytes
 
 if TYPE_CHECKING:
@@ -155,11 +157,15 @@ class LocalCluster:
     ``UnsatisfiableError``.
 
     ``memory_limit`` (each worker: ``"4GiB"``, bytes, a fraction of the machine,
-    ``"auto"`` for an even share, ``0``/``None`` for none) is enforced by the
-    supervisor: a worker past it is killed and restarted, its task told it ran out
-    of memory. ``silence_logs`` is the level from which workers' log lines reach
-    this process's stderr (``get_logs`` keeps more). Both need worker processes:
-    with ``processes=False`` the workers share this process and its logging.
+    ``"auto"`` for an even share, ``0``/``None`` for none) has each worker spill
+    results to disk (in a directory under Dask's ``local_directory``) and pause
+    under memory pressure, and its supervisor kill and restart a worker past the
+    terminate fraction, its task told it ran out of memory; the fractions are Dask's
+    ``memory_target_fraction``, ``memory_spill_fraction``, ``memory_pause_fraction``
+    and ``memory_terminate_fraction`` (docs/memory.md). ``silence_logs`` is the
+    level from which workers' log lines reach this process's stderr (``get_logs``
+    keeps more). Both need worker processes: with ``processes=False`` the workers
+    share this process and its logging, and have no memory limit.
     There is no dashboard yet: ``dashboard_address`` is accepted and
     ``dashboard_link`` is None. Options that only tune Dask's
     internals (``protocol=``, ``nanny=``...) are ignored with one
@@ -186,6 +192,10 @@ class LocalCluster:
     ) -> None:
         if asynchronous:
             raise NotImplementedError("LocalCluster(asynchronous=True) is not supported yet")
+        #: When each worker spills, pauses and is killed, as fractions of its limit.
+        self.memory_thresholds = memory_thresholds(kwargs, os.environ)
+        #: Where each worker process makes its scratch directory (None: the system's).
+        self.local_directory = _directory(kwargs.pop("local_directory", None))
         warn_ignored(
             sort_options(kwargs, DASK_CLUSTER_OPTIONS | DASK_CLIENT_OPTIONS, "LocalCluster()"),
             "LocalCluster",
@@ -225,6 +235,7 @@ class LocalCluster:
             WorkerProcesses(
                 self._report_death,
                 memory_limit=self.memory_limit,
+                memory_terminate=self.memory_thresholds.terminate,
                 log_level=self._log_level,
                 show_from=self._show_from,
             )
@@ -272,7 +283,12 @@ class LocalCluster:
 
     def _command(self, spec: Mapping[str, Any]) -> list[str]:
         cmd = worker_command(self.scheduler_address, spec)
-        return [*cmd, "--memory-limit", str(self.memory_limit), "--no-supervisor"]
+        cmd += ["--memory-limit", str(self.memory_limit), "--no-supervisor"]
+        for name in THRESHOLD_NAMES:
+            cmd += [f"--memory-{name}", threshold_text(getattr(self.memory_thresholds, name))]
+        if self.local_directory is not None:
+            cmd += ["--local-directory", self.local_directory]
+        return cmd
 
     def _report_death(self, name: str, pid: int, how: str) -> None:
         """How a worker died, straight into the scheduler's state (from the supervisor)."""
@@ -520,6 +536,15 @@ def _default_resources() -> ResourceSpec:
         return None
     log_dask_resources(found, "LocalCluster")
     return found.spec
+
+
+def _directory(value: object) -> str | None:
+    """Dask's ``local_directory`` as a path text (None: the system's temporary one)."""
+    if value is None:
+        return None
+    if not isinstance(value, str | os.PathLike):
+        raise TypeError(f"local_directory must be a path, not {value!r}")
+    return os.fspath(value)
 
 
 def worker_command(scheduler_address: str, spec: Mapping[str, Any]) -> list[str]:

@@ -28,12 +28,14 @@ from collections.abc import Callable
 from typing import IO
 
 from apportion.log_setup import LEVEL_VARIABLE
+from apportion.worker.memory_policy import Fraction
 from apportion.worker.supervisor import (
     SUPERVISOR_PID_VARIABLE,
     ChildProcess,
     DeathReporter,
     Slot,
     Supervisor,
+    worker_environment,
 )
 
 #: Lines of log kept per worker name (across its restarts).
@@ -92,10 +94,11 @@ class WorkerProcesses:
         report: DeathReporter,
         *,
         memory_limit: int,
+        memory_terminate: Fraction,
         log_level: int,
         show_from: int,
     ) -> None:
-        self._env = dict(os.environ)
+        self._env = worker_environment(os.environ)
         self._env.setdefault("PYTHONUNBUFFERED", "1")
         self._env[LEVEL_VARIABLE] = logging.getLevelName(log_level)
         self._env[SUPERVISOR_PID_VARIABLE] = str(os.getpid())
@@ -105,7 +108,12 @@ class WorkerProcesses:
         self._mutes: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
         self._supervisor = Supervisor(
-            [], self._spawn, memory_limit=memory_limit, report=report, min_uptime=5.0
+            [],
+            self._spawn,
+            memory_limit=memory_limit,
+            memory_terminate=memory_terminate,
+            report=report,
+            min_uptime=5.0,
         )
         self._stop = threading.Event()
         self._thread = threading.Thread(

@@ -436,10 +436,17 @@ class KeysPending(Message):
 
 @message
 class Heartbeat(Message):
-    """Worker -> scheduler, every heartbeat interval: still alive (and how busy)."""
+    """Worker -> scheduler, every heartbeat interval: still alive (and how busy).
+
+    Also sent at once when the worker pauses or resumes for its memory.
+    """
 
     executing: int
     memory: int = 0  #: resident memory of the worker process, bytes (0: unknown)
+    spilled: int = 0  #: bytes of results it moved to disk (as they were in memory)
+    #: 1 while paused for its memory (it starts nothing new), else 0; an int
+    #: because the wire has no booleans.
+    paused: int = 0
 
 
 @message

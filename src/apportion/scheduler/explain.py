@@ -64,6 +64,16 @@ def _explain_queued(state: SchedulerCore, task: TaskRecord) -> str:
     if not task.resources and not task.variants and task.restriction is None:
         slots = sum(w.nthreads for w in state.workers.values())
         busy = sum(len(w.processing) for w in state.workers.values())
+        paused = [w.name for w in state.workers.values() if w.paused]
+        if paused:
+            names = ", ".join(paused[:5]) + (" ..." if len(paused) > 5 else "")
+            if len(paused) == len(state.workers):
+                return f"queued: every worker is paused for its memory ({names}){queue}"
+            return (
+                f"queued: {len(paused)} of {len(state.workers)} workers are paused for "
+                f"their memory ({names}) and the others' threads are busy ({busy} tasks "
+                f"running or queued on them){queue}"
+            )
         return (
             f"queued: all {slots} threads on {len(state.workers)} workers are busy "
             f"({busy} tasks running or queued on them){queue}"
@@ -133,6 +143,8 @@ def _worker_obstacles(
                 for label, left in ledger.units[name].items()
             )
             reasons.append(f"{name} has no unit with room for it (free per unit: {unit_free})")
+    if worker.paused:
+        reasons.append("paused for its memory")
     if len(worker.processing) >= worker.nthreads:
         reasons.append(f"all {worker.nthreads} threads busy")
     if holder is not None:

@@ -18,7 +18,9 @@ Rules (documented for users in docs/scheduling.md):
    on a worker (``pipeline_seconds`` of work per thread) to hide the round trip —
    except, while resource tasks wait, on workers that offer resources.
 5. A task with alternative demands runs with the first that fits somewhere now.
-6. A worker that announced it is closing gets nothing new.
+6. A worker that announced it is closing gets nothing new, nor does one paused
+   for its memory (until it resumes). A paused worker still counts among those
+   that could ever run a task: the task waits for it rather than failing.
 7. A task restricted to some workers (Dask's ``workers=``) is considered only for
    those, by rules 1-3 as any task: it queues under its own key (demand plus
    restriction), so it waits for them without holding up anyone else, and reserves
@@ -130,7 +132,7 @@ def fits_now(
     demand: dict[str, int],
 ) -> bool:
     """Could ``task``, asking ``demand``, start on ``worker`` right now?"""
-    if len(worker.processing) >= worker.nthreads:
+    if worker.paused or len(worker.processing) >= worker.nthreads:
         return False
     return worker.ledger.can_take(demand, held_back(state, worker, task))
 
@@ -300,8 +302,8 @@ def plain_capacity(
     state: SchedulerCore, worker: WorkerRecord, resource_work_waiting: bool = False
 ) -> int:
     """How many more plain tasks ``worker`` may be given now (running or queued ahead)."""
-    if worker.leaving is not None:
-        return 0  # it said it is closing: nothing new goes there
+    if worker.leaving is not None or worker.paused:
+        return 0  # it said it is closing, or it is short of memory: nothing new goes there
     holder = state.tasks.get(worker.reserved_by or "")
     if holder is not None and worker.ledger.fits(holder.resources):
         return 0  # the reserved task waits only for a thread: let the threads drain

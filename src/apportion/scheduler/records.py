@@ -279,9 +279,11 @@ class WorkerRecord:
         "name",
         "nbytes",
         "nthreads",
+        "paused",
         "pid",
         "processing",
         "reserved_by",
+        "spilled",
         "supervisor",
     )
 
@@ -324,6 +326,10 @@ class WorkerRecord:
         self.memory_limit = memory_limit
         #: Resident memory at the last heartbeat, bytes (0 until reported).
         self.memory = 0
+        #: Paused for its memory, as its last heartbeat said: no new task goes there.
+        self.paused = False
+        #: Bytes of results it spilled to disk, at its last heartbeat.
+        self.spilled = 0
         #: pid of the supervisor that will report how this process ended (0: none).
         self.supervisor = 0
         #: Set by ``WorkerDraining``: finish what runs here, hand results off, then go.

@@ -65,6 +65,9 @@ def snapshot(state: SchedulerCore) -> dict[str, Any]:
             "nbytes": w.nbytes,
             "pid": w.pid,
             "memory_limit": w.memory_limit,
+            "memory": w.memory,
+            "spilled_bytes": w.spilled,
+            "status": "closing" if w.leaving is not None else "paused" if w.paused else "running",
             "reserved_for": w.reserved_by,
         }
         for w in state.workers.values()

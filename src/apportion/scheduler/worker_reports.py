@@ -81,8 +81,17 @@ def settle_discarded(state: SchedulerCore, task: TaskRecord, cause: str) -> None
 
 
 def heartbeat(state: SchedulerCore, worker: WorkerRecord, msg: m.Heartbeat) -> None:
-    """Hearing from the worker is the point (``last_seen``); its memory dates a crash."""
+    """Hearing from the worker is the point (``last_seen``); its memory dates a crash.
+
+    A worker paused for its memory gets no new task; once it resumes, what waited
+    may go there.
+    """
     worker.memory = msg.memory
+    worker.spilled = msg.spilled
+    paused = bool(msg.paused)
+    if worker.paused and not paused:
+        state.placement_due = True
+    worker.paused = paused
 
 
 def worker_closing(state: SchedulerCore, worker: WorkerRecord, msg: m.WorkerClosing) -> None:

@@ -31,7 +31,9 @@ when time passes::
             await clock.advance(5)
             assert len(cluster.scheduler.state.workers) == 2
 
-``FakeLauncher`` runs command runs without processes:
+``FakeMemory`` is a worker's process memory as the test sets it
+(``Worker(memory=MemoryConfig(measure=FakeMemory()))``), to reach its spill and
+pause thresholds without allocating. ``FakeLauncher`` runs command runs without processes:
 ``Worker(..., long_lived=LiveRuns(FakeLauncher()))``; with the job queue as the
 scheduler's companion (``InMemoryCluster(..., companions=[RunsService(journal)])``)
 a whole queue runs in one process.
@@ -40,12 +42,14 @@ a whole queue runs in one process.
 from apportion.testing.clock import FakeClock
 from apportion.testing.cluster import InMemoryCluster
 from apportion.testing.launcher import FakeLauncher
+from apportion.testing.memory import FakeMemory
 from apportion.testing.recording import RecordingCluster, UnexpectedMessages
 from apportion.testing.simulation import Interval, SimulatedCluster
 
 __all__ = [
     "FakeClock",
     "FakeLauncher",
+    "FakeMemory",
     "InMemoryCluster",
     "Interval",
     "RecordingCluster",

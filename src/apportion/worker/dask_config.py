@@ -13,6 +13,14 @@ given (``--resources``, ``APPORTION_RESOURCES``, ``resources`` in ``--config``, 
    by ``apportion worker`` when Dask is installed, by a ``LocalCluster`` when its
    program has imported Dask. A name given by a variable of (1) takes the
    variable's amount, as Dask lets variables override files.
+
+A worker's memory thresholds (``target``, ``spill``, ``pause``, ``terminate``: see
+``worker.memory_policy``) come from Dask's ``distributed.worker.memory.<name>``
+likewise, where apportion's own options leave one unset (``--memory-target``, a
+``LocalCluster``'s ``memory_target_fraction=``...). Through ``dask.config`` when
+it is available: it has read the ``DASK_DISTRIBUTED__WORKER__MEMORY__<NAME>``
+variables itself, and ``dask.config.set`` may override them, as in Dask. Without
+it, those variables are read here.
 """
 
 from __future__ import annotations
@@ -25,6 +33,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from apportion.core.resources import parse_resources
+from apportion.worker.memory_policy import (
+    THRESHOLD_NAMES,
+    Fraction,
+    MemoryThresholds,
+    parse_fraction,
+)
 
 logger = logging.getLogger("apportion.worker")
 
@@ -32,6 +46,10 @@ logger = logging.getLogger("apportion.worker")
 VARIABLE_PREFIX = "DASK_DISTRIBUTED__WORKER__RESOURCES__"
 #: Where Dask's configuration keeps a worker's resources.
 CONFIG_KEY = "distributed.worker.resources"
+#: Where Dask's configuration keeps a worker's memory thresholds.
+MEMORY_KEY = "distributed.worker.memory"
+#: The variables Dask reads for ``distributed.worker.memory.<name>``.
+MEMORY_VARIABLE_PREFIX = "DASK_DISTRIBUTED__WORKER__MEMORY__"
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +62,11 @@ class DaskResources:
     source: str
 
 
-def read_dask_config(*, import_dask: bool = True) -> Mapping[str, Any] | None:
-    """``distributed.worker.resources`` in Dask's configuration; None without Dask.
+def read_dask_config(
+    key: str = CONFIG_KEY, *, import_dask: bool = True
+) -> Mapping[str, Any] | None:
+    """The table at ``key`` (``distributed.worker.resources``) in Dask's configuration;
+    None without Dask, or when it has no such table.
 
     Without ``import_dask``, only if this program has imported Dask already: a
     ``LocalCluster`` in a program that does not use Dask does not load it.
@@ -56,9 +77,9 @@ def read_dask_config(*, import_dask: bool = True) -> Mapping[str, Any] | None:
         return None
     import dask.config
 
-    value = dask.config.get(CONFIG_KEY, None)
+    value = dask.config.get(key, None)
     if value is not None and not isinstance(value, Mapping):
-        raise ValueError(f"{CONFIG_KEY} in Dask's configuration must map names to amounts")
+        raise ValueError(f"{key} in Dask's configuration must be a table of names to values")
     return value
 
 
@@ -104,3 +125,67 @@ def log_dask_resources(found: DaskResources, who: str) -> None:
         found.spec,
         found.source,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class DaskMemory:
+    """Memory thresholds found in Dask's settings (only those set there), and where."""
+
+    #: Threshold name (``target``...) -> fraction or False, checked.
+    fractions: Mapping[str, Fraction]
+    #: Where they came from, as a log line or an error message names it.
+    source: str
+
+
+def dask_memory_thresholds(
+    environ: Mapping[str, str],
+    read_config: Callable[[], Mapping[str, Any] | None] = lambda: read_dask_config(MEMORY_KEY),
+) -> DaskMemory | None:
+    """The thresholds Dask's settings give a worker, or None if they give none.
+
+    Dask's configuration when it is there (it includes the variables); else the
+    ``DASK_DISTRIBUTED__WORKER__MEMORY__<NAME>`` variables. ``ValueError`` naming
+    the setting for a value that is neither a fraction in (0, 1] nor false.
+    """
+    config = read_config()
+    if config is not None:
+        raw = {name: config[name] for name in THRESHOLD_NAMES if name in config}
+        source = f"{MEMORY_KEY} in Dask's configuration"
+        where = f"{MEMORY_KEY}.{{}}"
+    else:
+        raw = {
+            name: environ[MEMORY_VARIABLE_PREFIX + name.upper()]
+            for name in THRESHOLD_NAMES
+            if MEMORY_VARIABLE_PREFIX + name.upper() in environ
+        }
+        source = f"{MEMORY_VARIABLE_PREFIX}* environment variables"
+        where = MEMORY_VARIABLE_PREFIX + "{}"
+    if not raw:
+        return None
+    fractions = {
+        name: parse_fraction(value, where.format(name.upper() if config is None else name))
+        for name, value in raw.items()
+    }
+    return DaskMemory(fractions, source)
+
+
+def choose_thresholds(
+    given: Mapping[str, Fraction], found: DaskMemory | None, who: str
+) -> MemoryThresholds:
+    """apportion's own settings (``given``), then Dask's, then the defaults. What
+    Dask's settings change from the defaults is logged, naming where it came from."""
+    taken = {
+        name: fraction
+        for name, fraction in (found.fractions.items() if found is not None else ())
+        if name not in given
+    }
+    defaults = MemoryThresholds()
+    changed = {name: f for name, f in taken.items() if f != getattr(defaults, name)}
+    if changed and found is not None:
+        logger.info(
+            "%s: memory thresholds %s from %s",
+            who,
+            MemoryThresholds(**changed).describe(only=changed),
+            found.source,
+        )
+    return MemoryThresholds(**{**taken, **given})

@@ -94,8 +94,37 @@ class DataPut:
     time: float
 
 
+@dataclass(frozen=True, slots=True)
+class Paused:
+    """The process's memory passed the pause threshold: start no task and no fetch.
+
+    ``process`` and ``limit`` (bytes) are the figures that decided it, for the log.
+    """
+
+    process: int
+    limit: int
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """The process's memory is back under the pause threshold: start what waited."""
+
+    process: int
+    limit: int
+    time: float
+
+
 WorkerEvent = (
-    ComputeArrived | FreeArrived | FetchDone | FetchFailed | ExecutionOk | ExecutionRaised | DataPut
+    ComputeArrived
+    | FreeArrived
+    | FetchDone
+    | FetchFailed
+    | ExecutionOk
+    | ExecutionRaised
+    | DataPut
+    | Paused
+    | Resumed
 )
 
 

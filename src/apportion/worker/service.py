@@ -24,8 +24,6 @@ import uuid
 from collections.abc import Iterable, MutableMapping
 from typing import Any
 
-import psutil
-
 from apportion.clock import SYSTEM_CLOCK, Clock, wait_event
 from apportion.core.payload import loads
 from apportion.core.resources import ResourceSpec, describe_resources, from_ticks, parse_supply
@@ -68,12 +66,15 @@ from apportion.worker.events import (
     FetchFailed,
     ForgetData,
     FreeArrived,
+    Paused,
+    Resumed,
     SendToScheduler,
     WorkerCommand,
     WorkerEvent,
 )
 from apportion.worker.execution import Finished, Outcome, TaskRunner, type_name
 from apportion.worker.long_lived import DEFAULT_KILL_GRACE, LongLivedTasks, WorkerLink
+from apportion.worker.memory_manager import MemoryConfig, MemoryManager
 from apportion.worker.peers import PeerPool
 from apportion.worker.process_groups import ProcessGroups, process_groups_path
 from apportion.worker.remote_calls import RemoteCallRunner
@@ -112,6 +113,9 @@ class Worker(BackgroundService):
     default there is none, and such a task fails saying so. The worker package cannot
     pick real processes as the default (those live in ``apportion.runs``), and an
     in-process worker should not start them unasked: ``apportion worker`` injects them.
+    ``memory_limit`` (bytes, 0 for none) makes the worker spill results to disk and
+    pause under memory pressure, as ``memory`` (thresholds, monitor interval, scratch
+    directory, how memory is read) says; see ``worker/memory_manager.py``.
     """
 
     def __init__(
@@ -131,6 +135,7 @@ class Worker(BackgroundService):
         connect_timeout: float = 0.0,
         clock: Clock | None = None,
         long_lived: LongLivedTasks | None = None,
+        memory: MemoryConfig | None = None,
     ) -> None:
         self.scheduler_address = scheduler_address
         #: Paces heartbeats, drain deadlines and reconnection; the time in every event.
@@ -151,15 +156,16 @@ class Worker(BackgroundService):
         self.supply, self.units = parse_supply(resources)
         #: Supply in units (``{"GPU": 2.0}``), as users write and read it.
         self.resources = from_ticks(self.supply)
-        self.data: MutableMapping[str, Any] = data if data is not None else {}
         self.name = name or f"worker-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.host = host
         self.port = port
         self.memory_limit = memory_limit
+        #: The data store (spilling under a limit), its directory and memory monitor.
+        self.memory_manager = MemoryManager(memory_limit, memory, data, self.name)
+        self.data: MutableMapping[str, Any] = self.memory_manager.data
         #: pid of the supervisor that restarts this process, 0 if none (told to the
         #: scheduler, which then waits for the supervisor's word on how we died).
         self.supervisor = supervisor
-        self._process = psutil.Process()
         #: Where peers and clients fetch data (``tcp://host:port`` or ``inproc://name``);
         #: set by ``start``.
         self.address = ""
@@ -226,6 +232,7 @@ class Worker(BackgroundService):
             raise
         self._receiver = asyncio.create_task(self._serve(), name=f"worker-{self.name}")
         self._heartbeat = asyncio.create_task(self._beat(), name=f"heartbeat-{self.name}")
+        self.memory_manager.start(self.clock, lambda: self.state.paused, self._memory_changed)
         logger.info(
             "worker %s: data at %s, %d threads, resources %s, scheduler %s",
             self.name,
@@ -266,6 +273,7 @@ class Worker(BackgroundService):
                 self._scheduler.send(WorkerClosing("closed"))
                 await self._scheduler.close()
             await self._server.close()
+            await self.memory_manager.close()
         finally:
             self._closed.set()
 
@@ -514,14 +522,26 @@ class Worker(BackgroundService):
         while True:
             await self.clock.sleep(self.heartbeat_interval)
             if self._scheduler is not None:
-                self._scheduler.send(Heartbeat(len(self.state.executing), self._memory()))
+                self._scheduler.send(self._heartbeat_message())
 
-    def _memory(self) -> int:
-        """This process's resident memory, so the scheduler can tell a likely OOM."""
-        try:
-            return int(self._process.memory_info().rss)
-        except psutil.Error:
-            return 0
+    def _heartbeat_message(self) -> Heartbeat:
+        """How busy: tasks running, resident memory (so the scheduler can tell a likely
+        OOM), bytes spilled, and whether paused (then it gets no new task)."""
+        return Heartbeat(
+            len(self.state.executing),
+            self.memory_manager.measure(),
+            self.memory_manager.spilled,
+            int(self.state.paused),
+        )
+
+    def _memory_changed(self, event: Paused | Resumed) -> None:
+        """The memory monitor paused or resumed this worker. The state machine takes it
+        even between sessions, so the monitor does not decide (and log) it twice;
+        the scheduler hears it at once rather than at the next heartbeat."""
+        commands = self.state.handle(event)
+        if self._scheduler is not None and not self._closing:
+            self._carry_out(commands)
+            self._scheduler.send(self._heartbeat_message())
 
     # --- from the scheduler -------------------------------------------------------
 
@@ -608,7 +628,11 @@ class Worker(BackgroundService):
                 case SendToScheduler():
                     self._scheduler.send(command.message)
                 case Execute():
-                    inputs = {dep: self.data[dep] for dep in command.deps if dep in self.data}
+                    inputs = {}
+                    for dep in command.deps:
+                        # Absent, or spilled and lost: the task then says which input.
+                        with contextlib.suppress(KeyError):
+                            inputs[dep] = self.data[dep]
                     self._runner.submit(command, inputs)
                 case Fetch():
                     task = asyncio.create_task(self._fetch(command.address, command.keys))
@@ -616,7 +640,8 @@ class Worker(BackgroundService):
                     task.add_done_callback(self._fetches.discard)
                 case ForgetData():
                     for key in command.keys:
-                        self.data.pop(key, None)
+                        if key in self.data:  # not pop: it reads a spilled value back
+                            del self.data[key]
 
     def _on_outcomes(self, outcomes: list[Outcome]) -> None:
         """A batch of finished executions, values already stored by the runner."""

@@ -16,6 +16,12 @@ when it was fetched from a peer for a local task: the scheduler only tracks the
 worker that computed a key, so a transient copy is forgotten as soon as no
 pending task here needs it.
 
+A *paused* worker (``Paused``: its memory passed the pause threshold) starts no
+execution and sends no fetch until ``Resumed``. Tasks keep arriving and become
+ready; fetches wanted meanwhile are kept, each key still ``fetching``, and go out
+on resume, except those no pending task needs any more, which are released. A
+held fetch is no request in flight: nothing can answer it, so nothing else changes.
+
 The data store is written by the service before it hands over the event that
 announces the value (a finished execution, a fetch reply, a put), so that one
 ``handle`` call can cover a whole batch. That is why ``ForgetData`` comes last in
@@ -54,6 +60,8 @@ from apportion.worker.events import (
     FetchFailed,
     ForgetData,
     FreeArrived,
+    Paused,
+    Resumed,
     SendToScheduler,
     WorkerCommand,
     WorkerEvent,
@@ -147,8 +155,12 @@ class WorkerState:
         #: Heap of (no-resources, -priority, seq, key); entries of gone tasks are skipped.
         self._ready: list[tuple[int, int, int, str]] = []
         self._seq = 0
+        #: Set by ``Paused``, cleared by ``Resumed``: while set, no ``Execute`` and no
+        #: ``Fetch`` comes out of ``handle``.
+        self.paused = False
         self._story: deque[tuple[float, str, str, str, str]] = deque(maxlen=story_limit)
         self._out: list[WorkerCommand] = []
+        #: Fetches to send, by holder address; kept across calls only while paused.
         self._to_fetch: dict[str, list[str]] = {}
         self._forget: dict[str, None] = {}  # ordered set
 
@@ -162,8 +174,8 @@ class WorkerState:
             self._dispatch(event)
         self._start_ready(now)
         out, self._out = self._out, []
-        out.extend(Fetch(address, tuple(keys)) for address, keys in self._to_fetch.items())
-        self._to_fetch = {}
+        if not self.paused:
+            out.extend(self._fetches_to_send(now))
         if self._forget:
             out.append(ForgetData(tuple(self._forget)))
             self._forget = {}
@@ -198,6 +210,10 @@ class WorkerState:
                 self._on_execution_raised(event)
             case DataPut():
                 self._on_put(event)
+            case Paused():
+                self.paused = True
+            case Resumed():
+                self.paused = False
 
     def _on_compute(self, task: ComputeTask, now: float) -> None:
         key = task.key
@@ -372,6 +388,29 @@ class WorkerState:
         self._move(dep, RELEASED, FETCHING, f"fetch from {record.address}", now)
         self._to_fetch.setdefault(record.address, []).append(dep)
 
+    def _fetches_to_send(self, now: float) -> list[Fetch]:
+        """The wanted fetches, one per holder, leaving out keys that no longer need one.
+
+        Only fetches held while paused can have gone stale: the key arrived another
+        way, or no pending task needs it any more (then it is released, unasked).
+        """
+        fetches = []
+        for address, keys in self._to_fetch.items():
+            wanted = []
+            for key in keys:
+                record = self.fetches.get(key)
+                if record is None or record.address != address:
+                    continue
+                if key not in self.needed_by:
+                    del self.fetches[key]
+                    self._move(key, FETCHING, RELEASED, "no longer needed; never asked", now)
+                    continue
+                wanted.append(key)
+            if wanted:
+                fetches.append(Fetch(address, tuple(wanted)))
+        self._to_fetch = {}
+        return fetches
+
     def _fetch_failed(self, key: str, address: str, reason: str, now: float) -> None:
         record = self.fetches.get(key)
         if record is None or record.address != address:
@@ -421,7 +460,10 @@ class WorkerState:
         return record is not None and record.state == READY and record.seq == entry[2]
 
     def _start_ready(self, now: float) -> None:
-        """Start ready tasks while threads are free: resource tasks, priority, arrival."""
+        """Start ready tasks while threads are free (and not paused): resource tasks,
+        priority, arrival."""
+        if self.paused:
+            return
         while self._ready and len(self.executing) < self.nthreads:
             entry = heapq.heappop(self._ready)
             if not self._is_live(entry):
@@ -472,7 +514,9 @@ def check_invariants(state: WorkerState) -> None:
     assert executing == state.executing, f"executing {state.executing} != {executing}"
     assert not ready & executing, "a key is both ready and executing"
     assert len(executing) <= state.nthreads, f"{len(executing)} > {state.nthreads} threads"
-    assert not (ready and len(executing) < state.nthreads), "a ready task waits for no reason"
+    idle = len(executing) < state.nthreads
+    assert not (ready and idle and not state.paused), "a ready task waits for no reason"
+    assert state.paused or not state._to_fetch, "fetches held back while not paused"
     assert state.owned <= state.data.keys(), "owned keys must be in memory"
     assert not state.data.keys() & state.fetches.keys(), "a key in memory is being fetched"
     assert not state.data.keys() & state.tasks.keys(), "a key is both in memory and a task"

@@ -11,10 +11,14 @@ A child that exits with status 0 was stopped (a drained worker): it is not
 restarted, and the supervisor ends once every child has stopped.
 
 With a memory limit the supervisor reads each child's resident memory on every
-poll and kills a child above it (SIGKILL: a process past its limit would only
-keep allocating while it drained). How each child ended - exit status, signal,
-"out of memory" - goes to the scheduler in a ``WorkerDied`` report, so a poison
-task's error names the cause instead of "its connection closed".
+poll and kills a child above the limit's ``terminate`` fraction (0.95, Dask's
+default; never, if it is turned off), with SIGKILL: a process that far gone would
+only keep allocating while it drained. Below that, the worker manages its own
+memory: it spills results to disk and pauses (``worker.memory_manager``).
+
+How each child ended - exit status, signal, "out of memory" - goes to the
+scheduler in a ``WorkerDied`` report, so a poison task's error names the cause
+instead of "its connection closed".
 
 Children also outlive a supervisor killed with SIGKILL (they are re-parented, not
 signalled), so each one is told our pid in ``SUPERVISOR_PID_VARIABLE`` and stops by
@@ -31,7 +35,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
 from typing import Protocol
@@ -40,6 +44,7 @@ import psutil
 
 from apportion.net.handshake import open_connection
 from apportion.protocol.messages import WorkerDied
+from apportion.worker.memory_policy import Fraction, MemoryThresholds
 from apportion.worker.process_groups import kill_orphaned_groups
 
 logger = logging.getLogger("apportion.supervisor")
@@ -75,6 +80,9 @@ Spawner = Callable[[list[str]], ChildProcess]
 MemoryReader = Callable[[int], int]
 #: Tells the scheduler how a child ended: (worker name, pid, description).
 DeathReporter = Callable[[str, int, str], None]
+
+#: Dask's fraction of the memory limit above which a child is killed.
+DEFAULT_TERMINATE = MemoryThresholds().terminate
 
 #: A child killed by SIGKILL that was at least this close to its limit at the last
 #: reading was most likely killed by the kernel for memory.
@@ -125,9 +133,23 @@ def format_bytes(n: int) -> str:
     return f"{value:.1f} TiB"
 
 
+#: Set in each worker process's environment unless already set, as Dask's nanny
+#: does (``distributed.nanny.pre-spawn-environ``). glibc otherwise raises its mmap
+#: threshold as large blocks are freed, so the next arrays of tens of MiB come from
+#: the heap and their memory is not returned to the system when they are spilled
+#: or released: a worker would stay above its pause threshold with nothing left to
+#: spill. A low trim threshold (which also keeps the mmap threshold fixed) returns it.
+WORKER_ENVIRONMENT = {"MALLOC_TRIM_THRESHOLD_": "65536"}
+
+
+def worker_environment(base: Mapping[str, str]) -> dict[str, str]:
+    """``base`` with ``WORKER_ENVIRONMENT`` added where ``base`` does not set it."""
+    return {**WORKER_ENVIRONMENT, **base}
+
+
 def popen_spawn(argv: list[str]) -> ChildProcess:
     """Start ``argv`` as a child sharing our stdout and stderr, told our pid."""
-    env = {**os.environ, SUPERVISOR_PID_VARIABLE: str(os.getpid())}
+    env = {**worker_environment(os.environ), SUPERVISOR_PID_VARIABLE: str(os.getpid())}
     return subprocess.Popen(argv, env=env)
 
 
@@ -178,6 +200,7 @@ class Supervisor:
         *,
         names: Sequence[str] | None = None,
         memory_limit: int = 0,
+        memory_terminate: Fraction = DEFAULT_TERMINATE,
         memory_of: MemoryReader = resident_memory,
         report: DeathReporter | None = None,
         min_uptime: float = 10.0,
@@ -191,6 +214,10 @@ class Supervisor:
         self._monotonic = monotonic
         #: Bytes of resident memory a child may use; 0 for no limit.
         self.memory_limit = memory_limit
+        #: Above this many bytes a child is killed; None: never (no limit, or off).
+        self.kill_above = (
+            int(memory_limit * memory_terminate) if memory_limit and memory_terminate else None
+        )
         self._memory_of = memory_of
         self._report = report
         self.min_uptime = min_uptime
@@ -301,10 +328,11 @@ class Supervisor:
     def _check_memory(self, slot: Slot) -> None:
         assert slot.process is not None
         slot.memory = self._memory_of(slot.process.pid)
-        if slot.memory > self.memory_limit and not slot.memory_kill:
+        if self.kill_above is not None and slot.memory > self.kill_above and not slot.memory_kill:
+            share = f"{100 * self.kill_above / self.memory_limit:.0f}% of its limit"
             slot.memory_kill = (
                 f"was killed by its supervisor: its memory ({format_bytes(slot.memory)}) "
-                f"passed its limit ({format_bytes(self.memory_limit)}) - out of memory"
+                f"passed {share} ({format_bytes(self.memory_limit)}) - out of memory"
             )
             logger.warning("worker %s %s", slot.name, slot.memory_kill)
             slot.process.kill()

@@ -1,0 +1,295 @@
+"""A data store that moves the least recently used results to disk.
+
+``SpillStore`` is the worker's ``data`` when it has a memory limit. Values live in
+memory in least-recently-used order, each with its ``sizeof`` estimate. ``evict``
+moves the oldest to files until enough bytes went; with a ``target``, every write
+(and every read of a spilled value) evicts until the values in memory fit under it
+again, so a burst of results never waits for the memory monitor's next look.
+Reading a spilled key (``data[key]``) loads it back and counts it as used now;
+``del data[key]`` deletes its file without reading it (``pop`` would read it). A
+file that cannot be read back loses its key (``KeyError``, said in the log), as a
+lost worker loses its results: the scheduler computes them again.
+
+A file holds one value pickled with protocol 5, its large buffers out of band:
+a short header of lengths, the pickle stream, then each buffer written straight
+from the value's memory, so a large NumPy array is never copied into one joined
+``bytes`` on its way out. It comes back through ``readinto`` preallocated
+``bytearray`` s handed to ``pickle.loads(buffers=...)``: one copy, from the file
+into memory the array then owns (and may write to). cloudpickle is the fallback
+for what plain pickle refuses (lambdas, classes of ``__main__``). A value neither
+can pickle, or one a full disk refuses, stays in memory, said once in the log.
+
+Keys map to numbered file names, so a key may hold any character. The store is
+locked for each call: the event loop and task threads (``get_worker().data``) may
+share it. Reads and writes are synchronous, as in Dask's spill buffer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import struct
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, MutableMapping
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+from apportion.worker.sizeof import sizeof
+
+logger = logging.getLogger("apportion.worker")
+
+#: Header of a spill file: the pickle stream's length and the number of buffers,
+#: then one length per buffer (little-endian unsigned 64-bit).
+_COUNTS = struct.Struct("<QQ")
+_LENGTH = struct.Struct("<Q")
+
+_MISSING = object()
+
+
+class SpillStore(MutableMapping[str, Any]):
+    """Values in memory in LRU order, the oldest moved to files in ``directory``.
+
+    ``directory`` is created (user-only) on the first spill. ``target``: bytes of
+    values in memory that a write may leave, at most (None: spill only when told).
+    """
+
+    def __init__(self, directory: str | Path, target: int | None = None) -> None:
+        self.directory = Path(directory)
+        self.target = target
+        #: Values in memory, least recently used first.
+        self._fast: OrderedDict[str, Any] = OrderedDict()
+        #: ``sizeof`` of every key, in memory or on disk.
+        self._sizes: dict[str, int] = {}
+        #: Key on disk -> (file name, bytes in the file).
+        self._files: dict[str, tuple[str, int]] = {}
+        #: Keys whose value cannot be spilled (unpicklable, refused by the disk):
+        #: kept in memory and skipped by ``evict``; forgotten when the key is written again.
+        self._stuck: set[str] = set()
+        self._next_file = 0
+        #: Bytes of values in memory, by ``sizeof``; the managed memory.
+        self.memory_bytes = 0
+        #: Bytes of values on disk, by ``sizeof`` (what they take once loaded).
+        self.spilled_bytes = 0
+        #: Bytes of the spill files.
+        self.disk_bytes = 0
+        self._lock = threading.RLock()
+
+    # --- the mapping ----------------------------------------------------------------
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        with self._lock:
+            self._discard(key)
+            self._keep(key, value, sizeof(value))
+            self._fit_target()
+
+    def __getitem__(self, key: str) -> Any:
+        with self._lock:
+            value = self._fast.get(key, _MISSING)
+            if value is not _MISSING:
+                self._fast.move_to_end(key)
+                return value
+            if key not in self._files:
+                raise KeyError(key)
+            try:
+                value = self._load(key)
+            except Exception as exc:
+                # Gone or damaged (a clean-up of the temporary directory, a full disk
+                # that truncated it): the value is lost, as with a lost worker.
+                logger.error("spilled value of %r cannot be read back (%s); it is lost", key, exc)
+                self._discard(key)
+                raise KeyError(key) from exc
+            self._keep(key, value, self._sizes[key])
+            self._fit_target()
+            return value
+
+    def __delitem__(self, key: str) -> None:
+        with self._lock:
+            if not self._discard(key):
+                raise KeyError(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._fast or key in self._files
+
+    def __len__(self) -> int:
+        return len(self._fast) + len(self._files)
+
+    def __iter__(self) -> Iterator[str]:
+        with self._lock:
+            keys = [*self._fast, *self._files]
+        return iter(keys)
+
+    def clear(self) -> None:
+        """Forget every value and delete every file, without reading any back."""
+        with self._lock:
+            for key in list(self._files):
+                self._discard(key)
+            self._fast.clear()
+            self._sizes.clear()
+            self._stuck.clear()
+            self.memory_bytes = 0
+
+    # --- spilling -------------------------------------------------------------------
+
+    @property
+    def spilled_count(self) -> int:
+        """How many keys are on disk."""
+        return len(self._files)
+
+    def spilled_keys(self) -> list[str]:
+        """The keys on disk, in no particular order."""
+        with self._lock:
+            return list(self._files)
+
+    def memory_keys(self) -> list[str]:
+        """The keys in memory, least recently used first."""
+        with self._lock:
+            return list(self._fast)
+
+    def evict(self, nbytes: int) -> int:
+        """Move least-recently-used values to disk until ``nbytes`` went (or none is
+        left that can go); returns the bytes moved, by ``sizeof``."""
+        with self._lock:
+            moved = 0
+            for key in list(self._fast):
+                if moved >= nbytes:
+                    break
+                if key not in self._stuck:
+                    moved += self._spill(key)
+            return moved
+
+    def _fit_target(self) -> None:
+        if self.target is not None and self.memory_bytes > self.target:
+            self.evict(self.memory_bytes - self.target)
+
+    def _keep(self, key: str, value: Any, size: int) -> None:
+        """Hold ``value`` in memory as the most recently used."""
+        self._fast[key] = value
+        self._sizes[key] = size
+        self.memory_bytes += size
+
+    def _discard(self, key: str) -> bool:
+        """Forget ``key`` wherever it is; False if it was nowhere."""
+        self._stuck.discard(key)
+        if key in self._fast:
+            del self._fast[key]
+            self.memory_bytes -= self._sizes.pop(key)
+            return True
+        entry = self._files.pop(key, None)
+        if entry is None:
+            return False
+        self.spilled_bytes -= self._sizes.pop(key)
+        self.disk_bytes -= entry[1]
+        self._remove_file(entry[0])
+        return True
+
+    def _spill(self, key: str) -> int:
+        """Write ``key``'s value to a file and drop it from memory; its size, or 0."""
+        value = self._fast[key]
+        try:
+            header, buffers = _pickle(value)
+        except Exception as exc:
+            self._stuck.add(key)
+            logger.warning(
+                "cannot spill %r to disk (%s cannot be pickled: %s); it stays in memory",
+                key,
+                type(value).__name__,
+                exc,
+            )
+            return 0
+        name = str(self._next_file)
+        self._next_file += 1
+        try:
+            written = self._write(name, header, buffers)
+        except OSError as exc:
+            self._stuck.add(key)
+            self._remove_file(name)
+            logger.warning(
+                "cannot spill %r to %s (%s); it stays in memory", key, self.directory, exc
+            )
+            return 0
+        del self._fast[key]
+        size = self._sizes[key]
+        self.memory_bytes -= size
+        self.spilled_bytes += size
+        self.disk_bytes += written
+        self._files[key] = (name, written)
+        return size
+
+    def _write(self, name: str, header: bytes, buffers: list[pickle.PickleBuffer]) -> int:
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        views = [_raw(buffer) for buffer in buffers]
+        lengths = [view.nbytes for view in views]
+        with open(self.directory / name, "xb") as file:
+            file.write(_COUNTS.pack(len(header), len(views)))
+            file.write(b"".join(_LENGTH.pack(n) for n in lengths))
+            file.write(header)
+            for view in views:
+                file.write(view)  # straight from the value's memory: no joined copy
+        return _COUNTS.size + _LENGTH.size * len(views) + len(header) + sum(lengths)
+
+    def _load(self, key: str) -> Any:
+        """Read ``key``'s value back and delete its file."""
+        name, written = self._files[key]
+        path = self.directory / name
+        with open(path, "rb") as file:
+            header_length, count = _COUNTS.unpack(_read_exactly(file, _COUNTS.size))
+            lengths = [
+                _LENGTH.unpack_from(_read_exactly(file, _LENGTH.size))[0] for _ in range(count)
+            ]
+            header = _read_exactly(file, header_length)
+            buffers = []
+            for length in lengths:
+                buffer = bytearray(length)
+                if file.readinto(buffer) != length:
+                    raise OSError(f"spill file {path} of {key!r} is truncated")
+                buffers.append(buffer)
+        value = pickle.loads(header, buffers=buffers)
+        del self._files[key]
+        self.spilled_bytes -= self._sizes[key]
+        self.disk_bytes -= written
+        self._remove_file(name)
+        return value
+
+    def _remove_file(self, name: str) -> None:
+        # A file that cannot go (already gone, never made) is no loss: the directory
+        # is removed with the worker.
+        with contextlib.suppress(OSError):
+            os.unlink(self.directory / name)
+
+    def __repr__(self) -> str:
+        return (
+            f"<SpillStore {self.directory}: {len(self._fast)} in memory "
+            f"({self.memory_bytes} bytes), {len(self._files)} spilled ({self.spilled_bytes} bytes)>"
+        )
+
+
+def _pickle(value: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
+    """The pickle stream of ``value`` and its out-of-band buffers; cloudpickle when
+    plain pickle refuses. Raises what cloudpickle raises for the unpicklable."""
+    buffers: list[pickle.PickleBuffer] = []
+    try:
+        return pickle.dumps(value, protocol=5, buffer_callback=buffers.append), buffers
+    except Exception:
+        buffers.clear()
+    header = cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+    return header, buffers
+
+
+def _raw(buffer: pickle.PickleBuffer) -> memoryview:
+    """The bytes of ``buffer`` as one flat view: its own memory when contiguous."""
+    try:
+        return buffer.raw()
+    except BufferError:  # not contiguous: the one case that needs a copy
+        return memoryview(memoryview(buffer).tobytes(order="A"))
+
+
+def _read_exactly(file: Any, n: int) -> bytes:
+    data: bytes = file.read(n)
+    if len(data) != n:
+        raise OSError(f"spill file {file.name} is truncated")
+    return data
