@@ -26,6 +26,7 @@ from apportion.scheduler.records import worker_aliases
 
 if TYPE_CHECKING:
     from apportion.client.session import Session
+    from apportion.net.connection import Connection
 
 #: Results and scattered data of this many bytes or more go straight between client
 #: and workers where the workers can be reached.
@@ -95,12 +96,8 @@ async def _from_holders(
             unreached.append(key)
 
     async def from_one(address: str, some: list[str]) -> None:
-        try:
-            conn = await session.peer(address, None if strict else DIRECT_CONNECT_TIMEOUT)
-        except OSError:
-            if strict:
-                raise
-            session.unreachable.add(address)
+        conn = await _reach(session, address, strict=strict)
+        if conn is None:
             unreached.extend(some)
             return
         try:
@@ -112,6 +109,18 @@ async def _from_holders(
 
     await asyncio.gather(*(from_one(a, some) for a, some in by_address.items()))
     return fetched
+
+
+async def _reach(session: Session, address: str, *, strict: bool) -> Connection | None:
+    """The data connection to ``address``; None, remembered, if it cannot be reached
+    in ``DIRECT_CONNECT_TIMEOUT`` (``strict``: ``OSError`` within the client's timeout)."""
+    try:
+        return await session.peer(address, None if strict else DIRECT_CONNECT_TIMEOUT)
+    except OSError:
+        if strict:
+            raise
+        session.unreachable.add(address)
+        return None
 
 
 async def scatter_direct(
@@ -141,12 +150,8 @@ async def scatter_direct(
     placed: dict[str, list[Any]] = {}
     left: dict[str, Pickled] = {}
     for address, part in parts.items():
-        try:
-            conn = await session.peer(address, None if strict else DIRECT_CONNECT_TIMEOUT)
-        except OSError:
-            if strict:
-                raise
-            session.unreachable.add(address)
+        conn = await _reach(session, address, strict=strict)
+        if conn is None:
             left.update(part)
             continue
         stored = await session.request(m.PutData(session.next_id(), part), conn)

@@ -10,14 +10,13 @@ Reading a spilled key (``data[key]``) loads it back and counts it as used now;
 file that cannot be read back loses its key (``KeyError``, said in the log), as a
 lost worker loses its results: the scheduler computes them again.
 
-A file holds one value pickled with protocol 5, its large buffers out of band:
-a short header of lengths, the pickle stream, then each buffer written straight
-from the value's memory, so a large NumPy array is never copied into one joined
-``bytes`` on its way out. It comes back through ``readinto`` preallocated
-``bytearray`` s handed to ``pickle.loads(buffers=...)``: one copy, from the file
-into memory the array then owns (and may write to). cloudpickle is the fallback
-for what plain pickle refuses (lambdas, classes of ``__main__``). A value neither
-can pickle, or one a full disk refuses, stays in memory, said once in the log.
+A file holds one value pickled as it travels (``core.payload.dumps``: protocol 5,
+large buffers out of band, cloudpickle for what plain pickle refuses): a short
+header of lengths, then each frame written straight from the value's memory, so a
+large NumPy array is never copied into one joined ``bytes`` on its way out. It
+comes back through ``readinto`` preallocated ``bytearray`` s: one copy, from the
+file into memory the array then owns (and may write to). A value that cannot be
+pickled, or one a full disk refuses, stays in memory, said once in the log.
 
 Keys map to numbered file names, so a key may hold any character. The store is
 locked for each call: the event loop and task threads (``get_worker().data``) may
@@ -29,23 +28,21 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import pickle
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterator, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import cloudpickle
-
+from apportion.core.payload import Payload, dumps, loads
 from apportion.worker.sizeof import sizeof
 
 logger = logging.getLogger("apportion.worker")
 
-#: Header of a spill file: the pickle stream's length and the number of buffers,
-#: then one length per buffer (little-endian unsigned 64-bit).
-_COUNTS = struct.Struct("<QQ")
+#: Header of a spill file: the number of frames (``core.payload``: the pickle stream,
+#: then the out-of-band buffers), then one length per frame (little-endian, 64-bit).
+_COUNT = struct.Struct("<Q")
 _LENGTH = struct.Struct("<Q")
 
 _MISSING = object()
@@ -191,7 +188,7 @@ class SpillStore(MutableMapping[str, Any]):
         """Write ``key``'s value to a file and drop it from memory; its size, or 0."""
         value = self._fast[key]
         try:
-            header, buffers = _pickle(value)
+            pickled = dumps(value)
         except Exception as exc:
             self._stuck.add(key)
             logger.warning(
@@ -204,7 +201,7 @@ class SpillStore(MutableMapping[str, Any]):
         name = str(self._next_file)
         self._next_file += 1
         try:
-            written = self._write(name, header, buffers)
+            written = self._write(name, [pickled] if isinstance(pickled, bytes) else pickled.frames)
         except OSError as exc:
             self._stuck.add(key)
             self._remove_file(name)
@@ -220,35 +217,32 @@ class SpillStore(MutableMapping[str, Any]):
         self._files[key] = (name, written)
         return size
 
-    def _write(self, name: str, header: bytes, buffers: list[pickle.PickleBuffer]) -> int:
+    def _write(self, name: str, frames: Sequence[bytes | bytearray | memoryview]) -> int:
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        views = [_raw(buffer) for buffer in buffers]
-        lengths = [view.nbytes for view in views]
+        lengths = [memoryview(frame).nbytes for frame in frames]
         with open(self.directory / name, "xb") as file:
-            file.write(_COUNTS.pack(len(header), len(views)))
+            file.write(_COUNT.pack(len(frames)))
             file.write(b"".join(_LENGTH.pack(n) for n in lengths))
-            file.write(header)
-            for view in views:
-                file.write(view)  # straight from the value's memory: no joined copy
-        return _COUNTS.size + _LENGTH.size * len(views) + len(header) + sum(lengths)
+            for frame in frames:
+                file.write(frame)  # straight from the value's memory: no joined copy
+        return _COUNT.size + _LENGTH.size * len(frames) + sum(lengths)
 
     def _load(self, key: str) -> Any:
         """Read ``key``'s value back and delete its file."""
         name, written = self._files[key]
         path = self.directory / name
         with open(path, "rb") as file:
-            header_length, count = _COUNTS.unpack(_read_exactly(file, _COUNTS.size))
+            (count,) = _COUNT.unpack(_read_exactly(file, _COUNT.size))
             lengths = [
                 _LENGTH.unpack_from(_read_exactly(file, _LENGTH.size))[0] for _ in range(count)
             ]
-            header = _read_exactly(file, header_length)
-            buffers = []
+            frames = []
             for length in lengths:
-                buffer = bytearray(length)
-                if file.readinto(buffer) != length:
+                frame = bytearray(length)
+                if file.readinto(frame) != length:
                     raise OSError(f"spill file {path} of {key!r} is truncated")
-                buffers.append(buffer)
-        value = pickle.loads(header, buffers=buffers)
+                frames.append(frame)
+        value = loads(Payload(frames))
         del self._files[key]
         self.spilled_bytes -= self._sizes[key]
         self.disk_bytes -= written
@@ -266,26 +260,6 @@ class SpillStore(MutableMapping[str, Any]):
             f"<SpillStore {self.directory}: {len(self._fast)} in memory "
             f"({self.memory_bytes} bytes), {len(self._files)} spilled ({self.spilled_bytes} bytes)>"
         )
-
-
-def _pickle(value: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
-    """The pickle stream of ``value`` and its out-of-band buffers; cloudpickle when
-    plain pickle refuses. Raises what cloudpickle raises for the unpicklable."""
-    buffers: list[pickle.PickleBuffer] = []
-    try:
-        return pickle.dumps(value, protocol=5, buffer_callback=buffers.append), buffers
-    except Exception:
-        buffers.clear()
-    header = cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append)
-    return header, buffers
-
-
-def _raw(buffer: pickle.PickleBuffer) -> memoryview:
-    """The bytes of ``buffer`` as one flat view: its own memory when contiguous."""
-    try:
-        return buffer.raw()
-    except BufferError:  # not contiguous: the one case that needs a copy
-        return memoryview(memoryview(buffer).tobytes(order="A"))
 
 
 def _read_exactly(file: Any, n: int) -> bytes:
