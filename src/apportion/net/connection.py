@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import mmap
+import sys
 
 from apportion.net.stream import Stream, StreamClosed
 from apportion.protocol.codec import (
@@ -33,8 +34,8 @@ class ConnectionClosed(Exception):
     """The peer went away (or we closed the connection)."""
 
 
-#: Buffers from this size up are fresh anonymous memory maps rather than bytearrays.
-MAPPED_FROM = 1 << 20
+#: Buffers from this size up are not zeroed before the socket fills them.
+UNZEROED_FROM = 1 << 20
 #: Linux's advice that a mapping be backed by huge pages where it can (None elsewhere):
 #: a 2 MiB page faults in once where 4 KiB pages would fault 512 times.
 HUGE_PAGES: int | None = getattr(mmap, "MADV_HUGEPAGE", None)
@@ -44,17 +45,22 @@ def receive_buffer(size: int) -> memoryview:
     """Writable memory for ``size`` received bytes; a value rebuilt from it keeps it
     (a NumPy array over it, or the ``bytearray`` itself).
 
-    Large buffers are anonymous memory maps: the kernel hands out zeroed pages as the
-    socket writes them (huge pages where the system allows), where a ``bytearray``
-    would first be zeroed byte by byte, a second pass over every byte received.
+    A ``bytearray`` is zeroed byte by byte first, a second pass over every byte
+    received; large buffers are not. Where NumPy is loaded (where large arrays
+    travel) they are ``numpy.empty`` arrays: the allocator reuses memory already
+    paged in, and advises huge pages for large ones. Otherwise they are anonymous
+    memory maps whose pages the kernel hands out as the socket writes them.
     """
     try:
-        if size >= MAPPED_FROM:
-            mapped = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-            if HUGE_PAGES is not None:
-                mapped.madvise(HUGE_PAGES)
-            return memoryview(mapped)
-        return memoryview(bytearray(size))
+        if size < UNZEROED_FROM:
+            return memoryview(bytearray(size))
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            return memoryview(numpy.empty(size, numpy.uint8))
+        mapped = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if HUGE_PAGES is not None:
+            mapped.madvise(HUGE_PAGES)
+        return memoryview(mapped)
     except (MemoryError, OSError) as exc:
         raise ProtocolError(f"cannot hold a buffer of {size:,} bytes: {exc}") from None
 
