@@ -294,6 +294,18 @@ class SocketStream(Stream):
     def write(self, buffers: Sequence[Buffer]) -> None:
         if self._closed:
             return
+        if not self._out and len(buffers) == 1 and type(buffers[0]) is bytes:
+            # Most frames: one small bytes object, taken by the socket at once.
+            try:
+                sent = self._sock.send(buffers[0])
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as exc:
+                self._fail(f"connection to {self.peer} failed: {exc.strerror or exc}")
+                return
+            if sent == len(buffers[0]):
+                return
+            buffers = [memoryview(buffers[0])[sent:]]
         views = [byte_view(b) for b in buffers if len(b)]
         if not views:
             return

@@ -53,6 +53,13 @@ class ProtocolError(Exception):
 def encode_frame(messages: Sequence[Message]) -> list[bytes | bytearray | memoryview]:
     """One frame carrying ``messages`` in order: the header and body as one ``bytes``,
     then every payload's frames as they are (not copied)."""
+    wire = [m.to_wire() for m in messages]
+    try:  # most frames carry no payload: no hook to call
+        body: bytes = msgpack.packb(wire, use_bin_type=True)
+    except TypeError:
+        pass
+    else:
+        return [HEADER.pack(len(body), 0) + body]
     buffers: list[bytes | bytearray | memoryview] = []
 
     def place(obj: object) -> Any:
@@ -62,9 +69,7 @@ def encode_frame(messages: Sequence[Message]) -> list[bytes | bytearray | memory
             return msgpack.ExtType(PAYLOAD_EXT, _PAYLOAD_PLACE.pack(first, len(obj.frames)))
         raise TypeError(f"cannot send a {type(obj).__name__} in a message")
 
-    body: bytes = msgpack.packb([m.to_wire() for m in messages], use_bin_type=True, default=place)
-    if not buffers:
-        return [HEADER.pack(len(body), 0) + body]
+    body = msgpack.packb(wire, use_bin_type=True, default=place)
     lengths = b"".join(BUFFER_LENGTH.pack(memoryview(b).nbytes) for b in buffers)
     return [HEADER.pack(len(body), len(buffers)) + lengths + body, *buffers]
 
@@ -118,6 +123,12 @@ def decode_body(
 
 
 def _unpack(body: bytes | bytearray, buffers: Sequence[bytes | bytearray | memoryview]) -> Any:
+    if not buffers:  # most frames: a payload extension here is refused by the field checks
+        try:
+            return msgpack.unpackb(body, raw=False, strict_map_key=False)
+        except Exception as exc:  # msgpack raises several unrelated types on garbage
+            raise ProtocolError(f"frame is not valid msgpack: {exc}") from None
+
     def payload(code: int, data: bytes) -> Payload:
         if code != PAYLOAD_EXT or len(data) != _PAYLOAD_PLACE.size:
             raise ProtocolError(f"unknown msgpack extension {code}")

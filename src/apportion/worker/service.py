@@ -657,35 +657,29 @@ class Worker(BackgroundService):
         self._handle(events)
 
     async def _fetch(self, address: str, keys: tuple[str, ...]) -> None:
-        """Fetch ``keys`` from one peer, one request each (they leave in one frame), and
-        hand each value to the state machine as it arrives: a task whose input came
-        first starts while the others are still on their way."""
-        await asyncio.gather(*(self._fetch_one(address, key) for key in keys))
-
-    async def _fetch_one(self, address: str, key: str) -> None:
         try:
-            reply = await self._peers.get_data(address, [key])
+            reply = await self._peers.get_data(address, keys)
         except (OSError, ConnectionClosed, HandshakeError) as exc:
             logger.warning(
-                "worker %s: fetch of %r from %s failed: %s", self.name, key, address, exc
+                "worker %s: fetch of %d keys from %s failed: %s", self.name, len(keys), address, exc
             )
-            self._handle([FetchFailed(address, (key,), str(exc), self.clock.time())])
+            self._handle([FetchFailed(address, keys, str(exc), self.clock.time())])
             return
         obtained: dict[str, DataInfo] = {}
-        missing: tuple[str, ...] = ()
-        blob = reply.data.get(key)
-        if blob is not None:
+        missing = [key for key in keys if key not in reply.data and key not in reply.errors]
+        for key in keys:
+            blob = reply.data.get(key)
+            if blob is None:
+                continue
             try:
                 value = loads(blob)
             except Exception:
                 logger.exception("worker %s: cannot unpickle %r from %s", self.name, key, address)
-                missing = (key,)
-            else:
-                self.data[key] = value
-                obtained[key] = DataInfo(sizeof(value), type_name(value))
-        elif key not in reply.errors:
-            missing = (key,)
-        done = FetchDone(address, obtained, missing, self.clock.time(), dict(reply.errors))
+                missing.append(key)
+                continue
+            self.data[key] = value
+            obtained[key] = DataInfo(sizeof(value), type_name(value))
+        done = FetchDone(address, obtained, tuple(missing), self.clock.time(), dict(reply.errors))
         self._handle([done])
 
     def __repr__(self) -> str:
