@@ -144,11 +144,11 @@ def test_a_reader_that_does_not_read_holds_the_writer_back_and_drain_waits() -> 
         async with opened(socket_pair) as (a, b):
             big = bytes(64 * 2**20)
             a.write([big])
-            await asyncio.sleep(0.05)
-            # The socket and our read buffer are full; the rest waits unsent, uncopied.
+            # What the socket did not take at once waits unsent, uncopied.
             assert a.queued() > 32 * 2**20
             drained = asyncio.ensure_future(a.drain())
-            await asyncio.sleep(0.05)
+            for _ in range(20):  # loop turns: b's buffer fills and it stops reading
+                await asyncio.sleep(0)
             assert not drained.done()
             target = memoryview(bytearray(len(big)))
             await b.read_into(target)

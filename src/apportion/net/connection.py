@@ -79,10 +79,6 @@ class Connection:
     def closed(self) -> bool:
         return self._stream.closed
 
-    @property
-    def stream(self) -> Stream:
-        return self._stream
-
     def send(self, message: Message) -> None:
         """Queue ``message``; everything queued in this loop turn leaves as one frame."""
         if self._stream.closed:
@@ -105,10 +101,6 @@ class Connection:
             self.abort()
             return
         self._stream.write(frame)
-
-    def queued(self) -> int:
-        """Bytes handed to the stream and not yet sent."""
-        return self._stream.queued()
 
     async def drain(self) -> None:
         """Wait until what was sent has mostly left (for bulk senders)."""

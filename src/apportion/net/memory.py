@@ -24,10 +24,10 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from apportion.net.address import INPROC, check_address
-from apportion.net.stream import Buffer, Stream, byte_view
+from apportion.net.stream import Buffer, OnConnect, Stream, byte_view
 
 if TYPE_CHECKING:
-    from apportion.net.transport import Listener, OnConnect
+    from apportion.net.transport import Listener
 
 
 def _call_on(loop: asyncio.AbstractEventLoop, thread: int, fn: Callable[..., Any]) -> None:

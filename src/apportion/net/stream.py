@@ -27,7 +27,7 @@ import contextlib
 import logging
 import socket
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 logger = logging.getLogger("apportion.net")
@@ -270,10 +270,10 @@ class SocketStream(Stream):
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                self._fail(f"connection to {self.peer} failed: {exc.strerror or exc}")
+                self._shut(f"connection to {self.peer} failed: {exc.strerror or exc}")
                 return
             if n == 0:
-                self._fail(f"connection to {self.peer} closed")
+                self._shut(f"connection to {self.peer} closed")
                 return
             self._got(n)
             if n < len(view):  # the socket is empty for now
@@ -301,7 +301,7 @@ class SocketStream(Stream):
             except (BlockingIOError, InterruptedError):
                 sent = 0
             except OSError as exc:
-                self._fail(f"connection to {self.peer} failed: {exc.strerror or exc}")
+                self._shut(f"connection to {self.peer} failed: {exc.strerror or exc}")
                 return
             if sent == len(buffers[0]):
                 return
@@ -331,7 +331,7 @@ class SocketStream(Stream):
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                self._fail(f"connection to {self.peer} failed: {exc.strerror or exc}")
+                self._shut(f"connection to {self.peer} failed: {exc.strerror or exc}")
                 return
             self._out_size -= sent
             while sent:
@@ -383,9 +383,6 @@ class SocketStream(Stream):
     def abort(self) -> None:
         self._shut("closed by this side")
 
-    def _fail(self, why: str) -> None:
-        self._shut(why)
-
     def _shut(self, why: str) -> None:
         if self._sock.fileno() == -1:
             self._lost(why)
@@ -422,14 +419,15 @@ async def connect_tcp(host: str, port: int) -> SocketStream:
     raise error if error is not None else OSError(f"{host} resolves to no address")
 
 
-OnStream = Callable[[Stream], Any]
+#: What a listener calls for each accepted connection, on the listener's event loop.
+OnConnect = Callable[[Stream], Coroutine[Any, Any, None]]
 
 
 class TcpListener:
     """A listening socket; each accepted connection is served by ``on_connect(stream)``
     in a task of its own. ``close`` stops accepting; open connections stay."""
 
-    def __init__(self, sock: socket.socket, address: str, on_connect: OnStream) -> None:
+    def __init__(self, sock: socket.socket, address: str, on_connect: OnConnect) -> None:
         self.address = address
         self._sock = sock
         self._on_connect = on_connect

@@ -10,15 +10,11 @@ framing codec and the handshake run unchanged over both.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
-from typing import Any, Protocol
+from typing import Protocol
 
 from apportion.net.address import format_address, is_inproc, parse_address
 from apportion.net.memory import MEMORY
-from apportion.net.stream import Stream, TcpListener, bind_tcp, connect_tcp
-
-#: What a listener calls for each accepted connection, on the listener's event loop.
-OnConnect = Callable[[Stream], Coroutine[Any, Any, None]]
+from apportion.net.stream import OnConnect, Stream, TcpListener, bind_tcp, connect_tcp
 
 
 class Listener(Protocol):
