@@ -16,7 +16,7 @@ from apportion import Client, Scheduler, Worker
 from apportion.net.address import parse_address
 from apportion.net.connection import Connection
 from apportion.net.handshake import HandshakeError, accept_connection, open_connection
-from apportion.net.stream import Stream
+from apportion.net.stream import OnConnect, Stream
 from apportion.net.transport import TCP
 from apportion.protocol import messages as m
 from apportion.protocol.codec import HEADER, MAX_HANDSHAKE_FRAME, decode_frame, encode_frame
@@ -96,44 +96,40 @@ def test_version_mismatch_is_refused_naming_both_versions(
     still_works(scheduler.address)
 
 
-def test_client_refuses_a_server_speaking_another_version() -> None:
-    async def main() -> str:
-        async def serve(stream: Stream) -> None:
-            conn = Connection(stream)
-            await conn.recv()
-            conn.send(m.Welcome(99, "x", {}))
-            await conn.close()
+def _handshake_error(serve: OnConnect, role: str) -> str:
+    """What connecting as ``role`` to a TCP server run by ``serve`` raises."""
 
+    async def main() -> str:
         server = await TCP.listen("127.0.0.1", 0, serve)
         try:
-            await open_connection(server.address, "client", "me")
+            await open_connection(server.address, role, "me")
         except HandshakeError as exc:
             return str(exc)
         finally:
             server.close()
         return "connected"
 
-    message = asyncio.run(main())
+    return asyncio.run(main())
+
+
+def test_client_refuses_a_server_speaking_another_version() -> None:
+    async def serve(stream: Stream) -> None:
+        conn = Connection(stream)
+        await conn.recv()
+        conn.send(m.Welcome(99, "x", {}))
+        await conn.close()
+
+    message = _handshake_error(serve, "client")
     assert f"version {m.PROTOCOL_VERSION}" in message and "version 99" in message
 
 
 def test_unknown_role_is_refused() -> None:
-    async def main() -> str:
-        async def serve(stream: Stream) -> None:
-            conn = Connection(stream)
-            with contextlib.suppress(HandshakeError):
-                await accept_connection(conn, {"client"}, "p1", {})
+    async def serve(stream: Stream) -> None:
+        conn = Connection(stream)
+        with contextlib.suppress(HandshakeError):
+            await accept_connection(conn, {"client"}, "p1", {})
 
-        server = await TCP.listen("127.0.0.1", 0, serve)
-        try:
-            await open_connection(server.address, "intruder", "me")
-        except HandshakeError as exc:
-            return str(exc)
-        finally:
-            server.close()
-        return "connected"
-
-    assert "role 'intruder' is not served" in asyncio.run(main())
+    assert "role 'intruder' is not served" in _handshake_error(serve, "intruder")
 
 
 def test_msgpack_of_a_hello_is_what_the_handshake_reads() -> None:
