@@ -1138,7 +1138,9 @@ def test_reservation_is_dropped_when_an_input_is_lost(sim: RecordingCluster) -> 
     assert sim.state.workers[w2].reserved_by is None
 
 
-def test_task_given_back_after_its_input_was_lost_waits_for_it(sim: RecordingCluster) -> None:
+def _gpu_task_started_on_its_input(sim: RecordingCluster) -> tuple[str, str]:
+    """``a`` done on plain w1, then ``b`` (GPU=1, needing ``a``) started on w2 once it
+    joined; the two workers' ids."""
     w1 = sim.add_worker("w1")
     sim.submit_graph({"a": ([], None), "b": (["a"], "GPU=1")}, wanted=["b"])
     assert len(sim.got(m.Notice)) == 1  # no GPU worker yet: the client is warned about b
@@ -1146,6 +1148,11 @@ def test_task_given_back_after_its_input_was_lost_waits_for_it(sim: RecordingClu
     sim.finish("a")
     w2 = sim.add_worker("w2", resources="GPU=1")
     assert sim.place() == [(w2, "b")]
+    return w1, w2
+
+
+def test_task_given_back_after_its_input_was_lost_waits_for_it(sim: RecordingCluster) -> None:
+    w1, w2 = _gpu_task_started_on_its_input(sim)
     sim.remove_worker(w1)  # a's only copy goes while b runs on w2
     assert sim.state_of("a") == QUEUED
     assert sim.state_of("b") == PROCESSING
@@ -1258,13 +1265,7 @@ def _report_missing(sim: RecordingCluster, key: str, dep: str) -> None:
 
 
 def test_missing_dependency_recomputes_the_input_then_reruns(sim: RecordingCluster) -> None:
-    w1 = sim.add_worker("w1")
-    sim.submit_graph({"a": ([], None), "b": (["a"], "GPU=1")}, wanted=["b"])
-    assert len(sim.got(m.Notice)) == 1  # no GPU worker yet: the client is warned about b
-    sim.place()
-    sim.finish("a")
-    w2 = sim.add_worker("w2", resources="GPU=1")
-    assert sim.place() == [(w2, "b")]
+    w1, w2 = _gpu_task_started_on_its_input(sim)
     _report_missing(sim, "b", "a")
     assert (sim.state_of("a"), sim.state_of("b")) == (QUEUED, WAITING)
     assert sim.free(w2) == {"GPU": 1.0}
