@@ -20,11 +20,10 @@ from apportion.runs.queue import QueueOptions, RunQueue, waiting_text
 from apportion.runs.spec import new_spec
 from apportion.scheduler.events import (
     ClientJoined,
-    Disconnect,
     Event,
     FromClient,
     FromWorker,
-    Log,
+    ServiceEffect,
     WorkerJoined,
 )
 from apportion.scheduler.invariants import check_invariants
@@ -50,7 +49,7 @@ class FakeHost:
 
     def handle(self, event: Event) -> None:
         for command in self.state.handle(event):
-            if not isinstance(command, Log | Disconnect):
+            if not isinstance(command, ServiceEffect):
                 peer_id, message = to_wire(command)
                 if peer_id == RUNS_CLIENT and self.queue is not None:
                     self.queue.on_message(message)

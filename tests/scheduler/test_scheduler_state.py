@@ -14,7 +14,7 @@ import pytest
 
 from apportion.core.resources import ResourceSpec
 from apportion.protocol import messages as m
-from apportion.scheduler.events import FromWorker
+from apportion.scheduler.events import FromWorker, PipeEnded
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import (
     ERRED,
@@ -25,6 +25,7 @@ from apportion.scheduler.records import (
     RELEASED,
     WAITING,
 )
+from apportion.scheduler.relay import PIPE_FROM
 from apportion.scheduler.state import SchedulerConfig
 from apportion.testing import Interval, RecordingCluster, UnexpectedMessages
 
@@ -1000,12 +1001,65 @@ def test_gather_names_the_holders_of_large_results_and_relays_the_small(
     (reply,) = sim.got(m.GatherReply)
     holder = sim.state.workers[big_on].address
     assert reply == m.GatherReply(3, {"small": b"s"}, ["gone"], {}, {"big": [holder]})
-    # Without a threshold everything is relayed, as before.
+    # Without a threshold everything is relayed: the large value is forwarded by the
+    # service from its worker, never held here, and the reply follows it.
     sim.client_says("c1", m.GatherRequest(4, ["big"]))
-    (get,) = sim.worker_got(big_on, m.GetData)
-    assert get.keys == ["big"]
-    sim.handle(FromWorker(big_on, [m.DataReply(get.request_id, {"big": b"b"}, [], {})], sim.now))
-    assert sim.got(m.GatherReply)[1:] == [m.GatherReply(4, {"big": b"b"}, [], {})]
+    (pipe,) = sim.piped
+    assert (pipe.worker_id, pipe.client_id, pipe.request_id, pipe.keys) == (
+        big_on,
+        "c1",
+        4,
+        ["big"],
+    )
+    assert pipe.address == holder and sim.got(m.GatherReply)[1:] == []
+    sim.handle(PipeEnded(pipe.relay_id, big_on, [], sim.now))
+    assert sim.got(m.GatherReply)[1:] == [m.GatherReply(4, {}, [], {})]
+
+
+def test_a_relayed_gather_answers_once_forwarded_and_small_results_are_in(
+    sim: RecordingCluster,
+) -> None:
+    sim.add_worker("w1")
+    sim.add_worker("w2")
+    for key in ("big", "other", "small"):
+        sim.submit(key)
+    sim.place()
+    sim.finish("big", nbytes=PIPE_FROM)
+    sim.finish("small", nbytes=PIPE_FROM - 1)
+    sim.finish("other", nbytes=3 * PIPE_FROM)
+    sim.done()
+    sim.client_says("c1", m.GatherRequest(6, ["big", "small", "other"]))
+    small_on = sim.state.tasks["small"].worker
+    assert small_on is not None
+    (get,) = sim.worker_got(small_on, m.GetData)
+    assert get.keys == ["small"]
+    pipes = {p.worker_id: p for p in sim.piped}
+    assert sorted(k for p in pipes.values() for k in p.keys) == ["big", "other"]
+    sim.handle(FromWorker(small_on, [m.DataReply(get.request_id, {"small": b"s"}, [], {})], 1))
+    first, second = pipes.values()
+    sim.handle(PipeEnded(first.relay_id, first.worker_id, [], sim.now))
+    assert sim.got(m.GatherReply) == []  # a forward still on its way
+    # Its worker went away mid-way: the client drops what it received of them.
+    sim.handle(PipeEnded(second.relay_id, second.worker_id, second.keys, sim.now))
+    (reply,) = sim.got(m.GatherReply)
+    assert reply == m.GatherReply(6, {"small": b"s"}, second.keys, {})
+    # A late or repeated report changes nothing.
+    sim.handle(PipeEnded(second.relay_id, second.worker_id, [], sim.now))
+    assert sim.got(m.GatherReply)[1:] == []
+
+
+def test_a_forward_for_a_client_that_left_is_forgotten(sim: RecordingCluster) -> None:
+    w = sim.add_worker("w1")
+    sim.submit("big")
+    sim.place()
+    sim.finish("big", nbytes=2 * PIPE_FROM)
+    sim.done()
+    sim.add_client("c2")
+    sim.client_says("c2", m.GatherRequest(1, ["big"]))
+    (pipe,) = sim.piped
+    sim.remove_client("c2")
+    sim.handle(PipeEnded(pipe.relay_id, w, [], sim.now))
+    assert sim.got(m.GatherReply, "c2") == [] and not sim.state.relays.gathers
 
 
 def test_gather_of_only_large_results_answers_at_once(sim: RecordingCluster) -> None:

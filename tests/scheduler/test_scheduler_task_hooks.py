@@ -10,11 +10,10 @@ from apportion.scheduler.events import (
     ClientJoined,
     ClientLeft,
     Command,
-    Disconnect,
     Event,
     FromClient,
     FromWorker,
-    Log,
+    ServiceEffect,
     WorkerJoined,
     WorkerLeft,
 )
@@ -33,7 +32,7 @@ class Cluster:
 
     def handle(self, event: Event) -> list[Command]:
         out = self.state.handle(event)
-        self.sent += [to_wire(c) for c in out if not isinstance(c, Log | Disconnect)]
+        self.sent += [to_wire(c) for c in out if not isinstance(c, ServiceEffect)]
         return out
 
     def to(self, peer: str, kind: type[m.Message]) -> list[m.Message]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import resource
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import cloudpickle
@@ -31,6 +33,14 @@ def peak_rss() -> int:
 
 def ones(nbytes: int) -> np.ndarray[Any, Any]:
     return np.ones(nbytes, dtype=np.uint8)
+
+
+def peak_rss_of(pid: int) -> int:
+    """Another process's peak resident memory so far, bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM for process {pid}")
 
 
 def _cluster(procs: Processes, *worker_args: str) -> str:
@@ -61,6 +71,33 @@ def test_a_300mb_result_is_served_within_a_1gib_limit_at_its_own_size(
     assert after - before < 0.1 * 300 * MB, (
         f"serving raised the worker's peak by {after - before:,}"
     )
+
+
+def test_relaying_a_300mb_result_to_5_clients_at_once_costs_the_scheduler_a_bounded_buffer(
+    procs: Processes,
+) -> None:
+    """Clients that cannot reach the worker (``direct_to_workers=False``, as on a login
+    node) get large results forwarded through the scheduler, which holds a few MiB of
+    each at a time: measured as its peak memory before and after 5 concurrent fetches
+    of 300 MB (holding them would take 1.5 GB)."""
+    scheduler, address, _ = procs.start_scheduler()
+    procs.start("worker", address, "--nthreads", "1", "--name", "w")
+    with Client(address) as owner:
+        owner.wait_for_workers(1, timeout=30)
+        future = owner.submit(ones, 300 * MB, key="big")
+        future.result()  # once straight from the worker, to warm every path up
+        before = peak_rss_of(scheduler.pid)
+
+        def fetch(_: int) -> int:
+            with Client(address, direct_to_workers=False) as relayed:
+                value = relayed.gather(relayed.submit(ones, 300 * MB, key="big"))
+                return int(value.sum())
+
+        with ThreadPoolExecutor(5) as pool:
+            sums = list(pool.map(fetch, range(5)))
+        after = peak_rss_of(scheduler.pid)
+    assert sums == [300 * MB] * 5
+    assert after - before < 64 * 2**20, f"the scheduler's peak rose by {after - before:,}"
 
 
 @pytest.mark.skipif(

@@ -138,6 +138,9 @@ class Session:
         self._outbox: list[TaskBatch | str | m.Message] = []
         self._wake_scheduled = False
         self._requests: dict[int, asyncio.Future[Any]] = {}
+        #: Large results the scheduler forwarded from workers ahead of the reply to a
+        #: relayed gather: request id -> their ``DataReply`` frames (``take_parts``).
+        self._parts: dict[int, list[m.DataReply]] = {}
         self._ids = itertools.count(1)
         self._peers: dict[str, Connection] = {}
         #: Worker data addresses that could not be reached from here: their data goes
@@ -169,6 +172,9 @@ class Session:
         try:
             while True:
                 for msg in await conn.recv():
+                    if scheduler and isinstance(msg, m.DataReply):
+                        self._parts.setdefault(msg.request_id, []).append(msg)
+                        continue
                     request_id = getattr(msg, "request_id", None)
                     fut = self._requests.pop(request_id, None) if request_id is not None else None
                     if fut is not None:
@@ -200,6 +206,10 @@ class Session:
             raise SchedulerGoneError(f"not connected to the scheduler {self.address}")
         target.send(msg)
         return await fut
+
+    def take_parts(self, request_id: int) -> list[m.DataReply]:
+        """The results forwarded ahead of the reply to ``request_id``, once."""
+        return self._parts.pop(request_id, [])
 
     @property
     def connected(self) -> bool:

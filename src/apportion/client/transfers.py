@@ -69,14 +69,25 @@ async def fetch(session: Session, keys: list[str], direct: bool | None) -> Fetch
         fetched.missing.extend(key for key in keys if key not in where.who_has)
         return fetched
     direct_from = DIRECT_FROM if direct is None else 0
+    fetched = await _gather(session, keys, direct_from)
+    if fetched.relay:
+        relay, fetched.relay = fetched.relay, []
+        fetched.merge(await _gather(session, relay, 0))
+    return fetched
+
+
+async def _gather(session: Session, keys: list[str], direct_from: int) -> Fetched:
+    """A ``GatherRequest``: what the scheduler relayed, with the large results it
+    forwarded ahead of its reply, and those fetched from their holders (left in
+    ``relay`` when unreachable)."""
     reply = await session.request(m.GatherRequest(session.next_id(), keys, direct_from))
     fetched = Fetched(dict(reply.data), list(reply.missing), dict(reply.errors))
+    for part in session.take_parts(reply.request_id):
+        fetched.merge(Fetched(dict(part.data), list(part.missing), dict(part.errors)))
+    for key in reply.missing:  # forwarded in part only: its worker went away meanwhile
+        fetched.data.pop(key, None)
     if reply.elsewhere:
         fetched.merge(await _from_holders(session, reply.elsewhere, strict=False))
-    if fetched.relay:
-        relayed = await session.request(m.GatherRequest(session.next_id(), fetched.relay))
-        fetched.relay = []
-        fetched.merge(Fetched(relayed.data, relayed.missing, relayed.errors))
     return fetched
 
 

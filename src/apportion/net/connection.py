@@ -13,8 +13,10 @@ import contextlib
 import logging
 import mmap
 import sys
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 
-from apportion.net.stream import Stream, StreamClosed
+from apportion.net.stream import Buffer, Stream, StreamClosed
 from apportion.protocol.codec import (
     BUFFER_LENGTH,
     HEADER,
@@ -65,12 +67,31 @@ def receive_buffer(size: int) -> memoryview:
         raise ProtocolError(f"cannot hold a buffer of {size:,} bytes: {exc}") from None
 
 
+@dataclass(frozen=True, slots=True)
+class FrameHead:
+    """A received frame up to its buffers, which are still to be read from the stream."""
+
+    header: bytes
+    listed: bytes  #: the buffers' lengths as they came
+    body: bytes | bytearray
+    lengths: list[int]
+
+    @property
+    def raw(self) -> list[Buffer]:
+        """The head as it was received, to forward the frame as it is."""
+        return [self.header, self.listed, self.body]
+
+
 class Connection:
     """One peer. Not thread-safe: use it from its event loop only."""
 
     def __init__(self, stream: Stream, *, max_frame: int = MAX_FRAME) -> None:
         self._stream = stream
         self._outbox: list[Message] = []
+        #: Set while a frame is written piece by piece (``exclusive``): messages sent
+        #: meanwhile wait in the outbox, and then leave in order.
+        self._held = False
+        self._hold = asyncio.Lock()
         #: Frame limit for ``recv``; raised from the handshake limit once authenticated.
         self.max_frame = max_frame
         self.peer = stream.peer
@@ -83,11 +104,13 @@ class Connection:
         """Queue ``message``; everything queued in this loop turn leaves as one frame."""
         if self._stream.closed:
             return
-        if not self._outbox:
+        if not self._outbox and not self._held:
             asyncio.get_running_loop().call_soon(self._flush)
         self._outbox.append(message)
 
     def _flush(self) -> None:
+        if self._held:
+            return  # ``exclusive`` flushes when it ends
         if self._stream.closed or not self._outbox:
             self._outbox.clear()
             return
@@ -112,23 +135,59 @@ class Connection:
 
     async def recv(self) -> list[Message]:
         """The messages of the next frame. Raises ``ConnectionClosed`` or ``ProtocolError``."""
+        head = await self.recv_head()
+        buffers = []
+        for length in head.lengths:
+            buffer = receive_buffer(length)
+            await self.read_into(buffer)
+            buffers.append(buffer)
+        return decode_body(head.body, buffers)
+
+    async def recv_head(self) -> FrameHead:
+        """The next frame's header, buffer lengths and body, checked against
+        ``max_frame``; its buffers follow, for ``read_into``."""
         stream = self._stream
         try:
-            body_size, count = frame_sizes(await stream.read_exactly(HEADER.size), self.max_frame)
+            header = bytes(await stream.read_exactly(HEADER.size))
+            body_size, count = frame_sizes(header, self.max_frame)
+            listed = b""
             lengths: list[int] = []
             if count:
-                listed = await stream.read_exactly(count * BUFFER_LENGTH.size)
+                listed = bytes(await stream.read_exactly(count * BUFFER_LENGTH.size))
                 lengths = buffer_lengths(listed, count, body_size, self.max_frame)
             body = await stream.read_exactly(body_size)
-            buffers = []
-            for length in lengths:
-                buffer = receive_buffer(length)
-                await stream.read_into(buffer)
-                buffers.append(buffer)
         except StreamClosed as exc:
-            self.abort()  # the peer is gone: release the socket now, not at GC
-            raise ConnectionClosed(f"connection to {self.peer} closed") from exc
-        return decode_body(body, buffers)
+            raise self._closed_by(exc) from exc
+        return FrameHead(header, listed, body, lengths)
+
+    async def read_into(self, view: memoryview) -> None:
+        """Fill ``view`` with the next bytes of the frame being received."""
+        try:
+            await self._stream.read_into(view)
+        except StreamClosed as exc:
+            raise self._closed_by(exc) from exc
+
+    def _closed_by(self, exc: StreamClosed) -> ConnectionClosed:
+        self.abort()  # the peer is gone: release the socket now, not at GC
+        return ConnectionClosed(f"connection to {self.peer} closed")
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        """Own the outgoing side, to write one frame in pieces with ``write_raw``:
+        what was sent before goes first, what is sent meanwhile waits until the end."""
+        async with self._hold:
+            self._flush()
+            self._held = True
+            try:
+                yield
+            finally:
+                self._held = False
+                self._flush()
+
+    def write_raw(self, buffers: Sequence[Buffer]) -> None:
+        """Write bytes as they are (part of a frame), inside ``exclusive``."""
+        assert self._held, "write_raw belongs inside exclusive()"
+        self._stream.write(buffers)
 
     async def close(self) -> None:
         """Flush what is queued and close; safe to call twice."""

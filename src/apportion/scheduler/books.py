@@ -29,6 +29,8 @@ class Gather:
     #: worker id -> keys asked of it and not answered yet
     pending: dict[str, list[str]]
     data: dict[str, Pickled] = field(default_factory=dict)
+    #: worker id -> large results on their way from it to the client (``PipeData``)
+    piping: dict[str, list[str]] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
     #: Large results the client fetches itself: key -> its holders' data addresses.

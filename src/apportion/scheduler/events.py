@@ -16,7 +16,7 @@ Commands come in three kinds:
 * **Answers to questions** are one generic ``Reply`` wrapping the reply message a
   client's request asked for (``InfoReply``, ``WhyReply``, ``GatherReply`` ...):
   the request named its answer's shape, so there is no decision to model.
-* **Effects on the service itself**: ``Log`` and ``Disconnect``.
+* **Effects on the service itself**: ``Log``, ``Disconnect`` and ``PipeData``.
 
 The service sends everything addressed to one peer in one loop turn as one frame.
 """
@@ -92,6 +92,17 @@ class Tick:
 
 
 @dataclass(frozen=True, slots=True)
+class PipeEnded:
+    """The service finished a ``PipeData``: the values of ``broken`` did not arrive
+    whole (the worker went away while sending), and the client drops what it got of them."""
+
+    relay_id: int
+    worker_id: str
+    broken: list[str]
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
 class PlacementDue:
     """Run the batched placement pass (the service sends this once per loop turn)."""
 
@@ -107,6 +118,7 @@ Event = (
     | FromClient
     | FromWorker
     | PlacementDue
+    | PipeEnded
     | Tick
 )
 
@@ -344,6 +356,20 @@ class Disconnect:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class PipeData:
+    """Forward the values of ``keys`` from the worker's data port to the client as they
+    arrive, through a bounded buffer, as a ``DataReply`` answering the client's
+    ``request_id``; then tell the state ``PipeEnded(relay_id, ...)``."""
+
+    worker_id: str
+    address: str  #: the worker's data address
+    client_id: str
+    request_id: int
+    relay_id: int
+    keys: list[str]
+
+
 #: Instructions to a worker.
 WorkerCommand = (
     ShipFunction
@@ -375,4 +401,7 @@ ClientCommand = (
 #: What travels to a peer: ``wire.to_wire`` makes each a message.
 PeerCommand = WorkerCommand | ClientCommand | Reply
 
-Command = PeerCommand | Log | Disconnect
+#: What the service does itself instead of sending a message.
+ServiceEffect = Log | Disconnect | PipeData
+
+Command = PeerCommand | ServiceEffect

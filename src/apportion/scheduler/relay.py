@@ -4,6 +4,10 @@ On a cluster the client often sits on a login node that sees only the scheduler
 (seed 004: "the clients do not talk directly to the workers"). The scheduler relays
 results and scattered data as opaque bytes: one ``GetData``/``PutData`` per worker
 per request, one reply to the client when every worker has answered.
+
+Results of ``PIPE_FROM`` bytes or more are not held here: the service forwards them
+from the worker's data port to the client as they arrive (``PipeData``), through a
+buffer of a few MiB whatever their size, and the reply follows once they are through.
 """
 
 from __future__ import annotations
@@ -16,7 +20,14 @@ from apportion.scheduler import copies, drain
 from apportion.scheduler.books import Gather, Scatter
 from apportion.scheduler.client_requests import want
 from apportion.scheduler.core import SchedulerCore
-from apportion.scheduler.events import FetchData, FreeData, StoreData, TasksFailed
+from apportion.scheduler.events import (
+    FetchData,
+    FreeData,
+    PipeData,
+    PipeEnded,
+    StoreData,
+    TasksFailed,
+)
 from apportion.scheduler.holders import holders, holds
 from apportion.scheduler.records import (
     MEMORY,
@@ -25,6 +36,9 @@ from apportion.scheduler.records import (
     TaskRecord,
     WorkerRecord,
 )
+
+#: Relayed results of this many bytes or more are forwarded, not held (``PipeData``).
+PIPE_FROM = 1 << 20
 
 
 def worker_joined(state: SchedulerCore) -> None:
@@ -64,6 +78,7 @@ def gather(state: SchedulerCore, client: ClientRecord, msg: m.GatherRequest) -> 
     """Relay small results; name the holders of those of ``direct_from`` bytes or more,
     which the client fetches itself, so a large value never passes through here."""
     by_worker: dict[str, list[str]] = defaultdict(list)
+    piping: dict[str, list[str]] = defaultdict(list)
     missing: list[str] = []
     elsewhere: dict[str, list[str]] = {}
     for key in msg.keys:
@@ -72,17 +87,31 @@ def gather(state: SchedulerCore, client: ClientRecord, msg: m.GatherRequest) -> 
             missing.append(key)
         elif 0 < msg.direct_from <= task.nbytes:
             elsewhere[key] = [state.workers[w].address for w in holders(task)]
+        elif task.nbytes >= PIPE_FROM:
+            piping[task.worker].append(key)
         else:
             by_worker[task.worker].append(key)
-    if not by_worker:
+    if not by_worker and not piping:
         state.reply(client.id, m.GatherReply(msg.request_id, {}, missing, {}, elsewhere))
         return
     rid = state.relays.new_id()
     state.relays.gathers[rid] = Gather(
-        client.id, msg.request_id, dict(by_worker), {}, missing, elsewhere=elsewhere
+        client.id, msg.request_id, dict(by_worker), {}, dict(piping), missing, elsewhere=elsewhere
     )
     for worker_id, keys in by_worker.items():
         state.emit(FetchData(worker_id, rid, keys))
+    for worker_id, keys in piping.items():
+        address = state.workers[worker_id].address
+        state.emit(PipeData(worker_id, address, client.id, msg.request_id, rid, keys))
+
+
+def pipe_ended(state: SchedulerCore, event: PipeEnded) -> None:
+    """Forwarded results are through (those ``broken`` only in part: missing)."""
+    gather_ = state.relays.gathers.get(event.relay_id)
+    if gather_ is None or gather_.piping.pop(event.worker_id, None) is None:
+        return
+    gather_.missing.extend(event.broken)
+    _maybe_finish_gather(state, event.relay_id)
 
 
 def data_reply(state: SchedulerCore, worker: WorkerRecord, msg: m.DataReply) -> None:
@@ -103,7 +132,7 @@ def data_reply(state: SchedulerCore, worker: WorkerRecord, msg: m.DataReply) -> 
 
 def _maybe_finish_gather(state: SchedulerCore, rid: int) -> None:
     gather_ = state.relays.gathers[rid]
-    if not gather_.pending:
+    if not gather_.pending and not gather_.piping:
         del state.relays.gathers[rid]
         reply = m.GatherReply(
             gather_.request_id, gather_.data, gather_.missing, gather_.errors, gather_.elsewhere

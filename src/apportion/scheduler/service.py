@@ -23,11 +23,12 @@ from apportion.log_ring import LogRing
 from apportion.loop_thread import BackgroundService
 from apportion.net.address import DEFAULT_PORT, INPROC, is_inproc
 from apportion.net.connection import Connection, ConnectionClosed
-from apportion.net.handshake import HandshakeError, accept_connection
+from apportion.net.handshake import HandshakeError, accept_connection, open_connection
+from apportion.net.pipe import forward_buffers
 from apportion.net.stream import Stream
 from apportion.net.transport import Listener, transport_for
 from apportion.protocol import messages as m
-from apportion.protocol.codec import ProtocolError
+from apportion.protocol.codec import ProtocolError, decode_body
 from apportion.scheduler.companions import Companion, SchedulerAddresses
 from apportion.scheduler.events import (
     ClientJoined,
@@ -38,6 +39,8 @@ from apportion.scheduler.events import (
     FromClient,
     FromWorker,
     Log,
+    PipeData,
+    PipeEnded,
     PlacementDue,
     Tick,
     WorkerDeathReport,
@@ -52,6 +55,8 @@ logger = logging.getLogger("apportion.scheduler")
 
 #: How often the state machine is told the time, to find workers gone silent.
 TICK_SECONDS = 0.5
+#: Seconds to reach a worker's data port when forwarding its results to a client.
+PIPE_CONNECT_TIMEOUT = 10.0
 
 
 class Scheduler(BackgroundService):
@@ -90,6 +95,8 @@ class Scheduler(BackgroundService):
         self._placement_scheduled = False
         self._closed: asyncio.Event | None = None
         self._ticker: asyncio.Task[None] | None = None
+        #: Results being forwarded from workers to clients (``PipeData``).
+        self._pipes: set[asyncio.Task[None]] = set()
         #: Services beside this scheduler, in the order they start.
         self.companions = tuple(companions)
         #: The companions started and not closed yet.
@@ -173,6 +180,8 @@ class Scheduler(BackgroundService):
         # would requeue their runs, which must stay running in the journal for the
         # next scheduler to adopt.
         await self._close_companions()
+        for pipe in list(self._pipes):
+            pipe.cancel()
         for conn in list(self._conns.values()):
             await conn.close()
         self._conns.clear()
@@ -282,6 +291,11 @@ class Scheduler(BackgroundService):
                 level = logging.WARNING if command.level == "warning" else logging.INFO
                 logger.log(level, "%s", command.text)
                 continue
+            if isinstance(command, PipeData):
+                pipe = asyncio.create_task(self._pipe(command), name="scheduler-pipe")
+                self._pipes.add(pipe)
+                pipe.add_done_callback(self._pipes.discard)
+                continue
             if isinstance(command, Disconnect):
                 # Already gone as far as the state knows; closing makes a frozen worker
                 # that wakes up reconnect and register afresh, never double-counted.
@@ -293,6 +307,40 @@ class Scheduler(BackgroundService):
             conn = conns.get(peer_id)
             if conn is not None:
                 conn.send(message)
+
+    async def _pipe(self, command: PipeData) -> None:
+        """Forward ``command.keys`` from the worker's data port to the client: the reply's
+        head first, then its buffers through ``forward_buffers``. The state hears
+        ``PipeEnded`` in every case, so the client's gather always gets its answer."""
+        broken = list(command.keys)
+        source = None
+        try:
+            source, _ = await open_connection(
+                command.address, "scheduler", self.id, timeout=PIPE_CONNECT_TIMEOUT
+            )
+            source.send(m.GetData(command.request_id, command.keys))
+            head = await source.recv_head()
+            # Placeholders for the buffers: the keys are read here, the values never.
+            (reply,) = decode_body(head.body, [b""] * len(head.lengths))
+            if not isinstance(reply, m.DataReply) or reply.request_id != command.request_id:
+                raise ProtocolError(f"a data port answered GetData with {reply!r:.80}")
+            sink = self._conns.get(command.client_id)
+            if sink is None:
+                return  # the client left: nobody waits for these
+            async with sink.exclusive():
+                sink.write_raw(head.raw)
+                whole = await forward_buffers(source, sink, head.lengths)
+            if whole:
+                broken = []
+        except (OSError, HandshakeError, ConnectionClosed, ProtocolError, ValueError) as exc:
+            logger.warning(
+                "could not forward %d results from %s: %s", len(broken), command.address, exc
+            )
+        finally:
+            if source is not None:
+                source.abort()
+            now = self.clock.monotonic()
+            self._handle(PipeEnded(command.relay_id, command.worker_id, broken, now))
 
     # --- views for tools --------------------------------------------------------------
 

@@ -42,6 +42,7 @@ from apportion.scheduler.events import (
     Event,
     FromClient,
     FromWorker,
+    PipeEnded,
     PlacementDue,
     Tick,
     WorkerDeathReport,
@@ -119,6 +120,7 @@ EVENT_HANDLERS: dict[type[Any], Callable[[SchedulerCore, Any], None]] = {
     FromWorker: _from_worker,
     Tick: membership.tick,
     PlacementDue: _placement_due,
+    PipeEnded: relay.pipe_ended,
 }
 
 CLIENT_HANDLERS: dict[type[m.Message], Callable[[SchedulerCore, ClientRecord, Any], None]] = {

@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from apportion.core.resources import ResourceSpec, from_ticks, parse_demand
 from apportion.protocol import messages as m
-from apportion.scheduler.events import Command, Disconnect, Event, Log
+from apportion.scheduler.events import Command, Event, ServiceEffect
 from apportion.scheduler.records import FORGOTTEN
 from apportion.scheduler.wire import to_wire
 from apportion.testing.simulation import SimulatedCluster
@@ -46,7 +46,7 @@ class RecordingCluster(SimulatedCluster):
     def handle(self, event: Event) -> list[Command]:
         commands = super().handle(event)
         for command in commands:
-            if not isinstance(command, Log | Disconnect):
+            if not isinstance(command, ServiceEffect):
                 peer_id, message = to_wire(command)
                 kind = (peer_id, type(message))
                 self.untaken.setdefault(kind, []).append((self._sent, message))

@@ -24,6 +24,7 @@ from apportion.scheduler.events import (
     FromClient,
     FromWorker,
     Log,
+    PipeData,
     PlacementDue,
     RefuseWorker,
     WorkerJoined,
@@ -57,6 +58,9 @@ class SimulatedCluster:
         self.logs: list[Log] = []
         #: Peers the scheduler told its service to disconnect (declared lost).
         self.disconnected: list[str] = []
+        #: Large results the scheduler told its service to forward to a client; a
+        #: test answers each with ``PipeEnded``.
+        self.piped: list[PipeData] = []
         #: Workers refused at registration (their name was taken by a live worker).
         self.refused: list[str] = []
         #: client id -> every message the scheduler sent it
@@ -73,6 +77,8 @@ class SimulatedCluster:
         for command in commands:
             if isinstance(command, Log):
                 self.logs.append(command)
+            elif isinstance(command, PipeData):
+                self.piped.append(command)
             elif isinstance(command, Disconnect):
                 self.disconnected.append(command.peer_id)
                 self.running.pop(command.peer_id, None)  # a lost worker runs nothing more

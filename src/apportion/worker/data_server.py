@@ -21,8 +21,9 @@ from apportion.protocol.messages import DataReply, DataStored, GetData, PutData
 
 logger = logging.getLogger("apportion.worker")
 
-#: Who may connect to a data port: other workers, and clients fetching results directly.
-DATA_ROLES = frozenset({"peer", "client"})
+#: Who may connect to a data port: other workers, clients fetching results directly,
+#: and the scheduler forwarding large results to clients that cannot reach us.
+DATA_ROLES = frozenset({"peer", "client", "scheduler"})
 #: Replies of this many bytes or more are sent before the next request is answered,
 #: instead of leaving with the other replies to the same frame of requests.
 SEND_ALONE_FROM = 1 << 20
