@@ -1526,3 +1526,40 @@ def test_a_message_nobody_took_fails_the_check_unless_allowed() -> None:
     cluster.client_says("c1", m.ReleaseKeys(["x"]))
     cluster.allow(m.FreeKeys)
     cluster.check_all_taken()
+
+
+# --- placement near large inputs -----------------------------------------------------
+
+
+def _busy_holder(sim: RecordingCluster, nbytes: int, duration: float) -> tuple[str, str]:
+    """A one-thread worker holding ``x`` of ``nbytes``, its thread and pipeline taken by
+    tasks like one that took ``duration``; and an idle worker beside it."""
+    holder = sim.add_worker("holder")
+    sim.submit("x")
+    sim.place()
+    sim.finish("x", nbytes=nbytes, duration=duration)
+    assert sim.done() == ["x"]
+    sim.submit("busy-1")
+    sim.submit("busy-2")
+    assert sim.place() == [(holder, "busy-1"), (holder, "busy-2")]
+    return holder, sim.add_worker("idle")
+
+
+def test_a_task_waits_for_the_busy_worker_holding_its_large_input(sim: RecordingCluster) -> None:
+    holder, _ = _busy_holder(sim, nbytes=10**9, duration=0.01)
+    sim.submit("use", ["x"])
+    # Moving 1 GB would take about 10 s; the two tasks ahead, about 0.02 s.
+    assert sim.place() == [(holder, "use")]
+
+
+def test_a_task_moves_its_input_when_waiting_would_take_longer(
+    make_sim: Callable[..., RecordingCluster],
+) -> None:
+    small = make_sim()
+    _, idle = _busy_holder(small, nbytes=1000, duration=0.01)
+    small.submit("use", ["x"])
+    assert small.place() == [(idle, "use")]  # a few bytes: any free thread
+    slow = make_sim()
+    _, idle = _busy_holder(slow, nbytes=10**9, duration=60.0)
+    slow.submit("use", ["x"])
+    assert slow.place() == [(idle, "use")]  # a minute's wait is longer than 10 s of moving

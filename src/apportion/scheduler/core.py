@@ -92,6 +92,12 @@ class SchedulerConfig:
     pipeline_seconds: float = 0.002
     #: Upper bound on plain tasks queued ahead per thread.
     max_pipeline: int = 16
+    #: Bytes per second a result is assumed to move between workers at (Dask's
+    #: default): a plain task waits in the queue of the worker holding its inputs,
+    #: past ``max_pipeline``, while that wait is shorter than moving them would take.
+    transfer_bandwidth: float = 100e6
+    #: Seconds a plain task is assumed to take on a worker that has measured none.
+    unknown_duration: float = 0.5
     #: A worker not heard from for this many seconds (no message, no heartbeat) is
     #: declared lost: stopped, cut off or frozen. Its tasks run elsewhere.
     worker_timeout: float = 30.0

@@ -16,7 +16,10 @@ Rules (documented for users in docs/scheduling.md):
    one reservation; reservations are kept until the task starts.
 4. Plain tasks (no resources) only need a thread, and may be queued a little ahead
    on a worker (``pipeline_seconds`` of work per thread) to hide the round trip —
-   except, while resource tasks wait, on workers that offer resources.
+   except, while resource tasks wait, on workers that offer resources. One whose
+   inputs are mostly on one worker goes there; further ahead than that when the
+   worker's queue would clear before its inputs could move elsewhere (at
+   ``transfer_bandwidth``), as moving a large input costs more than waiting for it.
 5. A task with alternative demands runs with the first that fits somewhere now.
 6. A worker that announced it is closing gets nothing new, nor does one paused
    for its memory (until it resumes). A paused worker still counts among those
@@ -302,11 +305,8 @@ def plain_capacity(
     state: SchedulerCore, worker: WorkerRecord, resource_work_waiting: bool = False
 ) -> int:
     """How many more plain tasks ``worker`` may be given now (running or queued ahead)."""
-    if worker.leaving is not None or worker.paused:
-        return 0  # it said it is closing, or it is short of memory: nothing new goes there
-    holder = state.tasks.get(worker.reserved_by or "")
-    if holder is not None and worker.ledger.fits(holder.resources):
-        return 0  # the reserved task waits only for a thread: let the threads drain
+    if _closed_to_plain(state, worker, resource_work_waiting):
+        return 0
     if resource_work_waiting and worker.ledger.total:
         # A plain task queued ahead here would take the thread a GPU (say) frees next,
         # leaving the GPU idle while work for it waits: fill free threads only.
@@ -320,6 +320,17 @@ def plain_capacity(
     else:
         ahead = max(1, min(config.max_pipeline, math.ceil(config.pipeline_seconds / avg)))
     return worker.nthreads * (1 + ahead) - len(worker.processing)
+
+
+def _closed_to_plain(
+    state: SchedulerCore, worker: WorkerRecord, resource_work_waiting: bool
+) -> bool:
+    """Whether ``worker`` takes no plain task now, however many threads are free."""
+    if worker.leaving is not None or worker.paused:
+        return True  # it said it is closing, or it is short of memory
+    holder = state.tasks.get(worker.reserved_by or "")
+    # The reserved task waits only for a thread: let the threads drain.
+    return holder is not None and worker.ledger.fits(holder.resources)
 
 
 def _place_plain_tasks(state: SchedulerCore) -> None:
@@ -339,7 +350,7 @@ def _place_plain_tasks(state: SchedulerCore) -> None:
         task = _head(state, heap)
         if task is None:
             break
-        target = _local_choice(state, task, capacity) if task.deps else None
+        target = _local_choice(state, task, capacity, waiting) if task.deps else None
         if target is None:
             load, i, worker_id = heappop(loads)
             worker = state.workers[worker_id]
@@ -352,18 +363,31 @@ def _place_plain_tasks(state: SchedulerCore) -> None:
             target = worker
             heappush(loads, (current + 1 / worker.nthreads, i, worker_id))
         heappop(heap)
-        capacity[target.id] -= 1
+        capacity[target.id] = capacity.get(target.id, 0) - 1
         state.assign(task, target)
     if not heap:
         del state.ready[()]
 
 
 def _local_choice(
-    state: SchedulerCore, task: TaskRecord, capacity: dict[str, int]
+    state: SchedulerCore, task: TaskRecord, capacity: dict[str, int], waiting: bool
 ) -> WorkerRecord | None:
-    """The worker holding most input bytes, if it can take the task now."""
+    """The worker holding most input bytes, if it can take the task now, or if its
+    queue would clear before those bytes could move to another worker."""
     local = _input_bytes(state, task)
     for worker_id in sorted(local, key=lambda w: -local[w]):
         if capacity.get(worker_id, 0) > 0:
             return state.workers[worker_id]
-    return None
+    if not local:
+        return None
+    holder_id = max(local, key=lambda w: local[w])
+    holder = state.workers.get(holder_id)
+    if holder is None or _closed_to_plain(state, holder, waiting):
+        return None
+    if waiting and holder.ledger.total:
+        return None  # its next free thread is for the resource task waiting
+    config = state.config
+    per_task = config.unknown_duration if holder.avg_duration is None else holder.avg_duration
+    ahead = len(holder.processing) + 1 - holder.nthreads  # tasks to finish before this one
+    wait = max(0, ahead) / holder.nthreads * per_task
+    return holder if wait < local[holder_id] / config.transfer_bandwidth else None
