@@ -33,6 +33,7 @@ from apportion.protocol.messages import (
     TaskFinished,
     TaskRaised,
 )
+from apportion.worker.data_server import SEND_ALONE_FROM
 from apportion.worker.service import Worker
 from fake_scheduler import WAIT, FakeScheduler
 
@@ -76,6 +77,10 @@ async def get(conn: Connection, scheduler: FakeScheduler, *keys: str) -> DataRep
 
 def add(a: int, b: int) -> int:
     return a + b
+
+
+def total_length(*values: bytes) -> int:
+    return sum(map(len, values))
 
 
 def fail(message: str) -> None:
@@ -212,6 +217,52 @@ def test_dependency_is_fetched_from_a_peer_and_not_kept() -> None:
             assert done.key == "y"
             assert loads((await get(conn_b, scheduler, "y")).data["y"]) == 13
             assert "x" not in b.data and "x" in a.data
+
+    run(scenario)
+
+
+@pytest.mark.timeout(30)
+def test_a_peer_gets_small_values_first_then_each_large_one_alone() -> None:
+    big = b"b" * SEND_ALONE_FROM
+
+    async def scenario(scheduler: FakeScheduler) -> None:
+        async with Worker(scheduler.address, nthreads=1) as worker:
+            conn, _ = await scheduler.next_worker()
+            values = {"big1": big, "s": b"small", "big2": big + b"2", "t": 7}
+            conn.send(PutData(1, {key: dumps(value) for key, value in values.items()}))
+            await scheduler.expect(conn, DataStored)
+            peer, _ = await open_connection(worker.address, "peer", "test")
+            try:
+                asked = ["big1", "s", "gone", "big2", "t"]
+                peer.send(GetData(5, asked, in_parts=True))
+                parts = [await peer.recv() for _ in range(3)]  # one frame per part
+            finally:
+                await peer.close()
+            replies = [reply for (reply,) in parts if isinstance(reply, DataReply)]
+            assert [sorted(r.data) for r in replies] == [["s", "t"], ["big1"], ["big2"]]
+            assert [r.missing for r in replies] == [["gone"], [], []]
+            assert {r.request_id for r in replies} == {5}
+            assert loads(replies[2].data["big2"]) == values["big2"]
+
+    run(scenario)
+
+
+@pytest.mark.timeout(30)
+def test_inputs_fetched_in_parts_from_a_peer_all_arrive() -> None:
+    async def scenario(scheduler: FakeScheduler) -> None:
+        async with Worker(scheduler.address, nthreads=1) as a, Worker(scheduler.address) as b:
+            conn_a, _ = await scheduler.next_worker()
+            conn_b, _ = await scheduler.next_worker()
+            data = {"x": b"x" * SEND_ALONE_FROM, "y": b"y" * SEND_ALONE_FROM, "z": b"z"}
+            conn_a.send(PutData(1, {key: dumps(value) for key, value in data.items()}))
+            await scheduler.expect(conn_a, DataStored)
+            who_has = {key: [a.address] for key in data}
+            refs = [KeyRef(key) for key in data]
+            send(conn_b, compute("n", total_length, *refs, who_has=who_has))
+            assert (await scheduler.expect(conn_b, TaskFinished)).key == "n"
+            reply = await get(conn_b, scheduler, "n")
+            assert loads(reply.data["n"]) == 2 * SEND_ALONE_FROM + 1
+            assert "x" not in b.data
 
     run(scenario)
 

@@ -383,6 +383,10 @@ class GetData(Message):
 
     request_id: int
     keys: list[str]
+    #: Answer in several ``DataReply`` frames: the small values (and the keys missing)
+    #: first, then each large value in a frame of its own, so that the asker can use
+    #: each as it arrives. A peer asks so; the key sets of the parts add up to ``keys``.
+    in_parts: bool = False
 
 
 @message

@@ -25,6 +25,7 @@ Check = Callable[[Any], bool]
 #: msgpack's exact decoded types for each declared scalar type (a bool is not an int).
 _SCALARS: dict[Any, frozenset[type]] = {
     int: frozenset({int}),
+    bool: frozenset({bool}),
     float: frozenset({float, int}),
     str: frozenset({str}),
     bytes: frozenset({bytes}),

@@ -50,6 +50,17 @@ def data_reply(data: Mapping[str, Any], request_id: int, keys: Iterable[str]) ->
     return DataReply(request_id, found, missing, errors)
 
 
+def reply_parts(data: Mapping[str, Any], request_id: int, keys: Iterable[str]) -> list[DataReply]:
+    """``data_reply`` in parts (``GetData.in_parts``): the small values with the keys
+    missing and the errors first, then each value of ``SEND_ALONE_FROM`` bytes or more
+    alone, in the order asked."""
+    whole = data_reply(data, request_id, keys)
+    large = {key: blob for key, blob in whole.data.items() if size_of(blob) >= SEND_ALONE_FROM}
+    small = {key: blob for key, blob in whole.data.items() if key not in large}
+    first = DataReply(request_id, small, whole.missing, whole.errors)
+    return [first, *(DataReply(request_id, {key: blob}, [], {}) for key, blob in large.items())]
+
+
 class DataServer:
     """Listens on ``host:port`` and answers ``GetData`` from ``data``."""
 
@@ -95,7 +106,12 @@ class DataServer:
             await accept_connection(conn, set(DATA_ROLES), conn.peer, {"worker": self._name})
             while True:
                 for message in await conn.recv():
-                    if isinstance(message, GetData):
+                    if isinstance(message, GetData) and message.in_parts:
+                        parts = reply_parts(self._data, message.request_id, message.keys)
+                        for part in parts:
+                            conn.send(part)
+                            await conn.drain()  # each part a frame of its own
+                    elif isinstance(message, GetData):
                         reply = data_reply(self._data, message.request_id, message.keys)
                         conn.send(reply)
                         if sum(map(size_of, reply.data.values())) >= SEND_ALONE_FROM:

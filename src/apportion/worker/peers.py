@@ -2,7 +2,10 @@
 
 Answers are matched to requests by ``request_id``, so several fetches to one peer
 can be in flight at once on its single connection, and the connection's own
-batching turns the fetches of one loop turn into one frame.
+batching turns the fetches of one loop turn into one frame. A peer answers in parts
+(``GetData.in_parts``): the small values first, then each large one alone, and each
+part is handed on as it arrives, so a task whose input came first starts while the
+others are still on their way.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import open_connection
@@ -21,14 +24,29 @@ from apportion.protocol.messages import DataReply, GetData
 logger = logging.getLogger("apportion.worker")
 
 
+class Receiving:
+    """One request's answer, coming in parts until every key asked is accounted for."""
+
+    def __init__(self, keys: list[str], on_part: Callable[[DataReply], None]) -> None:
+        self.remaining = set(keys)
+        self.on_part = on_part
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def take(self, part: DataReply) -> bool:
+        """Hand ``part`` on; True once nothing more is to come."""
+        self.remaining.difference_update(part.data, part.missing, part.errors)
+        self.on_part(part)
+        return not self.remaining
+
+
 class PeerChannel:
     """The connection to one peer and the requests waiting for its answers."""
 
     def __init__(self, address: str, conn: Connection) -> None:
         self.address = address
         self.conn = conn
-        #: request_id -> future of its reply; emptied with an error when the peer goes.
-        self.pending: dict[int, asyncio.Future[DataReply]] = {}
+        #: request_id -> its answer so far; emptied with an error when the peer goes.
+        self.pending: dict[int, Receiving] = {}
         self.reader = asyncio.create_task(self._read(), name=f"peer-reader-{address}")
 
     @property
@@ -42,17 +60,19 @@ class PeerChannel:
                 for message in await self.conn.recv():
                     if not isinstance(message, DataReply):
                         raise ProtocolError(f"peer sent {type(message).__name__}, not DataReply")
-                    future = self.pending.pop(message.request_id, None)
-                    if future is not None and not future.done():
-                        future.set_result(message)
+                    receiving = self.pending.get(message.request_id)
+                    if receiving is not None and receiving.take(message):
+                        del self.pending[message.request_id]
+                        if not receiving.done.done():
+                            receiving.done.set_result(None)
         except (ConnectionClosed, ProtocolError) as exc:
             error = exc
             logger.info("connection to peer %s ended: %s", self.address, exc)
         finally:
             self.conn.abort()
-            for future in self.pending.values():
-                if not future.done():
-                    future.set_exception(ConnectionClosed(str(error)))
+            for receiving in self.pending.values():
+                if not receiving.done.done():
+                    receiving.done.set_exception(ConnectionClosed(str(error)))
             self.pending.clear()
 
 
@@ -65,14 +85,18 @@ class PeerPool:
         self._opening: dict[str, asyncio.Task[PeerChannel]] = {}
         self._ids = itertools.count(1)
 
-    async def get_data(self, address: str, keys: Iterable[str]) -> DataReply:
-        """Ask ``address`` for ``keys``. Raises ``OSError`` or ``ConnectionClosed``."""
+    async def get_data(
+        self, address: str, keys: Iterable[str], on_part: Callable[[DataReply], None]
+    ) -> None:
+        """Ask ``address`` for ``keys``, handing each part of the answer to ``on_part``
+        as it arrives; return once every key came (held, missing or unsendable).
+        Raises ``OSError`` or ``ConnectionClosed`` (some parts may have come)."""
         channel = await self._channel(address)
         request_id = next(self._ids)
-        future: asyncio.Future[DataReply] = asyncio.get_running_loop().create_future()
-        channel.pending[request_id] = future
-        channel.conn.send(GetData(request_id, list(keys)))
-        return await future
+        asked = list(keys)
+        receiving = channel.pending[request_id] = Receiving(asked, on_part)
+        channel.conn.send(GetData(request_id, asked, in_parts=True))
+        await receiving.done
 
     async def _channel(self, address: str) -> PeerChannel:
         channel = self._channels.get(address)

@@ -35,6 +35,7 @@ from apportion.protocol.codec import ProtocolError
 from apportion.protocol.messages import (
     DIRECT_PUT,
     ComputeTask,
+    DataReply,
     DataStored,
     DrainDone,
     FreeKeys,
@@ -657,20 +658,26 @@ class Worker(BackgroundService):
         self._handle(events)
 
     async def _fetch(self, address: str, keys: tuple[str, ...]) -> None:
+        arrived: set[str] = set()
+
+        def on_part(part: DataReply) -> None:
+            arrived.update(part.data, part.missing, part.errors)
+            self._handle([self._fetched(address, part)])
+
         try:
-            reply = await self._peers.get_data(address, keys)
+            await self._peers.get_data(address, keys, on_part)
         except (OSError, ConnectionClosed, HandshakeError) as exc:
+            rest = tuple(key for key in keys if key not in arrived)
             logger.warning(
-                "worker %s: fetch of %d keys from %s failed: %s", self.name, len(keys), address, exc
+                "worker %s: fetch of %d keys from %s failed: %s", self.name, len(rest), address, exc
             )
-            self._handle([FetchFailed(address, keys, str(exc), self.clock.time())])
-            return
+            self._handle([FetchFailed(address, rest, str(exc), self.clock.time())])
+
+    def _fetched(self, address: str, part: DataReply) -> FetchDone:
+        """The values of one part of a peer's answer, unpickled into ``data``."""
         obtained: dict[str, DataInfo] = {}
-        missing = [key for key in keys if key not in reply.data and key not in reply.errors]
-        for key in keys:
-            blob = reply.data.get(key)
-            if blob is None:
-                continue
+        missing = list(part.missing)
+        for key, blob in part.data.items():
             try:
                 value = loads(blob)
             except Exception:
@@ -679,8 +686,7 @@ class Worker(BackgroundService):
                 continue
             self.data[key] = value
             obtained[key] = DataInfo(sizeof(value), type_name(value))
-        done = FetchDone(address, obtained, tuple(missing), self.clock.time(), dict(reply.errors))
-        self._handle([done])
+        return FetchDone(address, obtained, tuple(missing), self.clock.time(), dict(part.errors))
 
     def __repr__(self) -> str:
         return f"<Worker {self.name} {self.address or 'not started'} threads={self.nthreads}>"
