@@ -188,12 +188,14 @@ def _holder(client: Any, futures: list[Any], what: str) -> str:
 
 
 def measure(
-    open_session: Callable[[], contextlib.AbstractContextManager[Session]], repeat: int
+    open_session: Callable[[], contextlib.AbstractContextManager[Session]],
+    repeat: int,
+    sizes: list[int],
 ) -> dict[int, list[Round]]:
     """Timed rounds at each size, each size after an untimed warm-up round."""
     rounds: dict[int, list[Round]] = {}
     with open_session() as session:
-        for size in SIZES:
+        for size in sizes:
             rounds[size] = []
             for i in range(repeat + 1):
                 session.settle()
@@ -286,14 +288,16 @@ def _written(path: Path, proc: subprocess.Popen[bytes]) -> bool:
     return True
 
 
-def report(loopback: float, results: dict[str, dict[int, list[Round]]], repeat: int) -> None:
+def report(
+    loopback: float, results: dict[str, dict[int, list[Round]]], repeat: int, sizes: list[int]
+) -> None:
     print()
     print(
         f"Data transfer: {len(POOLS)} worker processes x {N_THREADS} threads, loopback TCP, "
         f"median of {repeat} timed round{'s' if repeat > 1 else ''} per figure"
     )
     print(f"loopback TCP, one connection between 2 processes: {loopback:.2f} GiB/s")
-    for size in SIZES:
+    for size in sizes:
         moved = {
             system: TOTAL / statistics.median(r.transfer for r in rounds[size]) / GiB
             for system, rounds in results.items()
@@ -320,9 +324,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=REPEAT, help="timed rounds per size")
     parser.add_argument("--systems", default="apportion,dask", help="comma-separated")
+    parser.add_argument(
+        "--sizes",
+        default=",".join(str(size // MiB) for size in SIZES),
+        help="array sizes in MiB, comma-separated, each dividing 1024",
+    )
     args = parser.parse_args()
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
+    sizes = [int(mib) * MiB for mib in args.sizes.split(",")]
+    if any(size <= 0 or TOTAL % size for size in sizes):
+        parser.error("--sizes must divide 1024 MiB")
     sessions = {"apportion": apportion_session, "dask": dask_session}
     systems = args.systems.split(",")
     if unknown := [s for s in systems if s not in sessions]:
@@ -342,9 +354,9 @@ def main() -> None:
     for system in systems:
         print(f"{system}:", flush=True)
         start = time.perf_counter()
-        results[system] = measure(sessions[system], args.repeat)
+        results[system] = measure(sessions[system], args.repeat, sizes)
         print(f"  ({time.perf_counter() - start:.1f} s including start-up)", flush=True)
-    report(loopback, results, args.repeat)
+    report(loopback, results, args.repeat, sizes)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import pytest
 
 from apportion.core.resources import ResourceSpec
 from apportion.protocol import messages as m
+from apportion.scheduler.core import PREFETCH_FROM
 from apportion.scheduler.events import FromWorker, PipeEnded
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import (
@@ -1563,3 +1564,51 @@ def test_a_task_moves_its_input_when_waiting_would_take_longer(
     _, idle = _busy_holder(slow, nbytes=10**9, duration=60.0)
     slow.submit("use", ["x"])
     assert slow.place() == [(idle, "use")]  # a minute's wait is longer than 10 s of moving
+
+
+# --- inputs fetched ahead for a reserving task ----------------------------------------
+
+
+def _reserving(sim: RecordingCluster, nbytes: int) -> tuple[str, str]:
+    """``t2`` (GPU=1) needs ``x`` of ``nbytes`` held by worker "data", and waits for
+    the one GPU, which ``t1`` holds on worker "gpu": it reserves "gpu"."""
+    data = sim.add_worker("data")
+    sim.submit("x")
+    sim.place()
+    sim.finish("x", nbytes=nbytes)
+    assert sim.done() == ["x"]
+    gpu = sim.add_worker("gpu", nthreads=2, resources="GPU=1")
+    sim.submit("t1", resources="GPU=1")
+    assert sim.place() == [(gpu, "t1")]
+    sim.submit("t2", ["x"], resources="GPU=1")
+    assert sim.place() == []
+    assert sim.state.tasks["t2"].reserved_on == gpu
+    return data, gpu
+
+
+def test_a_reserving_task_has_its_large_inputs_fetched_ahead_where_it_will_run(
+    sim: RecordingCluster,
+) -> None:
+    data, gpu = _reserving(sim, nbytes=PREFETCH_FROM)
+    (prefetch,) = sim.worker_got(gpu, m.Prefetch)
+    assert prefetch.who_has == {"x": [sim.state.workers[data].address]}
+    sim.finish("t1")
+    assert sim.place() == [(gpu, "t2")]
+    assert sim.worker_got(gpu, m.DropPrefetch) == []  # it started there: they are its own
+    assert sim.done()[-1] == "t1"
+
+
+def test_inputs_fetched_ahead_are_dropped_when_their_task_will_not_run_there(
+    sim: RecordingCluster,
+) -> None:
+    _, gpu = _reserving(sim, nbytes=PREFETCH_FROM)
+    assert len(sim.worker_got(gpu, m.Prefetch)) == 1
+    sim.client_says("c1", m.CancelKeys(["t2"]))
+    assert sim.worker_got(gpu, m.DropPrefetch) == [m.DropPrefetch(["x"])]
+    assert not sim.state.prefetches
+    sim.allow(m.KeysFailed, m.FreeKeys)
+
+
+def test_small_inputs_are_not_fetched_ahead(sim: RecordingCluster) -> None:
+    _, gpu = _reserving(sim, nbytes=PREFETCH_FROM - 1)
+    assert sim.worker_got(gpu, m.Prefetch) == [] and not sim.state.prefetches

@@ -31,6 +31,8 @@ from apportion.worker.events import (
     ForgetData,
     FreeArrived,
     Paused,
+    PrefetchArrived,
+    PrefetchDropped,
     Resumed,
     SendToScheduler,
     WorkerCommand,
@@ -172,6 +174,52 @@ def test_transient_copy_is_kept_while_a_waiting_task_needs_it() -> None:
     commands = state.handle(ok("x"))
     assert executed(commands) == ["y"] and forgotten(commands) == {"a"}
     check_invariants(state)
+
+
+@pytest.mark.timeout(5)
+def test_prefetched_inputs_are_kept_for_the_task_that_then_claims_them(
+    state: WorkerState,
+) -> None:
+    commands = state.handle(PrefetchArrived({"a": [PEER_A], "b": [ME]}, 1.0))
+    assert [(c.address, c.keys) for c in commands if isinstance(c, Fetch)] == [(PEER_A, ("a",))]
+    assert state.prefetched == {"a"}  # never from ourselves
+    assert not forgotten(state.handle(FetchDone(PEER_A, {"a": INFO}, (), 2.0)))
+    assert "a" in state.data  # no task needs it yet, and it stays
+    commands = state.handle(compute("x", {"a": [PEER_A]}, t=3.0))
+    assert executed(commands) == ["x"] and not [c for c in commands if isinstance(c, Fetch)]
+    assert not state.prefetched  # the task's input now: it goes once the task has it
+    assert forgotten(commands) == {"a"}
+    state.handle(ok("x"))
+
+
+@pytest.mark.timeout(5)
+def test_a_task_arriving_mid_prefetch_waits_for_that_fetch(state: WorkerState) -> None:
+    state.handle(PrefetchArrived({"a": [PEER_A]}, 1.0))
+    commands = state.handle(compute("x", {"a": [PEER_A]}, t=2.0))
+    assert not [c for c in commands if isinstance(c, Fetch | Execute)]  # asked once only
+    assert executed(state.handle(FetchDone(PEER_A, {"a": INFO}, (), 3.0))) == ["x"]
+    state.handle(ok("x"))
+
+
+@pytest.mark.timeout(5)
+def test_a_dropped_prefetch_lets_its_inputs_go(state: WorkerState) -> None:
+    state.handle(PrefetchArrived({"a": [PEER_A], "b": [PEER_B]}, 1.0))
+    state.handle(FetchDone(PEER_A, {"a": INFO}, (), 2.0))
+    commands = state.handle(PrefetchDropped(("a", "b", "never"), 3.0))
+    assert forgotten(commands) == {"a"} and not state.prefetched
+    # "b" was still on its way: it is forgotten as it arrives, unwanted.
+    assert forgotten(state.handle(FetchDone(PEER_B, {"b": INFO}, (), 4.0))) == {"b"}
+    assert not state.data
+
+
+@pytest.mark.timeout(5)
+def test_a_paused_worker_holds_a_prefetch_and_skips_it_if_dropped_meanwhile(
+    state: WorkerState,
+) -> None:
+    state.handle(Paused(900, 1000, 1.0))
+    assert not state.handle(PrefetchArrived({"a": [PEER_A]}, 2.0))
+    state.handle(PrefetchDropped(("a",), 3.0))
+    assert not [c for c in state.handle(Resumed(500, 1000, 4.0)) if isinstance(c, Fetch)]
 
 
 @pytest.mark.timeout(5)
@@ -418,6 +466,14 @@ class WorkerStateMachine(RuleBasedStateMachine):
     @rule(keys=st.sets(st.sampled_from(KEYS), max_size=2))
     def put(self, keys: set[str]) -> None:
         self.step(DataPut(1, dict.fromkeys(keys, INFO), self.now()))
+
+    @rule(who_has=st.dictionaries(st.sampled_from(KEYS), st.lists(st.sampled_from(PEERS))))
+    def prefetch(self, who_has: dict[str, list[str]]) -> None:
+        self.step(PrefetchArrived(who_has, self.now()))
+
+    @rule(keys=st.lists(st.sampled_from(KEYS), max_size=3))
+    def drop_prefetch(self, keys: list[str]) -> None:
+        self.step(PrefetchDropped(tuple(keys), self.now()))
 
     @rule()
     def pause(self) -> None:

@@ -378,6 +378,22 @@ class FreeKeys(Message):
 
 
 @message
+class Prefetch(Message):
+    """A task reserved this worker and will run here next: fetch its inputs now, so
+    that they are here when its resources free. Key -> its holders' data addresses."""
+
+    who_has: dict[str, list[str]]
+
+
+@message
+class DropPrefetch(Message):
+    """The task those inputs were fetched for will not run here: drop them (kept only
+    where a task here needs them)."""
+
+    keys: list[str]
+
+
+@message
 class GetData(Message):
     """Ask a worker for results (scheduler relay, a peer or a direct client)."""
 

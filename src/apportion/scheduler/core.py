@@ -46,8 +46,10 @@ from apportion.scheduler.books import RelayBook, RemoteBook, ServiceBook, Shared
 from apportion.scheduler.events import (
     AssignTask,
     Command,
+    DropPrefetch,
     FreeData,
     Log,
+    PrefetchInputs,
     Reply,
     ShipFunction,
     TaskError,
@@ -55,7 +57,7 @@ from apportion.scheduler.events import (
     TasksDone,
     TasksPending,
 )
-from apportion.scheduler.holders import clear_replicas, holders
+from apportion.scheduler.holders import clear_replicas, holders, holds
 from apportion.scheduler.records import (
     ERRED,
     FORGOTTEN,
@@ -77,6 +79,11 @@ SCATTERED = ""
 
 #: Supervisor reports of worker deaths kept for poison-task errors.
 MAX_DEATH_CAUSES = 1_000
+
+
+#: A reserving task's inputs are fetched ahead when they add up to this many bytes:
+#: smaller ones move in less time than the round trip that starts the task.
+PREFETCH_FROM = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +163,9 @@ class SchedulerCore:
         self.verdicts: dict[str, float] = {}
         #: Clients serving others: requests, tasks still running, notes (``task_hooks``).
         self.services = ServiceBook()
+        #: Reserving tasks whose inputs their worker fetches ahead: key -> (worker id,
+        #: the inputs asked for). Sparse: one per reservation at most.
+        self.prefetches: dict[str, tuple[str, list[str]]] = {}
 
     # --- output -----------------------------------------------------------------------
 
@@ -276,12 +286,36 @@ class SchedulerCore:
         task.allocation = None
         task.worker = None
 
+    def reserve(self, task: TaskRecord, worker: WorkerRecord) -> None:
+        """``task`` reserves ``worker``: it runs there next. Its large inputs held
+        elsewhere are fetched now, so that moving them overlaps the tasks it waits for."""
+        worker.reserved_by = task.key
+        task.reserved_on = worker.id
+        if worker.paused:
+            return
+        who_has: dict[str, list[str]] = {}
+        nbytes = 0
+        for dep_key in task.deps:
+            dep = self.tasks[dep_key]
+            if dep.state == MEMORY and not holds(dep, worker.id):
+                who_has[dep_key] = [self.workers[w].address for w in holders(dep)]
+                nbytes += dep.nbytes
+        if nbytes >= PREFETCH_FROM:
+            self.prefetches[task.key] = (worker.id, list(who_has))
+            self._out.append(PrefetchInputs(worker.id, who_has))
+
     def drop_reservation(self, task: TaskRecord) -> None:
-        """``task`` no longer holds a worker's reservation."""
+        """``task`` no longer holds a worker's reservation; inputs fetched ahead for it
+        are dropped unless it is starting on that worker."""
         worker = self.workers.get(task.reserved_on or "")
         if worker is not None and worker.reserved_by == task.key:
             worker.reserved_by = None
         task.reserved_on = None
+        prefetched = self.prefetches.pop(task.key, None)
+        if prefetched is not None:
+            worker_id, keys = prefetched
+            if worker_id != task.worker and worker_id in self.workers:
+                self._out.append(DropPrefetch(worker_id, keys))
 
     def finish_inputs(self, task: TaskRecord) -> None:
         """``task`` no longer needs its inputs: release those nobody else needs."""

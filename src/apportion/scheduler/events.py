@@ -164,6 +164,22 @@ class FreeData:
 
 
 @dataclass(frozen=True, slots=True)
+class PrefetchInputs:
+    """The task that reserved the worker will run there next: fetch these inputs now."""
+
+    worker_id: str
+    who_has: dict[str, list[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class DropPrefetch:
+    """The task inputs were prefetched for will not run on the worker: drop them."""
+
+    worker_id: str
+    keys: list[str]
+
+
+@dataclass(frozen=True, slots=True)
 class FetchData:
     """Send the values of ``keys`` to the scheduler, answering ``request_id``."""
 
@@ -376,6 +392,8 @@ WorkerCommand = (
     | AssignTask
     | FreeData
     | FetchData
+    | PrefetchInputs
+    | DropPrefetch
     | StoreData
     | RestartProcess
     | DrainFinished

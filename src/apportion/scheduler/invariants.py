@@ -119,6 +119,9 @@ def _check_reservations(state: SchedulerCore) -> None:
         if task.reserved_on is not None:
             worker = state.workers[task.reserved_on]
             assert worker.reserved_by == task.key
+    for key, (worker_id, _) in state.prefetches.items():
+        task = state.tasks.get(key)
+        assert task is not None and task.reserved_on == worker_id, f"stale prefetch for {key}"
 
 
 def _check_restrictions(state: SchedulerCore) -> None:

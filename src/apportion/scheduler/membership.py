@@ -137,7 +137,7 @@ def remove_worker(state: SchedulerCore, worker_id: str, how: str) -> None:
     if worker.reserved_by is not None:
         reserved = state.tasks.get(worker.reserved_by)
         if reserved is not None:
-            reserved.reserved_on = None
+            state.drop_reservation(reserved)
     for key in sorted(worker.processing, key=lambda k: state.tasks[k].seq):
         task = state.tasks[key]
         task.worker = None

@@ -184,8 +184,7 @@ def _reserve(state: SchedulerCore, task: TaskRecord, pool: list[WorkerRecord]) -
         if best_score is None or score < best_score:
             best, best_score = worker, score
     if best is not None:
-        best.reserved_by = task.key
-        task.reserved_on = best.id
+        state.reserve(task, best)
         state.log.append((state.now, task.key, QUEUED, QUEUED, f"reserved {best.name}"))
 
 

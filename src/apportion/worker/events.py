@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from apportion.core.allocation import Allocation
 from apportion.core.payload import Pickled
-from apportion.protocol.messages import ComputeTask, Message
+from apportion.protocol.messages import ComputeTask, DropPrefetch, Message, Prefetch
 
 
 class DataInfo(NamedTuple):
@@ -37,6 +37,22 @@ class ComputeArrived:
 @dataclass(frozen=True, slots=True)
 class FreeArrived:
     """The scheduler no longer needs these keys here."""
+
+    keys: tuple[str, ...]
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class PrefetchArrived:
+    """The scheduler expects a task here that needs these inputs: fetch them now."""
+
+    who_has: Mapping[str, list[str]]
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class PrefetchDropped:
+    """That task will not run here: its inputs fetched ahead may go."""
 
     keys: tuple[str, ...]
     time: float
@@ -115,9 +131,20 @@ class Resumed:
     time: float
 
 
+def arrival(message: ComputeTask | Prefetch | DropPrefetch, now: float) -> WorkerEvent:
+    """The event for a scheduler message that goes to the state as it is."""
+    if isinstance(message, ComputeTask):
+        return ComputeArrived(message, now)
+    if isinstance(message, Prefetch):
+        return PrefetchArrived(message.who_has, now)
+    return PrefetchDropped(tuple(message.keys), now)
+
+
 WorkerEvent = (
     ComputeArrived
     | FreeArrived
+    | PrefetchArrived
+    | PrefetchDropped
     | FetchDone
     | FetchFailed
     | ExecutionOk

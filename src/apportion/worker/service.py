@@ -38,12 +38,14 @@ from apportion.protocol.messages import (
     DataReply,
     DataStored,
     DrainDone,
+    DropPrefetch,
     FreeKeys,
     GetData,
     Heartbeat,
     Install,
     LoadFunction,
     Message,
+    Prefetch,
     PutData,
     Refused,
     RegisterWorker,
@@ -56,7 +58,6 @@ from apportion.protocol.messages import (
 )
 from apportion.worker.data_server import DataServer, data_reply
 from apportion.worker.events import (
-    ComputeArrived,
     DataInfo,
     DataPut,
     Execute,
@@ -72,6 +73,7 @@ from apportion.worker.events import (
     SendToScheduler,
     WorkerCommand,
     WorkerEvent,
+    arrival,
 )
 from apportion.worker.execution import Finished, Outcome, TaskRunner, type_name
 from apportion.worker.long_lived import DEFAULT_KILL_GRACE, LongLivedTasks, WorkerLink
@@ -555,8 +557,8 @@ class Worker(BackgroundService):
             match message:
                 case LoadFunction():
                     self._runner.functions.add(message.func_id, message.blob)
-                case ComputeTask():
-                    events.append(ComputeArrived(message, now))
+                case ComputeTask() | Prefetch() | DropPrefetch():
+                    events.append(arrival(message, now))
                 case FreeKeys():
                     # Executions started by earlier messages of this frame first, so
                     # that the cancel reaches them too.

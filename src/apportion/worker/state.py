@@ -16,6 +16,11 @@ when it was fetched from a peer for a local task: the scheduler only tracks the
 worker that computed a key, so a transient copy is forgotten as soon as no
 pending task here needs it.
 
+A key may also be *prefetched*: the scheduler expects a task here (one that
+reserved this worker) and has its inputs fetched ahead, so that they move while the
+tasks it waits for run. Such a transient copy is kept until a task here needs it
+(then it is that task's) or the scheduler drops the prefetch.
+
 A *paused* worker (``Paused``: its memory passed the pause threshold) starts no
 execution and sends no fetch until ``Resumed``. Tasks keep arriving and become
 ready; fetches wanted meanwhile are kept, each key still ``fetching``, and go out
@@ -61,6 +66,8 @@ from apportion.worker.events import (
     ForgetData,
     FreeArrived,
     Paused,
+    PrefetchArrived,
+    PrefetchDropped,
     Resumed,
     SendToScheduler,
     WorkerCommand,
@@ -150,6 +157,9 @@ class WorkerState:
         self.needed_by: dict[str, set[str]] = {}
         #: Dependencies being fetched; disjoint from ``data``.
         self.fetches: dict[str, FetchRecord] = {}
+        #: Inputs fetched ahead for a task expected here, that no task here needs yet;
+        #: each in ``data`` or ``fetches``, none in ``needed_by``.
+        self.prefetched: set[str] = set()
         #: Keys of tasks in state EXECUTING; never more than ``nthreads``.
         self.executing: set[str] = set()
         #: Heap of (no-resources, -priority, seq, key); entries of gone tasks are skipped.
@@ -199,6 +209,8 @@ class WorkerState:
                 self._on_compute(event.task, event.time)
             case FreeArrived():
                 self._on_free(event.keys, event.time)
+            case PrefetchArrived() | PrefetchDropped():
+                self._on_prefetch(event)
             case FetchDone():
                 self._on_fetch_done(event)
             case FetchFailed():
@@ -210,10 +222,8 @@ class WorkerState:
                 self._on_execution_raised(event)
             case DataPut():
                 self._on_put(event)
-            case Paused():
-                self.paused = True
-            case Resumed():
-                self.paused = False
+            case Paused() | Resumed():
+                self.paused = isinstance(event, Paused)
 
     def _on_compute(self, task: ComputeTask, now: float) -> None:
         key = task.key
@@ -243,6 +253,7 @@ class WorkerState:
         )
         self.tasks[key] = record
         for dep in deps:
+            self.prefetched.discard(dep)  # this task's input now, fetched or on its way
             self.needed_by.setdefault(dep, set()).add(key)
             if dep not in self.data:
                 record.missing.add(dep)
@@ -286,6 +297,7 @@ class WorkerState:
             record = self.fetches.get(key)
             if record is not None and record.address == event.address:
                 del self.fetches[key]
+                self.prefetched.discard(key)
                 # Another holder would fail the same way: the value itself cannot travel.
                 self._move(key, FETCHING, RELEASED, f"{event.address}: {reason}", event.time)
                 self._dep_unavailable(key, record.holders, event.time, reason)
@@ -333,7 +345,7 @@ class WorkerState:
             if owned:
                 self.owned.add(key)
             return
-        elif not owned and key not in self.needed_by:
+        elif not owned and not self._wanted(key):
             self._forget[key] = None
             if old == FETCHING:
                 self._move(key, old, RELEASED, f"{cause}; no longer needed", now)
@@ -357,6 +369,7 @@ class WorkerState:
     def _forget_key(self, key: str, cause: str, now: float) -> None:
         del self.data[key]
         self.owned.discard(key)
+        self.prefetched.discard(key)
         self._forget[key] = None
         self._move(key, MEMORY, RELEASED, cause, now)
 
@@ -369,6 +382,31 @@ class WorkerState:
         del self.needed_by[dep]
         if dep in self.data and dep not in self.owned:
             self._forget_key(dep, "transient copy no longer needed", now)
+
+    def _wanted(self, key: str) -> bool:
+        """Whether a value being fetched is still wanted: by a task here, or ahead."""
+        return key in self.needed_by or key in self.prefetched
+
+    def _on_prefetch(self, event: PrefetchArrived | PrefetchDropped) -> None:
+        if isinstance(event, PrefetchDropped):
+            self._drop_prefetched(event.keys, event.time)
+            return
+        for key, holders in event.who_has.items():
+            if key in self.data or key in self.fetches or key in self.tasks:
+                continue
+            if key in self.needed_by or not [h for h in holders if h != self.address]:
+                continue
+            self.prefetched.add(key)
+            self._want(key, holders, event.time)
+
+    def _drop_prefetched(self, keys: Iterable[str], now: float) -> None:
+        for key in keys:
+            if key not in self.prefetched:
+                continue  # claimed by a task here, or gone already
+            self.prefetched.discard(key)
+            if key in self.data and key not in self.owned:
+                self._forget_key(key, "prefetch dropped", now)
+            # One still being fetched is forgotten when it arrives, unwanted.
 
     # --- fetching -----------------------------------------------------------------
 
@@ -401,7 +439,7 @@ class WorkerState:
                 record = self.fetches.get(key)
                 if record is None or record.address != address:
                     continue
-                if key not in self.needed_by:
+                if not self._wanted(key):
                     del self.fetches[key]
                     self._move(key, FETCHING, RELEASED, "no longer needed; never asked", now)
                     continue
@@ -416,7 +454,7 @@ class WorkerState:
         if record is None or record.address != address:
             return  # a stale answer: the fetch already moved on
         record.index += 1
-        if key not in self.needed_by:
+        if not self._wanted(key):
             del self.fetches[key]
             self._move(key, FETCHING, RELEASED, f"{address}: {reason}; not needed", now)
         elif record.index < len(record.holders):
@@ -424,6 +462,7 @@ class WorkerState:
             self._to_fetch.setdefault(record.address, []).append(key)
         else:
             del self.fetches[key]
+            self.prefetched.discard(key)
             self._move(key, FETCHING, RELEASED, f"{address}: {reason}; no holder left", now)
             self._dep_unavailable(key, record.holders, now)
 
@@ -532,7 +571,11 @@ def check_invariants(state: WorkerState) -> None:
                 needs.setdefault(dep, set()).add(key)
     assert needs == state.needed_by, f"needed_by {state.needed_by} != {needs}"
     transient = state.data.keys() - state.owned
-    assert transient <= state.needed_by.keys(), f"unneeded transient data {transient}"
+    wanted = state.needed_by.keys() | state.prefetched
+    assert transient <= wanted, f"unneeded transient data {transient}"
+    assert not state.prefetched & state.needed_by.keys(), "prefetched and needed by a task"
+    held_or_coming = state.data.keys() | state.fetches.keys()
+    assert state.prefetched <= held_or_coming, f"prefetched {state.prefetched} not held"
     for dep, fetch in state.fetches.items():
         assert 0 <= fetch.index < len(fetch.holders), f"{dep}: fetch past its holders"
         assert state.address not in fetch.holders, f"{dep}: fetching from ourselves"
