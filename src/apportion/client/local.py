@@ -43,13 +43,13 @@ from apportion.client.cluster_options import (
 from apportion.client.durations import Duration, seconds
 from apportion.client.local_processes import LOG_LINES, WorkerProcesses
 from apportion.core.resources import ResourceSpec, format_resources, parse_supply
+from apportion.core.sizes import format_bytes
 from apportion.loop_thread import LoopThread
 from apportion.protocol.messages import WorkerDied
 from apportion.scheduler.events import WorkerDeathReport
 from apportion.scheduler.service import Scheduler
 from apportion.scheduler.state import SchedulerConfig
 from apportion.worker.memory_policy import THRESHOLD_NAMES, threshold_text
-from apportion.worker.supervisor import format_bytes
 
 if TYPE_CHECKING:
     from apportion.client.client import Client

@@ -23,6 +23,7 @@ from typing import Any
 import psutil
 
 from apportion.clock import Clock
+from apportion.core.sizes import format_bytes
 from apportion.worker.events import Paused, Resumed
 from apportion.worker.local_directory import LocalDirectory
 from apportion.worker.memory_policy import (
@@ -33,7 +34,6 @@ from apportion.worker.memory_policy import (
     decide,
 )
 from apportion.worker.spill import SpillStore
-from apportion.worker.supervisor import format_bytes
 
 logger = logging.getLogger("apportion.worker")
 

@@ -42,6 +42,7 @@ from typing import Protocol
 
 import psutil
 
+from apportion.core.sizes import format_bytes
 from apportion.net.handshake import open_connection
 from apportion.protocol.messages import WorkerDied
 from apportion.worker.memory_policy import Fraction, MemoryThresholds
@@ -121,16 +122,6 @@ def scheduler_reporter(address: str, timeout: float = 5.0) -> DeathReporter:
         threading.Thread(target=deliver, args=(message,), daemon=True).start()
 
     return report
-
-
-def format_bytes(n: int) -> str:
-    """``1536 * 2**20`` -> ``"1.5 GiB"``: how memory is quoted in logs and errors."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"
 
 
 #: Set in each worker process's environment unless already set, as Dask's nanny
