@@ -150,13 +150,14 @@ def test_restart_answers_a_scatter_parked_for_want_of_workers() -> None:
 
 
 def test_supervisor_replaces_a_child_at_once_without_reporting_a_death() -> None:
-    spawner, monotonic, reports = FakeSpawner(), FakeMonotonic(), []
+    spawner, monotonic = FakeSpawner(), FakeMonotonic()
+    reports: list[m.WorkerDied] = []
     supervisor = Supervisor(
         [["w", "--name", "w-0"]],
         spawner,
         monotonic,
         names=["w-0"],
-        report=lambda *r: reports.append(r),
+        report=reports.append,
     )
     supervisor.start()
     supervisor.replace(supervisor.slots[0])
@@ -165,13 +166,13 @@ def test_supervisor_replaces_a_child_at_once_without_reporting_a_death() -> None
     assert reports == [] and supervisor.slots[0].quick_failures == 0
     spawner.spawned[1].kill()  # a real death afterwards is reported and restarted
     supervisor.poll()
-    assert [r[2] for r in reports] == ["was killed by SIGKILL"]
+    assert [r.description for r in reports] == ["was killed by SIGKILL"]
     assert len(spawner.spawned) == 3
 
 
 def test_supervisor_retires_and_adds_children() -> None:
     spawner, monotonic = FakeSpawner(stubborn=True), FakeMonotonic()
-    supervisor = Supervisor([["w0"]], spawner, monotonic, report=lambda *r: None)
+    supervisor = Supervisor([["w0"]], spawner, monotonic, report=lambda r: None)
     supervisor.start()
     slot = supervisor.add(["w1"], "w-1")
     assert [p.argv for p in spawner.spawned] == [["w0"], ["w1"]]

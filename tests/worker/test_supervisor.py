@@ -13,6 +13,7 @@ from typing import Literal
 import psutil
 import pytest
 
+from apportion.protocol.messages import WorkerDied
 from apportion.worker.supervisor import Supervisor, describe_exit, popen_spawn, worker_environment
 from supervisor_fakes import FakeMonotonic, FakeSpawner
 
@@ -125,9 +126,12 @@ def test_real_child_killed_with_sigkill_is_restarted(reaper: list[psutil.Process
 class Reports:
     def __init__(self) -> None:
         self.got: list[tuple[str, int, str]] = []
+        #: Whether each report said the worker died of its memory, in order.
+        self.out_of_memory: list[bool] = []
 
-    def __call__(self, name: str, pid: int, description: str) -> None:
-        self.got.append((name, pid, description))
+    def __call__(self, report: WorkerDied) -> None:
+        self.got.append((report.name, report.pid, report.description))
+        self.out_of_memory.append(bool(report.out_of_memory))
 
 
 def make_limited(
@@ -163,6 +167,7 @@ def test_a_child_above_its_memory_limit_is_killed_restarted_and_reported() -> No
     ((name, pid, how),) = reports.got
     assert (name, pid) == ("w-0", 1000)
     assert "killed by its supervisor" in how and "out of memory" in how and "1.2 KiB" in how
+    assert reports.out_of_memory == [True]
 
 
 @pytest.mark.timeout(5)
@@ -191,6 +196,7 @@ def test_with_terminate_off_the_supervisor_never_kills_for_memory() -> None:
     spawner.spawned[0].returncode = -signal.SIGKILL  # the kernel's OOM killer, say
     supervisor.poll()
     assert "likely out of memory" in reports.got[0][2]  # the readings still date it
+    assert reports.out_of_memory == [True]
 
 
 @pytest.mark.timeout(5)
@@ -201,6 +207,24 @@ def test_a_sigkill_near_the_limit_is_likely_out_of_memory() -> None:
     spawner.spawned[0].returncode = -signal.SIGKILL  # the kernel's OOM killer, say
     supervisor.poll()
     assert "was killed by SIGKILL - likely out of memory" in reports.got[0][2]
+    assert reports.out_of_memory == [True]
+
+
+@pytest.mark.timeout(5)
+def test_a_sigkill_far_from_the_limit_or_a_crash_is_not_out_of_memory() -> None:
+    memory = {1000: 500}
+    supervisor, spawner, monotonic, reports = make_limited(memory)
+    supervisor.poll()
+    spawner.spawned[0].returncode = -signal.SIGKILL  # someone's kill -9
+    supervisor.poll()
+    monotonic.now += 60
+    supervisor.poll()
+    memory[1001] = 920
+    supervisor.poll()
+    spawner.spawned[1].returncode = 1  # near the limit, but it exited by itself
+    supervisor.poll()
+    assert [how for _, _, how in reports.got] == ["was killed by SIGKILL", "exited with status 1"]
+    assert reports.out_of_memory == [False, False]
 
 
 @pytest.mark.timeout(5)

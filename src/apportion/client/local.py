@@ -290,9 +290,9 @@ class LocalCluster:
             cmd += ["--local-directory", self.local_directory]
         return cmd
 
-    def _report_death(self, name: str, pid: int, how: str) -> None:
+    def _report_death(self, report: WorkerDied) -> None:
         """How a worker died, straight into the scheduler's state (from the supervisor)."""
-        event = WorkerDeathReport(WorkerDied(name, pid, how), self.scheduler.clock.monotonic())
+        event = WorkerDeathReport(report, self.scheduler.clock.monotonic())
         with contextlib.suppress(RuntimeError):  # the loop stopped: the cluster is closing
             self._loop.loop.call_soon_threadsafe(self.scheduler.handle, event)
 

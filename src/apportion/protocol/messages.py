@@ -21,7 +21,7 @@ from apportion.core.payload import Pickled
 
 #: Bumped whenever a message changes shape. Peers with another version are refused
 #: in the handshake, naming both versions, instead of failing later on a bad field.
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 
 
 class Message:
@@ -315,6 +315,19 @@ class TaskRaised(Message):
 
 
 @message
+class ResultTooLarge(Message):
+    """Worker -> scheduler: a task's result was larger than this worker can keep, so it
+    was dropped at once; the task fails, out of memory (``worker.memory_policy``)."""
+
+    key: str
+    nbytes: int  #: the result's size, as ``sizeof`` estimates it
+    type_name: str
+    limit: int  #: the worker's memory limit, bytes
+    largest: int  #: the largest result it keeps: its terminate threshold, or the limit
+    duration: float
+
+
+@message
 class MissingDependency(Message):
     """The worker could not fetch ``dep`` for ``key`` from any holder it was told of."""
 
@@ -500,6 +513,9 @@ class WorkerDied(Message):
     name: str
     pid: int
     description: str
+    #: 1 when it died of its memory: killed for passing its terminate threshold, or
+    #: killed by a signal near its limit; an int because the wire has no booleans.
+    out_of_memory: int = 0
 
 
 @message

@@ -79,8 +79,8 @@ class ChildProcess(Protocol):
 Spawner = Callable[[list[str]], ChildProcess]
 #: Reads a child's resident memory in bytes (0 if it cannot be read).
 MemoryReader = Callable[[int], int]
-#: Tells the scheduler how a child ended: (worker name, pid, description).
-DeathReporter = Callable[[str, int, str], None]
+#: Tells the scheduler how a child ended.
+DeathReporter = Callable[[WorkerDied], None]
 
 #: Dask's fraction of the memory limit above which a child is killed.
 DEFAULT_TERMINATE = MemoryThresholds().terminate
@@ -117,8 +117,7 @@ def scheduler_reporter(address: str, timeout: float = 5.0) -> DeathReporter:
         except Exception as exc:
             logger.warning("could not tell the scheduler how %s ended: %s", report.name, exc)
 
-    def report(name: str, pid: int, description: str) -> None:
-        message = WorkerDied(name, pid, description)
+    def report(message: WorkerDied) -> None:
         threading.Thread(target=deliver, args=(message,), daemon=True).start()
 
     return report
@@ -328,13 +327,17 @@ class Supervisor:
             logger.warning("worker %s %s", slot.name, slot.memory_kill)
             slot.process.kill()
 
+    def died_of_memory(self, slot: Slot, code: int) -> bool:
+        """We killed the child for its memory, or a SIGKILL found it near its limit."""
+        near = bool(self.memory_limit) and slot.memory >= NEAR_LIMIT * self.memory_limit
+        return bool(slot.memory_kill) or (code == -signal.SIGKILL and near)
+
     def describe_death(self, slot: Slot, code: int) -> str:
         """How a child ended, with the memory verdict when there is one."""
         if slot.memory_kill:
             return slot.memory_kill
         how = describe_exit(code)
-        near = self.memory_limit and slot.memory >= NEAR_LIMIT * self.memory_limit
-        if code == -signal.SIGKILL and near:
+        if self.died_of_memory(slot, code):
             how += (
                 f" - likely out of memory (it used {format_bytes(slot.memory)} "
                 f"of its {format_bytes(self.memory_limit)} limit)"
@@ -344,6 +347,7 @@ class Supervisor:
     def _died(self, slot: Slot, code: int, now: float) -> None:
         pid = slot.process.pid if slot.process is not None else -1
         how = self.describe_death(slot, code)
+        out_of_memory = self.died_of_memory(slot, code)
         slot.process = None
         if slot.replacing or (code == RESTART_EXIT and not slot.retired):
             slot.replacing = False
@@ -357,7 +361,8 @@ class Supervisor:
                 "worker %s left %d process groups behind; killed them", slot.name, orphans
             )
         if self._report is not None and code != 0 and not slot.retired:
-            self._report(slot.name, pid, how)  # a stop is no news for the scheduler
+            # A stop is no news for the scheduler.
+            self._report(WorkerDied(slot.name, pid, how, int(out_of_memory)))
         if code == 0 or slot.retired:
             slot.stopped = True
             logger.info("worker %s (pid %d) stopped; not restarting it", slot.name, pid)
