@@ -20,6 +20,7 @@ from apportion.client.cluster_options import IgnoredOptionWarning
 from apportion.client.errors import (
     FutureCancelledError,
     LostDataError,
+    OutOfMemoryError,
     SchedulerGoneError,
     SerializationError,
     UnsatisfiableError,
@@ -68,6 +69,7 @@ __all__ = [
     "KilledWorker",
     "LocalCluster",
     "LostDataError",
+    "OutOfMemoryError",
     "Scheduler",
     "SchedulerGoneError",
     "SerializationError",

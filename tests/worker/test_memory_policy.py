@@ -86,6 +86,16 @@ def test_without_a_limit_nothing_applies() -> None:
     assert decide(limits, sample(10**12, managed=10**12), False) == NOTHING
 
 
+def test_a_result_above_the_terminate_threshold_is_not_kept() -> None:
+    assert DASK.largest_result == 950  # the supervisor kills the process above it
+    assert DASK.keeps(950) and not DASK.keeps(951)
+    no_terminate = MemoryLimits.of(LIMIT, MemoryThresholds(terminate=False))
+    assert no_terminate.largest_result == LIMIT  # then the limit itself
+    assert no_terminate.keeps(LIMIT) and not no_terminate.keeps(LIMIT + 1)
+    unlimited = MemoryLimits.of(0, MemoryThresholds())
+    assert unlimited.largest_result is None and unlimited.keeps(10**15)
+
+
 def test_fractions_take_dasks_forms_and_off() -> None:
     assert parse_fraction("0.6", "target") == 0.6
     assert parse_fraction(0.5, "target") == 0.5

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from apportion import OutOfMemoryError
 from apportion.core.allocation import Allocation
 from apportion.core.payload import dumps, function_id, pack_call
 from apportion.protocol.messages import ComputeTask, Heartbeat, LoadFunction, TaskFinished
@@ -155,3 +156,29 @@ def test_without_a_limit_there_is_no_store_no_directory_no_monitor(tmp_path: Pat
     mine: dict[str, Any] = {}
     own = Worker("inproc://nowhere", data=mine, memory_limit=LIMIT)
     assert own.data is mine and own.memory_manager.store is None  # never spilled; pausing applies
+
+
+def test_a_result_larger_than_the_worker_keeps_fails_out_of_memory_and_the_worker_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock, memory = FakeClock(), FakeMemory(10 * MiB)
+    small = {"memory_limit": 100_000}  # it keeps results of up to 95,000 bytes
+    with InMemoryCluster([{**limited(memory, tmp_path), **small}], clock=clock) as cluster:
+        client = cluster.client()
+        big = client.submit(np.ones, 200_000, dtype="uint8", key="big")
+        after = client.submit(total, big)
+        with (
+            caplog.at_level(logging.WARNING, "apportion.worker"),
+            pytest.raises(OutOfMemoryError) as caught,
+        ):
+            big.result(timeout=10)
+        assert isinstance(caught.value, MemoryError)
+        text = str(caught.value)
+        assert text.startswith("out of memory: the result of 'big' (numpy.ndarray of 195.3 KiB)")
+        assert "its memory limit is 97.7 KiB, and it is killed above 92.8 KiB" in text
+        with pytest.raises(OutOfMemoryError):
+            after.result(timeout=10)  # its dependents fail with it
+        assert "big" not in cluster.workers[0].data  # dropped, never stored or spilled
+        assert store_of(cluster).spilled_count == 0
+        assert "is larger than the 92.8 KiB this worker keeps" in caplog.text
+        assert client.submit(np.ones, 1000, dtype="uint8").result(timeout=10).sum() == 1000

@@ -15,6 +15,7 @@ from apportion.protocol.messages import (
     ComputeTask,
     DataStored,
     MissingDependency,
+    ResultTooLarge,
     TaskFinished,
     TaskRaised,
 )
@@ -25,6 +26,7 @@ from apportion.worker.events import (
     Execute,
     ExecutionOk,
     ExecutionRaised,
+    ExecutionTooLarge,
     Fetch,
     FetchDone,
     FetchFailed,
@@ -265,6 +267,22 @@ def test_raised_task_is_reported(state: WorkerState) -> None:
 
 
 @pytest.mark.timeout(5)
+def test_a_result_too_large_to_keep_is_reported_and_its_dependents_wait(
+    state: WorkerState,
+) -> None:
+    state.handle(compute("big"), compute("small"), compute("sum", {"big": [ME]}))
+    info = DataInfo(400 * 2**20, "numpy.ndarray")
+    commands = state.handle(ExecutionTooLarge("big", info, 300 * 2**20, 285 * 2**20, 0.5, 2.0))
+    assert sent(commands) == [
+        ResultTooLarge("big", 400 * 2**20, "numpy.ndarray", 300 * 2**20, 285 * 2**20, 0.5)
+    ]
+    assert "big" not in state.data and "big" not in state.tasks
+    assert state.tasks["sum"].state == "waiting"  # the scheduler fails and frees it
+    assert state.story("big")[-1][2:4] == ("executing", "released")
+    assert executed(state.handle(ok("small"))) == []
+
+
+@pytest.mark.timeout(5)
 def test_free_drops_pending_tasks_and_data() -> None:
     state = WorkerState(nthreads=1, address=ME)
     state.handle(compute("done"))
@@ -421,7 +439,8 @@ class WorkerStateMachine(RuleBasedStateMachine):
                 assert set(command.deps) <= set(self.state.data) | forgotten(commands)
                 self.started.add(command.key)
         for message in sent(commands):
-            if isinstance(message, TaskFinished | TaskRaised) and message.key in self.started:
+            reported = isinstance(message, TaskFinished | TaskRaised | ResultTooLarge)
+            if reported and message.key in self.started:
                 self.started.discard(message.key)
 
     def now(self) -> float:
@@ -450,11 +469,13 @@ class WorkerStateMachine(RuleBasedStateMachine):
         self.step(FetchDone(fetch.address, dict.fromkeys(have, INFO), missing, self.now()))
 
     @precondition(lambda self: self.state.executing)
-    @rule(data=st.data(), raised=st.booleans())
-    def finish(self, data: st.DataObject, raised: bool) -> None:
+    @rule(data=st.data(), how=st.sampled_from(["ok", "raised", "too large"]))
+    def finish(self, data: st.DataObject, how: str) -> None:
         key = data.draw(st.sampled_from(sorted(self.state.executing)))
-        if raised:
+        if how == "raised":
             self.step(ExecutionRaised(key, b"e", b"t", 0.1, self.now()))
+        elif how == "too large":
+            self.step(ExecutionTooLarge(key, DataInfo(2000, "bytes"), 1000, 950, 0.1, self.now()))
         else:
             self.step(ExecutionOk(key, INFO, 0.1, self.now()))
         assert key not in self.started, "an execution that started was not reported"

@@ -29,6 +29,16 @@ class WorkerCrashedError(RuntimeError):
     """
 
 
+class OutOfMemoryError(MemoryError):
+    """The task's result is too large for the memory of the workers that must hold it.
+
+    Either the worker that computed it found it above what it keeps (near its
+    memory limit), or the workers holding it died out of memory while sending it,
+    ``max_worker_deaths`` times. The message names the result's size and the limit.
+    Run the task on workers with more memory, or make smaller results.
+    """
+
+
 class SchedulerGoneError(ConnectionError):
     """The connection to the scheduler closed while results were still awaited."""
 
@@ -45,4 +55,6 @@ def failure(kind: str, message: str) -> BaseException:
         return SerializationError(message)
     if kind == "crashed":
         return WorkerCrashedError(message)
+    if kind == "memory":
+        return OutOfMemoryError(message)
     return RuntimeError(f"{kind}: {message}")

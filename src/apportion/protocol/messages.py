@@ -223,7 +223,7 @@ class KeysFailed(Message):
     """The scheduler itself failed these keys (no user exception to forward)."""
 
     keys: list[str]
-    kind: str  #: "unsatisfiable", "cancelled", "lost"
+    kind: str  #: "unsatisfiable", "cancelled", "lost", "unserializable", "crashed", "memory"
     message: str
 
 

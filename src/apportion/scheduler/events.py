@@ -125,7 +125,7 @@ Event = (
 
 #: How a task failed: (kind, detail, traceback). ``kind`` "exception" carries the
 #: pickled exception and traceback; "lost", "cancelled", "unsatisfiable",
-#: "crashed" ... carry a text for users and no traceback.
+#: "crashed", "memory" ... carry a text for users and no traceback.
 TaskError = tuple[str, Pickled | str, Pickled]
 
 

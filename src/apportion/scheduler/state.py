@@ -25,6 +25,7 @@ from apportion.scheduler import (
     client_requests,
     drain,
     membership,
+    out_of_memory,
     placement,
     relay,
     remote_calls,
@@ -159,6 +160,7 @@ CLIENT_HANDLERS: dict[type[m.Message], Callable[[SchedulerCore, ClientRecord, An
 WORKER_HANDLERS: dict[type[m.Message], Callable[[SchedulerCore, WorkerRecord, Any], None]] = {
     m.TaskFinished: worker_reports.task_finished,
     m.TaskRaised: worker_reports.task_raised,
+    m.ResultTooLarge: out_of_memory.result_too_large,
     m.MissingDependency: worker_reports.missing_dependency,
     m.TasksDropped: worker_reports.tasks_dropped,
     m.WorkerClosing: worker_reports.worker_closing,

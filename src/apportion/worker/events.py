@@ -102,6 +102,22 @@ class ExecutionRaised:
 
 
 @dataclass(frozen=True, slots=True)
+class ExecutionTooLarge:
+    """A task returned a result larger than the worker keeps: it was dropped at once.
+
+    ``limit`` is the worker's memory limit and ``largest`` the largest result it
+    keeps (``MemoryLimits.largest_result``), bytes.
+    """
+
+    key: str
+    info: DataInfo
+    limit: int
+    largest: int
+    duration: float
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
 class DataPut:
     """``PutData`` values are in the data store now."""
 
@@ -149,6 +165,7 @@ WorkerEvent = (
     | FetchFailed
     | ExecutionOk
     | ExecutionRaised
+    | ExecutionTooLarge
     | DataPut
     | Paused
     | Resumed

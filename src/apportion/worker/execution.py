@@ -23,6 +23,7 @@ import tblib
 from apportion.core.payload import Pickled, dumps, loads, unpack_call
 from apportion.worker.context import running_task
 from apportion.worker.events import DataInfo, Execute
+from apportion.worker.memory_policy import MemoryLimits
 from apportion.worker.sizeof import sizeof
 
 logger = logging.getLogger("apportion.worker")
@@ -42,7 +43,17 @@ class Raised(NamedTuple):
     duration: float
 
 
-Outcome = Finished | Raised
+class TooLarge(NamedTuple):
+    """The result was larger than the worker keeps (``MemoryLimits.keeps``): dropped."""
+
+    key: str
+    info: DataInfo
+    limit: int
+    largest: int
+    duration: float
+
+
+Outcome = Finished | Raised | TooLarge
 
 
 class FunctionCache:
@@ -113,7 +124,8 @@ class TaskRunner:
 
     ``deliver`` is called on ``loop`` with a batch of outcomes, after each finished
     value has been stored in ``data`` (on the loop thread, so ``data`` may be any
-    mapping, thread-safe or not).
+    mapping, thread-safe or not). ``limits``: the worker's memory limits; a result
+    they do not keep is dropped on its thread, as the task returns (``TooLarge``).
     """
 
     def __init__(
@@ -123,8 +135,10 @@ class TaskRunner:
         deliver: Callable[[list[Outcome]], None],
         loop: asyncio.AbstractEventLoop,
         worker: Any,
+        limits: MemoryLimits | None = None,
     ) -> None:
         self.functions = FunctionCache()
+        self._limits = limits
         self._data = data
         self._deliver = deliver
         self._loop = loop
@@ -213,6 +227,13 @@ class TaskRunner:
         finally:
             self._cancel_events.pop(command.key, None)
         info = DataInfo(sizeof(value), type_name(value))
+        limits = self._limits
+        if limits is not None and not limits.keeps(info.nbytes):
+            # Dropped here, not by the loop: the process is over its threshold while
+            # the value lives, and the data store would spend seconds writing it to disk.
+            del value
+            largest = limits.largest_result or limits.limit
+            return TooLarge(command.key, info, limits.limit, largest, duration)
         return Finished(command.key, value, info, duration)
 
     def _flush(self) -> None:

@@ -18,7 +18,9 @@ may be turned off (``False``, as in Dask's configuration):
   well below ``pause``, so a worker that can spill does not flap; the service
   logs each change once.
 - ``terminate`` (0.95): the supervisor kills the process and starts a fresh one
-  (``worker.supervisor``); nothing here acts on it.
+  (``worker.supervisor``). A task result larger than this alone is not kept: it is
+  dropped as the task returns and the task fails, out of memory
+  (``MemoryLimits.keeps``), instead of getting worker after worker killed.
 
 ``decide`` sees one ``MemorySample`` (time, resident bytes, managed bytes) and
 whether the worker is paused now, and answers a ``MemoryDecision``: how many bytes
@@ -125,6 +127,28 @@ class MemoryLimits:
             at(thresholds.pause),
             at(thresholds.terminate),
         )
+
+    @property
+    def largest_result(self) -> int | None:
+        """The largest result the worker keeps, in bytes; None: any (no limit).
+
+        The terminate threshold, not the limit: a process holding a value is at
+        least as large as the value, so past the threshold its supervisor kills it,
+        and the result would be computed again and kill its next worker too. With
+        ``terminate`` off, the limit itself, which the worker was told to stay under.
+        Not lower: a result above ``target`` moves to disk, and whether it can be
+        read back and sent depends on what else the process holds at that moment,
+        which nobody knows now; deaths while serving it count at the scheduler
+        (``scheduler.out_of_memory``) for those.
+        """
+        if self.limit <= 0:
+            return None
+        return self.terminate if self.terminate is not None else self.limit
+
+    def keeps(self, nbytes: int) -> bool:
+        """Whether a result of ``nbytes`` (as ``sizeof`` estimates it) may be kept."""
+        largest = self.largest_result
+        return largest is None or nbytes <= largest
 
     @property
     def floor(self) -> int | None:

@@ -27,6 +27,7 @@ from typing import Any
 from apportion.clock import SYSTEM_CLOCK, Clock, wait_event
 from apportion.core.payload import loads
 from apportion.core.resources import ResourceSpec, describe_resources, from_ticks, parse_supply
+from apportion.core.sizes import format_bytes
 from apportion.loop_thread import BackgroundService
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeError, open_connection
@@ -63,6 +64,7 @@ from apportion.worker.events import (
     Execute,
     ExecutionOk,
     ExecutionRaised,
+    ExecutionTooLarge,
     Fetch,
     FetchDone,
     FetchFailed,
@@ -75,7 +77,7 @@ from apportion.worker.events import (
     WorkerEvent,
     arrival,
 )
-from apportion.worker.execution import Finished, Outcome, TaskRunner, type_name
+from apportion.worker.execution import Finished, Outcome, Raised, TaskRunner, type_name
 from apportion.worker.long_lived import DEFAULT_KILL_GRACE, LongLivedTasks, WorkerLink
 from apportion.worker.memory_manager import MemoryConfig, MemoryManager
 from apportion.worker.peers import PeerPool
@@ -326,7 +328,8 @@ class Worker(BackgroundService):
 
     def _new_runner(self) -> TaskRunner:
         loop = asyncio.get_running_loop()
-        return TaskRunner(self.nthreads, self.data, self._on_outcomes, loop, self)
+        limits = self.memory_manager.limits
+        return TaskRunner(self.nthreads, self.data, self._on_outcomes, loop, self, limits)
 
     async def _register(self) -> Connection:
         """Connect, complete the handshake and register; raises ``OSError``/``HandshakeError``."""
@@ -651,12 +654,24 @@ class Worker(BackgroundService):
         if self._from_threads:  # read without the lock: what must precede is appended
             self._flush_from_threads()
         now = self.clock.time()
-        events: list[WorkerEvent] = [
-            ExecutionOk(o.key, o.info, o.duration, now)
-            if isinstance(o, Finished)
-            else ExecutionRaised(o.key, o.exception, o.traceback, o.duration, now)
-            for o in outcomes
-        ]
+        events: list[WorkerEvent] = []
+        for o in outcomes:
+            if isinstance(o, Finished):
+                events.append(ExecutionOk(o.key, o.info, o.duration, now))
+            elif isinstance(o, Raised):
+                events.append(ExecutionRaised(o.key, o.exception, o.traceback, o.duration, now))
+            else:
+                logger.warning(
+                    "worker %s: the result of %r (%s of %s) is larger than the %s this worker "
+                    "keeps (memory limit %s): dropped; the task fails, out of memory",
+                    self.name,
+                    o.key,
+                    o.info.type_name,
+                    format_bytes(o.info.nbytes),
+                    format_bytes(o.largest),
+                    format_bytes(o.limit),
+                )
+                events.append(ExecutionTooLarge(o.key, o.info, o.limit, o.largest, o.duration, now))
         self._handle(events)
 
     async def _fetch(self, address: str, keys: tuple[str, ...]) -> None:

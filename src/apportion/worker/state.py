@@ -49,6 +49,7 @@ from apportion.protocol.messages import (
     ComputeTask,
     DataStored,
     MissingDependency,
+    ResultTooLarge,
     TaskFinished,
     TaskRaised,
     TasksDropped,
@@ -60,6 +61,7 @@ from apportion.worker.events import (
     Execute,
     ExecutionOk,
     ExecutionRaised,
+    ExecutionTooLarge,
     Fetch,
     FetchDone,
     FetchFailed,
@@ -220,6 +222,8 @@ class WorkerState:
                 self._on_execution_ok(event)
             case ExecutionRaised():
                 self._on_execution_raised(event)
+            case ExecutionTooLarge():
+                self._on_execution_too_large(event)
             case DataPut():
                 self._on_put(event)
             case Paused() | Resumed():
@@ -319,6 +323,18 @@ class WorkerState:
         self._finish_execution(event.key, RELEASED)
         self._send(TaskRaised(event.key, event.exception, event.traceback, event.duration))
         self._move(event.key, EXECUTING, RELEASED, "raised", event.time)
+
+    def _on_execution_too_large(self, event: ExecutionTooLarge) -> None:
+        # As for a raise: the value never reached the data store, and local dependents
+        # wait until the scheduler fails and frees them.
+        self._finish_execution(event.key, RELEASED)
+        info = event.info
+        self._send(
+            ResultTooLarge(
+                event.key, info.nbytes, info.type_name, event.limit, event.largest, event.duration
+            )
+        )
+        self._move(event.key, EXECUTING, RELEASED, "result too large to keep", event.time)
 
     def _on_put(self, event: DataPut) -> None:
         for key, info in event.stored.items():
