@@ -84,21 +84,34 @@ class SchedulerMachine(RuleBasedStateMachine):
     @initialize(supply=st.lists(supplies, min_size=1, max_size=3))
     def first_workers(self, supply: list[dict[str, float]]) -> None:
         for resources in supply:
-            self.sim.add_worker(nthreads=2, resources=resources)
+            # A memory limit matters only when a holder dies while serving a result.
+            self.sim.add_worker(nthreads=2, resources=resources, memory_limit=100)
 
     @rule(
         nthreads=st.integers(1, 3),
         supply=supplies,
         name=st.sampled_from([None, "a", "b"]),
         supervised=st.booleans(),
+        limited=st.booleans(),
     )
     def add_worker(
-        self, nthreads: int, supply: dict[str, float], name: str | None, supervised: bool
+        self,
+        nthreads: int,
+        supply: dict[str, float],
+        name: str | None,
+        supervised: bool,
+        limited: bool,
     ) -> None:
-        """A new worker, or one that comes back under the name it had (a rejoin)."""
+        """A new worker, or one that comes back under the name it had (a rejoin); some
+        with a memory limit (of 100 bytes: results are 0 to 100 bytes here)."""
         self.pid += 1
         self.sim.add_worker(
-            name, nthreads=nthreads, resources=supply, pid=self.pid, supervisor=int(supervised)
+            name,
+            nthreads=nthreads,
+            resources=supply,
+            pid=self.pid,
+            supervisor=int(supervised),
+            memory_limit=100 if limited else 0,
         )
 
     @precondition(lambda self: self.sim.running)
@@ -117,10 +130,12 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(data=st.data(), seconds=st.sampled_from([0.5, 2.0, 4.0]))
     def time_passes(self, data: st.DataObject, seconds: float) -> None:
         """A supervisor reports a death (or not), and held verdicts come due."""
-        deaths = sorted({d[:2] for seen in self.sim.state.deaths.values() for d in seen})
+        deaths = {d[:2] for seen in self.sim.state.deaths.values() for d in seen}
+        deaths |= set(self.sim.state.unclassified)
         if deaths and data.draw(st.booleans()):
-            name, pid = data.draw(st.sampled_from(deaths))
-            report = m.WorkerDied(name, pid, "was killed by SIGKILL")
+            name, pid = data.draw(st.sampled_from(sorted(deaths)))
+            memory = data.draw(st.booleans())
+            report = m.WorkerDied(name, pid, "was killed by SIGKILL", int(memory))
             self.sim.handle(WorkerDeathReport(report, self.sim.now))
         self.sim.now += seconds
         self.sim.handle(Tick(self.sim.now))
@@ -129,7 +144,10 @@ class SchedulerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.sim.running)
     @rule(data=st.data())
     def remove_worker(self, data: st.DataObject) -> None:
-        self.sim.remove_worker(data.draw(st.sampled_from(sorted(self.sim.running))))
+        worker_id = data.draw(st.sampled_from(sorted(self.sim.running)))
+        if data.draw(st.booleans()):  # its last heartbeat: near its limit, if it has one
+            self.sim.worker_says(worker_id, m.Heartbeat(0, 95))
+        self.sim.remove_worker(worker_id)
         self._maybe_place(data)
 
     @rule(data=st.data())
@@ -204,12 +222,18 @@ class SchedulerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.sim.all_running())
     @rule(data=st.data(), ok=st.booleans())
     def finish_or_raise(self, data: st.DataObject, ok: bool) -> None:
-        """Mostly success; sometimes the task raises (and may be retried)."""
+        """Mostly success; sometimes the task raises (and may be retried), or its
+        result was too large for its worker."""
         key = data.draw(st.sampled_from(sorted(self.sim.all_running())))
         if ok or not data.draw(st.integers(0, 3)):
             self.sim.finish(key, nbytes=data.draw(st.integers(0, 100)))
-        else:
+        elif data.draw(st.integers(0, 3)):
             self.sim.raise_(key)
+        else:
+            worker_id = self.sim.worker_of(key)
+            del self.sim.running[worker_id][key]
+            too_large = m.ResultTooLarge(key, 200, "bytes", 100, 95, 0.1)
+            self.sim.handle(FromWorker(worker_id, [too_large], self.sim.now))
         self._maybe_place(data)
 
     @precondition(lambda self: self.sim.all_running())
@@ -255,6 +279,40 @@ class SchedulerMachine(RuleBasedStateMachine):
     def release(self, data: st.DataObject) -> None:
         client = data.draw(st.sampled_from(sorted(self.connected)))
         self.sim.client_says(client, m.ReleaseKeys([self._any_key(data, client)]))
+
+    @precondition(lambda self: self.connected and self.next_key)
+    @rule(data=st.data(), direct_from=st.sampled_from([0, 1, 50]))
+    def gather(self, data: st.DataObject, direct_from: int) -> None:
+        """A client gathers a key, mostly one in memory: relayed, or told where to
+        fetch it itself (then its holder serves it until it leaves memory)."""
+        client = data.draw(st.sampled_from(sorted(self.connected)))
+        done = sorted(k for k, t in self.sim.state.tasks.items() if t.state == MEMORY)
+        key = data.draw(st.sampled_from(done)) if done else self._any_key(data, client)
+        self.sim.client_says(client, m.GatherRequest(1, [key], direct_from))
+        if data.draw(st.booleans()):
+            self.workers_answer()
+
+    def _held_on_limited_workers(self) -> list[str]:
+        state = self.sim.state
+        return sorted(
+            k
+            for k, t in state.tasks.items()
+            if t.state == MEMORY and t.worker is not None and state.workers[t.worker].memory_limit
+        )
+
+    @precondition(lambda self: self.connected and self._held_on_limited_workers())
+    @rule(data=st.data(), direct=st.booleans(), near=st.booleans())
+    def holder_dies_serving(self, data: st.DataObject, direct: bool, near: bool) -> None:
+        """A result's holder dies while a client gathers it: out of memory, maybe."""
+        client = data.draw(st.sampled_from(sorted(self.connected)))
+        key = data.draw(st.sampled_from(self._held_on_limited_workers()))
+        self.sim.client_says(client, m.GatherRequest(1, [key], int(direct)))
+        holder = self.sim.state.tasks[key].worker
+        assert holder is not None
+        if near:
+            self.sim.worker_says(holder, m.Heartbeat(0, 95))
+        self.sim.remove_worker(holder)
+        self._maybe_place(data)
 
     @precondition(lambda self: self.connected and self.next_key)
     @rule(data=st.data())
@@ -397,9 +455,10 @@ class SchedulerMachine(RuleBasedStateMachine):
 
 
 class FailUnsatisfiableMachine(SchedulerMachine):
-    """On a cluster that cannot grow, nothing may be left waiting at all."""
+    """On a cluster that cannot grow, nothing may be left waiting at all. One worker
+    death is enough for a verdict here, so that verdicts come within short runs."""
 
-    config = SchedulerConfig(fail_unsatisfiable=True)
+    config = SchedulerConfig(fail_unsatisfiable=True, max_worker_deaths=1)
 
     def _check_blocked_by_unsatisfiable(self, key: str) -> None:
         raise AssertionError(f"{key} left {self.sim.state.tasks[key].state}")

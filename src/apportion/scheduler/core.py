@@ -70,6 +70,7 @@ from apportion.scheduler.records import (
     WAITING,
     ClientRecord,
     QueueKey,
+    ServingDeath,
     TaskRecord,
     WorkerRecord,
 )
@@ -157,7 +158,17 @@ class SchedulerCore:
         self.retried: dict[str, int] = {}
         #: (worker name, pid) -> how that process ended, as its supervisor reported.
         #: Bounded: only the latest ``MAX_DEATH_CAUSES`` are kept.
-        self.death_causes: dict[tuple[str, int], str] = {}
+        self.death_causes: dict[tuple[str, int], m.WorkerDied] = {}
+        #: Results whose only holder died out of memory while serving them, each
+        #: death (sparse). Unlike ``deaths``, kept when the task completes again:
+        #: completing is what comes before each such death (``out_of_memory``).
+        self.serving_deaths: dict[str, list[ServingDeath]] = {}
+        #: Results in memory that a client was told to fetch from their holders
+        #: itself (``GatherReply.elsewhere``), since they were computed (sparse).
+        self.served_directly: set[str] = set()
+        #: Deaths of supervised workers that were serving results, until their
+        #: supervisor says whether memory killed them: (name, pid) -> (deadline, deaths).
+        self.unclassified: dict[tuple[str, int], tuple[float, list[ServingDeath]]] = {}
         #: Poison tasks held QUEUED (in no heap) until their last worker death is
         #: classified or the deadline passes; then they fail. key -> deadline.
         self.verdicts: dict[str, float] = {}
@@ -215,6 +226,8 @@ class SchedulerCore:
             self.drop_reservation(task)
         if self.verdicts and task.state == QUEUED:
             self.verdicts.pop(task.key, None)
+        if self.served_directly and task.state == MEMORY:
+            self.served_directly.discard(task.key)  # the mark is the result's, not the task's
         self.log.append((self.now, task.key, task.state, new, cause))
         task.state = new
 
@@ -359,7 +372,7 @@ class SchedulerCore:
         Scattered data is never kept: it could not be recomputed anyway.
         """
         if task.state == MEMORY:
-            self._drop_result(task)
+            self.drop_result(task)
         unfinished = task.state in (WAITING, QUEUED, PROCESSING)
         self.move(task, RELEASED, cause)
         task.worker = None
@@ -369,7 +382,7 @@ class SchedulerCore:
     def remove(self, task: TaskRecord, cause: str) -> None:
         """Forget ``task`` and what only it kept (its result, released inputs)."""
         if task.state == MEMORY:
-            self._drop_result(task)
+            self.drop_result(task)
         unfinished = task.state in (WAITING, QUEUED, PROCESSING)
         self._delete(task, cause)
         if unfinished:
@@ -398,6 +411,8 @@ class SchedulerCore:
         self.move(task, FORGOTTEN, cause)
         del self.tasks[task.key]
         self._forget_counts(task.key)
+        if self.serving_deaths:
+            self.serving_deaths.pop(task.key, None)
         self._drop_function_use(task)
 
     def _drop_function_use(self, task: TaskRecord) -> None:
@@ -418,7 +433,8 @@ class SchedulerCore:
         if self.retried:
             self.retried.pop(key, None)
 
-    def _drop_result(self, task: TaskRecord) -> None:
+    def drop_result(self, task: TaskRecord) -> None:
+        """Tell every holder of ``task``'s result to drop it; it is held nowhere now."""
         for worker_id in clear_replicas(task, self.workers):
             self.free_keys[worker_id].append(task.key)
         worker = self.workers.get(task.worker or "")

@@ -30,6 +30,7 @@ def check_invariants(state: SchedulerCore) -> None:
     _check_tasks(state)
     _check_reservations(state)
     _check_restrictions(state)
+    _check_memory_verdicts(state)
     check_book(state)
 
 
@@ -152,3 +153,12 @@ def _check_units(state: SchedulerCore) -> None:
                     used.update(dict.fromkeys(held[name], share))
             for label, free in unit_free.items():
                 assert free == SCALE - used[label], f"{worker.name}: {name}[{label}] drifted"
+
+
+def _check_memory_verdicts(state: SchedulerCore) -> None:
+    """Serving deaths are counted for known tasks only; direct-fetch marks are results'."""
+    for key in state.serving_deaths:
+        assert key in state.tasks, f"serving deaths counted for forgotten {key}"
+    for key in state.served_directly:
+        task = state.tasks.get(key)
+        assert task is not None and task.state == MEMORY, f"{key}: marked served, not in memory"

@@ -5,7 +5,8 @@ that is lost costs recomputation, not results: its running tasks run again, the
 results only it held are recomputed (``SchedulerCore.lose_result``), and a task
 that was running on ``max_worker_deaths`` workers that died is failed as the
 likely cause, once its last worker's supervisor says how it died (or after
-``death_report_wait``).
+``death_report_wait``). A result whose holders die out of memory while serving it
+is counted the same way (``out_of_memory``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from apportion.protocol import messages as m
 from apportion.scheduler import (
     client_requests,
     drain,
+    out_of_memory,
     relay,
     remote_calls,
     task_hooks,
@@ -130,6 +132,7 @@ def remove_worker(state: SchedulerCore, worker_id: str, how: str) -> None:
     if worker is None:
         return
     crashed = worker.leaving is None
+    served = out_of_memory.served_by(state, worker) if crashed else []
     if crashed:
         state.emit(Log("warning", f"lost worker {worker.name} ({worker.address}): {how}"))
     else:
@@ -156,6 +159,7 @@ def remove_worker(state: SchedulerCore, worker_id: str, how: str) -> None:
         else:
             state.requeue(task, f"worker {worker.name} lost while running it: {how}")
     _lose_results_on(state, worker)
+    out_of_memory.worker_died(state, worker, served)
     relay.worker_left(state, worker.id)
     remote_calls.worker_left(state, worker.id, how)
     task_hooks.worker_left(state, worker)
@@ -176,11 +180,9 @@ def _too_many_deaths(
     state: SchedulerCore, task: TaskRecord, worker: WorkerRecord, how: str
 ) -> bool:
     """Count a worker death during ``task``; True once it reaches the limit."""
-    if worker.memory_limit and worker.memory >= 0.9 * worker.memory_limit:
-        how += (
-            f", its memory at {worker.memory / worker.memory_limit:.0%} of its limit"
-            " - likely out of memory"
-        )
+    near = out_of_memory.near_limit(worker)
+    if near:
+        how += f", {near} - likely out of memory"
     seen = state.deaths.setdefault(task.key, [])
     seen.append((worker.name, worker.pid, how))
     return len(seen) >= state.config.max_worker_deaths
@@ -188,8 +190,7 @@ def _too_many_deaths(
 
 def _fail_poisoned(state: SchedulerCore, task: TaskRecord) -> None:
     deaths = "; ".join(
-        f"{name} ({state.death_causes.get((name, pid), how)})"
-        for name, pid, how in state.deaths.pop(task.key)
+        f"{name} ({_cause(state, name, pid, how)})" for name, pid, how in state.deaths.pop(task.key)
     )
     text = (
         f"{task.key!r} was running on {state.config.max_worker_deaths} workers that "
@@ -198,17 +199,26 @@ def _fail_poisoned(state: SchedulerCore, task: TaskRecord) -> None:
     state.fail(task, ("crashed", text, b""), "too many worker deaths")
 
 
+def _cause(state: SchedulerCore, name: str, pid: int, how: str) -> str:
+    """How a worker died: its supervisor's word if it came, else what was seen."""
+    report = state.death_causes.get((name, pid))
+    return report.description if report is not None else how
+
+
 def death_report(state: SchedulerCore, event: WorkerDeathReport) -> None:
     report = event.report
-    state.death_causes[(report.name, report.pid)] = report.description
+    state.death_causes[(report.name, report.pid)] = report
     while len(state.death_causes) > MAX_DEATH_CAUSES:
         del state.death_causes[next(iter(state.death_causes))]
     state.emit(Log("warning", f"worker {report.name} (pid {report.pid}) {report.description}"))
     _settle_verdicts(state)
+    out_of_memory.death_reported(state, report)
 
 
 def _settle_verdicts(state: SchedulerCore) -> None:
-    """Fail the held poison tasks whose last death is explained, or waited enough."""
+    """Fail the held poison tasks whose last death is explained, or waited enough;
+    forget serving deaths whose report did not come in time."""
+    out_of_memory.expire(state)
     for key, deadline in list(state.verdicts.items()):
         name, pid, _ = state.deaths[key][-1]
         if state.now >= deadline or (name, pid) in state.death_causes:

@@ -8,6 +8,7 @@ stated on the fields and checked by ``scheduler.invariants.check_invariants``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from apportion.core.allocation import Allocation
 from apportion.core.ledger import Ledger
@@ -349,3 +350,15 @@ class ClientRecord:
         #: A service (``RegisterService``): its tasks survive a restart (``restart.py``)
         #: and its leaving (they are not released): the job queue's runs.
         self.durable = durable
+
+
+class ServingDeath(NamedTuple):
+    """A worker that died holding the only copy of a result it was serving
+    (``scheduler.out_of_memory``)."""
+
+    key: str
+    nbytes: int  #: the result's size then
+    worker: str  #: the worker's name
+    pid: int
+    limit: int  #: the worker's memory limit, bytes
+    how: str  #: how it died, once known to be out of memory
