@@ -239,3 +239,29 @@ def test_a_direct_gather_mark_ends_when_the_result_leaves_memory(sim: SimulatedC
     sim.client_says("c1", m.ReleaseKeys(["big"]))
     assert not sim.state.served_directly and "big" not in sim.state.tasks
     assert sim.state.workers[w].has_what == set()
+
+
+# --- a running task whose workers die out of memory ----------------------------------
+
+
+@pytest.mark.parametrize("all_of_memory", [True, False])
+def test_a_poison_task_whose_workers_all_ran_out_of_memory_says_what_to_do(
+    sim: SimulatedCluster, all_of_memory: bool
+) -> None:
+    sim.submit("hog")
+    for i in range(3):
+        w = sim.add_worker(f"r{i}", memory_limit=LIMIT, supervisor=42, pid=200 + i)
+        sim.place()
+        sim.remove_worker(w)
+        memory = all_of_memory or i != 1
+        how = (
+            "was killed by its supervisor: ... - out of memory"
+            if memory
+            else "exited with status 1"
+        )
+        sim.handle(WorkerDeathReport(m.WorkerDied(f"r{i}", 200 + i, how, int(memory)), sim.now))
+    failed = failures(sim)["hog"]
+    assert failed.kind == "crashed"  # still Dask's KilledWorker: the task ran when they died
+    assert "'hog' was running on 3 workers that died" in failed.message
+    assert ("Each of them ran out of memory" in failed.message) == all_of_memory
+    assert ("--memory-limit" in failed.message) == all_of_memory

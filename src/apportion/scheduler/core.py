@@ -151,9 +151,9 @@ class SchedulerCore:
         self.notified: set[tuple[str, QueueKey]] = set()
         #: Tasks whose inputs could not be fetched, and how often (sparse: only those).
         self.fetch_failures: dict[str, int] = {}
-        #: Tasks that were running when their worker died: (worker name, pid, how)
-        #: for each death (sparse).
-        self.deaths: dict[str, list[tuple[str, int, str]]] = {}
+        #: Tasks that were running when their worker died: (worker name, pid, how,
+        #: whether its last heartbeat was near its memory limit) for each death (sparse).
+        self.deaths: dict[str, list[tuple[str, int, str, bool]]] = {}
         #: Tasks that raised and were run again: how many times (sparse).
         self.retried: dict[str, int] = {}
         #: (worker name, pid) -> how that process ended, as its supervisor reported.

@@ -184,19 +184,27 @@ def _too_many_deaths(
     if near:
         how += f", {near} - likely out of memory"
     seen = state.deaths.setdefault(task.key, [])
-    seen.append((worker.name, worker.pid, how))
+    seen.append((worker.name, worker.pid, how, bool(near)))
     return len(seen) >= state.config.max_worker_deaths
 
 
 def _fail_poisoned(state: SchedulerCore, task: TaskRecord) -> None:
-    deaths = "; ".join(
-        f"{name} ({_cause(state, name, pid, how)})" for name, pid, how in state.deaths.pop(task.key)
-    )
+    seen = state.deaths.pop(task.key)
+    deaths = "; ".join(f"{name} ({_cause(state, name, pid, how)})" for name, pid, how, _ in seen)
     text = (
         f"{task.key!r} was running on {state.config.max_worker_deaths} workers that "
         f"died, so it is likely the cause: {deaths}"
     )
+    if all(_of_memory(state, name, pid, near) for name, pid, _, near in seen):
+        # Still a crash (Dask's KilledWorker), but the user needs to hear what to do.
+        text += f". Each of them ran out of memory. {out_of_memory.ADVICE}"
     state.fail(task, ("crashed", text, b""), "too many worker deaths")
+
+
+def _of_memory(state: SchedulerCore, name: str, pid: int, near: bool) -> bool:
+    """Whether that worker died of its memory: its supervisor's word, else its readings."""
+    report = state.death_causes.get((name, pid))
+    return bool(report.out_of_memory) if report is not None else near
 
 
 def _cause(state: SchedulerCore, name: str, pid: int, how: str) -> str:
@@ -220,7 +228,7 @@ def _settle_verdicts(state: SchedulerCore) -> None:
     forget serving deaths whose report did not come in time."""
     out_of_memory.expire(state)
     for key, deadline in list(state.verdicts.items()):
-        name, pid, _ = state.deaths[key][-1]
+        name, pid, _, _ = state.deaths[key][-1]
         if state.now >= deadline or (name, pid) in state.death_causes:
             del state.verdicts[key]
             _fail_poisoned(state, state.tasks[key])
