@@ -1,6 +1,7 @@
 """Spilling with real worker processes and real memory: more results than the memory
 limit all survive, none of the workers is killed, and a worker killed with spilled
-results has them recomputed and its directory cleaned by the next worker."""
+results has them recomputed and its directory cleaned by the next worker. A result
+larger than the limit fails out of memory instead of killing worker after worker."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import cloudpickle
 import numpy as np
 import pytest
 
-from apportion import Client, LocalCluster, wait
+from apportion import Client, LocalCluster, OutOfMemoryError, WorkerCrashedError, wait
 
 pytestmark = pytest.mark.process
 
@@ -26,6 +27,11 @@ MiB = 2**20
 def block(i: int, mib: int) -> np.ndarray:
     """``mib`` MiB of bytes all equal to ``i``: easy to check, impossible to compress away."""
     return np.full(mib * MiB, i % 256, dtype=np.uint8)
+
+
+def ones(mib: int) -> np.ndarray:
+    """``mib`` MiB of ones: every page written, so all of it is resident."""
+    return np.ones(mib * MiB, dtype=np.uint8)
 
 
 def doubled(block: np.ndarray) -> np.ndarray:
@@ -101,3 +107,39 @@ def test_spilled_results_of_a_killed_worker_are_recomputed_from_lineage(
         assert fresh != victim
         assert not directory.exists()  # the new worker removed the dead one's
         assert len(list(tmp_path.glob("apportion-worker-*"))) == 1
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("terminate", [None, False], ids=["terminate-0.95", "terminate-off"])
+def test_a_result_larger_than_the_memory_limit_fails_out_of_memory(
+    tmp_path: Path, terminate: bool | None
+) -> None:
+    with (
+        LocalCluster(
+            n_workers=1,
+            threads_per_worker=1,
+            memory_limit="300MiB",
+            memory_terminate_fraction=terminate,
+            local_directory=tmp_path,
+        ) as cluster,
+        Client(cluster, set_as_default=False) as client,
+    ):
+        (pid,) = cluster.worker_pids()
+        with pytest.raises((OutOfMemoryError, WorkerCrashedError)) as caught:
+            client.submit(ones, 400).result(timeout=40)
+        text = str(caught.value)
+        assert "out of memory" in text and "300.0 MiB" in text, text
+        if isinstance(caught.value, OutOfMemoryError):
+            # The worker's verdict as the task returned: the array was dropped at once.
+            assert "(numpy.ndarray of 400.0 MiB)" in text, text
+        else:
+            # Its supervisor killed it above 285 MiB while the array was being written,
+            # before the task returned, three times: the crash verdict says memory too.
+            assert terminate is None, text
+            assert text.count("killed by its supervisor") == 3, text
+            assert "Each of them ran out of memory" in text, text
+        if terminate is False:  # nobody kills it: the worker's verdict, every time
+            assert isinstance(caught.value, OutOfMemoryError)
+            assert cluster.worker_pids() == {pid}  # never restarted
+        cluster.wait_for_workers(1, timeout=20)
+        assert client.submit(ones, 1).result(timeout=20).sum() == MiB
