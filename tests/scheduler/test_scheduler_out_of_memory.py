@@ -91,9 +91,10 @@ def compute_big(sim: SimulatedCluster, round_: int) -> str:
 
 def serve(sim: SimulatedCluster, how: str, holder: str, round_: int) -> None:
     """Make ``holder`` serve "big" the way ``how`` says."""
-    if how == "relayed gather":  # the scheduler waits for the holder's answer
+    if how == "relayed gather":  # the scheduler forwards it from the holder to the client
         sim.client_says("c1", m.GatherRequest(round_, ["big"]))
-        assert any(isinstance(x, m.GetData) for x in sim.to_workers[holder])
+        relay = list(sim.state.relays.gathers.values())[-1]
+        assert relay.piping == {holder: ["big"]}
     elif how == "direct gather":  # the client fetches it from the holder itself
         sim.client_says("c1", m.GatherRequest(round_, ["big"], direct_from=MiB))
         reply = got(sim, m.GatherReply)[-1]

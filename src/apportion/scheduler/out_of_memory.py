@@ -16,7 +16,8 @@ instead of killing worker after worker and ending as lost data.
 *Serving* is the simplest rule the scheduler can state from what it knows when the
 holder dies: (1) a dependent runs on another worker, which fetches its inputs from
 the holders (whether that fetch is over is the worker's business); (2) a gather
-relayed through the scheduler waits for this holder's answer for it; (3) a client
+relayed through the scheduler waits for this holder's answer for it, or is being
+forwarded from the holder to the client (``Gather.piping``); (3) a client
 was told to fetch it from its holders itself (``GatherReply.elsewhere``) since it
 was computed. The end of such a direct fetch is never reported, so mark (3) lasts
 until the result leaves memory: a stale mark can count one unrelated death, but
@@ -119,7 +120,8 @@ def served_by(state: SchedulerCore, worker: WorkerRecord) -> list[str]:
     relayed = {
         key
         for gather_ in state.relays.gathers.values()
-        for key in gather_.pending.get(worker.id, ())
+        for keys in (gather_.pending.get(worker.id, ()), gather_.piping.get(worker.id, ()))
+        for key in keys
     }
     served = []
     for key in sorted(worker.has_what):
