@@ -104,7 +104,7 @@ def test_a_shuffle_twice_the_memory_limit_spills_and_gives_the_right_answer(
         del picks  # only the outputs are held: the rest goes once used
         wait(outputs, timeout=75)
         answer = client.gather(outputs)
-        spilled = client.run(files_spilled)
+        spilled = client.run(files_spilled) or {}
         assert cluster.worker_pids() == pids
         logs = "\n".join(cluster.get_logs().values())
         statuses = [w["status"] for w in client.scheduler_info()["workers"].values()]
