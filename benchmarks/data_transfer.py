@@ -46,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -240,7 +240,7 @@ def dask_session() -> Iterator[Session]:
 
     with (
         tempfile.TemporaryDirectory(prefix="dask-dt-", ignore_cleanup_errors=True) as tmp,
-        _dask_cluster(Path(tmp)) as scheduler_file,
+        _dask_cluster(Path(tmp), [_dask_pool_args(pool) for pool in POOLS]) as scheduler_file,
     ):
         client = distributed.Client(scheduler_file=str(scheduler_file))
         try:
@@ -250,10 +250,18 @@ def dask_session() -> Iterator[Session]:
             client.close()
 
 
+def _dask_pool_args(pool: str) -> list[str]:
+    """Options of the Dask worker offering ``pool``: no nanny, no memory limit."""
+    args = ["--nthreads", str(N_THREADS), "--no-nanny", "--memory-limit", "0"]
+    return [*args, "--resources", pool]
+
+
 @contextlib.contextmanager
-def _dask_cluster(base: Path) -> Iterator[Path]:
-    """``dask scheduler`` and a ``dask worker`` per pool, as processes; yields the
-    scheduler file once it is written. All are stopped on exit, as ``_cluster`` does."""
+def _dask_cluster(base: Path, worker_args: Sequence[Sequence[str]]) -> Iterator[Path]:
+    """``dask scheduler`` and a ``dask worker`` per entry of ``worker_args`` (its
+    options beside the scheduler file, host, name and ``--no-dashboard``), as
+    processes; yields the scheduler file once it is written. All are stopped on
+    exit, as ``_cluster`` does."""
     env = dict(os.environ)
     command = [sys.executable, "-m", "dask"]
     scheduler_file = base / "scheduler.json"
@@ -267,10 +275,9 @@ def _dask_cluster(base: Path) -> Iterator[Path]:
             "dask scheduler did not write its file",
             START_TIMEOUT,
         )
-        for i, pool in enumerate(POOLS):
+        for i, args in enumerate(worker_args):
             argv = [*command, "worker", "--scheduler-file", str(scheduler_file)]
-            argv += ["--host", "127.0.0.1", "--nthreads", str(N_THREADS), "--name", f"w{i}"]
-            argv += ["--no-nanny", "--no-dashboard", "--memory-limit", "0", "--resources", pool]
+            argv += ["--host", "127.0.0.1", "--name", f"w{i}", "--no-dashboard", *args]
             procs.append(_start(argv, base / f"w{i}.log", env))
         yield scheduler_file
     finally:

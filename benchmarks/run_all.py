@@ -5,7 +5,9 @@ scheduler memory per queued task, end-to-end throughput beside Dask, placement
 quality on a mixed CPU/GPU workload beside Dask, recovery from a killed worker
 beside Dask, Dask collections computed on each, bytes per second between workers
 and to the client beside Dask, the job queue's runs per second beside HyperQueue,
-and task throughput beside a run printing 50 MB.
+task throughput beside a run printing 50 MB, and, beside Dask on workers with a
+2 GiB memory limit, three limits of data held and reduced (spill.py) and a 10 GiB
+shuffle (shuffle.py).
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ SCRIPTS = [
     "data_transfer.py",
     "queue_throughput.py",
     "chatty_run.py",
+    # Their defaults: 2 workers of 2 GiB each; about 2 and 4 minutes here.
+    "spill.py",
+    "shuffle.py",
 ]
 
 

@@ -37,15 +37,18 @@ def test_the_defaults_are_dasks() -> None:
 
 
 def test_managed_memory_above_target_spills_the_excess() -> None:
-    assert decide(DASK, sample(650, managed=650), False) == MemoryDecision(spill=50)
-    assert decide(DASK, sample(650, managed=600), False) == NOTHING
+    assert decide(DASK, sample(650, managed=650), False) == MemoryDecision(
+        spill=50, store_target=600
+    )
+    assert decide(DASK, sample(650, managed=600), False) == MemoryDecision(store_target=600)
 
 
 def test_process_memory_above_spill_spills_down_to_target() -> None:
     decision = decide(DASK, sample(750, managed=300), False)
     assert decision.spill == 150 and decision.change is None and decision.unmanaged_excess == 0
-    # Between target and spill, process memory alone does nothing (Dask's rule).
-    assert decide(DASK, sample(690, managed=300), False) == NOTHING
+    # Between target and spill, process memory alone spills nothing (Dask's rule);
+    # the store's writes may only fill what is left under spill.
+    assert decide(DASK, sample(690, managed=300), False) == MemoryDecision(store_target=310)
 
 
 def test_memory_outside_the_store_is_measured_and_not_overspilled() -> None:
@@ -65,13 +68,31 @@ def test_with_spill_off_only_the_managed_rule_spills() -> None:
     assert decide(limits, sample(990, managed=100), False).spill == 0
 
 
+def test_writes_may_fill_memory_up_to_target_and_no_further_than_spill() -> None:
+    # 100 of the process is the interpreter: the whole target fits under spill.
+    assert decide(DASK, sample(100), False).store_target == 600
+    # 400 outside the store (a task's temporaries): only 300 of results fit under spill.
+    assert decide(DASK, sample(500, managed=100), False).store_target == 300
+    # More than spill outside the store: every result written goes to disk.
+    assert decide(DASK, sample(900, managed=50), False).store_target == 0
+    # Results counted larger than the process (a view's base): nothing is outside.
+    assert decide(DASK, sample(300, managed=500), False).store_target == 600
+
+
+def test_the_store_target_follows_the_thresholds_turned_off() -> None:
+    no_target = MemoryLimits.of(LIMIT, MemoryThresholds(target=False))
+    assert decide(no_target, sample(500, managed=100), False).store_target is None
+    no_spill = MemoryLimits.of(LIMIT, MemoryThresholds(spill=False))
+    assert decide(no_spill, sample(900, managed=50), False).store_target == 600
+
+
 def test_pause_above_the_threshold_and_resume_at_or_below_it() -> None:
     pause = decide(DASK, sample(801, managed=0), False)
     assert pause.change == Paused(801, LIMIT, 1.0)
     assert decide(DASK, sample(900, managed=0, t=2.0), True).change is None
     # Dask's rule, no hysteresis: back at the threshold is enough.
     assert decide(DASK, sample(800, t=3.0), True).change == Resumed(800, LIMIT, 3.0)
-    assert decide(DASK, sample(100, t=4.0), False) == NOTHING
+    assert decide(DASK, sample(100, t=4.0), False) == MemoryDecision(store_target=600)
 
 
 def test_pause_off_never_pauses_and_releases_a_paused_worker() -> None:
@@ -164,6 +185,21 @@ def test_spills_exactly_when_a_threshold_is_passed(
         assert (decision.spill > 0) == (memory.process > chosen.floor)
     if decision.unmanaged_excess:
         assert over_spill and decision.spill == memory.managed
+
+
+@given(situations())
+def test_writes_keep_the_process_under_spill_and_results_under_target(
+    situation: tuple[MemoryLimits, MemorySample, bool],
+) -> None:
+    chosen, memory, paused = situation
+    allowed = decide(chosen, memory, paused).store_target
+    if not chosen.limit or chosen.target is None:
+        assert allowed is None
+        return
+    assert allowed is not None and 0 <= allowed <= chosen.target
+    if chosen.spill is not None and allowed:
+        outside = max(0, memory.process - memory.managed)
+        assert outside + allowed <= chosen.spill
 
 
 @given(situations())

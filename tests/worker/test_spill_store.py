@@ -127,6 +127,21 @@ def test_deleting_a_spilled_key_deletes_its_file(store: SpillStore) -> None:
     assert (store.memory_bytes, store.spilled_bytes, store.disk_bytes) == (0, 0, 0)
 
 
+def test_totals_count_every_file_written_and_read_and_never_go_down(store: SpillStore) -> None:
+    store["a"] = b"a" * 1000
+    store["b"] = b"b" * 1000
+    store.evict(2000)
+    written = store.bytes_written
+    assert store.files_written == 2 and written == store.disk_bytes > 2000
+    assert store["a"] == b"a" * 1000  # read back: its file goes, the totals stay
+    assert (store.files_read, store.bytes_read) == (1, written // 2)
+    del store["b"]  # deleted unread: no read
+    store.evict(1000)
+    assert store.files_written == 3 and store.bytes_written == written * 3 // 2
+    store.clear()
+    assert (store.files_written, store.files_read, store.disk_bytes) == (3, 1, 0)
+
+
 def test_an_unpicklable_value_stays_in_memory_said_once(
     store: SpillStore, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -145,6 +146,43 @@ def test_a_cancel_before_a_thread_takes_the_task_still_reaches_it() -> None:
         loop.run_until_complete(asyncio.wait_for(both(), 5))
         values = {o.key: o.value for o in outcomes if isinstance(o, Finished)}
         assert values == {"busy": False, "queued": True}
+    finally:
+        runner.close()
+        loop.close()
+
+
+class _Big:
+    """A stand-in for a large result: it can be watched with a weak reference."""
+
+
+def _make_big() -> _Big:
+    return _Big()
+
+
+@pytest.mark.timeout(10)
+def test_an_idle_thread_holds_neither_the_inputs_nor_the_result_of_its_last_task() -> None:
+    loop = asyncio.new_event_loop()
+    outcomes: list[Any] = []
+    data: dict[str, Any] = {}
+    runner = TaskRunner(1, data, outcomes.extend, loop, SimpleNamespace(units={}))
+    try:
+        blob = dumps_function(_make_big)
+        runner.functions.add(function_id(blob), blob)
+        args, _ = pack_call((), {})
+        given = _Big()
+        runner.submit(Execute("out", function_id(blob), args, ("in",), NOTHING), {"in": given})
+
+        async def delivered() -> None:
+            while not outcomes:
+                await asyncio.sleep(0.01)
+
+        loop.run_until_complete(asyncio.wait_for(delivered(), 5))
+        watched = [weakref.ref(given), weakref.ref(data["out"])]
+        # What a data store does when it spills or forgets them.
+        del given
+        outcomes.clear()
+        data.clear()
+        assert [ref() for ref in watched] == [None, None]
     finally:
         runner.close()
         loop.close()

@@ -61,6 +61,8 @@ def test_over_the_spill_threshold_results_move_to_disk_and_still_feed_tasks(
         cluster.run(clock.advance(1.0))  # a heartbeat tells the scheduler
         (record,) = cluster.scheduler.state.workers.values()
         assert record.spilled == 5 * 8000 and not record.paused
+        memory.rss = 10 * MiB  # as spilling does: back under, room for results again
+        cluster.run(clock.advance(0.1))
         # A task reading spilled inputs gets their values, read back from disk.
         assert client.submit(total, *parts).result(timeout=10) == 1000 * sum(range(5))
         assert store.spilled_count == 0 and list(store.directory.iterdir()) == []
@@ -77,6 +79,26 @@ def test_managed_memory_above_target_spills_as_results_arrive(tmp_path: Path) ->
         assert [a[0] for a in client.gather(parts)] == list(range(20))
         store = store_of(cluster)
         assert store.memory_bytes <= 60_000 and store.spilled_count >= 13
+
+
+def test_memory_outside_the_store_leaves_writes_only_the_room_under_spill(
+    tmp_path: Path,
+) -> None:
+    clock, memory = FakeClock(), FakeMemory(66 * MiB)  # a task's temporaries, say
+    with InMemoryCluster([limited(memory, tmp_path)], clock=clock) as cluster:
+        client = cluster.client()
+        cluster.run(clock.advance(0.1))
+        store = store_of(cluster)
+        assert store.target == 4 * MiB  # 70 MiB spill - 66 MiB outside the store
+        first = client.map(np.ones, [3 * MiB // 8] * 3, pure=False)
+        client.gather(first)
+        assert store.memory_bytes == 3 * MiB and store.spilled_count == 2
+        memory.rss = 10 * MiB  # the temporaries are gone: the whole target is back
+        cluster.run(clock.advance(0.1))
+        assert store.target == 60 * MiB
+        second = client.map(np.ones, [3 * MiB // 8] * 3, pure=False)
+        client.gather(second)
+        assert store.memory_bytes == 12 * MiB and store.spilled_count == 2
 
 
 def test_above_pause_the_worker_takes_no_new_task_until_memory_falls(

@@ -197,9 +197,15 @@ class TaskRunner:
             if item is None:
                 return
             outcome = self.run(*item)
+            # Neither the inputs nor the result may stay referenced here while this
+            # thread waits for its next task: the data store spills and forgets them,
+            # and a reference from here would keep their memory in the process, where
+            # the store no longer counts it.
+            del item
             with self._done_lock:
                 self._done.append(outcome)
                 first = len(self._done) == 1
+            del outcome
             if first:
                 try:
                     self._loop.call_soon_threadsafe(self._flush)

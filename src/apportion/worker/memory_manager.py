@@ -5,8 +5,10 @@ a ``SpillStore`` in a ``LocalDirectory`` of its own, which keeps the values in
 memory under the ``target`` threshold by itself on every write. Every
 ``monitor_interval`` seconds (100 ms, as in Dask) the monitor reads the process's
 resident memory, asks ``memory_policy.decide`` what to do, and does it: spill,
-pause, resume. Pausing and resuming are events for the worker's state machine,
-handed to the worker's ``change`` callback, which owns what a pause holds back.
+lower or restore the store's own target (the room left under ``spill`` by what the
+process holds outside the store), pause, resume. Pausing and resuming are events
+for the worker's state machine, handed to the worker's ``change`` callback, which
+owns what a pause holds back.
 
 Without a limit nothing of this runs: no directory, no store, no monitor.
 """
@@ -157,6 +159,8 @@ class MemoryManager:
         (its ``change`` is for the caller to carry out)."""
         sample = MemorySample(now, self.measure(), self.managed)
         decision = decide(self.limits, sample, paused)
+        if self.store is not None:
+            self.store.target = decision.store_target
         if decision.change is not None:
             self._log_change(decision.change)
         if decision.spill and self.store is not None:

@@ -7,7 +7,12 @@ may be turned off (``False``, as in Dask's configuration):
 
 - ``target`` (0.6): once the *managed* memory - the sizes of the results held in
   memory, as ``sizeof`` estimates them - passes it, the least recently used
-  results move to disk until it is back under.
+  results move to disk until it is back under. The store checks it on every write,
+  against a lower figure while the rest of the process is large: the spill
+  threshold less the memory outside the store at the last sample. So writes alone
+  never carry the process past ``spill``, and a worker whose limit is small beside
+  its interpreter and its tasks' temporaries is not paused or killed by results
+  arriving faster than the monitor looks (Dask's store checks ``target`` alone).
 - ``spill`` (0.7): once the process's resident memory passes it (memory the
   sizes do not see: caches, fragmentation, a task's temporaries), results move
   to disk until the process would be back under ``target`` (under ``spill``
@@ -24,8 +29,9 @@ may be turned off (``False``, as in Dask's configuration):
 
 ``decide`` sees one ``MemorySample`` (time, resident bytes, managed bytes) and
 whether the worker is paused now, and answers a ``MemoryDecision``: how many bytes
-of results to spill, and a ``Paused``/``Resumed`` event for the worker's state
-machine when its state should change. Without a memory limit it never does
+of results to spill, the bytes of results the store may keep in memory on its
+writes until the next sample, and a ``Paused``/``Resumed`` event for the worker's
+state machine when its state should change. Without a memory limit it never does
 anything. It imports nothing but the worker's event types, so every rule is
 tested with Hypothesis in microseconds.
 """
@@ -178,6 +184,10 @@ class MemoryDecision:
     #: Bytes of the process above the spill floor that even spilling every result
     #: would leave: memory outside the data store (0: none).
     unmanaged_excess: int = 0
+    #: Bytes of results the store may keep in memory on its writes until the next
+    #: sample: at most ``target``, and no more than keeps the process under ``spill``
+    #: (None: no limit on writes, as with ``target`` off or no limit at all).
+    store_target: int | None = None
 
 
 #: The decision that does nothing.
@@ -204,4 +214,16 @@ def decide(limits: MemoryLimits, sample: MemorySample, paused: bool) -> MemoryDe
         change = Paused(sample.process, limits.limit, sample.time)
     elif paused and not should_pause:
         change = Resumed(sample.process, limits.limit, sample.time)
-    return MemoryDecision(spill, change, unmanaged)
+    return MemoryDecision(spill, change, unmanaged, store_target(limits, sample))
+
+
+def store_target(limits: MemoryLimits, sample: MemorySample) -> int | None:
+    """The bytes of results the store may keep in memory on writes, after ``sample``:
+    ``target``, lowered to the spill threshold less what the process holds outside
+    the store (never below 0); None with ``target`` off."""
+    if limits.target is None:
+        return None
+    if limits.spill is None:
+        return limits.target
+    outside = max(0, sample.process - sample.managed)
+    return max(0, min(limits.target, limits.spill - outside))

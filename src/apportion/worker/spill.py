@@ -74,6 +74,13 @@ class SpillStore(MutableMapping[str, Any]):
         self.spilled_bytes = 0
         #: Bytes of the spill files.
         self.disk_bytes = 0
+        #: Since the store was made (never lower): files written and read back, and
+        #: their bytes. What a run spilled in all, where the fields above say what is
+        #: spilled now.
+        self.files_written = 0
+        self.bytes_written = 0
+        self.files_read = 0
+        self.bytes_read = 0
         self._lock = threading.RLock()
 
     # --- the mapping ----------------------------------------------------------------
@@ -214,6 +221,8 @@ class SpillStore(MutableMapping[str, Any]):
         self.memory_bytes -= size
         self.spilled_bytes += size
         self.disk_bytes += written
+        self.files_written += 1
+        self.bytes_written += written
         self._files[key] = (name, written)
         return size
 
@@ -246,6 +255,8 @@ class SpillStore(MutableMapping[str, Any]):
         del self._files[key]
         self.spilled_bytes -= self._sizes[key]
         self.disk_bytes -= written
+        self.files_read += 1
+        self.bytes_read += written
         self._remove_file(name)
         return value
 
