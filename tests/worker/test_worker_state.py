@@ -55,9 +55,10 @@ def compute(
     t: float = 1.0,
     units: dict[str, list[str]] | None = None,
     variant: int = 0,
+    sizes: dict[str, int] | None = None,
 ) -> ComputeArrived:
     allocation = Allocation(resources or {}, units or {}, variant)
-    task = ComputeTask(key, "f", b"args", who_has or {}, priority, allocation)
+    task = ComputeTask(key, "f", b"args", who_has or {}, priority, allocation, sizes or {})
     return ComputeArrived(task, t)
 
 
@@ -175,6 +176,35 @@ def test_transient_copy_is_kept_while_a_waiting_task_needs_it() -> None:
     assert executed(commands) == ["x"] and "a" not in forgotten(commands)
     commands = state.handle(ok("x"))
     assert executed(commands) == ["y"] and forgotten(commands) == {"a"}
+    check_invariants(state)
+
+
+def fetched(commands: list[WorkerCommand]) -> dict[str, tuple[str, ...]]:
+    return {c.address: c.keys for c in commands if isinstance(c, Fetch)}
+
+
+@pytest.mark.timeout(5)
+def test_fetches_keep_within_the_budget_and_the_rest_follow_as_bytes_arrive() -> None:
+    state = WorkerState(nthreads=1, address=ME, fetch_budget=100)
+    who_has = {"a": [PEER_A], "b": [PEER_A], "c": [PEER_B]}
+    commands = state.handle(compute("x", who_has, sizes={"a": 60, "b": 60, "c": 30}))
+    assert fetched(commands) == {PEER_A: ("a",), PEER_B: ("c",)}  # b would pass 100
+    assert state.in_flight_bytes == 90
+    assert fetched(state.handle(FetchDone(PEER_B, {"c": INFO}, (), 2.0))) == {}
+    assert fetched(state.handle(FetchDone(PEER_A, {"a": INFO}, (), 3.0))) == {PEER_A: ("b",)}
+    assert executed(state.handle(FetchDone(PEER_A, {"b": INFO}, (), 4.0))) == ["x"]
+    assert state.in_flight_bytes == 0
+    check_invariants(state)
+
+
+@pytest.mark.timeout(5)
+def test_one_fetch_larger_than_the_budget_still_goes_alone() -> None:
+    state = WorkerState(nthreads=1, address=ME, fetch_budget=100)
+    who_has = {"big": [PEER_A], "small": [PEER_B]}
+    commands = state.handle(compute("x", who_has, sizes={"big": 500, "small": 1}))
+    assert fetched(commands) == {PEER_A: ("big",)}
+    arrived = state.handle(FetchDone(PEER_A, {"big": INFO}, (), 2.0))
+    assert fetched(arrived) == {PEER_B: ("small",)}
     check_invariants(state)
 
 
@@ -422,7 +452,7 @@ class WorkerStateMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.state = WorkerState(nthreads=2, address=ME)
+        self.state = WorkerState(nthreads=2, address=ME, fetch_budget=100)
         self.time = 0.0
         self.in_flight: list[Fetch] = []
         self.started: set[str] = set()
@@ -455,7 +485,8 @@ class WorkerStateMachine(RuleBasedStateMachine):
     )
     def compute(self, key: str, deps: dict[str, list[str]], gpu: bool, priority: int) -> None:
         resources = {"GPU": 10_000} if gpu else {}
-        self.step(compute(key, deps, resources, priority, self.now()))
+        sizes = {dep: 40 * (len(dep) + len(holders)) for dep, holders in deps.items()}
+        self.step(compute(key, deps, resources, priority, self.now(), sizes=sizes))
 
     @precondition(lambda self: self.in_flight)
     @rule(data=st.data(), fail=st.booleans())

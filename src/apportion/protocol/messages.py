@@ -376,11 +376,14 @@ class ComputeTask(Message):
     who_has: dict[str, list[str]]  #: every dependency -> data addresses holding it
     priority: int
     allocation: Allocation  #: what it runs with: demand, units held, alternative chosen
+    #: Each dependency's size in bytes as the scheduler knows it (0: not known), so the
+    #: worker keeps what it fetches at once within its budget.
+    sizes: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_fields(cls, values: list[Any]) -> Message:
-        key, func_id, args, who_has, priority, allocation = values
-        return cls(key, func_id, args, who_has, priority, Allocation(*allocation))
+        key, func_id, args, who_has, priority, allocation, sizes = values
+        return cls(key, func_id, args, who_has, priority, Allocation(*allocation), sizes)
 
 
 @message
@@ -396,6 +399,7 @@ class Prefetch(Message):
     that they are here when its resources free. Key -> its holders' data addresses."""
 
     who_has: dict[str, list[str]]
+    sizes: dict[str, int] = field(default_factory=dict)  #: as in ``ComputeTask``
 
 
 @message

@@ -282,11 +282,21 @@ class SchedulerCore:
             worker.functions.add(task.func_id)
             self._out.append(ShipFunction(worker.id, task.func_id, self.functions[task.func_id]))
         who_has: dict[str, list[str]] = {}
+        sizes: dict[str, int] = {}
         for dep in task.deps:
-            who_has[dep] = [self.workers[w].address for w in holders(self.tasks[dep])]
+            record = self.tasks[dep]
+            who_has[dep] = [self.workers[w].address for w in holders(record)]
+            sizes[dep] = record.nbytes
         self._out.append(
             AssignTask(
-                worker.id, task.key, task.func_id, task.args, who_has, task.priority, allocation
+                worker.id,
+                task.key,
+                task.func_id,
+                task.args,
+                who_has,
+                task.priority,
+                allocation,
+                sizes,
             )
         )
 
@@ -307,15 +317,15 @@ class SchedulerCore:
         if worker.paused:
             return
         who_has: dict[str, list[str]] = {}
-        nbytes = 0
+        sizes: dict[str, int] = {}
         for dep_key in task.deps:
             dep = self.tasks[dep_key]
             if dep.state == MEMORY and not holds(dep, worker.id):
                 who_has[dep_key] = [self.workers[w].address for w in holders(dep)]
-                nbytes += dep.nbytes
-        if nbytes >= PREFETCH_FROM:
+                sizes[dep_key] = dep.nbytes
+        if sum(sizes.values()) >= PREFETCH_FROM:
             self.prefetches[task.key] = (worker.id, list(who_has))
-            self._out.append(PrefetchInputs(worker.id, who_has))
+            self._out.append(PrefetchInputs(worker.id, who_has, sizes))
 
     def drop_reservation(self, task: TaskRecord) -> None:
         """``task`` no longer holds a worker's reservation; inputs fetched ahead for it

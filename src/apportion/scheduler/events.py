@@ -153,6 +153,8 @@ class AssignTask:
     who_has: dict[str, list[str]]
     priority: int
     allocation: Allocation
+    #: every input key -> its size in bytes
+    sizes: dict[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +171,7 @@ class PrefetchInputs:
 
     worker_id: str
     who_has: dict[str, list[str]]
+    sizes: dict[str, int]
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,7 +57,7 @@ def _error_message(key: str, error: TaskError, attempts: int) -> m.Message:
 
 
 def _assign(c: AssignTask) -> tuple[str, m.Message]:
-    message = m.ComputeTask(c.key, c.func_id, c.args, c.who_has, c.priority, c.allocation)
+    message = m.ComputeTask(c.key, c.func_id, c.args, c.who_has, c.priority, c.allocation, c.sizes)
     return c.worker_id, message
 
 
@@ -72,7 +72,7 @@ _CONVERTERS: dict[type[Any], Callable[[Any], tuple[str, m.Message]]] = {
     ShipFunction: lambda c: (c.worker_id, m.LoadFunction(c.func_id, c.blob)),
     FreeData: lambda c: (c.worker_id, m.FreeKeys(c.keys)),
     FetchData: lambda c: (c.worker_id, m.GetData(c.request_id, c.keys)),
-    PrefetchInputs: lambda c: (c.worker_id, m.Prefetch(c.who_has)),
+    PrefetchInputs: lambda c: (c.worker_id, m.Prefetch(c.who_has, c.sizes)),
     DropPrefetch: lambda c: (c.worker_id, m.DropPrefetch(c.keys)),
     StoreData: lambda c: (c.worker_id, m.PutData(c.request_id, c.data)),
     RestartProcess: lambda c: (c.worker_id, m.RestartWorker(c.reason)),

@@ -48,6 +48,7 @@ class PrefetchArrived:
 
     who_has: Mapping[str, list[str]]
     time: float
+    sizes: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +153,7 @@ def arrival(message: ComputeTask | Prefetch | DropPrefetch, now: float) -> Worke
     if isinstance(message, ComputeTask):
         return ComputeArrived(message, now)
     if isinstance(message, Prefetch):
-        return PrefetchArrived(message.who_has, now)
+        return PrefetchArrived(message.who_has, now, message.sizes)
     return PrefetchDropped(tuple(message.keys), now)
 
 

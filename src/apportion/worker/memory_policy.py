@@ -109,6 +109,10 @@ def _word(fraction: Fraction) -> str:
     return "off" if fraction is False else f"{fraction:g}"
 
 
+#: Share of the memory limit that inputs being fetched from peers may take at once.
+FETCH_FRACTION = 0.1
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryLimits:
     """The thresholds in bytes for one limit; None where a threshold is off."""
@@ -133,6 +137,12 @@ class MemoryLimits:
             at(thresholds.pause),
             at(thresholds.terminate),
         )
+
+    @property
+    def fetch_budget(self) -> int | None:
+        """Most bytes a worker asks of its peers at once: ``FETCH_FRACTION`` of its
+        limit, as Dask's ``memory.transfer``; None (no bound) without a limit."""
+        return int(self.limit * FETCH_FRACTION) if self.limit > 0 else None
 
     @property
     def largest_result(self) -> int | None:

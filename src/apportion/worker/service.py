@@ -174,7 +174,7 @@ class Worker(BackgroundService):
         #: Where peers and clients fetch data (``tcp://host:port`` or ``inproc://name``);
         #: set by ``start``.
         self.address = ""
-        self.state = WorkerState(self.nthreads)
+        self.state = self._new_state()
         # In memory when the scheduler is: peers in this process reach it there.
         data_host = serving_host(scheduler_address, host)
         self._server = DataServer(self.data, self.name, data_host, port, self._put_direct)
@@ -499,8 +499,11 @@ class Worker(BackgroundService):
             self._runner.close()
         self._runner = self._new_runner()
         self.data.clear()
-        self.state = WorkerState(self.nthreads)
-        self.state.address = self.address
+        self.state = self._new_state()
+
+    def _new_state(self) -> WorkerState:
+        budget = self.memory_manager.limits.fetch_budget
+        return WorkerState(self.nthreads, self.address, fetch_budget=budget)
 
     async def _reconnect(self) -> str | None:
         """Register afresh with backoff; None on success, else the last failure."""

@@ -134,6 +134,8 @@ class FetchRecord:
 
     holders: list[str]  #: every holder named so far, in the order tried
     index: int = 0  #: the holder asked now
+    nbytes: int = 0  #: its size as the scheduler knew it (0: not known)
+    asked: bool = False  #: a request for it is in flight (its bytes count as coming)
 
     @property
     def address(self) -> str:
@@ -143,10 +145,23 @@ class FetchRecord:
 class WorkerState:
     """Tasks, data and fetches of one worker; see the module docstring."""
 
-    def __init__(self, nthreads: int, address: str = "", *, story_limit: int = 100_000) -> None:
+    def __init__(
+        self,
+        nthreads: int,
+        address: str = "",
+        *,
+        story_limit: int = 100_000,
+        fetch_budget: int | None = None,
+    ) -> None:
         if nthreads < 1:
             raise ValueError(f"nthreads must be at least 1, got {nthreads}")
         self.nthreads = nthreads
+        #: Most bytes asked of peers and not arrived yet (None: no bound). A fetch
+        #: over it waits for earlier ones, except the first: values arriving faster
+        #: than the memory monitor samples would pass the limit before it could spill.
+        self.fetch_budget = fetch_budget
+        #: Bytes asked of peers and not arrived yet, by the scheduler's sizes.
+        self.in_flight_bytes = 0
         #: Our own data address: never fetch from ourselves.
         self.address = address
         #: Tasks not yet reported, by key.
@@ -265,7 +280,7 @@ class WorkerState:
             self._move(key, RELEASED, WAITING, "compute-task", now)
             record.state = WAITING
             for dep in sorted(record.missing):
-                self._want(dep, task.who_has.get(dep, ()), now)
+                self._want(dep, task.who_has.get(dep, ()), now, task.sizes.get(dep, 0))
                 if key not in self.tasks:
                     return  # dropped: a dependency has no holder
         else:
@@ -300,7 +315,7 @@ class WorkerState:
         for key, reason in event.errors.items():
             record = self.fetches.get(key)
             if record is not None and record.address == event.address:
-                del self.fetches[key]
+                self._end_fetch(key)
                 self.prefetched.discard(key)
                 # Another holder would fail the same way: the value itself cannot travel.
                 self._move(key, FETCHING, RELEASED, f"{event.address}: {reason}", event.time)
@@ -315,7 +330,7 @@ class WorkerState:
             self._forget[event.key] = None
         else:
             self._move(event.key, EXECUTING, MEMORY, "finished", event.time)
-            self.fetches.pop(event.key, None)  # a fetch started before the task arrived
+            self._end_fetch(event.key)  # a fetch started before the task arrived
             self._hold(event.key, info, True, event.time)
 
     def _on_execution_raised(self, event: ExecutionRaised) -> None:
@@ -347,8 +362,10 @@ class WorkerState:
     def _arrived(self, key: str, info: DataInfo, owned: bool, cause: str, now: float) -> None:
         """A value for ``key`` is in the data store (fetched or put)."""
         self._forget.pop(key, None)
-        old = FETCHING if self.fetches.pop(key, None) is not None else RELEASED
+        old = FETCHING if self._end_fetch(key) is not None else RELEASED
         record = self.tasks.get(key)
+        if record is not None:
+            self.prefetched.discard(key)  # it was to run here itself
         if record is not None and record.state == EXECUTING:
             self._forget[key] = None  # the running execution will store its own result
             return
@@ -413,7 +430,7 @@ class WorkerState:
             if key in self.needed_by or not [h for h in holders if h != self.address]:
                 continue
             self.prefetched.add(key)
-            self._want(key, holders, event.time)
+            self._want(key, holders, event.time, event.sizes.get(key, 0))
 
     def _drop_prefetched(self, keys: Iterable[str], now: float) -> None:
         for key in keys:
@@ -426,7 +443,14 @@ class WorkerState:
 
     # --- fetching -----------------------------------------------------------------
 
-    def _want(self, dep: str, holders: Iterable[str], now: float) -> None:
+    def _end_fetch(self, key: str) -> FetchRecord | None:
+        """``key`` is fetched no more (arrived, failed or computed here); its record."""
+        record = self.fetches.pop(key, None)
+        if record is not None and record.asked:
+            self.in_flight_bytes -= record.nbytes
+        return record
+
+    def _want(self, dep: str, holders: Iterable[str], now: float, nbytes: int = 0) -> None:
         """Get ``dep`` into memory: wait for a local task or an ongoing fetch, or fetch."""
         if dep in self.tasks:
             return
@@ -438,37 +462,45 @@ class WorkerState:
         if not others:
             self._dep_unavailable(dep, list(holders), now)
             return
-        record = self.fetches[dep] = FetchRecord(list(dict.fromkeys(others)))
+        record = self.fetches[dep] = FetchRecord(list(dict.fromkeys(others)), nbytes=nbytes)
         self._move(dep, RELEASED, FETCHING, f"fetch from {record.address}", now)
         self._to_fetch.setdefault(record.address, []).append(dep)
 
     def _fetches_to_send(self, now: float) -> list[Fetch]:
-        """The wanted fetches, one per holder, leaving out keys that no longer need one.
-
-        Only fetches held while paused can have gone stale: the key arrived another
-        way, or no pending task needs it any more (then it is released, unasked).
-        """
+        """The wanted fetches, one per holder, within the budget, leaving out keys that
+        no longer need one (then released, unasked). Those over the budget wait."""
         fetches = []
+        later: dict[str, list[str]] = {}
+        budget = self.fetch_budget
         for address, keys in self._to_fetch.items():
             wanted = []
             for key in keys:
                 record = self.fetches.get(key)
-                if record is None or record.address != address:
+                if record is None or record.address != address or record.asked:
                     continue
                 if not self._wanted(key):
                     del self.fetches[key]
                     self._move(key, FETCHING, RELEASED, "no longer needed; never asked", now)
                     continue
+                coming = self.in_flight_bytes
+                if budget is not None and coming and coming + record.nbytes > budget:
+                    later.setdefault(address, []).append(key)
+                    continue
+                record.asked = True
+                self.in_flight_bytes += record.nbytes
                 wanted.append(key)
             if wanted:
                 fetches.append(Fetch(address, tuple(wanted)))
-        self._to_fetch = {}
+        self._to_fetch = later
         return fetches
 
     def _fetch_failed(self, key: str, address: str, reason: str, now: float) -> None:
         record = self.fetches.get(key)
         if record is None or record.address != address:
             return  # a stale answer: the fetch already moved on
+        if record.asked:
+            record.asked = False
+            self.in_flight_bytes -= record.nbytes
         record.index += 1
         if not self._wanted(key):
             del self.fetches[key]
@@ -571,7 +603,10 @@ def check_invariants(state: WorkerState) -> None:
     assert len(executing) <= state.nthreads, f"{len(executing)} > {state.nthreads} threads"
     idle = len(executing) < state.nthreads
     assert not (ready and idle and not state.paused), "a ready task waits for no reason"
-    assert state.paused or not state._to_fetch, "fetches held back while not paused"
+    held_back = state.paused or state.fetch_budget is not None
+    assert held_back or not state._to_fetch, "fetches held back while not paused"
+    asked = sum(f.nbytes for f in state.fetches.values() if f.asked)
+    assert state.in_flight_bytes == asked, f"{state.in_flight_bytes} bytes coming, not {asked}"
     assert state.owned <= state.data.keys(), "owned keys must be in memory"
     assert not state.data.keys() & state.fetches.keys(), "a key in memory is being fetched"
     assert not state.data.keys() & state.tasks.keys(), "a key is both in memory and a task"
