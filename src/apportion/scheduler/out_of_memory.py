@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from apportion.core.sizes import format_bytes
 from apportion.protocol import messages as m
-from apportion.scheduler import relay, worker_reports
+from apportion.scheduler import worker_reports
 from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.holders import holders
 from apportion.scheduler.records import (
@@ -47,7 +47,6 @@ from apportion.scheduler.records import (
     PROCESSING,
     QUEUED,
     WAITING,
-    ClientRecord,
     ServingDeath,
     WorkerRecord,
 )
@@ -94,19 +93,6 @@ def result_too_large(state: SchedulerCore, worker: WorkerRecord, msg: m.ResultTo
 
 
 # --- deaths while serving ------------------------------------------------------------
-
-
-def gather(state: SchedulerCore, client: ClientRecord, msg: m.GatherRequest) -> None:
-    """``relay.gather``, and mark the results the client fetches from their holders."""
-    relay.gather(state, client, msg)
-    if msg.direct_from <= 0:
-        return
-    for key in msg.keys:
-        task = state.tasks.get(key)
-        # relay.gather's rule for the keys it names in ``elsewhere``.
-        held = task is not None and task.state == MEMORY and task.worker in state.workers
-        if held and task is not None and msg.direct_from <= task.nbytes:
-            state.served_directly.add(key)
 
 
 def served_by(state: SchedulerCore, worker: WorkerRecord) -> list[str]:

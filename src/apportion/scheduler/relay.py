@@ -87,6 +87,7 @@ def gather(state: SchedulerCore, client: ClientRecord, msg: m.GatherRequest) -> 
             missing.append(key)
         elif 0 < msg.direct_from <= task.nbytes:
             elsewhere[key] = [state.workers[w].address for w in holders(task)]
+            state.served_directly.add(key)  # the client fetches it there (out_of_memory.py)
         elif task.nbytes >= PIPE_FROM:
             piping[task.worker].append(key)
         else:

@@ -128,7 +128,7 @@ CLIENT_HANDLERS: dict[type[m.Message], Callable[[SchedulerCore, ClientRecord, An
     m.SubmitTasks: client_requests.submit,
     m.ReleaseKeys: client_requests.release_keys,
     m.CancelKeys: client_requests.cancel_keys,
-    m.GatherRequest: out_of_memory.gather,
+    m.GatherRequest: relay.gather,
     m.ScatterRequest: relay.scatter,
     m.ScatterPlaced: relay.scatter_placed,
     m.WhoHasRequest: relay.who_has,
