@@ -365,6 +365,10 @@ def test_a_worker_cut_off_and_back_keeps_its_run_which_runs_once(
     result = queue.cli("submit", address, "--", "sh", "-c", script)
     run_id = int(re.findall(r"submitted run (\d+)", result.stdout)[0])
     poll(lambda: queue.states().get(run_id) == "running", 20, "the run to start")
+    # Output still in the worker when it freezes goes with its old session (the log
+    # then marks the gap): freeze it once "begun" is in, to test the adoption alone.
+    log_path = queue.home / "runs-logs" / f"{run_id}.log"
+    poll(lambda: log_path.exists() and log_path.read_text() == "begun\n", 20, "the output")
     os.kill(worker.pid, signal.SIGSTOP)  # silent: declared lost, its run requeued
     try:
         poll(lambda: queue.states()[run_id] == QUEUED, 20, "the run to be requeued")
@@ -372,7 +376,7 @@ def test_a_worker_cut_off_and_back_keeps_its_run_which_runs_once(
         os.kill(worker.pid, signal.SIGCONT)
     poll(lambda: queue.states()[run_id] == COMPLETED, 30, "the run to complete")
     assert marks.read_text() == "x\n"  # its command ran once: adopted, not restarted
-    log = (queue.home / "runs-logs" / f"{run_id}.log").read_text()
+    log = log_path.read_text()
     assert log == "begun\ndone\n", log
     with queue.journal() as journal:
         history = [text for _, text in journal.history(run_id)]
