@@ -25,8 +25,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import statistics
 import tempfile
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -159,3 +161,84 @@ def parse_size(text: str) -> int:
     if match is None or match.group(2).lower() not in _UNITS:
         raise ValueError(f"{text!r} is not a size such as 64MiB or 10GiB")
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+@dataclass(frozen=True)
+class Round:
+    """One run of a workload on one system."""
+
+    seconds: float
+    #: What the workload computed: equal across rounds and systems, or something is wrong.
+    answer: Hashable
+    #: Files and bytes written to the spill directories during the round.
+    files_spilled: int
+    bytes_spilled: int
+    #: What said a worker was killed or restarted during the round (empty: none).
+    restarts: list[str]
+
+
+def measure(session: LimitedSession, workload: Callable[[], Hashable]) -> Round:
+    """Time ``workload`` (it submits, waits and returns its answer) on a settled
+    scheduler, with what it spilled and any worker killed or restarted meanwhile."""
+    session.settle()
+    pids, (files, written), said = session.pids(), session.spilled(), len(session.restarts())
+    start = time.perf_counter()
+    answer = workload()
+    seconds = time.perf_counter() - start
+    restarts = session.restarts()[said:]
+    after = session.pids()
+    if after != pids:
+        restarts.append(f"worker pids were {sorted(pids.values())}, now {sorted(after.values())}")
+    files_after, written_after = session.spilled()
+    return Round(seconds, answer, files_after - files, written_after - written, restarts)
+
+
+def run_systems(
+    systems: list[str],
+    repeat: int,
+    shape: tuple[int, int, str],
+    one_round: Callable[[LimitedSession], Round],
+) -> dict[str, list[Round]]:
+    """``repeat`` rounds of ``one_round`` on each system's cluster of ``shape``
+    (workers, threads, memory limit), each round printed as it ends."""
+    results: dict[str, list[Round]] = {}
+    for system in systems:
+        print(f"{system}:", flush=True)
+        with SESSIONS[system](*shape) as session:
+            results[system] = []
+            for i in range(repeat):
+                result = one_round(session)
+                print(f"  round {i + 1}: {describe(result)}", flush=True)
+                results[system].append(result)
+    return results
+
+
+def describe(result: Round) -> str:
+    killed = "; ".join(result.restarts) if result.restarts else "none"
+    return (
+        f"{result.seconds:.1f} s, spilled {describe_bytes(result.bytes_spilled)} in "
+        f"{result.files_spilled:,} files, workers killed or restarted: {killed}"
+    )
+
+
+def report(results: dict[str, list[Round]]) -> int:
+    """Print each system's median and the ratio; 1 if anything went wrong."""
+    print()
+    medians = {s: statistics.median(r.seconds for r in rounds) for s, rounds in results.items()}
+    for system, rounds in results.items():
+        spilled = statistics.median(r.bytes_spilled for r in rounds)
+        print(
+            f"{system:<10}: {medians[system]:.1f} s (median of {len(rounds)}), "
+            f"spilled {describe_bytes(spilled)} per round"
+        )
+    if "apportion" in medians and "dask" in medians:
+        ratio = medians["apportion"] / medians["dask"]
+        print(f"ratio     : {ratio:.2f}x (apportion's seconds / Dask's)")
+    failed = [line for rounds in results.values() for r in rounds for line in r.restarts]
+    answers = {r.answer for rounds in results.values() for r in rounds}
+    if len(answers) != 1:
+        print("ANSWERS DIFFER between rounds or systems")
+    else:
+        print(f"answers   : the same in every round of {' and '.join(results)}")
+    print(f"killed    : {'; '.join(failed) if failed else 'no worker of either system'}")
+    return 1 if failed or len(answers) != 1 else 0

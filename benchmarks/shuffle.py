@@ -44,14 +44,21 @@ Usage: ``python benchmarks/shuffle.py [--size 10GiB] [--partition 64MiB]
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
-from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, cast
 
 import tasks
-from limited import SESSIONS, LimitedSession, describe_bytes, parse_size
+from limited import (
+    SESSIONS,
+    LimitedSession,
+    Round,
+    describe_bytes,
+    measure,
+    parse_size,
+    report,
+    run_systems,
+)
 
 tasks.share_with_workers()
 
@@ -65,19 +72,6 @@ ROUND_TIMEOUT = 1800.0
 
 #: One output partition: (values, their sum modulo 2**64, their XOR).
 Output = tuple[int, int, int]
-
-
-@dataclass(frozen=True)
-class Round:
-    """One run of the workload on one system."""
-
-    seconds: float
-    answer: list[Output]
-    #: Files and bytes written to the spill directories during the round.
-    files_spilled: int
-    bytes_spilled: int
-    #: What said a worker was killed or restarted during the round (empty: none).
-    restarts: list[str]
 
 
 def submit_shuffle(client: Any, size: int, partition: int, seed: int) -> list[Any]:
@@ -96,31 +90,18 @@ def submit_shuffle(client: Any, size: int, partition: int, seed: int) -> list[An
 
 def one_round(session: LimitedSession, size: int, partition: int, seed: int) -> Round:
     """Run the workload once; checks the answer covers every value."""
-    session.settle()
-    pids, (files, written), said = session.pids(), session.spilled(), len(session.restarts())
-    start = time.perf_counter()
-    outputs = submit_shuffle(session.client, size, partition, seed)
-    session.wait(outputs, timeout=ROUND_TIMEOUT)
-    answer = [tuple(output) for output in session.client.gather(outputs)]
-    seconds = time.perf_counter() - start
-    del outputs
-    restarts = session.restarts()[said:]
-    after = session.pids()
-    if after != pids:
-        restarts.append(f"worker pids were {sorted(pids.values())}, now {sorted(after.values())}")
-    files_after, written_after = session.spilled()
+
+    def workload() -> tuple[Output, ...]:
+        outputs = submit_shuffle(session.client, size, partition, seed)
+        session.wait(outputs, timeout=ROUND_TIMEOUT)
+        return tuple(tuple(output) for output in session.client.gather(outputs))
+
+    result = measure(session, workload)
+    answer = cast(tuple[Output, ...], result.answer)
     count = sum(output[0] for output in answer)
     if count != (size // partition) * (partition // 8):
         raise AssertionError(f"the outputs hold {count:,} values, not {size // 8:,}")
-    return Round(seconds, answer, files_after - files, written_after - written, restarts)
-
-
-def describe(result: Round) -> str:
-    killed = "; ".join(result.restarts) if result.restarts else "none"
-    return (
-        f"{result.seconds:.1f} s, spilled {describe_bytes(result.bytes_spilled)} in "
-        f"{result.files_spilled:,} files, workers killed or restarted: {killed}"
-    )
+    return result
 
 
 def main() -> int:
@@ -144,39 +125,9 @@ def main() -> int:
         f"{N_THREADS} threads, memory limit {args.limit} each",
         flush=True,
     )
-    results: dict[str, list[Round]] = {}
-    for system in systems:
-        print(f"{system}:", flush=True)
-        with SESSIONS[system](N_WORKERS, N_THREADS, args.limit) as session:
-            results[system] = []
-            for i in range(args.repeat):
-                result = one_round(session, size, partition, SEED)
-                print(f"  round {i + 1}: {describe(result)}", flush=True)
-                results[system].append(result)
-    return report(results)
-
-
-def report(results: dict[str, list[Round]]) -> int:
-    """Print each system's median and the ratio; 1 if anything went wrong."""
-    print()
-    medians = {s: statistics.median(r.seconds for r in rounds) for s, rounds in results.items()}
-    for system, rounds in results.items():
-        spilled = statistics.median(r.bytes_spilled for r in rounds)
-        print(
-            f"{system:<10}: {medians[system]:.1f} s (median of {len(rounds)}), "
-            f"spilled {describe_bytes(spilled)} per round"
-        )
-    if "apportion" in medians and "dask" in medians:
-        ratio = medians["apportion"] / medians["dask"]
-        print(f"ratio     : {ratio:.2f}x (apportion's seconds / Dask's)")
-    failed = [line for rounds in results.values() for r in rounds for line in r.restarts]
-    answers = {tuple(r.answer) for rounds in results.values() for r in rounds}
-    if len(answers) != 1:
-        print("ANSWERS DIFFER between rounds or systems")
-    else:
-        print(f"answers   : the same in every round of {' and '.join(results)}")
-    print(f"killed    : {'; '.join(failed) if failed else 'no worker of either system'}")
-    return 1 if failed or len(answers) != 1 else 0
+    shape = (N_WORKERS, N_THREADS, args.limit)
+    play = partial(one_round, size=size, partition=partition, seed=SEED)
+    return report(run_systems(systems, args.repeat, shape, play))
 
 
 if __name__ == "__main__":

@@ -29,13 +29,21 @@ Usage: ``python benchmarks/spill.py [--limit 2GiB] [--block 32MiB] [--repeat N]
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
-from dataclasses import dataclass
+from functools import partial
+from typing import cast
 
 import tasks
-from limited import SESSIONS, LimitedSession, describe_bytes, parse_size
+from limited import (
+    SESSIONS,
+    LimitedSession,
+    Round,
+    describe_bytes,
+    measure,
+    parse_size,
+    report,
+    run_systems,
+)
 
 tasks.share_with_workers()
 
@@ -49,48 +57,22 @@ REPEAT = 1
 ROUND_TIMEOUT = 900.0
 
 
-@dataclass(frozen=True)
-class Round:
-    """One run of the workload on one system."""
-
-    seconds: float
-    #: (values, sum modulo 2**64) of every block.
-    total: tuple[int, int]
-    #: Files and bytes written to the spill directories during the round.
-    files_spilled: int
-    bytes_spilled: int
-    #: What said a worker was killed or restarted during the round (empty: none).
-    restarts: list[str]
-
-
 def one_round(session: LimitedSession, count: int, block: int) -> Round:
     """Produce ``count`` blocks, hold them all, reduce them; check the count of values."""
-    session.settle()
-    pids, (files, written), said = session.pids(), session.spilled(), len(session.restarts())
     client = session.client
-    start = time.perf_counter()
-    blocks = client.map(tasks.random_block, [SEED] * count, range(count), [block] * count)
-    session.wait(blocks, timeout=ROUND_TIMEOUT)
-    checksums = client.map(tasks.block_checksum, blocks)
-    total = client.submit(tasks.add_checksums, *checksums).result(timeout=ROUND_TIMEOUT)
-    seconds = time.perf_counter() - start
-    del blocks, checksums
-    restarts = session.restarts()[said:]
-    after = session.pids()
-    if after != pids:
-        restarts.append(f"worker pids were {sorted(pids.values())}, now {sorted(after.values())}")
-    files_after, written_after = session.spilled()
-    if total[0] != count * (block // 8):
-        raise AssertionError(f"the total counts {total[0]:,} values, not {count * block // 8:,}")
-    return Round(seconds, tuple(total), files_after - files, written_after - written, restarts)
 
+    def workload() -> tuple[int, int]:
+        blocks = client.map(tasks.random_block, [SEED] * count, range(count), [block] * count)
+        session.wait(blocks, timeout=ROUND_TIMEOUT)
+        checksums = client.map(tasks.block_checksum, blocks)
+        total = client.submit(tasks.add_checksums, *checksums).result(timeout=ROUND_TIMEOUT)
+        return (int(total[0]), int(total[1]))
 
-def describe(result: Round) -> str:
-    killed = "; ".join(result.restarts) if result.restarts else "none"
-    return (
-        f"{result.seconds:.1f} s, spilled {describe_bytes(result.bytes_spilled)} in "
-        f"{result.files_spilled:,} files, workers killed or restarted: {killed}"
-    )
+    result = measure(session, workload)
+    values = cast(tuple[int, int], result.answer)[0]
+    if values != count * (block // 8):
+        raise AssertionError(f"the total counts {values:,} values, not {count * block // 8:,}")
+    return result
 
 
 def main() -> int:
@@ -113,39 +95,10 @@ def main() -> int:
         f"{N_THREADS} threads, memory limit {describe_bytes(limit)} each",
         flush=True,
     )
-    results: dict[str, list[Round]] = {}
-    for system in systems:
-        print(f"{system}:", flush=True)
-        with SESSIONS[system](N_WORKERS, N_THREADS, args.limit) as session:
-            results[system] = []
-            for i in range(args.repeat):
-                result = one_round(session, count, block)
-                print(f"  round {i + 1}: {describe(result)}", flush=True)
-                results[system].append(result)
-    return report(results, args.repeat)
-
-
-def report(results: dict[str, list[Round]], repeat: int) -> int:
-    """Print each system's median and the ratio; 1 if anything went wrong."""
-    print()
-    medians = {s: statistics.median(r.seconds for r in rounds) for s, rounds in results.items()}
-    for system, rounds in results.items():
-        spilled = statistics.median(r.bytes_spilled for r in rounds)
-        print(
-            f"{system:<10}: {medians[system]:.1f} s (median of {repeat}), "
-            f"spilled {describe_bytes(spilled)} per round"
-        )
-    if "apportion" in medians and "dask" in medians:
-        ratio = medians["apportion"] / medians["dask"]
-        print(f"ratio     : {ratio:.2f}x (apportion's seconds / Dask's)")
-    failed = [line for rounds in results.values() for r in rounds for line in r.restarts]
-    totals = {r.total for rounds in results.values() for r in rounds}
-    if len(totals) != 1:
-        print(f"TOTALS DIFFER between rounds or systems: {sorted(totals)}")
-    else:
-        print(f"totals    : the same in every round of {' and '.join(results)}")
-    print(f"killed    : {'; '.join(failed) if failed else 'no worker of either system'}")
-    return 1 if failed or len(totals) != 1 else 0
+    shape = (N_WORKERS, N_THREADS, args.limit)
+    return report(
+        run_systems(systems, args.repeat, shape, partial(one_round, count=count, block=block))
+    )
 
 
 if __name__ == "__main__":
