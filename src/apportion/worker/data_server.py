@@ -57,8 +57,10 @@ def reply_parts(data: Mapping[str, Any], request_id: int, keys: Iterable[str]) -
     whole = data_reply(data, request_id, keys)
     large = {key: blob for key, blob in whole.data.items() if size_of(blob) >= SEND_ALONE_FROM}
     small = {key: blob for key, blob in whole.data.items() if key not in large}
-    first = DataReply(request_id, small, whole.missing, whole.errors)
-    return [first, *(DataReply(request_id, {key: blob}, [], {}) for key, blob in large.items())]
+    alone = [DataReply(request_id, {key: blob}, [], {}) for key, blob in large.items()]
+    if alone and not (small or whole.missing or whole.errors):
+        return alone
+    return [DataReply(request_id, small, whole.missing, whole.errors), *alone]
 
 
 class DataServer:
@@ -110,7 +112,10 @@ class DataServer:
                         parts = reply_parts(self._data, message.request_id, message.keys)
                         for part in parts:
                             conn.send(part)
-                            await conn.drain()  # each part a frame of its own
+                            if len(parts) > 1:
+                                await conn.drain()  # each part a frame of its own
+                        # One part holds only small values: it may share a frame with
+                        # the answers to the other requests of this loop turn.
                     elif isinstance(message, GetData):
                         reply = data_reply(self._data, message.request_id, message.keys)
                         conn.send(reply)
