@@ -146,6 +146,8 @@ SAMPLES: list[m.Message] = [
     m.RestartRequest(15, "Client.restart"),
     m.RestartReply(15, 3, ["plain"]),
     m.RestartWorker("the cluster was restarted"),
+    m.LendBuffers(1 << 20),
+    m.BuffersReturned(2),
 ]
 
 

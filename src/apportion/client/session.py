@@ -230,7 +230,9 @@ class Session:
         conn = self._peers.get(address)
         if conn is None or conn.closed:
             limit = self._timeout if timeout is None else timeout
-            conn, _ = await open_connection(address, "client", self.name, timeout=limit)
+            conn, _ = await open_connection(
+                address, "client", self.name, timeout=limit, borrow=True
+            )
             self._peers[address] = conn
             self._watch(conn, scheduler=False)
         return conn

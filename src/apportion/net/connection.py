@@ -4,6 +4,11 @@
 end of the current loop turn, so a burst of messages to one peer costs one write
 and one frame. ``recv`` returns the messages of one frame, each payload's buffers
 received straight into memory of their own.
+
+Between two processes of one machine a connection may *lend* its large buffers
+instead of sending them (``net/lending.py``): the receiver reads them from the
+sender's memory. The two control messages this takes, ``LendBuffers`` and
+``BuffersReturned``, are handled here and never reach the connection's owner.
 """
 
 from __future__ import annotations
@@ -13,13 +18,16 @@ import contextlib
 import logging
 import mmap
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
+from apportion.net import lending
 from apportion.net.stream import Buffer, Stream, StreamClosed
 from apportion.protocol.codec import (
     BUFFER_LENGTH,
     HEADER,
+    LENT_PLACE,
     MAX_FRAME,
     ProtocolError,
     buffer_lengths,
@@ -27,7 +35,7 @@ from apportion.protocol.codec import (
     encode_frame,
     frame_sizes,
 )
-from apportion.protocol.messages import Message
+from apportion.protocol.messages import BuffersReturned, LendBuffers, Message
 
 logger = logging.getLogger("apportion.net")
 
@@ -67,6 +75,23 @@ def receive_buffer(size: int) -> memoryview:
         raise ProtocolError(f"cannot hold a buffer of {size:,} bytes: {exc}") from None
 
 
+#: Lent buffers of this many bytes or more are read in a thread, not on the loop.
+READ_IN_THREAD_FROM = 4 << 20
+
+
+def lent_to(lent: list[Buffer], from_bytes: int) -> Callable[[Buffer, int], int | None]:
+    """``encode_frame``'s ``lend``: buffers of ``from_bytes`` or more are lent, and
+    kept in ``lent`` until the peer returns them."""
+
+    def lend(buffer: Buffer, size: int) -> int | None:
+        if size < from_bytes:
+            return None
+        lent.append(buffer)
+        return lending.address_of(buffer)
+
+    return lend
+
+
 @dataclass(frozen=True, slots=True)
 class FrameHead:
     """A received frame up to its buffers, which are still to be read from the stream."""
@@ -75,6 +100,8 @@ class FrameHead:
     listed: bytes  #: the buffers' lengths as they came
     body: bytes | bytearray
     lengths: list[int]
+    #: Indices of the buffers lent rather than sent (their addresses follow instead).
+    lent: tuple[int, ...] = ()
 
     @property
     def raw(self) -> list[Buffer]:
@@ -95,6 +122,14 @@ class Connection:
         #: Frame limit for ``recv``; raised from the handshake limit once authenticated.
         self.max_frame = max_frame
         self.peer = stream.peer
+        #: Lending this side's buffers: whether the peer may ask (this side offered),
+        #: from which size it asked, and the buffers of each lending frame it has not
+        #: returned yet, oldest first.
+        self._may_lend = False
+        self._lend_from: int | None = None
+        self._lent: deque[list[Buffer]] = deque()
+        #: The pid of the peer whose lent buffers this side reads (``borrow_from``).
+        self._lender: int | None = None
 
     @property
     def closed(self) -> bool:
@@ -115,14 +150,19 @@ class Connection:
             self._outbox.clear()
             return
         batch, self._outbox = self._outbox, []
+        lent: list[Buffer] = []
         try:
-            frame = encode_frame(batch)
+            frame = encode_frame(
+                batch, None if self._lend_from is None else lent_to(lent, self._lend_from)
+            )
         except (ProtocolError, TypeError, ValueError, OverflowError) as exc:
             # Runs from call_soon, where an exception would vanish: say so, and close,
             # so the peer and our reader both see the failure instead of a silent gap.
             logger.error("cannot send %d messages to %s: %s; closing", len(batch), self.peer, exc)
             self.abort()
             return
+        if lent:
+            self._lent.append(lent)
         self._stream.write(frame)
 
     async def drain(self) -> None:
@@ -137,11 +177,67 @@ class Connection:
         """The messages of the next frame. Raises ``ConnectionClosed`` or ``ProtocolError``."""
         head = await self.recv_head()
         buffers = []
-        for length in head.lengths:
+        for i, length in enumerate(head.lengths):
             buffer = receive_buffer(length)
-            await self.read_into(buffer)
+            if i in head.lent:
+                await self._read_lent(buffer)
+            else:
+                await self.read_into(buffer)
             buffers.append(buffer)
-        return decode_body(head.body, buffers)
+        if head.lent:
+            self.send(BuffersReturned(1))
+        messages = decode_body(head.body, buffers)
+        if self._may_lend:
+            messages = [m for m in messages if not self._lending_control(m)]
+        return messages
+
+    # --- lending (``net/lending.py``) ---------------------------------------------------
+
+    @property
+    def lent_frames(self) -> int:
+        """Frames whose lent buffers the peer has not returned yet."""
+        return len(self._lent)
+
+    def offer_lending(self) -> None:
+        """Let the peer ask for lent buffers (this side's ``Welcome`` offered its probe)."""
+        self._may_lend = True
+
+    def borrow_from(self, pid: int) -> None:
+        """Read buffers lent by the peer, process ``pid``, and ask it to lend them."""
+        self._lender = pid
+        self.send(LendBuffers(lending.LEND_FROM))
+
+    def _lending_control(self, message: Message) -> bool:
+        """Apply ``message`` if it is about lending; True if it was."""
+        if isinstance(message, LendBuffers):
+            self._lend_from = max(1, message.from_bytes)
+            return True
+        if isinstance(message, BuffersReturned):
+            if not 0 < message.frames <= len(self._lent):
+                raise ProtocolError(
+                    f"the peer returned {message.frames} lending frames of {len(self._lent)}"
+                )
+            for _ in range(message.frames):
+                self._lent.popleft()
+            return True
+        return False
+
+    async def _read_lent(self, into: memoryview) -> None:
+        """Fill ``into`` from the lender's memory, at the address the stream holds next."""
+        if self._lender is None:
+            raise ProtocolError(f"{self.peer} lent a buffer it was not asked to lend")
+        try:
+            (address,) = LENT_PLACE.unpack(await self._stream.read_exactly(LENT_PLACE.size))
+        except StreamClosed as exc:
+            raise self._closed_by(exc) from exc
+        try:
+            if len(into) >= READ_IN_THREAD_FROM:
+                # A copy of many MiB would stall every other connection of this loop.
+                await asyncio.to_thread(lending.read_lent, self._lender, address, into)
+            else:
+                lending.read_lent(self._lender, address, into)
+        except OSError as exc:
+            raise ProtocolError(f"cannot read a buffer lent by {self.peer}: {exc}") from None
 
     async def recv_head(self) -> FrameHead:
         """The next frame's header, buffer lengths and body, checked against
@@ -152,13 +248,14 @@ class Connection:
             body_size, count = frame_sizes(header, self.max_frame)
             listed = b""
             lengths: list[int] = []
+            lent: tuple[int, ...] = ()
             if count:
                 listed = bytes(await stream.read_exactly(count * BUFFER_LENGTH.size))
-                lengths = buffer_lengths(listed, count, body_size, self.max_frame)
+                lengths, lent = buffer_lengths(listed, count, body_size, self.max_frame)
             body = await stream.read_exactly(body_size)
         except StreamClosed as exc:
             raise self._closed_by(exc) from exc
-        return FrameHead(header, listed, body, lengths)
+        return FrameHead(header, listed, body, lengths, lent)
 
     async def read_into(self, view: memoryview) -> None:
         """Fill ``view`` with the next bytes of the frame being received."""
@@ -196,8 +293,10 @@ class Connection:
         self._flush()
         with contextlib.suppress(ConnectionError):
             await self._stream.close()
+        self._lent.clear()
 
     def abort(self) -> None:
         """Close at once without flushing (used on protocol errors)."""
         self._outbox.clear()
+        self._lent.clear()
         self._stream.abort()

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 from typing import Any
 
+from apportion.net import lending
 from apportion.net.connection import Connection
 from apportion.net.stream import Stream, StreamClosed
 from apportion.net.transport import transport_for
@@ -36,9 +37,11 @@ def version_mismatch(ours: int, theirs: int, what: str) -> str:
 
 
 async def open_connection(
-    address: str, role: str, name: str, *, timeout: float = 10.0
+    address: str, role: str, name: str, *, timeout: float = 10.0, borrow: bool = False
 ) -> tuple[Connection, Welcome]:
     """Connect to ``address`` and complete the handshake as ``role``, within ``timeout``.
+    With ``borrow``, read the large buffers the peer sends from its memory instead of
+    the socket, if it offered to lend them and runs on this machine (``net/lending.py``).
 
     The address's scheme chooses the transport (``transport_for``): TCP or in memory.
 
@@ -84,6 +87,9 @@ async def open_connection(
         await conn.close()
         raise HandshakeError(version_mismatch(PROTOCOL_VERSION, first.protocol, "server"))
     conn.max_frame = MAX_FRAME
+    lender = lending.lender_in(first.info) if borrow else None
+    if lender is not None:
+        conn.borrow_from(lender)
     return conn, first
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import struct
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgpack
@@ -26,10 +26,18 @@ from apportion.core.payload import Payload
 from apportion.protocol.messages import Message, message_class
 from apportion.protocol.validate import Check, field_checks
 
+#: A frame's pieces: anything with the buffer protocol, one byte per item.
+Buffer = bytes | bytearray | memoryview
+
 #: A frame's fixed header: the body's length, then how many buffers follow it.
 HEADER = struct.Struct("!QI")
 #: One buffer's length, as many as the header announces, between header and body.
 BUFFER_LENGTH = struct.Struct("!Q")
+#: Set in a buffer's listed length when the buffer is lent (``net/lending.py``): the
+#: frame carries where it lies in the sender's memory instead of its bytes.
+LENT = 1 << 63
+#: What a lent buffer's place in the frame holds: its address in the sender.
+LENT_PLACE = struct.Struct("!Q")
 #: The msgpack extension type of a payload: its first buffer's index, and how many.
 PAYLOAD_EXT = 1
 _PAYLOAD_PLACE = struct.Struct("!II")
@@ -50,9 +58,15 @@ class ProtocolError(Exception):
     """The peer sent bytes that are not a valid frame of this protocol."""
 
 
-def encode_frame(messages: Sequence[Message]) -> list[bytes | bytearray | memoryview]:
+#: Decides whether to lend one buffer: its address in this process, or None to send it.
+Lend = Callable[[Buffer, int], int | None]
+
+
+def encode_frame(messages: Sequence[Message], lend: Lend | None = None) -> list[Buffer]:
     """One frame carrying ``messages`` in order: the header and body as one ``bytes``,
-    then every payload's frames as they are (not copied)."""
+    then every payload's frames as they are (not copied). ``lend`` is asked about each
+    of them (with its length): where it answers an address, the frame carries that
+    address instead of the bytes."""
     wire = [m.to_wire() for m in messages]
     try:  # most frames carry no payload: no hook to call
         body: bytes = msgpack.packb(wire, use_bin_type=True)
@@ -70,8 +84,18 @@ def encode_frame(messages: Sequence[Message]) -> list[bytes | bytearray | memory
         raise TypeError(f"cannot send a {type(obj).__name__} in a message")
 
     body = msgpack.packb(wire, use_bin_type=True, default=place)
-    lengths = b"".join(BUFFER_LENGTH.pack(memoryview(b).nbytes) for b in buffers)
-    return [HEADER.pack(len(body), len(buffers)) + lengths + body, *buffers]
+    listed: list[bytes] = []
+    out: list[Buffer] = []
+    for buffer in buffers:
+        size = memoryview(buffer).nbytes
+        address = None if lend is None else lend(buffer, size)
+        if address is None:
+            listed.append(BUFFER_LENGTH.pack(size))
+            out.append(buffer)
+        else:
+            listed.append(BUFFER_LENGTH.pack(size | LENT))
+            out.append(LENT_PLACE.pack(address))
+    return [HEADER.pack(len(body), len(buffers)) + b"".join(listed) + body, *out]
 
 
 def frame_sizes(header: bytes | bytearray | memoryview, limit: int) -> tuple[int, int]:
@@ -85,15 +109,19 @@ def frame_sizes(header: bytes | bytearray | memoryview, limit: int) -> tuple[int
 
 def buffer_lengths(
     data: bytes | bytearray | memoryview, count: int, body: int, limit: int
-) -> list[int]:
-    """The ``count`` buffer lengths in ``data``; refuses a frame passing ``limit`` in all."""
+) -> tuple[list[int], tuple[int, ...]]:
+    """The ``count`` buffer lengths in ``data``, and the indices of the lent buffers
+    among them; refuses a frame passing ``limit`` in all."""
     lengths = [length for (length,) in BUFFER_LENGTH.iter_unpack(data)]
     if len(lengths) != count:
         raise ProtocolError(f"frame announces {count} buffers but lists {len(lengths)}")
+    lent = tuple(i for i, length in enumerate(lengths) if length & LENT)
+    for i in lent:
+        lengths[i] &= ~LENT
     total = body + sum(lengths)
     if total > limit:
         raise ProtocolError(f"frame of {total} bytes exceeds the limit of {limit}")
-    return lengths
+    return lengths, lent
 
 
 def decode_frame(data: bytes | bytearray | memoryview, limit: int = MAX_FRAME) -> list[Message]:
@@ -101,7 +129,9 @@ def decode_frame(data: bytes | bytearray | memoryview, limit: int = MAX_FRAME) -
     view = memoryview(data).cast("B")
     body_size, count = frame_sizes(view[: HEADER.size], limit)
     at = HEADER.size + count * BUFFER_LENGTH.size
-    lengths = buffer_lengths(view[HEADER.size : at], count, body_size, limit)
+    lengths, lent = buffer_lengths(view[HEADER.size : at], count, body_size, limit)
+    if lent:
+        raise ProtocolError("a whole frame cannot hold lent buffers")
     body, at = view[at : at + body_size], at + body_size
     buffers = []
     for length in lengths:

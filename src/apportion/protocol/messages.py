@@ -21,7 +21,7 @@ from apportion.core.payload import Pickled
 
 #: Bumped whenever a message changes shape. Peers with another version are refused
 #: in the handshake, naming both versions, instead of failing later on a bad field.
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 
 
 class Message:
@@ -91,6 +91,25 @@ class Refused(Message):
     """The listener's answer to an unacceptable ``Hello``; the connection closes after it."""
 
     reason: str
+
+
+# --- same-machine lending (``net/lending.py``), handled by ``Connection`` itself ----
+
+
+@message
+class LendBuffers(Message):
+    """Receiver -> data port: I can read your memory (your ``Welcome`` probe was
+    there); send the address of each buffer of ``from_bytes`` or more, not its bytes."""
+
+    from_bytes: int
+
+
+@message
+class BuffersReturned(Message):
+    """Receiver -> data port: the buffers lent in your next ``frames`` lending frames
+    (in the order sent) are read; they need not stay alive for me any longer."""
+
+    frames: int
 
 
 # --- client -> scheduler ------------------------------------------------------------

@@ -320,6 +320,8 @@ class Scheduler(BackgroundService):
             )
             source.send(m.GetData(command.request_id, command.keys))
             head = await source.recv_head()
+            if head.lent:  # never asked for: a relay forwards bytes, not addresses
+                raise ProtocolError(f"{command.address} lent buffers to a relay")
             # Placeholders for the buffers: the keys are read here, the values never.
             (reply,) = decode_body(head.body, [b""] * len(head.lengths))
             if not isinstance(reply, m.DataReply) or reply.request_id != command.request_id:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from apportion.core.payload import Pickled, dumps, size_of
+from apportion.net import lending
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeError, accept_connection
 from apportion.net.stream import Stream
@@ -101,11 +102,18 @@ class DataServer:
             await self._server.wait_closed()
             self._server = None
 
+    async def _greet(self, conn: Connection) -> None:
+        """The handshake, offering to lend large buffers to a peer on this machine."""
+        info = {"worker": self._name, **lending.offer()}
+        await accept_connection(conn, set(DATA_ROLES), conn.peer, info)
+        if "lender" in info:
+            conn.offer_lending()
+
     async def _serve(self, stream: Stream) -> None:
         conn = Connection(stream)
         self._conns.add(conn)
         try:
-            await accept_connection(conn, set(DATA_ROLES), conn.peer, {"worker": self._name})
+            await self._greet(conn)
             while True:
                 for message in await conn.recv():
                     if isinstance(message, GetData) and message.in_parts:

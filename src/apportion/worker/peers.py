@@ -110,7 +110,7 @@ class PeerPool:
 
     async def _open(self, address: str) -> PeerChannel:
         try:
-            conn, _ = await open_connection(address, "peer", self._name)
+            conn, _ = await open_connection(address, "peer", self._name, borrow=True)
             channel = self._channels[address] = PeerChannel(address, conn)
             return channel
         finally:
