@@ -16,13 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import mmap
-import sys
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from apportion.net import lending
+from apportion.net.receive_pool import POOL, POOL_FROM
 from apportion.net.stream import Buffer, Stream, StreamClosed
 from apportion.protocol.codec import (
     BUFFER_LENGTH,
@@ -44,33 +43,19 @@ class ConnectionClosed(Exception):
     """The peer went away (or we closed the connection)."""
 
 
-#: Buffers from this size up are not zeroed before the socket fills them.
-UNZEROED_FROM = 1 << 20
-#: Linux's advice that a mapping be backed by huge pages where it can (None elsewhere):
-#: a 2 MiB page faults in once where 4 KiB pages would fault 512 times.
-HUGE_PAGES: int | None = getattr(mmap, "MADV_HUGEPAGE", None)
-
-
 def receive_buffer(size: int) -> memoryview:
     """Writable memory for ``size`` received bytes; a value rebuilt from it keeps it
     (a NumPy array over it, or the ``bytearray`` itself).
 
     A ``bytearray`` is zeroed byte by byte first, a second pass over every byte
-    received; large buffers are not. Where NumPy is loaded (where large arrays
-    travel) they are ``numpy.empty`` arrays: the allocator reuses memory already
-    paged in, and advises huge pages for large ones. Otherwise they are anonymous
-    memory maps whose pages the kernel hands out as the socket writes them.
+    received; large buffers (``POOL_FROM`` or more) are not: they come from the
+    process's ``receive_pool``, which reuses the memory of buffers no longer used
+    while its pages are still in place.
     """
     try:
-        if size < UNZEROED_FROM:
+        if size < POOL_FROM:
             return memoryview(bytearray(size))
-        numpy = sys.modules.get("numpy")
-        if numpy is not None:
-            return memoryview(numpy.empty(size, numpy.uint8))
-        mapped = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        if HUGE_PAGES is not None:
-            mapped.madvise(HUGE_PAGES)
-        return memoryview(mapped)
+        return POOL.take(size)
     except (MemoryError, OSError) as exc:
         raise ProtocolError(f"cannot hold a buffer of {size:,} bytes: {exc}") from None
 

@@ -26,6 +26,7 @@ import psutil
 
 from apportion.clock import Clock
 from apportion.core.sizes import format_bytes
+from apportion.net.receive_pool import POOL
 from apportion.worker.events import Paused, Resumed
 from apportion.worker.local_directory import LocalDirectory
 from apportion.worker.memory_policy import (
@@ -131,6 +132,11 @@ class MemoryManager:
         ``change`` hands it a ``Paused`` or ``Resumed`` event."""
         if self.limits.limit <= 0 or self._task is not None:
             return
+        budget = self.limits.fetch_budget
+        if budget is not None:
+            # Unused receive memory counts against the limit as any other: keep no
+            # more of it than the inputs that may be on their way at once.
+            POOL.cap(budget)
         logger.info(
             "worker %s: memory limit %s; %s; results spill to %s",
             self.name,
@@ -163,6 +169,8 @@ class MemoryManager:
             self.store.target = decision.store_target
         if decision.change is not None:
             self._log_change(decision.change)
+        if decision.spill:
+            POOL.clear()  # before any result goes to disk
         if decision.spill and self.store is not None:
             count = self.store.spilled_count
             moved = self.store.evict(decision.spill)
