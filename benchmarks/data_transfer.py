@@ -35,6 +35,9 @@ per round (warm-up, then ``--repeat`` rounds). That is the ceiling for any trans
 over TCP here: the kernel copies the bytes in and out once, and nothing else does.
 A transfer that reads the sender's memory copies them once only, and may pass it.
 
+``--systems apportion-tcp`` runs apportion with lending off (``APPORTION_LENDING=0``),
+every byte over TCP as between two machines.
+
 Usage: ``python benchmarks/data_transfer.py [--repeat N] [--systems apportion,dask]``
 """
 
@@ -239,6 +242,24 @@ def apportion_session() -> Iterator[Session]:
 
 
 @contextlib.contextmanager
+def apportion_tcp_session() -> Iterator[Session]:
+    """apportion with lending off in every process: all bytes over TCP, as between
+    machines."""
+    from apportion.net.lending import SWITCH
+
+    before = os.environ.get(SWITCH)
+    os.environ[SWITCH] = "0"  # inherited by the cluster's processes, read by the client
+    try:
+        with apportion_session() as session:
+            yield session
+    finally:
+        if before is None:
+            del os.environ[SWITCH]
+        else:
+            os.environ[SWITCH] = before
+
+
+@contextlib.contextmanager
 def dask_session() -> Iterator[Session]:
     import distributed
 
@@ -331,9 +352,11 @@ def _compare(medians: dict[str, float], bests: dict[str, float], loopback: float
     text = ", ".join(
         f"{system} {rate:.2f} GiB/s (best {bests[system]:.2f})" for system, rate in medians.items()
     )
-    if "apportion" in medians and "dask" in medians:
-        ratio = medians["apportion"] / medians["dask"]
-        text += f", ratio {ratio:.2f}x (best {bests['apportion'] / bests['dask']:.2f}x)"
+    if "dask" in medians:
+        for system in [s for s in medians if s != "dask"]:
+            ratio = medians[system] / medians["dask"]
+            best = bests[system] / bests["dask"]
+            text += f", {system}/dask {ratio:.2f}x (best {best:.2f}x)"
     shares = ", ".join(f"{system} {rate / loopback:.0%}" for system, rate in medians.items())
     return f"{text}; of loopback: {shares}"
 
@@ -341,7 +364,11 @@ def _compare(medians: dict[str, float], bests: dict[str, float], loopback: float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=REPEAT, help="timed rounds per size")
-    parser.add_argument("--systems", default="apportion,dask", help="comma-separated")
+    parser.add_argument(
+        "--systems",
+        default="apportion,dask",
+        help="comma-separated, of apportion, apportion-tcp (lending off) and dask",
+    )
     parser.add_argument(
         "--sizes",
         default=",".join(str(size // MiB) for size in SIZES),
@@ -353,7 +380,11 @@ def main() -> None:
     sizes = [int(mib) * MiB for mib in args.sizes.split(",")]
     if any(size <= 0 or TOTAL % size for size in sizes):
         parser.error("--sizes must divide 1024 MiB")
-    sessions = {"apportion": apportion_session, "dask": dask_session}
+    sessions = {
+        "apportion": apportion_session,
+        "apportion-tcp": apportion_tcp_session,
+        "dask": dask_session,
+    }
     systems = args.systems.split(",")
     if unknown := [s for s in systems if s not in sessions]:
         parser.error(f"unknown systems: {', '.join(unknown)}")

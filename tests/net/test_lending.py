@@ -229,3 +229,10 @@ def test_a_value_is_lent_by_another_process() -> None:
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def test_lending_switched_off_neither_offers_nor_borrows(monkeypatch: pytest.MonkeyPatch) -> None:
+    offered = lending.offer()
+    monkeypatch.setenv(lending.SWITCH, "0")
+    assert lending.offer() == {}
+    assert lending.lender_in(offered) is None

@@ -20,6 +20,9 @@ How a connection comes to lend:
    ``BuffersReturned``; the receiver reads it into a buffer of its own before it
    decodes the frame (``Connection.recv``).
 
+``APPORTION_LENDING=0`` in a process's environment turns lending off there: it
+neither offers nor asks, as where it cannot.
+
 The probe is a capability check, not a secret. The receiver authenticated its peer in
 the handshake before it reads anything, and reading the memory the peer points at
 gives it nothing the peer would not have sent anyway.
@@ -124,10 +127,19 @@ def read_lent(pid: int, address: int, into: memoryview) -> None:
         done += got
 
 
+#: Environment variable that turns lending off in a process when set to ``0``.
+SWITCH = "APPORTION_LENDING"
+
+
+def enabled() -> bool:
+    """Whether this process may lend and borrow buffers (Linux, and not switched off)."""
+    return _READ is not None and os.environ.get(SWITCH, "1") != "0"
+
+
 def offer() -> dict[str, Any]:
     """What a data port's ``Welcome`` says so that a receiver can ``borrow``: nothing
-    where this process cannot be read from."""
-    if _READ is None:
+    where this process cannot be read from or lending is off."""
+    if not enabled():
         return {}
     return {"lender": [os.getpid(), ctypes.addressof(_PROBE), _PROBE_TOKEN]}
 
@@ -136,6 +148,8 @@ def lender_in(info: dict[str, Any]) -> int | None:
     """The pid of the process that sent ``info`` (a ``Welcome``'s), if it offered to
     lend and this process can read it; None otherwise."""
     offered = info.get("lender")
+    if not enabled():
+        return None
     if not (isinstance(offered, list) and len(offered) == 3):
         return None
     pid, address, token = offered
