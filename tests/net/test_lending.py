@@ -93,7 +93,7 @@ def test_a_lent_value_arrives_equal_and_is_held_until_returned() -> None:
         lender, borrower = await _lending_pair()
         try:
             lender.send(m.DataReply(1, {"big": dumps(held[0]), "small": dumps(b"x")}, [], {}))
-            await asyncio.sleep(0)
+            await lender.drain()
             assert lender.lent_frames == 1
             held.clear()
             gc.collect()
@@ -189,7 +189,7 @@ _LENDER = textwrap.dedent(
         assert await conn.recv() == []
         array = np.full(64 * 2**20 // 8, 7.0)
         conn.send(m.DataReply(1, {"a": dumps(array)}, [], {}))
-        await asyncio.sleep(0)
+        await conn.drain()
         lent = conn.lent_frames
         try:
             while True:
@@ -224,7 +224,6 @@ def test_a_value_is_lent_by_another_process() -> None:
             assert isinstance(reply, m.DataReply)
             array = loads(reply.data["a"])
             assert array.shape == (64 * MiB // 8,) and (array == 7.0).all()
-            await asyncio.sleep(0.05)  # BuffersReturned leaves
         finally:
             await conn.close()
 

@@ -135,11 +135,13 @@ class Connection:
             self._outbox.clear()
             return
         batch, self._outbox = self._outbox, []
-        lent: list[Buffer] = []
+        lent: list[Buffer] | None = None
         try:
-            frame = encode_frame(
-                batch, None if self._lend_from is None else lent_to(lent, self._lend_from)
-            )
+            if self._lend_from is None:
+                frame = encode_frame(batch)
+            else:
+                lent = []
+                frame = encode_frame(batch, lent_to(lent, self._lend_from))
         except (ProtocolError, TypeError, ValueError, OverflowError) as exc:
             # Runs from call_soon, where an exception would vanish: say so, and close,
             # so the peer and our reader both see the failure instead of a silent gap.
