@@ -29,6 +29,7 @@ from apportion.client.errors import (
 from apportion.client.future import Future
 from apportion.client.local import LocalCluster
 from apportion.client.progress import progress
+from apportion.client.task_client import get_client, worker_client
 from apportion.client.waiting import (
     ALL_COMPLETED,
     FIRST_COMPLETED,
@@ -41,6 +42,8 @@ from apportion.plugins import WorkerPlugin
 from apportion.scheduler.service import Scheduler
 from apportion.worker.context import (
     get_worker,
+    rejoin,
+    secede,
     task_cancel_event,
     task_environment,
     task_key,
@@ -82,13 +85,17 @@ __all__ = [
     "as_completed",
     "default_client",
     "futures_of",
+    "get_client",
     "get_worker",
     "parse_resources",
     "progress",
+    "rejoin",
+    "secede",
     "task_cancel_event",
     "task_environment",
     "task_key",
     "task_resources",
     "task_variant",
     "wait",
+    "worker_client",
 ]

@@ -148,6 +148,10 @@ SAMPLES: list[m.Message] = [
     m.RestartWorker("the cluster was restarted"),
     m.LendBuffers(1 << 20),
     m.BuffersReturned(2),
+    # --- tasks that wait on other tasks ---
+    m.TaskSeceded("fib-9", False),
+    m.TaskRejoining("fib-9"),
+    m.RejoinGranted(["fib-9", "fib-8"]),
 ]
 
 

@@ -2,12 +2,15 @@
 
 Workers come and go with small random supplies (fractional amounts included), clients
 submit graphs with random demands (some nobody can meet), tasks finish, raise, lose
-inputs, are released and cancelled, clients leave. After every step the whole state
+inputs, are released and cancelled, secede (giving back their resources or keeping
+them) and rejoin, clients leave. After every step the whole state
 is checked; at the end enough workers join and the cluster runs to quiescence: every
 wanted task either finished or failed with a reason, unless nobody can ever run it.
 """
 
 from __future__ import annotations
+
+import copy
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -218,6 +221,39 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule()
     def place(self) -> None:
         self.sim.place()
+        for worker in self.sim.state.workers.values():
+            if worker.rejoining:  # the first waiting could not take its units back
+                task = self.sim.state.tasks[worker.rejoining[0]]
+                assert task.allocation is not None
+                ledger = copy.deepcopy(worker.ledger)
+                assert not ledger.take_exactly(task.allocation.resources, task.allocation.units)
+
+    def _seceded(self) -> dict[str, bool]:
+        return {k: v for w in self.sim.state.workers.values() for k, v in w.seceded.items()}
+
+    @precondition(lambda self: self.sim.all_running())
+    @rule(data=st.data(), keep=st.booleans())
+    def secede(self, data: st.DataObject, keep: bool) -> None:
+        """A running task waits on subtasks: its thread, and mostly its resources, go."""
+        seceded = self._seceded()
+        free = sorted(k for k in self.sim.all_running() if k not in seceded)
+        if not free:
+            return
+        key = data.draw(st.sampled_from(free))
+        keep = keep and not data.draw(st.integers(0, 2))
+        self.sim.worker_says(self.sim.worker_of(key), m.TaskSeceded(key, keep))
+        self._maybe_place(data)
+
+    @rule(data=st.data())
+    def rejoin(self, data: st.DataObject) -> None:
+        """A seceded task wants its thread and resources back."""
+        asking = {k for w in self.sim.state.workers.values() for k in w.rejoining}
+        seceded = sorted(k for k in self._seceded() if k not in asking)
+        if not seceded:
+            return
+        key = data.draw(st.sampled_from(seceded))
+        self.sim.worker_says(self.sim.worker_of(key), m.TaskRejoining(key))
+        self._maybe_place(data)
 
     @precondition(lambda self: self.sim.all_running())
     @rule(data=st.data(), ok=st.booleans())

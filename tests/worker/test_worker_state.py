@@ -35,7 +35,10 @@ from apportion.worker.events import (
     Paused,
     PrefetchArrived,
     PrefetchDropped,
+    RejoinGrantedArrived,
+    Rejoining,
     Resumed,
+    Seceded,
     SendToScheduler,
     WorkerCommand,
 )
@@ -499,10 +502,11 @@ class WorkerStateMachine(RuleBasedStateMachine):
         missing = tuple(k for k in fetch.keys if k not in have)
         self.step(FetchDone(fetch.address, dict.fromkeys(have, INFO), missing, self.now()))
 
-    @precondition(lambda self: self.state.executing)
+    @precondition(lambda self: self.state.executing or self.state.seceded)
     @rule(data=st.data(), how=st.sampled_from(["ok", "raised", "too large"]))
     def finish(self, data: st.DataObject, how: str) -> None:
-        key = data.draw(st.sampled_from(sorted(self.state.executing)))
+        """An execution ends, also one seceded or waiting to rejoin."""
+        key = data.draw(st.sampled_from(sorted(self.state.executing | self.state.seceded.keys())))
         if how == "raised":
             self.step(ExecutionRaised(key, b"e", b"t", 0.1, self.now()))
         elif how == "too large":
@@ -510,6 +514,23 @@ class WorkerStateMachine(RuleBasedStateMachine):
         else:
             self.step(ExecutionOk(key, INFO, 0.1, self.now()))
         assert key not in self.started, "an execution that started was not reported"
+
+    @precondition(lambda self: self.state.executing)
+    @rule(data=st.data(), keep=st.booleans())
+    def secede(self, data: st.DataObject, keep: bool) -> None:
+        key = data.draw(st.sampled_from(sorted(self.state.executing)))
+        self.step(Seceded(key, keep, self.now()))
+
+    @precondition(lambda self: self.state.seceded)
+    @rule(data=st.data())
+    def rejoin(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(sorted(self.state.seceded)))
+        self.step(Rejoining(key, self.now()))
+
+    @rule(keys=st.lists(st.sampled_from(KEYS), max_size=2))
+    def grant(self, keys: list[str]) -> None:
+        """The scheduler gives resources back, sometimes to tasks gone meanwhile."""
+        self.step(RejoinGrantedArrived((*sorted(self.state.rejoining)[:1], *keys), self.now()))
 
     @rule(keys=st.lists(st.sampled_from(KEYS), max_size=3))
     def free(self, keys: list[str]) -> None:

@@ -10,6 +10,8 @@ collected; the clients themselves are held weakly here.
 
 Inside a task, Dask's ``compute`` runs on the task's own thread instead: going back
 to the cluster from a worker thread could wait forever for a thread of its own.
+Once the task has seceded (``worker_client()``) it goes to the cluster through its
+worker's client, as in Dask: the task then holds no thread while it waits.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from apportion.worker.context import in_task
+from apportion.worker.context import get_worker, in_task, seceded
 
 if TYPE_CHECKING:
     from apportion.client.client import Client
@@ -138,11 +140,22 @@ def current() -> Client | None:
     return None
 
 
+def _seceded_task_client() -> Client | None:
+    """The worker's client, for a task that seceded once it has one (else None)."""
+    if not seceded():
+        return None
+    client: Client | None = get_worker().task_client
+    return None if client is None or client._closed else client
+
+
 def get(dsk: Any, keys: Any, **kwargs: Any) -> Any:
     """Dask's scheduler function: run on the newest open client."""
     import dask
 
     if in_task():
+        client = _seceded_task_client()
+        if client is not None:
+            return client.get(dsk, keys, **kwargs)
         return dask.get(dsk, keys)  # synchronous, on this task's thread and resources
     client = current()
     if client is None:  # every client closed since Dask was told to use them
@@ -155,6 +168,9 @@ def persist(collections: Any, **kwargs: Any) -> Any:
     import dask
 
     if in_task():
+        client = _seceded_task_client()
+        if client is not None:
+            return client.persist(list(collections), **kwargs)
         return list(dask.persist(*collections, scheduler="sync", **kwargs))
     client = current()
     if client is None:

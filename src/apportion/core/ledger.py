@@ -174,6 +174,18 @@ class Ledger:
                     raise LedgerError(f"unit {name}[{label}] released twice")
                 unit_free[label] = unit_back
 
+    def take_exactly(self, demand: Mapping[str, int], held: HeldUnits) -> bool:
+        """Take ``demand`` with exactly the units ``held`` (a task taking back what it
+        gave back, ``give(demand, held)``) if all of it is free now; else take nothing."""
+        if not self.fits(demand):
+            return False
+        if self.units and self._take_given(demand, held) is None:
+            return False
+        free = self.free
+        for name, need in demand.items():
+            free[name] -= need
+        return True
+
     def _take_units(self, demand: Mapping[str, int]) -> HeldUnits:
         held: HeldUnits = {}
         for name, need in demand.items():

@@ -21,7 +21,7 @@ from apportion.core.payload import Pickled
 
 #: Bumped whenever a message changes shape. Peers with another version are refused
 #: in the handshake, naming both versions, instead of failing later on a bad field.
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 
 
 class Message:
@@ -1008,3 +1008,28 @@ class Unserved(Message):
     so none will be answered (a scheduler without a job queue asked about runs)."""
 
     kind: str
+
+
+@message
+class TaskSeceded(Message):
+    """Worker -> scheduler: the running task ``key`` gave its thread back (``secede``)
+    to wait on other tasks. Unless ``keep_resources``, it gave back its resources too;
+    it asks for them again with ``TaskRejoining``."""
+
+    key: str
+    keep_resources: bool
+
+
+@message
+class TaskRejoining(Message):
+    """Worker -> scheduler: the seceded task ``key`` counts on a thread again
+    (``rejoin``); if it gave its resources back, it waits for ``RejoinGranted``."""
+
+    key: str
+
+
+@message
+class RejoinGranted(Message):
+    """Scheduler -> worker: these seceded tasks hold their resources again; they run on."""
+
+    keys: list[str]

@@ -302,9 +302,17 @@ class SchedulerCore:
 
     def unassign(self, task: TaskRecord, worker: WorkerRecord) -> None:
         """The worker is done with ``task``: return its resources exactly once."""
-        worker.processing.remove(task.key)
+        key = task.key
+        worker.processing.remove(key)
+        given_back = False
+        if worker.seceded or worker.rejoined:
+            # It may end while seceded, without rejoining: what it gave back is back.
+            given_back = worker.seceded.pop(key, False)
+            if key in worker.rejoining:
+                worker.rejoining.remove(key)
+            worker.rejoined.discard(key)
         allocation = task.allocation
-        if allocation is not None and allocation.resources:
+        if allocation is not None and allocation.resources and not given_back:
             worker.ledger.give(allocation.resources, allocation.units)
         task.allocation = None
         task.worker = None

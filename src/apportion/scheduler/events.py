@@ -201,6 +201,14 @@ class StoreData:
 
 
 @dataclass(frozen=True, slots=True)
+class GrantRejoin:
+    """The seceded task ``key`` holds its resources on this worker again: it runs on."""
+
+    worker_id: str
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
 class RestartProcess:
     """Exit so that the supervisor starts a fresh process (a cluster restart)."""
 
@@ -398,6 +406,7 @@ WorkerCommand = (
     | PrefetchInputs
     | DropPrefetch
     | StoreData
+    | GrantRejoin
     | RestartProcess
     | DrainFinished
     | RefuseWorker

@@ -63,7 +63,7 @@ def _explain_queued(state: SchedulerCore, task: TaskRecord) -> str:
     queue = f" ({ahead} older ready tasks with the same request are ahead of it)" if ahead else ""
     if not task.resources and not task.variants and task.restriction is None:
         slots = sum(w.nthreads for w in state.workers.values())
-        busy = sum(len(w.processing) for w in state.workers.values())
+        busy = sum(w.running() for w in state.workers.values())
         paused = [w.name for w in state.workers.values() if w.paused]
         if paused:
             names = ", ".join(paused[:5]) + (" ..." if len(paused) > 5 else "")
@@ -145,7 +145,7 @@ def _worker_obstacles(
             reasons.append(f"{name} has no unit with room for it (free per unit: {unit_free})")
     if worker.paused:
         reasons.append("paused for its memory")
-    if len(worker.processing) >= worker.nthreads:
+    if worker.running() >= worker.nthreads:
         reasons.append(f"all {worker.nthreads} threads busy")
     if holder is not None:
         reasons.append(

@@ -19,6 +19,7 @@ from apportion.scheduler.records import (
     RELEASED,
     WAITING,
     TaskRecord,
+    WorkerRecord,
 )
 from apportion.scheduler.remote_calls import check_book
 
@@ -38,25 +39,37 @@ def _check_ledger(state: SchedulerCore) -> None:
     for worker in state.workers.values():
         used: Counter[str] = Counter()
         resource_tasks = 0
+        _check_seceded(worker)
         for key in worker.processing:
             task = state.tasks.get(key)
             assert task is not None, f"{worker.name} processes unknown {key}"
             assert task.state == PROCESSING and task.worker == worker.id, (
                 f"{key} not on {worker.name}"
             )
-            used.update(task.resources)
-            resource_tasks += bool(task.resources)
+            if not worker.seceded.get(key, False):  # else given back while it waits
+                used.update(task.resources)
+            counted = key not in worker.seceded and key not in worker.rejoined
+            resource_tasks += bool(task.resources) and counted
         ledger = worker.ledger
         ledger.check()
         for name, total in ledger.total.items():
             assert ledger.free[name] == total - used[name], f"{worker.name}: {name} ledger drifted"
         assert not set(used) - set(ledger.total), f"{worker.name}: uses undeclared resources"
-        assert resource_tasks <= worker.nthreads, f"{worker.name}: more resource tasks than threads"
+        assert resource_tasks <= worker.nthreads, f"{worker.name}: resource tasks beyond threads"
         for key in worker.has_what:
             task = state.tasks.get(key)
             assert task is not None and task.state == MEMORY and holds(task, worker.id)
         held = sum(state.tasks[key].nbytes for key in worker.has_what)
         assert worker.nbytes == held, f"{worker.name}: nbytes {worker.nbytes} != {held} held"
+
+
+def _check_seceded(worker: WorkerRecord) -> None:
+    """Seceded tasks run here; only those that gave back their resources wait to rejoin."""
+    assert worker.seceded.keys() <= worker.processing, f"{worker.name}: seceded elsewhere"
+    rejoining = set(worker.rejoining)
+    assert len(rejoining) == len(worker.rejoining), f"{worker.name}: rejoins twice"
+    assert all(worker.seceded.get(key) for key in rejoining), f"{worker.name}: rejoin holds"
+    assert worker.rejoined <= worker.processing - worker.seceded.keys(), f"{worker.name}: rejoined"
 
 
 def _check_tasks(state: SchedulerCore) -> None:
@@ -145,6 +158,8 @@ def _check_units(state: SchedulerCore) -> None:
         for name, unit_free in worker.ledger.units.items():
             used: Counter[str] = Counter()
             for key in worker.processing:
+                if worker.seceded.get(key, False):
+                    continue  # gave its units back while it waits
                 task = state.tasks[key]
                 held = task.allocation.units if task.allocation is not None else {}
                 if name in task.resources:

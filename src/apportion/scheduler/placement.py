@@ -55,6 +55,7 @@ from apportion.scheduler.records import (
     options_of,
     restriction_of,
 )
+from apportion.scheduler.seceding import grant_rejoins, kept_for_rejoin
 from apportion.scheduler.unsatisfiable import fail_or_warn
 
 
@@ -62,6 +63,7 @@ def place(state: SchedulerCore) -> None:
     """Start every ready task that can start now."""
     if not state.workers:
         return
+    grant_rejoins(state)
     _place_resource_tasks(state)
     _place_plain_tasks(state)
 
@@ -123,9 +125,16 @@ def holder_of(state: SchedulerCore, worker: WorkerRecord, task: TaskRecord) -> T
 
 
 def held_back(state: SchedulerCore, worker: WorkerRecord, task: TaskRecord) -> Amounts | None:
-    """What ``worker`` keeps for the reservation of a task other than ``task``, if any."""
+    """What ``worker`` keeps for the reservation of a task other than ``task``, and
+    for its oldest task waiting to rejoin, if any."""
     holder = holder_of(state, worker, task)
-    return None if holder is None else holder.resources
+    kept = None if holder is None else holder.resources
+    if worker.rejoining:
+        rejoin = kept_for_rejoin(state, worker) or {}
+        if kept is None:
+            return rejoin
+        return {n: kept.get(n, 0) + rejoin.get(n, 0) for n in kept.keys() | rejoin.keys()}
+    return kept
 
 
 def fits_now(
@@ -135,7 +144,7 @@ def fits_now(
     demand: dict[str, int],
 ) -> bool:
     """Could ``task``, asking ``demand``, start on ``worker`` right now?"""
-    if worker.paused or len(worker.processing) >= worker.nthreads:
+    if worker.paused or worker.running() >= worker.nthreads:
         return False
     return worker.ledger.can_take(demand, held_back(state, worker, task))
 
@@ -164,7 +173,7 @@ def best_worker(
     for worker in pool:
         if not fits_now(state, worker, task, demand):
             continue
-        score = (-local.get(worker.id, 0), len(worker.processing) / worker.nthreads)
+        score = (-local.get(worker.id, 0), worker.running() / worker.nthreads)
         if best_score is None or score < best_score:
             best, best_score = worker, score
     return best
@@ -180,7 +189,7 @@ def _reserve(state: SchedulerCore, task: TaskRecord, pool: list[WorkerRecord]) -
         closeness = sum(
             min(worker.ledger.free.get(n, 0), need) / need for n, need in task.resources.items()
         )
-        score = (-closeness, len(worker.processing))
+        score = (-closeness, worker.running())
         if best_score is None or score < best_score:
             best, best_score = worker, score
     if best is not None:
@@ -309,7 +318,7 @@ def plain_capacity(
     if resource_work_waiting and worker.ledger.total:
         # A plain task queued ahead here would take the thread a GPU (say) frees next,
         # leaving the GPU idle while work for it waits: fill free threads only.
-        return worker.nthreads - len(worker.processing)
+        return worker.nthreads - worker.running()
     avg = worker.avg_duration
     config = state.config
     if avg is None:
@@ -318,7 +327,7 @@ def plain_capacity(
         ahead = config.max_pipeline  # also keeps the division below away from zero
     else:
         ahead = max(1, min(config.max_pipeline, math.ceil(config.pipeline_seconds / avg)))
-    return worker.nthreads * (1 + ahead) - len(worker.processing)
+    return worker.nthreads * (1 + ahead) - worker.running()
 
 
 def _closed_to_plain(
@@ -344,7 +353,7 @@ def _place_plain_tasks(state: SchedulerCore) -> None:
         cap = plain_capacity(state, worker, waiting)
         if cap > 0:
             capacity[worker.id] = cap
-            heappush(loads, (len(worker.processing) / worker.nthreads, i, worker.id))
+            heappush(loads, (worker.running() / worker.nthreads, i, worker.id))
     while loads:
         task = _head(state, heap)
         if task is None:
@@ -355,7 +364,7 @@ def _place_plain_tasks(state: SchedulerCore) -> None:
             worker = state.workers[worker_id]
             if capacity[worker_id] <= 0:
                 continue
-            current = len(worker.processing) / worker.nthreads
+            current = worker.running() / worker.nthreads
             if current != load:
                 heappush(loads, (current, i, worker_id))
                 continue
@@ -387,6 +396,6 @@ def _local_choice(
         return None  # its next free thread is for the resource task waiting
     config = state.config
     per_task = config.unknown_duration if holder.avg_duration is None else holder.avg_duration
-    ahead = len(holder.processing) + 1 - holder.nthreads  # tasks to finish before this one
+    ahead = holder.running() + 1 - holder.nthreads  # tasks to finish before this one
     wait = max(0, ahead) / holder.nthreads * per_task
     return holder if wait < local[holder_id] / config.transfer_bandwidth else None

@@ -283,7 +283,10 @@ class WorkerRecord:
         "paused",
         "pid",
         "processing",
+        "rejoined",
+        "rejoining",
         "reserved_by",
+        "seceded",
         "spilled",
         "supervisor",
     )
@@ -308,8 +311,15 @@ class WorkerRecord:
         #: Its supply and what is free of it: the demand of every task in
         #: ``processing`` is taken, and nothing else.
         self.ledger = Ledger(total, units)
-        #: Keys assigned here and not yet reported back.
+        #: Keys assigned here and not yet reported back (seceded ones included).
         self.processing: set[str] = set()
+        #: Tasks of ``processing`` that seceded: their thread does not count ->
+        #: whether their resources went back to the ledger (False: kept, or none).
+        self.seceded: dict[str, bool] = {}
+        #: Seceded tasks waiting to hold their resources again, first asked first.
+        self.rejoining: list[str] = []
+        #: Tasks of ``processing`` back from seceding: they may exceed ``nthreads``.
+        self.rejoined: set[str] = set()
         #: Keys whose result lives here.
         self.has_what: set[str] = set()
         self.nbytes = 0
@@ -337,6 +347,10 @@ class WorkerRecord:
         self.draining = False
         #: Request id of the hand-off of its results in flight, while draining.
         self.handoff: int | None = None
+
+    def running(self) -> int:
+        """Tasks here that count on a thread (seceded ones do not)."""
+        return len(self.processing) - len(self.seceded)
 
 
 class ClientRecord:

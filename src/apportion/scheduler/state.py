@@ -30,6 +30,7 @@ from apportion.scheduler import (
     relay,
     remote_calls,
     restart,
+    seceding,
     shared_data,
     task_hooks,
     views,
@@ -159,6 +160,8 @@ CLIENT_HANDLERS: dict[type[m.Message], Callable[[SchedulerCore, ClientRecord, An
 
 WORKER_HANDLERS: dict[type[m.Message], Callable[[SchedulerCore, WorkerRecord, Any], None]] = {
     m.TaskFinished: worker_reports.task_finished,
+    m.TaskSeceded: seceding.task_seceded,
+    m.TaskRejoining: seceding.task_rejoining,
     m.TaskRaised: worker_reports.task_raised,
     m.ResultTooLarge: out_of_memory.result_too_large,
     m.MissingDependency: worker_reports.missing_dependency,

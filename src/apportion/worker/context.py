@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from apportion.core.allocation import Allocation
 from apportion.core.resources import SCALE, format_amount, format_resources
@@ -32,7 +32,15 @@ _NOT_ALNUM = re.compile(r"[^A-Za-z0-9]")
 _local = threading.local()
 
 
-@dataclass(frozen=True, slots=True)
+class Seceding(Protocol):
+    """What runs the task's thread: it lends the thread out while the task waits."""
+
+    def secede(self, key: str, keep_resources: bool) -> None: ...
+
+    def rejoin(self, key: str) -> None: ...
+
+
+@dataclass(slots=True)
 class _Running:
     """The task this thread runs: where, and what it holds (ticks; labels as text)."""
 
@@ -40,10 +48,15 @@ class _Running:
     key: str
     allocation: Allocation
     cancel: threading.Event
+    runner: Seceding | None = None
+    #: It called ``secede`` and has not rejoined: its thread does not count.
+    seceded: bool = False
 
 
 @contextmanager
-def running_task(worker: Worker, command: Execute, cancel: threading.Event) -> Iterator[None]:
+def running_task(
+    worker: Worker, command: Execute, cancel: threading.Event, runner: Seceding | None = None
+) -> Iterator[_Running]:
     """Within this block, this thread runs ``command`` on ``worker``.
 
     ``command.allocation.units`` names the labels held of each indexed pool; its
@@ -52,9 +65,9 @@ def running_task(worker: Worker, command: Execute, cancel: threading.Event) -> I
     ``cancel`` is set when the scheduler no longer wants the result.
     """
     previous = getattr(_local, "task", None)
-    _local.task = _Running(worker, command.key, command.allocation, cancel)
+    _local.task = running = _Running(worker, command.key, command.allocation, cancel, runner)
     try:
-        yield
+        yield running
     finally:
         _local.task = previous
 
@@ -178,3 +191,40 @@ def task_cancel_event() -> threading.Event:
 def get_worker() -> Worker:
     """The ``Worker`` running the current task; ``RuntimeError`` outside a task."""
     return _current("get_worker").worker
+
+
+def secede(keep_resources: bool = False) -> None:
+    """Give this task's thread back while it waits on other tasks (Dask's ``secede``).
+
+    Another task starts on the thread meanwhile, and the task's resources go back to
+    the scheduler for its subtasks, so a GPU task waiting on GPU subtasks cannot
+    deadlock a one-GPU worker. ``keep_resources=True`` keeps them held (a task whose
+    process owns state on its device). Seceding twice is the same as once.
+    ``RuntimeError`` outside a task.
+    """
+    current = _current("secede")
+    if current.seceded or current.runner is None:
+        return
+    current.seceded = True
+    current.runner.secede(current.key, keep_resources)
+
+
+def rejoin() -> None:
+    """Count on a thread of the worker again after ``secede`` (Dask's ``rejoin``).
+
+    A task that gave its resources back waits here until it holds the same ones
+    again (first asked, first served, ahead of new tasks). It does not wait for a
+    thread: the worker may run more tasks than threads for a while. A no-op when the
+    task has not seceded. ``RuntimeError`` outside a task.
+    """
+    current = _current("rejoin")
+    if not current.seceded or current.runner is None:
+        return
+    current.runner.rejoin(current.key)
+    current.seceded = False
+
+
+def seceded() -> bool:
+    """The running task has seceded and not rejoined (False outside a task)."""
+    current: _Running | None = getattr(_local, "task", None)
+    return current is not None and current.seceded

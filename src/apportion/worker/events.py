@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from apportion.core.allocation import Allocation
 from apportion.core.payload import Pickled
-from apportion.protocol.messages import ComputeTask, DropPrefetch, Message, Prefetch
+from apportion.protocol.messages import ComputeTask, DropPrefetch, Message, Prefetch, RejoinGranted
 
 
 class DataInfo(NamedTuple):
@@ -148,12 +148,42 @@ class Resumed:
     time: float
 
 
-def arrival(message: ComputeTask | Prefetch | DropPrefetch, now: float) -> WorkerEvent:
+@dataclass(frozen=True, slots=True)
+class Seceded:
+    """The running task ``key`` gave its thread back to wait on other tasks (``secede``);
+    unless ``keep_resources``, its resources go back to the scheduler's ledger too."""
+
+    key: str
+    keep_resources: bool
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class Rejoining:
+    """The seceded task ``key`` wants to run on a thread again (``rejoin``)."""
+
+    key: str
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class RejoinGrantedArrived:
+    """The scheduler gave these seceded tasks their resources back."""
+
+    keys: tuple[str, ...]
+    time: float
+
+
+def arrival(
+    message: ComputeTask | Prefetch | DropPrefetch | RejoinGranted, now: float
+) -> WorkerEvent:
     """The event for a scheduler message that goes to the state as it is."""
     if isinstance(message, ComputeTask):
         return ComputeArrived(message, now)
     if isinstance(message, Prefetch):
         return PrefetchArrived(message.who_has, now, message.sizes)
+    if isinstance(message, RejoinGranted):
+        return RejoinGrantedArrived(tuple(message.keys), now)
     return PrefetchDropped(tuple(message.keys), now)
 
 
@@ -170,6 +200,9 @@ WorkerEvent = (
     | DataPut
     | Paused
     | Resumed
+    | Seceded
+    | Rejoining
+    | RejoinGrantedArrived
 )
 
 
@@ -208,4 +241,12 @@ class ForgetData:
     keys: tuple[str, ...]
 
 
-WorkerCommand = Fetch | Execute | SendToScheduler | ForgetData
+@dataclass(frozen=True, slots=True)
+class ResumeTask:
+    """Let the thread of the task ``key``, blocked in ``rejoin``, run on: it holds its
+    resources again (or never gave them back)."""
+
+    key: str
+
+
+WorkerCommand = Fetch | Execute | SendToScheduler | ForgetData | ResumeTask

@@ -22,7 +22,7 @@ import tblib
 
 from apportion.core.payload import Pickled, dumps, loads, unpack_call
 from apportion.worker.context import running_task
-from apportion.worker.events import DataInfo, Execute
+from apportion.worker.events import DataInfo, Execute, Seceded
 from apportion.worker.memory_policy import MemoryLimits
 from apportion.worker.sizeof import sizeof
 
@@ -150,12 +150,54 @@ class TaskRunner:
         #: set when the scheduler no longer wants the result.
         self._cancel_events: dict[str, threading.Event] = {}
         self._closed = False
-        self._threads = [
-            threading.Thread(target=self._thread_main, name=f"apportion-task-{i}", daemon=True)
-            for i in range(nthreads)
-        ]
-        for thread in self._threads:
-            thread.start()
+        # Seceded tasks keep their thread, so the pool grows by one for each, and
+        # shrinks as they rejoin or end: a thread leaves after its task when more are
+        # alive than ``_wanted`` (Dask's rule: briefly more than ``nthreads``).
+        self._pool_lock = threading.Lock()
+        self._wanted = nthreads
+        self._alive = nthreads
+        #: The threads started and alive at the last start (a closed runner's are
+        #: joined through this).
+        self._threads: list[threading.Thread] = []
+        self._started = 0
+        for _ in range(nthreads):
+            self._start_thread()
+
+    def _start_thread(self) -> None:
+        """Start one more thread (under ``_pool_lock`` once tasks run)."""
+        name = f"apportion-task-{self._started}"
+        self._started += 1
+        thread = threading.Thread(target=self._thread_main, name=name, daemon=True)
+        self._threads = [t for t in self._threads if t.is_alive()]
+        self._threads.append(thread)
+        thread.start()
+
+    def secede(self, key: str, keep_resources: bool) -> None:
+        """From the task ``key``'s thread: it waits on other tasks; lend its thread out."""
+        with self._pool_lock:
+            self._wanted += 1
+            if not self._closed and self._alive < self._wanted:
+                self._alive += 1
+                self._start_thread()
+        self._worker.post_from_thread(lambda now: Seceded(key, keep_resources, now))
+
+    def rejoin(self, key: str) -> None:
+        """From the seceded task ``key``'s thread: wait until it may run on (it holds its
+        resources again); ``CancelledError`` if it never will (the worker lost it)."""
+        self._worker.wait_to_rejoin(key)
+        self._thread_back()
+
+    def _thread_back(self) -> None:
+        """A seceded task counts on a thread again, or ended: one thread too many."""
+        with self._pool_lock:
+            self._wanted -= 1
+
+    def _leave_if_too_many(self) -> bool:
+        with self._pool_lock:
+            if self._alive > self._wanted:
+                self._alive -= 1
+                return True
+            return False
 
     def submit(self, command: Execute, inputs: dict[str, Any]) -> None:
         """Queue ``command``; the state machine never submits more than ``nthreads``."""
@@ -188,7 +230,9 @@ class TaskRunner:
                 self._queue.get_nowait()
         except queue.Empty:
             pass
-        for _ in self._threads:
+        with self._pool_lock:
+            alive = self._alive
+        for _ in range(alive):
             self._queue.put(None)
 
     def _thread_main(self) -> None:
@@ -211,6 +255,8 @@ class TaskRunner:
                     self._loop.call_soon_threadsafe(self._flush)
                 except RuntimeError:  # the loop is closed: nobody is waiting any more
                     return
+            if self._leave_if_too_many():
+                return
 
     def run(self, command: Execute, inputs: dict[str, Any]) -> Outcome:
         """Run one task on this thread and describe how it went."""
@@ -222,9 +268,13 @@ class TaskRunner:
             func = self.functions.get(command.func_id)
             args, kwargs = unpack_call(command.args, inputs)
             del inputs
-            with running_task(self._worker, command, cancel):
+            with running_task(self._worker, command, cancel, self) as running:
                 start = time.perf_counter()
-                value = func(*args, **kwargs)
+                try:
+                    value = func(*args, **kwargs)
+                finally:
+                    if running.seceded:  # it ended without rejoining, as Dask allows
+                        self._thread_back()
             duration = time.perf_counter() - start
         except BaseException as exc:  # user code may raise SystemExit too: report it all
             duration = time.perf_counter() - start

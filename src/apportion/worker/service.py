@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Callable, Iterable, MutableMapping
 from typing import Any
 
 from apportion.clock import SYSTEM_CLOCK, Clock, wait_event
@@ -50,6 +50,7 @@ from apportion.protocol.messages import (
     PutData,
     Refused,
     RegisterWorker,
+    RejoinGranted,
     RestartWorker,
     RunCall,
     TaskNote,
@@ -71,7 +72,9 @@ from apportion.worker.events import (
     ForgetData,
     FreeArrived,
     Paused,
+    Rejoining,
     Resumed,
+    ResumeTask,
     SendToScheduler,
     WorkerCommand,
     WorkerEvent,
@@ -82,6 +85,7 @@ from apportion.worker.long_lived import DEFAULT_KILL_GRACE, LongLivedTasks, Work
 from apportion.worker.memory_manager import MemoryConfig, MemoryManager
 from apportion.worker.peers import PeerPool
 from apportion.worker.process_groups import ProcessGroups, process_groups_path
+from apportion.worker.rejoin_waits import RejoinWaits
 from apportion.worker.remote_calls import RemoteCallRunner
 from apportion.worker.sizeof import sizeof
 from apportion.worker.state import WorkerState
@@ -217,6 +221,12 @@ class Worker(BackgroundService):
         #: The scheduler asked for a fresh process (a restart): set before closing.
         self.restart_requested = False
         self._leaving: asyncio.Task[None] | None = None  #: keeps that close referenced
+        #: Task threads blocked in ``rejoin``.
+        self._rejoins = RejoinWaits()
+        #: The client tasks here share (``get_client()``), made by the first that asks;
+        #: closed with the worker.
+        self.task_client: Any = None
+        self.task_client_lock = threading.Lock()
 
     # --- lifecycle ----------------------------------------------------------------
 
@@ -255,9 +265,12 @@ class Worker(BackgroundService):
             return
         self._closing = True
         try:
+            self._rejoins.fail_all(f"worker {self.name} is closing")
             await self._cancel_tasks(self._receiver, *self._fetches)
             if self._runner is not None:
                 self._runner.close()
+            if self.task_client is not None:
+                await asyncio.to_thread(self.task_client.close)
             await self.remote_calls.close()
             long_lived = self.long_lived
             if long_lived is not None and long_lived.keys():
@@ -405,6 +418,35 @@ class Worker(BackgroundService):
             with contextlib.suppress(RuntimeError):  # the loop is closed: the worker is gone
                 self._loop.call_soon_threadsafe(self._flush_from_threads)
 
+    def post_from_thread(self, make: Callable[[float], WorkerEvent]) -> None:
+        """From a task thread: have the loop hand ``make(now)`` to the state machine."""
+        if self._loop is None or self._closing:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the worker is gone
+            self._loop.call_soon_threadsafe(self._event_from_thread, make)
+
+    def _event_from_thread(self, make: Callable[[float], WorkerEvent]) -> None:
+        self._handle([make(self.clock.time())])
+
+    def wait_to_rejoin(self, key: str) -> None:
+        """From the seceded task ``key``'s thread: block until it may run on."""
+        wait = self._rejoins.add(key)
+        if self._loop is None or self._closing:
+            self._rejoins.fail(key, f"worker {self.name} is closing")
+        else:
+            try:
+                self._loop.call_soon_threadsafe(self._rejoining, key)
+            except RuntimeError:
+                self._rejoins.fail(key, f"worker {self.name} is closed")
+        self._rejoins.wait(key, wait)
+
+    def _rejoining(self, key: str) -> None:
+        if self._scheduler is None or key not in self.state.seceded:
+            # This session's scheduler never knew it seceded: it was lost with the last.
+            self._rejoins.fail(key, "the worker lost its scheduler, which runs it elsewhere")
+            return
+        self._handle([Rejoining(key, self.clock.time())])
+
     def _flush_from_threads(self) -> None:
         """Send what task threads said, in order. Also called before task outcomes are
         reported, so that a run's start and end always precede its task's result."""
@@ -495,6 +537,7 @@ class Worker(BackgroundService):
         """
         for task in list(self._fetches):
             task.cancel()
+        self._rejoins.fail_all("the worker lost its scheduler, which runs the task elsewhere")
         if self._runner is not None:
             self._runner.close()
         self._runner = self._new_runner()
@@ -563,7 +606,7 @@ class Worker(BackgroundService):
             match message:
                 case LoadFunction():
                     self._runner.functions.add(message.func_id, message.blob)
-                case ComputeTask() | Prefetch() | DropPrefetch():
+                case ComputeTask() | Prefetch() | DropPrefetch() | RejoinGranted():
                     events.append(arrival(message, now))
                 case FreeKeys():
                     # Executions started by earlier messages of this frame first, so
@@ -651,6 +694,8 @@ class Worker(BackgroundService):
                     for key in command.keys:
                         if key in self.data:  # not pop: it reads a spilled value back
                             del self.data[key]
+                case ResumeTask():
+                    self._rejoins.resume(command.key)
 
     def _on_outcomes(self, outcomes: list[Outcome]) -> None:
         """A batch of finished executions, values already stored by the runner."""

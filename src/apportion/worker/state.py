@@ -27,6 +27,14 @@ ready; fetches wanted meanwhile are kept, each key still ``fetching``, and go ou
 on resume, except those no pending task needs any more, which are released. A
 held fetch is no request in flight: nothing can answer it, so nothing else changes.
 
+A task may *secede* (``secede()``, ``worker_client()``): it goes on running, but
+its thread no longer counts, so another task starts, and the scheduler takes back
+its resources unless it keeps them. On ``rejoin`` it counts again, at once if it
+gave nothing back, else once the scheduler says it holds its resources again
+(``RejoinGrantedArrived``). Rejoining never waits for a thread: as with Dask, the
+tasks executing may then exceed ``nthreads`` for a while, and nothing new starts
+until they are back under it.
+
 The data store is written by the service before it hands over the event that
 announces the value (a finished execution, a fetch reply, a put), so that one
 ``handle`` call can cover a whole batch. That is why ``ForgetData`` comes last in
@@ -52,7 +60,9 @@ from apportion.protocol.messages import (
     ResultTooLarge,
     TaskFinished,
     TaskRaised,
+    TaskRejoining,
     TasksDropped,
+    TaskSeceded,
 )
 from apportion.worker.events import (
     ComputeArrived,
@@ -70,7 +80,11 @@ from apportion.worker.events import (
     Paused,
     PrefetchArrived,
     PrefetchDropped,
+    RejoinGrantedArrived,
+    Rejoining,
     Resumed,
+    ResumeTask,
+    Seceded,
     SendToScheduler,
     WorkerCommand,
     WorkerEvent,
@@ -177,8 +191,17 @@ class WorkerState:
         #: Inputs fetched ahead for a task expected here, that no task here needs yet;
         #: each in ``data`` or ``fetches``, none in ``needed_by``.
         self.prefetched: set[str] = set()
-        #: Keys of tasks in state EXECUTING; never more than ``nthreads``.
+        #: Keys of tasks in state EXECUTING on a thread that counts: not seceded. No
+        #: more than ``nthreads`` start; rejoining tasks may exceed it for a while.
         self.executing: set[str] = set()
+        #: Seceded tasks (EXECUTING, their thread not counted) -> whether they kept
+        #: their resources.
+        self.seceded: dict[str, bool] = {}
+        #: Seceded tasks waiting for the scheduler to give their resources back.
+        self.rejoining: set[str] = set()
+        #: Executing tasks that came back from seceding: the ones that may exceed
+        #: ``nthreads``.
+        self.rejoined: set[str] = set()
         #: Heap of (no-resources, -priority, seq, key); entries of gone tasks are skipped.
         self._ready: list[tuple[int, int, int, str]] = []
         self._seq = 0
@@ -231,8 +254,7 @@ class WorkerState:
             case FetchDone():
                 self._on_fetch_done(event)
             case FetchFailed():
-                for key in event.keys:
-                    self._fetch_failed(key, event.address, event.reason, event.time)
+                self._on_fetch_failed(event)
             case ExecutionOk():
                 self._on_execution_ok(event)
             case ExecutionRaised():
@@ -243,6 +265,8 @@ class WorkerState:
                 self._on_put(event)
             case Paused() | Resumed():
                 self.paused = isinstance(event, Paused)
+            case Seceded() | Rejoining() | RejoinGrantedArrived():
+                self._on_seceding(event)
 
     def _on_compute(self, task: ComputeTask, now: float) -> None:
         key = task.key
@@ -321,6 +345,10 @@ class WorkerState:
                 self._move(key, FETCHING, RELEASED, f"{event.address}: {reason}", event.time)
                 self._dep_unavailable(key, record.holders, event.time, reason)
 
+    def _on_fetch_failed(self, event: FetchFailed) -> None:
+        for key in event.keys:
+            self._fetch_failed(key, event.address, event.reason, event.time)
+
     def _on_execution_ok(self, event: ExecutionOk) -> None:
         record = self._finish_execution(event.key, MEMORY)
         info = event.info
@@ -356,6 +384,51 @@ class WorkerState:
             self._arrived(key, info, True, "put", event.time)
         nbytes = {key: info.nbytes for key, info in event.stored.items()}
         self._send(DataStored(event.request_id, list(event.stored), nbytes))
+
+    def _on_seceding(self, event: Seceded | Rejoining | RejoinGrantedArrived) -> None:
+        if isinstance(event, Seceded):
+            self._on_seceded(event)
+        elif isinstance(event, Rejoining):
+            self._on_rejoining(event)
+        else:
+            for key in event.keys:
+                self._rejoined(key, "holds its resources again", event.time)
+
+    def _on_seceded(self, event: Seceded) -> None:
+        key = event.key
+        record = self.tasks.get(key)
+        if record is None or record.state != EXECUTING or key in self.seceded:
+            return  # its outcome is on its way, or it seceded already: nothing to give
+        self.executing.discard(key)
+        self.rejoined.discard(key)
+        self.seceded[key] = event.keep_resources
+        self._send(TaskSeceded(key, event.keep_resources))
+        kept = "kept" if event.keep_resources or not record.allocation.resources else "given back"
+        self._move(key, EXECUTING, EXECUTING, f"seceded; thread free, resources {kept}", event.time)
+
+    def _on_rejoining(self, event: Rejoining) -> None:
+        key = event.key
+        record = self.tasks.get(key)
+        if record is None or key not in self.seceded or key in self.rejoining:
+            return
+        self._send(TaskRejoining(key))
+        if self.seceded[key] or not record.allocation.resources:
+            self._rejoined(key, "rejoined", event.time, asked=False)
+            return
+        self.rejoining.add(key)
+        self._move(key, EXECUTING, EXECUTING, "rejoining; waits for its resources", event.time)
+
+    def _rejoined(self, key: str, cause: str, now: float, asked: bool = True) -> None:
+        """``key`` counts on a thread again; its blocked thread runs on."""
+        if asked:
+            if key not in self.rejoining:
+                return  # a grant for a task that finished meanwhile
+            self.rejoining.discard(key)
+        del self.seceded[key]
+        self.executing.add(key)
+        self.rejoined.add(key)
+        self._out.append(ResumeTask(key))
+        self._move(key, EXECUTING, EXECUTING, cause, now)
 
     # --- data arriving and leaving -----------------------------------------------
 
@@ -574,6 +647,11 @@ class WorkerState:
             raise IllegalTransition("worker", f"task {key!r}", state, outcome, detail)
         del self.tasks[key]
         self.executing.discard(key)
+        if self.seceded:
+            # It may end without rejoining, as in Dask: it gave back whatever it gave.
+            self.seceded.pop(key, None)
+            self.rejoining.discard(key)
+        self.rejoined.discard(key)
         return record
 
     # --- bookkeeping --------------------------------------------------------------
@@ -598,10 +676,16 @@ def check_invariants(state: WorkerState) -> None:
     live = [e[3] for e in state._ready if state._is_live(e)]
     assert len(live) == len(set(live)), f"duplicate live ready entries: {live}"
     assert set(live) == ready, f"ready heap {sorted(live)} != ready tasks {sorted(ready)}"
-    assert executing == state.executing, f"executing {state.executing} != {executing}"
+    seceded = state.seceded.keys()
+    assert seceded <= executing, f"seceded {sorted(seceded)} not executing"
+    assert state.rejoining <= seceded, f"rejoining {state.rejoining} not seceded"
+    assert state.rejoined <= state.executing, f"rejoined {state.rejoined} not counted"
+    counted = executing - seceded
+    assert counted == state.executing, f"executing {state.executing} != {counted}"
     assert not ready & executing, "a key is both ready and executing"
-    assert len(executing) <= state.nthreads, f"{len(executing)} > {state.nthreads} threads"
-    idle = len(executing) < state.nthreads
+    started = len(counted - state.rejoined)
+    assert started <= state.nthreads, f"{started} started on {state.nthreads} threads"
+    idle = len(counted) < state.nthreads
     assert not (ready and idle and not state.paused), "a ready task waits for no reason"
     held_back = state.paused or state.fetch_budget is not None
     assert held_back or not state._to_fetch, "fetches held back while not paused"

@@ -1,0 +1,79 @@
+"""Tasks that use the cluster: ``get_client`` and ``worker_client``, with Dask's names.
+
+A task submits subtasks through its worker's client: one per worker, made by the
+first task that asks and shared by every task there (each task making its own would
+cost a connection and a thread per task). A task that waits on what it submitted
+should secede first (``worker_client()`` does): its thread, and its resources unless
+it keeps them, go to other tasks meanwhile; see ``apportion.worker.context.secede``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from apportion.client import dask_default
+from apportion.client.client import Client, default_client
+from apportion.client.durations import Duration
+from apportion.worker.context import get_worker, in_task, rejoin, secede, seceded
+
+if TYPE_CHECKING:
+    from apportion.worker.service import Worker
+
+
+def worker_client_of(worker: Worker, timeout: Duration | None = None) -> Client:
+    """The client the tasks of ``worker`` share, made on first use (or again, once the
+    one made before lost its scheduler)."""
+    with worker.task_client_lock:
+        client = worker.task_client
+        if client is None or client._closed or not client._session.connected:
+            client = Client(
+                worker.scheduler_address,
+                name=f"{worker.name}-tasks",
+                set_as_default=False,
+                timeout=30.0 if timeout is None else timeout,
+            )
+            worker.task_client = client
+        return client  # type: ignore[no-any-return]  # the worker types it Any
+
+
+def get_client(
+    address: str | None = None, timeout: Duration | None = None, resolve_address: bool = True
+) -> Client:
+    """The client to submit work with, as Dask's ``get_client``.
+
+    Inside a task: its worker's client, shared by the tasks there. Outside one: the
+    default client (the newest open one); with ``address``, a client of that
+    scheduler (the default one if it is connected there). ``resolve_address`` is
+    accepted for Dask's code and changes nothing.
+    """
+    del resolve_address
+    if in_task():
+        return worker_client_of(get_worker(), timeout)
+    current = dask_default.current()
+    if address is None or (current is not None and current.scheduler_address == address):
+        return default_client(current)
+    return Client(address, timeout=30.0 if timeout is None else timeout)
+
+
+@contextmanager
+def worker_client(
+    timeout: Duration | None = None, separate_thread: bool = True, keep_resources: bool = False
+) -> Iterator[Client]:
+    """Within this block, the task is a client of its cluster, as Dask's ``worker_client``.
+
+    ``separate_thread`` (the default) secedes for the block and rejoins after it, so
+    the task waits without holding a thread, nor its resources unless
+    ``keep_resources``. ``RuntimeError`` outside a task.
+    """
+    worker = get_worker()
+    client = worker_client_of(worker, timeout)
+    was_seceded = seceded()
+    if separate_thread and not was_seceded:
+        secede(keep_resources)
+    try:
+        yield client
+    finally:
+        if separate_thread and not was_seceded:
+            rejoin()
