@@ -1,7 +1,8 @@
 """Run every benchmark in turn, each in its own interpreter, and print their figures.
 
 ``make bench`` calls this. The tiers: the pure state machine (events per second),
-scheduler memory per queued task, end-to-end throughput beside Dask, placement
+scheduler memory per queued task, end-to-end throughput beside Dask, tasks submitted
+from tasks (a seceding fan-out of 10,000) beside Dask, placement
 quality on a mixed CPU/GPU workload beside Dask, recovery from a killed worker
 beside Dask, Dask collections computed on each, bytes per second between workers
 and to the client beside Dask, the job queue's runs per second beside HyperQueue,
@@ -26,6 +27,7 @@ SCRIPTS = [
     "state_machine.py",
     "scheduler_memory.py",
     "throughput.py",
+    "tasks_from_tasks.py",
     "placement_quality.py",
     "recovery.py",
     "collections_compute.py",

@@ -166,3 +166,40 @@ def spill_totals_dask(dask_worker: Any) -> tuple[int, int]:
     return int(metrics.get(("disk-write", "count"), 0)), int(
         metrics.get(("disk-write", "bytes"), 0)
     )
+
+
+def _halves(n: int) -> list[int]:
+    """A subtree of ``n`` tasks is this task and two subtrees of the other ``n - 1``."""
+    left = (n - 1) // 2
+    return [size for size in (left, n - 1 - left) if size]
+
+
+def fan_out_apportion(n: int) -> int:
+    """A task that submits the rest of its subtree of ``n`` tasks and waits, seceded;
+    returns how many tasks ran (``n``)."""
+    import apportion
+
+    sizes = _halves(n)
+    if not sizes:
+        return 1
+    client = apportion.get_client()
+    futures = [client.submit(fan_out_apportion, size, pure=False) for size in sizes]
+    apportion.secede()
+    counts = client.gather(futures)
+    apportion.rejoin()
+    return 1 + sum(counts)
+
+
+def fan_out_dask(n: int) -> int:
+    """``fan_out_apportion`` for Dask, as its "Launch Tasks from Tasks" page writes it."""
+    import distributed
+
+    sizes = _halves(n)
+    if not sizes:
+        return 1
+    client = distributed.get_client()
+    futures = [client.submit(fan_out_dask, size, pure=False) for size in sizes]
+    distributed.secede()
+    counts = client.gather(futures)
+    distributed.rejoin()
+    return 1 + sum(counts)

@@ -29,7 +29,7 @@ from apportion.client.errors import (
 from apportion.client.future import Future
 from apportion.client.local import LocalCluster
 from apportion.client.progress import progress
-from apportion.client.task_client import get_client, worker_client
+from apportion.client.task_client import get_client, local_client, worker_client
 from apportion.client.waiting import (
     ALL_COMPLETED,
     FIRST_COMPLETED,
@@ -87,6 +87,7 @@ __all__ = [
     "futures_of",
     "get_client",
     "get_worker",
+    "local_client",
     "parse_resources",
     "progress",
     "rejoin",

@@ -77,3 +77,7 @@ def worker_client(
     finally:
         if separate_thread and not was_seceded:
             rejoin()
+
+
+#: Dask's older name for ``worker_client``.
+local_client = worker_client
