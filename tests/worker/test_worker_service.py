@@ -4,6 +4,7 @@ loopback for what only TCP shows (a foreign client on the data port, default add
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import subprocess
 import sys
@@ -30,8 +31,11 @@ from apportion.protocol.messages import (
     LoadFunction,
     Message,
     PutData,
+    RejoinGranted,
     TaskFinished,
     TaskRaised,
+    TaskRejoining,
+    TaskSeceded,
 )
 from apportion.worker.data_server import SEND_ALONE_FROM
 from apportion.worker.service import Worker
@@ -490,3 +494,47 @@ def test_unreachable_scheduler_is_a_clear_error() -> None:
         await asyncio.wait_for(worker.finished(), WAIT)
 
     asyncio.run(scenario())
+
+
+#: What each ``secede_then_rejoin`` saw, in order (the worker runs in this process).
+REJOINS: list[str] = []
+
+
+def secede_then_rejoin() -> str:
+    apportion.secede()
+    try:
+        apportion.rejoin()
+        outcome = f"rejoined holding {apportion.task_resources()}"
+    except concurrent.futures.CancelledError as exc:
+        outcome = f"cancelled: {exc}"
+    REJOINS.append(outcome)
+    return outcome
+
+
+@pytest.mark.timeout(30)
+def test_a_task_waiting_to_rejoin_runs_on_when_granted_or_is_cancelled_with_the_session() -> None:
+    async def scenario(scheduler: FakeScheduler) -> None:
+        async with Worker(scheduler.address, nthreads=1, name="w", resources="GPU=1"):
+            conn, _ = await scheduler.next_worker()
+            send(conn, compute("granted", secede_then_rejoin, resources={"GPU": 10_000}))
+            assert await scheduler.expect(conn, TaskSeceded) == TaskSeceded("granted", False)
+            await scheduler.expect(conn, TaskRejoining)
+            conn.send(RejoinGranted(["granted"]))
+            finished = await scheduler.expect(conn, TaskFinished)
+            assert finished.key == "granted"
+            reply = await get(conn, scheduler, "granted")
+            assert loads(reply.data["granted"]) == "rejoined holding {'GPU': 1.0}"
+
+            send(conn, compute("lost", secede_then_rejoin, resources={"GPU": 10_000}))
+            await scheduler.expect(conn, TaskRejoining)
+            await conn.close()  # the scheduler declares the worker lost: no grant comes
+            conn, _ = await scheduler.next_worker()
+            while len(REJOINS) < 2:
+                await asyncio.sleep(0.01)
+            assert REJOINS[1] == (
+                "cancelled: task 'lost' cannot rejoin: the worker lost its scheduler, "
+                "which runs the task elsewhere"
+            )
+
+    REJOINS.clear()
+    run(scenario)
