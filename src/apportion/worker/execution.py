@@ -168,7 +168,8 @@ class TaskRunner:
         name = f"apportion-task-{self._started}"
         self._started += 1
         thread = threading.Thread(target=self._thread_main, name=name, daemon=True)
-        self._threads = [t for t in self._threads if t.is_alive()]
+        if len(self._threads) > 2 * self._alive + 8:  # amortised: thousands may secede
+            self._threads = [t for t in self._threads if t.is_alive()]
         self._threads.append(thread)
         thread.start()
 
