@@ -15,6 +15,7 @@ with, so that they use only those units (``CUDA_VISIBLE_DEVICES=2,3``).
 import builtins
 import concurrent.futures
 
+from apportion.client.actors import Actor, ActorFuture
 from apportion.client.client import Client, default_client
 from apportion.client.cluster_options import IgnoredOptionWarning
 from apportion.client.errors import (
@@ -58,12 +59,17 @@ __version__ = "0.1.0"
 #: ``except KilledWorker`` written for Dask catch apportion's failures.
 CancelledError = concurrent.futures.CancelledError
 KilledWorker = WorkerCrashedError
+#: Dask's base class of actor call outcomes; here there is one kind.
+BaseActorFuture = ActorFuture
 #: What Dask exports as ``distributed.TimeoutError``: Python's own.
 TimeoutError = builtins.TimeoutError
 
 __all__ = [
     "ALL_COMPLETED",
     "FIRST_COMPLETED",
+    "Actor",
+    "ActorFuture",
+    "BaseActorFuture",
     "CancelledError",
     "Client",
     "Future",

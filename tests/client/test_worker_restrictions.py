@@ -312,11 +312,13 @@ def test_no_scheduling_keyword_reaches_the_function(client: Client) -> None:
     assert client.gather(many) == [{}, {}]
 
 
-def test_actors_and_loose_without_workers_are_refused(client: Client) -> None:
-    with pytest.raises(NotImplementedError, match="apportion has no actors"):
+def test_actors_of_functions_and_loose_without_workers_are_refused(client: Client) -> None:
+    with pytest.raises(TypeError, match="actor=True needs a class"):
         client.submit(echo_kwargs, actor=True)
-    with pytest.raises(NotImplementedError, match="apportion has no actors"):
+    with pytest.raises(TypeError, match="actor=True needs a class"):
         client.map(echo_kwargs, [1], actors=True)
+    with pytest.raises(NotImplementedError, match="make an actor with"):
+        client.compute([], actors=True)
     with pytest.raises(ValueError, match="Only use allow_other_workers= if using workers="):
         client.submit(echo_kwargs, allow_other_workers=True)
     with pytest.raises(TypeError, match="allow_other_workers= must be True or False"):

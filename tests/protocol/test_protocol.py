@@ -41,7 +41,9 @@ SAMPLES: list[m.Message] = [
     m.Hello(m.PROTOCOL_VERSION, "client", "alice"),
     m.Welcome(m.PROTOCOL_VERSION, "c7", {"scheduler": "s", "n": 1}),
     m.Refused("bad token"),
-    m.SubmitTasks([SPEC, m.TaskSpec("y", "fid", b"", [], {}, 0, 0)], {"fid": b"fn"}, ["x-1"]),
+    m.SubmitTasks(
+        [SPEC, m.TaskSpec("y", "fid", b"", [], {}, 0, 0, actor=1)], {"fid": b"fn"}, ["x-1"]
+    ),
     m.ReleaseKeys(["x-1"]),
     m.CancelKeys(["x-1", "y"]),
     m.GatherRequest(1, ["x-1"]),
@@ -152,6 +154,8 @@ SAMPLES: list[m.Message] = [
     m.TaskSeceded("fib-9", False),
     m.TaskRejoining("fib-9"),
     m.RejoinGranted(["fib-9", "fib-8"]),
+    m.ActorCall(20, "counter-1", "increment", b"\x80\x05N.", False),
+    m.ActorReply(20, b"\x80\x05K\x01.", b"", b""),
 ]
 
 
@@ -362,8 +366,12 @@ def test_format_address_round_trips(host: str, port: int) -> None:
         ([m.TaskFinished.TAG, "k", True, 0.1, "int"], "TaskFinished.nbytes"),
         ([m.CancelKeys.TAG, "not-a-list"], "CancelKeys.keys"),
         ([m.SubmitTasks.TAG, [["k", "f", b"", [], {"GPU": "1"}, 0, 0, []]], {}, []], "tasks"),
-        ([m.SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0, [], [], 0]], {}, [("x", 1)]], "wanted"),
-        ([m.SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0, [], ["a"], True]], {}, []], "tasks"),
+        (
+            [m.SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0, [], [], 0, 0]], {}, [("x", 1)]],
+            "wanted",
+        ),
+        ([m.SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0, [], ["a"], True, 0]], {}, []], "tasks"),
+        ([m.SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0, [], [], 0, "yes"]], {}, []], "tasks"),
     ],
 )
 def test_fields_of_the_wrong_type_are_protocol_errors(message: list[object], field: str) -> None:

@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from apportion.client import dask_default, local, transfers
+from apportion.client import actors, dask_default, local, transfers
+from apportion.client.actors import actor_task
 from apportion.client.cluster_options import DASK_CLIENT_OPTIONS, sort_options, warn_ignored
 from apportion.client.datasets import SharedData
 from apportion.client.durations import Duration, seconds
@@ -231,6 +232,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         retries: int,
         pure: bool,
         where: Where = ANYWHERE,
+        actor: bool = False,
     ) -> Future:
         if not callable(func):
             raise TypeError(f"first argument must be callable, not {type(func).__name__}")
@@ -258,7 +260,16 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
             future._state.reset()  # submitted again after a cancel: it runs again
         variants = resources if len(resources) > 1 else []
         spec = m.TaskSpec(
-            key, func_id, args_blob, sorted(deps), resources[0], priority, retries, variants, *where
+            key,
+            func_id,
+            args_blob,
+            sorted(deps),
+            resources[0],
+            priority,
+            retries,
+            variants,
+            *where,
+            actor=int(actor),
         )
         self._post_tasks([(spec, blob, True)])
         return future
@@ -290,20 +301,22 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         names or hosts) restricts where it runs, ``allow_other_workers=True`` (or
         ``loose_restrictions=True``) makes that a preference. ``fifo_timeout`` has
         no effect: tasks start in submission order (within a priority) exactly.
-        ``actor=True`` raises ``NotImplementedError``: apportion has no actors.
+        ``actor=True`` (or ``actors=True``) makes ``func``, a class, an actor: the
+        object stays on its worker, holding the task's resources, and the future's
+        result is an ``Actor`` handle whose method calls go straight to it.
         """
         self._check_open()
-        refuse_actors(actor, actors)
         return self._task(
-            func,
+            actor_task(func) if actor or actors else func,
             args,
             kwargs,
             key=key,
             resources=parse_demands(resources),
             priority=priority,
             retries=retries or 0,
-            pure=pure,
+            pure=pure and not (actor or actors),  # every actor is an object of its own
             where=where_to_run(workers, allow_other_workers, loose_restrictions),
+            actor=actor or actors,
         )
 
     def map(
@@ -331,7 +344,9 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         loop turn.
         """
         self._check_open()
-        refuse_actors(actor, actors)
+        as_actors = actor or actors
+        if as_actors:
+            func = actor_task(func)
         where = where_to_run(workers, allow_other_workers, loose_restrictions)
         demand = parse_demands(resources)
         calls = list(zip(*iterables, strict=False))
@@ -355,8 +370,9 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
                     resources=demand,
                     priority=priority,
                     retries=retries or 0,
-                    pure=pure,
+                    pure=pure and not as_actors,
                     where=where,
+                    actor=as_actors,
                 )
             )
         return out
@@ -581,7 +597,8 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
             blobs, missing, errors = self._session.loop.run(fetch)
             if errors:
                 raise SerializationError(next(iter(errors.values())))
-            out.update((key, payload.loads(blob)) for key, blob in blobs.items())
+            with actors.binding(self):
+                out.update((key, payload.loads(blob)) for key, blob in blobs.items())
             if not missing:
                 return out
             # A result lost with its worker comes back as pending (KeysPending, which

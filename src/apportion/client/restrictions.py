@@ -1,4 +1,5 @@
-"""Dask's scheduling keywords that are not resources: where a task may run, actors.
+"""Dask's scheduling keywords that are not resources: where a task may run, and
+``actors=`` on graphs.
 
 ``workers=`` names workers by address (``tcp://10.0.0.5:40123``, with or without
 the scheme), by name, or by host (every worker on it); one of those or a list.
@@ -65,10 +66,11 @@ def worker_names(workers: Any) -> list[str]:
     return sorted(names)
 
 
-def refuse_actors(actor: bool | None, actors: bool | None = None) -> None:
-    """``actor=True`` asks for something apportion does not have: say so at once."""
-    if actor or actors:
+def refuse_actors(actors: bool | None) -> None:
+    """``actors=`` on a graph (``compute``, ``persist``, ``get``) would make its
+    tasks' results actors; apportion makes actors with ``submit``: say so at once."""
+    if actors:
         raise NotImplementedError(
-            "apportion has no actors (stateful objects living on a worker): keep the "
-            "state in a task's result and pass its future to the tasks that use it."
+            "actors= on a graph is not supported: make an actor with "
+            "client.submit(SomeClass, actor=True) and pass its handle to the graph's tasks"
         )

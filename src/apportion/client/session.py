@@ -138,6 +138,9 @@ class Session:
         self._outbox: list[TaskBatch | str | m.Message] = []
         self._wake_scheduled = False
         self._requests: dict[int, asyncio.Future[Any]] = {}
+        #: Requests sent to a worker's data port, by id: failed if that connection
+        #: closes before they are answered (a worker killed mid-request).
+        self._on_peer: dict[int, Connection] = {}
         #: Large results the scheduler forwarded from workers ahead of the reply to a
         #: relayed gather: request id -> their ``DataReply`` frames (``take_parts``).
         self._parts: dict[int, list[m.DataReply]] = {}
@@ -177,19 +180,32 @@ class Session:
                         continue
                     request_id = getattr(msg, "request_id", None)
                     fut = self._requests.pop(request_id, None) if request_id is not None else None
+                    if not scheduler:
+                        self._on_peer.pop(request_id, None)  # type: ignore[arg-type]
                     if fut is not None:
                         if not fut.done():
                             fut.set_result(msg)
                     else:
                         self._on_message(msg)
         except (ConnectionClosed, ProtocolError) as exc:
-            if scheduler and not self.closed:
+            if not scheduler:
+                self._peer_lost(conn, exc)
+            elif not self.closed:
                 reason = f"connection to the scheduler {self.address} lost: {exc}"
                 logger.error("%s", reason)
                 for fut in self._requests.values():
                     if not fut.done():
                         fut.set_exception(SchedulerGoneError(reason))
                 self._on_lost(reason)
+
+    def _peer_lost(self, conn: Connection, exc: Exception) -> None:
+        """A worker's data connection closed: what was asked of it gets no answer."""
+        for request_id, sent_on in list(self._on_peer.items()):
+            if sent_on is conn:
+                del self._on_peer[request_id]
+                fut = self._requests.pop(request_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_exception(ConnectionError(f"connection to a worker lost: {exc}"))
 
     # --- requests -------------------------------------------------------------------
 
@@ -203,7 +219,12 @@ class Session:
         self.flush()  # keep order: everything queued before this request goes first
         target = conn or self._conn
         if target is None or target.closed:
+            del self._requests[msg.request_id]  # type: ignore[attr-defined]
+            if conn is not None:
+                raise ConnectionError("the connection to that worker is closed")
             raise SchedulerGoneError(f"not connected to the scheduler {self.address}")
+        if conn is not None:
+            self._on_peer[msg.request_id] = conn  # type: ignore[attr-defined]
         target.send(msg)
         return await fut
 

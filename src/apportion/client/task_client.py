@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from apportion.client import dask_default
+from apportion.client import actors, dask_default
 from apportion.client.client import Client, default_client
 from apportion.client.durations import Duration
 from apportion.worker.context import get_worker, in_task, rejoin, secede, seceded
@@ -81,3 +81,6 @@ def worker_client(
 
 #: Dask's older name for ``worker_client``.
 local_client = worker_client
+
+
+actors.calls_from_tasks_through(lambda: worker_client_of(get_worker()))

@@ -21,7 +21,7 @@ from apportion.core.payload import Pickled
 
 #: Bumped whenever a message changes shape. Peers with another version are refused
 #: in the handshake, naming both versions, instead of failing later on a bad field.
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 
 
 class Message:
@@ -134,6 +134,9 @@ class TaskSpec(NamedTuple):
     #: 1 makes ``workers`` a preference (Dask's ``allow_other_workers``), 0 a hard
     #: restriction; an int because the wire has no booleans.
     allow_other_workers: int = 0
+    #: 1: the result is an actor, an object that stays on its worker and takes method
+    #: calls; the task's resources stay held until the actor is released.
+    actor: int = 0
 
 
 @message
@@ -1033,3 +1036,26 @@ class RejoinGranted(Message):
     """Scheduler -> worker: these seceded tasks hold their resources again; they run on."""
 
     keys: list[str]
+
+
+@message
+class ActorCall(Message):
+    """Client or task -> worker data port: call ``name`` on the actor of ``key`` with
+    the pickled ``(args, kwargs)``, or, with ``attribute``, read that attribute."""
+
+    request_id: int
+    key: str
+    name: str
+    args: Pickled
+    attribute: bool
+
+
+@message
+class ActorReply(Message):
+    """Worker data port -> caller: the pickled value, or (``exception`` not empty) the
+    pickled exception and traceback the call raised."""
+
+    request_id: int
+    value: Pickled
+    exception: Pickled
+    traceback: Pickled

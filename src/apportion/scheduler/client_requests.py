@@ -139,6 +139,7 @@ def _new_task(
         variants,
         restriction,
     )
+    task.actor = bool(spec.actor)
     state.tasks[spec.key] = task
     state.function_users[spec.func_id] += 1
     return task

@@ -20,6 +20,7 @@ from collections import defaultdict
 
 from apportion.core.payload import Pickled
 from apportion.protocol import messages as m
+from apportion.scheduler import actors
 from apportion.scheduler.books import CopyJob, Plan
 from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.events import FetchData, StoreData
@@ -36,8 +37,8 @@ def replicate(state: SchedulerCore, client: ClientRecord, msg: m.ReplicateKeys) 
     dropped = 0
     for key in dict.fromkeys(msg.keys):
         task = state.tasks.get(key)
-        if task is None or task.state != MEMORY or task.worker is None:
-            continue
+        if task is None or task.state != MEMORY or task.worker is None or not actors.movable(task):
+            continue  # an actor stays where its state lives
         have = [w for w in pool if holds(task, w.id)]
         if len(have) > n:
             # The original holder goes last; then the fullest first.
@@ -68,7 +69,7 @@ def rebalance(state: SchedulerCore, client: ClientRecord, msg: m.RebalanceKeys) 
     )
     movable: dict[str, list[TaskRecord]] = {w.id: [] for w in pool}
     for task in tasks:
-        if task.state == MEMORY:
+        if task.state == MEMORY and actors.movable(task):
             for worker_id, candidates in movable.items():
                 if holds(task, worker_id):
                     candidates.append(task)

@@ -42,6 +42,7 @@ from apportion.core.ledger import describe_units
 from apportion.core.resources import describe_resources
 from apportion.core.transitions import IllegalTransition
 from apportion.protocol import messages as m
+from apportion.scheduler import actors
 from apportion.scheduler.books import RelayBook, RemoteBook, ServiceBook, SharedBook
 from apportion.scheduler.events import (
     AssignTask,
@@ -367,7 +368,8 @@ class SchedulerCore:
         """Drop a task nobody needs. A running one is forgotten when its worker reports.
 
         A finished one whose result fed results that still exist keeps its record
-        (RELEASED, its data dropped), so that a lost result can be recomputed.
+        (RELEASED, its data dropped), so that a lost result can be recomputed; an
+        actor never is (``actors.py``).
         """
         if task.state == PROCESSING and task.worker is not None:
             if not task.discard_result:
@@ -379,7 +381,7 @@ class SchedulerCore:
         if task.state == ERRED and task.lineage and task.error and task.error[0] == "exception":
             return  # it raised: a failed dependent may be retried, and needs this recipe
         kept = task.state in (MEMORY, WAITING, QUEUED)  # not a failure: nothing to recompute
-        if kept and task.lineage and task.func_id != SCATTERED:
+        if kept and task.lineage and task.func_id != SCATTERED and not task.actor:
             self.keep_released(task, "released; kept to recompute what was computed from it")
             return
         self.remove(task, "released")
@@ -453,6 +455,8 @@ class SchedulerCore:
 
     def drop_result(self, task: TaskRecord) -> None:
         """Tell every holder of ``task``'s result to drop it; it is held nowhere now."""
+        if task.actor:
+            actors.release(self, task)
         for worker_id in clear_replicas(task, self.workers):
             self.free_keys[worker_id].append(task.key)
         worker = self.workers.get(task.worker or "")
@@ -518,6 +522,11 @@ class SchedulerCore:
 
     def lose_result(self, task: TaskRecord, cause: str) -> None:
         """The only copy of ``task``'s result is gone: recompute it if we can."""
+        if task.actor:
+            actors.release(self, task)
+            task.worker = None
+            self.fail(task, ("lost", actors.lost_text(task, cause), b""), cause)
+            return
         task.worker = None
         for client_id in task.wanted_by or ():
             # Their futures said "finished": they must wait again, not fail on gather.

@@ -19,6 +19,7 @@ from collections import defaultdict
 
 from apportion.core.payload import Pickled
 from apportion.protocol import messages as m
+from apportion.scheduler import actors
 from apportion.scheduler.books import Handoff
 from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.events import DrainFinished, FetchData, StoreData
@@ -52,7 +53,14 @@ def check(state: SchedulerCore, worker: WorkerRecord) -> None:
     for key in sorted(worker.has_what):
         if drop_holder(state.tasks[key], worker):  # another worker holds a copy
             state.free_keys[worker.id].append(key)
-    keys = sorted(k for k in worker.has_what if state.tasks[k].needed())
+    keys = sorted(
+        k for k in worker.has_what if state.tasks[k].needed() and actors.movable(state.tasks[k])
+    )
+    if worker.actors:
+        state.warn(
+            f"worker {worker.name} is draining: its {len(worker.actors)} actors cannot move "
+            "and fail when it leaves"
+        )
     if keys and _receivers(state):
         rid = state.relays.new_id()
         state.relays.handoffs[rid] = Handoff(worker.id)

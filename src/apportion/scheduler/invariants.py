@@ -50,6 +50,12 @@ def _check_ledger(state: SchedulerCore) -> None:
                 used.update(task.resources)
             counted = key not in worker.seceded and key not in worker.rejoined
             resource_tasks += bool(task.resources) and counted
+        for key in worker.actors:
+            task = state.tasks.get(key)
+            assert task is not None and task.actor, f"{worker.name} hosts unknown actor {key}"
+            assert task.state == MEMORY and task.worker == worker.id, f"actor {key} elsewhere"
+            assert key in worker.has_what and not task.replicas, f"actor {key} copied or gone"
+            used.update(task.allocation.resources if task.allocation is not None else {})
         ledger = worker.ledger
         ledger.check()
         for name, total in ledger.total.items():
@@ -91,8 +97,11 @@ def _check_tasks(state: SchedulerCore) -> None:
         if task.state == PROCESSING and task.worker is not None:
             assert key in state.workers[task.worker].processing, f"{key}: lost its worker"
         if task.allocation is not None:
-            assert task.state == PROCESSING and task.worker, f"{key}: holds resources off a worker"
+            holding = task.state == PROCESSING or (task.state == MEMORY and task.actor)
+            assert holding and task.worker, f"{key}: holds resources off a worker"
             assert task.allocation.resources == task.resources, f"{key}: allocation drifted"
+        if task.actor and task.state == MEMORY:
+            assert key in state.workers[task.worker or ""].actors, f"{key}: actor not hosted"
         _check_holders(state, task)
         for dep_key in task.dependents:
             dependent = state.tasks.get(dep_key)
@@ -157,7 +166,7 @@ def _check_units(state: SchedulerCore) -> None:
     for worker in state.workers.values():
         for name, unit_free in worker.ledger.units.items():
             used: Counter[str] = Counter()
-            for key in worker.processing:
+            for key in worker.processing | worker.actors:
                 if worker.seceded.get(key, False):
                     continue  # gave its units back while it waits
                 task = state.tasks[key]

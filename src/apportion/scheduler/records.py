@@ -156,6 +156,7 @@ class TaskRecord:
     """The scheduler's view of one task."""
 
     __slots__ = (
+        "actor",
         "allocation",
         "args",
         "cancelled",
@@ -246,8 +247,11 @@ class TaskRecord:
         self.discard_result = False
         self.cancelled = False
         #: While PROCESSING on a worker: what it holds there (taken from that
-        #: worker's ledger, given back exactly once); None otherwise.
+        #: worker's ledger, given back exactly once); for an actor in MEMORY, what it
+        #: holds for its lifetime (``scheduler/actors.py``); None otherwise.
         self.allocation: Allocation | None = None
+        #: Its result is an actor: an object living on ``worker`` that takes calls.
+        self.actor = False
 
     def needed(self) -> bool:
         """A client wants it or an unfinished dependent needs its result."""
@@ -264,6 +268,7 @@ class WorkerRecord:
     """The scheduler's view of one worker process."""
 
     __slots__ = (
+        "actors",
         "address",
         "aliases",
         "avg_duration",
@@ -309,7 +314,7 @@ class WorkerRecord:
         self.aliases = worker_aliases(name, address)
         self.nthreads = nthreads
         #: Its supply and what is free of it: the demand of every task in
-        #: ``processing`` is taken, and nothing else.
+        #: ``processing`` and of every actor in ``actors`` is taken, and nothing else.
         self.ledger = Ledger(total, units)
         #: Keys assigned here and not yet reported back (seceded ones included).
         self.processing: set[str] = set()
@@ -322,6 +327,8 @@ class WorkerRecord:
         self.rejoined: set[str] = set()
         #: Keys whose result lives here.
         self.has_what: set[str] = set()
+        #: Keys of ``has_what`` that are actors holding their task's resources.
+        self.actors: set[str] = set()
         self.nbytes = 0
         #: Function ids this worker has been sent.
         self.functions: set[str] = set()

@@ -56,6 +56,7 @@ def restart(state: SchedulerCore, client: ClientRecord, msg: m.RestartRequest) -
         # Kept tasks running there are queued again as the worker is removed.
         worker.processing.intersection_update(kept)
         worker.has_what.clear()
+        worker.actors.clear()
         worker.nbytes = 0
         worker.leaving = RESTARTING
         membership.remove_worker(state, worker.id, text)

@@ -8,6 +8,7 @@ Every report of a task the worker was running returns that task's resources
 from __future__ import annotations
 
 from apportion.protocol import messages as m
+from apportion.scheduler import actors
 from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.holders import drop_holder, holders, holds
 from apportion.scheduler.records import (
@@ -31,6 +32,7 @@ def running_task(state: SchedulerCore, worker: WorkerRecord, key: str) -> TaskRe
 
 
 def task_finished(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskFinished) -> None:
+    allocation = state.tasks[msg.key].allocation if msg.key in state.tasks else None
     task = running_task(state, worker, msg.key)
     if task is None:
         return
@@ -41,6 +43,8 @@ def task_finished(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskFinishe
     if task.discard_result:
         settle_discarded(state, task, f"finished on {worker.name}, result discarded")
         return
+    if task.actor:
+        actors.hold(worker, task, allocation)
     state.complete(task, worker, msg.nbytes, f"finished on {worker.name}")
 
 

@@ -164,8 +164,11 @@ class SimulatedCluster:
         retries: int = 0,
         client: str = "c1",
         wanted: bool = True,
+        actor: bool = False,
     ) -> None:
-        spec = m.TaskSpec(key, "f", b"", list(deps), parse_demand(resources), priority, retries)
+        spec = m.TaskSpec(
+            key, "f", b"", list(deps), parse_demand(resources), priority, retries, actor=int(actor)
+        )
         msg = m.SubmitTasks([spec], {"f": b"func"}, [key] if wanted else [])
         self.handle(FromClient(client, [msg], self.now))
 

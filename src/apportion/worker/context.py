@@ -72,6 +72,26 @@ def running_task(
         _local.task = previous
 
 
+@contextmanager
+def running_actor(worker: Worker, key: str, allocation: Allocation) -> Iterator[None]:
+    """Within this block, this thread runs a call on the actor of ``key``: it sees
+    the actor's worker and what the actor holds, as its constructor did."""
+    previous = getattr(_local, "task", None)
+    _local.task = _Running(worker, key, allocation, threading.Event())
+    try:
+        yield
+    finally:
+        _local.task = previous
+
+
+def host_actor(instance: object) -> tuple[str, str]:
+    """From an actor's constructor task: keep ``instance`` on this worker as the actor
+    of the running task's key; returns that key and the worker's data address."""
+    current = _current("host_actor")
+    current.worker.actors.host(current.key, instance, current.allocation)
+    return current.key, current.worker.address
+
+
 def in_task() -> bool:
     """This thread is running a task on a worker."""
     return getattr(_local, "task", None) is not None

@@ -1,4 +1,5 @@
-"""The worker's data port: peers and clients fetch results here with ``GetData``.
+"""The worker's data port: peers and clients fetch results here with ``GetData``,
+and call the actors living here with ``ActorCall``.
 
 Every connection is handshaken before anything else is read from it, and a peer
 that sends garbage or an unexpected message loses its own connection only; the
@@ -18,7 +19,14 @@ from apportion.net.handshake import HandshakeError, accept_connection
 from apportion.net.stream import Stream
 from apportion.net.transport import Listener, transport_for
 from apportion.protocol.codec import ProtocolError
-from apportion.protocol.messages import DataReply, DataStored, GetData, PutData
+from apportion.protocol.messages import (
+    ActorCall,
+    DataReply,
+    DataStored,
+    GetData,
+    Message,
+    PutData,
+)
 
 logger = logging.getLogger("apportion.worker")
 
@@ -74,10 +82,13 @@ class DataServer:
         host: str,
         port: int,
         on_put: Callable[[PutData], DataStored] | None = None,
+        on_actor: Callable[[ActorCall, Connection], None] | None = None,
     ) -> None:
         self._data = data
         #: Stores data a client puts here directly (``direct_to_workers``).
         self._on_put = on_put
+        #: Starts a call on an actor living here; it answers on the connection.
+        self._on_actor = on_actor
         self._name = name
         self._host = host
         self._port = port
@@ -116,27 +127,7 @@ class DataServer:
             await self._greet(conn)
             while True:
                 for message in await conn.recv():
-                    if isinstance(message, GetData) and message.in_parts:
-                        parts = reply_parts(self._data, message.request_id, message.keys)
-                        for part in parts:
-                            conn.send(part)
-                            if len(parts) > 1:
-                                await conn.drain()  # each part a frame of its own
-                        # One part holds only small values: it may share a frame with
-                        # the answers to the other requests of this loop turn.
-                    elif isinstance(message, GetData):
-                        reply = data_reply(self._data, message.request_id, message.keys)
-                        conn.send(reply)
-                        if sum(map(size_of, reply.data.values())) >= SEND_ALONE_FROM:
-                            # Let it leave before the next request is answered, so the
-                            # asker can use it while the next one is on its way.
-                            await conn.drain()
-                    elif isinstance(message, PutData) and self._on_put is not None:
-                        conn.send(self._on_put(message))
-                    else:
-                        raise ProtocolError(
-                            f"{type(message).__name__} is not served on a data port"
-                        )
+                    await self._answer(message, conn)
         except ConnectionClosed:
             pass
         except (HandshakeError, ProtocolError) as exc:
@@ -152,3 +143,27 @@ class DataServer:
         finally:
             self._conns.discard(conn)
             await conn.close()
+
+    async def _answer(self, message: Message, conn: Connection) -> None:
+        """Answer one request; anything not served here is a protocol error."""
+        if isinstance(message, GetData) and message.in_parts:
+            parts = reply_parts(self._data, message.request_id, message.keys)
+            for part in parts:
+                conn.send(part)
+                if len(parts) > 1:
+                    await conn.drain()  # each part a frame of its own
+            # One part holds only small values: it may share a frame with the answers
+            # to the other requests of this loop turn.
+        elif isinstance(message, GetData):
+            reply = data_reply(self._data, message.request_id, message.keys)
+            conn.send(reply)
+            if sum(map(size_of, reply.data.values())) >= SEND_ALONE_FROM:
+                # Let it leave before the next request is answered, so the asker can
+                # use it while the next one is on its way.
+                await conn.drain()
+        elif isinstance(message, PutData) and self._on_put is not None:
+            conn.send(self._on_put(message))
+        elif isinstance(message, ActorCall) and self._on_actor is not None:
+            self._on_actor(message, conn)
+        else:
+            raise ProtocolError(f"{type(message).__name__} is not served on a data port")

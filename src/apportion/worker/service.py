@@ -58,6 +58,7 @@ from apportion.protocol.messages import (
     WorkerClosing,
     WorkerDraining,
 )
+from apportion.worker.actors import ActorHost
 from apportion.worker.data_server import DataServer, data_reply
 from apportion.worker.events import (
     DataInfo,
@@ -181,7 +182,11 @@ class Worker(BackgroundService):
         self.state = self._new_state()
         # In memory when the scheduler is: peers in this process reach it there.
         data_host = serving_host(scheduler_address, host)
-        self._server = DataServer(self.data, self.name, data_host, port, self._put_direct)
+        #: Actors built by tasks here, taking calls on the data port.
+        self.actors = ActorHost(self)
+        self._server = DataServer(
+            self.data, self.name, data_host, port, self._put_direct, self.actors.serve
+        )
         self._peers = PeerPool(self.name)
         self._runner: TaskRunner | None = None
         #: The live scheduler connection; None while reconnecting (and before start).
@@ -291,6 +296,7 @@ class Worker(BackgroundService):
                 self._scheduler.send(WorkerClosing("closed"))
                 await self._scheduler.close()
             await self._server.close()
+            await self.actors.close()
             await self.memory_manager.close()
         finally:
             self._closed.set()
@@ -542,6 +548,7 @@ class Worker(BackgroundService):
             self._runner.close()
         self._runner = self._new_runner()
         self.data.clear()
+        self.actors.clear()
         self.state = self._new_state()
 
     def _new_state(self) -> WorkerState:
@@ -694,6 +701,8 @@ class Worker(BackgroundService):
                     for key in command.keys:
                         if key in self.data:  # not pop: it reads a spilled value back
                             del self.data[key]
+                        if self.actors:
+                            self.actors.drop(key)
                 case ResumeTask():
                     self._rejoins.resume(command.key)
 

@@ -1,0 +1,251 @@
+"""Actors: an object built by a task that stays on its worker and takes calls.
+
+``client.submit(Counter, actor=True)`` runs ``Counter()`` on a worker whose
+resources fit, as any task; the object stays there, and the future's result is an
+``Actor``: a handle whose method calls travel as one message each, straight to that
+worker's data port, and come back as ``ActorFuture`` objects. The scheduler keeps the
+task's resources held while the actor lives (an actor that took a GPU keeps it), and
+lets them go once every future of it and every handle on the client are released.
+
+Handles travel: an ``Actor`` passed to a task, or gathered by another client, calls
+the same object. Inside a task, its calls go through the worker's client
+(``get_client()``). An actor is not recomputed: if its worker is lost, its future
+fails, saying so, and calls raise ``ConnectionError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import contextvars
+from collections.abc import Callable, Generator, Iterator
+from typing import TYPE_CHECKING, Any
+
+from apportion.client import dask_default
+from apportion.client.future import Future, rebuild_exception
+from apportion.core import payload
+from apportion.protocol import messages as m
+from apportion.worker.context import host_actor, in_task
+
+if TYPE_CHECKING:
+    from apportion.client.client import Client
+
+
+#: The client of the worker running the current task (``task_client.py`` sets it:
+#: it imports ``Client``, which imports this module).
+_task_client: Callable[[], Client] | None = None
+
+
+def calls_from_tasks_through(factory: Callable[[], Client]) -> None:
+    """Handles used inside a task call through ``factory()``, the worker's client."""
+    global _task_client  # set once, at import of task_client
+    _task_client = factory
+
+
+class ActorConstructor:
+    """The function of an actor's task: builds the object and leaves it on the worker;
+    the task's result is the handle on it."""
+
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+        #: Names the task's key after the class, as a function would.
+        self.__name__ = getattr(cls, "__name__", type(cls).__name__)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Actor:
+        instance = self.cls(*args, **kwargs)
+        key, address = host_actor(instance)
+        return Actor(self.cls, address, key)
+
+
+class Actor:
+    """A handle on an actor (Dask's ``Actor``): ``actor.method(...)`` returns an
+    ``ActorFuture``; ``actor.attribute`` returns the attribute's value (an awaitable of
+    it for an asynchronous client). As in Dask, the names are the class's: an
+    attribute the actor sets in ``__init__`` is declared on the class too."""
+
+    def __init__(self, cls: type, address: str, key: str) -> None:
+        self._cls = cls
+        self._address = address
+        self.key = key
+        self._client: Client | None = None
+        #: On a client (not in a task): keeps the actor alive while this handle is.
+        self._future: Future | None = None
+
+    def __reduce__(self) -> tuple[Callable[..., Actor], tuple[type, str, str]]:
+        return _rebuilt, (self._cls, self._address, self.key)
+
+    def __repr__(self) -> str:
+        return f"<Actor: {self._cls.__name__}, key={self.key}>"
+
+    def __dir__(self) -> list[str]:
+        return sorted(
+            {*object.__dir__(self), *(n for n in dir(self._cls) if not n.startswith("_"))}
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        # As Dask: only names the class has are the actor's (an attribute set in
+        # ``__init__`` only is declared on the class too, ``n = 0``), so that probing
+        # a handle (``hasattr(actor, "nbytes")``) never sends a call.
+        if name.startswith("_") or not hasattr(self._cls, name):
+            raise AttributeError(f"{self._cls.__name__} has no attribute {name!r}")
+        on_class = getattr(self._cls, name)
+        if callable(on_class):
+
+            def call(*args: Any, **kwargs: Any) -> ActorFuture:
+                return self._send(name, args, kwargs, attribute=False)
+
+            call.__name__ = name
+            call.__doc__ = getattr(on_class, "__doc__", None)
+            return call
+        future = self._send(name, (), {}, attribute=True)
+        return future if getattr(self._client, "asynchronous", False) else future.result()
+
+    def _bound(self) -> Client:
+        """The client calls go through: the worker's inside a task, else the default
+        client (the newest one made with ``set_as_default``), found once."""
+        client = self._client
+        if client is not None and not client._closed:
+            return client
+        if in_task():
+            if _task_client is None:  # pragma: no cover - apportion imports it
+                raise RuntimeError("apportion.client.task_client was not imported")
+            client = _task_client()
+            self._client = client
+            return client
+        client = dask_default.current()
+        if client is None:
+            raise RuntimeError(f"{self!r}: no client to call it through; make a Client first")
+        self.bind(client)
+        return client
+
+    def bind(self, client: Client) -> None:
+        """Call through ``client``, which keeps the actor alive while this handle is."""
+        self._client = client
+        self._future = Future(self.key, client)
+        if self._future._state.refs == 1:
+            # New to this client: have the scheduler keep the actor for it.
+            client._session.post(m.SubmitTasks([], {}, [self.key]))
+
+    def _send(
+        self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], *, attribute: bool
+    ) -> ActorFuture:
+        client = self._bound()
+        blob, keys = payload.pack_call(args, kwargs)
+        if keys:
+            raise TypeError(
+                f"{self._cls.__name__}.{name}(): futures cannot be passed to an actor's "
+                "methods; pass their results (future.result())"
+            )
+        session = client._session
+        address = self._address
+
+        async def ask() -> m.ActorReply:
+            conn = await session.peer(address)
+            call = m.ActorCall(session.next_id(), self.key, name, blob, attribute)
+            reply: m.ActorReply = await session.request(call, conn)
+            return reply
+
+        try:
+            future = asyncio.run_coroutine_threadsafe(ask(), session.loop.loop)
+        except RuntimeError:
+            raise RuntimeError(f"{self!r}: its client is closed") from None
+        return ActorFuture(future, f"{self._cls.__name__}.{name}", address)
+
+
+#: The client unpickling results (``binding``): handles found in them bind to it.
+_binding: contextvars.ContextVar[Client | None] = contextvars.ContextVar(
+    "apportion_actor_binding", default=None
+)
+
+
+@contextlib.contextmanager
+def binding(client: Client) -> Iterator[None]:
+    """Within this block, actor handles unpickled bind to ``client`` at once, so that
+    the actor outlives the future its handle came from (``submit(...).result()``)."""
+    token = _binding.set(client)
+    try:
+        yield
+    finally:
+        _binding.reset(token)
+
+
+def _rebuilt(cls: type, address: str, key: str) -> Actor:
+    actor = Actor(cls, address, key)
+    client = _binding.get()
+    if client is not None and not client._closed:
+        actor.bind(client)
+    return actor
+
+
+class ActorFuture:
+    """The outcome of one call on an actor (Dask's ``ActorFuture``): ``result()``,
+    ``done()``, or ``await`` it."""
+
+    def __init__(
+        self, future: concurrent.futures.Future[m.ActorReply], what: str, address: str
+    ) -> None:
+        self._future = future
+        self._what = what
+        self._address = address
+
+    def __repr__(self) -> str:
+        state = "finished" if self.done() else "pending"
+        return f"<ActorFuture: {self._what}, {state}>"
+
+    def done(self) -> bool:
+        """The call has returned (or failed)."""
+        return self._future.done()
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The method's return value; its exception if it raised; ``TimeoutError``."""
+        try:
+            reply = self._future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"{self._what} did not return within {timeout}s") from None
+        except OSError as exc:
+            raise self._unreachable(exc) from None
+        return self._outcome(reply)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The exception the call raised, or None."""
+        try:
+            self.result(timeout)
+        except TimeoutError:
+            raise
+        except BaseException as exc:
+            return exc
+        return None
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self._awaited().__await__()
+
+    async def _awaited(self) -> Any:
+        try:
+            reply = await asyncio.wrap_future(self._future)
+        except OSError as exc:
+            raise self._unreachable(exc) from None
+        return self._outcome(reply)
+
+    def _unreachable(self, exc: OSError) -> ConnectionError:
+        return ConnectionError(
+            f"{self._what}: the actor's worker {self._address} cannot be reached ({exc}); "
+            "an actor lives only there and is lost with it"
+        )
+
+    def _outcome(self, reply: m.ActorReply | None) -> Any:
+        if reply is None:  # pragma: no cover - the reply always comes or fails
+            raise RuntimeError(f"{self._what}: no reply")
+        if reply.exception:
+            raise rebuild_exception(reply.exception, reply.traceback)
+        return payload.loads(reply.value)
+
+
+def actor_task(func: Callable[..., Any]) -> ActorConstructor:
+    """What ``submit(func, actor=True)`` runs: ``func`` must be a class."""
+    if not isinstance(func, type):
+        raise TypeError(
+            f"actor=True needs a class to build the actor from, not {type(func).__name__} "
+            f"{getattr(func, '__name__', func)!r}"
+        )
+    return ActorConstructor(func)

@@ -1,0 +1,64 @@
+"""Actors: a task whose result is an object that stays on its worker and takes calls.
+
+The scheduler sees an actor as a task like any other until it finishes; then three
+things differ, all decided here:
+
+* **Its resources stay held.** A task's resources go back to the ledger when it
+  finishes; an actor's are taken again at once, with the same units, and held while
+  its result lives (``WorkerRecord.actors``). An actor that opened a GPU keeps that
+  GPU until every client released it. No other task can have taken them in between:
+  giving back and taking again happen in one handler.
+* **It never moves.** Its state lives in one process: replicate, rebalance and a
+  draining worker's hand-off leave it where it is (copying the result would copy a
+  handle that still points at the old worker).
+* **It is not recomputed.** Running the constructor again would give a fresh object
+  silently; an actor whose worker is lost fails instead, saying so.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from apportion.core.allocation import Allocation
+from apportion.scheduler.records import TaskRecord, WorkerRecord
+
+if TYPE_CHECKING:
+    from apportion.scheduler.core import SchedulerCore
+
+
+def hold(worker: WorkerRecord, task: TaskRecord, allocation: Allocation | None) -> None:
+    """The actor ``task`` finished on ``worker``: hold what it ran with again."""
+    worker.actors.add(task.key)
+    if allocation is None or not allocation.resources:
+        return
+    taken = worker.ledger.take_exactly(allocation.resources, allocation.units)
+    # Given back by the same handler a moment ago: nothing can have taken it since.
+    assert taken, f"{task.key}: an actor's resources were taken while it finished"
+    task.allocation = allocation
+
+
+def release(state: SchedulerCore, task: TaskRecord) -> None:
+    """The actor ``task``'s result is dropped (or lost): its resources go back to its
+    worker's ledger (with a worker that left, they went with it)."""
+    allocation = task.allocation
+    task.allocation = None
+    worker = state.workers.get(task.worker or "")
+    if worker is None or task.key not in worker.actors:
+        return
+    worker.actors.discard(task.key)
+    if allocation is not None and allocation.resources:
+        worker.ledger.give(allocation.resources, allocation.units)
+        state.placement_due = True
+
+
+def movable(task: TaskRecord) -> bool:
+    """Its result may be copied or moved to another worker."""
+    return not task.actor
+
+
+def lost_text(task: TaskRecord, cause: str) -> str:
+    """Why a lost actor fails rather than running its constructor again."""
+    return (
+        f"actor {task.key!r} was lost ({cause}); its state lived only there and is not "
+        "recreated: submit the actor again"
+    )

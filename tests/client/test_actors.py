@@ -1,0 +1,176 @@
+"""Actors, as Dask's "Actors" page uses them, the import changed; and resources held
+for an actor's lifetime (an in-memory cluster: no socket, no subprocess)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from apportion import Actor, ActorFuture, Client, get_worker, task_resources
+from apportion.testing import InMemoryCluster
+from cluster_checks import checked_client, settle
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[InMemoryCluster]:
+    with InMemoryCluster(
+        workers=[
+            {"name": "gpu-a", "nthreads": 2, "resources": "GPU=1"},
+            {"name": "plain", "nthreads": 2},
+        ],
+    ) as c:
+        yield c
+
+
+@pytest.fixture
+def client(cluster: InMemoryCluster) -> Iterator[Client]:
+    with checked_client(cluster) as c:
+        yield c
+
+
+class Counter:
+    """Dask's example actor."""
+
+    n = 0
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def increment(self) -> int:
+        self.n += 1
+        return self.n
+
+    def add(self, x: int) -> int:
+        self.n += x
+        return self.n
+
+    def fail(self) -> None:
+        raise ValueError("counter refused")
+
+    def where(self) -> tuple[str, dict[str, object]]:
+        return get_worker().name, task_resources()
+
+    async def later(self, x: int) -> int:
+        await asyncio.sleep(0)
+        return self.n + x
+
+
+def test_dask_counter_example(client: Client) -> None:
+    future = client.submit(Counter, actor=True)
+    counter = future.result()
+    assert isinstance(counter, Actor)
+    call = counter.increment()
+    assert isinstance(call, ActorFuture)
+    assert call.result() == 1
+    assert counter.n == 1
+    assert [counter.increment().result() for _ in range(3)] == [2, 3, 4]
+    assert counter.add(10).result() == 14
+    assert counter.later(1).result() == 15
+    assert "increment" in dir(counter)
+
+
+def test_calls_from_many_threads_run_one_at_a_time(client: Client) -> None:
+    counter = client.submit(Counter, actor=True).result()
+    calls: list[ActorFuture] = []
+    lock = threading.Lock()
+
+    def many() -> None:
+        made = [counter.increment() for _ in range(50)]
+        with lock:
+            calls.extend(made)
+
+    threads = [threading.Thread(target=many) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(c.result() for c in calls) == list(range(1, 201))
+    assert counter.n == 200
+
+
+def test_a_method_that_raises_raises_at_the_caller(client: Client) -> None:
+    counter = client.submit(Counter, actor=True).result()
+    call = counter.fail()
+    with pytest.raises(ValueError, match="counter refused"):
+        call.result()
+    assert isinstance(call.exception(), ValueError)
+    assert counter.increment().result() == 1  # the actor carries on
+
+
+def test_an_actor_holds_its_gpu_until_released(client: Client, cluster: InMemoryCluster) -> None:
+    future = client.submit(Counter, actor=True, resources={"GPU": 1})
+    counter = future.result()
+    assert counter.where().result() == ("gpu-a", {"GPU": 1.0})
+    waiting = client.submit(task_resources, resources={"GPU": 1}, pure=False)
+    reason = client.why(waiting)
+    assert "GPU" in reason, reason
+    assert not waiting.done()
+    del future, counter
+    gc.collect()
+    assert waiting.result(timeout=10) == {"GPU": 1.0}
+
+
+def test_a_handle_keeps_its_actor_after_the_future_is_dropped(
+    client: Client, cluster: InMemoryCluster
+) -> None:
+    counter = client.submit(Counter, actor=True).result()  # the future is gone already
+    gc.collect()
+    assert counter.increment().result() == 1
+    assert len(cluster.scheduler.state.tasks) == 1
+    del counter
+    gc.collect()
+    settle(cluster)
+    assert not cluster.scheduler.state.tasks
+    assert not any(len(w.actors) for w in cluster.workers)
+
+
+def use_counter(counter: Actor, times: int) -> int:
+    for _ in range(times):
+        counter.increment().result()
+    return int(counter.n)
+
+
+def test_tasks_call_an_actor_passed_to_them(client: Client) -> None:
+    future = client.submit(Counter, actor=True)
+    counter = future.result()
+    # As its future (the task's input is the handle), and as the handle itself.
+    by_future = client.submit(use_counter, future, 5, pure=False)
+    by_handle = client.submit(use_counter, counter, 5, pure=False)
+    assert sorted([by_future.result(), by_handle.result()])[1] == 10
+    assert counter.n == 10
+
+
+def test_each_submit_builds_an_actor_of_its_own(client: Client) -> None:
+    a, b = client.submit(Counter, actor=True), client.submit(Counter, actor=True)
+    assert a.key != b.key
+    a.result().add(3).result()
+    assert b.result().n == 0
+    assert [c.n for c in client.gather(client.map(Counter, range(0), actor=True))] == []
+
+
+def test_futures_are_refused_as_method_arguments(client: Client) -> None:
+    counter = client.submit(Counter, actor=True).result()
+    with pytest.raises(TypeError, match="futures cannot be passed"):
+        counter.add(client.submit(int, 1))
+
+
+def test_a_call_on_a_released_actor_says_so(client: Client, cluster: InMemoryCluster) -> None:
+    counter = client.submit(Counter, actor=True).result()
+    key = counter.key
+    counter._future.release()  # type: ignore[union-attr]
+    settle(cluster)
+    with pytest.raises(LookupError, match=f"no actor '{key}'"):
+        counter.increment().result(timeout=10)
+
+
+def test_an_awaited_call(client: Client) -> None:
+    counter = client.submit(Counter, actor=True).result()
+
+    async def main() -> int:
+        return int(await counter.increment())
+
+    assert asyncio.run(main()) == 1

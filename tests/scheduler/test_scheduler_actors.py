@@ -1,0 +1,164 @@
+"""Actors in the scheduler: resources held for the actor's lifetime, never moved,
+never recomputed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from apportion.protocol import messages as m
+from apportion.scheduler.invariants import check_invariants
+from apportion.scheduler.records import ERRED, MEMORY, PROCESSING
+from apportion.testing import SimulatedCluster
+
+
+@pytest.fixture
+def sim() -> Iterator[SimulatedCluster]:
+    cluster = SimulatedCluster()
+    cluster.add_client("c1")
+    yield cluster
+    check_invariants(cluster.state)
+
+
+def freed(sim: SimulatedCluster, worker: str) -> list[str]:
+    """Keys ``worker`` was told to drop, taken from its inbox."""
+    inbox = sim.to_workers.get(worker, [])
+    keys = [k for msg in inbox if isinstance(msg, m.FreeKeys) for k in msg.keys]
+    sim.to_workers[worker] = [msg for msg in inbox if not isinstance(msg, m.FreeKeys)]
+    return keys
+
+
+def test_an_actor_holds_its_gpu_until_released(sim: SimulatedCluster) -> None:
+    w = sim.add_worker(nthreads=2, resources="GPU=1")
+    sim.submit("model", resources={"GPU": 1}, actor=True)
+    sim.place()
+    sim.finish("model")
+    sim.submit("other", resources={"GPU": 1})
+    assert sim.place() == []  # the actor finished constructing, and keeps the GPU
+    assert sim.state.tasks["model"].state == MEMORY
+    assert sim.state.workers[w].ledger.free == {"GPU": 0}
+    sim.client_says("c1", m.ReleaseKeys(["model"]))
+    assert freed(sim, w) == ["model"]
+    assert sim.place() == [(w, "other")]
+
+
+def test_a_plain_task_gives_its_gpu_back_when_it_finishes(sim: SimulatedCluster) -> None:
+    w = sim.add_worker(nthreads=2, resources="GPU=1")
+    sim.submit("plain", resources={"GPU": 1})
+    sim.place()
+    sim.finish("plain")
+    assert sim.state.workers[w].ledger.free == {"GPU": 10_000}
+
+
+def test_an_actor_keeps_the_same_gpu_unit(sim: SimulatedCluster) -> None:
+    w = sim.add_worker(nthreads=4, resources="gpu=[0,1]")
+    sim.submit("first", resources={"gpu": 1})
+    sim.submit("model", resources={"gpu": 1}, actor=True)
+    sim.place()
+    held = sim.state.tasks["model"].allocation
+    assert held is not None
+    sim.finish("first")
+    sim.finish("model")
+    assert sim.state.tasks["model"].allocation == held
+    sim.submit("next", resources={"gpu": 1})
+    sim.place()
+    next_held = sim.state.tasks["next"].allocation
+    assert next_held is not None and next_held.units != held.units
+    assert sim.state.workers[w].ledger.free == {"gpu": 0}
+
+
+def test_an_actor_without_resources_takes_no_thread_once_built(sim: SimulatedCluster) -> None:
+    w = sim.add_worker(nthreads=1)
+    sim.submit("counter", actor=True)
+    sim.place()
+    sim.finish("counter")
+    sim.submit("task")
+    assert sim.place() == [(w, "task")]
+
+
+def test_tasks_using_an_actor_run_while_it_holds_its_resources(sim: SimulatedCluster) -> None:
+    w = sim.add_worker(nthreads=2, resources="GPU=1")
+    sim.submit("model", resources={"GPU": 1}, actor=True)
+    sim.place()
+    sim.finish("model")
+    sim.submit("use", deps=["model"])
+    assert sim.place() == [(w, "use")]
+    sim.finish("use")
+    assert sim.state.workers[w].ledger.free == {"GPU": 0}
+    assert sim.state.tasks["model"].state == MEMORY
+
+
+def test_an_actor_whose_constructor_raises_holds_nothing(sim: SimulatedCluster) -> None:
+    w = sim.add_worker(nthreads=1, resources="GPU=1")
+    sim.submit("model", resources={"GPU": 1}, actor=True)
+    sim.place()
+    sim.raise_("model")
+    assert sim.state.tasks["model"].state == ERRED
+    assert sim.state.workers[w].ledger.free == {"GPU": 10_000}
+    assert not sim.state.workers[w].actors
+
+
+def test_an_actor_released_while_constructing_holds_nothing_after(sim: SimulatedCluster) -> None:
+    w = sim.add_worker(nthreads=1, resources="GPU=1")
+    sim.submit("model", resources={"GPU": 1}, actor=True)
+    sim.place()
+    sim.client_says("c1", m.ReleaseKeys(["model"]))
+    assert sim.state.tasks["model"].state == PROCESSING
+    sim.finish("model")
+    assert "model" not in sim.state.tasks
+    assert sim.state.workers[w].ledger.free == {"GPU": 10_000}
+
+
+def test_an_actor_lost_with_its_worker_fails_and_is_not_rebuilt(sim: SimulatedCluster) -> None:
+    w1 = sim.add_worker(nthreads=1, resources="GPU=1")
+    sim.submit("model", resources={"GPU": 1}, actor=True)
+    sim.place()
+    sim.finish("model")
+    w2 = sim.add_worker(nthreads=1, resources="GPU=1")
+    sim.remove_worker(w1)
+    assert sim.place() == []  # not run again on the new worker
+    task = sim.state.tasks["model"]
+    assert task.state == ERRED and task.error is not None
+    assert "actor 'model' was lost" in str(task.error[1])
+    failed = [msg for msg in sim.inbox["c1"] if isinstance(msg, m.KeysFailed)]
+    assert failed and failed[-1].keys == ["model"] and "not recreated" in failed[-1].message
+    assert sim.state.workers[w2].ledger.free == {"GPU": 10_000}
+
+
+def test_a_task_using_a_lost_actor_fails_too(sim: SimulatedCluster) -> None:
+    w1 = sim.add_worker(nthreads=1)
+    sim.submit("counter", actor=True)
+    sim.place()
+    sim.finish("counter")
+    sim.submit("use", deps=["counter"])
+    sim.place()
+    sim.add_worker(nthreads=1)
+    sim.remove_worker(w1)
+    sim.place()
+    assert sim.state.tasks["use"].state == ERRED
+
+
+def test_an_actor_is_neither_replicated_nor_rebalanced(sim: SimulatedCluster) -> None:
+    w1 = sim.add_worker(nthreads=1)
+    sim.submit("counter", actor=True)
+    sim.place()
+    sim.finish("counter", nbytes=10_000)
+    sim.add_worker(nthreads=1)
+    sim.client_says("c1", m.ReplicateKeys(1, ["counter"], 0, []))
+    sim.client_says("c1", m.RebalanceKeys(2, [], 1, []))
+    sim.answer_transfers()
+    assert sim.state.tasks["counter"].replicas is None
+    assert sim.state.tasks["counter"].worker == w1
+
+
+def test_a_draining_worker_says_its_actors_cannot_move(sim: SimulatedCluster) -> None:
+    w1 = sim.add_worker(nthreads=1, resources="GPU=1")
+    sim.submit("model", resources={"GPU": 1}, actor=True)
+    sim.place()
+    sim.finish("model")
+    sim.add_worker(nthreads=1)
+    sim.worker_says(w1, m.WorkerDraining(30.0))
+    sim.answer_transfers()
+    assert any("1 actors cannot move" in log.text for log in sim.logs)
+    assert sim.state.tasks["model"].state == ERRED  # failed as the worker left
