@@ -121,6 +121,8 @@ def test_an_actor_lost_with_its_worker_fails_and_is_not_rebuilt(sim: SimulatedCl
     task = sim.state.tasks["model"]
     assert task.state == ERRED and task.error is not None
     assert "actor 'model' was lost" in str(task.error[1])
+    pending = [msg for msg in sim.inbox["c1"] if isinstance(msg, m.KeysPending)]
+    assert pending and pending[-1].keys == ["model"]  # its future waits, then fails
     failed = [msg for msg in sim.inbox["c1"] if isinstance(msg, m.KeysFailed)]
     assert failed and failed[-1].keys == ["model"] and "not recreated" in failed[-1].message
     assert sim.state.workers[w2].ledger.free == {"GPU": 10_000}

@@ -524,13 +524,14 @@ class SchedulerCore:
         """The only copy of ``task``'s result is gone: recompute it if we can."""
         if task.actor:
             actors.release(self, task)
-            task.worker = None
-            self.fail(task, ("lost", actors.lost_text(task, cause), b""), cause)
-            return
         task.worker = None
         for client_id in task.wanted_by or ():
-            # Their futures said "finished": they must wait again, not fail on gather.
+            # Their futures said "finished": they must wait again, not fail on gather
+            # (or, for an actor, take the failure that follows).
             self._out.append(TasksPending(client_id, [task.key]))
+        if task.actor:
+            self.fail(task, ("lost", actors.lost_text(task, cause), b""), cause)
+            return
         for dependent_key in task.dependents:
             dependent = self.tasks[dependent_key]
             dependent.missing_deps += 1
