@@ -73,7 +73,7 @@ def test_an_actor_whose_worker_is_killed_fails_and_the_cluster_carries_on() -> N
         with pytest.raises(ConnectionError, match="cannot be reached"):
             pending.result(timeout=30)
         poll(lambda: future.status == "error", 30, "the actor's future to fail")
-        with pytest.raises(LostDataError, match="actor .* was lost"):
+        with pytest.raises(LostDataError, match=r"actor .* was lost"):
             future.result()
         # The other worker, and the GPU of the lost one's replacement, serve on.
         assert client.submit(lambda: get_worker().name, pure=False).result(timeout=30)
