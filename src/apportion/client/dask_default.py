@@ -160,6 +160,14 @@ def get(dsk: Any, keys: Any, **kwargs: Any) -> Any:
     client = current()
     if client is None:  # every client closed since Dask was told to use them
         return dask.threaded.get(dsk, keys, **kwargs)
+    if client.asynchronous:
+        # Dask's own client fails here too: the results would have to be awaited.
+        raise RuntimeError(
+            "the default client is asynchronous, and Dask's compute() would block its "
+            "running event loop: use 'await client.compute(x)' (or 'await "
+            "client.gather(client.compute(x))') instead, or compute from a thread "
+            "without a running loop (await asyncio.to_thread(x.compute))"
+        )
     return client.get(dsk, keys, **kwargs)
 
 
