@@ -17,7 +17,7 @@ import itertools
 import logging
 import threading
 import uuid
-from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -136,6 +136,8 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         self._callbacks = CallbackRunner()
         self._closed = False
         self._dask_default = set_as_default
+        #: The scheduler's identity as last fetched (``scheduler_info``).
+        self._scheduler_identity: dict[str, Any] = {}
         if asynchronous:
             return  # ``await client`` connects (``_start``)
         try:
@@ -182,6 +184,9 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
             )
             try:
                 await awaited(session.loop, session.connect, timeout=session.connect_timeout)
+                info = await awaited(
+                    session.loop, session.request, m.InfoRequest(session.next_id())
+                )
             except BaseException:
                 session.loop.stop()
                 raise
@@ -190,6 +195,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
                 await self._own_cluster._close_async()
             raise
         self._connected_session = session
+        self._scheduler_identity = info.info
         if self._dask_default:
             dask_default.register(self)
         return self
@@ -862,13 +868,26 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         """
         return self._ask(lambda rid: m.DumpRequest(rid), partial(_dumped, filename=filename))
 
-    def scheduler_info(self) -> Any:
+    def scheduler_info(self, n_workers: int = -1, **kwargs: Any) -> Any:
         """The scheduler's identity and workers with their pools, as Dask returns it.
 
-        An asynchronous client returns an awaitable of it, fetched afresh (Dask's
-        returns the copy it last received, without the workers).
+        An asynchronous client, from its loop, gives the copy it last fetched, as
+        Dask's does (a dict; it was fetched when the client connected), which
+        awaited (``await client.scheduler_info()``) fetches a fresh one.
+        ``n_workers`` and Dask's other keywords are accepted; every worker is listed.
         """
-        return self._ask(lambda rid: m.InfoRequest(rid), _info)
+        if self.asynchronous:
+            return SchedulerInfo(self._scheduler_identity, self._fresh_info)
+        return self._ask(lambda rid: m.InfoRequest(rid), self._info)
+
+    async def _fresh_info(self) -> dict[str, Any]:
+        info: dict[str, Any] = await self._ask(lambda rid: m.InfoRequest(rid), self._info)
+        return info
+
+    def _info(self, reply: m.InfoReply) -> dict[str, Any]:
+        info: dict[str, Any] = reply.info
+        self._scheduler_identity = info  # the copy an asynchronous client gives at once
+        return info
 
     def wait_for_workers(self, n_workers: int = 1, timeout: Duration | None = None) -> Any:
         """Block (or, asynchronous, an awaitable) until at least ``n_workers`` workers are
@@ -898,18 +917,19 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         plain one, and give its outcome as this client gives outcomes.
 
         Called where this client's calls are awaited (an asynchronous client, from a
-        running loop), an awaitable of the outcome, run in that loop. Otherwise the
-        outcome itself: a plain function runs here, and a coroutine it returns runs
-        to its end on the client's own loop, so a coroutine function works from a
-        script, or from a notebook whose loop is running. ``callback_timeout``
-        (seconds or Dask's text) raises ``TimeoutError``.
+        running loop), as in Dask: what ``func`` returns, an awaitable to await in that
+        loop (a plain function's value comes back as it is). Otherwise the outcome: a
+        plain function runs here, and a coroutine it returns runs to its end on the
+        client's own loop, so a coroutine function works from a script, or from a
+        notebook whose loop is running. ``callback_timeout`` (seconds or Dask's text)
+        raises ``TimeoutError`` from an awaitable that takes longer.
         """
         limit = seconds(callback_timeout)
-        if self.asynchronous if asynchronous is None else asynchronous:
-            return _called(func, args, kwargs, limit)
         outcome = func(*args, **kwargs)
         if not inspect.isawaitable(outcome):
             return outcome
+        if self.asynchronous if asynchronous is None else asynchronous:
+            return _within(outcome, limit)
         return self._session.run(_within(outcome, limit))
 
     # --- closing --------------------------------------------------------------------
@@ -982,6 +1002,20 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
     def __repr__(self) -> str:
         address = self.scheduler_address or "(not connected)"
         return f"<Client: scheduler={address!r}>"
+
+
+class SchedulerInfo(dict[str, Any]):
+    """An asynchronous client's ``scheduler_info()``: the copy last fetched, as Dask
+    gives it, which awaited fetches a fresh one (with every worker as it is now)."""
+
+    def __init__(
+        self, cached: dict[str, Any], fetch: Callable[[], Coroutine[Any, Any, dict[str, Any]]]
+    ) -> None:
+        super().__init__(cached)
+        self._fetch = fetch
+
+    def __await__(self) -> Generator[Any, None, dict[str, Any]]:
+        return self._fetch().__await__()
 
 
 def start_cluster(options: dict[str, Any]) -> LocalCluster:
@@ -1058,22 +1092,6 @@ async def _within(outcome: Awaitable[T], timeout: float | None) -> T:
     """``outcome`` awaited, within ``timeout``."""
     async with asyncio.timeout(timeout):
         return await outcome
-
-
-async def _called(
-    func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None
-) -> Any:
-    """``func(*args, **kwargs)``, awaited if it gives an awaitable, within ``timeout``."""
-    async with asyncio.timeout(timeout):
-        outcome = func(*args, **kwargs)
-        if inspect.isawaitable(outcome):
-            outcome = await outcome
-    return outcome
-
-
-def _info(reply: m.InfoReply) -> dict[str, Any]:
-    info: dict[str, Any] = reply.info
-    return info
 
 
 def _story_rows(reply: m.StoryReply) -> list[tuple[Any, ...]]:

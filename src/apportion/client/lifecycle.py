@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import warnings
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from apportion.client.asynchronous import CallModes
+from apportion.client.asynchronous import CallModes, in_thread
 from apportion.protocol import messages as m
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ class ClusterLifecycle(CallModes):
         """None: apportion has no dashboard yet."""
         return None
 
-    def restart(self, timeout: float | None = None, wait_for_workers: bool = True) -> None:
+    def restart(self, timeout: float | None = None, wait_for_workers: bool = True) -> Any:
         """Drop every task and result in the cluster and start every worker afresh.
 
         As in Dask, every future of every client is told: pending and finished
@@ -46,9 +47,13 @@ class ClusterLifecycle(CallModes):
         registers again, but keeps its process. With ``wait_for_workers`` the call
         returns once as many workers as before are connected, a local cluster's
         from fresh processes (``TimeoutError`` after ``timeout``, by default four
-        times the client's).
+        times the client's). An asynchronous client returns an awaitable of it.
         """
-        self._blocking_only("restart")
+        if self.asynchronous:
+            # Waiting for fresh worker processes has no event to await: one short-lived
+            # thread runs the blocking restart while the caller's loop runs on.
+            restart = partial(self.restart, timeout, wait_for_workers)
+            return in_thread(restart, "apportion-client-restart")
         limit = self.timeout * 4 if timeout is None else timeout
         before = len(self.scheduler_info()["workers"])
         local = self.cluster if self.cluster is not None and not self.cluster._closed else None
