@@ -286,3 +286,18 @@ def test_an_embedded_cluster_and_a_local_cluster_start_and_stop_awaited() -> Non
         assert ticks > 5  # the loop ran on while clusters started and stopped
 
     run(main)
+
+
+def test_as_current_makes_a_client_the_current_one_within_its_block(
+    cluster: InMemoryCluster,
+) -> None:
+    with Client(cluster.address) as first, Client(cluster.address, set_as_default=False) as other:
+        assert Client.current() is first
+        with other.as_current():
+            assert Client.current() is other
+
+            async def in_a_task() -> Client:
+                return Client.current()  # a task of this context sees it too
+
+            assert asyncio.run(in_a_task()) is other
+        assert Client.current() is first

@@ -17,7 +17,16 @@ import itertools
 import logging
 import threading
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Mapping, Sequence
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Coroutine,
+    Generator,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -825,6 +834,18 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         """The newest open client made with ``set_as_default=True`` (the default), as
         Dask's ``Client.current``; ``ValueError`` if there is none."""
         return default_client()
+
+    @contextlib.contextmanager
+    def as_current(self) -> Iterator[Client]:
+        """Within the ``with`` block (in this thread or task only), ``Client.current()``
+        and ``default_client()`` give this client, and Dask's ``compute`` runs on it
+        while Dask's scheduler is apportion's (a client made with ``set_as_default``
+        is open), as Dask's ``as_current``."""
+        token = dask_default.set_current(self)
+        try:
+            yield self
+        finally:
+            dask_default.reset_current(token)
 
     @staticmethod
     def futures_of(collection: Any) -> list[Future]:

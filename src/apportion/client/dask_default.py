@@ -17,6 +17,7 @@ worker's client, as in Dask: the task then holds no thread while it waits.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import importlib.abc
 import importlib.util
 import sys
@@ -130,8 +131,27 @@ def _restore_if_none_left() -> None:
     _setting = None
 
 
+#: The client of an ``as_current`` block, in this thread or task (None outside one).
+_as_current: contextvars.ContextVar[Client | None] = contextvars.ContextVar(
+    "apportion_as_current", default=None
+)
+
+
+def set_current(client: Client | None) -> contextvars.Token[Client | None]:
+    """Make ``client`` the current one in this context (``Client.as_current``)."""
+    return _as_current.set(client)
+
+
+def reset_current(token: contextvars.Token[Client | None]) -> None:
+    _as_current.reset(token)
+
+
 def current() -> Client | None:
-    """The newest open client that is Dask's default."""
+    """The client of the enclosing ``as_current`` block, else the newest open client
+    that is Dask's default."""
+    chosen = _as_current.get()
+    if chosen is not None and not chosen._closed:
+        return chosen
     with _lock:
         for ref in reversed(_clients):
             client = ref()
