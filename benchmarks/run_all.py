@@ -2,7 +2,8 @@
 
 ``make bench`` calls this. The tiers: the pure state machine (events per second),
 scheduler memory per queued task, end-to-end throughput beside Dask, tasks submitted
-from tasks (a seceding fan-out of 10,000) beside Dask, placement
+from tasks (a seceding fan-out of 10,000) beside Dask, asynchronous clients (awaited
+submits per second, event-loop lag during a large gather) beside Dask, placement
 quality on a mixed CPU/GPU workload beside Dask, recovery from a killed worker
 beside Dask, Dask collections computed on each, bytes per second between workers
 and to the client beside Dask, the job queue's runs per second beside HyperQueue,
@@ -28,6 +29,7 @@ SCRIPTS = [
     "scheduler_memory.py",
     "throughput.py",
     "tasks_from_tasks.py",
+    "async_client.py",
     "placement_quality.py",
     "recovery.py",
     "collections_compute.py",

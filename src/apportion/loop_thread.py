@@ -8,6 +8,7 @@ notebook never needs an event loop of its own.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import Coroutine
 from typing import Any, Protocol, TypeVar
@@ -35,15 +36,38 @@ class LoopThread:
         self.loop.run_until_complete(self.loop.shutdown_asyncgens())
         self.loop.close()
 
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Run ``coro`` on the loop and wait for its result from this (other) thread."""
-        if threading.current_thread() is self._thread:
-            coro.close()
-            raise RuntimeError("LoopThread.run called from its own loop; await instead")
+    @property
+    def ident(self) -> int | None:
+        """The identity of the thread running the loop (set once it started)."""
+        return self._thread.ident
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start ``coro`` on the loop; its outcome arrives in the returned future."""
         if not self._thread.is_alive() or self.loop.is_closed():
             coro.close()  # a stopped loop would never run it: fail instead of hanging
             raise RuntimeError("the event loop has stopped")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the loop and wait for its result from this (other) thread.
+
+        A wait that ends early (timeout, KeyboardInterrupt) cancels ``coro``: nobody
+        is left to take its outcome.
+        """
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("LoopThread.run called from its own loop; await instead")
+        future = self.submit(coro)
+        try:
+            return future.result(timeout)
+        except BaseException:
+            future.cancel()
+            raise
+        finally:
+            # The future holds the exception, whose traceback holds this frame: a
+            # cycle that would keep everything the failed work held (futures, results)
+            # until the garbage collector runs.
+            del future
 
     def stop(self) -> None:
         """Stop the loop and join the thread; idempotent."""

@@ -12,6 +12,7 @@ import pytest
 
 from apportion import Actor, ActorFuture, Client, get_worker, task_resources
 from apportion.testing import InMemoryCluster
+from cli_processes import poll
 from cluster_checks import checked_client, settle
 
 
@@ -125,7 +126,8 @@ def test_a_handle_keeps_its_actor_after_the_future_is_dropped(
     gc.collect()
     settle(cluster)
     assert not cluster.scheduler.state.tasks
-    assert not any(len(w.actors) for w in cluster.workers)
+    # The worker drops the object when the scheduler's word reaches it.
+    poll(lambda: not any(len(w.actors) for w in cluster.workers), 10, "the actor to go")
 
 
 def use_counter(counter: Actor, times: int) -> int:

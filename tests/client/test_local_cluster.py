@@ -269,8 +269,10 @@ def test_options_for_dasks_internals_are_ignored_with_one_warning() -> None:
         assert name in text
     with pytest.raises(TypeError, match="n_wrokers"):
         LocalCluster(n_wrokers=2, processes=False)
-    with pytest.raises(NotImplementedError, match="asynchronous"):
-        LocalCluster(asynchronous=True, processes=False)
+    unstarted = LocalCluster(asynchronous=True, processes=False)  # awaiting starts it
+    assert unstarted.scheduler_address == "" and "(not started)" in repr(unstarted)
+    with pytest.raises(TypeError, match="async with"):
+        unstarted.__enter__()
 
 
 @pytest.mark.tcp
@@ -315,8 +317,10 @@ def test_client_forwards_cluster_arguments_like_dasks() -> None:
         workers = client.scheduler_info()["workers"].values()
         assert [w["resources"] for w in workers] == [{"GPU": 2.0}] * 2
     assert client.cluster._closed  # its own cluster closed with it
-    with pytest.raises(NotImplementedError, match="asynchronous"):
-        Client(asynchronous=True)
+    unconnected = Client(asynchronous=True, processes=False)  # awaiting connects it
+    assert "(not connected)" in repr(unconnected)
+    with pytest.raises(RuntimeError, match="not connected yet: await it first"):
+        unconnected.submit(int)
     with pytest.raises(TypeError, match="unexpected keyword"):
         Client(processes=False, n_wrokers=1)
 

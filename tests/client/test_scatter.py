@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
@@ -105,9 +106,13 @@ def test_a_scatter_waits_for_its_worker_on_a_cluster_that_may_grow() -> None:
     assert list(put.data) == ["x"]
 
 
-def test_asynchronous_scatter_is_refused_clearly(client: Client) -> None:
-    with pytest.raises(NotImplementedError, match="asynchronous"):
-        client.scatter([1], asynchronous=True)
+def test_scatter_and_gather_asked_to_be_asynchronous_give_awaitables(client: Client) -> None:
+    async def main() -> list[int]:
+        futures = await client.scatter([1, 2], asynchronous=True)
+        values: list[int] = await client.gather(futures, asynchronous=True)
+        return values
+
+    assert asyncio.run(main()) == [1, 2]  # a blocking client, asked as Dask's are
 
 
 @pytest.mark.tcp

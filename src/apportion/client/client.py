@@ -1,24 +1,38 @@
-"""The user's handle on a cluster: a synchronous API with Dask's names.
+"""The user's handle on a cluster, with Dask's names: blocking, or asynchronous.
 
 ``Client`` turns calls into tasks and futures and keeps count of the futures alive
 for each key; everything on the wire goes through its ``Session`` (session.py),
 which runs on a background event loop, so user threads never touch a socket.
+With ``asynchronous=True`` the calls Dask awaits return awaitables instead of
+blocking (asynchronous.py says how they are awaited).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
+import inspect
 import itertools
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Coroutine,
+    Generator,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from apportion.client import actors, dask_default, local, transfers
 from apportion.client.actors import actor_task
+from apportion.client.asynchronous import Ready, awaited, settled
 from apportion.client.cluster_options import DASK_CLIENT_OPTIONS, sort_options, warn_ignored
 from apportion.client.datasets import SharedData
 from apportion.client.durations import Duration, seconds
@@ -52,6 +66,8 @@ logger = logging.getLogger("apportion.client")
 
 _FUNC_CACHE_SIZE = 512
 
+T = TypeVar("T")
+
 #: Rounds of "lost meanwhile, wait for the recomputation, ask again" in one gather.
 _GATHER_ATTEMPTS = 5
 
@@ -64,15 +80,18 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
     ``Client(n_workers=2, threads_per_worker=1, processes=False, memory_limit="2GiB",
     resources="GPU=1")``. With an address they are an error, except Dask's own
     client tuning (``serializers=``, ``security=``...), ignored with one
-    ``IgnoredOptionWarning``. ``asynchronous=True`` is not supported yet.
+    ``IgnoredOptionWarning``.
+
+    With ``asynchronous=True``, as in Dask, the constructor does not connect:
+    ``client = await Client(..., asynchronous=True)`` or ``async with Client(...,
+    asynchronous=True) as client:`` does. Then, from the event loop, ``await`` the
+    calls Dask awaits (``await future``, ``await client.gather(...)``,
+    ``await client.close()``...); ``submit`` and ``map`` return futures at once.
 
     With ``set_as_default`` (the default), Dask's own ``compute`` and ``persist`` run
     on the newest such client until it is closed, whether Dask was imported before
     the client was made or after.
     """
-
-    #: Dask asks this of a client given as ``scheduler=``: this one blocks.
-    asynchronous = False
 
     def __init__(
         self,
@@ -88,20 +107,27 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         limit = 30.0 if timeout is None else seconds(timeout, "Client timeout") or 0.0
         self._own_cluster: LocalCluster | None = None
         self.cluster: LocalCluster | None = None
-        if asynchronous:
-            raise NotImplementedError(
-                "Client(asynchronous=True) is not supported yet; use the blocking Client"
-            )
+        self._asynchronous = asynchronous
+        #: Connecting, for an asynchronous client being awaited (``__await__``).
+        self._starting: asyncio.Future[Client] | None = None
         if address is None:
-            # Dask's Client hands every keyword it does not know to the LocalCluster.
-            self._own_cluster = self.cluster = start_cluster(cluster_options)
-            address = self.cluster.scheduler_address
+            # Dask's Client hands every keyword it does not know to the LocalCluster;
+            # an asynchronous one's cluster starts when the client is awaited.
+            options = {**cluster_options, "asynchronous": True} if asynchronous else cluster_options
+            self._own_cluster = self.cluster = start_cluster(options)
+            address = self.cluster
         else:
             ignore_client_options(cluster_options)
-            if isinstance(address, LocalCluster):
-                self.cluster = address
-                address = address.scheduler_address
-        self.scheduler_address = address
+        if isinstance(address, LocalCluster):
+            self.cluster = address
+            address = address.scheduler_address  # "": an asynchronous one not started yet
+            if not address and not asynchronous:
+                raise RuntimeError(
+                    "this LocalCluster is asynchronous and not started: await it first, or "
+                    "make the client asynchronous too (await Client(cluster, asynchronous=True))"
+                )
+        #: The scheduler's address ("" for a cluster that has not started yet).
+        self.scheduler_address: str = address
         self.direct_to_workers = direct_to_workers
         #: Seconds to connect, and to wait for a scatter; Dask's texts (``"60s"``) too.
         self.timeout: float = limit
@@ -119,23 +145,86 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         self._functions: dict[Any, tuple[str, bytes]] = {}
         self._callbacks = CallbackRunner()
         self._closed = False
+        self._dask_default = set_as_default
+        #: The scheduler's identity as last fetched (``scheduler_info``).
+        self._scheduler_identity: dict[str, Any] = {}
+        if asynchronous:
+            return  # ``await client`` connects (``_start``)
         try:
-            self._session = Session(
+            self._connected_session = Session(
                 address, self.name, self.timeout, self._on_message, self._scheduler_gone
             )
         except BaseException:
             if self._own_cluster is not None:
                 self._own_cluster.close()
             raise
-        self._dask_default = set_as_default
         if self._dask_default:
             dask_default.register(self)
 
+    # --- connecting asynchronously --------------------------------------------------
+
+    def __await__(self) -> Generator[Any, None, Client]:
+        """``await Client(..., asynchronous=True)`` connects (starting its cluster, if
+        it has one to start) and gives the client; a connected client at once."""
+        return self._started().__await__()
+
+    async def _started(self) -> Client:
+        if self._connected_session is not None:
+            return self
+        if self._closed:
+            raise RuntimeError("this client is closed")
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(self._start())
+        # Shielded: several awaiters share one start, and one of them giving up
+        # (cancelled) must not stop it for the others.
+        return await asyncio.shield(self._starting)
+
+    async def _start(self) -> Client:
+        if self.cluster is not None:
+            await self.cluster  # starts an asynchronous one not started yet
+            self.scheduler_address = self.cluster.scheduler_address
+        try:
+            session = Session(
+                self.scheduler_address,
+                self.name,
+                self.timeout,
+                self._on_message,
+                self._scheduler_gone,
+                asynchronous=True,
+            )
+            try:
+                await awaited(session.loop, session.connect, timeout=session.connect_timeout)
+                info = await awaited(
+                    session.loop, session.request, m.InfoRequest(session.next_id())
+                )
+            except BaseException:
+                session.loop.stop()
+                raise
+        except BaseException:
+            if self._own_cluster is not None:
+                await self._own_cluster._close_async()
+            raise
+        self._connected_session = session
+        self._scheduler_identity = info.info
+        if self._dask_default:
+            dask_default.register(self)
+        return self
+
+    def start(self) -> None:
+        """Dask's ``start``: a blocking client is connected once made; an asynchronous
+        one starts connecting here (``await client`` waits for it)."""
+        if self._asynchronous and self._starting is None and self._connected_session is None:
+            self._starting = asyncio.get_running_loop().create_task(self._start())
+
     # --- what the scheduler tells us ------------------------------------------------
 
-    def _scheduler_gone(self, reason: str) -> None:
-        """Nothing more will come from the scheduler: no future may wait forever."""
-        error = ("lost", reason, b"")
+    def _scheduler_gone(self, reason: str, kind: str = "gone") -> None:
+        """Nothing more will come from the scheduler: no future may wait forever.
+
+        Futures still pending fail with ``SchedulerGoneError`` (``kind`` "gone"), or,
+        when this client was closed, ``LostDataError`` ("lost").
+        """
+        error = (kind, reason, b"")
         with self._lock:
             states = list(self._keys.values())
         for state in states:
@@ -431,7 +520,8 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
 
         One collection gives one future, a list gives a list (anything in it that is
         not a Dask collection comes back as it is). ``sync=True`` returns the values
-        instead. ``resources``, ``priority``, ``retries``, ``workers`` and
+        instead (awaitable, for an asynchronous client). ``resources``, ``priority``,
+        ``retries``, ``workers`` and
         ``allow_other_workers`` apply to every task of the graph, except where
         ``dask.annotate`` said otherwise. ``fifo_timeout`` has no effect, as in
         ``submit``.
@@ -454,8 +544,8 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
             )
         outputs = iter(names)
         result = [futures[next(outputs)] if is_collection(c) else c for c in items]
-        if sync:
-            result = self.gather(result)
+        if sync:  # an awaitable of the values, for an asynchronous client
+            return self.gather(result[0] if single else result)
         return result[0] if single else result
 
     def persist(
@@ -509,18 +599,20 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         client's graph may use keys this one submitted, and connections do not keep
         order between them."""
         with contextlib.suppress(SchedulerGoneError):
-            self._session.call(partial(m.WhoHasRequest, keys=[]), self.timeout)
+            # Straight on the loop, not ``call``: an asynchronous client's persist has
+            # no awaitable form, and one round trip is all it blocks for.
+            session = self._session
+            session.loop.run(session.request(m.WhoHasRequest(session.next_id(), [])), self.timeout)
 
     def _post_tasks(self, batch: TaskBatch) -> None:
         self._session.post(batch)
         if not self._session.connected:
             # Closed, or the scheduler gone, while these were being prepared: the
             # settling of every future that went with it came before these existed.
-            self._scheduler_gone(
-                f"the client for {self.scheduler_address} was closed"
-                if self._closed
-                else f"lost the connection to {self.scheduler_address}"
-            )
+            if self._closed:
+                self._scheduler_gone(f"the client for {self.scheduler_address} was closed", "lost")
+            else:
+                self._scheduler_gone(f"lost the connection to {self.scheduler_address}")
 
     def _submit_graph(
         self,
@@ -561,18 +653,30 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
 
     # --- results --------------------------------------------------------------------
 
-    def gather(self, futures: Any, errors: str = "raise") -> Any:
+    def gather(
+        self,
+        futures: Any,
+        errors: str = "raise",
+        direct: bool | None = None,
+        asynchronous: bool | None = None,
+    ) -> Any:
         """Results for a future, or a list/tuple/dict/set of them (same shape back).
 
         ``errors="raise"`` re-raises the first failure; ``errors="skip"`` leaves failed
-        futures out of the result, as Dask does.
+        futures out of the result, as Dask does. ``direct`` overrides the client's
+        ``direct_to_workers`` for this call. Awaitable, for an asynchronous client.
         """
         if errors not in ("raise", "skip"):
             raise ValueError(f"errors must be 'raise' or 'skip', not {errors!r}")
+        return self._run(self._gather, futures, errors, direct, asynchronous=asynchronous)
+
+    async def _gather(self, futures: Any, errors: str, direct: bool | None) -> Any:
+        """On the session's loop: wait for ``futures``, then fetch their results."""
         found: list[Future] = []
         _collect(futures, found)
         for fut in found:
-            fut._wait(None)
+            if not fut._state.event.is_set():
+                await settled(fut._state)
         values: dict[str, Any] = {}
         for fut in found:
             exc = fut._state.exception_object()
@@ -585,16 +689,27 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
                 values[fut.key] = _SKIPPED
         wanted = [f.key for f in found if f.key not in values]
         if wanted:
-            values.update(self._gather_keys(wanted))
+            values.update(await self._gather_keys_async(wanted, direct))
         return _rebuild(futures, values)
 
     def _gather_keys(self, keys: list[str]) -> dict[str, Any]:
-        """Fetch results; keys lost meanwhile are waited for while they are recomputed."""
+        """Fetch results, waiting here (see ``_gather_keys_async``)."""
+        return self._session.run(self._gather_keys_async(keys))
+
+    async def _gather_keys_awaited(self, keys: list[str]) -> dict[str, Any]:
+        """Fetch results, awaited in the caller's running loop."""
+        return await awaited(self._session.loop, self._gather_keys_async, keys)
+
+    async def _gather_keys_async(
+        self, keys: list[str], direct: bool | None = None
+    ) -> dict[str, Any]:
+        """On the session's loop: fetch and unpickle results; keys lost meanwhile are
+        waited for while they are recomputed."""
         wanted = list(dict.fromkeys(keys))
+        mode = self.direct_to_workers if direct is None else direct
         out: dict[str, Any] = {}
         for _ in range(_GATHER_ATTEMPTS):
-            fetch = transfers.fetch(self._session, wanted, self.direct_to_workers)
-            blobs, missing, errors = self._session.loop.run(fetch)
+            blobs, missing, errors = await transfers.fetch(self._session, wanted, mode)
             if errors:
                 raise SerializationError(next(iter(errors.values())))
             with actors.binding(self):
@@ -608,7 +723,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
                 raise _missing_error(missing)
             for state in states:
                 assert state is not None
-                state.event.wait()
+                await settled(state)
                 exc = state.exception_object()
                 if exc is not None:
                     try:
@@ -657,45 +772,70 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         to each of those workers (all, by default). ``direct=True`` sends the data to
         the workers' data ports instead of through the scheduler (default: the
         client's ``direct_to_workers``). ``hash=False`` gives equal values distinct
-        keys. ``timeout`` bounds the wait for the data to be stored.
+        keys. ``timeout`` bounds the wait for the data to be stored. Awaitable, for an
+        asynchronous client.
         """
-        if asynchronous:
-            raise NotImplementedError("asynchronous scatter is not supported yet")
         self._check_open()
         allowed = worker_names(workers)
         names, items = self._scatter_items(data, hash)
-        if not items:
-            return {} if isinstance(data, Mapping) else type(data)()  # nothing to store
+        awaitable = self.asynchronous if asynchronous is None else asynchronous
+        if not items:  # nothing to store
+            empty = {} if isinstance(data, Mapping) else type(data)()
+            return Ready(empty) if awaitable else empty
         futures = {name: Future(name, self) for name in names}
+        if isinstance(data, Mapping):
+            shaped: Any = {k: futures[name] for k, name in zip(data, names, strict=True)}
+        elif isinstance(data, list | tuple):
+            shaped = type(data)(futures[n] for n in names)
+        else:
+            shaped = futures[names[0]]
         wait = self.timeout if timeout is None else seconds(timeout) or 0.0
         mode = self.direct_to_workers if direct is None else direct
+        store = (self._scatter, items, futures, allowed, mode, wait, broadcast)
+        if awaitable:
+            return _then(self._run(*store, asynchronous=True), shaped)
+        self._run(*store, asynchronous=False)
+        return shaped
+
+    async def _scatter(
+        self,
+        items: dict[str, payload.Pickled],
+        futures: dict[str, Future],
+        allowed: list[str],
+        mode: bool | None,
+        wait: float,
+        broadcast: bool,
+    ) -> None:
+        """On the session's loop: store ``items`` and wait for their futures."""
         size = sum(map(payload.size_of, items.values()))
         try:
-            left = items
-            if mode or (mode is None and size >= transfers.DIRECT_FROM):
-                scatter = transfers.scatter_direct(self._session, items, allowed, strict=bool(mode))
-                left = self._session.loop.run(scatter, wait)
-            if left:
-                self._session.call(lambda rid: m.ScatterRequest(rid, left, allowed), wait)
-            for fut in futures.values():
-                fut._wait(wait)
+            async with asyncio.timeout(wait):
+                left = items
+                if mode or (mode is None and size >= transfers.DIRECT_FROM):
+                    left = await transfers.scatter_direct(
+                        self._session, items, allowed, strict=bool(mode)
+                    )
+                if left:
+                    await self._session.request(
+                        m.ScatterRequest(self._session.next_id(), left, allowed)
+                    )
+                for fut in futures.values():
+                    await settled(fut._state)
         except TimeoutError:
             self._session.post(m.CancelKeys(list(futures)))  # not stored later for nobody
             where = f" on a worker matching {allowed}" if allowed else ""
             raise TimeoutError(f"scattered data was not stored{where} within {wait:g}s") from None
-        failed = next(iter(futures.values())).exception()
+        failed = next(iter(futures.values()))._state.exception_object()
         if failed is not None:
             raise failed
         if broadcast:
-            self.replicate(list(futures.values()), workers=allowed or None)
-        if isinstance(data, Mapping):
-            return {k: futures[name] for k, name in zip(data, names, strict=True)}
-        if isinstance(data, list | tuple):
-            return type(data)(futures[n] for n in names)
-        return futures[names[0]]
+            await self._replicate(list(futures.values()), None, allowed or None)
 
-    def cancel(self, futures: Future | Iterable[Future]) -> None:
-        """Cancel queued or running tasks; their futures (and dependents) fail as cancelled."""
+    def cancel(self, futures: Future | Iterable[Future]) -> Any:
+        """Cancel queued or running tasks; their futures (and dependents) fail as cancelled.
+
+        Done at once; an asynchronous client returns an awaitable as well, as Dask's.
+        """
         found: list[Future] = []
         _collect(futures, found)
         keys = [f.key for f in found]
@@ -704,12 +844,25 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
                 fut._state.settle(CANCELLED, ("cancelled", f"{fut.key!r} was cancelled", b""))
                 fut._state.cancel_echo = True
         self._session.post(m.CancelKeys(keys))
+        return self._ready(None)
 
     @classmethod
     def current(cls, allow_global: bool = True) -> Client:
         """The newest open client made with ``set_as_default=True`` (the default), as
         Dask's ``Client.current``; ``ValueError`` if there is none."""
         return default_client()
+
+    @contextlib.contextmanager
+    def as_current(self) -> Iterator[Client]:
+        """Within the ``with`` block (in this thread or task only), ``Client.current()``
+        and ``default_client()`` give this client, and Dask's ``compute`` runs on it
+        while Dask's scheduler is apportion's (a client made with ``set_as_default``
+        is open), as Dask's ``as_current``."""
+        token = dask_default.set_current(self)
+        try:
+            yield self
+        finally:
+            dask_default.reset_current(token)
 
     @staticmethod
     def futures_of(collection: Any) -> list[Future]:
@@ -734,46 +887,88 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         )
         single = isinstance(futures, Future | str)
         keys = [f.key if isinstance(f, Future) else f for f in items]
-        reply = self._session.call(lambda rid: m.WhyRequest(rid, keys))
-        return reply.reasons[keys[0]] if single else dict(reply.reasons)
 
-    def story(self, key: Future | str) -> list[tuple[Any, ...]]:
-        """The task's transitions: (time, key, from, to, cause)."""
+        def reasons(reply: m.WhyReply) -> Any:
+            return reply.reasons[keys[0]] if single else dict(reply.reasons)
+
+        return self._ask(lambda rid: m.WhyRequest(rid, keys), reasons)
+
+    def story(self, key: Future | str) -> Any:
+        """The task's transitions: a list of (time, key, from, to, cause)."""
         name = key.key if isinstance(key, Future) else key
-        reply = self._session.call(lambda rid: m.StoryRequest(rid, name))
-        return [tuple(row) for row in reply.story]
+        return self._ask(lambda rid: m.StoryRequest(rid, name), _story_rows)
 
-    def dump_cluster_state(self, filename: str | None = None) -> dict[str, Any]:
+    def dump_cluster_state(self, filename: str | None = None) -> Any:
         """The scheduler's whole state as plain data; written as JSON to ``filename`` if given.
 
         Meant for bug reports: every task with its state, inputs, resources and units,
         every worker with its ledger, and the recent transitions with their causes.
         """
-        reply = self._session.call(lambda rid: m.DumpRequest(rid))
-        state: dict[str, Any] = reply.state
-        if filename is not None:
-            import json
+        return self._ask(lambda rid: m.DumpRequest(rid), partial(_dumped, filename=filename))
 
-            with open(filename, "w") as f:
-                json.dump(state, f, indent=1, default=str)
-        return state
+    def scheduler_info(self, n_workers: int = -1, **kwargs: Any) -> Any:
+        """The scheduler's identity and workers with their pools, as Dask returns it.
 
-    def scheduler_info(self) -> dict[str, Any]:
-        """The scheduler's identity and workers with their pools, as Dask returns it."""
-        reply = self._session.call(lambda rid: m.InfoRequest(rid))
-        info: dict[str, Any] = reply.info
+        An asynchronous client, from its loop, gives the copy it last fetched, as
+        Dask's does (a dict; it was fetched when the client connected), which
+        awaited (``await client.scheduler_info()``) fetches a fresh one.
+        ``n_workers`` and Dask's other keywords are accepted; every worker is listed.
+        """
+        if self.asynchronous:
+            return SchedulerInfo(self._scheduler_identity, self._fresh_info)
+        return self._ask(lambda rid: m.InfoRequest(rid), self._info)
+
+    async def _fresh_info(self) -> dict[str, Any]:
+        info: dict[str, Any] = await self._ask(lambda rid: m.InfoRequest(rid), self._info)
         return info
 
-    def wait_for_workers(self, n_workers: int = 1, timeout: Duration | None = None) -> None:
-        """Block until at least ``n_workers`` workers are connected."""
-        import time
+    def _info(self, reply: m.InfoReply) -> dict[str, Any]:
+        info: dict[str, Any] = reply.info
+        self._scheduler_identity = info  # the copy an asynchronous client gives at once
+        return info
 
-        timeout = seconds(timeout)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while len(self.scheduler_info()["workers"]) < n_workers:
-            if deadline is not None and time.monotonic() > deadline:
+    def wait_for_workers(self, n_workers: int = 1, timeout: Duration | None = None) -> Any:
+        """Block (or, asynchronous, an awaitable) until at least ``n_workers`` workers are
+        connected."""
+        return self._run(self._wait_for_workers, n_workers, seconds(timeout))
+
+    async def _wait_for_workers(self, n_workers: int, timeout: float | None) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            reply = await self._session.request(m.InfoRequest(self._session.next_id()))
+            if len(reply.info["workers"]) >= n_workers:
+                return
+            if deadline is not None and loop.time() > deadline:
                 raise TimeoutError(f"fewer than {n_workers} workers after {timeout}s")
-            time.sleep(0.05)
+            await asyncio.sleep(0.05)  # no event says "a worker joined" to a client
+
+    def sync(
+        self,
+        func: Callable[..., Any],
+        *args: Any,
+        asynchronous: bool | None = None,
+        callback_timeout: Duration | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Dask's ``sync``: call ``func(*args, **kwargs)``, a coroutine function or a
+        plain one, and give its outcome as this client gives outcomes.
+
+        Called where this client's calls are awaited (an asynchronous client, from a
+        running loop), as in Dask: what ``func`` returns, an awaitable to await in that
+        loop (a plain function's value comes back as it is). Otherwise the outcome: a
+        plain function runs here, and a coroutine it returns runs to its end on the
+        client's own loop, so a coroutine function works from a script, or from a
+        notebook whose loop is running. ``callback_timeout`` (seconds or Dask's text)
+        raises ``TimeoutError`` from an awaitable that takes longer.
+        """
+        limit = seconds(callback_timeout)
+        outcome = func(*args, **kwargs)
+        if not inspect.isawaitable(outcome):
+            return outcome
+        if self.asynchronous if asynchronous is None else asynchronous:
+            return _within(outcome, limit)
+        return self._session.run(_within(outcome, limit))
 
     # --- closing --------------------------------------------------------------------
 
@@ -783,32 +978,82 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         if not self._session.connected:
             raise SchedulerGoneError(f"lost the connection to {self.scheduler_address}")
 
-    def close(self) -> None:
-        """Release everything, disconnect, and stop an embedded cluster; idempotent."""
+    def close(self) -> Any:
+        """Release everything, disconnect, and stop an embedded cluster; idempotent.
+
+        An asynchronous client returns an awaitable that does it.
+        """
+        if self.asynchronous:
+            return self._close_async() if not self._closed else Ready(None)
+        self._close_blocking()
+        return None
+
+    def _close_blocking(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._session.close()
-        self._scheduler_gone(f"the client for {self.scheduler_address} was closed")
+        if self._connected_session is not None:
+            self._connected_session.close()
+        self._after_close()
+        if self._own_cluster is not None:
+            self._own_cluster._close_blocking()
+
+    async def _close_async(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._starting is not None and not self._starting.done():
+            self._starting.cancel()
+            with contextlib.suppress(BaseException):
+                await self._starting
+        if self._connected_session is not None:
+            await self._connected_session.close_async()
+        self._after_close()
+        if self._own_cluster is not None:
+            await self._own_cluster._close_async()
+
+    def _after_close(self) -> None:
+        self._scheduler_gone(f"the client for {self.scheduler_address} was closed", "lost")
         self._callbacks.stop()
         if self._dask_default:
             dask_default.unregister(self)
-        if self._own_cluster is not None:
-            self._own_cluster.close()
 
     def __enter__(self) -> Client:
+        if self.asynchronous:
+            raise TypeError("this Client is asynchronous: use 'async with', not 'with'")
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        self._close_blocking()
+
+    async def __aenter__(self) -> Client:
+        return await self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._close_async()
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             if not self._closed and self._own_cluster is not None:
-                self.close()
+                self._close_blocking()
 
     def __repr__(self) -> str:
-        return f"<Client: scheduler={self.scheduler_address!r}>"
+        address = self.scheduler_address or "(not connected)"
+        return f"<Client: scheduler={address!r}>"
+
+
+class SchedulerInfo(dict[str, Any]):
+    """An asynchronous client's ``scheduler_info()``: the copy last fetched, as Dask
+    gives it, which awaited fetches a fresh one (with every worker as it is now)."""
+
+    def __init__(
+        self, cached: dict[str, Any], fetch: Callable[[], Coroutine[Any, Any, dict[str, Any]]]
+    ) -> None:
+        super().__init__(cached)
+        self._fetch = fetch
+
+    def __await__(self) -> Generator[Any, None, dict[str, Any]]:
+        return self._fetch().__await__()
 
 
 def start_cluster(options: dict[str, Any]) -> LocalCluster:
@@ -873,6 +1118,32 @@ def parse_demands(resources: ResourceSpec | Sequence[ResourceSpec]) -> list[dict
     if not isinstance(resources, list | tuple) or not resources:
         raise ValueError("resources: give one demand, or a non-empty list of alternatives")
     return [parse_demand(spec) for spec in resources]
+
+
+async def _then(stored: Awaitable[Any], value: T) -> T:
+    """``value``, once ``stored`` is done."""
+    await stored
+    return value
+
+
+async def _within(outcome: Awaitable[T], timeout: float | None) -> T:
+    """``outcome`` awaited, within ``timeout``."""
+    async with asyncio.timeout(timeout):
+        return await outcome
+
+
+def _story_rows(reply: m.StoryReply) -> list[tuple[Any, ...]]:
+    return [tuple(row) for row in reply.story]
+
+
+def _dumped(reply: m.DumpReply, filename: str | None) -> dict[str, Any]:
+    state: dict[str, Any] = reply.state
+    if filename is not None:
+        import json
+
+        with open(filename, "w") as f:
+            json.dump(state, f, indent=1, default=str)
+    return state
 
 
 def _missing_error(keys: list[str]) -> BaseException:

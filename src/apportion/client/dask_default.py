@@ -17,6 +17,7 @@ worker's client, as in Dask: the task then holds no thread while it waits.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import importlib.abc
 import importlib.util
 import sys
@@ -130,8 +131,27 @@ def _restore_if_none_left() -> None:
     _setting = None
 
 
+#: The client of an ``as_current`` block, in this thread or task (None outside one).
+_as_current: contextvars.ContextVar[Client | None] = contextvars.ContextVar(
+    "apportion_as_current", default=None
+)
+
+
+def set_current(client: Client | None) -> contextvars.Token[Client | None]:
+    """Make ``client`` the current one in this context (``Client.as_current``)."""
+    return _as_current.set(client)
+
+
+def reset_current(token: contextvars.Token[Client | None]) -> None:
+    _as_current.reset(token)
+
+
 def current() -> Client | None:
-    """The newest open client that is Dask's default."""
+    """The client of the enclosing ``as_current`` block, else the newest open client
+    that is Dask's default."""
+    chosen = _as_current.get()
+    if chosen is not None and not chosen._closed:
+        return chosen
     with _lock:
         for ref in reversed(_clients):
             client = ref()
@@ -160,6 +180,14 @@ def get(dsk: Any, keys: Any, **kwargs: Any) -> Any:
     client = current()
     if client is None:  # every client closed since Dask was told to use them
         return dask.threaded.get(dsk, keys, **kwargs)
+    if client.asynchronous:
+        # Dask's own client fails here too: the results would have to be awaited.
+        raise RuntimeError(
+            "the default client is asynchronous, and Dask's compute() would block its "
+            "running event loop: use 'await client.compute(x)' (or 'await "
+            "client.gather(client.compute(x))') instead, or compute from a thread "
+            "without a running loop (await asyncio.to_thread(x.compute))"
+        )
     return client.get(dsk, keys, **kwargs)
 
 

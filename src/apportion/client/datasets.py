@@ -11,12 +11,13 @@ as the same collection, made of the reader's futures.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+from apportion.client.asynchronous import CallModes, settled
 from apportion.client.future import ERROR, Future
 from apportion.client.waiting import futures_of
 from apportion.core import payload
@@ -25,7 +26,6 @@ from apportion.scheduler.records import worker_aliases
 
 if TYPE_CHECKING:
     from apportion.client.future import KeyState
-    from apportion.client.session import Session
 
 
 class _NoDefault:
@@ -37,11 +37,14 @@ class _NoDefault:
 NO_DEFAULT: Any = _NoDefault()
 
 
-class SharedData:
-    """Part of ``Client``; see the module docstring."""
+class SharedData(CallModes):
+    """Part of ``Client``; see the module docstring.
+
+    Every call that waits for the scheduler gives an asynchronous client's caller an
+    awaitable (``CallModes``); the work after the reply runs on the session's loop.
+    """
 
     if TYPE_CHECKING:
-        _session: Session
         _keys: dict[str, KeyState]
         _lock: threading.RLock
         timeout: float
@@ -52,7 +55,7 @@ class SharedData:
 
     def publish_dataset(
         self, *args: Any, name: Any = None, override: bool = False, **kwargs: Any
-    ) -> None:
+    ) -> Any:
         """Publish named data for other clients: ``publish_dataset(x=future)``,
         ``publish_dataset(df, name="x")`` or ``publish_dataset({"x": df})``.
 
@@ -76,56 +79,66 @@ class SharedData:
                     "If name is omitted, positional argument must be a {name: value} dict"
                 )
             items.extend(args[0].items())
-        for item_name, value in items:
-            blob, keys = payload.pack_call((value,), {})
-            reply = self._session.call(
+        packed = [(_name(item), *payload.pack_call((value,), {})) for item, value in items]
+        return self._run(self._publish, packed, int(override))
+
+    async def _publish(self, packed: list[tuple[str, bytes, set[str]]], override: int) -> None:
+        for item_name, blob, keys in packed:
+            reply = await self._request(
                 partial(
                     m.PublishDataset,
-                    name=_name(item_name),
+                    name=item_name,
                     data=blob,
                     keys=sorted(keys),
-                    override=int(override),
+                    override=override,
                 )
             )
             if reply.error:
                 raise KeyError(reply.error)
 
-    def unpublish_dataset(self, name: Any) -> None:
+    def unpublish_dataset(self, name: Any) -> Any:
         """Remove published datasets (one name or a list); their results may then go."""
         names = [_name(n) for n in (name if isinstance(name, list) else [name])]
-        self._session.call(partial(m.UnpublishDataset, names=names))
+        return self._ask(partial(m.UnpublishDataset, names=names), _nothing)
 
-    def list_datasets(self) -> list[str]:
+    def list_datasets(self) -> Any:
         """The names of the published datasets, sorted."""
-        reply = self._session.call(partial(m.DatasetRequest, name=""))
-        return list(reply.names)
+        return self._ask(partial(m.DatasetRequest, name=""), _names)
 
     def get_dataset(self, name: Any, default: Any = NO_DEFAULT) -> Any:
         """The object published as ``name`` (a list of them for a list of names), its
         futures now this client's; ``default`` (if given) for a name not published."""
-        if isinstance(name, list):
-            return [self.get_dataset(n, default) for n in name]
         self._check_open()
-        reply = self._session.call(partial(m.DatasetRequest, name=_name(name)))
-        if not reply.found:
-            if default is not NO_DEFAULT:
-                return default
-            raise KeyError(f"Dataset '{name}' not found; published: {list(reply.names)}")
-        futures = _ClientFutures(self)
-        (value,), _ = payload.unpack_call(reply.data, futures)
-        if futures.made:
-            # This client wants them too; the scheduler answers with their states.
-            self._session.post(m.SubmitTasks([], {}, sorted(futures.made)))
-        return value
+        names = name if isinstance(name, list) else [name]
+        return self._run(self._get_datasets, names, default, isinstance(name, list))
+
+    async def _get_datasets(self, names: list[Any], default: Any, several: bool) -> Any:
+        found = []
+        for name in names:
+            reply = await self._request(partial(m.DatasetRequest, name=_name(name)))
+            if not reply.found:
+                if default is NO_DEFAULT:
+                    raise KeyError(f"Dataset '{name}' not found; published: {list(reply.names)}")
+                found.append(default)
+                continue
+            futures = _ClientFutures(self)
+            (value,), _ = payload.unpack_call(reply.data, futures)
+            if futures.made:
+                # This client wants them too; the scheduler answers with their states.
+                self._session.post(m.SubmitTasks([], {}, sorted(futures.made)))
+            found.append(value)
+        return found if several else found[0]
 
     @property
     def datasets(self) -> Datasets:
-        """The published datasets as a mutable mapping: get, set, delete, ``in``, iterate."""
+        """The published datasets as a mutable mapping: get, set, delete, ``in``, iterate
+        (a blocking client's; an asynchronous one awaits ``get_dataset`` and the rest)."""
+        self._blocking_only("datasets")
         return Datasets(self)
 
     # --- metadata -------------------------------------------------------------------
 
-    def set_metadata(self, key: Any, value: Any) -> None:
+    def set_metadata(self, key: Any, value: Any) -> Any:
         """Store a plain (msgpack-able) value on the scheduler; a list key is a path into
         nested dictionaries made on the way, as Dask's ``set_metadata``."""
         try:
@@ -133,62 +146,55 @@ class SharedData:
         except (TypeError, ValueError, OverflowError) as exc:
             raise TypeError(f"metadata must be plain data (msgpack): {exc}") from None
         path = _path(key)
-        reply = self._session.call(partial(m.SetMetadata, path=path, value=value))
-        if reply.error:
-            raise ValueError(reply.error)
+        return self._ask(partial(m.SetMetadata, path=path, value=value), _metadata_set)
 
     def get_metadata(self, keys: Any, default: Any = NO_DEFAULT) -> Any:
         """The value stored at ``keys`` (one key or a path); ``KeyError`` without a default."""
         path = _path(keys)
-        reply = self._session.call(partial(m.MetadataRequest, path=path))
-        if reply.found:
-            return reply.value
-        if default is not NO_DEFAULT:
-            return default
-        raise KeyError(keys)
+        return self._ask(
+            partial(m.MetadataRequest, path=path), partial(_metadata, keys=keys, default=default)
+        )
 
     # --- who has what ---------------------------------------------------------------
 
-    def _facts(self) -> Any:
-        return self._session.call(lambda rid: m.ClusterFactsRequest(rid))
+    def _facts(self, then: Callable[[Any], Any]) -> Any:
+        return self._ask(lambda rid: m.ClusterFactsRequest(rid), then)
 
-    def who_has(self, futures: Any = None) -> dict[str, list[str]]:
+    def who_has(self, futures: Any = None) -> Any:
         """Worker addresses holding each key: of ``futures``, or of every task known."""
         if futures is None:
-            return dict(self._facts().who_has)
+            return self._facts(lambda facts: dict(facts.who_has))
         keys = list(dict.fromkeys(f.key for f in futures_of(futures)))
-        reply = self._session.call(partial(m.WhoHasRequest, keys=keys))
-        return {key: list(reply.who_has.get(key, [])) for key in keys}
 
-    def has_what(self, workers: Any = None) -> dict[str, list[str]]:
+        def holders(reply: m.WhoHasReply) -> dict[str, list[str]]:
+            return {key: list(reply.who_has.get(key, [])) for key in keys}
+
+        return self._ask(partial(m.WhoHasRequest, keys=keys), holders)
+
+    def has_what(self, workers: Any = None) -> Any:
         """The keys whose results each worker (by address) holds."""
-        held: dict[str, list[str]] = self._facts().has_what
-        if workers is None:
-            return held
-        return {w: held.get(w, []) for w in _addresses(workers)}
+        wanted = None if workers is None else _addresses(workers)
+        return self._facts(lambda facts: _by_worker(facts.has_what, wanted, []))
 
-    def nthreads(self, workers: Any = None) -> dict[str, int]:
+    def nthreads(self, workers: Any = None) -> Any:
         """Threads of each worker, by address."""
-        threads: dict[str, int] = self._facts().nthreads
-        if workers is None:
-            return threads
-        return {w: threads[w] for w in _addresses(workers) if w in threads}
+        wanted = None if workers is None else _addresses(workers)
+        return self._facts(lambda facts: _by_worker(facts.nthreads, wanted, None))
 
     #: Dask's older name for ``nthreads``.
     ncores = nthreads
 
-    def processing(self, workers: Any = None) -> dict[str, list[str]]:
+    def processing(self, workers: Any = None) -> Any:
         """The keys assigned to each worker (running, or queued there to run next)."""
-        running: dict[str, list[str]] = self._facts().processing
-        if workers is None:
-            return running
-        return {w: running.get(w, []) for w in _addresses(workers)}
+        wanted = None if workers is None else _addresses(workers)
+        return self._facts(lambda facts: _by_worker(facts.processing, wanted, []))
 
     # --- retry and copies -----------------------------------------------------------
 
-    def retry(self, futures: Any) -> None:
+    def retry(self, futures: Any) -> Any:
         """Run failed futures again, with the failed tasks they depend on; they go back
-        to pending. A failure the scheduler has forgotten fails again, saying so."""
+        to pending. A failure the scheduler has forgotten fails again, saying so.
+        Done at once; an asynchronous client returns an awaitable as well, as Dask's."""
         self._check_open()
         keys = []
         for future in futures_of(futures):
@@ -198,47 +204,57 @@ class SharedData:
                 keys.append(future.key)
         if keys:
             self._session.post(m.RetryKeys(keys))
+        return self._ready(None)
 
     def replicate(
         self, futures: Any, n: int | None = None, workers: Any = None, branching_factor: int = 2
-    ) -> None:
+    ) -> Any:
         """Copy results until ``n`` workers (all if None) of ``workers`` (addresses or
         names; all if None) hold each; copies beyond ``n`` there are dropped. Blocks
-        until done. ``branching_factor`` is accepted for Dask's sake: copies are
-        relayed by the scheduler, not passed on from worker to worker."""
+        (or, asynchronous, gives an awaitable) until done. ``branching_factor`` is
+        accepted for Dask's sake: copies are relayed by the scheduler, not passed on
+        from worker to worker."""
         self._check_open()
         found = futures_of(futures)
-        for future in found:
-            future._wait(None)
-        keys = sorted({f.key for f in found if f.status != ERROR})
-        names = self._named_workers(workers)
-        self._session.call(partial(m.ReplicateKeys, keys=keys, n=n or 0, workers=names))
+        names = None if workers is None else _addresses(workers)
+        return self._run(self._replicate, found, n, names)
 
-    def rebalance(self, futures: Any = None, workers: Any = None) -> None:
+    async def _replicate(self, found: list[Future], n: int | None, names: list[str] | None) -> None:
+        """On the session's loop: once ``found`` are done, copy their results."""
+        for future in found:
+            await settled(future._state)
+        keys = sorted({f.key for f in found if f.status != ERROR})
+        known = await self._known_names(names)
+        await self._request(partial(m.ReplicateKeys, keys=keys, n=n or 0, workers=known))
+
+    def rebalance(self, futures: Any = None, workers: Any = None) -> Any:
         """Move results so that the workers (all, or ``workers``) hold about as many bytes
         each: from the fullest to the emptiest, while a move narrows the gap. Blocks
-        until done."""
+        (or, asynchronous, gives an awaitable) until done."""
         self._check_open()
+        found = None if futures is None else futures_of(futures)
+        names = None if workers is None else _addresses(workers)
+        return self._run(self._rebalance, found, names)
+
+    async def _rebalance(self, found: list[Future] | None, names: list[str] | None) -> None:
         keys: list[str] = []
-        if futures is not None:
-            found = futures_of(futures)
-            for future in found:
-                future._wait(None)
+        for future in found or ():
+            await settled(future._state)
+        if found is not None:
             keys = sorted({f.key for f in found})
-        names = self._named_workers(workers)
-        self._session.call(
-            partial(m.RebalanceKeys, keys=keys, all_keys=int(futures is None), workers=names)
+        known = await self._known_names(names)
+        await self._request(
+            partial(m.RebalanceKeys, keys=keys, all_keys=int(found is None), workers=known)
         )
 
-    def _named_workers(self, workers: Any) -> list[str]:
+    async def _known_names(self, names: list[str] | None) -> list[str]:
         """``workers=`` as names; a name that matches no connected worker is an error
         here rather than a copy that silently goes nowhere."""
-        if workers is None:
+        if names is None:
             return []
-        names = _addresses(workers)
-        connected = self._session.call(lambda rid: m.InfoRequest(rid)).info["workers"]
+        reply = await self._request(lambda rid: m.InfoRequest(rid))
         known: set[str] = set()
-        for address, worker in connected.items():
+        for address, worker in reply.info["workers"].items():
             known |= worker_aliases(worker["name"], address)
         unknown = [name for name in names if name not in known]
         if unknown:
@@ -294,6 +310,37 @@ class _ClientFutures(Mapping[str, Future]):
 
     def __len__(self) -> int:
         return len(self.made)
+
+
+def _nothing(reply: m.Message) -> None:
+    return None
+
+
+def _names(reply: m.DatasetReply) -> list[str]:
+    return list(reply.names)
+
+
+def _metadata_set(reply: m.SharedDataAck) -> None:
+    if reply.error:
+        raise ValueError(reply.error)
+
+
+def _metadata(reply: m.MetadataReply, keys: Any, default: Any) -> Any:
+    if reply.found:
+        return reply.value
+    if default is not NO_DEFAULT:
+        return default
+    raise KeyError(keys)
+
+
+def _by_worker(values: dict[str, Any], workers: list[str] | None, missing: Any) -> dict[str, Any]:
+    """``values`` of every worker, or of ``workers`` (those not known: ``missing``, or
+    left out if that is None)."""
+    if workers is None:
+        return values
+    if missing is None:
+        return {w: values[w] for w in workers if w in values}
+    return {w: values.get(w, missing) for w in workers}
 
 
 def _name(name: object) -> str:

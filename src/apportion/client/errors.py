@@ -39,8 +39,12 @@ class OutOfMemoryError(MemoryError):
     """
 
 
-class SchedulerGoneError(ConnectionError):
-    """The connection to the scheduler closed while results were still awaited."""
+class SchedulerGoneError(LostDataError, ConnectionError):
+    """The connection to the scheduler closed while results were still awaited.
+
+    Also a ``LostDataError``: the results the client was waiting for are out of its
+    reach, and code written for that error keeps catching this one.
+    """
 
 
 def failure(kind: str, message: str) -> BaseException:
@@ -51,6 +55,8 @@ def failure(kind: str, message: str) -> BaseException:
         return FutureCancelledError(message)
     if kind == "lost":
         return LostDataError(message)
+    if kind == "gone":
+        return SchedulerGoneError(message)
     if kind == "unserializable":
         return SerializationError(message)
     if kind == "crashed":

@@ -8,14 +8,16 @@ it may release the result.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from apportion.client.asynchronous import settled
 from apportion.client.durations import Duration, seconds
 from apportion.client.errors import failure
 from apportion.core import payload
@@ -199,7 +201,13 @@ class Future:
         return self._state.status == CANCELLED
 
     def result(self, timeout: Duration | None = None) -> Any:
-        """The task's return value; re-raises its exception with the worker's traceback."""
+        """The task's return value; re-raises its exception with the worker's traceback.
+
+        Of an asynchronous client, called from its event loop: an awaitable of it, as
+        Dask's (``await future`` says the same).
+        """
+        if self._client.asynchronous:
+            return self._result_async(seconds(timeout))
         self._wait(timeout)
         exc = self._state.exception_object()
         if exc is not None:
@@ -209,18 +217,62 @@ class Future:
                 del exc  # else this frame and the exception's traceback hold each other
         return self._client._gather_keys([self.key])[self.key]
 
-    def exception(self, timeout: Duration | None = None) -> BaseException | None:
-        """The exception the task raised, or None if it succeeded."""
+    def exception(self, timeout: Duration | None = None) -> Any:
+        """The exception the task raised, or None if it succeeded (an awaitable of it,
+        as ``result``)."""
+        if self._client.asynchronous:
+            return self._exception_async(seconds(timeout))
         self._wait(timeout)
         return self._state.exception_object()
 
     def traceback(self, timeout: Duration | None = None) -> Any:
+        """The worker's traceback of the task's exception, or None (an awaitable of it,
+        as ``result``)."""
+        if self._client.asynchronous:
+            return self._traceback_async(seconds(timeout))
         exc = self.exception(timeout)
         return exc.__traceback__ if exc is not None else None
 
-    def cancel(self) -> None:
-        """Cancel the task if it has not finished; dependents fail as cancelled."""
-        self._client.cancel([self])
+    def cancel(self) -> Any:
+        """Cancel the task if it has not finished; dependents fail as cancelled. Done at
+        once; an asynchronous client's gives an awaitable as well, as Dask's."""
+        return self._client.cancel([self])
+
+    # --- awaiting ---------------------------------------------------------------------
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        """``await future``: the task's return value, or its exception raised, without
+        blocking the running loop (for a future of any client)."""
+        return self._result_async(None).__await__()
+
+    async def _result_async(self, timeout: float | None) -> Any:
+        await self._settled(timeout)
+        exc = self._state.exception_object()
+        if exc is not None:
+            try:
+                raise exc
+            finally:
+                del exc  # else this frame and the exception's traceback hold each other
+        values = await self._client._gather_keys_awaited([self.key])
+        return values[self.key]
+
+    async def _exception_async(self, timeout: float | None) -> BaseException | None:
+        await self._settled(timeout)
+        return self._state.exception_object()
+
+    async def _traceback_async(self, timeout: float | None) -> Any:
+        exc = await self._exception_async(timeout)
+        return exc.__traceback__ if exc is not None else None
+
+    async def _settled(self, timeout: float | None) -> None:
+        """Wait in the running loop until the key has settled."""
+        if self._state.event.is_set():
+            return
+        try:
+            async with asyncio.timeout(timeout):
+                await settled(self._state)
+        except TimeoutError:
+            raise TimeoutError(f"{self.key!r} not done after {timeout}s") from None
 
     def add_done_callback(self, fn: Callable[[Future], Any]) -> None:
         """Call ``fn(self)`` when done; at once, in this thread, if it already is.

@@ -3,36 +3,40 @@
 from __future__ import annotations
 
 import warnings
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from apportion.client.asynchronous import CallModes, in_thread
 from apportion.protocol import messages as m
 
 if TYPE_CHECKING:
     from apportion.client.local import LocalCluster
-    from apportion.client.session import Session
 
 
-class ClusterLifecycle:
+class ClusterLifecycle(CallModes):
     """Part of ``Client``; see the module docstring."""
 
     if TYPE_CHECKING:  # provided by ``Client``
         cluster: LocalCluster | None
         scheduler_address: str
         timeout: float
-        _session: Session
 
-        def close(self) -> None: ...
+        def close(self) -> Any: ...
 
-        def scheduler_info(self) -> dict[str, Any]: ...
+        def _close_blocking(self) -> None: ...
 
-        def wait_for_workers(self, n_workers: int = 1, timeout: float | None = None) -> None: ...
+        async def _close_async(self) -> None: ...
+
+        def scheduler_info(self) -> Any: ...
+
+        def wait_for_workers(self, n_workers: int = 1, timeout: float | None = None) -> Any: ...
 
     @property
     def dashboard_link(self) -> str | None:
         """None: apportion has no dashboard yet."""
         return None
 
-    def restart(self, timeout: float | None = None, wait_for_workers: bool = True) -> None:
+    def restart(self, timeout: float | None = None, wait_for_workers: bool = True) -> Any:
         """Drop every task and result in the cluster and start every worker afresh.
 
         As in Dask, every future of every client is told: pending and finished
@@ -43,8 +47,13 @@ class ClusterLifecycle:
         registers again, but keeps its process. With ``wait_for_workers`` the call
         returns once as many workers as before are connected, a local cluster's
         from fresh processes (``TimeoutError`` after ``timeout``, by default four
-        times the client's).
+        times the client's). An asynchronous client returns an awaitable of it.
         """
+        if self.asynchronous:
+            # Waiting for fresh worker processes has no event to await: one short-lived
+            # thread runs the blocking restart while the caller's loop runs on.
+            restart = partial(self.restart, timeout, wait_for_workers)
+            return in_thread(restart, "apportion-client-restart")
         limit = self.timeout * 4 if timeout is None else timeout
         before = len(self.scheduler_info()["workers"])
         local = self.cluster if self.cluster is not None and not self.cluster._closed else None
@@ -59,20 +68,29 @@ class ClusterLifecycle:
                 local.wait_replaced(old, limit)
             self.wait_for_workers(max(before, reply.workers), limit)
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> Any:
         """Close this client and its cluster, even one it did not start (as Dask's).
 
         Only a ``LocalCluster`` object can be closed from here: given just an
-        address, the scheduler keeps running and a ``UserWarning`` says so.
+        address, the scheduler keeps running and a ``UserWarning`` says so. An
+        asynchronous client returns an awaitable that does it.
         """
         cluster = self.cluster
-        self.close()
-        if cluster is not None:
-            cluster.close()
-        else:
+        if cluster is None:
             warnings.warn(
-                f"shutdown() closed the client, but the scheduler at {self.scheduler_address} "
+                f"shutdown() closes the client, but the scheduler at {self.scheduler_address} "
                 "was not started here and keeps running; stop it where it was started",
                 UserWarning,
                 stacklevel=2,
             )
+        if self.asynchronous:
+            return self._shutdown_async(cluster)
+        self._close_blocking()
+        if cluster is not None:
+            cluster._close_blocking()
+        return None
+
+    async def _shutdown_async(self, cluster: LocalCluster | None) -> None:
+        await self._close_async()
+        if cluster is not None:
+            await cluster._close_async()

@@ -17,6 +17,7 @@ The arguments are Dask's (``cluster_options.py`` sorts them): a script written f
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import itertools
@@ -27,10 +28,12 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from apportion.client import session
+from apportion.client.asynchronous import in_running_loop, in_thread
 from apportion.client.cluster_options import (
     DASK_CLIENT_OPTIONS,
     DASK_CLUSTER_OPTIONS,
@@ -190,8 +193,11 @@ class LocalCluster:
         asynchronous: bool = False,
         **kwargs: Any,
     ) -> None:
-        if asynchronous:
-            raise NotImplementedError("LocalCluster(asynchronous=True) is not supported yet")
+        #: Made with ``asynchronous=True``: ``await`` starts it, ``await close()`` stops it.
+        self._asynchronous = asynchronous
+        #: Starting, for an asynchronous cluster being awaited (``__await__``).
+        self._starting: asyncio.Future[LocalCluster] | None = None
+        self._start_timeout = timeout
         #: When each worker spills, pauses and is killed, as fractions of its limit.
         self.memory_thresholds = memory_thresholds(kwargs, os.environ)
         #: Where each worker process makes its scratch directory (None: the system's).
@@ -224,44 +230,93 @@ class LocalCluster:
         )
         self._names = itertools.count(len(self.specs))
         self._log_level, self._show_from = log_levels(silence_logs)
-        self._loop = LoopThread("apportion-cluster")
         self._scheduler_log: deque[str] = deque(maxlen=LOG_LINES)
-        self._loop_ident = self._loop.run(_thread_ident())
-        _THREAD_LOGS.by_thread[self._loop_ident] = self._scheduler_log
         self.scheduler = Scheduler(
             host or "127.0.0.1", scheduler_port, config=SchedulerConfig(fail_unsatisfiable=True)
         )
-        self._pool = (
-            WorkerProcesses(
+        #: The worker processes (None in-process, and until started).
+        self._pool: WorkerProcesses | None = None
+        self._workers: list[Any] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        #: Torn down: everything started has been stopped (``_close_blocking``).
+        self._stopped = False
+        #: The scheduler's address; "" until started.
+        self.scheduler_address = ""
+        #: None until started: the loop thread the scheduler runs on.
+        self._loop: LoopThread | None = None
+        if not asynchronous:
+            self._start()
+
+    def _start(self) -> None:
+        """Start the scheduler and the workers, and wait for the workers to connect;
+        blocks (an asynchronous cluster runs it on a thread of its own)."""
+        loop = self._loop = LoopThread("apportion-cluster")
+        self._loop_ident = loop.run(_thread_ident())
+        _THREAD_LOGS.by_thread[self._loop_ident] = self._scheduler_log
+        if self.processes:
+            self._pool = WorkerProcesses(
                 self._report_death,
                 memory_limit=self.memory_limit,
                 memory_terminate=self.memory_thresholds.terminate,
                 log_level=self._log_level,
                 show_from=self._show_from,
             )
-            if processes
-            else None
-        )
-        self._workers: list[Any] = []
-        self._lock = threading.Lock()
-        self._closed = False
-        self._finalizer = weakref.finalize(self, _finalize, self._loop, self._pool)
+        self._finalizer = weakref.finalize(self, _finalize, loop, self._pool)
         # At exit ``_close_at_exit`` closes the cluster properly; run first (atexit
         # order), this would stop the loop that closing needs.
         self._finalizer.atexit = False
         _open_clusters.add(self)
         try:
-            self._loop.run(self.scheduler.start())
+            loop.run(self.scheduler.start())
             self.scheduler_address = self.scheduler.address
             if self._pool is not None:
                 for spec in self.specs:
                     self._pool.add(self._command(spec), spec["name"])
             else:
-                self._loop.run(self._start_in_process(self.specs))
-            self._wait(self._started(len(self.specs)), timeout, "workers did not connect")
+                loop.run(self._start_in_process(self.specs))
+            self._wait(
+                self._started(len(self.specs)), self._start_timeout, "workers did not connect"
+            )
+            if self._closed:
+                raise RuntimeError("the cluster was closed while it started")
         except BaseException:
-            self.close()
+            self._close_blocking()
             raise
+
+    # --- starting and stopping asynchronously ----------------------------------------
+
+    def __await__(self) -> Generator[Any, None, LocalCluster]:
+        """``await LocalCluster(..., asynchronous=True)`` starts it (on a thread of its
+        own, so the caller's loop runs on meanwhile) and gives the cluster; a started
+        one at once."""
+        return self._started_async().__await__()
+
+    async def _started_async(self) -> LocalCluster:
+        if self._loop is not None and self._starting is None:
+            return self  # started by the constructor
+        if self._closed:
+            raise RuntimeError("this cluster is closed")
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(self._start_async())
+        # Shielded: several awaiters share one start; one giving up must not stop it.
+        return await asyncio.shield(self._starting)
+
+    async def _start_async(self) -> LocalCluster:
+        await in_thread(self._start, "apportion-cluster-start")
+        return self
+
+    async def __aenter__(self) -> LocalCluster:
+        return await self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._close_async()
+
+    @property
+    def asynchronous(self) -> bool:
+        """True when this cluster's ``close``, ``scale`` and ``wait_for_workers`` return
+        awaitables: made with ``asynchronous=True`` and called from a running loop."""
+        return self._asynchronous and in_running_loop()
 
     @staticmethod
     def _spec(index: int, given: Mapping[str, Any]) -> dict[str, Any]:
@@ -294,7 +349,17 @@ class LocalCluster:
         """How a worker died, straight into the scheduler's state (from the supervisor)."""
         event = WorkerDeathReport(report, self.scheduler.clock.monotonic())
         with contextlib.suppress(RuntimeError):  # the loop stopped: the cluster is closing
-            self._loop.loop.call_soon_threadsafe(self.scheduler.handle, event)
+            self._thread.loop.call_soon_threadsafe(self.scheduler.handle, event)
+
+    @property
+    def _thread(self) -> LoopThread:
+        """The loop thread the scheduler runs on, once started."""
+        if self._loop is None:
+            raise RuntimeError(
+                "this LocalCluster is asynchronous and not started yet: await it first "
+                "(cluster = await LocalCluster(..., asynchronous=True), or async with)"
+            )
+        return self._loop
 
     async def _start_in_process(self, specs: list[dict[str, Any]]) -> None:
         from apportion.worker.service import Worker
@@ -345,8 +410,11 @@ class LocalCluster:
             out.update((name, log.text()) for name, log in self._pool.logs.items())
         return out
 
-    def wait_for_workers(self, n_workers: int = 1, timeout: Duration | None = None) -> None:
-        """Block until at least ``n_workers`` workers are connected to the scheduler."""
+    def wait_for_workers(self, n_workers: int = 1, timeout: Duration | None = None) -> Any:
+        """Block until at least ``n_workers`` workers are connected to the scheduler
+        (an asynchronous cluster: an awaitable that waits)."""
+        if self.asynchronous:
+            return self._wait_async(n_workers, seconds(timeout))
         self._wait(
             lambda: len(self.scheduler.state.workers) >= n_workers,
             timeout,
@@ -369,6 +437,16 @@ class LocalCluster:
 
         return check
 
+    async def _wait_async(self, n_workers: int, timeout: float | None) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while len(self.scheduler.state.workers) < n_workers:
+            if self._closed:
+                raise RuntimeError("the cluster was closed")
+            if deadline is not None and loop.time() > deadline:
+                raise TimeoutError(f"fewer than {n_workers} workers connected after {timeout}s")
+            await asyncio.sleep(0.02)  # no event says "a worker joined" outside the loop
+
     def _wait(self, done: Callable[[], bool], timeout: Duration | None, what: str) -> None:
         timeout = seconds(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -385,8 +463,9 @@ class LocalCluster:
 
     # --- changing the workers ---------------------------------------------------------
 
-    def scale(self, n: int, timeout: float = DRAIN_SECONDS + 30.0) -> None:
-        """Grow or shrink to ``n`` workers; returns once there are ``n``.
+    def scale(self, n: int, timeout: float = DRAIN_SECONDS + 30.0) -> Any:
+        """Grow or shrink to ``n`` workers; returns once there are ``n`` (an
+        asynchronous cluster: an awaitable, the work done on a thread of its own).
 
         New workers take the shape of the last one described. Workers leave newest
         first, each drained: its running tasks finish and the results still needed
@@ -394,6 +473,12 @@ class LocalCluster:
         """
         if n < 0:
             raise ValueError(f"scale: n must be 0 or more, got {n}")
+        if self.asynchronous:
+            return in_thread(partial(self._scale, n, timeout), "apportion-cluster-scale")
+        self._scale(n, timeout)
+        return None
+
+    def _scale(self, n: int, timeout: float) -> None:
         with self._lock:
             current = list(self.workers)
             if n > len(current):
@@ -405,7 +490,7 @@ class LocalCluster:
                     for spec in new:
                         self._pool.add(self._command(spec), spec["name"])
                 else:
-                    self._loop.run(self._start_in_process(new))
+                    self._thread.run(self._start_in_process(new))
             elif n < len(current):
                 self._retire(current[n:][::-1], timeout)
             self._wait(lambda: self._connected() == n, timeout, f"not {n} workers")
@@ -433,7 +518,7 @@ class LocalCluster:
             for worker in leaving:
                 await worker.drain(DRAIN_SECONDS)
 
-        self._loop.run(drain(), timeout)
+        self._thread.run(drain(), timeout)
 
     def quiet_workers(self) -> None:
         """Stop showing the running workers' logs: a restart is about to disconnect them."""
@@ -470,11 +555,30 @@ class LocalCluster:
 
     # --- closing ----------------------------------------------------------------------
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Stop the workers (drained, then killed after ``timeout``) and the scheduler."""
-        if self._closed:
-            return
-        self._closed = True
+    def close(self, timeout: float = 5.0) -> Any:
+        """Stop the workers (drained, then killed after ``timeout``) and the scheduler;
+        idempotent. An asynchronous cluster returns an awaitable that does it."""
+        if self.asynchronous:
+            return self._close_async(timeout)
+        self._close_blocking(timeout)
+        return None
+
+    async def _close_async(self, timeout: float = 5.0) -> None:
+        """``close`` from a running loop: after a start under way, on a thread of its own."""
+        self._closed = True  # a start under way stops at its next check
+        starting = self._starting
+        if starting is not None and not starting.done():
+            with contextlib.suppress(Exception):
+                await asyncio.shield(starting)
+        if self._loop is not None and not self._stopped:
+            await in_thread(partial(self._close_blocking, timeout), "apportion-cluster-close")
+
+    def _close_blocking(self, timeout: float = 5.0) -> None:
+        self._closed = True  # a start under way on another thread stops at its next check
+        loop = self._loop
+        if loop is None or self._stopped:
+            return  # nothing started, or stopped already
+        self._stopped = True
 
         async def stop_in_process() -> None:
             for worker in self._workers:
@@ -485,20 +589,22 @@ class LocalCluster:
         if self._pool is not None:
             self._pool.close(timeout)
         with contextlib.suppress(Exception):
-            self._loop.run(stop_in_process(), timeout=15)
-        self._loop.stop()
+            loop.run(stop_in_process(), timeout=15)
+        loop.stop()
         _THREAD_LOGS.by_thread.pop(self._loop_ident, None)
         self._finalizer.detach()
 
     def __enter__(self) -> LocalCluster:
+        if self._loop is None:
+            raise TypeError("this LocalCluster is asynchronous: use 'async with', not 'with'")
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        self._close_blocking()
 
     def __repr__(self) -> str:
         kind = "processes" if self.processes else "in-process"
-        address = getattr(self, "scheduler_address", "(not started)")
+        address = self.scheduler_address or "(not started)"
         threads = sum(spec["nthreads"] for spec in self.specs if spec["name"] in self.workers)
         count = len(self.workers)
         limited = self.memory_limit and self.processes  # nothing enforces it in-process

@@ -17,18 +17,17 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 from types import MappingProxyType, SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from apportion.client.asynchronous import CallModes
 from apportion.client.future import rebuild_exception
 from apportion.core import payload
 from apportion.protocol import messages as m
 from apportion.scheduler.remote_calls import MAX_INSTALL_BYTES
 from apportion.versions import mismatches, versions
 from apportion.worker.remote_calls import parameter_names
-
-if TYPE_CHECKING:
-    from apportion.client.session import Session
 
 logger = logging.getLogger("apportion.client")
 
@@ -74,11 +73,10 @@ class SchedulerView:
         return f"<SchedulerView {self.address}: {counts}>"
 
 
-class RemoteCalls:
+class RemoteCalls(CallModes):
     """Part of ``Client``; see the module docstring."""
 
     if TYPE_CHECKING:
-        _session: Session
 
         def _check_open(self) -> None: ...
 
@@ -93,7 +91,7 @@ class RemoteCalls:
         nanny: bool = False,
         on_error: str = "raise",
         **kwargs: Any,
-    ) -> dict[str, Any] | None:
+    ) -> Any:
         """Run ``function(*args, **kwargs)`` on every worker (or those named in
         ``workers``, by address or name), outside the task threads; return
         ``{worker address: result}``.
@@ -103,6 +101,7 @@ class RemoteCalls:
         of its own, so it runs even while every task thread is busy. ``on_error``:
         "raise" the first error (with the worker's traceback), "return" exceptions as
         results, or "ignore" workers that failed. ``wait=False`` returns None at once.
+        An asynchronous client returns an awaitable of the answers.
         """
         if nanny:
             raise ValueError("apportion workers have no nanny process: run with nanny=False")
@@ -111,14 +110,15 @@ class RemoteCalls:
         self._check_open()
         names = [workers] if isinstance(workers, str) else list(workers or ())
         if workers is not None and not names:
-            return {} if wait else None  # asked for no worker at all
+            return self._ready({} if wait else None)  # asked for no worker at all
         # By value, as task functions travel: a script's own functions run on workers.
         call = payload.dumps_function((function, args, kwargs))
         if not wait:
             self._session.post(m.RunOnWorkers(m.NO_REPLY, call, names))
-            return None
-        reply = self._session.call(lambda rid: m.RunOnWorkers(rid, call, names))
-        return _answers(reply, on_error)
+            return self._ready(None)
+        return self._ask(
+            lambda rid: m.RunOnWorkers(rid, call, names), partial(_answers, on_error=on_error)
+        )
 
     def run_on_scheduler(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``function`` against the scheduler's state, here in this process.
@@ -126,10 +126,13 @@ class RemoteCalls:
         The scheduler runs no user code, so unlike Dask the function runs in the
         client's process; a ``dask_scheduler`` parameter receives a read-only
         ``SchedulerView`` snapshot (``.workers``, ``.tasks``, ``.address``, ``.id``).
-        An ``async def`` function is run to completion. A function that changes the
-        scheduler (adds plugins, edits tasks) cannot work here.
+        An ``async def`` function is run to completion (an asynchronous client gives an
+        awaitable, and the function runs in the caller's loop). A function that changes
+        the scheduler (adds plugins, edits tasks) cannot work here.
         """
         self._check_open()
+        if self.asynchronous:
+            return self._run_on_scheduler_async(function, args, kwargs)
         if "dask_scheduler" in parameter_names(function):
             state = self._session.call(lambda rid: m.DumpRequest(rid)).state
             kwargs = {**kwargs, "dask_scheduler": SchedulerView(state)}
@@ -137,9 +140,21 @@ class RemoteCalls:
             return asyncio.run(function(*args, **kwargs))
         return function(*args, **kwargs)
 
+    async def _run_on_scheduler_async(
+        self, function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """``run_on_scheduler`` in the caller's running loop."""
+        if "dask_scheduler" in parameter_names(function):
+            reply = await self._ask(lambda rid: m.DumpRequest(rid))
+            kwargs = {**kwargs, "dask_scheduler": SchedulerView(reply.state)}
+        outcome = function(*args, **kwargs)
+        if inspect.isawaitable(outcome):
+            outcome = await outcome
+        return outcome
+
     # --- uploads and plugins -------------------------------------------------------------
 
-    def upload_file(self, filename: str | os.PathLike[str], load: bool = True) -> dict[str, Any]:
+    def upload_file(self, filename: str | os.PathLike[str], load: bool = True) -> Any:
         """Make a ``.py``, ``.zip`` or ``.egg`` importable on every worker, now and later.
 
         The scheduler keeps the file and sends it to workers that join later. A
@@ -162,7 +177,7 @@ class RemoteCalls:
 
     def register_plugin(
         self, plugin: Any, name: str | None = None, idempotent: bool | None = None
-    ) -> dict[str, Any]:
+    ) -> Any:
         """Install a worker plugin on every worker, now and on those that join later.
 
         Any object with ``setup(worker)`` and/or ``teardown(worker)`` works (Dask's
@@ -191,36 +206,31 @@ class RemoteCalls:
         name = name or f"{type(plugin).__name__}-{payload.function_id(blob)[:12]}"
         return self._install("plugin", name, blob, replace=not idempotent)
 
-    def register_worker_plugin(
-        self, plugin: Any, name: str | None = None, **kwargs: Any
-    ) -> dict[str, Any]:
+    def register_worker_plugin(self, plugin: Any, name: str | None = None, **kwargs: Any) -> Any:
         """Dask's older name for ``register_plugin``."""
         if kwargs.pop("nanny", False):
             raise ValueError("apportion workers have no nanny process: nanny plugins are refused")
         return self.register_plugin(plugin, name, **kwargs)
 
-    def unregister_worker_plugin(self, name: str, nanny: bool | None = None) -> dict[str, Any]:
+    def unregister_worker_plugin(self, name: str, nanny: bool | None = None) -> Any:
         """Remove the worker plugin ``name`` everywhere; each worker runs its ``teardown``."""
         if nanny:
             raise ValueError("apportion workers have no nanny process")
         self._check_open()
-        reply = self._session.call(lambda rid: m.UninstallFromWorkers(rid, name))
-        return _answers(reply, "raise")
+        return self._ask(lambda rid: m.UninstallFromWorkers(rid, name), _answers)
 
     def _install(
         self, kind: str, name: str, blob: bytes, *, load: bool = True, replace: bool = True
-    ) -> dict[str, Any]:
+    ) -> Any:
         self._check_open()
-        reply = self._session.call(
-            lambda rid: m.InstallOnWorkers(rid, kind, name, blob, int(load), int(replace))
+        return self._ask(
+            lambda rid: m.InstallOnWorkers(rid, kind, name, blob, int(load), int(replace)),
+            _answers,
         )
-        return _answers(reply, "raise")
 
     # --- versions and logs ---------------------------------------------------------------
 
-    def get_versions(
-        self, check: bool = False, packages: Iterable[str] | None = None
-    ) -> dict[str, Any]:
+    def get_versions(self, check: bool = False, packages: Iterable[str] | None = None) -> Any:
         """Python and package versions of this client, the scheduler and every worker.
 
         ``{"scheduler": {...}, "workers": {address: {...}}, "client": {...}}``, each
@@ -232,8 +242,13 @@ class RemoteCalls:
         """
         self._check_open()
         extra = list(packages or ())
-        scheduler = self._session.call(lambda rid: m.VersionsRequest(rid)).versions
-        workers = self.run(_versions_here, extra) or {}
+        return self._run(self._get_versions, check, extra)
+
+    async def _get_versions(self, check: bool, extra: list[str]) -> dict[str, Any]:
+        """On the session's loop: ask the scheduler and the workers."""
+        scheduler = (await self._request(lambda rid: m.VersionsRequest(rid))).versions
+        call = payload.dumps_function((_versions_here, (extra,), {}))
+        workers = _answers(await self._request(lambda rid: m.RunOnWorkers(rid, call, [])))
         result = {"scheduler": scheduler, "workers": workers, "client": _versions_here(extra)}
         if check:
             problems = mismatches({"client": result["client"], "scheduler": scheduler, **workers})
@@ -243,25 +258,28 @@ class RemoteCalls:
 
     def get_worker_logs(
         self, n: int | None = None, workers: str | Iterable[str] | None = None, nanny: bool = False
-    ) -> dict[str, list[tuple[str, str]]]:
+    ) -> Any:
         """Each worker's recent log records, ``{address: [(level, message), ...]}``,
         oldest first; the last ``n`` of them when given. Workers keep the records
         their logging configuration lets through, up to ``log_ring.LOG_LENGTH``."""
         if nanny:
             raise ValueError("apportion workers have no nanny process")
-        return self.run(_worker_logs, n, workers=workers) or {}
+        return self.run(_worker_logs, n, workers=workers)
 
-    def get_scheduler_logs(self, n: int | None = None) -> list[tuple[str, str]]:
+    def get_scheduler_logs(self, n: int | None = None) -> Any:
         """The scheduler's recent log records, ``[(level, message), ...]``, oldest first."""
         self._check_open()
-        reply = self._session.call(lambda rid: m.LogsRequest(rid, n or 0))
-        return [(level, text) for level, text in reply.records]
+        return self._ask(lambda rid: m.LogsRequest(rid, n or 0), _log_records)
 
 
 # --- helpers ---------------------------------------------------------------------------
 
 
-def _answers(reply: m.WorkersAnswered, on_error: str) -> dict[str, Any]:
+def _log_records(reply: m.LogsReply) -> list[tuple[str, str]]:
+    return [(level, text) for level, text in reply.records]
+
+
+def _answers(reply: m.WorkersAnswered, on_error: str = "raise") -> dict[str, Any]:
     """The workers' answers as values, exceptions raised, returned or left out."""
     if reply.error:
         raise ValueError(reply.error)

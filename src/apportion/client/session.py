@@ -17,9 +17,10 @@ import itertools
 import logging
 import threading
 import weakref
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
+from apportion.client.asynchronous import awaited, in_running_loop
 from apportion.client.errors import SchedulerGoneError
 from apportion.core.payload import size_of
 from apportion.loop_thread import LoopThread
@@ -38,6 +39,11 @@ TaskBatch = list[tuple[m.TaskSpec, bytes, bool]]
 #: Most bytes of arguments and functions merged into one SubmitTasks: past this a
 #: larger message gains nothing, and the scheduler starts on what came sooner.
 MAX_BATCH = 64 * 2**20
+
+#: Seconds to send what is queued and close the connections when a client closes.
+SHUTDOWN_SECONDS = 10.0
+
+T = TypeVar("T")
 
 
 class _Merged:
@@ -123,6 +129,8 @@ class Session:
         timeout: float,
         on_message: Callable[[m.Message], None],
         on_lost: Callable[[str], None],
+        *,
+        asynchronous: bool = False,
     ) -> None:
         # A malformed address is the caller's mistake, said at once in one line
         # (ValueError), before any thread or connection is started.
@@ -152,19 +160,34 @@ class Session:
         self._readers: set[asyncio.Task[None]] = set()
         self._conn: Connection | None = None
         self.closed = False
+        #: The session of an asynchronous client: a blocking call from a running event
+        #: loop is refused (``run``) instead of stalling that loop.
+        self.asynchronous = asynchronous
         self.loop = LoopThread("apportion-client")
+        if asynchronous:
+            return  # the client awaits ``connect`` on this loop
         try:
             # open_connection keeps to ``timeout`` and says what it found; the margin
             # only guards against a loop that never answers.
-            self.loop.run(self._connect(timeout), timeout + 5.0)
+            self.loop.run(self.connect(), self.connect_timeout)
         except BaseException:
             self.loop.stop()
             raise
-        _open.add(self)
 
-    async def _connect(self, timeout: float) -> None:
-        self._conn, _ = await open_connection(self.address, "client", self.name, timeout=timeout)
+    @property
+    def connect_timeout(self) -> float:
+        """How long to wait for ``connect``: ``open_connection`` keeps to the client's
+        timeout and says what it found; the margin only guards against a loop that
+        never answers."""
+        return self._timeout + 5.0
+
+    async def connect(self) -> None:
+        """On the loop thread: connect to the scheduler and start reading from it."""
+        self._conn, _ = await open_connection(
+            self.address, "client", self.name, timeout=self._timeout
+        )
         self._watch(self._conn, scheduler=True)
+        _open.add(self)
 
     def _watch(self, conn: Connection, *, scheduler: bool) -> None:
         reader = asyncio.create_task(self._read_loop(conn, scheduler))
@@ -185,6 +208,8 @@ class Session:
                     if fut is not None:
                         if not fut.done():
                             fut.set_result(msg)
+                        else:  # given up (cancelled, timed out): its forwarded parts too
+                            self._parts.pop(msg.request_id, None)  # type: ignore[attr-defined]
                     else:
                         self._on_message(msg)
         except (ConnectionClosed, ProtocolError) as exc:
@@ -240,8 +265,20 @@ class Session:
         """From a user thread: send a request built with a fresh id; return the reply."""
         if not self.connected:
             raise SchedulerGoneError(f"not connected to the scheduler {self.address}")
+        return self.run(self.request(make(self.next_id())), timeout)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """From a user thread: run ``coro`` on the loop and wait for its outcome."""
+        if self.asynchronous and in_running_loop():
+            coro.close()
+            raise RuntimeError(
+                "this Client is asynchronous, and this call would block the running event "
+                "loop: await the call's asynchronous form where it has one (see "
+                "'Asynchronous use' in apportion's README), or make it from a thread "
+                "without a running loop (await asyncio.to_thread(...))"
+            )
         try:
-            return self.loop.run(self.request(make(self.next_id())), timeout)
+            return self.loop.run(coro, timeout)
         except concurrent.futures.CancelledError:  # the session closed while waiting
             raise SchedulerGoneError(f"the connection to {self.address} was closed") from None
 
@@ -293,19 +330,27 @@ class Session:
 
     # --- closing --------------------------------------------------------------------
 
+    async def _shutdown(self) -> None:
+        self.flush()
+        self.closed = True
+        for conn in [self._conn, *self._peers.values()]:
+            if conn is not None:
+                await conn.close()
+
     def close(self) -> None:
         """Send what is queued, close every connection and stop the loop; idempotent."""
         if self.closed:
             return
-
-        async def shutdown() -> None:
-            self.flush()
-            self.closed = True
-            for conn in [self._conn, *self._peers.values()]:
-                if conn is not None:
-                    await conn.close()
-
         with contextlib.suppress(Exception):
-            self.loop.run(shutdown(), timeout=10)
+            self.loop.run(self._shutdown(), timeout=SHUTDOWN_SECONDS)
         self.closed = True
         self.loop.stop()
+
+    async def close_async(self) -> None:
+        """``close``, awaited from another event loop instead of blocking it."""
+        if self.closed:
+            return
+        with contextlib.suppress(Exception):
+            await awaited(self.loop, self._shutdown, timeout=SHUTDOWN_SECONDS)
+        self.closed = True
+        self.loop.stop()  # quick: nothing is left running on it

@@ -1,13 +1,22 @@
-"""``wait`` and ``as_completed``, with Dask's names and meanings."""
+"""``wait`` and ``as_completed``, with Dask's names and meanings.
+
+For futures of an asynchronous client, from its event loop, both are awaited as
+Dask's are (``await wait(futures)``, ``async for future in as_completed(futures)``):
+they wait on the loop, never on a thread of their own.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
+from functools import partial
 from typing import Any, NamedTuple
 
+from apportion.client import dask_default
+from apportion.client.asynchronous import in_running_loop, settled, wake
 from apportion.client.durations import Duration, seconds
 from apportion.client.future import ERROR, Future
 
@@ -53,12 +62,15 @@ def wait(
     """Block until all (or the first of) ``fs`` are done; raises ``TimeoutError``.
 
     ``fs`` is a future, a container of futures, or a persisted Dask collection
-    (its parts), as Dask's ``wait`` takes them.
+    (its parts), as Dask's ``wait`` takes them. For an asynchronous client, from
+    its running loop: an awaitable that waits there (``await wait(futures)``).
     """
     futures = futures_of(fs)
     if return_when not in (ALL_COMPLETED, FIRST_COMPLETED):
         raise ValueError(f"return_when must be {ALL_COMPLETED} or {FIRST_COMPLETED}")
     timeout = seconds(timeout)
+    if _awaited_here(futures):
+        return _wait_async(futures, timeout, return_when)  # type: ignore[return-value]
     deadline = None if timeout is None else time.monotonic() + timeout
     if return_when == ALL_COMPLETED:
         for fut in futures:
@@ -75,6 +87,33 @@ def wait(
     return DoneAndNotDone(done, set(futures) - done)
 
 
+def _awaited_here(futures: list[Future]) -> bool:
+    """Called from a running loop, for futures of an asynchronous client (or, given
+    none, with an asynchronous default client): Dask's rule for giving an awaitable."""
+    if not in_running_loop():
+        return False
+    if not futures:
+        client = dask_default.current()
+        return client is not None and client._asynchronous
+    return any(f._client._asynchronous for f in futures)
+
+
+async def _wait_async(
+    futures: list[Future], timeout: float | None, return_when: str
+) -> DoneAndNotDone:
+    waiting = [settled(f._state) for f in futures if not f.done()]
+    if waiting:
+        when = asyncio.ALL_COMPLETED if return_when == ALL_COMPLETED else asyncio.FIRST_COMPLETED
+        _, not_done = await asyncio.wait(waiting, timeout=timeout, return_when=when)
+        for left in not_done:
+            left.cancel()  # nobody waits for it any more
+        if len(not_done) == len(waiting) or (return_when == ALL_COMPLETED and not_done):
+            which = "all" if return_when == ALL_COMPLETED else "any of"
+            raise TimeoutError(f"not {which} the futures finished within {timeout}s")
+    done = {f for f in futures if f.done()}
+    return DoneAndNotDone(done, set(futures) - done)
+
+
 class as_completed(Iterator[Any]):
     """Iterate over futures in the order they finish, as Dask's ``as_completed``.
 
@@ -86,6 +125,9 @@ class as_completed(Iterator[Any]):
     ``TimeoutError`` whenever no finished future is waiting. More futures can be
     added while iterating (``add``, ``update``); ``batches()`` yields lists of
     everything finished so far.
+
+    From an event loop, iterate with ``async for`` (needed for an asynchronous
+    client's futures, whose plain iteration would block the loop).
     """
 
     def __init__(
@@ -102,6 +144,10 @@ class as_completed(Iterator[Any]):
         #: Finished and not yielded yet: futures, or (future, result) pairs.
         self._ready: deque[Any] = deque()
         self._condition = threading.Condition()
+        #: ``async for`` loops waiting for a future to finish: woken from any thread.
+        self._wakers: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        #: Some future belongs to an asynchronous client: plain iteration would block.
+        self._asynchronous = False
         self.with_results = with_results
         self.raise_errors = raise_errors
         limit = seconds(timeout)
@@ -118,8 +164,17 @@ class as_completed(Iterator[Any]):
         with self._condition:
             for fut in added:
                 self._waiting[fut] = self._waiting.get(fut, 0) + 1
+                self._asynchronous |= fut._client._asynchronous
+        # From a running loop, a finished future's result is fetched on the client's
+        # callback thread, as the others are: here it would block that loop.
+        here = not (self.with_results and in_running_loop())
         for fut in added:
-            fut.add_done_callback(self._finished)
+            runner = fut._client._callbacks
+            if not fut._state.add_callback(partial(runner.submit, self._finished, fut)):
+                if here:
+                    self._finished(fut)
+                else:
+                    runner.submit(self._finished, fut)
 
     def add(self, future: Future) -> None:
         """Add one future; it is yielded once it finishes."""
@@ -141,6 +196,13 @@ class as_completed(Iterator[Any]):
                 del self._waiting[future]
             self._ready.append(item)
             self._condition.notify_all()
+            self._wake()
+
+    def _wake(self) -> None:
+        """Wake the ``async for`` loops waiting (the condition is held)."""
+        wakers, self._wakers = self._wakers, []
+        for loop, waiter in wakers:
+            wake(loop, waiter)
 
     def count(self) -> int:
         """Futures not yielded yet: still running, or finished and waiting here."""
@@ -160,11 +222,17 @@ class as_completed(Iterator[Any]):
         with self._condition:
             self._waiting.clear()
             self._ready.clear()
+            self._wake()
 
     def __iter__(self) -> as_completed:
         return self
 
     def __next__(self) -> Any:
+        if self._asynchronous and in_running_loop():
+            raise RuntimeError(
+                "these futures belong to an asynchronous client and plain iteration would "
+                "block the running event loop: use 'async for future in as_completed(...)'"
+            )
         with self._condition:
             while not self._ready:
                 if not self._waiting:
@@ -178,6 +246,31 @@ class as_completed(Iterator[Any]):
         return self._raise_if_failed(item)
 
     next = __next__
+
+    def __aiter__(self) -> as_completed:
+        return self
+
+    async def __anext__(self) -> Any:
+        """The next finished future (or pair), waiting in the running loop."""
+        loop = asyncio.get_running_loop()
+        while True:
+            with self._condition:
+                if self._ready:
+                    item = self._ready.popleft()
+                    break
+                if not self._waiting:
+                    raise StopAsyncIteration
+                waiter: asyncio.Future[None] = loop.create_future()
+                self._wakers.append((loop, waiter))
+            left = None if self._deadline is None else self._deadline - time.monotonic()
+            try:
+                if left is not None and left <= 0:
+                    raise TimeoutError
+                async with asyncio.timeout(left):
+                    await waiter
+            except TimeoutError:
+                raise TimeoutError("no future finished within the as_completed timeout") from None
+        return self._raise_if_failed(item)
 
     def _raise_if_failed(self, item: Any) -> Any:
         if self.with_results and self.raise_errors:

@@ -1,0 +1,227 @@
+"""Awaiting a client's work from the caller's event loop.
+
+Every client, blocking or asynchronous, does its I/O on its session's loop thread
+(``LoopThread``). A blocking call waits for that loop on the caller's thread. An
+asynchronous call hands the caller a coroutine instead: awaited, it starts the work
+on the session's loop and suspends until the outcome comes back through
+``call_soon_threadsafe`` (``asyncio.wrap_future``). No thread is parked per call, and
+the caller's loop runs nothing heavier than the hand-over: receiving and unpickling
+results stay on the session's loop.
+
+Whether a call is asynchronous is decided where it is made, as Dask decides it: a
+client made with ``asynchronous=True`` returns awaitables when called from a running
+event loop, and blocks when called from a thread that has none (a done-callback,
+``asyncio.to_thread``), where blocking harms nobody.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable, Coroutine, Generator
+from functools import partial
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+from apportion.client.errors import SchedulerGoneError
+from apportion.loop_thread import LoopThread
+from apportion.protocol import messages as m
+
+if TYPE_CHECKING:
+    from apportion.client.session import Session
+
+T = TypeVar("T")
+
+
+def in_running_loop() -> bool:
+    """True when called from a coroutine (or a callback) of a running event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+async def awaited(
+    thread: LoopThread,
+    func: Callable[..., Coroutine[Any, Any, T]],
+    *args: Any,
+    timeout: float | None = None,
+) -> T:
+    """Run ``func(*args)`` on ``thread``'s loop; wait here, in the running loop.
+
+    ``timeout`` cancels the work there and raises ``TimeoutError``. Work cancelled
+    because that loop stopped (the client closed meanwhile) raises
+    ``SchedulerGoneError``, not ``CancelledError``: the caller did not cancel it.
+    """
+    try:
+        outcome = thread.submit(func(*args))
+    except RuntimeError:
+        raise SchedulerGoneError("the client's connection was closed") from None
+    try:
+        async with asyncio.timeout(timeout):
+            return await asyncio.wrap_future(outcome)
+    except TimeoutError:
+        raise TimeoutError(f"not done within {timeout:g}s") from None
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if outcome.cancelled() and (task is None or not task.cancelling()):
+            raise SchedulerGoneError("the client's connection was closed") from None
+        raise
+    finally:
+        # ``outcome`` holds the exception, whose traceback holds this frame: a cycle
+        # that would keep what the failed work held until the garbage collector runs.
+        del outcome
+
+
+class Settling(Protocol):
+    """What ``settled`` waits on: a ``KeyState``."""
+
+    def add_callback(self, callback: Callable[[], None]) -> bool: ...
+
+
+def settled(state: Settling) -> asyncio.Future[None]:
+    """A future of the running loop, done once ``state`` has settled (at once if it
+    has). The state may settle on any thread; the future is only touched here."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    if not state.add_callback(partial(wake, loop, done)):
+        done.set_result(None)
+    return done
+
+
+def wake(loop: asyncio.AbstractEventLoop, waiter: asyncio.Future[None]) -> None:
+    """From any thread: resolve ``waiter``, a future of ``loop``, on that loop."""
+    with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits any more
+        loop.call_soon_threadsafe(_resolve, waiter)
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():  # a waiter that timed out cancelled it
+        waiter.set_result(None)
+
+
+class Ready(Generic[T]):
+    """An awaitable of a value known already: what an asynchronous call returns when
+    its work is done at once (a cancel, a close of a closed client). Unlike a
+    coroutine, it may be dropped without being awaited."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: T) -> None:
+        self.value = value
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self.value
+        yield  # a generator, so that ``await`` accepts it
+
+    def __repr__(self) -> str:
+        return f"<Ready: {self.value!r}>"
+
+
+async def in_thread(func: Callable[[], T], name: str) -> T:
+    """Run a blocking ``func`` on a thread of its own; wait for it here.
+
+    For lifecycle steps that wait on processes and have no event to await (starting
+    and stopping a ``LocalCluster``): one short-lived thread per step, gone when it
+    ends, never a pool that stays.
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def report(setter: Callable[[Any], None], value: Any) -> None:
+        if not done.done():
+            setter(value)
+
+    def run() -> None:
+        try:
+            outcome: tuple[Callable[[Any], None], Any] = (done.set_result, func())
+        except BaseException as exc:
+            outcome = (done.set_exception, exc)
+        with contextlib.suppress(RuntimeError):  # the caller's loop closed: nobody waits
+            loop.call_soon_threadsafe(report, *outcome)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return await done
+
+
+def _as_is(reply: Any) -> Any:
+    return reply
+
+
+class CallModes:
+    """Part of ``Client`` (and of its mixins): how a call waits for its outcome.
+
+    ``_run`` and ``_ask`` give the outcome itself to a blocking client and an
+    awaitable of it to an asynchronous one (see the module docstring).
+    """
+
+    #: Made with ``asynchronous=True``.
+    _asynchronous: bool = False
+    #: None until connected (an asynchronous client connects when first awaited).
+    _connected_session: Session | None = None
+
+    @property
+    def asynchronous(self) -> bool:
+        """True when this client's calls return awaitables: it was made with
+        ``asynchronous=True`` and is called from a running event loop (Dask's rule)."""
+        return self._asynchronous and in_running_loop()
+
+    @property
+    def _session(self) -> Session:
+        session = self._connected_session
+        if session is None:
+            raise RuntimeError(
+                "this asynchronous Client is not connected yet: await it first "
+                "(client = await Client(..., asynchronous=True), or async with)"
+            )
+        return session
+
+    def _run(
+        self,
+        func: Callable[..., Coroutine[Any, Any, Any]],
+        *args: Any,
+        timeout: float | None = None,
+        asynchronous: bool | None = None,
+    ) -> Any:
+        """``func(*args)`` run on the session's loop: its outcome, or (asynchronous)
+        a coroutine of it."""
+        if self.asynchronous if asynchronous is None else asynchronous:
+            return awaited(self._session.loop, func, *args, timeout=timeout)
+        return self._session.run(func(*args), timeout)
+
+    def _ask(
+        self,
+        make: Callable[[int], m.Message],
+        then: Callable[[Any], Any] = _as_is,
+        timeout: float | None = None,
+    ) -> Any:
+        """Send the request ``make(request_id)``; ``then(reply)``, or (asynchronous) a
+        coroutine of it, ``then`` running on the session's loop."""
+        if not self.asynchronous:
+            return then(self._session.call(make, timeout))
+        session = self._session
+
+        async def asked() -> Any:
+            return then(await session.request(make(session.next_id())))
+
+        return awaited(session.loop, asked, timeout=timeout)
+
+    async def _request(self, make: Callable[[int], m.Message]) -> Any:
+        """On the session's loop: send the request ``make(request_id)``; its reply."""
+        session = self._session
+        return await session.request(make(session.next_id()))
+
+    def _ready(self, value: T) -> T | Ready[T]:
+        """``value`` of work done at once: as it is, or (asynchronous) as an awaitable."""
+        return Ready(value) if self.asynchronous else value
+
+    def _blocking_only(self, name: str) -> None:
+        """Refuse, from a running loop, a call of an asynchronous client that has no
+        asynchronous form: it would block that loop."""
+        if self.asynchronous:
+            raise RuntimeError(
+                f"Client.{name} has no asynchronous form, and called from the running "
+                "event loop it would block it: call it from a thread without a running "
+                f"loop (await asyncio.to_thread(...)), or use a blocking Client"
+            )
