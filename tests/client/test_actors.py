@@ -176,3 +176,16 @@ def test_an_awaited_call(client: Client) -> None:
         return int(await counter.increment())
 
     assert asyncio.run(main()) == 1
+
+
+def test_dask_counter_example_with_an_asynchronous_client(cluster: InMemoryCluster) -> None:
+    async def main() -> tuple[int, int, int]:
+        async with Client(cluster.scheduler.address, asynchronous=True) as client:
+            counter = await client.submit(Counter, actor=True)
+            first = await counter.increment()
+            second = await counter.add(5)
+            return first, second, await counter.n  # attributes are awaited too
+
+    assert asyncio.run(asyncio.wait_for(main(), 30)) == (1, 6, 6)
+    settle(cluster)
+    assert not cluster.scheduler.state.tasks
