@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from apportion.client import dask_default, local, transfers
+from apportion.client import dask_default, local, topics, transfers
 from apportion.client.cluster_options import DASK_CLIENT_OPTIONS, sort_options, warn_ignored
 from apportion.client.datasets import SharedData
 from apportion.client.durations import Duration, seconds
@@ -160,6 +160,8 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
                 # Lost results, or failed ones run again by ``retry``: pending again.
                 if state is not None and state.status in (FINISHED, ERROR):
                     state.reset()
+        elif isinstance(msg, m.TopicMessage):
+            topics.deliver(self, msg)
         elif isinstance(msg, m.Notice):
             self.notices.append(msg.text)
             logger.warning("scheduler: %s", msg.text)
