@@ -122,15 +122,19 @@ def _acquire(state: SchedulerCore, client: ClientRecord, msg: m.LeaseRequest) ->
 
 def _release(state: SchedulerCore, client: ClientRecord, msg: m.LeaseRequest) -> None:
     lease = state.coordination.leases.get(msg.lease_id)
-    if lease is None or lease.kind != msg.kind or msg.names[0] not in lease.names:
+    # A multi-lock names all its names; its lease may hold only ``count`` of them.
+    if lease is None or lease.kind != msg.kind or not set(msg.names) & set(lease.names):
         text = (
-            f"no lease {msg.lease_id!r} is held on {msg.kind} {msg.names[0]!r}: it was never "
+            f"no lease {msg.lease_id!r} is held on {msg.kind} {', '.join(map(repr, msg.names))}: "
+            "it was never "
             "granted, was released already, or expired (not refreshed within its lease timeout)"
         )
         _answer(state, client.id, msg.request_id, error=text)
         return
     if lease.client_id != client.id:
-        text = f"lease {msg.lease_id!r} on {msg.names[0]!r} is held by another client"
+        text = (
+            f"lease {msg.lease_id!r} on {', '.join(map(repr, msg.names))} is held by another client"
+        )
         _answer(state, client.id, msg.request_id, error=text)
         return
     end(state, lease)
@@ -245,13 +249,14 @@ def _deadlines(state: SchedulerCore) -> list[float]:
 
 
 def client_left(state: SchedulerCore, client_id: str) -> None:
-    """A client left (or crashed): its leases end, its acquires stop waiting."""
+    """A client left (or crashed): its acquires stop waiting, its leases end (in that
+    order: a lease it gives back must not go to its own waiter)."""
     book = state.coordination
-    for lease in [lease for lease in book.leases.values() if lease.client_id == client_id]:
-        end(state, lease)
     for kind in book.pools:
         mine = _waiters(state, kind, lambda w: w.client_id == client_id)
         withdraw(state, kind, mine, answer=False)
+    for lease in [lease for lease in book.leases.values() if lease.client_id == client_id]:
+        end(state, lease)
 
 
 def _waiters(
