@@ -521,6 +521,8 @@ def test_fire_and_forget_lets_failed_and_finished_tasks_go(sim: RecordingCluster
     assert sim.state_of("done-already") == MEMORY  # c1 still wants it
     sim.client_says("c1", m.ReleaseKeys(["done-already"]))
     assert sim.state_of("done-already") == FORGOTTEN
+    sim.client_says("c1", m.FireAndForget([]), m.FireAndForget(["never-submitted"]))
+    assert "fire-and-forget" not in sim.state.clients  # an unknown key is let go at once
     sim.allow(m.FreeKeys)
 
 

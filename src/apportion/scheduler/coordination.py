@@ -45,6 +45,8 @@ _NOTICES = (TasksDone, TasksPending, TasksFailed, TaskFailed)
 
 def fire_and_forget(state: SchedulerCore, client: ClientRecord, msg: m.FireAndForget) -> None:
     """Run these keys to the end whoever else wants them."""
+    if not msg.keys:
+        return  # nothing to hold: no pseudo-client for it
     owner = state.clients.get(FIRE_AND_FORGET)
     if owner is None:
         owner = state.clients[FIRE_AND_FORGET] = ClientRecord(FIRE_AND_FORGET)
