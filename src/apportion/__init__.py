@@ -16,8 +16,10 @@ import builtins
 import concurrent.futures
 
 from apportion.client.actors import Actor, ActorFuture
+from apportion.client.channels import Pub, Queue, Sub, Variable
 from apportion.client.client import Client, default_client
 from apportion.client.cluster_options import IgnoredOptionWarning
+from apportion.client.coordination import fire_and_forget
 from apportion.client.errors import (
     FutureCancelledError,
     LostDataError,
@@ -29,6 +31,7 @@ from apportion.client.errors import (
 )
 from apportion.client.future import Future
 from apportion.client.local import LocalCluster
+from apportion.client.locks import Event, Lock, MultiLock, Semaphore
 from apportion.client.progress import progress
 from apportion.client.task_client import get_client, local_client, worker_client
 from apportion.client.waiting import (
@@ -72,24 +75,33 @@ __all__ = [
     "BaseActorFuture",
     "CancelledError",
     "Client",
+    "Event",
     "Future",
     "FutureCancelledError",
     "IgnoredOptionWarning",
     "KilledWorker",
     "LocalCluster",
+    "Lock",
     "LostDataError",
+    "MultiLock",
     "OutOfMemoryError",
+    "Pub",
+    "Queue",
     "Scheduler",
     "SchedulerGoneError",
+    "Semaphore",
     "SerializationError",
+    "Sub",
     "TimeoutError",
     "UnsatisfiableError",
+    "Variable",
     "Worker",
     "WorkerCrashedError",
     "WorkerPlugin",
     "__version__",
     "as_completed",
     "default_client",
+    "fire_and_forget",
     "futures_of",
     "get_client",
     "get_worker",

@@ -156,6 +156,18 @@ SAMPLES: list[m.Message] = [
     m.RejoinGranted(["fib-9", "fib-8"]),
     m.ActorCall(20, "counter-1", "increment", b"\x80\x05N.", False),
     m.ActorReply(20, b"\x80\x05K\x01.", b"", b""),
+    # --- coordination ---
+    m.LeaseRequest(7, "acquire", "semaphore", ["db"], "l-1", 1, 2, 1.5, 30.0),
+    m.RefreshLeases(["l-1", "l-2"]),
+    m.EventRequest(8, "wait", "go", m.NO_TIMEOUT),
+    m.CoordinationReply(8, 1, 0, ""),
+    m.ValueRequest(9, "put", "queue", "q", [b"\x80item"], ["x-1"], 1, 10, 0.0),
+    m.ValueReply(9, [b"\x80item"], ["x-1"], 3, 0, ""),
+    m.Subscribe(10, "news"),
+    m.Unsubscribe("news"),
+    m.Publish("news", b"\x80msg"),
+    m.TopicMessage("news", b"\x80msg"),
+    m.FireAndForget(["x-1"]),
 ]
 
 

@@ -30,7 +30,7 @@ from collections.abc import (
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from apportion.client import actors, dask_default, local, transfers
+from apportion.client import actors, dask_default, local, topics, transfers
 from apportion.client.actors import actor_task
 from apportion.client.asynchronous import Ready, awaited, settled
 from apportion.client.cluster_options import DASK_CLIENT_OPTIONS, sort_options, warn_ignored
@@ -250,6 +250,8 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
                 # Lost results, or failed ones run again by ``retry``: pending again.
                 if state is not None and state.status in (FINISHED, ERROR):
                     state.reset()
+        elif isinstance(msg, m.TopicMessage):
+            topics.deliver(self, msg)
         elif isinstance(msg, m.Notice):
             self.notices.append(msg.text)
             logger.warning("scheduler: %s", msg.text)

@@ -44,6 +44,7 @@ from apportion.core.transitions import IllegalTransition
 from apportion.protocol import messages as m
 from apportion.scheduler import actors
 from apportion.scheduler.books import RelayBook, RemoteBook, ServiceBook, SharedBook
+from apportion.scheduler.coordination_book import CoordinationBook
 from apportion.scheduler.events import (
     AssignTask,
     Command,
@@ -140,6 +141,8 @@ class SchedulerCore:
         self.remote = RemoteBook()
         #: Datasets, metadata and copies in flight (``shared_data.py``).
         self.shared = SharedBook()
+        #: Locks, semaphores, variables, queues, events, topics (``coordination.py``).
+        self.coordination = CoordinationBook()
         self.now = 0.0
         self._seq = 0
         self._out: list[Command] = []

@@ -309,6 +309,15 @@ class TaskFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class DeliverMessage:
+    """``data`` was published on ``topic``, to which the client subscribes."""
+
+    client_id: str
+    topic: str
+    data: Pickled
+
+
+@dataclass(frozen=True, slots=True)
 class NotifyClient:
     """Something the client should know and may show its user (no key fails)."""
 
@@ -422,6 +431,7 @@ ClientCommand = (
     | TasksFailed
     | TaskFailed
     | NotifyClient
+    | DeliverMessage
     | PassNote
     | OfferRunningTasks
     | ForwardRequest

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 
 from apportion.core.resources import SCALE
+from apportion.scheduler.coordination import check_book as check_coordination
 from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.holders import holds
 from apportion.scheduler.records import (
@@ -33,6 +34,7 @@ def check_invariants(state: SchedulerCore) -> None:
     _check_restrictions(state)
     _check_memory_verdicts(state)
     check_book(state)
+    check_coordination(state)
 
 
 def _check_ledger(state: SchedulerCore) -> None:

@@ -16,6 +16,7 @@ from apportion.core.resources import describe_resources
 from apportion.protocol import messages as m
 from apportion.scheduler import (
     client_requests,
+    coordination,
     drain,
     out_of_memory,
     relay,
@@ -49,6 +50,7 @@ def client_left(state: SchedulerCore, event: ClientLeft) -> None:
         client_requests.release(state, client, list(client.wanted))
     state.relays.drop_client(event.client_id)
     state.remote.drop_client(event.client_id)
+    coordination.client_left(state, event.client_id)
 
 
 def worker_joined(state: SchedulerCore, event: WorkerJoined) -> None:
@@ -117,8 +119,10 @@ def worker_left(state: SchedulerCore, event: WorkerLeft) -> None:
 
 
 def tick(state: SchedulerCore, event: Tick) -> None:
-    """Declare lost the workers silent for longer than the timeout."""
+    """Declare lost the workers silent for longer than the timeout; answer what waited
+    for a lock, a value or an event past its deadline, end leases not refreshed."""
     _settle_verdicts(state)
+    coordination.tick(state)
     limit = state.config.worker_timeout
     for worker in [w for w in state.workers.values() if event.now - w.last_seen > limit]:
         silent = f"silent for {event.now - worker.last_seen:.0f}s (stopped, frozen or cut off)"

@@ -11,7 +11,8 @@ whole session - running tasks, results - and registers afresh in the same proces
 The work of durable clients (the job queue's runs) is not dropped: a run waiting
 stays queued, and one running is queued again, as when its worker leaves
 gracefully, so the queue records a new attempt instead of a cancellation.
-Published datasets refer to results that no longer exist: they are dropped too.
+Published datasets refer to results that no longer exist: they are dropped too, and
+so are variables and queued items that refer to results.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections import defaultdict
 from heapq import heapify
 
 from apportion.protocol import messages as m
-from apportion.scheduler import membership
+from apportion.scheduler import coordination, membership
 from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.events import Disconnect, RestartProcess, TasksFailed, TasksPending
 from apportion.scheduler.records import FORGOTTEN, PROCESSING, QUEUED, ClientRecord
@@ -48,6 +49,7 @@ def restart(state: SchedulerCore, client: ClientRecord, msg: m.RestartRequest) -
     _cancel_scatters(state, text)
     _drop_datasets(state)
     _forget_tasks(state, kept)
+    coordination.restarted(state)
     unsupervised = []
     workers = list(state.workers.values())
     for worker in workers:

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -95,6 +96,10 @@ class Scheduler(BackgroundService):
         self._placement_scheduled = False
         self._closed: asyncio.Event | None = None
         self._ticker: asyncio.Task[None] | None = None
+        #: An extra tick at the earliest coordination deadline (an acquire's timeout,
+        #: a lease's expiry) when that comes before the next regular tick, and when.
+        self._wake: asyncio.Task[None] | None = None
+        self._wake_due = math.inf
         #: Results being forwarded from workers to clients (``PipeData``).
         self._pipes: set[asyncio.Task[None]] = set()
         #: Services beside this scheduler, in the order they start.
@@ -173,6 +178,9 @@ class Scheduler(BackgroundService):
         if self._ticker is not None:
             self._ticker.cancel()
             self._ticker = None
+        if self._wake is not None:
+            self._wake.cancel()
+            self._wake = None
         if self._server is not None:
             self._server.close()
             self._server = None
@@ -279,6 +287,23 @@ class Scheduler(BackgroundService):
         if self.state.placement_due and not self._placement_scheduled:
             self._placement_scheduled = True
             asyncio.get_running_loop().call_soon(self._place)
+        due = self.state.coordination.next_due
+        if due < self._wake_due and self._ticker is not None:
+            self._wake_at(due)
+
+    def _wake_at(self, due: float) -> None:
+        """Tick at ``due``, so that a timeout shorter than the tick is kept to."""
+        if self._wake is not None:
+            self._wake.cancel()
+        self._wake_due = due
+        self._wake = asyncio.create_task(self._woken(due), name="scheduler-wake")
+
+    async def _woken(self, due: float) -> None:
+        await self.clock.sleep(max(0.0, due - self.clock.monotonic()))
+        self._wake = None
+        self._wake_due = math.inf
+        # Not before ``due``: a sleep that returns a hair early must not wake again.
+        self._handle(Tick(max(due, self.clock.monotonic())))
 
     def _place(self) -> None:
         self._placement_scheduled = False

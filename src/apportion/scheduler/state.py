@@ -22,8 +22,11 @@ from typing import Any
 
 from apportion.protocol import messages as m
 from apportion.scheduler import (
+    channels,
     client_requests,
+    coordination,
     drain,
+    leases,
     membership,
     out_of_memory,
     placement,
@@ -64,7 +67,7 @@ class SchedulerState(SchedulerCore):
         self.now = event.now
         EVENT_HANDLERS[type(event)](self, event)
         task_hooks.flush(self)
-        return self.take_commands()
+        return coordination.read_notices(self, self.take_commands())
 
     def dump(self, log_rows: int = 10_000) -> dict[str, Any]:
         """Everything the scheduler knows, as plain data: attach it to a bug report."""
@@ -156,6 +159,14 @@ CLIENT_HANDLERS: dict[type[m.Message], Callable[[SchedulerCore, ClientRecord, An
     m.ForwardedReply: task_hooks.forwarded_reply,
     m.AdoptTask: task_hooks.adopt_task,
     m.StopTasks: task_hooks.stop_tasks,
+    m.LeaseRequest: leases.lease_request,
+    m.RefreshLeases: leases.refresh,
+    m.EventRequest: channels.event_request,
+    m.ValueRequest: channels.value_request,
+    m.Subscribe: channels.subscribe,
+    m.Unsubscribe: channels.unsubscribe,
+    m.Publish: channels.publish,
+    m.FireAndForget: coordination.fire_and_forget,
 }
 
 WORKER_HANDLERS: dict[type[m.Message], Callable[[SchedulerCore, WorkerRecord, Any], None]] = {

@@ -16,6 +16,7 @@ from apportion.protocol import messages as m
 from apportion.scheduler.events import (
     AnnounceDeparture,
     AssignTask,
+    DeliverMessage,
     DrainFinished,
     DropPrefetch,
     FetchData,
@@ -88,6 +89,7 @@ _CONVERTERS: dict[type[Any], Callable[[Any], tuple[str, m.Message]]] = {
     TasksFailed: lambda c: (c.client_id, m.KeysFailed(c.keys, c.kind, c.text)),
     TaskFailed: lambda c: (c.client_id, _error_message(c.key, c.error, c.attempts)),
     NotifyClient: lambda c: (c.client_id, m.Notice(c.level, c.text)),
+    DeliverMessage: lambda c: (c.client_id, m.TopicMessage(c.topic, c.data)),
     PassNote: lambda c: (c.client_id, m.TaskNoted(c.key, c.worker, c.note)),
     OfferRunningTasks: lambda c: (
         c.client_id,

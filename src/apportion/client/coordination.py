@@ -1,0 +1,87 @@
+"""What the coordination primitives share: which client they use, the one way their
+requests travel, how values with futures in them are packed, and ``fire_and_forget``.
+
+Locks, semaphores, multi-locks and events are in ``locks.py``; variables, queues,
+and Pub/Sub in ``channels.py``. Their state lives in the scheduler
+(``scheduler/coordination.py``); these objects are only names and handles, so they
+pickle as their names and, unpickled in a task, use the task's worker's client.
+
+Every request goes through ``request``: a request that waits (an acquire, a get, a
+wait) carries its own timeout, and the scheduler answers at the latest at its
+deadline, so the client waits for that answer however long it takes and never
+gives up on its own (a grant could otherwise cross a client that stopped waiting).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from apportion.client.durations import Duration, seconds
+from apportion.client.future import Future
+from apportion.client.task_client import get_client
+from apportion.client.waiting import futures_of
+from apportion.core import payload
+from apportion.core.payload import Pickled
+from apportion.protocol import messages as m
+
+if TYPE_CHECKING:
+    from apportion.client.client import Client
+
+
+def bind(client: Client | None) -> Client:
+    """``client`` if given, else ``get_client()``: in a task, its worker's client;
+    elsewhere the default client (``ValueError`` if none is open)."""
+    return client if client is not None else get_client()
+
+
+def request(client: Client, make: Callable[[int], m.Message]) -> Any:
+    """Send the request ``make(request_id)`` builds and return the scheduler's answer."""
+    client._check_open()
+    return client._session.call(make)
+
+
+def post(client: Client, message: m.Message) -> None:
+    """Send a message that has no answer, in order with everything the client sends."""
+    client._check_open()
+    client._session.post(message)
+
+
+def wire_timeout(timeout: Duration | None) -> float:
+    """A timeout as the wire carries it: seconds, or ``NO_TIMEOUT`` for none."""
+    limit = seconds(timeout)
+    return m.NO_TIMEOUT if limit is None else limit
+
+
+def pack(value: Any) -> tuple[Pickled, list[str]]:
+    """``value`` pickled, with the keys of the futures in it (they travel as references)."""
+    blob, keys = payload.pack_call((value,), {})
+    return blob, sorted(keys)
+
+
+def unpack(client: Client, items: list[Pickled], keys: list[str]) -> list[Any]:
+    """Values from the scheduler, their futures now futures of ``client``.
+
+    The scheduler made ``client`` want ``keys`` when it answered; the futures are
+    made before unpickling, so that whatever happens next, dropping them lets the
+    keys go again. Asking for the keys once more then brings their states (done,
+    failed), which may have arrived before the futures existed to hear them.
+    """
+    futures = {key: Future(key, client) for key in keys}
+    values = [payload.unpack_call(item, futures)[0][0] for item in items]
+    if futures:
+        post(client, m.SubmitTasks([], {}, sorted(futures)))
+    return values
+
+
+def fire_and_forget(obj: Any) -> None:
+    """Run the tasks of these futures (a future, or any collection of them) to the end,
+    even once no client holds a future for them any more (as Dask's
+    ``fire_and_forget``): for tasks run for their effects, such as writing a file.
+    Their results are dropped when they finish, unless someone still wants them."""
+    keys_by_client: dict[int, tuple[Client, list[str]]] = {}
+    for future in futures_of(obj):
+        _, keys = keys_by_client.setdefault(id(future.client), (future.client, []))
+        keys.append(future.key)
+    for client, keys in keys_by_client.values():
+        post(client, m.FireAndForget(keys))

@@ -1,0 +1,425 @@
+"""``Lock``, ``Semaphore``, ``MultiLock`` and ``Event``, with Dask's names and semantics.
+
+Leases are granted by the scheduler, first come first served (``scheduler/leases.py``).
+A lease ends when released, when the client holding it disconnects (a crash, a
+worker killed), or when it has not been refreshed for its *lease timeout*: the
+client that holds it refreshes its leases from its own event loop every fifth of
+that time, so a lease outlives a busy task but not a frozen or unreachable process.
+The lease timeout is, first found: the ``lease_timeout=`` given, the
+``APPORTION_LEASE_TIMEOUT`` environment variable, Dask's
+``distributed.scheduler.locks.lease-timeout`` (if this program imported Dask), and
+30 seconds; ``"inf"`` for none. It travels with the object when it is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import sys
+import threading
+import uuid
+import weakref
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from apportion.client.coordination import bind, request, wire_timeout
+from apportion.client.durations import Duration, seconds
+from apportion.protocol import messages as m
+
+if TYPE_CHECKING:
+    from apportion.client.client import Client
+
+logger = logging.getLogger("apportion.client")
+
+#: Environment variable giving the lease timeout of leases taken in this process.
+LEASE_TIMEOUT_VARIABLE = "APPORTION_LEASE_TIMEOUT"
+#: Dask's setting for the same.
+DASK_LEASE_TIMEOUT = "distributed.scheduler.locks.lease-timeout"
+DEFAULT_LEASE_TIMEOUT = 30.0
+
+
+def lease_timeout(given: Duration | None = None) -> float:
+    """The lease timeout in seconds (0: none), from the first place that gives one."""
+    if given is not None:
+        return _lease_seconds(given, "lease_timeout")
+    text = os.environ.get(LEASE_TIMEOUT_VARIABLE)
+    if text:
+        return _lease_seconds(text, LEASE_TIMEOUT_VARIABLE)
+    dask = sys.modules.get("dask")
+    if dask is not None:
+        value = dask.config.get(DASK_LEASE_TIMEOUT, None)
+        if value is not None:
+            return _lease_seconds(value, DASK_LEASE_TIMEOUT)
+    return DEFAULT_LEASE_TIMEOUT
+
+
+def _lease_seconds(value: Any, what: str) -> float:
+    if value in ("inf", math.inf):
+        return 0.0
+    limit = seconds(value, what)
+    if not limit:
+        raise ValueError(f"{what}={value!r}: a lease timeout must be more than 0 ('inf': none)")
+    return limit
+
+
+class _LeaseKeeper:
+    """Refreshes the leases one client holds, on its event loop, every fifth of the
+    shortest lease timeout among them."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = weakref.ref(client)
+        self._loop = client._session.loop.loop
+        #: lease id -> its lease timeout (0: never expires, not refreshed).
+        self._leases: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, lease_id: str, timeout: float) -> None:
+        with self._lock:
+            self._leases[lease_id] = timeout
+        if timeout > 0:
+            with contextlib.suppress(RuntimeError):  # the loop stopped: the client closed
+                self._loop.call_soon_threadsafe(self._arm)
+
+    def remove(self, lease_id: str) -> None:
+        with self._lock:
+            self._leases.pop(lease_id, None)
+
+    def _arm(self) -> None:
+        """On the loop: refresh after a fifth of the shortest lease timeout, unless due."""
+        with self._lock:
+            timeouts = [t for t in self._leases.values() if t > 0]
+        if self._timer is None and timeouts:
+            self._timer = self._loop.call_later(min(timeouts) / 5, self._refresh)
+
+    def _refresh(self) -> None:
+        self._timer = None
+        client = self._client()
+        if client is None or client._closed or not client._session.connected:
+            return  # its leases ended with its connection
+        with self._lock:
+            ids = [lease_id for lease_id, t in self._leases.items() if t > 0]
+        if ids:
+            client._session.post(m.RefreshLeases(ids))
+            self._arm()
+
+
+_keepers: weakref.WeakKeyDictionary[Client, _LeaseKeeper] = weakref.WeakKeyDictionary()
+_keepers_lock = threading.Lock()
+
+
+def _keeper(client: Client) -> _LeaseKeeper:
+    with _keepers_lock:
+        keeper = _keepers.get(client)
+        if keeper is None:
+            keeper = _keepers[client] = _LeaseKeeper(client)
+        return keeper
+
+
+class _Leases:
+    """Leases on names of one kind, taken and given back by one object."""
+
+    _kind = "semaphore"
+
+    def __init__(
+        self, names: list[str], max_leases: int, client: Client | None, timeout: Duration | None
+    ) -> None:
+        self._names = names
+        self._max_leases = max_leases
+        self._client = client
+        #: As given, so that it travels with the object (``__reduce__``).
+        self._lease_timeout_given = timeout
+        self._lease_timeout = lease_timeout(timeout)
+        #: Lease ids this object holds, oldest first (Dask releases the oldest first).
+        self._leases: deque[str] = deque()
+
+    @property
+    def client(self) -> Client:
+        """The client this object uses (bound on first use: see ``coordination.bind``)."""
+        if self._client is None:
+            self._client = bind(None)
+        return self._client
+
+    def _acquire(self, timeout: Duration | None, count: int) -> bool:
+        lease_id = uuid.uuid4().hex
+        limit = wire_timeout(timeout)
+        reply = request(
+            self.client,
+            lambda rid: m.LeaseRequest(
+                rid,
+                "acquire",
+                self._kind,
+                self._names,
+                lease_id,
+                count,
+                self._max_leases,
+                limit,
+                self._lease_timeout,
+            ),
+        )
+        if reply.error:
+            raise ValueError(reply.error)
+        if reply.ok:
+            self._leases.append(lease_id)
+            _keeper(self.client).add(lease_id, self._lease_timeout)
+        return bool(reply.ok)
+
+    def _release(self) -> bool:
+        lease_id = self._leases.popleft()
+        _keeper(self.client).remove(lease_id)
+        reply = request(
+            self.client,
+            lambda rid: m.LeaseRequest(
+                rid, "release", self._kind, self._names, lease_id, 0, self._max_leases, 0.0, 0.0
+            ),
+        )
+        if reply.error:
+            # Its lease expired (the scheduler warned then): others may hold it now.
+            logger.warning("releasing %s: %s", self._names, reply.error)
+        return bool(reply.ok)
+
+    def _value(self) -> int:
+        reply = request(
+            self.client,
+            lambda rid: m.LeaseRequest(rid, "value", self._kind, self._names, "", 0, 0, 0.0, 0.0),
+        )
+        return int(reply.value)
+
+
+class Semaphore(_Leases):
+    """At most ``max_leases`` holders at once, across every client and task of the
+    cluster, as Dask's ``Semaphore``: ``with sem:`` around access to a database that
+    takes ten connections. Waiters are served first come first served.
+
+    A lease is given back on ``release``, when its client disconnects, or when it has
+    not been refreshed for its lease timeout (see the module's docstring).
+    """
+
+    def __init__(
+        self,
+        max_leases: int = 1,
+        name: str | None = None,
+        *,
+        client: Client | None = None,
+        lease_timeout: Duration | None = None,
+    ) -> None:
+        if isinstance(max_leases, bool) or not isinstance(max_leases, int):
+            raise TypeError(f"max_leases must be an int, not {type(max_leases).__name__}")
+        if max_leases < 1:
+            raise ValueError(f"max_leases must be at least 1, not {max_leases}")
+        #: The name every client uses to share this semaphore.
+        self.name = name or f"semaphore-{uuid.uuid4().hex}"
+        self.max_leases = max_leases
+        super().__init__([self.name], max_leases, client, lease_timeout)
+
+    def acquire(self, timeout: Duration | None = None) -> bool:
+        """Take a lease, waiting up to ``timeout`` (None: as long as it takes); whether
+        one was taken."""
+        return self._acquire(timeout, 1)
+
+    def release(self) -> bool:
+        """Give back the oldest lease this object holds; ``RuntimeError`` if it holds
+        none. False (with a warning) if that lease had expired already."""
+        if not self._leases:
+            raise RuntimeError("Released too often")
+        return self._release()
+
+    def get_value(self) -> int:
+        """How many leases are held now, by anyone."""
+        return self._value()
+
+    def close(self) -> None:
+        """Give back the leases this object holds. (The scheduler forgets a semaphore
+        nobody holds or waits for by itself.)"""
+        while self._leases:
+            self._release()
+
+    def __enter__(self) -> Semaphore:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _semaphore, (self.max_leases, self.name, self._lease_timeout_given)
+
+    def __repr__(self) -> str:
+        return f"<Semaphore: {self.name}, max_leases={self.max_leases}>"
+
+
+def _semaphore(max_leases: int, name: str, timeout: Duration | None) -> Semaphore:
+    return Semaphore(max_leases, name, lease_timeout=timeout)
+
+
+class Lock(_Leases):
+    """A lock shared by every client and task of the cluster, as Dask's ``Lock``: a
+    semaphore with one lease (the same name is the same lock everywhere).
+
+    Held by a client that disconnects, or not refreshed for its lease timeout, it is
+    released (see the module's docstring).
+    """
+
+    def __init__(
+        self,
+        name: str | None = None,
+        client: Client | None = None,
+        *,
+        lease_timeout: Duration | None = None,
+    ) -> None:
+        #: The name every client uses to share this lock.
+        self.name = name or f"lock-{uuid.uuid4().hex}"
+        super().__init__([self.name], 1, client, lease_timeout)
+
+    def acquire(self, blocking: bool = True, timeout: Duration | None = None) -> bool:
+        """Take the lock, waiting up to ``timeout`` (None: as long as it takes), or not at
+        all unless ``blocking``; whether it was taken."""
+        if not blocking:
+            if timeout is not None:
+                raise ValueError("can't specify a timeout for a non-blocking call")
+            timeout = 0
+        return self._acquire(timeout, 1)
+
+    def release(self) -> bool:
+        """Give the lock back; ``RuntimeError`` if this object does not hold it."""
+        if not self._leases:
+            raise RuntimeError("Released too often")
+        return self._release()
+
+    def locked(self) -> bool:
+        """Whether anyone holds the lock now."""
+        return self._value() == 1
+
+    def get_value(self) -> int:
+        """1 if anyone holds the lock now, else 0."""
+        return self._value()
+
+    def __enter__(self) -> Lock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _lock, (self.name, self._lease_timeout_given)
+
+    def __repr__(self) -> str:
+        return f"<Lock: {self.name}>"
+
+
+def _lock(name: str, timeout: Duration | None) -> Lock:
+    return Lock(name, lease_timeout=timeout)
+
+
+class MultiLock(_Leases):
+    """Several locks taken together, all or none, as Dask's ``MultiLock`` (its names
+    are apart from ``Lock``'s). Two multi-locks over overlapping names, in any order,
+    never deadlock: nothing is held while waiting, and waiters are served first
+    come first served on each name.
+    """
+
+    _kind = "multilock"
+
+    def __init__(
+        self,
+        names: list[str] | None = None,
+        client: Client | None = None,
+        *,
+        lease_timeout: Duration | None = None,
+    ) -> None:
+        #: The names of the locks taken together.
+        self.names = list(names or [])
+        super().__init__(self.names, 1, client, lease_timeout)
+
+    def acquire(
+        self, blocking: bool = True, timeout: Duration | None = None, num_locks: int | None = None
+    ) -> bool:
+        """Take ``num_locks`` of the locks (default: all) at once, waiting up to
+        ``timeout`` (None: as long as it takes), or not at all unless ``blocking``;
+        whether they were taken."""
+        if not blocking:
+            if timeout is not None:
+                raise ValueError("can't specify a timeout for a non-blocking call")
+            timeout = 0
+        if not self.names:
+            raise ValueError("a MultiLock needs at least one name to acquire")
+        if self._leases:
+            raise RuntimeError("this MultiLock is held already: release it first")
+        return self._acquire(timeout, num_locks or len(self.names))
+
+    def release(self) -> bool:
+        """Give the locks back; ``ValueError`` if this object does not hold them."""
+        if not self._leases:
+            raise ValueError("Lock is not yet acquired")
+        return self._release()
+
+    def locked(self) -> bool:
+        """Whether this object holds its locks."""
+        return bool(self._leases)
+
+    def __enter__(self) -> MultiLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _multilock, (self.names, self._lease_timeout_given)
+
+    def __repr__(self) -> str:
+        return f"<MultiLock: {self.names}>"
+
+
+def _multilock(names: list[str], timeout: Duration | None) -> MultiLock:
+    return MultiLock(names, lease_timeout=timeout)
+
+
+class Event:
+    """A flag shared by every client and task of the cluster, as Dask's ``Event``:
+    ``wait`` until some other one calls ``set``."""
+
+    def __init__(self, name: str | None = None, client: Client | None = None) -> None:
+        #: The name every client uses to share this event.
+        self.name = name or f"event-{uuid.uuid4().hex}"
+        self._client = client
+
+    @property
+    def client(self) -> Client:
+        """The client this event uses (bound on first use: see ``coordination.bind``)."""
+        if self._client is None:
+            self._client = bind(None)
+        return self._client
+
+    def _ask(self, op: str, timeout: float = 0.0) -> bool:
+        reply = request(self.client, lambda rid: m.EventRequest(rid, op, self.name, timeout))
+        if reply.error:
+            raise RuntimeError(reply.error)
+        return bool(reply.ok)
+
+    def wait(self, timeout: Duration | None = None) -> bool:
+        """Wait until the event is set, up to ``timeout`` (None: as long as it takes);
+        whether it is set."""
+        return self._ask("wait", wire_timeout(timeout))
+
+    def set(self) -> None:
+        """Set the event: every waiter wakes, and waits return at once until ``clear``."""
+        self._ask("set")
+
+    def clear(self) -> None:
+        """Clear the event: waits wait again."""
+        self._ask("clear")
+
+    def is_set(self) -> bool:
+        """Whether the event is set now."""
+        return self._ask("is_set")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return Event, (self.name,)
+
+    def __repr__(self) -> str:
+        return f"<Event: {self.name}>"

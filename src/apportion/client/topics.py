@@ -1,0 +1,57 @@
+"""Where messages published on a topic arrive in a client: its ``Sub`` objects.
+
+The scheduler sends each client one copy of a message for all its subscriptions
+to the topic (``scheduler/channels.py``); here the copy goes to each live ``Sub``
+of that client and topic. Kept apart from ``channels.py`` so that the client's
+message handler can reach it without importing the primitives.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any, Protocol
+
+from apportion.core import payload
+from apportion.protocol import messages as m
+
+if TYPE_CHECKING:
+    from apportion.client.client import Client
+
+logger = logging.getLogger("apportion.client")
+
+
+class Receiver(Protocol):
+    """What a subscription is to the client: something that takes messages."""
+
+    def receive(self, value: Any) -> None: ...
+
+
+#: client -> topic -> its live subscriptions there.
+_subscriptions: weakref.WeakKeyDictionary[Client, dict[str, weakref.WeakSet[Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+_lock = threading.Lock()
+
+
+def add(client: Client, name: str, receiver: Receiver) -> None:
+    """``receiver`` gets what ``client`` receives on topic ``name`` from now on."""
+    with _lock:
+        topics = _subscriptions.setdefault(client, {})
+        topics.setdefault(name, weakref.WeakSet()).add(receiver)
+
+
+def deliver(client: Client, msg: m.TopicMessage) -> None:
+    """On the client's loop: pass a published message to its subscriptions."""
+    with _lock:
+        receivers = list(_subscriptions.get(client, {}).get(msg.name, ()))
+    if not receivers:
+        return  # the last one was dropped; its unsubscription is on its way
+    try:
+        (value,), _ = payload.unpack_call(msg.data, {})  # packed as Pub.put's one argument
+    except Exception:
+        logger.exception("a message published on %r cannot be unpickled here", msg.name)
+        return
+    for receiver in receivers:
+        receiver.receive(value)
