@@ -18,7 +18,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from apportion.client import topics
-from apportion.client.coordination import bind, pack, post, request, unpack, wire_timeout
+from apportion.client.coordination import Named, pack, post, request, unpack, wire_timeout
 from apportion.client.durations import Duration, seconds
 from apportion.protocol import messages as m
 
@@ -26,23 +26,7 @@ if TYPE_CHECKING:
     from apportion.client.client import Client
 
 
-class _Named:
-    """A shared object known by its name, bound to a client on first use."""
-
-    def __init__(self, name: str, client: Client | None) -> None:
-        #: The name every client uses to share this object.
-        self.name = name
-        self._client = client
-
-    @property
-    def client(self) -> Client:
-        """The client this object uses (bound on first use: see ``coordination.bind``)."""
-        if self._client is None:
-            self._client = bind(None)
-        return self._client
-
-
-class Variable(_Named):
+class Variable(Named):
     """A value shared by every client and task of the cluster, as Dask's ``Variable``:
     one client or task ``set``s it, others ``get`` it (a flag to stop a long task,
     the latest model). A future set into it keeps its result in the cluster until
@@ -87,7 +71,7 @@ class Variable(_Named):
         return f"<Variable: {self.name}>"
 
 
-class Queue(_Named):
+class Queue(Named):
     """A first-in first-out queue shared by every client and task of the cluster, as
     Dask's ``Queue``. ``maxsize`` bounds it (0: no bound): ``put`` waits while it is
     full, ``get`` while it is empty. Futures put in it keep their results in the
@@ -152,7 +136,7 @@ class Queue(_Named):
         return f"<Queue: {self.name}, maxsize={self.maxsize}>"
 
 
-class Pub(_Named):
+class Pub(Named):
     """Publish messages on a topic, as Dask's ``Pub`` (which Dask 2026 no longer has):
     every ``Sub`` of that name subscribed when a message is published gets it. Routed
     through the scheduler; messages are pickled objects, not futures."""
@@ -177,7 +161,7 @@ class Pub(_Named):
         return f"<Pub: {self.name}>"
 
 
-class Sub(_Named):
+class Sub(Named):
     """Receive what is published on a topic from now on, as Dask's ``Sub``: ``get``
     the next message, or iterate. Messages wait in ``buffer`` until taken."""
 

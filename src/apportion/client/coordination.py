@@ -35,6 +35,22 @@ def bind(client: Client | None) -> Client:
     return client if client is not None else get_client()
 
 
+class Named:
+    """A shared object known by its name, bound to a client on first use."""
+
+    def __init__(self, name: str, client: Client | None) -> None:
+        #: The name every client uses to share this object.
+        self.name = name
+        self._client = client
+
+    @property
+    def client(self) -> Client:
+        """The client this object uses (bound on first use: see ``bind``)."""
+        if self._client is None:
+            self._client = bind(None)
+        return self._client
+
+
 def request(client: Client, make: Callable[[int], m.Message]) -> Any:
     """Send the request ``make(request_id)`` builds and return the scheduler's answer."""
     client._check_open()

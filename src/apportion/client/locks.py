@@ -25,7 +25,7 @@ import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from apportion.client.coordination import bind, request, wire_timeout
+from apportion.client.coordination import Named, bind, request, wire_timeout
 from apportion.client.durations import Duration, seconds
 from apportion.protocol import messages as m
 
@@ -379,21 +379,12 @@ def _multilock(names: list[str], timeout: Duration | None) -> MultiLock:
     return MultiLock(names, lease_timeout=timeout)
 
 
-class Event:
+class Event(Named):
     """A flag shared by every client and task of the cluster, as Dask's ``Event``:
     ``wait`` until some other one calls ``set``."""
 
     def __init__(self, name: str | None = None, client: Client | None = None) -> None:
-        #: The name every client uses to share this event.
-        self.name = name or f"event-{uuid.uuid4().hex}"
-        self._client = client
-
-    @property
-    def client(self) -> Client:
-        """The client this event uses (bound on first use: see ``coordination.bind``)."""
-        if self._client is None:
-            self._client = bind(None)
-        return self._client
+        super().__init__(name or f"event-{uuid.uuid4().hex}", client)
 
     def _ask(self, op: str, timeout: float = 0.0) -> bool:
         reply = request(self.client, lambda rid: m.EventRequest(rid, op, self.name, timeout))
