@@ -7,6 +7,7 @@ workers and clients in this process, no sockets.
 
 from __future__ import annotations
 
+import asyncio
 import pickle
 import sys
 import time
@@ -341,3 +342,40 @@ def test_primitives_pickle_as_their_names() -> None:
         assert type(back) is type(obj) and repr(back) == repr(obj)
         assert back._client is None  # bound where it is used, as Dask's
     assert pickle.loads(pickle.dumps(Lock("l", lease_timeout=5)))._lease_timeout == 5
+
+
+def test_primitives_are_awaited_with_an_asynchronous_client(cluster: InMemoryCluster) -> None:
+    """Dask's asynchronous form: ``await lock.acquire()``, ``async with lock``."""
+
+    async def main() -> None:
+        async with Client(cluster.address, asynchronous=True) as client:
+            lock = Lock("async-lock", client=client)
+            async with lock:
+                assert await lock.locked()
+            assert not await lock.locked()
+            assert await lock.acquire(blocking=False)
+            assert not await Lock("async-lock", client=client).acquire(timeout=0.1)
+            await lock.release()
+            sem = Semaphore(2, "async-db", client=client)
+            assert await sem.acquire()
+            assert await sem.get_value() == 1
+            await sem.release()
+            async with MultiLock(["a", "b"], client=client):
+                pass
+            queue = Queue("async-q", client=client)
+            await queue.put(client.submit(pow, 2, 5))
+            assert await queue.qsize() == 1
+            assert await (await queue.get()) == 32
+            assert await queue.get(batch=0) == []
+            variable = Variable("async-v", client=client)
+            await variable.set(41)
+            assert await variable.get() == 41
+            await variable.delete()
+            with pytest.raises(TimeoutError):
+                await variable.get(timeout=0.1)
+            event = Event("async-e", client=client)
+            assert not await event.wait(0.05)
+            await event.set()
+            assert await event.wait(1) and await event.is_set()
+
+    asyncio.run(asyncio.wait_for(main(), 30))

@@ -58,10 +58,13 @@ async def awaited(
         outcome = thread.submit(func(*args))
     except RuntimeError:
         raise SchedulerGoneError("the client's connection was closed") from None
+    deadline = asyncio.timeout(timeout)
     try:
-        async with asyncio.timeout(timeout):
+        async with deadline:
             return await asyncio.wrap_future(outcome)
     except TimeoutError:
+        if not deadline.expired():
+            raise  # the work's own TimeoutError (a wait it was asked to bound)
         raise TimeoutError(f"not done within {timeout:g}s") from None
     except asyncio.CancelledError:
         task = asyncio.current_task()

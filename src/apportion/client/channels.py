@@ -15,15 +15,22 @@ import threading
 import uuid
 import weakref
 from collections import deque
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from apportion.client import topics
+from apportion.client.asynchronous import Ready
 from apportion.client.coordination import Named, pack, post, request, unpack, wire_timeout
 from apportion.client.durations import Duration, seconds
 from apportion.protocol import messages as m
 
 if TYPE_CHECKING:
     from apportion.client.client import Client
+
+
+def _nothing(reply: m.ValueReply) -> None:
+    return None
 
 
 class Variable(Named):
@@ -35,34 +42,56 @@ class Variable(Named):
     def __init__(self, name: str | None = None, client: Client | None = None) -> None:
         super().__init__(name or f"variable-{uuid.uuid4().hex}", client)
 
-    def _ask(self, op: str, blob: list[Any], keys: list[str], timeout: float) -> Any:
-        reply = request(
-            self.client,
-            lambda rid: m.ValueRequest(rid, op, "variable", self.name, blob, keys, 0, 0, timeout),
-        )
-        if reply.error:
-            raise ValueError(reply.error)
-        return reply
+    def _ask(
+        self,
+        op: str,
+        blob: list[Any],
+        keys: list[str],
+        timeout: float,
+        then: Callable[[m.ValueReply], Any] = _nothing,
+        keep: object = None,
+    ) -> Any:
+        def answered(reply: m.ValueReply) -> Any:
+            if reply.error:
+                raise ValueError(reply.error)
+            return then(reply)
 
-    def set(self, value: Any, timeout: Duration | None = "30 s") -> None:
+        make = partial(
+            m.ValueRequest,
+            op=op,
+            kind="variable",
+            name=self.name,
+            items=blob,
+            keys=keys,
+            count=0,
+            maxsize=0,
+            timeout=timeout,
+        )
+        return request(self.client, make, answered, keep)
+
+    def set(self, value: Any, timeout: Duration | None = "30 s") -> Any:
         """Set the value. ``timeout`` is Dask's wait for a future's task to reach the
         scheduler; here it is there already, so nothing waits for it."""
         seconds(timeout)  # a malformed one is still an error
         blob, keys = pack(value)
-        self._ask("set", [blob], keys, 0.0)
+        return self._ask("set", [blob], keys, 0.0, keep=value)
 
     def get(self, timeout: Duration | None = None) -> Any:
         """The value, once set: wait up to ``timeout`` (None: as long as it takes) for
         it to be set, then ``TimeoutError``."""
-        reply = self._ask("get", [], [], wire_timeout(timeout))
-        if reply.timed_out:
-            raise TimeoutError(f"variable {self.name!r} was not set within {timeout}")
-        return unpack(self.client, reply.items, reply.keys)[0]
+        client = self.client
 
-    def delete(self) -> None:
+        def value(reply: m.ValueReply) -> Any:
+            if reply.timed_out:
+                raise TimeoutError(f"variable {self.name!r} was not set within {timeout}")
+            return unpack(client, reply.items, reply.keys)[0]
+
+        return self._ask("get", [], [], wire_timeout(timeout), value)
+
+    def delete(self) -> Any:
         """Forget the value, for every client (its futures' results may go); gets wait
         for it to be set again."""
-        self._ask("delete", [], [], 0.0)
+        return self._ask("delete", [], [], 0.0)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return Variable, (self.name,)
@@ -83,23 +112,44 @@ class Queue(Named):
         super().__init__(name or f"queue-{uuid.uuid4().hex}", client)
         self.maxsize = maxsize
 
-    def _ask(self, op: str, blob: list[Any], keys: list[str], count: int, timeout: float) -> Any:
-        reply = request(
-            self.client,
-            lambda rid: m.ValueRequest(
-                rid, op, "queue", self.name, blob, keys, count, self.maxsize, timeout
-            ),
-        )
-        if reply.error:
-            raise ValueError(reply.error)
-        return reply
+    def _ask(
+        self,
+        op: str,
+        blob: list[Any],
+        keys: list[str],
+        count: int,
+        timeout: float,
+        then: Callable[[m.ValueReply], Any],
+        keep: object = None,
+    ) -> Any:
+        def answered(reply: m.ValueReply) -> Any:
+            if reply.error:
+                raise ValueError(reply.error)
+            return then(reply)
 
-    def put(self, value: Any, timeout: Duration | None = None) -> None:
+        make = partial(
+            m.ValueRequest,
+            op=op,
+            kind="queue",
+            name=self.name,
+            items=blob,
+            keys=keys,
+            count=count,
+            maxsize=self.maxsize,
+            timeout=timeout,
+        )
+        return request(self.client, make, answered, keep)
+
+    def put(self, value: Any, timeout: Duration | None = None) -> Any:
         """Put ``value`` at the end, waiting up to ``timeout`` (None: as long as it takes)
         for room, then ``TimeoutError`` (and the value is not put)."""
         blob, keys = pack(value)
-        if self._ask("put", [blob], keys, 1, wire_timeout(timeout)).timed_out:
-            raise TimeoutError(f"queue {self.name!r} stayed full for {timeout}")
+
+        def put(reply: m.ValueReply) -> None:
+            if reply.timed_out:
+                raise TimeoutError(f"queue {self.name!r} stayed full for {timeout}")
+
+        return self._ask("put", [blob], keys, 1, wire_timeout(timeout), put, value)
 
     def get(self, timeout: Duration | None = None, batch: bool | int = False) -> Any:
         """The next value, waiting up to ``timeout`` (None: as long as it takes), then
@@ -111,19 +161,23 @@ class Queue(Named):
             count = 1
         elif isinstance(batch, int) and batch >= 0:
             if batch == 0:
-                return []
+                return Ready([]) if self.client.asynchronous else []
             count = batch
         else:
             raise ValueError(f"batch must be True, False or a count, not {batch!r}")
-        reply = self._ask("get", [], [], count, wire_timeout(timeout))
-        if reply.timed_out:
-            raise TimeoutError(f"queue {self.name!r} had too few items for {timeout}")
-        values = unpack(self.client, reply.items, reply.keys)
-        return values if batch is not False else values[0]
+        client = self.client
 
-    def qsize(self) -> int:
+        def taken(reply: m.ValueReply) -> Any:
+            if reply.timed_out:
+                raise TimeoutError(f"queue {self.name!r} had too few items for {timeout}")
+            values = unpack(client, reply.items, reply.keys)
+            return values if batch is not False else values[0]
+
+        return self._ask("get", [], [], count, wire_timeout(timeout), taken)
+
+    def qsize(self) -> Any:
         """How many values are in the queue now."""
-        return int(self._ask("size", [], [], 0, 0.0).size)
+        return self._ask("size", [], [], 0, 0.0, lambda reply: int(reply.size))
 
     def close(self) -> None:
         """Nothing to do, kept for Dask's code: the scheduler forgets a queue by itself

@@ -51,10 +51,28 @@ class Named:
         return self._client
 
 
-def request(client: Client, make: Callable[[int], m.Message]) -> Any:
-    """Send the request ``make(request_id)`` builds and return the scheduler's answer."""
+def request(
+    client: Client,
+    make: Callable[[int], m.Message],
+    then: Callable[[Any], Any] = lambda r: r,
+    keep: object = None,
+) -> Any:
+    """Send the request ``make(request_id)`` builds; ``then(answer)`` — or, from the
+    event loop of an asynchronous client, an awaitable of it (as Dask's primitives
+    are awaited there: ``await lock.acquire()``).
+
+    ``keep`` (the futures in a value sent) stays referenced until the answer: an
+    awaitable is sent only when awaited, and a future dropped before that would
+    release its key ahead of the request that shares it.
+    """
     client._check_open()
-    return client._session.call(make)
+
+    def answered(reply: Any) -> Any:
+        del reply_keeps[:]
+        return then(reply)
+
+    reply_keeps = [keep]
+    return client._ask(make, answered)
 
 
 def post(client: Client, message: m.Message) -> None:

@@ -23,6 +23,8 @@ import threading
 import uuid
 import weakref
 from collections import deque
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from apportion.client.coordination import Named, bind, request, wire_timeout
@@ -143,50 +145,79 @@ class _Leases:
             self._client = bind(None)
         return self._client
 
-    def _acquire(self, timeout: Duration | None, count: int) -> bool:
+    def _acquire(self, timeout: Duration | None, count: int) -> Any:
         lease_id = uuid.uuid4().hex
         limit = wire_timeout(timeout)
-        reply = request(
-            self.client,
-            lambda rid: m.LeaseRequest(
-                rid,
-                "acquire",
-                self._kind,
-                self._names,
-                lease_id,
-                count,
-                self._max_leases,
-                limit,
-                self._lease_timeout,
-            ),
-        )
-        if reply.error:
-            raise ValueError(reply.error)
-        if reply.ok:
-            self._leases.append(lease_id)
-            _keeper(self.client).add(lease_id, self._lease_timeout)
-        return bool(reply.ok)
+        client = self.client
 
-    def _release(self) -> bool:
+        def granted(reply: m.CoordinationReply) -> bool:
+            if reply.error:
+                raise ValueError(reply.error)
+            if reply.ok:
+                self._leases.append(lease_id)
+                _keeper(client).add(lease_id, self._lease_timeout)
+            return bool(reply.ok)
+
+        make = partial(
+            m.LeaseRequest,
+            op="acquire",
+            kind=self._kind,
+            names=self._names,
+            lease_id=lease_id,
+            count=count,
+            max_leases=self._max_leases,
+            timeout=limit,
+            lease_timeout=self._lease_timeout,
+        )
+        return request(client, make, granted)
+
+    def _release(self) -> Any:
         lease_id = self._leases.popleft()
         _keeper(self.client).remove(lease_id)
-        reply = request(
-            self.client,
-            lambda rid: m.LeaseRequest(
-                rid, "release", self._kind, self._names, lease_id, 0, self._max_leases, 0.0, 0.0
-            ),
-        )
-        if reply.error:
-            # Its lease expired (the scheduler warned then): others may hold it now.
-            logger.warning("releasing %s: %s", self._names, reply.error)
-        return bool(reply.ok)
 
-    def _value(self) -> int:
-        reply = request(
-            self.client,
-            lambda rid: m.LeaseRequest(rid, "value", self._kind, self._names, "", 0, 0, 0.0, 0.0),
+        def released(reply: m.CoordinationReply) -> bool:
+            if reply.error:
+                # Its lease expired (the scheduler warned then): others may hold it now.
+                logger.warning("releasing %s: %s", self._names, reply.error)
+            return bool(reply.ok)
+
+        make = partial(
+            m.LeaseRequest,
+            op="release",
+            kind=self._kind,
+            names=self._names,
+            lease_id=lease_id,
+            count=0,
+            max_leases=self._max_leases,
+            timeout=0.0,
+            lease_timeout=0.0,
         )
-        return int(reply.value)
+        return request(self.client, make, released)
+
+    def _value(self, then: Callable[[int], Any] = int) -> Any:
+        make = partial(
+            m.LeaseRequest,
+            op="value",
+            kind=self._kind,
+            names=self._names,
+            lease_id="",
+            count=0,
+            max_leases=0,
+            timeout=0.0,
+            lease_timeout=0.0,
+        )
+        return request(self.client, make, lambda reply: then(int(reply.value)))
+
+    def _take_all(self) -> Any:
+        """``acquire()`` with no arguments, for ``with`` and ``async with``."""
+        return self._acquire(None, len(self._names))
+
+    async def __aenter__(self) -> Any:
+        await self._take_all()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._release()
 
 
 class Semaphore(_Leases):
@@ -215,27 +246,30 @@ class Semaphore(_Leases):
         self.max_leases = max_leases
         super().__init__([self.name], max_leases, client, lease_timeout)
 
-    def acquire(self, timeout: Duration | None = None) -> bool:
+    def acquire(self, timeout: Duration | None = None) -> Any:
         """Take a lease, waiting up to ``timeout`` (None: as long as it takes); whether
         one was taken."""
         return self._acquire(timeout, 1)
 
-    def release(self) -> bool:
+    def release(self) -> Any:
         """Give back the oldest lease this object holds; ``RuntimeError`` if it holds
         none. False (with a warning) if that lease had expired already."""
         if not self._leases:
             raise RuntimeError("Released too often")
         return self._release()
 
-    def get_value(self) -> int:
+    def get_value(self) -> Any:
         """How many leases are held now, by anyone."""
         return self._value()
 
-    def close(self) -> None:
-        """Give back the leases this object holds. (The scheduler forgets a semaphore
-        nobody holds or waits for by itself.)"""
-        while self._leases:
-            self._release()
+    def close(self) -> Any:
+        """Give back the leases this object holds (an awaitable that does, for an
+        asynchronous client). The scheduler forgets a semaphore nobody holds or
+        waits for by itself."""
+        outcomes = [self._release() for _ in range(len(self._leases))]
+        if self.client.asynchronous:
+            return _all_of(outcomes)
+        return None
 
     def __enter__(self) -> Semaphore:
         self.acquire()
@@ -249,6 +283,11 @@ class Semaphore(_Leases):
 
     def __repr__(self) -> str:
         return f"<Semaphore: {self.name}, max_leases={self.max_leases}>"
+
+
+async def _all_of(awaitables: list[Any]) -> None:
+    for awaitable in awaitables:
+        await awaitable
 
 
 def _semaphore(max_leases: int, name: str, timeout: Duration | None) -> Semaphore:
@@ -274,7 +313,7 @@ class Lock(_Leases):
         self.name = name or f"lock-{uuid.uuid4().hex}"
         super().__init__([self.name], 1, client, lease_timeout)
 
-    def acquire(self, blocking: bool = True, timeout: Duration | None = None) -> bool:
+    def acquire(self, blocking: bool = True, timeout: Duration | None = None) -> Any:
         """Take the lock, waiting up to ``timeout`` (None: as long as it takes), or not at
         all unless ``blocking``; whether it was taken."""
         if not blocking:
@@ -283,17 +322,17 @@ class Lock(_Leases):
             timeout = 0
         return self._acquire(timeout, 1)
 
-    def release(self) -> bool:
+    def release(self) -> Any:
         """Give the lock back; ``RuntimeError`` if this object does not hold it."""
         if not self._leases:
             raise RuntimeError("Released too often")
         return self._release()
 
-    def locked(self) -> bool:
+    def locked(self) -> Any:
         """Whether anyone holds the lock now."""
-        return self._value() == 1
+        return self._value(lambda held: held == 1)
 
-    def get_value(self) -> int:
+    def get_value(self) -> Any:
         """1 if anyone holds the lock now, else 0."""
         return self._value()
 
@@ -337,7 +376,7 @@ class MultiLock(_Leases):
 
     def acquire(
         self, blocking: bool = True, timeout: Duration | None = None, num_locks: int | None = None
-    ) -> bool:
+    ) -> Any:
         """Take ``num_locks`` of the locks (default: all) at once, waiting up to
         ``timeout`` (None: as long as it takes), or not at all unless ``blocking``;
         whether they were taken."""
@@ -351,7 +390,7 @@ class MultiLock(_Leases):
             raise RuntimeError("this MultiLock is held already: release it first")
         return self._acquire(timeout, num_locks or len(self.names))
 
-    def release(self) -> bool:
+    def release(self) -> Any:
         """Give the locks back; ``ValueError`` if this object does not hold them."""
         if not self._leases:
             raise ValueError("Lock is not yet acquired")
@@ -386,26 +425,30 @@ class Event(Named):
     def __init__(self, name: str | None = None, client: Client | None = None) -> None:
         super().__init__(name or f"event-{uuid.uuid4().hex}", client)
 
-    def _ask(self, op: str, timeout: float = 0.0) -> bool:
-        reply = request(self.client, lambda rid: m.EventRequest(rid, op, self.name, timeout))
-        if reply.error:
-            raise RuntimeError(reply.error)
-        return bool(reply.ok)
+    def _ask(self, op: str, timeout: float = 0.0) -> Any:
+        def answered(reply: m.CoordinationReply) -> bool:
+            if reply.error:
+                raise RuntimeError(reply.error)
+            return bool(reply.ok)
 
-    def wait(self, timeout: Duration | None = None) -> bool:
+        return request(
+            self.client, lambda rid: m.EventRequest(rid, op, self.name, timeout), answered
+        )
+
+    def wait(self, timeout: Duration | None = None) -> Any:
         """Wait until the event is set, up to ``timeout`` (None: as long as it takes);
         whether it is set."""
         return self._ask("wait", wire_timeout(timeout))
 
-    def set(self) -> None:
+    def set(self) -> Any:
         """Set the event: every waiter wakes, and waits return at once until ``clear``."""
-        self._ask("set")
+        return self._ask("set")
 
-    def clear(self) -> None:
+    def clear(self) -> Any:
         """Clear the event: waits wait again."""
-        self._ask("clear")
+        return self._ask("clear")
 
-    def is_set(self) -> bool:
+    def is_set(self) -> Any:
         """Whether the event is set now."""
         return self._ask("is_set")
 
