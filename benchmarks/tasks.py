@@ -10,6 +10,7 @@ directory first on ``sys.path``.)
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -174,32 +175,17 @@ def _halves(n: int) -> list[int]:
     return [size for size in (left, n - 1 - left) if size]
 
 
-def fan_out_apportion(n: int) -> int:
-    """A task that submits the rest of its subtree of ``n`` tasks and waits, seceded;
-    returns how many tasks ran (``n``)."""
-    import apportion
-
+def fan_out(n: int, library: str) -> int:
+    """A task that submits the rest of its subtree of ``n`` tasks and waits, seceded,
+    as Dask's "Launch Tasks from Tasks" page writes it; returns how many tasks ran
+    (``n``). ``library``: "apportion" or "distributed", both with the same names."""
+    lib = importlib.import_module(library)
     sizes = _halves(n)
     if not sizes:
         return 1
-    client = apportion.get_client()
-    futures = [client.submit(fan_out_apportion, size, pure=False) for size in sizes]
-    apportion.secede()
+    client = lib.get_client()
+    futures = [client.submit(fan_out, size, library, pure=False) for size in sizes]
+    lib.secede()
     counts = client.gather(futures)
-    apportion.rejoin()
-    return 1 + sum(counts)
-
-
-def fan_out_dask(n: int) -> int:
-    """``fan_out_apportion`` for Dask, as its "Launch Tasks from Tasks" page writes it."""
-    import distributed
-
-    sizes = _halves(n)
-    if not sizes:
-        return 1
-    client = distributed.get_client()
-    futures = [client.submit(fan_out_dask, size, pure=False) for size in sizes]
-    distributed.secede()
-    counts = client.gather(futures)
-    distributed.rejoin()
+    lib.rejoin()
     return 1 + sum(counts)

@@ -24,15 +24,13 @@ from harness import settle_apportion, settle_dask
 tasks.share_with_workers()
 
 
-def measure(
-    client: Any, fan_out: Callable[[int], int], settle: Callable[[Any], None], n: int, repeat: int
-) -> float:
-    client.submit(fan_out, 50, pure=False).result()  # warm-up: worker clients, imports
+def measure(client: Any, library: str, settle: Callable[[Any], None], n: int, repeat: int) -> float:
+    client.submit(tasks.fan_out, 50, library, pure=False).result()  # warm-up: clients, imports
     best = 0.0
     for _ in range(repeat):
         settle(client)
         start = time.perf_counter()
-        count = client.submit(fan_out, n, pure=False).result()
+        count = client.submit(tasks.fan_out, n, library, pure=False).result()
         elapsed = time.perf_counter() - start
         if count != n:
             raise AssertionError(f"{count} tasks ran, expected {n}")
@@ -45,7 +43,7 @@ def run_apportion(n: int, repeat: int) -> float:
     from apportion import Client, LocalCluster
 
     with LocalCluster(n_workers=2, threads_per_worker=2) as cluster, Client(cluster) as client:
-        return measure(client, tasks.fan_out_apportion, settle_apportion, n, repeat)
+        return measure(client, "apportion", settle_apportion, n, repeat)
 
 
 def run_dask(n: int, repeat: int) -> float:
@@ -57,7 +55,7 @@ def run_dask(n: int, repeat: int) -> float:
         ) as cluster,
         distributed.Client(cluster) as client,
     ):
-        return measure(client, tasks.fan_out_dask, settle_dask, n, repeat)
+        return measure(client, "distributed", settle_dask, n, repeat)
 
 
 def main() -> None:

@@ -164,7 +164,7 @@ def test_closing_fails_pending_awaits_at_once(cluster: InMemoryCluster) -> None:
             asyncio.ensure_future(slow.result()),
             asyncio.ensure_future(wait(slow)),
         ]
-        await asyncio.sleep(0.1)  # every one of them waiting
+        await asyncio.sleep(0)  # each starts, and then waits on the client's loop
         started = time.monotonic()
         await client.close()
         outcomes = await asyncio.gather(*waiting, return_exceptions=True)

@@ -23,6 +23,7 @@ from apportion.client import topics
 from apportion.client.asynchronous import Ready
 from apportion.client.coordination import Named, pack, post, request, unpack, wire_timeout
 from apportion.client.durations import Duration, seconds
+from apportion.core.payload import Pickled
 from apportion.protocol import messages as m
 
 if TYPE_CHECKING:
@@ -31,6 +32,41 @@ if TYPE_CHECKING:
 
 def _nothing(reply: m.ValueReply) -> None:
     return None
+
+
+def _ask(
+    shared: Named,
+    kind: str,
+    op: str,
+    *,
+    items: list[Pickled] | None = None,
+    keys: list[str] | None = None,
+    count: int = 0,
+    maxsize: int = 0,
+    timeout: float = 0.0,
+    then: Callable[[m.ValueReply], Any] = _nothing,
+    keep: object = None,
+) -> Any:
+    """Send ``op`` on the variable or queue ``shared``; ``then(reply)`` unless the
+    scheduler refused it (``ValueError``). See ``coordination.request``."""
+
+    def answered(reply: m.ValueReply) -> Any:
+        if reply.error:
+            raise ValueError(reply.error)
+        return then(reply)
+
+    make = partial(
+        m.ValueRequest,
+        op=op,
+        kind=kind,
+        name=shared.name,
+        items=items or [],
+        keys=keys or [],
+        count=count,
+        maxsize=maxsize,
+        timeout=timeout,
+    )
+    return request(shared.client, make, answered, keep)
 
 
 class Variable(Named):
@@ -42,39 +78,12 @@ class Variable(Named):
     def __init__(self, name: str | None = None, client: Client | None = None) -> None:
         super().__init__(name or f"variable-{uuid.uuid4().hex}", client)
 
-    def _ask(
-        self,
-        op: str,
-        blob: list[Any],
-        keys: list[str],
-        timeout: float,
-        then: Callable[[m.ValueReply], Any] = _nothing,
-        keep: object = None,
-    ) -> Any:
-        def answered(reply: m.ValueReply) -> Any:
-            if reply.error:
-                raise ValueError(reply.error)
-            return then(reply)
-
-        make = partial(
-            m.ValueRequest,
-            op=op,
-            kind="variable",
-            name=self.name,
-            items=blob,
-            keys=keys,
-            count=0,
-            maxsize=0,
-            timeout=timeout,
-        )
-        return request(self.client, make, answered, keep)
-
     def set(self, value: Any, timeout: Duration | None = "30 s") -> Any:
         """Set the value. ``timeout`` is Dask's wait for a future's task to reach the
         scheduler; here it is there already, so nothing waits for it."""
         seconds(timeout)  # a malformed one is still an error
         blob, keys = pack(value)
-        return self._ask("set", [blob], keys, 0.0, keep=value)
+        return _ask(self, "variable", "set", items=[blob], keys=keys, keep=value)
 
     def get(self, timeout: Duration | None = None) -> Any:
         """The value, once set: wait up to ``timeout`` (None: as long as it takes) for
@@ -86,12 +95,12 @@ class Variable(Named):
                 raise TimeoutError(f"variable {self.name!r} was not set within {timeout}")
             return unpack(client, reply.items, reply.keys)[0]
 
-        return self._ask("get", [], [], wire_timeout(timeout), value)
+        return _ask(self, "variable", "get", timeout=wire_timeout(timeout), then=value)
 
     def delete(self) -> Any:
         """Forget the value, for every client (its futures' results may go); gets wait
         for it to be set again."""
-        return self._ask("delete", [], [], 0.0)
+        return _ask(self, "variable", "delete")
 
     def __reduce__(self) -> tuple[Any, ...]:
         return Variable, (self.name,)
@@ -112,34 +121,6 @@ class Queue(Named):
         super().__init__(name or f"queue-{uuid.uuid4().hex}", client)
         self.maxsize = maxsize
 
-    def _ask(
-        self,
-        op: str,
-        blob: list[Any],
-        keys: list[str],
-        count: int,
-        timeout: float,
-        then: Callable[[m.ValueReply], Any],
-        keep: object = None,
-    ) -> Any:
-        def answered(reply: m.ValueReply) -> Any:
-            if reply.error:
-                raise ValueError(reply.error)
-            return then(reply)
-
-        make = partial(
-            m.ValueRequest,
-            op=op,
-            kind="queue",
-            name=self.name,
-            items=blob,
-            keys=keys,
-            count=count,
-            maxsize=self.maxsize,
-            timeout=timeout,
-        )
-        return request(self.client, make, answered, keep)
-
     def put(self, value: Any, timeout: Duration | None = None) -> Any:
         """Put ``value`` at the end, waiting up to ``timeout`` (None: as long as it takes)
         for room, then ``TimeoutError`` (and the value is not put)."""
@@ -149,7 +130,18 @@ class Queue(Named):
             if reply.timed_out:
                 raise TimeoutError(f"queue {self.name!r} stayed full for {timeout}")
 
-        return self._ask("put", [blob], keys, 1, wire_timeout(timeout), put, value)
+        return _ask(
+            self,
+            "queue",
+            "put",
+            items=[blob],
+            keys=keys,
+            count=1,
+            maxsize=self.maxsize,
+            timeout=wire_timeout(timeout),
+            then=put,
+            keep=value,
+        )
 
     def get(self, timeout: Duration | None = None, batch: bool | int = False) -> Any:
         """The next value, waiting up to ``timeout`` (None: as long as it takes), then
@@ -173,11 +165,19 @@ class Queue(Named):
             values = unpack(client, reply.items, reply.keys)
             return values if batch is not False else values[0]
 
-        return self._ask("get", [], [], count, wire_timeout(timeout), taken)
+        return _ask(
+            self,
+            "queue",
+            "get",
+            count=count,
+            maxsize=self.maxsize,
+            timeout=wire_timeout(timeout),
+            then=taken,
+        )
 
     def qsize(self) -> Any:
         """How many values are in the queue now."""
-        return self._ask("size", [], [], 0, 0.0, lambda reply: int(reply.size))
+        return _ask(self, "queue", "size", maxsize=self.maxsize, then=lambda r: int(r.size))
 
     def close(self) -> None:
         """Nothing to do, kept for Dask's code: the scheduler forgets a queue by itself

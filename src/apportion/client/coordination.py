@@ -66,12 +66,14 @@ def request(
     release its key ahead of the request that shares it.
     """
     client._check_open()
+    if keep is None:
+        return client._ask(make, then)
 
     def answered(reply: Any) -> Any:
-        del reply_keeps[:]
+        nonlocal keep
+        keep = None  # answered: the request no longer needs them
         return then(reply)
 
-    reply_keeps = [keep]
     return client._ask(make, answered)
 
 

@@ -209,12 +209,7 @@ class Future:
         if self._client.asynchronous:
             return self._result_async(seconds(timeout))
         self._wait(timeout)
-        exc = self._state.exception_object()
-        if exc is not None:
-            try:
-                raise exc
-            finally:
-                del exc  # else this frame and the exception's traceback hold each other
+        self._raise_if_failed()
         return self._client._gather_keys([self.key])[self.key]
 
     def exception(self, timeout: Duration | None = None) -> Any:
@@ -247,14 +242,18 @@ class Future:
 
     async def _result_async(self, timeout: float | None) -> Any:
         await self._settled(timeout)
+        self._raise_if_failed()
+        values = await self._client._gather_keys_awaited([self.key])
+        return values[self.key]
+
+    def _raise_if_failed(self) -> None:
+        """Raise the task's exception if it failed (once settled)."""
         exc = self._state.exception_object()
         if exc is not None:
             try:
                 raise exc
             finally:
                 del exc  # else this frame and the exception's traceback hold each other
-        values = await self._client._gather_keys_awaited([self.key])
-        return values[self.key]
 
     async def _exception_async(self, timeout: float | None) -> BaseException | None:
         await self._settled(timeout)

@@ -25,7 +25,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from apportion.client.coordination import Named, bind, request, wire_timeout
 from apportion.client.durations import Duration, seconds
@@ -208,16 +208,25 @@ class _Leases:
         )
         return request(self.client, make, lambda reply: then(int(reply.value)))
 
-    def _take_all(self) -> Any:
-        """``acquire()`` with no arguments, for ``with`` and ``async with``."""
-        return self._acquire(None, len(self._names))
+    def acquire(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError  # each kind has its own, with Dask's signature
 
-    async def __aenter__(self) -> Any:
-        await self._take_all()
+    def release(self) -> Any:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    async def __aenter__(self) -> Self:
+        await self.acquire()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self._release()
+        await self.release()
 
 
 class Semaphore(_Leases):
@@ -270,13 +279,6 @@ class Semaphore(_Leases):
         if self.client.asynchronous:
             return _all_of(outcomes)
         return None
-
-    def __enter__(self) -> Semaphore:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _semaphore, (self.max_leases, self.name, self._lease_timeout_given)
@@ -336,13 +338,6 @@ class Lock(_Leases):
         """1 if anyone holds the lock now, else 0."""
         return self._value()
 
-    def __enter__(self) -> Lock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
     def __reduce__(self) -> tuple[Any, ...]:
         return _lock, (self.name, self._lease_timeout_given)
 
@@ -399,13 +394,6 @@ class MultiLock(_Leases):
     def locked(self) -> bool:
         """Whether this object holds its locks."""
         return bool(self._leases)
-
-    def __enter__(self) -> MultiLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _multilock, (self.names, self._lease_timeout_given)

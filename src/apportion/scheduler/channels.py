@@ -17,7 +17,8 @@ subscription to its topic when it is published, and to nobody else, ever.
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, deque
+from typing import TypeVar
 
 from apportion.core.payload import Pickled
 from apportion.protocol import messages as m
@@ -190,12 +191,7 @@ def _put(state: SchedulerCore, client: ClientRecord, msg: m.ValueRequest) -> Non
         client.id, msg.request_id, _deadline(state, msg.timeout), msg.items[0], list(msg.keys)
     )
     _hold_keys(state, msg.name, record, putter.keys)
-    record.putters.append(putter)
-    settle_queue(state, msg.name)
-    if msg.timeout == 0 and putter in record.putters:
-        drop_waiters(state, msg.name, [putter], answer=True)
-    elif putter in record.putters:
-        state.coordination.due(putter.deadline)
+    _wait_in_line(state, msg, record.putters, putter)
 
 
 def _get(state: SchedulerCore, client: ClientRecord, msg: m.ValueRequest) -> None:
@@ -210,12 +206,29 @@ def _get(state: SchedulerCore, client: ClientRecord, msg: m.ValueRequest) -> Non
         settle_queue(state, msg.name)
         return
     getter = QueueGetter(client.id, msg.request_id, _deadline(state, msg.timeout), msg.count)
-    record.getters.append(getter)
+    _wait_in_line(state, msg, record.getters, getter)
+
+
+#: A put or a get: each waits in a line of its own kind.
+InLine = TypeVar("InLine", QueuePutter, QueueGetter)
+
+
+def _wait_in_line(
+    state: SchedulerCore,
+    msg: m.ValueRequest,
+    line: deque[InLine],
+    waiter: InLine,
+) -> None:
+    """``waiter`` joins ``line``; served at once if it can be, else answered "timed
+    out" now (a timeout of 0) or at its deadline."""
+    line.append(waiter)
     settle_queue(state, msg.name)
-    if msg.timeout == 0 and getter in record.getters:
-        drop_waiters(state, msg.name, [getter], answer=True)
-    elif getter in record.getters:
-        state.coordination.due(getter.deadline)
+    if waiter not in line:
+        return  # served
+    if msg.timeout == 0:
+        drop_waiters(state, msg.name, [waiter], answer=True)
+    else:
+        state.coordination.due(waiter.deadline)
 
 
 def _size(state: SchedulerCore, client: ClientRecord, msg: m.ValueRequest) -> None:
