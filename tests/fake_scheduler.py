@@ -7,6 +7,7 @@ from typing import TypeVar
 
 from apportion.net.connection import Connection
 from apportion.net.handshake import accept_connection
+from apportion.net.security import Security, listening
 from apportion.net.stream import Stream
 from apportion.net.transport import Listener, transport_for
 from apportion.protocol.messages import Message, RegisterWorker
@@ -20,6 +21,12 @@ class FakeScheduler:
     """Accepts workers and lets a test speak the scheduler's side of the protocol."""
 
     def __init__(self, host: str = "inproc://") -> None:
+        #: The secret its workers prove: found by them through ``security_for``.
+        self.security = (
+            Security.of_this_process()
+            if host.startswith("inproc://")
+            else Security.from_environment(create=True)  # as worker processes find it
+        )
         self.address = ""
         self._host = host
         self._server: Listener | None = None
@@ -29,11 +36,12 @@ class FakeScheduler:
     async def start(self) -> FakeScheduler:
         self._server = await transport_for(self._host).listen(self._host, 0, self._accept)
         self.address = self._server.address
+        listening(self.address, self.security)
         return self
 
     async def _accept(self, stream: Stream) -> None:
         conn = Connection(stream)
-        await accept_connection(conn, {"worker"}, "w", {})
+        await accept_connection(conn, {"worker"}, "w", {}, security=self.security)
         self._inbox[conn] = []
         await self._workers.put(conn)
 

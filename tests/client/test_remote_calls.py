@@ -356,7 +356,9 @@ def test_upload_reaches_worker_processes_and_a_later_one(tmp_path: Path) -> None
         # A worker process that joins later gets the kept upload on registration.
         spec = LocalCluster._spec(1, {"name": "late-process", "nthreads": 1})
         late = subprocess.Popen(
-            worker_command(cluster.scheduler_address, spec), stdin=subprocess.DEVNULL
+            worker_command(cluster.scheduler_address, spec),
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **cluster.security.environment("worker")},  # its secret
         )
         try:
             client.wait_for_workers(2, timeout=30)

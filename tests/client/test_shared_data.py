@@ -674,6 +674,7 @@ def test_a_dataset_published_by_a_script_that_exited() -> None:
             text=True,
             timeout=30,
             stdin=subprocess.DEVNULL,
+            env={**os.environ, **cluster.security.environment("client")},  # its secret
         )
         assert done.returncode == 0, done.stderr
         with Client(cluster) as reader:

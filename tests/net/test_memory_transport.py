@@ -11,9 +11,12 @@ from apportion.net.address import AddressError, check_address
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeError, accept_connection, open_connection
 from apportion.net.memory import MEMORY
+from apportion.net.security import Security
 from apportion.net.stream import Stream
 from apportion.net.transport import TCP, Listener, serving_host, transport_for
 from apportion.protocol import messages as m
+
+SECURITY = Security.in_memory()
 
 
 async def _echo_server(address: str, roles: set[str]) -> Listener:
@@ -22,7 +25,7 @@ async def _echo_server(address: str, roles: set[str]) -> Listener:
     async def serve(stream: Stream) -> None:
         conn = Connection(stream)
         try:
-            await accept_connection(conn, roles, "peer-1", {"echo": True})
+            await accept_connection(conn, roles, "peer-1", {"echo": True}, security=SECURITY)
             while True:
                 for message in await conn.recv():
                     conn.send(message)
@@ -54,21 +57,25 @@ def test_a_handshake_and_frames_over_memory_on_one_loop() -> None:
 async def _a_handshake_and_frames_over_memory_on_one_loop() -> None:
     listener = await _echo_server("inproc://echo-one-loop", {"client"})
     try:
-        conn, welcome = await open_connection("inproc://echo-one-loop", "client", "me")
+        conn, welcome = await open_connection(
+            "inproc://echo-one-loop", "client", "me", security=SECURITY
+        )
         assert welcome.info == {"echo": True}
         conn.send(m.Heartbeat(3, 42))
         conn.send(m.ReleaseKeys(["a", "b"]))
         assert await conn.recv() == [m.Heartbeat(3, 42), m.ReleaseKeys(["a", "b"])]
         await conn.close()
         with pytest.raises(HandshakeError, match="role 'worker' is not served"):
-            await open_connection("inproc://echo-one-loop", "worker", "me")
+            await open_connection("inproc://echo-one-loop", "worker", "me", security=SECURITY)
     finally:
         listener.close()
     assert "inproc://echo-one-loop" not in MEMORY.names()
     with pytest.raises(
         ConnectionRefusedError, match="cannot connect to inproc://echo-one-loop: connection refused"
     ):
-        await open_connection("inproc://echo-one-loop", "client", "me", timeout=1)
+        await open_connection(
+            "inproc://echo-one-loop", "client", "me", security=SECURITY, timeout=1
+        )
 
 
 def test_a_name_is_taken_once() -> None:
@@ -92,7 +99,9 @@ async def _connections_cross_event_loops_and_closes_reach_the_other_side() -> No
     other = LoopThread("memory-test")
     try:
         listener = other.run(_echo_server("inproc://echo-other-loop", {"client"}))
-        conn, _ = await open_connection("inproc://echo-other-loop", "client", "me")
+        conn, _ = await open_connection(
+            "inproc://echo-other-loop", "client", "me", security=SECURITY
+        )
         big = m.PutData(1, {"k": b"x" * 1_000_000})  # beyond the reader's buffer
         conn.send(big)
         assert await conn.recv() == [big]

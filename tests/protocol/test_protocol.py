@@ -168,6 +168,9 @@ SAMPLES: list[m.Message] = [
     m.Publish("news", b"\x80msg"),
     m.TopicMessage("news", b"\x80msg"),
     m.FireAndForget(["x-1"]),
+    m.AuthHello(b"n" * 32),
+    m.AuthChallenge(b"s" * 32, b"p" * 32),
+    m.AuthProof(b"p" * 32),
 ]
 
 

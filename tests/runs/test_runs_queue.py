@@ -419,7 +419,10 @@ def test_runs_and_cancel_from_another_machine_go_through_the_scheduler(
     cluster: tuple[Processes, Queue, str], tmp_path: Path
 ) -> None:
     _, queue, address = cluster
-    elsewhere = Queue(tmp_path / "elsewhere")  # no journal of its own
+    elsewhere = Queue(tmp_path / "elsewhere")  # no journal of its own, nor secret
+    refused = elsewhere.cli("runs", "--scheduler", address)
+    assert refused.returncode != 0 and "secret" in refused.stderr
+    elsewhere.env["APPORTION_TOKEN"] = (queue.home / "secret").read_text().strip()
     done = queue.cli("submit", address, "--name", "quick", "--wait", "--", "true")
     assert done.returncode == 0, done.stderr
     slow = queue.cli("submit", address, "--name", "slow", "--", "sleep", "60")

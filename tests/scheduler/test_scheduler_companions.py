@@ -8,6 +8,7 @@ import logging
 import pytest
 
 from apportion.net.handshake import open_connection
+from apportion.net.security import Security, security_for
 from apportion.scheduler.companions import SchedulerAddresses
 from apportion.scheduler.service import Scheduler
 from apportion.worker.service import Worker
@@ -36,7 +37,9 @@ class Recorder:
     async def start(self, scheduler: SchedulerAddresses) -> None:
         self.given = scheduler
         self.started.set()
-        conn, _ = await open_connection(scheduler.local, "client", "companion")
+        conn, _ = await open_connection(
+            scheduler.local, "client", "companion", security=security_for(scheduler.local)
+        )
         await conn.close()
         await self.gate.wait()
         if self.fail:
@@ -91,7 +94,7 @@ def test_a_companion_that_cannot_start_fails_the_start_and_closes_the_others() -
     assert first.closed and not second.closed  # a failed start cleans up after itself
 
     async def connect() -> None:
-        await open_connection(address, "client", "late")
+        await open_connection(address, "client", "late", security=Security.in_memory())
 
     with pytest.raises(OSError):
         asyncio.run(connect())

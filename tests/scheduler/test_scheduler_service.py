@@ -16,10 +16,13 @@ from apportion import Client, Scheduler, Worker
 from apportion.net.address import parse_address
 from apportion.net.connection import Connection
 from apportion.net.handshake import HandshakeError, accept_connection, open_connection
+from apportion.net.security import Security
 from apportion.net.stream import OnConnect, Stream
 from apportion.net.transport import TCP
 from apportion.protocol import messages as m
 from apportion.protocol.codec import HEADER, MAX_HANDSHAKE_FRAME, decode_frame, encode_frame
+
+SECURITY = Security.in_memory()
 
 
 def frame(*messages: m.Message) -> bytes:
@@ -102,7 +105,7 @@ def _handshake_error(serve: OnConnect, role: str) -> str:
     async def main() -> str:
         server = await TCP.listen("127.0.0.1", 0, serve)
         try:
-            await open_connection(server.address, role, "me")
+            await open_connection(server.address, role, "me", security=SECURITY)
         except HandshakeError as exc:
             return str(exc)
         finally:
@@ -127,7 +130,7 @@ def test_unknown_role_is_refused() -> None:
     async def serve(stream: Stream) -> None:
         conn = Connection(stream)
         with contextlib.suppress(HandshakeError):
-            await accept_connection(conn, {"client"}, "p1", {})
+            await accept_connection(conn, {"client"}, "p1", {}, security=SECURITY)
 
     assert "role 'intruder' is not served" in _handshake_error(serve, "intruder")
 

@@ -38,6 +38,7 @@ from apportion.core.resources import (
 )
 from apportion.net.address import ACCEPTED_FORMS
 from apportion.net.handshake import HandshakeError, open_connection
+from apportion.net.security import Security
 from apportion.protocol import messages as m
 from apportion.scheduler.events import WorkerJoined
 from apportion.scheduler.invariants import check_invariants
@@ -636,7 +637,11 @@ def test_a_peer_that_hangs_up_at_once_is_not_called_foreign() -> None:
         thread = threading.Thread(target=hang_up)
         thread.start()
         with pytest.raises(HandshakeError) as info:
-            asyncio.run(open_connection(f"127.0.0.1:{port}", "peer", "test", timeout=5))
+            asyncio.run(
+                open_connection(
+                    f"127.0.0.1:{port}", "peer", "test", security=Security.in_memory(), timeout=5
+                )
+            )
         thread.join(5)
     text = str(info.value)
     # A close with our Hello unread is a reset on Linux; either way, not "foreign".

@@ -235,7 +235,9 @@ def test_a_peer_gets_small_values_first_then_each_large_one_alone() -> None:
             values = {"big1": big, "s": b"small", "big2": big + b"2", "t": 7}
             conn.send(PutData(1, {key: dumps(value) for key, value in values.items()}))
             await scheduler.expect(conn, DataStored)
-            peer, _ = await open_connection(worker.address, "peer", "test")
+            peer, _ = await open_connection(
+                worker.address, "peer", "test", security=worker.security
+            )
             try:
                 asked = ["big1", "s", "gone", "big2", "t"]
                 peer.send(GetData(5, asked, in_parts=True))
@@ -323,8 +325,12 @@ def test_garbage_on_the_data_port_closes_only_that_connection(
             assert await asyncio.wait_for(reader.read(), WAIT) == b""  # closed on us
             writer.close()
             with pytest.raises(HandshakeError, match="role 'worker' is not served"):
-                await open_connection(worker.address, "worker", "intruder")
-            peer, _ = await open_connection(worker.address, "peer", "friend")
+                await open_connection(
+                    worker.address, "worker", "intruder", security=worker.security
+                )
+            peer, _ = await open_connection(
+                worker.address, "peer", "friend", security=worker.security
+            )
             peer.send(GetData(1, ["none"]))
             assert (await asyncio.wait_for(peer.recv(), WAIT)) == [DataReply(1, {}, ["none"], {})]
             await peer.close()

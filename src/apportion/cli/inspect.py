@@ -12,6 +12,7 @@ from apportion.cli.errors import check_address
 from apportion.cli.runs import explain_run
 from apportion.client.client import Client
 from apportion.core.resources import SCALE, describe_amount, format_amount
+from apportion.net.security import AuthenticationError
 from apportion.runs.journal import Journal, default_journal_path
 from apportion.scheduler.client_requests import WHY_ALL_LIMIT
 from apportion.scheduler.explain import unknown_text
@@ -29,7 +30,7 @@ scheduler_option = click.option(
 def _connect(address: str) -> Client:
     try:
         return Client(address, timeout=10)
-    except (OSError, TimeoutError) as exc:
+    except (OSError, TimeoutError, AuthenticationError) as exc:
         raise click.ClickException(str(exc)) from None
 
 

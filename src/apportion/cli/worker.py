@@ -455,6 +455,7 @@ def run_one(address: str, settings: WorkerSettings) -> int:
     The first SIGTERM or SIGINT drains the worker (``Worker.drain``); a second one
     closes it at once. Status 0 tells a supervisor not to start it again.
     """
+    from apportion.net.security import AuthenticationError
     from apportion.runs.launcher import ProcessLauncher
     from apportion.runs.live import LiveRuns
     from apportion.worker.memory_manager import MemoryConfig
@@ -480,7 +481,7 @@ def run_one(address: str, settings: WorkerSettings) -> int:
         )
         try:
             await worker.start()
-        except OSError as exc:  # one line: what was found at the address, not a traceback
+        except (OSError, AuthenticationError) as exc:  # one line, not a traceback
             logger.error("worker %s could not start: %s", worker.name, exc)
             return 1
         stopped = asyncio.Event()

@@ -15,6 +15,7 @@ import hashlib
 import inspect
 import itertools
 import logging
+import os
 import threading
 import uuid
 from collections.abc import (
@@ -57,6 +58,8 @@ from apportion.client.restrictions import ANYWHERE, Where, refuse_actors, where_
 from apportion.client.session import Session, TaskBatch
 from apportion.core import payload
 from apportion.core.resources import ResourceSpec, parse_demand
+from apportion.net.scheduler_file import read_scheduler_file
+from apportion.net.security import Security, security_for
 from apportion.protocol import messages as m
 
 if TYPE_CHECKING:
@@ -102,8 +105,12 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         name: str | None = None,
         set_as_default: bool = True,
         asynchronous: bool = False,
+        security: Security | bool | None = None,
+        scheduler_file: str | os.PathLike[str] | None = None,
         **cluster_options: Any,
     ) -> None:
+        if scheduler_file is not None:
+            address, security = from_scheduler_file(scheduler_file, address, security)
         limit = 30.0 if timeout is None else seconds(timeout, "Client timeout") or 0.0
         self._own_cluster: LocalCluster | None = None
         self.cluster: LocalCluster | None = None
@@ -114,12 +121,21 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
             # Dask's Client hands every keyword it does not know to the LocalCluster;
             # an asynchronous one's cluster starts when the client is awaited.
             options = {**cluster_options, "asynchronous": True} if asynchronous else cluster_options
+            if security is not None:
+                options["security"] = security
             self._own_cluster = self.cluster = start_cluster(options)
             address = self.cluster
         else:
             ignore_client_options(cluster_options)
+        if security is True:
+            raise ValueError(
+                "security=True makes temporary certificates for a cluster started here "
+                "(Client(security=True) with no address); a client of a running scheduler "
+                "takes that scheduler's Security"
+            )
         if isinstance(address, LocalCluster):
             self.cluster = address
+            security = security or address.security
             address = address.scheduler_address  # "": an asynchronous one not started yet
             if not address and not asynchronous:
                 raise RuntimeError(
@@ -128,6 +144,8 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
                 )
         #: The scheduler's address ("" for a cluster that has not started yet).
         self.scheduler_address: str = address
+        #: What this client proves to the scheduler and workers, and expects of them.
+        self.security = security_for(address, security or None)
         self.direct_to_workers = direct_to_workers
         #: Seconds to connect, and to wait for a scatter; Dask's texts (``"60s"``) too.
         self.timeout: float = limit
@@ -152,7 +170,12 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
             return  # ``await client`` connects (``_start``)
         try:
             self._connected_session = Session(
-                address, self.name, self.timeout, self._on_message, self._scheduler_gone
+                address,
+                self.name,
+                self.timeout,
+                self._on_message,
+                self._scheduler_gone,
+                security=self.security,
             )
         except BaseException:
             if self._own_cluster is not None:
@@ -190,6 +213,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
                 self.timeout,
                 self._on_message,
                 self._scheduler_gone,
+                security=self.security,
                 asynchronous=True,
             )
             try:
@@ -1063,6 +1087,19 @@ def start_cluster(options: dict[str, Any]) -> LocalCluster:
     take, as Dask's does; it names the ignored ones (its own and the client's) in
     one warning and rejects what neither Dask nor apportion knows."""
     return LocalCluster(**options)
+
+
+def from_scheduler_file(
+    path: str | os.PathLike[str], address: object, security: Security | bool | None
+) -> tuple[str, Security | bool | None]:
+    """The address in the scheduler file at ``path``, and the credentials to use there:
+    ``security`` if given, else the environment's with the file's secret."""
+    if address is not None:
+        raise ValueError("give an address or a scheduler_file, not both")
+    found = read_scheduler_file(path)
+    if not isinstance(security, Security):
+        security = Security.from_environment().with_token(found.token, str(path))
+    return found.address, security
 
 
 def ignore_client_options(options: dict[str, Any]) -> None:

@@ -45,7 +45,6 @@ DASK_CLUSTER_OPTIONS = frozenset(
         "services",
         "worker_services",
         "service_kwargs",
-        "security",
         "protocol",
         "blocked_handlers",
         "interface",
@@ -91,8 +90,6 @@ MEMORY_FRACTION_OPTIONS = {
 DASK_CLIENT_OPTIONS = frozenset(
     {
         "loop",
-        "scheduler_file",
-        "security",
         "heartbeat_interval",
         "serializers",
         "deserializers",

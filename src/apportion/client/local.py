@@ -48,6 +48,7 @@ from apportion.client.local_processes import LOG_LINES, WorkerProcesses
 from apportion.core.resources import ResourceSpec, format_resources, parse_supply
 from apportion.core.sizes import format_bytes
 from apportion.loop_thread import LoopThread
+from apportion.net.security import Security
 from apportion.protocol.messages import WorkerDied
 from apportion.scheduler.events import WorkerDeathReport
 from apportion.scheduler.service import Scheduler
@@ -191,6 +192,7 @@ class LocalCluster:
         *,
         timeout: Duration = 60.0,
         asynchronous: bool = False,
+        security: Security | bool | None = None,
         **kwargs: Any,
     ) -> None:
         #: Made with ``asynchronous=True``: ``await`` starts it, ``await close()`` stops it.
@@ -231,8 +233,16 @@ class LocalCluster:
         self._names = itertools.count(len(self.specs))
         self._log_level, self._show_from = log_levels(silence_logs)
         self._scheduler_log: deque[str] = deque(maxlen=LOG_LINES)
+        #: This cluster's credentials: a secret of its own, made here, unless given
+        #: (``security=True``: that and TLS with a temporary certificate, as Dask's).
+        self.security = (
+            Security.temporary() if security is True else security or Security.in_memory()
+        )
         self.scheduler = Scheduler(
-            host or "127.0.0.1", scheduler_port, config=SchedulerConfig(fail_unsatisfiable=True)
+            host or "127.0.0.1",
+            scheduler_port,
+            config=SchedulerConfig(fail_unsatisfiable=True),
+            security=self.security,
         )
         #: The worker processes (None in-process, and until started).
         self._pool: WorkerProcesses | None = None
@@ -261,6 +271,7 @@ class LocalCluster:
                 memory_terminate=self.memory_thresholds.terminate,
                 log_level=self._log_level,
                 show_from=self._show_from,
+                credentials=self.security.environment("worker"),
             )
         self._finalizer = weakref.finalize(self, _finalize, loop, self._pool)
         # At exit ``_close_at_exit`` closes the cluster properly; run first (atexit

@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import IO
 
 from apportion.log_setup import LEVEL_VARIABLE
@@ -97,8 +97,11 @@ class WorkerProcesses:
         memory_terminate: Fraction,
         log_level: int,
         show_from: int,
+        credentials: Mapping[str, str],
     ) -> None:
-        self._env = worker_environment(os.environ)
+        # The cluster's secret goes to its workers in their environment: unlike a
+        # command line, that is readable by this user only.
+        self._env = {**worker_environment(os.environ), **credentials}
         self._env.setdefault("PYTHONUNBUFFERED", "1")
         self._env[LEVEL_VARIABLE] = logging.getLevelName(log_level)
         self._env[SUPERVISOR_PID_VARIABLE] = str(os.getpid())

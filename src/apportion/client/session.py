@@ -27,6 +27,7 @@ from apportion.loop_thread import LoopThread
 from apportion.net.address import check_address
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import open_connection
+from apportion.net.security import Security
 from apportion.protocol import messages as m
 from apportion.protocol.codec import ProtocolError
 
@@ -130,6 +131,7 @@ class Session:
         on_message: Callable[[m.Message], None],
         on_lost: Callable[[str], None],
         *,
+        security: Security,
         asynchronous: bool = False,
     ) -> None:
         # A malformed address is the caller's mistake, said at once in one line
@@ -137,6 +139,7 @@ class Session:
         check_address(address)
         self.address = address
         self.name = name
+        self._security = security
         self._timeout = timeout
         self._on_message = on_message
         self._on_lost = on_lost
@@ -184,7 +187,7 @@ class Session:
     async def connect(self) -> None:
         """On the loop thread: connect to the scheduler and start reading from it."""
         self._conn, _ = await open_connection(
-            self.address, "client", self.name, timeout=self._timeout
+            self.address, "client", self.name, security=self._security, timeout=self._timeout
         )
         self._watch(self._conn, scheduler=True)
         _open.add(self)
@@ -289,7 +292,7 @@ class Session:
         if conn is None or conn.closed:
             limit = self._timeout if timeout is None else timeout
             conn, _ = await open_connection(
-                address, "client", self.name, timeout=limit, borrow=True
+                address, "client", self.name, security=self._security, timeout=limit, borrow=True
             )
             self._peers[address] = conn
             self._watch(conn, scheduler=False)

@@ -1,17 +1,30 @@
-"""The first exchange on every connection: protocol version, then (later) credentials.
+"""The first exchange on every connection: protocol version, then proof of the secret.
 
-Nothing but a small ``Hello`` is read from a peer before it is accepted, and no
-payload is ever unpickled here.
+::
+
+    connecting side                          listener
+    [Hello(version, role, name), AuthHello(nonce)]  ->
+                                              <-  AuthChallenge(nonce, proof)
+    (checks the listener's proof)
+    AuthProof(proof)                          ->
+                                              <-  Welcome(version, id, info)
+
+Both sides prove they know the cluster's secret (``net/auth.py``) before anything
+else is said: until then only these small frames are read (``MAX_HANDSHAKE_FRAME``,
+no payload buffers), and nothing is ever unpickled here. A version mismatch is
+answered ``Refused`` before any proof, in words both versions understand; so is a
+wrong proof, without saying more than that.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 
-from apportion.net import lending
-from apportion.net.connection import Connection
+from apportion.net import auth, lending
+from apportion.net.connection import Connection, ConnectionClosed
+from apportion.net.security import HOW_TO_GIVE, AuthenticationError, Security
 from apportion.net.stream import Stream, StreamClosed
 from apportion.net.transport import transport_for
 from apportion.protocol.codec import (
@@ -22,7 +35,22 @@ from apportion.protocol.codec import (
     decode_body,
     frame_sizes,
 )
-from apportion.protocol.messages import PROTOCOL_VERSION, Hello, Message, Refused, Welcome
+from apportion.protocol.messages import (
+    PROTOCOL_VERSION,
+    AuthChallenge,
+    AuthHello,
+    AuthProof,
+    Hello,
+    Message,
+    Refused,
+    Welcome,
+)
+
+#: How a refusal for a wrong proof begins: the connecting side tells it from the others.
+AUTH_FAILED = "authentication failed"
+
+#: Seconds a connecting peer has to complete the whole handshake, proof included.
+HANDSHAKE_TIMEOUT = 10.0
 
 
 class HandshakeError(ConnectionError):
@@ -37,9 +65,16 @@ def version_mismatch(ours: int, theirs: int, what: str) -> str:
 
 
 async def open_connection(
-    address: str, role: str, name: str, *, timeout: float = 10.0, borrow: bool = False
+    address: str,
+    role: str,
+    name: str,
+    *,
+    security: Security,
+    timeout: float = 10.0,
+    borrow: bool = False,
 ) -> tuple[Connection, Welcome]:
-    """Connect to ``address`` and complete the handshake as ``role``, within ``timeout``.
+    """Connect to ``address`` and complete the handshake as ``role``, within ``timeout``,
+    proving the secret of ``security`` and checking that the listener knows it too.
     With ``borrow``, read the large buffers the peer sends from its memory instead of
     the socket, if it offered to lend them and runs on this machine (``net/lending.py``).
 
@@ -48,8 +83,10 @@ async def open_connection(
     Failures are one line naming the address and what was found there: ``OSError``
     when nothing could be reached (refused at once, or no answer in time), and
     ``HandshakeError`` when something answered that is not an apportion peer of
-    this version (its first bytes are quoted), or refused us.
+    this version (its first bytes are quoted), that does not know the secret, or
+    that refused us.
     """
+    key = security.key()  # no secret: say so before reaching out
     transport = transport_for(address)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -62,35 +99,70 @@ async def open_connection(
     except OSError as exc:
         raise OSError(f"cannot connect to {address}: {exc.strerror or exc}") from None
     conn = Connection(stream, max_frame=MAX_HANDSHAKE_FRAME)
-    conn.send(Hello(PROTOCOL_VERSION, role, name))
     try:
-        reply = await asyncio.wait_for(_first_frame(stream), max(0.0, deadline - loop.time()))
+        welcome = await asyncio.wait_for(
+            _prove(conn, stream, address, role, name, key, security.token_source),
+            max(0.0, deadline - loop.time()),
+        )
     except TimeoutError:
         conn.abort()
         raise HandshakeError(
             f"{address}: no apportion handshake: no answer within {timeout:g}s"
         ) from None
-    except _PeerGone as exc:
+    except BaseException:
         conn.abort()
-        raise HandshakeError(f"{address}: the handshake did not complete: {exc}") from None
-    except HandshakeError as exc:
-        conn.abort()
-        raise HandshakeError(f"{address}: no apportion handshake: {exc}") from None
-    first = reply[0] if reply else None
-    if isinstance(first, Refused):
-        await conn.close()
-        raise HandshakeError(f"{address} refused the connection: {first.reason}")
-    if not isinstance(first, Welcome):
-        await conn.close()
-        raise HandshakeError(f"{address}: no apportion handshake: the peer sent {first!r}")
-    if first.protocol != PROTOCOL_VERSION:
-        await conn.close()
-        raise HandshakeError(version_mismatch(PROTOCOL_VERSION, first.protocol, "server"))
+        raise
     conn.max_frame = MAX_FRAME
-    lender = lending.lender_in(first.info) if borrow else None
+    lender = lending.lender_in(welcome.info) if borrow else None
     if lender is not None:
         conn.borrow_from(lender)
-    return conn, first
+    return conn, welcome
+
+
+async def _prove(
+    conn: Connection, stream: Stream, address: str, role: str, name: str, key: bytes, source: str
+) -> Welcome:
+    """The connecting side of the handshake, up to the listener's ``Welcome``."""
+    ours = auth.new_nonce()
+    conn.send(Hello(PROTOCOL_VERSION, role, name))
+    conn.send(AuthHello(ours))
+    try:
+        reply = await _first_frame(stream)
+    except _PeerGone as exc:
+        raise HandshakeError(f"{address}: the handshake did not complete: {exc}") from None
+    except HandshakeError as exc:
+        raise HandshakeError(f"{address}: no apportion handshake: {exc}") from None
+    challenge = _expect(reply, AuthChallenge, address)
+    expected = auth.proof(key, auth.LISTENER, role, name, ours, challenge.nonce)
+    if not auth.verify(expected, challenge.proof):
+        raise AuthenticationError(
+            f"{address} does not know the secret this side holds (from {source}): {HOW_TO_GIVE}"
+        )
+    conn.send(AuthProof(auth.proof(key, auth.CONNECTOR, role, name, ours, challenge.nonce)))
+    try:
+        final = await conn.recv()
+    except (ConnectionClosed, ProtocolError) as exc:
+        raise HandshakeError(f"{address}: the handshake did not complete: {exc}") from None
+    return _expect(final, Welcome, address)
+
+
+_M = TypeVar("_M", bound=Message)
+
+
+def _expect(batch: list[Message], kind: type[_M], address: str) -> _M:
+    """The single message of a handshake frame, which must be ``kind``; a ``Refused``
+    or a version mismatch is raised in words."""
+    first = batch[0] if len(batch) == 1 else None
+    if isinstance(first, Refused):
+        text = f"{address} refused the connection: {first.reason}"
+        if first.reason.startswith(AUTH_FAILED):
+            raise AuthenticationError(f"{text}; {HOW_TO_GIVE}")
+        raise HandshakeError(text)
+    if isinstance(first, Welcome) and first.protocol != PROTOCOL_VERSION:
+        raise HandshakeError(version_mismatch(PROTOCOL_VERSION, first.protocol, "server"))
+    if not isinstance(first, kind):
+        raise HandshakeError(f"{address}: no apportion handshake: the peer sent {batch!r:.200}")
+    return first
 
 
 #: Bytes of a non-apportion answer quoted in the error (an HTTP status line fits).
@@ -138,15 +210,34 @@ async def _sample(stream: Stream, head: bytes) -> bytes:
 
 
 async def accept_connection(
-    conn: Connection, roles: set[str], peer_id: str, info: dict[str, Any], *, timeout: float = 10.0
+    conn: Connection,
+    roles: set[str],
+    peer_id: str,
+    info: dict[str, Any],
+    *,
+    security: Security,
+    timeout: float = HANDSHAKE_TIMEOUT,
 ) -> Hello:
-    """Check the peer's ``Hello``; answer ``Welcome`` or ``Refused`` (and raise)."""
+    """Check the peer's ``Hello`` and its proof of the secret, within ``timeout`` in all;
+    answer ``Welcome``, or ``Refused`` and raise ``HandshakeError``."""
     conn.max_frame = MAX_HANDSHAKE_FRAME
+    key = security.key()
     try:
-        batch = await asyncio.wait_for(conn.recv(), timeout)
+        hello = await asyncio.wait_for(_check(conn, roles, key), timeout)
     except TimeoutError:
-        raise HandshakeError(f"{conn.peer} sent no handshake within {timeout}s") from None
-    hello = batch[0] if len(batch) == 1 else None
+        raise HandshakeError(
+            f"{conn.peer} did not complete the handshake within {timeout:g}s"
+        ) from None
+    conn.send(Welcome(PROTOCOL_VERSION, peer_id, info))
+    conn.max_frame = MAX_FRAME
+    return hello
+
+
+async def _check(conn: Connection, roles: set[str], key: bytes) -> Hello:
+    """The listener's side of the handshake, up to (not including) its ``Welcome``."""
+    batch = await conn.recv()
+    hello = batch[0] if batch else None
+    start = batch[1] if len(batch) == 2 else None
     if not isinstance(hello, Hello):
         raise HandshakeError(f"{conn.peer} did not start with a handshake")
     reason = None
@@ -154,10 +245,23 @@ async def accept_connection(
         reason = version_mismatch(PROTOCOL_VERSION, hello.protocol, hello.role or "peer")
     elif hello.role not in roles:
         reason = f"role {hello.role!r} is not served here (expected one of {sorted(roles)})"
+    elif not isinstance(start, AuthHello):
+        reason = "no authentication offered"
     if reason is not None:
-        conn.send(Refused(reason))
-        await conn.close()
-        raise HandshakeError(reason)
-    conn.send(Welcome(PROTOCOL_VERSION, peer_id, info))
-    conn.max_frame = MAX_FRAME
+        await _refuse(conn, reason)
+    assert isinstance(start, AuthHello)
+    ours = auth.new_nonce()
+    role, name = hello.role, hello.name
+    conn.send(AuthChallenge(ours, auth.proof(key, auth.LISTENER, role, name, start.nonce, ours)))
+    answer = await conn.recv()
+    proof = answer[0] if len(answer) == 1 else None
+    expected = auth.proof(key, auth.CONNECTOR, role, name, start.nonce, ours)
+    if not isinstance(proof, AuthProof) or not auth.verify(expected, proof.proof):
+        await _refuse(conn, f"{AUTH_FAILED}: the peer does not know the cluster's secret")
     return hello
+
+
+async def _refuse(conn: Connection, reason: str) -> NoReturn:
+    conn.send(Refused(reason))
+    await conn.close()
+    raise HandshakeError(reason)

@@ -21,7 +21,7 @@ from apportion.core.payload import Pickled
 
 #: Bumped whenever a message changes shape. Peers with another version are refused
 #: in the handshake, naming both versions, instead of failing later on a bad field.
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 
 
 class Message:
@@ -91,6 +91,32 @@ class Refused(Message):
     """The listener's answer to an unacceptable ``Hello``; the connection closes after it."""
 
     reason: str
+
+
+# Tags of the three messages above never change, so that a peer of another version is
+# still told so in words. Authentication follows them (``net/auth.py``).
+
+
+@message
+class AuthHello(Message):
+    """Connecting side -> listener, in the frame of its ``Hello``: my fresh nonce."""
+
+    nonce: bytes
+
+
+@message
+class AuthChallenge(Message):
+    """Listener -> connecting side: my nonce, and my proof that I know the secret."""
+
+    nonce: bytes
+    proof: bytes
+
+
+@message
+class AuthProof(Message):
+    """Connecting side -> listener: my proof that I know the secret; then ``Welcome``."""
+
+    proof: bytes
 
 
 # --- same-machine lending (``net/lending.py``), handled by ``Connection`` itself ----

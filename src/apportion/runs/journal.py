@@ -28,6 +28,7 @@ so a stale lock file never blocks the next scheduler.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -42,6 +43,7 @@ from signal import Signals
 from types import TracebackType
 from typing import Any
 
+from apportion.home import default_home, private_dir
 from apportion.runs.run_states import (
     CANCELLED,
     COMPLETED,
@@ -135,12 +137,6 @@ _COLUMNS = (
 _IN_LIST = "(SELECT value FROM json_each(?))"
 
 _FINISHED_LIST = json.dumps(sorted(FINISHED))
-
-
-def default_home() -> Path:
-    """Where apportion keeps its files: ``$APPORTION_HOME``, else ``~/.apportion``."""
-    home = os.environ.get("APPORTION_HOME")
-    return Path(home) if home else Path.home() / ".apportion"
 
 
 def default_journal_path() -> Path:
@@ -242,7 +238,11 @@ class Journal:
         self._depth = 0
         #: Log files of removed runs, deleted once the removal commits.
         self._unlink_on_commit: list[Path] = []
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path.parent)
+        # Run specs, commands and outputs are the user's business: the journal (and
+        # the WAL files SQLite gives the same mode), its lock and logs are user-only.
+        with contextlib.suppress(FileExistsError):
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         try:
             # Autocommit (isolation_level=None): transactions are begun by batch() alone.
             self._db = sqlite3.connect(
@@ -691,12 +691,13 @@ class Journal:
     def append_log(self, run_id: int, data: bytes | bytearray) -> None:
         """Append output to a run's log file, creating the logs directory if need be."""
         path = self.log_path(run_id)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
         try:
-            log = path.open("ab")
+            fd = os.open(path, flags, 0o600)
         except FileNotFoundError:
-            self.logs_dir.mkdir(parents=True, exist_ok=True)
-            log = path.open("ab")
-        with log:
+            private_dir(self.logs_dir)
+            fd = os.open(path, flags, 0o600)
+        with open(fd, "ab") as log:
             log.write(data)
 
     # --- the scheduler's claim ------------------------------------------------------
@@ -709,7 +710,7 @@ class Journal:
         """
         address = _one_line(address)
         if self._lock_fd is None:
-            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
             # An owner() probe holds the lock for microseconds: wait that out.
             if not _try_flock(fd, fcntl.LOCK_EX, patience=0.1):
                 pid, owner_address = _read_owner(fd)

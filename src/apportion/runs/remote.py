@@ -15,6 +15,7 @@ from typing import Any
 
 from apportion.net.connection import ConnectionClosed
 from apportion.net.handshake import HandshakeError, open_connection
+from apportion.net.security import AuthenticationError, security_for
 from apportion.protocol import messages as m
 from apportion.protocol.codec import ProtocolError
 from apportion.runs.journal import RunRecord
@@ -32,8 +33,10 @@ class RemoteQueueError(Exception):
 
 async def _ask(address: str, request: m.Message, timeout: float) -> m.Message:
     try:
-        conn, _ = await asyncio.wait_for(open_connection(address, "client", "runs"), timeout)
-    except (OSError, HandshakeError) as exc:  # TimeoutError is an OSError
+        conn, _ = await asyncio.wait_for(
+            open_connection(address, "client", "runs", security=security_for(address)), timeout
+        )
+    except (OSError, HandshakeError, AuthenticationError) as exc:  # TimeoutError: OSError
         raise RemoteQueueError(f"cannot reach the scheduler at {address}: {exc}") from None
     try:
         conn.send(request)

@@ -25,6 +25,7 @@ import time
 from apportion.loop_thread import LoopThread
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import open_connection
+from apportion.net.security import security_for
 from apportion.protocol import messages as m
 from apportion.runs.journal import Journal
 from apportion.runs.queue import QueueOptions, RunQueue
@@ -94,7 +95,7 @@ class RunsService:
         await asyncio.to_thread(self.journal.release)
 
     async def _start(self, address: str) -> RunQueue:
-        conn, _ = await open_connection(address, "client", "runs")
+        conn, _ = await open_connection(address, "client", "runs", security=security_for(address))
         self._conn = conn
         queue = self.queue = RunQueue(self.journal, _Link(conn), self.options)  # registers
         self._tasks.append(asyncio.create_task(self._receive(conn, queue), name="runs-recv"))

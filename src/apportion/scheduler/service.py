@@ -26,6 +26,7 @@ from apportion.net.address import DEFAULT_PORT, INPROC, is_inproc
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeError, accept_connection, open_connection
 from apportion.net.pipe import forward_buffers
+from apportion.net.security import Security, listening, stopped_listening
 from apportion.net.stream import Stream
 from apportion.net.transport import Listener, transport_for
 from apportion.protocol import messages as m
@@ -82,8 +83,17 @@ class Scheduler(BackgroundService):
         config: SchedulerConfig | None = None,
         clock: Clock | None = None,
         companions: Sequence[Companion] = (),
+        security: Security | None = None,
     ) -> None:
         self.host = host
+        #: What every peer must prove (the secret) and, on ``tls://``, show: the
+        #: environment's, made first if the user has none (``net/security.py``); a
+        #: scheduler in memory has a secret of its own.
+        self.security = security or (
+            Security.of_this_process()
+            if is_inproc(host)
+            else Security.from_environment(create=True)
+        )
         self.port = port
         self.state = SchedulerState(config)
         self.id = f"scheduler-{uuid.uuid4().hex[:8]}"
@@ -122,6 +132,7 @@ class Scheduler(BackgroundService):
         transport = transport_for(self.host)
         self._server = await transport.listen(self.host, self.port, self._on_connect)
         self.address = self._server.address
+        listening(self.address, self.security)
         self.state.identity = {"id": self.id, "address": self.address}
         self.state.remote.versions = versions()
         self.state.remote.logs = lambda n: [list(r) for r in self.logs.recent(n)]
@@ -156,6 +167,7 @@ class Scheduler(BackgroundService):
         if not is_inproc(local):
             self._local_server = await transport_for(INPROC).listen(INPROC, 0, self._on_connect)
             local = self._local_server.address
+            listening(local, self.security)
         where = SchedulerAddresses(self.address, local)
         try:
             for companion in self.companions:
@@ -170,6 +182,7 @@ class Scheduler(BackgroundService):
         while self._started:
             await self._started.pop().close()
         if self._local_server is not None:
+            stopped_listening(self._local_server.address)
             self._local_server.close()
             self._local_server = None
 
@@ -182,6 +195,7 @@ class Scheduler(BackgroundService):
             self._wake.cancel()
             self._wake = None
         if self._server is not None:
+            stopped_listening(self.address)
             self._server.close()
             self._server = None
         # First, so that the workers leaving below reach no companion: the job queue
@@ -215,7 +229,9 @@ class Scheduler(BackgroundService):
         peer_id = f"peer-{next(self._ids)}"
         try:
             roles = {"client", "worker", "supervisor"}
-            hello = await accept_connection(conn, roles, peer_id, {"id": self.id})
+            hello = await accept_connection(
+                conn, roles, peer_id, {"id": self.id}, security=self.security
+            )
             if hello.role == "worker":
                 await self._serve_worker(conn, peer_id)
             elif hello.role == "supervisor":
@@ -341,7 +357,11 @@ class Scheduler(BackgroundService):
         source = None
         try:
             source, _ = await open_connection(
-                command.address, "scheduler", self.id, timeout=PIPE_CONNECT_TIMEOUT
+                command.address,
+                "scheduler",
+                self.id,
+                security=self.security,
+                timeout=PIPE_CONNECT_TIMEOUT,
             )
             source.send(m.GetData(command.request_id, command.keys))
             head = await source.recv_head()

@@ -16,6 +16,7 @@ from apportion.core.payload import Pickled, dumps, size_of
 from apportion.net import lending
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeError, accept_connection
+from apportion.net.security import Security, listening, stopped_listening
 from apportion.net.stream import Stream
 from apportion.net.transport import Listener, transport_for
 from apportion.protocol.codec import ProtocolError
@@ -83,8 +84,12 @@ class DataServer:
         port: int,
         on_put: Callable[[PutData], DataStored] | None = None,
         on_actor: Callable[[ActorCall, Connection], None] | None = None,
+        *,
+        security: Security,
     ) -> None:
         self._data = data
+        #: What every peer must prove (and show, on ``tls://``) before it is served.
+        self._security = security
         #: Stores data a client puts here directly (``direct_to_workers``).
         self._on_put = on_put
         #: Starts a call on an actor living here; it answers on the connection.
@@ -102,10 +107,12 @@ class DataServer:
         transport = transport_for(self._host)
         self._server = await transport.listen(self._host, self._port, self._serve)
         self.address = self._server.address
+        listening(self.address, self._security)
         return self.address
 
     async def close(self) -> None:
         if self._server is not None:
+            stopped_listening(self.address)
             self._server.close()
         for conn in list(self._conns):
             conn.abort()
@@ -116,7 +123,7 @@ class DataServer:
     async def _greet(self, conn: Connection) -> None:
         """The handshake, offering to lend large buffers to a peer on this machine."""
         info = {"worker": self._name, **lending.offer()}
-        await accept_connection(conn, set(DATA_ROLES), conn.peer, info)
+        await accept_connection(conn, set(DATA_ROLES), conn.peer, info, security=self._security)
         if "lender" in info:
             conn.offer_lending()
 

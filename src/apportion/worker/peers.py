@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import open_connection
+from apportion.net.security import Security
 from apportion.protocol.codec import ProtocolError
 from apportion.protocol.messages import DataReply, GetData
 
@@ -79,8 +80,9 @@ class PeerChannel:
 class PeerPool:
     """Connections to peers by data address, opened on first use."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, security: Security) -> None:
         self._name = name
+        self._security = security
         self._channels: dict[str, PeerChannel] = {}
         self._opening: dict[str, asyncio.Task[PeerChannel]] = {}
         self._ids = itertools.count(1)
@@ -110,7 +112,9 @@ class PeerPool:
 
     async def _open(self, address: str) -> PeerChannel:
         try:
-            conn, _ = await open_connection(address, "peer", self._name, borrow=True)
+            conn, _ = await open_connection(
+                address, "peer", self._name, security=self._security, borrow=True
+            )
             channel = self._channels[address] = PeerChannel(address, conn)
             return channel
         finally:

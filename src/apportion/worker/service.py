@@ -31,6 +31,7 @@ from apportion.core.sizes import format_bytes
 from apportion.loop_thread import BackgroundService
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeError, open_connection
+from apportion.net.security import Security, security_for
 from apportion.net.transport import serving_host
 from apportion.protocol.codec import ProtocolError
 from apportion.protocol.messages import (
@@ -146,8 +147,12 @@ class Worker(BackgroundService):
         clock: Clock | None = None,
         long_lived: LongLivedTasks | None = None,
         memory: MemoryConfig | None = None,
+        security: Security | None = None,
     ) -> None:
         self.scheduler_address = scheduler_address
+        #: The secret (and TLS) of every connection: to the scheduler, to peers, and
+        #: the data port's. An in-process scheduler's own, else the environment's.
+        self.security = security_for(scheduler_address, security)
         #: Paces heartbeats, drain deadlines and reconnection; the time in every event.
         self.clock: Clock = clock or SYSTEM_CLOCK
         self.nthreads = nthreads if nthreads is not None else os.cpu_count() or 1
@@ -185,9 +190,15 @@ class Worker(BackgroundService):
         #: Actors built by tasks here, taking calls on the data port.
         self.actors = ActorHost(self)
         self._server = DataServer(
-            self.data, self.name, data_host, port, self._put_direct, self.actors.serve
+            self.data,
+            self.name,
+            data_host,
+            port,
+            self._put_direct,
+            self.actors.serve,
+            security=self.security,
         )
-        self._peers = PeerPool(self.name)
+        self._peers = PeerPool(self.name, self.security)
         self._runner: TaskRunner | None = None
         #: The live scheduler connection; None while reconnecting (and before start).
         self._scheduler: Connection | None = None
@@ -352,7 +363,9 @@ class Worker(BackgroundService):
 
     async def _register(self) -> Connection:
         """Connect, complete the handshake and register; raises ``OSError``/``HandshakeError``."""
-        conn, _ = await open_connection(self.scheduler_address, "worker", self.name)
+        conn, _ = await open_connection(
+            self.scheduler_address, "worker", self.name, security=self.security
+        )
         conn.send(
             RegisterWorker(
                 self.name,

@@ -44,6 +44,7 @@ import psutil
 
 from apportion.core.sizes import format_bytes
 from apportion.net.handshake import open_connection
+from apportion.net.security import Security, security_for
 from apportion.protocol.messages import WorkerDied
 from apportion.worker.memory_policy import Fraction, MemoryThresholds
 from apportion.worker.process_groups import kill_orphaned_groups
@@ -98,7 +99,9 @@ def resident_memory(pid: int) -> int:
         return 0
 
 
-def scheduler_reporter(address: str, timeout: float = 5.0) -> DeathReporter:
+def scheduler_reporter(
+    address: str, timeout: float = 5.0, security: Security | None = None
+) -> DeathReporter:
     """A ``DeathReporter`` that sends ``WorkerDied`` to the scheduler at ``address``.
 
     Each report goes on a short connection of its own, from a daemon thread, so a
@@ -106,8 +109,12 @@ def scheduler_reporter(address: str, timeout: float = 5.0) -> DeathReporter:
     restarts; a report that cannot be delivered is logged and dropped.
     """
 
+    credentials = security_for(address, security)
+
     async def send(report: WorkerDied) -> None:
-        conn, _ = await open_connection(address, "supervisor", f"supervisor-{os.getpid()}")
+        conn, _ = await open_connection(
+            address, "supervisor", f"supervisor-{os.getpid()}", security=credentials
+        )
         conn.send(report)
         await conn.close()
 

@@ -1,0 +1,90 @@
+"""The scheduler file: where a scheduler is and what it takes to connect, in one file.
+
+``apportion scheduler`` writes one (``--scheduler-file F``; by default
+``$APPORTION_HOME/scheduler.json``); ``apportion worker --scheduler-file F``,
+``Client(scheduler_file=F)`` and the other commands read it. It is JSON in the shape
+of Dask's (``type``, ``id``, ``address``) plus the cluster's ``token``, so it is
+private to its owner, like the secret itself: give it to a colleague and you give
+them your cluster. On a shared file system it is how the processes of one job find
+each other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from apportion.home import PrivateFileError, default_home, read_private, write_private
+
+#: The file ``apportion scheduler`` writes when not told where.
+DEFAULT_NAME = "scheduler.json"
+
+
+def default_scheduler_file() -> Path:
+    return default_home() / DEFAULT_NAME
+
+
+class SchedulerFileError(OSError):
+    """A scheduler file that cannot be read, is open to others, or is not one."""
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerFile:
+    """What a scheduler file says."""
+
+    address: str
+    #: The cluster's secret; None in a file written without one (Dask's).
+    token: str | None
+    #: The scheduler's id and process, to tell a stale file from a live one.
+    id: str = ""
+    pid: int = 0
+
+
+def write_scheduler_file(path: str | os.PathLike[str], address: str, token: str, id: str) -> None:
+    """Write the file for the scheduler at ``address`` (mode 0600, atomically)."""
+    document = {
+        "type": "Scheduler",
+        "id": id,
+        "address": address,
+        "token": token,
+        "pid": os.getpid(),
+        "started": time.time(),
+    }
+    write_private(Path(path), json.dumps(document, indent=2) + "\n")
+
+
+def read_scheduler_file(path: str | os.PathLike[str]) -> SchedulerFile:
+    """What the file at ``path`` says; ``SchedulerFileError`` in one line if it cannot be
+    used."""
+    try:
+        text = read_private(Path(path), "scheduler file")
+    except PrivateFileError as exc:
+        raise SchedulerFileError(str(exc)) from None
+    try:
+        document: Any = json.loads(text)
+    except ValueError as exc:
+        raise SchedulerFileError(f"scheduler file {path} is not JSON: {exc}") from None
+    address = document.get("address") if isinstance(document, dict) else None
+    if not isinstance(address, str) or not address:
+        raise SchedulerFileError(f"scheduler file {path} names no address")
+    token = document.get("token")
+    return SchedulerFile(
+        address,
+        token if isinstance(token, str) and token else None,
+        str(document.get("id", "")),
+        int(document.get("pid", 0) or 0),
+    )
+
+
+def remove_scheduler_file(path: str | os.PathLike[str], id: str) -> None:
+    """Remove the file at ``path`` if it is still the one of scheduler ``id`` (another
+    scheduler may have taken the name since)."""
+    try:
+        if read_scheduler_file(path).id == id:
+            os.unlink(path)
+    except OSError:
+        pass
