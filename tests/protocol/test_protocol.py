@@ -14,10 +14,15 @@ from apportion.core.allocation import Allocation
 from apportion.net.address import DEFAULT_PORT, format_address, parse_address
 from apportion.protocol import messages as m
 from apportion.protocol.codec import (
+    BUFFER_LENGTH,
     HEADER,
+    LENT,
+    MAX_BODY,
+    MAX_BUFFERS,
     MAX_FRAME,
     MAX_HANDSHAKE_FRAME,
     ProtocolError,
+    buffer_lengths,
     decode_body,
     decode_frame,
     encode_frame,
@@ -393,3 +398,108 @@ def test_fields_of_the_wrong_type_are_protocol_errors(message: list[object], fie
     body = msgpack.packb([message], use_bin_type=True)
     with pytest.raises(ProtocolError, match=re.escape(field)):
         decode_body(body)
+
+
+# --- frame limits -------------------------------------------------------------------
+
+
+def _listing(*lengths: int) -> bytes:
+    return b"".join(BUFFER_LENGTH.pack(n) for n in lengths)
+
+
+def test_limits_after_authentication_are_large_but_finite() -> None:
+    assert MAX_BODY == 1 << 30
+    assert MAX_BUFFERS == 1_000_000
+    assert MAX_FRAME == 64 << 30
+    assert MAX_HANDSHAKE_FRAME == 64 * 1024
+
+
+def test_a_body_over_max_body_is_refused_naming_the_limit_and_the_figures() -> None:
+    assert frame_sizes(HEADER.pack(MAX_BODY, 0)) == (MAX_BODY, 0)
+    with pytest.raises(ProtocolError, match=f"body of {MAX_BODY + 1} bytes .* {MAX_BODY}"):
+        frame_sizes(HEADER.pack(MAX_BODY + 1, 0))
+
+
+def test_more_buffers_than_max_buffers_are_refused_naming_the_limit_and_the_figures() -> None:
+    assert frame_sizes(HEADER.pack(0, MAX_BUFFERS)) == (0, MAX_BUFFERS)
+    with pytest.raises(ProtocolError, match=f"{MAX_BUFFERS + 1} buffers .* {MAX_BUFFERS}"):
+        frame_sizes(HEADER.pack(0, MAX_BUFFERS + 1))
+    with pytest.raises(ProtocolError, match="buffers"):
+        frame_sizes(HEADER.pack(0, 2**32 - 1))
+
+
+def test_buffers_over_max_frame_in_all_are_refused_lent_ones_included() -> None:
+    head = HEADER.size  # stands for a body of this many bytes
+    room = MAX_FRAME - head - 2 * BUFFER_LENGTH.size
+    assert buffer_lengths(_listing(room - 5, 5), 2, head) == ([room - 5, 5], ())
+    with pytest.raises(ProtocolError, match=f"frame of {MAX_FRAME + 1} bytes .*{MAX_FRAME}"):
+        buffer_lengths(_listing(room - 5, 6), 2, head)
+    # A lent buffer is received into memory of its own as well: it counts.
+    with pytest.raises(ProtocolError, match="whole frame"):
+        buffer_lengths(_listing(room | LENT, 1), 2, head)
+    lengths, lent = buffer_lengths(_listing(room | LENT, 0), 2, head)
+    assert lengths == [room, 0] and lent == (0,)
+
+
+def test_the_handshake_limit_still_counts_body_and_buffer_lengths() -> None:
+    with pytest.raises(ProtocolError, match=str(MAX_HANDSHAKE_FRAME)):
+        buffer_lengths(_listing(MAX_HANDSHAKE_FRAME), 1, 0, MAX_HANDSHAKE_FRAME)
+    assert frame_sizes(HEADER.pack(MAX_HANDSHAKE_FRAME - 8, 1), MAX_HANDSHAKE_FRAME) == (
+        MAX_HANDSHAKE_FRAME - 8,
+        1,
+    )
+
+
+@pytest.mark.parametrize("size", [0, 1, HEADER.size - 1, HEADER.size + 1])
+def test_a_header_of_the_wrong_size_is_a_protocol_error(size: int) -> None:
+    with pytest.raises(ProtocolError, match="header"):
+        frame_sizes(bytes(size))
+
+
+@pytest.mark.parametrize("listed", [b"", b"\x00" * 7, b"\x00" * 9, b"\x00" * 24])
+def test_a_listing_of_the_wrong_size_is_a_protocol_error(listed: bytes) -> None:
+    with pytest.raises(ProtocolError, match="announces 2 buffers"):
+        buffer_lengths(listed, 2, 0)
+
+
+def test_a_whole_frame_over_the_limit_is_refused_by_decode_frame() -> None:
+    frame = _whole(encode_frame([m.ReleaseKeys(["x" * 100])]))
+    assert decode_frame(frame, len(frame))
+    with pytest.raises(ProtocolError, match="exceeds the limit"):
+        decode_frame(frame, len(frame) - HEADER.size - 1)
+
+
+_SMALL = st.integers(0, 64)
+_HEADERS = st.one_of(
+    st.binary(max_size=2 * HEADER.size),
+    st.builds(HEADER.pack, st.integers(0, 2**64 - 1), st.integers(0, 2**32 - 1)),
+    st.builds(HEADER.pack, _SMALL, st.integers(0, 8)),
+)
+_LENGTHS = st.one_of(_SMALL, st.integers(0, 2**64 - 1), _SMALL.map(lambda n: n | LENT))
+_LISTINGS = st.one_of(
+    st.binary(max_size=80), st.lists(_LENGTHS, max_size=8).map(lambda ns: _listing(*ns))
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    header=_HEADERS,
+    listed=_LISTINGS,
+    limit=st.one_of(st.integers(0, 256), st.just(MAX_FRAME), st.just(MAX_HANDSHAKE_FRAME)),
+    max_body=st.one_of(st.integers(0, 128), st.just(MAX_BODY)),
+    max_buffers=st.one_of(st.integers(0, 8), st.just(MAX_BUFFERS)),
+)
+def test_no_header_passes_the_limits_or_raises_anything_but_a_protocol_error(
+    header: bytes, listed: bytes, limit: int, max_body: int, max_buffers: int
+) -> None:
+    """Whatever bytes a peer sends as a frame's head, what is accepted fits every limit."""
+    try:
+        body, count = frame_sizes(header, limit, max_body=max_body, max_buffers=max_buffers)
+        assert 0 <= body <= max_body and 0 <= count <= max_buffers
+        assert body + count * BUFFER_LENGTH.size <= limit
+        lengths, lent = buffer_lengths(listed[: count * BUFFER_LENGTH.size], count, body, limit)
+    except ProtocolError:
+        return
+    assert len(lengths) == count and all(0 <= n < LENT for n in lengths)
+    assert set(lent) <= set(range(count))
+    assert body + count * BUFFER_LENGTH.size + sum(lengths) <= limit

@@ -9,6 +9,11 @@ Between two processes of one machine a connection may *lend* its large buffers
 instead of sending them (``net/lending.py``): the receiver reads them from the
 sender's memory. The two control messages this takes, ``LendBuffers`` and
 ``BuffersReturned``, are handled here and never reach the connection's owner.
+
+A service facing untrusted peers bounds what one of them can hold: ``limit_unsent``
+drops a peer that reads nothing, and ``stall_timeout`` one that stops half-way
+through a frame (``net/stream.py``); ``max_frame`` and the codec's limits refuse a
+frame too large before anything of its size is allocated.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from dataclasses import dataclass
 
 from apportion.net import lending
 from apportion.net.receive_pool import POOL, POOL_FROM
-from apportion.net.stream import Buffer, Stream, StreamClosed
+from apportion.net.stream import Buffer, Stream, StreamClosed, StreamStalled
 from apportion.protocol.codec import (
     BUFFER_LENGTH,
     HEADER,
@@ -119,6 +124,23 @@ class Connection:
     @property
     def closed(self) -> bool:
         return self._stream.closed
+
+    def limit_unsent(self, n: int | None) -> None:
+        """Abort the connection when a send finds more than ``n`` bytes still unsent
+        (the peer reads nothing); None: no bound. ``stream.MAX_UNSENT`` is the usual
+        bound for a service."""
+        self._stream.max_unsent = n
+
+    @property
+    def stall_timeout(self) -> float | None:
+        """Seconds the peer may pause in the middle of a frame before ``recv`` fails
+        with ``ProtocolError`` (None: for ever). Between frames it may be idle for as
+        long as it likes. ``stream.STALL_TIMEOUT`` is the usual value for a service."""
+        return self._stream.stall_timeout
+
+    @stall_timeout.setter
+    def stall_timeout(self, seconds: float | None) -> None:
+        self._stream.stall_timeout = seconds
 
     def send(self, message: Message) -> None:
         """Queue ``message``; everything queued in this loop turn leaves as one frame."""
@@ -217,6 +239,8 @@ class Connection:
             (address,) = LENT_PLACE.unpack(await self._stream.read_exactly(LENT_PLACE.size))
         except StreamClosed as exc:
             raise self._closed_by(exc) from exc
+        except StreamStalled as exc:
+            raise self._stalled(exc) from None
         try:
             if len(into) >= READ_IN_THREAD_FROM:
                 # A copy of many MiB would stall every other connection of this loop.
@@ -231,6 +255,8 @@ class Connection:
         ``max_frame``; its buffers follow, for ``read_into``."""
         stream = self._stream
         try:
+            if stream.stall_timeout is not None:
+                await stream.readable()  # idle between frames is no stall
             header = bytes(await stream.read_exactly(HEADER.size))
             body_size, count = frame_sizes(header, self.max_frame)
             listed = b""
@@ -242,6 +268,8 @@ class Connection:
             body = await stream.read_exactly(body_size)
         except StreamClosed as exc:
             raise self._closed_by(exc) from exc
+        except StreamStalled as exc:
+            raise self._stalled(exc) from None
         return FrameHead(header, listed, body, lengths, lent)
 
     async def read_into(self, view: memoryview) -> None:
@@ -250,10 +278,18 @@ class Connection:
             await self._stream.read_into(view)
         except StreamClosed as exc:
             raise self._closed_by(exc) from exc
+        except StreamStalled as exc:
+            raise self._stalled(exc) from None
 
     def _closed_by(self, exc: StreamClosed) -> ConnectionClosed:
         self.abort()  # the peer is gone: release the socket now, not at GC
         return ConnectionClosed(f"connection to {self.peer} closed")
+
+    def _stalled(self, exc: StreamStalled) -> ProtocolError:
+        # The rest of the frame may still come, but its place in the stream is lost:
+        # nothing after it could be read, so the connection is of no further use.
+        self.abort()
+        return ProtocolError(f"{self.peer} stalled in the middle of a frame for {exc.seconds:g} s")
 
     @contextlib.asynccontextmanager
     async def exclusive(self) -> AsyncIterator[None]:

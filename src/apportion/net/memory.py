@@ -10,7 +10,8 @@ byte written before it. Written bytes are copied on the way, as a socket would: 
 receiver never shares the sender's memory.
 
 Nothing is bounded here: the reader buffers whatever arrives, as it can only hold
-what this same process wrote.
+what this same process wrote. Nothing waits unsent on the writing side either (a
+write is handed over at once), so a stream's ``max_unsent`` has nothing to bound.
 """
 
 from __future__ import annotations

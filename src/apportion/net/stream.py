@@ -16,6 +16,18 @@ copies everything twice), so a ``Stream`` drives the socket itself:
   call), the rest waits in a queue of memoryviews sent as the socket drains. The
   caller must not change a buffer it handed over until ``drain`` says it is sent.
 
+Two bounds protect a process from peers that misbehave; both are off unless set:
+
+- ``max_unsent``: a peer that never reads would make the queue of unsent bytes grow
+  for ever. A write finding more than this many bytes still queued aborts the stream.
+  The bytes queued *before* the write are what count, so one large write (a result
+  written after ``drain``) is always taken.
+- ``stall_timeout``: a read waiting for bytes fails with ``StreamStalled`` after that
+  many seconds without a byte arriving. ``readable`` waits without it, so a peer may
+  stay idle between frames for as long as it likes, but not in the middle of one.
+  The timer is armed only when a read actually has to wait, and re-armed from the
+  time of the last arrival rather than restarted on every byte.
+
 ``MemoryStream`` pairs (the in-memory transport) share the reading half and copy on
 delivery, as a socket would: the receiver never sees the sender's memory.
 """
@@ -48,6 +60,12 @@ MAX_IOVECS = 512
 MAX_READS_PER_EVENT = 16
 #: Seconds ``close`` waits for queued data to leave before dropping it.
 CLOSE_FLUSH_TIMEOUT = 10.0
+#: A ``max_unsent`` for services: a peer that has left this much unread is not
+#: reading, and is dropped before it costs the process its memory.
+MAX_UNSENT = 256 * 1024 * 1024
+#: A ``stall_timeout`` for services: long enough for a congested network, short
+#: enough that a peer cannot hold a connection half-way through a frame for ever.
+STALL_TIMEOUT = 120.0
 
 
 class StreamClosed(ConnectionError):
@@ -60,6 +78,18 @@ class StreamClosed(ConnectionError):
     def __init__(self, message: str, partial: bytes = b"") -> None:
         super().__init__(message)
         self.partial = partial
+
+
+class StreamStalled(TimeoutError):
+    """No byte arrived for ``stall_timeout`` seconds while a read was waiting for some.
+
+    The stream stays open but its reader lost its place: the owner should abort it.
+    """
+
+    def __init__(self, message: str, seconds: float) -> None:
+        super().__init__(message)
+        #: The ``stall_timeout`` that ran out.
+        self.seconds = seconds
 
 
 def byte_view(buffer: Buffer) -> memoryview:
@@ -93,6 +123,17 @@ class Stream:
         #: Why no more bytes will come (None while they may).
         self._ended: str | None = None
         self._closed = False
+        #: Bytes that may already be queued unsent when ``write`` is called; past it the
+        #: peer is taken to read nothing and the stream is aborted (None: no bound).
+        #: Only streams that queue apply it (``SocketStream``).
+        self.max_unsent: int | None = None
+        #: Seconds a read may wait without a byte arriving before ``StreamStalled``
+        #: (None: for ever). Not applied by ``readable``.
+        self.stall_timeout: float | None = None
+        #: Armed only while a read waits under ``stall_timeout``.
+        self._stall_timer: asyncio.TimerHandle | None = None
+        #: Loop time of the last bytes received; kept only while ``_stall_timer`` is armed.
+        self._last_arrival = 0.0
 
     @property
     def closed(self) -> bool:
@@ -138,6 +179,13 @@ class Stream:
         finally:
             self._target = None
 
+    async def readable(self) -> None:
+        """Wait until an unread byte is here or the stream has ended, for as long as that
+        takes: how a reader idles between frames (``stall_timeout`` does not apply)."""
+        while self._start == self._end and self._ended is None:
+            self._make_room(1)
+            await self._wait(idle=True)
+
     async def read_some(self, n: int) -> bytes:
         """Up to ``n`` bytes, as soon as any are there; b"" at the end of the stream."""
         if self._start == self._end and self._ended is None:
@@ -175,12 +223,38 @@ class Stream:
             self._make_room(self._end - self._start + 1)
         return memoryview(self._buf)[self._end :]
 
-    async def _wait(self) -> None:
-        self._waiter = self._loop.create_future()
+    async def _wait(self, *, idle: bool = False) -> None:
+        """Wait for ``_wake``: bytes arrived, or the end. Unless ``idle``, a
+        ``stall_timeout`` bounds the silence (``StreamStalled``)."""
+        self._waiter = waiter = self._loop.create_future()
+        timeout = None if idle else self.stall_timeout
+        if timeout is not None:
+            self._last_arrival = self._loop.time()
+            self._stall_timer = self._loop.call_later(timeout, self._check_stall, timeout)
         try:
-            await self._waiter
+            await waiter
         finally:
             self._waiter = None
+            if self._stall_timer is not None:
+                self._stall_timer.cancel()
+                self._stall_timer = None
+
+    def _check_stall(self, timeout: float) -> None:
+        """The stall timer fired: fail the waiting read if nothing arrived for
+        ``timeout`` seconds, or wait out the rest of the silence allowed."""
+        self._stall_timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return
+        silent = self._loop.time() - self._last_arrival
+        if silent < timeout:  # bytes went into a ``read_into`` target meanwhile
+            self._stall_timer = self._loop.call_later(timeout - silent, self._check_stall, timeout)
+            return
+        waiter.set_exception(
+            StreamStalled(
+                f"{self.peer} sent nothing for {timeout:g} s while a read waited", timeout
+            )
+        )
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -191,6 +265,8 @@ class Stream:
         """``n`` bytes landed in the target, or after ``_end`` when there is none."""
         target = self._target
         if target is not None:
+            if self._stall_timer is not None:  # the read goes on waiting: note progress
+                self._last_arrival = self._loop.time()
             self._target = target[n:] if n < len(target) else None
             if self._target is None:
                 self._wake()
@@ -294,6 +370,10 @@ class SocketStream(Stream):
     def write(self, buffers: Sequence[Buffer]) -> None:
         if self._closed:
             return
+        limit = self.max_unsent
+        if limit is not None and self._out_size > limit:
+            self._refuse_unread(limit)
+            return
         if not self._out and len(buffers) == 1 and type(buffers[0]) is bytes:
             # Most frames: one small bytes object, taken by the socket at once.
             try:
@@ -319,6 +399,16 @@ class SocketStream(Stream):
 
     def queued(self) -> int:
         return self._out_size
+
+    def _refuse_unread(self, limit: int) -> None:
+        """The peer left more than ``limit`` bytes unread: drop it, and say so once
+        (the stream is closed after this, so no later write comes here)."""
+        why = (
+            f"{self.peer} reads nothing: {self._out_size} bytes wait to be sent "
+            f"(limit {limit}); closing"
+        )
+        logger.warning("%s", why)
+        self._shut(why)
 
     def _send(self) -> None:
         """Send from the queue until the socket takes no more or the queue is empty."""

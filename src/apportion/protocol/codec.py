@@ -5,8 +5,10 @@ A frame is ``!QI`` (the body's length, the number of out-of-band buffers), one
 ``Payload`` inside a message (a pickled value, ``core/payload.py``) is written into
 the body as a msgpack extension naming its frames' place among the buffers; its
 frames go after the body as they are, so a NumPy array is sent from its own memory
-and received into a buffer of its own. Lengths are 64-bit: no value is too large to
-travel but one this process cannot hold.
+and received into a buffer of its own. Lengths are 64-bit, and the receiver checks
+them against its limits (``MAX_BODY``, ``MAX_BUFFERS``, ``MAX_FRAME``; a far smaller
+``MAX_HANDSHAKE_FRAME`` before the handshake) before it allocates anything of the
+announced size: a header of garbage costs a ``ProtocolError``, not memory.
 
 Pure: bytes in, messages out. Anything that does not decode into known messages
 with the right number of fields is a ``ProtocolError``; the connection that sent it
@@ -16,7 +18,6 @@ is closed and nothing else is affected.
 from __future__ import annotations
 
 import struct
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -42,9 +43,17 @@ LENT_PLACE = struct.Struct("!Q")
 PAYLOAD_EXT = 1
 _PAYLOAD_PLACE = struct.Struct("!II")
 
-#: Largest frame (body and buffers) accepted from an authenticated peer: none but
-#: what this process can hold.
-MAX_FRAME = sys.maxsize
+#: Largest msgpack body of one frame accepted from an authenticated peer. The body
+#: is read whole and decoded at once, so it is bounded well below ``MAX_FRAME``; a
+#: graph of a million tasks takes a few hundred MiB.
+MAX_BODY = 1 << 30
+#: Most buffers one frame may list: a million task results in one frame, while a
+#: header cannot make us allocate a list of 2**32 lengths.
+MAX_BUFFERS = 1_000_000
+#: Largest frame in all (body, buffer lengths and buffers) accepted from an
+#: authenticated peer. Values are as large as memory, so it is large; but finite,
+#: so that a header of garbage is refused instead of tried.
+MAX_FRAME = 64 << 30
 
 #: Largest frame accepted before the handshake: a Hello is a few dozen bytes, so
 #: an unauthenticated peer cannot make us allocate more than this.
@@ -98,29 +107,53 @@ def encode_frame(messages: Sequence[Message], lend: Lend | None = None) -> list[
     return [HEADER.pack(len(body), len(buffers)) + b"".join(listed) + body, *out]
 
 
-def frame_sizes(header: bytes | bytearray | memoryview, limit: int) -> tuple[int, int]:
-    """(body length, number of buffers) announced by ``header``; refuses frames whose
-    body and buffer lengths alone pass ``limit``."""
+def frame_sizes(
+    header: bytes | bytearray | memoryview,
+    limit: int = MAX_FRAME,
+    *,
+    max_body: int = MAX_BODY,
+    max_buffers: int = MAX_BUFFERS,
+) -> tuple[int, int]:
+    """(body length, number of buffers) announced by ``header``; refuses a frame whose
+    body passes ``max_body``, that lists more than ``max_buffers`` buffers, or whose
+    body and buffer lengths alone pass ``limit``. Checked before anything of the
+    announced size is read or allocated."""
+    if len(header) != HEADER.size:
+        raise ProtocolError(f"frame header of {len(header)} bytes, expected {HEADER.size}")
     body, count = HEADER.unpack(header)
+    if body > max_body:
+        raise ProtocolError(
+            f"frame body of {body} bytes exceeds the limit of {max_body} for a body"
+        )
+    if count > max_buffers:
+        raise ProtocolError(f"frame of {count} buffers exceeds the limit of {max_buffers} buffers")
     if body + count * BUFFER_LENGTH.size > limit:
-        raise ProtocolError(f"frame of {body} bytes exceeds the limit of {limit}")
+        raise ProtocolError(
+            f"frame of {body + count * BUFFER_LENGTH.size} bytes before its buffers "
+            f"exceeds the limit of {limit} for a whole frame"
+        )
     return int(body), int(count)
 
 
 def buffer_lengths(
-    data: bytes | bytearray | memoryview, count: int, body: int, limit: int
+    data: bytes | bytearray | memoryview, count: int, body: int, limit: int = MAX_FRAME
 ) -> tuple[list[int], tuple[int, ...]]:
     """The ``count`` buffer lengths in ``data``, and the indices of the lent buffers
-    among them; refuses a frame passing ``limit`` in all."""
+    among them; refuses a frame passing ``limit`` in all (body, lengths and buffers,
+    lent ones included: they are received into buffers of their own too)."""
+    if len(data) != count * BUFFER_LENGTH.size:
+        raise ProtocolError(
+            f"frame announces {count} buffers but lists {len(data) / BUFFER_LENGTH.size:g}"
+        )
     lengths = [length for (length,) in BUFFER_LENGTH.iter_unpack(data)]
-    if len(lengths) != count:
-        raise ProtocolError(f"frame announces {count} buffers but lists {len(lengths)}")
     lent = tuple(i for i, length in enumerate(lengths) if length & LENT)
     for i in lent:
         lengths[i] &= ~LENT
-    total = body + sum(lengths)
+    total = body + len(data) + sum(lengths)
     if total > limit:
-        raise ProtocolError(f"frame of {total} bytes exceeds the limit of {limit}")
+        raise ProtocolError(
+            f"frame of {total} bytes exceeds the limit of {limit} for a whole frame"
+        )
     return lengths, lent
 
 
