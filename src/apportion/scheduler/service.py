@@ -24,10 +24,11 @@ from apportion.log_ring import LogRing
 from apportion.loop_thread import BackgroundService
 from apportion.net.address import DEFAULT_PORT, INPROC, is_inproc
 from apportion.net.connection import Connection, ConnectionClosed
-from apportion.net.handshake import HandshakeError, accept_connection, open_connection
+from apportion.net.door import Door
+from apportion.net.handshake import HandshakeError, open_connection
 from apportion.net.pipe import forward_buffers
 from apportion.net.security import Security, listening, stopped_listening
-from apportion.net.stream import Stream
+from apportion.net.stream import MAX_UNSENT, Stream
 from apportion.net.transport import Listener, transport_for
 from apportion.protocol import messages as m
 from apportion.protocol.codec import ProtocolError, decode_body
@@ -100,6 +101,8 @@ class Scheduler(BackgroundService):
         #: The time in every event, and the pace of the tick.
         self.clock: Clock = clock or SYSTEM_CLOCK
         self.address = ""
+        #: Admits connections: the handshake, bounded while unauthenticated.
+        self._door = Door({"client", "worker", "supervisor"}, self.security, logger)
         self._server: Listener | None = None
         self._conns: dict[str, Connection] = {}
         self._ids = itertools.count(1)
@@ -228,18 +231,18 @@ class Scheduler(BackgroundService):
         conn = Connection(stream)
         peer_id = f"peer-{next(self._ids)}"
         try:
-            roles = {"client", "worker", "supervisor"}
-            hello = await accept_connection(
-                conn, roles, peer_id, {"id": self.id}, security=self.security
-            )
+            hello = await self._door.admit(conn, peer_id, {"id": self.id})
+            if hello is None:
+                return
+            # A peer that never reads cannot make the scheduler hold its replies
+            # without limit: past this much unsent, it is dropped.
+            conn.limit_unsent(MAX_UNSENT)
             if hello.role == "worker":
                 await self._serve_worker(conn, peer_id)
             elif hello.role == "supervisor":
                 await self._serve_supervisor(conn)
             else:
                 await self._serve_client(conn, peer_id)
-        except HandshakeError as exc:
-            logger.warning("refused connection from %s: %s", conn.peer, exc)
         except ProtocolError as exc:
             logger.warning("closing connection from %s: %s", conn.peer, exc)
         except ConnectionClosed:

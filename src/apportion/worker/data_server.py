@@ -15,7 +15,7 @@ from typing import Any
 from apportion.core.payload import Pickled, dumps, size_of
 from apportion.net import lending
 from apportion.net.connection import Connection, ConnectionClosed
-from apportion.net.handshake import HandshakeError, accept_connection
+from apportion.net.door import Door
 from apportion.net.security import Security, listening, stopped_listening
 from apportion.net.stream import Stream
 from apportion.net.transport import Listener, transport_for
@@ -90,6 +90,7 @@ class DataServer:
         self._data = data
         #: What every peer must prove (and show, on ``tls://``) before it is served.
         self._security = security
+        self._door = Door(set(DATA_ROLES), security, logger)
         #: Stores data a client puts here directly (``direct_to_workers``).
         self._on_put = on_put
         #: Starts a call on an actor living here; it answers on the connection.
@@ -123,7 +124,8 @@ class DataServer:
     async def _greet(self, conn: Connection) -> None:
         """The handshake, offering to lend large buffers to a peer on this machine."""
         info = {"worker": self._name, **lending.offer()}
-        await accept_connection(conn, set(DATA_ROLES), conn.peer, info, security=self._security)
+        if await self._door.admit(conn, conn.peer, info) is None:
+            raise ConnectionClosed("refused")  # said by the door, within bounds
         if "lender" in info:
             conn.offer_lending()
 
@@ -137,7 +139,7 @@ class DataServer:
                     await self._answer(message, conn)
         except ConnectionClosed:
             pass
-        except (HandshakeError, ProtocolError) as exc:
+        except ProtocolError as exc:
             logger.warning(
                 "data port %s: dropping connection from %s: %s", self.address, conn.peer, exc
             )

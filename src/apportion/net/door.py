@@ -1,0 +1,73 @@
+"""Where a listener lets connections in: the handshake, within the gate's bounds.
+
+The scheduler and every worker's data port admit connections here. A connection
+that has not proved the secret yet costs a socket, a task and a 64 KiB frame at
+most, and only so many of them may wait (``net/gate.py``: the oldest pending one
+from the same address is dropped for a new one, so a peer trickling bytes cannot
+lock out a legitimate client of the same login node). Refusals are logged once per
+host and window, not once per connection. Once admitted, a peer that stalls in the
+middle of a frame is dropped (``STALL_TIMEOUT``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from apportion.net.connection import Connection, ConnectionClosed
+from apportion.net.gate import HandshakeGate
+from apportion.net.handshake import HandshakeError, accept_connection
+from apportion.net.security import Security
+from apportion.net.stream import STALL_TIMEOUT
+from apportion.protocol.codec import ProtocolError
+from apportion.protocol.messages import Hello
+
+
+def host_of(peer: str) -> str:
+    """The host part of ``host:port`` (the whole name for an in-memory peer)."""
+    host, sep, port = peer.rpartition(":")
+    return host if sep and port.isdigit() else peer
+
+
+class Door:
+    """Admits the connections of one listener (see the module docstring)."""
+
+    def __init__(
+        self,
+        roles: set[str],
+        security: Security,
+        logger: logging.Logger,
+        *,
+        gate: HandshakeGate | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.roles = roles
+        self.security = security
+        self.gate = gate or HandshakeGate()
+        self._logger = logger
+        self._monotonic = monotonic
+
+    async def admit(self, conn: Connection, peer_id: str, info: dict[str, Any]) -> Hello | None:
+        """The peer's ``Hello`` once it proved the secret; None if it was refused, gave
+        up or was dropped for a newer connection (logged, within bounds)."""
+        host = host_of(conn.peer)
+        now = self._monotonic()
+        for line in self.gate.refusals.overdue(now):
+            self._logger.warning(line)
+        for dropped in self.gate.admit(conn, host, now):
+            assert isinstance(dropped, Connection)
+            dropped.abort()  # its pending read fails, and its own admit says so
+        try:
+            hello = await accept_connection(conn, self.roles, peer_id, info, security=self.security)
+        except (HandshakeError, ProtocolError, ConnectionClosed) as exc:
+            reason = str(exc) or "the peer closed the connection during the handshake"
+            line = self.gate.refused(host, f"{reason}", self._monotonic())
+            if line is not None:
+                self._logger.warning(line)
+            return None
+        finally:
+            self.gate.done(conn)
+        conn.stall_timeout = STALL_TIMEOUT
+        return hello
