@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from apportion.cli.config import DEFAULT_SCHEDULER
+from apportion.cli.credentials import scheduler_file_option
 from apportion.cli.errors import check_address
 from apportion.cli.runs import explain_run
 from apportion.client.client import Client
@@ -37,6 +38,7 @@ def _connect(address: str) -> Client:
 @click.command("why")
 @click.argument("keys", nargs=-1)
 @scheduler_option
+@scheduler_file_option
 @click.option(
     "--journal",
     "journal_path",
@@ -72,6 +74,7 @@ def why(keys: tuple[str, ...], address: str, journal_path: Path | None) -> None:
 
 @click.command("info")
 @scheduler_option
+@scheduler_file_option
 def info(address: str) -> None:
     """Show the workers, their threads and resource pools (total and free now).
 
@@ -123,6 +126,7 @@ def _readable(name: str, value: float) -> str:
 @click.command("dump")
 @click.argument("filename", type=click.Path(dir_okay=False, writable=True))
 @scheduler_option
+@scheduler_file_option
 def dump(filename: str, address: str) -> None:
     """Write the scheduler's whole state to FILENAME as JSON, for a bug report."""
     with _connect(address) as client:

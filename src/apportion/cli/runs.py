@@ -31,6 +31,7 @@ from typing import Any, BinaryIO, TypeVar
 import click
 from click.core import ParameterSource
 
+from apportion.cli.credentials import file_address, scheduler_file_option
 from apportion.cli.errors import check_address, fail
 from apportion.cli.follow import follow
 from apportion.runs import remote
@@ -368,6 +369,7 @@ _LISTING_OPTIONS = ("states", "array_id", "ids", "watch", "interval", "address")
     help="Ask the scheduler at ADDRESS for its runs instead of reading a journal here "
     "(from another machine; the latest 1,000 runs unless --ids or --array).",
 )
+@scheduler_file_option
 @click.pass_context
 def runs(
     ctx: click.Context,
@@ -405,6 +407,7 @@ def runs(
         return
     if watch and states:
         fail(ctx, "--watch counts runs in every state: it does not go with --state")
+    address = file_address(ctx, address)
     if address is not None:
         _remote_runs(ctx, address, states, array_id, ids, watch)
         return
@@ -645,6 +648,7 @@ def _silence_stdout() -> None:
     callback=check_address,
     help="Ask the scheduler at ADDRESS to cancel them (from another machine).",
 )
+@scheduler_file_option
 @click.pass_context
 def cancel(
     ctx: click.Context, run_ids: list[int], journal_path: Path | None, address: str | None
@@ -656,6 +660,7 @@ def cancel(
     resources; with no scheduler serving the journal, that happens when one starts.
     Finished runs are left as they are. Exit status 2 if an id is unknown.
     """
+    address = file_address(ctx, address)
     if address is not None:
         _remote_cancel(ctx, address, run_ids)
         return

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import ipaddress
 import logging
 import signal
 import sys
@@ -25,29 +24,28 @@ from pathlib import Path
 
 import click
 
+from apportion.cli.credentials import credential_options
 from apportion.cli.errors import check_host_option, check_port_option
 from apportion.cli.worker import check_resources
 from apportion.core.resources import describe_resources, parse_supply
 from apportion.log_setup import configure_logging
 from apportion.net.address import DEFAULT_PORT
+from apportion.net.scheduler_file import (
+    default_scheduler_file,
+    remove_scheduler_file,
+    write_scheduler_file,
+)
+from apportion.net.security import Security, check_exposure
 from apportion.runs.journal import Journal, JournalBusy, JournalError, default_journal_path
 from apportion.runs.launcher import ProcessLauncher
 from apportion.runs.live import LiveRuns
 from apportion.runs.queue import QueueOptions, RunQueue
 from apportion.runs.service import RunsService
+from apportion.scheduler.companions import Companion
 from apportion.scheduler.service import Scheduler
 from apportion.scheduler.state import SchedulerConfig
 
 logger = logging.getLogger("apportion.scheduler")
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @click.command("scheduler")
@@ -115,6 +113,20 @@ def is_loopback(host: str) -> bool:
     type=click.IntRange(min=1),
     help="With --run-once: runs side by side at most (default: CPU count).",
 )
+@click.option(
+    "--scheduler-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the address and secret here (mode 0600) for workers and clients to read "
+    "(--scheduler-file, Client(scheduler_file=...))  [default: "
+    "$APPORTION_HOME/scheduler.json].",
+)
+@click.option(
+    "--allow-plaintext",
+    is_flag=True,
+    help="Listen on a non-loopback --host without TLS: anyone on the network can then "
+    "read the traffic (the secret still keeps them from running code).",
+)
+@credential_options
 def scheduler(
     host: str,
     port: int,
@@ -126,27 +138,33 @@ def scheduler(
     run_once: bool,
     resources: str | None,
     nthreads: int | None,
+    scheduler_file: Path | None,
+    allow_plaintext: bool,
 ) -> None:
-    """Run a scheduler that workers and clients connect to."""
+    """Run a scheduler that workers and clients connect to.
+
+    Every connection must prove it knows the cluster's secret: --token or the
+    environment's, else this account's own ($APPORTION_HOME/secret, made on first use).
+    The address and the secret go to --scheduler-file for the others to read."""
     configure_logging()
     if (resources or nthreads) and not run_once:
         raise click.UsageError("--resources and --nthreads go with --run-once")
     if run_once and no_journal:
         raise click.UsageError("--run-once runs the journal's staged runs; drop --no-journal")
-    if not is_loopback(host):
-        logger.warning(
-            "listening on %s: any host that reaches this port can submit code to run on "
-            "your workers; keep it on a trusted network",
-            host,
-        )
+    try:
+        security = Security.from_environment(create=True)
+        check_exposure(host, security, allow_plaintext=allow_plaintext)
+    except (ValueError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    listen = Listening(host, port, security, allow_plaintext, scheduler_file)
     config = SchedulerConfig(worker_timeout=worker_timeout, max_worker_deaths=max_worker_deaths)
     opened = None if no_journal else _open_journal(journal)
     try:
         if run_once:
             assert opened is not None
-            sys.exit(asyncio.run(_run_once(host, opened, resources, nthreads, config)))
+            sys.exit(asyncio.run(_run_once(listen, opened, resources, nthreads, config)))
         options = QueueOptions(adopt_grace=adopt_grace)
-        asyncio.run(_run(host, port, config, opened, options, explicit=journal is not None))
+        asyncio.run(_run(listen, config, opened, options, explicit=journal is not None))
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc}") from None
     finally:
@@ -161,9 +179,29 @@ def _open_journal(path: Path | None) -> Journal:
         raise click.ClickException(f"cannot open the run journal: {exc}") from None
 
 
+@dataclasses.dataclass(frozen=True)
+class Listening:
+    """Where and how the scheduler listens, and where it says so."""
+
+    host: str
+    port: int
+    security: Security
+    allow_plaintext: bool
+    scheduler_file: Path | None
+
+    def scheduler(self, config: SchedulerConfig, companions: list[Companion]) -> Scheduler:
+        return Scheduler(
+            self.host,
+            self.port,
+            config=config,
+            companions=companions,
+            security=self.security,
+            allow_plaintext=self.allow_plaintext,
+        )
+
+
 async def _start(
-    host: str,
-    port: int,
+    listen: Listening,
     config: SchedulerConfig,
     journal: Journal | None,
     options: QueueOptions,
@@ -172,37 +210,47 @@ async def _start(
 ) -> tuple[Scheduler, RunQueue | None]:
     """A started scheduler, and its job queue if it serves ``journal``."""
     if journal is None:
-        return await Scheduler(host, port, config=config).start(), None
+        return await listen.scheduler(config, []).start(), None
     runs = RunsService(journal, options)
     try:
-        server = await Scheduler(host, port, config=config, companions=[runs]).start()
+        server = await listen.scheduler(config, [runs]).start()
     except JournalBusy as exc:
         if explicit:
             raise click.ClickException(str(exc)) from None
         logger.warning("%s; this scheduler serves no run journal", exc)
-        return await Scheduler(host, port, config=config).start(), None
+        return await listen.scheduler(config, []).start(), None
     return server, runs.queue
 
 
 async def _run(
-    host: str,
-    port: int,
+    listen: Listening,
     config: SchedulerConfig,
     journal: Journal | None,
     options: QueueOptions,
     *,
     explicit: bool,
 ) -> None:
-    server, _ = await _start(host, port, config, journal, options, explicit=explicit)
+    server, _ = await _start(listen, config, journal, options, explicit=explicit)
+    path = listen.scheduler_file or default_scheduler_file()
+    assert server.security.token is not None  # a scheduler makes one if need be
+    try:
+        write_scheduler_file(path, server.address, server.security.token, server.id)
+    except OSError as exc:
+        await server.close()
+        raise click.ClickException(f"cannot write the scheduler file: {exc}") from None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     click.echo(f"apportion scheduler at {server.address}", err=True)
-    await stop.wait()
-    logger.info("stopping the scheduler")
-    with contextlib.suppress(Exception):
-        await server.close()
+    click.echo(f"scheduler file (address and secret): {path}", err=True)
+    try:
+        await stop.wait()
+    finally:
+        logger.info("stopping the scheduler")
+        remove_scheduler_file(path, server.id)
+        with contextlib.suppress(Exception):
+            await server.close()
 
 
 def _echo(data: bytes) -> None:
@@ -211,7 +259,7 @@ def _echo(data: bytes) -> None:
 
 
 async def _run_once(
-    host: str,
+    listen: Listening,
     journal: Journal,
     resources: str | None,
     nthreads: int | None,
@@ -228,7 +276,8 @@ async def _run_once(
     # A request this cluster can never meet (1.5 units of an indexed pool, say) fails
     # at once rather than keeping --run-once from ever ending.
     config = dataclasses.replace(config, fail_unsatisfiable=True)
-    server, queue = await _start(host, 0, config, journal, options, explicit=True)
+    listen = dataclasses.replace(listen, port=0)
+    server, queue = await _start(listen, config, journal, options, explicit=True)
     assert queue is not None
     logger.info("cluster resources: %s", describe_resources(amounts, units) or "(none)")
     worker = Worker(

@@ -11,6 +11,7 @@ import os
 import click
 
 from apportion.cli.config import DEFAULT_SCHEDULER
+from apportion.cli.credentials import scheduler_file_option
 from apportion.cli.errors import check_address, fail
 from apportion.cli.follow import follow
 from apportion.cli.runs import RUN_CONTEXT_SETTINGS, RunOptions, run_options, specs_from_options
@@ -52,6 +53,7 @@ def _is_address(word: str) -> bool:
 
 
 @click.command("submit", cls=AddressFirst, context_settings=RUN_CONTEXT_SETTINGS)
+@scheduler_file_option
 @click.option(
     "--scheduler",
     "scheduler_address",

@@ -26,6 +26,7 @@ import click
 from click.core import ParameterSource
 
 from apportion.cli.config import CONFIG_META, config_option
+from apportion.cli.credentials import scheduler_address, scheduler_file_option
 from apportion.cli.errors import check_address, check_host_option, check_port_option, fail
 from apportion.core.resources import parse_resources
 from apportion.log_setup import configure_logging
@@ -218,7 +219,10 @@ def child_names(commands: list[list[str]]) -> list[str]:
 
 
 @click.command("worker")
-@click.argument("scheduler_address", callback=check_address)
+@click.argument(
+    "given_address", metavar="SCHEDULER_ADDRESS", required=False, callback=check_address
+)
+@scheduler_file_option
 @config_option(
     'TOML file of option defaults (nthreads = 2, resources = "gpu=[0-3]", ...); '
     "command-line options override it."
@@ -366,7 +370,7 @@ def child_names(commands: list[list[str]]) -> list[str]:
 @click.pass_context
 def worker(
     ctx: click.Context,
-    scheduler_address: str,
+    given_address: str | None,
     nthreads: int | None,
     nworkers: int,
     resources: str | None,
@@ -387,8 +391,10 @@ def worker(
     reconnect_timeout: float,
     connect_timeout: float,
 ) -> None:
-    """Run a worker connected to the scheduler at SCHEDULER_ADDRESS."""
+    """Run a worker connected to the scheduler at SCHEDULER_ADDRESS (or the one
+    --scheduler-file names)."""
     configure_logging()
+    address = scheduler_address(ctx, given_address)
     try:
         limit = parse_memory_limit(memory_limit, nworkers)
     except ValueError as exc:
@@ -428,7 +434,7 @@ def worker(
                 "--memory-limit is enforced by a supervisor (--memory-terminate); "
                 "drop --no-supervisor, or give --memory-terminate off",
             )
-        sys.exit(run_one(scheduler_address, settings))
+        sys.exit(run_one(address, settings))
     from apportion.worker.supervisor import Supervisor, scheduler_reporter
 
     specs = [settings.resources or ""] * nworkers
@@ -437,13 +443,13 @@ def worker(
             specs = split_supply(settings.resources or "", nworkers)
         except ValueError as exc:
             fail(ctx, f"--split-units: {exc}")
-    commands = child_commands(scheduler_address, nworkers, settings, specs)
+    commands = child_commands(address, nworkers, settings, specs)
     supervisor = Supervisor(
         commands,
         names=child_names(commands),
         memory_limit=limit,
         memory_terminate=thresholds.terminate,
-        report=scheduler_reporter(scheduler_address),
+        report=scheduler_reporter(address),
     )
     # Room for the drain, then for the worker to stop its command runs (TERM, grace, KILL).
     sys.exit(supervisor.run(stop_timeout=drain_timeout + kill_grace + 10.0))

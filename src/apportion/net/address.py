@@ -108,3 +108,13 @@ def check_address(address: str) -> None:
             raise AddressError(f"invalid address {address!r}: use inproc://name")
         return
     parse_address(address)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is this machine's loopback interface (only local processes reach it)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

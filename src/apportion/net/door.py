@@ -54,8 +54,8 @@ class Door:
         up or was dropped for a newer connection (logged, within bounds)."""
         host = host_of(conn.peer)
         now = self._monotonic()
-        for line in self.gate.refusals.overdue(now):
-            self._logger.warning(line)
+        for summary in self.gate.refusals.overdue(now):
+            self._logger.warning(summary)
         for dropped in self.gate.admit(conn, host, now):
             assert isinstance(dropped, Connection)
             dropped.abort()  # its pending read fails, and its own admit says so

@@ -26,6 +26,7 @@ from typing import Any
 
 from apportion.home import default_home, read_private, write_private
 from apportion.net import auth
+from apportion.net.address import is_inproc, is_loopback
 
 #: The variable holding the secret itself, and the one naming a file that holds it.
 TOKEN_ENV = "APPORTION_TOKEN"
@@ -230,6 +231,22 @@ class Security:
     def has_tls(self) -> bool:
         """Whether any certificate is configured."""
         return any(self.cert_for(role)[0] for role in ROLES)
+
+
+class PlaintextRefused(ValueError):
+    """A listener asked to take connections from the network without TLS."""
+
+
+def check_exposure(host: str, security: Security, *, allow_plaintext: bool) -> None:
+    """Refuse to listen on a non-loopback ``host`` without TLS unless ``allow_plaintext``:
+    the secret keeps strangers from running code, but not from reading the data that
+    crosses the network, nor from taking over a connection."""
+    if allow_plaintext or is_inproc(host) or is_loopback(host) or security.has_tls:
+        return
+    raise PlaintextRefused(
+        f"refusing to listen on {host} without TLS: give a certificate and key (--tls-cert, "
+        "--tls-key; docs/security.md shows how to make them) or --allow-plaintext"
+    )
 
 
 def find_token(*, create: bool) -> tuple[str | None, str]:

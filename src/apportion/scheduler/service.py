@@ -27,7 +27,7 @@ from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.door import Door
 from apportion.net.handshake import HandshakeError, open_connection
 from apportion.net.pipe import forward_buffers
-from apportion.net.security import Security, listening, stopped_listening
+from apportion.net.security import Security, check_exposure, listening, stopped_listening
 from apportion.net.stream import MAX_UNSENT, Stream
 from apportion.net.transport import Listener, transport_for
 from apportion.protocol import messages as m
@@ -85,8 +85,11 @@ class Scheduler(BackgroundService):
         clock: Clock | None = None,
         companions: Sequence[Companion] = (),
         security: Security | None = None,
+        allow_plaintext: bool = False,
     ) -> None:
         self.host = host
+        #: Listen on a non-loopback host without TLS all the same (``check_exposure``).
+        self.allow_plaintext = allow_plaintext
         #: What every peer must prove (the secret) and, on ``tls://``, show: the
         #: environment's, made first if the user has none (``net/security.py``); a
         #: scheduler in memory has a secret of its own.
@@ -131,6 +134,7 @@ class Scheduler(BackgroundService):
 
     async def start(self) -> Scheduler:
         """Listen; return once connections are accepted."""
+        check_exposure(self.host, self.security, allow_plaintext=self.allow_plaintext)
         self._closed = asyncio.Event()
         transport = transport_for(self.host)
         self._server = await transport.listen(self.host, self.port, self._on_connect)

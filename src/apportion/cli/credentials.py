@@ -1,0 +1,158 @@
+"""The options every command that listens or connects takes for its credentials.
+
+``--token``, ``--token-file``, ``--tls-cert``, ``--tls-key``, ``--tls-ca`` and
+``--scheduler-file`` are handled before the command's other options and become this
+process's environment (``APPORTION_TOKEN``, ``APPORTION_TLS_CERT``, ...), which is
+where ``Security.from_environment`` finds them and where the worker processes a
+supervisor starts inherit them from. The environment, unlike a command line, is not
+readable by other users: ``--token`` itself is visible to every user in ``ps``
+while the command runs, so the help steers to ``--token-file`` and the variable.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from apportion.home import write_private
+from apportion.net import security as sec
+from apportion.net.scheduler_file import SchedulerFileError, read_scheduler_file
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Where the scheduler's address goes once read from a scheduler file.
+SCHEDULER_ENV = "APPORTION_SCHEDULER"
+#: ``ctx.meta`` key: a token was given on this command line (it beats a scheduler file's).
+_GIVEN = "apportion.token-given"
+#: ``ctx.meta`` key: the address the scheduler file named.
+_FILE_ADDRESS = "apportion.scheduler-file-address"
+
+
+def _to_env(variable: str, *, token: bool = False) -> Callable[..., Any]:
+    def store(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+        if value is None:
+            return
+        os.environ[variable] = value
+        if token:
+            ctx.meta[_GIVEN] = True
+            # The other way of giving it must not win over the one given here.
+            other = sec.TOKEN_FILE_ENV if variable == sec.TOKEN_ENV else sec.TOKEN_ENV
+            os.environ.pop(other, None)
+
+    return store
+
+
+def _scheduler_file(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is None:
+        return
+    try:
+        found = read_scheduler_file(value)
+    except SchedulerFileError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+    os.environ[SCHEDULER_ENV] = found.address
+    ctx.meta[_FILE_ADDRESS] = found.address
+    if found.token is not None and not ctx.meta.get(_GIVEN):
+        os.environ[sec.TOKEN_ENV] = found.token
+        os.environ.pop(sec.TOKEN_FILE_ENV, None)
+
+
+def _option(*names: str, callback: Callable[..., Any], **kwargs: Any) -> Callable[[F], F]:
+    return click.option(*names, is_eager=True, expose_value=False, callback=callback, **kwargs)
+
+
+def credential_options(command: F) -> F:
+    """``--token``, ``--token-file`` and the TLS files (see the module docstring)."""
+    for option in reversed(
+        [
+            _option(
+                "--token",
+                metavar="SECRET",
+                callback=_to_env(sec.TOKEN_ENV, token=True),
+                help="The cluster's secret  [default: $APPORTION_TOKEN, else "
+                "$APPORTION_TOKEN_FILE, else $APPORTION_HOME/secret]. Visible to other "
+                "users in `ps`: prefer --token-file or APPORTION_TOKEN.",
+            ),
+            _option(
+                "--token-file",
+                metavar="FILE",
+                callback=_to_env(sec.TOKEN_FILE_ENV, token=True),
+                help="A file holding the cluster's secret (mode 0600).",
+            ),
+            _option(
+                "--tls-cert",
+                metavar="PEM",
+                callback=_to_env(sec.TLS_CERT_ENV),
+                help="This process's TLS certificate  [default: $APPORTION_TLS_CERT].",
+            ),
+            _option(
+                "--tls-key",
+                metavar="PEM",
+                callback=_to_env(sec.TLS_KEY_ENV),
+                help="Its private key  [default: $APPORTION_TLS_KEY].",
+            ),
+            _option(
+                "--tls-ca",
+                metavar="PEM",
+                callback=_to_env(sec.TLS_CA_ENV),
+                help="The CA that signs every certificate of the cluster: TLS is then "
+                "mutual  [default: $APPORTION_TLS_CA].",
+            ),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
+def scheduler_file_option(command: F) -> F:
+    """``--scheduler-file F``: connect where the file says, with its secret."""
+    return _option(
+        "--scheduler-file",
+        metavar="FILE",
+        envvar="APPORTION_SCHEDULER_FILE",
+        callback=_scheduler_file,
+        help="Connect to the scheduler this file names (written by `apportion scheduler`), "
+        "with the secret it holds  [default: $APPORTION_SCHEDULER_FILE].",
+    )(credential_options(command))
+
+
+def file_address(ctx: click.Context, given: str | None) -> str | None:
+    """The address given on the command line, else the scheduler file's, if any."""
+    return given if given is not None else ctx.meta.get(_FILE_ADDRESS)
+
+
+def scheduler_address(ctx: click.Context, given: str | None) -> str:
+    """``file_address``, or a usage error if there is none."""
+    address = file_address(ctx, given)
+    if address is None:
+        raise click.UsageError("give the scheduler's address, or --scheduler-file", ctx)
+    return address
+
+
+@click.command("token")
+@click.option(
+    "--new",
+    is_flag=True,
+    help="Replace this account's secret with a fresh one (restart the scheduler and "
+    "workers afterwards: connections already open stay open until then).",
+)
+def token(new: bool) -> None:
+    """Print this account's cluster secret ($APPORTION_HOME/secret), made if need be.
+
+    Copy it to the other machines' APPORTION_TOKEN (or a file for --token-file): any
+    process that holds it can run code on your workers.
+
+    \b
+      export APPORTION_TOKEN=$(apportion token)
+    """
+    try:
+        if new:
+            write_private(sec.secret_path(), sec.new_token() + "\n")
+        secret = sec.user_secret(create=True)
+    except OSError as exc:
+        raise click.ClickException(str(exc)) from None
+    if new:
+        click.echo(f"wrote a new secret to {sec.secret_path()}", err=True)
+    click.echo(secret)
