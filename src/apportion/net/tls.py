@@ -1,0 +1,664 @@
+"""TLS streams: encrypted connections, authenticated both ways under mutual TLS.
+
+A ``TlsStream`` is a ``Stream`` over asyncio's SSL transport, so ``Connection``, the
+framing and the handshake run over it unchanged. It is an ``asyncio.BufferedProtocol``:
+the SSL layer decrypts straight into the stream's internal buffer or into a waiting
+``read_into`` target, as a socket fills them for ``SocketStream``. Writing copies,
+since encryption makes new bytes anyway.
+
+Flow control:
+
+- **Reading.** When the internal buffer is full and no ``read_into`` waits, the stream
+  pauses the SSL transport's reading. The SSL layer then stops reading the socket once
+  it holds 256 KiB, so TCP holds back a peer that sends faster than we read.
+- **Writing.** ``write`` queues the caller's buffers without copying them, as
+  ``SocketStream`` does, and hands them to the SSL layer ``LOW_WATER`` bytes at a time
+  while it holds no more than that. The SSL layer encrypts at once (the copy TLS
+  cannot avoid) and passes all it holds to the socket transport beneath it whenever
+  that transport is not full. asyncio shows nothing of that transport's buffer; fed
+  piece by piece, it never holds more than a few pieces. The rest waits in the queue
+  or in the SSL layer, where ``queued`` counts it and ``drain`` waits for it.
+
+A ``TlsListener`` accepts connections itself and runs each TLS handshake in the
+connection's own task (``loop.connect_accepted_socket``). It does not use
+``loop.create_server(ssl=...)``: that drops a failed handshake silently (asyncio
+logs it only in debug mode, because an ``ssl.SSLError`` is an ``OSError``). Run in the
+task, the failure is raised where the listener can log it once, on one line that
+names the peer.
+
+Certificates, keys and CAs may be given as file paths or as PEM text
+(``-----BEGIN ...``), as Dask's ``Security`` accepts. ``temporary_certificates`` makes a
+self-signed pair for a cluster that wants encryption without a CA of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import ipaddress
+import logging
+import os
+import re
+import socket
+import ssl
+import tempfile
+from collections import deque
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+from apportion.net.stream import (
+    CLOSE_FLUSH_TIMEOUT,
+    LOW_WATER,
+    READ_BUFFER,
+    Buffer,
+    OnConnect,
+    Stream,
+    StreamClosed,
+    bind_tcp,
+    byte_view,
+)
+
+logger = logging.getLogger("apportion.net")
+
+#: The scheme of TLS addresses.
+TLS = "tls://"
+#: Seconds a TLS handshake may take: it also bounds a peer that connects and says nothing.
+HANDSHAKE_TIMEOUT = 10.0
+
+
+def format_tls_address(host: str, port: int) -> str:
+    """``tls://host:port``, bracketing IPv6 hosts."""
+    return f"{TLS}[{host}]:{port}" if ":" in host else f"{TLS}{host}:{port}"
+
+
+class TlsStream(Stream, asyncio.BufferedProtocol):
+    """A ``Stream`` over an SSL transport, which drives it as its protocol (see the
+    module docstring). Made by ``connect_tls`` and ``TlsListener``, and handed out
+    once the TLS handshake is done."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop, "unknown peer")
+        #: The SSL transport, from the end of the TLS handshake on.
+        self._transport: asyncio.Transport | None = None
+        #: The peer's verified certificate as ``ssl`` decodes it, if it sent one.
+        self._peer_certificate: dict[str, Any] | None = None
+        #: Written buffers not yet handed to the SSL layer (not copied), and their bytes.
+        self._out: deque[memoryview] = deque()
+        self._out_size = 0
+        #: True while the SSL layer holds more than ``LOW_WATER`` unsent bytes.
+        self._write_paused = False
+        self._drained: asyncio.Future[None] | None = None
+        #: True while this side keeps the SSL layer from delivering (the buffer is full).
+        self._read_paused = False
+        #: Done once the connection is gone (``connection_lost``); ``close`` waits for it.
+        self._gone: asyncio.Future[None] = loop.create_future()
+
+    @property
+    def peer_certificate(self) -> dict[str, Any] | None:
+        """The peer's certificate (subject, issuer, validity), for logs. ``None`` if the
+        peer sent none or it was not verified (``ssl`` decodes verified ones only)."""
+        return self._peer_certificate
+
+    # --- the protocol: called by the SSL transport ---------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+        peername = transport.get_extra_info("peername")
+        if peername:
+            self.peer = f"{peername[0]}:{peername[1]}"
+        self._peer_certificate = transport.get_extra_info("peercert") or None
+        # pause_writing above LOW_WATER, resume_writing at LOW_WATER or less: exactly
+        # drain's condition. asyncio's default gap between the two marks would not do:
+        # resume_writing only follows a pause_writing, so a backlog between the marks
+        # would leave drain waiting for a call that never comes.
+        self._transport.set_write_buffer_limits(high=LOW_WATER + 1, low=LOW_WATER)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        view = self._receive_buffer()
+        if not view:
+            # buffer_updated pauses reading once the buffer is full, so this should not
+            # happen; but the SSL layer would take an empty buffer for the end of the
+            # stream, so grow the buffer instead (released first: it cannot grow while
+            # a view of it exists).
+            view.release()
+            self._make_room(len(self._buf) + READ_BUFFER)
+            view = self._receive_buffer()
+        return view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._got(nbytes)
+        if self._target is None and self._start == 0 and self._end == len(self._buf):
+            self._pause_reading()
+
+    def eof_received(self) -> bool | None:
+        # The peer's close_notify: a clean end, after everything it sent.
+        self._lost(f"connection to {self.peer} closed")
+        self._settle_drain()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is None:
+            self._lost(f"connection to {self.peer} closed")
+        else:
+            self._lost(f"connection to {self.peer} failed: {tls_reason(exc)}")
+        self._settle_drain()
+        if not self._gone.done():
+            self._gone.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self._out:
+            # Fed on the next turn, not from inside the SSL layer while it works.
+            self._loop.call_soon(self._feed)
+        else:
+            self._settle_drain()
+
+    # --- reading --------------------------------------------------------------------
+
+    def _pause_reading(self) -> None:
+        if not self._read_paused and self._transport is not None and not self._closed:
+            self._read_paused = True
+            self._transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self._read_paused and self._transport is not None and not self._closed:
+            self._read_paused = False
+            self._transport.resume_reading()
+
+    # --- writing --------------------------------------------------------------------
+
+    def write(self, buffers: Sequence[Buffer]) -> None:
+        if self._closed or self._transport is None:
+            return
+        views = [view for view in map(byte_view, buffers) if view.nbytes]
+        self._out.extend(views)
+        self._out_size += sum(view.nbytes for view in views)
+        self._feed()
+
+    def _feed(self) -> None:
+        """Hand queued bytes to the SSL layer, up to ``LOW_WATER`` at a time, until it
+        holds more than ``LOW_WATER`` (it calls ``pause_writing``) or the queue is empty."""
+        out, transport = self._out, self._transport
+        while out and not self._write_paused and not self._closed and transport is not None:
+            piece: list[memoryview] = []
+            size = 0
+            while out and size < LOW_WATER:
+                view = out[0]
+                take = min(view.nbytes, LOW_WATER - size)
+                if take == view.nbytes:
+                    piece.append(out.popleft())
+                else:
+                    piece.append(view[:take])
+                    out[0] = view[take:]
+                size += take
+            self._out_size -= size
+            transport.writelines(piece)
+        self._settle_drain()
+
+    def _backed_up(self) -> bool:
+        """Whether ``drain`` must wait: the SSL layer holds more than ``LOW_WATER`` (it
+        paused us), or queued bytes are still to be handed to it (between its
+        ``resume_writing`` and the next loop turn, the only time a queue waits)."""
+        return self._write_paused or bool(self._out)
+
+    def queued(self) -> int:
+        # Once the transport is closed asyncio's SSL transport may no longer answer.
+        if self._closed or self._transport is None:
+            return 0
+        return self._out_size + self._transport.get_write_buffer_size()
+
+    def _settle_drain(self) -> None:
+        drained = self._drained
+        if drained is not None and not drained.done() and (self._closed or not self._backed_up()):
+            drained.set_result(None)
+
+    async def _until_drained(self, timeout: float | None) -> None:
+        """Wait until no more than ``LOW_WATER`` bytes wait, or the stream ends;
+        ``TimeoutError`` after ``timeout`` seconds."""
+        deadline = None if timeout is None else self._loop.time() + timeout
+        while self._backed_up() and not self._closed:
+            self._drained = self._loop.create_future()
+            try:
+                left = None if deadline is None else deadline - self._loop.time()
+                await asyncio.wait_for(self._drained, left)
+            finally:
+                self._drained = None
+
+    async def drain(self) -> None:
+        await self._until_drained(None)
+        if self._closed and self._ended is not None:
+            raise StreamClosed(self._ended)
+
+    async def close(self) -> None:
+        """Send what is queued, close the TLS session (close_notify both ways) and
+        return once the connection is gone. Past ``CLOSE_FLUSH_TIMEOUT`` in all, or if
+        cancelled, abort instead. Safe to call twice, and after ``abort``."""
+        transport = self._transport
+        if transport is None:
+            self._lost("closed by this side")
+            return
+        start = self._loop.time()
+        try:
+            # The SSL layer sends what it holds as it closes; the queue goes first.
+            await self._until_drained(CLOSE_FLUSH_TIMEOUT)
+            if not self._closed:
+                self._lost("closed by this side")
+                self._settle_drain()
+                transport.close()
+            left = CLOSE_FLUSH_TIMEOUT - (self._loop.time() - start)
+            await asyncio.wait_for(asyncio.shield(self._gone), max(left, 0.0))
+        except TimeoutError:
+            logger.warning(
+                "connection to %s did not close within %gs; aborted", self.peer, CLOSE_FLUSH_TIMEOUT
+            )
+        finally:
+            if not self._gone.done():
+                self.abort()
+
+    def abort(self) -> None:
+        self._out.clear()
+        self._out_size = 0
+        self._lost("closed by this side")
+        self._settle_drain()
+        # Even after the peer's end: the SSL layer may still be closing the session.
+        if self._transport is not None and not self._gone.done():
+            self._transport.abort()
+
+
+#: OpenSSL's decorations around the reason: ``[SSL: CODE] reason (_ssl.c:1006)``.
+_OPENSSL_CODE = re.compile(r"^\[[^\]]*\]\s*")
+_OPENSSL_PLACE = re.compile(r"\s*\(_ssl\.c:\d+\)$")
+
+
+def tls_reason(exc: BaseException) -> str:
+    """The reason of a TLS or socket error on one line, as a person would say it."""
+    if isinstance(exc, OSError) and not isinstance(exc, ssl.SSLError) and exc.strerror:
+        return exc.strerror
+    text = _OPENSSL_PLACE.sub("", _OPENSSL_CODE.sub("", str(exc))).strip()
+    if text:
+        return " ".join(text.split())
+    if isinstance(exc, ConnectionResetError):  # asyncio raises the bare class at EOF
+        return "the peer closed the connection"
+    return type(exc).__name__
+
+
+def _handshake_failed(exc: OSError, peer: str, timeout: float) -> OSError:
+    """``exc`` from a TLS handshake with ``peer``, as an error of the same class with
+    a one-line message naming the peer and the reason."""
+    if isinstance(exc, ConnectionAbortedError):  # asyncio's handshake timeout
+        reason = f"no TLS handshake within {timeout:g}s"
+    else:
+        reason = tls_reason(exc)
+    message = f"TLS handshake with {peer} failed: {reason}"
+    if isinstance(exc, ssl.SSLError):
+        # Its text is its second argument (``strerror``); with one, it would show a tuple.
+        return type(exc)(exc.errno, message)
+    return type(exc)(message)
+
+
+async def connect_tls(
+    host: str,
+    port: int,
+    context: ssl.SSLContext,
+    *,
+    server_hostname: str | None = None,
+    handshake_timeout: float = HANDSHAKE_TIMEOUT,
+) -> TlsStream:
+    """A TLS stream to ``host:port``, its handshake done.
+
+    ``server_hostname`` is the name sent to the server (SNI) and checked against its
+    certificate if ``context`` checks names (default: ``host``). A failed TCP connection
+    raises as ``connect_tcp`` does. A failed handshake raises an ``OSError`` of the
+    same class as the failure (``ssl.SSLError``, ``ssl.SSLCertVerificationError``,
+    ...), with one line naming ``host:port`` and the reason.
+
+    Under TLS 1.3 a server that refuses our certificate says so after the client's
+    handshake is done: that shows as the stream's end on the first read, not here.
+    """
+    loop = asyncio.get_running_loop()
+    made: list[TlsStream] = []
+
+    def protocol() -> TlsStream:
+        # Called once the TCP connection is made: errors after this are the handshake's.
+        made.append(TlsStream(loop))
+        return made[0]
+
+    try:
+        await loop.create_connection(
+            protocol,
+            host,
+            port,
+            ssl=context,
+            server_hostname=server_hostname,
+            ssl_handshake_timeout=handshake_timeout,
+            ssl_shutdown_timeout=CLOSE_FLUSH_TIMEOUT,
+        )
+    except OSError as exc:
+        if not made:
+            raise
+        raise _handshake_failed(exc, f"{host}:{port}", handshake_timeout) from None
+    return made[0]
+
+
+def _peer_of(sock: socket.socket) -> str:
+    try:
+        host, port = sock.getpeername()[:2]
+    except (OSError, ValueError):
+        return "unknown peer"
+    return f"{host}:{port}"
+
+
+class TlsListener:
+    """A listening socket whose connections speak TLS; each is served by
+    ``on_connect(stream)`` in a task of its own, once its handshake is done.
+
+    A peer that fails the handshake (no or a wrong certificate, plain TCP, silence
+    past ``handshake_timeout``) is dropped with a warning on ``apportion.net``; the
+    listener goes on. ``close`` stops accepting; open connections stay.
+    """
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        address: str,
+        on_connect: OnConnect,
+        context: ssl.SSLContext,
+        *,
+        handshake_timeout: float = HANDSHAKE_TIMEOUT,
+    ) -> None:
+        self.address = address
+        self._sock = sock
+        self._on_connect = on_connect
+        self._context = context
+        self._handshake_timeout = handshake_timeout
+        self._loop = asyncio.get_running_loop()
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._accepting = self._loop.create_task(self._accept(), name=f"accept-{address}")
+
+    async def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = await self._loop.sock_accept(self._sock)
+            except OSError as exc:
+                if self._sock.fileno() == -1:
+                    return
+                # Out of file descriptors, or a connection reset while queued: the
+                # listener itself is fine, so wait a moment and go on accepting.
+                logger.warning("listener %s: accept failed: %s", self.address, exc)
+                await asyncio.sleep(0.1)
+                continue
+            task = self._loop.create_task(self._serve(conn))
+            self._handlers.add(task)
+            task.add_done_callback(self._handlers.discard)
+
+    async def _serve(self, conn: socket.socket) -> None:
+        peer = _peer_of(conn)
+        try:
+            # On failure asyncio closes the connection; it logs nothing (see the module).
+            _, stream = await self._loop.connect_accepted_socket(
+                lambda: TlsStream(self._loop),
+                conn,
+                ssl=self._context,
+                ssl_handshake_timeout=self._handshake_timeout,
+                ssl_shutdown_timeout=CLOSE_FLUSH_TIMEOUT,
+            )
+        except OSError as exc:
+            self._log_failed_handshake(exc, peer)
+            return
+        try:
+            await self._on_connect(stream)
+        except Exception:
+            logger.exception("listener %s: a connection's handler failed", self.address)
+            stream.abort()
+
+    def _log_failed_handshake(self, exc: OSError, peer: str) -> None:
+        error = _handshake_failed(exc, peer, self._handshake_timeout)
+        if isinstance(exc, ConnectionResetError):
+            # Gone before the handshake ended, with no TLS error: port probes and health
+            # checks do that all day, so it is no warning.
+            logger.info("listener %s: %s", self.address, error)
+        else:
+            logger.warning("listener %s: %s", self.address, error)
+
+    def close(self) -> None:
+        self._accepting.cancel()
+        self._sock.close()
+
+    async def wait_closed(self) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._accepting
+
+
+async def listen_tls(
+    host: str,
+    port: int,
+    on_connect: OnConnect,
+    context: ssl.SSLContext,
+    *,
+    handshake_timeout: float = HANDSHAKE_TIMEOUT,
+) -> TlsListener:
+    """Listen for TLS connections on ``host``/``port`` (0: any free port); the listener's
+    ``address`` is ``tls://host:port``."""
+    sock = bind_tcp(host, port)
+    address = format_tls_address(host, sock.getsockname()[1])
+    return TlsListener(sock, address, on_connect, context, handshake_timeout=handshake_timeout)
+
+
+# --- contexts -------------------------------------------------------------------------
+
+
+def server_context(
+    cert: str,
+    key: str | None,
+    ca: str | None,
+    *,
+    ciphers: str | None = None,
+    min_version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_2,
+) -> ssl.SSLContext:
+    """A listener's context: it shows ``cert`` (with ``key``; ``None``: the key is in
+    ``cert``). With ``ca``, mutual TLS: clients must show a certificate that ``ca``
+    signed. Each of ``cert``, ``key`` and ``ca`` is a file path or PEM text.
+
+    ``ciphers`` (OpenSSL's syntax) limits the TLS 1.2 ciphers; TLS 1.3 has its own
+    short list of strong suites, which it leaves alone. Bad files raise a one-line
+    ``ValueError`` naming the file.
+    """
+    # What create_default_context(Purpose.CLIENT_AUTH) makes, without the system's CAs:
+    # under mutual TLS only the cluster's own CA may vouch for a client.
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    _configure(context, ciphers, min_version)
+    _load_chain(context, cert, key)
+    if ca is not None:
+        _load_ca(context, ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def client_context(
+    ca: str | None,
+    cert: str | None,
+    key: str | None,
+    *,
+    ciphers: str | None = None,
+    min_version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_2,
+) -> ssl.SSLContext:
+    """A connecting side's context. With ``ca``, the server must show a certificate
+    that ``ca`` signed. Without it nothing is verified: the connection is encrypted
+    but could be intercepted by whoever can impersonate the server, which is weaker.
+    ``cert`` (and ``key``, if not in ``cert``) is shown to servers that ask for one
+    (mutual TLS). Each is a file path or PEM text; see ``server_context``.
+    """
+    # PROTOCOL_TLS_CLIENT is Purpose.SERVER_AUTH's protocol; it loads no system CAs.
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    _configure(context, ciphers, min_version)
+    # Host names are not checked: a cluster addresses its nodes by IP, often ones
+    # assigned at start-up, and its CA is its own, so a certificate that CA signed is
+    # the proof of membership, whatever address it is found at.
+    context.check_hostname = False
+    if ca is not None:
+        _load_ca(context, ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    else:
+        context.verify_mode = ssl.CERT_NONE
+    if cert is not None:
+        _load_chain(context, cert, key)
+    elif key is not None:
+        raise ValueError("a client key was given without its certificate")
+    return context
+
+
+def _configure(context: ssl.SSLContext, ciphers: str | None, min_version: ssl.TLSVersion) -> None:
+    context.minimum_version = min_version
+    if ciphers is not None:
+        try:
+            context.set_ciphers(ciphers)
+        except ssl.SSLError:
+            raise ValueError(
+                f"no cipher matches {ciphers!r} (OpenSSL cipher list syntax)"
+            ) from None
+
+
+def _is_pem(value: str) -> bool:
+    return value.lstrip().startswith("-----BEGIN")
+
+
+def _read_pem(value: str, what: str) -> tuple[str, str]:
+    """The PEM text that ``value`` is or names, and how an error names it."""
+    if _is_pem(value):
+        return value, f"the {what} given as PEM text"
+    name = f"{what} file {value!r}"
+    try:
+        data = Path(value).read_bytes()
+    except FileNotFoundError:
+        raise ValueError(f"{name} does not exist") from None
+    except OSError as exc:
+        raise ValueError(f"{name} cannot be read: {exc.strerror or exc}") from None
+    if b"-----BEGIN " not in data:
+        raise ValueError(f"{name} is not PEM: it has no '-----BEGIN' line")
+    return data.decode("ascii", "replace"), name
+
+
+@contextlib.contextmanager
+def _as_file(value: str) -> Iterator[str]:
+    """A path to ``value``'s PEM: ``value`` itself if it is a path, else a temporary file
+    holding the text (``load_cert_chain`` reads files only)."""
+    if not _is_pem(value):
+        yield value
+        return
+    # mkstemp makes the file readable by this user only: it may hold a private key.
+    fd, path = tempfile.mkstemp(prefix="apportion-", suffix=".pem")
+    try:
+        with os.fdopen(fd, "w") as file:
+            file.write(value)
+        yield path
+    finally:
+        os.unlink(path)
+
+
+def _load_ca(context: ssl.SSLContext, ca: str) -> None:
+    text, name = _read_pem(ca, "CA")
+    if "CERTIFICATE-----" not in text:
+        raise ValueError(f"{name} holds no PEM certificate")
+    try:
+        context.load_verify_locations(cadata=text)
+    except ssl.SSLError as exc:
+        raise ValueError(f"{name} cannot be loaded: {tls_reason(exc)}") from None
+
+
+class _EncryptedKey(Exception):
+    """Raised by the password callback: OpenSSL asks for a password only for an
+    encrypted key (and would ask on the terminal if there were no callback)."""
+
+
+def _no_password() -> str:
+    raise _EncryptedKey
+
+
+def _load_chain(context: ssl.SSLContext, cert: str, key: str | None) -> None:
+    cert_text, cert_name = _read_pem(cert, "certificate")
+    if "CERTIFICATE-----" not in cert_text:
+        raise ValueError(f"{cert_name} holds no PEM certificate")
+    key_text, key_name = (cert_text, cert_name) if key is None else _read_pem(key, "key")
+    if "PRIVATE KEY-----" not in key_text:
+        raise ValueError(f"{key_name} holds no PEM private key")
+    with contextlib.ExitStack() as files:
+        cert_path = files.enter_context(_as_file(cert))
+        key_path = None if key is None else files.enter_context(_as_file(key))
+        try:
+            context.load_cert_chain(cert_path, key_path, password=_no_password)
+        except _EncryptedKey:
+            raise ValueError(f"{key_name} is encrypted: give the key unencrypted") from None
+        except ssl.SSLError as exc:
+            if exc.reason == "KEY_VALUES_MISMATCH":
+                raise ValueError(f"{key_name} does not match {cert_name}") from None
+            raise ValueError(f"{cert_name} cannot be loaded: {tls_reason(exc)}") from None
+
+
+# --- a certificate for clusters without a CA -------------------------------------------
+
+#: How long ``temporary_certificates`` are valid.
+TEMPORARY_VALIDITY = datetime.timedelta(days=365)
+
+
+def temporary_certificates() -> tuple[str, str]:
+    """A new self-signed certificate and its private key, as PEM text.
+
+    EC P-256, valid for a year, CN "apportion", for "localhost", 127.0.0.1 and ::1. It
+    is its own CA (basicConstraints CA=True), so one pair serves every node of a
+    cluster under mutual TLS: each shows it and trusts it. Needs ``cryptography``.
+    """
+    try:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+    except ImportError:
+        raise ImportError(
+            "Security.temporary() needs the cryptography package: pip install 'apportion[tls]'"
+        ) from None
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "apportion")])
+    now = datetime.datetime.now(datetime.UTC)
+    names: list[x509.GeneralName] = [
+        x509.DNSName("localhost"),
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+        x509.IPAddress(ipaddress.ip_address("::1")),
+    ]
+    usage = x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=True,
+        crl_sign=True,
+        encipher_only=False,
+        decipher_only=False,
+    )
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        # A little in the past: clocks of a cluster's machines are never quite equal.
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + TEMPORARY_VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(usage, critical=True)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    cert_pem = certificate.public_bytes(serialization.Encoding.PEM).decode("ascii")
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode("ascii")
+    return cert_pem, key_pem
