@@ -46,6 +46,7 @@ PURE = re.compile(
     r"|scheduler\.(?!service$)[a-z_]+"
     r"|worker\.(state|events|memory_policy)"
     r"|testing\.simulation"
+    r"|net\.gate"
     r"|runs\.(lifecycle|views|run_states|run_events)"
     r")$"
 )

@@ -17,17 +17,15 @@ from typing import Any
 import pytest
 
 from apportion.core.payload import Payload, dumps, loads
+from apportion.net.certificates import client_context, server_context, temporary_certificates
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.stream import LOW_WATER, READ_BUFFER, Stream, StreamClosed
 from apportion.net.tls import (
     TlsListener,
     TlsStream,
-    client_context,
     connect_tls,
     format_tls_address,
     listen_tls,
-    server_context,
-    temporary_certificates,
 )
 from apportion.protocol import messages as m
 

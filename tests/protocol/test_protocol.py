@@ -353,7 +353,7 @@ def test_parse_address_default_port_is_a_parameter() -> None:
         ("h:-1", "the port '-1' is not a number"),
         ("[::1]:x", "the port 'x' is not a number"),
         ("udp://h:1", "the scheme 'udp://' is not supported"),
-        ("tls://h:1", "the scheme 'tls://' is not supported"),
+        ("tls://h:x", "the port 'x' is not a number"),
         ("http://h:8786", "the scheme 'http://' is not supported"),
         (":8786", "no host"),
         ("tcp://", "no host"),
@@ -369,7 +369,7 @@ def test_parse_address_errors(text: str, match: str) -> None:
     # One line naming the address as written and every accepted form.
     assert "\n" not in str(info.value)
     assert repr(text) in str(info.value)
-    assert "tcp://host:port, host:port or host" in str(info.value)
+    assert "tcp://host:port, tls://host:port, host:port or host" in str(info.value)
 
 
 @pytest.mark.parametrize(("host", "port"), [("h", 1), ("::1", 8786), ("10.0.0.1", 80)])

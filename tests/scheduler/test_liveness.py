@@ -47,7 +47,7 @@ def test_scheduler_cli_passes_the_worker_timeout(monkeypatch: pytest.MonkeyPatch
     seen: list[SchedulerConfig] = []
 
     async def fake_run(
-        host: str, port: int, config: SchedulerConfig, *args: object, **kw: object
+        listen: object, config: SchedulerConfig, *args: object, **kw: object
     ) -> None:
         seen.append(config)
 

@@ -122,7 +122,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
             # an asynchronous one's cluster starts when the client is awaited.
             options = {**cluster_options, "asynchronous": True} if asynchronous else cluster_options
             if security is not None:
-                options["security"] = security
+                options["security"], security = security, None  # the cluster's from now on
             self._own_cluster = self.cluster = start_cluster(options)
             address = self.cluster
         else:

@@ -1,5 +1,6 @@
-"""Addresses as users write them: ``tcp://host:port``, ``host:port`` or ``host``; and
-``inproc://name`` for a peer in this same process (the in-memory transport)."""
+"""Addresses as users write them: ``tcp://host:port``, ``host:port`` or ``host``;
+``tls://host:port`` for TLS; and ``inproc://name`` for a peer in this same process
+(the in-memory transport)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import re
 DEFAULT_PORT = 8786
 
 #: The forms every bad-address message names, so that the fix is in the error itself.
-ACCEPTED_FORMS = "tcp://host:port, host:port or host"
+ACCEPTED_FORMS = "tcp://host:port, tls://host:port, host:port or host"
 
 #: A host name or an IPv4 address; IPv6 literals go in brackets and are checked apart.
 _HOST = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.\-]*[A-Za-z0-9_])?$")
@@ -64,7 +65,7 @@ def parse_address(address: str, default_port: int = DEFAULT_PORT) -> tuple[str, 
     scheme, sep, rest = text.partition("://")
     if not sep:
         rest = text
-    elif scheme != "tcp":
+    elif scheme not in ("tcp", "tls"):
         raise _bad(address, f"the scheme {scheme + '://'!r} is not supported")
     if rest.startswith("["):
         host, closed, tail = rest[1:].partition("]")
@@ -90,9 +91,23 @@ def parse_address(address: str, default_port: int = DEFAULT_PORT) -> tuple[str, 
     return host, port
 
 
-def format_address(host: str, port: int) -> str:
-    """``tcp://host:port``, bracketing IPv6 hosts."""
-    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+def format_address(host: str, port: int, scheme: str = "tcp") -> str:
+    """``tcp://host:port`` (or another ``scheme``), bracketing IPv6 hosts."""
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+
+
+#: The scheme of TLS addresses.
+TLS = "tls://"
+
+
+def is_tls(address: str) -> bool:
+    """Whether ``address`` (or a listener's host) names TLS: ``tls://...``."""
+    return address.startswith(TLS)
+
+
+def host_part(host: str) -> str:
+    """A listener's host without a ``tls://`` or ``tcp://`` in front of it."""
+    return host.split("://", 1)[1] if "://" in host and not is_inproc(host) else host
 
 
 def is_inproc(address: str) -> bool:

@@ -87,7 +87,7 @@ async def open_connection(
     that refused us.
     """
     key = security.key()  # no secret: say so before reaching out
-    transport = transport_for(address)
+    transport = transport_for(address, security, role)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     try:

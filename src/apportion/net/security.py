@@ -26,7 +26,7 @@ from typing import Any
 
 from apportion.home import default_home, read_private, write_private
 from apportion.net import auth
-from apportion.net.address import is_inproc, is_loopback
+from apportion.net.address import host_part, is_inproc, is_loopback
 
 #: The variable holding the secret itself, and the one naming a file that holds it.
 TOKEN_ENV = "APPORTION_TOKEN"
@@ -114,7 +114,7 @@ class Security:
     def temporary(cls, **kwargs: Any) -> Security:
         """Mutual TLS with a fresh self-signed certificate for every role, and a fresh
         secret: for a cluster whose processes are all started from here."""
-        from apportion.net.tls import temporary_certificates
+        from apportion.net.certificates import temporary_certificates
 
         cert, key = temporary_certificates()
         pem: dict[str, Any] = {"tls_ca_file": cert}
@@ -192,7 +192,7 @@ class Security:
         """The TLS context of a ``role`` listening (the scheduler, a worker's data port)."""
         cached = self._contexts.get(("listen", role))
         if cached is None:
-            from apportion.net.tls import server_context
+            from apportion.net.certificates import server_context
 
             cert, key = self.cert_for(role)
             if cert is None or key is None:
@@ -214,7 +214,7 @@ class Security:
         """The TLS context of a ``role`` connecting to a ``tls://`` address."""
         cached = self._contexts.get(("connect", role))
         if cached is None:
-            from apportion.net.tls import client_context
+            from apportion.net.certificates import client_context
 
             cert, key = self.cert_for(role)
             cached = client_context(
@@ -241,7 +241,7 @@ def check_exposure(host: str, security: Security, *, allow_plaintext: bool) -> N
     """Refuse to listen on a non-loopback ``host`` without TLS unless ``allow_plaintext``:
     the secret keeps strangers from running code, but not from reading the data that
     crosses the network, nor from taking over a connection."""
-    if allow_plaintext or is_inproc(host) or is_loopback(host) or security.has_tls:
+    if allow_plaintext or is_inproc(host) or is_loopback(host_part(host)) or security.has_tls:
         return
     raise PlaintextRefused(
         f"refusing to listen on {host} without TLS: give a certificate and key (--tls-cert, "

@@ -29,7 +29,7 @@ from apportion.net.handshake import HandshakeError, open_connection
 from apportion.net.pipe import forward_buffers
 from apportion.net.security import Security, check_exposure, listening, stopped_listening
 from apportion.net.stream import MAX_UNSENT, Stream
-from apportion.net.transport import Listener, transport_for
+from apportion.net.transport import Listener, listener_for, transport_for
 from apportion.protocol import messages as m
 from apportion.protocol.codec import ProtocolError, decode_body
 from apportion.scheduler.companions import Companion, SchedulerAddresses
@@ -136,7 +136,7 @@ class Scheduler(BackgroundService):
         """Listen; return once connections are accepted."""
         check_exposure(self.host, self.security, allow_plaintext=self.allow_plaintext)
         self._closed = asyncio.Event()
-        transport = transport_for(self.host)
+        transport = listener_for(self.host, self.security, "scheduler")
         self._server = await transport.listen(self.host, self.port, self._on_connect)
         self.address = self._server.address
         listening(self.address, self.security)

@@ -18,7 +18,7 @@ from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.door import Door
 from apportion.net.security import Security, listening, stopped_listening
 from apportion.net.stream import Stream
-from apportion.net.transport import Listener, transport_for
+from apportion.net.transport import Listener, listener_for
 from apportion.protocol.codec import ProtocolError
 from apportion.protocol.messages import (
     ActorCall,
@@ -105,7 +105,7 @@ class DataServer:
     async def start(self) -> str:
         """Start listening; returns the address peers should use, ``tcp://host:port``
         (``inproc://name`` when ``host`` is in memory)."""
-        transport = transport_for(self._host)
+        transport = listener_for(self._host, self._security, "worker")
         self._server = await transport.listen(self._host, self._port, self._serve)
         self.address = self._server.address
         listening(self.address, self._security)
