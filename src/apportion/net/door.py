@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from apportion.net.address import is_inproc
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.gate import HandshakeGate
 from apportion.net.handshake import HandshakeError, accept_connection
@@ -26,7 +27,9 @@ from apportion.protocol.messages import Hello
 
 
 def host_of(peer: str) -> str:
-    """The host part of ``host:port`` (the whole name for an in-memory peer)."""
+    """The host part of ``host:port``; ``inproc`` for every in-memory peer (this process)."""
+    if is_inproc(peer):
+        return "inproc"
     host, sep, port = peer.rpartition(":")
     return host if sep and port.isdigit() else peer
 
@@ -63,9 +66,10 @@ class Door:
             hello = await accept_connection(conn, self.roles, peer_id, info, security=self.security)
         except (HandshakeError, ProtocolError, ConnectionClosed) as exc:
             reason = str(exc) or "the peer closed the connection during the handshake"
-            line = self.gate.refused(host, f"{reason}", self._monotonic())
+            line = self.gate.refused(host, reason, self._monotonic())
             if line is not None:
                 self._logger.warning(line)
+            conn.abort()
             return None
         finally:
             self.gate.done(conn)

@@ -1,0 +1,193 @@
+"""Where a process finds its secret, how the files holding it are kept, and when a
+listener refuses to be reachable from the network in the clear."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from apportion.cli.main import main
+from apportion.home import PrivateFileError, read_private, write_private
+from apportion.net import security as sec
+from apportion.net.scheduler_file import (
+    SchedulerFileError,
+    read_scheduler_file,
+    remove_scheduler_file,
+    write_scheduler_file,
+)
+from apportion.net.security import (
+    PlaintextRefused,
+    Security,
+    check_exposure,
+    listening,
+    security_for,
+    stopped_listening,
+)
+from apportion.net.transport import TCP, TlsTransport, listener_for, transport_for
+
+pytestmark = pytest.mark.timeout(30)
+
+TOKEN = "t" * 40
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty APPORTION_HOME, and no secret in the environment."""
+    where = tmp_path / "home"
+    monkeypatch.setenv("APPORTION_HOME", str(where))
+    for name in (sec.TOKEN_ENV, sec.TOKEN_FILE_ENV, sec.TLS_CERT_ENV, sec.TLS_KEY_ENV):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv(sec.TLS_CA_ENV, raising=False)
+    return where
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_the_users_secret_is_made_once_private_and_then_reused(home: Path) -> None:
+    assert Security.from_environment().token is None  # connecting sides never make one
+    made = Security.from_environment(create=True)
+    assert made.token and len(made.token) == 64 and made.token_source == str(home / "secret")
+    assert mode(home) == 0o700 and mode(home / "secret") == 0o600
+    assert Security.from_environment().token == made.token
+
+
+def test_the_environment_beats_the_users_secret(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    Security.from_environment(create=True)
+    holder = tmp_path / "token"
+    write_private(holder, "f" * 32 + "\n")
+    monkeypatch.setenv(sec.TOKEN_FILE_ENV, str(holder))
+    assert Security.from_environment().token == "f" * 32
+    monkeypatch.setenv(sec.TOKEN_ENV, TOKEN)
+    found = Security.from_environment()
+    assert (found.token, found.token_source) == (TOKEN, "APPORTION_TOKEN")
+
+
+def test_a_secret_others_can_read_is_refused_saying_how_to_fix_it(home: Path) -> None:
+    Security.from_environment(create=True)
+    (home / "secret").chmod(0o644)
+    with pytest.raises(PrivateFileError, match=r"open to other users \(mode 0644\).*chmod 600"):
+        Security.from_environment()
+
+
+def test_a_private_file_that_cannot_be_read_says_which(tmp_path: Path) -> None:
+    with pytest.raises(PrivateFileError, match=r"cannot read token file .*missing"):
+        read_private(tmp_path / "missing", "token file")
+
+
+def test_the_scheduler_file_round_trips_and_is_private(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "scheduler.json"
+    write_scheduler_file(path, "tcp://10.0.0.1:8786", TOKEN, "scheduler-1")
+    assert mode(path) == 0o600
+    found = read_scheduler_file(path)
+    assert (found.address, found.token, found.id) == ("tcp://10.0.0.1:8786", TOKEN, "scheduler-1")
+    assert json.loads(path.read_text())["type"] == "Scheduler"  # Dask's shape
+    remove_scheduler_file(path, "scheduler-2")  # another scheduler's: kept
+    assert path.exists()
+    remove_scheduler_file(path, "scheduler-1")
+    assert not path.exists()
+
+
+def test_a_bad_scheduler_file_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "f.json"
+    write_private(path, "not json")
+    with pytest.raises(SchedulerFileError, match="is not JSON"):
+        read_scheduler_file(path)
+    write_private(path, json.dumps({"id": "x"}))
+    with pytest.raises(SchedulerFileError, match="names no address"):
+        read_scheduler_file(path)
+    write_private(path, json.dumps({"address": "tcp://h:1"}))  # Dask's: no token
+    assert read_scheduler_file(path).token is None
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3", "node01", "::"])
+def test_listening_on_the_network_in_the_clear_is_refused(host: str) -> None:
+    with pytest.raises(
+        PlaintextRefused, match=r"without TLS: give a certificate.*--allow-plaintext"
+    ):
+        check_exposure(host, Security(token=TOKEN), allow_plaintext=False)
+    check_exposure(host, Security(token=TOKEN), allow_plaintext=True)
+    check_exposure(host, Security(token=TOKEN, tls_scheduler_cert="c", tls_scheduler_key="k"),
+                   allow_plaintext=False)  # fmt: skip
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "inproc://x"])
+def test_loopback_and_memory_need_no_tls(host: str) -> None:
+    check_exposure(host, Security(token=TOKEN), allow_plaintext=False)
+
+
+def test_the_transport_follows_the_address_and_the_certificates() -> None:
+    plain = Security(token=TOKEN)
+    with_cert = Security(token=TOKEN, tls_scheduler_cert="c", tls_scheduler_key="k")
+    assert transport_for("tcp://h:1", plain) is TCP
+    assert isinstance(transport_for("tls://h:1", plain), TlsTransport)
+    assert listener_for("127.0.0.1", plain) is TCP
+    assert isinstance(listener_for("127.0.0.1", with_cert), TlsTransport)
+    strict = Security(token=TOKEN, require_encryption=True)
+    with pytest.raises(ValueError, match="encryption is required"):
+        transport_for("tcp://h:1", strict)
+    with pytest.raises(ValueError, match="needs a certificate and key"):
+        listener_for("tls://0.0.0.0", None)
+
+
+def test_a_process_connects_to_its_own_listeners_with_their_credentials(home: Path) -> None:
+    own = Security.in_memory()
+    listening("tcp://127.0.0.1:1", own)
+    try:
+        assert security_for("tcp://127.0.0.1:1") is own
+        given = Security(token=TOKEN)
+        assert security_for("tcp://127.0.0.1:1", given) is given
+    finally:
+        stopped_listening("tcp://127.0.0.1:1")
+    assert security_for("tcp://127.0.0.1:1").token is None  # the environment's: none here
+
+
+def test_the_environment_for_a_child_carries_the_secret_and_certificates() -> None:
+    temporary = Security.temporary()
+    env = temporary.environment("worker")
+    assert env[sec.TOKEN_ENV] == temporary.token
+    assert env[sec.TLS_CERT_ENV].startswith("-----BEGIN")
+    assert set(env) == {sec.TOKEN_ENV, sec.TLS_CERT_ENV, sec.TLS_KEY_ENV, sec.TLS_CA_ENV}
+
+
+def test_apportion_token_prints_the_secret_and_renews_it(home: Path) -> None:
+    runner = CliRunner()
+    first = runner.invoke(main, ["token"])
+    assert first.exit_code == 0, first.output
+    assert first.stdout.strip() == (home / "secret").read_text().strip()
+    again = runner.invoke(main, ["token"])
+    assert again.stdout == first.stdout
+    renewed = runner.invoke(main, ["token", "--new"])
+    assert renewed.exit_code == 0 and renewed.stdout.strip() != first.stdout.strip()
+    assert renewed.stdout.strip() == (home / "secret").read_text().strip()
+
+
+def test_the_scheduler_refuses_the_network_in_the_clear_in_one_line(home: Path) -> None:
+    result = CliRunner().invoke(main, ["scheduler", "--host", "0.0.0.0", "--no-journal"])
+    assert result.exit_code == 1
+    assert "refusing to listen on 0.0.0.0 without TLS" in result.output
+    assert "--allow-plaintext" in result.output
+
+
+def test_a_client_takes_an_address_or_a_scheduler_file_not_both(tmp_path: Path) -> None:
+    from apportion import Client
+
+    path = tmp_path / "s.json"
+    write_scheduler_file(path, "tcp://127.0.0.1:1", TOKEN, "s")
+    with pytest.raises(ValueError, match="an address or a scheduler_file, not both"):
+        Client("tcp://127.0.0.1:1", scheduler_file=path)
+
+
+def test_the_worker_needs_an_address_or_a_scheduler_file(home: Path) -> None:
+    result = CliRunner().invoke(main, ["worker"])
+    assert result.exit_code == 2 and "--scheduler-file" in result.output
+    missing = CliRunner().invoke(main, ["worker", "--scheduler-file", os.devnull + "x"])
+    assert missing.exit_code == 2 and "cannot read scheduler file" in missing.output
