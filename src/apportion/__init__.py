@@ -42,6 +42,7 @@ from apportion.client.waiting import (
     wait,
 )
 from apportion.core.resources import parse_resources
+from apportion.net.security import Security
 from apportion.plugins import WorkerPlugin
 from apportion.scheduler.service import Scheduler
 from apportion.worker.context import (
@@ -68,6 +69,7 @@ BaseActorFuture = ActorFuture
 TimeoutError = builtins.TimeoutError
 
 __all__ = [
+    "Security",
     "ALL_COMPLETED",
     "FIRST_COMPLETED",
     "Actor",

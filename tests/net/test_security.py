@@ -191,3 +191,18 @@ def test_the_worker_needs_an_address_or_a_scheduler_file(home: Path) -> None:
     assert result.exit_code == 2 and "--scheduler-file" in result.output
     missing = CliRunner().invoke(main, ["worker", "--scheduler-file", os.devnull + "x"])
     assert missing.exit_code == 2 and "cannot read scheduler file" in missing.output
+
+
+def test_a_client_writes_a_scheduler_file_another_client_connects_with(
+    tmp_path: Path, home: Path
+) -> None:
+    from apportion import Client
+
+    path = tmp_path / "scheduler.json"
+    with Client(processes=False, n_workers=1) as client:
+        client.write_scheduler_file(path)
+        assert mode(path) == 0o600
+        # The secret is the cluster's own, made in memory: only the file carries it.
+        assert read_scheduler_file(path).token == client.security.token
+        with Client(scheduler_file=path) as other:
+            assert other.submit(sum, [1, 2]).result() == 3

@@ -58,7 +58,7 @@ from apportion.client.restrictions import ANYWHERE, Where, refuse_actors, where_
 from apportion.client.session import Session, TaskBatch
 from apportion.core import payload
 from apportion.core.resources import ResourceSpec, parse_demand
-from apportion.net.scheduler_file import read_scheduler_file
+from apportion.net.scheduler_file import read_scheduler_file, write_scheduler_file
 from apportion.net.security import Security, security_for
 from apportion.protocol import messages as m
 
@@ -931,6 +931,15 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         every worker with its ledger, and the recent transitions with their causes.
         """
         return self._ask(lambda rid: m.DumpRequest(rid), partial(_dumped, filename=filename))
+
+    def write_scheduler_file(self, scheduler_file: str | os.PathLike[str]) -> None:
+        """Write the scheduler's address and this client's secret to ``scheduler_file``
+        (mode 0600), for ``Client(scheduler_file=...)`` and ``apportion worker
+        --scheduler-file`` elsewhere, as Dask's does for the address alone."""
+        if self.security.token is None:
+            raise ValueError("this client holds no secret to write")
+        identity = self._scheduler_identity.get("id", "")
+        write_scheduler_file(scheduler_file, self.scheduler_address, self.security.token, identity)
 
     def scheduler_info(self, n_workers: int = -1, **kwargs: Any) -> Any:
         """The scheduler's identity and workers with their pools, as Dask returns it.
