@@ -69,7 +69,6 @@ BaseActorFuture = ActorFuture
 TimeoutError = builtins.TimeoutError
 
 __all__ = [
-    "Security",
     "ALL_COMPLETED",
     "FIRST_COMPLETED",
     "Actor",
@@ -91,6 +90,7 @@ __all__ = [
     "Queue",
     "Scheduler",
     "SchedulerGoneError",
+    "Security",
     "Semaphore",
     "SerializationError",
     "Sub",

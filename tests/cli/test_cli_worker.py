@@ -327,7 +327,7 @@ def test_environment_overrides_config_file(launched: Launched, tmp_path: Path) -
     [
         (
             "resource = 'gpu=[0-3]'\n",
-            "unknown key 'resource' (known: connect_timeout, drain_timeout,",
+            "unknown key 'resource' (known: allow_plaintext, connect_timeout, drain_timeout,",
         ),
         ("nprocs = 2\n", "unknown key 'nprocs'"),
         ("nthreads = 0\n", "nthreads: 0 is not in the range x>=1."),

@@ -3,6 +3,7 @@ listener refuses to be reachable from the network in the clear."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import stat
@@ -206,3 +207,24 @@ def test_a_client_writes_a_scheduler_file_another_client_connects_with(
         assert read_scheduler_file(path).token == client.security.token
         with Client(scheduler_file=path) as other:
             assert other.submit(sum, [1, 2]).result() == 3
+
+
+@pytest.mark.tcp
+def test_a_local_cluster_or_worker_on_the_network_in_the_clear_needs_consent() -> None:
+    from apportion import LocalCluster, Scheduler, Worker
+
+    with pytest.raises(PlaintextRefused, match=r"refusing to listen on 0\.0\.0\.0"):
+        LocalCluster(n_workers=0, processes=False, host="0.0.0.0")
+    with LocalCluster(n_workers=0, processes=False, host="0.0.0.0", allow_plaintext=True) as c:
+        assert c.scheduler_address.startswith("tcp://0.0.0.0:")
+
+    async def worker_on(host: str, **options: bool) -> str:
+        async with (
+            Scheduler(port=0) as scheduler,
+            Worker(scheduler.address, nthreads=1, host=host, **options) as worker,
+        ):
+            return worker.address
+
+    with pytest.raises(PlaintextRefused, match=r"refusing to listen on 0\.0\.0\.0"):
+        asyncio.run(worker_on("0.0.0.0"))
+    assert asyncio.run(worker_on("0.0.0.0", allow_plaintext=True)).startswith("tcp://0.0.0.0:")

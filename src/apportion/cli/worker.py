@@ -179,6 +179,8 @@ class WorkerSettings:
     memory: MemoryThresholds = field(default_factory=MemoryThresholds)
     #: Where each process makes its scratch directory (None: the system's temporary one).
     local_directory: str | None = None
+    #: Serve the data port on a non-loopback host without TLS all the same.
+    allow_plaintext: bool = False
 
 
 def child_commands(
@@ -209,6 +211,8 @@ def child_commands(
             argv += [f"--memory-{threshold}", threshold_text(getattr(settings.memory, threshold))]
         if settings.local_directory is not None:
             argv += ["--local-directory", settings.local_directory]
+        if settings.allow_plaintext:
+            argv += ["--allow-plaintext"]
         argv += ["--nworkers", "1", "--no-supervisor", "--name", f"{base}-{i}"]
         commands.append(argv)
     return commands
@@ -259,7 +263,13 @@ def child_names(commands: list[list[str]]) -> list[str]:
     default="127.0.0.1",
     show_default=True,
     callback=check_host_option,
-    help="Data port interface.",
+    help="Data port interface (not loopback: give --tls-cert and --tls-key, or --allow-plaintext).",
+)
+@click.option(
+    "--allow-plaintext",
+    is_flag=True,
+    help="Serve the data port on a non-loopback --host without TLS: anyone on the "
+    "network can then read the data it sends.",
 )
 @click.option(
     "--port",
@@ -390,6 +400,7 @@ def worker(
     heartbeat_interval: float,
     reconnect_timeout: float,
     connect_timeout: float,
+    allow_plaintext: bool,
 ) -> None:
     """Run a worker connected to the scheduler at SCHEDULER_ADDRESS (or the one
     --scheduler-file names)."""
@@ -420,6 +431,7 @@ def worker(
         connect_timeout,
         thresholds,
         local_directory,
+        allow_plaintext,
     )
     if supervise is None:
         supervise = nworkers > 1 or limit > 0
@@ -483,6 +495,7 @@ def run_one(address: str, settings: WorkerSettings) -> int:
             kill_grace=settings.kill_grace,
             connect_timeout=settings.connect_timeout,
             long_lived=LiveRuns(ProcessLauncher()),  # the job queue's command runs
+            allow_plaintext=settings.allow_plaintext,
             memory=MemoryConfig(settings.memory, local_directory=settings.local_directory),
         )
         try:

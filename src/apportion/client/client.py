@@ -1102,12 +1102,15 @@ def from_scheduler_file(
     path: str | os.PathLike[str], address: object, security: Security | bool | None
 ) -> tuple[str, Security | bool | None]:
     """The address in the scheduler file at ``path``, and the credentials to use there:
-    ``security`` if given, else the environment's with the file's secret."""
+    ``security`` if given (with the file's secret if it has none), else the
+    environment's with the file's secret."""
     if address is not None:
         raise ValueError("give an address or a scheduler_file, not both")
     found = read_scheduler_file(path)
     if not isinstance(security, Security):
         security = Security.from_environment().with_token(found.token, str(path))
+    elif security.token is None:  # TLS settings given, the secret left to the file
+        security = security.with_token(found.token, str(path))
     return found.address, security
 
 

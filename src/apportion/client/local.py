@@ -193,6 +193,7 @@ class LocalCluster:
         timeout: Duration = 60.0,
         asynchronous: bool = False,
         security: Security | bool | None = None,
+        allow_plaintext: bool = False,
         **kwargs: Any,
     ) -> None:
         #: Made with ``asynchronous=True``: ``await`` starts it, ``await close()`` stops it.
@@ -243,6 +244,7 @@ class LocalCluster:
             scheduler_port,
             config=SchedulerConfig(fail_unsatisfiable=True),
             security=self.security,
+            allow_plaintext=allow_plaintext,
         )
         #: The worker processes (None in-process, and until started).
         self._pool: WorkerProcesses | None = None

@@ -157,6 +157,8 @@ class Session:
         self._parts: dict[int, list[m.DataReply]] = {}
         self._ids = itertools.count(1)
         self._peers: dict[str, Connection] = {}
+        #: Data connections being opened, by address.
+        self._opening: dict[str, asyncio.Future[Connection]] = {}
         #: Worker data addresses that could not be reached from here: their data goes
         #: through the scheduler instead (``client/transfers.py``).
         self.unreachable: set[str] = set()
@@ -289,13 +291,23 @@ class Session:
         """A data connection to the worker at ``address``, opened once and reused;
         ``timeout`` bounds the connecting (default: the client's)."""
         conn = self._peers.get(address)
-        if conn is None or conn.closed:
+        if conn is not None and not conn.closed:
+            return conn
+        # Callers that come while it is being opened share the one connection.
+        opening = self._opening.get(address)
+        if opening is None:
             limit = self._timeout if timeout is None else timeout
-            conn, _ = await open_connection(
-                address, "client", self.name, security=self._security, timeout=limit, borrow=True
-            )
-            self._peers[address] = conn
-            self._watch(conn, scheduler=False)
+            opening = asyncio.ensure_future(self._open_peer(address, limit))
+            self._opening[address] = opening
+            opening.add_done_callback(lambda _: self._opening.pop(address, None))
+        return await asyncio.shield(opening)
+
+    async def _open_peer(self, address: str, timeout: float) -> Connection:
+        conn, _ = await open_connection(
+            address, "client", self.name, security=self._security, timeout=timeout, borrow=True
+        )
+        self._peers[address] = conn
+        self._watch(conn, scheduler=False)
         return conn
 
     # --- the outbox -----------------------------------------------------------------

@@ -244,8 +244,9 @@ def check_exposure(host: str, security: Security, *, allow_plaintext: bool) -> N
     if allow_plaintext or is_inproc(host) or is_loopback(host_part(host)) or security.has_tls:
         return
     raise PlaintextRefused(
-        f"refusing to listen on {host} without TLS: give a certificate and key (--tls-cert, "
-        "--tls-key; docs/security.md shows how to make them) or --allow-plaintext"
+        f"refusing to listen on {host} without TLS: give a certificate and key (--tls-cert "
+        "and --tls-key, or a Security; docs/security.md shows how to make them), or allow "
+        "it (--allow-plaintext, allow_plaintext=True)"
     )
 
 

@@ -16,7 +16,7 @@ from apportion.core.payload import Pickled, dumps, size_of
 from apportion.net import lending
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.door import Door
-from apportion.net.security import Security, listening, stopped_listening
+from apportion.net.security import Security, check_exposure, listening, stopped_listening
 from apportion.net.stream import Stream
 from apportion.net.transport import Listener, listener_for
 from apportion.protocol.codec import ProtocolError
@@ -86,11 +86,13 @@ class DataServer:
         on_actor: Callable[[ActorCall, Connection], None] | None = None,
         *,
         security: Security,
+        allow_plaintext: bool = False,
     ) -> None:
         self._data = data
         #: What every peer must prove (and show, on ``tls://``) before it is served.
         self._security = security
         self._door = Door(set(DATA_ROLES), security, logger)
+        self._allow_plaintext = allow_plaintext
         #: Stores data a client puts here directly (``direct_to_workers``).
         self._on_put = on_put
         #: Starts a call on an actor living here; it answers on the connection.
@@ -105,6 +107,7 @@ class DataServer:
     async def start(self) -> str:
         """Start listening; returns the address peers should use, ``tcp://host:port``
         (``inproc://name`` when ``host`` is in memory)."""
+        check_exposure(self._host, self._security, allow_plaintext=self._allow_plaintext)
         transport = listener_for(self._host, self._security, "worker")
         self._server = await transport.listen(self._host, self._port, self._serve)
         self.address = self._server.address

@@ -31,7 +31,7 @@ from apportion.core.sizes import format_bytes
 from apportion.loop_thread import BackgroundService
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeError, open_connection
-from apportion.net.security import Security, security_for
+from apportion.net.security import AuthenticationError, Security, security_for
 from apportion.net.transport import serving_host
 from apportion.protocol.codec import ProtocolError
 from apportion.protocol.messages import (
@@ -148,6 +148,7 @@ class Worker(BackgroundService):
         long_lived: LongLivedTasks | None = None,
         memory: MemoryConfig | None = None,
         security: Security | None = None,
+        allow_plaintext: bool = False,
     ) -> None:
         self.scheduler_address = scheduler_address
         #: The secret (and TLS) of every connection: to the scheduler, to peers, and
@@ -197,6 +198,7 @@ class Worker(BackgroundService):
             self._put_direct,
             self.actors.serve,
             security=self.security,
+            allow_plaintext=allow_plaintext,
         )
         self._peers = PeerPool(self.name, self.security)
         self._runner: TaskRunner | None = None
@@ -588,6 +590,8 @@ class Worker(BackgroundService):
             except (OSError, HandshakeError) as exc:  # TimeoutError is an OSError
                 failure = str(exc) or type(exc).__name__
                 logger.debug("worker %s: reconnection attempt failed: %s", self.name, failure)
+            except AuthenticationError as exc:
+                return str(exc)  # the secret changed: trying again would fail again
 
     async def _beat(self) -> None:
         """Tell the scheduler this worker is alive, from the loop: a frozen loop falls silent."""
