@@ -33,6 +33,7 @@ def worker_client_of(worker: Worker, timeout: Duration | None = None) -> Client:
                 name=f"{worker.name}-tasks",
                 set_as_default=False,
                 timeout=30.0 if timeout is None else timeout,
+                security=worker.security,  # the worker's own credentials, TLS included
             )
             worker.task_client = client
         return client  # type: ignore[no-any-return]  # the worker types it Any
