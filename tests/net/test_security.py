@@ -228,3 +228,29 @@ def test_a_local_cluster_or_worker_on_the_network_in_the_clear_needs_consent() -
     with pytest.raises(PlaintextRefused, match=r"refusing to listen on 0\.0\.0\.0"):
         asyncio.run(worker_on("0.0.0.0"))
     assert asyncio.run(worker_on("0.0.0.0", allow_plaintext=True)).startswith("tcp://0.0.0.0:")
+
+
+def _inc_through_the_cluster(x: int) -> int:
+    from apportion import worker_client
+
+    with worker_client() as client:  # gives its thread back while it waits
+        return int(client.submit(abs, -x).result()) + 1
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+def test_a_tls_cluster_runs_tasks_that_submit_tasks() -> None:
+    import sys
+
+    import cloudpickle
+
+    from apportion import Client, LocalCluster
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, security=Security.temporary()) as cluster,
+        Client(cluster) as client,
+    ):
+        assert cluster.scheduler_address.startswith("tls://")
+        assert all(address.startswith("tls://") for address in client.scheduler_info()["workers"])
+        assert client.gather(client.map(_inc_through_the_cluster, range(4))) == [1, 2, 3, 4]
