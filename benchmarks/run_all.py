@@ -7,9 +7,10 @@ submits per second, event-loop lag during a large gather) beside Dask, placement
 quality on a mixed CPU/GPU workload beside Dask, recovery from a killed worker
 beside Dask, Dask collections computed on each, bytes per second between workers
 and to the client beside Dask, the job queue's runs per second beside HyperQueue,
-task throughput beside a run printing 50 MB, and, beside Dask on workers with a
-2 GiB memory limit, three limits of data held and reduced (spill.py) and a 10 GiB
-shuffle (shuffle.py).
+task throughput beside a run printing 50 MB, the cost of authentication and TLS
+per connection and in tiny-task throughput beside Dask's TLS, and, beside Dask on
+workers with a 2 GiB memory limit, three limits of data held and reduced
+(spill.py) and a 10 GiB shuffle (shuffle.py).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ SCRIPTS = [
     "data_transfer.py",
     "queue_throughput.py",
     "chatty_run.py",
+    "security.py",
     # Their defaults: 2 workers of 2 GiB each; about 2 and 4 minutes here.
     "spill.py",
     "shuffle.py",

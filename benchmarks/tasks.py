@@ -189,3 +189,33 @@ def fan_out(n: int, library: str) -> int:
     counts = client.gather(futures)
     lib.rejoin()
     return 1 + sum(counts)
+
+
+# --- connections counted where they are accepted: security.py ------------------------
+
+
+def count_handshakes() -> dict[str, int]:
+    """Handshakes this process's listeners completed, by the connecting peer's role.
+
+    The first call wraps the listener's side of apportion's handshake
+    (``apportion.net.handshake._check``, which every listener of the process passes
+    through: the scheduler's, a worker's data port) to count each completed one;
+    every call returns the counts so far. Run in the benchmark's process and, with
+    ``client.run``, in each worker process."""
+    from collections import Counter
+
+    from apportion.net import handshake
+
+    counts: Counter[str] | None = getattr(handshake, "_bench_accepted", None)
+    if counts is None:
+        counts = Counter()
+        check = handshake._check
+
+        async def counted(conn: Any, roles: set[str], key: bytes) -> Any:
+            hello = await check(conn, roles, key)
+            counts[hello.role] += 1
+            return hello
+
+        handshake._check = counted
+        handshake._bench_accepted = counts
+    return dict(counts)
