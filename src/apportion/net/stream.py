@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import socket
 from collections import deque
@@ -488,10 +489,22 @@ class SocketStream(Stream):
         self._settle_drain()
 
 
+def _numeric(host: str, port: int) -> list[Any]:
+    """``getaddrinfo``'s answer for an IP address, worked out here: asking the loop
+    would cost a trip through its thread pool on every connection."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return []
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    where = (host, port) if ip.version == 4 else (host, port, 0, 0)
+    return [(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", where)]
+
+
 async def connect_tcp(host: str, port: int) -> SocketStream:
     """A stream connected to ``host:port`` (each address ``host`` resolves to, in turn)."""
     loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    infos = _numeric(host, port) or await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     error: OSError | None = None
     for family, kind, proto, _, address in infos:
         sock = socket.socket(family, kind, proto)
