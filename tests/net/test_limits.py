@@ -7,22 +7,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import socket
 import tracemalloc
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from typing import Any
 
 import pytest
 
 from apportion.core.payload import dumps, loads
 from apportion.net.connection import Connection, ConnectionClosed
-from apportion.net.memory import MEMORY
 from apportion.net.stream import (
     LOW_WATER,
     MAX_UNSENT,
     STALL_TIMEOUT,
-    SocketStream,
     Stream,
     StreamClosed,
     StreamStalled,
@@ -36,47 +30,9 @@ from apportion.protocol.codec import (
     ProtocolError,
     encode_frame,
 )
+from stream_pairs import PAIRS, Pair, memory_pair, opened, run
 
 pytestmark = pytest.mark.timeout(60)
-
-Pair = Callable[[], Awaitable[tuple[Stream, Stream]]]
-
-
-async def socket_pair() -> tuple[Stream, Stream]:
-    loop = asyncio.get_running_loop()
-    left, right = socket.socketpair()
-    return SocketStream(left, loop), SocketStream(right, loop)
-
-
-async def memory_pair() -> tuple[Stream, Stream]:
-    accepted: asyncio.Queue[Stream] = asyncio.Queue()
-
-    async def on_connect(stream: Stream) -> None:
-        await accepted.put(stream)
-
-    listener = await MEMORY.listen("inproc://", 0, on_connect)
-    try:
-        near = await MEMORY.connect(listener.address)
-        return near, await accepted.get()
-    finally:
-        listener.close()
-
-
-PAIRS = [pytest.param(socket_pair, id="socket"), pytest.param(memory_pair, id="memory")]
-
-
-@asynccontextmanager
-async def opened(pair: Pair = socket_pair) -> AsyncIterator[tuple[Stream, Stream]]:
-    a, b = await pair()
-    try:
-        yield a, b
-    finally:
-        a.abort()
-        b.abort()
-
-
-def run(coro: Awaitable[Any]) -> Any:
-    return asyncio.run(coro)  # type: ignore[arg-type]
 
 
 def test_the_defaults_for_services() -> None:

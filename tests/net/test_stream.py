@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import socket
 import tracemalloc
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 from typing import Any
 
 import numpy as np
@@ -22,53 +19,12 @@ from apportion.net.connection import (
     ConnectionClosed,
     receive_buffer,
 )
-from apportion.net.memory import MEMORY
 from apportion.net.receive_pool import POOL_FROM
-from apportion.net.stream import READ_BUFFER, SocketStream, Stream, StreamClosed
+from apportion.net.stream import READ_BUFFER, StreamClosed
 from apportion.protocol import messages as m
+from stream_pairs import PAIRS, Pair, opened, run, socket_pair
 
 pytestmark = pytest.mark.timeout(60)
-
-Pair = Callable[[], Awaitable[tuple[Stream, Stream]]]
-
-
-async def socket_pair() -> tuple[Stream, Stream]:
-    """Two ends of a connected socket pair (a real socket, no port bound)."""
-    loop = asyncio.get_running_loop()
-    left, right = socket.socketpair()
-    return SocketStream(left, loop), SocketStream(right, loop)
-
-
-async def memory_pair() -> tuple[Stream, Stream]:
-    """Two ends of an in-memory connection."""
-    accepted: asyncio.Queue[Stream] = asyncio.Queue()
-
-    async def on_connect(stream: Stream) -> None:
-        await accepted.put(stream)
-
-    listener = await MEMORY.listen("inproc://", 0, on_connect)
-    try:
-        near = await MEMORY.connect(listener.address)
-        return near, await accepted.get()
-    finally:
-        listener.close()
-
-
-PAIRS = [pytest.param(socket_pair, id="socket"), pytest.param(memory_pair, id="memory")]
-
-
-@asynccontextmanager
-async def opened(pair: Pair) -> AsyncIterator[tuple[Stream, Stream]]:
-    a, b = await pair()
-    try:
-        yield a, b
-    finally:
-        a.abort()
-        b.abort()
-
-
-def run(coro: Awaitable[Any]) -> Any:
-    return asyncio.run(coro)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("pair", PAIRS)

@@ -526,9 +526,9 @@ async def connect_tcp(host: str, port: int) -> SocketStream:
 OnConnect = Callable[[Stream], Coroutine[Any, Any, None]]
 
 
-class TcpListener:
-    """A listening socket; each accepted connection is served by ``on_connect(stream)``
-    in a task of its own. ``close`` stops accepting; open connections stay."""
+class SocketListener:
+    """A listening socket; each accepted connection is handled by ``_handle(sock)`` in a
+    task of its own. ``close`` stops accepting; open connections stay."""
 
     def __init__(self, sock: socket.socket, address: str, on_connect: OnConnect) -> None:
         self.address = address
@@ -550,14 +550,13 @@ class TcpListener:
                 logger.warning("listener %s: accept failed: %s", self.address, exc)
                 await asyncio.sleep(0.1)
                 continue
-            try:
-                stream = SocketStream(conn, self._loop)
-            except OSError:
-                conn.close()
-                continue
-            task = self._loop.create_task(self._serve(stream))
+            task = self._loop.create_task(self._handle(conn))
             self._handlers.add(task)
             task.add_done_callback(self._handlers.discard)
+
+    async def _handle(self, conn: socket.socket) -> None:
+        """Make a stream of ``conn`` and ``_serve`` it (each kind of listener its own)."""
+        raise NotImplementedError
 
     async def _serve(self, stream: Stream) -> None:
         try:
@@ -573,6 +572,18 @@ class TcpListener:
     async def wait_closed(self) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await self._accepting
+
+
+class TcpListener(SocketListener):
+    """Plain TCP: each connection is a ``SocketStream``."""
+
+    async def _handle(self, conn: socket.socket) -> None:
+        try:
+            stream = SocketStream(conn, self._loop)
+        except OSError:
+            conn.close()
+            return
+        await self._serve(stream)
 
 
 def bind_tcp(host: str, port: int) -> socket.socket:

@@ -32,7 +32,6 @@ The contexts these streams use are made in ``net/certificates.py``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 import ssl
@@ -48,6 +47,7 @@ from apportion.net.stream import (
     READ_BUFFER,
     Buffer,
     OnConnect,
+    SocketListener,
     Stream,
     StreamClosed,
     bind_tcp,
@@ -328,7 +328,7 @@ def _peer_of(sock: socket.socket) -> str:
     return f"{host}:{port}"
 
 
-class TlsListener:
+class TlsListener(SocketListener):
     """A listening socket whose connections speak TLS; each is served by
     ``on_connect(stream)`` in a task of its own, once its handshake is done.
 
@@ -346,32 +346,11 @@ class TlsListener:
         *,
         handshake_timeout: float = HANDSHAKE_TIMEOUT,
     ) -> None:
-        self.address = address
-        self._sock = sock
-        self._on_connect = on_connect
         self._context = context
         self._handshake_timeout = handshake_timeout
-        self._loop = asyncio.get_running_loop()
-        self._handlers: set[asyncio.Task[None]] = set()
-        self._accepting = self._loop.create_task(self._accept(), name=f"accept-{address}")
+        super().__init__(sock, address, on_connect)
 
-    async def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = await self._loop.sock_accept(self._sock)
-            except OSError as exc:
-                if self._sock.fileno() == -1:
-                    return
-                # Out of file descriptors, or a connection reset while queued: the
-                # listener itself is fine, so wait a moment and go on accepting.
-                logger.warning("listener %s: accept failed: %s", self.address, exc)
-                await asyncio.sleep(0.1)
-                continue
-            task = self._loop.create_task(self._serve(conn))
-            self._handlers.add(task)
-            task.add_done_callback(self._handlers.discard)
-
-    async def _serve(self, conn: socket.socket) -> None:
+    async def _handle(self, conn: socket.socket) -> None:
         peer = _peer_of(conn)
         try:
             # On failure asyncio closes the connection; it logs nothing (see the module).
@@ -385,11 +364,7 @@ class TlsListener:
         except OSError as exc:
             self._log_failed_handshake(exc, peer)
             return
-        try:
-            await self._on_connect(stream)
-        except Exception:
-            logger.exception("listener %s: a connection's handler failed", self.address)
-            stream.abort()
+        await self._serve(stream)
 
     def _log_failed_handshake(self, exc: OSError, peer: str) -> None:
         error = _handshake_failed(exc, peer, self._handshake_timeout)
@@ -399,14 +374,6 @@ class TlsListener:
             logger.info("listener %s: %s", self.address, error)
         else:
             logger.warning("listener %s: %s", self.address, error)
-
-    def close(self) -> None:
-        self._accepting.cancel()
-        self._sock.close()
-
-    async def wait_closed(self) -> None:
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._accepting
 
 
 async def listen_tls(
