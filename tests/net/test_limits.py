@@ -5,10 +5,13 @@ a frame is timed out; well-behaved peers, however slow or idle, are not affected
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
 import re
 import socket
 import tracemalloc
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,7 +20,9 @@ import pytest
 
 from apportion.core.payload import dumps, loads
 from apportion.net.connection import Connection, ConnectionClosed
+from apportion.net.handshake import HandshakeError, accept_connection
 from apportion.net.memory import MEMORY
+from apportion.net.security import Security
 from apportion.net.stream import (
     LOW_WATER,
     MAX_UNSENT,
@@ -40,6 +45,8 @@ from apportion.protocol.codec import (
 pytestmark = pytest.mark.timeout(60)
 
 Pair = Callable[[], Awaitable[tuple[Stream, Stream]]]
+
+SECURITY = Security.in_memory()
 
 
 async def socket_pair() -> tuple[Stream, Stream]:
@@ -370,3 +377,26 @@ def test_without_stall_timeout_a_peer_may_pause_in_a_frame_for_as_long_as_it_lik
             assert await receiving == [m.ReleaseKeys(["x"])]
 
     run(main())
+
+
+# --- what a refused or dropped connection keeps -------------------------------------------
+
+
+def test_a_refused_handshake_frees_its_connection_without_the_cycle_collector() -> None:
+    """Each connection holds a read buffer of READ_BUFFER bytes: one kept alive by a
+    reference cycle until the cycle collector runs would let a crowd of refused
+    peers cost a buffer each, not the gate's bound."""
+
+    async def main() -> weakref.ref[Stream]:
+        a, b = await socket_pair()
+        a.write([_frame(m.Hello(m.PROTOCOL_VERSION, "client", "no-proof"))])
+        with contextlib.suppress(HandshakeError):
+            await accept_connection(Connection(b), {"client"}, "p", {}, security=SECURITY)
+        a.abort()
+        return weakref.ref(b)
+
+    gc.disable()
+    try:
+        assert run(main())() is None
+    finally:
+        gc.enable()
