@@ -32,6 +32,7 @@ from apportion.net.stream import (
     StreamClosed,
     StreamStalled,
 )
+from apportion.net.transport import TCP
 from apportion.protocol import messages as m
 from apportion.protocol.codec import (
     BUFFER_LENGTH,
@@ -400,3 +401,41 @@ def test_a_refused_handshake_frees_its_connection_without_the_cycle_collector() 
         assert run(main())() is None
     finally:
         gc.enable()
+
+
+def test_a_listener_handles_each_queued_connection_before_accepting_the_next() -> None:
+    """A burst of connections waiting in the backlog: each gets its handler (and its
+    gate) before the next is accepted, so the buffers held are the gate's bound."""
+
+    async def main() -> list[int]:
+        loop = asyncio.get_running_loop()
+        accepted = 0
+        accept = loop.sock_accept
+
+        async def counting(sock: socket.socket) -> tuple[socket.socket, Any]:
+            nonlocal accepted
+            pair = await accept(sock)
+            accepted += 1
+            return pair
+
+        loop.sock_accept = counting  # type: ignore[method-assign]
+        seen: list[int] = []
+
+        async def on_connect(stream: Stream) -> None:
+            seen.append(accepted)
+            stream.abort()
+
+        listener = await TCP.listen("127.0.0.1", 0, on_connect)
+        port = int(listener.address.rpartition(":")[2])
+        peers = [socket.create_connection(("127.0.0.1", port)) for _ in range(50)]
+        try:
+            while len(seen) < len(peers):
+                await asyncio.sleep(0.01)
+        finally:
+            listener.close()
+            await listener.wait_closed()
+            for peer in peers:
+                peer.close()
+        return seen
+
+    assert run(main()) == list(range(1, 51))

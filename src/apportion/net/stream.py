@@ -545,6 +545,11 @@ class TcpListener:
             task = self._loop.create_task(self._serve(stream))
             self._handlers.add(task)
             task.add_done_callback(self._handlers.discard)
+            # Let the handler run before the next accept: ``sock_accept`` does not yield
+            # while connections are queued, and each one holds a read buffer until its
+            # handler's gate drops it, so a burst of connections would otherwise cost
+            # a buffer each (up to the backlog) instead of the gate's bound.
+            await asyncio.sleep(0)
 
     async def _serve(self, stream: Stream) -> None:
         try:
