@@ -28,7 +28,10 @@ class Processes:
         self.logdir = logdir
         self.procs: list[tuple[subprocess.Popen[bytes], Path]] = []
 
-    def start(self, *args: str) -> tuple[subprocess.Popen[bytes], Path]:
+    def start(
+        self, *args: str, env: dict[str, str] | None = None
+    ) -> tuple[subprocess.Popen[bytes], Path]:
+        """Start ``apportion ARGS`` (with ``env`` in place of this process's environment)."""
         log = self.logdir / f"proc-{len(self.procs)}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(
@@ -37,6 +40,7 @@ class Processes:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                env=env,
             )
         self.procs.append((proc, log))
         return proc, log
@@ -45,12 +49,14 @@ class Processes:
         """Start ``apportion scheduler`` on any free port; its address."""
         return self.start_scheduler("--port", "0")[1]
 
-    def start_scheduler(self, *args: str) -> tuple[subprocess.Popen[bytes], str, Path]:
+    def start_scheduler(
+        self, *args: str, env: dict[str, str] | None = None
+    ) -> tuple[subprocess.Popen[bytes], str, Path]:
         """Start ``apportion scheduler ARGS``; the process, its address and its log."""
-        proc, log = self.start("scheduler", *args)
+        proc, log = self.start("scheduler", *args, env=env)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and proc.poll() is None:
-            found = re.search(r"apportion scheduler at (tcp://\S+)", log.read_text())
+            found = re.search(r"apportion scheduler at ((?:tcp|tls)://\S+)", log.read_text())
             if found:
                 return proc, found.group(1), log
             time.sleep(0.02)

@@ -5,14 +5,21 @@ a frame is timed out; well-behaved peers, however slow or idle, are not affected
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
 import re
+import socket
 import tracemalloc
+import weakref
+from typing import Any
 
 import pytest
 
 from apportion.core.payload import dumps, loads
 from apportion.net.connection import Connection, ConnectionClosed
+from apportion.net.handshake import HandshakeError, accept_connection
+from apportion.net.security import Security
 from apportion.net.stream import (
     LOW_WATER,
     MAX_UNSENT,
@@ -21,6 +28,7 @@ from apportion.net.stream import (
     StreamClosed,
     StreamStalled,
 )
+from apportion.net.transport import TCP
 from apportion.protocol import messages as m
 from apportion.protocol.codec import (
     BUFFER_LENGTH,
@@ -30,9 +38,11 @@ from apportion.protocol.codec import (
     ProtocolError,
     encode_frame,
 )
-from stream_pairs import PAIRS, Pair, memory_pair, opened, run
+from stream_pairs import PAIRS, Pair, memory_pair, opened, run, socket_pair
 
 pytestmark = pytest.mark.timeout(60)
+
+SECURITY = Security.in_memory()
 
 
 def test_the_defaults_for_services() -> None:
@@ -326,3 +336,64 @@ def test_without_stall_timeout_a_peer_may_pause_in_a_frame_for_as_long_as_it_lik
             assert await receiving == [m.ReleaseKeys(["x"])]
 
     run(main())
+
+
+# --- what a refused or dropped connection keeps -------------------------------------------
+
+
+def test_a_refused_handshake_frees_its_connection_without_the_cycle_collector() -> None:
+    """Each connection holds a read buffer of READ_BUFFER bytes: one kept alive by a
+    reference cycle until the cycle collector runs would let a crowd of refused
+    peers cost a buffer each, not the gate's bound."""
+
+    async def main() -> weakref.ref[Stream]:
+        a, b = await socket_pair()
+        a.write([_frame(m.Hello(m.PROTOCOL_VERSION, "client", "no-proof"))])
+        with contextlib.suppress(HandshakeError):
+            await accept_connection(Connection(b), {"client"}, "p", {}, security=SECURITY)
+        a.abort()
+        return weakref.ref(b)
+
+    gc.disable()
+    try:
+        assert run(main())() is None
+    finally:
+        gc.enable()
+
+
+def test_a_listener_handles_each_queued_connection_before_accepting_the_next() -> None:
+    """A burst of connections waiting in the backlog: each gets its handler (and its
+    gate) before the next is accepted, so the buffers held are the gate's bound."""
+
+    async def main() -> list[int]:
+        loop = asyncio.get_running_loop()
+        accepted = 0
+        accept = loop.sock_accept
+
+        async def counting(sock: socket.socket) -> tuple[socket.socket, Any]:
+            nonlocal accepted
+            pair = await accept(sock)
+            accepted += 1
+            return pair
+
+        loop.sock_accept = counting  # type: ignore[method-assign]
+        seen: list[int] = []
+
+        async def on_connect(stream: Stream) -> None:
+            seen.append(accepted)
+            stream.abort()
+
+        listener = await TCP.listen("127.0.0.1", 0, on_connect)
+        port = int(listener.address.rpartition(":")[2])
+        peers = [socket.create_connection(("127.0.0.1", port)) for _ in range(50)]
+        try:
+            while len(seen) < len(peers):
+                await asyncio.sleep(0.01)
+        finally:
+            listener.close()
+            await listener.wait_closed()
+            for peer in peers:
+                peer.close()
+        return seen
+
+    assert run(main()) == list(range(1, 51))

@@ -1,12 +1,12 @@
 """Where a listener lets connections in: the handshake, within the gate's bounds.
 
 The scheduler and every worker's data port admit connections here. A connection
-that has not proved the secret yet costs a socket, a task and a 64 KiB frame at
-most, and only so many of them may wait (``net/gate.py``: the oldest pending one
-from the same address is dropped for a new one, so a peer trickling bytes cannot
-lock out a legitimate client of the same login node). Refusals are logged once per
-host and window, not once per connection. Once admitted, a peer that stalls in the
-middle of a frame is dropped (``STALL_TIMEOUT``).
+that has not proved the secret yet costs a socket, a task, its stream's read buffer
+and a 64 KiB frame at most, and only so many of them may wait (``net/gate.py``: the
+oldest pending one from the same address is dropped for a new one, so a peer
+trickling bytes cannot lock out a legitimate client of the same login node).
+Refusals are logged once per host and window, not once per connection. Once
+admitted, a peer that stalls in the middle of a frame is dropped (``STALL_TIMEOUT``).
 """
 
 from __future__ import annotations

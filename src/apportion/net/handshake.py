@@ -223,7 +223,11 @@ async def accept_connection(
     conn.max_frame = MAX_HANDSHAKE_FRAME
     key = security.key()
     try:
-        hello = await asyncio.wait_for(_check(conn, roles, key), timeout)
+        # Not wait_for: on Python 3.11 its inner task keeps a refusal's traceback, and
+        # with it the connection and its read buffer, in a cycle that only the cycle
+        # collector frees; a crowd of refused peers would cost a buffer each until then.
+        async with asyncio.timeout(timeout):
+            hello = await _check(conn, roles, key)
     except TimeoutError:
         raise HandshakeError(
             f"{conn.peer} did not complete the handshake within {timeout:g}s"

@@ -67,7 +67,13 @@ def secret_path() -> Path:
 def user_secret(*, create: bool) -> str | None:
     """The user's own secret; made first if ``create`` and there is none yet."""
     path = secret_path()
-    if not path.exists():
+    try:
+        found = path.exists()
+    except PermissionError:
+        # Another user's home (APPORTION_HOME pointing at it): read_private says so in
+        # a line naming the file, rather than a stat's bare PermissionError.
+        found = True
+    if not found:
         if not create:
             return None
         write_private(path, new_token() + "\n")

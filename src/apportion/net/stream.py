@@ -553,6 +553,11 @@ class SocketListener:
             task = self._loop.create_task(self._handle(conn))
             self._handlers.add(task)
             task.add_done_callback(self._handlers.discard)
+            # Let the handler run before the next accept: ``sock_accept`` does not yield
+            # while connections are queued, and each one holds a read buffer until its
+            # handler's gate drops it, so a burst of connections would otherwise cost
+            # a buffer each (up to the backlog) instead of the gate's bound.
+            await asyncio.sleep(0)
 
     async def _handle(self, conn: socket.socket) -> None:
         """Make a stream of ``conn`` and ``_serve`` it (each kind of listener its own)."""
