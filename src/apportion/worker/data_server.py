@@ -144,7 +144,10 @@ class DataServer:
             pass
         except ProtocolError as exc:
             logger.warning(
-                "data port %s: dropping connection from %s: %s", self.address, conn.peer, exc
+                "data port %s: dropping connection from %s: %s",
+                self.address,
+                conn.peer,
+                str(exc),  # not the exception: its traceback holds the connection
             )
             conn.abort()
         except Exception:
