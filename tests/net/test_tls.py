@@ -503,3 +503,28 @@ def test_temporary_certificates_without_cryptography_say_what_to_install(
 def test_tls_addresses_bracket_ipv6_hosts() -> None:
     assert format_tls_address("127.0.0.1", 8786) == "tls://127.0.0.1:8786"
     assert format_tls_address("::1", 8786) == "tls://[::1]:8786"
+
+
+def test_silent_peers_past_the_bound_give_way_oldest_first_and_are_logged_once(
+    certs: Certs, caplog: pytest.LogCaptureFixture
+) -> None:
+    crowd = 70  # past the 64 handshakes one host may have waiting
+
+    async def main() -> None:
+        async with listening(certs.server(), handshake_timeout=30) as (listener, accepted):
+            peers = [
+                await asyncio.open_connection("127.0.0.1", port_of(listener)) for _ in range(crowd)
+            ]
+            try:
+                # The oldest are closed long before their 30 s handshake timeout.
+                oldest, _ = peers[0]
+                assert await asyncio.wait_for(oldest.read(), 10) == b""
+                await served(listener, accepted, certs)
+            finally:
+                for _, writer in peers:
+                    writer.close()
+
+    with caplog.at_level(logging.WARNING, logger="apportion.net"):
+        run(main())
+    dropped = [r for r in caplog.records if "dropped for a newer connection" in r.getMessage()]
+    assert len(dropped) == 1  # one line for the host, however many gave way

@@ -41,6 +41,7 @@ from typing import Any, cast
 
 from apportion.net.address import format_address
 from apportion.net.certificates import tls_reason
+from apportion.net.gate import HandshakeGate
 from apportion.net.stream import (
     CLOSE_FLUSH_TIMEOUT,
     LOW_WATER,
@@ -333,8 +334,10 @@ class TlsListener(SocketListener):
     ``on_connect(stream)`` in a task of its own, once its handshake is done.
 
     A peer that fails the handshake (no or a wrong certificate, plain TCP, silence
-    past ``handshake_timeout``) is dropped with a warning on ``apportion.net``; the
-    listener goes on. ``close`` stops accepting; open connections stay.
+    past ``handshake_timeout``) is dropped and logged on ``apportion.net``, once per
+    host and minute; the listener goes on. As for the secret's handshake
+    (``net/door.py``), at most so many TLS handshakes wait per host and in all, the
+    oldest giving way to a new one. ``close`` stops accepting; open connections stay.
     """
 
     def __init__(
@@ -348,10 +351,20 @@ class TlsListener(SocketListener):
     ) -> None:
         self._context = context
         self._handshake_timeout = handshake_timeout
+        self._gate = HandshakeGate()
+        #: Handshakes dropped for newer ones: their cancellation is no shutdown.
+        self._dropped: set[asyncio.Task[Any]] = set()
         super().__init__(sock, address, on_connect)
 
     async def _handle(self, conn: socket.socket) -> None:
         peer = _peer_of(conn)
+        host = peer.rpartition(":")[0] or peer
+        me = asyncio.current_task()
+        assert me is not None
+        for dropped in self._gate.admit(me, host, self._loop.time()):
+            assert isinstance(dropped, asyncio.Task)
+            self._dropped.add(dropped)
+            dropped.cancel()  # asyncio closes its half-made transport
         try:
             # On failure asyncio closes the connection; it logs nothing (see the module).
             _, stream = await self._loop.connect_accepted_socket(
@@ -362,18 +375,34 @@ class TlsListener(SocketListener):
                 ssl_shutdown_timeout=CLOSE_FLUSH_TIMEOUT,
             )
         except OSError as exc:
-            self._log_failed_handshake(exc, peer)
+            self._log_failed_handshake(exc, peer, host)
             return
+        except asyncio.CancelledError:
+            if me not in self._dropped:
+                raise
+            self._dropped.discard(me)
+            self._log_refusal(host, f"{peer}: dropped for a newer connection from {host}")
+            return
+        finally:
+            self._gate.done(me)
         await self._serve(stream)
 
-    def _log_failed_handshake(self, exc: OSError, peer: str) -> None:
-        error = _handshake_failed(exc, peer, self._handshake_timeout)
+    def _log_failed_handshake(self, exc: OSError, peer: str, host: str) -> None:
+        error = str(_handshake_failed(exc, peer, self._handshake_timeout))
         if isinstance(exc, ConnectionResetError):
             # Gone before the handshake ended, with no TLS error: port probes and health
             # checks do that all day, so it is no warning.
             logger.info("listener %s: %s", self.address, error)
         else:
-            logger.warning("listener %s: %s", self.address, error)
+            self._log_refusal(host, error)
+
+    def _log_refusal(self, host: str, reason: str) -> None:
+        now = self._loop.time()
+        for summary in self._gate.refusals.overdue(now):
+            logger.warning("listener %s: %s", self.address, summary)
+        line = self._gate.refused(host, reason, now)
+        if line is not None:
+            logger.warning("listener %s: %s", self.address, line)
 
 
 async def listen_tls(
