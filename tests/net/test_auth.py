@@ -76,6 +76,8 @@ class Listener:
         self.timeout = timeout
         self.outcomes: list[str] = []
         self.served = 0
+        #: Set as each handshake ends, whichever way.
+        self.ended = asyncio.Event()
 
     async def serve(self, stream: Stream) -> None:
         conn = Connection(stream)
@@ -85,9 +87,11 @@ class Listener:
             )
         except (HandshakeError, ProtocolError, ConnectionClosed) as exc:
             self.outcomes.append(str(exc))
+            self.ended.set()
             conn.abort()
             return
         self.outcomes.append("welcome")
+        self.ended.set()
         with contextlib.suppress(ConnectionClosed):
             for message in await conn.recv():
                 self.served += 1
@@ -122,7 +126,7 @@ def test_a_wrong_secret_is_refused_on_both_sides() -> None:
         stranger = Security(token="s" * 32, token_source="a test")
         with pytest.raises(AuthenticationError, match="does not know the secret this side holds"):
             await open_connection(address, "client", "c", security=stranger)
-        await asyncio.sleep(0.01)
+        await asyncio.wait_for(listener.ended.wait(), 5)
         # The listener proved itself first; the stranger stopped there and said nothing.
         assert listener.served == 0 and listener.outcomes[0] != "welcome"
 

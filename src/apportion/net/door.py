@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 from apportion.net.address import is_inproc
@@ -42,21 +41,17 @@ class Door:
         roles: set[str],
         security: Security,
         logger: logging.Logger,
-        *,
-        gate: HandshakeGate | None = None,
-        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.roles = roles
         self.security = security
-        self.gate = gate or HandshakeGate()
+        self.gate = HandshakeGate()
         self._logger = logger
-        self._monotonic = monotonic
 
     async def admit(self, conn: Connection, peer_id: str, info: dict[str, Any]) -> Hello | None:
         """The peer's ``Hello`` once it proved the secret; None if it was refused, gave
         up or was dropped for a newer connection (logged, within bounds)."""
         host = host_of(conn.peer)
-        now = self._monotonic()
+        now = time.monotonic()
         for summary in self.gate.refusals.overdue(now):
             self._logger.warning(summary)
         # Peers in memory are this process: no bound on them, they are trusted anyway.
@@ -68,8 +63,7 @@ class Door:
             hello = await accept_connection(conn, self.roles, peer_id, info, security=self.security)
         except (HandshakeError, ProtocolError, ConnectionClosed) as exc:
             reason = str(exc) or "the peer closed the connection during the handshake"
-            line = self.gate.refused(host, reason, self._monotonic())
-            if line is not None:
+            for line in self.gate.refusal_lines(host, reason, time.monotonic()):
                 self._logger.warning(line)
             conn.abort()
             return None

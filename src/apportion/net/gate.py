@@ -105,6 +105,13 @@ class HandshakeGate:
         (``RefusalLog.refused``)."""
         return self.refusals.refused(host, reason, now)
 
+    def refusal_lines(self, host: str, reason: str, now: float) -> list[str]:
+        """Every line to log on refusing a connection from ``host``: the summaries of
+        windows that passed, then this refusal's line if it gets one."""
+        lines = self.refusals.overdue(now)
+        line = self.refused(host, reason, now)
+        return [*lines, line] if line is not None else lines
+
 
 def check_invariants(gate: HandshakeGate) -> None:
     """Raise ``AssertionError`` if ``gate``'s state breaks an invariant."""

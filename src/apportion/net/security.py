@@ -20,7 +20,9 @@ from __future__ import annotations
 import os
 import secrets
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -196,41 +198,32 @@ class Security:
 
     def listen_context(self, role: str) -> ssl.SSLContext:
         """The TLS context of a ``role`` listening (the scheduler, a worker's data port)."""
-        cached = self._contexts.get(("listen", role))
-        if cached is None:
-            from apportion.net.certificates import server_context
+        from apportion.net.certificates import server_context
 
-            cert, key = self.cert_for(role)
-            if cert is None or key is None:
-                raise ValueError(
-                    f"a {role} listening on tls:// needs a certificate and its key "
-                    f"(tls_{role}_cert and tls_{role}_key; --tls-cert and --tls-key)"
-                )
-            cached = server_context(
-                cert,
-                key,
-                self.tls_ca_file,
-                ciphers=self.tls_ciphers,
-                min_version=self.tls_min_version,
+        cert, key = self.cert_for(role)
+        if cert is None or key is None:
+            raise ValueError(
+                f"a {role} listening on tls:// needs a certificate and its key "
+                f"(tls_{role}_cert and tls_{role}_key; --tls-cert and --tls-key)"
             )
-            self._contexts["listen", role] = cached
-        return cached
+        return self._context("listen", role, partial(server_context, cert, key))
 
     def connect_context(self, role: str) -> ssl.SSLContext:
         """The TLS context of a ``role`` connecting to a ``tls://`` address."""
-        cached = self._contexts.get(("connect", role))
-        if cached is None:
-            from apportion.net.certificates import client_context
+        from apportion.net.certificates import client_context
 
-            cert, key = self.cert_for(role)
-            cached = client_context(
-                self.tls_ca_file,
-                cert,
-                key,
-                ciphers=self.tls_ciphers,
-                min_version=self.tls_min_version,
+        cert, key = self.cert_for(role)
+        return self._context("connect", role, lambda ca, **kw: client_context(ca, cert, key, **kw))
+
+    def _context(self, side: str, role: str, make: Callable[..., ssl.SSLContext]) -> ssl.SSLContext:
+        """``make(ca, ciphers=, min_version=)``, once per side and role: files are read
+        once, not on every connection."""
+        cached = self._contexts.get((side, role))
+        if cached is None:
+            cached = make(
+                self.tls_ca_file, ciphers=self.tls_ciphers, min_version=self.tls_min_version
             )
-            self._contexts["connect", role] = cached
+            self._contexts[side, role] = cached
         return cached
 
     @property

@@ -397,11 +397,7 @@ class TlsListener(SocketListener):
             self._log_refusal(host, error)
 
     def _log_refusal(self, host: str, reason: str) -> None:
-        now = self._loop.time()
-        for summary in self._gate.refusals.overdue(now):
-            logger.warning("listener %s: %s", self.address, summary)
-        line = self._gate.refused(host, reason, now)
-        if line is not None:
+        for line in self._gate.refusal_lines(host, reason, self._loop.time()):
             logger.warning("listener %s: %s", self.address, line)
 
 
