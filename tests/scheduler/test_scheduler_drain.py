@@ -16,6 +16,7 @@ from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import ERRED, MEMORY, QUEUED
 from apportion.scheduler.state import SchedulerConfig
 from apportion.testing import FakeClock, InMemoryCluster, SimulatedCluster
+from cli_processes import poll
 
 
 @pytest.fixture
@@ -259,7 +260,10 @@ def test_a_draining_worker_hands_its_results_to_the_others_and_nothing_runs_agai
         RELEASE.set()  # the task finishes during the drain
         drain.join(10)
         assert not drain.is_alive()
-        assert sorted(w.name for w in cluster.scheduler.state.workers.values()) == ["staying"]
+        # The worker has gone; the scheduler hears of its closed connection on its own loop.
+        state = cluster.scheduler.state
+        poll(lambda: len(state.workers) == 1, 10, "the scheduler to see the worker leave")
+        assert sorted(w.name for w in state.workers.values()) == ["staying"]
         assert client.gather([held, running]) == [9, 16]  # from the worker that stayed
         assert RUNS == {3: 1, 4: 1}
         for future in (held, running):
