@@ -19,7 +19,13 @@ import click
 
 from apportion.home import write_private
 from apportion.net import security as sec
-from apportion.net.scheduler_file import SchedulerFileError, read_scheduler_file
+from apportion.net.scheduler_file import (
+    SchedulerFile,
+    SchedulerFileError,
+    SchedulerFileMissing,
+    read_scheduler_file,
+    wait_for_scheduler_file,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -29,6 +35,8 @@ SCHEDULER_ENV = "APPORTION_SCHEDULER"
 _GIVEN = "apportion.token-given"
 #: ``ctx.meta`` key: the address the scheduler file named.
 _FILE_ADDRESS = "apportion.scheduler-file-address"
+#: ``ctx.meta`` key: a scheduler file not written yet, for a command that waits for it.
+_PENDING = "apportion.scheduler-file-pending"
 
 
 def _to_env(variable: str, *, token: bool = False) -> Callable[..., Any]:
@@ -45,13 +53,25 @@ def _to_env(variable: str, *, token: bool = False) -> Callable[..., Any]:
     return store
 
 
-def _scheduler_file(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
-    if value is None:
-        return
-    try:
-        found = read_scheduler_file(value)
-    except SchedulerFileError as exc:
-        raise click.BadParameter(str(exc), ctx, param) from None
+def _scheduler_file(
+    waits: bool,
+) -> Callable[[click.Context, click.Parameter, str | None], None]:
+    def read(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+        if value is None:
+            return
+        try:
+            found = read_scheduler_file(value)
+        except SchedulerFileError as exc:
+            if waits and isinstance(exc, SchedulerFileMissing):
+                ctx.meta[_PENDING] = value  # read by ``scheduler_address``, which may wait
+                return
+            raise click.BadParameter(str(exc), ctx, param) from None
+        _use(ctx, found)
+
+    return read
+
+
+def _use(ctx: click.Context, found: SchedulerFile) -> None:
     os.environ[SCHEDULER_ENV] = found.address
     ctx.meta[_FILE_ADDRESS] = found.address
     if found.token is not None and not ctx.meta.get(_GIVEN):
@@ -106,16 +126,26 @@ def credential_options(command: F) -> F:
     return command
 
 
-def scheduler_file_option(command: F) -> F:
-    """``--scheduler-file F``: connect where the file says, with its secret."""
-    return _option(
-        "--scheduler-file",
-        metavar="FILE",
-        envvar="APPORTION_SCHEDULER_FILE",
-        callback=_scheduler_file,
-        help="Connect to the scheduler this file names (written by `apportion scheduler`), "
-        "with the secret it holds  [default: $APPORTION_SCHEDULER_FILE].",
-    )(credential_options(command))
+def scheduler_file_option(command: F | None = None, *, waits: bool = False) -> Any:
+    """``--scheduler-file F``: connect where the file says, with its secret.
+
+    With ``waits``, a file not written yet is waited for by ``scheduler_address`` (a
+    worker started by the same ``srun`` as its scheduler); otherwise it is an error.
+    """
+
+    def decorate(command: F) -> F:
+        also = " (waited for, up to --connect-timeout, if not written yet)" if waits else ""
+        return _option(
+            "--scheduler-file",
+            metavar="FILE",
+            envvar="APPORTION_SCHEDULER_FILE",
+            callback=_scheduler_file(waits),
+            help="Connect to the scheduler this file names (written by `apportion "
+            f"scheduler`), with the secret it holds{also}  [default: "
+            "$APPORTION_SCHEDULER_FILE].",
+        )(credential_options(command))
+
+    return decorate if command is None else decorate(command)
 
 
 def file_address(ctx: click.Context, given: str | None) -> str | None:
@@ -123,8 +153,15 @@ def file_address(ctx: click.Context, given: str | None) -> str | None:
     return given if given is not None else ctx.meta.get(_FILE_ADDRESS)
 
 
-def scheduler_address(ctx: click.Context, given: str | None) -> str:
-    """``file_address``, or a usage error if there is none."""
+def scheduler_address(ctx: click.Context, given: str | None, wait: float = 0.0) -> str:
+    """``file_address``, or a usage error if there is none. A scheduler file that a
+    waiting command found missing is waited for here, up to ``wait`` seconds."""
+    pending = ctx.meta.pop(_PENDING, None)
+    if pending is not None and given is None:
+        try:
+            _use(ctx, wait_for_scheduler_file(pending, wait))
+        except SchedulerFileError as exc:
+            raise click.ClickException(str(exc)) from None
     address = file_address(ctx, given)
     if address is None:
         raise click.UsageError("give the scheduler's address, or --scheduler-file", ctx)

@@ -226,7 +226,7 @@ def child_names(commands: list[list[str]]) -> list[str]:
 @click.argument(
     "given_address", metavar="SCHEDULER_ADDRESS", required=False, callback=check_address
 )
-@scheduler_file_option
+@scheduler_file_option(waits=True)
 @config_option(
     'TOML file of option defaults (nthreads = 2, resources = "gpu=[0-3]", ...); '
     "command-line options override it."
@@ -405,7 +405,7 @@ def worker(
     """Run a worker connected to the scheduler at SCHEDULER_ADDRESS (or the one
     --scheduler-file names)."""
     configure_logging()
-    address = scheduler_address(ctx, given_address)
+    address = scheduler_address(ctx, given_address, wait=connect_timeout)
     try:
         limit = parse_memory_limit(memory_limit, nworkers)
     except ValueError as exc:
