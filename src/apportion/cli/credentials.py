@@ -126,26 +126,29 @@ def credential_options(command: F) -> F:
     return command
 
 
-def scheduler_file_option(command: F | None = None, *, waits: bool = False) -> Any:
-    """``--scheduler-file F``: connect where the file says, with its secret.
+def scheduler_file_option(command: F) -> F:
+    """``--scheduler-file F``: connect where the file says, with its secret."""
+    return _file_option(command, waits=False)
 
-    With ``waits``, a file not written yet is waited for by ``scheduler_address`` (a
-    worker started by the same ``srun`` as its scheduler); otherwise it is an error.
-    """
 
-    def decorate(command: F) -> F:
-        also = " (waited for, up to --connect-timeout, if not written yet)" if waits else ""
-        return _option(
-            "--scheduler-file",
-            metavar="FILE",
-            envvar="APPORTION_SCHEDULER_FILE",
-            callback=_scheduler_file(waits),
-            help="Connect to the scheduler this file names (written by `apportion "
-            f"scheduler`), with the secret it holds{also}  [default: "
-            "$APPORTION_SCHEDULER_FILE].",
-        )(credential_options(command))
+def waiting_scheduler_file_option(command: F) -> F:
+    """``scheduler_file_option`` for a command that waits for a file not written yet
+    (``scheduler_address`` with ``wait``): a worker started by the same ``srun`` as its
+    scheduler."""
+    return _file_option(command, waits=True)
 
-    return decorate if command is None else decorate(command)
+
+def _file_option(command: F, *, waits: bool) -> F:
+    also = " (waited for, up to --connect-timeout, if not written yet)" if waits else ""
+    return _option(
+        "--scheduler-file",
+        metavar="FILE",
+        envvar="APPORTION_SCHEDULER_FILE",
+        callback=_scheduler_file(waits),
+        help="Connect to the scheduler this file names (written by `apportion "
+        f"scheduler`), with the secret it holds{also}  [default: "
+        "$APPORTION_SCHEDULER_FILE].",
+    )(credential_options(command))
 
 
 def file_address(ctx: click.Context, given: str | None) -> str | None:

@@ -26,7 +26,7 @@ import click
 from click.core import ParameterSource
 
 from apportion.cli.config import CONFIG_META, config_option
-from apportion.cli.credentials import scheduler_address, scheduler_file_option
+from apportion.cli.credentials import scheduler_address, waiting_scheduler_file_option
 from apportion.cli.errors import check_address, check_host_option, check_port_option, fail
 from apportion.core.resources import parse_resources
 from apportion.log_setup import configure_logging
@@ -226,7 +226,7 @@ def child_names(commands: list[list[str]]) -> list[str]:
 @click.argument(
     "given_address", metavar="SCHEDULER_ADDRESS", required=False, callback=check_address
 )
-@scheduler_file_option(waits=True)
+@waiting_scheduler_file_option
 @config_option(
     'TOML file of option defaults (nthreads = 2, resources = "gpu=[0-3]", ...); '
     "command-line options override it."
