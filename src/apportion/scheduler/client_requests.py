@@ -9,8 +9,8 @@ from typing import Any
 
 from apportion.protocol import messages as m
 from apportion.scheduler import views
-from apportion.scheduler.demand import demand
 from apportion.scheduler.core import SchedulerCore
+from apportion.scheduler.demand import demand
 from apportion.scheduler.events import TaskError, TaskFailed, TasksFailed
 from apportion.scheduler.explain import explain
 from apportion.scheduler.records import (
