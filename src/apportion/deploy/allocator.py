@@ -219,14 +219,14 @@ class Allocator:
         self.in_flight[shape] = max(0, self.in_flight[shape] - 1)
         self.jobs[job] = Job(job, self.shapes[shape], now)
 
-    def submit_failed(self, now: float, shape: str, reason: str) -> list[Command]:
+    def submit_failed(self, now: float, shape: str, reason: str) -> list[Report]:
         self.in_flight[shape] = max(0, self.in_flight[shape] - 1)
         return self._failed(now, f"submitting a {shape} job failed: {reason}")
 
-    def _failed(self, now: float, text: str) -> list[Command]:
+    def _failed(self, now: float, text: str) -> list[Report]:
         self.failures += 1
         self.last_failure = text
-        out: list[Command] = [Report(text)]
+        out = [Report(text)]
         if self.failures >= self.policy.max_failures:
             self.paused_until = now + self.policy.pause
             self.failures = 0
