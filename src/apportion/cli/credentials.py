@@ -35,6 +35,8 @@ SCHEDULER_ENV = "APPORTION_SCHEDULER"
 _GIVEN = "apportion.token-given"
 #: ``ctx.meta`` key: the address the scheduler file named.
 _FILE_ADDRESS = "apportion.scheduler-file-address"
+#: ``ctx.meta`` key: the scheduler file given, as given.
+_FILE_PATH = "apportion.scheduler-file-path"
 #: ``ctx.meta`` key: a scheduler file not written yet, for a command that waits for it.
 _PENDING = "apportion.scheduler-file-pending"
 
@@ -59,6 +61,7 @@ def _scheduler_file(
     def read(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
         if value is None:
             return
+        ctx.meta[_FILE_PATH] = value
         try:
             found = read_scheduler_file(value)
         except SchedulerFileError as exc:
@@ -149,6 +152,12 @@ def _file_option(command: F, *, waits: bool) -> F:
         f"scheduler`), with the secret it holds{also}  [default: "
         "$APPORTION_SCHEDULER_FILE].",
     )(credential_options(command))
+
+
+def scheduler_file_path(ctx: click.Context) -> str | None:
+    """The ``--scheduler-file`` given (or its variable's), if any."""
+    path = ctx.meta.get(_FILE_PATH)
+    return None if path is None else str(path)
 
 
 def file_address(ctx: click.Context, given: str | None) -> str | None:

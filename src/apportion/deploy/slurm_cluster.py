@@ -50,6 +50,29 @@ def reachable_host() -> str:
         return "127.0.0.1"
 
 
+def credential_files(
+    security: Security, directory: Path, stem: str
+) -> tuple[dict[str, str], list[Path]]:
+    """The ``APPORTION_TLS_*`` variables a worker job needs, as paths: PEM text given
+    in memory is written to private files in ``directory`` (returned, to remove)."""
+    variables: dict[str, str] = {}
+    written: list[Path] = []
+    cert, key = security.cert_for("worker")
+    for variable, text, suffix in (
+        (TLS_CERT_ENV, cert, "worker.pem"),
+        (TLS_KEY_ENV, key, "worker.key"),
+        (TLS_CA_ENV, security.tls_ca_file, "ca.pem"),
+    ):
+        if text:
+            if "-----BEGIN" in text:
+                target = directory / f"{stem}-{suffix}"
+                write_private(target, text)
+                written.append(target)
+                text = str(target)
+            variables[variable] = text
+    return variables, written
+
+
 class SlurmCluster:
     """A scheduler on this host and worker jobs submitted with ``sbatch``.
 
@@ -139,20 +162,8 @@ class SlurmCluster:
         assert self.security.token is not None
         write_scheduler_file(path, self.scheduler_address, self.security.token, self.scheduler.id)
         self._files.append(path)
-        self._tls: dict[str, str] = {}
-        cert, key = self.security.cert_for("worker")
-        for variable, text, file in (
-            (TLS_CERT_ENV, cert, "worker.pem"),
-            (TLS_KEY_ENV, key, "worker.key"),
-            (TLS_CA_ENV, self.security.tls_ca_file, "ca.pem"),
-        ):
-            if text:
-                target = directory / f"{self.scheduler.id}-{file}"
-                if "-----BEGIN" in text:
-                    write_private(target, text)
-                    self._files.append(target)
-                    text = str(target)
-                self._tls[variable] = text
+        self._tls, written = credential_files(self.security, directory, self.scheduler.id)
+        self._files += written
         return path
 
     # --- what users call --------------------------------------------------------------
