@@ -19,9 +19,11 @@ def test_the_dry_run_prints_the_job_the_options_describe(
     write_scheduler_file(file, "tcp://10.0.0.1:8786", "t" * 32, "s")
     result = CliRunner().invoke(
         main,
-        ["alloc", "slurm", "--scheduler-file", str(file), "--cores", "4", "--memory", "8GiB"]
-        + ["--gpus", "1", "--walltime", "30:00", "--log-directory", str(tmp_path / "logs")]
-        + ["--dry-run", "--", "--constraint=a100"],
+        [
+            *["alloc", "slurm", "--scheduler-file", str(file), "--cores", "4"],
+            *["--memory", "8GiB", "--gpus", "1", "--walltime", "30:00"],
+            *["--log-directory", str(tmp_path / "logs"), "--dry-run", "--", "--constraint=a100"],
+        ],
     )
     assert result.exit_code == 0, result.output
     assert "#SBATCH --gres=gpu:1" in result.output
