@@ -1,0 +1,1 @@
+"""Running apportion clusters inside the allocations of batch systems (Slurm, ...)."""
