@@ -15,7 +15,9 @@ from apportion.deploy.slurm_plan import (
     missing_text,
     missing_workers,
     scheduler_host,
+    step_to_signal,
     worker_step,
+    worker_step_name,
 )
 
 ONE = Allocation("7", 1, "vm")
@@ -86,3 +88,10 @@ def test_missing_workers_are_counted_by_node() -> None:
         "workers did not register within 120s on 2 node(s): node10 (1 of 2), node2 (0 of 2); "
         "see the worker step's output above"
     )
+
+
+def test_the_workers_step_is_found_by_its_name_to_be_drained() -> None:
+    listed = "8.batch batch\n8.0 apportion-workers-8\n8.1 python\n"
+    assert step_to_signal(listed, FOUR) == "8.0"
+    assert step_to_signal("8.batch batch\n", FOUR) is None
+    assert worker_step_name(FOUR) == "apportion-workers-8"

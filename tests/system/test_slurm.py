@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -176,6 +177,8 @@ def test_a_batch_script_runs_the_users_script_on_the_granted_gpus(
     assert len(granted) == 2, output  # Slurm's own mask for --gres=gpu:2
     assert str(found["task"]).split(",") in [[g] for g in granted], output
     assert found["sum"] == 6
+    # Once the script ended the workers drained and left, rather than being killed.
+    assert re.search(r"worker \S+ drained", output), output
     assert found["scheduler_file"] == str(tmp_path / f"apportion-scheduler-{job}.json")
     assert not Path(str(found["scheduler_file"])).exists()  # removed at the end
     assert not apportion_processes(job)

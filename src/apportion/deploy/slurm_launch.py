@@ -39,6 +39,7 @@ from apportion.deploy.slurm_plan import (
     missing_text,
     missing_workers,
     scheduler_host,
+    step_to_signal,
     worker_step,
 )
 from apportion.net.scheduler_file import SchedulerFileError, read_scheduler_file
@@ -203,13 +204,44 @@ class SlurmLaunch:
     def teardown(self) -> None:
         """Stop COMMAND, the workers and the scheduler, in that order, each bounded."""
         _stop(self.child, COMMAND_KILL_GRACE, group=False)
-        # srun passes SIGTERM on to every task; a second one within a second would
-        # make it kill them at once, so only one is sent.
-        _stop(self.workers, self.options.drain_timeout + 10.0, group=False)
+        self.drain_workers()
+        _stop(self.workers, 5.0, group=False)
         _stop(self.scheduler, SCHEDULER_STOP_TIMEOUT, group=True)
         with contextlib.suppress(FileNotFoundError):
             if self.scheduler is not None and _names_pid(self.scheduler_file, self.scheduler.pid):
                 self.scheduler_file.unlink()
+
+    def drain_workers(self) -> None:
+        """SIGTERM to every worker supervisor (they drain), then wait for the step to end."""
+        if self.workers is None or self.workers.poll() is not None:
+            return
+        listed = _run(
+            ["squeue", "--steps", "--noheader", "--jobs", self.job.job_id, "--format=%i %j"]
+        )
+        step = None if listed is None else step_to_signal(listed, self.job)
+        if step is None:
+            logger.warning("apportion slurm: the workers' step is not listed; stopping srun")
+            return
+        _run(["scancel", "--signal=TERM", step])
+        try:
+            self.workers.wait(self.options.drain_timeout + 10.0)
+        except subprocess.TimeoutExpired:
+            logger.warning("apportion slurm: workers still running after their drain")
+
+
+def _run(argv: list[str]) -> str | None:
+    """A Slurm command's output, or None (logged) if it failed: teardown goes on."""
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        logger.warning("apportion slurm: %s: %s", argv[0], exc)
+        return None
+    if done.returncode != 0:
+        logger.warning("apportion slurm: %s: %s", " ".join(argv), done.stderr.strip())
+        return None
+    return done.stdout
 
 
 def _wait(condition: Callable[[], bool], timeout: float) -> bool:

@@ -125,7 +125,7 @@ def worker_step(
         f"--ntasks={job.nodes}",
         "--ntasks-per-node=1",
         "--overlap",
-        f"--job-name=apportion-workers-{job.job_id}",
+        f"--job-name={worker_step_name(job)}",
     ]
     wrapper = _NAME_BY_NODE if job.nodes == 1 else _NAME_AND_HOST_BY_NODE
     worker = [*python, "-m", "apportion.cli.main", "worker"]
@@ -136,6 +136,25 @@ def worker_step(
     if options.nthreads is not None:
         worker += ["--nthreads", str(options.nthreads)]
     return [*srun, "sh", "-c", wrapper, "sh", *worker]
+
+
+def worker_step_name(job: Allocation) -> str:
+    """The name of the workers' step, by which ``step_to_signal`` finds it again."""
+    return f"apportion-workers-{job.job_id}"
+
+
+def step_to_signal(squeue_steps: str, job: Allocation) -> str | None:
+    """``JOB.STEP`` of the workers' step in ``squeue --steps --format="%i %j"`` output.
+
+    The workers are stopped with ``scancel --signal=TERM JOB.STEP``, which delivers
+    SIGTERM to each worker supervisor so that it drains: srun itself, sent SIGTERM,
+    ends its step at once (the tasks are killed, not drained).
+    """
+    for line in squeue_steps.splitlines():
+        fields = line.split()
+        if len(fields) == 2 and fields[1] == worker_step_name(job):
+            return fields[0]
+    return None
 
 
 _SUFFIX = re.compile(r"^-\d+$")
