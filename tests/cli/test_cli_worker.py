@@ -461,3 +461,57 @@ def test_a_worker_drains_and_leaves_at_the_end_of_its_lifetime(loop_thread: Loop
         worker.kill()
         worker.wait(5)
         loop_thread.run(scheduler.close(), 5)
+
+
+# --- slurm: what the allocation granted --------------------------------------------
+
+SLURM_JOB = {
+    "SLURM_JOB_ID": "42",
+    "SLURM_CPUS_ON_NODE": "4",
+    "SLURM_MEM_PER_NODE": "2048",
+    "CUDA_VISIBLE_DEVICES": "1,3",
+}
+
+
+@pytest.mark.timeout(10)
+def test_slurm_offers_the_grant_and_threads_for_its_cpus(launched: Launched) -> None:
+    assert invoke("--resources", "slurm licence=2", env=SLURM_JOB)[0] == 0
+    assert launched.one == [
+        {
+            "nthreads": 4,
+            "resources": "cpus=4 gpu=[1,3] licence=2 memory=2147483648",
+            "name": None,
+        }
+    ]
+    assert invoke("--nworkers", "2", "--split-units", "--resources", "slurm", env=SLURM_JOB)[0] == 0
+    assert [parse_supply(spec)[1] for spec in launched.child_resources()] == [
+        {"gpu": ["1"]},
+        {"gpu": ["3"]},
+    ]
+    assert all(argv[argv.index("--nthreads") + 1] == "2" for argv in launched.commands)
+    assert invoke("--nthreads", "3", "--resources", "slurm", env=SLURM_JOB)[0] == 0
+    assert launched.one[-1]["nthreads"] == 3
+
+
+@pytest.mark.timeout(10)
+def test_slurm_outside_an_allocation_exits_2_with_one_line(
+    launched: Launched, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    code, output = invoke("--resources", "slurm")
+    assert code == 2 and not launched.one
+    assert len(output.splitlines()) == 1
+    assert output.startswith("Error: --resources: slurm: 'slurm' describes a Slurm allocation")
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("auto slurm", "has both auto and slurm"),
+        ("slurm slurm", "'slurm' is given twice"),
+    ],
+)
+def test_slurm_spec_mistakes_exit_2(launched: Launched, spec: str, message: str) -> None:
+    code, output = invoke("--resources", spec, env=SLURM_JOB)
+    assert code == 2 and message in output and len(output.splitlines()) == 1

@@ -5,7 +5,9 @@ variable (``APPORTION_RESOURCES``), from ``--config FILE``, then from built-in
 defaults. Resources given by none of these come from Dask's configuration
 (``distributed.worker.resources``, ``apportion.worker.dask_config``), as a Dask
 worker's would; the source used is logged. A resource spec may contain ``auto``,
-replaced here by what the machine has (``apportion.worker.detect``); with
+replaced here by what the machine has (``apportion.worker.detect``), or ``slurm``,
+replaced by what the Slurm allocation granted this node (``apportion.deploy.slurm_env``;
+``--nthreads`` then defaults to the granted CPUs shared among the processes); with
 ``--nworkers N --split-units`` the supervisor deals every indexed pool out across the
 processes (``apportion.worker.shares``).
 Either way each worker process receives an explicit ``--resources`` text of its own.
@@ -30,6 +32,7 @@ from apportion.cli.config import CONFIG_META, config_option
 from apportion.cli.credentials import scheduler_address, waiting_scheduler_file_option
 from apportion.cli.errors import check_address, check_host_option, check_port_option, fail
 from apportion.core.resources import parse_resources
+from apportion.deploy.slurm_env import SLURM, grant_supply, slurm_grant
 from apportion.log_setup import configure_logging
 from apportion.worker.dask_config import (
     choose_thresholds,
@@ -42,6 +45,7 @@ from apportion.worker.detect import (
     expand_auto,
     parse_memory_limit,
     split_auto,
+    split_word,
 )
 from apportion.worker.long_lived import DEFAULT_KILL_GRACE
 from apportion.worker.memory_policy import (
@@ -94,7 +98,13 @@ def check_resources(ctx: click.Context, param: click.Parameter, value: str | Non
                 f"pairs, auto, or {NO_RESOURCES} for no resources",
             )
         try:
-            parse_resources(split_auto(value)[1])
+            auto, rest = split_auto(value)
+            slurm, rest = split_word(rest, SLURM)
+            if auto and slurm:
+                raise ValueError(
+                    f"{value!r} has both auto and {SLURM}: each describes the whole node, give one"
+                )
+            parse_resources(rest)
         except ValueError as exc:
             fail(ctx, f"{_resources_origin(ctx)}: {exc}")
     return value
@@ -117,8 +127,18 @@ def choose_resources(ctx: click.Context, resources: str | None) -> str | None:
 
 
 def resolve_resources(ctx: click.Context, resources: str | None) -> str | None:
-    """``resources`` with ``auto`` replaced by the detected pools (logged once)."""
-    if resources is None or not split_auto(resources)[0]:
+    """``resources`` with ``auto`` replaced by the detected pools, or ``slurm`` by the
+    granted ones (logged once)."""
+    if resources is None:
+        return None
+    if split_word(resources, SLURM)[0]:
+        try:
+            expanded = expand_auto(resources, grant_supply(slurm_grant(os.environ)), SLURM)
+        except ValueError as exc:  # outside an allocation, or a malformed variable
+            fail(ctx, f"{_resources_origin(ctx)}: {SLURM}: {exc}")
+        logger.info("resources %r granted by Slurm as %r", resources, expanded)
+        return expanded
+    if not split_auto(resources)[0]:
         return resources
     try:
         expanded = expand_auto(resources, detect_supply())
@@ -236,7 +256,12 @@ def child_names(commands: list[list[str]]) -> list[str]:
     'TOML file of option defaults (nthreads = 2, resources = "gpu=[0-3]", ...); '
     "command-line options override it."
 )
-@click.option("--nthreads", type=click.IntRange(min=1), help="Task threads (default: CPU count).")
+@click.option(
+    "--nthreads",
+    type=click.IntRange(min=1),
+    help="Task threads (default: CPU count; with --resources slurm, the CPUs granted "
+    "divided among --nworkers).",
+)
 @click.option(
     "--nworkers",
     "--nprocs",
@@ -252,7 +277,8 @@ def child_names(commands: list[list[str]]) -> list[str]:
     envvar=RESOURCES_VARIABLE,
     show_envvar=True,
     help='Resources of each worker process, e.g. "GPU=2 MEMORY=16GiB", "gpu=[0-3]", '
-    'or "auto" (detected GPUs, cpus, memory; may be combined: "auto licence=2"); '
+    'or "auto" (detected GPUs, cpus, memory; may be combined: "auto licence=2"), '
+    'or "slurm" (what the Slurm allocation granted this node: cpus, memory, GPUs); '
     '"none" for no resources (an empty spec is refused).',
 )
 @click.option(
@@ -433,9 +459,14 @@ def worker(
         "terminate": memory_terminate,
     }
     thresholds = choose_memory_thresholds(ctx, given, limit)
+    chosen = choose_resources(ctx, resources)
+    resolved = resolve_resources(ctx, chosen)
+    if nthreads is None and chosen is not None and split_word(chosen, SLURM)[0]:
+        # The machine's CPU count is not the job's: threads for the CPUs granted.
+        nthreads = max(1, slurm_grant(os.environ).cpus // nworkers)
     settings = WorkerSettings(
         nthreads,
-        resolve_resources(ctx, choose_resources(ctx, resources)),
+        resolved,
         name,
         host,
         port,

@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 import uuid
+import warnings
 from collections.abc import (
     Awaitable,
     Callable,
@@ -34,7 +35,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from apportion.client import actors, dask_default, local, topics, transfers
 from apportion.client.actors import actor_task
 from apportion.client.asynchronous import Ready, awaited, settled
-from apportion.client.cluster_options import DASK_CLIENT_OPTIONS, sort_options, warn_ignored
+from apportion.client.cluster_options import (
+    DASK_CLIENT_OPTIONS,
+    IgnoredOptionWarning,
+    sort_options,
+    warn_ignored,
+)
 from apportion.client.datasets import SharedData
 from apportion.client.durations import Duration, seconds
 from apportion.client.errors import SchedulerGoneError, SerializationError
@@ -74,6 +80,9 @@ T = TypeVar("T")
 #: Rounds of "lost meanwhile, wait for the recomputation, ask again" in one gather.
 _GATHER_ATTEMPTS = 5
 
+#: Names the scheduler ``Client()`` connects to when given no address (``apportion slurm``).
+SCHEDULER_FILE_ENV = "APPORTION_SCHEDULER_FILE"
+
 
 class Client(ClusterLifecycle, RemoteCalls, SharedData):
     """Connect to a scheduler (``Client("tcp://host:8786")``), a ``LocalCluster``,
@@ -94,6 +103,11 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
     With ``set_as_default`` (the default), Dask's own ``compute`` and ``persist`` run
     on the newest such client until it is closed, whether Dask was imported before
     the client was made or after.
+
+    With no address and no ``scheduler_file``, ``APPORTION_SCHEDULER_FILE`` (set by
+    ``apportion slurm`` for its command) names the scheduler to connect to, so that
+    one script runs unchanged on a laptop and in a batch job; options meant for a
+    local cluster are then ignored, with one ``IgnoredOptionWarning``.
     """
 
     def __init__(
@@ -109,6 +123,8 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         scheduler_file: str | os.PathLike[str] | None = None,
         **cluster_options: Any,
     ) -> None:
+        if address is None and scheduler_file is None:
+            scheduler_file = scheduler_file_from_environment(cluster_options)
         limit = 30.0 if timeout is None else seconds(timeout, "Client timeout") or 0.0
         if scheduler_file is not None:
             address, security = from_scheduler_file(scheduler_file, address, security, limit)
@@ -1117,6 +1133,21 @@ def from_scheduler_file(
     elif security.token is None:  # TLS settings given, the secret left to the file
         security = security.with_token(found.token, str(path))
     return found.address, security
+
+
+def scheduler_file_from_environment(cluster_options: dict[str, Any]) -> str | None:
+    """``APPORTION_SCHEDULER_FILE`` if set (emptying ``cluster_options``, with a warning:
+    the cluster they would size is the one the file names), else None."""
+    path = os.environ.get(SCHEDULER_FILE_ENV) or None
+    if path is not None and cluster_options:
+        warnings.warn(
+            f"Client(): connecting to the scheduler in {SCHEDULER_FILE_ENV}={path}; "
+            f"ignoring the local cluster's options {', '.join(sorted(cluster_options))}",
+            IgnoredOptionWarning,
+            stacklevel=4,
+        )
+        cluster_options.clear()
+    return path
 
 
 def ignore_client_options(options: dict[str, Any]) -> None:

@@ -151,6 +151,11 @@ def split_auto(spec: str) -> tuple[bool, str]:
     brackets (unit labels) is left alone. ``auto`` given twice is a ``ValueError``:
     it says nothing more than once, so it is a slip (a pasted spec, say).
     """
+    return split_word(spec, AUTO)
+
+
+def split_word(spec: str, keyword: str) -> tuple[bool, str]:
+    """``split_auto`` for any word that stands for detected pools (``slurm`` too)."""
     found = False
     kept: list[str] = []
     depth = 0
@@ -159,9 +164,9 @@ def split_auto(spec: str) -> tuple[bool, str]:
     def flush() -> None:
         nonlocal found
         text = "".join(word)
-        if text == AUTO:
+        if text == keyword:
             if found:
-                raise ValueError(f"{AUTO!r} is given twice in {spec!r}")
+                raise ValueError(f"{keyword!r} is given twice in {spec!r}")
             found = True
         else:
             kept.append(text)
@@ -178,14 +183,15 @@ def split_auto(spec: str) -> tuple[bool, str]:
     return found, "".join(kept).strip(" \t\n,")
 
 
-def expand_auto(spec: str, detected: tuple[Amounts, Units]) -> str:
-    """``spec`` with ``auto`` replaced by the detected pools, as an explicit spec.
+def expand_auto(spec: str, detected: tuple[Amounts, Units], keyword: str = AUTO) -> str:
+    """``spec`` with ``auto`` (or ``keyword``) replaced by the detected pools, as an
+    explicit spec.
 
     Pools written in ``spec`` win over detected ones of the same name, so
     ``"auto memory=16GiB"`` caps the memory offered. Raises ``ValueError`` for a
     malformed remainder, as ``parse_supply`` does.
     """
-    _, rest = split_auto(spec)
+    _, rest = split_word(spec, keyword)
     amounts, units = parse_supply(rest)
     merged_amounts = {**detected[0], **amounts}
     merged_units = {name: labels for name, labels in detected[1].items() if name not in amounts}
