@@ -42,6 +42,8 @@ from apportion.client.waiting import (
     wait,
 )
 from apportion.core.resources import parse_resources
+from apportion.deploy.job_template import JobTemplate
+from apportion.deploy.slurm_cluster import SlurmCluster
 from apportion.net.security import Security
 from apportion.plugins import WorkerPlugin
 from apportion.scheduler.service import Scheduler
@@ -80,6 +82,7 @@ __all__ = [
     "Future",
     "FutureCancelledError",
     "IgnoredOptionWarning",
+    "JobTemplate",
     "KilledWorker",
     "LocalCluster",
     "Lock",
@@ -93,6 +96,7 @@ __all__ = [
     "Security",
     "Semaphore",
     "SerializationError",
+    "SlurmCluster",
     "Sub",
     "TimeoutError",
     "UnsatisfiableError",

@@ -13,9 +13,11 @@ import json
 import os
 import re
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import cloudpickle
 import psutil
 import pytest
 
@@ -215,3 +217,54 @@ def test_scancel_leaves_no_apportion_process(
     slurm.wait_finished(job, timeout=40)
     output = log.read_text()
     assert "SIGTERM received; stopping" in output, output
+
+
+# --- a cluster that grows through sbatch ------------------------------------------------
+
+
+def _gpus_seen() -> str:
+    return apportion.task_environment().get("CUDA_VISIBLE_DEVICES", "")
+
+
+def _jobs(cluster: apportion.SlurmCluster) -> dict[str, dict[str, object]]:
+    jobs: dict[str, dict[str, object]] = cluster.status()["jobs"]  # type: ignore[assignment]
+    return jobs
+
+
+@pytest.mark.timeout(180)
+def test_an_adaptive_cluster_asks_for_a_gpu_job_only_for_gpu_work_and_cancels_it_idle(
+    slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    monkeypatch.setenv("SLURM_CONF", slurm.env()["SLURM_CONF"])
+    gpu = apportion.JobTemplate(name="gpu", cores=1, memory="1GiB", gpus=1, walltime="10:00")
+    with apportion.SlurmCluster(
+        cores=1,
+        memory="1GiB",
+        name="cpu",
+        walltime="10:00",
+        templates=[gpu],
+        log_directory=tmp_path / "jobs",
+        host="127.0.0.1",
+        interval=0.3,
+    ) as cluster:
+        assert "#SBATCH --gres=gpu:1" in cluster.job_script("gpu")
+        cluster.adapt(minimum=0, maximum=2, idle_timeout=2)
+        time.sleep(1.5)
+        assert _jobs(cluster) == {}  # no work, no job
+        with apportion.Client(cluster) as client:
+            seen = client.submit(_gpus_seen, resources={"gpu": 1}).result(timeout=90)
+            jobs = _jobs(cluster)
+            # The GPU task brought one GPU job and nothing else.
+            assert [job["shape"] for job in jobs.values()] == ["gpu"], jobs
+            (job,) = jobs
+            assert seen.isdigit(), seen  # one of the GRES devices Slurm granted the job
+            # Work no job shape can hold is reported, and brings no job.
+            too_big = client.submit(_gpus_seen, resources={"gpu": 4})
+            poll(lambda: any("gpu=4" in r for r in cluster.reports), 20, "the report")
+            assert set(_jobs(cluster)) <= {job}
+            too_big.cancel()
+            # Idle past the timeout: the job is cancelled and its worker leaves.
+            poll(lambda: not _jobs(cluster), 60, "the idle job cancelled")
+            poll(lambda: not client.scheduler_info()["workers"], 60, "its worker gone")
+            assert slurm.state(job) in ("CANCELLED", "COMPLETED", ""), slurm.state(job)
