@@ -1,0 +1,1 @@
+"""Starting clusters on the machines users already have: Slurm and SSH."""
