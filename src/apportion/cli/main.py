@@ -8,6 +8,7 @@ from apportion.cli.credentials import token
 from apportion.cli.inspect import dump, info, why
 from apportion.cli.runs import RUN_COMMANDS
 from apportion.cli.scheduler import scheduler
+from apportion.cli.ssh import ssh
 from apportion.cli.submit import submit
 from apportion.cli.worker import worker
 
@@ -25,6 +26,7 @@ main.add_command(why)
 main.add_command(dump)
 main.add_command(submit)
 main.add_command(token)
+main.add_command(ssh)
 for command in RUN_COMMANDS:
     main.add_command(command)
 

@@ -28,8 +28,9 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
+from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from apportion.client import actors, dask_default, local, topics, transfers
 from apportion.client.actors import actor_task
@@ -75,6 +76,14 @@ T = TypeVar("T")
 _GATHER_ATTEMPTS = 5
 
 
+class ClusterManager(Protocol):
+    """A cluster started elsewhere (``SSHCluster``): ``Client(cluster)`` connects to its
+    scheduler with its credentials, as Dask's reads a cluster's address and security."""
+
+    scheduler_address: str
+    security: Security
+
+
 class Client(ClusterLifecycle, RemoteCalls, SharedData):
     """Connect to a scheduler (``Client("tcp://host:8786")``), a ``LocalCluster``,
     or, with no address, start an embedded local cluster sized to this machine.
@@ -98,7 +107,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
 
     def __init__(
         self,
-        address: str | LocalCluster | None = None,
+        address: str | LocalCluster | ClusterManager | None = None,
         *,
         timeout: Duration = 30.0,
         direct_to_workers: bool | None = None,
@@ -142,6 +151,9 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
                     "this LocalCluster is asynchronous and not started: await it first, or "
                     "make the client asynchronous too (await Client(cluster, asynchronous=True))"
                 )
+        elif not isinstance(address, str):  # started elsewhere: closed by its owner
+            security = security or address.security
+            address = address.scheduler_address
         #: The scheduler's address ("" for a cluster that has not started yet).
         self.scheduler_address: str = address
         #: What this client proves to the scheduler and workers, and expects of them.
@@ -1103,12 +1115,21 @@ def from_scheduler_file(
 ) -> tuple[str, Security | bool | None]:
     """The address in the scheduler file at ``path``, and the credentials to use there:
     ``security`` if given (with the file's secret if it has none), else the
-    environment's with the file's secret."""
+    environment's with the file's secret (and the file's TLS credentials if the
+    environment gives none)."""
     if address is not None:
         raise ValueError("give an address or a scheduler_file, not both")
     found = read_scheduler_file(path)
     if not isinstance(security, Security):
         security = Security.from_environment().with_token(found.token, str(path))
+        if found.tls_cert and not security.has_tls:  # the file carries a client's TLS
+            security = replace(
+                security,
+                tls_ca_file=found.tls_ca,
+                tls_client_cert=found.tls_cert,
+                tls_client_key=found.tls_key,
+                _contexts={},
+            )
     elif security.token is None:  # TLS settings given, the secret left to the file
         security = security.with_token(found.token, str(path))
     return found.address, security
