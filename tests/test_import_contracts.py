@@ -48,6 +48,7 @@ PURE = re.compile(
     r"|testing\.simulation"
     r"|net\.gate"
     r"|runs\.(lifecycle|views|run_states|run_events)"
+    r"|deploy\.(hostlist|ssh_commands|ssh_options)"
     r")$"
 )
 

@@ -42,6 +42,7 @@ from apportion.client.waiting import (
     wait,
 )
 from apportion.core.resources import parse_resources
+from apportion.deploy.ssh import SSHCluster
 from apportion.net.security import Security
 from apportion.plugins import WorkerPlugin
 from apportion.scheduler.service import Scheduler
@@ -88,6 +89,7 @@ __all__ = [
     "OutOfMemoryError",
     "Pub",
     "Queue",
+    "SSHCluster",
     "Scheduler",
     "SchedulerGoneError",
     "Security",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ipaddress
 import itertools
+import math
 import re
 from collections.abc import Iterable
 
@@ -134,10 +135,9 @@ def _expand_entry(entry: str, whole: str) -> list[str]:
     for piece in re.finditer(r"\[([^\]]*)\]|[^\[]+", entry):
         group = piece.group(1)
         parts.append([piece.group(0)] if group is None else _expand_group(group, entry, whole))
-    hosts = ["".join(combination) for combination in itertools.product(*parts)]
-    if len(hosts) > MAX_HOSTS:
+    if math.prod(len(part) for part in parts) > MAX_HOSTS:
         raise ValueError(f"host list {whole!r} names more than {MAX_HOSTS} hosts")
-    return hosts
+    return ["".join(combination) for combination in itertools.product(*parts)]
 
 
 def _expand_group(group: str, entry: str, whole: str) -> list[str]:
