@@ -9,6 +9,7 @@ Needs root (sshd logs in as the user running it only when root) and
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -138,3 +139,47 @@ class SSHServer:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, 9)
                 self.process.wait()
+
+
+#: The variable the remote Python wrapper sets: every remote process of a test has it.
+MARK_VARIABLE = "APPORTION_SSH_TEST_MARK"
+
+
+def remote_python(directory: Path, mark: str) -> Path:
+    """A script standing for the remote hosts' Python: this interpreter, with this
+    checkout of apportion on its path, and ``mark`` in the environment of every process
+    started through it (so that the test can find them, and no one else's)."""
+    import sys
+
+    import apportion
+
+    source = Path(apportion.__file__).resolve().parents[1]
+    script = directory / "remote-python"
+    script.write_text(
+        "#!/bin/sh\n"
+        f"export PYTHONPATH={source} {MARK_VARIABLE}={mark}\n"
+        f'exec {sys.executable} "$@"\n'
+    )
+    script.chmod(0o755)
+    return script
+
+
+def marked_processes(mark: str) -> list[int]:
+    """The pids of live processes started through ``remote_python(..., mark)``."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(MARK_VARIABLE) == mark and proc.status() != "zombie":
+                found.append(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def kill_marked(mark: str) -> None:
+    """Kill whatever a failed test left behind."""
+    for pid in marked_processes(mark):
+        with contextlib.suppress(OSError):
+            os.kill(pid, 9)

@@ -86,12 +86,13 @@ class RemoteProcess:
 
     def _read(self) -> None:
         assert self.process.stdout is not None
-        for raw in self.process.stdout:
-            line = raw.decode(errors="replace").rstrip("\n")
-            self.lines.append(line)
-            with contextlib.suppress(OSError, ValueError):
-                print(f"[{self.label}] {line}", file=self._output, flush=True)
-            self._on_line(line)
+        with self.process.stdout:
+            for raw in self.process.stdout:
+                line = raw.decode(errors="replace").rstrip("\n")
+                self.lines.append(line)
+                with contextlib.suppress(OSError, ValueError):
+                    print(f"[{self.label}] {line}", file=self._output, flush=True)
+                self._on_line(line)
         self.ended.set()
 
     def hang_up(self) -> None:
@@ -108,6 +109,7 @@ class RemoteProcess:
             logger.warning("%s did not stop within %.0f s: killing its ssh", self.label, timeout)
             self.process.kill()
             self.process.wait()
+        self.hang_up()  # its stdin pipe, if not closed yet
         self._relay.join(5)
 
     def failure(self) -> str:
