@@ -100,8 +100,11 @@ def ssh(
     """Start a cluster over ssh: the scheduler on the first host, workers on the others
     (name a host twice for both), until Ctrl-C stops it (workers drain first).
 
-    HOSTS are host names or Slurm node lists (gpu[1-4]); ssh reaches them as your own
-    ssh would."""
+    HOSTS are host names or Slurm node lists (gpu[1-4]). They are reached through the
+    system's ssh binary (no paramiko): your ~/.ssh/config, agent and keys apply, and
+    hosts that would prompt for a password or an unknown host key fail instead.
+    The cluster gets fresh TLS credentials and secret, sent over the ssh channel and
+    never on a command line; the remote processes stop when their connection closes."""
     configure_logging()
     try:
         names = _hosts(hostfile, hosts)
