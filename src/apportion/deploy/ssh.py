@@ -77,6 +77,8 @@ class RemoteProcess:
             self.process.stdin.flush()
         except OSError:
             pass  # ssh already gone: its output says why, and ``ended`` follows
+        #: Set by ``hang_up``: an end after it is the expected one.
+        self._hung_up = False
         #: Set once its output has ended (the process has ended or is ending).
         self.ended = threading.Event()
         self._output = output
@@ -93,11 +95,15 @@ class RemoteProcess:
                 with contextlib.suppress(OSError, ValueError):
                     print(f"[{self.label}] {line}", file=self._output, flush=True)
                 self._on_line(line)
+        if not self._hung_up:
+            code = self.process.wait()
+            logger.warning("ssh to %s ended with status %s before it was stopped", self.label, code)
         self.ended.set()
 
     def hang_up(self) -> None:
         """Close its stdin: the remote bootstrap stops its process (module docstring)."""
         assert self.process.stdin is not None
+        self._hung_up = True
         with contextlib.suppress(OSError):
             self.process.stdin.close()
 
