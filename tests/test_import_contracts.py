@@ -47,8 +47,8 @@ PURE = re.compile(
     r"|worker\.(state|events|memory_policy)"
     r"|testing\.simulation"
     r"|net\.gate"
+    r"|deploy\.(allocator|hostlist|slurm_env|job_template|ssh_commands|ssh_options)"
     r"|runs\.(lifecycle|views|run_states|run_events)"
-    r"|deploy\.(hostlist|ssh_commands|ssh_options)"
     r")$"
 )
 

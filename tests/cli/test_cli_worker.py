@@ -435,3 +435,29 @@ def test_no_supervisor_with_a_memory_limit_is_refused(
     assert invoke(*args)[0] == 0 and launched.one
     code, output = invoke("--nworkers", "2", "--no-supervisor")
     assert code == 2 and "needs a supervisor" in output
+
+
+@pytest.mark.timeout(10)
+def test_a_lifetime_reaches_every_child(launched: Launched) -> None:
+    assert invoke("--nworkers", "2", "--lifetime", "3600")[0] == 0
+    for argv in launched.commands:
+        assert argv[argv.index("--lifetime") + 1] == "3600.0"
+
+
+@pytest.mark.process
+@pytest.mark.timeout(30)
+def test_a_worker_drains_and_leaves_at_the_end_of_its_lifetime(loop_thread: LoopThread) -> None:
+    scheduler = loop_thread.run(FakeScheduler("127.0.0.1").start())
+    argv = [sys.executable, "-m", "apportion.cli.main", "worker", scheduler.address]
+    argv += ["--nthreads", "1", "--lifetime", "1", "--drain-timeout", "0.5"]
+    worker = subprocess.Popen(argv, stderr=subprocess.PIPE)
+    try:
+        loop_thread.run(scheduler.next_worker(), 20)
+        _, stderr = worker.communicate(timeout=20)
+        # A departure of its own accord: status 0, so a supervisor does not restart it.
+        assert worker.returncode == 0, stderr.decode()
+        assert "lifetime of 1s reached; draining" in stderr.decode()
+    finally:
+        worker.kill()
+        worker.wait(5)
+        loop_thread.run(scheduler.close(), 5)

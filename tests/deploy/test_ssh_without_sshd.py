@@ -81,7 +81,7 @@ def test_a_scheduler_file_with_tls_is_all_a_client_needs(tmp_path: Path) -> None
         tls_cert=cert,
         tls_key=key,
     )
-    address, found = from_scheduler_file(path, None, None)
+    address, found = from_scheduler_file(path, None, None, 0)
     assert address == "tls://h:1"
     assert isinstance(found, Security) and found.token == security.token
     assert found.cert_for("client") == (cert, key) and found.tls_ca_file == security.tls_ca_file

@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,10 @@ from apportion.home import PrivateFileError, read_private, write_private
 from apportion.net import security as sec
 from apportion.net.scheduler_file import (
     SchedulerFileError,
+    SchedulerFileMissing,
     read_scheduler_file,
     remove_scheduler_file,
+    wait_for_scheduler_file,
     write_scheduler_file,
 )
 from apportion.net.security import (
@@ -190,8 +193,62 @@ def test_a_client_takes_an_address_or_a_scheduler_file_not_both(tmp_path: Path) 
 def test_the_worker_needs_an_address_or_a_scheduler_file(home: Path) -> None:
     result = CliRunner().invoke(main, ["worker"])
     assert result.exit_code == 2 and "--scheduler-file" in result.output
-    missing = CliRunner().invoke(main, ["worker", "--scheduler-file", os.devnull + "x"])
-    assert missing.exit_code == 2 and "cannot read scheduler file" in missing.output
+    unreadable = CliRunner().invoke(main, ["worker", "--scheduler-file", "/root/../proc/1/mem"])
+    assert unreadable.exit_code == 2 and "scheduler file" in unreadable.output
+    # Other commands do not wait for a scheduler file; a worker does, for its
+    # --connect-timeout, then fails in one line.
+    absent = os.devnull + "x"
+    info = CliRunner().invoke(main, ["info", "--scheduler-file", absent])
+    assert info.exit_code == 2 and f"no scheduler file at {absent}" in info.output
+    waited = CliRunner().invoke(
+        main, ["worker", "--scheduler-file", absent, "--connect-timeout", "0.3"]
+    )
+    assert waited.exit_code == 1
+    assert f"no scheduler file at {absent}" in waited.output
+    assert "after waiting 0.3 s" in waited.output
+
+
+class FakeTime:
+    """A clock that moves only when slept on, and a hook run at each sleep."""
+
+    def __init__(self, on_sleep: Callable[[float], None] = lambda now: None) -> None:
+        self.now = 0.0
+        self.on_sleep = on_sleep
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.on_sleep(self.now)
+
+
+def test_a_scheduler_file_is_waited_for_until_it_is_written(tmp_path: Path) -> None:
+    path = tmp_path / "later.json"
+
+    def write_after_a_second(now: float) -> None:
+        if now >= 1.0 and not path.exists():
+            write_scheduler_file(path, "tcp://10.0.0.1:8786", TOKEN, "s")
+
+    time = FakeTime(write_after_a_second)
+    found = wait_for_scheduler_file(path, 5.0, sleep=time.sleep, clock=lambda: time.now)
+    assert found.address == "tcp://10.0.0.1:8786"
+    assert 1.0 <= time.now < 1.5
+
+
+def test_waiting_for_a_scheduler_file_is_bounded(tmp_path: Path) -> None:
+    time = FakeTime()
+    path = tmp_path / "never.json"
+    with pytest.raises(SchedulerFileMissing, match=r"after waiting 2 s"):
+        wait_for_scheduler_file(path, 2.0, sleep=time.sleep, clock=lambda: time.now)
+    assert time.now == pytest.approx(2.0)
+
+
+def test_a_bad_scheduler_file_is_not_waited_on(tmp_path: Path) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text("{")
+    path.chmod(0o600)
+    time = FakeTime()
+    with pytest.raises(SchedulerFileError, match="is not JSON"):
+        wait_for_scheduler_file(path, 60.0, sleep=time.sleep, clock=lambda: time.now)
+    assert time.now == 0.0
 
 
 def test_a_client_writes_a_scheduler_file_another_client_connects_with(

@@ -176,6 +176,12 @@ SAMPLES: list[m.Message] = [
     m.AuthHello(b"n" * 32),
     m.AuthChallenge(b"s" * 32, b"p" * 32),
     m.AuthProof(b"p" * 32),
+    m.DemandRequest(7),
+    m.DemandReply(
+        7,
+        [{"options": [{"gpu": 10_000}], "count": 3, "restricted": False}],
+        [{"name": "w", "address": "tcp://10.0.0.1:4000", "running": 0, "leaving": False}],
+    ),
 ]
 
 

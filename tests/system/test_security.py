@@ -592,12 +592,13 @@ def test_a_scheduler_file_is_all_a_worker_and_a_client_need(
 ) -> None:
     file = tmp_path / "shared" / "scheduler.json"
     owner = environment(tmp_path / "owner")
-    _, address, _ = procs.start_scheduler("--port", "0", "--scheduler-file", str(file), env=owner)
     # The others' home holds no secret: whatever they prove comes from the file.
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir(mode=0o700)
     env = environment(elsewhere)
+    # Started first, as `srun` may: the worker waits for the file to be written.
     procs.start("worker", "--scheduler-file", str(file), "--name", "from-file", env=env)
+    _, address, _ = procs.start_scheduler("--port", "0", "--scheduler-file", str(file), env=owner)
     for variable in os.environ:
         if variable.startswith("APPORTION_"):
             monkeypatch.delenv(variable)

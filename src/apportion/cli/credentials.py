@@ -19,7 +19,13 @@ import click
 
 from apportion.home import write_private
 from apportion.net import security as sec
-from apportion.net.scheduler_file import SchedulerFileError, read_scheduler_file
+from apportion.net.scheduler_file import (
+    SchedulerFile,
+    SchedulerFileError,
+    SchedulerFileMissing,
+    read_scheduler_file,
+    wait_for_scheduler_file,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -29,6 +35,10 @@ SCHEDULER_ENV = "APPORTION_SCHEDULER"
 _GIVEN = "apportion.token-given"
 #: ``ctx.meta`` key: the address the scheduler file named.
 _FILE_ADDRESS = "apportion.scheduler-file-address"
+#: ``ctx.meta`` key: the scheduler file given, as given.
+_FILE_PATH = "apportion.scheduler-file-path"
+#: ``ctx.meta`` key: a scheduler file not written yet, for a command that waits for it.
+_PENDING = "apportion.scheduler-file-pending"
 
 
 def _to_env(variable: str, *, token: bool = False) -> Callable[..., Any]:
@@ -45,13 +55,26 @@ def _to_env(variable: str, *, token: bool = False) -> Callable[..., Any]:
     return store
 
 
-def _scheduler_file(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
-    if value is None:
-        return
-    try:
-        found = read_scheduler_file(value)
-    except SchedulerFileError as exc:
-        raise click.BadParameter(str(exc), ctx, param) from None
+def _scheduler_file(
+    waits: bool,
+) -> Callable[[click.Context, click.Parameter, str | None], None]:
+    def read(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+        if value is None:
+            return
+        ctx.meta[_FILE_PATH] = value
+        try:
+            found = read_scheduler_file(value)
+        except SchedulerFileError as exc:
+            if waits and isinstance(exc, SchedulerFileMissing):
+                ctx.meta[_PENDING] = value  # read by ``scheduler_address``, which may wait
+                return
+            raise click.BadParameter(str(exc), ctx, param) from None
+        _use(ctx, found)
+
+    return read
+
+
+def _use(ctx: click.Context, found: SchedulerFile) -> None:
     os.environ[SCHEDULER_ENV] = found.address
     ctx.meta[_FILE_ADDRESS] = found.address
     if found.token is not None and not ctx.meta.get(_GIVEN):
@@ -117,14 +140,33 @@ def credential_options(command: F) -> F:
 
 def scheduler_file_option(command: F) -> F:
     """``--scheduler-file F``: connect where the file says, with its secret."""
+    return _file_option(command, waits=False)
+
+
+def waiting_scheduler_file_option(command: F) -> F:
+    """``scheduler_file_option`` for a command that waits for a file not written yet
+    (``scheduler_address`` with ``wait``): a worker started by the same ``srun`` as its
+    scheduler."""
+    return _file_option(command, waits=True)
+
+
+def _file_option(command: F, *, waits: bool) -> F:
+    also = " (waited for, up to --connect-timeout, if not written yet)" if waits else ""
     return _option(
         "--scheduler-file",
         metavar="FILE",
         envvar="APPORTION_SCHEDULER_FILE",
-        callback=_scheduler_file,
-        help="Connect to the scheduler this file names (written by `apportion scheduler`), "
-        "with the secret it holds  [default: $APPORTION_SCHEDULER_FILE].",
+        callback=_scheduler_file(waits),
+        help="Connect to the scheduler this file names (written by `apportion "
+        f"scheduler`), with the secret it holds{also}  [default: "
+        "$APPORTION_SCHEDULER_FILE].",
     )(credential_options(command))
+
+
+def scheduler_file_path(ctx: click.Context) -> str | None:
+    """The ``--scheduler-file`` given (or its variable's), if any."""
+    path = ctx.meta.get(_FILE_PATH)
+    return None if path is None else str(path)
 
 
 def file_address(ctx: click.Context, given: str | None) -> str | None:
@@ -132,8 +174,15 @@ def file_address(ctx: click.Context, given: str | None) -> str | None:
     return given if given is not None else ctx.meta.get(_FILE_ADDRESS)
 
 
-def scheduler_address(ctx: click.Context, given: str | None) -> str:
-    """``file_address``, or a usage error if there is none."""
+def scheduler_address(ctx: click.Context, given: str | None, wait: float = 0.0) -> str:
+    """``file_address``, or a usage error if there is none. A scheduler file that a
+    waiting command found missing is waited for here, up to ``wait`` seconds."""
+    pending = ctx.meta.pop(_PENDING, None)
+    if pending is not None and given is None:
+        try:
+            _use(ctx, wait_for_scheduler_file(pending, wait))
+        except SchedulerFileError as exc:
+            raise click.ClickException(str(exc)) from None
     address = file_address(ctx, given)
     if address is None:
         raise click.UsageError("give the scheduler's address, or --scheduler-file", ctx)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from apportion.cli.alloc import alloc
 from apportion.cli.credentials import token
 from apportion.cli.inspect import dump, info, why
 from apportion.cli.runs import RUN_COMMANDS
@@ -27,6 +28,7 @@ main.add_command(dump)
 main.add_command(submit)
 main.add_command(token)
 main.add_command(ssh)
+main.add_command(alloc)
 for command in RUN_COMMANDS:
     main.add_command(command)
 

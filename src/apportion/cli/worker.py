@@ -21,12 +21,13 @@ import os
 import signal
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 import click
 from click.core import ParameterSource
 
 from apportion.cli.config import CONFIG_META, config_option
-from apportion.cli.credentials import scheduler_address, scheduler_file_option
+from apportion.cli.credentials import scheduler_address, waiting_scheduler_file_option
 from apportion.cli.errors import check_address, check_host_option, check_port_option, fail
 from apportion.core.resources import parse_resources
 from apportion.log_setup import configure_logging
@@ -181,6 +182,8 @@ class WorkerSettings:
     local_directory: str | None = None
     #: Serve the data port on a non-loopback host without TLS all the same.
     allow_plaintext: bool = False
+    #: Seconds after which the worker drains and leaves of its own accord (0: never).
+    lifetime: float = 0.0
 
 
 def child_commands(
@@ -213,6 +216,8 @@ def child_commands(
             argv += ["--local-directory", settings.local_directory]
         if settings.allow_plaintext:
             argv += ["--allow-plaintext"]
+        if settings.lifetime:
+            argv += ["--lifetime", repr(settings.lifetime)]
         argv += ["--nworkers", "1", "--no-supervisor", "--name", f"{base}-{i}"]
         commands.append(argv)
     return commands
@@ -226,7 +231,7 @@ def child_names(commands: list[list[str]]) -> list[str]:
 @click.argument(
     "given_address", metavar="SCHEDULER_ADDRESS", required=False, callback=check_address
 )
-@scheduler_file_option
+@waiting_scheduler_file_option
 @config_option(
     'TOML file of option defaults (nthreads = 2, resources = "gpu=[0-3]", ...); '
     "command-line options override it."
@@ -342,6 +347,16 @@ def child_names(commands: list[list[str]]) -> list[str]:
     "stops at once.",
 )
 @click.option(
+    "--lifetime",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Drain and leave after this long (0: never), as on SIGTERM: in a batch job, "
+    "set it a little under the walltime so that the job ends with its results handed "
+    "off rather than killed.",
+)
+@click.option(
     "--kill-grace",
     type=click.FloatRange(min=0),
     default=DEFAULT_KILL_GRACE,
@@ -401,11 +416,12 @@ def worker(
     reconnect_timeout: float,
     connect_timeout: float,
     allow_plaintext: bool,
+    lifetime: float,
 ) -> None:
     """Run a worker connected to the scheduler at SCHEDULER_ADDRESS (or the one
     --scheduler-file names)."""
     configure_logging()
-    address = scheduler_address(ctx, given_address)
+    address = scheduler_address(ctx, given_address, wait=connect_timeout)
     try:
         limit = parse_memory_limit(memory_limit, nworkers)
     except ValueError as exc:
@@ -432,6 +448,7 @@ def worker(
         thresholds,
         local_directory,
         allow_plaintext,
+        lifetime,
     )
     if supervise is None:
         supervise = nworkers > 1 or limit > 0
@@ -516,24 +533,39 @@ def run_one(address: str, settings: WorkerSettings) -> int:
             stopped.set()
             closing.append(loop.create_task(worker.drain(settings.drain_timeout)))
 
-        async def stop_when_orphaned(supervisor: int) -> None:
-            await parent_changed(supervisor)
-            if not stopped.is_set():
-                logger.warning("supervisor %d is gone; stopping worker %s", supervisor, worker.name)
-                stopped.set()
-                await worker.close()  # sends WorkerClosing: a departure, not a lost worker
-
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal, sig)
-        watchdog = None if supervisor is None else loop.create_task(stop_when_orphaned(supervisor))
+        watchers = []
+        if supervisor is not None:
+            watchers.append(loop.create_task(_stop_when_orphaned(worker, stopped, supervisor)))
+        if settings.lifetime:
+            watchers.append(loop.create_task(_drain_at_end_of_life(worker, stopped, settings)))
         await worker.finished()
-        if watchdog is not None:
-            watchdog.cancel()
+        for watcher in watchers:
+            watcher.cancel()
         if worker.restart_requested:
             return RESTART_EXIT  # our supervisor starts a fresh process at once
         return 0 if stopped.is_set() else 1
 
     return asyncio.run(serve())
+
+
+async def _stop_when_orphaned(worker: Any, stopped: asyncio.Event, supervisor: int) -> None:
+    await parent_changed(supervisor)
+    if not stopped.is_set():
+        logger.warning("supervisor %d is gone; stopping worker %s", supervisor, worker.name)
+        stopped.set()
+        await worker.close()  # sends WorkerClosing: a departure, not a lost worker
+
+
+async def _drain_at_end_of_life(
+    worker: Any, stopped: asyncio.Event, settings: WorkerSettings
+) -> None:
+    await asyncio.sleep(settings.lifetime)
+    if not stopped.is_set():
+        logger.info("worker %s: lifetime of %gs reached; draining", worker.name, settings.lifetime)
+        stopped.set()
+        await worker.drain(settings.drain_timeout)
 
 
 def supervisor_pid() -> int | None:

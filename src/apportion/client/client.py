@@ -59,7 +59,7 @@ from apportion.client.restrictions import ANYWHERE, Where, refuse_actors, where_
 from apportion.client.session import Session, TaskBatch
 from apportion.core import payload
 from apportion.core.resources import ResourceSpec, parse_demand
-from apportion.net.scheduler_file import read_scheduler_file, write_scheduler_file
+from apportion.net.scheduler_file import wait_for_scheduler_file, write_scheduler_file
 from apportion.net.security import Security, security_for
 from apportion.protocol import messages as m
 
@@ -118,9 +118,9 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
         scheduler_file: str | os.PathLike[str] | None = None,
         **cluster_options: Any,
     ) -> None:
-        if scheduler_file is not None:
-            address, security = from_scheduler_file(scheduler_file, address, security)
         limit = 30.0 if timeout is None else seconds(timeout, "Client timeout") or 0.0
+        if scheduler_file is not None:
+            address, security = from_scheduler_file(scheduler_file, address, security, limit)
         self._own_cluster: LocalCluster | None = None
         self.cluster: LocalCluster | None = None
         self._asynchronous = asynchronous
@@ -1111,15 +1111,20 @@ def start_cluster(options: dict[str, Any]) -> LocalCluster:
 
 
 def from_scheduler_file(
-    path: str | os.PathLike[str], address: object, security: Security | bool | None
+    path: str | os.PathLike[str],
+    address: object,
+    security: Security | bool | None,
+    timeout: float,
 ) -> tuple[str, Security | bool | None]:
     """The address in the scheduler file at ``path``, and the credentials to use there:
     ``security`` if given (with the file's secret if it has none), else the
     environment's with the file's secret (and the file's TLS credentials if the
-    environment gives none)."""
+    environment gives none). A file not written yet is waited for up to
+    ``timeout`` seconds, as Dask's client does (a job script may start before its
+    scheduler has written it)."""
     if address is not None:
         raise ValueError("give an address or a scheduler_file, not both")
-    found = read_scheduler_file(path)
+    found = wait_for_scheduler_file(path, timeout)
     if not isinstance(security, Security):
         security = Security.from_environment().with_token(found.token, str(path))
         if found.tls_cert and not security.has_tls:  # the file carries a client's TLS

@@ -157,6 +157,14 @@ class SharedData(CallModes):
 
     # --- who has what ---------------------------------------------------------------
 
+    def waiting_work(self) -> Any:
+        """What the waiting work asks for and what each worker runs: ``{"queued": [...],
+        "workers": [...]}`` (``scheduler.demand``); what adaptive clusters decide from."""
+        return self._ask(
+            lambda rid: m.DemandRequest(rid),
+            lambda reply: {"queued": reply.queued, "workers": reply.workers},
+        )
+
     def _facts(self, then: Callable[[Any], Any]) -> Any:
         return self._ask(lambda rid: m.ClusterFactsRequest(rid), then)
 

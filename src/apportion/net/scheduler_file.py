@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,10 @@ def default_scheduler_file() -> Path:
 
 class SchedulerFileError(OSError):
     """A scheduler file that cannot be read, is open to others, or is not one."""
+
+
+class SchedulerFileMissing(SchedulerFileError):
+    """No scheduler file at the path (yet)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +86,11 @@ def write_scheduler_file(
 def read_scheduler_file(path: str | os.PathLike[str]) -> SchedulerFile:
     """What the file at ``path`` says; ``SchedulerFileError`` in one line if it cannot be
     used."""
+    if not os.path.exists(path):
+        raise SchedulerFileMissing(
+            f"no scheduler file at {path}: is the scheduler running, and was it given "
+            "this --scheduler-file?"
+        )
     try:
         text = read_private(Path(path), "scheduler file")
     except PrivateFileError as exc:
@@ -102,6 +112,36 @@ def read_scheduler_file(path: str | os.PathLike[str]) -> SchedulerFile:
         int(document.get("pid", 0) or 0),
         *(_text(tls.get(name)) for name in ("ca", "cert", "key")),
     )
+
+
+#: Seconds between looks for a scheduler file that is not there yet.
+POLL_INTERVAL = 0.2
+
+
+def wait_for_scheduler_file(
+    path: str | os.PathLike[str],
+    timeout: float,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> SchedulerFile:
+    """What the file at ``path`` says, once it exists, waiting up to ``timeout`` seconds.
+
+    A batch job starts the scheduler and its workers at once (``srun`` on every node):
+    the workers must wait for the scheduler to write its file rather than fail because
+    they came first. Only a missing file is waited for; one that exists but cannot be
+    used fails at once, since waiting would not mend it.
+    """
+    deadline = clock() + timeout
+    while True:
+        try:
+            return read_scheduler_file(path)
+        except SchedulerFileMissing as exc:
+            left = deadline - clock()
+            if left <= 0:
+                waited = f" after waiting {timeout:g} s" if timeout > 0 else ""
+                raise SchedulerFileMissing(f"{exc}{waited}") from None
+            sleep(min(POLL_INTERVAL, left))
 
 
 def _text(value: object) -> str | None:

@@ -21,7 +21,7 @@ from apportion.core.payload import Pickled
 
 #: Bumped whenever a message changes shape. Peers with another version are refused
 #: in the handshake, naming both versions, instead of failing later on a bad field.
-PROTOCOL_VERSION = 10
+PROTOCOL_VERSION = 11
 
 
 class Message:
@@ -1221,3 +1221,22 @@ class FireAndForget(Message):
     """Client -> scheduler: run these tasks to the end even if no client wants them."""
 
     keys: list[str]
+
+
+@message
+class DemandRequest(Message):
+    """Client -> scheduler: the work waiting for room, by kind of request, and the
+    workers (what a cluster that grows and shrinks decides from)."""
+
+    request_id: int
+
+
+@message
+class DemandReply(Message):
+    """``queued``: per kind of request, ``options`` (``{pool: ticks}`` demands),
+    ``count`` and ``restricted``; ``workers``: ``name``, ``address``, ``running``,
+    ``leaving`` (``scheduler.demand``)."""
+
+    request_id: int
+    queued: list[dict[str, Any]]
+    workers: list[dict[str, Any]]

@@ -10,6 +10,7 @@ from typing import Any
 from apportion.protocol import messages as m
 from apportion.scheduler import views
 from apportion.scheduler.core import SchedulerCore
+from apportion.scheduler.demand import demand
 from apportion.scheduler.events import TaskError, TaskFailed, TasksFailed
 from apportion.scheduler.explain import explain
 from apportion.scheduler.records import (
@@ -231,6 +232,11 @@ def why(state: SchedulerCore, client: ClientRecord, msg: m.WhyRequest) -> None:
 
 def info(state: SchedulerCore, client: ClientRecord, msg: m.InfoRequest) -> None:
     state.reply(client.id, m.InfoReply(msg.request_id, views.snapshot(state)))
+
+
+def waiting_demand(state: SchedulerCore, client: ClientRecord, msg: m.DemandRequest) -> None:
+    queued, workers = demand(state)
+    state.reply(client.id, m.DemandReply(msg.request_id, queued, workers))
 
 
 def story(state: SchedulerCore, client: ClientRecord, msg: m.StoryRequest) -> None:

@@ -1,0 +1,228 @@
+"""The service that grows and shrinks a cluster through Slurm: the allocator's loop.
+
+Every ``interval`` seconds: ask Slurm the state of our jobs (``squeue``), ask the
+scheduler what is waiting and who is connected (``scheduler.demand``), let the pure
+``Allocator`` decide, and carry out its commands (``sbatch``, ``scancel``, log
+lines). One tick runs to the end before the next begins, so a job is always known
+to the allocator before Slurm is next asked about it.
+
+Batch scripts and the job outputs go to the template's log directory; a job's
+script is kept beside its output, so a failed job can be looked at and resubmitted
+by hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import getpass
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from apportion.deploy.allocator import (
+    Allocator,
+    Cancel,
+    Command,
+    Report,
+    Submit,
+    Waiting,
+    WorkerSeen,
+    job_of_worker,
+)
+from apportion.deploy.job_template import (
+    WORKER_PREFIX,
+    JobTemplate,
+    parse_job_id,
+    parse_states,
+)
+from apportion.home import private_dir
+
+logger = logging.getLogger("apportion.deploy")
+
+#: What the scheduler says: waiting work and connected workers (``scheduler.demand``).
+Observation = tuple[list[dict[str, Any]], list[dict[str, Any]]]
+
+#: Seconds a Slurm command may take before it counts as failed.
+COMMAND_TIMEOUT = 60.0
+
+
+class SubmitError(Exception):
+    """``sbatch`` refused a job; the text says why, in Slurm's words."""
+
+
+async def _run(*argv: str, env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        *argv,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.DEVNULL,
+        env=dict(env) if env is not None else None,
+    )
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), COMMAND_TIMEOUT)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
+        return -1, "", f"{argv[0]} did not answer within {COMMAND_TIMEOUT:g} s"
+    assert process.returncode is not None
+    return process.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+class SlurmBatch:
+    """``sbatch``, ``squeue`` and ``scancel`` for jobs of these templates."""
+
+    def __init__(
+        self,
+        templates: Sequence[JobTemplate],
+        scheduler_file: str,
+        *,
+        tls_files: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.templates = {t.name: t for t in templates}
+        self.scheduler_file = scheduler_file
+        self.tls_files = dict(tls_files or {})
+        self.env = env
+        self.user = getpass.getuser()
+
+    def script(self, shape: str) -> str:
+        return self.templates[shape].script(self.scheduler_file, self.tls_files)
+
+    async def submit(self, shape: str) -> str:
+        template = self.templates[shape]
+        directory = private_dir(Path(template.log_directory))
+        path = directory / f"apportion-{shape}-{time.time_ns()}.sh"
+        path.write_text(self.script(shape))
+        code, out, err = await _run("sbatch", "--parsable", str(path), env=self.env)
+        if code != 0:
+            raise SubmitError((err or out).strip() or f"sbatch exited with status {code}")
+        try:
+            job = parse_job_id(out)
+        except ValueError as exc:
+            raise SubmitError(str(exc)) from None
+        with contextlib.suppress(OSError):
+            path.rename(directory / f"apportion-{shape}-{job}.sh")
+        return job
+
+    async def states(self, jobs: Sequence[str]) -> dict[str, str] | None:
+        """Our jobs' states; None if squeue could not say (nothing is concluded then)."""
+        if not jobs:
+            return {}
+        argv = ("squeue", "--noheader", "--format=%i %T", f"--user={self.user}")
+        code, out, err = await _run(*argv, env=self.env)
+        if code != 0:
+            logger.warning("squeue failed: %s", (err or out).strip())
+            return None
+        return {job: state for job, state in parse_states(out).items() if job in jobs}
+
+    async def cancel(self, job: str) -> None:
+        code, out, err = await _run("scancel", job, env=self.env)
+        if code != 0:
+            logger.warning("scancel %s failed: %s", job, (err or out).strip())
+
+
+def waiting_of(queued: list[dict[str, Any]]) -> list[Waiting]:
+    return [Waiting(tuple(q["options"]), int(q["count"]), bool(q["restricted"])) for q in queued]
+
+
+def workers_of(workers: list[dict[str, Any]]) -> list[WorkerSeen]:
+    return [
+        WorkerSeen(
+            w["name"],
+            job_of_worker(w["name"], WORKER_PREFIX),
+            int(w["running"]),
+            bool(w["leaving"]),
+        )
+        for w in workers
+    ]
+
+
+class Adaptive:
+    """Runs ``allocator`` against ``batch`` and what ``observe`` says, until stopped."""
+
+    def __init__(
+        self,
+        allocator: Allocator,
+        batch: SlurmBatch,
+        observe: Callable[[], Awaitable[Observation]],
+        *,
+        interval: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.allocator = allocator
+        self.batch = batch
+        self.observe = observe
+        self.interval = interval
+        self.clock = clock
+        #: Every report, newest last (``SlurmCluster.reports``).
+        self.reports: list[str] = []
+        self._task: asyncio.Task[None] | None = None
+        self._woken = asyncio.Event()
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    def wake(self) -> None:
+        """Decide again now (after ``scale`` or ``adapt``) rather than at the next tick."""
+        self._woken.set()
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # one bad tick must not stop the cluster growing
+                logger.warning("adaptive scaling: %s", str(exc) or type(exc).__name__)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._woken.wait(), self.interval)
+            self._woken.clear()
+
+    async def tick(self) -> None:
+        states = await self.batch.states(list(self.allocator.jobs))
+        if states is None:
+            return
+        queued, workers = await self.observe()
+        now = self.clock()
+        commands = self.allocator.step(now, waiting_of(queued), workers_of(workers), states)
+        await self.execute(commands)
+
+    async def execute(self, commands: list[Command]) -> None:
+        for command in commands:
+            if isinstance(command, Submit):
+                await self._submit(command.shape)
+            elif isinstance(command, Cancel):
+                logger.info("cancelling job %s: %s", command.job, command.reason)
+                await self.batch.cancel(command.job)
+            elif isinstance(command, Report):
+                self._report(command)
+
+    async def _submit(self, shape: str) -> None:
+        try:
+            job = await self.batch.submit(shape)
+        except (SubmitError, OSError) as exc:
+            for report in self.allocator.submit_failed(self.clock(), shape, str(exc)):
+                self._report(report)
+            return
+        logger.info("submitted %s job %s", shape, job)
+        self.allocator.submitted(self.clock(), shape, job)
+
+    def _report(self, report: Report) -> None:
+        self.reports.append(report.text)
+        logger.log(logging.getLevelName(report.level.upper()), "%s", report.text)
+
+    async def stop(self, *, cancel_jobs: bool = True) -> None:
+        """Stop deciding; cancel every job still ours unless told to leave them."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if cancel_jobs:
+            for job in list(self.allocator.jobs):
+                await self.batch.cancel(job)
