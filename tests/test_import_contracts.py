@@ -47,7 +47,7 @@ PURE = re.compile(
     r"|worker\.(state|events|memory_policy)"
     r"|testing\.simulation"
     r"|net\.gate"
-    r"|deploy\.(allocator|hostlist|job_template)"
+    r"|deploy\.(allocator|hostlist|job_template|ssh_commands|ssh_options)"
     r"|runs\.(lifecycle|views|run_states|run_events)"
     r")$"
 )

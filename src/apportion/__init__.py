@@ -44,6 +44,7 @@ from apportion.client.waiting import (
 from apportion.core.resources import parse_resources
 from apportion.deploy.job_template import JobTemplate
 from apportion.deploy.slurm_cluster import SlurmCluster
+from apportion.deploy.ssh import SSHCluster
 from apportion.net.security import Security
 from apportion.plugins import WorkerPlugin
 from apportion.scheduler.service import Scheduler
@@ -91,6 +92,7 @@ __all__ = [
     "OutOfMemoryError",
     "Pub",
     "Queue",
+    "SSHCluster",
     "Scheduler",
     "SchedulerGoneError",
     "Security",

@@ -80,6 +80,15 @@ def _use(ctx: click.Context, found: SchedulerFile) -> None:
     if found.token is not None and not ctx.meta.get(_GIVEN):
         os.environ[sec.TOKEN_ENV] = found.token
         os.environ.pop(sec.TOKEN_FILE_ENV, None)
+    tls = {
+        sec.TLS_CA_ENV: found.tls_ca,
+        sec.TLS_CERT_ENV: found.tls_cert,
+        sec.TLS_KEY_ENV: found.tls_key,
+    }
+    # A file that carries TLS credentials (``apportion ssh``'s) is all it takes, unless
+    # this command was given its own.
+    if found.tls_cert and not any(os.environ.get(name) for name in tls):
+        os.environ.update({name: value for name, value in tls.items() if value})
 
 
 def _option(*names: str, callback: Callable[..., Any], **kwargs: Any) -> Callable[[F], F]:

@@ -10,6 +10,7 @@ from apportion.cli.inspect import dump, info, why
 from apportion.cli.runs import RUN_COMMANDS
 from apportion.cli.scheduler import scheduler
 from apportion.cli.slurm import slurm
+from apportion.cli.ssh import ssh
 from apportion.cli.submit import submit
 from apportion.cli.worker import worker
 
@@ -27,6 +28,7 @@ main.add_command(why)
 main.add_command(dump)
 main.add_command(submit)
 main.add_command(token)
+main.add_command(ssh)
 main.add_command(alloc)
 main.add_command(slurm)
 for command in RUN_COMMANDS:

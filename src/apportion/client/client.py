@@ -29,8 +29,9 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
+from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from apportion.client import actors, dask_default, local, topics, transfers
 from apportion.client.actors import actor_task
@@ -84,6 +85,14 @@ _GATHER_ATTEMPTS = 5
 SCHEDULER_FILE_ENV = "APPORTION_SCHEDULER_FILE"
 
 
+class ClusterManager(Protocol):
+    """A cluster started elsewhere (``SSHCluster``): ``Client(cluster)`` connects to its
+    scheduler with its credentials, as Dask's reads a cluster's address and security."""
+
+    scheduler_address: str
+    security: Security
+
+
 class Client(ClusterLifecycle, RemoteCalls, SharedData):
     """Connect to a scheduler (``Client("tcp://host:8786")``), a ``LocalCluster``,
     or, with no address, start an embedded local cluster sized to this machine.
@@ -112,7 +121,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
 
     def __init__(
         self,
-        address: str | LocalCluster | None = None,
+        address: str | LocalCluster | ClusterManager | None = None,
         *,
         timeout: Duration = 30.0,
         direct_to_workers: bool | None = None,
@@ -151,17 +160,11 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData):
             )
         if isinstance(address, LocalCluster):
             self.cluster = address
-            security = security or address.security
-            address = address.scheduler_address  # "": an asynchronous one not started yet
-            if not address and not asynchronous:
-                raise RuntimeError(
-                    "this LocalCluster is asynchronous and not started: await it first, or "
-                    "make the client asynchronous too (await Client(cluster, asynchronous=True))"
-                )
+        address, given = _cluster_address(address, security or None, asynchronous)
         #: The scheduler's address ("" for a cluster that has not started yet).
         self.scheduler_address: str = address
         #: What this client proves to the scheduler and workers, and expects of them.
-        self.security = security_for(address, security or None)
+        self.security = security_for(address, given)
         self.direct_to_workers = direct_to_workers
         #: Seconds to connect, and to wait for a scatter; Dask's texts (``"60s"``) too.
         self.timeout: float = limit
@@ -1114,6 +1117,23 @@ def start_cluster(options: dict[str, Any]) -> LocalCluster:
     return LocalCluster(**options)
 
 
+def _cluster_address(
+    address: str | LocalCluster | ClusterManager, security: Security | None, asynchronous: bool
+) -> tuple[str, Security | None]:
+    """A cluster's scheduler address and credentials (``security`` if given)."""
+    if isinstance(address, str):
+        return address, security or None
+    security = security or address.security
+    if isinstance(address, LocalCluster) and not address.scheduler_address and not asynchronous:
+        raise RuntimeError(
+            "this LocalCluster is asynchronous and not started: await it first, or "
+            "make the client asynchronous too (await Client(cluster, asynchronous=True))"
+        )
+    # "" for an asynchronous LocalCluster not started yet; a cluster started elsewhere
+    # (SSHCluster, SlurmCluster) is closed by its owner.
+    return address.scheduler_address, security
+
+
 def from_scheduler_file(
     path: str | os.PathLike[str],
     address: object,
@@ -1122,7 +1142,8 @@ def from_scheduler_file(
 ) -> tuple[str, Security | bool | None]:
     """The address in the scheduler file at ``path``, and the credentials to use there:
     ``security`` if given (with the file's secret if it has none), else the
-    environment's with the file's secret. A file not written yet is waited for up to
+    environment's with the file's secret (and the file's TLS credentials if the
+    environment gives none). A file not written yet is waited for up to
     ``timeout`` seconds, as Dask's client does (a job script may start before its
     scheduler has written it)."""
     if address is not None:
@@ -1130,6 +1151,14 @@ def from_scheduler_file(
     found = wait_for_scheduler_file(path, timeout)
     if not isinstance(security, Security):
         security = Security.from_environment().with_token(found.token, str(path))
+        if found.tls_cert and not security.has_tls:  # the file carries a client's TLS
+            security = replace(
+                security,
+                tls_ca_file=found.tls_ca,
+                tls_client_cert=found.tls_cert,
+                tls_client_key=found.tls_key,
+                _contexts={},
+            )
     elif security.token is None:  # TLS settings given, the secret left to the file
         security = security.with_token(found.token, str(path))
     return found.address, security

@@ -7,6 +7,10 @@ of Dask's (``type``, ``id``, ``address``) plus the cluster's ``token``, so it is
 private to its owner, like the secret itself: give it to a colleague and you give
 them your cluster. On a shared file system it is how the processes of one job find
 each other.
+
+A cluster with credentials made for it alone (``apportion ssh``, ``SSHCluster``) also
+writes a client's TLS credentials in it (``tls``: CA, certificate and key as PEM
+text), so that the file is still all a client needs.
 """
 
 from __future__ import annotations
@@ -47,11 +51,26 @@ class SchedulerFile:
     #: The scheduler's id and process, to tell a stale file from a live one.
     id: str = ""
     pid: int = 0
+    #: A client's TLS credentials (PEM text or paths); None in most files, whose
+    #: clients find theirs in their environment.
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
 
-def write_scheduler_file(path: str | os.PathLike[str], address: str, token: str, id: str) -> None:
-    """Write the file for the scheduler at ``address`` (mode 0600, atomically)."""
-    document = {
+def write_scheduler_file(
+    path: str | os.PathLike[str],
+    address: str,
+    token: str,
+    id: str,
+    *,
+    tls_ca: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+) -> None:
+    """Write the file for the scheduler at ``address`` (mode 0600, atomically), with a
+    client's TLS credentials if given."""
+    document: dict[str, Any] = {
         "type": "Scheduler",
         "id": id,
         "address": address,
@@ -59,6 +78,8 @@ def write_scheduler_file(path: str | os.PathLike[str], address: str, token: str,
         "pid": os.getpid(),
         "started": time.time(),
     }
+    if tls_ca or tls_cert or tls_key:
+        document["tls"] = {"ca": tls_ca, "cert": tls_cert, "key": tls_key}
     write_private(Path(path), json.dumps(document, indent=2) + "\n")
 
 
@@ -82,11 +103,14 @@ def read_scheduler_file(path: str | os.PathLike[str]) -> SchedulerFile:
     if not isinstance(address, str) or not address:
         raise SchedulerFileError(f"scheduler file {path} names no address")
     token = document.get("token")
+    tls = document.get("tls")
+    tls = tls if isinstance(tls, dict) else {}
     return SchedulerFile(
         address,
         token if isinstance(token, str) and token else None,
         str(document.get("id", "")),
         int(document.get("pid", 0) or 0),
+        *(_text(tls.get(name)) for name in ("ca", "cert", "key")),
     )
 
 
@@ -118,6 +142,10 @@ def wait_for_scheduler_file(
                 waited = f" after waiting {timeout:g} s" if timeout > 0 else ""
                 raise SchedulerFileMissing(f"{exc}{waited}") from None
             sleep(min(POLL_INTERVAL, left))
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def remove_scheduler_file(path: str | os.PathLike[str], id: str) -> None:
