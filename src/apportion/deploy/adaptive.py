@@ -94,7 +94,7 @@ class SlurmBatch:
 
     async def submit(self, shape: str) -> str:
         template = self.templates[shape]
-        directory = private_dir(Path(template.log_directory))
+        directory = private_dir(Path(template.log_directory or "."))
         path = directory / f"apportion-{shape}-{time.time_ns()}.sh"
         path.write_text(self.script(shape))
         code, out, err = await _run("sbatch", "--parsable", str(path), env=self.env)

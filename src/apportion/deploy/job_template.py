@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -72,10 +73,13 @@ class JobTemplate:
     account: str | None = None
     job_extra_directives: Sequence[str] = ()
     job_script_prologue: Sequence[str] = ()
-    python: str = "python3"
+    #: The Python with apportion installed on the compute nodes (default: this one's,
+    #: as on a shared file system it is the same path there).
+    python: str = sys.executable
     #: Worker options added to every worker's command line.
     worker_extra_args: Sequence[str] = ()
-    log_directory: str = "."
+    #: Where job output goes (None: the cluster's log directory, else the job's own).
+    log_directory: str | None = None
     environment: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -129,7 +133,7 @@ class JobTemplate:
             "--ntasks=1",
             f"--cpus-per-task={self.cores}",
             f"--time={self.walltime}",
-            f"--output={self.log_directory}/%x-%j.out",
+            f"--output={self.log_directory or '.'}/%x-%j.out",
         ]
         mib = self.memory_mib()
         if mib is not None:

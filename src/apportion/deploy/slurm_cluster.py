@@ -17,6 +17,7 @@ share, as the working directory of a job usually is).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -124,7 +125,10 @@ class SlurmCluster:
             worker_extra_args=worker_extra_args,
             log_directory=str(self.log_directory),
         )
-        self.templates = [default, *templates]
+        own = str(self.log_directory)
+        self.templates = [default] + [
+            t if t.log_directory else dataclasses.replace(t, log_directory=own) for t in templates
+        ]
         self.allocator = Allocator([t.shape() for t in self.templates])
         host = host or reachable_host()
         if security is None:
