@@ -204,7 +204,7 @@ def slurm(
         security = Security.from_environment()
     except (ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
-    directory = private_dir(Path(template.log_directory) / ".apportion")
+    directory = private_dir(Path(log_directory).absolute() / ".apportion")
     tls, written = credential_files(security, directory, "alloc")
     batch = SlurmBatch([template], str(Path(file).absolute()), tls_files=tls)
     if dry_run:
