@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ import psutil
 import pytest
 
 import apportion
-from cli_processes import poll
+from cli_processes import Processes, poll
 from slurm_cluster import SlurmCluster, missing
 
 pytestmark = pytest.mark.process
@@ -268,3 +269,28 @@ def test_an_adaptive_cluster_asks_for_a_gpu_job_only_for_gpu_work_and_cancels_it
             poll(lambda: not _jobs(cluster), 60, "the idle job cancelled")
             poll(lambda: not client.scheduler_info()["workers"], 60, "its worker gone")
             assert slurm.state(job) in ("CANCELLED", "COMPLETED", ""), slurm.state(job)
+
+
+@pytest.mark.timeout(180)
+def test_apportion_alloc_slurm_grows_a_running_cluster_and_cancels_its_jobs_on_exit(
+    slurm: SlurmCluster, tmp_path: Path, procs: Processes, job_env: dict[str, str]
+) -> None:
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    file = tmp_path / "scheduler.json"
+    env = slurm.env(job_env)
+    procs.start_scheduler("--port", "0", "--no-journal", "--scheduler-file", str(file), env=env)
+    alloc, log = procs.start(
+        *["alloc", "slurm", "--scheduler-file", str(file), "--cores", "1"],
+        *["--memory", "1GiB", "--walltime", "10:00", "--interval", "0.3"],
+        *["--idle-timeout", "600", "--log-directory", str(tmp_path / "jobs")],
+        env=env,
+    )
+    with apportion.Client(scheduler_file=file, timeout=20) as client:
+        assert client.submit(sum, [1, 2, 3]).result(timeout=90) == 6
+        (worker,) = client.scheduler_info()["workers"].values()
+        job = str(worker["name"]).removeprefix("slurm-")
+        assert slurm.state(job) == "RUNNING"
+        alloc.send_signal(signal.SIGINT)  # leaving: the jobs it submitted are cancelled
+        assert alloc.wait(30) == 0, log.read_text()
+        poll(lambda: not client.scheduler_info()["workers"], 60, "the job's worker gone")
+    poll(lambda: slurm.state(job) in ("CANCELLED", "COMPLETED", ""), 30, "the job ended")
