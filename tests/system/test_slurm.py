@@ -4,7 +4,7 @@ The cluster is started once for the module (``slurm_cluster``), with four fake G
 as GRES, and skipped with the reason where it cannot run (not root, Slurm not
 installed). Jobs run this checkout of apportion: the job's environment puts this
 Python first on PATH and this source tree on PYTHONPATH, as a user's installation
-would be found. Each script below is the text ``docs/deploy-slurm-snippets.md`` shows.
+would be found. Each script below is the text ``docs/deploy.md`` shows.
 """
 
 from __future__ import annotations
