@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: demo test test-fast check lint typecheck bench clean
+.PHONY: demo test test-fast check lint typecheck bench bench-scale clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -45,6 +45,10 @@ test-fast: $(TEST_STAMP)
 
 bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/run_all.py
+
+# 200 worker processes on this machine, beside Dask: too slow for `make bench`.
+bench-scale: $(BENCH_STAMP)
+	$(BIN)/python benchmarks/scale.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .mypy_cache .pytest_cache .ruff_cache

@@ -219,3 +219,22 @@ def count_handshakes() -> dict[str, int]:
         handshake._check = counted
         handshake._bench_accepted = counts
     return dict(counts)
+
+
+# --- the shapes of a node: shapes.py --------------------------------------------------
+
+
+def spin(seconds: float) -> None:
+    """Hold the GIL for ``seconds``: a pure-Python loop, as CPU-bound Python code does."""
+    import time
+
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def nap(seconds: float) -> None:
+    """Release the GIL for ``seconds``, as I/O or NumPy's large operations do."""
+    import time
+
+    time.sleep(seconds)

@@ -57,6 +57,15 @@ class HandshakeError(ConnectionError):
     """The peer refused us, or spoke something other than our protocol."""
 
 
+class HandshakeDropped(HandshakeError):
+    """The listener closed the connection before its handshake finished, without a word.
+
+    A busy listener does that on purpose: its gate drops the oldest pending handshake
+    from a host to admit a newer one (``net/gate.py``), as when hundreds of workers of
+    one node start at once. Unlike a refusal, trying again later may well succeed.
+    """
+
+
 def version_mismatch(ours: int, theirs: int, what: str) -> str:
     return (
         f"protocol version mismatch: this side speaks version {ours}, the {what} speaks "
@@ -129,7 +138,7 @@ async def _prove(
     try:
         reply = await _first_frame(stream)
     except _PeerGone as exc:
-        raise HandshakeError(f"{address}: the handshake did not complete: {exc}") from None
+        raise HandshakeDropped(f"{address}: the handshake did not complete: {exc}") from None
     except HandshakeError as exc:
         raise HandshakeError(f"{address}: no apportion handshake: {exc}") from None
     challenge = _expect(reply, AuthChallenge, address)
@@ -141,7 +150,9 @@ async def _prove(
     conn.send(AuthProof(auth.proof(key, auth.CONNECTOR, role, name, ours, challenge.nonce)))
     try:
         final = await conn.recv()
-    except (ConnectionClosed, ProtocolError) as exc:
+    except ConnectionClosed as exc:
+        raise HandshakeDropped(f"{address}: the handshake did not complete: {exc}") from None
+    except ProtocolError as exc:
         raise HandshakeError(f"{address}: the handshake did not complete: {exc}") from None
     return _expect(final, Welcome, address)
 

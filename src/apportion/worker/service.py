@@ -30,7 +30,7 @@ from apportion.core.resources import ResourceSpec, describe_resources, from_tick
 from apportion.core.sizes import format_bytes
 from apportion.loop_thread import BackgroundService
 from apportion.net.connection import Connection, ConnectionClosed
-from apportion.net.handshake import HandshakeError, open_connection
+from apportion.net.handshake import HandshakeDropped, HandshakeError, open_connection
 from apportion.net.security import AuthenticationError, Security, security_for
 from apportion.net.transport import serving_host
 from apportion.protocol.codec import ProtocolError
@@ -387,7 +387,9 @@ class Worker(BackgroundService):
     async def _first_registration(self) -> Connection:
         """Register, retrying while nothing listens at the address, for ``connect_timeout``.
 
-        Only "nothing there" is retried (refused, no answer): a peer that answers
+        Only "nothing there" is retried (refused, no answer), and a handshake the
+        scheduler dropped unanswered (``HandshakeDropped``: its gate makes room for
+        newer ones when many workers of a host connect at once): a peer that answers
         wrongly, or a scheduler that refuses us, will not change its mind.
         """
         deadline = self.clock.monotonic() + self.connect_timeout
@@ -396,25 +398,28 @@ class Worker(BackgroundService):
         while True:
             try:
                 return await self._register()
-            except HandshakeError:
-                raise
-            except OSError as exc:
-                remaining = deadline - self.clock.monotonic()
-                if remaining <= 0:
-                    if self.connect_timeout > 0:
-                        raise OSError(f"{exc}; gave up after {self.connect_timeout:g}s") from None
+            except HandshakeError as exc:
+                if not isinstance(exc, HandshakeDropped):
                     raise
-                if not waiting_said:
-                    # One line, not one per attempt: the worker is expected to wait here.
-                    logger.info(
-                        "worker %s: %s; retrying for up to %gs",
-                        self.name,
-                        exc,
-                        self.connect_timeout,
-                    )
-                    waiting_said = True
-                await self.clock.sleep(min(delay, remaining))
-                delay = min(delay * 2, MAX_BACKOFF)
+                failure: OSError = exc
+            except OSError as exc:
+                failure = exc
+            remaining = deadline - self.clock.monotonic()
+            if remaining <= 0:
+                if self.connect_timeout > 0:
+                    raise OSError(f"{failure}; gave up after {self.connect_timeout:g}s") from None
+                raise failure
+            if not waiting_said:
+                # One line, not one per attempt: the worker is expected to wait here.
+                logger.info(
+                    "worker %s: %s; retrying for up to %gs",
+                    self.name,
+                    failure,
+                    self.connect_timeout,
+                )
+                waiting_said = True
+            await self.clock.sleep(min(delay, remaining))
+            delay = min(delay * 2, MAX_BACKOFF)
 
     def _connected(self, conn: Connection) -> None:
         """``conn`` is the live session now: send what waited for one, in order."""
