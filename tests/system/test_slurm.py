@@ -217,7 +217,9 @@ def test_scancel_leaves_no_apportion_process(
     poll(lambda: not apportion_processes(job), 40, "the job's apportion processes to end")
     slurm.wait_finished(job, timeout=40)
     output = log.read_text()
-    assert "SIGTERM received; stopping" in output, output
+    # scancel signals every process of the job at once: apportion slurm hears either
+    # its own SIGTERM or, first, its COMMAND ending; either way it stops the cluster.
+    assert "stopping the scheduler" in output, output
 
 
 # --- a cluster that grows through sbatch ------------------------------------------------
