@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,16 @@ from click.testing import CliRunner
 
 from apportion.cli.main import main
 from apportion.net.scheduler_file import write_scheduler_file
+
+
+@pytest.fixture(autouse=True)
+def environment_restored() -> Iterator[None]:
+    """A command run in this process takes its scheduler file's secret into the
+    environment, as it would in a process of its own: undo it for the next test."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def test_the_dry_run_prints_the_job_the_options_describe(
