@@ -7,6 +7,7 @@ fails) ends each with its whole process group.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -32,10 +33,16 @@ class Processes:
         self, *args: str, env: dict[str, str] | None = None
     ) -> tuple[subprocess.Popen[bytes], Path]:
         """Start ``apportion ARGS`` (with ``env`` in place of this process's environment)."""
+        return self.launch([*APPORTION, *args], env)
+
+    def launch(
+        self, argv: list[str], env: dict[str, str] | None = None
+    ) -> tuple[subprocess.Popen[bytes], Path]:
+        """Start ``argv`` (a command that runs apportion, e.g. in a network namespace)."""
         log = self.logdir / f"proc-{len(self.procs)}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(
-                [*APPORTION, *args],
+                argv,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -54,25 +61,33 @@ class Processes:
     ) -> tuple[subprocess.Popen[bytes], str, Path]:
         """Start ``apportion scheduler ARGS``; the process, its address and its log."""
         proc, log = self.start("scheduler", *args, env=env)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and proc.poll() is None:
-            found = re.search(r"apportion scheduler at ((?:tcp|tls)://\S+)", log.read_text())
-            if found:
-                return proc, found.group(1), log
-            time.sleep(0.02)
-        raise AssertionError(f"scheduler did not start:\n{log.read_text()}")
+        return proc, announced_address(proc, log), log
 
     def stop_all(self) -> None:
+        # A group may end between the check and the signal: that is what was wanted.
         for proc, _ in self.procs:
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + 10
         for proc, _ in self.procs:
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def announced_address(proc: subprocess.Popen[bytes], log: Path, timeout: float = 20) -> str:
+    """The address a starting ``apportion scheduler`` announces in its log."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        found = re.search(r"apportion scheduler at ((?:tcp|tls)://\S+)", log.read_text())
+        if found:
+            return found.group(1)
+        time.sleep(0.02)
+    raise AssertionError(f"scheduler did not start:\n{log.read_text()}")
 
 
 def poll(condition: Callable[[], Any], timeout: float, what: str) -> Any:

@@ -5,9 +5,7 @@ same through ``apportion ssh`` against an sshd inside a namespace. Needs root.""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -19,7 +17,7 @@ import cloudpickle
 import pytest
 
 from apportion import Client, Security, get_worker
-from cli_processes import APPORTION, poll
+from cli_processes import APPORTION, Processes, announced_address, poll
 from namespaces import Namespaces
 from namespaces import skip_reason as namespace_skip
 from sshd_server import SSHServer, kill_marked, marked_processes, remote_python
@@ -44,41 +42,6 @@ def consume(made: tuple[list[int], str]) -> tuple[int, str, str]:
     return sum(values), made_at, get_worker().address
 
 
-class Launched:
-    """Processes started in namespaces, each in its own session; all killed at the end."""
-
-    def __init__(self, logdir: Path) -> None:
-        self.logdir = logdir
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path]:
-        log = self.logdir / f"launched-{len(self.procs)}.log"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                argv,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                env=env,
-            )
-        self.procs.append(proc)
-        return proc, log
-
-    def stop_all(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                with contextlib.suppress(OSError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(OSError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-
-
 @pytest.fixture
 def net() -> Iterator[Namespaces]:
     namespaces = Namespaces(3)
@@ -88,42 +51,24 @@ def net() -> Iterator[Namespaces]:
         namespaces.remove()
 
 
-@pytest.fixture
-def launched(tmp_path: Path) -> Iterator[Launched]:
-    group = Launched(tmp_path)
-    try:
-        yield group
-    finally:
-        group.stop_all()
-
-
 def child_env(security: Security, role: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("APPORTION_TLS")}
     env["PYTHONPATH"] = os.pathsep.join(sys.path)
     return {**env, **security.environment(role)}
 
 
-def announced(log: Path) -> str:
-    def address() -> str | None:
-        found = re.search(r"apportion scheduler at ((?:tcp|tls)://\S+)", log.read_text())
-        return found.group(1) if found else None
-
-    found: str = poll(address, 30, f"the scheduler to start:\n{log.read_text()}")
-    return found
-
-
 @pytest.mark.timeout(120)
-def test_data_crosses_namespaces_over_tls(net: Namespaces, launched: Launched) -> None:
+def test_data_crosses_namespaces_over_tls(net: Namespaces, procs: Processes) -> None:
     security = Security.temporary()
     a, b, c = net.addresses
     scheduler = [*APPORTION, "scheduler", "--host", a, "--port", "0", "--no-journal"]
-    _, log = launched.start(net.exec_argv(0, scheduler), child_env(security, "scheduler"))
-    address = announced(log)
+    started, log = procs.launch(net.exec_argv(0, scheduler), child_env(security, "scheduler"))
+    address = announced_address(started, log, timeout=30)
     assert address.startswith(f"tls://{a}:")
     for index, (host, resource) in enumerate([(b, "onB=1"), (c, "onC=1")], start=1):
         worker = [*APPORTION, "worker", address, "--host", host, "--nthreads", "1"]
         worker += ["--resources", resource, "--name", f"ns-{index}"]
-        launched.start(net.exec_argv(index, worker), child_env(security, "worker"))
+        procs.launch(net.exec_argv(index, worker), child_env(security, "worker"))
     with Client(address, security=security, timeout=30) as client:
         client.wait_for_workers(2, timeout=60)
         made = client.submit(produce, 100, resources={"onB": 1})
@@ -160,7 +105,7 @@ def mark() -> Iterator[str]:
 @pytest.mark.skipif(sshd_skip() is not None, reason=sshd_skip() or "")
 @pytest.mark.timeout(150)
 def test_apportion_ssh_to_an_sshd_in_a_namespace(
-    tmp_path: Path, net: Namespaces, launched: Launched, mark: str
+    tmp_path: Path, net: Namespaces, procs: Processes, mark: str
 ) -> None:
     """Scheduler and a worker on "host" A through its sshd; a worker on B joins with the
     scheduler file alone; data made on B is used on A."""
@@ -176,12 +121,12 @@ def test_apportion_ssh_to_an_sshd_in_a_namespace(
         for option in sshd.ssh_options():
             argv += ["--ssh-option", option]
         env = {k: v for k, v in os.environ.items() if not k.startswith("APPORTION_TLS")}
-        command, log = launched.start(argv, {**env, "PYTHONPATH": os.pathsep.join(sys.path)})
+        command, log = procs.launch(argv, {**env, "PYTHONPATH": os.pathsep.join(sys.path)})
         poll(lambda: "connect with Client" in log.read_text(), 60, "apportion ssh to start")
         # Worker B: credentials (secret and TLS) from the scheduler file alone.
         worker = [*APPORTION, "worker", "--scheduler-file", str(scheduler_file)]
         worker += ["--host", b, "--resources", "onB=1", "--nthreads", "1", "--name", "ns-b"]
-        launched.start(net.exec_argv(1, worker), {**env, "PYTHONPATH": os.pathsep.join(sys.path)})
+        procs.launch(net.exec_argv(1, worker), {**env, "PYTHONPATH": os.pathsep.join(sys.path)})
         with Client(scheduler_file=scheduler_file, timeout=30) as client:
             assert client.scheduler_address.startswith(f"tls://{a}:")
             client.wait_for_workers(2, timeout=60)
