@@ -161,9 +161,14 @@ def finished_output(slurm: SlurmCluster, tmp_path: Path, job: str) -> tuple[str,
 
 
 def result_of(output: str) -> dict[str, object]:
+    """What the user's script printed, having checked its GPU task saw one device of the
+    two Slurm granted the job (Slurm's own mask for --gres=gpu:2)."""
     lines = [line for line in output.splitlines() if line.startswith("{")]
     assert len(lines) == 1, output
     found: dict[str, object] = json.loads(lines[0])
+    granted = str(found["job"]).split(",")
+    assert len(granted) == 2, output
+    assert str(found["task"]).split(",") in [[g] for g in granted], output
     return found
 
 
@@ -175,9 +180,6 @@ def test_a_batch_script_runs_the_users_script_on_the_granted_gpus(
     state, output = finished_output(slurm, tmp_path, job)
     assert state == "COMPLETED", output
     found = result_of(output)
-    granted = str(found["job"]).split(",")
-    assert len(granted) == 2, output  # Slurm's own mask for --gres=gpu:2
-    assert str(found["task"]).split(",") in [[g] for g in granted], output
     assert found["sum"] == 6
     # Once the script ended the workers drained and left, rather than being killed.
     assert re.search(r"worker \S+ drained", output), output
@@ -193,10 +195,7 @@ def test_the_manual_batch_script_with_srun_apportion_worker(
     job = submit(slurm, tmp_path, MANUAL_SCRIPT, job_env)
     state, output = finished_output(slurm, tmp_path, job)
     assert state == "COMPLETED", output
-    found = result_of(output)
-    granted = str(found["job"]).split(",")
-    assert len(granted) == 2, output
-    assert str(found["task"]).split(",") in [[g] for g in granted], output
+    result_of(output)
     assert not apportion_processes(job)
 
 
