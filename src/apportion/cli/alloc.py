@@ -173,10 +173,9 @@ def slurm(
       apportion alloc slurm --scheduler-file ~/scheduler.json --cores 8 \\
           --memory 32GiB --gpus 1 --max-workers 4 -- --constraint=a100
     """
-    from apportion.deploy.adaptive import SlurmBatch
+    from apportion.deploy.adaptive import SlurmBatch, credential_files
     from apportion.deploy.allocator import Allocator, Policy
     from apportion.deploy.job_template import JobTemplate
-    from apportion.deploy.slurm_cluster import credential_files
     from apportion.home import private_dir
 
     configure_logging()

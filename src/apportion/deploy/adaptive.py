@@ -38,7 +38,8 @@ from apportion.deploy.job_template import (
     parse_job_id,
     parse_states,
 )
-from apportion.home import private_dir
+from apportion.home import private_dir, write_private
+from apportion.net.security import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV, Security
 
 logger = logging.getLogger("apportion.deploy")
 
@@ -139,6 +140,29 @@ def workers_of(workers: list[dict[str, Any]]) -> list[WorkerSeen]:
         )
         for w in workers
     ]
+
+
+def credential_files(
+    security: Security, directory: Path, stem: str
+) -> tuple[dict[str, str], list[Path]]:
+    """The ``APPORTION_TLS_*`` variables a worker job needs, as paths: PEM text given
+    in memory is written to private files in ``directory`` (returned, to remove)."""
+    variables: dict[str, str] = {}
+    written: list[Path] = []
+    cert, key = security.cert_for("worker")
+    for variable, text, suffix in (
+        (TLS_CERT_ENV, cert, "worker.pem"),
+        (TLS_KEY_ENV, key, "worker.key"),
+        (TLS_CA_ENV, security.tls_ca_file, "ca.pem"),
+    ):
+        if text:
+            if "-----BEGIN" in text:
+                target = directory / f"{stem}-{suffix}"
+                write_private(target, text)
+                written.append(target)
+                text = str(target)
+            variables[variable] = text
+    return variables, written
 
 
 class Adaptive:

@@ -28,14 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from apportion.client.durations import Duration, seconds
-from apportion.deploy.adaptive import Adaptive, Observation, SlurmBatch
+from apportion.deploy.adaptive import Adaptive, Observation, SlurmBatch, credential_files
 from apportion.deploy.allocator import Allocator, Policy
 from apportion.deploy.job_template import JobTemplate
-from apportion.home import private_dir, write_private
+from apportion.home import private_dir
 from apportion.loop_thread import LoopThread
 from apportion.net.address import is_loopback
 from apportion.net.scheduler_file import remove_scheduler_file, write_scheduler_file
-from apportion.net.security import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV, Security
+from apportion.net.security import Security
 from apportion.scheduler.demand import demand
 from apportion.scheduler.service import Scheduler
 from apportion.scheduler.state import SchedulerConfig
@@ -49,29 +49,6 @@ def reachable_host() -> str:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "127.0.0.1"
-
-
-def credential_files(
-    security: Security, directory: Path, stem: str
-) -> tuple[dict[str, str], list[Path]]:
-    """The ``APPORTION_TLS_*`` variables a worker job needs, as paths: PEM text given
-    in memory is written to private files in ``directory`` (returned, to remove)."""
-    variables: dict[str, str] = {}
-    written: list[Path] = []
-    cert, key = security.cert_for("worker")
-    for variable, text, suffix in (
-        (TLS_CERT_ENV, cert, "worker.pem"),
-        (TLS_KEY_ENV, key, "worker.key"),
-        (TLS_CA_ENV, security.tls_ca_file, "ca.pem"),
-    ):
-        if text:
-            if "-----BEGIN" in text:
-                target = directory / f"{stem}-{suffix}"
-                write_private(target, text)
-                written.append(target)
-                text = str(target)
-            variables[variable] = text
-    return variables, written
 
 
 class SlurmCluster:
