@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import cloudpickle
+import dask.array as da
 import psutil
 import pytest
 
@@ -288,6 +289,10 @@ def test_apportion_alloc_slurm_grows_a_running_cluster_and_cancels_its_jobs_on_e
     )
     with apportion.Client(scheduler_file=file, timeout=20) as client:
         assert client.submit(sum, [1, 2, 3]).result(timeout=90) == 6
+        # Dask's own collections run there too, through .compute() and client.compute.
+        total = da.ones(100, chunks=10).sum()
+        assert total.compute() == 100
+        assert client.compute(total).result(timeout=60) == 100
         (worker,) = client.scheduler_info()["workers"].values()
         job = str(worker["name"]).removeprefix("slurm-")
         assert slurm.state(job) == "RUNNING"
