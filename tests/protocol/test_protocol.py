@@ -182,6 +182,8 @@ SAMPLES: list[m.Message] = [
         [{"options": [{"gpu": 10_000}], "count": 3, "restricted": False}],
         [{"name": "w", "address": "tcp://10.0.0.1:4000", "running": 0, "leaving": False}],
     ),
+    m.StatusRequest(8, 120, 3, 5_000),
+    m.StatusReply(8, {"version": 1, "tasks": {"queued": 2}, "stream": {"seq": 0, "items": []}}),
 ]
 
 
@@ -388,8 +390,8 @@ def test_format_address_round_trips(host: str, port: int) -> None:
     [
         ([m.ReleaseKeys.TAG, [1, 2]], "ReleaseKeys.keys"),
         ([m.ReleaseKeys.TAG, [["nested"]]], "ReleaseKeys.keys"),
-        ([m.TaskFinished.TAG, "k", "many", 0.1, "int"], "TaskFinished.nbytes"),
-        ([m.TaskFinished.TAG, "k", True, 0.1, "int"], "TaskFinished.nbytes"),
+        ([m.TaskFinished.TAG, "k", "many", 0.1, "int", 0], "TaskFinished.nbytes"),
+        ([m.TaskFinished.TAG, "k", True, 0.1, "int", 0], "TaskFinished.nbytes"),
         ([m.CancelKeys.TAG, "not-a-list"], "CancelKeys.keys"),
         ([m.SubmitTasks.TAG, [["k", "f", b"", [], {"GPU": "1"}, 0, 0, []]], {}, []], "tasks"),
         (

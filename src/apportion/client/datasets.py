@@ -165,6 +165,18 @@ class SharedData(CallModes):
             lambda reply: {"queued": reply.queued, "workers": reply.workers},
         )
 
+    def cluster_status(
+        self, stream_since: int = 0, events_since: int = 0, stream_limit: int = 5_000
+    ) -> Any:
+        """The cluster's status as the dashboard shows it (``scheduler.status``): pools
+        per worker with the tasks holding each unit, tasks by state and group, the
+        waiting requests with why they wait, and the task stream's executions and
+        the scheduler's warnings numbered after ``stream_since`` and ``events_since``."""
+        return self._ask(
+            lambda rid: m.StatusRequest(rid, stream_since, events_since, stream_limit),
+            lambda reply: reply.status,
+        )
+
     def _facts(self, then: Callable[[Any], Any]) -> Any:
         return self._ask(lambda rid: m.ClusterFactsRequest(rid), then)
 

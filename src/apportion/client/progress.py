@@ -13,7 +13,6 @@ Counts come from done-callbacks, not from polling every future, so a bar over
 from __future__ import annotations
 
 import importlib.util
-import re
 import sys
 import threading
 import time
@@ -23,26 +22,10 @@ from typing import IO, Any
 
 from apportion.client.future import FINISHED, Future
 from apportion.client.waiting import futures_of
+from apportion.core.groups import group_of
 
 #: Seconds between redraws.
 DEFAULT_INTERVAL = 0.1
-
-_HASHLIKE = re.compile(r"^[0-9a-f]{8,}$")
-
-
-def group_of(key: str) -> str:
-    """The task group a key belongs to: ``"inc-3f2a..."`` -> ``"inc"``,
-    ``"('sum-aggregate-9c1d...', 0)"`` -> ``"sum-aggregate"``."""
-    text = key
-    if text.startswith("("):  # a Dask tuple key, sent as its repr
-        text = text[1:].split(",", 1)[0].strip("'\" ")
-    words = text.split("-")
-    kept = [words[0]]
-    for word in words[1:]:
-        if not word.isalpha() or _HASHLIKE.match(word):
-            break
-        kept.append(word)
-    return "-".join(kept) or "other"
 
 
 class Tally:

@@ -21,7 +21,7 @@ from apportion.core.payload import Pickled
 
 #: Bumped whenever a message changes shape. Peers with another version are refused
 #: in the handshake, naming both versions, instead of failing later on a bad field.
-PROTOCOL_VERSION = 11
+PROTOCOL_VERSION = 12
 
 
 class Message:
@@ -352,6 +352,7 @@ class TaskFinished(Message):
     nbytes: int
     duration: float  #: seconds spent executing, used to size the pipeline
     type_name: str
+    thread: int = 0  #: which of the worker's threads ran it (the task stream's row)
 
 
 @message
@@ -360,6 +361,7 @@ class TaskRaised(Message):
     exception: Pickled
     traceback: Pickled
     duration: float
+    thread: int = 0  #: which of the worker's threads ran it (the task stream's row)
 
 
 @message
@@ -532,6 +534,9 @@ class Heartbeat(Message):
     #: 1 while paused for its memory (it starts nothing new), else 0; an int
     #: because the wire has no booleans.
     paused: int = 0
+    cpu: float = 0.0  #: CPU use of the worker process since the last heartbeat, % of a core
+    received: int = 0  #: bytes of results fetched from peers since the worker started
+    sent: int = 0  #: bytes of results served to peers since the worker started
 
 
 @message
@@ -1240,3 +1245,20 @@ class DemandReply(Message):
     request_id: int
     queued: list[dict[str, Any]]
     workers: list[dict[str, Any]]
+
+
+@message
+class StatusRequest(Message):
+    """Client -> scheduler: the cluster's status (``scheduler/status.py``), with the
+    task stream's executions and the warnings that came after the given numbers."""
+
+    request_id: int
+    stream_since: int
+    events_since: int
+    stream_limit: int
+
+
+@message
+class StatusReply(Message):
+    request_id: int
+    status: dict[str, Any]

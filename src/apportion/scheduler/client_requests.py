@@ -26,6 +26,8 @@ from apportion.scheduler.records import (
     Restriction,
     TaskRecord,
 )
+from apportion.scheduler.status import status
+from apportion.scheduler.telemetry import STREAM_SIZE
 from apportion.scheduler.unsatisfiable import (
     check_satisfiable,
     satisfiable,
@@ -237,6 +239,14 @@ def info(state: SchedulerCore, client: ClientRecord, msg: m.InfoRequest) -> None
 def waiting_demand(state: SchedulerCore, client: ClientRecord, msg: m.DemandRequest) -> None:
     queued, workers = demand(state)
     state.reply(client.id, m.DemandReply(msg.request_id, queued, workers))
+
+
+def cluster_status(state: SchedulerCore, client: ClientRecord, msg: m.StatusRequest) -> None:
+    limit = max(0, min(msg.stream_limit, STREAM_SIZE))
+    built = status(
+        state, stream_since=msg.stream_since, events_since=msg.events_since, stream_limit=limit
+    )
+    state.reply(client.id, m.StatusReply(msg.request_id, built))
 
 
 def story(state: SchedulerCore, client: ClientRecord, msg: m.StoryRequest) -> None:

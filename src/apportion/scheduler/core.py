@@ -76,6 +76,7 @@ from apportion.scheduler.records import (
     TaskRecord,
     WorkerRecord,
 )
+from apportion.scheduler.telemetry import Telemetry
 
 #: The task's own key was never computed: scattered data cannot be recomputed.
 SCATTERED = ""
@@ -143,6 +144,8 @@ class SchedulerCore:
         self.shared = SharedBook()
         #: Locks, semaphores, variables, queues, events, topics (``coordination.py``).
         self.coordination = CoordinationBook()
+        #: Counts kept as things happen, for the views (``telemetry.py``).
+        self.telemetry = Telemetry()
         self.now = 0.0
         self._seq = 0
         self._out: list[Command] = []
@@ -211,8 +214,9 @@ class SchedulerCore:
         self._out.append(Reply(client_id, message))
 
     def warn(self, text: str) -> None:
-        """Log a warning (the service's logger)."""
+        """Log a warning (the service's logger); the dashboard lists it too."""
         self._out.append(Log("warning", text))
+        self.telemetry.warned(self.now, "warning", text)
 
     def log_info(self, text: str) -> None:
         """Log for information (the service's logger)."""
@@ -233,6 +237,7 @@ class SchedulerCore:
         if self.served_directly and task.state == MEMORY:
             self.served_directly.discard(task.key)  # the mark is the result's, not the task's
         self.log.append((self.now, task.key, task.state, new, cause))
+        self.telemetry.moved(task, task.state, new)
         task.state = new
 
     def enqueue(self, task: TaskRecord, cause: str) -> None:

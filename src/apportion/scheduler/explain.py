@@ -47,12 +47,6 @@ def explain(state: SchedulerCore, key: str) -> str:
         kind, detail, _ = task.error
         text = detail if isinstance(detail, str) else "the task raised an exception"
         return f"failed ({kind}): {text}"
-    return _explain_queued(state, task)
-
-
-def _explain_queued(state: SchedulerCore, task: TaskRecord) -> str:
-    if not state.workers:
-        return "queued: no workers are connected"
     ahead = sum(
         1
         for _, _, k in state.ready.get(task.signature, ())
@@ -60,6 +54,16 @@ def _explain_queued(state: SchedulerCore, task: TaskRecord) -> str:
         and state.tasks[k].state == QUEUED
         and state.tasks[k].order() < task.order()
     )
+    return why_queued(state, task, ahead)
+
+
+def why_queued(state: SchedulerCore, task: TaskRecord, ahead: int = 0) -> str:
+    """Why QUEUED ``task`` does not start, ``ahead`` older tasks of its kind before it.
+
+    Without ``ahead``, the answer for the first of its kind (what the status lists),
+    at no cost per queued task."""
+    if not state.workers:
+        return "queued: no workers are connected"
     queue = f" ({ahead} older ready tasks with the same request are ahead of it)" if ahead else ""
     if not task.resources and not task.variants and task.restriction is None:
         slots = sum(w.nthreads for w in state.workers.values())

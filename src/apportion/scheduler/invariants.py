@@ -33,6 +33,7 @@ def check_invariants(state: SchedulerCore) -> None:
     _check_reservations(state)
     _check_restrictions(state)
     _check_memory_verdicts(state)
+    _check_telemetry(state)
     check_book(state)
     check_coordination(state)
 
@@ -188,3 +189,21 @@ def _check_memory_verdicts(state: SchedulerCore) -> None:
     for key in state.served_directly:
         task = state.tasks.get(key)
         assert task is not None and task.state == MEMORY, f"{key}: marked served, not in memory"
+
+
+def _check_telemetry(state: SchedulerCore) -> None:
+    """The counts the views read match the records they count."""
+    by_group: Counter[tuple[str | None, str]] = Counter()
+    kinds: Counter[object] = Counter()
+    for task in state.tasks.values():
+        by_group[(task.group, task.state)] += 1
+        if task.state == QUEUED:
+            kinds[task.signature] += 1
+    counted: Counter[tuple[str | None, str]] = Counter()
+    for name, tally in state.telemetry.groups.items():
+        assert tally.live == sum(tally.states.values()), f"group {name} miscounts its records"
+        for task_state, n in tally.states.items():
+            if n:
+                counted[(name, task_state)] = n
+    assert counted == by_group, f"group counts {dict(counted)} != records {dict(by_group)}"
+    assert Counter(state.telemetry.queued_kinds) == kinds, "queued counts by kind are off"

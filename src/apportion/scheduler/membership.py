@@ -135,10 +135,11 @@ def remove_worker(state: SchedulerCore, worker_id: str, how: str) -> None:
     worker = state.workers.pop(worker_id, None)
     if worker is None:
         return
+    state.telemetry.worker_left(worker)
     crashed = worker.leaving is None
     served = out_of_memory.served_by(state, worker) if crashed else []
     if crashed:
-        state.emit(Log("warning", f"lost worker {worker.name} ({worker.address}): {how}"))
+        state.warn(f"lost worker {worker.name} ({worker.address}): {how}")
     else:
         state.emit(Log("info", f"worker {worker.name} closed ({worker.leaving})"))
     if worker.reserved_by is not None:
@@ -202,6 +203,7 @@ def _fail_poisoned(state: SchedulerCore, task: TaskRecord) -> None:
     if all(_of_memory(state, name, pid, near) for name, pid, _, near in seen):
         # Still a crash (Dask's KilledWorker), but the user needs to hear what to do.
         text += f". Each of them ran out of memory. {out_of_memory.ADVICE}"
+    state.warn(text)
     state.fail(task, ("crashed", text, b""), "too many worker deaths")
 
 
@@ -222,7 +224,7 @@ def death_report(state: SchedulerCore, event: WorkerDeathReport) -> None:
     state.death_causes[(report.name, report.pid)] = report
     while len(state.death_causes) > MAX_DEATH_CAUSES:
         del state.death_causes[next(iter(state.death_causes))]
-    state.emit(Log("warning", f"worker {report.name} (pid {report.pid}) {report.description}"))
+    state.warn(f"worker {report.name} (pid {report.pid}) {report.description}")
     _settle_verdicts(state)
     out_of_memory.death_reported(state, report)
 

@@ -165,6 +165,7 @@ class TaskRecord:
         "discard_result",
         "error",
         "func_id",
+        "group",
         "key",
         "lineage",
         "missing_deps",
@@ -243,6 +244,9 @@ class TaskRecord:
         self.error: tuple[str, Pickled | str, Pickled] | None = None
         #: The worker this task holds a reservation on while it cannot fit anywhere.
         self.reserved_on: str | None = None
+        #: Its task group's name (``core.groups``), shared with its siblings; set the
+        #: first time it moves (``Telemetry.moved``).
+        self.group: str | None = None
         #: Set when the worker was told to drop the result of this running task.
         self.discard_result = False
         self.cancelled = False
@@ -272,6 +276,7 @@ class WorkerRecord:
         "address",
         "aliases",
         "avg_duration",
+        "cpu",
         "draining",
         "functions",
         "handoff",
@@ -288,10 +293,12 @@ class WorkerRecord:
         "paused",
         "pid",
         "processing",
+        "received",
         "rejoined",
         "rejoining",
         "reserved_by",
         "seceded",
+        "sent",
         "spilled",
         "supervisor",
     )
@@ -348,6 +355,11 @@ class WorkerRecord:
         self.paused = False
         #: Bytes of results it spilled to disk, at its last heartbeat.
         self.spilled = 0
+        #: CPU use of the worker process at its last heartbeat, percent of one core.
+        self.cpu = 0.0
+        #: Bytes of results it fetched from peers and served to them, since it started.
+        self.received = 0
+        self.sent = 0
         #: pid of the supervisor that will report how this process ended (0: none).
         self.supervisor = 0
         #: Set by ``WorkerDraining``: finish what runs here, hand results off, then go.

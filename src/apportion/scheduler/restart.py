@@ -115,7 +115,8 @@ def _drop_datasets(state: SchedulerCore) -> None:
 def _forget_tasks(state: SchedulerCore, kept: set[str]) -> None:
     """Every task but ``kept`` leaves the table, with everything said about it."""
     for key in [k for k in state.tasks if k not in kept]:
-        del state.tasks[key]
+        task = state.tasks.pop(key)
+        state.telemetry.moved(task, task.state, FORGOTTEN)
     users: dict[str, int] = defaultdict(int)
     for task in state.tasks.values():
         users[task.func_id] += 1

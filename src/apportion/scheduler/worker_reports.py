@@ -33,6 +33,8 @@ def running_task(state: SchedulerCore, worker: WorkerRecord, key: str) -> TaskRe
 
 def task_finished(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskFinished) -> None:
     allocation = state.tasks[msg.key].allocation if msg.key in state.tasks else None
+    if msg.key in state.tasks:  # before ``running_task`` gives its resources back
+        _executed(state, worker, state.tasks[msg.key], msg.thread, msg.duration, True)
     task = running_task(state, worker, msg.key)
     if task is None:
         return
@@ -48,7 +50,22 @@ def task_finished(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskFinishe
     state.complete(task, worker, msg.nbytes, f"finished on {worker.name}")
 
 
+def _executed(
+    state: SchedulerCore,
+    worker: WorkerRecord,
+    task: TaskRecord,
+    thread: int,
+    duration: float,
+    ok: bool,
+) -> None:
+    """Draw the run on the task stream, if it is the one the scheduler started here."""
+    if task.state == PROCESSING and task.worker == worker.id:
+        state.telemetry.executed(task, worker, thread, duration, state.now, ok)
+
+
 def task_raised(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskRaised) -> None:
+    if msg.key in state.tasks:
+        _executed(state, worker, state.tasks[msg.key], msg.thread, msg.duration, False)
     task = running_task(state, worker, msg.key)
     if task is None:
         return
@@ -92,6 +109,9 @@ def heartbeat(state: SchedulerCore, worker: WorkerRecord, msg: m.Heartbeat) -> N
     """
     worker.memory = msg.memory
     worker.spilled = msg.spilled
+    worker.cpu = msg.cpu
+    worker.received = msg.received
+    worker.sent = msg.sent
     paused = bool(msg.paused)
     if worker.paused and not paused:
         state.placement_due = True

@@ -178,11 +178,13 @@ class SimulatedCluster:
     def worker_says(self, worker_id: str, *messages: m.Message) -> None:
         self.handle(FromWorker(worker_id, list(messages), self.now))
 
-    def finish(self, key: str, *, nbytes: int = 8, duration: float = 0.001) -> None:
-        """The worker running ``key`` reports success."""
+    def finish(
+        self, key: str, *, nbytes: int = 8, duration: float = 0.001, thread: int = 0
+    ) -> None:
+        """The worker running ``key`` reports success (run by its thread ``thread``)."""
         worker_id = self.worker_of(key)
         del self.running[worker_id][key]
-        msg = m.TaskFinished(key, nbytes, duration, "int")
+        msg = m.TaskFinished(key, nbytes, duration, "int", thread)
         self.handle(FromWorker(worker_id, [msg], self.now))
 
     def raise_(self, key: str, exception: bytes = b"exc", traceback: bytes = b"tb") -> None:

@@ -1,0 +1,255 @@
+"""What the scheduler has seen happen, counted as it happens: the facts behind the
+dashboard, ``apportion status``, ``/metrics`` and ``performance_report``.
+
+Every view of the cluster must cost nothing per queued task when it is read, so
+that a page open on 100,000 queued tasks stays live: whatever would need a pass
+over every record is counted here instead, by the core as tasks move
+(``SchedulerCore.move``), finish (``worker_reports``) and warn (``SchedulerCore.warn``).
+That costs a few dictionary updates per transition, paid whether or not anybody
+looks; everything else a view shows is read from the records it already bounds
+(workers, running tasks, queue heads).
+
+Pure: no clock, no I/O; times are the scheduler's (``state.now``).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import OrderedDict, deque
+from typing import NamedTuple
+
+from apportion.core.groups import group_of
+from apportion.core.resources import Amounts, Units
+from apportion.scheduler.records import (
+    ERRED,
+    FORGOTTEN,
+    MEMORY,
+    NEW,
+    PROCESSING,
+    QUEUED,
+    RELEASED,
+    WAITING,
+    QueueKey,
+    TaskRecord,
+    WorkerRecord,
+)
+
+#: The states a live task record can be in, in the order views show them.
+LIVE_STATES = (WAITING, QUEUED, PROCESSING, MEMORY, ERRED, RELEASED)
+
+#: Finished executions kept for the task stream and ``performance_report``.
+STREAM_SIZE = 50_000
+#: Warnings kept for the dashboard's event list.
+EVENTS_SIZE = 1_000
+#: Groups whose tasks are all forgotten kept (with what they did) before the oldest go.
+FINISHED_GROUPS = 100
+#: Groups with a duration histogram of their own; later groups count under "other",
+#: so that keys without a shared prefix cannot grow the metrics without bound.
+HISTOGRAM_GROUPS = 100
+
+#: Upper bounds (seconds) of the task-duration histogram's buckets; +Inf follows.
+DURATION_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0, 3600.0)
+
+
+class Execution(NamedTuple):
+    """One task's run on a worker, as the task stream draws it."""
+
+    seq: int  #: increasing: a view asks for what came after the last one it saw
+    worker: str  #: the worker's address
+    thread: int  #: which of its threads ran it (0 .. nthreads-1, higher if seceded)
+    key: str
+    group: str
+    start: float  #: scheduler time: the report's arrival less the run's duration
+    stop: float  #: scheduler time the report arrived
+    ok: bool  #: False: it raised
+    resources: Amounts  #: what it held while it ran
+    units: Units  #: the units of indexed pools it held
+
+
+class Event(NamedTuple):
+    """A warning the scheduler gave, as the dashboard lists it."""
+
+    seq: int
+    time: float
+    level: str
+    text: str
+
+
+class Histogram:
+    """Cumulative counts per bucket, with the sum and count (Prometheus's shape)."""
+
+    __slots__ = ("buckets", "count", "sum")
+
+    def __init__(self) -> None:
+        #: buckets[i]: observations <= DURATION_BUCKETS[i]; the last one is +Inf.
+        self.buckets = [0] * (len(DURATION_BUCKETS) + 1)
+        self.count = 0
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        # Non-cumulative here (one increment per observation); ``cumulative`` sums.
+        self.buckets[bisect_left(DURATION_BUCKETS, value)] += 1
+        self.count += 1
+        self.sum += value
+
+    def cumulative(self) -> list[int]:
+        """Counts of observations at or below each bound, then the total (+Inf)."""
+        out, running = [], 0
+        for n in self.buckets:
+            running += n
+            out.append(running)
+        return out
+
+
+class GroupTally:
+    """One task group: its live records by state, and what its tasks did."""
+
+    __slots__ = ("done", "failed", "live", "states")
+
+    def __init__(self) -> None:
+        #: Live records of the group by state (LIVE_STATES); sums to ``live``.
+        self.states = dict.fromkeys(LIVE_STATES, 0)
+        self.live = 0
+        #: Executions that finished (a recomputed task counts again) and failures.
+        self.done = 0
+        self.failed = 0
+
+
+class Telemetry:
+    """Counters kept by the core as things happen (see the module)."""
+
+    def __init__(self) -> None:
+        #: Groups with live records, by name; a group whose records are all forgotten
+        #: moves to ``finished_groups``, the oldest of which are dropped.
+        self.groups: dict[str, GroupTally] = {}
+        self.finished_groups: OrderedDict[str, GroupTally] = OrderedDict()
+        #: Group names as stored on task records: one string per group, not per task.
+        self._names: dict[str, str] = {}
+        #: QUEUED tasks by kind of request (their queue key), for the pending view.
+        self.queued_kinds: dict[QueueKey, int] = {}
+        self.stream: deque[Execution] = deque(maxlen=STREAM_SIZE)
+        self.stream_seq = 0
+        self.events: deque[Event] = deque(maxlen=EVENTS_SIZE)
+        self.events_seq = 0
+        #: Every execution's duration, and per group (up to HISTOGRAM_GROUPS of them).
+        self.durations = Histogram()
+        self.group_durations: dict[str, Histogram] = {}
+        #: Bytes workers that have left had received from and sent to their peers, so
+        #: that the cluster's totals never go down.
+        self.received_by_departed = 0
+        self.sent_by_departed = 0
+
+    # --- kept by the core ----------------------------------------------------------
+
+    def moved(self, task: TaskRecord, old: str, new: str) -> None:
+        """``task`` moves from ``old`` to ``new`` (``SchedulerCore.move``)."""
+        tally = self._tally(task)
+        states = tally.states
+        if old == QUEUED or new == QUEUED:
+            self._queued(task.signature, old, new)
+        if old == NEW:
+            tally.live += 1
+        else:
+            states[old] -= 1
+        if new == FORGOTTEN:
+            tally.live -= 1
+            if not tally.live:
+                self._retire(task.group)
+            return
+        states[new] += 1
+        if new == MEMORY and old == PROCESSING:
+            tally.done += 1
+        elif new == ERRED:
+            tally.failed += 1
+
+    def _queued(self, kind: QueueKey, old: str, new: str) -> None:
+        kinds = self.queued_kinds
+        if old == QUEUED:
+            left = kinds[kind] - 1
+            if left:
+                kinds[kind] = left
+            else:
+                del kinds[kind]
+        if new == QUEUED:
+            kinds[kind] = kinds.get(kind, 0) + 1
+
+    def _tally(self, task: TaskRecord) -> GroupTally:
+        group = task.group
+        if group is None:
+            name = group_of(task.key)
+            group = task.group = self._names.setdefault(name, name)
+        tally = self.groups.get(group)
+        if tally is None:
+            tally = self.finished_groups.pop(group, None) or GroupTally()
+            self.groups[group] = tally
+        return tally
+
+    def _retire(self, group: str | None) -> None:
+        if group is None:
+            return
+        tally = self.groups.pop(group)
+        self.finished_groups[group] = tally
+        while len(self.finished_groups) > FINISHED_GROUPS:
+            gone, _ = self.finished_groups.popitem(last=False)
+            self._names.pop(gone, None)
+
+    def executed(
+        self,
+        task: TaskRecord,
+        worker: WorkerRecord,
+        thread: int,
+        duration: float,
+        now: float,
+        ok: bool,
+    ) -> None:
+        """``worker`` reported ``task`` finished (``ok``) or raised, ``duration`` in."""
+        allocation = task.allocation
+        self.stream_seq += 1
+        group = task.group or group_of(task.key)
+        self.stream.append(
+            Execution(
+                self.stream_seq,
+                worker.address,
+                thread,
+                task.key,
+                group,
+                now - duration,
+                now,
+                ok,
+                allocation.resources if allocation is not None else {},
+                allocation.units if allocation is not None else {},
+            )
+        )
+        self.durations.observe(duration)
+        histogram = self.group_durations.get(group)
+        if histogram is None:
+            if len(self.group_durations) >= HISTOGRAM_GROUPS:
+                group = "other"
+            histogram = self.group_durations.setdefault(group, Histogram())
+        histogram.observe(duration)
+
+    def warned(self, now: float, level: str, text: str) -> None:
+        """The scheduler logged a warning: the dashboard lists it."""
+        self.events_seq += 1
+        self.events.append(Event(self.events_seq, now, level, text))
+
+    def worker_left(self, worker: WorkerRecord) -> None:
+        """Keep what ``worker`` moved in the totals after its record is gone."""
+        self.received_by_departed += worker.received
+        self.sent_by_departed += worker.sent
+
+    # --- read by views ---------------------------------------------------------------
+
+    def stream_since(self, seq: int, limit: int) -> list[Execution]:
+        """The executions after ``seq``, at most the last ``limit`` of them."""
+        stream = self.stream
+        if not stream or stream[-1].seq <= seq:
+            return []
+        # Seqs are consecutive within the deque: index arithmetic, not a scan.
+        first = max(seq + 1, stream[-1].seq - limit + 1, stream[0].seq)
+        start = first - stream[0].seq
+        return [stream[i] for i in range(start, len(stream))]
+
+    def events_since(self, seq: int) -> list[Event]:
+        """The warnings after ``seq``, oldest first."""
+        return [event for event in self.events if event.seq > seq]
