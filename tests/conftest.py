@@ -10,6 +10,9 @@ import pytest
 
 from cli_processes import Processes
 
+# headless_chromium and browser_page, for the tests that drive a web page.
+pytest_plugins = ["browser"]
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _apportion_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
