@@ -196,7 +196,7 @@ def _check_telemetry(state: SchedulerCore) -> None:
     by_group: Counter[tuple[str | None, str]] = Counter()
     kinds: Counter[object] = Counter()
     for task in state.tasks.values():
-        by_group[(task.group, task.state)] += 1
+        by_group[(task.group.name if task.group else None, task.state)] += 1
         if task.state == QUEUED:
             kinds[task.signature] += 1
     counted: Counter[tuple[str | None, str]] = Counter()

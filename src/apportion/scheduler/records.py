@@ -8,12 +8,15 @@ stated on the fields and checked by ``scheduler.invariants.check_invariants``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from apportion.core.allocation import Allocation
 from apportion.core.ledger import Ledger
 from apportion.core.payload import Pickled
 from apportion.core.resources import Amounts, Units
+
+if TYPE_CHECKING:
+    from apportion.scheduler.telemetry import GroupTally
 
 #: Shared by every plain task, so 100,000 of them do not hold 100,000 empty dicts.
 NO_RESOURCES: Amounts = {}
@@ -244,9 +247,9 @@ class TaskRecord:
         self.error: tuple[str, Pickled | str, Pickled] | None = None
         #: The worker this task holds a reservation on while it cannot fit anywhere.
         self.reserved_on: str | None = None
-        #: Its task group's name (``core.groups``), shared with its siblings; set the
-        #: first time it moves (``Telemetry.moved``).
-        self.group: str | None = None
+        #: Its task group's counts (``telemetry.GroupTally``, named by ``core.groups``),
+        #: shared with its siblings; set the first time it moves (``Telemetry.moved``).
+        self.group: GroupTally | None = None
         #: Set when the worker was told to drop the result of this running task.
         self.discard_result = False
         self.cancelled = False

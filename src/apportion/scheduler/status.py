@@ -213,7 +213,8 @@ def _pool(
 def _running(task: TaskRecord) -> dict[str, Any]:
     allocation = task.allocation
     held = describe_resources(allocation.resources, allocation.units) if allocation else ""
-    return {"key": task.key, "group": task.group, "holding": held}
+    group = task.group.name if task.group is not None else ""
+    return {"key": task.key, "group": group, "holding": held}
 
 
 def _groups(live: dict[str, GroupTally], finished: dict[str, GroupTally]) -> list[dict[str, Any]]:

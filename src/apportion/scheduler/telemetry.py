@@ -25,6 +25,7 @@ from apportion.scheduler.records import (
     FORGOTTEN,
     MEMORY,
     NEW,
+    NO_RESOURCES,
     PROCESSING,
     QUEUED,
     RELEASED,
@@ -47,8 +48,17 @@ FINISHED_GROUPS = 100
 #: so that keys without a shared prefix cannot grow the metrics without bound.
 HISTOGRAM_GROUPS = 100
 
+#: Key stems whose group is remembered; the memory is cleared past this many.
+MAX_STEMS = 10_000
+
 #: Upper bounds (seconds) of the task-duration histogram's buckets; +Inf follows.
 DURATION_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0, 3600.0)
+
+
+_new_tuple = tuple.__new__
+
+#: What an execution without indexed pools held: one shared empty mapping.
+NO_UNITS: Units = {}
 
 
 class Execution(NamedTuple):
@@ -102,17 +112,23 @@ class Histogram:
 
 
 class GroupTally:
-    """One task group: its live records by state, and what its tasks did."""
+    """One task group: its live records by state, and what its tasks did.
 
-    __slots__ = ("done", "failed", "live", "states")
+    Task records point at their group's tally (``TaskRecord.group``), so counting a
+    move costs no lookup."""
 
-    def __init__(self) -> None:
+    __slots__ = ("done", "durations", "failed", "live", "name", "states")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
         #: Live records of the group by state (LIVE_STATES); sums to ``live``.
         self.states = dict.fromkeys(LIVE_STATES, 0)
         self.live = 0
         #: Executions that finished (a recomputed task counts again) and failures.
         self.done = 0
         self.failed = 0
+        #: Its tasks' run times, or the shared "other" histogram past HISTOGRAM_GROUPS.
+        self.durations: Histogram | None = None
 
 
 class Telemetry:
@@ -123,16 +139,16 @@ class Telemetry:
         #: moves to ``finished_groups``, the oldest of which are dropped.
         self.groups: dict[str, GroupTally] = {}
         self.finished_groups: OrderedDict[str, GroupTally] = OrderedDict()
-        #: Group names as stored on task records: one string per group, not per task.
-        self._names: dict[str, str] = {}
+        #: Group names by key stem (the key without its last ``-`` part when that is
+        #: not a word): ``group_of`` runs once per stem, not once per task.
+        self._stems: dict[str, str] = {}
         #: QUEUED tasks by kind of request (their queue key), for the pending view.
         self.queued_kinds: dict[QueueKey, int] = {}
         self.stream: deque[Execution] = deque(maxlen=STREAM_SIZE)
         self.stream_seq = 0
         self.events: deque[Event] = deque(maxlen=EVENTS_SIZE)
         self.events_seq = 0
-        #: Every execution's duration, and per group (up to HISTOGRAM_GROUPS of them).
-        self.durations = Histogram()
+        #: Run times per group (up to HISTOGRAM_GROUPS of them, then "other").
         self.group_durations: dict[str, Histogram] = {}
         #: Bytes workers that have left had received from and sent to their peers, so
         #: that the cluster's totals never go down.
@@ -143,20 +159,21 @@ class Telemetry:
 
     def moved(self, task: TaskRecord, old: str, new: str) -> None:
         """``task`` moves from ``old`` to ``new`` (``SchedulerCore.move``)."""
-        tally = self._tally(task)
-        states = tally.states
+        tally = task.group
+        if tally is None:
+            tally = task.group = self._tally(task.key)
         if old == QUEUED or new == QUEUED:
             self._queued(task.signature, old, new)
         if old == NEW:
             tally.live += 1
         else:
-            states[old] -= 1
+            tally.states[old] -= 1
         if new == FORGOTTEN:
             tally.live -= 1
             if not tally.live:
-                self._retire(task.group)
+                self._retire(tally)
             return
-        states[new] += 1
+        tally.states[new] += 1
         if new == MEMORY and old == PROCESSING:
             tally.done += 1
         elif new == ERRED:
@@ -173,25 +190,34 @@ class Telemetry:
         if new == QUEUED:
             kinds[kind] = kinds.get(kind, 0) + 1
 
-    def _tally(self, task: TaskRecord) -> GroupTally:
-        group = task.group
-        if group is None:
-            name = group_of(task.key)
-            group = task.group = self._names.setdefault(name, name)
-        tally = self.groups.get(group)
+    def _tally(self, key: str) -> GroupTally:
+        name = self._group_name(key)
+        tally = self.groups.get(name)
         if tally is None:
-            tally = self.finished_groups.pop(group, None) or GroupTally()
-            self.groups[group] = tally
+            tally = self.finished_groups.pop(name, None) or GroupTally(name)
+            self.groups[name] = tally
         return tally
 
-    def _retire(self, group: str | None) -> None:
-        if group is None:
-            return
-        tally = self.groups.pop(group)
-        self.finished_groups[group] = tally
+    def _group_name(self, key: str) -> str:
+        """``group_of(key)``, computed once per stem (see ``_stems``)."""
+        if key.startswith("("):
+            stem = key.partition(",")[0]  # a tuple key: its name decides
+        else:
+            stem, _, last = key.rpartition("-")
+            if not stem or last.isalpha():  # a word: part of the name, or not
+                return group_of(key)
+        name = self._stems.get(stem)
+        if name is None:
+            if len(self._stems) >= MAX_STEMS:
+                self._stems.clear()
+            name = self._stems[stem] = group_of(key)
+        return name
+
+    def _retire(self, tally: GroupTally) -> None:
+        del self.groups[tally.name]
+        self.finished_groups[tally.name] = tally
         while len(self.finished_groups) > FINISHED_GROUPS:
-            gone, _ = self.finished_groups.popitem(last=False)
-            self._names.pop(gone, None)
+            self.finished_groups.popitem(last=False)
 
     def executed(
         self,
@@ -203,29 +229,34 @@ class Telemetry:
         ok: bool,
     ) -> None:
         """``worker`` reported ``task`` finished (``ok``) or raised, ``duration`` in."""
+        tally = task.group
+        if tally is None:  # cannot be: it moved to PROCESSING; kept total all the same
+            tally = task.group = self._tally(task.key)
         allocation = task.allocation
         self.stream_seq += 1
-        group = task.group or group_of(task.key)
+        # tuple.__new__ rather than Execution(...): a NamedTuple's own constructor is
+        # a Python function, several times slower, and this runs once per task.
         self.stream.append(
-            Execution(
-                self.stream_seq,
-                worker.address,
-                thread,
-                task.key,
-                group,
-                now - duration,
-                now,
-                ok,
-                allocation.resources if allocation is not None else {},
-                allocation.units if allocation is not None else {},
+            _new_tuple(
+                Execution,
+                (
+                    self.stream_seq,
+                    worker.address,
+                    thread,
+                    task.key,
+                    tally.name,
+                    now - duration,
+                    now,
+                    ok,
+                    allocation.resources if allocation is not None else NO_RESOURCES,
+                    allocation.units if allocation is not None else NO_UNITS,
+                ),
             )
         )
-        self.durations.observe(duration)
-        histogram = self.group_durations.get(group)
+        histogram = tally.durations
         if histogram is None:
-            if len(self.group_durations) >= HISTOGRAM_GROUPS:
-                group = "other"
-            histogram = self.group_durations.setdefault(group, Histogram())
+            name = tally.name if len(self.group_durations) < HISTOGRAM_GROUPS else "other"
+            histogram = tally.durations = self.group_durations.setdefault(name, Histogram())
         histogram.observe(duration)
 
     def warned(self, now: float, level: str, text: str) -> None:
@@ -237,6 +268,15 @@ class Telemetry:
         """Keep what ``worker`` moved in the totals after its record is gone."""
         self.received_by_departed += worker.received
         self.sent_by_departed += worker.sent
+
+    def all_durations(self) -> Histogram:
+        """Every execution's run time: the groups' histograms added up."""
+        total = Histogram()
+        for histogram in self.group_durations.values():
+            total.count += histogram.count
+            total.sum += histogram.sum
+            total.buckets = [a + b for a, b in zip(total.buckets, histogram.buckets, strict=True)]
+        return total
 
     # --- read by views ---------------------------------------------------------------
 
