@@ -83,7 +83,7 @@ def announced_address(proc: subprocess.Popen[bytes], log: Path, timeout: float =
     """The address a starting ``apportion scheduler`` announces in its log."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
-        found = re.search(r"apportion scheduler at ((?:tcp|tls)://\S+)", log.read_text())
+        found = re.search(r"apportion scheduler at ((?:tcp|tls)://[^\s\"]+)", log.read_text())
         if found:
             return found.group(1)
         time.sleep(0.02)

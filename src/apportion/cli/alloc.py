@@ -25,6 +25,7 @@ from apportion.cli.credentials import (
     scheduler_file_option,
     scheduler_file_path,
 )
+from apportion.cli.log_options import announce, log_format_option
 from apportion.cli.worker import check_resources
 from apportion.log_setup import configure_logging
 from apportion.net.security import AuthenticationError, Security
@@ -139,6 +140,7 @@ def alloc() -> None:
 )
 @click.option("--keep-jobs", is_flag=True, help="Leave the jobs running on exit.")
 @click.option("--dry-run", is_flag=True, help="Print the batch script and exit.")
+@log_format_option
 @click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def slurm(
@@ -163,6 +165,7 @@ def slurm(
     interval: float,
     keep_jobs: bool,
     dry_run: bool,
+    log_format: str,
     sbatch_args: tuple[str, ...],
 ) -> None:
     """Submit worker jobs with sbatch while waiting work fits them; cancel idle ones.
@@ -178,7 +181,7 @@ def slurm(
     from apportion.deploy.job_template import JobTemplate
     from apportion.home import private_dir
 
-    configure_logging()
+    configure_logging("alloc", log_format)
     file = scheduler_file_path(ctx)
     if file is None:
         raise click.UsageError("give --scheduler-file: the jobs' workers read it", ctx)
@@ -244,7 +247,7 @@ async def _serve(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     adaptive.start()
-    click.echo(f"apportion alloc slurm: growing the cluster at {address}", err=True)
+    announce(f"apportion alloc slurm: growing the cluster at {address}")
     try:
         await stop.wait()
     finally:

@@ -26,6 +26,7 @@ import click
 
 from apportion.cli.credentials import credential_options
 from apportion.cli.errors import check_host_option, check_port_option
+from apportion.cli.log_options import announce, log_format_option
 from apportion.cli.worker import check_resources
 from apportion.core.resources import describe_resources, parse_supply
 from apportion.log_setup import configure_logging
@@ -126,6 +127,7 @@ logger = logging.getLogger("apportion.scheduler")
     help="Listen on a non-loopback --host without TLS: anyone on the network can then "
     "read the traffic (the secret still keeps them from running code).",
 )
+@log_format_option
 @credential_options
 def scheduler(
     host: str,
@@ -140,13 +142,14 @@ def scheduler(
     nthreads: int | None,
     scheduler_file: Path | None,
     allow_plaintext: bool,
+    log_format: str,
 ) -> None:
     """Run a scheduler that workers and clients connect to.
 
     Every connection must prove it knows the cluster's secret: --token or the
     environment's, else this account's own ($APPORTION_HOME/secret, made on first use).
     The address and the secret go to --scheduler-file for the others to read."""
-    configure_logging()
+    configure_logging("scheduler", log_format)
     if (resources or nthreads) and not run_once:
         raise click.UsageError("--resources and --nthreads go with --run-once")
     if run_once and no_journal:
@@ -242,8 +245,8 @@ async def _run(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    click.echo(f"apportion scheduler at {server.address}", err=True)
-    click.echo(f"scheduler file (address and secret): {path}", err=True)
+    announce(f"apportion scheduler at {server.address}")
+    announce(f"scheduler file (address and secret): {path}")
     try:
         await stop.wait()
     finally:

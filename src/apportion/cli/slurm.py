@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from apportion.cli.errors import fail
+from apportion.cli.log_options import log_format_option
 from apportion.deploy.slurm_env import NotInAllocation
 from apportion.deploy.slurm_plan import LaunchOptions, allocation, default_scheduler_file
 from apportion.log_setup import configure_logging
@@ -64,6 +65,7 @@ from apportion.log_setup import configure_logging
     metavar="SECONDS",
     help="How long to wait for every node's workers before giving up.",
 )
+@log_format_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
 def slurm(
@@ -74,6 +76,7 @@ def slurm(
     scheduler_file: Path | None,
     drain_timeout: float,
     register_timeout: float,
+    log_format: str,
     command: tuple[str, ...],
 ) -> None:
     """Run COMMAND with a cluster on this Slurm allocation, then stop the cluster.
@@ -84,7 +87,7 @@ def slurm(
     with APPORTION_SCHEDULER_FILE set, where Client() connects. Exits with COMMAND's
     status; SIGTERM (scancel) or SIGINT stops everything first.
     """
-    configure_logging()
+    configure_logging("slurm", log_format)
     try:
         job = allocation(os.environ)
     except NotInAllocation as exc:

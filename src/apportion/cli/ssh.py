@@ -9,6 +9,7 @@ them for clients of this machine: ``Client(scheduler_file=F)`` needs nothing els
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 import threading
@@ -17,6 +18,7 @@ from types import FrameType
 
 import click
 
+from apportion.cli.log_options import announce, log_format_option
 from apportion.cli.worker import check_resources
 from apportion.deploy.hostlist import expand_nodelist, read_hostfile
 from apportion.deploy.ssh import SSHCluster
@@ -85,6 +87,7 @@ from apportion.net.scheduler_file import default_scheduler_file
     metavar="SECONDS",
     help="How long the scheduler may take to start.",
 )
+@log_format_option
 def ssh(
     hosts: tuple[str, ...],
     hostfile: Path | None,
@@ -96,6 +99,7 @@ def ssh(
     ssh_options: tuple[str, ...],
     scheduler_file: Path | None,
     timeout: float,
+    log_format: str,
 ) -> None:
     """Start a cluster over ssh: the scheduler on the first host, workers on the others
     (name a host twice for both), until Ctrl-C stops it (workers drain first).
@@ -105,7 +109,7 @@ def ssh(
     hosts that would prompt for a password or an unknown host key fail instead.
     The cluster gets fresh TLS credentials and secret, sent over the ssh channel and
     never on a command line; the remote processes stop when their connection closes."""
-    configure_logging()
+    configure_logging("ssh", log_format)
     try:
         names = _hosts(hostfile, hosts)
         options = split_ssh_options(ssh_options)
@@ -119,20 +123,19 @@ def ssh(
     try:
         path = scheduler_file or default_scheduler_file()
         cluster.write_scheduler_file(path)
-        click.echo(f"apportion ssh: scheduler at {cluster.scheduler_address}", err=True)
-        click.echo(
+        announce(f"apportion ssh: scheduler at {cluster.scheduler_address}")
+        announce(
             f"scheduler file (address, secret and TLS credentials): {path}; "
-            f"connect with Client(scheduler_file={str(path)!r})",
-            err=True,
+            f"connect with Client(scheduler_file={str(path)!r})"
         )
         stopped_by = _wait(stop)
         if stopped_by is None:
             status = 1  # the scheduler ended on its own
     except OSError as exc:
-        click.echo(f"Error: cannot write the scheduler file: {exc}", err=True)
+        announce(f"Error: cannot write the scheduler file: {exc}", logging.ERROR)
         status = 1
     finally:
-        click.echo("apportion ssh: stopping the workers, then the scheduler", err=True)
+        announce("apportion ssh: stopping the workers, then the scheduler")
         cluster.close()
     sys.exit(status)
 

@@ -31,6 +31,7 @@ from click.core import ParameterSource
 from apportion.cli.config import CONFIG_META, config_option
 from apportion.cli.credentials import scheduler_address, waiting_scheduler_file_option
 from apportion.cli.errors import check_address, check_host_option, check_port_option, fail
+from apportion.cli.log_options import log_format_option
 from apportion.core.resources import parse_resources
 from apportion.deploy.slurm_env import SLURM, grant_supply, slurm_grant
 from apportion.log_setup import configure_logging
@@ -418,6 +419,7 @@ def child_names(commands: list[list[str]]) -> list[str]:
     help="A worker started before its scheduler keeps trying to reach it for this "
     "long, then exits with status 1; 0: try once.",
 )
+@log_format_option
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -443,15 +445,18 @@ def worker(
     connect_timeout: float,
     allow_plaintext: bool,
     lifetime: float,
+    log_format: str,
 ) -> None:
     """Run a worker connected to the scheduler at SCHEDULER_ADDRESS (or the one
     --scheduler-file names)."""
-    configure_logging()
-    address = scheduler_address(ctx, given_address, wait=connect_timeout)
     try:
         limit = parse_memory_limit(memory_limit, nworkers)
     except ValueError as exc:
         fail(ctx, str(exc))
+    if supervise is None:
+        supervise = nworkers > 1 or limit > 0
+    configure_logging("supervisor" if supervise else "worker", log_format)
+    address = scheduler_address(ctx, given_address, wait=connect_timeout)
     given = {
         "target": memory_target,
         "spill": memory_spill,
@@ -481,8 +486,6 @@ def worker(
         allow_plaintext,
         lifetime,
     )
-    if supervise is None:
-        supervise = nworkers > 1 or limit > 0
     if not supervise:
         if nworkers > 1:
             fail(ctx, "--nworkers above 1 needs a supervisor; drop --no-supervisor")

@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import IO
 
-from apportion.log_setup import LEVEL_VARIABLE
+from apportion.log_setup import FORMAT_VARIABLE, LEVEL_VARIABLE
 from apportion.worker.memory_policy import Fraction
 from apportion.worker.supervisor import (
     SUPERVISOR_PID_VARIABLE,
@@ -104,6 +104,9 @@ class WorkerProcesses:
         self._env = {**worker_environment(os.environ), **credentials}
         self._env.setdefault("PYTHONUNBUFFERED", "1")
         self._env[LEVEL_VARIABLE] = logging.getLevelName(log_level)
+        # ``line_level`` reads text lines: a JSON format inherited from the user's
+        # environment would leave every line unclassified (shown, or not, by accident).
+        self._env[FORMAT_VARIABLE] = "text"
         self._env[SUPERVISOR_PID_VARIABLE] = str(os.getpid())
         self._show_from = show_from
         self.logs: dict[str, WorkerLog] = {}

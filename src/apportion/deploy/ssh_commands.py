@@ -70,8 +70,9 @@ shutil.rmtree(home, ignore_errors=True)
 sys.exit(child.returncode if child.returncode >= 0 else 128 - child.returncode)
 """
 
-#: How ``apportion scheduler`` announces itself on stderr.
-_ANNOUNCED = re.compile(r"apportion scheduler at ((?:tcp|tls)://\S+)")
+#: How ``apportion scheduler`` announces itself on stderr: a plain line, or the
+#: message of a JSON record, where the address ends at the closing quote.
+_ANNOUNCED = re.compile(r"apportion scheduler at ((?:tcp|tls)://[^\s\"]+)")
 
 
 @dataclass(frozen=True)
