@@ -9,7 +9,7 @@ from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.state import SchedulerConfig
 from apportion.scheduler.status import status
 from apportion.scheduler.telemetry import FINISHED_GROUPS, STREAM_SIZE, Histogram
-from apportion.testing import RecordingCluster
+from apportion.testing import RecordingCluster, SimulatedCluster
 
 
 def _cluster() -> RecordingCluster:
@@ -205,3 +205,17 @@ def test_the_duration_histogram_counts_each_observation_in_its_bucket() -> None:
     assert cumulative[0] == 1 and cumulative[2] == 3 and cumulative[-1] == 5
     assert cumulative == sorted(cumulative)
     assert histogram.count == 5 and histogram.sum == 0.0002 + 0.006 + 7.0 + 1e6
+
+
+def test_a_poison_task_is_an_event_naming_the_workers_it_killed() -> None:
+    sim = SimulatedCluster(SchedulerConfig(max_worker_deaths=2))
+    sim.add_client("c1")
+    sim.submit("crash")
+    for name in ("w-a", "w-b"):
+        worker = sim.add_worker(name)
+        sim.place()
+        sim.remove_worker(worker)
+    texts = [e[3] for e in status(sim.state)["events"]["items"]]
+    assert any("'crash' was running on 2 workers that died" in t for t in texts)
+    assert sum("lost worker" in t for t in texts) == 2
+    check_invariants(sim.state)
