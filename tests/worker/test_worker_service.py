@@ -383,6 +383,37 @@ def test_heartbeats_carry_executing_tasks_and_memory() -> None:
     run(scenario)
 
 
+def spin_until_released() -> int:
+    """Keep a core busy until the test has seen it in a heartbeat."""
+    STARTED.set()
+    spins = 0
+    while not RELEASE.is_set():
+        spins += 1
+    return spins
+
+
+@pytest.mark.timeout(30)
+def test_heartbeats_carry_the_process_cpu_use() -> None:
+    STARTED.clear()
+    RELEASE.clear()
+
+    async def scenario(scheduler: FakeScheduler) -> None:
+        async with Worker(scheduler.address, nthreads=1, heartbeat_interval=0.02):
+            conn, _ = await scheduler.next_worker()
+            first = await scheduler.expect(conn, Heartbeat)
+            assert first.cpu >= 0.0 and (first.received, first.sent) == (0, 0)
+            send(conn, compute("x", spin_until_released))
+            assert await asyncio.to_thread(STARTED.wait, WAIT)
+            try:
+                while (await scheduler.expect(conn, Heartbeat)).cpu <= 0.0:
+                    pass  # a heartbeat may fall within one tick of the process's CPU clock
+            finally:
+                RELEASE.set()
+            await scheduler.expect(conn, TaskFinished)
+
+    run(scenario)
+
+
 @pytest.mark.timeout(30)
 def test_worker_reconnects_forgets_its_session_and_registers_afresh(
     caplog: pytest.LogCaptureFixture,

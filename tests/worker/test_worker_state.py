@@ -300,6 +300,18 @@ def test_raised_task_is_reported(state: WorkerState) -> None:
 
 
 @pytest.mark.timeout(5)
+def test_the_thread_that_ran_a_task_is_reported_with_its_outcome(state: WorkerState) -> None:
+    state.handle(compute("x"), compute("y"))
+    commands = state.handle(ExecutionOk("x", INFO, 0.5, 2.0, thread=1))
+    assert sent(commands) == [TaskFinished("x", 8, 0.5, "int", thread=1)]
+    commands = state.handle(ExecutionRaised("y", b"exc", b"tb", 0.25, 2.0, thread=3))
+    assert sent(commands) == [TaskRaised("y", b"exc", b"tb", 0.25, thread=3)]
+    # A key held here already was not run by any thread: row 0.
+    commands = state.handle(compute("x", t=3.0))
+    assert sent(commands) == [TaskFinished("x", 8, 0.0, "int", thread=0)]
+
+
+@pytest.mark.timeout(5)
 def test_a_result_too_large_to_keep_is_reported_and_its_dependents_wait(
     state: WorkerState,
 ) -> None:

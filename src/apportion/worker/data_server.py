@@ -103,6 +103,12 @@ class DataServer:
         self._server: Listener | None = None
         self._conns: set[Connection] = set()
         self.address = ""
+        #: Bytes of results served to peers (other workers) since the server was made:
+        #: their pickled size, as ``size_of`` reads it. Not what clients fetch directly
+        #: nor what the scheduler relays to a client or copies between workers: so the
+        #: cluster's totals of ``sent`` and of ``PeerPool.received`` count the same
+        #: transfers, worker to worker.
+        self.sent = 0
 
     async def start(self) -> str:
         """Start listening; returns the address peers should use, ``tcp://host:port``
@@ -124,22 +130,25 @@ class DataServer:
             await self._server.wait_closed()
             self._server = None
 
-    async def _greet(self, conn: Connection) -> None:
-        """The handshake, offering to lend large buffers to a peer on this machine."""
+    async def _greet(self, conn: Connection) -> str:
+        """The handshake, offering to lend large buffers to a peer on this machine;
+        the role the other side connected as."""
         info = {"worker": self._name, **lending.offer()}
-        if await self._door.admit(conn, conn.peer, info) is None:
+        hello = await self._door.admit(conn, conn.peer, info)
+        if hello is None:
             raise ConnectionClosed("refused")  # said by the door, within bounds
         if "lender" in info:
             conn.offer_lending()
+        return hello.role
 
     async def _serve(self, stream: Stream) -> None:
         conn = Connection(stream)
         self._conns.add(conn)
         try:
-            await self._greet(conn)
+            peer = await self._greet(conn) == "peer"
             while True:
                 for message in await conn.recv():
-                    await self._answer(message, conn)
+                    await self._answer(message, conn, peer)
         except ConnectionClosed:
             pass
         except ProtocolError as exc:
@@ -159,11 +168,14 @@ class DataServer:
             self._conns.discard(conn)
             await conn.close()
 
-    async def _answer(self, message: Message, conn: Connection) -> None:
-        """Answer one request; anything not served here is a protocol error."""
+    async def _answer(self, message: Message, conn: Connection, peer: bool) -> None:
+        """Answer one request; anything not served here is a protocol error. ``peer``:
+        it came from another worker (what it gets counts in ``sent``)."""
         if isinstance(message, GetData) and message.in_parts:
             parts = reply_parts(self._data, message.request_id, message.keys)
             for part in parts:
+                if peer and part.data:
+                    self.sent += sum(map(size_of, part.data.values()))
                 conn.send(part)
                 if len(parts) > 1:
                     await conn.drain()  # each part a frame of its own
@@ -172,7 +184,10 @@ class DataServer:
         elif isinstance(message, GetData):
             reply = data_reply(self._data, message.request_id, message.keys)
             conn.send(reply)
-            if sum(map(size_of, reply.data.values())) >= SEND_ALONE_FROM:
+            nbytes = sum(map(size_of, reply.data.values()))
+            if peer:
+                self.sent += nbytes
+            if nbytes >= SEND_ALONE_FROM:
                 # Let it leave before the next request is answered, so the asker can
                 # use it while the next one is on its way.
                 await conn.drain()

@@ -89,6 +89,9 @@ class ExecutionOk:
     info: DataInfo
     duration: float
     time: float
+    #: The row of the thread that ran it (``worker.execution``): 0 .. nthreads-1,
+    #: higher for a task that seceded.
+    thread: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +103,7 @@ class ExecutionRaised:
     traceback: Pickled
     duration: float
     time: float
+    thread: int = 0  #: as ``ExecutionOk.thread``
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,14 @@ stuck in C code would hang a worker that was asked to stop. Outcomes travel back
 in batches: the first outcome of a batch schedules one ``call_soon_threadsafe``
 wake-up and the rest ride along, so a burst of 1,000 tiny tasks costs the event
 loop a few wake-ups, not a thousand.
+
+Each thread has a *row*, the small index its tasks report (``TaskFinished.thread``)
+and the task stream draws them on: the pool's threads hold rows ``0 .. nthreads-1``,
+one thread per row at any moment. A task that secedes moves its thread to the
+lowest free row from ``nthreads`` up, and reports that row, so the thread started
+to replace it takes the row it left; a thread leaving frees its row, and one that
+stays in the pool after its seceded task ended moves back to a free row under
+``nthreads`` if there is one. So rows stay few: ``nthreads`` plus the tasks seceded.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ class Finished(NamedTuple):
     value: Any
     info: DataInfo
     duration: float
+    thread: int  #: the row of the thread that ran it (see the module docstring)
 
 
 class Raised(NamedTuple):
@@ -41,6 +50,7 @@ class Raised(NamedTuple):
     exception: Pickled
     traceback: Pickled
     duration: float
+    thread: int
 
 
 class TooLarge(NamedTuple):
@@ -51,6 +61,7 @@ class TooLarge(NamedTuple):
     limit: int
     largest: int
     duration: float
+    thread: int
 
 
 Outcome = Finished | Raised | TooLarge
@@ -160,23 +171,44 @@ class TaskRunner:
         #: joined through this).
         self._threads: list[threading.Thread] = []
         self._started = 0
+        #: Rows held by threads (under ``_pool_lock``); each thread keeps its own in
+        #: ``_local.row``.
+        self._nthreads = nthreads
+        self._rows: set[int] = set()
+        self._local = threading.local()
         for _ in range(nthreads):
             self._start_thread()
 
     def _start_thread(self) -> None:
-        """Start one more thread (under ``_pool_lock`` once tasks run)."""
+        """Start one more thread, on the lowest free row (under ``_pool_lock`` once
+        tasks run)."""
         name = f"apportion-task-{self._started}"
         self._started += 1
-        thread = threading.Thread(target=self._thread_main, name=name, daemon=True)
+        row = self._take_row(0)
+        thread = threading.Thread(target=self._thread_main, args=(row,), name=name, daemon=True)
         if len(self._threads) > 2 * self._alive + 8:  # amortised: thousands may secede
             self._threads = [t for t in self._threads if t.is_alive()]
         self._threads.append(thread)
         thread.start()
 
+    def _take_row(self, lowest: int) -> int:
+        """Hold the lowest free row from ``lowest`` up (under ``_pool_lock``)."""
+        rows = self._rows
+        row = lowest
+        while row in rows:
+            row += 1
+        rows.add(row)
+        return row
+
     def secede(self, key: str, keep_resources: bool) -> None:
         """From the task ``key``'s thread: it waits on other tasks; lend its thread out."""
         with self._pool_lock:
             self._wanted += 1
+            row = getattr(self._local, "row", None)
+            if row is not None and row < self._nthreads:
+                # Off the pool's rows, so that the thread taking over takes this one.
+                self._local.row = self._take_row(self._nthreads)
+                self._rows.discard(row)
             if not self._closed and self._alive < self._wanted:
                 self._alive += 1
                 self._start_thread()
@@ -194,10 +226,22 @@ class TaskRunner:
             self._wanted -= 1
 
     def _leave_if_too_many(self) -> bool:
+        """After a task: leave (True) if the pool has a thread too many; else stay, on
+        a row under ``nthreads`` if this thread was off them and one is free."""
         with self._pool_lock:
+            row = self._local.row
             if self._alive > self._wanted:
                 self._alive -= 1
+                self._rows.discard(row)
+                self._local.row = None
                 return True
+            if row >= self._nthreads:
+                lower = self._take_row(0)
+                if lower < row:
+                    self._rows.discard(row)
+                    self._local.row = lower
+                else:
+                    self._rows.discard(lower)
             return False
 
     def submit(self, command: Execute, inputs: dict[str, Any]) -> None:
@@ -236,7 +280,16 @@ class TaskRunner:
         for _ in range(alive):
             self._queue.put(None)
 
-    def _thread_main(self) -> None:
+    def _thread_main(self, row: int) -> None:
+        self._local.row = row
+        try:
+            self._serve_tasks()
+        finally:
+            with self._pool_lock:
+                if self._local.row is not None:  # None: it left, its row freed already
+                    self._rows.discard(self._local.row)
+
+    def _serve_tasks(self) -> None:
         while True:
             item = self._queue.get()
             if item is None:
@@ -260,7 +313,7 @@ class TaskRunner:
                 return
 
     def run(self, command: Execute, inputs: dict[str, Any]) -> Outcome:
-        """Run one task on this thread and describe how it went."""
+        """Run one task on this thread and describe how it went (row 0 off the pool)."""
         start = time.perf_counter()
         cancel = self._cancel_events.get(command.key)
         if cancel is None:  # run directly, not through submit
@@ -280,9 +333,11 @@ class TaskRunner:
         except BaseException as exc:  # user code may raise SystemExit too: report it all
             duration = time.perf_counter() - start
             exception, traceback = pack_exception(exc)
-            return Raised(command.key, exception, traceback, duration)
+            return Raised(command.key, exception, traceback, duration, self._row())
         finally:
             self._cancel_events.pop(command.key, None)
+        # Read as the task ends: a task that seceded reports the row it moved to.
+        row = self._row()
         info = DataInfo(sizeof(value), type_name(value))
         limits = self._limits
         if limits is not None and not limits.keeps(info.nbytes):
@@ -290,8 +345,12 @@ class TaskRunner:
             # the value lives, and the data store would spend seconds writing it to disk.
             del value
             largest = limits.largest_result or limits.limit
-            return TooLarge(command.key, info, limits.limit, largest, duration)
-        return Finished(command.key, value, info, duration)
+            return TooLarge(command.key, info, limits.limit, largest, duration, row)
+        return Finished(command.key, value, info, duration, row)
+
+    def _row(self) -> int:
+        """This thread's row; 0 on a thread that is not the pool's."""
+        return getattr(self._local, "row", 0)
 
     def _flush(self) -> None:
         with self._done_lock:

@@ -16,6 +16,7 @@ import itertools
 import logging
 from collections.abc import Callable, Iterable
 
+from apportion.core.payload import size_of
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import open_connection
 from apportion.net.security import Security
@@ -43,9 +44,10 @@ class Receiving:
 class PeerChannel:
     """The connection to one peer and the requests waiting for its answers."""
 
-    def __init__(self, address: str, conn: Connection) -> None:
+    def __init__(self, address: str, conn: Connection, pool: PeerPool) -> None:
         self.address = address
         self.conn = conn
+        self._pool = pool
         #: request_id -> its answer so far; emptied with an error when the peer goes.
         self.pending: dict[int, Receiving] = {}
         self.reader = asyncio.create_task(self._read(), name=f"peer-reader-{address}")
@@ -61,6 +63,9 @@ class PeerChannel:
                 for message in await self.conn.recv():
                     if not isinstance(message, DataReply):
                         raise ProtocolError(f"peer sent {type(message).__name__}, not DataReply")
+                    if message.data:
+                        # Counted as they arrive, answers nobody waits for any more too.
+                        self._pool.received += sum(map(size_of, message.data.values()))
                     receiving = self.pending.get(message.request_id)
                     if receiving is not None and receiving.take(message):
                         del self.pending[message.request_id]
@@ -86,6 +91,9 @@ class PeerPool:
         self._channels: dict[str, PeerChannel] = {}
         self._opening: dict[str, asyncio.Task[PeerChannel]] = {}
         self._ids = itertools.count(1)
+        #: Bytes of results received from peers since this pool was made (their
+        #: pickled size on the wire, frames' lengths, as ``size_of`` reads them).
+        self.received = 0
 
     async def get_data(
         self, address: str, keys: Iterable[str], on_part: Callable[[DataReply], None]
@@ -115,7 +123,7 @@ class PeerPool:
             conn, _ = await open_connection(
                 address, "peer", self._name, security=self._security, borrow=True
             )
-            channel = self._channels[address] = PeerChannel(address, conn)
+            channel = self._channels[address] = PeerChannel(address, conn, self)
             return channel
         finally:
             del self._opening[address]

@@ -24,6 +24,8 @@ import uuid
 from collections.abc import Callable, Iterable, MutableMapping
 from typing import Any
 
+import psutil
+
 from apportion.clock import SYSTEM_CLOCK, Clock, wait_event
 from apportion.core.payload import loads
 from apportion.core.resources import ResourceSpec, describe_resources, from_ticks, parse_supply
@@ -201,6 +203,10 @@ class Worker(BackgroundService):
             allow_plaintext=allow_plaintext,
         )
         self._peers = PeerPool(self.name, self.security)
+        #: This process, for the CPU use each heartbeat reports; sampled once here so
+        #: that the first heartbeat's figure covers the time since the worker was made.
+        self._process = psutil.Process()
+        self._process.cpu_percent(interval=None)
         self._runner: TaskRunner | None = None
         #: The live scheduler connection; None while reconnecting (and before start).
         self._scheduler: Connection | None = None
@@ -607,13 +613,27 @@ class Worker(BackgroundService):
 
     def _heartbeat_message(self) -> Heartbeat:
         """How busy: tasks running, resident memory (so the scheduler can tell a likely
-        OOM), bytes spilled, and whether paused (then it gets no new task)."""
+        OOM), bytes spilled, whether paused (then it gets no new task), the process's
+        CPU use since the last heartbeat (% of one core; every worker of a process
+        reports the whole process's) and the bytes of results fetched from and served
+        to peers since the worker started (``PeerPool.received``, ``DataServer.sent``:
+        worker to worker only; what clients fetch or the scheduler relays is not
+        counted)."""
         return Heartbeat(
             len(self.state.executing),
             self.memory_manager.measure(),
             self.memory_manager.spilled,
             int(self.state.paused),
+            self._cpu_percent(),
+            self._peers.received,
+            self._server.sent,
         )
+
+    def _cpu_percent(self) -> float:
+        try:
+            return float(self._process.cpu_percent(interval=None))
+        except psutil.Error:
+            return 0.0
 
     def _memory_changed(self, event: Paused | Resumed) -> None:
         """The memory monitor paused or resumed this worker. The state machine takes it
@@ -736,9 +756,11 @@ class Worker(BackgroundService):
         events: list[WorkerEvent] = []
         for o in outcomes:
             if isinstance(o, Finished):
-                events.append(ExecutionOk(o.key, o.info, o.duration, now))
+                events.append(ExecutionOk(o.key, o.info, o.duration, now, o.thread))
             elif isinstance(o, Raised):
-                events.append(ExecutionRaised(o.key, o.exception, o.traceback, o.duration, now))
+                events.append(
+                    ExecutionRaised(o.key, o.exception, o.traceback, o.duration, now, o.thread)
+                )
             else:
                 logger.warning(
                     "worker %s: the result of %r (%s of %s) is larger than the %s this worker "

@@ -352,7 +352,9 @@ class WorkerState:
     def _on_execution_ok(self, event: ExecutionOk) -> None:
         record = self._finish_execution(event.key, MEMORY)
         info = event.info
-        self._send(TaskFinished(event.key, info.nbytes, event.duration, info.type_name))
+        self._send(
+            TaskFinished(event.key, info.nbytes, event.duration, info.type_name, event.thread)
+        )
         if record.freed:
             self._move(event.key, EXECUTING, RELEASED, "finished after free", event.time)
             self._forget[event.key] = None
@@ -364,7 +366,9 @@ class WorkerState:
     def _on_execution_raised(self, event: ExecutionRaised) -> None:
         # Local dependents stay waiting: the scheduler fails them and frees them.
         self._finish_execution(event.key, RELEASED)
-        self._send(TaskRaised(event.key, event.exception, event.traceback, event.duration))
+        self._send(
+            TaskRaised(event.key, event.exception, event.traceback, event.duration, event.thread)
+        )
         self._move(event.key, EXECUTING, RELEASED, "raised", event.time)
 
     def _on_execution_too_large(self, event: ExecutionTooLarge) -> None:
