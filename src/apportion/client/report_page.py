@@ -62,7 +62,7 @@ def report_data(
         "title": title,
         "scheduler": after["scheduler"].get("address", ""),
         "started": origin,
-        "duration": max(0.0, end - origin),
+        "duration": _rel(max(end, origin), origin),
         "summary": {
             "tasks": len(records),
             "failures": sum(r["status"] != "OK" for r in records),
