@@ -6,6 +6,7 @@ import asyncio
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import cloudpickle
@@ -75,7 +76,9 @@ def test_the_block_gets_every_execution_as_dasks_records(client: Client) -> None
     assert ts.figure is None
 
 
-def test_client_get_task_stream_takes_dasks_start_stop_and_count(client: Client) -> None:
+def test_client_get_task_stream_takes_dasks_start_stop_and_count(
+    client: Client, tmp_path: Path
+) -> None:
     client.gather(client.map(inc, range(10, 15)))
     # Each reply has its own clock offset (module docstring of task_stream): compare keys.
     everything = keys(client.get_task_stream())
@@ -84,6 +87,9 @@ def test_client_get_task_stream_takes_dasks_start_stop_and_count(client: Client)
     assert keys(client.get_task_stream(start="1h")) == everything
     assert keys(client.get_task_stream(stop="1h")) == []
     assert client.get_task_stream(start=time.time() + 60) == []
+    records, page = client.get_task_stream(count=2, plot="save", filename=tmp_path / "ts.html")
+    assert page == tmp_path / "ts.html" and keys(records) == everything[-2:]
+    assert all(key in page.read_text() for key in keys(records))
     with pytest.raises(NotImplementedError, match="performance_report"):
         client.get_task_stream(plot=True)
     with pytest.raises(NotImplementedError, match="plot='save'"):

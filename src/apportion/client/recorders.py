@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import linecache
+import os
 import sys
 import textwrap
 import time
@@ -117,7 +118,7 @@ class TaskStream(_Recorder):
         self,
         client: Client | None = None,
         plot: bool | str = False,
-        filename: str = "task-stream.html",
+        filename: str | os.PathLike[str] = "task-stream.html",
     ) -> None:
         if plot and plot != "save":
             raise NotImplementedError(
@@ -143,7 +144,9 @@ class TaskStream(_Recorder):
 
 
 def get_task_stream(
-    client: Client | None = None, plot: bool | str = False, filename: str = "task-stream.html"
+    client: Client | None = None,
+    plot: bool | str = False,
+    filename: str | os.PathLike[str] = "task-stream.html",
 ) -> TaskStream:
     """Collect the executions that finish inside a ``with`` (or ``async with``) block::
 

@@ -18,6 +18,7 @@ plus ``group`` and ``resources`` (what the execution held) that Dask lacks.
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from bisect import bisect_left
@@ -114,7 +115,7 @@ class TaskStreams(CallModes):
         stop: float | str | None = None,
         count: int | None = None,
         plot: bool | str = False,
-        filename: str = "task-stream.html",
+        filename: str | os.PathLike[str] = "task-stream.html",
         bokeh_resources: Any = None,
     ) -> Any:
         """The executions the scheduler still keeps (the last 50,000) as Dask's records,
