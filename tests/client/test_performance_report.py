@@ -18,6 +18,7 @@ import pytest
 
 import browser
 from apportion import Client, IgnoredOptionWarning, performance_report
+from apportion.client import report_page
 from apportion.testing import InMemoryCluster
 
 if TYPE_CHECKING:
@@ -152,3 +153,19 @@ def test_options_that_cannot_apply_are_refused_or_said() -> None:
         performance_report("report.html", storage_options={"anon": True})
     with pytest.warns(IgnoredOptionWarning, match="embeds everything"):
         performance_report("report.html", mode="cdn")
+
+
+def test_warnings_of_the_window_are_kept_and_escaped() -> None:
+    status: dict[str, Any] = {
+        "now": 100.0,
+        "scheduler": {"address": "inproc://s"},
+        "workers": [],
+        "threads": 0,
+        "pools": [],
+        "events": {"seq": 3, "items": [[2, 50.0, "warning", "old"], [3, 99.5, "warning", "</b>"]]},
+    }
+    # The scheduler's 99.5 is 1000.5 here; the window began at 1000.
+    figures = report_page.report_data([], (1000.0, 1001.0), 901.0, status)
+    assert figures["events"] == [[0.5, "warning", "</b>"]]
+    assert "</b>" not in report_page.render(figures)
+    assert embedded(report_page.render(figures))["events"] == figures["events"]
