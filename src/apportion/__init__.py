@@ -33,6 +33,7 @@ from apportion.client.future import Future
 from apportion.client.local import LocalCluster
 from apportion.client.locks import Event, Lock, MultiLock, Semaphore
 from apportion.client.progress import progress
+from apportion.client.recorders import get_task_stream, performance_report
 from apportion.client.task_client import get_client, local_client, worker_client
 from apportion.client.waiting import (
     ALL_COMPLETED,
@@ -112,9 +113,11 @@ __all__ = [
     "fire_and_forget",
     "futures_of",
     "get_client",
+    "get_task_stream",
     "get_worker",
     "local_client",
     "parse_resources",
+    "performance_report",
     "progress",
     "rejoin",
     "secede",

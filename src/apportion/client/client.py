@@ -63,6 +63,7 @@ from apportion.client.local import LocalCluster
 from apportion.client.remote_calls import RemoteCalls
 from apportion.client.restrictions import ANYWHERE, Where, refuse_actors, where_to_run, worker_names
 from apportion.client.session import Session, TaskBatch
+from apportion.client.task_stream import TaskStreams
 from apportion.core import payload
 from apportion.core.resources import ResourceSpec, parse_demand
 from apportion.net.scheduler_file import wait_for_scheduler_file, write_scheduler_file
@@ -93,7 +94,7 @@ class ClusterManager(Protocol):
     security: Security
 
 
-class Client(ClusterLifecycle, RemoteCalls, SharedData):
+class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
     """Connect to a scheduler (``Client("tcp://host:8786")``), a ``LocalCluster``,
     or, with no address, start an embedded local cluster sized to this machine.
 
