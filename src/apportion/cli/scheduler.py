@@ -29,9 +29,10 @@ from pathlib import Path
 import click
 
 from apportion.cli.credentials import credential_options
-from apportion.cli.errors import check_host_option, check_port_option
+from apportion.cli.errors import check_host_option, check_port_option, fail
 from apportion.cli.worker import check_resources
 from apportion.core.resources import describe_resources, parse_supply
+from apportion.dashboard.origin import bind_address
 from apportion.log_setup import configure_logging
 from apportion.net.address import DEFAULT_PORT
 from apportion.net.scheduler_file import (
@@ -51,6 +52,15 @@ from apportion.scheduler.service import Scheduler
 from apportion.scheduler.state import SchedulerConfig
 
 logger = logging.getLogger("apportion.scheduler")
+
+
+def _check_dashboard_address(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """Click callback for ``--dashboard-address``: one of the forms it takes."""
+    try:
+        bind_address(value, "127.0.0.1")
+    except ValueError as exc:
+        fail(ctx, f"--dashboard-address: {exc}")
+    return value
 
 
 @click.command("scheduler")
@@ -136,6 +146,7 @@ logger = logging.getLogger("apportion.scheduler")
     default=":8787",
     show_default=True,
     metavar="ADDRESS",
+    callback=_check_dashboard_address,
     help="Serve the web dashboard here: host:port, or :port on --host (a free port if "
     "that one is taken). A non-loopback host needs TLS or --allow-plaintext.",
 )

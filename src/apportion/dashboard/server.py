@@ -22,7 +22,13 @@ from pathlib import Path
 from apportion.dashboard.auth import NONCE_BYTES, login_link
 from apportion.dashboard.events import RunsCache, RunsSource, SchedulerReadout
 from apportion.dashboard.http import HeadParser, HttpError, Request
-from apportion.dashboard.origin import Origin, bind_address, check_exposure, uses_tls
+from apportion.dashboard.origin import (
+    WILDCARDS,
+    Origin,
+    bind_address,
+    check_exposure,
+    uses_tls,
+)
 from apportion.dashboard.routes import TEXT, Routes, write_answer
 from apportion.net.security import Security
 
@@ -105,9 +111,10 @@ class DashboardServer:
             )
         self._server = server
         bound = server.sockets[0].getsockname()[1]
-        public = socket.gethostname() if host in ("0.0.0.0", "::") else host
+        public = socket.gethostname() if host in WILDCARDS else host
         self.origin = Origin(host, bound, tls, public)
-        names = frozenset({socket.gethostname(), socket.getfqdn()})
+        # Only a wildcard bind answers to the machine's names; getfqdn may ask the DNS.
+        names = frozenset({public, socket.getfqdn()}) if host in WILDCARDS else frozenset()
         self._routes = Routes(
             self.origin,
             self.security.key(),
