@@ -268,3 +268,29 @@ def test_the_journal_view(tmp_path: Path) -> None:
             return status, body
 
     assert asyncio.run(main()) == (200, b"789")
+
+
+def test_closing_the_scheduler_ends_the_event_streams() -> None:
+    async def main() -> bytes:
+        scheduler = await Scheduler(port=0, dashboard_address="127.0.0.1:0").start()
+        try:
+            assert scheduler.dashboard is not None and scheduler.dashboard.origin is not None
+            port = scheduler.dashboard.origin.port
+            login_target = scheduler.dashboard.login_link().partition(str(port))[2]
+            _, headers, _ = await asyncio.to_thread(get, port, login_target)
+            cookie = headers["set-cookie"].partition(";")[0]
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(
+                f"GET /events?interval=10 HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                f"Cookie: {cookie}\r\n\r\n".encode()
+            )
+            first = await reader.readuntil(b"\n\n")  # the head and the first message's line
+            while not first.endswith(b"}\n\n"):
+                first += await reader.readuntil(b"\n\n")
+        finally:
+            await scheduler.close()
+        rest = await asyncio.wait_for(reader.read(), 10)  # EOF: the stream was ended
+        writer.close()
+        return first + rest
+
+    assert b"event: status\ndata: {" in asyncio.run(main())
