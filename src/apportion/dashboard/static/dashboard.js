@@ -601,7 +601,7 @@ function renderRuns(s) {
       return tr;
     },
     (tr, r) => {
-      const outcome = r.exit !== null && r.exit !== undefined ? `exit ${r.exit}` : "";
+      const outcome = typeof r.exit === "number" ? `exit ${r.exit}` : r.exit; // "exit 1", "SIGKILL"
       const cells = [r.id, r.label || "", r.state, r.command || "", r.worker || "", r.held || "",
         [outcome, r.reason, r.waiting].filter(Boolean).join(" · "), epochAgo(r.started || r.created)];
       cells.forEach((v, i) => setText(tr.children[i], v));
@@ -655,12 +655,12 @@ async function openStory(key) {
     }
     const table = el("table", "story");
     const head = el("tr");
-    for (const h of ["when", "key", "from", "to", "cause"]) head.append(el("th", "", h));
+    for (const h of ["before now", "key", "from", "to", "cause"]) head.append(el("th", "", h));
     table.append(el("thead"), el("tbody"));
     table.tHead.append(head);
     for (const [time, k, from, to, cause] of data.story) {
       const tr = el("tr");
-      tr.append(el("td", "num", ago(data.now - time)), el("td", "mono", k),
+      tr.append(el("td", "num", `-${(data.now - time).toFixed(3)} s`), el("td", "mono", k),
         el("td", "", from), el("td", "", to), el("td", "mono", cause));
       table.tBodies[0].append(tr);
     }
@@ -676,10 +676,12 @@ async function openLog(id, label) {
   const asked = panelFor;
   const body = $("panel-body");
   try {
-    const reply = await fetch(`api/runs/${encodeURIComponent(id)}/log?tail=200`, { credentials: "same-origin" });
+    const reply = await fetch(`api/runs/${encodeURIComponent(id)}/log?tail=65536`, { credentials: "same-origin" });
     if (!reply.ok) throw new Error(`${reply.status} ${reply.statusText}`);
     const text = await reply.text();
-    if (panelFor === asked) body.replaceChildren(el("pre", "", text || "(empty log)"));
+    if (panelFor !== asked) return;
+    body.replaceChildren(el("pre", "", text || "(empty log)"));
+    body.scrollTop = body.scrollHeight; // a tail: its end is what matters
   } catch (err) {
     if (panelFor === asked) body.replaceChildren(el("p", "empty", `could not load the log: ${err.message}`));
   }
