@@ -120,7 +120,8 @@ function colourOf(group) {
     let h = 2166136261;
     for (let i = 0; i < group.length; i++) h = Math.imul(h ^ group.charCodeAt(i), 16777619);
     h >>>= 0;
-    c = `hsl(${h % 360} ${55 + (h >> 9) % 25}% ${48 + (h >> 17) % 16}%)`;
+    // Hues 25..335 only: reds are kept for failures.
+    c = `hsl(${25 + (h % 310)} ${50 + (h >> 9) % 30}% ${48 + (h >> 17) % 16}%)`;
     colours.set(group, c);
   }
   return c;
@@ -317,7 +318,7 @@ function drawStream() {
   const { rows, rowOf } = streamRows(s, items);
   const labelW = 110;
   const cssW = canvas.clientWidth || 600;
-  const rowH = Math.max(2, Math.min(16, Math.floor(400 / Math.max(1, rows.length))));
+  const rowH = Math.max(2, Math.min(22, Math.floor(400 / Math.max(1, rows.length))));
   const cssH = Math.max(60, rows.length * rowH + 18);
   canvas.style.height = `${cssH}px`;
   const dpr = window.devicePixelRatio || 1;
@@ -390,6 +391,11 @@ function drawStream() {
   canvas.dataset.failed = String(items.filter((it) => !it[7]).length);
 }
 
+function workerName(address) {
+  const w = state.status && state.status.workers.find((x) => x.address === address);
+  return w ? `${w.name} (${address})` : address;
+}
+
 function streamHit(event) {
   const canvas = $("stream-canvas");
   const box = canvas.getBoundingClientRect();
@@ -416,7 +422,7 @@ function setupStream() {
     const [, worker, thread, key, group, start, stop, ok, resources] = hit.it;
     const held = Object.entries(resources || {}).map(([k, v]) => `${k}=${v}`).join(" ");
     tip.textContent = `${key}\ngroup ${group}\n${duration(stop - start)}${ok ? "" : "  FAILED"}\n`
-      + `${worker} thread ${thread}\nended ${ago(schedulerNow() - stop)}${held ? `\nheld ${held}` : ""}`;
+      + `${workerName(worker)} thread ${thread}\nended ${ago(schedulerNow() - stop)}${held ? `\nheld ${held}` : ""}`;
     tip.hidden = false;
     const left = Math.min(hit.px + 12, canvas.clientWidth - tip.offsetWidth - 4);
     tip.style.left = `${Math.max(0, left)}px`;
@@ -744,7 +750,9 @@ function setConnection(text) {
 }
 
 function connect() {
-  const source = new EventSource("events");
+  // ?interval=0.2 on the page's address is passed on (the server bounds it).
+  const interval = new URLSearchParams(window.location.search).get("interval");
+  const source = new EventSource(interval ? `events?interval=${encodeURIComponent(interval)}` : "events");
   source.addEventListener("open", () => setConnection("live"));
   source.addEventListener("status", (event) => {
     setConnection("live");
