@@ -661,7 +661,7 @@ async function openStory(key) {
     }
     const table = el("table", "story");
     const head = el("tr");
-    for (const h of ["before now", "key", "from", "to", "cause"]) head.append(el("th", "", h));
+    for (const h of ["when", "key", "from", "to", "cause"]) head.append(el("th", "", h));
     table.append(el("thead"), el("tbody"));
     table.tHead.append(head);
     for (const [time, k, from, to, cause] of data.story) {
@@ -731,7 +731,7 @@ function receive(s) {
   state.status = s;
   state.receivedAt = performance.now();
   const errors = [];
-  for (const render of [renderHeader, renderClusterPools, renderResources, renderPending,
+  for (const render of [showAge, renderHeader, renderClusterPools, renderResources, renderPending,
     renderProgress, renderWorkerTable, renderRuns, renderEvents, drawStream]) {
     try {
       render(s);
@@ -765,13 +765,17 @@ function connect() {
   });
 }
 
+function showAge() {
+  const age = (performance.now() - state.receivedAt) / 1000;
+  const node = $("update-age");
+  setText(node, `updated ${age < 1 ? "just now" : `${Math.round(age)} s ago`}`);
+  node.classList.toggle("stale", age > 5);
+}
+
 function tick() {
   // Between messages: the age of the data, and the stream scrolling with time.
   if (state.status) {
-    const age = (performance.now() - state.receivedAt) / 1000;
-    const node = $("update-age");
-    setText(node, `updated ${age < 1 ? "just now" : `${Math.round(age)} s ago`}`);
-    node.classList.toggle("stale", age > 5);
+    showAge();
     drawStream();
   }
 }
