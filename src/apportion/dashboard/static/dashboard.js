@@ -711,6 +711,7 @@ function setupPanel() {
 
 /** Take one status: keep the increments (bounded), then redraw every section. */
 function receive(s) {
+  const began = performance.now();
   const restarted = s.scheduler.id !== state.schedulerId || s.stream.seq < state.streamSeq
     || s.events.seq < state.eventsSeq;
   if (restarted) {
@@ -740,6 +741,7 @@ function receive(s) {
     }
   }
   document.body.dataset.updates = String(Number(document.body.dataset.updates || 0) + 1);
+  document.body.dataset.renderMs = (performance.now() - began).toFixed(1); // to watch its cost
   if (errors.length) throw errors[0]; // still reported, as an uncaught error
 }
 
