@@ -8,6 +8,7 @@ GPU units, ``data-items`` on the task stream's canvas), so nothing here sleeps.
 
 from __future__ import annotations
 
+import shutil
 import sys
 import uuid
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from apportion import Client, Event, Scheduler, Worker
 
 playwright = pytest.importorskip("playwright.sync_api", reason="needs playwright")
 
-pytestmark = pytest.mark.tcp
+pytestmark = [pytest.mark.tcp, pytest.mark.process]  # the browser is a process of its own
 
 # The tasks' functions travel by value: in-process workers unpickle them all the same.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -76,9 +77,11 @@ def cluster() -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    # The system's Chromium if there is one, else the one Playwright may have installed.
+    system = shutil.which("chromium") or shutil.which("chromium-browser")
     with playwright.sync_playwright() as p:
         try:
-            chromium = p.chromium.launch(executable_path="/usr/bin/chromium")
+            chromium = p.chromium.launch(executable_path=system)
         except Exception as error:  # no browser here: nothing to test
             pytest.skip(f"no headless Chromium: {error}")
         yield chromium
