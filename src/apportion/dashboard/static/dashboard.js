@@ -542,7 +542,8 @@ function renderPending(s) {
       showWhy(why);
     });
   const total = s.pending.reduce((sum, p) => sum + p.count, 0);
-  setText($("pending-count"), total ? `${total} tasks, ${s.pending.length} kinds` : "");
+  const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
+  setText($("pending-count"), total ? `${plural(total, "task")}, ${plural(s.pending.length, "kind")}` : "");
   $("pending-empty").hidden = s.pending.length > 0;
 }
 
