@@ -1,0 +1,183 @@
+"""The dashboard page in a real browser, over a real scheduler's dashboard.
+
+One scheduler with two in-process workers of two GPUs each serves the whole module
+(starting a browser and a cluster costs more than the checks). Every wait is on the
+page's own DOM: the page marks what it drew (``data-used`` and ``data-holders`` on
+GPU units, ``data-items`` on the task stream's canvas), so nothing here sleeps.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import cloudpickle
+import pytest
+
+from apportion import Client, Event, Scheduler, Worker
+
+playwright = pytest.importorskip("playwright.sync_api", reason="needs playwright")
+
+pytestmark = [pytest.mark.tcp, pytest.mark.process]  # the browser is a process of its own
+
+# The tasks' functions travel by value: in-process workers unpickle them all the same.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+#: Where the screenshots go: artefacts to look at, never committed.
+SHOTS = Path(__file__).resolve().parents[2] / "build" / "screenshots"
+#: Milliseconds any one DOM condition may take (the page updates every 0.2 s here).
+WAIT = 10_000
+
+
+def hold(go: Event) -> str:
+    """Keep what the task was given until the test lets it go."""
+    go.wait(timeout=30)
+    return "released"
+
+
+def total(n: int) -> int:
+    return sum(range(n))
+
+
+class Cluster:
+    """The module's cluster: a scheduler serving its dashboard, two GPU workers, a client."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def login(self) -> str:
+        """A fresh one-time login link (each logs one browser context in, once)."""
+        link = self.client.dashboard_link
+        assert link
+        return str(link)
+
+    def base(self) -> str:
+        parts = urlsplit(self.login())
+        return f"{parts.scheme}://{parts.netloc}/"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    # The scheduler's own default (not LocalCluster's): a request no worker can meet
+    # waits, warned about, instead of failing at once, so the page can show it.
+    with (
+        Scheduler(port=0, dashboard_address="127.0.0.1:0") as scheduler,
+        Worker(scheduler.address, nthreads=2, resources="gpu=[0,1]", name="gpu-a"),
+        Worker(scheduler.address, nthreads=2, resources="gpu=[0,1]", name="gpu-b"),
+        Client(scheduler.address) as client,
+    ):
+        client.wait_for_workers(2, timeout=10)
+        yield Cluster(client)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    # The system's Chromium if there is one, else the one Playwright may have installed.
+    system = shutil.which("chromium") or shutil.which("chromium-browser")
+    with playwright.sync_playwright() as p:
+        try:
+            chromium = p.chromium.launch(executable_path=system)
+        except Exception as error:  # no browser here: nothing to test
+            pytest.skip(f"no headless Chromium: {error}")
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A fresh browser context's page; fails the test on any error the page raised."""
+    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    tab = context.new_page()
+    errors: list[str] = []
+    tab.on("pageerror", lambda error: errors.append(str(error)))
+    tab.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    yield tab
+    context.close()
+    assert not errors, errors
+
+
+def shot(page: Any, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"dashboard-{name}.png"), full_page=True)
+
+
+def open_dashboard(page: Any, cluster: Cluster) -> None:
+    """Log in through a link, then reload with a fast stream (the session stays)."""
+    page.goto(cluster.login())
+    page.wait_for_selector("#resources")
+    page.goto(page.url.split("?")[0] + "?interval=0.2")
+    page.wait_for_function("() => document.body.dataset.updates >= 1", timeout=WAIT)
+
+
+def test_the_page_opens_through_a_login_link_only(
+    cluster: Cluster, browser: Any, page: Any
+) -> None:
+    stranger = browser.new_context()  # the browser console reports the 401: not `page`
+    try:
+        refused = stranger.new_page().goto(cluster.base())
+        assert refused is not None and refused.status == 401
+        assert "dashboard.js" not in refused.text()
+    finally:
+        stranger.close()
+    open_dashboard(page, cluster)
+    assert page.locator("#connection").text_content() == "live"
+    assert "2 workers" in str(page.locator("#cluster-size").text_content())
+
+
+def test_gpu_units_show_the_task_holding_them_until_it_ends(cluster: Cluster, page: Any) -> None:
+    open_dashboard(page, cluster)
+    units = page.locator(".card .unit[data-pool=gpu]")
+    page.wait_for_function(
+        "() => document.querySelectorAll('.card .unit[data-pool=gpu]').length === 4",
+        timeout=WAIT,
+    )
+    assert sorted(units.evaluate_all("us => us.map(u => u.dataset.unit)")) == list("0011")
+    before = int(page.locator("#stream-canvas").get_attribute("data-items") or 0)
+
+    go = Event(f"go-{uuid.uuid4().hex}", client=cluster.client)
+    future = cluster.client.submit(hold, go, resources={"gpu": 1}, key="hold-gpu-1")
+    busy = page.locator(".unit[data-pool=gpu][data-holders='hold-gpu-1']")
+    busy.wait_for(timeout=WAIT)
+    assert busy.count() == 1 and busy.get_attribute("data-used") == "1"
+    assert "hold-gpu-1" in str(busy.get_attribute("title"))
+    busy.click()  # its story, from the scheduler
+    page.locator("#panel table.story").wait_for(timeout=WAIT)
+    assert "processing" in str(page.locator("#panel").text_content())
+    shot(page, "gpu-busy")
+    page.keyboard.press("Escape")
+
+    go.set()
+    assert future.result(timeout=10) == "released"
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.unit[data-pool=gpu]')]"
+        ".every(u => u.dataset.used === '0' && !u.dataset.holders)",
+        timeout=WAIT,
+    )
+    cluster.client.gather(cluster.client.map(total, range(20)))
+    page.wait_for_function(
+        f"() => Number(document.getElementById('stream-canvas').dataset.items) >= {before + 21}",
+        timeout=WAIT,
+    )
+    shot(page, "stream")
+
+
+def test_a_request_no_worker_can_meet_is_shown_first_with_why(cluster: Cluster, page: Any) -> None:
+    open_dashboard(page, cluster)
+    go = Event(f"go-{uuid.uuid4().hex}", client=cluster.client)
+    future = cluster.client.submit(hold, go, resources={"gpu": 8}, key="too-big")
+    first = page.locator("#pending-list li").first
+    page.locator("#pending-list li.unsatisfiable").wait_for(timeout=WAIT)
+    assert "gpu=8" in str(first.locator(".req").text_content())
+    assert first.get_attribute("class") == "unsatisfiable"
+    why = first.locator(".why")
+    assert "no connected worker can ever provide" in str(why.text_content())
+    assert first.locator(".key").text_content() == "too-big"
+    page.locator("#event-list li").first.wait_for(timeout=WAIT)  # the warning, too
+    shot(page, "unsatisfiable")
+    future.cancel()
+    page.locator("#pending-list li.unsatisfiable").wait_for(state="detached", timeout=WAIT)
