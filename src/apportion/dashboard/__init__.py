@@ -1,0 +1,1 @@
+"""The scheduler's web dashboard: pages, and ``/metrics`` for Prometheus."""
