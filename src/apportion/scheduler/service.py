@@ -21,6 +21,7 @@ from typing import Any
 
 from apportion.clock import SYSTEM_CLOCK, Clock
 from apportion.log_ring import LogRing
+from apportion.loop_lag import LoopLag
 from apportion.loop_thread import BackgroundService
 from apportion.net.address import DEFAULT_PORT, INPROC, is_inproc
 from apportion.net.connection import Connection, ConnectionClosed
@@ -129,6 +130,8 @@ class Scheduler(BackgroundService):
         #: Recent records of the scheduler's loggers (``client.get_scheduler_logs``).
         loggers = [name for companion in self.companions for name in companion.loggers]
         self.logs = LogRing(only=("apportion.scheduler", *loggers))
+        #: How late this scheduler's event loop wakes up, for ``/metrics``.
+        self.loop_lag = LoopLag()
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -151,6 +154,7 @@ class Scheduler(BackgroundService):
         self._companions_ready.set()
         self.logs.attach()
         self._ticker = asyncio.create_task(self._tick(), name="scheduler-tick")
+        self.loop_lag.start()
         logger.info("scheduler listening at %s", self.address)
         return self
 
@@ -195,6 +199,7 @@ class Scheduler(BackgroundService):
 
     async def close(self) -> None:
         """Stop listening and drop every connection; idempotent."""
+        self.loop_lag.stop()
         if self._ticker is not None:
             self._ticker.cancel()
             self._ticker = None
