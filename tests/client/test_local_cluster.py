@@ -227,7 +227,10 @@ def test_local_cluster_takes_dasks_arguments() -> None:
         scheduler_port=0,
         name="mine",
     ) as cluster:
-        assert cluster.name == "mine" and cluster.dashboard_link is None
+        assert cluster.name == "mine"
+        link = cluster.dashboard_link
+        assert link is not None and link.startswith("http://127.0.0.1:")
+        assert "/login?token=" in link and link != cluster.dashboard_link
         assert cluster.memory_limit == 2 * 2**30
         assert cluster.scheduler_address.startswith("tcp://127.0.0.1:")
         assert len(cluster.workers) == 3 and sorted(cluster.workers) == [

@@ -6,6 +6,10 @@ adopts those still running on workers that come back. One scheduler at a time
 serves a journal; a second one on the default journal runs without it (and says
 so), one pointed at a busy journal with ``--journal`` refuses to start.
 
+It serves the web dashboard at ``--dashboard-address`` (``:8787``: port 8787 on
+``--host``, or a free port if that one is taken) unless ``--no-dashboard``, and
+logs a one-time login link to it (docs/dashboard.md).
+
 ``--run-once`` starts an embedded cluster (this scheduler and one worker with
 ``--resources``), processes the staged runs it can run, and exits when nothing it
 can run is left: status 0 if every run it processed completed, 1 otherwise.
@@ -35,10 +39,11 @@ from apportion.net.scheduler_file import (
     remove_scheduler_file,
     write_scheduler_file,
 )
-from apportion.net.security import Security, check_exposure
+from apportion.net.security import PlaintextRefused, Security, check_exposure
 from apportion.runs.journal import Journal, JournalBusy, JournalError, default_journal_path
 from apportion.runs.launcher import ProcessLauncher
 from apportion.runs.live import LiveRuns
+from apportion.runs.overview import JournalOverview
 from apportion.runs.queue import QueueOptions, RunQueue
 from apportion.runs.service import RunsService
 from apportion.scheduler.companions import Companion
@@ -126,6 +131,15 @@ logger = logging.getLogger("apportion.scheduler")
     help="Listen on a non-loopback --host without TLS: anyone on the network can then "
     "read the traffic (the secret still keeps them from running code).",
 )
+@click.option(
+    "--dashboard-address",
+    default=":8787",
+    show_default=True,
+    metavar="ADDRESS",
+    help="Serve the web dashboard here: host:port, or :port on --host (a free port if "
+    "that one is taken). A non-loopback host needs TLS or --allow-plaintext.",
+)
+@click.option("--no-dashboard", is_flag=True, help="Serve no web dashboard.")
 @credential_options
 def scheduler(
     host: str,
@@ -140,6 +154,8 @@ def scheduler(
     nthreads: int | None,
     scheduler_file: Path | None,
     allow_plaintext: bool,
+    dashboard_address: str,
+    no_dashboard: bool,
 ) -> None:
     """Run a scheduler that workers and clients connect to.
 
@@ -156,7 +172,8 @@ def scheduler(
         check_exposure(host, security, allow_plaintext=allow_plaintext)
     except (ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
-    listen = Listening(host, port, security, allow_plaintext, scheduler_file)
+    dashboard = None if no_dashboard or run_once else dashboard_address
+    listen = Listening(host, port, security, allow_plaintext, scheduler_file, dashboard)
     config = SchedulerConfig(worker_timeout=worker_timeout, max_worker_deaths=max_worker_deaths)
     opened = None if no_journal else _open_journal(journal)
     try:
@@ -165,6 +182,8 @@ def scheduler(
             sys.exit(asyncio.run(_run_once(listen, opened, resources, nthreads, config)))
         options = QueueOptions(adopt_grace=adopt_grace)
         asyncio.run(_run(listen, config, opened, options, explicit=journal is not None))
+    except PlaintextRefused as exc:
+        raise click.ClickException(str(exc)) from None
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc}") from None
     finally:
@@ -188,8 +207,11 @@ class Listening:
     security: Security
     allow_plaintext: bool
     scheduler_file: Path | None
+    #: Where the dashboard listens; None for none.
+    dashboard: str | None = None
 
     def scheduler(self, config: SchedulerConfig, companions: list[Companion]) -> Scheduler:
+        journals = [c.journal.path for c in companions if isinstance(c, RunsService)]
         return Scheduler(
             self.host,
             self.port,
@@ -197,6 +219,8 @@ class Listening:
             companions=companions,
             security=self.security,
             allow_plaintext=self.allow_plaintext,
+            dashboard_address=self.dashboard,
+            dashboard_runs=JournalOverview(journals[0]) if journals else None,
         )
 
 
@@ -234,7 +258,13 @@ async def _run(
     path = listen.scheduler_file or default_scheduler_file()
     assert server.security.token is not None  # a scheduler makes one if need be
     try:
-        write_scheduler_file(path, server.address, server.security.token, server.id)
+        write_scheduler_file(
+            path,
+            server.address,
+            server.security.token,
+            server.id,
+            dashboard=None if server.dashboard is None else server.dashboard.url,
+        )
     except OSError as exc:
         await server.close()
         raise click.ClickException(f"cannot write the scheduler file: {exc}") from None

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import time
 import warnings
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from apportion.client.asynchronous import CallModes, in_thread
+from apportion.dashboard.auth import NONCE_BYTES, login_link
 from apportion.protocol import messages as m
 
 if TYPE_CHECKING:
     from apportion.client.local import LocalCluster
+    from apportion.net.security import Security
 
 
 class ClusterLifecycle(CallModes):
@@ -20,6 +24,8 @@ class ClusterLifecycle(CallModes):
         cluster: LocalCluster | None
         scheduler_address: str
         timeout: float
+        security: Security
+        _scheduler_identity: dict[str, Any]
 
         def close(self) -> Any: ...
 
@@ -33,8 +39,21 @@ class ClusterLifecycle(CallModes):
 
     @property
     def dashboard_link(self) -> str | None:
-        """None: apportion has no dashboard yet."""
-        return None
+        """A fresh one-time login link to the scheduler's dashboard; None if it serves none.
+
+        Each access mints a new link from this client's secret (the cluster's): it
+        logs one browser in, once, within 24 hours (docs/dashboard.md). A blocking
+        client asks the scheduler where its dashboard is the first time; an
+        asynchronous one knows from when it connected.
+        """
+        identity = self._scheduler_identity
+        if not identity and not self.asynchronous:
+            self.scheduler_info()  # keeps the identity it fetches
+            identity = self._scheduler_identity
+        base = identity.get("dashboard")
+        if not isinstance(base, str) or not base:
+            return None
+        return login_link(base, self.security.key(), time.time(), os.urandom(NONCE_BYTES))
 
     def restart(self, timeout: float | None = None, wait_for_workers: bool = True) -> Any:
         """Drop every task and result in the cluster and start every worker afresh.

@@ -170,8 +170,9 @@ class LocalCluster:
     level from which workers' log lines reach this process's stderr (``get_logs``
     keeps more). Both need worker processes: with ``processes=False`` the workers
     share this process and its logging, and have no memory limit.
-    There is no dashboard yet: ``dashboard_address`` is accepted and
-    ``dashboard_link`` is None. Options that only tune Dask's
+    ``dashboard_address`` (``":8787"``: on the scheduler's host, loopback unless
+    ``host`` says otherwise; a free port if 8787 is taken) serves the live dashboard
+    (docs/dashboard.md); None serves none. Options that only tune Dask's
     internals (``protocol=``, ``nanny=``...) are ignored with one
     ``IgnoredOptionWarning`` naming them.
     """
@@ -245,6 +246,7 @@ class LocalCluster:
             config=SchedulerConfig(fail_unsatisfiable=True),
             security=self.security,
             allow_plaintext=allow_plaintext,
+            dashboard_address=dashboard_address,
         )
         #: The worker processes (None in-process, and until started).
         self._pool: WorkerProcesses | None = None
@@ -406,8 +408,13 @@ class LocalCluster:
 
     @property
     def dashboard_link(self) -> str | None:
-        """None: apportion has no dashboard yet (``dashboard_address`` is accepted)."""
-        return None
+        """A fresh one-time login link to this cluster's dashboard (a new one on each
+        access, see ``Client.dashboard_link``); None without a dashboard or before
+        the cluster has started."""
+        dashboard = self.scheduler.dashboard
+        if dashboard is None or dashboard.origin is None or self._stopped:
+            return None
+        return dashboard.login_link()
 
     def get_client(self) -> Client:
         """A client of this cluster (a new one each call; close it when done)."""

@@ -56,6 +56,8 @@ class SchedulerFile:
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
+    #: The scheduler's dashboard (base URL, no login token); None if it serves none.
+    dashboard: str | None = None
 
 
 def write_scheduler_file(
@@ -67,9 +69,10 @@ def write_scheduler_file(
     tls_ca: str | None = None,
     tls_cert: str | None = None,
     tls_key: str | None = None,
+    dashboard: str | None = None,
 ) -> None:
     """Write the file for the scheduler at ``address`` (mode 0600, atomically), with a
-    client's TLS credentials if given."""
+    client's TLS credentials and the dashboard's URL if given."""
     document: dict[str, Any] = {
         "type": "Scheduler",
         "id": id,
@@ -80,6 +83,8 @@ def write_scheduler_file(
     }
     if tls_ca or tls_cert or tls_key:
         document["tls"] = {"ca": tls_ca, "cert": tls_cert, "key": tls_key}
+    if dashboard:
+        document["dashboard"] = dashboard
     write_private(Path(path), json.dumps(document, indent=2) + "\n")
 
 
@@ -110,7 +115,10 @@ def read_scheduler_file(path: str | os.PathLike[str]) -> SchedulerFile:
         token if isinstance(token, str) and token else None,
         str(document.get("id", "")),
         int(document.get("pid", 0) or 0),
-        *(_text(tls.get(name)) for name in ("ca", "cert", "key")),
+        tls_ca=_text(tls.get("ca")),
+        tls_cert=_text(tls.get("cert")),
+        tls_key=_text(tls.get("key")),
+        dashboard=_text(document.get("dashboard")),
     )
 
 

@@ -474,6 +474,30 @@ class Journal:
             counts[state] = count
         return counts
 
+    def arrays(self, latest: int) -> list[tuple[int, str, dict[str, int]]]:
+        """The ``latest`` arrays, newest first: (array id, name, how many runs in each
+        state; every state a key)."""
+        with self._snapshot():
+            ids = [
+                int(row[0])
+                for row in self._db.execute(
+                    "SELECT DISTINCT array_id FROM runs WHERE array_id IS NOT NULL"
+                    " ORDER BY array_id DESC LIMIT ?",
+                    (latest,),
+                )
+            ]
+            rows = self._db.execute(
+                "SELECT array_id, MAX(name), state, COUNT(*) FROM runs"
+                f" WHERE array_id IN {_IN_LIST} GROUP BY array_id, state",
+                (json.dumps(ids),),
+            ).fetchall()
+        names: dict[int, str] = {}
+        counts: dict[int, dict[str, int]] = {i: dict.fromkeys(STATES, 0) for i in ids}
+        for array_id, name, state, count in rows:
+            names[array_id] = max(names.get(array_id, ""), name)
+            counts[array_id][state] = count
+        return [(i, names.get(i, ""), counts[i]) for i in ids]
+
     def history(self, run_id: int) -> list[tuple[float, str]]:
         """What happened to a run, as (time, text), oldest first."""
         with self._snapshot():

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from apportion.clock import SYSTEM_CLOCK, Clock
+from apportion.dashboard.events import RunsSource
+from apportion.dashboard.server import DashboardServer
 from apportion.log_ring import LogRing
 from apportion.loop_lag import LoopLag
 from apportion.loop_thread import BackgroundService
@@ -51,6 +53,7 @@ from apportion.scheduler.events import (
     WorkerJoined,
     WorkerLeft,
 )
+from apportion.scheduler.readout import Readout
 from apportion.scheduler.state import SchedulerConfig, SchedulerState
 from apportion.scheduler.wire import to_wire
 from apportion.versions import versions
@@ -74,7 +77,10 @@ class Scheduler(BackgroundService):
     (default: the system's) gives the time of every event and paces the tick that
     finds silent workers. ``companions`` are services started beside it once it
     listens, before any worker is admitted, and closed first when it closes
-    (``scheduler.companions``: the job queue is one).
+    (``scheduler.companions``: the job queue is one). ``dashboard_address``
+    (``"host:port"``, ``":port"``: on the scheduler's host) serves the web dashboard
+    there (``DashboardServer``; ``dashboard_runs`` reads the job queue's journal for
+    it), started once the scheduler listens and closed first; None serves none.
     """
 
     def __init__(
@@ -87,6 +93,8 @@ class Scheduler(BackgroundService):
         companions: Sequence[Companion] = (),
         security: Security | None = None,
         allow_plaintext: bool = False,
+        dashboard_address: str | None = None,
+        dashboard_runs: RunsSource | None = None,
     ) -> None:
         self.host = host
         #: Listen on a non-loopback host without TLS all the same (``check_exposure``).
@@ -132,12 +140,27 @@ class Scheduler(BackgroundService):
         self.logs = LogRing(only=("apportion.scheduler", *loggers))
         #: How late this scheduler's event loop wakes up, for ``/metrics``.
         self.loop_lag = LoopLag()
+        #: The web dashboard, if one is served; its ``url`` once started.
+        self.dashboard = (
+            None
+            if dashboard_address is None
+            else DashboardServer(
+                dashboard_address,
+                Readout(self.state),
+                self.security,
+                scheduler_host=host,
+                allow_plaintext=allow_plaintext,
+                runs=dashboard_runs,
+            )
+        )
 
     # --- lifecycle ------------------------------------------------------------------
 
     async def start(self) -> Scheduler:
         """Listen; return once connections are accepted."""
         check_exposure(self.host, self.security, allow_plaintext=self.allow_plaintext)
+        if self.dashboard is not None:
+            self.dashboard.check()  # refused before anything listens
         self._closed = asyncio.Event()
         transport = listener_for(self.host, self.security, "scheduler")
         self._server = await transport.listen(self.host, self.port, self._on_connect)
@@ -147,8 +170,13 @@ class Scheduler(BackgroundService):
         self.state.remote.versions = versions()
         self.state.remote.logs = lambda n: [list(r) for r in self.logs.recent(n)]
         try:
+            if self.dashboard is not None:
+                await self.dashboard.start()
+                self.state.identity["dashboard"] = self.dashboard.url
             await self._start_companions()
         except BaseException:
+            if self.dashboard is not None:
+                await self.dashboard.close()
             self._server.close()
             raise
         self._companions_ready.set()
@@ -156,6 +184,8 @@ class Scheduler(BackgroundService):
         self._ticker = asyncio.create_task(self._tick(), name="scheduler-tick")
         self.loop_lag.start()
         logger.info("scheduler listening at %s", self.address)
+        if self.dashboard is not None:
+            logger.info("dashboard at %s", self.dashboard.login_link())
         return self
 
     async def _tick(self) -> None:
@@ -200,6 +230,8 @@ class Scheduler(BackgroundService):
     async def close(self) -> None:
         """Stop listening and drop every connection; idempotent."""
         self.loop_lag.stop()
+        if self.dashboard is not None:
+            await self.dashboard.close()
         if self._ticker is not None:
             self._ticker.cancel()
             self._ticker = None

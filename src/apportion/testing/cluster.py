@@ -38,7 +38,8 @@ class InMemoryCluster:
     no worker can meet fails at once. ``clock``: shared by the scheduler and every
     worker (a ``FakeClock`` lets a test decide when time passes). ``companions``:
     services started beside the scheduler (``Scheduler(companions=...)``), such as
-    the job queue.
+    the job queue. ``dashboard_address``: serve the scheduler's dashboard there
+    (none unless asked; ``"127.0.0.1:0"`` for any free port).
 
     ``async with`` runs the services on the running loop (drive the fake clock with
     ``await clock.advance(...)``); ``with`` runs them on a background loop thread,
@@ -54,13 +55,18 @@ class InMemoryCluster:
         clock: Clock | None = None,
         name: str | None = None,
         companions: Sequence[Companion] = (),
+        dashboard_address: str | None = None,
     ) -> None:
         self.clock: Clock = clock or SYSTEM_CLOCK
         self.name = name or f"cluster-{uuid.uuid4().hex[:8]}"
         config = config if config is not None else SchedulerConfig(fail_unsatisfiable=True)
         #: The real scheduler service, listening at ``inproc://<name>``.
         self.scheduler = Scheduler(
-            INPROC + self.name, config=config, clock=self.clock, companions=companions
+            INPROC + self.name,
+            config=config,
+            clock=self.clock,
+            companions=companions,
+            dashboard_address=dashboard_address,
         )
         self._specs = [{}] * workers if isinstance(workers, int) else [dict(w) for w in workers]
         #: The workers started and not removed, in order.
