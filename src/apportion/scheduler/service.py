@@ -146,7 +146,7 @@ class Scheduler(BackgroundService):
             if dashboard_address is None
             else DashboardServer(
                 dashboard_address,
-                Readout(self.state),
+                Readout(self.state, self.loop_lag),
                 self.security,
                 scheduler_host=host,
                 allow_plaintext=allow_plaintext,
