@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import click
 
+from apportion.dashboard.auth import metrics_token
 from apportion.home import write_private
 from apportion.net import security as sec
 from apportion.net.scheduler_file import (
@@ -196,7 +197,13 @@ def scheduler_address(ctx: click.Context, given: str | None, wait: float = 0.0) 
     help="Replace this account's secret with a fresh one (restart the scheduler and "
     "workers afterwards: connections already open stay open until then).",
 )
-def token(new: bool) -> None:
+@click.option(
+    "--metrics",
+    is_flag=True,
+    help="Print the bearer token the dashboard's /metrics accepts instead: it lets "
+    "Prometheus read the metrics, and nothing else (docs/metrics.md).",
+)
+def token(new: bool, metrics: bool) -> None:
     """Print this account's cluster secret ($APPORTION_HOME/secret), made if need be.
 
     Copy it to the other machines' APPORTION_TOKEN (or a file for --token-file): any
@@ -204,6 +211,7 @@ def token(new: bool) -> None:
 
     \b
       export APPORTION_TOKEN=$(apportion token)
+      apportion token --metrics > /etc/prometheus/apportion-metrics-token
     """
     try:
         if new:
@@ -213,4 +221,8 @@ def token(new: bool) -> None:
         raise click.ClickException(str(exc)) from None
     if new:
         click.echo(f"wrote a new secret to {sec.secret_path()}", err=True)
+    if metrics:
+        # From the secret a scheduler started here would use: APPORTION_TOKEN first.
+        click.echo(metrics_token(sec.Security.from_environment().key()))
+        return
     click.echo(secret)

@@ -47,6 +47,14 @@ class SchedulerReadout(Protocol):
         """``{"key", "now", "story"}`` of ``key``; None if the scheduler knows nothing of it."""
         ...
 
+    def durations(self) -> dict[str, Any]:
+        """The task-duration histograms (``status.durations``), for ``/metrics``."""
+        ...
+
+    def loop_lag(self) -> tuple[float, float]:
+        """Seconds the scheduler's loop woke up late: last, and the recent peak."""
+        ...
+
 
 class RunsSource(Protocol):
     """The job queue's journal, read by blocking calls made in a thread

@@ -13,7 +13,14 @@ import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from apportion.dashboard.auth import HOW_TO_LOG_IN, SESSION_BYTES, LoginRefused, Logins, Sessions
+from apportion.dashboard.auth import (
+    HOW_TO_LOG_IN,
+    SESSION_BYTES,
+    LoginRefused,
+    Logins,
+    Sessions,
+    metrics_allowed,
+)
 from apportion.dashboard.events import (
     DEFAULT_INTERVAL,
     RunsCache,
@@ -23,7 +30,9 @@ from apportion.dashboard.events import (
     to_json,
 )
 from apportion.dashboard.http import BadRequest, Request, response_head, static_name
+from apportion.dashboard.metrics import CONTENT_TYPE, MetricsInput, render_metrics
 from apportion.dashboard.origin import Origin
+from apportion.versions import package_version
 
 #: Headers on every answer: nothing cached, no sniffing, no framing, no inline script.
 SECURITY_HEADERS = (
@@ -53,6 +62,17 @@ DEFAULT_TAIL = 65536
 MAX_TAIL = 1 << 20
 
 _RUN_LOG = re.compile(r"^/api/runs/([0-9]{1,18})/log$")
+
+#: apportion's version, a label of ``apportion_scheduler_info``.
+VERSION = package_version("apportion") or "unknown"
+#: A sequence number past any the task stream and the warnings reach: /metrics
+#: wants neither in its status.
+_PAST_ALL = 2**62
+#: What /metrics says to a scraper without the token.
+HOW_TO_SCRAPE = (
+    "/metrics needs Authorization: Bearer <token>, where the token is what "
+    "apportion token --metrics prints (see docs/metrics.md)"
+)
 
 
 def write_answer(
@@ -105,6 +125,7 @@ class Routes:
         self.static_dir = static_dir
         self.closing = closing
         self.logins = Logins(key)
+        self._key = key
         self.sessions = Sessions()
         self._clock = clock
         self._random = random_bytes
@@ -128,6 +149,8 @@ class Routes:
             return 421
         if request.path == "/login":
             return self._login(request, writer)
+        if request.path == "/metrics":  # before the session check: scrapers have none
+            return await self._metrics(request, writer, head)
         if not self.sessions.valid(request.cookies().get(self.cookie_name)):
             return self._unauthorized(request, writer)
         return await self._route(request, writer, head)
@@ -221,6 +244,29 @@ class Routes:
         return 200
 
     # --- for tools --------------------------------------------------------------------
+
+    async def _metrics(self, request: Request, writer: asyncio.StreamWriter, head: bool) -> int:
+        """Prometheus's scrape: the metrics bearer token, or a logged-in browser."""
+        session = request.cookies().get(self.cookie_name)
+        bearer = request.headers.get("authorization")
+        if not metrics_allowed(self._key, self.sessions, session, bearer):
+            challenge = [("WWW-Authenticate", 'Bearer realm="apportion"')]
+            body = f"{HOW_TO_SCRAPE}\n".encode()
+            write_answer(writer, 401, TEXT, body, head_only=head, extra=challenge)
+            return 401
+        overview = await self.runs.get()
+        lag, peak = self.readout.loop_lag()
+        given = MetricsInput(  # no await from here to the render: one snapshot
+            self.readout.status(_PAST_ALL, _PAST_ALL),
+            self.readout.durations(),
+            VERSION,
+            lag,
+            peak,
+            None if overview is None else overview["counts"],
+        )
+        text = await asyncio.to_thread(render_metrics, given)
+        write_answer(writer, 200, CONTENT_TYPE, text.encode(), head_only=head)
+        return 200
 
     async def _status(self, request: Request, writer: asyncio.StreamWriter, head: bool) -> int:
         overview = await self.runs.get()

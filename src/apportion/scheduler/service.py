@@ -23,6 +23,7 @@ from apportion.clock import SYSTEM_CLOCK, Clock
 from apportion.dashboard.events import RunsSource
 from apportion.dashboard.server import DashboardServer
 from apportion.log_ring import LogRing
+from apportion.loop_lag import LoopLag
 from apportion.loop_thread import BackgroundService
 from apportion.net.address import DEFAULT_PORT, INPROC, is_inproc
 from apportion.net.connection import Connection, ConnectionClosed
@@ -137,13 +138,15 @@ class Scheduler(BackgroundService):
         #: Recent records of the scheduler's loggers (``client.get_scheduler_logs``).
         loggers = [name for companion in self.companions for name in companion.loggers]
         self.logs = LogRing(only=("apportion.scheduler", *loggers))
+        #: How late this scheduler's event loop wakes up, for ``/metrics``.
+        self.loop_lag = LoopLag()
         #: The web dashboard, if one is served; its ``url`` once started.
         self.dashboard = (
             None
             if dashboard_address is None
             else DashboardServer(
                 dashboard_address,
-                Readout(self.state),
+                Readout(self.state, self.loop_lag),
                 self.security,
                 scheduler_host=host,
                 allow_plaintext=allow_plaintext,
@@ -179,6 +182,7 @@ class Scheduler(BackgroundService):
         self._companions_ready.set()
         self.logs.attach()
         self._ticker = asyncio.create_task(self._tick(), name="scheduler-tick")
+        self.loop_lag.start()
         logger.info("scheduler listening at %s", self.address)
         if self.dashboard is not None:
             logger.info("dashboard at %s", self.dashboard.login_link())
@@ -225,6 +229,7 @@ class Scheduler(BackgroundService):
 
     async def close(self) -> None:
         """Stop listening and drop every connection; idempotent."""
+        self.loop_lag.stop()
         if self.dashboard is not None:
             await self.dashboard.close()
         if self._ticker is not None:

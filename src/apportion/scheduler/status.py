@@ -29,7 +29,7 @@ from apportion.scheduler.records import (
     options_of,
     restriction_of,
 )
-from apportion.scheduler.telemetry import LIVE_STATES, GroupTally
+from apportion.scheduler.telemetry import DURATION_BUCKETS, LIVE_STATES, GroupTally, Histogram
 from apportion.scheduler.unsatisfiable import satisfiable
 
 #: Shape of the status; bumped when a field changes meaning or goes.
@@ -280,3 +280,23 @@ def _oldest(state: SchedulerCore, signature: QueueKey) -> TaskRecord | None:
         ):
             best = task
     return best
+
+
+def durations(state: SchedulerCore) -> dict[str, Any]:
+    """Task durations (seconds) as Prometheus histograms: plain data for ``/metrics``.
+
+    Keys: ``bounds`` (the buckets' upper bounds; +Inf follows); ``all`` (every
+    execution) and ``groups`` (by group, up to ``HISTOGRAM_GROUPS`` and then
+    ``other``, so they add up to ``all``), each ``buckets`` (cumulative counts, one
+    per bound then +Inf), ``sum`` and ``count``.
+    """
+    telemetry = state.telemetry
+    return {
+        "bounds": list(DURATION_BUCKETS),
+        "all": _histogram(telemetry.durations),
+        "groups": {name: _histogram(h) for name, h in telemetry.group_durations.items()},
+    }
+
+
+def _histogram(histogram: Histogram) -> dict[str, Any]:
+    return {"buckets": histogram.cumulative(), "sum": histogram.sum, "count": histogram.count}
