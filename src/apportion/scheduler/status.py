@@ -293,7 +293,7 @@ def durations(state: SchedulerCore) -> dict[str, Any]:
     telemetry = state.telemetry
     return {
         "bounds": list(DURATION_BUCKETS),
-        "all": _histogram(telemetry.durations),
+        "all": _histogram(telemetry.all_durations()),
         "groups": {name: _histogram(h) for name, h in telemetry.group_durations.items()},
     }
 
