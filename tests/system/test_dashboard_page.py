@@ -8,28 +8,26 @@ GPU units, ``data-items`` on the task stream's canvas), so nothing here sleeps.
 
 from __future__ import annotations
 
-import shutil
 import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import cloudpickle
 import pytest
 
+import browser
 from apportion import Client, Event, Scheduler, Worker
 
-playwright = pytest.importorskip("playwright.sync_api", reason="needs playwright")
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
 
 pytestmark = [pytest.mark.tcp, pytest.mark.process]  # the browser is a process of its own
 
 # The tasks' functions travel by value: in-process workers unpickle them all the same.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-#: Where the screenshots go: artefacts to look at, never committed.
-SHOTS = Path(__file__).resolve().parents[2] / "build" / "screenshots"
 #: Milliseconds any one DOM condition may take (the page updates every 0.2 s here).
 WAIT = 10_000
 
@@ -75,38 +73,19 @@ def cluster() -> Iterator[Cluster]:
         yield Cluster(client)
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    # The system's Chromium if there is one, else the one Playwright may have installed.
-    system = shutil.which("chromium") or shutil.which("chromium-browser")
-    with playwright.sync_playwright() as p:
-        try:
-            chromium = p.chromium.launch(executable_path=system)
-        except Exception as error:  # no browser here: nothing to test
-            pytest.skip(f"no headless Chromium: {error}")
-        yield chromium
-        chromium.close()
-
-
 @pytest.fixture
-def page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
-    """A fresh browser context's page; fails the test on any error the page raised."""
-    context = browser.new_context(viewport={"width": 1440, "height": 900})
-    tab = context.new_page()
-    errors: list[str] = []
-    tab.on("pageerror", lambda error: errors.append(str(error)))
-    tab.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-    yield tab
-    context.close()
-    assert not errors, errors
+def page(browser_page: Page) -> Iterator[Page]:
+    """The harness's page at a desktop's size; fails the test on any error it raised."""
+    browser_page.set_viewport_size({"width": 1440, "height": 900})
+    yield browser_page
+    browser.assert_no_page_errors(browser_page)
 
 
-def shot(page: Any, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"dashboard-{name}.png"), full_page=True)
+def shot(page: Page, name: str) -> None:
+    browser.screenshot(page, name)
 
 
-def open_dashboard(page: Any, cluster: Cluster) -> None:
+def open_dashboard(page: Page, cluster: Cluster) -> None:
     """Log in through a link, then reload with a fast stream (the session stays)."""
     page.goto(cluster.login())
     page.wait_for_selector("#resources")
@@ -114,10 +93,10 @@ def open_dashboard(page: Any, cluster: Cluster) -> None:
     page.wait_for_function("() => document.body.dataset.updates >= 1", timeout=WAIT)
 
 
-def test_the_page_opens_through_a_login_link_only(
-    cluster: Cluster, browser: Any, page: Any
-) -> None:
-    stranger = browser.new_context()  # the browser console reports the 401: not `page`
+def test_the_page_opens_through_a_login_link_only(cluster: Cluster, page: Page) -> None:
+    chromium = page.context.browser
+    assert chromium is not None
+    stranger = chromium.new_context()  # the browser console reports the 401: not `page`
     try:
         refused = stranger.new_page().goto(cluster.base())
         assert refused is not None and refused.status == 401
@@ -129,7 +108,7 @@ def test_the_page_opens_through_a_login_link_only(
     assert "2 workers" in str(page.locator("#cluster-size").text_content())
 
 
-def test_gpu_units_show_the_task_holding_them_until_it_ends(cluster: Cluster, page: Any) -> None:
+def test_gpu_units_show_the_task_holding_them_until_it_ends(cluster: Cluster, page: Page) -> None:
     open_dashboard(page, cluster)
     units = page.locator(".card .unit[data-pool=gpu]")
     page.wait_for_function(
@@ -166,7 +145,7 @@ def test_gpu_units_show_the_task_holding_them_until_it_ends(cluster: Cluster, pa
     shot(page, "stream")
 
 
-def test_a_request_no_worker_can_meet_is_shown_first_with_why(cluster: Cluster, page: Any) -> None:
+def test_a_request_no_worker_can_meet_is_shown_first_with_why(cluster: Cluster, page: Page) -> None:
     open_dashboard(page, cluster)
     go = Event(f"go-{uuid.uuid4().hex}", client=cluster.client)
     future = cluster.client.submit(hold, go, resources={"gpu": 8}, key="too-big")
