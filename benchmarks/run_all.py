@@ -8,7 +8,8 @@ quality on a mixed CPU/GPU workload beside Dask, recovery from a killed worker
 beside Dask, Dask collections computed on each, bytes per second between workers
 and to the client beside Dask, the job queue's runs per second beside HyperQueue,
 task throughput beside a run printing 50 MB, the cost of authentication and TLS
-per connection and in tiny-task throughput beside Dask's TLS, and, beside Dask on
+per connection and in tiny-task throughput beside Dask's TLS, the cost of a
+dashboard page left open on tiny-task throughput, and, beside Dask on
 workers with a 2 GiB memory limit, three limits of data held and reduced
 (spill.py) and a 10 GiB shuffle (shuffle.py).
 """
@@ -38,6 +39,7 @@ SCRIPTS = [
     "queue_throughput.py",
     "chatty_run.py",
     "security.py",
+    "dashboard_cost.py",
     # Their defaults: 2 workers of 2 GiB each; about 2 and 4 minutes here.
     "spill.py",
     "shuffle.py",
