@@ -49,6 +49,7 @@ PURE = re.compile(
     r"|net\.gate"
     r"|deploy\.(allocator|hostlist|job_template|ssh_commands|ssh_options)"
     r"|runs\.(lifecycle|views|run_states|run_events)"
+    r"|cli\.status_view"
     r")$"
 )
 

@@ -474,6 +474,29 @@ class Journal:
             counts[state] = count
         return counts
 
+    def array_counts(self, *, active_only: bool = True) -> dict[int, tuple[str, dict[str, int]]]:
+        """Each array (by its id) with its name and how many of its runs are in each
+        state, by id; with ``active_only``, only arrays with a run not finished yet.
+
+        One grouped query: a status redrawn every second must not read every run.
+        """
+        arrays: dict[int, tuple[str, dict[str, int]]] = {}
+        query = (
+            "SELECT array_id, MIN(name), state, COUNT(*) FROM runs"
+            " WHERE array_id IS NOT NULL GROUP BY array_id, state ORDER BY array_id"
+        )
+        with self._snapshot():
+            rows = self._db.execute(query).fetchall()
+        for array_id, name, state, count in rows:
+            arrays.setdefault(array_id, (name, dict.fromkeys(STATES, 0)))[1][state] = count
+        if active_only:
+            arrays = {
+                array_id: (name, counts)
+                for array_id, (name, counts) in arrays.items()
+                if any(n for state, n in counts.items() if state not in FINISHED)
+            }
+        return arrays
+
     def history(self, run_id: int) -> list[tuple[float, str]]:
         """What happened to a run, as (time, text), oldest first."""
         with self._snapshot():
