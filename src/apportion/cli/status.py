@@ -13,6 +13,7 @@ ends it with status 0.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import sqlite3
@@ -252,6 +253,10 @@ def _watch(address: str, interval: float, as_json: bool, runs: RunsSource) -> No
     client: Client | None = connect(address)  # a first failure ends the command
     seen = _Watch()
     lost = False
+    # The watch says itself, once, that it lost the scheduler: without a handler of
+    # its own the client's log line would reach stderr too, at every reconnection.
+    quiet = logging.NullHandler()
+    logging.getLogger("apportion.client").addHandler(quiet)
     if tty:
         sys.stdout.write(_HIDE_CURSOR)
     try:
@@ -283,6 +288,7 @@ def _watch(address: str, interval: float, as_json: bool, runs: RunsSource) -> No
             sys.stdout.flush()
         if client is not None:
             client.close()
+        logging.getLogger("apportion.client").removeHandler(quiet)
 
 
 def _show(

@@ -17,7 +17,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from apportion.core.resources import SCALE, describe_amount
-from apportion.runs.run_states import FINISHED, STATES
+from apportion.runs.run_states import (
+    CANCELLED,
+    COMPLETED,
+    FAILED,
+    FINISHED,
+    LOST,
+    QUEUED,
+    RUNNING,
+    STAGED,
+    STATES,
+)
 
 #: Groups, kinds of waiting request and warnings shown; the rest are counted.
 MAX_GROUPS = 10
@@ -29,6 +39,9 @@ MAX_UNIT_CELLS = 16
 BAR_CELLS = 10
 #: Longest key shown where keys are listed (units, oldest task).
 KEY_WIDTH = 24
+
+#: Order run states are named in: how runs ended, then what is still to come.
+_RUN_ORDER = (COMPLETED, FAILED, CANCELLED, LOST, RUNNING, QUEUED, STAGED)
 
 #: Live task states, in the order the header names them, with the words it uses.
 _TASK_STATES = (
@@ -257,8 +270,7 @@ def _run_progress(counts: Mapping[str, int], style: Style) -> str:
     """``[■■■□] 7/20 done  5 completed, 2 failed, 3 running, 10 queued``."""
     total = sum(counts.values())
     done = sum(counts.get(state, 0) for state in FINISHED)
-    order = [state for state in STATES if state in FINISHED]
-    order += [state for state in STATES if state not in FINISHED]
+    order = [*_RUN_ORDER, *(state for state in STATES if state not in _RUN_ORDER)]
     detail = ", ".join(f"{counts[state]} {state}" for state in order if counts.get(state))
     drawn = bar(done, total, BAR_CELLS, unicode=style.unicode)
     return f"{drawn} {done}/{total} done  {detail or 'no runs'}"
