@@ -137,6 +137,18 @@ def test_counts_name_every_state(journal: Journal) -> None:
     assert journal.counts(ids[:2]) == dict.fromkeys(STATES, 0) | {STAGED: 1, QUEUED: 1}
 
 
+def test_array_counts_are_per_array_and_skip_finished_ones(journal: Journal) -> None:
+    journal.stage([spec()], 1.0)  # in no array
+    first = journal.stage(expand_array(spec(name="sweep"), range(3)), 1.0)
+    second = journal.stage(expand_array(spec(), range(2)), 1.0)
+    journal.mark_queued(first[:1], 2.0)
+    for run_id in second:
+        journal.request_cancel(run_id, 3.0)
+    zero = dict.fromkeys(STATES, 0)
+    assert journal.array_counts() == {first[0]: ("sweep", zero | {STAGED: 2, QUEUED: 1})}
+    assert journal.array_counts(active_only=False)[second[0]] == ("", zero | {CANCELLED: 2})
+
+
 def test_identical_environments_are_stored_once(journal: Journal) -> None:
     ids = journal.stage([spec(), spec(), spec(env={"OTHER": "1"})], 1.0)
     ids += journal.stage(expand_array(spec(), range(100)), 1.0)
