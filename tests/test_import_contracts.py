@@ -50,6 +50,7 @@ PURE = re.compile(
     r"|deploy\.(allocator|hostlist|job_template|ssh_commands|ssh_options)"
     r"|runs\.(lifecycle|views|run_states|run_events)"
     r"|dashboard\.(http|auth|origin|metrics)"
+    r"|cli\.status_view"
     r")$"
 )
 

@@ -137,6 +137,21 @@ def test_counts_name_every_state(journal: Journal) -> None:
     assert journal.counts(ids[:2]) == dict.fromkeys(STATES, 0) | {STAGED: 1, QUEUED: 1}
 
 
+def test_arrays_count_their_runs_by_state_newest_first(journal: Journal) -> None:
+    journal.stage([spec()], 1.0)  # in no array
+    first = journal.stage(expand_array(spec(name="sweep"), range(3)), 1.0)
+    second = journal.stage(expand_array(spec(), range(2)), 1.0)
+    journal.mark_queued(first[:1], 2.0)
+    for run_id in second:
+        journal.request_cancel(run_id, 3.0)
+    zero = dict.fromkeys(STATES, 0)
+    assert journal.arrays(10) == [
+        (second[0], "", zero | {CANCELLED: 2}),
+        (first[0], "sweep", zero | {STAGED: 2, QUEUED: 1}),
+    ]
+    assert journal.arrays(1) == [(second[0], "", zero | {CANCELLED: 2})]
+
+
 def test_identical_environments_are_stored_once(journal: Journal) -> None:
     ids = journal.stage([spec(), spec(), spec(env={"OTHER": "1"})], 1.0)
     ids += journal.stage(expand_array(spec(), range(100)), 1.0)

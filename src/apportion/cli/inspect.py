@@ -28,7 +28,9 @@ scheduler_option = click.option(
 )
 
 
-def _connect(address: str) -> Client:
+def connect(address: str) -> Client:
+    """A client of the scheduler at ``address``; failing to reach it or to prove the
+    secret is one ``Error:`` line (status 1), not a traceback."""
     try:
         return Client(address, timeout=10)
     except (OSError, TimeoutError, AuthenticationError) as exc:
@@ -54,7 +56,7 @@ def why(keys: tuple[str, ...], address: str, journal_path: Path | None) -> None:
     if keys and all(key.isdigit() for key in keys):
         _why_runs([int(key) for key in keys], journal_path or default_journal_path())
         return
-    with _connect(address) as client:
+    with connect(address) as client:
         reasons = client.why(list(keys))
     if not reasons:
         click.echo("no task is waiting: everything submitted is running or done")
@@ -81,7 +83,7 @@ def info(address: str) -> None:
     Indexed pools also get a line each with every unit's state, so that the units
     each process holds (--split-units) can be checked at a glance.
     """
-    with _connect(address) as client:
+    with connect(address) as client:
         snapshot = client.scheduler_info()
     workers = snapshot["workers"]
     click.echo(f"scheduler {snapshot.get('address', address)}: {len(workers)} workers")
@@ -129,7 +131,7 @@ def _readable(name: str, value: float) -> str:
 @scheduler_file_option
 def dump(filename: str, address: str) -> None:
     """Write the scheduler's whole state to FILENAME as JSON, for a bug report."""
-    with _connect(address) as client:
+    with connect(address) as client:
         state = client.dump_cluster_state(filename)
     click.echo(
         f"wrote {len(state['task_states'])} tasks and {len(state['workers'])} workers to {filename}"

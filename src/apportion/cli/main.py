@@ -11,6 +11,7 @@ from apportion.cli.runs import RUN_COMMANDS
 from apportion.cli.scheduler import scheduler
 from apportion.cli.slurm import slurm
 from apportion.cli.ssh import ssh
+from apportion.cli.status import status
 from apportion.cli.submit import submit
 from apportion.cli.worker import worker
 
@@ -26,6 +27,7 @@ main.add_command(worker)
 main.add_command(info)
 main.add_command(why)
 main.add_command(dump)
+main.add_command(status)
 main.add_command(submit)
 main.add_command(token)
 main.add_command(ssh)
