@@ -22,6 +22,7 @@ from apportion.deploy.ssh_commands import (
     bootstrap_input,
     host_name,
     plan_cluster,
+    relayed_line,
     scheduler_args,
     split_ssh_options,
     ssh_argv,
@@ -161,3 +162,25 @@ def test_the_bootstrap_runs_apportion_with_its_stdin_and_stops_it_at_end_of_file
         for stream in (proc.stdin, proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+def test_relayed_json_records_gain_their_host_and_other_lines_a_prefix() -> None:
+    record = {"time": "2026-11-24T10:00:00.000Z", "level": "INFO", "message": "héllo"}
+    relayed = json.loads(relayed_line("node01", json.dumps(record)))
+    assert relayed == {**record, "host": "node01"}
+    assert relayed_line("node01", "plain text") == "[node01] plain text"
+    assert relayed_line("node01", "{not json") == "[node01] {not json"
+    assert relayed_line("node01", "[1, 2]") == "[node01] [1, 2]"
+    assert relayed_line("node01", '{"a": 1} trailing') == '[node01] {"a": 1} trailing'
+
+
+def test_remote_processes_are_given_the_log_format(monkeypatch: pytest.MonkeyPatch) -> None:
+    from apportion.deploy.ssh import _remote_environment
+
+    security = Security.temporary()
+    monkeypatch.delenv("APPORTION_LOG_FORMAT", raising=False)
+    assert "APPORTION_LOG_FORMAT" not in _remote_environment(security, "worker")
+    monkeypatch.setenv("APPORTION_LOG_FORMAT", "json")
+    env = _remote_environment(security, "worker")
+    assert env["APPORTION_LOG_FORMAT"] == "json"
+    assert env.items() >= security.environment("worker").items()

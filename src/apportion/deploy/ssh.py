@@ -34,11 +34,13 @@ from apportion.deploy.ssh_commands import (
     announced_address,
     bootstrap_input,
     plan_cluster,
+    relayed_line,
     scheduler_args,
     ssh_argv,
     worker_args,
 )
 from apportion.deploy.ssh_options import connect_options, scheduler_options, worker_options
+from apportion.log_setup import FORMAT_VARIABLE
 from apportion.net.scheduler_file import write_scheduler_file
 from apportion.net.security import Security
 
@@ -93,7 +95,7 @@ class RemoteProcess:
                 line = raw.decode(errors="replace").rstrip("\n")
                 self.lines.append(line)
                 with contextlib.suppress(OSError, ValueError):
-                    print(f"[{self.label}] {line}", file=self._output, flush=True)
+                    print(relayed_line(self.label, line), file=self._output, flush=True)
                 self._on_line(line)
         if not self._hung_up:
             code = self.process.wait()
@@ -176,7 +178,7 @@ class SSHCluster:
             self._start_scheduler(timeout)
             for index, host in enumerate(plan.worker_hosts):
                 argv = ssh_argv(plan, host, worker_args(plan, index, self.scheduler_address))
-                line = bootstrap_input(self.security.environment("worker"), plan.grace)
+                line = bootstrap_input(_remote_environment(self.security, "worker"), plan.grace)
                 self._workers.append(RemoteProcess(host, argv, line, self._output))
         except BaseException:
             self.close()
@@ -193,7 +195,7 @@ class SSHCluster:
                 announced.set()
 
         argv = ssh_argv(plan, plan.scheduler_host, scheduler_args(plan))
-        line = bootstrap_input(self.security.environment("scheduler"), plan.grace)
+        line = bootstrap_input(_remote_environment(self.security, "scheduler"), plan.grace)
         remote = RemoteProcess(plan.scheduler_host, argv, line, self._output, look)
         self._scheduler = remote
         watcher = threading.Thread(
@@ -273,3 +275,13 @@ def _worker(given: Mapping[str, Any] | None) -> WorkerOptions:
 
 
 __all__ = ["ClusterPlan", "RemoteProcess", "SSHCluster"]
+
+
+def _remote_environment(security: Security, role: str) -> dict[str, str]:
+    """What a remote process is given: its credentials, and this process's log format
+    (``--log-format``), so a JSON log stays JSON from every host."""
+    env = security.environment(role)
+    log_format = os.environ.get(FORMAT_VARIABLE)
+    if log_format:
+        env[FORMAT_VARIABLE] = log_format
+    return env

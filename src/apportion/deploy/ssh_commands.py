@@ -196,3 +196,18 @@ def announced_address(line: str) -> str | None:
     """The scheduler's address if ``line`` is its announcement."""
     found = _ANNOUNCED.search(line)
     return found.group(1) if found else None
+
+
+def relayed_line(label: str, line: str) -> str:
+    """A remote process's output line as ``apportion ssh`` prints it: a JSON log
+    record (``--log-format json``) gains ``"host": label`` and stays one JSON
+    object, so the whole output can be read as JSON lines; any other line is
+    prefixed ``[label]``."""
+    if line.startswith("{"):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict):
+            return json.dumps({**record, "host": label}, ensure_ascii=False)
+    return f"[{label}] {line}"
