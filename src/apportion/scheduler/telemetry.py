@@ -18,6 +18,7 @@ from bisect import bisect_left
 from collections import OrderedDict, deque
 from typing import NamedTuple
 
+from apportion.core.allocation import Allocation
 from apportion.core.groups import group_of
 from apportion.core.resources import Amounts, Units
 from apportion.scheduler.records import (
@@ -223,16 +224,17 @@ class Telemetry:
         self,
         task: TaskRecord,
         worker: WorkerRecord,
+        allocation: Allocation | None,
         thread: int,
         duration: float,
         now: float,
         ok: bool,
     ) -> None:
-        """``worker`` reported ``task`` finished (``ok``) or raised, ``duration`` in."""
+        """``worker`` reported ``task`` finished (``ok``) or raised, ``duration`` in;
+        it had held ``allocation`` there."""
         tally = task.group
         if tally is None:  # cannot be: it moved to PROCESSING; kept total all the same
             tally = task.group = self._tally(task.key)
-        allocation = task.allocation
         self.stream_seq += 1
         # tuple.__new__ rather than Execution(...): a NamedTuple's own constructor is
         # a Python function, several times slower, and this runs once per task.

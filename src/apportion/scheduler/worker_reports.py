@@ -7,6 +7,7 @@ Every report of a task the worker was running returns that task's resources
 
 from __future__ import annotations
 
+from apportion.core.allocation import Allocation
 from apportion.protocol import messages as m
 from apportion.scheduler import actors
 from apportion.scheduler.core import SchedulerCore
@@ -32,12 +33,11 @@ def running_task(state: SchedulerCore, worker: WorkerRecord, key: str) -> TaskRe
 
 
 def task_finished(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskFinished) -> None:
-    allocation = state.tasks[msg.key].allocation if msg.key in state.tasks else None
-    if msg.key in state.tasks:  # before ``running_task`` gives its resources back
-        _executed(state, worker, state.tasks[msg.key], msg.thread, msg.duration, True)
+    allocation = _allocation_of(state, msg.key)  # before ``running_task`` gives it back
     task = running_task(state, worker, msg.key)
     if task is None:
         return
+    state.telemetry.executed(task, worker, allocation, msg.thread, msg.duration, state.now, True)
     if not task.resources:
         avg = worker.avg_duration
         worker.avg_duration = msg.duration if avg is None else 0.8 * avg + 0.2 * msg.duration
@@ -50,25 +50,17 @@ def task_finished(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskFinishe
     state.complete(task, worker, msg.nbytes, f"finished on {worker.name}")
 
 
-def _executed(
-    state: SchedulerCore,
-    worker: WorkerRecord,
-    task: TaskRecord,
-    thread: int,
-    duration: float,
-    ok: bool,
-) -> None:
-    """Draw the run on the task stream, if it is the one the scheduler started here."""
-    if task.state == PROCESSING and task.worker == worker.id:
-        state.telemetry.executed(task, worker, thread, duration, state.now, ok)
+def _allocation_of(state: SchedulerCore, key: str) -> Allocation | None:
+    task = state.tasks.get(key)
+    return task.allocation if task is not None else None
 
 
 def task_raised(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskRaised) -> None:
-    if msg.key in state.tasks:
-        _executed(state, worker, state.tasks[msg.key], msg.thread, msg.duration, False)
+    allocation = _allocation_of(state, msg.key)
     task = running_task(state, worker, msg.key)
     if task is None:
         return
+    state.telemetry.executed(task, worker, allocation, msg.thread, msg.duration, state.now, False)
     state.placement_due = True
     if task.discard_result:
         settle_discarded(state, task, f"raised on {worker.name}, result discarded")
