@@ -67,6 +67,7 @@ from raw_peer import (
     smuggled,
 )
 from tls_certificates import issue
+from unix_users import interpreter_for, no_python_reason
 
 pytestmark = pytest.mark.tcp
 
@@ -648,37 +649,6 @@ print(json.dumps(outcome))
 """
 
 
-def interpreter_for(user: str, env: dict[str, str]) -> tuple[list[str], dict[str, str]] | None:
-    """A Python that ``user`` may run and that imports apportion, and the environment
-    it needs: this one, else the system's of the same version with this one's packages
-    on the path (this one may lie in a home only its owner may enter); None if neither
-    works."""
-    packages = next(p for p in sys.path if p.endswith("site-packages"))
-    candidates = [([sys.executable], env)]
-    system = shutil.which("python3", path="/usr/bin:/bin")
-    if system is not None:
-        path = f"{env['PYTHONPATH']}:{packages}"
-        candidates.append(([system], {**env, "PYTHONPATH": path}))
-    for argv, candidate_env in candidates:
-        check = [*argv, "-c", "import sys, apportion; print(sys.version_info[:2])"]
-        try:
-            found = subprocess.run(
-                check,
-                env=candidate_env,
-                user=user,
-                group=user,
-                extra_groups=[],
-                capture_output=True,
-                text=True,
-                timeout=30,
-            )
-        except PermissionError:
-            continue
-        if found.returncode == 0 and found.stdout.strip() == str(sys.version_info[:2]):
-            return argv, candidate_env
-    return None
-
-
 @pytest.fixture
 def other_user() -> Iterator[str]:
     """A system user made for this test, deleted after it however it ends."""
@@ -713,11 +683,7 @@ def test_another_user_of_the_machine_can_neither_read_the_secret_nor_use_the_clu
         }
         found = interpreter_for(other_user, intruder)
         if found is None:
-            pytest.skip(
-                f"{other_user} can run no Python {sys.version_info.major}."
-                f"{sys.version_info.minor} that imports apportion: {sys.executable} is "
-                "in a directory they may not enter, and no system Python fits"
-            )
+            pytest.skip(no_python_reason(other_user))
         python, intruder = found
         owner = environment(home)
         _, address, _ = procs.start_scheduler(

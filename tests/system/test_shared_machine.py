@@ -1,0 +1,189 @@
+"""Two ordinary users on one machine, as on a login node or a lab's GPU box.
+
+Each starts a scheduler, workers, runs and the dashboard with no options at all, at
+the same time, in the machine's shared ``/tmp``; one of them also lays what traps an
+account may lay for another (files and symlinks where apportion once kept state in
+``/tmp``). Each user's commands must reach only their own cluster, nothing the other
+planted may change anything, and a run whose worker is killed with SIGKILL must never
+run twice: its command's processes are counted, as root, while the run starts again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from cli_processes import poll
+from unix_users import UnixUser, skip_reason, unix_users
+
+pytestmark = [pytest.mark.process, pytest.mark.tcp]
+
+#: Where a worker once listed its runs' process groups: a name shared by every user.
+OLD_GROUPS_DIR = Path("/tmp/apportion-run-groups")
+
+
+@pytest.fixture
+def two_users() -> Iterator[list[UnixUser]]:
+    reason = skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    with unix_users(2) as users:
+        yield users
+
+
+def announced(user: UnixUser, pattern: str, timeout: float = 30) -> str:
+    """The first match of ``pattern`` in what ``user``'s processes printed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = re.search(pattern, user.output())
+        if found:
+            return found.group(1)
+        time.sleep(0.05)
+    raise AssertionError(f"nothing matching {pattern!r} from {user.name}:\n{user.output()}")
+
+
+def status(user: UnixUser) -> dict[str, object]:
+    done = user.run("status", "--json")
+    assert done.returncode == 0, done.stderr
+    document: dict[str, object] = json.loads(done.stdout)
+    return document
+
+
+def wait_for_workers(user: UnixUser, count: int, timeout: float = 40) -> dict[str, object]:
+    deadline = time.monotonic() + timeout
+    while True:
+        document = status(user)
+        workers = document["workers"]
+        assert isinstance(workers, list)
+        if len(workers) == count:
+            return document
+        assert time.monotonic() < deadline, f"{user.name} has {len(workers)} workers"
+        time.sleep(0.2)
+
+
+def marked(marker: str) -> list[psutil.Process]:
+    """The ``sleep`` processes of the runs whose environment carries ``marker``."""
+    found = []
+    for proc in psutil.process_iter(["name"]):
+        if proc.info["name"] != "sleep":
+            continue
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get("RUN_MARKER") == marker:
+                found.append(proc)
+    return found
+
+
+def worker_of(proc: psutil.Process, supervisor: int) -> psutil.Process:
+    """The worker process (a child of ``supervisor``) that ``proc`` descends from."""
+    for parent in proc.parents():
+        if parent.ppid() == supervisor:
+            return parent
+    raise AssertionError(f"{proc} descends from no worker of supervisor {supervisor}")
+
+
+@pytest.mark.timeout(240)
+def test_two_users_run_clusters_side_by_side_and_neither_touches_the_other(
+    two_users: list[UnixUser],
+) -> None:
+    mallory, alice = two_users
+    # Both start a scheduler with no option at once: one of them cannot have the
+    # default port, and falls back to another.
+    mallory.start("scheduler")
+    alice.start("scheduler")
+    addresses = {
+        user.name: announced(user, r"apportion scheduler at (tcp://\S+)")
+        for user in (mallory, alice)
+    }
+    assert len(set(addresses.values())) == 2, addresses
+    for user in (mallory, alice):
+        document = json.loads((user.home / ".apportion" / "scheduler.json").read_text())
+        assert document["address"] == addresses[user.name]
+        assert document["dashboard"].startswith("http://127.0.0.1:")
+        assert os.stat(user.home / ".apportion").st_uid == user.uid
+        assert os.stat(user.home / ".apportion").st_mode & 0o077 == 0
+    dashboards = {
+        json.loads((u.home / ".apportion" / "scheduler.json").read_text())["dashboard"]
+        for u in (mallory, alice)
+    }
+    assert len(dashboards) == 2, dashboards
+
+    # Mallory lays traps where a worker once kept its list of process groups: a
+    # directory of hers, a list naming Alice's scheduler's process group, and a
+    # symlink to a file of Alice's.
+    alice_scheduler = next(p for p in alice.processes() if "scheduler" in " ".join(p.cmdline()))
+    victim = alice.home / "notes.txt"
+    victim.write_text("mine\n")
+    os.chown(victim, alice.uid, alice.uid)
+    with contextlib.suppress(FileExistsError):
+        OLD_GROUPS_DIR.mkdir(mode=0o755)
+    os.chown(OLD_GROUPS_DIR, mallory.uid, mallory.uid)
+
+    # Workers with no address find their own user's scheduler.
+    mallory.start("worker", "--nthreads", "1")
+    alice_supervisor = alice.start("worker", "--nworkers", "2", "--nthreads", "1")
+    wait_for_workers(mallory, 1)
+    wait_for_workers(alice, 2)
+    # The traps are laid under the pids Alice's workers really have.
+    listed, linked = (c.pid for c in psutil.Process(alice_supervisor.pid).children())
+    _plant(mallory, OLD_GROUPS_DIR / str(listed), f"{alice_scheduler.pid}\n")
+    _plant(mallory, OLD_GROUPS_DIR / str(linked), victim)
+
+    # A run of each, with no option: each reaches its own cluster only.
+    done = mallory.run("submit", "--wait", "--", "sh", "-c", "echo from-mallory")
+    assert done.returncode == 0, done.stdout + done.stderr
+    marker = secrets.token_hex(8)
+    submitted = alice.run(
+        "submit", "--", "sh", "-c", "sleep 300 & sleep 300; wait", env={"RUN_MARKER": marker}
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    first = poll(lambda: len(marked(marker)) == 2 and marked(marker), 40, "the run")
+    mallory_runs = mallory.run("runs").stdout
+    alice_runs = alice.run("runs").stdout
+    assert "completed" in mallory_runs and "running" not in mallory_runs, mallory_runs
+    assert "running" in alice_runs and "completed" not in alice_runs, alice_runs
+
+    # SIGKILL the worker running Alice's run: its command dies with it, before the
+    # run runs again, and never two copies at once.
+    worker = worker_of(first[0], alice_supervisor.pid)
+    old = {p.pid for p in first}
+    worker.send_signal(signal.SIGKILL)
+    most, deadline = 0, time.monotonic() + 15
+    while time.monotonic() < deadline:
+        now = marked(marker)
+        most = max(most, len(now))
+        if now and not old & {p.pid for p in now}:
+            break  # started again, with only the new copy alive
+        time.sleep(0.005)
+    assert most <= 2, f"{most} sleep processes of one run at once"
+    assert not old & {p.pid for p in marked(marker)}, "the killed worker's run outlived it"
+    poll(lambda: len(marked(marker)) == 2, 40, "the run to start again")
+
+    # Nothing Mallory planted did anything.
+    assert alice_scheduler.is_running()
+    assert victim.read_text() == "mine\n"
+    assert os.stat(victim).st_uid == alice.uid
+    assert alice_supervisor.poll() is None
+    for user in (mallory, alice):
+        assert status(user)["scheduler"]["address"] == addresses[user.name]  # type: ignore[index]
+    alice.run("cancel", "1")
+
+
+def _plant(mallory: UnixUser, path: Path, what: str | Path) -> None:
+    """A file of Mallory's holding ``what``, or her symlink to the path ``what``."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    if isinstance(what, Path):
+        path.symlink_to(what)
+    else:
+        path.write_text(what)
+    os.lchown(path, mallory.uid, mallory.uid)
