@@ -15,6 +15,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -37,8 +38,13 @@ def two_users() -> Iterator[list[UnixUser]]:
     reason = skip_reason()
     if reason is not None:
         pytest.skip(reason)
-    with unix_users(2) as users:
-        yield users
+    existed = OLD_GROUPS_DIR.exists()
+    try:
+        with unix_users(2) as users:
+            yield users
+    finally:
+        if not existed:  # the trap laid there is this test's own
+            shutil.rmtree(OLD_GROUPS_DIR, ignore_errors=True)
 
 
 def announced(user: UnixUser, pattern: str, timeout: float = 30) -> str:
