@@ -500,7 +500,7 @@ OWNER = (4242, "tcp://10.0.0.1:8786")
 
 
 def record(state: str, **overrides: Any) -> RunRecord:
-    return records.record(7, state=state, resources="gpu=1 mem=4", created=NOW - 60, **overrides)
+    return records.record(7, state=state, resources="gpu=1 mem=4GiB", created=NOW - 60, **overrides)
 
 
 @pytest.mark.parametrize(
@@ -518,7 +518,7 @@ def record(state: str, **overrides: Any) -> RunRecord:
             "staged: the scheduler at tcp://10.0.0.1:8786 (pid 4242) serves this journal "
             "and has not queued it yet",
         ),
-        (record(QUEUED), OWNER, "queued: waiting for a worker where gpu=1 mem=4 are free"),
+        (record(QUEUED), OWNER, "queued: waiting for a worker where gpu=1 mem=4 GiB are free"),
         (
             record(QUEUED, spec=new_spec(["x"], cwd="/w", env={})),
             OWNER,
@@ -532,19 +532,19 @@ def record(state: str, **overrides: Any) -> RunRecord:
         (
             record(QUEUED, attempts=1, started=NOW, reason="worker w1 vanished"),
             OWNER,
-            "queued: waiting for a worker where gpu=1 mem=4 are free "
+            "queued: waiting for a worker where gpu=1 mem=4 GiB are free "
             "(after attempt 1: worker w1 vanished)",
         ),
         (
             record(QUEUED),
             None,
-            "queued: waiting for a worker where gpu=1 mem=4 are free; no scheduler serves "
+            "queued: waiting for a worker where gpu=1 mem=4 GiB are free; no scheduler serves "
             "this journal now, so nothing changes until one starts",
         ),
         (
-            record(RUNNING, worker="w1", held="gpu=[2] mem=4", started=NOW, attempts=1),
+            record(RUNNING, worker="w1", held="gpu=[2] mem=4GiB", started=NOW, attempts=1),
             OWNER,
-            "running on w1 holding gpu=[2] mem=4 since 2023-11-14 22:13:20",
+            "running on w1 holding gpu=[2] mem=4 GiB since 2023-11-14 22:13:20",
         ),
         (
             record(RUNNING, worker="w1", started=NOW, attempts=1, cancel_requested=True),

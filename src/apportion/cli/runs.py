@@ -34,6 +34,7 @@ from click.core import ParameterSource
 from apportion.cli.credentials import file_address, scheduler_file_option
 from apportion.cli.errors import check_address, fail
 from apportion.cli.follow import follow
+from apportion.core.resources import describe_spec
 from apportion.runs import remote
 from apportion.runs.journal import (
     FINISHED,
@@ -764,12 +765,12 @@ def _explain_active(record: RunRecord, tz: tzinfo | None) -> str:
     """What a queued or running run is doing."""
     if record.state == RUNNING:
         since = datetime.fromtimestamp(record.started or record.created, tz)
-        held = f" holding {record.held}" if record.held else ""
+        held = f" holding {describe_spec(record.held)}" if record.held else ""
         return f"running on {record.worker}{held} since {since:%Y-%m-%d %H:%M:%S}"
     if record.waiting:
         text = f"queued: {record.waiting}"
     elif record.spec.resources:
-        text = f"queued: waiting for a worker where {record.spec.resources} are free"
+        text = f"queued: waiting for a worker where {describe_spec(record.spec.resources)} are free"
     else:
         text = "queued: waiting for a free worker"
     if record.reason:  # it ran before and was interrupted
