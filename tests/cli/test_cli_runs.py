@@ -350,9 +350,45 @@ def test_logs_prints_the_bytes_as_written(path: Path, journal: Journal) -> None:
     assert result.exit_code == 0
     assert result.stdout_bytes == b"line one\n\xff\xfe not utf-8\nno newline at the end"
     silent = invoke(path, "logs", str(second))
-    assert (silent.exit_code, silent.stdout_bytes) == (0, b"")
+    assert (silent.exit_code, silent.stdout_bytes) == (1, b"")
+    assert f"run {second} has not started yet, so it has no output: staged" in one_error(silent)
     unknown = invoke(path, "logs", "7")
     assert unknown.exit_code == 2 and "no run 7" in one_error(unknown)
+
+
+def test_logs_of_a_run_without_output_say_why_on_stderr(path: Path, journal: Journal) -> None:
+    never, waits, quiet, busy = stage_specs(journal, 4, resources="gpu=2")
+    now = time.time()
+    journal.request_cancel(never, now)
+    journal.mark_queued([waits, quiet, busy], now)
+    journal.set_waiting(waits, "needs gpu=2; w1: gpu 0 of 1 free")
+    for run_id in (quiet, busy):
+        journal.mark_running(run_id, "w1", "gpu=[0,1]", now)
+    journal.mark_ended(quiet, COMPLETED, now, exit_code=0)
+
+    cancelled = invoke(path, "logs", str(never))
+    assert (cancelled.exit_code, cancelled.stdout_bytes) == (1, b"")
+    assert one_error(cancelled) == (
+        f"Error: run {never} never started, so it has no output: cancelled (cancelled while staged)"
+    )
+    queued = invoke(path, "logs", str(waits))
+    assert (queued.exit_code, queued.stdout_bytes) == (1, b"")
+    assert one_error(queued) == (
+        f"Error: run {waits} has not started yet, so it has no output: queued: needs gpu=2; "
+        "w1: gpu 0 of 1 free; no scheduler serves this journal now, so nothing changes "
+        "until one starts"
+    )
+    # It ran and wrote nothing: its output is empty, and that is no error.
+    completed = invoke(path, "logs", str(quiet))
+    assert (completed.exit_code, completed.stdout_bytes) == (0, b"")
+    assert completed.stderr.strip() == (
+        f"note: run {quiet} has written no output (finished: completed (exit 0))"
+    )
+    running = invoke(path, "logs", str(busy))
+    assert (running.exit_code, running.stdout_bytes) == (0, b"")
+    assert f"note: run {busy} has written no output (running on w1 holding gpu=[0,1]" in (
+        running.stderr
+    )
 
 
 def test_logs_follow_ends_when_another_thread_finishes_the_run(
