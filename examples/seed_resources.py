@@ -37,7 +37,7 @@ def process(data: dict[str, object]) -> dict[str, object]:
 
 
 def aggregate(results: list[dict[str, object]]) -> dict[str, object]:
-    """Stand-in for the 70 GB aggregation: runs only where MEMORY allows it."""
+    """Stand-in for the 70 GB aggregation: runs only where the memory pool allows it."""
     return {
         "grand_total": sum(int(str(r["total"])) for r in results),
         "worker": get_worker().name,
@@ -58,9 +58,9 @@ def main() -> None:
     started = time.time()
     cluster = LocalCluster(
         workers=[
-            {"name": "gpu-node-a", "nthreads": 4, "resources": "GPU=2"},
-            {"name": "gpu-node-b", "nthreads": 4, "resources": "GPU=2"},
-            {"name": "mem-node", "nthreads": 2, "resources": "MEMORY=100e9"},
+            {"name": "gpu-node-a", "nthreads": 4, "resources": "gpu=2"},
+            {"name": "gpu-node-b", "nthreads": 4, "resources": "gpu=2"},
+            {"name": "mem-node", "nthreads": 2, "resources": "memory=100e9"},
         ]
     )
     with cluster, Client(cluster) as client:
@@ -71,8 +71,8 @@ def main() -> None:
 
         filenames = [f"file-{i:02d}.csv" for i in range(12)]
         data = [client.submit(load, fn) for fn in filenames]
-        processed = [client.submit(process, d, resources={"GPU": 1}) for d in data]
-        final = client.submit(aggregate, processed, resources={"MEMORY": 70e9})
+        processed = [client.submit(process, d, resources={"gpu": 1}) for d in data]
+        final = client.submit(aggregate, processed, resources={"memory": 70e9})
         result = final.result(timeout=120)
 
         print(f"\n{len(filenames)} GPU tasks:")
@@ -82,14 +82,14 @@ def main() -> None:
             by_worker.setdefault(str(r["worker"]), []).append((float(r["start"]), float(r["end"])))  # type: ignore[arg-type]
             offset = float(r["start"]) - started  # type: ignore[arg-type]
             print(f"  {r['file']} processed on {r['worker']} at +{offset:.2f}s")
-        print(f"\naggregate (MEMORY=70e9) ran on {result['worker']}: total {result['grand_total']}")
-        print("\npeak concurrent GPU tasks per worker (each declared GPU=2):")
+        print(f"\naggregate (memory=70e9) ran on {result['worker']}: total {result['grand_total']}")
+        print("\npeak concurrent GPU tasks per worker (each declared gpu=2):")
         for worker, intervals in sorted(by_worker.items()):
             print(f"  {worker}: {peak_concurrency(intervals)} (ran {len(intervals)} tasks)")
 
         print("\nasking for more than any worker has fails at once on a local cluster:")
         try:
-            client.submit(process, {"file": "big", "values": []}, resources={"GPU": 3}).result()
+            client.submit(process, {"file": "big", "values": []}, resources={"gpu": 3}).result()
         except UnsatisfiableError as exc:
             print(f"  UnsatisfiableError: {exc}")
     print(f"\ndone in {time.time() - started:.1f}s")

@@ -350,9 +350,45 @@ def test_logs_prints_the_bytes_as_written(path: Path, journal: Journal) -> None:
     assert result.exit_code == 0
     assert result.stdout_bytes == b"line one\n\xff\xfe not utf-8\nno newline at the end"
     silent = invoke(path, "logs", str(second))
-    assert (silent.exit_code, silent.stdout_bytes) == (0, b"")
+    assert (silent.exit_code, silent.stdout_bytes) == (1, b"")
+    assert f"run {second} has not started yet, so it has no output: staged" in one_error(silent)
     unknown = invoke(path, "logs", "7")
     assert unknown.exit_code == 2 and "no run 7" in one_error(unknown)
+
+
+def test_logs_of_a_run_without_output_say_why_on_stderr(path: Path, journal: Journal) -> None:
+    never, waits, quiet, busy = stage_specs(journal, 4, resources="gpu=2")
+    now = time.time()
+    journal.request_cancel(never, now)
+    journal.mark_queued([waits, quiet, busy], now)
+    journal.set_waiting(waits, "needs gpu=2; w1: gpu 0 of 1 free")
+    for run_id in (quiet, busy):
+        journal.mark_running(run_id, "w1", "gpu=[0,1]", now)
+    journal.mark_ended(quiet, COMPLETED, now, exit_code=0)
+
+    cancelled = invoke(path, "logs", str(never))
+    assert (cancelled.exit_code, cancelled.stdout_bytes) == (1, b"")
+    assert one_error(cancelled) == (
+        f"Error: run {never} never started, so it has no output: cancelled (cancelled while staged)"
+    )
+    queued = invoke(path, "logs", str(waits))
+    assert (queued.exit_code, queued.stdout_bytes) == (1, b"")
+    assert one_error(queued) == (
+        f"Error: run {waits} has not started yet, so it has no output: queued: needs gpu=2; "
+        "w1: gpu 0 of 1 free; no scheduler serves this journal now, so nothing changes "
+        "until one starts"
+    )
+    # It ran and wrote nothing: its output is empty, and that is no error.
+    completed = invoke(path, "logs", str(quiet))
+    assert (completed.exit_code, completed.stdout_bytes) == (0, b"")
+    assert completed.stderr.strip() == (
+        f"note: run {quiet} has written no output (finished: completed (exit 0))"
+    )
+    running = invoke(path, "logs", str(busy))
+    assert (running.exit_code, running.stdout_bytes) == (0, b"")
+    assert f"note: run {busy} has written no output (running on w1 holding gpu=[0,1]" in (
+        running.stderr
+    )
 
 
 def test_logs_follow_ends_when_another_thread_finishes_the_run(
@@ -500,7 +536,7 @@ OWNER = (4242, "tcp://10.0.0.1:8786")
 
 
 def record(state: str, **overrides: Any) -> RunRecord:
-    return records.record(7, state=state, resources="gpu=1 mem=4", created=NOW - 60, **overrides)
+    return records.record(7, state=state, resources="gpu=1 mem=4GiB", created=NOW - 60, **overrides)
 
 
 @pytest.mark.parametrize(
@@ -518,7 +554,7 @@ def record(state: str, **overrides: Any) -> RunRecord:
             "staged: the scheduler at tcp://10.0.0.1:8786 (pid 4242) serves this journal "
             "and has not queued it yet",
         ),
-        (record(QUEUED), OWNER, "queued: waiting for a worker where gpu=1 mem=4 are free"),
+        (record(QUEUED), OWNER, "queued: waiting for a worker where gpu=1 mem=4 GiB are free"),
         (
             record(QUEUED, spec=new_spec(["x"], cwd="/w", env={})),
             OWNER,
@@ -532,19 +568,19 @@ def record(state: str, **overrides: Any) -> RunRecord:
         (
             record(QUEUED, attempts=1, started=NOW, reason="worker w1 vanished"),
             OWNER,
-            "queued: waiting for a worker where gpu=1 mem=4 are free "
+            "queued: waiting for a worker where gpu=1 mem=4 GiB are free "
             "(after attempt 1: worker w1 vanished)",
         ),
         (
             record(QUEUED),
             None,
-            "queued: waiting for a worker where gpu=1 mem=4 are free; no scheduler serves "
+            "queued: waiting for a worker where gpu=1 mem=4 GiB are free; no scheduler serves "
             "this journal now, so nothing changes until one starts",
         ),
         (
-            record(RUNNING, worker="w1", held="gpu=[2] mem=4", started=NOW, attempts=1),
+            record(RUNNING, worker="w1", held="gpu=[2] mem=4GiB", started=NOW, attempts=1),
             OWNER,
-            "running on w1 holding gpu=[2] mem=4 since 2023-11-14 22:13:20",
+            "running on w1 holding gpu=[2] mem=4 GiB since 2023-11-14 22:13:20",
         ),
         (
             record(RUNNING, worker="w1", started=NOW, attempts=1, cancel_requested=True),

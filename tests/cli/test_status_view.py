@@ -98,3 +98,12 @@ def test_small_helpers() -> None:
     assert (ago(12.7), ago(190), ago(7300)) == ("12 s ago", "3 min ago", "2 h ago")
     assert fit_height(["a", "b", "c"], 2) == ["a", "(2 more lines: enlarge the terminal)"]
     assert fit_height(["a"], 5) == ["a"]
+
+
+def test_a_group_counts_cancelled_tasks_apart_from_failed_ones() -> None:
+    found = _busy_cluster()
+    live = dict.fromkeys(["waiting", "queued", "processing", "memory", "erred", "released"], 0)
+    ends = {"done": 1, "failed": 0, "cancelled": 2}
+    found["groups"] = [{"name": "run", **live, "processing": 1, "queued": 2, **ends}]
+    (line,) = [line for line in render(found, style=WIDE) if line.startswith("  run ")]
+    assert line == "  run [■■■■■□□□□□] 3/6 done  1 processing, 2 queued, 2 cancelled"

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from apportion.core.resources import (
     SCALE,
+    describe_spec,
     format_amount,
     format_resources,
     from_ticks,
@@ -200,3 +201,12 @@ def test_format_resources_round_trips_any_ticks(amounts: dict[str, int]) -> None
 
 def test_from_ticks_gives_plain_numbers() -> None:
     assert from_ticks({"GPU": 3 * SCALE // 2}) == {"GPU": 1.5}
+
+
+def test_describe_spec_reads_a_stored_spec_for_people() -> None:
+    stored = format_resources(parse_resources("MEMORY=50e9 gpu=[0,1] licence=0.5"))
+    assert stored == "MEMORY=50000000000 gpu=2 licence=0.5"
+    assert describe_spec(stored) == "MEMORY=46.6 GiB gpu=2 licence=0.5"
+    assert describe_spec("gpu=[1,3] mem=16GiB") == "gpu=[1,3] mem=16 GiB"
+    assert describe_spec("") == ""
+    assert describe_spec("not a spec") == "not a spec"  # shown, never acted on

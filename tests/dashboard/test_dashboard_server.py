@@ -235,7 +235,8 @@ def test_a_dashboard_off_loopback_needs_tls_or_consent() -> None:
 def test_the_journal_view(tmp_path: Path) -> None:
     path = tmp_path / "runs.db"
     with Journal(path) as journal:
-        spec = new_spec(["echo", "a b"], cwd="/", env={}, resources="foo=1", name="sweep")
+        resources = "foo=1 memory=50e9"
+        spec = new_spec(["echo", "a b"], cwd="/", env={}, resources=resources, name="sweep")
         journal.stage([replace(spec, array_index=i) for i in range(3)], 100.0)
         (lone,) = journal.stage([new_spec(["true"], cwd="/", env={})], 101.0)
         journal.append_log(lone, b"0123456789")
@@ -247,6 +248,8 @@ def test_the_journal_view(tmp_path: Path) -> None:
     ]
     assert [r["label"] for r in overview["recent"]] == ["4", "sweep[2]", "sweep[1]", "sweep[0]"]
     assert overview["recent"][1]["command"] == "echo 'a b'"
+    # Amounts as the page shows them everywhere, not 50000000000.
+    assert overview["recent"][1]["resources"] == "foo=1 memory=46.6 GiB"
     assert view.log_tail(lone, 4) == b"6789" and view.log_tail(1, 4) == b""
     assert view.log_tail(99, 4) is None
 

@@ -148,3 +148,15 @@ def test_label_values_are_escaped_and_runs_are_left_out_without_a_queue() -> Non
     assert _get(samples, "apportion_task_duration_seconds_count", group=group) == 1
     assert "apportion_runs" not in types
     assert text.count("\n") == len(text.splitlines())  # no raw newline inside a label
+
+
+def test_cancelled_tasks_have_a_counter_of_their_own() -> None:
+    sim = _cluster()
+    sim.submit("drop-" + "2" * 32, resources="gpu=2")  # waits: one of the two GPUs is held
+    sim.place()
+    sim.client_says("c1", m.CancelKeys(["drop-" + "2" * 32]))
+    samples, types = _samples(_render(sim))
+    assert types["apportion_tasks_cancelled"] == "counter"
+    assert _get(samples, "apportion_tasks_cancelled_total", group="drop") == 1
+    assert _get(samples, "apportion_tasks_failed_total", group="drop") == 0
+    assert _get(samples, "apportion_tasks_cancelled_total", group="load") == 0

@@ -65,6 +65,17 @@ def test_the_table() -> None:
     )
 
 
+def test_byte_pools_read_in_binary_units_as_everywhere_else() -> None:
+    asked = record(1, resources="gpu=1 memory=50e9")
+    holding = running(2, resources="memory=50e9", held="gpu=[1] memory=50000000000")
+    table = format_runs([asked, holding], NOW).splitlines()
+    assert "gpu=1 memory=46.6 GiB" in table[1] and "50000000000" not in table[1]
+    assert "gpu=[1] memory=46.6 GiB" in table[2]
+    detail = format_run(holding, [], tz=UTC)
+    assert "  resources:   memory=46.6 GiB" in detail
+    assert "  held:        gpu=[1] memory=46.6 GiB" in detail
+
+
 def test_no_runs() -> None:
     assert format_runs([], NOW) == "no runs"
 
@@ -121,7 +132,7 @@ def test_format_run_of_a_failed_array_element() -> None:
         command=["python", "train.py", "--note", "it's 2"],
         array_id=5,
         array_index=2,
-        held="gpu=[0] foo=1",
+        held="foo=1 gpu=[0]",
         attempts=2,
         exit_code=1,
         reason="exited with 1 after 2 attempts",
@@ -139,7 +150,7 @@ def test_format_run_of_a_failed_array_element() -> None:
             "  command:     python train.py --note 'it'\"'\"'s 2'",
             "  cwd:         /work",
             "  resources:   foo=1",
-            "  held:        gpu=[0] foo=1",
+            "  held:        foo=1 gpu=[0]",
             "  worker:      w1",
             "  array:       element 2 of array 5",
             "  priority:    0",

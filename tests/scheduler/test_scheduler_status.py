@@ -219,3 +219,20 @@ def test_a_poison_task_is_an_event_naming_the_workers_it_killed() -> None:
     assert any("'crash' was running on 2 workers that died" in t for t in texts)
     assert sum("lost worker" in t for t in texts) == 2
     check_invariants(sim.state)
+
+
+def test_cancelled_tasks_are_counted_apart_from_failed_ones() -> None:
+    sim = _cluster()
+    sim.add_worker("a", resources="slot=1")  # "job-1" runs, the others queue
+    for i in range(1, 4):
+        sim.submit(f"job-{i}", resources="slot=1")
+    sim.submit("after-1", deps=["job-2"])  # fails along with the input it waits for
+    sim.place()
+    sim.client_says("c1", m.CancelKeys(["job-1", "job-2"]))  # one running, one queued
+    sim.finish("job-1")  # its worker reports it: settled only now
+    sim.place()
+    sim.raise_("job-3")
+    groups = {g["name"]: g for g in status(sim.state)["groups"]}
+    assert (groups["job"]["cancelled"], groups["job"]["failed"]) == (2, 1)
+    assert (groups["after"]["cancelled"], groups["after"]["failed"]) == (1, 0)
+    check_invariants(sim.state)

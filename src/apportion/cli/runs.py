@@ -34,6 +34,7 @@ from click.core import ParameterSource
 from apportion.cli.credentials import file_address, scheduler_file_option
 from apportion.cli.errors import check_address, fail
 from apportion.cli.follow import follow
+from apportion.core.resources import describe_spec
 from apportion.runs import remote
 from apportion.runs.journal import (
     FINISHED,
@@ -581,32 +582,58 @@ def prune(ctx: click.Context, older_than: float | None, journal_path: Path | Non
 def logs(ctx: click.Context, run_id: int, follow: bool, journal_path: Path | None) -> None:
     """Print the output of run ID: its stdout and stderr, every attempt, as written.
 
-    Prints nothing if the run has not written anything yet. With --follow, waits for
-    more until the run has finished and all it wrote is printed.
+    With --follow, waits for more until the run has finished and all it wrote is
+    printed. A run with no output says why on stderr: one that never started (or has
+    not started yet) exits 1 with the reason, one that wrote nothing exits 0.
     """
     out = sys.stdout.buffer
     with _opened(ctx, _journal_path(ctx, journal_path)) as journal:
         record = journal.get(run_id)
         if record is None:
             fail(ctx, f"no run {run_id}")
+        # Notes go to stderr, so that stdout stays the log's bytes alone.
         if follow and record.state not in FINISHED and journal.owner() is None:
-            # On stderr, so that stdout stays the log's bytes alone.
             click.echo(
                 f"note: run {run_id} is {record.state} and no scheduler serves this journal "
                 "now; following until one finishes it (Ctrl-C to stop)",
                 err=True,
             )
+        elif follow and record.started is None and record.state not in FINISHED:
+            why = explain_run(record, journal.owner())
+            click.echo(f"note: run {run_id} has not started yet ({why}); waiting", err=True)
         try:
-            if not _copy_log(journal, run_id, follow, out):
-                fail(ctx, f"run {run_id} was removed while its log was being followed", 1)
+            copied = _copy_log(journal, run_id, follow, out)
         except BrokenPipeError:
             # The reader went away (| head): stop quietly, and keep Python from
             # failing again when it flushes stdout at exit.
             _silence_stdout()
+            return
+        last = journal.get(run_id)
+        if copied is None or last is None:
+            fail(ctx, f"run {run_id} was removed while its log was being followed", 1)
+        if not copied:
+            text, status = no_output(last, journal.owner())
+            if status:
+                fail(ctx, text, status)
+            click.echo(text, err=True)
 
 
-def _copy_log(journal: Journal, run_id: int, follow: bool, out: BinaryIO) -> bool:
-    """Copy the log to ``out``, with ``follow`` until the run finishes; False if removed."""
+def no_output(record: RunRecord, owner: tuple[int, str] | None) -> tuple[str, int]:
+    """Why a run has no output, and the exit status of ``apportion logs``: 1 for a run
+    that never started or has not started yet (there is no log to print), 0 for one
+    that ran and wrote nothing (its log is empty, and that is its output)."""
+    if record.started is None:
+        if record.state in FINISHED:
+            reason = f" ({record.reason})" if record.reason else ""
+            return f"run {record.id} never started, so it has no output: {record.state}{reason}", 1
+        why = explain_run(record, owner)
+        return f"run {record.id} has not started yet, so it has no output: {why}", 1
+    return f"note: run {record.id} has written no output ({explain_run(record, owner)})", 0
+
+
+def _copy_log(journal: Journal, run_id: int, follow: bool, out: BinaryIO) -> int | None:
+    """Copy the log to ``out``, with ``follow`` until the run finishes: the bytes
+    copied, or None if the run was removed meanwhile."""
     path = journal.log_path(run_id)
     offset = 0
     while True:
@@ -622,11 +649,11 @@ def _copy_log(journal: Journal, run_id: int, follow: bool, out: BinaryIO) -> boo
             pass  # no output yet
         out.flush()
         if not follow:
-            return True
+            return offset
         if record is None:
-            return False
+            return None
         if record.state in FINISHED:
-            return True
+            return offset
         time.sleep(FOLLOW_INTERVAL)
 
 
@@ -764,12 +791,12 @@ def _explain_active(record: RunRecord, tz: tzinfo | None) -> str:
     """What a queued or running run is doing."""
     if record.state == RUNNING:
         since = datetime.fromtimestamp(record.started or record.created, tz)
-        held = f" holding {record.held}" if record.held else ""
+        held = f" holding {describe_spec(record.held)}" if record.held else ""
         return f"running on {record.worker}{held} since {since:%Y-%m-%d %H:%M:%S}"
     if record.waiting:
         text = f"queued: {record.waiting}"
     elif record.spec.resources:
-        text = f"queued: waiting for a worker where {record.spec.resources} are free"
+        text = f"queued: waiting for a worker where {describe_spec(record.spec.resources)} are free"
     else:
         text = "queued: waiting for a free worker"
     if record.reason:  # it ran before and was interrupted

@@ -53,6 +53,10 @@ _TASK_STATES = (
     ("released", "released"),
 )
 
+#: How a group's tasks ended besides in memory, with the words used: a cancelled task
+#: is the user's choice, never counted as a failure.
+_GROUP_ENDS = (("failed", "failed"), ("cancelled", "cancelled"))
+
 _ANSI = {"title": "\x1b[1m", "bad": "\x1b[1;31m", "warn": "\x1b[33m", "dim": "\x1b[2m"}
 _RESET = "\x1b[0m"
 #: Runs of hex digits in keys (Dask's tokens): only their start tells keys apart.
@@ -242,12 +246,12 @@ def _groups(groups: Sequence[Mapping[str, Any]], style: Style) -> list[_Line]:
     lines = [_Line(""), _Line("groups", "title")]
     for group in shown:
         left = group.get("waiting", 0) + group.get("queued", 0) + group.get("processing", 0)
-        ended = group.get("done", 0) + group.get("failed", 0)
+        ended = sum(group.get(name, 0) for name in ("done", "failed", "cancelled"))
         total = ended + left
         drawn = bar(ended, total, BAR_CELLS, unicode=style.unicode)
         counts = [
             f"{group[name]} {word}"
-            for name, word in (*_TASK_STATES, ("failed", "failed"))
+            for name, word in (*_TASK_STATES, *_GROUP_ENDS)
             if group.get(name)
         ]
         text = f"  {group['name']:<{name_width}} {drawn} {ended}/{total} done  {', '.join(counts)}"

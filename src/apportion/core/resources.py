@@ -349,6 +349,21 @@ def describe_resources(
     return _render(amounts, units, describe_amount)
 
 
+def describe_spec(text: str) -> str:
+    """A spec as ``format_resources`` wrote it (a run's resources in the journal, what
+    it holds) for people to read: ``MEMORY=50000000000`` -> ``MEMORY=46.6 GiB``.
+
+    The text is stored to be parsed again, so it is exact; only its display follows
+    ``describe_amount``. A text that does not parse (a journal written by hand) is
+    shown as it is: it is only displayed here, never acted on.
+    """
+    try:
+        amounts, units = parse_supply(text)
+    except ValueError:
+        return text
+    return describe_resources(amounts, units)
+
+
 def from_ticks(amounts: Mapping[str, int]) -> dict[str, float]:
     """Ticks back to plain numbers (``5000`` -> ``0.5``), as Dask reports amounts in
     ``scheduler_info()``. Not to be confused with an indexed pool's units (``Units``)."""

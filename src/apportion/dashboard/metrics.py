@@ -119,8 +119,14 @@ def _tasks(out: list[str], status: Mapping[str, Any]) -> None:
     counter(
         out,
         "apportion_tasks_failed_total",
-        "Executions that raised, by group.",
+        "Tasks that failed (raised, lost, unsatisfiable), by group.",
         [({"group": g["name"]}, g["failed"]) for g in groups],
+    )
+    counter(
+        out,
+        "apportion_tasks_cancelled_total",
+        "Tasks cancelled, by group (never counted as failed).",
+        [({"group": g["name"]}, g["cancelled"]) for g in groups],
     )
 
 

@@ -13,6 +13,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from apportion.core.resources import describe_spec
 from apportion.runs.journal import RUNNING, STATES, Journal, RunRecord, describe_exit
 
 #: Arrays listed, the most recent first.
@@ -82,9 +83,10 @@ def _run(record: RunRecord) -> dict[str, Any]:
         "label": record.label(),
         "state": record.state,
         "command": shlex.join(spec.command),
-        "resources": spec.resources,
+        # For people to read, as every amount the page shows (``memory=46.6 GiB``).
+        "resources": describe_spec(spec.resources),
         "worker": record.worker,
-        "held": record.held,
+        "held": describe_spec(record.held),
         "attempts": record.attempts,
         "exit": describe_exit(record.exit_code, record.signal),
         "reason": record.reason,

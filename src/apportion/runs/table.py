@@ -11,6 +11,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from datetime import datetime, tzinfo
 
+from apportion.core.resources import describe_spec
 from apportion.runs.journal import (
     CANCELLED,
     COMPLETED,
@@ -58,7 +59,8 @@ def format_runs(records: Sequence[RunRecord], now: float) -> str:
     """A table of runs, one per line under a header; ``"no runs"`` if there are none.
 
     RESOURCES shows what a running run holds (its units, ``gpu=[1]``), else what it
-    asked for. INFO says how a finished run ended, or why a waiting one waits.
+    asked for, with byte pools in binary units (``memory=46.6 GiB``) as everywhere.
+    INFO says how a finished run ended, or why a waiting one waits.
     """
     if not records:
         return "no runs"
@@ -78,7 +80,7 @@ def _row(record: RunRecord, now: float) -> tuple[str, ...]:
         str(record.id),
         _name(record),
         record.state,
-        record.held if held else record.spec.resources,
+        describe_spec(record.held if held else record.spec.resources),
         record.worker,
         format_duration(now - record.created),
         _info(record),
@@ -113,10 +115,10 @@ def format_run(
         ("state", _state_line(record)),
         ("command", shlex.join(spec.command)),
         ("cwd", spec.cwd),
-        ("resources", spec.resources or "none"),
+        ("resources", describe_spec(spec.resources) or "none"),
     ]
     if record.held:
-        fields.append(("held", record.held))
+        fields.append(("held", describe_spec(record.held)))
     if record.worker:
         fields.append(("worker", record.worker))
     if record.array_index is not None:

@@ -512,8 +512,8 @@ class SchedulerCore:
                 self.forget(current)
                 self._notify_error(current, error)
             else:
+                current.error = error  # before the move: telemetry counts by its kind
                 self.move(current, ERRED, why)
-                current.error = error
                 self._notify_error(current, error)
                 self.finish_inputs(current)
             for dependent_key in current.dependents:

@@ -64,7 +64,8 @@ def status(
     (``name``, ``total``, ``used``, ``bytes``, ``units``: None or a list of
     ``label``/``used``/``holders``, ``holders``: keys holding an amount pool),
     ``tasks`` (running: ``key``, ``group``, ``holding``)); ``groups`` (``name``,
-    the live states' counts, ``done`` and ``failed`` executions); ``pending``
+    the live states' counts, ``done`` executions, ``failed`` and ``cancelled``
+    tasks); ``pending``
     (per kind of request, oldest first: ``request`` text, ``options``,
     ``workers`` (a restriction) or None, ``count``, ``oldest`` key, ``why``,
     ``unsatisfiable``); ``stream`` (``seq``: the last number given, ``items``:
@@ -221,7 +222,13 @@ def _groups(live: dict[str, GroupTally], finished: dict[str, GroupTally]) -> lis
     ordered = sorted(live.items(), key=lambda item: -item[1].live)
     ordered += list(reversed(finished.items()))  # the most recently finished first
     return [
-        {"name": name, **tally.states, "done": tally.done, "failed": tally.failed}
+        {
+            "name": name,
+            **tally.states,
+            "done": tally.done,
+            "failed": tally.failed,
+            "cancelled": tally.cancelled,
+        }
         for name, tally in ordered[:MAX_GROUPS]
     ]
 

@@ -118,16 +118,18 @@ class GroupTally:
     Task records point at their group's tally (``TaskRecord.group``), so counting a
     move costs no lookup."""
 
-    __slots__ = ("done", "durations", "failed", "live", "name", "states")
+    __slots__ = ("cancelled", "done", "durations", "failed", "live", "name", "states")
 
     def __init__(self, name: str) -> None:
         self.name = name
         #: Live records of the group by state (LIVE_STATES); sums to ``live``.
         self.states = dict.fromkeys(LIVE_STATES, 0)
         self.live = 0
-        #: Executions that finished (a recomputed task counts again) and failures.
+        #: Executions that finished (a recomputed task counts again), failures, and
+        #: tasks cancelled (a user's choice, not a failure: counted apart from them).
         self.done = 0
         self.failed = 0
+        self.cancelled = 0
         #: Its tasks' run times, or the shared "other" histogram past HISTOGRAM_GROUPS.
         self.durations: Histogram | None = None
 
@@ -178,7 +180,13 @@ class Telemetry:
         if new == MEMORY and old == PROCESSING:
             tally.done += 1
         elif new == ERRED:
-            tally.failed += 1
+            # The error is set before the move (``SchedulerCore.fail``), so that a
+            # cancellation, and what failed because of one, is told from a failure.
+            error = task.error
+            if error is not None and error[0] == "cancelled":
+                tally.cancelled += 1
+            else:
+                tally.failed += 1
 
     def _queued(self, kind: QueueKey, old: str, new: str) -> None:
         kinds = self.queued_kinds

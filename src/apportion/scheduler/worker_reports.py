@@ -78,8 +78,8 @@ def settle_discarded(state: SchedulerCore, task: TaskRecord, cause: str) -> None
     if task.cancelled:
         task.cancelled = False
         error = task.error or ("cancelled", f"{task.key!r} was cancelled", b"")
+        task.error = error  # before the move: telemetry counts by its kind
         state.move(task, ERRED, cause)
-        task.error = error
         state.finish_inputs(task)
         # Dependents submitted while it still ran did not fail with it: now they do.
         for dependent_key in list(task.dependents):

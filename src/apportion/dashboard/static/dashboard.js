@@ -439,7 +439,8 @@ function setupStream() {
 
 // ---------------------------------------------------------------- progress
 
-const GROUP_PARTS = ["done", "memory", "processing", "queued", "waiting", "failed"];
+// Cancelled tasks are a part of their own: a user's choice, never drawn as failures.
+const GROUP_PARTS = ["done", "memory", "processing", "queued", "waiting", "failed", "cancelled"];
 
 /** A stacked bar from [class, count] parts; the parts' sum is the whole. */
 function updateStack(stack, parts, title) {
@@ -481,11 +482,11 @@ function renderProgress(s) {
       const memory = g.memory || 0;
       return [["done", Math.max(0, g.done - memory)], ["memory", memory],
         ["processing", g.processing || 0], ["queued", g.queued || 0],
-        ["waiting", g.waiting || 0], ["failed", g.failed || 0]];
+        ["waiting", g.waiting || 0], ["failed", g.failed || 0], ["cancelled", g.cancelled || 0]];
     },
     (g) => {
       const total = Math.max(g.done, g.memory || 0) + (g.processing || 0) + (g.queued || 0)
-        + (g.waiting || 0) + (g.failed || 0);
+        + (g.waiting || 0) + (g.failed || 0) + (g.cancelled || 0);
       const extra = GROUP_PARTS.slice(2).filter((k) => g[k]).map((k) => `${g[k]} ${k}`);
       return `${g.done}/${total}${extra.length ? ` · ${extra.join(" · ")}` : ""}`;
     });
