@@ -191,8 +191,10 @@ def test_a_client_takes_an_address_or_a_scheduler_file_not_both(tmp_path: Path) 
 
 
 def test_the_worker_needs_an_address_or_a_scheduler_file(home: Path) -> None:
-    result = CliRunner().invoke(main, ["worker"])
-    assert result.exit_code == 2 and "--scheduler-file" in result.output
+    # With neither, it waits for one of this user's schedulers, then fails in one line.
+    result = CliRunner().invoke(main, ["worker", "--connect-timeout", "0.3"])
+    assert result.exit_code == 1 and "no scheduler of yours is running" in result.output
+    assert "--scheduler-file" in result.output
     unreadable = CliRunner().invoke(main, ["worker", "--scheduler-file", "/root/../proc/1/mem"])
     assert unreadable.exit_code == 2 and "scheduler file" in unreadable.output
     # Other commands do not wait for a scheduler file; a worker does, for its
