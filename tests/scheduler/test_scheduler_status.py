@@ -219,3 +219,14 @@ def test_a_poison_task_is_an_event_naming_the_workers_it_killed() -> None:
     assert any("'crash' was running on 2 workers that died" in t for t in texts)
     assert sum("lost worker" in t for t in texts) == 2
     check_invariants(sim.state)
+
+
+def test_clients_are_the_users_not_the_asker_nor_the_job_queue() -> None:
+    sim = _cluster()  # c1: a user's client
+    sim.add_client("queue", durable=True)  # the job queue's, a service
+    sim.add_client("status-cli")
+    sim.allow(m.StatusReply)
+    assert status(sim.state)["clients"] == 2  # the dashboard asks as nobody
+    sim.client_says("status-cli", m.StatusRequest(1, 0, 0, 0))
+    (reply,) = sim.got(m.StatusReply, "status-cli")
+    assert reply.status["clients"] == 1
