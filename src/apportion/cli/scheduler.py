@@ -14,8 +14,8 @@ With no ``--port`` it listens on 8786, or on a free port if that one is taken (a
 user's scheduler, or another of this user's), and says so. Its address and secret go
 to ``$APPORTION_HOME/scheduler.json``, where the other commands find the user's own
 scheduler, unless another running scheduler holds that file: this one then writes
-``scheduler-<port>.json`` beside it and says so (``net/scheduler_claim.py``). Each
-removes only its own file on exit.
+``scheduler-<port>.json`` beside it and says so (``cli/own_file.py``). Each removes
+only its own file on exit.
 
 ``--run-once`` starts an embedded cluster (this scheduler and one worker with
 ``--resources``), processes the staged runs it can run, and exits when nothing it
@@ -40,23 +40,15 @@ from click.core import ParameterSource
 from apportion.cli.credentials import credential_options
 from apportion.cli.errors import check_host_option, check_port_option, fail
 from apportion.cli.log_options import announce, log_format_option
+from apportion.cli.own_file import OwnSchedulerFile
 from apportion.cli.worker import check_resources
 from apportion.core.resources import describe_resources, parse_supply
 from apportion.dashboard.origin import bind_address
 from apportion.log_setup import configure_logging
-from apportion.net.address import DEFAULT_PORT, parse_address
+from apportion.net.address import DEFAULT_PORT
 from apportion.net.discovery import running_elsewhere
-from apportion.net.scheduler_claim import (
-    SchedulerFileBusy,
-    SchedulerFileClaim,
-    own_sightings,
-    take_spare,
-)
-from apportion.net.scheduler_file import (
-    default_scheduler_file,
-    remove_scheduler_file,
-    write_scheduler_file,
-)
+from apportion.net.scheduler_claim import own_sightings
+from apportion.net.scheduler_file import default_scheduler_file, write_scheduler_file
 from apportion.net.security import PlaintextRefused, Security, check_exposure
 from apportion.runs.journal import Journal, JournalBusy, JournalError, default_journal_path
 from apportion.runs.launcher import ProcessLauncher
@@ -309,29 +301,11 @@ async def _run(
     *,
     explicit: bool,
 ) -> None:
-    claim, busy = _claim_file(listen.scheduler_file)
+    own = OwnSchedulerFile(listen.scheduler_file)  # refused before anything listens
     try:
-        await _serve(listen, config, journal, options, claim, busy, explicit=explicit)
+        await _serve(listen, config, journal, options, own, explicit=explicit)
     finally:
-        if claim is not None:
-            claim.release()
-
-
-def _claim_file(given: Path | None) -> tuple[SchedulerFileClaim | None, SchedulerFileBusy | None]:
-    """The claim on ``given``, refused in one line if a running scheduler holds it; with
-    none given, the claim on the default file, or None and who holds it."""
-    path = given or default_scheduler_file()
-    try:
-        return SchedulerFileClaim.take(path), None
-    except SchedulerFileBusy as busy:
-        if given is None:
-            return None, busy
-        raise click.ClickException(
-            f"{busy}: give another --scheduler-file, or leave it out to have a file of "
-            "this scheduler's own"
-        ) from None
-    except OSError as exc:
-        raise click.ClickException(f"cannot claim the scheduler file {path}: {exc}") from None
+        own.release()
 
 
 async def _serve(
@@ -339,70 +313,42 @@ async def _serve(
     config: SchedulerConfig,
     journal: Journal | None,
     options: QueueOptions,
-    claim: SchedulerFileClaim | None,
-    busy: SchedulerFileBusy | None,
+    own: OwnSchedulerFile,
     *,
     explicit: bool,
 ) -> None:
     """Serve until SIGINT or SIGTERM, the scheduler file written meanwhile."""
     server, _ = await _start(listen, config, journal, options, explicit=explicit)
     try:
-        written = _write_file(server, claim, busy)
-    except BaseException:
-        await server.close()
-        raise
-    path, claim = written
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    announce(f"apportion scheduler at {server.address}")
-    announce(f"scheduler file (address and secret): {path}")
-    if busy is not None:
-        announce(
-            f"the default scheduler file {busy.path} belongs to {busy.holder.text()}: "
-            f"reach this one with --scheduler-file {path}",
-            logging.WARNING,
-        )
-    try:
-        await stop.wait()
-    finally:
-        logger.info("stopping the scheduler")
-        remove_scheduler_file(path, server.id)
-        claim.release()
-        with contextlib.suppress(Exception):
-            await server.close()
-
-
-def _write_file(
-    server: Scheduler, claim: SchedulerFileClaim | None, busy: SchedulerFileBusy | None
-) -> tuple[Path, SchedulerFileClaim]:
-    """Write the scheduler file ``claim`` is for; with no claim (the default file is
-    ``busy``), one of this scheduler's own beside it, named for its port."""
-    try:
-        if claim is None:
-            assert busy is not None
-            claim = take_spare(busy.path, parse_address(server.address)[1])
-        if not claim.locked:
-            logger.warning(
-                "cannot lock %s here (the file system refuses locks): another scheduler "
-                "may take this file over",
-                claim.path,
-            )
-        claim.note(server.address)
+        path = own.path_for(server.address)
         assert server.security.token is not None  # a scheduler makes one if need be
         write_scheduler_file(
-            claim.path,
+            path,
             server.address,
             server.security.token,
             server.id,
             dashboard=None if server.dashboard is None else server.dashboard.url,
         )
     except OSError as exc:
-        if claim is not None:
-            claim.release()
+        await server.close()
         raise click.ClickException(f"cannot write the scheduler file: {exc}") from None
-    return claim.path, claim
+    except BaseException:
+        await server.close()
+        raise
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    announce(f"apportion scheduler at {server.address}")
+    announce(f"scheduler file (address and secret): {path}")
+    own.announce_spare()
+    try:
+        await stop.wait()
+    finally:
+        logger.info("stopping the scheduler")
+        own.release(server.id)
+        with contextlib.suppress(Exception):
+            await server.close()
 
 
 def _echo(data: bytes) -> None:
