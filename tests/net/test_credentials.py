@@ -100,6 +100,14 @@ def test_the_scheduler_file_round_trips_and_is_private(tmp_path: Path) -> None:
     assert not path.exists()
 
 
+def test_a_scheduler_file_path_may_start_with_the_home_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    write_scheduler_file(tmp_path / "cluster.json", "tcp://10.0.0.1:8786", TOKEN, "s")
+    assert read_scheduler_file("~/cluster.json").address == "tcp://10.0.0.1:8786"
+
+
 def test_a_bad_scheduler_file_is_one_line(tmp_path: Path) -> None:
     path = tmp_path / "f.json"
     write_private(path, "not json")
