@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import socketserver
+import threading
+
+import pytest
+
 from apportion.net.foreign_peer import foreign_text, is_dashboard, peer_kind
+from apportion.net.handshake import HandshakeError, open_connection
+from apportion.net.security import Security
 
 DASHBOARD_400 = b"HTTP/1.1 400 Bad Request\r\nServer: apportion\r\nContent-Type: text/plain\r\n"
 NGINX_400 = b"HTTP/1.1 400 Bad Request\r\nServer: nginx/1.25.3\r\nDate: Fri, 27 Nov 2026\r\n"
@@ -38,4 +46,34 @@ def test_other_servers_are_named_and_quoted_in_one_line() -> None:
     assert (
         other
         == "h:1: no apportion handshake: the peer sent b'\\x01\\x02' and closed the connection"
+    )
+
+
+@pytest.mark.tcp
+def test_a_client_at_an_ssh_port_is_told_it_is_an_ssh_server() -> None:
+    """An SSH server speaks first; the client's error names it, in one line."""
+
+    class Banner(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            self.request.sendall(SSH_BANNER)
+            self.request.recv(1024)
+            self.request.sendall(b"Invalid SSH identification string.\r\n")
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Banner)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    address = f"127.0.0.1:{server.server_address[1]}"
+    try:
+        with pytest.raises(HandshakeError) as info:
+            asyncio.run(
+                open_connection(address, "client", "t", security=Security.in_memory(), timeout=5)
+            )
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+    assert str(info.value) == (
+        f"{address}: no apportion handshake: an SSH server answered "
+        f"({SSH_BANNER[:40]!r}), not a scheduler"
     )
