@@ -18,8 +18,6 @@ from apportion.runs.journal import Journal, default_journal_path
 from apportion.scheduler.client_requests import WHY_ALL_LIMIT
 from apportion.scheduler.explain import unknown_text
 
-__all__ = ["connect", "dump", "info", "scheduler_option", "why"]
-
 
 def connect(address: str) -> Client:
     """A client of the scheduler at ``address``; failing to reach it or to prove the
