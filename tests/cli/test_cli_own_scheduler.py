@@ -181,3 +181,24 @@ def test_a_client_at_the_dashboards_port_is_told_where_the_scheduler_is(
     assert str(info.value) == (
         f"{dashboard} is apportion's dashboard (HTTP), not a scheduler; the scheduler is at {first}"
     )
+
+
+def test_the_file_of_a_killed_scheduler_is_said_stale_then_taken_over(
+    procs: Processes, home: Path
+) -> None:
+    killed, first, log = procs.start_scheduler("--port", "0", "--no-journal", env=_env())
+    _wait_for_line(log, r"scheduler file \(address and secret\)")
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(10)
+    default = home / "scheduler.json"
+    stale = CliRunner().invoke(main, ["info"], env=dict.fromkeys(CHOOSERS))
+    assert stale.exit_code == 1
+    assert stale.output == (
+        f"Error: no scheduler of yours is running ({default} is left by one that stopped "
+        f"({first})): start one with `apportion scheduler`, or give a scheduler's address "
+        "or --scheduler-file\n"
+    )
+    _, second, log = procs.start_scheduler("--port", "0", "--no-journal", env=_env())
+    _wait_for_line(log, rf"scheduler file \(address and secret\): {re.escape(str(default))}\n")
+    assert read_scheduler_file(default).address == second
+    assert _command("info").startswith(f"scheduler {second}: 0 workers")
