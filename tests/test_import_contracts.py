@@ -46,7 +46,7 @@ PURE = re.compile(
     r"|scheduler\.(?!service$)[a-z_]+"
     r"|worker\.(state|events|memory_policy)"
     r"|testing\.simulation"
-    r"|net\.gate"
+    r"|net\.(gate|discovery|foreign_peer)"
     r"|deploy\.(allocator|hostlist|job_template|ssh_commands|ssh_options)"
     r"|runs\.(lifecycle|views|run_states|run_events)"
     r"|dashboard\.(http|auth|origin|metrics)"

@@ -14,6 +14,8 @@ import pytest
 from apportion.client.client import Client
 from apportion.client.cluster_options import IgnoredOptionWarning
 from apportion.client.local import LocalCluster
+from apportion.net.scheduler_claim import SchedulerFileBusy, SchedulerFileClaim
+from apportion.net.scheduler_file import read_scheduler_file, write_scheduler_file
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -58,3 +60,19 @@ def test_an_address_given_wins_over_the_variable(
     address, path = cluster_file
     with Client(scheduler_file=path, set_as_default=False) as client:
         assert client.scheduler_address == address
+
+
+def test_a_scheduler_file_a_running_scheduler_holds_is_not_written_over(
+    cluster_file: tuple[str, Path], tmp_path: Path
+) -> None:
+    _, path = cluster_file
+    held = tmp_path / "held.json"
+    with SchedulerFileClaim.take(held) as claim:
+        claim.note("tcp://127.0.0.1:1")
+        write_scheduler_file(held, "tcp://127.0.0.1:1", "t" * 32, "theirs")
+        with (
+            Client(scheduler_file=path, set_as_default=False) as client,
+            pytest.raises(SchedulerFileBusy, match="belongs to the running scheduler at"),
+        ):
+            client.write_scheduler_file(held)
+        assert read_scheduler_file(held).id == "theirs"

@@ -60,6 +60,25 @@ def test_malformed_heads_are_refused(head: bytes, error: type[HttpError]) -> Non
         HeadParser().feed(head)
 
 
+@pytest.mark.parametrize(
+    "start",
+    [
+        b"\x00\x00\x00\x00\x00\x00\x00\x1c",  # an apportion client's hello frame
+        b"\x16\x03\x01",  # a TLS hello
+    ],
+)
+def test_bytes_that_cannot_start_a_request_are_refused_before_a_line_ends(start: bytes) -> None:
+    """Not after the head's timeout: the peer (a client sent here by mistake) is told at
+    once, and can say what answered."""
+    with pytest.raises(BadRequest, match="not an HTTP request"):
+        HeadParser().feed(start)
+
+
+@pytest.mark.parametrize("start", [b"G", b"GET", b"GET ", b"GET /x", b"\r"])
+def test_the_start_of_a_request_waits_for_more(start: bytes) -> None:
+    assert HeadParser().feed(start) is None
+
+
 def test_limits_are_kept_before_the_head_is_whole() -> None:
     with pytest.raises(RequestLineTooLong) as line:
         HeadParser().feed(b"GET /" + b"a" * MAX_REQUEST_LINE)

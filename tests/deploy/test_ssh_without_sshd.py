@@ -4,6 +4,9 @@ a client needs nothing else than."""
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import sys
 from pathlib import Path
 
@@ -14,7 +17,10 @@ from click.testing import CliRunner
 from apportion import Client, SSHCluster
 from apportion.cli.main import main
 from apportion.client.client import from_scheduler_file
+from apportion.net.scheduler_claim import SchedulerFileClaim
+from apportion.net.scheduler_file import read_scheduler_file, write_scheduler_file
 from apportion.net.security import Security
+from cli_processes import Processes, poll
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -109,3 +115,38 @@ def test_a_hostfile_error_names_the_line(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["ssh", "--hostfile", str(hostfile)])
     assert result.exit_code == 1
     assert f"{hostfile} line 2: 'node1 slots=2'" in result.output
+
+
+@pytest.mark.process
+@pytest.mark.tcp
+@pytest.mark.timeout(90)
+def test_apportion_ssh_leaves_a_running_schedulers_default_file_alone(
+    tmp_path: Path, procs: Processes
+) -> None:
+    home = tmp_path / "home"
+    default = home / "scheduler.json"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").symlink_to(fake_ssh(tmp_path))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("APPORTION_")}
+    env.update(APPORTION_HOME=str(home), PATH=f"{bin_dir}{os.pathsep}{env['PATH']}")
+    # The user's scheduler, running: it holds the default file.
+    with SchedulerFileClaim.take(default) as claim:
+        claim.note("tcp://127.0.0.1:4001")
+        write_scheduler_file(default, "tcp://127.0.0.1:4001", "t" * 43, "mine")
+        python = python_here(tmp_path)
+        argv = ["ssh", "localhost", "localhost", "--remote-python", python, "--scheduler-port", "0"]
+        proc, log = procs.start(*argv, "--nthreads", "1", env=env)
+        found = poll(
+            lambda: re.search(r"reach this one with --scheduler-file (\S+)", log.read_text()),
+            60,
+            "apportion ssh to start",
+        )
+        spare = Path(found.group(1))
+        assert spare.parent == home and spare.name.startswith("scheduler-")
+        with Client(scheduler_file=spare, timeout=30) as client:
+            assert client.submit(double, 21).result(30) == 42
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0, log.read_text()
+        assert not spare.exists()
+        assert read_scheduler_file(default).id == "mine"

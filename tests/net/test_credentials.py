@@ -100,6 +100,14 @@ def test_the_scheduler_file_round_trips_and_is_private(tmp_path: Path) -> None:
     assert not path.exists()
 
 
+def test_a_scheduler_file_path_may_start_with_the_home_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    write_scheduler_file(tmp_path / "cluster.json", "tcp://10.0.0.1:8786", TOKEN, "s")
+    assert read_scheduler_file("~/cluster.json").address == "tcp://10.0.0.1:8786"
+
+
 def test_a_bad_scheduler_file_is_one_line(tmp_path: Path) -> None:
     path = tmp_path / "f.json"
     write_private(path, "not json")
@@ -191,8 +199,10 @@ def test_a_client_takes_an_address_or_a_scheduler_file_not_both(tmp_path: Path) 
 
 
 def test_the_worker_needs_an_address_or_a_scheduler_file(home: Path) -> None:
-    result = CliRunner().invoke(main, ["worker"])
-    assert result.exit_code == 2 and "--scheduler-file" in result.output
+    # With neither, it waits for one of this user's schedulers, then fails in one line.
+    result = CliRunner().invoke(main, ["worker", "--connect-timeout", "0.3"])
+    assert result.exit_code == 1 and "no scheduler of yours is running" in result.output
+    assert "--scheduler-file" in result.output
     unreadable = CliRunner().invoke(main, ["worker", "--scheduler-file", "/root/../proc/1/mem"])
     assert unreadable.exit_code == 2 and "scheduler file" in unreadable.output
     # Other commands do not wait for a scheduler file; a worker does, for its

@@ -236,3 +236,14 @@ def test_cancelled_tasks_are_counted_apart_from_failed_ones() -> None:
     assert (groups["job"]["cancelled"], groups["job"]["failed"]) == (2, 1)
     assert (groups["after"]["cancelled"], groups["after"]["failed"]) == (1, 0)
     check_invariants(sim.state)
+
+
+def test_clients_are_the_users_not_the_asker_nor_the_job_queue() -> None:
+    sim = _cluster()  # c1: a user's client
+    sim.add_client("queue", durable=True)  # the job queue's, a service
+    sim.add_client("status-cli")
+    sim.allow(m.StatusReply)
+    assert status(sim.state)["clients"] == 2  # the dashboard asks as nobody
+    sim.client_says("status-cli", m.StatusRequest(1, 0, 0, 0))
+    (reply,) = sim.got(m.StatusReply, "status-cli")
+    assert reply.status["clients"] == 1

@@ -21,9 +21,6 @@ from apportion.cli.errors import fail
 #: Where the path of the file in use is kept in ``ctx.meta``, for error messages.
 CONFIG_META = "apportion.config"
 
-#: Where the commands that talk to a scheduler look when given no address.
-DEFAULT_SCHEDULER = "tcp://127.0.0.1:8786"
-
 F = TypeVar("F", bound=Callable[..., Any])
 
 

@@ -7,31 +7,46 @@ where ``Security.from_environment`` finds them and where the worker processes a
 supervisor starts inherit them from. The environment, unlike a command line, is not
 readable by other users: ``--token`` itself is visible to every user in ``ps``
 while the command runs, so the help steers to ``--token-file`` and the variable.
+
+``scheduler_address`` chooses the scheduler a command talks to: the address given on
+its command line, else the one ``--scheduler-file`` (or ``APPORTION_SCHEDULER_FILE``)
+names, else ``APPORTION_SCHEDULER``, else the user's own running scheduler, found
+through ``$APPORTION_HOME/scheduler.json`` (``net/discovery.py``). Never a fixed port:
+on a shared machine ``127.0.0.1:8786`` may be another user's scheduler.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 
+from apportion.cli.errors import check_address, fail
 from apportion.dashboard.auth import metrics_token
 from apportion.home import write_private
 from apportion.net import security as sec
+from apportion.net.address import parse_address
+from apportion.net.discovery import NoScheduler, choose_own
+from apportion.net.scheduler_claim import look, own_sightings
 from apportion.net.scheduler_file import (
+    POLL_INTERVAL,
     SchedulerFile,
     SchedulerFileError,
     SchedulerFileMissing,
+    default_scheduler_file,
     read_scheduler_file,
     wait_for_scheduler_file,
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: Where the scheduler's address goes once read from a scheduler file.
+#: The scheduler's address, where none is given on the command line or in a file.
 SCHEDULER_ENV = "APPORTION_SCHEDULER"
+logger = logging.getLogger("apportion.cli")
 #: ``ctx.meta`` key: a token was given on this command line (it beats a scheduler file's).
 _GIVEN = "apportion.token-given"
 #: ``ctx.meta`` key: the address the scheduler file named.
@@ -76,7 +91,6 @@ def _scheduler_file(
 
 
 def _use(ctx: click.Context, found: SchedulerFile) -> None:
-    os.environ[SCHEDULER_ENV] = found.address
     ctx.meta[_FILE_ADDRESS] = found.address
     if found.token is not None and not ctx.meta.get(_GIVEN):
         os.environ[sec.TOKEN_ENV] = found.token
@@ -176,8 +190,13 @@ def file_address(ctx: click.Context, given: str | None) -> str | None:
 
 
 def scheduler_address(ctx: click.Context, given: str | None, wait: float = 0.0) -> str:
-    """``file_address``, or a usage error if there is none. A scheduler file that a
-    waiting command found missing is waited for here, up to ``wait`` seconds."""
+    """The scheduler this command talks to, in the order the module docstring gives;
+    ``Error:`` in one line if no scheduler of the user's runs.
+
+    A scheduler file that a waiting command (a worker) found missing, or a default
+    file that names no running scheduler yet, is waited for up to ``wait`` seconds:
+    the scheduler may be starting beside it.
+    """
     pending = ctx.meta.pop(_PENDING, None)
     if pending is not None and given is None:
         try:
@@ -185,9 +204,50 @@ def scheduler_address(ctx: click.Context, given: str | None, wait: float = 0.0) 
         except SchedulerFileError as exc:
             raise click.ClickException(str(exc)) from None
     address = file_address(ctx, given)
-    if address is None:
-        raise click.UsageError("give the scheduler's address, or --scheduler-file", ctx)
-    return address
+    if address is not None:
+        return address
+    from_env = os.environ.get(SCHEDULER_ENV)
+    if from_env:
+        try:
+            parse_address(from_env)
+        except ValueError as exc:
+            fail(ctx, f"{SCHEDULER_ENV}: {exc}")
+        return from_env
+    try:
+        found = _own_scheduler(wait)
+    except NoScheduler as exc:
+        raise click.ClickException(str(exc)) from None
+    _use(ctx, found)
+    return found.address
+
+
+def _own_scheduler(wait: float) -> SchedulerFile:
+    """The user's running scheduler (``discovery.choose_own``), looked for until
+    ``wait`` seconds have passed."""
+    default = default_scheduler_file()
+    deadline = time.monotonic() + wait
+    said = False
+    while True:
+        sighting = look(default)
+        if sighting.usable or sighting.problem is not None or time.monotonic() >= deadline:
+            others = [] if sighting.usable else own_sightings(default)[1:]
+            return choose_own(sighting, others)
+        if not said:
+            logger.info("waiting up to %gs for a scheduler of yours to start (%s)", wait, default)
+            said = True
+        time.sleep(POLL_INTERVAL)
+
+
+#: ``--scheduler ADDRESS`` of the commands that ask a running scheduler.
+scheduler_option = click.option(
+    "--scheduler",
+    "address",
+    metavar="ADDRESS",
+    callback=check_address,
+    help="Scheduler address  [default: the one --scheduler-file names, else "
+    "$APPORTION_SCHEDULER, else your own running scheduler, found through "
+    "$APPORTION_HOME/scheduler.json].",
+)
 
 
 @click.command("token")

@@ -1,15 +1,15 @@
-"""``apportion why`` and ``apportion info``: ask a running scheduler."""
+"""``apportion why``, ``info`` and ``dump``: ask a running scheduler.
+
+Given no address, they ask the user's own (``credentials.scheduler_address``).
+"""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
 
-from apportion.cli.config import DEFAULT_SCHEDULER
-from apportion.cli.credentials import scheduler_file_option
-from apportion.cli.errors import check_address
+from apportion.cli.credentials import scheduler_address, scheduler_file_option, scheduler_option
 from apportion.cli.runs import explain_run
 from apportion.client.client import Client
 from apportion.core.resources import SCALE, describe_amount, format_amount
@@ -17,15 +17,6 @@ from apportion.net.security import AuthenticationError
 from apportion.runs.journal import Journal, default_journal_path
 from apportion.scheduler.client_requests import WHY_ALL_LIMIT
 from apportion.scheduler.explain import unknown_text
-
-scheduler_option = click.option(
-    "--scheduler",
-    "address",
-    default=lambda: os.environ.get("APPORTION_SCHEDULER", DEFAULT_SCHEDULER),
-    show_default="$APPORTION_SCHEDULER or tcp://127.0.0.1:8786",
-    callback=check_address,
-    help="Scheduler address.",
-)
 
 
 def connect(address: str) -> Client:
@@ -47,7 +38,10 @@ def connect(address: str) -> Client:
     type=click.Path(dir_okay=False, path_type=Path),
     help="For run ids: the journal file  [default: $APPORTION_HOME/runs.db].",
 )
-def why(keys: tuple[str, ...], address: str, journal_path: Path | None) -> None:
+@click.pass_context
+def why(
+    ctx: click.Context, keys: tuple[str, ...], address: str | None, journal_path: Path | None
+) -> None:
     """Say why tasks or runs are not running; with no KEYS, every task still waiting.
 
     A KEY that is a number is a run id of the job queue (apportion runs), explained
@@ -56,6 +50,7 @@ def why(keys: tuple[str, ...], address: str, journal_path: Path | None) -> None:
     if keys and all(key.isdigit() for key in keys):
         _why_runs([int(key) for key in keys], journal_path or default_journal_path())
         return
+    address = scheduler_address(ctx, address)
     with connect(address) as client:
         reasons = client.why(list(keys))
     if not reasons:
@@ -77,12 +72,14 @@ def why(keys: tuple[str, ...], address: str, journal_path: Path | None) -> None:
 @click.command("info")
 @scheduler_option
 @scheduler_file_option
-def info(address: str) -> None:
+@click.pass_context
+def info(ctx: click.Context, address: str | None) -> None:
     """Show the workers, their threads and resource pools (total and free now).
 
     Indexed pools also get a line each with every unit's state, so that the units
     each process holds (--split-units) can be checked at a glance.
     """
+    address = scheduler_address(ctx, address)
     with connect(address) as client:
         snapshot = client.scheduler_info()
     workers = snapshot["workers"]
@@ -129,8 +126,10 @@ def _readable(name: str, value: float) -> str:
 @click.argument("filename", type=click.Path(dir_okay=False, writable=True))
 @scheduler_option
 @scheduler_file_option
-def dump(filename: str, address: str) -> None:
+@click.pass_context
+def dump(ctx: click.Context, filename: str, address: str | None) -> None:
     """Write the scheduler's whole state to FILENAME as JSON, for a bug report."""
+    address = scheduler_address(ctx, address)
     with connect(address) as client:
         state = client.dump_cluster_state(filename)
     click.echo(

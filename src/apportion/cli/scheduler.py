@@ -10,6 +10,13 @@ It serves the web dashboard at ``--dashboard-address`` (``:8787``: port 8787 on
 ``--host``, or a free port if that one is taken) unless ``--no-dashboard``, and
 logs a one-time login link to it (docs/dashboard.md).
 
+With no ``--port`` it listens on 8786, or on a free port if that one is taken (another
+user's scheduler, or another of this user's), and says so. Its address and secret go
+to ``$APPORTION_HOME/scheduler.json``, where the other commands find the user's own
+scheduler, unless another running scheduler holds that file: this one then writes
+``scheduler-<port>.json`` beside it and says so (``cli/own_file.py``). Each removes
+only its own file on exit.
+
 ``--run-once`` starts an embedded cluster (this scheduler and one worker with
 ``--resources``), processes the staged runs it can run, and exits when nothing it
 can run is left: status 0 if every run it processed completed, 1 otherwise.
@@ -20,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import logging
 import signal
 import sys
@@ -27,20 +35,20 @@ import time
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from apportion.cli.credentials import credential_options
 from apportion.cli.errors import check_host_option, check_port_option, fail
 from apportion.cli.log_options import announce, log_format_option
+from apportion.cli.own_file import OwnSchedulerFile
 from apportion.cli.worker import check_resources
 from apportion.core.resources import describe_resources, parse_supply
 from apportion.dashboard.origin import bind_address
 from apportion.log_setup import configure_logging
 from apportion.net.address import DEFAULT_PORT
-from apportion.net.scheduler_file import (
-    default_scheduler_file,
-    remove_scheduler_file,
-    write_scheduler_file,
-)
+from apportion.net.discovery import running_elsewhere
+from apportion.net.scheduler_claim import own_sightings
+from apportion.net.scheduler_file import default_scheduler_file, write_scheduler_file
 from apportion.net.security import PlaintextRefused, Security, check_exposure
 from apportion.runs.journal import Journal, JournalBusy, JournalError, default_journal_path
 from apportion.runs.launcher import ProcessLauncher
@@ -77,8 +85,8 @@ def _check_dashboard_address(ctx: click.Context, param: click.Parameter, value: 
     type=str,  # checked by the callback, in one line rather than a usage banner
     default=str(DEFAULT_PORT),
     callback=check_port_option,
-    show_default=True,
-    help="Port for workers and clients (0: any free port).",
+    help="Port for workers and clients (0: any free port)  [default: 8786, or a free "
+    "port if that one is taken].",
 )
 @click.option(
     "--worker-timeout",
@@ -133,8 +141,10 @@ def _check_dashboard_address(ctx: click.Context, param: click.Parameter, value: 
     "--scheduler-file",
     type=click.Path(dir_okay=False, path_type=Path),
     help="Write the address and secret here (mode 0600) for workers and clients to read "
-    "(--scheduler-file, Client(scheduler_file=...))  [default: "
-    "$APPORTION_HOME/scheduler.json].",
+    "(--scheduler-file, Client(scheduler_file=...)); refused if another running "
+    "scheduler writes it  [default: $APPORTION_HOME/scheduler.json, where commands "
+    "given no address look; $APPORTION_HOME/scheduler-PORT.json while another "
+    "scheduler of yours holds that one].",
 )
 @click.option(
     "--allow-plaintext",
@@ -154,7 +164,9 @@ def _check_dashboard_address(ctx: click.Context, param: click.Parameter, value: 
 )
 @click.option("--no-dashboard", is_flag=True, help="Serve no web dashboard.")
 @credential_options
+@click.pass_context
 def scheduler(
+    ctx: click.Context,
     host: str,
     port: int,
     worker_timeout: float,
@@ -175,7 +187,8 @@ def scheduler(
 
     Every connection must prove it knows the cluster's secret: --token or the
     environment's, else this account's own ($APPORTION_HOME/secret, made on first use).
-    The address and the secret go to --scheduler-file for the others to read."""
+    The address and the secret go to --scheduler-file for the others to read: the
+    commands of this account given no address find the scheduler there."""
     configure_logging("scheduler", log_format)
     if (resources or nthreads) and not run_once:
         raise click.UsageError("--resources and --nthreads go with --run-once")
@@ -187,7 +200,12 @@ def scheduler(
     except (ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
     dashboard = None if no_dashboard or run_once else dashboard_address
-    listen = Listening(host, port, security, allow_plaintext, scheduler_file, dashboard)
+    # The default port may be another user's scheduler's: only a port asked for is
+    # worth failing over.
+    fallback = ctx.get_parameter_source("port") is ParameterSource.DEFAULT
+    listen = Listening(
+        host, port, security, allow_plaintext, scheduler_file, dashboard, fallback=fallback
+    )
     config = SchedulerConfig(worker_timeout=worker_timeout, max_worker_deaths=max_worker_deaths)
     opened = None if no_journal else _open_journal(journal)
     try:
@@ -199,10 +217,19 @@ def scheduler(
     except PlaintextRefused as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise click.ClickException(_port_taken(host, port)) from None
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc}") from None
     finally:
         if opened is not None:
             opened.close()
+
+
+def _port_taken(host: str, port: int) -> str:
+    """The one line for a --port already taken, with where this user's scheduler is."""
+    mine = running_elsewhere(own_sightings(default_scheduler_file()))
+    also = f"; {mine}" if mine else ""
+    return f"cannot listen on {host}:{port}: the port is taken{also}; --port 0 takes any free port"
 
 
 def _open_journal(path: Path | None) -> Journal:
@@ -223,6 +250,8 @@ class Listening:
     scheduler_file: Path | None
     #: Where the dashboard listens; None for none.
     dashboard: str | None = None
+    #: Listen on a free port if ``port`` is taken (it was not asked for), and say so.
+    fallback: bool = False
 
     def scheduler(self, config: SchedulerConfig, companions: list[Companion]) -> Scheduler:
         journals = [c.journal.path for c in companions if isinstance(c, RunsService)]
@@ -235,6 +264,7 @@ class Listening:
             allow_plaintext=self.allow_plaintext,
             dashboard_address=self.dashboard,
             dashboard_runs=JournalOverview(journals[0]) if journals else None,
+            port_fallback=self.fallback,
         )
 
 
@@ -247,17 +277,20 @@ async def _start(
     explicit: bool,
 ) -> tuple[Scheduler, RunQueue | None]:
     """A started scheduler, and its job queue if it serves ``journal``."""
+    if journal is not None:
+        # Claimed before anything listens, so that a busy journal is known before the
+        # dashboard is started and announced, rather than after (and again).
+        try:
+            journal.claim("")
+        except JournalBusy as exc:
+            if explicit:
+                raise click.ClickException(str(exc)) from None
+            logger.warning("%s; this scheduler serves no run journal", exc)
+            journal = None
     if journal is None:
         return await listen.scheduler(config, []).start(), None
     runs = RunsService(journal, options)
-    try:
-        server = await listen.scheduler(config, [runs]).start()
-    except JournalBusy as exc:
-        if explicit:
-            raise click.ClickException(str(exc)) from None
-        logger.warning("%s; this scheduler serves no run journal", exc)
-        return await listen.scheduler(config, []).start(), None
-    return server, runs.queue
+    return await listen.scheduler(config, [runs]).start(), runs.queue
 
 
 async def _run(
@@ -268,10 +301,27 @@ async def _run(
     *,
     explicit: bool,
 ) -> None:
-    server, _ = await _start(listen, config, journal, options, explicit=explicit)
-    path = listen.scheduler_file or default_scheduler_file()
-    assert server.security.token is not None  # a scheduler makes one if need be
+    own = OwnSchedulerFile(listen.scheduler_file)  # refused before anything listens
     try:
+        await _serve(listen, config, journal, options, own, explicit=explicit)
+    finally:
+        own.release()
+
+
+async def _serve(
+    listen: Listening,
+    config: SchedulerConfig,
+    journal: Journal | None,
+    options: QueueOptions,
+    own: OwnSchedulerFile,
+    *,
+    explicit: bool,
+) -> None:
+    """Serve until SIGINT or SIGTERM, the scheduler file written meanwhile."""
+    server, _ = await _start(listen, config, journal, options, explicit=explicit)
+    try:
+        path = own.path_for(server.address)
+        assert server.security.token is not None  # a scheduler makes one if need be
         write_scheduler_file(
             path,
             server.address,
@@ -282,17 +332,21 @@ async def _run(
     except OSError as exc:
         await server.close()
         raise click.ClickException(f"cannot write the scheduler file: {exc}") from None
+    except BaseException:
+        await server.close()
+        raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     announce(f"apportion scheduler at {server.address}")
     announce(f"scheduler file (address and secret): {path}")
+    own.announce_spare()
     try:
         await stop.wait()
     finally:
         logger.info("stopping the scheduler")
-        remove_scheduler_file(path, server.id)
+        own.release(server.id)
         with contextlib.suppress(Exception):
             await server.close()
 

@@ -5,6 +5,8 @@ Uses the system's ``ssh`` (your config, agent and keys; no paramiko). The cluste
 credentials are made fresh (mutual TLS and a secret) and reach the remote processes
 on the ssh channel, never on a command line; the scheduler file written here carries
 them for clients of this machine: ``Client(scheduler_file=F)`` needs nothing else.
+It is claimed as ``apportion scheduler`` claims its own (``cli/own_file.py``): the
+default one is not taken from a running scheduler of the user's.
 """
 
 from __future__ import annotations
@@ -19,13 +21,13 @@ from types import FrameType
 import click
 
 from apportion.cli.log_options import announce, log_format_option
+from apportion.cli.own_file import OwnSchedulerFile
 from apportion.cli.worker import check_resources
 from apportion.deploy.hostlist import expand_nodelist, read_hostfile
 from apportion.deploy.ssh import SSHCluster
 from apportion.deploy.ssh_commands import split_ssh_options
 from apportion.log_setup import configure_logging
 from apportion.net.address import DEFAULT_PORT
-from apportion.net.scheduler_file import default_scheduler_file
 
 
 @click.command("ssh")
@@ -76,8 +78,9 @@ from apportion.net.scheduler_file import default_scheduler_file
 @click.option(
     "--scheduler-file",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Write the address, secret and a client's TLS credentials here (mode 0600)  "
-    "[default: $APPORTION_HOME/scheduler.json].",
+    help="Write the address, secret and a client's TLS credentials here (mode 0600); "
+    "refused if a running scheduler writes it  [default: $APPORTION_HOME/scheduler.json, "
+    "or $APPORTION_HOME/scheduler-PORT.json while another scheduler of yours holds it].",
 )
 @click.option(
     "--timeout",
@@ -116,18 +119,32 @@ def ssh(
     except (ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
     stop = threading.Event()
-    cluster = _start(
-        names, options, nworkers, nthreads, resources, remote_python, scheduler_port, timeout, stop
-    )
+    own = OwnSchedulerFile(scheduler_file)  # refused before any host is reached
+    try:
+        cluster = _start(
+            names,
+            options,
+            nworkers,
+            nthreads,
+            resources,
+            remote_python,
+            scheduler_port,
+            timeout,
+            stop,
+        )
+    except BaseException:
+        own.release()
+        raise
     status = 0
     try:
-        path = scheduler_file or default_scheduler_file()
+        path = own.path_for(cluster.scheduler_address)
         cluster.write_scheduler_file(path)
         announce(f"apportion ssh: scheduler at {cluster.scheduler_address}")
         announce(
             f"scheduler file (address, secret and TLS credentials): {path}; "
             f"connect with Client(scheduler_file={str(path)!r})"
         )
+        own.announce_spare()
         stopped_by = _wait(stop)
         if stopped_by is None:
             status = 1  # the scheduler ended on its own
@@ -137,6 +154,7 @@ def ssh(
     finally:
         announce("apportion ssh: stopping the workers, then the scheduler")
         cluster.close()
+        own.release(cluster.scheduler_id)
     sys.exit(status)
 
 

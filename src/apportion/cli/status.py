@@ -28,9 +28,10 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from apportion.cli.credentials import scheduler_file_option
+from apportion.cli.credentials import scheduler_address as resolve_address
+from apportion.cli.credentials import scheduler_file_option, scheduler_option
 from apportion.cli.errors import check_address, fail
-from apportion.cli.inspect import connect, scheduler_option
+from apportion.cli.inspect import connect
 from apportion.cli.status_view import MAX_WARNINGS, Style, fit_height, render
 from apportion.client.client import Client
 from apportion.net.security import AuthenticationError
@@ -81,7 +82,7 @@ def _positive(ctx: click.Context, param: click.Parameter, value: float) -> float
 def status(
     ctx: click.Context,
     scheduler_address: str | None,
-    address: str,
+    address: str | None,
     watch: bool,
     interval: float,
     as_json: bool,
@@ -92,7 +93,9 @@ def status(
     task groups, runs, what waits and why (requests no worker can ever meet first),
     and the latest warnings.
 
-    ADDRESS defaults to --scheduler. --watch redraws in place until Ctrl-C; a lost
+    ADDRESS defaults to --scheduler, else the scheduler --scheduler-file names, else
+    $APPORTION_SCHEDULER, else your own running scheduler (found through
+    $APPORTION_HOME/scheduler.json). --watch redraws in place until Ctrl-C; a lost
     scheduler is said in one line and asked again. --json prints the status as data
     (docs/status.md lists its keys).
     """
@@ -100,6 +103,7 @@ def status(
         if ctx.get_parameter_source("address") is ParameterSource.COMMANDLINE:
             fail(ctx, "give the scheduler's address once: as ADDRESS or --scheduler")
         address = scheduler_address
+    address = resolve_address(ctx, address)
     if link:
         if watch or as_json:
             fail(ctx, "--link prints a login link: it does not go with --watch or --json")

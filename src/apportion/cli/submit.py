@@ -6,11 +6,9 @@ nothing here needs the scheduler's filesystem; ``--wait`` follows them the same 
 
 from __future__ import annotations
 
-import os
-
 import click
 
-from apportion.cli.config import DEFAULT_SCHEDULER
+from apportion.cli.credentials import scheduler_address as resolve_address
 from apportion.cli.credentials import scheduler_file_option
 from apportion.cli.errors import check_address, fail
 from apportion.cli.follow import follow
@@ -57,17 +55,18 @@ def _is_address(word: str) -> bool:
 @click.option(
     "--scheduler",
     "scheduler_address",
-    default=lambda: os.environ.get("APPORTION_SCHEDULER", DEFAULT_SCHEDULER),
-    show_default="$APPORTION_SCHEDULER or tcp://127.0.0.1:8786",
+    metavar="ADDRESS",
     callback=check_address,
-    help="Scheduler address (may also come first: apportion submit ADDRESS ...).",
+    help="Scheduler address (may also come first: apportion submit ADDRESS ...)  "
+    "[default: the one --scheduler-file names, else $APPORTION_SCHEDULER, else your "
+    "own running scheduler, found through $APPORTION_HOME/scheduler.json].",
 )
 @click.option(
     "--wait", is_flag=True, help="Show progress until the runs finish; exit 1 if any failed."
 )
 @run_options
 @click.pass_context
-def submit(ctx: click.Context, run: RunOptions, scheduler_address: str, wait: bool) -> None:
+def submit(ctx: click.Context, run: RunOptions, scheduler_address: str | None, wait: bool) -> None:
     """Queue runs of COMMAND on a running scheduler, where its --resources are free.
 
     \b
@@ -84,6 +83,7 @@ def submit(ctx: click.Context, run: RunOptions, scheduler_address: str, wait: bo
         specs = specs_from_options(run)
     except ValueError as error:
         fail(ctx, str(error))
+    address = resolve_address(ctx, address)
     try:
         ids = remote.submit(address, specs)
     except remote.RemoteQueueError as error:

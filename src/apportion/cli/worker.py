@@ -447,8 +447,9 @@ def worker(
     lifetime: float,
     log_format: str,
 ) -> None:
-    """Run a worker connected to the scheduler at SCHEDULER_ADDRESS (or the one
-    --scheduler-file names)."""
+    """Run a worker connected to the scheduler at SCHEDULER_ADDRESS, else the one
+    --scheduler-file names, else $APPORTION_SCHEDULER, else your own running scheduler,
+    found through $APPORTION_HOME/scheduler.json (waited for up to --connect-timeout)."""
     try:
         limit = parse_memory_limit(memory_limit, nworkers)
     except ValueError as exc:

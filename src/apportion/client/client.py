@@ -31,6 +31,7 @@ from collections.abc import (
 )
 from dataclasses import replace
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from apportion.client import actors, dask_default, local, topics, transfers
@@ -66,6 +67,7 @@ from apportion.client.session import Session, TaskBatch
 from apportion.client.task_stream import TaskStreams
 from apportion.core import payload
 from apportion.core.resources import ResourceSpec, parse_demand
+from apportion.net.scheduler_claim import SchedulerFileBusy, holder_of
 from apportion.net.scheduler_file import wait_for_scheduler_file, write_scheduler_file
 from apportion.net.security import Security, security_for
 from apportion.protocol import messages as m
@@ -955,9 +957,16 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
     def write_scheduler_file(self, scheduler_file: str | os.PathLike[str]) -> None:
         """Write the scheduler's address and this client's secret to ``scheduler_file``
         (mode 0600), for ``Client(scheduler_file=...)`` and ``apportion worker
-        --scheduler-file`` elsewhere, as Dask's does for the address alone."""
+        --scheduler-file`` elsewhere, as Dask's does for the address alone.
+
+        ``SchedulerFileBusy`` (an ``OSError``) if a running scheduler holds that file
+        (``$APPORTION_HOME/scheduler.json`` while ``apportion scheduler`` runs): it is
+        that scheduler's, which the user's commands reach through it."""
         if self.security.token is None:
             raise ValueError("this client holds no secret to write")
+        holder = holder_of(scheduler_file)
+        if holder is not None:
+            raise SchedulerFileBusy(Path(scheduler_file), holder)
         identity = self._scheduler_identity.get("id", "")
         write_scheduler_file(scheduler_file, self.scheduler_address, self.security.token, identity)
 

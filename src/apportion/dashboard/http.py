@@ -13,7 +13,10 @@ status to answer with, before the head is even complete when a limit is passed:
 - header lines over ``MAX_HEADER_BYTES`` bytes, or more than ``MAX_HEADERS`` of them: 431;
 - a method other than GET or HEAD: 405; a version other than HTTP/1.0 or 1.1: 505;
 - anything else malformed (bad characters, folded lines, a missing or repeated
-  ``Host``, a target not starting with ``/``): 400.
+  ``Host``, a target not starting with ``/``): 400. Bytes that cannot begin a
+  request line at all (an apportion client's binary hello, sent here by mistake)
+  get their 400 at once, not after the head's timeout, so that the client can say
+  what answered.
 
 The rules are RFC 9112's, kept strict: a server that guesses at malformed input
 is one that two parsers (a proxy's and ours) can read differently.
@@ -38,6 +41,8 @@ MAX_QUERY_FIELDS = 50
 METHODS = frozenset({"GET", "HEAD"})
 
 _TOKEN = re.compile(rb"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+#: The start of a request line: a method so far, or a method and a space.
+_METHOD_SO_FAR = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]*( |\r|$)")
 _VERSION = re.compile(rb"^HTTP/([0-9])\.([0-9])$")
 #: A target in origin form: visible ASCII, starting with a slash.
 _TARGET = re.compile(rb"^/[\x21-\x7e]*$")
@@ -131,6 +136,8 @@ class HeadParser:
         """
         self._buffer += data
         buffer = self._buffer
+        if not _METHOD_SO_FAR.match(buffer):
+            raise BadRequest("not an HTTP request")
         line_end = buffer.find(b"\r\n")
         if line_end < 0:
             if len(buffer) > MAX_REQUEST_LINE:

@@ -1,7 +1,9 @@
 """What the dashboard answers to each request: the login, the page and its files, the
 event stream and the JSON routes for tools. See ``docs/dashboard.md``.
 
-Every answer carries ``SECURITY_HEADERS``; every route but ``/login`` needs the
+Every answer carries ``Server: apportion`` first (a client that reaches this port by
+mistake names the dashboard in its error: ``net/foreign_peer.py``) and
+``SECURITY_HEADERS``; every route but ``/login`` needs the
 session cookie, and every request a ``Host`` naming this dashboard (``origin``).
 """
 
@@ -32,8 +34,11 @@ from apportion.dashboard.events import (
 from apportion.dashboard.http import BadRequest, Request, response_head, static_name
 from apportion.dashboard.metrics import CONTENT_TYPE, MetricsInput, render_metrics
 from apportion.dashboard.origin import Origin
+from apportion.net.foreign_peer import DASHBOARD_SERVER
 from apportion.versions import package_version
 
+#: First of every answer's headers, so that it is within the bytes a client quotes.
+SERVER_HEADER = ("Server", DASHBOARD_SERVER)
 #: Headers on every answer: nothing cached, no sniffing, no framing, no inline script.
 SECURITY_HEADERS = (
     ("Cache-Control", "no-store"),
@@ -86,6 +91,7 @@ def write_answer(
 ) -> None:
     """Write a whole answer, closing the connection after it."""
     headers = [
+        SERVER_HEADER,
         ("Content-Type", content_type),
         ("Content-Length", str(len(body))),
         ("Connection", "close"),
@@ -234,6 +240,7 @@ class Routes:
     async def _events(self, request: Request, writer: asyncio.StreamWriter, head: bool) -> int:
         interval = clamp_interval(_number(request, "interval", DEFAULT_INTERVAL))
         headers = [
+            SERVER_HEADER,
             ("Content-Type", "text/event-stream"),
             *SECURITY_HEADERS,
             ("X-Accel-Buffering", "no"),  # a proxy in front must not hold the messages

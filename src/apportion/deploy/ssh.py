@@ -220,6 +220,11 @@ class SSHCluster:
                 self._on_scheduler_exit()
 
     @property
+    def scheduler_id(self) -> str:
+        """The id its scheduler file gives it (``write_scheduler_file``)."""
+        return f"ssh-{self.plan.scheduler_host}"
+
+    @property
     def hosts(self) -> list[str]:
         return [self.plan.scheduler_host, *self.plan.worker_hosts]
 
@@ -232,7 +237,7 @@ class SSHCluster:
             Path(path),
             self.scheduler_address,
             self.security.token,
-            f"ssh-{self.plan.scheduler_host}",
+            self.scheduler_id,
             tls_ca=self.security.tls_ca_file,
             tls_cert=cert,
             tls_key=key,

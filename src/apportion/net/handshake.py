@@ -24,6 +24,10 @@ from typing import Any, NoReturn, TypeVar
 
 from apportion.net import auth, lending
 from apportion.net.connection import Connection, ConnectionClosed
+from apportion.net.discovery import dashboard_owner
+from apportion.net.foreign_peer import foreign_text, peer_kind
+from apportion.net.scheduler_claim import own_sightings
+from apportion.net.scheduler_file import default_scheduler_file
 from apportion.net.security import HOW_TO_GIVE, AuthenticationError, Security
 from apportion.net.stream import Stream, StreamClosed
 from apportion.net.transport import transport_for
@@ -139,8 +143,12 @@ async def _prove(
         reply = await _first_frame(stream)
     except _PeerGone as exc:
         raise HandshakeDropped(f"{address}: the handshake did not complete: {exc}") from None
-    except HandshakeError as exc:
-        raise HandshakeError(f"{address}: no apportion handshake: {exc}") from None
+    except _Foreign as exc:
+        raise HandshakeError(
+            foreign_text(
+                address, exc.sample, closed=exc.closed, dashboard_of=_dashboard_of(address, exc)
+            )
+        ) from None
     challenge = _expect(reply, AuthChallenge, address)
     expected = auth.proof(key, auth.LISTENER, role, name, ours, challenge.nonce)
     if not auth.verify(expected, challenge.proof):
@@ -176,8 +184,9 @@ def _expect(batch: list[Message], kind: type[_M], address: str) -> _M:
     return first
 
 
-#: Bytes of a non-apportion answer quoted in the error (an HTTP status line fits).
-QUOTED_BYTES = 40
+#: Bytes of a non-apportion answer read to tell what it is (an HTTP head's first
+#: lines fit); ``foreign_peer.QUOTED_BYTES`` of them are quoted.
+SAMPLE_BYTES = 512
 
 
 class _PeerGone(HandshakeError):
@@ -185,39 +194,57 @@ class _PeerGone(HandshakeError):
     worker that died while a peer was connecting to it is the common case)."""
 
 
+class _Foreign(HandshakeError):
+    """Something that is not an apportion peer answered; its first bytes."""
+
+    def __init__(self, sample: bytes, *, closed: bool = False) -> None:
+        super().__init__(f"the peer sent {sample!r:.60}")
+        self.sample = sample
+        #: It closed the connection after them.
+        self.closed = closed
+
+
 async def _first_frame(stream: Stream) -> list[Message]:
-    """The reply to our ``Hello``, read raw so that a foreign answer can be quoted."""
+    """The reply to our ``Hello``, read raw so that a foreign answer can be named."""
     try:
         header = await stream.read_exactly(HEADER.size)
     except StreamClosed as exc:
         if not exc.partial:
             raise _PeerGone("the peer closed the connection without a word") from None
-        raise HandshakeError(_closed_text(exc.partial)) from None
+        raise _Foreign(exc.partial, closed=True) from None
     try:
         length, count = frame_sizes(header, MAX_HANDSHAKE_FRAME)
         if count:
             raise ProtocolError("a handshake carries no payload")
     except ProtocolError:
-        raise HandshakeError(f"the peer sent {await _sample(stream, bytes(header))!r}") from None
+        raise _Foreign(await _sample(stream, bytes(header))) from None
     try:
         body = await stream.read_exactly(length)
     except StreamClosed as exc:
-        raise HandshakeError(_closed_text(bytes(header) + exc.partial)) from None
+        raise _Foreign(bytes(header) + exc.partial, closed=True) from None
     try:
         return decode_body(body)
     except ProtocolError:
-        raise HandshakeError(f"the peer sent {(bytes(header) + body)[:QUOTED_BYTES]!r}") from None
-
-
-def _closed_text(partial: bytes) -> str:
-    return f"the peer sent {partial[:QUOTED_BYTES]!r} and closed the connection"
+        raise _Foreign(bytes(header) + body[:SAMPLE_BYTES]) from None
 
 
 async def _sample(stream: Stream, head: bytes) -> bytes:
-    """``head`` and what follows it at once, up to ``QUOTED_BYTES``, for an error message."""
+    """``head`` and what follows it at once, up to ``SAMPLE_BYTES``, for an error message."""
     with contextlib.suppress(TimeoutError, ConnectionError):
-        head += await asyncio.wait_for(stream.read_some(QUOTED_BYTES - len(head)), 0.2)
-    return head[:QUOTED_BYTES]
+        head += await asyncio.wait_for(stream.read_some(SAMPLE_BYTES - len(head)), 0.2)
+    return head[:SAMPLE_BYTES]
+
+
+def _dashboard_of(address: str, foreign: _Foreign) -> str | None:
+    """The address of the user's scheduler whose dashboard is at ``address``, by the
+    user's own scheduler files; None if none is (or the answer was not a web server's)."""
+    if peer_kind(foreign.sample) not in ("HTTP", "TLS"):
+        return None
+    try:
+        found = dashboard_owner(address, own_sightings(default_scheduler_file()))
+    except OSError:
+        return None
+    return None if found is None else found.address
 
 
 async def accept_connection(

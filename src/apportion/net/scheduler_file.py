@@ -90,7 +90,8 @@ def write_scheduler_file(
 
 def read_scheduler_file(path: str | os.PathLike[str]) -> SchedulerFile:
     """What the file at ``path`` says; ``SchedulerFileError`` in one line if it cannot be
-    used."""
+    used. A leading ``~`` is the user's home, as in Dask's ``scheduler_file``."""
+    path = os.path.expanduser(path)
     if not os.path.exists(path):
         raise SchedulerFileMissing(
             f"no scheduler file at {path}: is the scheduler running, and was it given "

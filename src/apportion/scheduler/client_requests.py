@@ -244,7 +244,11 @@ def waiting_demand(state: SchedulerCore, client: ClientRecord, msg: m.DemandRequ
 def cluster_status(state: SchedulerCore, client: ClientRecord, msg: m.StatusRequest) -> None:
     limit = max(0, min(msg.stream_limit, STREAM_SIZE))
     built = status(
-        state, stream_since=msg.stream_since, events_since=msg.events_since, stream_limit=limit
+        state,
+        stream_since=msg.stream_since,
+        events_since=msg.events_since,
+        stream_limit=limit,
+        asking=client.id,  # ``apportion status`` is not one of the clients it shows
     )
     state.reply(client.id, m.StatusReply(msg.request_id, built))
 

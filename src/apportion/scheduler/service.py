@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import itertools
 import logging
 import math
@@ -25,7 +26,7 @@ from apportion.dashboard.server import DashboardServer
 from apportion.log_ring import LogRing
 from apportion.loop_lag import LoopLag
 from apportion.loop_thread import BackgroundService
-from apportion.net.address import DEFAULT_PORT, INPROC, is_inproc
+from apportion.net.address import DEFAULT_PORT, INPROC, is_inproc, parse_address
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.door import Door
 from apportion.net.handshake import HandshakeError, open_connection
@@ -81,6 +82,9 @@ class Scheduler(BackgroundService):
     (``"host:port"``, ``":port"``: on the scheduler's host) serves the web dashboard
     there (``DashboardServer``; ``dashboard_runs`` reads the job queue's journal for
     it), started once the scheduler listens and closed first; None serves none.
+    With ``port_fallback``, a ``port`` already taken is replaced by a free one, with a
+    warning naming both, as the dashboard's is: ``apportion scheduler`` given no
+    ``--port`` must not fail because another user's scheduler has 8786.
     """
 
     def __init__(
@@ -95,6 +99,7 @@ class Scheduler(BackgroundService):
         allow_plaintext: bool = False,
         dashboard_address: str | None = None,
         dashboard_runs: RunsSource | None = None,
+        port_fallback: bool = False,
     ) -> None:
         self.host = host
         #: Listen on a non-loopback host without TLS all the same (``check_exposure``).
@@ -108,6 +113,7 @@ class Scheduler(BackgroundService):
             else Security.from_environment(create=True)
         )
         self.port = port
+        self.port_fallback = port_fallback
         self.state = SchedulerState(config)
         self.id = f"scheduler-{uuid.uuid4().hex[:8]}"
         #: The time in every event, and the pace of the tick.
@@ -162,8 +168,7 @@ class Scheduler(BackgroundService):
         if self.dashboard is not None:
             self.dashboard.check()  # refused before anything listens
         self._closed = asyncio.Event()
-        transport = listener_for(self.host, self.security, "scheduler")
-        self._server = await transport.listen(self.host, self.port, self._on_connect)
+        self._server = await self._listen()
         self.address = self._server.address
         listening(self.address, self.security)
         self.state.identity = {"id": self.id, "address": self.address}
@@ -187,6 +192,22 @@ class Scheduler(BackgroundService):
         if self.dashboard is not None:
             logger.info("dashboard at %s", self.dashboard.login_link())
         return self
+
+    async def _listen(self) -> Listener:
+        transport = listener_for(self.host, self.security, "scheduler")
+        try:
+            return await transport.listen(self.host, self.port, self._on_connect)
+        except OSError as exc:
+            if not self.port_fallback or self.port == 0 or exc.errno != errno.EADDRINUSE:
+                raise
+        server = await transport.listen(self.host, 0, self._on_connect)
+        logger.warning(
+            "port %d is taken (another scheduler, perhaps another user's); "
+            "listening on port %d instead",
+            self.port,
+            parse_address(server.address)[1],
+        )
+        return server
 
     async def _tick(self) -> None:
         """Let time pass in the state machine, so silent workers are noticed."""

@@ -50,12 +50,15 @@ def status(
     stream_since: int = 0,
     events_since: int = 0,
     stream_limit: int = STREAM_LIMIT,
+    asking: str | None = None,
 ) -> dict[str, Any]:
     """The cluster now, with the executions and warnings after the given numbers.
 
     Keys: ``version``; ``now`` (scheduler clock); ``scheduler`` (``id``,
     ``address``, ``dashboard`` when one is served); ``tasks`` (live records by
-    state: waiting, queued, processing, memory, erred, released); ``clients``;
+    state: waiting, queued, processing, memory, erred, released); ``clients`` (the
+    users' clients: not the client ``asking`` for this status, nor services such as
+    the job queue);
     ``threads``; ``pools`` (cluster-wide: ``name``, ``total``, ``used``,
     ``bytes``); ``workers`` (by name: ``id``, ``name``, ``address``, ``host``,
     ``nthreads``, ``running``, ``status`` running/paused/closing, ``memory``,
@@ -84,7 +87,7 @@ def status(
         "now": state.now,
         "scheduler": dict(state.identity),
         "tasks": tasks,
-        "clients": len(state.clients),
+        "clients": sum(1 for c in state.clients.values() if not c.durable and c.id != asking),
         "threads": sum(w.nthreads for w in workers),
         "pools": _cluster_pools(workers),
         "workers": [_worker(state, w) for w in workers],
