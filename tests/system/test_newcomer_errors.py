@@ -38,7 +38,7 @@ from apportion.core.resources import (
 )
 from apportion.net.address import ACCEPTED_FORMS
 from apportion.net.handshake import HandshakeError, open_connection
-from apportion.net.security import Security
+from apportion.net.security import Security, user_secret
 from apportion.protocol import messages as m
 from apportion.scheduler.events import WorkerJoined
 from apportion.scheduler.invariants import check_invariants
@@ -47,6 +47,13 @@ from apportion.testing.simulation import SimulatedCluster
 from apportion.worker.detect import split_auto
 from apportion.worker.service import Worker
 from cli_processes import APPORTION, Processes, free_port, poll
+
+@pytest.fixture(autouse=True, scope="module")
+def _secret() -> None:
+    """This account's secret exists, as it does once any scheduler has run: the clients
+    here get as far as the peer, whatever ran before them."""
+    user_secret(create=True)
+
 
 BAD_ADDRESSES = ["http://host:8786", "host:abc", "host:99999", "tcp://", ""]
 
