@@ -12,7 +12,7 @@ from typing import TypeVar
 
 import pytest
 
-from apportion.core.resources import ResourceSpec
+from apportion.core.resources import ResourceSpec, parse_demand
 from apportion.protocol import messages as m
 from apportion.scheduler.core import PREFETCH_FROM
 from apportion.scheduler.events import FromWorker, PipeEnded
@@ -28,6 +28,7 @@ from apportion.scheduler.records import (
 )
 from apportion.scheduler.relay import PIPE_FROM
 from apportion.scheduler.state import SchedulerConfig
+from apportion.scheduler.unsatisfiable import check_demand
 from apportion.testing import Interval, RecordingCluster, UnexpectedMessages
 
 M = TypeVar("M", bound=m.Message)
@@ -853,6 +854,73 @@ def test_worker_loss_can_make_a_request_unsatisfiable(sim: RecordingCluster) -> 
     sim.remove_worker(big)
     sim.place()
     assert any("largest GPU supply is 1 on small" in n.text for n in sim.got(m.Notice))
+
+
+@pytest.mark.parametrize("name", ["gpu", "GUP"])
+def test_a_misspelt_resource_fails_at_submission_saying_what_was_meant(
+    sim: RecordingCluster, name: str
+) -> None:
+    sim.add_worker("gpus", resources="GPU=2 MEMORY=16GiB")
+    sim.submit_graph({"x": ([], f"{name}=1"), "y": (["x"], None)}, wanted=["x", "y"])
+    failed = sim.got(m.KeysFailed)
+    assert sorted(k for f in failed for k in f.keys) == ["x", "y"]
+    assert {f.kind for f in failed} == {"misnamed"}
+    text = failed[0].message
+    assert f"task 'x' asks for {name}=1, but no connected worker offers {name}" in text
+    assert f"did you mean GPU (not {name})?" in text
+    assert "the workers offer GPU=2 on gpus, MEMORY=16 GiB on gpus" in text
+    assert sim.state_of("x") == ERRED
+    assert sim.got(m.Notice) == []  # the failure says it all
+
+
+def test_a_misspelt_resource_fails_once_a_worker_says_what_it_offers(
+    sim: RecordingCluster,
+) -> None:
+    sim.submit("x", resources="gpu=1")
+    assert sim.got(m.KeysFailed) == []  # no worker yet: nobody knows what is offered
+    sim.add_worker("gpus", resources="GPU=2")
+    sim.place()
+    (failed,) = sim.got(m.KeysFailed)
+    assert failed.kind == "misnamed" and "did you mean GPU (not gpu)?" in failed.message
+
+
+def test_an_unknown_resource_unlike_any_offered_one_only_warns(sim: RecordingCluster) -> None:
+    sim.add_worker("gpus", resources="GPU=2")
+    sim.submit("x", resources="licence=1")
+    sim.submit("y", resources="gpu1=1")  # another pool, maybe on a worker still to come
+    assert sim.got(m.KeysFailed) == []
+    assert len(sim.got(m.Notice)) == 2
+    assert sim.state_of("x") == sim.state_of("y") == QUEUED
+
+
+def test_an_alternative_that_fits_is_no_slip(sim: RecordingCluster) -> None:
+    w = sim.add_worker("gpus", resources="GPU=2")
+    variants = [parse_demand({"gpu": 1}), parse_demand({"GPU": 1})]
+    spec = m.TaskSpec("x", "f", b"", [], variants[0], 0, 0, variants)
+    sim.client_says("c1", m.SubmitTasks([spec], {"f": b"func"}, ["x"]))
+    assert sim.place() == [(w, "x")]
+    assert sim.got(m.KeysFailed) == []
+
+
+def test_check_demand_gives_each_verdict(sim: RecordingCluster) -> None:
+    def verdict(spec: str) -> tuple[str, str]:
+        return check_demand(sim.state, parse_demand(spec))
+
+    assert verdict("GPU=1") == ("no workers", "no worker is connected yet: it waits for one")
+    sim.add_worker("small", resources="GPU=2")
+    sim.add_worker("big", resources="GPU=4 MEMORY=1GiB")
+    assert verdict("GPU=4") == ("", "")
+    assert verdict("gpu=1") == (
+        "misnamed",
+        "no connected worker offers gpu: did you mean GPU (not gpu)? "
+        "(the workers offer GPU=4 on big, MEMORY=1 GiB on big)",
+    )
+    kind, text = verdict("GPU=8")
+    assert kind == "unsatisfiable"
+    assert text.startswith("no connected worker can ever provide it: largest GPU supply is 4")
+    assert text.endswith("(the workers offer GPU=4 on big, MEMORY=1 GiB on big)")
+    assert verdict("licence=1")[0] == "unsatisfiable"
+    assert "no worker offers licence" in verdict("licence=1")[1]
 
 
 # --- explain, story, snapshot ---------------------------------------------------------
