@@ -12,7 +12,9 @@ logs a one-time login link to it (docs/dashboard.md).
 
 ``--run-once`` starts an embedded cluster (this scheduler and one worker with
 ``--resources``), processes the staged runs it can run, and exits when nothing it
-can run is left: status 0 if every run it processed completed, 1 otherwise.
+can run is left: status 0 if every staged run completed; 1 if one failed, or if a
+staged run it can never run (its --resources lack what the run asks) was left
+staged, each such run named with the reason.
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ def _check_dashboard_address(ctx: click.Context, param: click.Parameter, value: 
     "--run-once",
     is_flag=True,
     help="Start an embedded cluster with --resources, run the staged runs it can run, "
-    "and exit when none is left.",
+    "and exit when none is left: status 1 if a run failed or one it cannot run was left.",
 )
 @click.option(
     "--resources",
@@ -349,4 +351,17 @@ async def _run_once(
     if stop.is_set():
         logger.warning("interrupted: runs not finished stay in the journal")
         return 1
-    return 1 if queue.failures else 0
+    left = queue.left_staged
+    for text in left:
+        logger.error("left staged: %s", text)
+    if left:
+        # Exit 0 would say "every staged run was processed", which they were not.
+        logger.error(
+            "%d staged run%s could not start on this cluster; give it what %s need with "
+            "--resources, or cancel %s",
+            len(left),
+            "" if len(left) == 1 else "s",
+            "it" if len(left) == 1 else "they",
+            "it" if len(left) == 1 else "them",
+        )
+    return 1 if queue.failures or left else 0
