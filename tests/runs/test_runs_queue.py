@@ -129,7 +129,10 @@ def test_a_run_needing_an_undefined_resource_is_reported_once_and_stays_staged(
         f"left staged: run {needs_foo}: the --run-once cluster (no resources) cannot run it: "
         "requires resources not defined for the cluster: foo"
     ) in result.stderr
-    assert "1 staged run could not start on this cluster" in result.stderr
+    assert (
+        f"1 staged run could not start on this cluster and stays staged; "
+        f"cancel with apportion cancel {needs_foo}"
+    ) in result.stderr
     assert queue.states() == {needs_foo: "staged", plain: COMPLETED}
     why = queue.cli("why", str(needs_foo))
     assert "staged" in why.stdout

@@ -7,6 +7,7 @@ fixture does both at teardown): a message the test did not take or allow fails i
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
@@ -954,6 +955,70 @@ def test_explain_names_the_short_resource_busy_threads_and_reservation(
     assert "holds the reservation on gpus" in reasons["big"]
     assert "reserved for older task 'big'" in reasons["c"]
     assert "not known" in reasons["nope"]
+
+
+def test_a_retried_task_starts_before_the_younger_one_holding_the_reservation(
+    sim: RecordingCluster,
+) -> None:
+    w = sim.add_worker("gpus", nthreads=2, resources="GPU=1")
+    sim.submit("old", resources="GPU=1", retries=1)
+    assert sim.place() == [(w, "old")]
+    sim.submit("young", resources="GPU=1")
+    sim.place()
+    assert "holds the reservation on gpus" in _why(sim, "young")["young"]
+    sim.raise_("old")  # retried: queued again, with its age
+    assert sim.place() == [(w, "old")]
+    assert "holds the reservation on gpus" in _why(sim, "young")["young"]
+    sim.finish("old")
+    assert sim.done() == ["old"]
+    assert sim.place() == [(w, "young")]
+
+
+def test_an_older_task_ready_later_takes_the_reservation_over(sim: RecordingCluster) -> None:
+    w = sim.add_worker("gpus", nthreads=4, resources="GPU=2")
+    sim.submit("busy", resources="GPU=2")
+    sim.submit("input")
+    sim.submit("old", ["input"], resources="GPU=2")  # submitted first, ready last
+    sim.place()
+    sim.submit("young", resources="GPU=1")
+    sim.place()
+    assert "holds the reservation on gpus" in _why(sim, "young")["young"]
+    sim.finish("input")
+    sim.place()
+    reasons = _why(sim, "old", "young")
+    assert "holds the reservation on gpus" in reasons["old"]
+    assert (
+        "gpus: GPU 0 of 2 free; reserved for older task 'old' (needs GPU=2)" in (reasons["young"])
+    )
+    sim.finish("busy")
+    assert sim.place() == [(w, "old")]
+    assert sim.done() == ["input", "busy"]
+
+
+def test_why_says_how_a_younger_reservation_holder_stands(sim: RecordingCluster) -> None:
+    sim.add_worker("w1", nthreads=4, resources="GPU=2")
+    sim.add_worker("w2", nthreads=4, resources="GPU=2")
+    sim.submit("x1", resources="GPU=2")
+    sim.submit("x2", resources="GPU=2")
+    sim.place()
+    sim.submit("old", resources="GPU=2")
+    sim.place()
+    sim.submit("young", resources="GPU=1")
+    sim.place()
+    reasons = _why(sim, "old", "young")
+    held = next(line for line in reasons["old"].splitlines() if "holds the reservation" in line)
+    mine, theirs = ("w1", "w2") if "on w1" in held else ("w2", "w1")
+    assert (
+        f"{theirs}: GPU 0 of 2 free; reserved for task 'young' submitted after this one "
+        f"(needs GPU=1); this task holds its own reservation on {mine}"
+    ) in reasons["old"]
+    assert f"{mine}: GPU 0 of 2 free; reserved for older task 'old'" in reasons["young"]
+    sim.submit("urgent", resources="GPU=2", priority=5)
+    sim.place()
+    # It takes a reservation over, and says of the other that its holder is behind it.
+    urgent = _why(sim, "urgent")["urgent"]
+    assert "holds the reservation on" in urgent
+    assert re.search(r"reserved for task '(old|young)' of lower priority", urgent), urgent
 
 
 def test_explain_waiting_finished_failed_and_unsatisfiable(sim: RecordingCluster) -> None:

@@ -50,6 +50,7 @@ from apportion.runs.live import LiveRuns
 from apportion.runs.overview import JournalOverview
 from apportion.runs.queue import QueueOptions, RunQueue
 from apportion.runs.service import RunsService
+from apportion.runs.spec import format_array
 from apportion.scheduler.companions import Companion
 from apportion.scheduler.service import Scheduler
 from apportion.scheduler.state import SchedulerConfig
@@ -352,16 +353,17 @@ async def _run_once(
         logger.warning("interrupted: runs not finished stay in the journal")
         return 1
     left = queue.left_staged
-    for text in left:
+    for text in left.values():
         logger.error("left staged: %s", text)
     if left:
         # Exit 0 would say "every staged run was processed", which they were not.
+        one = len(left) == 1
         logger.error(
-            "%d staged run%s could not start on this cluster; give it what %s need with "
-            "--resources, or cancel %s",
+            "%d staged run%s could not start on this cluster and %s staged; "
+            "cancel with apportion cancel %s",
             len(left),
-            "" if len(left) == 1 else "s",
-            "it" if len(left) == 1 else "they",
-            "it" if len(left) == 1 else "them",
+            "" if one else "s",
+            "stays" if one else "stay",
+            format_array(sorted(left)),
         )
     return 1 if queue.failures or left else 0

@@ -149,10 +149,10 @@ class RunQueue:
         return self.life.failures
 
     @property
-    def left_staged(self) -> list[str]:
-        """The staged runs this (fixed) cluster can never run, left staged: one
-        "run LABEL: why" each, in the order found (``--run-once`` names them)."""
-        return list(self.life.ignored.values())
+    def left_staged(self) -> dict[int, str]:
+        """The staged runs this (fixed) cluster can never run, left staged: id ->
+        "run LABEL: why", in the order found (``--run-once`` names them)."""
+        return dict(self.life.ignored)
 
     def idle(self) -> bool:
         """Nothing queued, running, awaiting adoption, or staged that this cluster can run."""
