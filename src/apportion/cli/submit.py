@@ -75,7 +75,10 @@ def submit(ctx: click.Context, run: RunOptions, scheduler_address: str, wait: bo
       apportion submit --name sweep --array 1-20 --wait -- python train.py --seed {}
 
     The command runs in the current directory with the current environment, as
-    captured now. Prints the ids given to the runs.
+    captured now. Prints the ids given to the runs, and says at once (stderr) if no
+    connected worker could ever run them: they stay queued for one that can join,
+    and --wait exits 1 instead of waiting. A resource name that is a slip of one the
+    workers offer (gpu for GPU) is refused with "did you mean ...?" (status 1).
     """
     address = ctx.meta.get("address", scheduler_address)
     if "address" in ctx.meta:

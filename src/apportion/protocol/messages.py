@@ -271,7 +271,8 @@ class KeysFailed(Message):
     """The scheduler itself failed these keys (no user exception to forward)."""
 
     keys: list[str]
-    kind: str  #: "unsatisfiable", "cancelled", "lost", "unserializable", "crashed", "memory"
+    #: "unsatisfiable", "misnamed", "cancelled", "lost", "unserializable", "crashed", "memory"
+    kind: str
     message: str
 
 

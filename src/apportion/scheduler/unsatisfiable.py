@@ -51,7 +51,7 @@ def check_satisfiable(
     (on a cluster that cannot grow) if no connected worker could ever hold it."""
     if not state.workers or satisfiable(state, task.signature):
         return None
-    slips = misnamed(task, state.workers.values())
+    slips = misnamed(state, task)
     if slips:
         return ("misnamed", misnamed_text(task, slips, state.workers.values()), b"")
     if not state.config.fail_unsatisfiable:
@@ -67,7 +67,7 @@ def fail_or_warn(state: SchedulerCore, signature: QueueKey, heap: list[Any]) -> 
     tasks = [t for t in tasks if t.state == QUEUED]
     if not tasks:
         return
-    slips = misnamed(tasks[0], state.workers.values())
+    slips = misnamed(state, tasks[0])
     if slips:  # submitted before a worker was connected to say what it offers
         for task in tasks:
             text = misnamed_text(task, slips, state.workers.values())
@@ -86,11 +86,17 @@ def offered(workers: Iterable[WorkerRecord]) -> set[str]:
     return {name for w in workers for name in w.ledger.total}
 
 
-def misnamed(task: TaskRecord, workers: Iterable[WorkerRecord]) -> dict[str, str]:
-    """The names ``task`` asks for (in any of its alternatives) that no worker offers
-    but are slips of one that some worker does: each with its suggestion."""
-    asked = {name for option in task.variants or (task.resources,) for name in option}
-    return misspelt(asked, offered(workers))
+def misnamed(state: SchedulerCore, task: TaskRecord) -> dict[str, str]:
+    """The names ``task`` asks for (in any of its alternatives) that no connected
+    worker offers but are slips of one that some worker does: each with its
+    suggestion. Once per kind of request, as a sweep of 10,000 shares the answer."""
+    known = state.misnamed_cache.get(task.signature)
+    if known is None:
+        asked = {name for option in task.variants or (task.resources,) for name in option}
+        known = state.misnamed_cache[task.signature] = misspelt(
+            asked, offered(state.workers.values())
+        )
+    return known
 
 
 def misnamed_text(task: TaskRecord, slips: dict[str, str], workers: Iterable[WorkerRecord]) -> str:
