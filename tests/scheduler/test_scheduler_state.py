@@ -885,13 +885,16 @@ def test_a_misspelt_resource_fails_once_a_worker_says_what_it_offers(
     assert failed.kind == "misnamed" and "did you mean GPU (not gpu)?" in failed.message
 
 
-def test_an_unknown_resource_unlike_any_offered_one_only_warns(sim: RecordingCluster) -> None:
+def test_an_unknown_resource_that_is_no_slip_only_warns(sim: RecordingCluster) -> None:
     sim.add_worker("gpus", resources="GPU=2")
     sim.submit("x", resources="licence=1")
     sim.submit("y", resources="gpu1=1")  # another pool, maybe on a worker still to come
+    sim.submit("z", resources="cpu=1")  # as likely another pool as a slip: said, no more
     assert sim.got(m.KeysFailed) == []
-    assert len(sim.got(m.Notice)) == 2
-    assert sim.state_of("x") == sim.state_of("y") == QUEUED
+    notices = [n.text for n in sim.got(m.Notice)]
+    assert len(notices) == 3
+    assert "no worker offers cpu (did you mean GPU (not cpu)?)" in notices[2]
+    assert sim.state_of("x") == sim.state_of("y") == sim.state_of("z") == QUEUED
 
 
 def test_an_alternative_that_fits_is_no_slip(sim: RecordingCluster) -> None:

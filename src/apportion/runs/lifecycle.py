@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from apportion.core.resource_names import did_you_mean, misspelt
+from apportion.core.resource_names import did_you_mean, suggestions
 from apportion.core.resources import describe_amount, describe_resources
 from apportion.runs import run_events as e
 from apportion.runs.run_states import (
@@ -349,7 +349,7 @@ def never_fits(demand: Mapping[str, int], supply: Mapping[str, int] | None) -> s
         return ""
     undefined = sorted(name for name in demand if name not in supply)
     if undefined:
-        slips = did_you_mean(misspelt(undefined, supply))
+        slips = did_you_mean(suggestions(undefined, supply))
         text = "requires resources not defined for the cluster: " + ", ".join(undefined)
         return f"{text} ({slips})" if slips else text
     short = [f"{n}={describe_amount(n, t)}" for n, t in sorted(demand.items()) if t > supply[n]]

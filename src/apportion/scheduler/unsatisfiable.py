@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from apportion.core.ledger import splittable
-from apportion.core.resource_names import did_you_mean, misspelt
+from apportion.core.resource_names import did_you_mean, misspelt, suggestions
 from apportion.core.resources import Amounts, describe_amount, describe_resources
 from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.events import NotifyClient
@@ -219,7 +219,9 @@ def _shortfall(demand: dict[str, int], workers: list[Any]) -> str:
             if have:
                 parts.append(f"largest {name} supply is {describe_amount(name, have)} on {where}")
             else:
-                parts.append(f"no worker offers {name}")
+                # Not a slip (that fails at once), but maybe still what was meant.
+                guess = did_you_mean(suggestions([name], offered(workers)))
+                parts.append(f"no worker offers {name}" + (f" ({guess})" if guess else ""))
     for name in names:
         need = demand[name]
         if not splittable(need) and any(name in w.ledger.units for w in workers):
