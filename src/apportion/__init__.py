@@ -26,6 +26,7 @@ from apportion.client.errors import (
     OutOfMemoryError,
     SchedulerGoneError,
     SerializationError,
+    UnknownResourceError,
     UnsatisfiableError,
     WorkerCrashedError,
 )
@@ -102,6 +103,7 @@ __all__ = [
     "SlurmCluster",
     "Sub",
     "TimeoutError",
+    "UnknownResourceError",
     "UnsatisfiableError",
     "Variable",
     "Worker",

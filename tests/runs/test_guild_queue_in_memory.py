@@ -123,7 +123,7 @@ def test_guild_gpu_runs_go_first_in_first_out_with_backfill(
     launcher = SteppedLauncher()
     with queue_cluster(tmp_path, "gpu0=1 gpu1=1", launcher) as (cluster, journal):
         specs = [new_spec([name], resources=GUILD_GPU[name], name=name) for name in order]
-        ids = dict(zip(order, remote.submit(cluster.address, specs), strict=True))
+        ids = dict(zip(order, remote.submit(cluster.address, specs).ids, strict=True))
         launcher.wait_running("aaa", "ddd")  # ddd backfills beside aaa, whatever its place
         launcher.finish("aaa")
         launcher.wait_running("bbb", "ddd")  # bbb is next in line for gpu0
@@ -173,7 +173,7 @@ def test_runs_the_cluster_can_never_meet_are_reported_not_left_waiting(
     with queue_cluster(tmp_path, "gpu0=1", launcher) as (cluster, journal):
         launcher.wait_running("plain")
         launcher.finish("plain")
-        (too_big,) = remote.submit(cluster.address, [new_spec(["too-big"], resources="gpu0=2")])
+        (too_big,) = remote.submit(cluster.address, [new_spec(["too-big"], resources="gpu0=2")]).ids
         wait_for(lambda: states(journal).get(too_big) == FAILED, "the oversized run to fail")
         wait_for(lambda: states(journal)[plain] == COMPLETED, "the plain run to complete")
         assert states(journal)[undefined] == STAGED

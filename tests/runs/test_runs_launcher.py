@@ -68,7 +68,7 @@ def test_a_worker_built_without_a_launcher_fails_runs_saying_why(tmp_path: Path)
     reader = Journal(tmp_path / "runs.db")
     try:
         with InMemoryCluster(1, companions=[RunsService(journal)]) as cluster:
-            (run_id,) = remote.submit(cluster.address, [new_spec(["never", "started"])])
+            (run_id,) = remote.submit(cluster.address, [new_spec(["never", "started"])]).ids
             record = cluster.run(asyncio.wait_for(_finished(reader, run_id), 20))
     finally:
         reader.close()

@@ -149,13 +149,23 @@ def test_staged_runs_are_queued_unless_a_fixed_cluster_never_fits_them() -> None
     waiting = {c.run_id: c.text for c in of(e.SetWaiting, out)}  # type: ignore[attr-defined]
     assert "requires more than the cluster has: gpu=2" in waiting[2]
     assert "not defined for the cluster: foo" in waiting[3]
-    assert life.ignored == {2, 3}
+    assert life.ignored.keys() == {2, 3}
+    assert life.ignored[3] == (
+        "run 3: the --run-once cluster (gpu=1) cannot run it: "
+        "requires resources not defined for the cluster: foo"
+    )
     assert of(e.SetWaiting, life.handle(e.Polled((too_big,), (), 1.0, 1.0))) == []  # once
     check_invariants(life)
 
 
 def test_never_fits_without_a_fixed_cluster_is_empty() -> None:
     assert never_fits({"gpu": 1}, None) == ""
+
+
+def test_never_fits_suggests_the_name_a_misspelt_one_was_meant_to_be() -> None:
+    assert never_fits({"gpu": 10_000}, {"GPU": 10_000}) == (
+        "requires resources not defined for the cluster: gpu (did you mean GPU (not gpu)?)"
+    )
 
 
 def test_a_run_running_at_a_restart_is_adopted(life: RunLifecycle) -> None:

@@ -119,14 +119,34 @@ def test_a_run_needing_an_undefined_resource_is_reported_once_and_stays_staged(
     needs_foo = queue.stage("foo=5")
     plain = queue.stage()
     result = queue.run_once()
-    assert result.returncode == 0, result.stderr
+    # Left staged is not done: the exit says so, and names the run and why.
+    assert result.returncode == 1, result.stderr
     message = (
         f"ignoring staged run {needs_foo} (requires resources not defined for the cluster: foo)"
     )
     assert result.stderr.count(message) == 1, result.stderr
+    assert (
+        f"left staged: run {needs_foo}: the --run-once cluster (no resources) cannot run it: "
+        "requires resources not defined for the cluster: foo"
+    ) in result.stderr
+    assert (
+        f"1 staged run could not start on this cluster and stays staged; "
+        f"cancel with apportion cancel {needs_foo}"
+    ) in result.stderr
     assert queue.states() == {needs_foo: "staged", plain: COMPLETED}
     why = queue.cli("why", str(needs_foo))
     assert "staged" in why.stdout
+
+
+def test_run_once_names_a_misspelt_resource_and_exits_1(queue: Queue) -> None:
+    typo = queue.stage("gpu=1")
+    result = queue.run_once("GPU=1")
+    assert result.returncode == 1, result.stderr
+    assert (
+        f"left staged: run {typo}: the --run-once cluster (GPU=1) cannot run it: requires "
+        "resources not defined for the cluster: gpu (did you mean GPU (not gpu)?)"
+    ) in result.stderr
+    assert queue.states() == {typo: "staged"}
 
 
 def test_several_resource_options_all_count(queue: Queue) -> None:
@@ -138,7 +158,7 @@ def test_several_resource_options_all_count(queue: Queue) -> None:
 
     again = queue.stage("foo=1", "bar=1 baz=1")
     result = queue.run_once("foo=1")
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1, result.stderr
     assert "requires resources not defined for the cluster: bar, baz" in result.stderr
     assert queue.states()[again] == "staged"
 
@@ -438,3 +458,38 @@ def test_runs_and_cancel_from_another_machine_go_through_the_scheduler(
     poll(lambda: queue.states()[slow_id] == "cancelled", 30, "the run to be cancelled")
     unknown = elsewhere.cli("cancel", "--scheduler", address, "999")
     assert unknown.returncode == 2 and "no run 999" in unknown.stderr
+
+
+def test_submit_says_at_once_what_no_connected_worker_can_run(
+    cluster: tuple[Processes, Queue, str],
+) -> None:
+    _, queue, address = cluster
+    first = queue.cli("submit", address, "--wait", "--", "true")  # the worker is connected
+    assert first.returncode == 0, first.stderr
+    typo = queue.cli("submit", address, "--resources", "Slot=1", "--", "true")
+    assert typo.returncode == 1 and typo.stdout == ""
+    (line,) = typo.stderr.splitlines()
+    assert line.startswith(
+        "Error: the run asks for Slot=1, but no connected worker offers Slot: "
+        "did you mean slot (not Slot)? (the workers offer "
+    ), line
+    assert "slot=2 on w" in line and line.endswith("); nothing was queued")
+    big = queue.cli("submit", address, "--resources", "slot=3", "--", "true")
+    assert big.returncode == 0, big.stderr
+    big_id = int(re.findall(r"submitted run (\d+)", big.stdout)[0])
+    (warning,) = big.stderr.splitlines()
+    assert warning.startswith(
+        f"warning: run {big_id} asks for slot=3, but no connected worker can ever provide it: "
+        "largest slot supply is 2 on w (the workers offer "
+    ), warning
+    assert warning.endswith("; queued until a worker that can run it joins")
+    waited = queue.cli("submit", address, "--resources", "slot=3", "--wait", "--", "true")
+    assert waited.returncode == 1
+    waited_id = int(re.findall(r"submitted run (\d+)", waited.stdout)[0])
+    assert waited.stderr.splitlines()[-1] == (
+        f"Error: not waiting: run {waited_id} can never start on the connected workers and "
+        f"stays queued; cancel with apportion cancel {waited_id} --scheduler {address}"
+    )
+    states = queue.states()
+    assert (states[big_id], states[waited_id]) == (QUEUED, QUEUED)
+    assert len(states) == 3  # the misspelt one was never queued

@@ -187,3 +187,64 @@ def test_a_returning_worker_is_told_to_stop_runs_nobody_waits_for(
 def test_waiting_text_is_one_line_without_the_state() -> None:
     text = "queued: needs gpu=1\n  w1: all 1 threads busy\n  w2: gpu 0 of 1 free"
     assert waiting_text(text) == "needs gpu=1; w1: all 1 threads busy; w2: gpu 0 of 1 free"
+
+
+def _submit(queue: RunQueue, *specs: dict[str, Any]) -> list[m.RunsSubmitted]:
+    answers: list[m.RunsSubmitted] = []
+
+    def reply(message: m.Message) -> None:
+        assert isinstance(message, m.RunsSubmitted)
+        answers.append(message)
+
+    queue.request(m.SubmitRuns(7, list(specs)), reply)
+    return answers
+
+
+def test_a_submission_carries_each_runs_verdict(host: FakeHost, tmp_path: Path) -> None:
+    async def body() -> None:
+        queue, journal = make_queue(host, tmp_path)
+        await queue.start(0.0, 0.0)
+        alone = _submit(queue, new_spec(["true"], resources="GPU=1").to_dict())
+        await settle(queue)
+        (answer,) = alone
+        assert answer.verdicts == [["no workers", "no worker is connected yet: it waits for one"]]
+        reg = m.RegisterWorker("w1", "sim://w1", 2, {"GPU": 20_000}, 1, 0, {}, 0, [])
+        host.handle(WorkerJoined("w1", reg, 0.0))
+        answers = _submit(
+            queue,
+            new_spec(["fits"], resources="GPU=1").to_dict(),
+            new_spec(["too-big"], resources="GPU=3").to_dict(),
+        )
+        await settle(queue)
+        (answer,) = answers
+        _, too_big = answer.ids
+        assert answer.verdicts[0] == ["", ""]
+        kind, text = answer.verdicts[1]
+        assert kind == "unsatisfiable" and "largest GPU supply is 2 on w1" in text
+        # Queued all the same: a worker that can run it may join.
+        assert journal.get(too_big).state == QUEUED  # type: ignore[union-attr]
+        assert f"run-{too_big}" in host.state.tasks
+
+    run(body())
+
+
+def test_a_misspelt_resource_is_refused_and_nothing_queued(host: FakeHost, tmp_path: Path) -> None:
+    async def body() -> None:
+        queue, journal = make_queue(host, tmp_path)
+        await queue.start(0.0, 0.0)
+        reg = m.RegisterWorker("w1", "sim://w1", 2, {"GPU": 20_000}, 1, 0, {}, 0, [])
+        host.handle(WorkerJoined("w1", reg, 0.0))
+        answers = _submit(
+            queue,
+            new_spec(["fine"]).to_dict(),
+            new_spec(["typo"], resources="gpu=1").to_dict(),
+        )
+        await settle(queue)
+        (answer,) = answers
+        assert answer.ids == [] and answer.error == (
+            "the run asks for gpu=1, but no connected worker offers gpu: did you mean GPU "
+            "(not gpu)? (the workers offer GPU=2 on w1); nothing was queued"
+        )
+        assert journal.runs() == []
+
+    run(body())

@@ -171,10 +171,12 @@ def test_a_held_poison_task_is_not_placed_through_an_old_heap_entry() -> None:
     sim.place()
     sim.submit("t", resources="a=2")
     sim.place()  # does not fit now: reserves r
-    sim.submit("v", resources="a=2", priority=10)
+    # Submitted after t reserved: behind it, so t keeps the reservation (a task ahead
+    # of it, by priority or age, would take it over).
+    sim.submit("v", resources="a=2")
     sim.place()
     sim.finish("p")
-    sim.place()  # t starts from its reservation; its heap entry stays behind
+    sim.place()  # t starts from its reservation
     sim.remove_worker(r)  # t is held for the supervisor's verdict
     assert "t" in sim.state.verdicts
     sim.add_worker("s", nthreads=3, resources="a=6", supervisor=99, pid=12)

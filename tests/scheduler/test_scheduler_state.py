@@ -7,12 +7,13 @@ fixture does both at teardown): a message the test did not take or allow fails i
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import pytest
 
-from apportion.core.resources import ResourceSpec
+from apportion.core.resources import ResourceSpec, parse_demand
 from apportion.protocol import messages as m
 from apportion.scheduler.core import PREFETCH_FROM
 from apportion.scheduler.events import FromWorker, PipeEnded
@@ -28,6 +29,7 @@ from apportion.scheduler.records import (
 )
 from apportion.scheduler.relay import PIPE_FROM
 from apportion.scheduler.state import SchedulerConfig
+from apportion.scheduler.unsatisfiable import check_demand
 from apportion.testing import Interval, RecordingCluster, UnexpectedMessages
 
 M = TypeVar("M", bound=m.Message)
@@ -855,6 +857,76 @@ def test_worker_loss_can_make_a_request_unsatisfiable(sim: RecordingCluster) -> 
     assert any("largest GPU supply is 1 on small" in n.text for n in sim.got(m.Notice))
 
 
+@pytest.mark.parametrize("name", ["gpu", "GUP"])
+def test_a_misspelt_resource_fails_at_submission_saying_what_was_meant(
+    sim: RecordingCluster, name: str
+) -> None:
+    sim.add_worker("gpus", resources="GPU=2 MEMORY=16GiB")
+    sim.submit_graph({"x": ([], f"{name}=1"), "y": (["x"], None)}, wanted=["x", "y"])
+    failed = sim.got(m.KeysFailed)
+    assert sorted(k for f in failed for k in f.keys) == ["x", "y"]
+    assert {f.kind for f in failed} == {"misnamed"}
+    text = failed[0].message
+    assert f"task 'x' asks for {name}=1, but no connected worker offers {name}" in text
+    assert f"did you mean GPU (not {name})?" in text
+    assert "the workers offer GPU=2 on gpus, MEMORY=16 GiB on gpus" in text
+    assert sim.state_of("x") == ERRED
+    assert sim.got(m.Notice) == []  # the failure says it all
+
+
+def test_a_misspelt_resource_fails_once_a_worker_says_what_it_offers(
+    sim: RecordingCluster,
+) -> None:
+    sim.submit("x", resources="gpu=1")
+    assert sim.got(m.KeysFailed) == []  # no worker yet: nobody knows what is offered
+    sim.add_worker("gpus", resources="GPU=2")
+    sim.place()
+    (failed,) = sim.got(m.KeysFailed)
+    assert failed.kind == "misnamed" and "did you mean GPU (not gpu)?" in failed.message
+
+
+def test_an_unknown_resource_that_is_no_slip_only_warns(sim: RecordingCluster) -> None:
+    sim.add_worker("gpus", resources="GPU=2")
+    sim.submit("x", resources="licence=1")
+    sim.submit("y", resources="gpu1=1")  # another pool, maybe on a worker still to come
+    sim.submit("z", resources="cpu=1")  # as likely another pool as a slip: said, no more
+    assert sim.got(m.KeysFailed) == []
+    notices = [n.text for n in sim.got(m.Notice)]
+    assert len(notices) == 3
+    assert "no worker offers cpu (did you mean GPU (not cpu)?)" in notices[2]
+    assert sim.state_of("x") == sim.state_of("y") == sim.state_of("z") == QUEUED
+
+
+def test_an_alternative_that_fits_is_no_slip(sim: RecordingCluster) -> None:
+    w = sim.add_worker("gpus", resources="GPU=2")
+    variants = [parse_demand({"gpu": 1}), parse_demand({"GPU": 1})]
+    spec = m.TaskSpec("x", "f", b"", [], variants[0], 0, 0, variants)
+    sim.client_says("c1", m.SubmitTasks([spec], {"f": b"func"}, ["x"]))
+    assert sim.place() == [(w, "x")]
+    assert sim.got(m.KeysFailed) == []
+
+
+def test_check_demand_gives_each_verdict(sim: RecordingCluster) -> None:
+    def verdict(spec: str) -> tuple[str, str]:
+        return check_demand(sim.state, parse_demand(spec))
+
+    assert verdict("GPU=1") == ("no workers", "no worker is connected yet: it waits for one")
+    sim.add_worker("small", resources="GPU=2")
+    sim.add_worker("big", resources="GPU=4 MEMORY=1GiB")
+    assert verdict("GPU=4") == ("", "")
+    assert verdict("gpu=1") == (
+        "misnamed",
+        "no connected worker offers gpu: did you mean GPU (not gpu)? "
+        "(the workers offer GPU=4 on big, MEMORY=1 GiB on big)",
+    )
+    kind, text = verdict("GPU=8")
+    assert kind == "unsatisfiable"
+    assert text.startswith("no connected worker can ever provide it: largest GPU supply is 4")
+    assert text.endswith("(the workers offer GPU=4 on big, MEMORY=1 GiB on big)")
+    assert verdict("licence=1")[0] == "unsatisfiable"
+    assert "no worker offers licence" in verdict("licence=1")[1]
+
+
 # --- explain, story, snapshot ---------------------------------------------------------
 
 
@@ -886,6 +958,70 @@ def test_explain_names_the_short_resource_busy_threads_and_reservation(
     assert "holds the reservation on gpus" in reasons["big"]
     assert "reserved for older task 'big'" in reasons["c"]
     assert "not known" in reasons["nope"]
+
+
+def test_a_retried_task_starts_before_the_younger_one_holding_the_reservation(
+    sim: RecordingCluster,
+) -> None:
+    w = sim.add_worker("gpus", nthreads=2, resources="GPU=1")
+    sim.submit("old", resources="GPU=1", retries=1)
+    assert sim.place() == [(w, "old")]
+    sim.submit("young", resources="GPU=1")
+    sim.place()
+    assert "holds the reservation on gpus" in _why(sim, "young")["young"]
+    sim.raise_("old")  # retried: queued again, with its age
+    assert sim.place() == [(w, "old")]
+    assert "holds the reservation on gpus" in _why(sim, "young")["young"]
+    sim.finish("old")
+    assert sim.done() == ["old"]
+    assert sim.place() == [(w, "young")]
+
+
+def test_an_older_task_ready_later_takes_the_reservation_over(sim: RecordingCluster) -> None:
+    w = sim.add_worker("gpus", nthreads=4, resources="GPU=2")
+    sim.submit("busy", resources="GPU=2")
+    sim.submit("input")
+    sim.submit("old", ["input"], resources="GPU=2")  # submitted first, ready last
+    sim.place()
+    sim.submit("young", resources="GPU=1")
+    sim.place()
+    assert "holds the reservation on gpus" in _why(sim, "young")["young"]
+    sim.finish("input")
+    sim.place()
+    reasons = _why(sim, "old", "young")
+    assert "holds the reservation on gpus" in reasons["old"]
+    assert (
+        "gpus: GPU 0 of 2 free; reserved for older task 'old' (needs GPU=2)" in (reasons["young"])
+    )
+    sim.finish("busy")
+    assert sim.place() == [(w, "old")]
+    assert sim.done() == ["input", "busy"]
+
+
+def test_why_says_how_a_younger_reservation_holder_stands(sim: RecordingCluster) -> None:
+    sim.add_worker("w1", nthreads=4, resources="GPU=2")
+    sim.add_worker("w2", nthreads=4, resources="GPU=2")
+    sim.submit("x1", resources="GPU=2")
+    sim.submit("x2", resources="GPU=2")
+    sim.place()
+    sim.submit("old", resources="GPU=2")
+    sim.place()
+    sim.submit("young", resources="GPU=1")
+    sim.place()
+    reasons = _why(sim, "old", "young")
+    held = next(line for line in reasons["old"].splitlines() if "holds the reservation" in line)
+    mine, theirs = ("w1", "w2") if "on w1" in held else ("w2", "w1")
+    assert (
+        f"{theirs}: GPU 0 of 2 free; reserved for task 'young' submitted after this one "
+        f"(needs GPU=1); this task holds its own reservation on {mine}"
+    ) in reasons["old"]
+    assert f"{mine}: GPU 0 of 2 free; reserved for older task 'old'" in reasons["young"]
+    sim.submit("urgent", resources="GPU=2", priority=5)
+    sim.place()
+    # It takes a reservation over, and says of the other that its holder is behind it.
+    urgent = _why(sim, "urgent")["urgent"]
+    assert "holds the reservation on" in urgent
+    assert re.search(r"reserved for task '(old|young)' of lower priority", urgent), urgent
 
 
 def test_explain_waiting_finished_failed_and_unsatisfiable(sim: RecordingCluster) -> None:

@@ -19,7 +19,9 @@ only its own file on exit.
 
 ``--run-once`` starts an embedded cluster (this scheduler and one worker with
 ``--resources``), processes the staged runs it can run, and exits when nothing it
-can run is left: status 0 if every run it processed completed, 1 otherwise.
+can run is left: status 0 if every staged run completed; 1 if one failed, or if a
+staged run it can never run (its --resources lack what the run asks) was left
+staged, each such run named with the reason.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from apportion.runs.live import LiveRuns
 from apportion.runs.overview import JournalOverview
 from apportion.runs.queue import QueueOptions, RunQueue
 from apportion.runs.service import RunsService
+from apportion.runs.spec import format_array
 from apportion.scheduler.companions import Companion
 from apportion.scheduler.service import Scheduler
 from apportion.scheduler.state import SchedulerConfig
@@ -125,7 +128,7 @@ def _check_dashboard_address(ctx: click.Context, param: click.Parameter, value: 
     "--run-once",
     is_flag=True,
     help="Start an embedded cluster with --resources, run the staged runs it can run, "
-    "and exit when none is left.",
+    "and exit when none is left: status 1 if a run failed or one it cannot run was left.",
 )
 @click.option(
     "--resources",
@@ -403,4 +406,18 @@ async def _run_once(
     if stop.is_set():
         logger.warning("interrupted: runs not finished stay in the journal")
         return 1
-    return 1 if queue.failures else 0
+    left = queue.left_staged
+    for text in left.values():
+        logger.error("left staged: %s", text)
+    if left:
+        # Exit 0 would say "every staged run was processed", which they were not.
+        one = len(left) == 1
+        logger.error(
+            "%d staged run%s could not start on this cluster and %s staged; "
+            "cancel with apportion cancel %s",
+            len(left),
+            "" if one else "s",
+            "stays" if one else "stay",
+            format_array(sorted(left)),
+        )
+    return 1 if queue.failures or left else 0

@@ -14,7 +14,7 @@ from apportion.cli.errors import check_address, fail
 from apportion.cli.follow import follow
 from apportion.cli.runs import RUN_CONTEXT_SETTINGS, RunOptions, run_options, specs_from_options
 from apportion.runs import remote
-from apportion.runs.spec import format_array
+from apportion.runs.spec import RunSpec, format_array
 
 
 class AddressFirst(click.Command):
@@ -74,7 +74,10 @@ def submit(ctx: click.Context, run: RunOptions, scheduler_address: str | None, w
       apportion submit --name sweep --array 1-20 --wait -- python train.py --seed {}
 
     The command runs in the current directory with the current environment, as
-    captured now. Prints the ids given to the runs.
+    captured now. Prints the ids given to the runs, and says at once (stderr) if no
+    connected worker could ever run them: they stay queued for one that can join,
+    and --wait exits 1 instead of waiting. A resource name that is a slip of one the
+    workers offer (gpu for GPU) is refused with "did you mean ...?" (status 1).
     """
     address = ctx.meta.get("address", scheduler_address)
     if "address" in ctx.meta:
@@ -85,14 +88,25 @@ def submit(ctx: click.Context, run: RunOptions, scheduler_address: str | None, w
         fail(ctx, str(error))
     address = resolve_address(ctx, address)
     try:
-        ids = remote.submit(address, specs)
+        submitted = remote.submit(address, specs)
     except remote.RemoteQueueError as error:
         fail(ctx, str(error), 1)
+    ids = submitted.ids
     label = f" ({run.name})" if run.name else ""
     if len(ids) == 1:
         click.echo(f"submitted run {ids[0]}{label} to {address}")
     else:
         click.echo(f"submitted {len(ids)} runs {format_array(ids)}{label} to {address}")
+    stuck = _say_verdicts(address, specs, submitted)
+    if wait and stuck:
+        # Waiting would be waiting for a worker nobody said is coming: say so and stop.
+        fail(
+            ctx,
+            f"not waiting: {_runs_text(stuck)} can never start on the connected workers "
+            f"and {'stays' if len(stuck) == 1 else 'stay'} queued; cancel with "
+            f"apportion cancel {format_array(stuck)} --scheduler {address}",
+            1,
+        )
     if wait:
         try:
             status = follow(address, ids)
@@ -107,9 +121,36 @@ def submit(ctx: click.Context, run: RunOptions, scheduler_address: str | None, w
         ctx.exit(status)
 
 
+def _say_verdicts(address: str, specs: list[RunSpec], submitted: remote.Submitted) -> list[int]:
+    """Tell on stderr what the connected workers make of the runs' requests; the runs
+    none of them can ever run."""
+    groups: dict[tuple[str, str, str], list[int]] = {}
+    for run_id, spec, (kind, text) in zip(submitted.ids, specs, submitted.verdicts, strict=True):
+        if kind:
+            groups.setdefault((kind, text, spec.resources), []).append(run_id)
+    stuck: list[int] = []
+    for (kind, text, resources), ids in groups.items():
+        runs = _runs_text(ids)
+        if kind == "no workers":
+            line = f"note: no worker is connected to {address} yet: {runs} will wait for one"
+        else:
+            stuck += ids
+            line = (
+                f"warning: {runs} {'asks' if len(ids) == 1 else 'ask'} for {resources}, "
+                f"but {text}; queued until a worker that can run "
+                f"{'it' if len(ids) == 1 else 'them'} joins"
+            )
+        click.echo(line, err=True)
+    return sorted(stuck)
+
+
+def _runs_text(ids: list[int]) -> str:
+    return f"run {ids[0]}" if len(ids) == 1 else f"runs {format_array(ids)}"
+
+
 #: The shell's status for a command ended by SIGINT (128 + 2).
 INTERRUPTED = 130
 
 
 def _runs_go_on(ids: list[int]) -> str:
-    return f"run {ids[0]} goes on" if len(ids) == 1 else f"runs {format_array(ids)} go on"
+    return f"{_runs_text(ids)} {'goes' if len(ids) == 1 else 'go'} on"

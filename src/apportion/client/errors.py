@@ -9,6 +9,16 @@ class UnsatisfiableError(RuntimeError):
     """No worker of a cluster that cannot grow offers what the task asks for."""
 
 
+class UnknownResourceError(UnsatisfiableError, ValueError):
+    """The task names a resource no connected worker offers, where one offers a name
+    that differs only in case or by a typo: the message says "did you mean ...?".
+
+    Raised at once, on any cluster: a misspelt name would otherwise wait for a worker
+    that offers it, which most likely never comes. Also a ``ValueError`` (the request
+    is wrong, not the cluster) and an ``UnsatisfiableError`` (nothing can run it).
+    """
+
+
 class FutureCancelledError(concurrent.futures.CancelledError):
     """The task was cancelled before it produced a result."""
 
@@ -51,6 +61,8 @@ def failure(kind: str, message: str) -> BaseException:
     """The exception for a scheduler-side failure of the given kind."""
     if kind == "unsatisfiable":
         return UnsatisfiableError(message)
+    if kind == "misnamed":
+        return UnknownResourceError(message)
     if kind == "cancelled":
         return FutureCancelledError(message)
     if kind == "lost":

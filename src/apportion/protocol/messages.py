@@ -21,7 +21,7 @@ from apportion.core.payload import Pickled
 
 #: Bumped whenever a message changes shape. Peers with another version are refused
 #: in the handshake, naming both versions, instead of failing later on a bad field.
-PROTOCOL_VERSION = 12
+PROTOCOL_VERSION = 13
 
 
 class Message:
@@ -271,7 +271,8 @@ class KeysFailed(Message):
     """The scheduler itself failed these keys (no user exception to forward)."""
 
     keys: list[str]
-    kind: str  #: "unsatisfiable", "cancelled", "lost", "unserializable", "crashed", "memory"
+    #: "unsatisfiable", "misnamed", "cancelled", "lost", "unserializable", "crashed", "memory"
+    kind: str
     message: str
 
 
@@ -639,6 +640,26 @@ class RunsSubmitted(Message):
     request_id: int
     ids: list[int]
     error: str
+    #: One ``[kind, text]`` per id: what the connected workers make of its request
+    #: (``scheduler.unsatisfiable.check_demand``); kind "" when one could run it.
+    verdicts: list[list[str]] = field(default_factory=list)
+
+
+@message
+class CheckDemands(Message):
+    """Client -> scheduler: could the connected workers ever hold each of these
+    demands (``{pool: ticks}``)? The job queue asks before it queues runs."""
+
+    request_id: int
+    demands: list[dict[str, int]]
+
+
+@message
+class DemandsChecked(Message):
+    """One ``[kind, text]`` per demand asked, in order (``CheckDemands``)."""
+
+    request_id: int
+    verdicts: list[list[str]]
 
 
 @message

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from apportion.core.resource_names import did_you_mean, suggestions
 from apportion.core.resources import describe_amount, describe_resources
 from apportion.runs import run_events as e
 from apportion.runs.run_states import (
@@ -68,8 +69,9 @@ class RunLifecycle:
         self.awaiting: dict[int, float] = {}
         #: How each active run's latest attempt ended, until it settles or starts again.
         self.ended: dict[int, e.Ended] = {}
-        #: Staged runs a fixed cluster can never run, reported once each; left staged.
-        self.ignored: set[int] = set()
+        #: Staged runs a fixed cluster can never run, reported once each and left
+        #: staged: id -> "run LABEL: why" (``--run-once`` names them as it ends).
+        self.ignored: dict[int, str] = {}
         #: Active runs whose task was asked to be cancelled.
         self.cancelling: set[int] = set()
         #: Cancelled active runs whose processes are still being stopped: id -> (worker
@@ -136,11 +138,11 @@ class RunLifecycle:
                 continue
             problem = never_fits(view.demand, self.fixed_supply)
             if problem:
-                self.ignored.add(view.id)
                 text = f"ignoring staged run {view.label} ({problem}); it stays staged"
                 out.append(e.Say("warning", text))
                 cluster = describe_resources(dict(self.fixed_supply or {})) or "no resources"
                 why = f"the --run-once cluster ({cluster}) cannot run it: {problem}"
+                self.ignored[view.id] = f"run {view.label}: {why}"
                 out.append(e.SetWaiting(view.id, why))
             else:
                 view.move(QUEUED, only_from=STAGED)
@@ -347,7 +349,9 @@ def never_fits(demand: Mapping[str, int], supply: Mapping[str, int] | None) -> s
         return ""
     undefined = sorted(name for name in demand if name not in supply)
     if undefined:
-        return "requires resources not defined for the cluster: " + ", ".join(undefined)
+        slips = did_you_mean(suggestions(undefined, supply))
+        text = "requires resources not defined for the cluster: " + ", ".join(undefined)
+        return f"{text} ({slips})" if slips else text
     short = [f"{n}={describe_amount(n, t)}" for n, t in sorted(demand.items()) if t > supply[n]]
     if short:
         return "requires more than the cluster has: " + " ".join(short)
@@ -367,4 +371,4 @@ def check_invariants(life: RunLifecycle) -> None:
     for name, ids in (("ended", life.ended), ("cancelling", life.cancelling)):
         assert set(ids) <= life.active, f"{name} holds runs without a task"
     assert set(life.stopping) <= life.active, "stopping a run without a task"
-    assert not set(life.runs) & life.ignored, "an ignored staged run is served"
+    assert not life.runs.keys() & life.ignored.keys(), "an ignored staged run is served"

@@ -116,7 +116,10 @@ class RunQueue:
         self._next_waiting = 0.0
         #: Events that came before the journal was read (``start``): handled after it.
         self._early: list[e.Event] | None = []
-        self._why_requests = itertools.count(1)
+        #: Numbers of the queue's own requests to the scheduler (why, checks).
+        self._requests = itertools.count(1)
+        #: Checks of demands asked (``CheckDemands``): request id -> what follows.
+        self._checks: dict[int, Callable[[list[list[str]]], None]] = {}
         requests = [m.SubmitRuns.__name__, m.QueryRuns.__name__, m.CancelRuns.__name__]
         host.send([m.RegisterService(requests, RUN_KEY_PREFIX)])
 
@@ -145,6 +148,12 @@ class RunQueue:
         """Runs settled in this session that did not complete (``--run-once`` exit)."""
         return self.life.failures
 
+    @property
+    def left_staged(self) -> dict[int, str]:
+        """The staged runs this (fixed) cluster can never run, left staged: id ->
+        "run LABEL: why", in the order found (``--run-once`` names them)."""
+        return dict(self.life.ignored)
+
     def idle(self) -> bool:
         """Nothing queued, running, awaiting adoption, or staged that this cluster can run."""
         return self._looked and not self._polling and self.life.idle()
@@ -167,7 +176,7 @@ class RunQueue:
         # Runs a fixed cluster can never run were reported once: not made into tasks again.
         staged = [record for record in staged if record.id not in self.life.ignored]
         self._feed(e.Polled(self._views(staged), tuple(cancels), time.monotonic(), time.time()))
-        for run_id in self.life.ignored.intersection(self._tasks):
+        for run_id in self.life.ignored.keys() & self._tasks.keys():
             del self._tasks[run_id]
 
     # --- events in, commands out ----------------------------------------------------
@@ -303,13 +312,22 @@ class RunQueue:
                 self._feed(e.WorkerGone(message.name, now, wall))
             case m.ForwardedRequest():
                 self._forwarded(message)
-            case m.WhyReply():
-                self._waiting(message.reasons)
+            case m.WhyReply() | m.DemandsChecked():
+                self._answered(message)
             case m.Notice():
                 level = logging.WARNING if message.level == "warning" else logging.INFO
                 logger.log(level, "%s", message.text)
             case _:
                 pass  # KeysPending and the like: a run's task is never an input
+
+    def _answered(self, message: m.WhyReply | m.DemandsChecked) -> None:
+        """The scheduler answered one of the queue's own requests."""
+        if isinstance(message, m.WhyReply):
+            self._waiting(message.reasons)
+            return
+        then = self._checks.pop(message.request_id, None)
+        if then is not None:
+            then(message.verdicts)
 
     def _task_done(self, key: str, failure: e.Failure, now: float, wall: float) -> None:
         run_id = run_id_of(key)
@@ -363,24 +381,15 @@ class RunQueue:
         wall = time.time()
         match message:
             case m.SubmitRuns():
-                request_id = message.request_id
                 try:
                     specs = [RunSpec.from_dict(spec) for spec in message.specs]
                 except ValueError as exc:
-                    reply(m.RunsSubmitted(request_id, [], str(exc)))
+                    reply(m.RunsSubmitted(message.request_id, [], str(exc)))
                     return
-
-                def stage(journal: Journal) -> list[RunRecord]:
-                    return journal.runs(ids=journal.stage(specs, wall, queued=True))
-
-                def submitted(records: list[RunRecord]) -> None:
-                    self._feed(e.Submitted(self._views(records), time.monotonic(), wall))
-                    reply(m.RunsSubmitted(request_id, [r.id for r in records], ""))
-
-                def failed(error: str) -> m.Message:
-                    return m.RunsSubmitted(request_id, [], f"the scheduler failed: {error}")
-
-                self._ask(self.writer.call(stage), submitted, failed, reply)
+                demands = [parse_demand(spec.resources or None) for spec in specs]
+                self._check_demands(
+                    demands, lambda verdicts: self._submit_runs(message, specs, verdicts, reply)
+                )
             case m.CancelRuns():
                 ids = list(message.ids)
 
@@ -392,6 +401,50 @@ class RunQueue:
                 self._ask(ask, cancelled, _no_report(message.request_id), reply)
             case m.QueryRuns():
                 self._report(message.request_id, list(message.ids), reply)
+
+    def _check_demands(
+        self, demands: list[dict[str, int]], then: Callable[[list[list[str]]], None]
+    ) -> None:
+        """Ask the scheduler what its workers make of ``demands`` (one ``[kind, text]``
+        each, ``scheduler.unsatisfiable.check_demand``); ``then`` gets the answer."""
+        request_id = next(self._requests)
+        self._checks[request_id] = then
+        self.host.send([m.CheckDemands(request_id, demands)])
+
+    def _submit_runs(
+        self,
+        message: m.SubmitRuns,
+        specs: list[RunSpec],
+        verdicts: list[list[str]],
+        reply: Callable[[m.Message], None],
+    ) -> None:
+        """Queue ``specs``, or refuse them all if one misspells a resource.
+
+        A misspelt name (``gpu`` where workers offer ``GPU``) is refused, as Slurm
+        refuses a request no node's configuration has: it is a typo to fix, and a run
+        queued with it would wait for a worker that never comes. Other requests no
+        connected worker can hold are queued (a worker that can may join), with the
+        verdict in the answer for the submitter to show.
+        """
+        request_id, wall = message.request_id, time.time()
+        for spec, (kind, text) in zip(specs, verdicts, strict=True):
+            if kind == "misnamed":
+                error = f"the run asks for {spec.resources}, but {text}; nothing was queued"
+                reply(m.RunsSubmitted(request_id, [], error))
+                return
+
+        def stage(journal: Journal) -> list[RunRecord]:
+            return journal.runs(ids=journal.stage(specs, wall, queued=True))
+
+        def submitted(records: list[RunRecord]) -> None:
+            self._feed(e.Submitted(self._views(records), time.monotonic(), wall))
+            ids = [r.id for r in records]
+            reply(m.RunsSubmitted(request_id, ids, "", [list(v) for v in verdicts]))
+
+        def failed(error: str) -> m.Message:
+            return m.RunsSubmitted(request_id, [], f"the scheduler failed: {error}")
+
+        self._ask(self.writer.call(stage), submitted, failed, reply)
 
     def _report(self, request_id: int, ids: list[int], reply: Callable[[m.Message], None]) -> None:
         future = self.writer.call(lambda journal: report(journal, ids))
@@ -414,7 +467,7 @@ class RunQueue:
         queued = [i for i in sorted(self.life.active) if runs[i].state == QUEUED]
         if queued:
             keys = [run_key(run_id) for run_id in queued[:WAITING_BATCH]]
-            self.host.send([m.WhyRequest(next(self._why_requests), keys)])
+            self.host.send([m.WhyRequest(next(self._requests), keys)])
 
     def _waiting(self, reasons: dict[str, str]) -> None:
         """Write down why runs wait, for those still waiting in a queue."""

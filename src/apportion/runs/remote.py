@@ -61,14 +61,31 @@ def _without_journal(request: m.Message) -> m.Message:
     return m.RunsReport(request.request_id, [])
 
 
-def submit(address: str, specs: Sequence[RunSpec], timeout: float = 30.0) -> list[int]:
-    """Queue ``specs`` on the scheduler at ``address``; their run ids."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class Submitted:
+    """What the scheduler answered to a submission."""
+
+    #: The ids given to the runs, in the order of the specs.
+    ids: list[int]
+    #: Per run, what the connected workers make of its request: ``(kind, text)``,
+    #: kind "" when one of them could run it, "no workers" when none is connected,
+    #: "unsatisfiable" when none could (``scheduler.unsatisfiable.check_demand``).
+    verdicts: list[tuple[str, str]]
+
+
+def submit(address: str, specs: Sequence[RunSpec], timeout: float = 30.0) -> Submitted:
+    """Queue ``specs`` on the scheduler at ``address``; raises ``RemoteQueueError`` if it
+    refused them (a resource name misspelt, say: nothing is queued then)."""
     request = m.SubmitRuns(next(_ids), [spec.to_dict() for spec in specs])
     reply = asyncio.run(_ask(address, request, timeout))
     assert isinstance(reply, m.RunsSubmitted)
     if reply.error:
         raise RemoteQueueError(reply.error)
-    return list(reply.ids)
+    try:
+        verdicts = [(str(kind), str(text)) for kind, text in reply.verdicts]
+    except ValueError:
+        raise RemoteQueueError("the scheduler sent a malformed answer") from None
+    return Submitted(list(reply.ids), verdicts or [("", "")] * len(reply.ids))
 
 
 def query(address: str, ids: Sequence[int], timeout: float = 30.0) -> list[RunRecord]:

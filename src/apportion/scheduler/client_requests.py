@@ -29,6 +29,7 @@ from apportion.scheduler.records import (
 from apportion.scheduler.status import status
 from apportion.scheduler.telemetry import STREAM_SIZE
 from apportion.scheduler.unsatisfiable import (
+    check_demand,
     check_satisfiable,
     satisfiable,
     unsatisfiable_text,
@@ -234,6 +235,11 @@ def why(state: SchedulerCore, client: ClientRecord, msg: m.WhyRequest) -> None:
 
 def info(state: SchedulerCore, client: ClientRecord, msg: m.InfoRequest) -> None:
     state.reply(client.id, m.InfoReply(msg.request_id, views.snapshot(state)))
+
+
+def check_demands(state: SchedulerCore, client: ClientRecord, msg: m.CheckDemands) -> None:
+    verdicts = [list(check_demand(state, demand)) for demand in msg.demands]
+    state.reply(client.id, m.DemandsChecked(msg.request_id, verdicts))
 
 
 def waiting_demand(state: SchedulerCore, client: ClientRecord, msg: m.DemandRequest) -> None:

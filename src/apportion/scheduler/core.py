@@ -154,6 +154,9 @@ class SchedulerCore:
         #: Request kinds already warned about, so a sweep of 1,000 says it once.
         self.warned: set[QueueKey] = set()
         self.satisfiable_cache: dict[QueueKey, bool] = {}
+        #: Per request kind no connected worker could hold: its names that are slips
+        #: of offered ones, with their suggestions. Cleared with the one above.
+        self.misnamed_cache: dict[QueueKey, dict[str, str]] = {}
         #: (client, request kind) pairs already told that nobody can run it.
         self.notified: set[tuple[str, QueueKey]] = set()
         #: Tasks whose inputs could not be fetched, and how often (sparse: only those).

@@ -152,7 +152,27 @@ def _worker_obstacles(
     if worker.running() >= worker.nthreads:
         reasons.append(f"all {worker.nthreads} threads busy")
     if holder is not None:
-        reasons.append(
-            f"reserved for older task {holder.key!r} (needs {describe_resources(holder.resources)})"
-        )
+        reasons.append(_reserved_for(state, holder, task))
     return "; ".join(reasons) if reasons else "fits now; starts in the next placement pass"
+
+
+def _reserved_for(state: SchedulerCore, holder: TaskRecord, task: TaskRecord) -> str:
+    """Who holds a worker's reservation, and how it stands to ``task`` in the queue.
+
+    Tasks are ordered by priority, then by when the scheduler was given them. The
+    holder may be behind ``task``: when ``task`` holds a reservation of its own (on
+    another worker), or is not the oldest of its kind (that one takes reservations
+    over, ``placement._reserve``).
+    """
+    needs = describe_resources(holder.resources)
+    if holder.order() < task.order():
+        if holder.priority > task.priority:
+            return f"reserved for task {holder.key!r} of higher priority (needs {needs})"
+        return f"reserved for older task {holder.key!r} (needs {needs})"
+    mine = state.workers.get(task.reserved_on or "")
+    if mine is not None:
+        where = f"this task holds its own reservation on {mine.name}"
+    else:
+        where = "it keeps it until it starts, or an older blocked task takes it over"
+    how = "of lower priority" if holder.priority < task.priority else "submitted after this one"
+    return f"reserved for task {holder.key!r} {how} (needs {needs}); {where}"

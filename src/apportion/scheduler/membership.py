@@ -248,6 +248,7 @@ def _host(address: str) -> str:
 def _supply_changed(state: SchedulerCore) -> None:
     """A worker came or went: what can run where, and what nobody can run, is new."""
     state.satisfiable_cache.clear()
+    state.misnamed_cache.clear()
     state.warned.clear()
     state.notified.clear()
     state.placement_due = True

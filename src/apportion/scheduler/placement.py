@@ -13,7 +13,9 @@ Rules (documented for users in docs/scheduling.md):
    take that worker's free amounts of the resources it needs, nor (once it waits
    only for a thread) that worker's threads. As running tasks finish, what they
    free accumulates for the reserved task until it fits. A worker holds at most
-   one reservation; reservations are kept until the task starts.
+   one reservation; a reservation is kept until its task starts, or until an older
+   task that became ready later (its inputs arrived, or it is retried) blocks and
+   takes it over: the oldest blocked task holds it.
 4. Plain tasks (no resources) only need a thread, and may be queued a little ahead
    on a worker (``pipeline_seconds`` of work per thread) to hide the round trip —
    except, while resource tasks wait, on workers that offer resources. One whose
@@ -180,21 +182,37 @@ def best_worker(
 
 
 def _reserve(state: SchedulerCore, task: TaskRecord, pool: list[WorkerRecord]) -> None:
-    """Hold the worker closest to fitting ``task`` so backfill cannot starve it."""
+    """Hold the worker closest to fitting ``task`` so backfill cannot starve it.
+
+    The reservation belongs to the oldest blocked task, so a worker reserved by a task
+    behind ``task`` in the queue is taken over from it. That task reserved first
+    because ``task`` was not queued then: it was waiting for its inputs, or running
+    an attempt that failed and is now retried. The one displaced reserves again, a
+    worker free of reservations or held by a task behind it, in this pass or later.
+    Orders are unique, so a reservation only ever moves to an older task.
+    """
     best: WorkerRecord | None = None
-    best_score: tuple[float, int] | None = None
+    best_score: tuple[float, bool, int] | None = None
     for worker in pool:
-        if worker.reserved_by is not None:
+        holder = state.tasks.get(worker.reserved_by) if worker.reserved_by else None
+        if worker.reserved_by is not None and (holder is None or holder.order() < task.order()):
             continue
         closeness = sum(
             min(worker.ledger.free.get(n, 0), need) / need for n, need in task.resources.items()
         )
-        score = (-closeness, worker.running())
+        # A free worker before a taken-over one as close: fewer reservations move.
+        score = (-closeness, holder is not None, worker.running())
         if best_score is None or score < best_score:
             best, best_score = worker, score
-    if best is not None:
-        state.reserve(task, best)
-        state.log.append((state.now, task.key, QUEUED, QUEUED, f"reserved {best.name}"))
+    if best is None:
+        return
+    displaced = state.tasks.get(best.reserved_by) if best.reserved_by else None
+    if displaced is not None:
+        state.drop_reservation(displaced)
+        cause = f"reservation on {best.name} taken over by older task {task.key}"
+        state.log.append((state.now, displaced.key, QUEUED, QUEUED, cause))
+    state.reserve(task, best)
+    state.log.append((state.now, task.key, QUEUED, QUEUED, f"reserved {best.name}"))
 
 
 def _head(state: SchedulerCore, heap: list[tuple[int, int, str]]) -> TaskRecord | None:
@@ -237,6 +255,12 @@ def _place_resource_tasks(state: SchedulerCore) -> None:
             # It may no longer run here: a loose task that fell back here while its
             # named workers were away (one is back), or this worker is closing. Its
             # amounts are not kept for a task that will start elsewhere.
+            state.drop_reservation(held)
+            continue
+        head = _head(state, state.ready.get(held.signature, []))
+        if head is not None and head.order() < held.order():
+            # An older task of its kind was queued since (an attempt that failed and
+            # is retried): it goes first, by age, and reserves if it cannot start.
             state.drop_reservation(held)
             continue
         _start_if_it_fits(state, held, pool_for)

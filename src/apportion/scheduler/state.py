@@ -139,6 +139,7 @@ CLIENT_HANDLERS: dict[type[m.Message], Callable[[SchedulerCore, ClientRecord, An
     m.WhyRequest: client_requests.why,
     m.InfoRequest: client_requests.info,
     m.DemandRequest: client_requests.waiting_demand,
+    m.CheckDemands: client_requests.check_demands,
     m.StatusRequest: client_requests.cluster_status,
     m.StoryRequest: client_requests.story,
     m.DumpRequest: client_requests.dump,

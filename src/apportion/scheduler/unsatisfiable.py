@@ -1,11 +1,20 @@
-"""Requests no connected worker could ever hold: warn once, or fail where nothing can grow."""
+"""Requests no connected worker could ever hold: warn once, or fail where nothing can grow.
+
+A request that names a resource no worker offers, where one offers a name differing
+only in case or by a typo (``gpu`` or ``GUP`` beside ``GPU``), fails at once on any
+cluster: waiting for a worker that offers the misspelt name would most likely be
+waiting forever, and the user learns of the slip at submission instead of wondering
+why nothing starts (``core.resource_names`` says what counts as a slip).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from apportion.core.ledger import splittable
-from apportion.core.resources import describe_amount, describe_resources
+from apportion.core.resource_names import did_you_mean, misspelt, suggestions
+from apportion.core.resources import Amounts, describe_amount, describe_resources
 from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.events import NotifyClient
 from apportion.scheduler.records import (
@@ -13,6 +22,7 @@ from apportion.scheduler.records import (
     QueueKey,
     Restriction,
     TaskRecord,
+    WorkerRecord,
     options_of,
     restriction_of,
 )
@@ -37,10 +47,14 @@ def satisfiable(state: SchedulerCore, signature: QueueKey) -> bool:
 def check_satisfiable(
     state: SchedulerCore, task: TaskRecord
 ) -> tuple[str, bytes | str, bytes] | None:
-    """At submission, on a cluster that cannot grow: the failure to give ``task``."""
-    if not state.config.fail_unsatisfiable or not state.workers:
+    """At submission: the failure to give ``task`` if it names a misspelt resource, or
+    (on a cluster that cannot grow) if no connected worker could ever hold it."""
+    if not state.workers or satisfiable(state, task.signature):
         return None
-    if satisfiable(state, task.signature):
+    slips = misnamed(state, task)
+    if slips:
+        return ("misnamed", misnamed_text(task, slips, state.workers.values()), b"")
+    if not state.config.fail_unsatisfiable:
         return None
     return ("unsatisfiable", unsatisfiable_text(task, state.workers.values()), b"")
 
@@ -53,12 +67,88 @@ def fail_or_warn(state: SchedulerCore, signature: QueueKey, heap: list[Any]) -> 
     tasks = [t for t in tasks if t.state == QUEUED]
     if not tasks:
         return
+    slips = misnamed(state, tasks[0])
+    if slips:  # submitted before a worker was connected to say what it offers
+        for task in tasks:
+            text = misnamed_text(task, slips, state.workers.values())
+            state.fail(task, ("misnamed", text, b""), "it names a resource no worker offers")
+        return
     text = unsatisfiable_text(tasks[0], state.workers.values())
     if not state.config.fail_unsatisfiable:
         warn_unsatisfiable(state, tasks[0], text)
         return
     for task in tasks:
         state.fail(task, ("unsatisfiable", text, b""), "no connected worker can run it")
+
+
+def offered(workers: Iterable[WorkerRecord]) -> set[str]:
+    """Every resource name some of ``workers`` offers."""
+    return {name for w in workers for name in w.ledger.total}
+
+
+def misnamed(state: SchedulerCore, task: TaskRecord) -> dict[str, str]:
+    """The names ``task`` asks for (in any of its alternatives) that no connected
+    worker offers but are slips of one that some worker does: each with its
+    suggestion. Once per kind of request, as a sweep of 10,000 shares the answer."""
+    known = state.misnamed_cache.get(task.signature)
+    if known is None:
+        asked = {name for option in task.variants or (task.resources,) for name in option}
+        known = state.misnamed_cache[task.signature] = misspelt(
+            asked, offered(state.workers.values())
+        )
+    return known
+
+
+def misnamed_text(task: TaskRecord, slips: dict[str, str], workers: Iterable[WorkerRecord]) -> str:
+    """Why ``task`` fails at submission: the names no worker offers, the suggestion,
+    and what is offered."""
+    asks = "; ".join(describe_resources(v) or "nothing" for v in task.variants or (task.resources,))
+    return f"task {task.key!r} asks for {asks}, but {misnamed_detail(slips, workers)}"
+
+
+def misnamed_detail(slips: dict[str, str], workers: Iterable[WorkerRecord]) -> str:
+    """``no connected worker offers gpu: did you mean GPU (not gpu)? (the workers
+    offer GPU=2 on w1)``."""
+    return (
+        f"no connected worker offers {', '.join(slips)}: {did_you_mean(slips)} "
+        f"(the workers offer {_offer_text(workers)})"
+    )
+
+
+def check_demand(state: SchedulerCore, demand: Amounts) -> tuple[str, str]:
+    """Whether the connected workers could ever hold ``demand`` (a run's, before it is
+    queued): ``("", "")`` if one could; else a kind and what the asker should be told
+    after what it asks (``"run 9 asks for gpu=1, but " + text``). Kinds: ``"no
+    workers"`` (none connected: it waits for one), ``"misnamed"`` (a slip of an
+    offered name) and ``"unsatisfiable"`` (no connected worker could ever hold it,
+    though one that can may join later)."""
+    if not state.workers:
+        return "no workers", "no worker is connected yet: it waits for one"
+    if satisfiable(state, tuple(sorted(demand.items()))):
+        return "", ""
+    workers = list(state.workers.values())
+    slips = misspelt(demand, offered(workers))
+    if slips:
+        return "misnamed", misnamed_detail(slips, workers)
+    return "unsatisfiable", (
+        f"no connected worker can ever provide it: {_shortfall(demand, workers)} "
+        f"(the workers offer {_offer_text(workers)})"
+    )
+
+
+def _offer_text(workers: Iterable[WorkerRecord]) -> str:
+    """The largest amount of each offered pool, with a worker offering it."""
+    best: dict[str, tuple[int, str]] = {}
+    for w in workers:
+        for name, have in w.ledger.total.items():
+            if name not in best or have > best[name][0]:
+                best[name] = (have, w.name)
+    if not best:
+        return "no resources"
+    return ", ".join(
+        f"{name}={describe_amount(name, have)} on {where}"
+        for name, (have, where) in sorted(best.items())
+    )
 
 
 def warn_unsatisfiable(state: SchedulerCore, task: TaskRecord, text: str) -> None:
@@ -129,7 +219,9 @@ def _shortfall(demand: dict[str, int], workers: list[Any]) -> str:
             if have:
                 parts.append(f"largest {name} supply is {describe_amount(name, have)} on {where}")
             else:
-                parts.append(f"no worker offers {name}")
+                # Not a slip (that fails at once), but maybe still what was meant.
+                guess = did_you_mean(suggestions([name], offered(workers)))
+                parts.append(f"no worker offers {name}" + (f" ({guess})" if guess else ""))
     for name in names:
         need = demand[name]
         if not splittable(need) and any(name in w.ledger.units for w in workers):
