@@ -48,6 +48,7 @@ from apportion.worker.detect import split_auto
 from apportion.worker.service import Worker
 from cli_processes import APPORTION, Processes, free_port, poll
 
+
 @pytest.fixture(autouse=True, scope="module")
 def _secret() -> None:
     """This account's secret exists, as it does once any scheduler has run: the clients
