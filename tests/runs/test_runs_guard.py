@@ -70,6 +70,8 @@ def test_descendants_are_read_from_proc_whatever_the_command_names(tmp_path: Pat
     assert guard.descendants(10, str(tmp_path / "missing")) == {}
 
 
+@pytest.mark.process
+@pytest.mark.timeout(60)
 def test_the_guard_catches_every_signal_but_those_it_cannot_or_was_told_to_ignore() -> None:
     """The command must get what it would have got without a guard: default actions
     (SIGPIPE too, which Python ignores), and an inherited ignore kept."""

@@ -290,8 +290,9 @@ def test_leftovers_are_stopped_after_the_leader_exits(watch: Watch) -> None:
 
 
 def test_helper_that_left_the_group_is_found_by_a_scan_during_the_run(watch: Watch) -> None:
-    # Once the leader exits, the setsid'ed helper has init for parent: only the
-    # record of an earlier scan (the first comes at 0.1 s) ties it to the run.
+    # Once the command exits, the setsid'ed helper is out of the group and has the
+    # guard (a subreaper) for parent, or init where there is none: the guard's
+    # tree, or the record of an earlier scan (the first at 0.1 s), ties it to the run.
     outcome = run(watch, "setsid sleep 100 & echo $!; sleep 0.4", grace=5)
     [helper] = watch.printed_pids(1)
     assert outcome.leftovers == 1

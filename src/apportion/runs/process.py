@@ -101,7 +101,7 @@ class RunStartError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class ExitStatus:
-    """How a run's leader ended; both fields are None when it never started."""
+    """How a run's command ended; both fields are None when it never started."""
 
     #: The exit code if it exited by itself, else None.
     code: int | None
@@ -196,7 +196,7 @@ class RunProcess:
         self._output_failed = False
         #: Serialises scans and stops, so that concurrent ``stop`` calls stop once.
         self._lock = threading.RLock()
-        #: Live processes of the run other than the leader, by pid, kept from scan to
+        #: Live processes of the run other than the command, by pid, kept from scan to
         #: scan so that one which left the group and lost its parent is still found.
         self._recorded: dict[int, psutil.Process] = {}
         #: Processes we may not signal (another user's); left alone, not waited for.
@@ -213,7 +213,7 @@ class RunProcess:
         os.set_blocking(self._output.fileno(), False)
         with contextlib.suppress(OSError, AttributeError):  # not Linux, or over the limit
             fcntl.fcntl(self._output.fileno(), fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-        self._waiter = threading.Thread(target=self._reap_leader, name=f"run-{self.pid}-wait")
+        self._waiter = threading.Thread(target=self._hear_guard, name=f"run-{self.pid}-guard")
         self._reader = threading.Thread(target=self._read_output, name=f"run-{self.pid}-output")
         self._waiter.daemon = self._reader.daemon = True
 
@@ -283,11 +283,11 @@ class RunProcess:
     # --- state -----------------------------------------------------------------------
 
     def poll(self) -> ExitStatus | None:
-        """The leader's status once it has exited (its output may still be flowing)."""
+        """The command's status once it has exited (its output may still be flowing)."""
         return self._status() if self._exited.is_set() else None
 
     def wait(self, timeout: float | None = None) -> ExitStatus | None:
-        """The leader's status once it exited and all output was delivered; None on timeout.
+        """The command's status once it exited and all output was delivered; None on timeout.
 
         Leftover processes hold the output open, so this waits for them too.
         """
@@ -299,7 +299,7 @@ class RunProcess:
         return self._status()
 
     def members(self) -> list[int]:
-        """Pids still alive in the group or among the recorded descendants."""
+        """Pids still alive in the group (the guard aside) or among the run's descendants."""
         with self._lock:
             return sorted(self._scan().processes)
 
@@ -308,7 +308,7 @@ class RunProcess:
     def stop(self, grace: float) -> ExitStatus:
         """Stop every process of the run: SIGTERM, up to ``grace`` seconds, then SIGKILL.
 
-        Returns once none of them exists, with the leader's status (which is its own
+        Returns once none of them exists, with the command's status (which is its own
         exit status if it had already exited). Calling it again does no harm.
         """
         with self._lock:
@@ -318,7 +318,7 @@ class RunProcess:
         return self._status()
 
     def reap_leftovers(self, grace: float) -> int:
-        """Stop what the leader left running when it exited; how many were found.
+        """Stop what the command left running when it exited; how many were found.
 
         Helpers daemonised by the command (a server holding a GPU) would otherwise
         hold the worker's resources after the run is reported done.
@@ -413,7 +413,7 @@ class RunProcess:
             self._unkillable.add(process)
 
     def _pause(self, seconds: float) -> None:
-        # The leader's exit is an event; wake for it rather than sleep through it.
+        # The command's exit is an event; wake for it rather than sleep through it.
         if self._exited.is_set():
             time.sleep(seconds)
         else:
@@ -452,7 +452,7 @@ class RunProcess:
 
     # --- threads and output ----------------------------------------------------------
 
-    def _reap_leader(self) -> None:
+    def _hear_guard(self) -> None:
         """Hear the guard until it is gone: the command's exit, then end of reports."""
         try:
             for line in self._reports:
@@ -471,7 +471,7 @@ class RunProcess:
             self._exited.set()
 
     def _wait_exit(self, timeout: float) -> bool:
-        """Whether the leader has exited, waiting up to ``timeout`` for it."""
+        """Whether the command has exited, waiting up to ``timeout`` for it."""
         return self._exited.wait(timeout)
 
     def _status(self) -> ExitStatus:
@@ -641,13 +641,13 @@ Reason = Literal["completed", "failed", "timed out", "cancelled", "could not sta
 class RunOutcome:
     """How a run ended, once all of its processes are gone."""
 
-    #: The leader's status; both fields None if it never started.
+    #: The command's status; both fields None if it never started.
     status: ExitStatus
     #: ``"completed"``, ``"failed"``, ``"timed out"``, ``"cancelled"`` or ``"could not start"``.
     reason: Reason
     #: One line for users: ``"exit code 3"``, ``"cancelled; stopped with SIGTERM"``.
     detail: str
-    #: Processes still running after the leader exited by itself, which were stopped.
+    #: Processes still running after the command exited by itself, which were stopped.
     leftovers: int
 
 
@@ -724,7 +724,7 @@ def _watch(
 def _after_exit(process: RunProcess, grace: float) -> RunOutcome:
     leftovers = process.reap_leftovers(grace)
     status = process.poll()
-    assert status is not None, "the leader has exited"
+    assert status is not None, "the command has exited"
     detail = status.describe()
     if leftovers:
         detail += f"; stopped {leftovers} leftover process{'es' if leftovers > 1 else ''}"
