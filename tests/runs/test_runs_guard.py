@@ -259,3 +259,22 @@ def test_the_command_starts_with_the_signal_dispositions_it_would_have_had(
     python_own = (1 << (signal.SIGPIPE - 1)) | (1 << (signal.SIGXFSZ - 1))
     assert int(fields["SigIgn"], 16) == int(ours["SigIgn"], 16) & ~python_own
     assert int(fields["SigBlk"], 16) == 0
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},  # the C locale: Python, which the guard is, sets LC_CTYPE for itself
+        {"PATH": "/usr/bin:/bin", "LANG": "C", "ODD": "a=b\nc d", "EMPTY": ""},
+    ],
+)
+def test_the_command_gets_exactly_the_runs_environment(tmp_path: Path, env: dict[str, str]) -> None:
+    seen: list[bytes] = []
+    process = RunProcess.start(["env", "-0"], cwd=str(tmp_path), env=env, on_output=seen.append)
+    status = process.wait(20)
+    process.release()
+    assert status is not None and status.ok
+    printed = b"".join(seen).decode().split("\0")
+    assert dict(entry.split("=", 1) for entry in printed if entry) == env

@@ -24,11 +24,15 @@ SIGKILL takes the guard too), and it closes the life line once every process of
 the run is gone, which makes the guard kill the group (only itself by then).
 
 Protocol. ``python -I -S guard.py LIFE_FD REPORT_FD ARGV...``, started in the
-run's directory with the run's environment; stdout and stderr are the run's.
-On REPORT_FD the guard writes ``started PID``, or ``failed ERRNO`` (and exits
-127) if the command could not be executed, then ``exited STATUS LEFT`` once
-the command ends: its raw wait status, and 1 if processes of the run are still
-its children then (0: none of the run's processes is left anywhere).
+run's directory; stdout and stderr are the run's. The worker first writes the
+run's environment on the life line: its length in decimal and a newline, then
+``NAME=VALUE`` entries separated by NUL bytes. (The guard's own environment is
+the worker's: Python changes its own, ``LC_CTYPE`` under the C locale, which the
+command must not inherit.) On REPORT_FD the guard writes ``started PID``, or
+``failed ERRNO`` (and exits 127) if the command could not be executed, then
+``exited STATUS LEFT`` once the command ends: its raw wait status, and 1 if
+processes of the run are still its children then (0: none of the run's
+processes is left anywhere).
 
 This file is run by path with ``-I -S`` and imports the standard library only:
 importing apportion would cost every run a large fraction of a second of CPU.
@@ -154,10 +158,29 @@ def reap(child: int) -> tuple[int | None, bool]:
             status = raw
 
 
-def spawn(command: list[str], restore: set[int]) -> tuple[int, int | None]:
-    """Start ``command`` (searched on the run's ``PATH``) as our child, with ``restore``
-    back to their default actions; ``(pid, None)``, or ``(0, errno)`` if it cannot be
-    executed.
+def read_environment(life: int) -> dict[bytes, bytes] | None:
+    """The run's environment, as the worker writes it first on the life line; None if
+    the line closed before it was all there (the worker died)."""
+    data = b""
+    while b"\n" not in data:
+        chunk = os.read(life, 65536)
+        if not chunk:
+            return None
+        data += chunk
+    size, _, payload = data.partition(b"\n")
+    while len(payload) < int(size):
+        chunk = os.read(life, 1 << 20)
+        if not chunk:
+            return None
+        payload += chunk
+    entries = (entry.partition(b"=") for entry in payload.split(b"\0") if entry)
+    return {name: value for name, _, value in entries}
+
+
+def spawn(command: list[str], env: dict[bytes, bytes], restore: set[int]) -> tuple[int, int | None]:
+    """Start ``command`` with ``env`` (searched on its ``PATH``) as our child, with
+    ``restore`` back to their default actions; ``(pid, None)``, or ``(0, errno)`` if it
+    cannot be executed.
 
     A plain fork and exec, as ``subprocess`` does: ``posix_spawn`` would leave glibc's
     internal signals ignored in the command.
@@ -169,7 +192,7 @@ def spawn(command: list[str], restore: set[int]) -> tuple[int, int | None]:
             os.close(errors)
             for sig in restore:
                 signal.signal(sig, signal.SIG_DFL)
-            os.execvp(command[0], command)
+            os.execvpe(command[0], command, env)
         except OSError as exc:
             os.write(errors_write, str(exc.errno or 0).encode())
         finally:
@@ -191,6 +214,9 @@ def main(argv: list[str]) -> int:
     # would hide the guard's death from the worker.
     os.set_inheritable(life, False)
     os.set_inheritable(report_fd, False)
+    env = read_environment(life)
+    if env is None:
+        return 0  # the worker died before the run began: nothing to stop
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     os.set_blocking(wake_read, False)
@@ -201,7 +227,7 @@ def main(argv: list[str]) -> int:
     _prctl(PR_SET_PDEATHSIG, signal.SIGHUP)
     if os.getppid() != worker:  # the worker died before the alarm was set
         kill_all()
-    child, error = spawn(command, restore)
+    child, error = spawn(command, env, restore)
     if error is not None:
         report(report_fd, f"failed {error}")
         return 127

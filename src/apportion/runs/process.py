@@ -237,13 +237,16 @@ class RunProcess:
             raise RunStartError("cannot start an empty command")
         if not sys.executable:
             raise RunStartError(f"cannot start {argv[0]!r}: no Python to run its guard with")
+        try:
+            environment = _environment(env)
+        except ValueError as exc:
+            raise RunStartError(f"cannot start {argv[0]!r}: {exc}") from exc
         life_read, life_write = os.pipe()  # not inheritable: only the guard gets an end
         report_read, report_write = os.pipe()
         try:
             popen = subprocess.Popen(
                 [sys.executable, "-I", "-S", GUARD, str(life_read), str(report_write), *argv],
                 cwd=cwd,
-                env=dict(env),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -259,6 +262,8 @@ class RunProcess:
             raise RunStartError(f"cannot start {argv[0]!r}: {exc}") from exc
         finally:
             _close(life_read, report_write)
+        with contextlib.suppress(BrokenPipeError):  # a guard that died says so below
+            _write_all(life_write, environment)
         reports = os.fdopen(report_read, "rb")
         command_pid = _started(popen, reports, life_write, argv[0])
         process = cls(popen, on_output, life=life_write, reports=reports, command_pid=command_pid)
@@ -566,6 +571,26 @@ class RunProcess:
             self._reports.close()
         if not self._reader.is_alive():
             self._close_pipes()
+
+
+def _environment(env: Mapping[str, str]) -> bytes:
+    """``env`` as the guard reads it: its length, a newline, NUL-separated entries."""
+    entries = []
+    for name, value in env.items():
+        entry = os.fsencode(name) + b"=" + os.fsencode(value)
+        if b"\0" in entry:
+            raise ValueError("embedded null byte")
+        if not name or "=" in name:
+            raise ValueError(f"illegal environment variable name {name!r}")
+        entries.append(entry)
+    payload = b"\0".join(entries)
+    return b"%d\n" % len(payload) + payload
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _close(*fds: int) -> None:
