@@ -21,7 +21,8 @@ import psutil
 import pytest
 
 from apportion.runs import guard
-from apportion.runs.process import RunProcess
+from apportion.runs import process as process_module
+from apportion.runs.process import RunProcess, RunStartError
 
 #: Starts the command given as arguments through ``RunProcess`` and prints its output;
 #: with ``--fork`` first, a child forked without exec keeps the worker's end of the
@@ -278,3 +279,24 @@ def test_the_command_gets_exactly_the_runs_environment(tmp_path: Path, env: dict
     assert status is not None and status.ok
     printed = b"".join(seen).decode().split("\0")
     assert dict(entry.split("=", 1) for entry in printed if entry) == env
+
+
+def test_no_python_to_run_the_guard_with_is_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "executable", "")
+    with pytest.raises(RunStartError, match="cannot start 'true': no Python to run its guard"):
+        RunProcess.start(["true"], cwd=os.getcwd(), env={}, on_output=print)
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+def test_a_guard_that_fails_before_starting_the_command_is_said_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broken = tmp_path / "guard.py"
+    broken.write_text("import sys\nprint('no prctl here', file=sys.stderr)\nsys.exit(3)\n")
+    monkeypatch.setattr(process_module, "GUARD", str(broken))
+    with pytest.raises(RunStartError) as caught:
+        RunProcess.start(["true"], cwd=str(tmp_path), env={}, on_output=print)
+    assert str(caught.value) == (
+        f"cannot start 'true': its guard ({sys.executable}) failed: no prctl here"
+    )

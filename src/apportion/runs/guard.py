@@ -254,7 +254,8 @@ def main(argv: list[str]) -> int:
         for fd, _ in poller.poll():
             if fd == life:
                 # EOF (the worker died, or let go of a finished run); the worker
-                # never writes, but whatever it might is no reason to stay.
+                # writes nothing after the environment, and anything is no reason
+                # to stay.
                 kill_all()
             else:
                 with contextlib.suppress(BlockingIOError):
