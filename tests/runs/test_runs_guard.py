@@ -300,3 +300,17 @@ def test_a_guard_that_fails_before_starting_the_command_is_said_in_one_line(
     assert str(caught.value) == (
         f"cannot start 'true': its guard ({sys.executable}) failed: no prctl here"
     )
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+def test_a_process_that_left_the_group_dies_with_the_worker_too(family: Family) -> None:
+    worker = family.start_worker("sh", "-c", "setsid sleep 300 & echo $!; " + FAMILY)
+    [_, guard_pid] = family.line(worker)
+    [family.line(worker) for _ in range(4)]
+    processes = [p for p in family.processes if p.pid not in (worker.pid, int(guard_pid))]
+    groups = {os.getpgid(p.pid) for p in processes}
+    assert len(processes) == 4 and len(groups) == 2  # one setsid'ed out of the group
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait(10)
+    wait_gone(processes)

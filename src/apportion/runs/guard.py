@@ -128,12 +128,22 @@ def kill_all() -> None:
     """SIGKILL every process of the run: the descendants that left the group one by
     one, then the whole group at once, the guard with it."""
     me = os.getpid()
-    for pid, group in descendants(me).items():
-        if group != me:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+    if has_children():  # else no descendant at all: the usual release, no scan
+        for pid, group in descendants(me).items():
+            if group != me:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
     os.killpg(0, signal.SIGKILL)
     os._exit(137)  # not reached: the signal above is ours too
+
+
+def has_children() -> bool:
+    """Whether any process is our child (none is reaped here)."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
 
 
 def report(fd: int, line: str) -> None:
