@@ -14,7 +14,6 @@ from apportion.runs.launcher import ProcessLauncher
 from apportion.runs.live import LiveRuns
 from apportion.runs.spec import new_spec
 from apportion.worker.long_lived import WorkerLink
-from apportion.worker.process_groups import ProcessGroups
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(30)]
 
@@ -37,7 +36,7 @@ class Outbox:
 def live_runs(outbox: Outbox) -> LiveRuns:
     """Real processes, stopped with a one-second grace, reporting to ``outbox``."""
     runs = LiveRuns(ProcessLauncher())
-    runs.attach(WorkerLink(outbox, kill_grace=1.0, process_groups=ProcessGroups()))
+    runs.attach(WorkerLink(outbox, kill_grace=1.0))
     return runs
 
 

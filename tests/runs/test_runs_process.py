@@ -35,7 +35,10 @@ class Watch:
 
     def __init__(self) -> None:
         self.started = time.time()
+        #: The pids ``on_start`` was given: the commands'.
         self.leaders: list[int] = []
+        #: Their process groups (their guards' pids).
+        self.groups: list[int] = []
         self.processes: list[psutil.Process] = []
         self.cancels: list[threading.Event] = []
         self._chunks: list[bytes] = []
@@ -48,6 +51,9 @@ class Watch:
 
     def on_start(self, pid: int) -> None:
         self.leaders.append(pid)
+        # The command's group is its guard's: that is what clean-up looks for.
+        with contextlib.suppress(OSError):
+            self.groups.append(os.getpgid(pid))
         self._track(pid)
 
     @property
@@ -82,7 +88,7 @@ class Watch:
         # the test: a group id can outlive its run and be taken by another.
         for pid in psutil.pids():
             with contextlib.suppress(psutil.Error, OSError):
-                if os.getpgid(pid) in self.leaders:
+                if os.getpgid(pid) in self.groups:
                     process = psutil.Process(pid)
                     if process.create_time() >= self.started - 1:
                         victims.append(process)
@@ -196,9 +202,11 @@ def test_env_and_cwd_are_applied(watch: Watch, tmp_path: Path) -> None:
     assert watch.output.decode().splitlines() == ["hello there", str(tmp_path.resolve()), "unset"]
 
 
-def test_on_start_gets_the_leaders_pid(watch: Watch) -> None:
-    run(watch, "echo $$")
-    assert watch.leaders == [int(watch.output)]
+def test_on_start_gets_the_commands_pid_in_its_guards_group(watch: Watch) -> None:
+    run(watch, "echo $$ $(ps -o pgid= -p $$)")
+    command, group = (int(word) for word in watch.output.split())
+    assert watch.leaders == [command]
+    assert group != command and watch.groups == [group]
 
 
 def test_missing_command_raises_a_clear_error() -> None:
@@ -282,8 +290,9 @@ def test_leftovers_are_stopped_after_the_leader_exits(watch: Watch) -> None:
 
 
 def test_helper_that_left_the_group_is_found_by_a_scan_during_the_run(watch: Watch) -> None:
-    # Once the leader exits, the setsid'ed helper has init for parent: only the
-    # record of an earlier scan (the first comes at 0.1 s) ties it to the run.
+    # Once the command exits, the setsid'ed helper is out of the group and has the
+    # guard (a subreaper) for parent, or init where there is none: the guard's
+    # tree, or the record of an earlier scan (the first at 0.1 s), ties it to the run.
     outcome = run(watch, "setsid sleep 100 & echo $!; sleep 0.4", grace=5)
     [helper] = watch.printed_pids(1)
     assert outcome.leftovers == 1
@@ -297,10 +306,10 @@ def test_stop_is_idempotent_and_leaves_no_member(watch: Watch) -> None:
         env=dict(os.environ),
         on_output=watch.on_output,
     )
-    watch.on_start(process.pid)
+    watch.on_start(process.command_pid)
     [sleeper] = watch.printed_pids(1)
     assert process.poll() is None
-    assert process.members() == sorted([process.pid, sleeper])
+    assert process.members() == sorted([process.command_pid, sleeper])
     assert process.stop(grace=5) == ExitStatus(None, signal.SIGTERM)
     assert process.stop(grace=5) == ExitStatus(None, signal.SIGTERM)
     assert process.members() == []

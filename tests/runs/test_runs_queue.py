@@ -9,18 +9,20 @@ its start and end times in its log; concurrency is asserted from those.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
 from apportion.runs.journal import COMPLETED, FINISHED, QUEUED, Journal
-from apportion.worker.process_groups import process_groups_path
 from cli_processes import APPORTION, Processes, free_port, poll
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(120)]
@@ -403,36 +405,100 @@ def test_a_worker_cut_off_and_back_keeps_its_run_which_runs_once(
     assert any("adopted: still running on w" in text for text in history), history
 
 
-def test_a_supervised_worker_killed_with_sigkill_leaves_no_run_behind(
-    procs: Processes, queue: Queue, monkeypatch: pytest.MonkeyPatch
+class Copies:
+    """The copies of one run's command alive on this machine, told apart by a marker.
+
+    The command ``sh -c 'sleep M & sleep M; wait'`` with a unique ``M`` of seconds:
+    each copy is two sleeps whose command line holds ``M``, in the run's group with
+    a grandchild among them. ``kill_all`` (the fixture calls it, even on failure)
+    ends any that are left.
+    """
+
+    def __init__(self) -> None:
+        self.marker = f"3000.{os.getpid()}{time.monotonic_ns() % 10**6}"
+        self.command = ["sh", "-c", f"sleep {self.marker} & sleep {self.marker}; wait"]
+
+    def sleeps(self) -> list[psutil.Process]:
+        found = []
+        for process in psutil.process_iter(["cmdline", "status"]):
+            cmdline = process.info["cmdline"] or []
+            alive = process.info["status"] != psutil.STATUS_ZOMBIE
+            if alive and cmdline[:1] == ["sleep"] and self.marker in cmdline:
+                found.append(process)
+        return found
+
+    def count(self) -> float:
+        """How many copies run now (two sleeps each)."""
+        return len(self.sleeps()) / 2
+
+    def kill_all(self) -> None:
+        for process in self.sleeps():
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+
+
+@pytest.fixture
+def copies() -> Iterator[Copies]:
+    found = Copies()
+    try:
+        yield found
+    finally:
+        found.kill_all()
+
+
+def _started_on(queue: Queue, run_id: int) -> str:
+    # The journal's writer commits in batches: the start may land a moment later.
+    with queue.journal() as journal:
+        record = journal.get(run_id)
+    return record.worker if record is not None and record.state == "running" else ""
+
+
+def _killed_worker_runs_once_elsewhere(
+    procs: Processes, queue: Queue, address: str, copies: Copies, victim: str, rescue: str
 ) -> None:
-    """Killed outright, a worker cannot stop its runs: its supervisor does."""
-    monkeypatch.setenv("APPORTION_HOME", str(queue.home))
-    address = procs.start_scheduler("--port", "0")[1]
-    procs.start("worker", address, "--nworkers", "1", "--supervisor", "--name", "sup")
-    pids = queue.home / "pids"
-    script = f"sleep 300 & echo $! >> {pids}; echo $$ >> {pids}; wait"
-    result = queue.cli("submit", address, "--", "sh", "-c", script)
+    """Run ``copies.command`` on ``victim`` (a worker's name), SIGKILL that worker
+    process once a ``rescue`` worker is ready beside it, and watch the run start again
+    there: never two copies at once, none of the first copy's processes left."""
+    result = queue.cli("submit", address, "--resources", "only=1", "--", *copies.command)
     run_id = int(re.findall(r"submitted run (\d+)", result.stdout)[0])
-    poll(lambda: pids.exists() and len(pids.read_text().split()) == 2, 20, "the run's processes")
-
-    def started_on() -> str:
-        # The journal's writer commits in batches: the start may land a moment later.
-        with queue.journal() as journal:
-            record = journal.get(run_id)
-        return record.worker if record is not None else ""
-
-    assert poll(started_on, 20, "the run's start in the journal") == "sup-0"
-    worker_pid = next(
-        p.pid for p in psutil.process_iter(["cmdline"]) if "sup-0" in (p.info["cmdline"] or [])
+    assert poll(lambda: _started_on(queue, run_id), 30, "the run to start") == victim
+    first = poll(lambda: len(copies.sleeps()) == 2 and copies.sleeps(), 20, "the run's sleeps")
+    procs.start("worker", address, "--nthreads", "1", "--name", rescue, "--resources", "only=1")
+    poll(lambda: rescue in queue.cli("status", address).stdout, 30, "the rescue worker")
+    worker = next(
+        p for p in psutil.process_iter(["cmdline"]) if victim in (p.info["cmdline"] or [])
     )
-    family = [int(p) for p in pids.read_text().split()]
-    # The worker lists the run's group for its supervisor once the run has started,
-    # which may be after the run wrote its pids: kill only once it is listed.
-    listed = process_groups_path(worker_pid)
-    poll(lambda: listed.exists() and str(family[1]) in listed.read_text().split(), 20, "the list")
-    os.kill(worker_pid, signal.SIGKILL)
-    poll(lambda: all(_zombie(p) for p in family), 20, "the orphaned run to be killed")
+    worker.send_signal(signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while True:  # no sleep between samples: a second copy must not slip through
+        now = copies.sleeps()
+        assert len(now) <= 2, [p.cmdline() for p in now]
+        if len(now) == 2 and not {p.pid for p in now} & {p.pid for p in first}:
+            break
+        assert time.monotonic() < deadline, "the run did not start again"
+    assert all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in first)
+    assert poll(lambda: _started_on(queue, run_id), 30, "the second start") == rescue
+    assert copies.count() == 1
+
+
+def test_a_worker_killed_with_sigkill_leaves_no_run_behind_and_it_runs_once_elsewhere(
+    cluster: tuple[Processes, Queue, str], copies: Copies
+) -> None:
+    """With no supervisor, nobody but the run's guard can stop it: it does."""
+    procs, queue, address = cluster
+    procs.start("worker", address, "--nthreads", "1", "--name", "victim",
+                "--resources", "only=1")  # fmt: skip
+    _killed_worker_runs_once_elsewhere(procs, queue, address, copies, "victim", "rescue")
+
+
+def test_a_supervised_worker_killed_with_sigkill_leaves_no_run_behind(
+    cluster: tuple[Processes, Queue, str], copies: Copies
+) -> None:
+    """Its supervisor starts a fresh worker at once: the run's old copy is gone first."""
+    procs, queue, address = cluster
+    procs.start("worker", address, "--nworkers", "1", "--supervisor", "--name", "sup",
+                "--resources", "only=1")  # fmt: skip
+    _killed_worker_runs_once_elsewhere(procs, queue, address, copies, "sup-0", "rescue")
 
 
 def test_runs_and_cancel_from_another_machine_go_through_the_scheduler(

@@ -715,7 +715,11 @@ def test_another_user_of_the_machine_can_neither_read_the_secret_nor_use_the_clu
             outcome = json.loads(run.stdout)
             assert outcome["secret"].startswith("PermissionError"), outcome
             assert outcome["scheduler file"].startswith("PermissionError"), outcome
-            unreadable = f"cannot read secret file {home / 'secret'}: Permission denied"
+            # Pointed at the owner's home, it is told so before anything is read.
+            unreadable = (
+                f"apportion home {home} belongs to another user (uid {os.geteuid()}): "
+                "use a directory of your own (APPORTION_HOME)"
+            )
             assert outcome["client"] == f"PrivateFileError: {unreadable}", outcome
             assert outcome["guessed client"].startswith("AuthenticationError"), outcome
             # Nor can it fetch the owner's results from the worker directly.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from apportion.cli.alloc import alloc
@@ -14,9 +16,20 @@ from apportion.cli.ssh import ssh
 from apportion.cli.status import status
 from apportion.cli.submit import submit
 from apportion.cli.worker import worker
+from apportion.home import PrivateFileError
 
 
-@click.group()
+class _Commands(click.Group):
+    """The subcommands, with an unsafe home or private file said in one line by all."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except PrivateFileError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+@click.group(cls=_Commands)
 @click.version_option(package_name="apportion")
 def main() -> None:
     """apportion: run tasks where the resources they need are free."""

@@ -38,7 +38,7 @@ from apportion.deploy.job_template import (
     parse_job_id,
     parse_states,
 )
-from apportion.home import private_dir, write_private
+from apportion.home import user_dir, write_private
 from apportion.net.security import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV, Security
 
 logger = logging.getLogger("apportion.deploy")
@@ -95,9 +95,9 @@ class SlurmBatch:
 
     async def submit(self, shape: str) -> str:
         template = self.templates[shape]
-        directory = private_dir(Path(template.log_directory or "."))
+        directory = user_dir(Path(template.log_directory or "."))
         path = directory / f"apportion-{shape}-{time.time_ns()}.sh"
-        path.write_text(self.script(shape))
+        write_private(path, self.script(shape))  # never through a link planted there
         code, out, err = await _run("sbatch", "--parsable", str(path), env=self.env)
         if code != 0:
             raise SubmitError((err or out).strip() or f"sbatch exited with status {code}")

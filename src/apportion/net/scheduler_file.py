@@ -23,14 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from apportion.home import PrivateFileError, default_home, read_private, write_private
+from apportion.home import PrivateFileError, home_dir, read_private, write_private
 
 #: The file ``apportion scheduler`` writes when not told where.
 DEFAULT_NAME = "scheduler.json"
 
 
 def default_scheduler_file() -> Path:
-    return default_home() / DEFAULT_NAME
+    """``$APPORTION_HOME/scheduler.json`` (``PrivateFileError`` if that home is not the
+    user's own)."""
+    return home_dir() / DEFAULT_NAME
 
 
 class SchedulerFileError(OSError):

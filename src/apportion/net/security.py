@@ -26,7 +26,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from apportion.home import default_home, read_private, write_private
+from apportion.home import home_dir, read_private, write_private
 from apportion.net import auth
 from apportion.net.address import host_part, is_inproc, is_loopback
 
@@ -62,18 +62,19 @@ def new_token() -> str:
 
 
 def secret_path() -> Path:
-    """The user's own secret: ``$APPORTION_HOME/secret``."""
-    return default_home() / SECRET_FILE
+    """The user's own secret: ``$APPORTION_HOME/secret`` (``PrivateFileError`` if that
+    home is not the user's own)."""
+    return home_dir() / SECRET_FILE
 
 
 def user_secret(*, create: bool) -> str | None:
     """The user's own secret; made first if ``create`` and there is none yet."""
-    path = secret_path()
+    path = secret_path()  # refuses another user's home, or one others may write to
     try:
         found = path.exists()
     except PermissionError:
-        # Another user's home (APPORTION_HOME pointing at it): read_private says so in
-        # a line naming the file, rather than a stat's bare PermissionError.
+        # A home we may not search: read_private says so in a line naming the file,
+        # rather than a stat's bare PermissionError.
         found = True
     if not found:
         if not create:

@@ -43,7 +43,7 @@ from signal import Signals
 from types import TracebackType
 from typing import Any
 
-from apportion.home import default_home, private_dir
+from apportion.home import default_home, home_dir, private_dir, user_dir
 from apportion.runs.run_states import (
     CANCELLED,
     COMPLETED,
@@ -140,8 +140,9 @@ _FINISHED_LIST = json.dumps(sorted(FINISHED))
 
 
 def default_journal_path() -> Path:
-    """The journal used when none is named: ``runs.db`` in ``default_home()``."""
-    return default_home() / "runs.db"
+    """The journal used when none is named: ``runs.db`` in ``default_home()``
+    (``PrivateFileError`` if that home is not the user's own)."""
+    return home_dir() / "runs.db"
 
 
 class JournalError(Exception):
@@ -236,9 +237,11 @@ class Journal:
         self._address = ""
         #: 0 outside ``batch()``; else how many batches are open.
         self._depth = 0
+        #: Whether the logs directory was found (or made) private to its user.
+        self._logs_checked = False
         #: Log files of removed runs, deleted once the removal commits.
         self._unlink_on_commit: list[Path] = []
-        private_dir(self.path.parent)
+        user_dir(self.path.parent)
         # Run specs, commands and outputs are the user's business: the journal (and
         # the WAL files SQLite gives the same mode), its lock and logs are user-only.
         with contextlib.suppress(FileExistsError):
@@ -715,11 +718,16 @@ class Journal:
     def append_log(self, run_id: int, data: bytes | bytearray) -> None:
         """Append output to a run's log file, creating the logs directory if need be."""
         path = self.log_path(run_id)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+        if not self._logs_checked:
+            # Once per journal: a directory others may write to could hold their
+            # links in place of our logs. Made if missing, as on first output.
+            private_dir(self.logs_dir, "run log directory")
+            self._logs_checked = True
         try:
             fd = os.open(path, flags, 0o600)
         except FileNotFoundError:
-            private_dir(self.logs_dir)
+            private_dir(self.logs_dir, "run log directory")
             fd = os.open(path, flags, 0o600)
         with open(fd, "ab") as log:
             log.write(data)
@@ -734,7 +742,7 @@ class Journal:
         """
         address = _one_line(address)
         if self._lock_fd is None:
-            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             # An owner() probe holds the lock for microseconds: wait that out.
             if not _try_flock(fd, fcntl.LOCK_EX, patience=0.1):
                 pid, owner_address = _read_owner(fd)

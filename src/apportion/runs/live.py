@@ -100,7 +100,7 @@ class LiveRuns:
         self._lock = threading.Lock()
 
     def attach(self, link: WorkerLink) -> None:
-        """Serve the worker behind ``link`` (its sending, kill grace, process groups)."""
+        """Serve the worker behind ``link`` (its sending and kill grace)."""
         if self._link is not None:
             raise RuntimeError("these live runs already serve a worker")
         self._link = link
@@ -111,14 +111,6 @@ class LiveRuns:
         if self._link is None:
             raise RuntimeError("these live runs serve no worker yet: attach() first")
         return self._link
-
-    def _write_groups(self) -> None:
-        """List the live runs' process groups, for the supervisor should the worker die."""
-        with self._lock:
-            groups = [
-                live.pid for live in self._runs.values() if live.pid and not live.done.is_set()
-            ]
-        self.link.process_groups.replace(groups)
 
     def keys(self) -> list[str]:
         """Task keys of the runs a restarted scheduler may adopt: alive, or ended and not
@@ -217,7 +209,6 @@ class LiveRuns:
         def started(pid: int) -> None:
             with order:
                 live.pid = pid
-                self._write_groups()
                 self._note(live.run_id, RunStarted(live.run_id, pid, live.held))
                 for chunk in early:
                     output = RunOutput(live.run_id, live.offset, chunk)
@@ -251,7 +242,6 @@ class LiveRuns:
             with self._lock:
                 if self._runs.get(live.run_id) is live:
                     del self._runs[live.run_id]
-        self._write_groups()
 
 
 def run_environment(run_id: int, spec: RunSpec, resources_env: Mapping[str, str]) -> dict[str, str]:

@@ -1,29 +1,38 @@
 """Runs one run's command on a worker, and stops all of it when asked.
 
-Theory of operation. The command starts in a session of its own
-(``start_new_session``), so its pid is also its process-group id and one ``killpg``
-reaches the leader and every process that stayed in the group. A process that left
-the group (``setsid``; a daemonised helper still holding a GPU) is found by ancestry
-instead: every scan records the live descendants of the group and of what was
-recorded before, because once a parent exits its children are re-parented and can
-no longer be traced to the run. ``run_command`` scans now and then while the run
+Theory of operation. The command starts under a guard (``runs/guard.py``), a
+small process that leads a session and process group of its own
+(``start_new_session``) and starts the command as its child in that group, so one
+``killpg`` of the guard's pid reaches every process that stayed in the group. The
+guard holds one end of a pipe whose other end only this process holds: when the
+worker dies, by any signal, the kernel closes it and the guard SIGKILLs the whole
+run at once, before the scheduler can start the run elsewhere. No file is written
+for this, so nothing depends on who owns a shared directory. The guard ignores
+every other signal, so stopping the run is unchanged: it is the command that feels
+TERM. Once every process of the run is gone, closing the pipe lets the guard go.
+
+A process that left the group (``setsid``; a daemonised helper still holding a GPU)
+is found by ancestry instead: every scan records the live descendants of the guard,
+the group and what was recorded before. The guard is a child subreaper (Linux), so
+a process of the run whose parent exits is re-parented to it rather than to init
+and stays traceable to the run. ``run_command`` scans now and then while the run
 goes on (at growing gaps, so a long run costs almost nothing); stops scan before
 and after signalling.
 
 Stopping is SIGTERM (then SIGCONT, so a stopped process wakes up to act on it), a
 grace period, then SIGKILL until nothing is left. Zombies count as gone: they hold
-nothing, and their parent (ours, init or a subreaper) reaps them. Only the leader is
-our child; a waiter thread reaps it, and that moment is the run's exit, noticed at
-once rather than by polling.
+nothing, and their parent (the guard, init or a subreaper) reaps them. The guard
+reports the command's wait status on a second pipe the moment it reaps it; a waiter
+thread reads it, and that is the run's exit, noticed at once rather than by polling.
 
 stdout and stderr share one pipe so the log keeps their order, and a reader thread
 hands every read to ``on_output`` as soon as it returns. Leftover processes keep the
 pipe open, so output is only known to end once they are gone; a holder that no scan
 found is given up on with a warning rather than waited for forever.
 
-Limit: a helper that leaves the group *and* loses its parent between two scans
-escapes (a double-forking daemon does both within milliseconds). Only a cgroup or a
-child subreaper closes that gap, and both reach beyond one run's process.
+Limit: where the guard cannot be a subreaper (not Linux), a helper that leaves
+the group *and* loses its parent between two scans escapes (a double-forking daemon
+does both within milliseconds).
 """
 
 from __future__ import annotations
@@ -34,12 +43,14 @@ import logging
 import os
 import select
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from signal import SIGCONT, SIGKILL, SIGTERM, Signals
-from typing import Literal
+from typing import BinaryIO, Literal
 
 import psutil
 
@@ -79,13 +90,18 @@ GONE_POLL_MAX = 0.1
 STUCK_WARNING_EVERY = 10.0
 
 
+#: The guard every command starts under, run by path with the standard library only
+#: (``python -I -S``): importing apportion would cost each run ~0.6 s of CPU.
+GUARD = str(Path(__file__).with_name("guard.py"))
+
+
 class RunStartError(Exception):
     """The command could not be started; the message is one line for users."""
 
 
 @dataclass(frozen=True, slots=True)
 class ExitStatus:
-    """How a run's leader ended; both fields are None when it never started."""
+    """How a run's command ended; both fields are None when it never started."""
 
     #: The exit code if it exited by itself, else None.
     code: int | None
@@ -138,17 +154,38 @@ class _Snapshot:
 
 
 class RunProcess:
-    """One run's command in its own session and process group (``start_new_session``).
+    """One run's command under its guard, in their own session and process group.
 
-    Made by ``start``. Two daemon threads serve it: one delivers output, one reaps the
-    leader. ``stop`` and ``reap_leftovers`` leave no process of the run behind.
+    Made by ``start``. Two daemon threads serve it: one delivers output, one hears
+    the guard's reports. ``stop`` and ``reap_leftovers`` leave no process of the run
+    behind, then let the guard go.
     """
 
-    def __init__(self, popen: subprocess.Popen[bytes], on_output: Callable[[bytes], None]) -> None:
-        """Use ``start``: this takes over a just-started ``popen`` and its stdout pipe."""
+    def __init__(
+        self,
+        popen: subprocess.Popen[bytes],
+        on_output: Callable[[bytes], None],
+        *,
+        life: int,
+        reports: BinaryIO,
+        command_pid: int,
+    ) -> None:
+        """Use ``start``: this takes over a just-started guard (``popen``), its stdout
+        pipe, the worker's end of its life line and the pipe of its reports."""
         assert popen.stdout is not None
-        #: The leader's pid, which is also the run's process-group (and session) id.
+        #: The guard's pid, which is also the run's process-group (and session) id.
         self.pid: int = popen.pid
+        #: The command's pid (the guard's child): the one users know the run by.
+        self.command_pid = command_pid
+        #: The worker's end of the life line: closing it lets the guard kill the group.
+        self._life: int | None = life
+        self._reports = reports
+        #: The command's ``returncode`` once the guard reported it (or the guard's own,
+        #: if it died first: killed with the group).
+        self._returncode: int | None = None
+        #: Whether processes of the run may be left after the command exited (the
+        #: guard said so, or cannot tell).
+        self._others_left = True
         #: True once a stop had to escalate to SIGKILL.
         self.sigkill_sent = False
         self._popen = popen
@@ -159,12 +196,12 @@ class RunProcess:
         self._output_failed = False
         #: Serialises scans and stops, so that concurrent ``stop`` calls stop once.
         self._lock = threading.RLock()
-        #: Live processes of the run other than the leader, by pid, kept from scan to
+        #: Live processes of the run other than the command, by pid, kept from scan to
         #: scan so that one which left the group and lost its parent is still found.
         self._recorded: dict[int, psutil.Process] = {}
         #: Processes we may not signal (another user's); left alone, not waited for.
         self._unkillable: set[psutil.Process] = set()
-        #: Set once the leader is reaped, so ``popen.returncode`` is known.
+        #: Set once the command has exited, so ``_returncode`` is known.
         self._exited = threading.Event()
         #: Set once the reader has finished: end of output, or given up on.
         self._drained = threading.Event()
@@ -176,7 +213,7 @@ class RunProcess:
         os.set_blocking(self._output.fileno(), False)
         with contextlib.suppress(OSError, AttributeError):  # not Linux, or over the limit
             fcntl.fcntl(self._output.fileno(), fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-        self._waiter = threading.Thread(target=self._reap_leader, name=f"run-{self.pid}-wait")
+        self._waiter = threading.Thread(target=self._hear_guard, name=f"run-{self.pid}-guard")
         self._reader = threading.Thread(target=self._read_output, name=f"run-{self.pid}-output")
         self._waiter.daemon = self._reader.daemon = True
 
@@ -198,22 +235,38 @@ class RunProcess:
             raise TypeError(f"argv must be a list of arguments, not the string {argv!r}")
         if not argv:
             raise RunStartError("cannot start an empty command")
+        if not sys.executable:
+            raise RunStartError(f"cannot start {argv[0]!r}: no Python to run its guard with")
+        try:
+            environment = _environment(env)
+        except ValueError as exc:
+            raise RunStartError(f"cannot start {argv[0]!r}: {exc}") from exc
+        life_read, life_write = os.pipe()  # not inheritable: only the guard gets an end
+        report_read, report_write = os.pipe()
         try:
             popen = subprocess.Popen(
-                list(argv),
+                [sys.executable, "-I", "-S", GUARD, str(life_read), str(report_write), *argv],
                 cwd=cwd,
-                env=dict(env),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 bufsize=0,
                 start_new_session=True,
+                pass_fds=(life_read, report_write),
             )
         except OSError as exc:
+            _close(life_write, report_read)
             raise RunStartError(_start_failure(argv[0], cwd, exc)) from exc
         except ValueError as exc:  # an argument or variable with a NUL byte
+            _close(life_write, report_read)
             raise RunStartError(f"cannot start {argv[0]!r}: {exc}") from exc
-        process = cls(popen, on_output)
+        finally:
+            _close(life_read, report_write)
+        with contextlib.suppress(BrokenPipeError):  # a guard that died says so below
+            _write_all(life_write, environment)
+        reports = os.fdopen(report_read, "rb")
+        command_pid = _started(popen, reports, life_write, argv[0])
+        process = cls(popen, on_output, life=life_write, reports=reports, command_pid=command_pid)
         try:
             process._waiter.start()
             process._reader.start()
@@ -222,14 +275,24 @@ class RunProcess:
             raise
         return process
 
+    def release(self) -> None:
+        """Let the guard go (it kills what is left of its group, itself included).
+
+        Called once every process of the run is gone; calling it again does nothing.
+        """
+        with self._lock:
+            life, self._life = self._life, None
+        if life is not None:
+            os.close(life)
+
     # --- state -----------------------------------------------------------------------
 
     def poll(self) -> ExitStatus | None:
-        """The leader's status once it has exited (its output may still be flowing)."""
+        """The command's status once it has exited (its output may still be flowing)."""
         return self._status() if self._exited.is_set() else None
 
     def wait(self, timeout: float | None = None) -> ExitStatus | None:
-        """The leader's status once it exited and all output was delivered; None on timeout.
+        """The command's status once it exited and all output was delivered; None on timeout.
 
         Leftover processes hold the output open, so this waits for them too.
         """
@@ -241,7 +304,7 @@ class RunProcess:
         return self._status()
 
     def members(self) -> list[int]:
-        """Pids still alive in the group or among the recorded descendants."""
+        """Pids still alive in the group (the guard aside) or among the run's descendants."""
         with self._lock:
             return sorted(self._scan().processes)
 
@@ -250,28 +313,33 @@ class RunProcess:
     def stop(self, grace: float) -> ExitStatus:
         """Stop every process of the run: SIGTERM, up to ``grace`` seconds, then SIGKILL.
 
-        Returns once none of them exists, with the leader's status (which is its own
+        Returns once none of them exists, with the command's status (which is its own
         exit status if it had already exited). Calling it again does no harm.
         """
         with self._lock:
             self._terminate(grace)
-        self._exited.wait()  # the leader is dead by now; the waiter is reaping it
+        self._exited.wait()  # the command is dead by now; the guard is saying so
+        self.release()
         return self._status()
 
     def reap_leftovers(self, grace: float) -> int:
-        """Stop what the leader left running when it exited; how many were found.
+        """Stop what the command left running when it exited; how many were found.
 
         Helpers daemonised by the command (a server holding a GPU) would otherwise
         hold the worker's resources after the run is reported done.
         """
         if not self._exited.is_set():
             raise RuntimeError(f"run {self.pid} is still running; stop it instead")
-        if not self._recorded and not _group_exists(self.pid):
-            # The common case, and cheap: no process is left in the group and none
-            # was seen leaving it, so the scan of the whole process table is skipped.
+        if not self._recorded and not self._others_left:
+            # The common case, and cheap: the guard, to which every orphan of the run
+            # is re-parented, had no child left, and no process was seen leaving;
+            # the scan of the whole process table is skipped.
+            self.release()
             return 0
         with self._lock:
-            return self._terminate(grace)
+            found = self._terminate(grace)
+        self.release()
+        return found
 
     def _terminate(self, grace: float) -> int:
         """TERM, grace, KILL; returns how many processes there were."""
@@ -350,7 +418,7 @@ class RunProcess:
             self._unkillable.add(process)
 
     def _pause(self, seconds: float) -> None:
-        # The leader's exit is an event; wake for it rather than sleep through it.
+        # The command's exit is an event; wake for it rather than sleep through it.
         if self._exited.is_set():
             time.sleep(seconds)
         else:
@@ -359,7 +427,8 @@ class RunProcess:
     # --- finding the run's processes ---------------------------------------------------
 
     def _scan(self) -> _Snapshot:
-        """The run's live processes now; they become the recorded descendants."""
+        """The run's live processes now (the guard aside, which ``release`` ends);
+        they become the recorded descendants."""
         live: dict[int, psutil.Process] = {}
         children: dict[int, list[int]] = {}
         group: set[int] = set()
@@ -371,29 +440,48 @@ class RunProcess:
             children.setdefault(found_live[1], []).append(pid)
             if _pgid(pid) == self.pid:
                 group.add(pid)
-        stack = [*group, *(pid for pid, p in self._recorded.items() if live.get(pid) == p)]
+        group.discard(self.pid)
+        stack = [
+            *group,
+            *children.get(self.pid, ()),
+            *(pid for pid, p in self._recorded.items() if live.get(pid) == p),
+        ]
         found: dict[int, psutil.Process] = {}
         while stack:
             pid = stack.pop()
-            if pid not in found:
+            if pid not in found and pid != self.pid:
                 found[pid] = live[pid]
                 stack.extend(children.get(pid, ()))
-        self._recorded = {pid: p for pid, p in found.items() if pid != self.pid}
+        self._recorded = found
         return _Snapshot(found, frozenset(group))
 
     # --- threads and output ----------------------------------------------------------
 
-    def _reap_leader(self) -> None:
-        self._popen.wait()
-        self._exited.set()
+    def _hear_guard(self) -> None:
+        """Hear the guard until it is gone: the command's exit, then end of reports."""
+        try:
+            for line in self._reports:
+                words = line.split()
+                if len(words) == 3 and words[0] == b"exited" and not self._exited.is_set():
+                    self._returncode = os.waitstatus_to_exitcode(int(words[1]))
+                    self._others_left = words[2] != b"0"
+                    self._exited.set()
+        finally:
+            self._reports.close()
+            self._popen.wait()
+            if self._returncode is None:
+                # The guard died before the command's end reached it (SIGKILL to the
+                # group): its status is the run's, and anything may be left.
+                self._returncode = self._popen.returncode
+            self._exited.set()
 
     def _wait_exit(self, timeout: float) -> bool:
-        """Whether the leader has exited, waiting up to ``timeout`` for it."""
+        """Whether the command has exited, waiting up to ``timeout`` for it."""
         return self._exited.wait(timeout)
 
     def _status(self) -> ExitStatus:
-        returncode = self._popen.returncode
-        assert returncode is not None, "only called once the leader was reaped"
+        returncode = self._returncode
+        assert returncode is not None, "only called once the command has exited"
         return ExitStatus.from_returncode(returncode)
 
     def _read_output(self) -> None:
@@ -474,12 +562,60 @@ class RunProcess:
         self._output.close()
 
     def _abort(self) -> None:
-        """Kill and reap the command after its threads failed to start."""
+        """Kill and reap the run after its threads failed to start."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pid, SIGKILL)
+        self.release()
         self._popen.wait()
+        if not self._waiter.is_alive():
+            self._reports.close()
         if not self._reader.is_alive():
             self._close_pipes()
+
+
+def _environment(env: Mapping[str, str]) -> bytes:
+    """``env`` as the guard reads it: its length, a newline, NUL-separated entries."""
+    entries = []
+    for name, value in env.items():
+        entry = os.fsencode(name) + b"=" + os.fsencode(value)
+        if b"\0" in entry:
+            raise ValueError("embedded null byte")
+        if not name or "=" in name:
+            raise ValueError(f"illegal environment variable name {name!r}")
+        entries.append(entry)
+    payload = b"\0".join(entries)
+    return b"%d\n" % len(payload) + payload
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _close(*fds: int) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _started(popen: subprocess.Popen[bytes], reports: BinaryIO, life: int, command: str) -> int:
+    """The command's pid once its guard says it runs; ``RunStartError`` if it could not
+    be executed (the guard has then exited)."""
+    words = reports.readline().split()
+    if len(words) == 2 and words[0] == b"started":
+        return int(words[1])
+    reports.close()
+    os.close(life)
+    returncode = popen.wait()
+    assert popen.stdout is not None
+    said = popen.stdout.read().decode(errors="replace").strip()
+    popen.stdout.close()
+    if len(words) == 2 and words[0] == b"failed":
+        errno = int(words[1])
+        raise RunStartError(_start_failure(command, "", OSError(errno, os.strerror(errno))))
+    last = said.splitlines()[-1] if said else ExitStatus.from_returncode(returncode).describe()
+    raise RunStartError(f"cannot start {command!r}: its guard ({sys.executable}) failed: {last}")
 
 
 def _start_failure(command: str, cwd: str, exc: OSError) -> str:
@@ -500,17 +636,6 @@ def _live_process(pid: int) -> tuple[psutil.Process, int] | None:
             return process, int(process.ppid())
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
-
-
-def _group_exists(pgid: int) -> bool:
-    """Whether any process (a zombie too) is in process group ``pgid``."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _pgid(pid: int) -> int | None:
@@ -541,13 +666,13 @@ Reason = Literal["completed", "failed", "timed out", "cancelled", "could not sta
 class RunOutcome:
     """How a run ended, once all of its processes are gone."""
 
-    #: The leader's status; both fields None if it never started.
+    #: The command's status; both fields None if it never started.
     status: ExitStatus
     #: ``"completed"``, ``"failed"``, ``"timed out"``, ``"cancelled"`` or ``"could not start"``.
     reason: Reason
     #: One line for users: ``"exit code 3"``, ``"cancelled; stopped with SIGTERM"``.
     detail: str
-    #: Processes still running after the leader exited by itself, which were stopped.
+    #: Processes still running after the command exited by itself, which were stopped.
     leftovers: int
 
 
@@ -578,7 +703,7 @@ def run_command(
         return RunOutcome(_NEVER_STARTED, "could not start", str(exc), 0)
     try:
         if on_start is not None:
-            on_start(process.pid)
+            on_start(process.command_pid)
         ending = _watch(process, cancel, time_limit)
         if ending == "exited":
             return _after_exit(process, grace)
@@ -594,6 +719,7 @@ def run_command(
         process.stop(grace)
         raise
     finally:
+        process.release()
         process._finish_output()
 
 
@@ -623,7 +749,7 @@ def _watch(
 def _after_exit(process: RunProcess, grace: float) -> RunOutcome:
     leftovers = process.reap_leftovers(grace)
     status = process.poll()
-    assert status is not None, "the leader has exited"
+    assert status is not None, "the command has exited"
     detail = status.describe()
     if leftovers:
         detail += f"; stopped {leftovers} leftover process{'es' if leftovers > 1 else ''}"

@@ -15,6 +15,7 @@ written when a run has ``FLUSH_BYTES`` waiting or its oldest bytes are
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -85,7 +86,9 @@ class RunLogs:
         self._sizes[run_id] = size
         self._bases[run_id] = size
         if size:
-            path.with_suffix(".base").write_text(str(size))
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+            with open(os.open(path.with_suffix(".base"), flags, 0o600), "w") as base:
+                base.write(str(size))
 
     def forget(self, run_id: int) -> None:
         """The run ended: write what is buffered and drop its bookkeeping."""

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from apportion.protocol.messages import Message
-from apportion.worker.process_groups import ProcessGroups
 
 #: How long stopped work's processes get between SIGTERM and SIGKILL, unless told.
 DEFAULT_KILL_GRACE = 10.0
@@ -36,8 +35,6 @@ class WorkerLink:
     send: Callable[[Message], None]
     #: Seconds stopped work gets between SIGTERM and SIGKILL.
     kill_grace: float
-    #: Where to list the process groups that must die with the worker.
-    process_groups: ProcessGroups
 
 
 class LongLivedTasks(Protocol):

@@ -88,7 +88,6 @@ from apportion.worker.execution import Finished, Outcome, Raised, TaskRunner, ty
 from apportion.worker.long_lived import DEFAULT_KILL_GRACE, LongLivedTasks, WorkerLink
 from apportion.worker.memory_manager import MemoryConfig, MemoryManager
 from apportion.worker.peers import PeerPool
-from apportion.worker.process_groups import ProcessGroups, process_groups_path
 from apportion.worker.rejoin_waits import RejoinWaits
 from apportion.worker.remote_calls import RemoteCallRunner
 from apportion.worker.sizeof import sizeof
@@ -226,9 +225,7 @@ class Worker(BackgroundService):
         #: Executes the tasks whose work outlives scheduler sessions, if any.
         self.long_lived = long_lived
         if long_lived is not None:
-            # Listed for the supervisor only: nobody else kills them if we are killed.
-            groups = ProcessGroups(process_groups_path(os.getpid()) if supervisor else None)
-            long_lived.attach(WorkerLink(self.send_threadsafe, kill_grace, groups))
+            long_lived.attach(WorkerLink(self.send_threadsafe, kill_grace))
         #: Messages from task threads while no scheduler is connected, sent on the
         #: next registration (a run's output and end must not be lost); bounded.
         self._unsent: list[Message] = []

@@ -20,6 +20,10 @@ How each child ended - exit status, signal, "out of memory" - goes to the
 scheduler in a ``WorkerDied`` report, so a poison task's error names the cause
 instead of "its connection closed".
 
+A child's command runs die with it however it ends, SIGKILL included: each runs
+under a guard that kills it when the child's end of a pipe closes
+(``apportion.runs.guard``), so nothing is left here to clean up after a death.
+
 Children also outlive a supervisor killed with SIGKILL (they are re-parented, not
 signalled), so each one is told our pid in ``SUPERVISOR_PID_VARIABLE`` and stops by
 itself once its parent is someone else (see ``apportion.cli.worker``). This is
@@ -47,7 +51,6 @@ from apportion.net.handshake import open_connection
 from apportion.net.security import Security, security_for
 from apportion.protocol.messages import WorkerDied
 from apportion.worker.memory_policy import Fraction, MemoryThresholds
-from apportion.worker.process_groups import kill_orphaned_groups
 
 logger = logging.getLogger("apportion.supervisor")
 
@@ -359,14 +362,8 @@ class Supervisor:
         if slot.replacing or (code == RESTART_EXIT and not slot.retired):
             slot.replacing = False
             logger.info("worker %s (pid %d) is replaced by a fresh process", slot.name, pid)
-            kill_orphaned_groups(pid)
             self._start(slot)
             return
-        orphans = kill_orphaned_groups(pid) if pid > 0 else 0
-        if orphans:
-            logger.warning(
-                "worker %s left %d process groups behind; killed them", slot.name, orphans
-            )
         if self._report is not None and code != 0 and not slot.retired:
             # A stop is no news for the scheduler.
             self._report(WorkerDied(slot.name, pid, how, int(out_of_memory)))

@@ -1,0 +1,276 @@
+"""The guard of one run: leads the run's process group and kills it if the worker dies.
+
+A run's command must not outlive its worker, however the worker ends: a worker
+killed with SIGKILL (by its supervisor for its memory, by the kernel, by hand)
+cannot stop anything, and the scheduler starts the run again elsewhere at once,
+so a command left running would run twice and hold what its next attempt is given
+(a GPU). No file can carry this duty safely (another user may own or plant it),
+so the kernel does: the worker starts this guard as the leader of a new session
+and process group, and the guard starts the command as its child, in that group.
+The guard holds the read end of a pipe (the *life line*) whose write end only the
+worker holds, close-on-exec. When the worker dies, the kernel closes it, the
+guard's ``poll`` wakes within microseconds, and the guard SIGKILLs the whole group
+at once (itself too) and, first, every descendant of its own that left the group.
+``PR_SET_PDEATHSIG`` is a second alarm, for a write end kept open by a process
+the worker forked without exec: the guard then sees its parent change.
+
+The guard is also a *child subreaper* (Linux): a process of the run whose parent
+exits is re-parented to the guard, not to init, so no process of the run ever
+leaves the guard's tree, and the worker's scans find it.
+
+Everything else about the run is the worker's: it signals the group to stop it
+(the guard catches every signal and ignores it, so only the command feels them;
+SIGKILL takes the guard too), and it closes the life line once every process of
+the run is gone, which makes the guard kill the group (only itself by then).
+
+Protocol. ``python -I -S guard.py LIFE_FD REPORT_FD ARGV...``, started in the
+run's directory; stdout and stderr are the run's. The worker first writes the
+run's environment on the life line: its length in decimal and a newline, then
+``NAME=VALUE`` entries separated by NUL bytes. (The guard's own environment is
+the worker's: Python changes its own, ``LC_CTYPE`` under the C locale, which the
+command must not inherit.) On REPORT_FD the guard writes ``started PID``, or
+``failed ERRNO`` (and exits 127) if the command could not be executed, then
+``exited STATUS LEFT`` once the command ends: its raw wait status, and 1 if
+processes of the run are still its children then (0: none of the run's
+processes is left anywhere).
+
+This file is run by path with ``-I -S`` and imports the standard library only:
+importing apportion would cost every run a large fraction of a second of CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import sys
+
+#: Linux ``prctl`` options (``<linux/prctl.h>``).
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+#: Signals the guard cannot catch, and those it leaves as they are.
+UNCATCHABLE = frozenset({signal.SIGKILL, signal.SIGSTOP})
+
+
+def _prctl(option: int, value: int) -> bool:
+    """Call Linux's ``prctl``; False where there is none (another system) or it fails."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(option, value, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def take_signals(wake_fd: int) -> set[int]:
+    """Catch every catchable signal with a handler that only wakes the loop; returns
+    the signals the command must get with their default action.
+
+    Signals the guard was started with ignored stay ignored (the command inherits
+    that, as it would have without a guard); Python ignores SIGPIPE and SIGXFSZ
+    itself, which the command must not inherit.
+    """
+    restore: set[int] = {signal.SIGPIPE}
+    if hasattr(signal, "SIGXFSZ"):
+        restore.add(signal.SIGXFSZ)
+    for sig in signal.valid_signals():
+        if sig in UNCATCHABLE or sig in restore:
+            continue
+        try:
+            if signal.getsignal(sig) == signal.SIG_IGN:
+                continue
+            signal.signal(sig, _wake)
+        except (OSError, ValueError):  # real-time signals some libcs reserve
+            continue
+        restore.add(sig)
+    signal.set_wakeup_fd(wake_fd, warn_on_full_buffer=False)
+    return restore
+
+
+def _wake(signum: int, frame: object) -> None:
+    """Nothing to do: ``set_wakeup_fd`` has already woken the loop."""
+
+
+def descendants(root: int, proc: str = "/proc") -> dict[int, int]:
+    """The live descendants of ``root``, as pid -> process group, read from ``proc``."""
+    parents: dict[int, list[int]] = {}
+    groups: dict[int, int] = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir(proc):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"{proc}/{name}/stat", "rb") as file:
+                    text = file.read()
+            except OSError:
+                continue
+            # The command name may hold spaces and parentheses: fields follow the last ')'.
+            fields = text[text.rfind(b")") + 2 :].split()
+            if len(fields) < 3 or fields[0] == b"Z":
+                continue
+            pid = int(name)
+            parents.setdefault(int(fields[1]), []).append(pid)
+            groups[pid] = int(fields[2])
+    found: dict[int, int] = {}
+    stack = list(parents.get(root, ()))
+    while stack:
+        pid = stack.pop()
+        if pid not in found:
+            found[pid] = groups[pid]
+            stack.extend(parents.get(pid, ()))
+    return found
+
+
+def kill_all() -> None:
+    """SIGKILL every process of the run: the descendants that left the group one by
+    one, then the whole group at once, the guard with it."""
+    me = os.getpid()
+    if has_children():  # else no descendant at all: the usual release, no scan
+        for pid, group in descendants(me).items():
+            if group != me:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+    os.killpg(0, signal.SIGKILL)
+    os._exit(137)  # not reached: the signal above is ours too
+
+
+def has_children() -> bool:
+    """Whether any process is our child (none is reaped here)."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+def report(fd: int, line: str) -> None:
+    """Tell the worker; a worker that cannot hear any more is dead."""
+    try:
+        os.write(fd, line.encode() + b"\n")
+    except OSError:
+        kill_all()
+
+
+def reap(child: int) -> tuple[int | None, bool]:
+    """Reap every child that exited: ``(child's wait status or None, children left)``."""
+    status = None
+    while True:
+        try:
+            pid, raw = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return status, False
+        if pid == 0:
+            return status, True
+        if pid == child:
+            status = raw
+
+
+def read_environment(life: int) -> dict[bytes, bytes] | None:
+    """The run's environment, as the worker writes it first on the life line; None if
+    the line closed before it was all there (the worker died)."""
+    data = b""
+    while b"\n" not in data:
+        chunk = os.read(life, 65536)
+        if not chunk:
+            return None
+        data += chunk
+    size, _, payload = data.partition(b"\n")
+    while len(payload) < int(size):
+        chunk = os.read(life, 1 << 20)
+        if not chunk:
+            return None
+        payload += chunk
+    entries = (entry.partition(b"=") for entry in payload.split(b"\0") if entry)
+    return {name: value for name, _, value in entries}
+
+
+def spawn(command: list[str], env: dict[bytes, bytes], restore: set[int]) -> tuple[int, int | None]:
+    """Start ``command`` with ``env`` (searched on its ``PATH``) as our child, with
+    ``restore`` back to their default actions; ``(pid, None)``, or ``(0, errno)`` if it
+    cannot be executed.
+
+    A plain fork and exec, as ``subprocess`` does: ``posix_spawn`` would leave glibc's
+    internal signals ignored in the command.
+    """
+    errors, errors_write = os.pipe()  # close-on-exec: end of file means it runs
+    child = os.fork()
+    if child == 0:
+        try:
+            os.close(errors)
+            for sig in restore:
+                signal.signal(sig, signal.SIG_DFL)
+            os.execvpe(command[0], command, env)
+        except OSError as exc:
+            os.write(errors_write, str(exc.errno or 0).encode())
+        finally:
+            os._exit(127)
+    os.close(errors_write)
+    with os.fdopen(errors, "rb") as said:
+        failure = said.read()
+    if failure:
+        os.waitpid(child, 0)
+        return 0, int(failure)
+    return child, None
+
+
+def main(argv: list[str]) -> int:
+    life, report_fd = int(argv[1]), int(argv[2])
+    command = argv[3:]
+    worker = os.getppid()
+    # The command must hold neither end: a report pipe kept open by the command
+    # would hide the guard's death from the worker.
+    os.set_inheritable(life, False)
+    os.set_inheritable(report_fd, False)
+    env = read_environment(life)
+    if env is None:
+        return 0  # the worker died before the run began: nothing to stop
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    os.set_blocking(wake_read, False)
+    restore = take_signals(wake_write)
+    # Without a subreaper (not Linux), an orphan of the run goes to init: the guard
+    # cannot then say that nothing is left.
+    adopts_orphans = _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGHUP)
+    if os.getppid() != worker:  # the worker died before the alarm was set
+        kill_all()
+    child, error = spawn(command, env, restore)
+    if error is not None:
+        report(report_fd, f"failed {error}")
+        return 127
+    report(report_fd, f"started {child}")
+    # The output is the command's: it ends when the command's processes close it.
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    poller = select.poll()
+    poller.register(life, select.POLLIN)
+    poller.register(wake_read, select.POLLIN)
+    running = True
+    while True:
+        if running:
+            status, left = reap(child)
+            if status is not None:
+                report(report_fd, f"exited {status} {int(left or not adopts_orphans)}")
+                running = False
+        else:
+            reap(child)  # orphans of the run, re-parented to us
+        if os.getppid() != worker:
+            kill_all()
+        for fd, _ in poller.poll():
+            if fd == life:
+                # EOF (the worker died, or let go of a finished run); the worker
+                # writes nothing after the environment, and anything is no reason
+                # to stay.
+                kill_all()
+            else:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_read, 4096)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
