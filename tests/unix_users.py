@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -97,11 +98,7 @@ class UnixUser:
         """``apportion ARGS`` run to its end as this user, in its home."""
         return subprocess.run(
             self.command(*args),
-            env={**self.env, **(env or {})},
-            user=self.name,
-            group=self.name,
-            extra_groups=[],
-            cwd=self.home,
+            **self._as_user(env),
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -115,11 +112,7 @@ class UnixUser:
         with open(log, "wb") as out:
             proc = subprocess.Popen(
                 self.command(*args),
-                env={**self.env, **(env or {})},
-                user=self.name,
-                group=self.name,
-                extra_groups=[],
-                cwd=self.home,
+                **self._as_user(env),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -127,6 +120,16 @@ class UnixUser:
             )
         self.started.append(proc)
         return proc
+
+    def _as_user(self, env: dict[str, str] | None) -> dict[str, Any]:
+        """The ``subprocess`` arguments that run a command as this user, in its home."""
+        return {
+            "env": {**self.env, **(env or {})},
+            "user": self.name,
+            "group": self.name,
+            "extra_groups": [],
+            "cwd": self.home,
+        }
 
     def output(self) -> str:
         """Everything its processes printed, for an assertion's message."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 #: How alike two names must be (``difflib``'s ratio) for one to be suggested for the
 #: other: ``MEM`` for ``MEMORY`` is 0.67.
@@ -69,23 +69,26 @@ def suggest(name: str, offered: Iterable[str]) -> str | None:
 def misspelt(asked: Iterable[str], offered: Iterable[str]) -> dict[str, str]:
     """Each name of ``asked`` that is not offered but is a slip of one that is: the
     offered name."""
-    pool = set(offered)
-    found = {}
-    for name in sorted(set(asked)):
-        slip = slip_of(name, pool)
-        if slip is not None:
-            found[name] = slip
-    return found
+    return _each(asked, offered, slip_of)
 
 
 def suggestions(asked: Iterable[str], offered: Iterable[str]) -> dict[str, str]:
     """Each name of ``asked`` that is not offered, with its suggestion, if it has one."""
+    return _each(asked, offered, suggest)
+
+
+def _each(
+    asked: Iterable[str],
+    offered: Iterable[str],
+    find: Callable[[str, Iterable[str]], str | None],
+) -> dict[str, str]:
+    """``find(name, offered)`` for each distinct name of ``asked``, where it found one."""
     pool = set(offered)
     found = {}
     for name in sorted(set(asked)):
-        guess = suggest(name, pool)
-        if guess is not None:
-            found[name] = guess
+        match = find(name, pool)
+        if match is not None:
+            found[name] = match
     return found
 
 

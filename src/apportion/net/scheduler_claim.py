@@ -30,11 +30,10 @@ import contextlib
 import errno
 import fcntl
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from apportion.home import private_dir
+from apportion.home import private_dir, try_flock
 from apportion.net.discovery import Liveness, Sighting
 from apportion.net.scheduler_file import (
     SchedulerFileError,
@@ -101,7 +100,7 @@ class SchedulerFileClaim:
             # O_NOFOLLOW: a link planted at the lock's name is an error, never followed.
             fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
-                got = _try_flock(fd, fcntl.LOCK_EX, patience)
+                got = try_flock(fd, fcntl.LOCK_EX, patience=patience)
             except OSError as exc:
                 os.close(fd)
                 if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
@@ -184,7 +183,7 @@ def probe(path: str | os.PathLike[str]) -> Liveness:
     except OSError:
         return Liveness.UNKNOWN  # a link in its place, or unreadable: not ours to judge
     try:
-        if _try_flock(fd, fcntl.LOCK_SH, 0.0):
+        if try_flock(fd, fcntl.LOCK_SH, patience=0.0):
             fcntl.flock(fd, fcntl.LOCK_UN)
             return Liveness.STALE
         return Liveness.LIVE
@@ -201,7 +200,7 @@ def holder_of(path: str | os.PathLike[str]) -> Holder | None:
     except OSError:
         return None
     try:
-        if _try_flock(fd, fcntl.LOCK_SH, 0.0):
+        if try_flock(fd, fcntl.LOCK_SH, patience=0.0):
             fcntl.flock(fd, fcntl.LOCK_UN)
             return None
         return _read_holder(fd)
@@ -215,19 +214,6 @@ def own_scheduler_files(default: Path) -> list[Path]:
     """``default`` and the spare files beside it (``scheduler-*.json``), in name order."""
     spares = sorted(default.parent.glob(f"{default.stem}-*{default.suffix}"))
     return [default, *(p for p in spares if not p.name.startswith("."))]
-
-
-def _try_flock(fd: int, kind: int, patience: float) -> bool:
-    """Take an flock without blocking, retrying for ``patience`` seconds."""
-    deadline = time.monotonic() + patience
-    while True:
-        try:
-            fcntl.flock(fd, kind | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.005)
 
 
 def _read_holder(fd: int) -> Holder:

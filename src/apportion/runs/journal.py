@@ -43,7 +43,7 @@ from signal import Signals
 from types import TracebackType
 from typing import Any
 
-from apportion.home import default_home, home_dir, private_dir, user_dir
+from apportion.home import default_home, home_dir, private_dir, try_flock, user_dir
 from apportion.runs.run_states import (
     CANCELLED,
     COMPLETED,
@@ -744,7 +744,7 @@ class Journal:
         if self._lock_fd is None:
             fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             # An owner() probe holds the lock for microseconds: wait that out.
-            if not _try_flock(fd, fcntl.LOCK_EX, patience=0.1):
+            if not try_flock(fd, fcntl.LOCK_EX, patience=0.1):
                 pid, owner_address = _read_owner(fd)
                 os.close(fd)
                 raise JournalBusy(self.path, pid, owner_address)
@@ -773,7 +773,7 @@ class Journal:
         except FileNotFoundError:
             return None
         try:
-            if _try_flock(fd, fcntl.LOCK_SH, patience=0.0):
+            if try_flock(fd, fcntl.LOCK_SH, patience=0.0):
                 fcntl.flock(fd, fcntl.LOCK_UN)
                 return None
             return _read_owner(fd)
@@ -823,19 +823,6 @@ def _runs(ids: Sequence[int]) -> str:
     if len(ids) > 10:
         shown += f" ... ({len(ids)} in all)"
     return f"run {shown}" if len(ids) == 1 else f"runs {shown}"
-
-
-def _try_flock(fd: int, kind: int, *, patience: float) -> bool:
-    """Take an flock without blocking, retrying for ``patience`` seconds."""
-    deadline = time.monotonic() + patience
-    while True:
-        try:
-            fcntl.flock(fd, kind | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.005)
 
 
 def _read_owner(fd: int) -> tuple[int, str]:
