@@ -11,6 +11,7 @@ run twice: its command's processes are counted, as root, while the run starts ag
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import secrets
 import shutil
 import signal
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,8 +31,10 @@ from unix_users import UnixUser, skip_reason, unix_users
 
 pytestmark = [pytest.mark.process, pytest.mark.tcp]
 
+#: The test users' temporary directory: the machine's, shared by all (no TMPDIR).
+SCRATCH = Path("/tmp")
 #: Where a worker once listed its runs' process groups: a name shared by every user.
-OLD_GROUPS_DIR = Path("/tmp/apportion-run-groups")
+OLD_GROUPS_DIR = SCRATCH / "apportion-run-groups"
 
 
 @pytest.fixture
@@ -39,12 +43,22 @@ def two_users() -> Iterator[list[UnixUser]]:
     if reason is not None:
         pytest.skip(reason)
     existed = OLD_GROUPS_DIR.exists()
+    uids: set[int] = set()
     try:
         with unix_users(2) as users:
+            uids.update(user.uid for user in users)
             yield users
     finally:
         if not existed:  # the trap laid there is this test's own
             shutil.rmtree(OLD_GROUPS_DIR, ignore_errors=True)
+        # What the users' workers left in the shared directory, and the traps.
+        for path in SCRATCH.glob("apportion-*"):
+            with contextlib.suppress(OSError):
+                if path.lstat().st_uid in uids:
+                    if path.is_symlink() or not path.is_dir():
+                        path.unlink()
+                    else:
+                        shutil.rmtree(path, ignore_errors=True)
 
 
 def announced(user: UnixUser, pattern: str, timeout: float = 30) -> str:
@@ -133,6 +147,22 @@ def test_two_users_run_clusters_side_by_side_and_neither_touches_the_other(
     with contextlib.suppress(FileExistsError):
         OLD_GROUPS_DIR.mkdir(mode=0o755)
     os.chown(OLD_GROUPS_DIR, mallory.uid, mallory.uid)
+    # ... and where workers keep their scratch directories, which a starting worker
+    # clears of those its killed predecessors left: a directory of hers that looks
+    # abandoned, and a link named as a worker's directory to a directory of Alice's
+    # that looks abandoned too.
+    precious = alice.home / "precious"
+    precious.mkdir()
+    for name, text in (("lock", ""), ("data", "keep\n")):
+        (precious / name).write_text(text)
+    decoy, link = (SCRATCH / f"apportion-worker-{secrets.token_hex(4)}" for _ in range(2))
+    decoy.mkdir()
+    (decoy / "lock").write_text("")
+    link.symlink_to(precious)
+    for path in (precious, precious / "lock", precious / "data"):
+        os.chown(path, alice.uid, alice.uid)
+    for path in (decoy, decoy / "lock", link):
+        os.lchown(path, mallory.uid, mallory.uid)
 
     # Workers with no address find their own user's scheduler.
     mallory.start("worker", "--nthreads", "1")
@@ -175,13 +205,61 @@ def test_two_users_run_clusters_side_by_side_and_neither_touches_the_other(
     poll(lambda: len(marked(marker)) == 2, 40, "the run to start again")
 
     # Nothing Mallory planted did anything.
+    assert (precious / "data").read_text() == "keep\n"
+    assert (decoy / "lock").exists() and link.is_symlink()
     assert alice_scheduler.is_running()
     assert victim.read_text() == "mine\n"
     assert os.stat(victim).st_uid == alice.uid
     assert alice_supervisor.poll() is None
     for user in (mallory, alice):
         assert status(user)["scheduler"]["address"] == addresses[user.name]  # type: ignore[index]
+
+    # Each one's login link opens their own dashboard, and no other.
+    for user, other in ((alice, mallory), (mallory, alice)):
+        link = user.run("status", "--link").stdout.strip()
+        login = urllib.parse.urlsplit(link)
+        cookie = dashboard_login(login.netloc, f"{login.path}?{login.query}")
+        assert cookie is not None, link
+        page = dashboard_get(login.netloc, "/api/status", cookie)
+        assert json.loads(page)["scheduler"]["address"] == addresses[user.name]
+        theirs = urllib.parse.urlsplit(dashboard_of(other))
+        assert dashboard_login(theirs.netloc, f"{login.path}?{login.query}") is None
     alice.run("cancel", "1")
+
+
+def dashboard_of(user: UnixUser) -> str:
+    document = json.loads((user.home / ".apportion" / "scheduler.json").read_text())
+    url: str = document["dashboard"]
+    return url
+
+
+def dashboard_login(netloc: str, target: str) -> str | None:
+    """The session cookie a login link gives at the dashboard at ``netloc``; None if
+    it is refused."""
+    connection = http.client.HTTPConnection(netloc, timeout=10)
+    try:
+        connection.request("GET", target)
+        response = connection.getresponse()
+        response.read()
+        cookie = response.getheader("Set-Cookie")
+        if response.status != 303 or cookie is None:
+            assert 400 <= response.status < 500, response.status
+            return None
+        return cookie.split(";", 1)[0]
+    finally:
+        connection.close()
+
+
+def dashboard_get(netloc: str, target: str, cookie: str) -> bytes:
+    connection = http.client.HTTPConnection(netloc, timeout=10)
+    try:
+        connection.request("GET", target, headers={"Cookie": cookie})
+        response = connection.getresponse()
+        body = response.read()
+        assert response.status == 200, (response.status, body)
+        return body
+    finally:
+        connection.close()
 
 
 def _plant(mallory: UnixUser, path: Path, what: str | Path) -> None:
