@@ -17,11 +17,9 @@ their place.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import stat
 import tempfile
-import time
 from pathlib import Path
 
 
@@ -135,17 +133,3 @@ def make_private(path: Path) -> None:
     """Take group and other permissions off ``path`` (a journal or log the process made)."""
     with contextlib.suppress(FileNotFoundError):
         os.chmod(path, stat.S_IMODE(os.stat(path).st_mode) & 0o700)
-
-
-def try_flock(fd: int, kind: int, *, patience: float) -> bool:
-    """Take an flock of ``kind`` on ``fd`` without blocking, retrying for ``patience``
-    seconds: a reader that probes a lock holds it for microseconds only."""
-    deadline = time.monotonic() + patience
-    while True:
-        try:
-            fcntl.flock(fd, kind | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.005)

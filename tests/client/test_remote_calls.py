@@ -30,6 +30,7 @@ from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.remote_calls import MAX_INSTALL_BYTES
 from apportion.testing import InMemoryCluster
 from apportion.testing.simulation import SimulatedCluster
+from apportion.worker.local_directory import LOCK, PREFIX, remove_stale
 from cluster_checks import InProcess, checked_client
 
 
@@ -290,9 +291,15 @@ def test_upload_py_then_changed_takes_effect_also_on_later_workers(
         assert set((client.run(value) or {}).values()) == {2}
         late = start_worker(cluster, "late-upload")
         try:
-            dirs = client.run(lambda dask_worker: dask_worker.remote_calls.directory)
+            dirs = client.run(lambda dask_worker: str(dask_worker.remote_calls.directory.path))
             assert dirs is not None
-            assert (Path(dirs[late.address]) / "uploaded_mod_a.py").read_text() == "VALUE = 2\n"
+            uploads = Path(dirs[late.address])
+            assert (uploads / "uploaded_mod_a.py").read_text() == "VALUE = 2\n"
+            # A worker directory, locked while the worker lives: the next worker on
+            # that base removes it if this one is killed before it can.
+            assert uploads.name.startswith(PREFIX) and (uploads / LOCK).exists()
+            remove_stale(uploads.parent)
+            assert uploads.exists() and uploads.stat().st_mode & 0o077 == 0
         finally:
             stop_worker(cluster, late)
         assert not Path(dirs[late.address]).exists()  # removed when the worker closed

@@ -33,7 +33,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from apportion.home import private_dir, try_flock
+from apportion.file_lock import try_flock
+from apportion.home import private_dir
 from apportion.net.discovery import Liveness, Sighting
 from apportion.net.scheduler_file import (
     SchedulerFileError,

@@ -43,7 +43,8 @@ from signal import Signals
 from types import TracebackType
 from typing import Any
 
-from apportion.home import default_home, home_dir, private_dir, try_flock, user_dir
+from apportion.file_lock import try_flock
+from apportion.home import default_home, home_dir, private_dir, user_dir
 from apportion.runs.run_states import (
     CANCELLED,
     COMPLETED,

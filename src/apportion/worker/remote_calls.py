@@ -5,7 +5,8 @@ as Dask does), so a call reaches a worker whose task threads are all busy, and a
 slow call never holds up the loop. Uploads and plugins are installed on the loop,
 in the order they arrive: a task sent after an upload finds it importable.
 
-Uploads are written to a directory of this worker's own, put first on
+Uploads are written to a worker directory of their own (removed by the next worker
+started on its base if this one is killed first), put first on
 ``sys.path`` and removed when the worker closes; a ``.py`` upload with ``load`` is
 imported, or reloaded when it was imported before, so a changed upload takes
 effect (its cached bytecode is removed first: a file rewritten within the same
@@ -22,9 +23,7 @@ import inspect
 import logging
 import os
 import pkgutil
-import shutil
 import sys
-import tempfile
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +31,7 @@ from apportion.core.payload import dumps, loads
 from apportion.log_ring import LogRing
 from apportion.protocol.messages import NO_REPLY, CallAnswered, Install, RunCall, Uninstall
 from apportion.worker.execution import pack_exception
+from apportion.worker.local_directory import LocalDirectory
 
 if TYPE_CHECKING:
     from apportion.worker.service import Worker
@@ -53,7 +53,9 @@ class RemoteCallRunner:
         #: file name -> bytes written, so a replay of the same upload is not reloaded.
         self.uploads: dict[str, bytes] = {}
         #: Where uploads are written (made on the first one); on ``sys.path`` meanwhile.
-        self.directory: str | None = None
+        #: A worker directory of its own, so that the next worker removes it if this
+        #: one is killed before it can.
+        self.directory: LocalDirectory | None = None
         #: This worker's recent log records (``client.get_worker_logs``).
         self.logs = LogRing(skip=NOT_WORKER_LOGS)
         self._coroutines: set[asyncio.Task[None]] = set()
@@ -83,8 +85,8 @@ class RemoteCallRunner:
                 logger.exception("worker %s: plugin %s failed to tear down", self.worker.name, name)
         if self.directory is not None:
             with contextlib.suppress(ValueError):
-                sys.path.remove(self.directory)
-            shutil.rmtree(self.directory, ignore_errors=True)
+                sys.path.remove(str(self.directory.path))
+            self.directory.remove()
             self.directory = None
         self.logs.detach()
 
@@ -200,9 +202,9 @@ class RemoteCallRunner:
         if os.path.basename(filename) != filename or filename in ("", ".", ".."):
             raise ValueError(f"an upload is named by a plain file name, not {filename!r}")
         if self.directory is None:
-            self.directory = tempfile.mkdtemp(prefix=f"apportion-uploads-{os.getpid()}-")
-            sys.path.insert(0, self.directory)
-        path = os.path.join(self.directory, filename)
+            self.directory = LocalDirectory(self.worker.memory_manager.config.local_directory)
+            sys.path.insert(0, str(self.directory.path))
+        path = os.path.join(self.directory.path, filename)
         unchanged = self.uploads.get(filename) == data
         if not unchanged:
             with open(path, "wb") as f:
