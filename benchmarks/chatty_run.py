@@ -124,7 +124,7 @@ def round_tasks_per_second(
 def beside_run(client: Client, journal: Journal, spec: RunSpec, *, stop: bool) -> float:
     """Tasks/s of the workload timed from the start of a fresh run of ``spec``."""
     settle_apportion(client)
-    [run_id] = remote.submit(client.scheduler_address, [spec])
+    [run_id] = remote.submit(client.scheduler_address, [spec]).ids
     wait_until(lambda: _state(journal, run_id) != QUEUED, "the run did not start", 60.0)
     start = time.perf_counter()
     rate = independent(client) / (time.perf_counter() - start)

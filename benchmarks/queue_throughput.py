@@ -94,7 +94,7 @@ def _run_all(address: str, journal: Journal, specs: list[RunSpec], timeout: floa
     quoting the scheduler's complaints.
     """
     start = time.perf_counter()
-    ids = remote.submit(address, specs)
+    ids = remote.submit(address, specs).ids
     deadline = start + timeout
     finished, progress_at = 0, time.perf_counter()
     while finished < len(ids):
@@ -148,6 +148,9 @@ def _cluster(
     env = {**os.environ, "APPORTION_HOME": str(base / "home")}
     command = [sys.executable, "-m", "apportion.cli.main"]
     procs: list[subprocess.Popen[bytes]] = []
+    # This process's clients need the secret the scheduler makes in that home.
+    before = os.environ.get("APPORTION_HOME")
+    os.environ["APPORTION_HOME"] = env["APPORTION_HOME"]
     try:
         log = base / "scheduler.log"
         argv = [*command, "scheduler", "--port", "0", "--journal", str(base / "runs.db")]
@@ -165,6 +168,10 @@ def _cluster(
         yield address
     finally:
         _stop(procs)
+        if before is None:
+            os.environ.pop("APPORTION_HOME", None)
+        else:
+            os.environ["APPORTION_HOME"] = before
 
 
 def _start(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
