@@ -401,3 +401,27 @@ def test_the_server_dies_with_its_worker_even_if_a_fork_holds_its_socket(
     os.kill(worker.pid, signal.SIGKILL)
     worker.wait(10)
     wait_gone([server])
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+def test_runs_die_with_their_server_under_a_worker_that_ignores_sighup(family: Family) -> None:
+    """The guard's parent-death signal is SIGHUP, which a worker under ``nohup``
+    ignores: the guard hears it all the same, and the command still ignores it."""
+    nohup = ["sh", "-c", 'trap "" HUP; exec "$@"', "sh"]
+    script = "awk '/SigIgn/ {print \"ignored=\" $2}' /proc/$$/status; echo $$; exec sleep 300"
+    worker = subprocess.Popen(
+        [*nohup, sys.executable, "-c", WORKER, "sh", "-c", script],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    family.workers.append(worker)  # killed at the end, with all it printed
+    [_, _, _, server_pid] = family.line(worker)
+    [ignored] = family.line(worker)
+    assert int(ignored.removeprefix("ignored="), 16) & (1 << (signal.SIGHUP - 1))
+    family.line(worker)  # the command's pid
+    processes = [p for p in family.processes if p.pid != int(server_pid)]
+    os.kill(int(server_pid), signal.SIGKILL)
+    wait_gone(processes)
+    assert worker.poll() is None  # only its runs went

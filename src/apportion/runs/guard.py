@@ -222,11 +222,11 @@ def read_spec(life: int) -> tuple[list[bytes], bytes, dict[bytes, bytes]] | None
 
 
 def spawn(
-    command: list[bytes], env: dict[bytes, bytes], restore: set[int]
+    command: list[bytes], env: dict[bytes, bytes], restore: set[int], ignore: set[int]
 ) -> tuple[int, int | None]:
     """Start ``command`` with ``env`` (searched on its ``PATH``) as our child, with
-    ``restore`` back to their default actions; ``(pid, None)``, or ``(0, errno)`` if it
-    cannot be executed.
+    ``restore`` back to their default actions and ``ignore`` ignored; ``(pid, None)``,
+    or ``(0, errno)`` if it cannot be executed.
 
     A plain fork and exec, as ``subprocess`` does: ``posix_spawn`` would leave glibc's
     internal signals ignored in the command.
@@ -238,6 +238,8 @@ def spawn(
             os.close(errors)
             for sig in restore:
                 signal.signal(sig, signal.SIG_DFL)
+            for sig in ignore:
+                signal.signal(sig, signal.SIG_IGN)
             os.execvpe(command[0], command, env)
         except OSError as exc:
             os.write(errors_write, str(exc.errno or 0).encode())
@@ -270,13 +272,19 @@ def guard(life: int, report_fd: int, parent: int) -> int:
         return 127
     wake_read, wake_write = _wake_pipe()
     restore = take_signals(wake_write)
+    # The parent-death signal must wake us even where the worker ignores it (nohup):
+    # we catch it all the same, and the command still ignores it.
+    ignore: set[int] = set()
+    if signal.SIGHUP not in restore:
+        signal.signal(signal.SIGHUP, _wake)
+        ignore.add(signal.SIGHUP)
     # Without a subreaper (not Linux), an orphan of the run goes to init: the guard
     # cannot then say that nothing is left.
     adopts_orphans = _prctl(PR_SET_CHILD_SUBREAPER, 1)
     _prctl(PR_SET_PDEATHSIG, signal.SIGHUP)
     if os.getppid() != parent:  # the server died before the alarm was set
         kill_all()
-    child, error = spawn(command, env, restore)
+    child, error = spawn(command, env, restore, ignore)
     if error is not None:
         report(report_fd, f"failed {error}")
         return 127
