@@ -20,15 +20,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from apportion.runs import guard
+from apportion.runs import guard, guard_server
 from apportion.runs import process as process_module
-from apportion.runs.process import RunProcess, RunStartError
+from apportion.runs.process import ExitStatus, RunProcess, RunStartError, run_command
 
 #: Starts the command given as arguments through ``RunProcess`` and prints its output;
 #: with ``--fork`` first, a child forked without exec keeps the worker's end of the
 #: life line open (as a function task calling ``os.fork`` would) and prints its pid.
 WORKER = """\
 import os, sys, time
+from apportion.runs import guard_server
 from apportion.runs.process import RunProcess
 fork = sys.argv[1] == "--fork"
 argv = sys.argv[2:] if fork else sys.argv[1:]
@@ -36,7 +37,8 @@ def out(chunk):
     sys.stdout.buffer.write(chunk)
     sys.stdout.flush()
 process = RunProcess.start(argv, cwd=os.getcwd(), env=dict(os.environ), on_output=out)
-print("guard", process.pid, flush=True)
+[server] = guard_server._servers.values()
+print("guard", process.pid, "server", server.pid, flush=True)
 if fork:
     child = os.fork()
     if child == 0:
@@ -184,12 +186,12 @@ def test_the_run_dies_with_its_worker_whatever_signal_kills_it(
     family: Family, how: signal.Signals
 ) -> None:
     worker = family.start_worker("sh", "-c", FAMILY)
-    [word, guard_pid] = family.line(worker)
+    [word, guard_pid, _, server_pid] = family.line(worker)
     assert word == "guard"
     run = [family.line(worker) for _ in range(3)]
     processes = [p for p in family.processes if p.pid != worker.pid]
-    assert len(processes) == 4 and not any(gone(p) for p in processes), run
-    assert {os.getpgid(p.pid) for p in processes} == {int(guard_pid)}
+    assert len(processes) == 5 and not any(gone(p) for p in processes), run
+    assert {os.getpgid(p.pid) for p in processes if p.pid != int(server_pid)} == {int(guard_pid)}
     os.kill(worker.pid, how)
     worker.wait(10)
     wait_gone(processes)
@@ -235,7 +237,8 @@ def test_signals_to_the_group_reach_the_command_and_leave_the_guard(tmp_path: Pa
     finally:
         status = process.stop(5)
     assert status.signal == signal.SIGTERM
-    wait_gone([psutil.Process(process.pid)] if psutil.pid_exists(process.pid) else [])
+    with contextlib.suppress(psutil.NoSuchProcess):  # gone already, and reaped by its server
+        wait_gone([psutil.Process(process.pid)])
 
 
 @pytest.mark.process
@@ -306,11 +309,119 @@ def test_a_guard_that_fails_before_starting_the_command_is_said_in_one_line(
 @pytest.mark.timeout(60)
 def test_a_process_that_left_the_group_dies_with_the_worker_too(family: Family) -> None:
     worker = family.start_worker("sh", "-c", "setsid sleep 300 & echo $!; " + FAMILY)
-    [_, guard_pid] = family.line(worker)
+    [_, guard_pid, _, server_pid] = family.line(worker)
     [family.line(worker) for _ in range(4)]
     processes = [p for p in family.processes if p.pid not in (worker.pid, int(guard_pid))]
-    groups = {os.getpgid(p.pid) for p in processes}
-    assert len(processes) == 4 and len(groups) == 2  # one setsid'ed out of the group
+    groups = {os.getpgid(p.pid) for p in processes if p.pid != int(server_pid)}
+    assert len(processes) == 5 and len(groups) == 2  # one setsid'ed out of the group
     os.kill(worker.pid, signal.SIGKILL)
     worker.wait(10)
     wait_gone(processes)
+
+
+# --- the guard server --------------------------------------------------------------------
+
+
+def _server() -> guard_server.GuardServer:
+    return guard_server._servers[(sys.executable, process_module.GUARD)]
+
+
+def _run(argv: list[str], cwd: Path) -> tuple[ExitStatus, bytes]:
+    seen: list[bytes] = []
+    outcome = run_command(
+        argv, cwd=str(cwd), env=dict(os.environ), on_output=seen.append, cancel=threading.Event()
+    )
+    return outcome.status, b"".join(seen)
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+def test_a_server_killed_meanwhile_takes_its_runs_and_is_replaced(tmp_path: Path) -> None:
+    seen: list[bytes] = []
+    process = RunProcess.start(
+        ["sh", "-c", "echo $$; exec sleep 300"],
+        cwd=str(tmp_path),
+        env=dict(os.environ),
+        on_output=seen.append,
+    )
+    try:
+        server = psutil.Process(_server().pid)
+        deadline = time.monotonic() + 20
+        while not b"".join(seen).endswith(b"\n"):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        command = psutil.Process(int(b"".join(seen)))
+        server.kill()
+        # The run's guard sees its parent go, and kills the run.
+        status = process.wait(20)
+        assert status is not None and status.signal == signal.SIGKILL
+        wait_gone([command, server])
+    finally:
+        process.stop(5)
+    status, output = _run(["echo", "again"], tmp_path)
+    assert status.ok and output == b"again\n"
+    assert _server().pid != server.pid
+
+
+@pytest.mark.process
+@pytest.mark.timeout(120)
+def test_many_runs_at_once_each_get_only_their_own_descriptors(tmp_path: Path) -> None:
+    """Every command holds stdin, stdout and stderr and nothing else, while the server
+    forks other runs' guards holding their pipes."""
+    results: list[tuple[ExitStatus, bytes]] = []
+    script = "sleep 0.2; echo $$; ls /proc/$$/fd"
+    threads = [
+        threading.Thread(target=lambda: results.append(_run(["sh", "-c", script], tmp_path)))
+        for _ in range(16)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(results) == 16
+    pids = set()
+    for status, output in results:
+        assert status.ok, output
+        pid, *fds = output.decode().split()
+        pids.add(pid)
+        assert sorted(fds) == ["0", "1", "2"]
+    assert len(pids) == 16
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+def test_the_server_dies_with_its_worker_even_if_a_fork_holds_its_socket(
+    family: Family,
+) -> None:
+    worker = family.start_worker("--fork", "true")
+    [_, _, _, server_pid] = family.line(worker)
+    family.line(worker)  # forked
+    server = psutil.Process(int(server_pid))
+    assert not gone(server)
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait(10)
+    wait_gone([server])
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+def test_runs_die_with_their_server_under_a_worker_that_ignores_sighup(family: Family) -> None:
+    """The guard's parent-death signal is SIGHUP, which a worker under ``nohup``
+    ignores: the guard hears it all the same, and the command still ignores it."""
+    nohup = ["sh", "-c", 'trap "" HUP; exec "$@"', "sh"]
+    script = "awk '/SigIgn/ {print \"ignored=\" $2}' /proc/$$/status; echo $$; exec sleep 300"
+    worker = subprocess.Popen(
+        [*nohup, sys.executable, "-c", WORKER, "sh", "-c", script],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    family.workers.append(worker)  # killed at the end, with all it printed
+    [_, _, _, server_pid] = family.line(worker)
+    [ignored] = family.line(worker)
+    assert int(ignored.removeprefix("ignored="), 16) & (1 << (signal.SIGHUP - 1))
+    family.line(worker)  # the command's pid
+    processes = [p for p in family.processes if p.pid != int(server_pid)]
+    os.kill(int(server_pid), signal.SIGKILL)
+    wait_gone(processes)
+    assert worker.poll() is None  # only its runs went

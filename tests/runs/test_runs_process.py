@@ -203,7 +203,8 @@ def test_env_and_cwd_are_applied(watch: Watch, tmp_path: Path) -> None:
 
 
 def test_on_start_gets_the_commands_pid_in_its_guards_group(watch: Watch) -> None:
-    run(watch, "echo $$ $(ps -o pgid= -p $$)")
+    # It lingers so that on_start, which runs once it has started, finds it alive.
+    run(watch, "echo $$ $(ps -o pgid= -p $$); sleep 0.5")
     command, group = (int(word) for word in watch.output.split())
     assert watch.leaders == [command]
     assert group != command and watch.groups == [group]

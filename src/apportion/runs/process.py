@@ -1,9 +1,11 @@
 """Runs one run's command on a worker, and stops all of it when asked.
 
 Theory of operation. The command starts under a guard (``runs/guard.py``), a
-small process that leads a session and process group of its own
-(``start_new_session``) and starts the command as its child in that group, so one
-``killpg`` of the guard's pid reaches every process that stayed in the group. The
+small process that leads a session and process group of its own and starts the
+command as its child in that group, so one ``killpg`` of the guard's pid reaches
+every process that stayed in the group. Guards are forked by this worker's guard
+server (``runs/guard_server.py``), started on the first run: a fork costs a
+fraction of a millisecond where starting an interpreter per run cost ~10 ms. The
 guard holds one end of a pipe whose other end only this process holds: when the
 worker dies, by any signal, the kernel closes it and the guard SIGKILLs the whole
 run at once, before the scheduler can start the run elsewhere. No file is written
@@ -24,6 +26,9 @@ grace period, then SIGKILL until nothing is left. Zombies count as gone: they ho
 nothing, and their parent (the guard, init or a subreaper) reaps them. The guard
 reports the command's wait status on a second pipe the moment it reaps it; a waiter
 thread reads it, and that is the run's exit, noticed at once rather than by polling.
+End of the reports means the guard is gone (the server, not this process, reaps
+it); if that comes first, the run was killed with its group (SIGKILL), or with its
+server.
 
 stdout and stderr share one pipe so the log keeps their order, and a reader thread
 hands every read to ``on_output`` as soon as it returns. Leftover processes keep the
@@ -42,17 +47,19 @@ import fcntl
 import logging
 import os
 import select
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from io import FileIO
 from pathlib import Path
 from signal import SIGCONT, SIGKILL, SIGTERM, Signals
 from typing import BinaryIO, Literal
 
 import psutil
+
+from apportion.runs.guard_server import GuardServer, GuardServerGone, server_for
 
 __all__ = ["ExitStatus", "RunOutcome", "RunProcess", "RunStartError", "run_command"]
 
@@ -90,8 +97,8 @@ GONE_POLL_MAX = 0.1
 STUCK_WARNING_EVERY = 10.0
 
 
-#: The guard every command starts under, run by path with the standard library only
-#: (``python -I -S``): importing apportion would cost each run ~0.6 s of CPU.
+#: The guard every command starts under, forked by a server run by path with the
+#: standard library only (``python -I -S``): importing apportion would cost ~0.6 s.
 GUARD = str(Path(__file__).with_name("guard.py"))
 
 
@@ -163,18 +170,19 @@ class RunProcess:
 
     def __init__(
         self,
-        popen: subprocess.Popen[bytes],
+        guard_pid: int,
+        output: FileIO,
         on_output: Callable[[bytes], None],
         *,
         life: int,
         reports: BinaryIO,
         command_pid: int,
     ) -> None:
-        """Use ``start``: this takes over a just-started guard (``popen``), its stdout
-        pipe, the worker's end of its life line and the pipe of its reports."""
-        assert popen.stdout is not None
+        """Use ``start``: this takes over a just-started guard (``guard_pid``), the
+        read end of the run's output, the worker's end of its life line and the pipe
+        of its reports."""
         #: The guard's pid, which is also the run's process-group (and session) id.
-        self.pid: int = popen.pid
+        self.pid: int = guard_pid
         #: The command's pid (the guard's child): the one users know the run by.
         self.command_pid = command_pid
         #: The worker's end of the life line: closing it lets the guard kill the group.
@@ -188,8 +196,7 @@ class RunProcess:
         self._others_left = True
         #: True once a stop had to escalate to SIGKILL.
         self.sigkill_sent = False
-        self._popen = popen
-        self._output = popen.stdout
+        self._output = output
         self._on_output = on_output
         #: Set once ``on_output`` raised: the rest of the output is read and dropped,
         #: since a reader that stopped reading would block the command on a full pipe.
@@ -238,35 +245,14 @@ class RunProcess:
         if not sys.executable:
             raise RunStartError(f"cannot start {argv[0]!r}: no Python to run its guard with")
         try:
-            environment = _environment(env)
+            spec = _spec(argv, cwd, env)
         except ValueError as exc:
             raise RunStartError(f"cannot start {argv[0]!r}: {exc}") from exc
-        life_read, life_write = os.pipe()  # not inheritable: only the guard gets an end
-        report_read, report_write = os.pipe()
-        try:
-            popen = subprocess.Popen(
-                [sys.executable, "-I", "-S", GUARD, str(life_read), str(report_write), *argv],
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                bufsize=0,
-                start_new_session=True,
-                pass_fds=(life_read, report_write),
-            )
-        except OSError as exc:
-            _close(life_write, report_read)
-            raise RunStartError(_start_failure(argv[0], cwd, exc)) from exc
-        except ValueError as exc:  # an argument or variable with a NUL byte
-            _close(life_write, report_read)
-            raise RunStartError(f"cannot start {argv[0]!r}: {exc}") from exc
-        finally:
-            _close(life_read, report_write)
-        with contextlib.suppress(BrokenPipeError):  # a guard that died says so below
-            _write_all(life_write, environment)
-        reports = os.fdopen(report_read, "rb")
-        command_pid = _started(popen, reports, life_write, argv[0])
-        process = cls(popen, on_output, life=life_write, reports=reports, command_pid=command_pid)
+        guard_pid, life, reports, output = _start_guard(argv[0], spec)
+        command_pid = _started(reports, life, output, argv[0], cwd)
+        process = cls(
+            guard_pid, output, on_output, life=life, reports=reports, command_pid=command_pid
+        )
         try:
             process._waiter.start()
             process._reader.start()
@@ -467,12 +453,12 @@ class RunProcess:
                     self._others_left = words[2] != b"0"
                     self._exited.set()
         finally:
+            # End of reports: the guard is dead (only it holds their write end).
             self._reports.close()
-            self._popen.wait()
             if self._returncode is None:
-                # The guard died before the command's end reached it (SIGKILL to the
-                # group): its status is the run's, and anything may be left.
-                self._returncode = self._popen.returncode
+                # It died before the command's end reached it: SIGKILL to the group,
+                # or its server died. The run was killed, and anything may be left.
+                self._returncode = -SIGKILL
             self._exited.set()
 
     def _wait_exit(self, timeout: float) -> bool:
@@ -566,25 +552,80 @@ class RunProcess:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pid, SIGKILL)
         self.release()
-        self._popen.wait()
         if not self._waiter.is_alive():
             self._reports.close()
         if not self._reader.is_alive():
             self._close_pipes()
 
 
-def _environment(env: Mapping[str, str]) -> bytes:
-    """``env`` as the guard reads it: its length, a newline, NUL-separated entries."""
-    entries = []
+def _spec(argv: Sequence[str], cwd: str, env: Mapping[str, str]) -> bytes:
+    """What the guard reads on its life line: ``ARGC SIZE``, a newline, then SIZE bytes
+    of NUL-separated argv, directory and ``NAME=VALUE`` environment entries."""
+    items = [os.fsencode(arg) for arg in argv]
+    items.append(os.fsencode(cwd))
     for name, value in env.items():
-        entry = os.fsencode(name) + b"=" + os.fsencode(value)
-        if b"\0" in entry:
-            raise ValueError("embedded null byte")
         if not name or "=" in name:
             raise ValueError(f"illegal environment variable name {name!r}")
-        entries.append(entry)
-    payload = b"\0".join(entries)
-    return b"%d\n" % len(payload) + payload
+        items.append(os.fsencode(name) + b"=" + os.fsencode(value))
+    if any(b"\0" in item for item in items):
+        raise ValueError("embedded null byte")
+    payload = b"\0".join(items)
+    return b"%d %d\n" % (len(argv), len(payload)) + payload
+
+
+def _start_guard(command: str, spec: bytes) -> tuple[int, int, BinaryIO, FileIO]:
+    """Have this worker's guard server fork a guard for a run and give it ``spec``:
+    ``(guard's pid, life line, reports, output)``. A server found dead is replaced
+    once; ``RunStartError`` if a new one fails too, or the guard does."""
+    replacing: GuardServer | None = None
+    while True:
+        try:
+            server, fresh = server_for(sys.executable, GUARD, replacing=replacing)
+        except OSError as exc:
+            raise RunStartError(_guard_failed(command, exc.strerror or str(exc))) from exc
+        life_read, life_write = os.pipe()  # not inheritable: only the guard gets an end
+        report_read, report_write = os.pipe()
+        output_read, output_write = os.pipe()
+        try:
+            server.request(life_read, report_write, output_write)
+        except GuardServerGone:
+            _close(life_write, report_read, output_read)
+            if fresh:
+                raise RunStartError(_guard_failed(command, server.failure())) from None
+            replacing = server
+            continue
+        finally:
+            _close(life_read, report_write, output_write)
+        with contextlib.suppress(BrokenPipeError):  # a guard that died says so below
+            _write_all(life_write, spec)
+        reports = os.fdopen(report_read, "rb")
+        output = os.fdopen(output_read, "rb", buffering=0)
+        words = reports.readline().split()
+        if len(words) == 2 and words[0] == b"guard":
+            return int(words[1]), life_write, reports, output
+        # No guard: the server died (killed meanwhile, or it cannot start), or the
+        # guard it forked did.
+        reports.close()
+        os.close(life_write)
+        said = _last_words(output)
+        if not server.gone():
+            raise RunStartError(_guard_failed(command, said or "it ended without a word"))
+        if fresh:
+            raise RunStartError(_guard_failed(command, server.failure()))
+        replacing = server
+
+
+def _guard_failed(command: str, why: str) -> str:
+    return f"cannot start {command!r}: its guard ({sys.executable}) failed: {why}"
+
+
+def _last_words(output: FileIO) -> str:
+    """The last line written on a run's output by a guard that died before the command
+    started (nothing else holds it then); closes it."""
+    with output:
+        said = output.read() or b""
+    lines = said.decode(errors="replace").strip().splitlines()
+    return lines[-1] if lines else ""
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -599,7 +640,7 @@ def _close(*fds: int) -> None:
             os.close(fd)
 
 
-def _started(popen: subprocess.Popen[bytes], reports: BinaryIO, life: int, command: str) -> int:
+def _started(reports: BinaryIO, life: int, output: FileIO, command: str, cwd: str) -> int:
     """The command's pid once its guard says it runs; ``RunStartError`` if it could not
     be executed (the guard has then exited)."""
     words = reports.readline().split()
@@ -607,15 +648,12 @@ def _started(popen: subprocess.Popen[bytes], reports: BinaryIO, life: int, comma
         return int(words[1])
     reports.close()
     os.close(life)
-    returncode = popen.wait()
-    assert popen.stdout is not None
-    said = popen.stdout.read().decode(errors="replace").strip()
-    popen.stdout.close()
-    if len(words) == 2 and words[0] == b"failed":
+    said = _last_words(output)
+    if len(words) == 2 and words[0] in (b"failed", b"nocwd"):
         errno = int(words[1])
-        raise RunStartError(_start_failure(command, "", OSError(errno, os.strerror(errno))))
-    last = said.splitlines()[-1] if said else ExitStatus.from_returncode(returncode).describe()
-    raise RunStartError(f"cannot start {command!r}: its guard ({sys.executable}) failed: {last}")
+        where = cwd if words[0] == b"nocwd" else command
+        raise RunStartError(_start_failure(command, cwd, OSError(errno, os.strerror(errno), where)))
+    raise RunStartError(_guard_failed(command, said or "it ended without a word"))
 
 
 def _start_failure(command: str, cwd: str, exc: OSError) -> str:
