@@ -22,6 +22,7 @@ stderr is kept for the one line that says why it failed.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import socket
 import subprocess
@@ -125,3 +126,15 @@ def server_for(
         server = GuardServer(executable, script)
         _servers[key] = server
         return server, True
+
+
+@atexit.register
+def _close_all() -> None:
+    """Let every server go as this process ends, rather than leave their pipes and
+    processes to the garbage collector: a worker has stopped its runs by then, and a
+    run left now would die with the process all the same."""
+    with _servers_lock:
+        servers = list(_servers.values())
+        _servers.clear()
+    for server in servers:
+        server.close()
