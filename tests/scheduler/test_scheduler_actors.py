@@ -164,3 +164,21 @@ def test_a_draining_worker_says_its_actors_cannot_move(sim: SimulatedCluster) ->
     sim.answer_transfers()
     assert any("1 actors cannot move" in log.text for log in sim.logs)
     assert sim.state.tasks["model"].state == ERRED  # failed as the worker left
+
+
+def test_an_actor_keeps_its_resources_while_its_constructor_waits(sim: SimulatedCluster) -> None:
+    # Its object holds them for its whole life: given back while it secedes, another
+    # task could take them before it is built, and it would hold what it cannot have.
+    w = sim.add_worker(nthreads=2, resources="GPU=1")
+    sim.submit("model", resources={"GPU": 1}, actor=True)
+    sim.place()
+    sim.worker_says(w, m.TaskSeceded("model", False))
+    sim.submit("other", resources={"GPU": 1})
+    assert sim.place() == []
+    assert sim.state.workers[w].ledger.free == {"GPU": 0}
+    sim.worker_says(w, m.TaskRejoining("model"))
+    granted = [k for msg in sim.to_workers[w] if isinstance(msg, m.RejoinGranted) for k in msg.keys]
+    assert granted == ["model"]  # its worker, which asked to give them, waits for this
+    sim.finish("model")
+    assert sim.state.tasks["model"].allocation is not None
+    assert sim.place() == []
