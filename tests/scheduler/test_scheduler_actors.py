@@ -186,22 +186,40 @@ def test_a_request_behind_a_live_actor_waits_for_it_even_where_nothing_grows() -
     check_invariants(sim.state)
 
 
-def test_an_actor_keeps_its_resources_while_its_constructor_waits(sim: SimulatedCluster) -> None:
-    # Its object holds them for its whole life: given back while it secedes, another
-    # task could take them before it is built, and it would hold what it cannot have.
+def test_an_actor_constructor_may_give_its_gpu_to_subtasks_and_rejoin(
+    sim: SimulatedCluster,
+) -> None:
+    w = sim.add_worker(nthreads=2, resources="GPU=1")
+    sim.submit("model", resources={"GPU": 1}, actor=True)
+    sim.place()
+    sim.worker_says(w, m.TaskSeceded("model", False))  # worker_client() in __init__
+    sim.submit("sub", resources={"GPU": 1})
+    assert sim.place() == [(w, "sub")]
+    sim.worker_says(w, m.TaskRejoining("model"))
+    sim.finish("sub")
+    sim.place()  # grants the rejoin
+    sim.finish("model")
+    assert sim.state.tasks["model"].state == MEMORY
+    assert sim.state.workers[w].ledger.free == {"GPU": 0}
+
+
+def test_an_actor_built_while_others_hold_what_it_gave_back_fails(sim: SimulatedCluster) -> None:
+    # Its constructor seceded, gave the GPU back and returned without rejoining while
+    # another task held it: living on without it would over-commit the GPU.
     w = sim.add_worker(nthreads=2, resources="GPU=1")
     sim.submit("model", resources={"GPU": 1}, actor=True)
     sim.place()
     sim.worker_says(w, m.TaskSeceded("model", False))
     sim.submit("other", resources={"GPU": 1})
-    assert sim.place() == []
-    assert sim.state.workers[w].ledger.free == {"GPU": 0}
-    sim.worker_says(w, m.TaskRejoining("model"))
-    granted = [k for msg in sim.to_workers[w] if isinstance(msg, m.RejoinGranted) for k in msg.keys]
-    assert granted == ["model"]  # its worker, which asked to give them, waits for this
+    assert sim.place() == [(w, "other")]
     sim.finish("model")
-    assert sim.state.tasks["model"].allocation is not None
-    assert sim.place() == []
+    task = sim.state.tasks["model"]
+    assert task.state == ERRED and task.error is not None and task.error[0] == "lost"
+    assert "did not rejoin, while other tasks took them" in str(task.error[1])
+    assert freed(sim, w) == ["model"]  # the object it built goes
+    assert not sim.state.workers[w].actors
+    sim.finish("other")
+    assert sim.state.workers[w].ledger.free == {"GPU": 10_000}
 
 
 @pytest.mark.parametrize("fail_unsatisfiable", [False, True])

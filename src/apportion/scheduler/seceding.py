@@ -18,11 +18,6 @@ worker may run more than ``nthreads`` tasks until enough of them finish (Dask's 
 
 A task that ends while seceded (without rejoining) is reported as any task; what it
 gave back is not given back twice (``SchedulerCore.unassign``).
-
-An actor's constructor keeps its resources when it secedes, whatever it asked: the
-object it builds holds them for its whole life (``actors.py``), and takes them again
-in the step that reports it built, so nothing else may take them in between. Its
-worker, told nothing of that, may wait for a grant to rejoin: it gets one at once.
 """
 
 from __future__ import annotations
@@ -47,15 +42,13 @@ def task_seceded(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskSeceded)
     if task is None or task.key in worker.seceded:
         return
     allocation = task.allocation
-    holds = allocation is not None and bool(allocation.resources)
-    give = holds and not msg.keep_resources and not task.actor
+    give = not msg.keep_resources and allocation is not None and bool(allocation.resources)
     if give and allocation is not None:
         worker.ledger.give(allocation.resources, allocation.units)
         held = describe_resources(allocation.resources, allocation.units)
         cause = f"seceded on {worker.name}; gave back {held}"
-    elif holds:
-        why = " (an actor holds them while it lives)" if not msg.keep_resources else ""
-        cause = f"seceded on {worker.name}; keeps its resources{why}"
+    elif allocation is not None and allocation.resources:
+        cause = f"seceded on {worker.name}; keeps its resources"
     else:
         cause = f"seceded on {worker.name}"
     worker.seceded[task.key] = give
@@ -69,8 +62,6 @@ def task_rejoining(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskRejoin
     if task is None or task.key not in worker.seceded or task.key in worker.rejoining:
         return
     if not worker.seceded[task.key]:
-        if task.actor:  # it may have asked to give its resources back: it waits for this
-            state.emit(GrantRejoin(worker.id, task.key))
         _rejoined(state, worker, task, f"rejoined on {worker.name}")
         return
     worker.rejoining.append(task.key)
