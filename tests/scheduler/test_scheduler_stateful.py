@@ -515,16 +515,32 @@ class SchedulerMachine(RuleBasedStateMachine):
                     if not defer:
                         self._check_blocked_by_unsatisfiable(key)
 
-    def _check_blocked_by_unsatisfiable(self, key: str) -> None:
+    def _check_blocked_by_unsatisfiable(self, key: str, seen: frozenset[str] = frozenset()) -> None:
         """A task left waiting waits for a request nobody can meet, and we said so."""
         state = self.sim.state
         task = state.tasks[key]
+        assert key not in seen, f"{key} hangs: it waits for itself"
+        seen |= {key}
         if task.state == QUEUED:
             restricted = task.restriction is not None and not task.restriction.loose
             assert task.resources or restricted, f"{key} hangs"
             # Nobody could hold it, or nobody beside the actors among its own inputs.
-            pinned = pinned_by_inputs(state, task, pools(state, task.signature))
-            assert pinned or not satisfiable(state, task.signature), f"{key} hangs"
+            by_option = pools(state, task.signature)
+            pinned = pinned_by_inputs(state, task, by_option)
+            if not pinned and satisfiable(state, task.signature):
+                # Or it waits for what a live actor holds, kept for a task blocked so.
+                kept_for = {
+                    d
+                    for pool in by_option
+                    for w in pool
+                    for a in w.actors
+                    for d in state.tasks[a].dependents
+                    if state.tasks[d].state in (WAITING, QUEUED)
+                }
+                assert kept_for, f"{key} hangs"
+                for dependent in sorted(kept_for):
+                    self._check_blocked_by_unsatisfiable(dependent, seen)
+                return
             text = format_resources(task.resources)
             logs = [log.text for log in self.sim.logs if log.level == "warning"]
             said = [line for line in logs if f"needs {text}," in line]
@@ -537,7 +553,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         pending = [d for d in task.deps if state.tasks[d].state != MEMORY]
         assert pending, f"{key} waits for nothing"
         for dep in pending:
-            self._check_blocked_by_unsatisfiable(dep)
+            self._check_blocked_by_unsatisfiable(dep, seen)
 
 
 class FailUnsatisfiableMachine(SchedulerMachine):
@@ -546,7 +562,7 @@ class FailUnsatisfiableMachine(SchedulerMachine):
 
     config = SchedulerConfig(fail_unsatisfiable=True, max_worker_deaths=1)
 
-    def _check_blocked_by_unsatisfiable(self, key: str) -> None:
+    def _check_blocked_by_unsatisfiable(self, key: str, seen: frozenset[str] = frozenset()) -> None:
         raise AssertionError(f"{key} left {self.sim.state.tasks[key].state}")
 
 
