@@ -432,22 +432,28 @@ class SchedulerMachine(RuleBasedStateMachine):
         self._check_nothing_hangs(actors_released=False)
         # A task may wait for what live actors hold (a GPU=2 request beside an actor
         # holding 3 of 4): it must run once its clients let the actors go.
-        self._release_actors()
-        self._settle()
+        for _ in range(100):  # actors that were waiting themselves are built meanwhile
+            if not self._release_actors():
+                break
+            self._settle()
         self._check_nothing_hangs(actors_released=True)
 
-    def _release_actors(self) -> None:
-        """Clients release every live actor they hold; every dataset is unpublished."""
+    def _release_actors(self) -> bool:
+        """Clients release every live actor they hold; every dataset is unpublished.
+        Whether there was anything to let go."""
         state = self.sim.state
         live = {k for w in state.workers.values() for k in w.actors}
+        released = bool(state.shared.datasets)
         for client_id in sorted(self.connected):
             held = sorted(live & state.clients[client_id].wanted)
             if held:
+                released = True
                 self.sim.client_says(client_id, m.ReleaseKeys(held))
             if state.shared.datasets:
                 self.sim.client_says(
                     client_id, m.UnpublishDataset(1, sorted(state.shared.datasets))
                 )
+        return released
 
     def _run_to_quiescence(self) -> None:
         sim = self.sim
