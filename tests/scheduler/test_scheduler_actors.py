@@ -9,7 +9,8 @@ import pytest
 
 from apportion.protocol import messages as m
 from apportion.scheduler.invariants import check_invariants
-from apportion.scheduler.records import ERRED, MEMORY, PROCESSING
+from apportion.scheduler.records import ERRED, MEMORY, PROCESSING, QUEUED
+from apportion.scheduler.state import SchedulerConfig
 from apportion.testing import SimulatedCluster
 
 
@@ -164,3 +165,99 @@ def test_a_draining_worker_says_its_actors_cannot_move(sim: SimulatedCluster) ->
     sim.answer_transfers()
     assert any("1 actors cannot move" in log.text for log in sim.logs)
     assert sim.state.tasks["model"].state == ERRED  # failed as the worker left
+
+
+def test_a_request_behind_a_live_actor_waits_for_it_even_where_nothing_grows() -> None:
+    # GPU=2 beside an actor holding 3 of 4 GPUs: not a request nobody can ever meet
+    # (the actor's client may let it go at any time), so it neither fails nor is
+    # warned about; it starts as soon as the actor is released.
+    sim = SimulatedCluster(SchedulerConfig(fail_unsatisfiable=True))
+    sim.add_client("c1")
+    sim.submit("model", resources={"GPU": 3}, actor=True)
+    sim.submit("other", resources={"GPU": 2}, actor=True)
+    w = sim.add_worker(nthreads=4, resources="GPU=4")
+    assert sim.place() == [(w, "model")]
+    sim.finish("model")
+    assert sim.place() == []
+    assert sim.state.tasks["other"].state == QUEUED
+    assert not [log for log in sim.logs if log.level == "warning"]
+    sim.client_says("c1", m.ReleaseKeys(["model"]))
+    assert sim.place() == [(w, "other")]
+    check_invariants(sim.state)
+
+
+def test_an_actor_constructor_may_give_its_gpu_to_subtasks_and_rejoin(
+    sim: SimulatedCluster,
+) -> None:
+    w = sim.add_worker(nthreads=2, resources="GPU=1")
+    sim.submit("model", resources={"GPU": 1}, actor=True)
+    sim.place()
+    sim.worker_says(w, m.TaskSeceded("model", False))  # worker_client() in __init__
+    sim.submit("sub", resources={"GPU": 1})
+    assert sim.place() == [(w, "sub")]
+    sim.worker_says(w, m.TaskRejoining("model"))
+    sim.finish("sub")
+    sim.place()  # grants the rejoin
+    sim.finish("model")
+    assert sim.state.tasks["model"].state == MEMORY
+    assert sim.state.workers[w].ledger.free == {"GPU": 0}
+
+
+def test_an_actor_built_while_others_hold_what_it_gave_back_fails(sim: SimulatedCluster) -> None:
+    # Its constructor seceded, gave the GPU back and returned without rejoining while
+    # another task held it: living on without it would over-commit the GPU.
+    w = sim.add_worker(nthreads=2, resources="GPU=1")
+    sim.submit("model", resources={"GPU": 1}, actor=True)
+    sim.place()
+    sim.worker_says(w, m.TaskSeceded("model", False))
+    sim.submit("other", resources={"GPU": 1})
+    assert sim.place() == [(w, "other")]
+    sim.finish("model")
+    task = sim.state.tasks["model"]
+    assert task.state == ERRED and task.error is not None and task.error[0] == "lost"
+    assert "did not rejoin, while other tasks took them" in str(task.error[1])
+    assert freed(sim, w) == ["model"]  # the object it built goes
+    assert not sim.state.workers[w].actors
+    sim.finish("other")
+    assert sim.state.workers[w].ledger.free == {"GPU": 10_000}
+
+
+@pytest.mark.parametrize("fail_unsatisfiable", [False, True])
+def test_a_task_needing_what_its_own_input_actor_holds_is_not_left_silent(
+    fail_unsatisfiable: bool,
+) -> None:
+    # The actor holds 3 of the only 4 GPUs while the task using it waits, and the task
+    # needs 2: it can never start. Said so (failed where the cluster cannot grow), and
+    # it holds no reservation that would keep the GPU it cannot use from others.
+    sim = SimulatedCluster(SchedulerConfig(fail_unsatisfiable=fail_unsatisfiable))
+    sim.add_client("c1")
+    w = sim.add_worker(nthreads=4, resources="GPU=4")
+    sim.submit("model", resources={"GPU": 3}, actor=True)
+    sim.place()
+    sim.finish("model")
+    sim.submit("use", deps=["model"], resources={"GPU": 2})
+    sim.submit("small", resources={"GPU": 1})
+    assert sim.place() == [(w, "small")]
+    said = "task 'use' needs GPU=2, which no connected worker can ever provide beside what "
+    task = sim.state.tasks["use"]
+    if fail_unsatisfiable:
+        assert task.state == ERRED and task.error is not None and said in str(task.error[1])
+    else:
+        assert task.state == QUEUED and task.reserved_on is None
+        assert [log.text for log in sim.logs if log.level == "warning" and said in log.text]
+    check_invariants(sim.state)
+
+
+def test_a_task_using_an_actor_that_fits_beside_it_is_not_called_stuck() -> None:
+    sim = SimulatedCluster(SchedulerConfig(fail_unsatisfiable=True))
+    sim.add_client("c1")
+    w = sim.add_worker(nthreads=4, resources="GPU=4")
+    sim.submit("model", resources={"GPU": 2}, actor=True)
+    sim.submit("busy", resources={"GPU": 2})
+    sim.place()
+    sim.finish("model")
+    sim.submit("use", deps=["model"], resources={"GPU": 2})
+    assert sim.place() == []  # waits for "busy", which ends
+    assert sim.state.tasks["use"].state == QUEUED
+    sim.finish("busy")
+    assert sim.place() == [(w, "use")]

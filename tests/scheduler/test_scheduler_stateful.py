@@ -27,9 +27,10 @@ from apportion.core.resources import format_resources, parse_demand
 from apportion.protocol import messages as m
 from apportion.scheduler.events import FromWorker, Tick, WorkerDeathReport
 from apportion.scheduler.invariants import check_invariants
+from apportion.scheduler.placement import pools
 from apportion.scheduler.records import ERRED, MEMORY, PROCESSING, QUEUED, WAITING
 from apportion.scheduler.state import SchedulerConfig
-from apportion.scheduler.unsatisfiable import satisfiable
+from apportion.scheduler.unsatisfiable import pinned_by_inputs, satisfiable
 from apportion.testing.simulation import SimulatedCluster
 
 settings.register_profile(
@@ -428,7 +429,31 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         self._run_to_quiescence()
-        self._check_nothing_hangs()
+        self._check_nothing_hangs(actors_released=False)
+        # A task may wait for what live actors hold (a GPU=2 request beside an actor
+        # holding 3 of 4): it must run once its clients let the actors go.
+        for _ in range(100):  # actors that were waiting themselves are built meanwhile
+            if not self._release_actors():
+                break
+            self._settle()
+        self._check_nothing_hangs(actors_released=True)
+
+    def _release_actors(self) -> bool:
+        """Clients release every live actor they hold; every dataset is unpublished.
+        Whether there was anything to let go."""
+        state = self.sim.state
+        live = {k for w in state.workers.values() for k in w.actors}
+        released = bool(state.shared.datasets)
+        for client_id in sorted(self.connected):
+            held = sorted(live & state.clients[client_id].wanted)
+            if held:
+                released = True
+                self.sim.client_says(client_id, m.ReleaseKeys(held))
+            if state.shared.datasets:
+                self.sim.client_says(
+                    client_id, m.UnpublishDataset(1, sorted(state.shared.datasets))
+                )
+        return released
 
     def _run_to_quiescence(self) -> None:
         sim = self.sim
@@ -438,7 +463,15 @@ class SchedulerMachine(RuleBasedStateMachine):
                 sim.remove_worker(worker.id)
         sim.now += 10  # every held poison verdict comes due
         sim.handle(Tick(sim.now))
+        while sim.state.verdicts:  # of workers that tick found silent: held a while more
+            sim.now += sim.state.config.death_report_wait
+            sim.handle(Tick(sim.now))
         sim.add_worker("rescue", nthreads=4, resources=RESCUE)
+        self._settle()
+
+    def _settle(self) -> None:
+        """Workers finish everything they are given until nothing runs."""
+        sim = self.sim
         for _ in range(10_000):
             for key in sorted(sim.all_running()):
                 sim.now += 0.1
@@ -450,8 +483,18 @@ class SchedulerMachine(RuleBasedStateMachine):
         else:
             raise AssertionError("the cluster did not settle")
 
-    def _check_nothing_hangs(self) -> None:
+    def _actors_hold_resources(self) -> bool:
         state = self.sim.state
+        return any(
+            (allocation := state.tasks[k].allocation) is not None and allocation.resources
+            for w in state.workers.values()
+            for k in w.actors
+        )
+
+    def _check_nothing_hangs(self, actors_released: bool) -> None:
+        state = self.sim.state
+        # Before they are released, live actors may hold what a waiting task needs.
+        defer = not actors_released and self._actors_hold_resources()
         for worker in state.workers.values():
             ledger = worker.ledger
             free = Counter(ledger.free)
@@ -475,16 +518,35 @@ class SchedulerMachine(RuleBasedStateMachine):
                     assert key in failed, f"{key} failed but {client_id} was not told"
                 else:
                     assert task.state in (WAITING, QUEUED)
-                    self._check_blocked_by_unsatisfiable(key)
+                    if not defer:
+                        self._check_blocked_by_unsatisfiable(key)
 
-    def _check_blocked_by_unsatisfiable(self, key: str) -> None:
+    def _check_blocked_by_unsatisfiable(self, key: str, seen: frozenset[str] = frozenset()) -> None:
         """A task left waiting waits for a request nobody can meet, and we said so."""
         state = self.sim.state
         task = state.tasks[key]
+        assert key not in seen, f"{key} hangs: it waits for itself"
+        seen |= {key}
         if task.state == QUEUED:
             restricted = task.restriction is not None and not task.restriction.loose
             assert task.resources or restricted, f"{key} hangs"
-            assert not satisfiable(state, task.signature), f"{key} hangs"
+            # Nobody could hold it, or nobody beside the actors among its own inputs.
+            by_option = pools(state, task.signature)
+            pinned = pinned_by_inputs(state, task, by_option)
+            if not pinned and satisfiable(state, task.signature):
+                # Or it waits for what a live actor holds, kept for a task blocked so.
+                kept_for = {
+                    d
+                    for pool in by_option
+                    for w in pool
+                    for a in w.actors
+                    for d in state.tasks[a].dependents
+                    if state.tasks[d].state in (WAITING, QUEUED)
+                }
+                assert kept_for, f"{key} hangs"
+                for dependent in sorted(kept_for):
+                    self._check_blocked_by_unsatisfiable(dependent, seen)
+                return
             text = format_resources(task.resources)
             logs = [log.text for log in self.sim.logs if log.level == "warning"]
             said = [line for line in logs if f"needs {text}," in line]
@@ -497,7 +559,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         pending = [d for d in task.deps if state.tasks[d].state != MEMORY]
         assert pending, f"{key} waits for nothing"
         for dep in pending:
-            self._check_blocked_by_unsatisfiable(dep)
+            self._check_blocked_by_unsatisfiable(dep, seen)
 
 
 class FailUnsatisfiableMachine(SchedulerMachine):
@@ -506,7 +568,7 @@ class FailUnsatisfiableMachine(SchedulerMachine):
 
     config = SchedulerConfig(fail_unsatisfiable=True, max_worker_deaths=1)
 
-    def _check_blocked_by_unsatisfiable(self, key: str) -> None:
+    def _check_blocked_by_unsatisfiable(self, key: str, seen: frozenset[str] = frozenset()) -> None:
         raise AssertionError(f"{key} left {self.sim.state.tasks[key].state}")
 
 

@@ -7,7 +7,10 @@ things differ, all decided here:
   finishes; an actor's are taken again at once, with the same units, and held while
   its result lives (``WorkerRecord.actors``). An actor that opened a GPU keeps that
   GPU until every client released it. No other task can have taken them in between:
-  giving back and taking again happen in one handler.
+  giving back and taking again happen in one handler. Unless its constructor
+  seceded, gave them back and returned without rejoining while others held them:
+  then it fails, as an actor without the resources it was placed for would
+  over-commit its worker.
 * **It never moves.** Its state lives in one process: replicate, rebalance and a
   draining worker's hand-off leave it where it is (copying the result would copy a
   handle that still points at the old worker).
@@ -26,15 +29,18 @@ if TYPE_CHECKING:
     from apportion.scheduler.core import SchedulerCore
 
 
-def hold(worker: WorkerRecord, task: TaskRecord, allocation: Allocation | None) -> None:
-    """The actor ``task`` finished on ``worker``: hold what it ran with again."""
+def hold(worker: WorkerRecord, task: TaskRecord, allocation: Allocation | None) -> bool:
+    """The actor ``task`` finished on ``worker``: hold what it ran with again.
+
+    Given back by the same handler a moment ago, it is free, unless the constructor
+    seceded, gave it back then, and ended without rejoining while other tasks held
+    it: then False, holding nothing (the actor cannot live without it)."""
+    if allocation is not None and allocation.resources:
+        if not worker.ledger.take_exactly(allocation.resources, allocation.units):
+            return False
+        task.allocation = allocation
     worker.actors.add(task.key)
-    if allocation is None or not allocation.resources:
-        return
-    taken = worker.ledger.take_exactly(allocation.resources, allocation.units)
-    # Given back by the same handler a moment ago: nothing can have taken it since.
-    assert taken, f"{task.key}: an actor's resources were taken while it finished"
-    task.allocation = allocation
+    return True
 
 
 def release(state: SchedulerCore, task: TaskRecord) -> None:
@@ -54,6 +60,15 @@ def release(state: SchedulerCore, task: TaskRecord) -> None:
 def movable(task: TaskRecord) -> bool:
     """Its result may be copied or moved to another worker."""
     return not task.actor
+
+
+def unheld_text(task: TaskRecord, worker: WorkerRecord) -> str:
+    """Why an actor built without its resources fails (``hold`` said False)."""
+    return (
+        f"actor {task.key!r} was built on {worker.name} after its constructor seceded, "
+        "gave back its resources and did not rejoin, while other tasks took them: it "
+        "would live without them, so it is dropped; rejoin before the constructor returns"
+    )
 
 
 def lost_text(task: TaskRecord, cause: str) -> str:

@@ -58,7 +58,7 @@ from apportion.scheduler.records import (
     restriction_of,
 )
 from apportion.scheduler.seceding import grant_rejoins, kept_for_rejoin
-from apportion.scheduler.unsatisfiable import fail_or_warn
+from apportion.scheduler.unsatisfiable import fail_or_warn, fail_or_warn_pinned, pinned_by_inputs
 
 
 def place(state: SchedulerCore) -> None:
@@ -300,6 +300,13 @@ def _place_by_age(
         )
         if found is None:
             fail_or_warn(state, sig, heap)
+            continue
+        pinned = pinned_by_inputs(state, task, pool_for(sig)) if task.deps else ""
+        if pinned:
+            fail_or_warn_pinned(state, task, pinned)
+            nxt = _head(state, heap)  # the next of its kind, if this one failed
+            if nxt is not None and nxt is not task:
+                heappush(heads, (nxt.order(), sig))
         elif task.reserved_on is None:
             option, pool = found
             task.resources = dict(option)  # reserve for the first it could ever run with

@@ -5,6 +5,11 @@ only in case or by a typo (``gpu`` or ``GUP`` beside ``GPU``), fails at once on 
 cluster: waiting for a worker that offers the misspelt name would most likely be
 waiting forever, and the user learns of the slip at submission instead of wondering
 why nothing starts (``core.resource_names`` says what counts as a slip).
+
+A task that uses actors as inputs is held to the same rule with their resources
+taken out of each worker's supply: they are held while the task waits for them, so a
+request that fits only where they stand can never start (``pinned_by_inputs``). A
+task waiting for any other actor is not stuck: its client may release that one.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from apportion.core.ledger import splittable
+from apportion.core.ledger import Ledger, splittable
 from apportion.core.resource_names import did_you_mean, misspelt, suggestions
 from apportion.core.resources import Amounts, describe_amount, describe_resources
 from apportion.scheduler.core import SchedulerCore
@@ -79,6 +84,48 @@ def fail_or_warn(state: SchedulerCore, signature: QueueKey, heap: list[Any]) -> 
         return
     for task in tasks:
         state.fail(task, ("unsatisfiable", text, b""), "no connected worker can run it")
+
+
+def pinned_by_inputs(
+    state: SchedulerCore, task: TaskRecord, pools: list[list[WorkerRecord]]
+) -> str:
+    """Whether ``task`` can never start because actors among its own inputs hold what
+    it needs: they hold their resources while their results live, so at least until
+    ``task`` ends. Then the actors' keys (a GPU=2 request using an actor that holds 3
+    of the only 4 GPUs); else ``""``. ``pools``: per demand, the workers that could
+    ever hold it when idle (``placement.pools``)."""
+    held: dict[str, list[TaskRecord]] = {}
+    for dep in task.deps:
+        record = state.tasks[dep]
+        allocation = record.allocation
+        if record.actor and record.worker and allocation is not None and allocation.resources:
+            held.setdefault(record.worker, []).append(record)
+    if not held:
+        return ""
+    for option, pool in zip(options_of(task.signature), pools, strict=True):
+        for worker in pool:
+            idle = Ledger(worker.ledger.total, {n: list(u) for n, u in worker.ledger.units.items()})
+            for actor in held.get(worker.id, ()):
+                assert actor.allocation is not None
+                idle.take_exactly(actor.allocation.resources, actor.allocation.units)
+            if idle.can_take(dict(option), None):
+                return ""  # it fits there once everything but its inputs ends
+    return ", ".join(repr(a.key) for actors in held.values() for a in actors)
+
+
+def fail_or_warn_pinned(state: SchedulerCore, task: TaskRecord, actors: str) -> None:
+    """``task`` waits for what its own input actors hold (``pinned_by_inputs``)."""
+    state.drop_reservation(task)  # it could never use one: newer work may have it
+    what = describe_resources(task.resources)
+    text = (
+        f"task {task.key!r} needs {what}, which no connected worker can ever provide "
+        f"beside what the actors among its inputs hold ({actors}): they hold it while "
+        "their results are needed, this task's own run included"
+    )
+    if not state.config.fail_unsatisfiable:
+        warn_unsatisfiable(state, task, text)
+        return
+    state.fail(task, ("unsatisfiable", text, b""), "its input actors hold what it needs")
 
 
 def offered(workers: Iterable[WorkerRecord]) -> set[str]:

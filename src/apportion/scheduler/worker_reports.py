@@ -45,8 +45,11 @@ def task_finished(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskFinishe
     if task.discard_result:
         settle_discarded(state, task, f"finished on {worker.name}, result discarded")
         return
-    if task.actor:
-        actors.hold(worker, task, allocation)
+    if task.actor and not actors.hold(worker, task, allocation):
+        state.free_keys[worker.id].append(task.key)  # the object it built goes
+        error = ("lost", actors.unheld_text(task, worker), b"")
+        state.fail(task, error, "built while others held its resources")
+        return
     state.complete(task, worker, msg.nbytes, f"finished on {worker.name}")
 
 
