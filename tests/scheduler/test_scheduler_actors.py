@@ -248,6 +248,34 @@ def test_a_task_needing_what_its_own_input_actor_holds_is_not_left_silent(
     check_invariants(sim.state)
 
 
+@pytest.mark.parametrize("fail_unsatisfiable", [False, True])
+def test_a_task_whose_waiter_keeps_an_actor_holding_what_it_needs_is_not_left_silent(
+    fail_unsatisfiable: bool,
+) -> None:
+    # "join" takes the actor's result and "gpu"'s: the actor holds the only GPU until
+    # "join" ends, "join" waits for "gpu", and "gpu" needs the GPU. Nobody's release
+    # can end that, so it is said (or failed) rather than left waiting quietly.
+    sim = SimulatedCluster(SchedulerConfig(fail_unsatisfiable=fail_unsatisfiable))
+    sim.add_client("c1")
+    w = sim.add_worker(nthreads=2, resources="GPU=1")
+    sim.submit("model", resources={"GPU": 1}, actor=True)
+    sim.place()
+    sim.finish("model")
+    sim.submit("gpu", resources={"GPU": 1})
+    sim.submit("join", deps=["model", "gpu"])
+    assert sim.place() == []
+    said = "task 'gpu' needs GPU=1, which no connected worker can ever provide beside what "
+    task = sim.state.tasks["gpu"]
+    if fail_unsatisfiable:
+        assert task.state == ERRED and task.error is not None and said in str(task.error[1])
+        assert sim.state.tasks["join"].state == ERRED
+    else:
+        assert task.state == QUEUED and task.reserved_on is None
+        assert [log.text for log in sim.logs if log.level == "warning" and said in log.text]
+    assert w in sim.state.workers
+    check_invariants(sim.state)
+
+
 def test_a_task_using_an_actor_that_fits_beside_it_is_not_called_stuck() -> None:
     sim = SimulatedCluster(SchedulerConfig(fail_unsatisfiable=True))
     sim.add_client("c1")

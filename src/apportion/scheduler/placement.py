@@ -301,7 +301,7 @@ def _place_by_age(
         if found is None:
             fail_or_warn(state, sig, heap)
             continue
-        pinned = pinned_by_inputs(state, task, pool_for(sig)) if task.deps else ""
+        pinned = pinned_by_inputs(state, task, pool_for(sig))
         if pinned:
             fail_or_warn_pinned(state, task, pinned)
             nxt = _head(state, heap)  # the next of its kind, if this one failed

@@ -89,17 +89,22 @@ def fail_or_warn(state: SchedulerCore, signature: QueueKey, heap: list[Any]) -> 
 def pinned_by_inputs(
     state: SchedulerCore, task: TaskRecord, pools: list[list[WorkerRecord]]
 ) -> str:
-    """Whether ``task`` can never start because actors among its own inputs hold what
-    it needs: they hold their resources while their results live, so at least until
-    ``task`` ends. Then the actors' keys (a GPU=2 request using an actor that holds 3
-    of the only 4 GPUs); else ``""``. ``pools``: per demand, the workers that could
-    ever hold it when idle (``placement.pools``)."""
+    """Whether ``task`` can never start because actors hold what it needs until it
+    ends: actors among its own inputs, or among the inputs of a task that waits for
+    it (directly or not), hold their resources while their results are needed, so
+    at least until ``task`` ends. Then the actors' keys (a GPU=2 request using an
+    actor that holds 3 of the only 4 GPUs; a GPU=1 task whose result goes, with a
+    GPU=1 actor's on the only GPU, to one task); else ``""``. ``pools``: per demand,
+    the workers that could ever hold it when idle (``placement.pools``)."""
+    if not any(w.actors for pool in pools for w in pool):
+        return ""  # the usual case, and cheap: no actor holds anything there
     held: dict[str, list[TaskRecord]] = {}
-    for dep in task.deps:
-        record = state.tasks[dep]
-        allocation = record.allocation
-        if record.actor and record.worker and allocation is not None and allocation.resources:
-            held.setdefault(record.worker, []).append(record)
+    for user in _with_waiters(state, task):
+        for dep in user.deps:
+            record = state.tasks[dep]
+            allocation = record.allocation
+            if record.actor and record.worker and allocation is not None and allocation.resources:
+                held.setdefault(record.worker, []).append(record)
     if not held:
         return ""
     for option, pool in zip(options_of(task.signature), pools, strict=True):
@@ -113,14 +118,26 @@ def pinned_by_inputs(
     return ", ".join(repr(a.key) for actors in held.values() for a in actors)
 
 
+def _with_waiters(state: SchedulerCore, task: TaskRecord) -> list[TaskRecord]:
+    """``task`` and every unfinished task that waits for its result, directly or not."""
+    found = {task.key: task}
+    stack = [task]
+    while stack:
+        for key in stack.pop().dependents:
+            if key not in found:
+                found[key] = state.tasks[key]
+                stack.append(found[key])
+    return list(found.values())
+
+
 def fail_or_warn_pinned(state: SchedulerCore, task: TaskRecord, actors: str) -> None:
-    """``task`` waits for what its own input actors hold (``pinned_by_inputs``)."""
+    """``task`` waits for what actors hold until it ends (``pinned_by_inputs``)."""
     state.drop_reservation(task)  # it could never use one: newer work may have it
     what = describe_resources(task.resources)
     text = (
         f"task {task.key!r} needs {what}, which no connected worker can ever provide "
-        f"beside what the actors among its inputs hold ({actors}): they hold it while "
-        "their results are needed, this task's own run included"
+        f"beside what actors hold ({actors}) for as long as this task's result is "
+        "awaited: they are inputs of this task or of a task that waits for it"
     )
     if not state.config.fail_unsatisfiable:
         warn_unsatisfiable(state, task, text)
