@@ -33,7 +33,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from apportion.file_lock import try_flock
+from apportion.file_lock import held, read_owner, try_flock, write_owner
 from apportion.home import private_dir
 from apportion.net.discovery import Liveness, Sighting
 from apportion.net.scheduler_file import (
@@ -108,7 +108,7 @@ class SchedulerFileClaim:
                     return cls(path, None)
                 raise
             if not got:
-                holder = _read_holder(fd)
+                holder = Holder(*read_owner(fd))
                 os.close(fd)
                 raise SchedulerFileBusy(path, holder)
             if _same_file(fd, lock):
@@ -121,9 +121,7 @@ class SchedulerFileClaim:
         """Write who holds the file (this process, listening at ``address``) in the lock."""
         if self._fd is None:
             return
-        data = f"{os.getpid()} {' '.join(address.split())}\n".encode()
-        os.pwrite(self._fd, data, 0)
-        os.ftruncate(self._fd, len(data))
+        write_owner(self._fd, " ".join(address.split()))
 
     def release(self) -> None:
         """Remove the lock file and let it go; idempotent. The scheduler file itself is
@@ -184,10 +182,7 @@ def probe(path: str | os.PathLike[str]) -> Liveness:
     except OSError:
         return Liveness.UNKNOWN  # a link in its place, or unreadable: not ours to judge
     try:
-        if try_flock(fd, fcntl.LOCK_SH, patience=0.0):
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            return Liveness.STALE
-        return Liveness.LIVE
+        return Liveness.LIVE if held(fd) else Liveness.STALE
     except OSError:
         return Liveness.UNKNOWN  # the file system refuses locks
     finally:
@@ -201,10 +196,7 @@ def holder_of(path: str | os.PathLike[str]) -> Holder | None:
     except OSError:
         return None
     try:
-        if try_flock(fd, fcntl.LOCK_SH, patience=0.0):
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            return None
-        return _read_holder(fd)
+        return Holder(*read_owner(fd)) if held(fd) else None
     except OSError:
         return None
     finally:
@@ -215,13 +207,6 @@ def own_scheduler_files(default: Path) -> list[Path]:
     """``default`` and the spare files beside it (``scheduler-*.json``), in name order."""
     spares = sorted(default.parent.glob(f"{default.stem}-*{default.suffix}"))
     return [default, *(p for p in spares if not p.name.startswith("."))]
-
-
-def _read_holder(fd: int) -> Holder:
-    """What the holder wrote in the lock; (0, "") if it has not written yet."""
-    first = os.pread(fd, 4096, 0).decode(errors="replace").split("\n", 1)[0]
-    pid, _, address = first.partition(" ")
-    return Holder(int(pid) if pid.isdigit() else 0, address.strip())
 
 
 def _same_file(fd: int, path: Path) -> bool:

@@ -34,7 +34,6 @@ import hashlib
 import json
 import os
 import sqlite3
-import time
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -43,7 +42,7 @@ from signal import Signals
 from types import TracebackType
 from typing import Any
 
-from apportion.file_lock import try_flock
+from apportion.file_lock import held, read_owner, try_flock, write_owner
 from apportion.home import default_home, home_dir, private_dir, user_dir
 from apportion.runs.run_states import (
     CANCELLED,
@@ -746,14 +745,11 @@ class Journal:
             fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             # An owner() probe holds the lock for microseconds: wait that out.
             if not try_flock(fd, fcntl.LOCK_EX, patience=0.1):
-                pid, owner_address = _read_owner(fd)
+                pid, owner_address = read_owner(fd, patience=0.1)
                 os.close(fd)
                 raise JournalBusy(self.path, pid, owner_address)
             self._lock_fd = fd
-        data = f"{os.getpid()} {address}\n".encode()
-        # Readers take the first line, so junk after it from a longer old text is harmless.
-        os.pwrite(self._lock_fd, data, 0)
-        os.ftruncate(self._lock_fd, len(data))
+        write_owner(self._lock_fd, address)
         self._address = address
 
     def release(self) -> None:
@@ -774,10 +770,7 @@ class Journal:
         except FileNotFoundError:
             return None
         try:
-            if try_flock(fd, fcntl.LOCK_SH, patience=0.0):
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                return None
-            return _read_owner(fd)
+            return read_owner(fd, patience=0.1) if held(fd) else None
         finally:
             os.close(fd)
 
@@ -824,19 +817,6 @@ def _runs(ids: Sequence[int]) -> str:
     if len(ids) > 10:
         shown += f" ... ({len(ids)} in all)"
     return f"run {shown}" if len(ids) == 1 else f"runs {shown}"
-
-
-def _read_owner(fd: int) -> tuple[int, str]:
-    """What the lock holder wrote: (pid, address); (0, "") if it has not written yet."""
-    deadline = time.monotonic() + 0.1
-    while True:
-        first = os.pread(fd, 4096, 0).decode(errors="replace").split("\n", 1)[0]
-        pid, _, address = first.partition(" ")
-        if pid.isdigit() and address:
-            return int(pid), address
-        if time.monotonic() >= deadline:
-            return 0, ""
-        time.sleep(0.005)
 
 
 def check_invariants(journal: Journal) -> None:
