@@ -20,14 +20,14 @@ import importlib.util
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from cli_processes import run_python_script
 
 pytestmark = pytest.mark.tcp  # an in-process cluster over real TCP
 
@@ -57,22 +57,7 @@ def run_script(source: str, timeout: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "script.py"
         path.write_text(source)
-        proc = subprocess.Popen(
-            [sys.executable, str(path)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=folder,
-            env={**os.environ, "PYTHONWARNINGS": "default"},
-            start_new_session=True,  # its own group: a timeout kills its workers too
-        )
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            raise
-        done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+        done = run_python_script(path, {**os.environ, "PYTHONWARNINGS": "default"}, timeout)
     if done.returncode != 0 or not done.stdout.strip():
         raise AssertionError(
             f"exit status {done.returncode}\n--- stdout\n{done.stdout[-3000:]}\n"

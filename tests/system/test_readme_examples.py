@@ -13,12 +13,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from cli_processes import run_python_script
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -60,23 +60,8 @@ EXAMPLES = marked_examples(README.read_text())
 def _run(code: str, folder: Path, timeout: float) -> subprocess.CompletedProcess[str]:
     script = folder / "example.py"
     script.write_text(code)
-    home = folder / "home"
-    proc = subprocess.Popen(
-        [sys.executable, str(script)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=folder,
-        env={**os.environ, "APPORTION_HOME": str(home), "PYTHONWARNINGS": "default"},
-        start_new_session=True,  # its own group: a timeout kills its workers too
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    env = {**os.environ, "APPORTION_HOME": str(folder / "home"), "PYTHONWARNINGS": "default"}
+    return run_python_script(script, env, timeout)
 
 
 @pytest.mark.process
