@@ -222,6 +222,31 @@ def test_an_actor_built_while_others_hold_what_it_gave_back_fails(sim: Simulated
     assert sim.state.workers[w].ledger.free == {"GPU": 10_000}
 
 
+def _actor_built(fail_unsatisfiable: bool, supply: str, holds: int) -> tuple[SimulatedCluster, str]:
+    """A cluster of one worker with ``supply`` on which actor "model" holds ``holds``
+    GPUs, and that worker."""
+    sim = SimulatedCluster(SchedulerConfig(fail_unsatisfiable=fail_unsatisfiable))
+    sim.add_client("c1")
+    w = sim.add_worker(nthreads=4, resources=supply)
+    sim.submit("model", resources={"GPU": holds}, actor=True)
+    sim.place()
+    sim.finish("model")
+    return sim, w
+
+
+def _said_stuck(sim: SimulatedCluster, key: str, gpus: int, fail_unsatisfiable: bool) -> None:
+    """``key`` was said to wait for good: failed where the cluster cannot grow, else
+    warned about, holding no reservation."""
+    said = f"task {key!r} needs GPU={gpus}, which no connected worker can ever provide beside what "
+    task = sim.state.tasks[key]
+    if fail_unsatisfiable:
+        assert task.state == ERRED and task.error is not None and said in str(task.error[1])
+    else:
+        assert task.state == QUEUED and task.reserved_on is None
+        assert [log.text for log in sim.logs if log.level == "warning" and said in log.text]
+    check_invariants(sim.state)
+
+
 @pytest.mark.parametrize("fail_unsatisfiable", [False, True])
 def test_a_task_needing_what_its_own_input_actor_holds_is_not_left_silent(
     fail_unsatisfiable: bool,
@@ -229,23 +254,11 @@ def test_a_task_needing_what_its_own_input_actor_holds_is_not_left_silent(
     # The actor holds 3 of the only 4 GPUs while the task using it waits, and the task
     # needs 2: it can never start. Said so (failed where the cluster cannot grow), and
     # it holds no reservation that would keep the GPU it cannot use from others.
-    sim = SimulatedCluster(SchedulerConfig(fail_unsatisfiable=fail_unsatisfiable))
-    sim.add_client("c1")
-    w = sim.add_worker(nthreads=4, resources="GPU=4")
-    sim.submit("model", resources={"GPU": 3}, actor=True)
-    sim.place()
-    sim.finish("model")
+    sim, w = _actor_built(fail_unsatisfiable, "GPU=4", holds=3)
     sim.submit("use", deps=["model"], resources={"GPU": 2})
     sim.submit("small", resources={"GPU": 1})
     assert sim.place() == [(w, "small")]
-    said = "task 'use' needs GPU=2, which no connected worker can ever provide beside what "
-    task = sim.state.tasks["use"]
-    if fail_unsatisfiable:
-        assert task.state == ERRED and task.error is not None and said in str(task.error[1])
-    else:
-        assert task.state == QUEUED and task.reserved_on is None
-        assert [log.text for log in sim.logs if log.level == "warning" and said in log.text]
-    check_invariants(sim.state)
+    _said_stuck(sim, "use", 2, fail_unsatisfiable)
 
 
 @pytest.mark.parametrize("fail_unsatisfiable", [False, True])
@@ -255,25 +268,13 @@ def test_a_task_whose_waiter_keeps_an_actor_holding_what_it_needs_is_not_left_si
     # "join" takes the actor's result and "gpu"'s: the actor holds the only GPU until
     # "join" ends, "join" waits for "gpu", and "gpu" needs the GPU. Nobody's release
     # can end that, so it is said (or failed) rather than left waiting quietly.
-    sim = SimulatedCluster(SchedulerConfig(fail_unsatisfiable=fail_unsatisfiable))
-    sim.add_client("c1")
-    w = sim.add_worker(nthreads=2, resources="GPU=1")
-    sim.submit("model", resources={"GPU": 1}, actor=True)
-    sim.place()
-    sim.finish("model")
+    sim, _ = _actor_built(fail_unsatisfiable, "GPU=1", holds=1)
     sim.submit("gpu", resources={"GPU": 1})
     sim.submit("join", deps=["model", "gpu"])
     assert sim.place() == []
-    said = "task 'gpu' needs GPU=1, which no connected worker can ever provide beside what "
-    task = sim.state.tasks["gpu"]
+    _said_stuck(sim, "gpu", 1, fail_unsatisfiable)
     if fail_unsatisfiable:
-        assert task.state == ERRED and task.error is not None and said in str(task.error[1])
         assert sim.state.tasks["join"].state == ERRED
-    else:
-        assert task.state == QUEUED and task.reserved_on is None
-        assert [log.text for log in sim.logs if log.level == "warning" and said in log.text]
-    assert w in sim.state.workers
-    check_invariants(sim.state)
 
 
 def test_a_task_using_an_actor_that_fits_beside_it_is_not_called_stuck() -> None:
