@@ -23,6 +23,7 @@ import pytest
 from apportion.runs import guard, guard_server
 from apportion.runs import process as process_module
 from apportion.runs.process import ExitStatus, RunProcess, RunStartError, run_command
+from cli_processes import poll
 
 #: Starts the command given as arguments through ``RunProcess`` and prints its output;
 #: with ``--fork`` first, a child forked without exec keeps the worker's end of the
@@ -224,14 +225,9 @@ def test_signals_to_the_group_reach_the_command_and_leave_the_guard(tmp_path: Pa
         ["sh", "-c", script], cwd=str(tmp_path), env=dict(os.environ), on_output=seen.append
     )
     try:
-        deadline = time.monotonic() + 20
-        while b"ready" not in b"".join(seen):
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        poll(lambda: b"ready" in b"".join(seen), 20, "the command to start")
         os.killpg(process.pid, signal.SIGINT)
-        while b"got INT" not in b"".join(seen):
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        poll(lambda: b"got INT" in b"".join(seen), 20, "the command to get SIGINT")
         assert process.poll() is None  # the command goes on; so does the guard
         assert psutil.Process(process.pid).status() != psutil.STATUS_ZOMBIE
     finally:
@@ -346,10 +342,7 @@ def test_a_server_killed_meanwhile_takes_its_runs_and_is_replaced(tmp_path: Path
     )
     try:
         server = psutil.Process(_server().pid)
-        deadline = time.monotonic() + 20
-        while not b"".join(seen).endswith(b"\n"):
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        poll(lambda: b"".join(seen).endswith(b"\n"), 20, "the command's first line")
         command = psutil.Process(int(b"".join(seen)))
         server.kill()
         # The run's guard sees its parent go, and kills the run.
