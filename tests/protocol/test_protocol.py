@@ -98,6 +98,8 @@ SAMPLES: list[m.Message] = [
     m.DropPrefetch(["a"]),
     m.PutData(10, {"d": b"\xff"}),
     m.TasksDropped(["x-1"]),
+    m.StealRequest(["x-1", "x-2"]),
+    m.StealResponse(["x-1"], ["x-2"]),
     m.ScatterPlaced(11, {"d": ["tcp://h:1", 4]}),
     m.WorkerClosing("shutting down"),
     m.KeysPending(["x-1"]),

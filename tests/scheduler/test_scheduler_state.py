@@ -118,33 +118,56 @@ def test_resource_tasks_are_not_pipelined_beyond_threads(sim: RecordingCluster) 
 
 def test_plain_tasks_are_pipelined_a_little(sim: RecordingCluster) -> None:
     w = sim.add_worker(nthreads=2)
+    sim.measured("p-0", 0.001)
     for i in range(20):
-        sim.submit(f"p{i}")
+        sim.submit(f"p-{i}")
     started = sim.place()
-    # Unknown durations: one task queued ahead per thread, no more.
-    assert len(started) == 4
-    assert len(sim.running[w]) == 4
+    # 1 ms each: 2 ms of work (two tasks) queued behind each thread's running task.
+    assert len(started) == 6
+    assert len(sim.running[w]) == 6
+
+
+def test_long_or_unknown_plain_tasks_are_never_queued_ahead(sim: RecordingCluster) -> None:
+    w = sim.add_worker(nthreads=2)
+    sim.measured("long-0", 0.2)  # past queue_ahead_below
+    for i in range(5):
+        sim.submit(f"long-{i}")
+        sim.submit(f"new-{i}")  # a group nobody has measured: unknown_duration
+    assert sim.place() == [(w, "long-0"), (w, "new-0")]  # a thread each, none queued
+    sim.finish("new-0")
+    assert sim.state.telemetry.tally("new-1").expected == 0.001  # measured now: short
+    # A free thread for the oldest; then the short one may wait behind a running task,
+    # and the next long one may not: it waits in the scheduler for a thread.
+    assert sim.place() == [(w, "long-1"), (w, "new-1")]
+    sim.finish("long-0", duration=0.2)
+    assert sim.place() == []  # new-1 takes the thread long-0 frees
+    sim.finish("new-1")
+    assert sim.place() == [(w, "long-2"), (w, "new-2")]
+    assert sorted(sim.done()) == ["long-0", "new-0", "new-1"]
+    check_invariants(sim.state)
 
 
 def test_no_plain_task_is_queued_ahead_of_waiting_gpu_work(sim: RecordingCluster) -> None:
     gpu = sim.add_worker("gpu", nthreads=2, resources="GPU=2")
     cpu = sim.add_worker("cpu", nthreads=1)
+    sim.measured("p-0", 0.001)
     for i in range(3):
         sim.submit(f"g{i}", resources="GPU=1")
     for i in range(10):
-        sim.submit(f"p{i}")
+        sim.submit(f"p-{i}")
     sim.place()
     # g0 and g1 hold both threads of the GPU worker; g2 waits for one of them, so no
-    # plain task may sit there ahead of it. The CPU worker still pipelines.
+    # plain task may sit there ahead of it. The CPU worker still pipelines: 1 ms
+    # tasks, two queued behind the one running.
     assert sorted(sim.running[gpu]) == ["g0", "g1"]
-    assert len(sim.running[cpu]) == 2
+    assert len(sim.running[cpu]) == 3
     sim.finish("g0")
     sim.place()
     assert "g2" in sim.running[gpu]
     sim.finish("g1")
     sim.finish("g2")
     sim.place()  # no GPU work left: the GPU worker takes plain tasks, queued ahead too
-    assert len(sim.running[gpu]) == 4
+    assert len(sim.running[gpu]) == 6
     assert sorted(sim.done()) == ["g0", "g1", "g2"]  # each reported once
 
 
@@ -210,7 +233,7 @@ def _stream(sim: RecordingCluster, resources: ResourceSpec) -> Callable[[], str]
     count = itertools.count()
 
     def submit_one() -> str:
-        key = f"s{next(count)}"
+        key = f"s-{next(count)}"
         sim.submit(key, resources=resources)
         return key
 
@@ -225,7 +248,7 @@ def test_stream_of_small_requests_cannot_starve_a_whole_worker_request(
     small(), small()
     sim.place()
     running_at_submission = set(sim.running[w])
-    assert running_at_submission == {"s0", "s1"}
+    assert running_at_submission == {"s-0", "s-1"}
     sim.submit("big", resources="GPU=2")
     assert sim.place() == []
     # A steady stream: every time a small task finishes, a new one arrives at once.
@@ -241,16 +264,17 @@ def test_stream_of_small_requests_cannot_starve_a_whole_worker_request(
     assert len(after) == len(running_at_submission)
     # ... and before any GPU=1 task submitted after it.
     started = [key for _, _, key in sim.started]
-    assert started[: started.index("big")] == ["s0", "s1"]
+    assert started[: started.index("big")] == ["s-0", "s-1"]
     assert not set(after) & set(started)
     sim.finish("big")
     assert sorted(k for _, k in sim.place()) == after
-    assert sorted(sim.done()) == ["big", "s0", "s1"]  # each reported once
+    assert sorted(sim.done()) == ["big", "s-0", "s-1"]  # each reported once
 
 
 def test_stream_of_plain_tasks_cannot_starve_a_resource_task(sim: RecordingCluster) -> None:
     """Plain tasks pipelined ahead keep threads busy; the reservation lets them drain."""
     w = sim.add_worker("w", nthreads=2, resources="GPU=1")
+    sim.measured("s-0", 0.001)
     plain = _stream(sim, None)
     for _ in range(4):
         plain()
@@ -267,7 +291,7 @@ def test_stream_of_plain_tasks_cannot_starve_a_resource_task(sim: RecordingClust
     started = [key for _, _, key in sim.started]
     assert set(started[: started.index("gpu")]) == assigned_before
     assert not set(after) & set(started[: started.index("gpu")])
-    assert sorted(sim.done()) == ["s0", "s1", "s2"]  # each reported once
+    assert sorted(sim.done()) == ["s-0", "s-1", "s-2"]  # each reported once
 
 
 def test_reservation_holds_one_worker_while_the_other_keeps_working(
@@ -302,20 +326,21 @@ def test_reserved_task_waiting_only_for_a_thread_drains_plain_tasks(
     sim: RecordingCluster,
 ) -> None:
     w = sim.add_worker(nthreads=1, resources="GPU=1")
+    sim.measured("p-0", 0.001)
     for i in range(2):
-        sim.submit(f"p{i}")
+        sim.submit(f"p-{i}")
     sim.place()  # one running, one queued ahead
     sim.submit("gpu", resources="GPU=1")
     for i in range(2, 6):
-        sim.submit(f"p{i}")
+        sim.submit(f"p-{i}")
     sim.place()
     assert sim.state.workers[w].reserved_by == "gpu"
-    sim.finish("p0")
-    assert sim.place() == []  # p1 is already there; no more plain work piles on
-    sim.finish("p1")
+    sim.finish("p-0")
+    assert sim.place() == []  # p-1 is already there; no more plain work piles on
+    sim.finish("p-1")
     started = sim.place()
     assert started[0] == (w, "gpu")  # plain tasks may queue behind it, not before it
-    assert sorted(sim.done()) == ["p0", "p1"]  # each reported once
+    assert sorted(sim.done()) == ["p-0", "p-1"]  # each reported once
 
 
 # --- Guild's run queue ----------------------------------------------------------------
@@ -398,7 +423,7 @@ def test_plain_tasks_follow_priority(sim: RecordingCluster) -> None:
     sim.submit("a")
     sim.submit("b")
     sim.submit("c", priority=3)
-    w = sim.add_worker(nthreads=1)
+    w = sim.add_worker(nthreads=2)
     assert sim.place() == [(w, "c"), (w, "a")]
 
 
@@ -1156,7 +1181,7 @@ def test_gather_names_the_holders_of_large_results_and_relays_the_small(
 def test_a_relayed_gather_answers_once_forwarded_and_small_results_are_in(
     sim: RecordingCluster,
 ) -> None:
-    sim.add_worker("w1")
+    sim.add_worker("w1", nthreads=2)
     sim.add_worker("w2")
     for key in ("big", "other", "small"):
         sim.submit(key)
@@ -1670,12 +1695,15 @@ def test_a_message_nobody_took_fails_the_check_unless_allowed() -> None:
 
 def _busy_holder(sim: RecordingCluster, nbytes: int, duration: float) -> tuple[str, str]:
     """A one-thread worker holding ``x`` of ``nbytes``, its thread and pipeline taken by
-    tasks like one that took ``duration``; and an idle worker beside it."""
+    two tasks of 10 ms; and an idle worker beside it. Tasks of the group ``use``
+    take ``duration``."""
     holder = sim.add_worker("holder")
     sim.submit("x")
     sim.place()
-    sim.finish("x", nbytes=nbytes, duration=duration)
+    sim.finish("x", nbytes=nbytes)
     assert sim.done() == ["x"]
+    sim.measured("busy-1", 0.01)
+    sim.measured("use", duration)
     sim.submit("busy-1")
     sim.submit("busy-2")
     assert sim.place() == [(holder, "busy-1"), (holder, "busy-2")]
@@ -1685,7 +1713,8 @@ def _busy_holder(sim: RecordingCluster, nbytes: int, duration: float) -> tuple[s
 def test_a_task_waits_for_the_busy_worker_holding_its_large_input(sim: RecordingCluster) -> None:
     holder, _ = _busy_holder(sim, nbytes=10**9, duration=0.01)
     sim.submit("use", ["x"])
-    # Moving 1 GB would take about 10 s; the two tasks ahead, about 0.02 s.
+    # Moving 1 GB would take about 10 s; the two tasks ahead, about 0.02 s. It is
+    # short work (10 ms), so it may wait in the holder's queue.
     assert sim.place() == [(holder, "use")]
 
 
@@ -1699,7 +1728,7 @@ def test_a_task_moves_its_input_when_waiting_would_take_longer(
     slow = make_sim()
     _, idle = _busy_holder(slow, nbytes=10**9, duration=60.0)
     slow.submit("use", ["x"])
-    assert slow.place() == [(idle, "use")]  # a minute's wait is longer than 10 s of moving
+    assert slow.place() == [(idle, "use")]  # a minute's task never waits in a queue
 
 
 # --- inputs fetched ahead for a reserving task ----------------------------------------

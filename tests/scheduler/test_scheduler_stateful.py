@@ -425,7 +425,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     @invariant()
     def workers_run_what_the_scheduler_assigned(self) -> None:
         for worker_id, running in self.sim.running.items():
-            assert set(running) == self.sim.state.workers[worker_id].processing
+            assert set(running) == self.sim.state.workers[worker_id].processing.keys()
 
     def teardown(self) -> None:
         self._run_to_quiescence()

@@ -21,7 +21,7 @@ def _cluster() -> RecordingCluster:
 
 def test_groups_count_live_records_by_state_and_what_they_did() -> None:
     sim = _cluster()
-    sim.add_worker("a", nthreads=2)
+    sim.add_worker("a", nthreads=3)
     for i in range(3):
         sim.submit(f"inc-{i:032x}")
     sim.submit("('sum-aggregate-9c1d2e3f4a5b6c7d', 0)", deps=["inc-" + "0" * 32])

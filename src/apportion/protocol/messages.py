@@ -21,7 +21,7 @@ from apportion.core.payload import Pickled
 
 #: Bumped whenever a message changes shape. Peers with another version are refused
 #: in the handshake, naming both versions, instead of failing later on a bad field.
-PROTOCOL_VERSION = 13
+PROTOCOL_VERSION = 14
 
 
 class Message:
@@ -490,6 +490,24 @@ class TasksDropped(Message):
     """
 
     keys: list[str]
+
+
+@message
+class StealRequest(Message):
+    """Scheduler -> worker: let these assigned tasks go if they have not started here,
+    as an idle worker would start them sooner. Answered by ``StealResponse``."""
+
+    keys: list[str]
+
+
+@message
+class StealResponse(Message):
+    """Worker -> scheduler: of a ``StealRequest``'s keys, those let go (they were
+    waiting here and never ran) and those already started (they stay). A key in
+    neither was no longer here: its report was sent before this answer."""
+
+    released: list[str]
+    started: list[str]
 
 
 #: ``PutData`` request id a worker uses towards the scheduler for data a client put

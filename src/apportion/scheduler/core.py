@@ -103,11 +103,18 @@ class SchedulerConfig:
     pipeline_seconds: float = 0.002
     #: Upper bound on plain tasks queued ahead per thread.
     max_pipeline: int = 16
+    #: A plain task whose group is expected to run longer than this (seconds) is
+    #: never queued behind another task: it waits in the scheduler for a free thread.
+    #: Queuing ahead saves one round trip per task, worth it only for short work.
+    queue_ahead_below: float = 0.1
+    #: Seconds moving a task queued on one worker to an idle one costs beyond its
+    #: inputs' transfer: the round trips that ask its worker to let it go and send it.
+    steal_latency: float = 0.01
     #: Bytes per second a result is assumed to move between workers at (Dask's
     #: default): a plain task waits in the queue of the worker holding its inputs,
     #: past ``max_pipeline``, while that wait is shorter than moving them would take.
     transfer_bandwidth: float = 100e6
-    #: Seconds a plain task is assumed to take on a worker that has measured none.
+    #: Seconds a task is assumed to take while none of its group has finished.
     unknown_duration: float = 0.5
     #: A worker not heard from for this many seconds (no message, no heartbeat) is
     #: declared lost: stopped, cut off or frozen. Its tasks run elsewhere.
@@ -187,6 +194,10 @@ class SchedulerCore:
         #: Reserving tasks whose inputs their worker fetches ahead: key -> (worker id,
         #: the inputs asked for). Sparse: one per reservation at most.
         self.prefetches: dict[str, tuple[str, list[str]]] = {}
+        #: Tasks whose worker was asked to let them go to an idle one (``stealing``):
+        #: key -> (its worker's id, the idle worker's id). The task stays PROCESSING
+        #: there, holding what it holds, until that worker answers.
+        self.steals: dict[str, tuple[str, str]] = {}
 
     # --- output -----------------------------------------------------------------------
 
@@ -264,6 +275,12 @@ class SchedulerCore:
         else:
             self.enqueue(task, cause)
 
+    def expected(self, task: TaskRecord) -> float:
+        """Seconds ``task`` is expected to run: its group's average so far."""
+        tally = task.group
+        known = None if tally is None else tally.expected
+        return self.config.unknown_duration if known is None else known
+
     def assign(
         self,
         task: TaskRecord,
@@ -287,7 +304,9 @@ class SchedulerCore:
             variant = task.variants.index(task.resources) if task.variants else 0
             allocation = Allocation(task.resources, held, variant)
         task.allocation = allocation
-        worker.processing.add(task.key)
+        expected = self.expected(task)
+        worker.processing[task.key] = (self.now, expected)
+        worker.occupancy += expected
         task.worker = worker.id
         self.move(task, PROCESSING, cause)
         if task.func_id not in worker.functions:
@@ -315,7 +334,12 @@ class SchedulerCore:
     def unassign(self, task: TaskRecord, worker: WorkerRecord) -> None:
         """The worker is done with ``task``: return its resources exactly once."""
         key = task.key
-        worker.processing.remove(key)
+        _, expected = worker.processing.pop(key)
+        worker.occupancy = worker.occupancy - expected if worker.processing else 0.0
+        if worker.started:
+            worker.started.discard(key)
+        if self.steals:
+            self.end_steal(key)
         given_back = False
         if worker.seceded or worker.rejoined:
             # It may end while seceded, without rejoining: what it gave back is back.
@@ -328,6 +352,17 @@ class SchedulerCore:
             worker.ledger.give(allocation.resources, allocation.units)
         task.allocation = None
         task.worker = None
+
+    def end_steal(self, key: str) -> str | None:
+        """The move of ``key`` to an idle worker is over, done or not: that worker no
+        longer expects it. Returns the idle worker's id, if a move was under way."""
+        steal = self.steals.pop(key, None)
+        if steal is None:
+            return None
+        thief = self.workers.get(steal[1])
+        if thief is not None:
+            thief.incoming -= 1
+        return steal[1]
 
     def reserve(self, task: TaskRecord, worker: WorkerRecord) -> None:
         """``task`` reserves ``worker``: it runs there next. Its large inputs held

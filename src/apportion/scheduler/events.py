@@ -183,6 +183,14 @@ class DropPrefetch:
 
 
 @dataclass(frozen=True, slots=True)
+class StealTasks:
+    """Let these assigned tasks go unless they started: an idle worker takes them."""
+
+    worker_id: str
+    keys: list[str]
+
+
+@dataclass(frozen=True, slots=True)
 class FetchData:
     """Send the values of ``keys`` to the scheduler, answering ``request_id``."""
 
@@ -414,6 +422,7 @@ WorkerCommand = (
     | FetchData
     | PrefetchInputs
     | DropPrefetch
+    | StealTasks
     | StoreData
     | GrantRejoin
     | RestartProcess

@@ -32,6 +32,7 @@ def check_invariants(state: SchedulerCore) -> None:
     _check_tasks(state)
     _check_reservations(state)
     _check_restrictions(state)
+    _check_steals(state)
     _check_memory_verdicts(state)
     _check_telemetry(state)
     check_book(state)
@@ -74,11 +75,12 @@ def _check_ledger(state: SchedulerCore) -> None:
 
 def _check_seceded(worker: WorkerRecord) -> None:
     """Seceded tasks run here; only those that gave back their resources wait to rejoin."""
-    assert worker.seceded.keys() <= worker.processing, f"{worker.name}: seceded elsewhere"
+    assert worker.seceded.keys() <= worker.processing.keys(), f"{worker.name}: seceded elsewhere"
     rejoining = set(worker.rejoining)
     assert len(rejoining) == len(worker.rejoining), f"{worker.name}: rejoins twice"
     assert all(worker.seceded.get(key) for key in rejoining), f"{worker.name}: rejoin holds"
-    assert worker.rejoined <= worker.processing - worker.seceded.keys(), f"{worker.name}: rejoined"
+    counted = worker.processing.keys() - worker.seceded.keys()
+    assert worker.rejoined <= counted, f"{worker.name}: rejoined"
 
 
 def _check_tasks(state: SchedulerCore) -> None:
@@ -163,13 +165,30 @@ def _check_restrictions(state: SchedulerCore) -> None:
             assert held.restriction.allows(worker), f"{held.key} reserved disallowed {worker.name}"
 
 
+def _check_steals(state: SchedulerCore) -> None:
+    """A task being moved runs (or waits) on the worker asked to let it go, until that
+    worker answers; the idle worker counts each move on its way, and nothing else."""
+    incoming: Counter[str] = Counter()
+    for key, (victim, thief) in state.steals.items():
+        task = state.tasks.get(key)
+        assert task is not None and task.state == PROCESSING, f"moving {key}, not processing"
+        assert task.worker == victim != thief, f"moving {key} from where it is not"
+        assert not task.actor and key not in state.workers[victim].started, f"moving {key}"
+        incoming[thief] += 1
+    for worker in state.workers.values():
+        assert worker.incoming == incoming[worker.id], f"{worker.name}: moves on their way"
+        assert worker.started <= worker.processing.keys(), f"{worker.name}: started elsewhere"
+        work = sum(expected for _, expected in worker.processing.values())
+        assert abs(worker.occupancy - work) <= 1e-6 * max(1.0, work), f"{worker.name}: occupancy"
+
+
 def _check_units(state: SchedulerCore) -> None:
     """Each unit's free share accounts for exactly the tasks holding it (``Ledger.check``
     has checked the units against the amounts)."""
     for worker in state.workers.values():
         for name, unit_free in worker.ledger.units.items():
             used: Counter[str] = Counter()
-            for key in worker.processing | worker.actors:
+            for key in worker.processing.keys() | worker.actors:
                 if worker.seceded.get(key, False):
                     continue  # gave its units back while it waits
                 task = state.tasks[key]

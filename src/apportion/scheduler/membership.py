@@ -147,6 +147,7 @@ def remove_worker(state: SchedulerCore, worker_id: str, how: str) -> None:
         if reserved is not None:
             state.drop_reservation(reserved)
     for key in sorted(worker.processing, key=lambda k: state.tasks[k].seq):
+        state.end_steal(key)
         task = state.tasks[key]
         task.worker = None
         task.allocation = None  # it held that worker's resources, gone with its ledger

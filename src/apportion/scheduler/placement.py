@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from functools import partial
-from heapq import heapify, heappop, heappush
+from heapq import heapify, heappop, heappush, heapreplace
 
 from apportion.core.resources import Amounts
 from apportion.scheduler.core import SchedulerCore
@@ -146,7 +146,7 @@ def fits_now(
     demand: dict[str, int],
 ) -> bool:
     """Could ``task``, asking ``demand``, start on ``worker`` right now?"""
-    if worker.paused or worker.running() >= worker.nthreads:
+    if worker.paused or worker.running() + worker.incoming >= worker.nthreads:
         return False
     return worker.ledger.can_take(demand, held_back(state, worker, task))
 
@@ -340,28 +340,29 @@ def _outside(task: TaskRecord, target: WorkerRecord) -> str:
     )
 
 
-def plain_capacity(
-    state: SchedulerCore, worker: WorkerRecord, resource_work_waiting: bool = False
-) -> int:
-    """How many more plain tasks ``worker`` may be given now (running or queued ahead)."""
-    if _closed_to_plain(state, worker, resource_work_waiting):
-        return 0
-    if resource_work_waiting and worker.ledger.total:
-        # A plain task queued ahead here would take the thread a GPU (say) frees next,
-        # leaving the GPU idle while work for it waits: fill free threads only.
-        return worker.nthreads - worker.running()
-    avg = worker.avg_duration
+def ahead_per_thread(state: SchedulerCore, expected: float) -> int:
+    """How many plain tasks expected to run ``expected`` seconds each thread may have
+    queued behind the task it runs: enough to cover ``pipeline_seconds``, and none
+    for work longer than ``queue_ahead_below``, which waits for a free thread."""
     config = state.config
-    if avg is None:
-        ahead = 1
-    elif avg * config.max_pipeline <= config.pipeline_seconds:
-        ahead = config.max_pipeline  # also keeps the division below away from zero
-    else:
-        ahead = max(1, min(config.max_pipeline, math.ceil(config.pipeline_seconds / avg)))
-    return worker.nthreads * (1 + ahead) - worker.running()
+    if expected > config.queue_ahead_below:
+        return 0
+    if expected * config.max_pipeline <= config.pipeline_seconds:
+        return config.max_pipeline  # also keeps the division below away from zero
+    return max(1, min(config.max_pipeline, math.ceil(config.pipeline_seconds / expected)))
 
 
-def _closed_to_plain(
+def _load(worker: WorkerRecord) -> tuple[float, float]:
+    """How busy ``worker`` is, least first: tasks per thread (those on their way to it
+    included), then seconds of work per thread as expected, so that of two workers
+    running one task each, the one whose task is shorter gets the next."""
+    return (
+        (worker.running() + worker.incoming) / worker.nthreads,
+        worker.occupancy / worker.nthreads,
+    )
+
+
+def closed_to_plain(
     state: SchedulerCore, worker: WorkerRecord, resource_work_waiting: bool
 ) -> bool:
     """Whether ``worker`` takes no plain task now, however many threads are free."""
@@ -373,60 +374,72 @@ def _closed_to_plain(
 
 
 def _place_plain_tasks(state: SchedulerCore) -> None:
+    """Give each plain task, oldest first, to the least busy open worker: one with a
+    free thread, or for short work one whose queue has room for it. Stops at the
+    first task no worker can take now (the rest are no older)."""
     heap = state.ready.get(())
     if not heap:
         return
-    capacity: dict[str, int] = {}
-    loads: list[tuple[float, int, str]] = []
+    loads: list[tuple[float, float, int, str]] = []
     # After the resource pass, a non-empty resource queue holds a task that is waiting.
     waiting = any(queue and needs_resources(key) for key, queue in state.ready.items())
     for i, worker in enumerate(state.workers.values()):
-        cap = plain_capacity(state, worker, waiting)
-        if cap > 0:
-            capacity[worker.id] = cap
-            heappush(loads, (worker.running() / worker.nthreads, i, worker.id))
+        if not closed_to_plain(state, worker, waiting):
+            heappush(loads, (*_load(worker), i, worker.id))
     while loads:
         task = _head(state, heap)
         if task is None:
             break
-        target = _local_choice(state, task, capacity, waiting) if task.deps else None
+        ahead = ahead_per_thread(state, state.expected(task))
+        target = _local_choice(state, task, ahead, waiting) if task.deps else None
         if target is None:
-            load, i, worker_id = heappop(loads)
+            _, _, i, worker_id = loads[0]
             worker = state.workers[worker_id]
-            if capacity[worker_id] <= 0:
+            if loads[0][:2] != _load(worker):
+                heapreplace(loads, (*_load(worker), i, worker_id))  # assigned to meanwhile
                 continue
-            current = worker.running() / worker.nthreads
-            if current != load:
-                heappush(loads, (current, i, worker_id))
+            if not _has_room(worker, ahead, waiting):
+                heappop(loads)  # full for this task; the next one is no shorter, in general
                 continue
             target = worker
-            heappush(loads, (current + 1 / worker.nthreads, i, worker_id))
+            heapreplace(loads, (*_load(worker), i, worker_id))
         heappop(heap)
-        capacity[target.id] = capacity.get(target.id, 0) - 1
         state.assign(task, target)
     if not heap:
         del state.ready[()]
 
 
+def _has_room(worker: WorkerRecord, ahead: int, waiting: bool) -> bool:
+    """Whether ``worker`` may take one more plain task, ``ahead`` allowed per thread
+    behind the one it runs (open to plain tasks is checked by the caller)."""
+    if waiting and worker.ledger.total:
+        # A plain task queued ahead here would take the thread a GPU (say) frees next,
+        # leaving the GPU idle while work for it waits: fill free threads only.
+        ahead = 0
+    return worker.running() + worker.incoming < worker.nthreads * (1 + ahead)
+
+
 def _local_choice(
-    state: SchedulerCore, task: TaskRecord, capacity: dict[str, int], waiting: bool
+    state: SchedulerCore, task: TaskRecord, ahead: int, waiting: bool
 ) -> WorkerRecord | None:
-    """The worker holding most input bytes, if it can take the task now, or if its
-    queue would clear before those bytes could move to another worker."""
+    """The worker holding most input bytes, if it has room for the task now, or, for
+    short work, if its queue would clear before those bytes could move elsewhere."""
     local = _input_bytes(state, task)
     for worker_id in sorted(local, key=lambda w: -local[w]):
-        if capacity.get(worker_id, 0) > 0:
-            return state.workers[worker_id]
-    if not local:
-        return None
+        worker = state.workers.get(worker_id)
+        if (
+            worker is not None
+            and not closed_to_plain(state, worker, waiting)
+            and _has_room(worker, ahead, waiting)
+        ):
+            return worker
+    if not local or not ahead:
+        return None  # long work is never queued behind another task
     holder_id = max(local, key=lambda w: local[w])
     holder = state.workers.get(holder_id)
-    if holder is None or _closed_to_plain(state, holder, waiting):
+    if holder is None or closed_to_plain(state, holder, waiting):
         return None
     if waiting and holder.ledger.total:
         return None  # its next free thread is for the resource task waiting
-    config = state.config
-    per_task = config.unknown_duration if holder.avg_duration is None else holder.avg_duration
-    ahead = holder.running() + 1 - holder.nthreads  # tasks to finish before this one
-    wait = max(0, ahead) / holder.nthreads * per_task
-    return holder if wait < local[holder_id] / config.transfer_bandwidth else None
+    wait = holder.occupancy / holder.nthreads  # its work as expected, shared by its threads
+    return holder if wait < local[holder_id] / state.config.transfer_bandwidth else None

@@ -278,13 +278,13 @@ class WorkerRecord:
         "actors",
         "address",
         "aliases",
-        "avg_duration",
         "cpu",
         "draining",
         "functions",
         "handoff",
         "has_what",
         "id",
+        "incoming",
         "last_seen",
         "leaving",
         "ledger",
@@ -293,6 +293,7 @@ class WorkerRecord:
         "name",
         "nbytes",
         "nthreads",
+        "occupancy",
         "paused",
         "pid",
         "processing",
@@ -303,6 +304,7 @@ class WorkerRecord:
         "seceded",
         "sent",
         "spilled",
+        "started",
         "supervisor",
     )
 
@@ -326,8 +328,19 @@ class WorkerRecord:
         #: Its supply and what is free of it: the demand of every task in
         #: ``processing`` and of every actor in ``actors`` is taken, and nothing else.
         self.ledger = Ledger(total, units)
-        #: Keys assigned here and not yet reported back (seceded ones included).
-        self.processing: set[str] = set()
+        #: Keys assigned here and not yet reported back (seceded ones included), in
+        #: the order they were assigned -> (when, the seconds its group was expected
+        #: to take then). The worker may not have started them yet: those beyond its
+        #: threads wait in its queue, where an idle worker may take them (``stealing``).
+        self.processing: dict[str, tuple[float, float]] = {}
+        #: Tasks of ``processing`` known to have started (it said so: seceded, or
+        #: refused to give one up); the others may still wait in its queue.
+        self.started: set[str] = set()
+        #: Seconds of work in ``processing``, each task as expected when assigned.
+        self.occupancy = 0.0
+        #: Tasks of other workers' ``processing`` on their way here (``stealing``):
+        #: they take a thread here as soon as their worker lets them go.
+        self.incoming = 0
         #: Tasks of ``processing`` that seceded: their thread does not count ->
         #: whether their resources went back to the ledger (False: kept, or none).
         self.seceded: dict[str, bool] = {}
@@ -348,8 +361,6 @@ class WorkerRecord:
         self.leaving: str | None = None
         #: When it was last heard from (any message, heartbeats included).
         self.last_seen = 0.0
-        #: Moving average of plain task run times, to size the pipeline; None until known.
-        self.avg_duration: float | None = None
         self.pid = pid
         self.memory_limit = memory_limit
         #: Resident memory at the last heartbeat, bytes (0 until reported).

@@ -56,7 +56,9 @@ def restart(state: SchedulerCore, client: ClientRecord, msg: m.RestartRequest) -
         if not worker.supervisor:
             unsupervised.append(worker.name)
         # Kept tasks running there are queued again as the worker is removed.
-        worker.processing.intersection_update(kept)
+        for key in [k for k in worker.processing if k not in kept]:
+            del worker.processing[key]
+            state.end_steal(key)
         worker.has_what.clear()
         worker.actors.clear()
         worker.nbytes = 0

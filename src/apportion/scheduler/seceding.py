@@ -52,6 +52,7 @@ def task_seceded(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskSeceded)
     else:
         cause = f"seceded on {worker.name}"
     worker.seceded[task.key] = give
+    worker.started.add(task.key)
     worker.rejoined.discard(task.key)
     state.log.append((state.now, task.key, PROCESSING, PROCESSING, cause))
     state.placement_due = True  # its thread, and maybe its resources, are free

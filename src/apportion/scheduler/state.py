@@ -35,6 +35,7 @@ from apportion.scheduler import (
     restart,
     seceding,
     shared_data,
+    stealing,
     task_hooks,
     views,
     worker_reports,
@@ -81,6 +82,15 @@ class SchedulerState(SchedulerCore):
 def _placement_due(state: SchedulerCore, event: PlacementDue) -> None:
     state.placement_due = False
     placement.place(state)
+    stealing.balance(state)  # what the pass left idle takes work queued elsewhere
+
+
+def _tick(state: SchedulerCore, event: Tick) -> None:
+    membership.tick(state, event)
+    if not state.placement_due:  # else the pass that is due balances after placing
+        # Time alone changes what a move is worth: a task that runs past what its
+        # group takes is expected to run on, and what waits behind it should move.
+        stealing.balance(state)
 
 
 def _from_client(state: SchedulerCore, event: FromClient) -> None:
@@ -123,7 +133,7 @@ EVENT_HANDLERS: dict[type[Any], Callable[[SchedulerCore, Any], None]] = {
     WorkerDeathReport: membership.death_report,
     FromClient: _from_client,
     FromWorker: _from_worker,
-    Tick: membership.tick,
+    Tick: _tick,
     PlacementDue: _placement_due,
     PipeEnded: relay.pipe_ended,
 }
@@ -180,6 +190,7 @@ WORKER_HANDLERS: dict[type[m.Message], Callable[[SchedulerCore, WorkerRecord, An
     m.ResultTooLarge: out_of_memory.result_too_large,
     m.MissingDependency: worker_reports.missing_dependency,
     m.TasksDropped: worker_reports.tasks_dropped,
+    m.StealResponse: stealing.steal_answered,
     m.WorkerClosing: worker_reports.worker_closing,
     m.WorkerDraining: drain.worker_draining,
     m.Heartbeat: worker_reports.heartbeat,

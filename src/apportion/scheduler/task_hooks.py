@@ -120,6 +120,7 @@ def adopt_task(state: SchedulerCore, client: ClientRecord, msg: m.AdoptTask) -> 
         state.warn(f"{key} cannot be adopted where it runs; it will run again")
         return
     state.assign(task, worker, msg.units, f"adopted: still running on {worker.name}")
+    worker.started.add(task.key)  # its processes run: never to be moved
 
 
 def stop_tasks(state: SchedulerCore, client: ClientRecord, msg: m.StopTasks) -> None:

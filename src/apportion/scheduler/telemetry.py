@@ -118,7 +118,16 @@ class GroupTally:
     Task records point at their group's tally (``TaskRecord.group``), so counting a
     move costs no lookup."""
 
-    __slots__ = ("cancelled", "done", "durations", "failed", "live", "name", "states")
+    __slots__ = (
+        "cancelled",
+        "done",
+        "durations",
+        "expected",
+        "failed",
+        "live",
+        "name",
+        "states",
+    )
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -132,6 +141,10 @@ class GroupTally:
         self.cancelled = 0
         #: Its tasks' run times, or the shared "other" histogram past HISTOGRAM_GROUPS.
         self.durations: Histogram | None = None
+        #: Seconds a task of the group is expected to run: the average of those that
+        #: finished, the latest weighing half (as Dask's task prefixes); None until
+        #: one has. Placement queues work ahead and moves it by this.
+        self.expected: float | None = None
 
 
 class Telemetry:
@@ -164,7 +177,7 @@ class Telemetry:
         """``task`` moves from ``old`` to ``new`` (``SchedulerCore.move``)."""
         tally = task.group
         if tally is None:
-            tally = task.group = self._tally(task.key)
+            tally = task.group = self.tally(task.key)
         if old == QUEUED or new == QUEUED:
             self._queued(task.signature, old, new)
         if old == NEW:
@@ -199,7 +212,8 @@ class Telemetry:
         if new == QUEUED:
             kinds[kind] = kinds.get(kind, 0) + 1
 
-    def _tally(self, key: str) -> GroupTally:
+    def tally(self, key: str) -> GroupTally:
+        """The tally of the group ``key`` belongs to, made (or revived) if need be."""
         name = self._group_name(key)
         tally = self.groups.get(name)
         if tally is None:
@@ -242,7 +256,7 @@ class Telemetry:
         it had held ``allocation`` there."""
         tally = task.group
         if tally is None:  # cannot be: it moved to PROCESSING; kept total all the same
-            tally = task.group = self._tally(task.key)
+            tally = task.group = self.tally(task.key)
         self.stream_seq += 1
         # tuple.__new__ rather than Execution(...): a NamedTuple's own constructor is
         # a Python function, several times slower, and this runs once per task.

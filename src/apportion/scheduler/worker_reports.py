@@ -38,9 +38,10 @@ def task_finished(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskFinishe
     if task is None:
         return
     state.telemetry.executed(task, worker, allocation, msg.thread, msg.duration, state.now, True)
-    if not task.resources:
-        avg = worker.avg_duration
-        worker.avg_duration = msg.duration if avg is None else 0.8 * avg + 0.2 * msg.duration
+    tally = task.group
+    if tally is not None:
+        old = tally.expected
+        tally.expected = msg.duration if old is None else 0.5 * (old + msg.duration)
     state.placement_due = True
     if task.discard_result:
         settle_discarded(state, task, f"finished on {worker.name}, result discarded")

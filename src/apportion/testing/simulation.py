@@ -172,6 +172,12 @@ class SimulatedCluster:
         msg = m.SubmitTasks([spec], {"f": b"func"}, [key] if wanted else [])
         self.handle(FromClient(client, [msg], self.now))
 
+    def measured(self, key: str, seconds: float) -> None:
+        """Tasks of ``key``'s group (``inc`` for ``inc-1``) are expected to take
+        ``seconds``, as if some had finished in that time: placement queues short
+        work ahead and moves waiting work by this."""
+        self.state.telemetry.tally(key).expected = seconds
+
     def client_says(self, client: str, *messages: m.Message) -> None:
         self.handle(FromClient(client, list(messages), self.now))
 

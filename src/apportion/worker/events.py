@@ -13,7 +13,14 @@ from typing import NamedTuple
 
 from apportion.core.allocation import Allocation
 from apportion.core.payload import Pickled
-from apportion.protocol.messages import ComputeTask, DropPrefetch, Message, Prefetch, RejoinGranted
+from apportion.protocol.messages import (
+    ComputeTask,
+    DropPrefetch,
+    Message,
+    Prefetch,
+    RejoinGranted,
+    StealRequest,
+)
 
 
 class DataInfo(NamedTuple):
@@ -37,6 +44,14 @@ class ComputeArrived:
 @dataclass(frozen=True, slots=True)
 class FreeArrived:
     """The scheduler no longer needs these keys here."""
+
+    keys: tuple[str, ...]
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class StealArrived:
+    """The scheduler would move these tasks to an idle worker, if they have not started."""
 
     keys: tuple[str, ...]
     time: float
@@ -179,11 +194,13 @@ class RejoinGrantedArrived:
 
 
 def arrival(
-    message: ComputeTask | Prefetch | DropPrefetch | RejoinGranted, now: float
+    message: ComputeTask | Prefetch | DropPrefetch | RejoinGranted | StealRequest, now: float
 ) -> WorkerEvent:
     """The event for a scheduler message that goes to the state as it is."""
     if isinstance(message, ComputeTask):
         return ComputeArrived(message, now)
+    if isinstance(message, StealRequest):
+        return StealArrived(tuple(message.keys), now)
     if isinstance(message, Prefetch):
         return PrefetchArrived(message.who_has, now, message.sizes)
     if isinstance(message, RejoinGranted):
@@ -194,6 +211,7 @@ def arrival(
 WorkerEvent = (
     ComputeArrived
     | FreeArrived
+    | StealArrived
     | PrefetchArrived
     | PrefetchDropped
     | FetchDone

@@ -56,6 +56,7 @@ from apportion.protocol.messages import (
     RejoinGranted,
     RestartWorker,
     RunCall,
+    StealRequest,
     TaskNote,
     Uninstall,
     WorkerClosing,
@@ -652,7 +653,7 @@ class Worker(BackgroundService):
             match message:
                 case LoadFunction():
                     self._runner.functions.add(message.func_id, message.blob)
-                case ComputeTask() | Prefetch() | DropPrefetch() | RejoinGranted():
+                case ComputeTask() | Prefetch() | DropPrefetch() | RejoinGranted() | StealRequest():
                     events.append(arrival(message, now))
                 case FreeKeys():
                     # Executions started by earlier messages of this frame first, so

@@ -58,6 +58,7 @@ from apportion.protocol.messages import (
     DataStored,
     MissingDependency,
     ResultTooLarge,
+    StealResponse,
     TaskFinished,
     TaskRaised,
     TaskRejoining,
@@ -86,6 +87,7 @@ from apportion.worker.events import (
     ResumeTask,
     Seceded,
     SendToScheduler,
+    StealArrived,
     WorkerCommand,
     WorkerEvent,
 )
@@ -247,8 +249,8 @@ class WorkerState:
         match event:
             case ComputeArrived():
                 self._on_compute(event.task, event.time)
-            case FreeArrived():
-                self._on_free(event.keys, event.time)
+            case FreeArrived() | StealArrived():
+                self._on_letting_go(event)
             case PrefetchArrived() | PrefetchDropped():
                 self._on_prefetch(event)
             case FetchDone():
@@ -330,6 +332,26 @@ class WorkerState:
         self._drop_tasks(dropped, "freed", now)
         if dropped:
             self._send(TasksDropped(dropped))
+
+    def _on_letting_go(self, event: FreeArrived | StealArrived) -> None:
+        if isinstance(event, FreeArrived):
+            self._on_free(event.keys, event.time)
+        else:
+            self._on_steal(event)
+
+    def _on_steal(self, event: StealArrived) -> None:
+        """Let go of the tasks asked for that have not started; say which had.
+
+        A key no longer here was reported (finished, raised, dropped) before this
+        answer, on the same connection, so the scheduler has settled it already."""
+        released: list[str] = []
+        started: list[str] = []
+        for key in dict.fromkeys(event.keys):
+            record = self.tasks.get(key)
+            if record is not None:
+                (started if record.state == EXECUTING else released).append(key)
+        self._drop_tasks(released, "let go to an idle worker", event.time)
+        self._send(StealResponse(released, started))
 
     def _on_fetch_done(self, event: FetchDone) -> None:
         for key, info in event.obtained.items():

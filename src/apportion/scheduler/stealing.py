@@ -1,0 +1,227 @@
+"""Work stealing: a task waiting in a busy worker's queue moves to an idle worker.
+
+A worker is given a little more than it can start at once (short plain tasks queued
+ahead, to hide the round trip; tasks whose inputs it is fetching), and a task given
+to it starts only when one of its threads frees. When a thread idles elsewhere
+meanwhile, with nothing queued in the scheduler for it, a task still waiting on the
+busy worker would start sooner on the idle one. The pass below asks the busy worker
+to let it go (``StealTasks``).
+
+The move is safe because the busy worker decides. It lets a task go only if it has
+not started it, and answers with those it let go and those that had started
+(``StealResponse``). Until it answers, the task stays PROCESSING there, holding
+whatever it holds. A task let go gives its resources back on that worker and only
+then takes them on the idle one, or waits in the queue if that one can no longer
+take it: held in one place at a time, never in two. Messages between the scheduler
+and a worker arrive in order, so an answer concerns the assignment that was current
+when the request left: a task that finished, failed or was dropped before the
+request arrived was reported before the answer, and its move ended with the report.
+A move ends, too, when either worker is lost.
+
+Which tasks wait? The scheduler does not hear when a task starts (a message per
+task would cost tiny tasks their throughput). It assumes a worker runs the tasks it
+knows started (seceded, adopted, or named in a refusal), then the ones given to it
+first, on its ``nthreads`` threads; the others wait, in the order the worker starts
+them (resource tasks first, then priority, then arrival). A wrong guess costs one
+refusal, and the refusal says which had started, so it is not asked again.
+
+Is a move worth it? A waiting task starts when a thread frees for it. A running
+task is expected to end at its group's expected duration after it was given out;
+one that has run past that is expected to run as long again as it has run (a task
+blocked on the cluster, or an unusually long one of a short group: the expectation
+is no guide any more). Waiting tasks ahead of it run at their group's pace. The
+task moves when that wait is longer than the move costs: ``steal_latency`` plus
+moving the inputs the idle worker lacks, at ``transfer_bandwidth``.
+
+Never moved: actors, tasks known to have started, tasks being freed, and tasks whose
+restriction (``workers=``) or demand the idle worker does not meet now.
+
+Cost: one pass after each placement pass and at each tick. It stops at once unless
+some worker has an idle thread and some other has more tasks than threads; then it
+costs O(tasks given to those workers).
+"""
+
+from __future__ import annotations
+
+from heapq import heappop, heappush
+
+from apportion.protocol import messages as m
+from apportion.scheduler.core import SchedulerCore
+from apportion.scheduler.events import StealTasks
+from apportion.scheduler.holders import holds
+from apportion.scheduler.placement import closed_to_plain, fits_now
+from apportion.scheduler.records import (
+    PROCESSING,
+    QUEUED,
+    TaskRecord,
+    WorkerRecord,
+    needs_resources,
+)
+from apportion.scheduler.worker_reports import running_task, settle_discarded
+
+
+def balance(state: SchedulerCore) -> None:
+    """Ask busy workers to let waiting tasks go to idle threads, where they start sooner."""
+    if len(state.workers) < 2:
+        return
+    free = {w.id: n for w in state.workers.values() if (n := _idle_threads(w)) > 0}
+    if not free:
+        return
+    leaving = _moving_from(state)
+    busy = [
+        w
+        for w in state.workers.values()
+        if w.running() - leaving.get(w.id, 0) > w.nthreads or (w.paused and w.processing)
+    ]
+    if not busy:
+        return
+    waiting = _resource_work_waiting(state)
+    requests: dict[str, list[str]] = {}
+    for victim in busy:
+        for task, wait in reversed(_waits(state, victim)):
+            if task.key in state.steals:
+                continue
+            thief, cost = _cheapest(state, task, victim, free, waiting)
+            if thief is None or wait <= cost:
+                continue
+            requests.setdefault(victim.id, []).append(task.key)
+            state.steals[task.key] = (victim.id, thief.id)
+            thief.incoming += 1
+            free[thief.id] -= 1
+            if not free[thief.id]:
+                del free[thief.id]
+            cause = (
+                f"asked {victim.name} to let it go to idle {thief.name}: it would wait "
+                f"{wait:.3g}s there, moving costs {cost:.3g}s"
+            )
+            state.log.append((state.now, task.key, PROCESSING, PROCESSING, cause))
+            if not free:
+                break
+        if not free:
+            break
+    for victim_id, keys in requests.items():
+        state.emit(StealTasks(victim_id, keys))
+
+
+def steal_answered(state: SchedulerCore, worker: WorkerRecord, msg: m.StealResponse) -> None:
+    """``worker`` let go of the tasks that had not started, and kept the others."""
+    for key in msg.started:
+        if state.steals.get(key, ("",))[0] == worker.id:
+            state.end_steal(key)
+        task = state.tasks.get(key)
+        if task is not None and task.state == PROCESSING and task.worker == worker.id:
+            worker.started.add(key)
+            state.log.append(
+                (state.now, key, PROCESSING, PROCESSING, f"had started on {worker.name}; stays")
+            )
+    for key in msg.released:
+        steal = state.steals.get(key)
+        thief_id = steal[1] if steal is not None and steal[0] == worker.id else ""
+        task = running_task(state, worker, key)  # gives back what it held there
+        if task is None:
+            continue
+        state.placement_due = True
+        if task.discard_result:
+            settle_discarded(state, task, f"let go by {worker.name} before it started")
+            continue
+        state.requeue(task, f"let go by {worker.name} before it started there")
+        thief = state.workers.get(thief_id)
+        waiting = _resource_work_waiting(state)
+        if task.state == QUEUED and thief is not None and _may_take(state, thief, task, waiting):
+            state.assign(task, thief, cause=f"moved from {worker.name} to idle {thief.name}")
+
+
+def _idle_threads(worker: WorkerRecord) -> int:
+    """Threads of ``worker`` that nothing runs on and nothing is on its way to."""
+    if worker.leaving is not None or worker.paused:
+        return 0
+    return worker.nthreads - worker.running() - worker.incoming
+
+
+def _moving_from(state: SchedulerCore) -> dict[str, int]:
+    """Worker id -> how many of its tasks are being moved away."""
+    counts: dict[str, int] = {}
+    for victim, _ in state.steals.values():
+        counts[victim] = counts.get(victim, 0) + 1
+    return counts
+
+
+def _resource_work_waiting(state: SchedulerCore) -> bool:
+    """A task asking for resources waits in the scheduler's queues."""
+    return any(queue and needs_resources(key) for key, queue in state.ready.items())
+
+
+def _waits(state: SchedulerCore, worker: WorkerRecord) -> list[tuple[TaskRecord, float]]:
+    """The tasks presumably waiting on ``worker``, each with the seconds until it would
+    start there, in the order the worker would start them (see the module)."""
+    now = state.now
+    counted = [k for k in worker.processing if k not in worker.seceded]
+    started = [k for k in counted if k in worker.started]
+    others = [k for k in counted if k not in worker.started]
+    threads = 0 if worker.paused else worker.nthreads
+    presumed = others[: max(0, threads - len(started))]
+    ends: list[float] = []
+    for key in started + presumed:
+        given, expected = worker.processing[key]
+        ran = now - given
+        heappush(ends, expected - ran if ran < expected else ran)
+    while len(ends) < threads:
+        heappush(ends, 0.0)
+    queued = [state.tasks[k] for k in others[len(presumed) :]]
+    queued.sort(key=lambda t: (not t.resources, -t.priority))  # stable: arrival order kept
+    if not threads:
+        return [(task, _FOREVER) for task in queued]  # paused: nothing starts there now
+    waits = []
+    for task in queued:
+        start = heappop(ends)
+        heappush(ends, start + state.expected(task))
+        if not task.actor and not task.discard_result:
+            waits.append((task, start))
+    return waits
+
+
+#: How long a task waits on a worker paused for its memory: until it resumes.
+_FOREVER = float("inf")
+
+
+def _cheapest(
+    state: SchedulerCore,
+    task: TaskRecord,
+    victim: WorkerRecord,
+    free: dict[str, int],
+    waiting: bool,
+) -> tuple[WorkerRecord | None, float]:
+    """The idle worker that could start ``task`` soonest, and what moving it costs."""
+    best: WorkerRecord | None = None
+    best_cost = 0.0
+    for worker_id in free:
+        thief = state.workers[worker_id]
+        if thief is victim or not _may_take(state, thief, task, waiting):
+            continue
+        cost = _move_cost(state, task, thief)
+        if best is None or cost < best_cost:
+            best, best_cost = thief, cost
+    return best, best_cost
+
+
+def _may_take(state: SchedulerCore, thief: WorkerRecord, task: TaskRecord, waiting: bool) -> bool:
+    """Whether ``thief`` may start ``task`` now, as placement would allow it."""
+    restriction = task.restriction
+    if restriction is not None and not restriction.allows(thief):
+        return False
+    if task.resources:
+        return fits_now(state, thief, task, task.resources)
+    if closed_to_plain(state, thief, waiting):
+        return False
+    return thief.running() + thief.incoming < thief.nthreads
+
+
+def _move_cost(state: SchedulerCore, task: TaskRecord, thief: WorkerRecord) -> float:
+    """Seconds moving ``task`` to ``thief`` costs: the round trips, and its inputs
+    ``thief`` does not hold."""
+    missing = 0
+    for dep in task.deps:
+        record = state.tasks[dep]
+        if not holds(record, thief.id):
+            missing += record.nbytes
+    return state.config.steal_latency + missing / state.config.transfer_bandwidth
