@@ -39,7 +39,9 @@ def explain(state: SchedulerCore, key: str) -> str:
         holding = f", holding {describe_resources(task.resources)}" if task.resources else ""
         if task.allocation is not None and task.allocation.units:
             holding += f" (units: {describe_units(task.allocation.units)})"
-        return f"running on {where}{holding}"
+        if worker is None:
+            return f"running on {where}{holding}"
+        return _assigned(state, task, worker, where + holding)
     if task.state == MEMORY:
         worker = state.workers.get(task.worker or "")
         return f"finished; its result is on {worker.name if worker else 'a worker'}"
@@ -55,6 +57,26 @@ def explain(state: SchedulerCore, key: str) -> str:
         and state.tasks[k].order() < task.order()
     )
     return why_queued(state, task, ahead)
+
+
+def _assigned(state: SchedulerCore, task: TaskRecord, worker: WorkerRecord, where: str) -> str:
+    """Where a PROCESSING task is: running, perhaps waiting in its worker's queue, or
+    on its way to an idle worker (``stealing``)."""
+    steal = state.steals.get(task.key)
+    if steal is not None:
+        thief = state.workers.get(steal[1])
+        idle = thief.name if thief is not None else "a worker that has left"
+        return (
+            f"assigned to {where}; being moved to idle {idle}: {worker.name} was asked "
+            "to let it go if it has not started"
+        )
+    if task.key in worker.started or worker.running() <= worker.nthreads:
+        return f"running on {where}"
+    return (
+        f"assigned to {where}: running, or waiting there behind other tasks "
+        f"({worker.running()} for its {worker.nthreads} threads); it moves to a worker "
+        "whose thread idles first, if it would start sooner there"
+    )
 
 
 def why_queued(state: SchedulerCore, task: TaskRecord, ahead: int = 0) -> str:

@@ -128,7 +128,8 @@ def steal_answered(state: SchedulerCore, worker: WorkerRecord, msg: m.StealRespo
         thief = state.workers.get(thief_id)
         waiting = _resource_work_waiting(state)
         if task.state == QUEUED and thief is not None and _may_take(state, thief, task, waiting):
-            state.assign(task, thief, cause=f"moved from {worker.name} to idle {thief.name}")
+            cause = f"moved from {worker.name}, where it waited, to idle {thief.name}"
+            state.assign(task, thief, cause=cause)
 
 
 def _idle_threads(worker: WorkerRecord) -> int:

@@ -50,6 +50,10 @@ class SimulatedCluster:
 
     config: SchedulerConfig = field(default_factory=SchedulerConfig)
     now: float = 0.0
+    #: A fake worker starts every task it is given at once, so when asked to let
+    #: waiting ones go to an idle worker (``StealRequest``) it answers that all had
+    #: started. False: the test answers such requests itself.
+    answers_steals: bool = True
 
     def __post_init__(self) -> None:
         self.state = SchedulerState(self.config)
@@ -69,6 +73,7 @@ class SimulatedCluster:
         #: worker id -> every message the scheduler sent it
         self.to_workers: dict[str, list[m.Message]] = {}
         self._ids = itertools.count(1)
+        self._refusals: list[tuple[str, list[str]]] = []
 
     # --- plumbing -------------------------------------------------------------------
 
@@ -94,6 +99,10 @@ class SimulatedCluster:
                     self._to_worker(peer_id, msg)
                 else:
                     self.inbox.setdefault(peer_id, []).append(msg)
+        while self._refusals:
+            worker_id, keys = self._refusals.pop(0)
+            if worker_id in self.running:
+                self.worker_says(worker_id, m.StealResponse([], keys))
         return commands
 
     def _to_worker(self, worker_id: str, msg: m.Message) -> None:
@@ -101,6 +110,9 @@ class SimulatedCluster:
         if isinstance(msg, m.ComputeTask):
             self.running[worker_id][msg.key] = msg
             self.started.append((self.now, worker_id, msg.key))
+        elif isinstance(msg, m.StealRequest) and self.answers_steals:
+            held = [key for key in msg.keys if key in self.running[worker_id]]
+            self._refusals.append((worker_id, held))
 
     def place(self) -> list[tuple[str, str]]:
         """Run one placement pass; return the (worker, key) pairs it started."""
@@ -192,6 +204,16 @@ class SimulatedCluster:
         del self.running[worker_id][key]
         msg = m.TaskFinished(key, nbytes, duration, "int", thread)
         self.handle(FromWorker(worker_id, [msg], self.now))
+
+    def answer_steal(
+        self, worker_id: str, released: Iterable[str] = (), started: Iterable[str] = ()
+    ) -> None:
+        """The worker answers a ``StealRequest`` (with ``answers_steals`` off): it let
+        ``released`` go, never to run them, and ``started`` had started."""
+        released = list(released)
+        for key in released:
+            self.running[worker_id].pop(key, None)
+        self.worker_says(worker_id, m.StealResponse(released, list(started)))
 
     def raise_(self, key: str, exception: bytes = b"exc", traceback: bytes = b"tb") -> None:
         """The worker running ``key`` reports that it raised."""

@@ -1,0 +1,263 @@
+"""Work stealing, decision by decision, on the simulated cluster with simulated time.
+
+Each test builds the same picture: a task queued on a busy worker behind one that
+runs long, while another worker's thread idles; then it plays the busy worker's
+answer, or what crosses it (the task starting, finishing, the worker dying, the
+task cancelled), and checks that the task runs exactly once, somewhere, and that
+every resource comes back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from apportion.protocol import messages as m
+from apportion.scheduler.events import Tick
+from apportion.scheduler.explain import explain
+from apportion.scheduler.invariants import check_invariants
+from apportion.scheduler.records import ERRED, MEMORY, PROCESSING, QUEUED
+from apportion.scheduler.state import SchedulerConfig
+from apportion.testing import RecordingCluster
+
+
+@pytest.fixture
+def make_sim() -> Iterator[Callable[..., RecordingCluster]]:
+    """Clusters whose workers answer steal requests only as each test says; after the
+    test, their invariants hold and every message they sent was taken."""
+    made: list[RecordingCluster] = []
+
+    def make(config: SchedulerConfig | None = None) -> RecordingCluster:
+        cluster = RecordingCluster(config or SchedulerConfig(), answers_steals=False)
+        cluster.add_client("c1")
+        made.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in made:
+        check_invariants(cluster.state)
+        cluster.check_all_taken()
+
+
+@pytest.fixture
+def sim(make_sim: Callable[..., RecordingCluster]) -> RecordingCluster:
+    return make_sim()
+
+
+def _queued_behind_a_blocker(
+    sim: RecordingCluster, resources: str | None = None
+) -> tuple[str, str]:
+    """Worker ``busy`` runs ``blocker`` with ``short-1`` queued behind it; worker
+    ``spare`` runs ``short-0``. Both are expected to take a millisecond."""
+    busy = sim.add_worker("busy", resources=resources)
+    idle = sim.add_worker("spare", resources=resources)
+    sim.measured("short-0", 0.001)
+    sim.measured("blocker", 0.001)
+    sim.submit("blocker")
+    sim.submit("short-0")
+    sim.submit("short-1")
+    assert sim.place() == [(busy, "blocker"), (idle, "short-0"), (busy, "short-1")]
+    return busy, idle
+
+
+def _steal_asked(sim: RecordingCluster, worker: str) -> list[str]:
+    return [key for msg in sim.worker_got(worker, m.StealRequest) for key in msg.keys]
+
+
+def test_a_task_waiting_behind_a_long_one_moves_to_an_idle_worker(sim: RecordingCluster) -> None:
+    busy, idle = _queued_behind_a_blocker(sim)
+    sim.now = 5.0  # the blocker runs far past its millisecond: it is expected to run on
+    sim.finish("short-0")
+    assert sim.place() == []
+    assert _steal_asked(sim, busy) == ["short-1"]
+    assert sim.state.workers[idle].incoming == 1
+    assert "being moved to idle spare" in explain(sim.state, "short-1")
+    assert sim.place() == []  # the idle thread is promised: nothing else is asked
+    assert _steal_asked(sim, busy) == ["short-1"]
+    sim.answer_steal(busy, released=["short-1"])
+    assert sim.worker_of("short-1") == idle
+    assert sim.worker_got(idle, m.ComputeTask)[-1].key == "short-1"
+    causes = [cause for *_, cause in sim.state.story("short-1")]
+    assert any(c.startswith("asked busy to let it go to idle spare") for c in causes)
+    assert causes[-2:] == [
+        "let go by busy before it started there",
+        "moved from busy, where it waited, to idle spare",
+    ]
+    sim.finish("short-1")
+    sim.finish("blocker")
+    assert sorted(sim.done()) == ["blocker", "short-0", "short-1"]  # each once
+
+
+def test_nothing_moves_while_the_wait_is_shorter_than_the_move(sim: RecordingCluster) -> None:
+    busy, _ = _queued_behind_a_blocker(sim)
+    sim.now = 0.0005  # the blocker should end within a millisecond: the task waits
+    sim.finish("short-0")
+    sim.place()
+    assert _steal_asked(sim, busy) == []
+    sim.handle(Tick(1.0))  # a second later it has not: now it is worth moving
+    sim.now = 1.0
+    assert _steal_asked(sim, busy) == ["short-1"]
+    sim.answer_steal(busy, started=["short-1"])  # it had started meanwhile
+    sim.finish("short-1")
+    sim.finish("blocker")
+    assert sorted(sim.done()) == ["blocker", "short-0", "short-1"]
+
+
+def test_a_task_that_had_started_stays_and_is_not_asked_for_again(
+    sim: RecordingCluster,
+) -> None:
+    busy, idle = _queued_behind_a_blocker(sim)
+    sim.now = 5.0
+    sim.finish("short-0")
+    sim.place()
+    assert _steal_asked(sim, busy) == ["short-1"]
+    # It was the other way round: short-1 started, the blocker waits for it.
+    sim.answer_steal(busy, started=["short-1"])
+    assert sim.state.workers[idle].incoming == 0
+    assert "short-1" in sim.state.workers[busy].started
+    assert sim.state.story("short-1")[-1][-1] == "had started on busy; stays"
+    sim.handle(Tick(6.0))
+    sim.now = 6.0
+    assert _steal_asked(sim, busy) == ["short-1", "blocker"]  # now the blocker waits
+    sim.answer_steal(busy, released=["blocker"])
+    assert sim.worker_of("blocker") == idle
+    sim.worker_got(idle, m.ComputeTask)
+    sim.finish("blocker")
+    sim.finish("short-1")
+    assert sorted(sim.done()) == ["blocker", "short-0", "short-1"]
+
+
+def test_a_task_that_finishes_while_asked_for_finishes_once(sim: RecordingCluster) -> None:
+    busy, idle = _queued_behind_a_blocker(sim)
+    sim.now = 5.0
+    sim.finish("short-0")
+    sim.place()
+    assert _steal_asked(sim, busy) == ["short-1"]
+    sim.finish("blocker")
+    sim.finish("short-1")  # reported before the request arrived: answered with neither
+    assert sim.state.steals == {} and sim.state.workers[idle].incoming == 0
+    sim.answer_steal(busy)
+    assert sim.state_of("short-1") == MEMORY
+    assert sorted(sim.done()) == ["blocker", "short-0", "short-1"]
+
+
+def test_a_task_let_go_by_a_worker_that_is_then_lost_is_not_lost(
+    sim: RecordingCluster,
+) -> None:
+    busy, idle = _queued_behind_a_blocker(sim)
+    sim.now = 5.0
+    sim.finish("short-0")
+    sim.place()
+    assert _steal_asked(sim, busy) == ["short-1"]
+    sim.remove_worker(busy)  # dies before its answer arrives
+    assert sim.state.steals == {} and sim.state.workers[idle].incoming == 0
+    assert sorted(k for _, k in sim.place()) == ["blocker", "short-1"]
+    assert set(sim.running[idle]) == {"blocker", "short-1"}
+    sim.finish("short-1")
+    sim.finish("blocker")
+    assert sorted(sim.done()) == ["blocker", "short-0", "short-1"]
+
+
+def test_a_task_let_go_for_a_worker_that_left_is_queued_again(sim: RecordingCluster) -> None:
+    busy, idle = _queued_behind_a_blocker(sim)
+    sim.now = 5.0
+    sim.finish("short-0")
+    sim.place()
+    assert _steal_asked(sim, busy) == ["short-1"]
+    sim.remove_worker(idle)  # short-0's result goes with it: computed again
+    sim.answer_steal(busy, released=["short-1"])
+    assert sim.state_of("short-1") == QUEUED  # nobody else: it waits in the scheduler
+    sim.finish("blocker")
+    assert sorted(sim.place()) == [(busy, "short-0"), (busy, "short-1")]
+    sim.finish("short-0")
+    sim.finish("short-1")
+    assert sim.got(m.KeysPending) == [m.KeysPending(["short-0"])]
+    assert sorted(sim.done()) == ["blocker", "short-0", "short-0", "short-1"]
+
+
+def test_a_task_cancelled_while_asked_for_is_settled_as_cancelled(
+    sim: RecordingCluster,
+) -> None:
+    sim.allow(m.KeysFailed)
+    busy, idle = _queued_behind_a_blocker(sim)
+    sim.now = 5.0
+    sim.finish("short-0")
+    sim.place()
+    assert _steal_asked(sim, busy) == ["short-1"]
+    sim.client_says("c1", m.CancelKeys(["short-1"]))
+    assert sim.freed(busy) == ["short-1"]
+    sim.answer_steal(busy, released=["short-1"])  # let go before the free came
+    assert sim.state_of("short-1") in (ERRED, "forgotten")
+    assert sim.state.workers[idle].incoming == 0
+    assert "short-1" not in sim.running[idle]
+    sim.finish("blocker")
+    assert sorted(sim.done()) == ["blocker", "short-0"]
+
+
+def test_a_resource_task_moves_with_its_resources_given_back_then_taken(
+    sim: RecordingCluster,
+) -> None:
+    busy = sim.add_worker("busy", nthreads=2, resources="GPU=1")
+    idle = sim.add_worker("idle", nthreads=1, resources="GPU=1")
+    sim.submit("gpu-0", resources="GPU=1")
+    sim.submit("cpu-0")
+    assert sorted(sim.place()) == [(busy, "gpu-0"), (idle, "cpu-0")]
+    # The busy worker pauses for its memory before gpu-0 starts: it starts nothing now.
+    sim.worker_says(busy, m.Heartbeat(1, paused=1))
+    sim.finish("cpu-0")
+    sim.place()
+    assert _steal_asked(sim, busy) == ["gpu-0"]
+    assert sim.free(busy) == {"GPU": 0.0}  # still held there until it is let go
+    sim.answer_steal(busy, released=["gpu-0"])
+    assert sim.free(busy) == {"GPU": 1.0}
+    assert sim.free(idle) == {"GPU": 0.0}
+    assert sim.worker_of("gpu-0") == idle
+    sim.worker_got(idle, m.ComputeTask)
+    sim.finish("gpu-0")
+    assert sim.free(idle) == {"GPU": 1.0}
+    assert sorted(sim.done()) == ["cpu-0", "gpu-0"]
+
+
+def test_actors_never_move(sim: RecordingCluster) -> None:
+    busy = sim.add_worker("busy")
+    spare = sim.add_worker("spare")
+    sim.measured("short-0", 0.001)
+    sim.measured("blocker", 0.001)
+    sim.submit("blocker")
+    sim.submit("short-0")
+    sim.submit("short-1", actor=True)
+    assert sim.place() == [(busy, "blocker"), (spare, "short-0"), (busy, "short-1")]
+    sim.now = 5.0
+    sim.finish("short-0")
+    sim.place()
+    assert _steal_asked(sim, busy) == []
+    assert "waiting there behind other tasks" in explain(sim.state, "short-1")
+    sim.finish("blocker")
+    sim.finish("short-1")
+    assert sorted(sim.done()) == ["blocker", "short-0", "short-1"]
+
+
+def test_a_task_restricted_to_its_worker_never_moves(sim: RecordingCluster) -> None:
+    busy = sim.add_worker("busy", nthreads=2)
+    spare = sim.add_worker("spare")
+    sim.client_says(
+        "c1",
+        m.SubmitTasks(
+            [m.TaskSpec("pinned", "f", b"", [], {}, 0, 0, workers=["busy"])], {}, ["pinned"]
+        ),
+    )
+    sim.submit("other")
+    sim.submit("loose")
+    assert sim.place() == [(busy, "pinned"), (spare, "other"), (busy, "loose")]
+    # It pauses for its memory before starting either: both wait there for now.
+    sim.worker_says(busy, m.Heartbeat(0, paused=1))
+    sim.finish("other")
+    sim.place()
+    assert _steal_asked(sim, busy) == ["loose"]  # the one that may run elsewhere
+    sim.answer_steal(busy, released=["loose"])
+    assert sim.worker_of("loose") == spare
+    sim.worker_got(spare, m.ComputeTask)
+    sim.finish("loose")
+    sim.finish("pinned")
+    assert sorted(sim.done()) == ["loose", "other", "pinned"]
