@@ -238,3 +238,50 @@ def nap(seconds: float) -> None:
     import time
 
     time.sleep(seconds)
+
+
+# --- uneven durations: uneven.py -------------------------------------------------------
+#
+# One function per case, so that each case's tasks share one key prefix (one task group,
+# whose durations a scheduler may learn) and no case inherits what another taught.
+
+
+def _slept(seconds: float) -> float:
+    import time
+
+    time.sleep(seconds)
+    return seconds
+
+
+def six_trials(seconds: float) -> float:
+    """Case a: one of six trials, the long one first; sleeps ``seconds``, returns them."""
+    return _slept(seconds)
+
+
+def six_trials_long_second(seconds: float) -> float:
+    """Case a': one of the same six trials, the long one second."""
+    return _slept(seconds)
+
+
+def sweep_trial(seconds: float) -> float:
+    """Case b: one trial of a sweep of log-normal durations."""
+    return _slept(seconds)
+
+
+def sweep_trial_tail(seconds: float) -> float:
+    """Case c: one trial of a sweep in which a tenth of the trials run 20 times longer."""
+    return _slept(seconds)
+
+
+def sweep_trial_with_input(seconds: float, data: bytes) -> float:
+    """Case d: one trial of the sweep that reads an input made on one worker."""
+    if not data:
+        raise ValueError("the trial's input arrived empty")
+    return _slept(seconds)
+
+
+def random_bytes(nbytes: int) -> bytes:
+    """``nbytes`` random bytes: an input no transport can shrink by compressing it."""
+    import os
+
+    return os.urandom(nbytes)
