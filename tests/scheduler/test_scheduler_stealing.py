@@ -17,7 +17,7 @@ from apportion.protocol import messages as m
 from apportion.scheduler.events import Tick
 from apportion.scheduler.explain import explain
 from apportion.scheduler.invariants import check_invariants
-from apportion.scheduler.records import ERRED, MEMORY, PROCESSING, QUEUED
+from apportion.scheduler.records import ERRED, MEMORY, QUEUED
 from apportion.scheduler.state import SchedulerConfig
 from apportion.testing import RecordingCluster
 
