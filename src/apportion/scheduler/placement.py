@@ -16,11 +16,14 @@ Rules (documented for users in docs/scheduling.md):
    one reservation; a reservation is kept until its task starts, or until an older
    task that became ready later (its inputs arrived, or it is retried) blocks and
    takes it over: the oldest blocked task holds it.
-4. Plain tasks (no resources) only need a thread, and may be queued a little ahead
-   on a worker (``pipeline_seconds`` of work per thread) to hide the round trip —
-   except, while resource tasks wait, on workers that offer resources. One whose
+4. Plain tasks (no resources) only need a thread. Short ones may be queued a little
+   ahead on a worker (``pipeline_seconds`` of work per thread) to hide the round
+   trip, counted by their group's expected duration; a task of a group expected to
+   run longer than ``queue_ahead_below`` never waits behind another task on a worker
+   (what waits there anyway, an idle worker takes: ``stealing.py``). Not ahead,
+   while resource tasks wait, on workers that offer resources. A short one whose
    inputs are mostly on one worker goes there; further ahead than that when the
-   worker's queue would clear before its inputs could move elsewhere (at
+   worker's expected work would clear before its inputs could move elsewhere (at
    ``transfer_bandwidth``), as moving a large input costs more than waiting for it.
 5. A task with alternative demands runs with the first that fits somewhere now.
 6. A worker that announced it is closing gets nothing new, nor does one paused
