@@ -383,31 +383,42 @@ def _place_plain_tasks(state: SchedulerCore) -> None:
     heap = state.ready.get(())
     if not heap:
         return
+    workers = state.workers
     loads: list[tuple[float, float, int, str]] = []
     # After the resource pass, a non-empty resource queue holds a task that is waiting.
     waiting = any(queue and needs_resources(key) for key, queue in state.ready.items())
-    for i, worker in enumerate(state.workers.values()):
+    for i, worker in enumerate(workers.values()):
         if not closed_to_plain(state, worker, waiting):
-            heappush(loads, (*_load(worker), i, worker.id))
+            n = worker.nthreads  # ``_load``, inlined: this runs for every worker, every pass
+            busy = len(worker.processing) - len(worker.seceded) + worker.incoming
+            loads.append((busy / n, worker.occupancy / n, i, worker.id))
+    heapify(loads)
+    aheads: dict[object, int] = {}  # by task group: its tasks come in runs
     while loads:
         task = _head(state, heap)
         if task is None:
             break
-        ahead = ahead_per_thread(state, state.expected(task))
-        target = _local_choice(state, task, ahead, waiting) if task.deps else None
-        if target is None:
-            _, _, i, worker_id = loads[0]
-            worker = state.workers[worker_id]
-            if loads[0][:2] != _load(worker):
-                heapreplace(loads, (*_load(worker), i, worker_id))  # assigned to meanwhile
-                continue
-            if not _has_room(worker, ahead, waiting):
-                heappop(loads)  # full for this task; the next one is no shorter, in general
-                continue
-            target = worker
-            heapreplace(loads, (*_load(worker), i, worker_id))
+        ahead = aheads.get(task.group, -1)
+        if ahead < 0:
+            ahead = aheads[task.group] = ahead_per_thread(state, state.expected(task))
+        if task.deps:
+            target = _local_choice(state, task, ahead, waiting)
+            if target is not None:
+                heappop(heap)
+                state.assign(task, target)
+                continue  # its entry in ``loads`` is stale now: sorted again when on top
+        entry = loads[0]
+        worker = workers[entry[3]]
+        load = _load(worker)
+        if (entry[0], entry[1]) != load:
+            heapreplace(loads, (*load, entry[2], entry[3]))  # assigned to meanwhile
+            continue
+        if not _has_room(worker, ahead, waiting):
+            heappop(loads)  # full for this task; the next one is no shorter, in general
+            continue
         heappop(heap)
-        state.assign(task, target)
+        state.assign(task, worker)
+        heapreplace(loads, (*_load(worker), entry[2], entry[3]))
     if not heap:
         del state.ready[()]
 

@@ -64,15 +64,10 @@ def balance(state: SchedulerCore) -> None:
     """Ask busy workers to let waiting tasks go to idle threads, where they start sooner."""
     if len(state.workers) < 2:
         return
-    free = {w.id: n for w in state.workers.values() if (n := _idle_threads(w)) > 0}
+    free = _idle_threads(state)
     if not free:
         return
-    leaving = _moving_from(state)
-    busy = [
-        w
-        for w in state.workers.values()
-        if w.running() - leaving.get(w.id, 0) > w.nthreads or (w.paused and w.processing)
-    ]
+    busy = _busy(state)
     if not busy:
         return
     waiting = _resource_work_waiting(state)
@@ -85,22 +80,32 @@ def balance(state: SchedulerCore) -> None:
             if thief is None or wait <= cost:
                 continue
             requests.setdefault(victim.id, []).append(task.key)
-            state.steals[task.key] = (victim.id, thief.id)
-            thief.incoming += 1
+            _ask(
+                state,
+                task,
+                victim,
+                thief,
+                f"it would wait {wait:.3g}s there, moving costs {cost:.3g}s",
+            )
             free[thief.id] -= 1
             if not free[thief.id]:
                 del free[thief.id]
-            cause = (
-                f"asked {victim.name} to let it go to idle {thief.name}: it would wait "
-                f"{wait:.3g}s there, moving costs {cost:.3g}s"
-            )
-            state.log.append((state.now, task.key, PROCESSING, PROCESSING, cause))
-            if not free:
-                break
+                if not free:
+                    break
         if not free:
             break
     for victim_id, keys in requests.items():
         state.emit(StealTasks(victim_id, keys))
+
+
+def _ask(
+    state: SchedulerCore, task: TaskRecord, victim: WorkerRecord, thief: WorkerRecord, why: str
+) -> None:
+    """Record that ``victim`` is asked to let ``task`` go to ``thief``."""
+    state.steals[task.key] = (victim.id, thief.id)
+    thief.incoming += 1
+    cause = f"asked {victim.name} to let it go to idle {thief.name}: {why}"
+    state.log.append((state.now, task.key, PROCESSING, PROCESSING, cause))
 
 
 def steal_answered(state: SchedulerCore, worker: WorkerRecord, msg: m.StealResponse) -> None:
@@ -132,19 +137,28 @@ def steal_answered(state: SchedulerCore, worker: WorkerRecord, msg: m.StealRespo
             state.assign(task, thief, cause=cause)
 
 
-def _idle_threads(worker: WorkerRecord) -> int:
-    """Threads of ``worker`` that nothing runs on and nothing is on its way to."""
-    if worker.leaving is not None or worker.paused:
-        return 0
-    return worker.nthreads - worker.running() - worker.incoming
+def _idle_threads(state: SchedulerCore) -> dict[str, int]:
+    """Worker id -> its threads that nothing runs on and nothing is on its way to."""
+    free: dict[str, int] = {}
+    for w in state.workers.values():  # inlined, no call per worker: this runs every pass
+        if w.leaving is None and not w.paused:
+            idle = w.nthreads - (len(w.processing) - len(w.seceded)) - w.incoming
+            if idle > 0:
+                free[w.id] = idle
+    return free
 
 
-def _moving_from(state: SchedulerCore) -> dict[str, int]:
-    """Worker id -> how many of its tasks are being moved away."""
-    counts: dict[str, int] = {}
+def _busy(state: SchedulerCore) -> list[WorkerRecord]:
+    """Workers with tasks beyond their threads (not counting those being moved away),
+    and workers paused for their memory with tasks: some of their tasks wait."""
+    leaving: dict[str, int] = {}
     for victim, _ in state.steals.values():
-        counts[victim] = counts.get(victim, 0) + 1
-    return counts
+        leaving[victim] = leaving.get(victim, 0) + 1
+    return [
+        w
+        for w in state.workers.values()
+        if w.running() - leaving.get(w.id, 0) > w.nthreads or (w.paused and w.processing)
+    ]
 
 
 def _resource_work_waiting(state: SchedulerCore) -> bool:
