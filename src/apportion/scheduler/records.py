@@ -306,6 +306,7 @@ class WorkerRecord:
         "spilled",
         "started",
         "supervisor",
+        "thread_freed",
     )
 
     def __init__(
@@ -338,6 +339,9 @@ class WorkerRecord:
         self.started: set[str] = set()
         #: Seconds of work in ``processing``, each task as expected when assigned.
         self.occupancy = 0.0
+        #: When it last reported a task finished or raised: a task that waited in its
+        #: queue started no earlier than that (``stealing``).
+        self.thread_freed = 0.0
         #: Tasks of other workers' ``processing`` on their way here (``stealing``):
         #: they take a thread here as soon as their worker lets them go.
         self.incoming = 0

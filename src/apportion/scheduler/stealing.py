@@ -23,10 +23,12 @@ task would cost tiny tasks their throughput). It assumes a worker runs the tasks
 knows started (seceded, adopted, or named in a refusal), then the ones given to it
 first, on its ``nthreads`` threads; the others wait, in the order the worker starts
 them (resource tasks first, then priority, then arrival). A wrong guess costs one
-refusal, and the refusal says which had started, so it is not asked again.
+refusal, and the refusal says which had started, so it is not asked again. A task
+presumed running started when it was given out, or when the worker last reported a
+task ended, whichever came later (it may have waited in the queue till then).
 
 Is a move worth it? A waiting task starts when a thread frees for it. A running
-task is expected to end at its group's expected duration after it was given out;
+task is expected to end at its group's expected duration after it started;
 one that has run past that is expected to run as long again as it has run (a task
 blocked on the cluster, or an unusually long one of a short group: the expectation
 is no guide any more). Waiting tasks ahead of it run at their group's pace. The
@@ -178,6 +180,10 @@ def _waits(state: SchedulerCore, worker: WorkerRecord) -> list[tuple[TaskRecord,
     ends: list[float] = []
     for key in started + presumed:
         given, expected = worker.processing[key]
+        if key not in worker.started:
+            # It may have waited in the queue, so it started no earlier than the
+            # last task there ended: never judged overdue for its wait alone.
+            given = max(given, worker.thread_freed)
         ran = now - given
         heappush(ends, expected - ran if ran < expected else ran)
     while len(ends) < threads:

@@ -37,6 +37,7 @@ def task_finished(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskFinishe
     task = running_task(state, worker, msg.key)
     if task is None:
         return
+    worker.thread_freed = state.now
     state.telemetry.executed(task, worker, allocation, msg.thread, msg.duration, state.now, True)
     tally = task.group
     if tally is not None:
@@ -64,6 +65,7 @@ def task_raised(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskRaised) -
     task = running_task(state, worker, msg.key)
     if task is None:
         return
+    worker.thread_freed = state.now
     state.telemetry.executed(task, worker, allocation, msg.thread, msg.duration, state.now, False)
     state.placement_due = True
     if task.discard_result:
