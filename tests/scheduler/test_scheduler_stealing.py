@@ -268,14 +268,16 @@ def test_a_task_that_waited_in_the_queue_is_not_judged_by_its_wait(
 ) -> None:
     busy, spare = _queued_behind_a_blocker(sim)
     sim.submit("short-2")
-    assert sim.place() == [(busy, "short-2")]  # two queued behind the blocker
+    sim.submit("short-3")
+    assert sim.place() == [(spare, "short-2"), (busy, "short-3")]
     sim.now = 5.0
     sim.finish("blocker")  # short-1 starts now, after five seconds in the queue
     sim.now = 5.0005
-    sim.finish("short-0")  # the spare worker idles
+    sim.finish("short-0")
+    sim.finish("short-2")  # the spare worker idles
     sim.place()
-    # short-1 is expected to end within the millisecond: short-2 stays where it is.
+    # short-1 is expected to end within the millisecond: short-3 stays where it is.
     assert _steal_asked(sim, busy) == []
     sim.finish("short-1")
-    sim.finish("short-2")
-    assert sorted(sim.done()) == ["blocker", "short-0", "short-1", "short-2"]
+    sim.finish("short-3")
+    assert sorted(sim.done()) == ["blocker", "short-0", "short-1", "short-2", "short-3"]
