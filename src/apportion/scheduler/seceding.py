@@ -53,6 +53,8 @@ def task_seceded(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskSeceded)
         cause = f"seceded on {worker.name}"
     worker.seceded[task.key] = give
     worker.started.add(task.key)
+    if state.end_steal(task.key) is not None:  # it started: it cannot move any more
+        cause += "; no longer moved to an idle worker, as it started"
     worker.rejoined.discard(task.key)
     state.log.append((state.now, task.key, PROCESSING, PROCESSING, cause))
     state.placement_due = True  # its thread, and maybe its resources, are free
