@@ -61,6 +61,17 @@ def _queued_behind_a_blocker(
     return busy, idle
 
 
+def _short_1_asked_for(sim: RecordingCluster) -> tuple[str, str]:
+    """``short-1`` waits behind ``blocker``, which has run five seconds where a
+    millisecond was expected; the spare worker just idled: ``busy`` is asked for it."""
+    busy, spare = _queued_behind_a_blocker(sim)
+    sim.now = 5.0
+    sim.finish("short-0")
+    sim.place()
+    assert _steal_asked(sim, busy) == ["short-1"]
+    return busy, spare
+
+
 def _steal_asked(sim: RecordingCluster, worker: str) -> list[str]:
     return [key for msg in sim.worker_got(worker, m.StealRequest) for key in msg.keys]
 
@@ -107,11 +118,7 @@ def test_nothing_moves_while_the_wait_is_shorter_than_the_move(sim: RecordingClu
 def test_a_task_that_had_started_stays_and_is_not_asked_for_again(
     sim: RecordingCluster,
 ) -> None:
-    busy, idle = _queued_behind_a_blocker(sim)
-    sim.now = 5.0
-    sim.finish("short-0")
-    sim.place()
-    assert _steal_asked(sim, busy) == ["short-1"]
+    busy, idle = _short_1_asked_for(sim)
     # It was the other way round: short-1 started, the blocker waits for it.
     sim.answer_steal(busy, started=["short-1"])
     assert sim.state.workers[idle].incoming == 0
@@ -129,11 +136,7 @@ def test_a_task_that_had_started_stays_and_is_not_asked_for_again(
 
 
 def test_a_task_that_finishes_while_asked_for_finishes_once(sim: RecordingCluster) -> None:
-    busy, idle = _queued_behind_a_blocker(sim)
-    sim.now = 5.0
-    sim.finish("short-0")
-    sim.place()
-    assert _steal_asked(sim, busy) == ["short-1"]
+    busy, idle = _short_1_asked_for(sim)
     sim.finish("blocker")
     sim.finish("short-1")  # reported before the request arrived: answered with neither
     assert sim.state.steals == {} and sim.state.workers[idle].incoming == 0
@@ -145,11 +148,7 @@ def test_a_task_that_finishes_while_asked_for_finishes_once(sim: RecordingCluste
 def test_a_task_let_go_by_a_worker_that_is_then_lost_is_not_lost(
     sim: RecordingCluster,
 ) -> None:
-    busy, idle = _queued_behind_a_blocker(sim)
-    sim.now = 5.0
-    sim.finish("short-0")
-    sim.place()
-    assert _steal_asked(sim, busy) == ["short-1"]
+    busy, idle = _short_1_asked_for(sim)
     sim.remove_worker(busy)  # dies before its answer arrives
     assert sim.state.steals == {} and sim.state.workers[idle].incoming == 0
     assert sorted(k for _, k in sim.place()) == ["blocker", "short-1"]
@@ -160,11 +159,7 @@ def test_a_task_let_go_by_a_worker_that_is_then_lost_is_not_lost(
 
 
 def test_a_task_let_go_for_a_worker_that_left_is_queued_again(sim: RecordingCluster) -> None:
-    busy, idle = _queued_behind_a_blocker(sim)
-    sim.now = 5.0
-    sim.finish("short-0")
-    sim.place()
-    assert _steal_asked(sim, busy) == ["short-1"]
+    busy, idle = _short_1_asked_for(sim)
     sim.remove_worker(idle)  # short-0's result goes with it: computed again
     sim.answer_steal(busy, released=["short-1"])
     assert sim.state_of("short-1") == QUEUED  # nobody else: it waits in the scheduler
@@ -180,11 +175,7 @@ def test_a_task_cancelled_while_asked_for_is_settled_as_cancelled(
     sim: RecordingCluster,
 ) -> None:
     sim.allow(m.KeysFailed)
-    busy, idle = _queued_behind_a_blocker(sim)
-    sim.now = 5.0
-    sim.finish("short-0")
-    sim.place()
-    assert _steal_asked(sim, busy) == ["short-1"]
+    busy, idle = _short_1_asked_for(sim)
     sim.client_says("c1", m.CancelKeys(["short-1"]))
     assert sim.freed(busy) == ["short-1"]
     sim.answer_steal(busy, released=["short-1"])  # let go before the free came
