@@ -16,6 +16,7 @@ from apportion.protocol.messages import (
     DataStored,
     MissingDependency,
     ResultTooLarge,
+    StealResponse,
     TaskFinished,
     TaskRaised,
 )
@@ -40,6 +41,7 @@ from apportion.worker.events import (
     Resumed,
     Seceded,
     SendToScheduler,
+    StealArrived,
     WorkerCommand,
 )
 from apportion.worker.state import WorkerState, check_invariants
@@ -339,6 +341,25 @@ def test_free_drops_pending_tasks_and_data() -> None:
     assert set(state.tasks) == {"blocker"}
     # The fetch still in flight completes; nobody needs the value, so it goes.
     assert forgotten(state.handle(FetchDone(PEER_A, {"a": INFO}, (), 4.0))) == {"a"}
+    check_invariants(state)
+
+
+@pytest.mark.timeout(5)
+def test_a_steal_lets_go_only_of_tasks_that_have_not_started() -> None:
+    state = WorkerState(nthreads=1, address=ME)
+    state.handle(compute("done"))
+    state.handle(ok("done"))
+    assert executed(state.handle(compute("running"))) == ["running"]
+    state.handle(compute("queued"), compute("fetching", {"a": [PEER_A]}))
+    commands = state.handle(StealArrived(("running", "queued", "fetching", "done"), 3.0))
+    # "done" was reported when it finished, before this request could arrive.
+    assert sent(commands) == [StealResponse(["queued", "fetching"], ["running"])]
+    assert set(state.tasks) == {"running"}
+    assert state.story("queued")[-1][2:5] == ("ready", "released", "let go to an idle worker")
+    # The fetch in flight completes; nobody here needs the value now, so it goes.
+    assert forgotten(state.handle(FetchDone(PEER_A, {"a": INFO}, (), 4.0))) == {"a"}
+    # Its result is kept as any other; the thread takes no task that was let go.
+    assert executed(state.handle(ok("running"))) == []
     check_invariants(state)
 
 

@@ -21,6 +21,12 @@ reserved this worker) and has its inputs fetched ahead, so that they move while 
 tasks it waits for run. Such a transient copy is kept until a task here needs it
 (then it is that task's) or the scheduler drops the prefetch.
 
+A task given here waits for a thread (or its inputs) as long as the tasks before it
+run. The scheduler may then ask for it back, for a worker whose thread idles
+(``StealArrived``): tasks that have not started are let go, dropped as if freed and
+never run here, and the answer says which were let go and which had started. The
+state machine decides, so a task that started is never moved and never runs twice.
+
 A *paused* worker (``Paused``: its memory passed the pause threshold) starts no
 execution and sends no fetch until ``Resumed``. Tasks keep arriving and become
 ready; fetches wanted meanwhile are kept, each key still ``fetching``, and go out
