@@ -100,6 +100,7 @@ SAMPLES: list[m.Message] = [
     m.TasksDropped(["x-1"]),
     m.StealRequest(["x-1", "x-2"]),
     m.StealResponse(["x-1"], ["x-2"]),
+    m.CopiesKept(["x-1"]),
     m.ScatterPlaced(11, {"d": ["tcp://h:1", 4]}),
     m.WorkerClosing("shutting down"),
     m.KeysPending(["x-1"]),

@@ -1777,3 +1777,33 @@ def test_inputs_fetched_ahead_are_dropped_when_their_task_will_not_run_there(
 def test_small_inputs_are_not_fetched_ahead(sim: RecordingCluster) -> None:
     _, gpu = _reserving(sim, nbytes=PREFETCH_FROM - 1)
     assert sim.worker_got(gpu, m.Prefetch) == [] and not sim.state.prefetches
+
+
+# --- copies workers fetch and keep ----------------------------------------------------
+
+
+def test_a_copy_a_worker_fetched_and_kept_is_a_holder_until_released(
+    sim: RecordingCluster,
+) -> None:
+    w1 = sim.add_worker("w1")
+    w2 = sim.add_worker("w2")
+    sim.submit("x")
+    assert sim.place() == [(w1, "x")]
+    sim.finish("x", nbytes=10**8)
+    sim.submit("blocker")
+    sim.submit("use-1", ["x"])
+    assert sim.place() == [(w1, "blocker"), (w2, "use-1")]
+    sim.worker_says(w2, m.CopiesKept(["x"]))  # fetched by w2 for use-1: kept there
+    assert sorted(sim.state.tasks["x"].replicas or ()) == [w2]
+    assert "x" in sim.state.workers[w2].has_what
+    sim.submit("use-2", ["x"])
+    sim.finish("use-1")
+    assert sim.place() == [(w2, "use-2")]  # where a copy already is
+    assert sim.worker_got(w2, m.ComputeTask)[-1].who_has["x"] == ["sim://w1", "sim://w2"]
+    sim.worker_says(w1, m.CopiesKept(["gone"]))  # a key the scheduler no longer has
+    assert sim.freed(w1) == ["gone"]
+    sim.finish("use-2")
+    sim.finish("blocker")
+    sim.client_says("c1", m.ReleaseKeys(["x"]))
+    assert "x" in sim.freed(w1) and "x" in sim.freed(w2)  # every holder drops it
+    assert sorted(sim.done()) == ["blocker", "use-1", "use-2", "x"]

@@ -23,6 +23,7 @@ from apportion.net.connection import Connection
 from apportion.net.handshake import HandshakeError, open_connection
 from apportion.protocol.messages import (
     ComputeTask,
+    CopiesKept,
     DataReply,
     DataStored,
     FreeKeys,
@@ -209,7 +210,7 @@ def test_a_process_started_with_task_environment_sees_only_its_gpus() -> None:
 
 
 @pytest.mark.timeout(30)
-def test_dependency_is_fetched_from_a_peer_and_not_kept() -> None:
+def test_dependency_is_fetched_from_a_peer_and_its_copy_kept_until_freed() -> None:
     async def scenario(scheduler: FakeScheduler) -> None:
         async with Worker(scheduler.address, nthreads=1) as a, Worker(scheduler.address) as b:
             conn_a, _ = await scheduler.next_worker()
@@ -217,10 +218,17 @@ def test_dependency_is_fetched_from_a_peer_and_not_kept() -> None:
             send(conn_a, compute("x", add, 1, 2))
             await scheduler.expect(conn_a, TaskFinished)
             send(conn_b, compute("y", add, KeyRef("x"), 10, who_has={"x": [a.address]}))
+            assert await scheduler.expect(conn_b, CopiesKept) == CopiesKept(["x"])
             done = await scheduler.expect(conn_b, TaskFinished)
             assert done.key == "y"
             assert loads((await get(conn_b, scheduler, "y")).data["y"]) == 13
-            assert "x" not in b.data and "x" in a.data
+            assert b.data["x"] == 3 and "x" in a.data
+            conn_b.send(FreeKeys(["x"]))
+            for _ in range(int(WAIT / 0.01)):  # polling: nothing answers a free
+                if "x" not in b.data:
+                    break
+                await asyncio.sleep(0.01)
+            assert "x" not in b.data
 
     run(scenario)
 
@@ -268,7 +276,7 @@ def test_inputs_fetched_in_parts_from_a_peer_all_arrive() -> None:
             assert (await scheduler.expect(conn_b, TaskFinished)).key == "n"
             reply = await get(conn_b, scheduler, "n")
             assert loads(reply.data["n"]) == 2 * SEND_ALONE_FROM + 1
-            assert "x" not in b.data
+            assert {key: b.data[key] for key in data} == data  # every part arrived whole
 
     run(scenario)
 

@@ -13,6 +13,7 @@ from apportion.core.allocation import Allocation
 from apportion.core.transitions import IllegalTransition
 from apportion.protocol.messages import (
     ComputeTask,
+    CopiesKept,
     DataStored,
     MissingDependency,
     ResultTooLarge,
@@ -162,25 +163,28 @@ def test_fetches_are_batched_per_peer(state: WorkerState) -> None:
 
 
 @pytest.mark.timeout(5)
-def test_fetched_dependency_is_forgotten_once_no_pending_task_needs_it(state: WorkerState) -> None:
+def test_a_copy_fetched_for_tasks_here_is_kept_and_reported(state: WorkerState) -> None:
     state.handle(compute("x", {"a": [PEER_A]}), compute("y", {"a": [PEER_A]}))
     commands = state.handle(FetchDone(PEER_A, {"a": INFO}, (), 2.0))
     assert executed(commands) == ["x", "y"]
-    # The inputs were read by Execute; the transient copy goes after it.
-    assert isinstance(commands[-1], ForgetData) and commands[-1].keys == ("a",)
-    assert "a" not in state.data
+    assert sent(commands) == [CopiesKept(["a"])]  # the scheduler counts it a holder now
+    assert "a" in state.owned and not forgotten(commands)
+    # The next task that needs it finds it here: no fetch.
+    assert fetched(state.handle(compute("z", {"a": [PEER_A]}))) == {}
+    # It goes when the scheduler frees it, as any result held here.
+    assert forgotten(state.handle(FreeArrived(("a",), 3.0))) == set()  # z still needs it
+    commands = state.handle(ok("x"))
+    assert executed(commands) == ["z"] and forgotten(commands) == {"a"}  # read by z: goes
+    check_invariants(state)
 
 
 @pytest.mark.timeout(5)
-def test_transient_copy_is_kept_while_a_waiting_task_needs_it() -> None:
+def test_a_prefetched_copy_no_task_claims_stays_transient() -> None:
     state = WorkerState(nthreads=1, address=ME)
-    state.handle(compute("blocker"))
-    state.handle(compute("x", {"a": [PEER_A]}), compute("y", {"a": [PEER_A]}))
-    state.handle(FetchDone(PEER_A, {"a": INFO}, (), 2.0))
-    commands = state.handle(ok("blocker"))
-    assert executed(commands) == ["x"] and "a" not in forgotten(commands)
-    commands = state.handle(ok("x"))
-    assert executed(commands) == ["y"] and forgotten(commands) == {"a"}
+    state.handle(PrefetchArrived({"a": [PEER_A]}, 1.0, {"a": 8}))
+    commands = state.handle(FetchDone(PEER_A, {"a": INFO}, (), 2.0))
+    assert sent(commands) == [] and "a" not in state.owned
+    assert forgotten(state.handle(PrefetchDropped(("a",), 3.0))) == {"a"}
     check_invariants(state)
 
 

@@ -510,6 +510,15 @@ class StealResponse(Message):
     started: list[str]
 
 
+@message
+class CopiesKept(Message):
+    """Worker -> scheduler: it fetched these results from peers for its tasks and keeps
+    the copies, as holders the scheduler frees like any other (Dask's ``add-keys``):
+    the next task here that needs one finds it in memory."""
+
+    keys: list[str]
+
+
 #: ``PutData`` request id a worker uses towards the scheduler for data a client put
 #: on its data port directly; the client itself reports it with ``ScatterPlaced``.
 DIRECT_PUT = -1

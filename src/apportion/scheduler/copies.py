@@ -1,4 +1,5 @@
-"""Copies of results between workers: ``replicate`` and ``rebalance``.
+"""Copies of results between workers: ``replicate``, ``rebalance``, and the copies
+workers fetch for their tasks and keep (``copies_kept``).
 
 The scheduler plans which worker gets a copy of which result and relays the bytes
 as a drain does (``drain.py``), opaque: a ``GetData`` to one holder, a ``PutData``
@@ -181,6 +182,18 @@ def receiver_stored(state: SchedulerCore, worker: WorkerRecord, msg: m.DataStore
             state.free_keys[source.id].append(key)
             job.dropped += 1
     _maybe_done(state, msg.request_id)
+
+
+def copies_kept(state: SchedulerCore, worker: WorkerRecord, msg: m.CopiesKept) -> None:
+    """``worker`` keeps the copies it fetched for its tasks: holders from now on, so
+    placement counts them and their release frees them. A copy of a result that was
+    released, lost or recomputed meanwhile, or on a worker on its way out, goes."""
+    for key in msg.keys:
+        task = state.tasks.get(key)
+        if task is None or task.state != MEMORY or worker.leaving is not None or task.actor:
+            state.free_keys[worker.id].append(key)
+        else:
+            add_holder(task, worker)
 
 
 def worker_left(state: SchedulerCore, worker_id: str) -> None:

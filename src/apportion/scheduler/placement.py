@@ -439,13 +439,10 @@ def _local_choice(
     """The worker holding most input bytes, if it has room for the task now, or, for
     short work, if its queue would clear before those bytes could move elsewhere."""
     local = _input_bytes(state, task)
-    for worker_id in sorted(local, key=lambda w: -local[w]):
-        worker = state.workers.get(worker_id)
-        if (
-            worker is not None
-            and not closed_to_plain(state, worker, waiting)
-            and _has_room(worker, ahead, waiting)
-        ):
+    holding = [state.workers[w] for w in local if w in state.workers]
+    # Most input bytes first; among equal holders (copies), the least busy.
+    for worker in sorted(holding, key=lambda w: (-local[w.id], _load(w))):
+        if not closed_to_plain(state, worker, waiting) and _has_room(worker, ahead, waiting):
             return worker
     if not local or not ahead:
         return None  # long work is never queued behind another task

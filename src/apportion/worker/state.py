@@ -11,15 +11,16 @@ microseconds, and a Hypothesis machine can drive it through any interleaving.
 
 A task moves ``waiting -> ready -> executing`` and leaves the table when it is
 reported. A key's value is ``memory`` while it is in the data store; it is
-*owned* when the scheduler knows about it (computed or put here) and *transient*
-when it was fetched from a peer for a local task: the scheduler only tracks the
-worker that computed a key, so a transient copy is forgotten as soon as no
-pending task here needs it.
+*owned* when the scheduler knows about it: computed or put here, or fetched from a
+peer for a task here, a copy kept and reported (``CopiesKept``, Dask's
+``add-keys``) so that the next task here that needs it finds it in memory, and the
+scheduler frees it with the result. A copy fetched otherwise is *transient*.
 
 A key may also be *prefetched*: the scheduler expects a task here (one that
 reserved this worker) and has its inputs fetched ahead, so that they move while the
 tasks it waits for run. Such a transient copy is kept until a task here needs it
-(then it is that task's) or the scheduler drops the prefetch.
+(then it is that task's, and forgotten once it starts) or the scheduler drops the
+prefetch.
 
 A task given here waits for a thread (or its inputs) as long as the tasks before it
 run. The scheduler may then ask for it back, for a worker whose thread idles
@@ -61,6 +62,7 @@ from apportion.core.payload import Pickled
 from apportion.core.transitions import IllegalTransition
 from apportion.protocol.messages import (
     ComputeTask,
+    CopiesKept,
     DataStored,
     MissingDependency,
     ResultTooLarge,
@@ -221,6 +223,8 @@ class WorkerState:
         #: Fetches to send, by holder address; kept across calls only while paused.
         self._to_fetch: dict[str, list[str]] = {}
         self._forget: dict[str, None] = {}  # ordered set
+        #: Copies fetched for tasks here and kept, to report (``CopiesKept``).
+        self._kept: list[str] = []
 
     # --- public -------------------------------------------------------------------
 
@@ -231,6 +235,9 @@ class WorkerState:
             now = event.time
             self._dispatch(event)
         self._start_ready(now)
+        if self._kept:
+            self._send(CopiesKept(self._kept))
+            self._kept = []
         out, self._out = self._out, []
         if not self.paused:
             out.extend(self._fetches_to_send(now))
@@ -490,6 +497,9 @@ class WorkerState:
             return
         else:
             self._move(key, old, MEMORY, cause, now)
+            if not owned and key in self.needed_by:
+                owned = True  # a copy for a task here: kept, and the scheduler told
+                self._kept.append(key)
         self._hold(key, info, owned, now)
 
     def _hold(self, key: str, info: DataInfo, owned: bool, now: float) -> None:
