@@ -24,10 +24,10 @@ def test_every_command_has_a_message() -> None:
 def test_an_assignment_carries_its_allocation() -> None:
     allocation = Allocation({"GPU": 1000}, {"GPU": ["1"]}, 0)
     who_has = {"d": ["tcp://a:1"]}
-    command = AssignTask("w1", "k", "f", b"args", who_has, 3, allocation, {"d": 64})
+    command = AssignTask("w1", "k", "f", b"args", who_has, 3, allocation, {"d": 64}, 7)
     assert wire.to_wire(command) == (
         "w1",
-        m.ComputeTask("k", "f", b"args", who_has, 3, allocation, {"d": 64}),
+        m.ComputeTask("k", "f", b"args", who_has, 3, allocation, {"d": 64}, 7),
     )
 
 

@@ -62,9 +62,10 @@ def compute(
     units: dict[str, list[str]] | None = None,
     variant: int = 0,
     sizes: dict[str, int] | None = None,
+    order: int = 0,
 ) -> ComputeArrived:
     allocation = Allocation(resources or {}, units or {}, variant)
-    task = ComputeTask(key, "f", b"args", who_has or {}, priority, allocation, sizes or {})
+    task = ComputeTask(key, "f", b"args", who_has or {}, priority, allocation, sizes or {}, order)
     return ComputeArrived(task, t)
 
 
@@ -345,6 +346,18 @@ def test_free_drops_pending_tasks_and_data() -> None:
     assert set(state.tasks) == {"blocker"}
     # The fetch still in flight completes; nobody needs the value, so it goes.
     assert forgotten(state.handle(FetchDone(PEER_A, {"a": INFO}, (), 4.0))) == {"a"}
+    check_invariants(state)
+
+
+@pytest.mark.timeout(5)
+def test_waiting_tasks_start_in_the_schedulers_order_not_as_they_arrived() -> None:
+    state = WorkerState(nthreads=1, address=ME)
+    state.handle(compute("running", order=1))
+    # New input queued ahead first, then a later step of the graph (submitted before it).
+    state.handle(compute("root-9", order=9), compute("root-8", order=8))
+    state.handle(compute("step", order=4))
+    assert state.ready_keys() == ["step", "root-8", "root-9"]
+    assert executed(state.handle(ok("running"))) == ["step"]
     check_invariants(state)
 
 

@@ -430,11 +430,15 @@ class ComputeTask(Message):
     #: Each dependency's size in bytes as the scheduler knows it (0: not known), so the
     #: worker keeps what it fetches at once within its budget.
     sizes: dict[str, int] = field(default_factory=dict)
+    #: Its place in the scheduler's start order (submission order within a priority):
+    #: among tasks waiting for a thread, the worker starts the earliest first, not the
+    #: one that arrived first, so a graph's later steps go ahead of new inputs.
+    order: int = 0
 
     @classmethod
     def from_fields(cls, values: list[Any]) -> Message:
-        key, func_id, args, who_has, priority, allocation, sizes = values
-        return cls(key, func_id, args, who_has, priority, Allocation(*allocation), sizes)
+        key, func_id, args, who_has, priority, allocation, sizes, order = values
+        return cls(key, func_id, args, who_has, priority, Allocation(*allocation), sizes, order)
 
 
 @message

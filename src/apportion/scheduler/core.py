@@ -328,6 +328,7 @@ class SchedulerCore:
                 task.priority,
                 allocation,
                 sizes,
+                task.seq,
             )
         )
 

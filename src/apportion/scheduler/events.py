@@ -155,6 +155,8 @@ class AssignTask:
     allocation: Allocation
     #: every input key -> its size in bytes
     sizes: dict[str, int]
+    #: its place in the start order within its priority (``TaskRecord.seq``)
+    order: int
 
 
 @dataclass(frozen=True, slots=True)

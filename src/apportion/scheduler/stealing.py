@@ -22,7 +22,7 @@ Which tasks wait? The scheduler does not hear when a task starts (a message per
 task would cost tiny tasks their throughput). It assumes a worker runs the tasks it
 knows started (seceded, adopted, or named in a refusal), then the ones given to it
 first, on its ``nthreads`` threads; the others wait, in the order the worker starts
-them (resource tasks first, then priority, then arrival). A wrong guess costs one
+them (resource tasks first, then priority, then the scheduler's order). A wrong guess costs one
 refusal, and the refusal says which had started, so it is not asked again. A task
 presumed running started when it was given out, or when the worker last reported a
 task ended, whichever came later (it may have waited in the queue till then).
@@ -189,7 +189,7 @@ def _waits(state: SchedulerCore, worker: WorkerRecord) -> list[tuple[TaskRecord,
     while len(ends) < threads:
         heappush(ends, 0.0)
     queued = [state.tasks[k] for k in others[len(presumed) :]]
-    queued.sort(key=lambda t: (not t.resources, -t.priority))  # stable: arrival order kept
+    queued.sort(key=lambda t: (not t.resources, -t.priority, t.seq))  # as the worker does
     if not threads:
         return [(task, _FOREVER) for task in queued]  # paused: nothing starts there now
     waits = []

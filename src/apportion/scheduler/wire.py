@@ -60,7 +60,9 @@ def _error_message(key: str, error: TaskError, attempts: int) -> m.Message:
 
 
 def _assign(c: AssignTask) -> tuple[str, m.Message]:
-    message = m.ComputeTask(c.key, c.func_id, c.args, c.who_has, c.priority, c.allocation, c.sizes)
+    message = m.ComputeTask(
+        c.key, c.func_id, c.args, c.who_has, c.priority, c.allocation, c.sizes, c.order
+    )
     return c.worker_id, message
 
 

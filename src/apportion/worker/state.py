@@ -150,6 +150,7 @@ class AssignedTask:
     state: str  #: WAITING, READY or EXECUTING
     missing: set[str] = field(default_factory=set)  #: deps not in memory; empty unless waiting
     freed: bool = False  #: freed while executing: report it, then discard the result
+    order: int = 0  #: the scheduler's start order (``ComputeTask.order``)
 
 
 @dataclass(slots=True)
@@ -212,8 +213,9 @@ class WorkerState:
         #: Executing tasks that came back from seceding: the ones that may exceed
         #: ``nthreads``.
         self.rejoined: set[str] = set()
-        #: Heap of (no-resources, -priority, seq, key); entries of gone tasks are skipped.
-        self._ready: list[tuple[int, int, int, str]] = []
+        #: Heap of (no-resources, -priority, order, seq, key): the scheduler's order, then
+        #: arrival; entries of gone tasks are skipped.
+        self._ready: list[tuple[int, int, int, int, str]] = []
         self._seq = 0
         #: Set by ``Paused``, cleared by ``Resumed``: while set, no ``Execute`` and no
         #: ``Fetch`` comes out of ``handle``.
@@ -254,7 +256,7 @@ class WorkerState:
     def ready_keys(self) -> list[str]:
         """Ready tasks in the order they will start (for tests and views)."""
         live = [e for e in self._ready if self._is_live(e)]
-        return [e[3] for e in sorted(live)]
+        return [e[4] for e in sorted(live)]
 
     # --- dispatch -----------------------------------------------------------------
 
@@ -308,6 +310,7 @@ class WorkerState:
             task.priority,
             self._seq,
             "",
+            order=task.order,
         )
         self.tasks[key] = record
         for dep in deps:
@@ -654,23 +657,24 @@ class WorkerState:
 
     def _make_ready(self, record: AssignedTask) -> None:
         record.state = READY
-        entry = (0 if record.allocation.resources else 1, -record.priority, record.seq, record.key)
+        no_resources = 0 if record.allocation.resources else 1
+        entry = (no_resources, -record.priority, record.order, record.seq, record.key)
         heapq.heappush(self._ready, entry)
 
-    def _is_live(self, entry: tuple[int, int, int, str]) -> bool:
-        record = self.tasks.get(entry[3])
-        return record is not None and record.state == READY and record.seq == entry[2]
+    def _is_live(self, entry: tuple[int, int, int, int, str]) -> bool:
+        record = self.tasks.get(entry[4])
+        return record is not None and record.state == READY and record.seq == entry[3]
 
     def _start_ready(self, now: float) -> None:
         """Start ready tasks while threads are free (and not paused): resource tasks,
-        priority, arrival."""
+        priority, the scheduler's order, arrival."""
         if self.paused:
             return
         while self._ready and len(self.executing) < self.nthreads:
             entry = heapq.heappop(self._ready)
             if not self._is_live(entry):
                 continue
-            record = self.tasks[entry[3]]
+            record = self.tasks[entry[4]]
             record.state = EXECUTING
             self.executing.add(record.key)
             self._move(record.key, READY, EXECUTING, "thread free", now)
@@ -715,7 +719,7 @@ def check_invariants(state: WorkerState) -> None:
     """
     ready = {k for k, t in state.tasks.items() if t.state == READY}
     executing = {k for k, t in state.tasks.items() if t.state == EXECUTING}
-    live = [e[3] for e in state._ready if state._is_live(e)]
+    live = [e[4] for e in state._ready if state._is_live(e)]
     assert len(live) == len(set(live)), f"duplicate live ready entries: {live}"
     assert set(live) == ready, f"ready heap {sorted(live)} != ready tasks {sorted(ready)}"
     seceded = state.seceded.keys()
