@@ -119,6 +119,22 @@ def needed_in_order(
     return order
 
 
+def start_order(dsk: Mapping[Any, Any], needed: list[Any]) -> list[Any]:
+    """``needed`` (dependencies first) in the order its tasks should start: Dask's own
+    ``dask.order`` when Dask is imported (it is for every Dask collection), which
+    starts each task when that lets its inputs be released soonest; else as given,
+    depth first from the outputs."""
+    if "dask" not in sys.modules or len(needed) < 2:
+        return needed
+    from dask.order import order  # Dask is imported already: never imported for this
+
+    try:
+        priorities = order({key: dsk[key] for key in needed})
+    except Exception:  # a graph Dask's order cannot read still runs, depth first
+        return needed
+    return sorted(needed, key=priorities.__getitem__)
+
+
 def _demand_by_key(
     dsk: Mapping[Any, Any], resources: ResourceSpec | Mapping[Any, ResourceSpec]
 ) -> tuple[dict[str, int], dict[Any, dict[str, int]]]:
@@ -251,7 +267,7 @@ def graph_tasks(
     demands, priorities, retry_counts = _per_key_annotations(annotations or {})
     places = _per_key_where(annotations or {}, where)
     canon = canonical_keys(dsk) if canon is None else canon
-    for key in needed_in_order(dsk, keys, canon):
+    for key in start_order(dsk, needed_in_order(dsk, keys, canon)):
         value = dsk[key]
         name = wire_key(key)
         if _existing(value, name):
