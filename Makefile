@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: demo test test-fast check lint typecheck bench bench-scale clean
+.PHONY: demo test test-fast check lint typecheck bench bench-scale bench-memory clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -49,6 +49,11 @@ bench: $(BENCH_STAMP)
 # 200 worker processes on this machine, beside Dask: too slow for `make bench`.
 bench-scale: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/scale.py
+
+# Dask collections of up to 18.6 GiB on 2 workers of 2 GiB, beside Dask: several
+# minutes; `make bench` runs the same at half the sizes.
+bench-memory: $(BENCH_STAMP)
+	$(BIN)/python benchmarks/memory_order.py --full
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .mypy_cache .pytest_cache .ruff_cache

@@ -12,7 +12,8 @@ task throughput beside a run printing 50 MB, the cost of authentication and TLS
 per connection and in tiny-task throughput beside Dask's TLS, the cost of a
 dashboard page left open on tiny-task throughput, and, beside Dask on
 workers with a 2 GiB memory limit, three limits of data held and reduced
-(spill.py) and a 10 GiB shuffle (shuffle.py).
+(spill.py), a 10 GiB shuffle (shuffle.py) and Dask arrays and frames larger than
+memory, with each system's peak worker memory (memory_order.py).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ SCRIPTS = [
     # Their defaults: 2 workers of 2 GiB each; about 2 and 4 minutes here.
     "spill.py",
     "shuffle.py",
+    # Its smaller sizes (`make bench-memory` runs the full ones): about 2 minutes here.
+    "memory_order.py",
 ]
 
 
