@@ -1807,3 +1807,20 @@ def test_a_copy_a_worker_fetched_and_kept_is_a_holder_until_released(
     sim.client_says("c1", m.ReleaseKeys(["x"]))
     assert "x" in sim.freed(w1) and "x" in sim.freed(w2)  # every holder drops it
     assert sorted(sim.done()) == ["blocker", "use-1", "use-2", "x"]
+
+
+def test_a_worker_past_its_memory_target_gets_new_work_last(sim: RecordingCluster) -> None:
+    full = sim.add_worker("full", memory_limit=1000)
+    roomy = sim.add_worker("roomy", nthreads=2, memory_limit=1000)
+    sim.submit("held")
+    sim.submit("running")
+    assert sim.place() == [(full, "held"), (roomy, "running")]
+    sim.finish("held", nbytes=700)  # past 60 % of its limit in results
+    sim.submit("new-1")
+    assert sim.place() == [(roomy, "new-1")]  # though "full" has the idler thread
+    sim.submit("new-2")
+    assert sim.place() == [(full, "new-2")]  # last, not never: nobody else has room
+    sim.finish("running")
+    sim.finish("new-1")
+    sim.finish("new-2")
+    assert sorted(sim.done()) == ["held", "new-1", "new-2", "running"]

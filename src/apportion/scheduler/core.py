@@ -114,6 +114,9 @@ class SchedulerConfig:
     #: default): a plain task waits in the queue of the worker holding its inputs,
     #: past ``max_pipeline``, while that wait is shorter than moving them would take.
     transfer_bandwidth: float = 100e6
+    #: Fraction of a worker's memory limit (Dask's ``target``, 0.6) past which, by the
+    #: results it holds or its process's size, it gets new plain tasks last.
+    memory_target: float = 0.6
     #: Seconds a task is assumed to take while none of its group has finished.
     unknown_duration: float = 0.5
     #: A worker not heard from for this many seconds (no message, no heartbeat) is

@@ -21,7 +21,8 @@ Rules (documented for users in docs/scheduling.md):
    trip, counted by their group's expected duration; a task of a group expected to
    run longer than ``queue_ahead_below`` never waits behind another task on a worker
    (what waits there anyway, an idle worker takes: ``stealing.py``). Not ahead,
-   while resource tasks wait, on workers that offer resources. A short one whose
+   while resource tasks wait, on workers that offer resources. A worker past its
+   memory target (``memory_target``) gets plain tasks after every other. A short one whose
    inputs are mostly on one worker goes there; further ahead than that when the
    worker's expected work would clear before its inputs could move elsewhere (at
    ``transfer_bandwidth``), as moving a large input costs more than waiting for it.
@@ -355,14 +356,23 @@ def ahead_per_thread(state: SchedulerCore, expected: float) -> int:
     return max(1, min(config.max_pipeline, math.ceil(config.pipeline_seconds / expected)))
 
 
-def _load(worker: WorkerRecord) -> tuple[float, float]:
-    """How busy ``worker`` is, least first: tasks per thread (those on their way to it
-    included), then seconds of work per thread as expected, so that of two workers
-    running one task each, the one whose task is shorter gets the next."""
+def _load(state: SchedulerCore, worker: WorkerRecord) -> tuple[bool, float, float]:
+    """How busy ``worker`` is, least first: whether its memory is past its target
+    (new work, which makes new data, goes there last), tasks per thread (those on their
+    way to it included), then seconds of work per thread as expected, so that of two
+    workers running one task each, the one whose task is shorter gets the next."""
     return (
+        _past_memory_target(state, worker),
         (worker.running() + worker.incoming) / worker.nthreads,
         worker.occupancy / worker.nthreads,
     )
+
+
+def _past_memory_target(state: SchedulerCore, worker: WorkerRecord) -> bool:
+    """The results ``worker`` holds, or its process, are past its memory target: by the
+    sizes the scheduler knows (exact, at once) or its last heartbeat."""
+    limit = worker.memory_limit
+    return bool(limit) and max(worker.nbytes, worker.memory) >= state.config.memory_target * limit
 
 
 def closed_to_plain(
@@ -384,14 +394,15 @@ def _place_plain_tasks(state: SchedulerCore) -> None:
     if not heap:
         return
     workers = state.workers
-    loads: list[tuple[float, float, int, str]] = []
+    loads: list[tuple[bool, float, float, int, str]] = []
     # After the resource pass, a non-empty resource queue holds a task that is waiting.
     waiting = any(queue and needs_resources(key) for key, queue in state.ready.items())
     for i, worker in enumerate(workers.values()):
         if not closed_to_plain(state, worker, waiting):
             n = worker.nthreads  # ``_load``, inlined: this runs for every worker, every pass
             busy = len(worker.processing) - len(worker.seceded) + worker.incoming
-            loads.append((busy / n, worker.occupancy / n, i, worker.id))
+            full = _past_memory_target(state, worker)
+            loads.append((full, busy / n, worker.occupancy / n, i, worker.id))
     heapify(loads)
     aheads: dict[object, int] = {}  # by task group: its tasks come in runs
     while loads:
@@ -408,17 +419,17 @@ def _place_plain_tasks(state: SchedulerCore) -> None:
                 state.assign(task, target)
                 continue  # its entry in ``loads`` is stale now: sorted again when on top
         entry = loads[0]
-        worker = workers[entry[3]]
-        load = _load(worker)
-        if (entry[0], entry[1]) != load:
-            heapreplace(loads, (*load, entry[2], entry[3]))  # assigned to meanwhile
+        worker = workers[entry[4]]
+        load = _load(state, worker)
+        if entry[:3] != load:
+            heapreplace(loads, (*load, entry[3], entry[4]))  # assigned to meanwhile
             continue
         if not _has_room(worker, ahead, waiting):
             heappop(loads)  # full for this task; the next one is no shorter, in general
             continue
         heappop(heap)
         state.assign(task, worker)
-        heapreplace(loads, (*_load(worker), entry[2], entry[3]))
+        heapreplace(loads, (*_load(state, worker), entry[3], entry[4]))
     if not heap:
         del state.ready[()]
 
@@ -441,7 +452,7 @@ def _local_choice(
     local = _input_bytes(state, task)
     holding = [state.workers[w] for w in local if w in state.workers]
     # Most input bytes first; among equal holders (copies), the least busy.
-    for worker in sorted(holding, key=lambda w: (-local[w.id], _load(w))):
+    for worker in sorted(holding, key=lambda w: (-local[w.id], _load(state, w))):
         if not closed_to_plain(state, worker, waiting) and _has_room(worker, ahead, waiting):
             return worker
     if not local or not ahead:
