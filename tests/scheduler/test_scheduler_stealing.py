@@ -272,3 +272,23 @@ def test_a_task_that_waited_in_the_queue_is_not_judged_by_its_wait(
     sim.finish("short-1")
     sim.finish("short-3")
     assert sorted(sim.done()) == ["blocker", "short-0", "short-1", "short-2", "short-3"]
+
+
+def test_a_task_let_go_for_a_worker_now_closing_is_queued_again(sim: RecordingCluster) -> None:
+    busy = sim.add_worker("busy", resources="GPU=1")
+    spare = sim.add_worker("spare", resources="GPU=1")
+    sim.submit("gpu-0", resources="GPU=1")
+    sim.submit("cpu-0")
+    assert sorted(sim.place()) == [(busy, "gpu-0"), (spare, "cpu-0")]
+    sim.worker_says(busy, m.Heartbeat(0, paused=1))  # before gpu-0 starts
+    sim.finish("cpu-0")
+    sim.place()
+    assert _steal_asked(sim, busy) == ["gpu-0"]
+    sim.worker_says(spare, m.WorkerClosing("scaled down"))
+    sim.answer_steal(busy, released=["gpu-0"])
+    assert sim.state_of("gpu-0") == QUEUED  # not sent to a worker on its way out
+    assert sim.free(busy) == {"GPU": 1.0} and sim.free(spare) == {"GPU": 1.0}
+    sim.worker_says(busy, m.Heartbeat(0, paused=0))
+    assert sim.place() == [(busy, "gpu-0")]
+    sim.finish("gpu-0")
+    assert sorted(sim.done()) == ["cpu-0", "gpu-0"]

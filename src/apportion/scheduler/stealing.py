@@ -227,6 +227,8 @@ def _cheapest(
 
 def _may_take(state: SchedulerCore, thief: WorkerRecord, task: TaskRecord, waiting: bool) -> bool:
     """Whether ``thief`` may start ``task`` now, as placement would allow it."""
+    if thief.leaving is not None:
+        return False  # it said it is closing: it gets nothing new
     restriction = task.restriction
     if restriction is not None and not restriction.allows(thief):
         return False
