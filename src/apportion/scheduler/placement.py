@@ -386,6 +386,12 @@ def closed_to_plain(
     return holder is not None and worker.ledger.fits(holder.resources)
 
 
+def resource_work_waiting(state: SchedulerCore) -> bool:
+    """A task asking for resources waits in the scheduler's queues (after the resource
+    pass, a non-empty resource queue holds only tasks that could not start)."""
+    return any(queue and needs_resources(key) for key, queue in state.ready.items())
+
+
 def _place_plain_tasks(state: SchedulerCore) -> None:
     """Give each plain task, oldest first, to the least busy open worker: one with a
     free thread, or for short work one whose queue has room for it. Stops at the
@@ -394,15 +400,12 @@ def _place_plain_tasks(state: SchedulerCore) -> None:
     if not heap:
         return
     workers = state.workers
-    loads: list[tuple[bool, float, float, int, str]] = []
-    # After the resource pass, a non-empty resource queue holds a task that is waiting.
-    waiting = any(queue and needs_resources(key) for key, queue in state.ready.items())
-    for i, worker in enumerate(workers.values()):
-        if not closed_to_plain(state, worker, waiting):
-            n = worker.nthreads  # ``_load``, inlined: this runs for every worker, every pass
-            busy = len(worker.processing) - len(worker.seceded) + worker.incoming
-            full = _past_memory_target(state, worker)
-            loads.append((full, busy / n, worker.occupancy / n, i, worker.id))
+    waiting = resource_work_waiting(state)
+    loads = [
+        (*_load(state, worker), i, worker.id)
+        for i, worker in enumerate(workers.values())
+        if not closed_to_plain(state, worker, waiting)
+    ]
     heapify(loads)
     aheads: dict[object, int] = {}  # by task group: its tasks come in runs
     while loads:

@@ -51,13 +51,12 @@ from apportion.protocol import messages as m
 from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.events import StealTasks
 from apportion.scheduler.holders import holds
-from apportion.scheduler.placement import closed_to_plain, fits_now
+from apportion.scheduler.placement import closed_to_plain, fits_now, resource_work_waiting
 from apportion.scheduler.records import (
     PROCESSING,
     QUEUED,
     TaskRecord,
     WorkerRecord,
-    needs_resources,
 )
 from apportion.scheduler.worker_reports import running_task, settle_discarded
 
@@ -72,7 +71,7 @@ def balance(state: SchedulerCore) -> None:
     busy = _busy(state)
     if not busy:
         return
-    waiting = _resource_work_waiting(state)
+    waiting = resource_work_waiting(state)
     requests: dict[str, list[str]] = {}
     for victim in busy:
         for task, wait in reversed(_waits(state, victim)):
@@ -133,7 +132,7 @@ def steal_answered(state: SchedulerCore, worker: WorkerRecord, msg: m.StealRespo
             continue
         state.requeue(task, f"let go by {worker.name} before it started there")
         thief = state.workers.get(thief_id)
-        waiting = _resource_work_waiting(state)
+        waiting = resource_work_waiting(state)
         if task.state == QUEUED and thief is not None and _may_take(state, thief, task, waiting):
             cause = f"moved from {worker.name}, where it waited, to idle {thief.name}"
             state.assign(task, thief, cause=cause)
@@ -161,11 +160,6 @@ def _busy(state: SchedulerCore) -> list[WorkerRecord]:
         for w in state.workers.values()
         if w.running() - leaving.get(w.id, 0) > w.nthreads or (w.paused and w.processing)
     ]
-
-
-def _resource_work_waiting(state: SchedulerCore) -> bool:
-    """A task asking for resources waits in the scheduler's queues."""
-    return any(queue and needs_resources(key) for key, queue in state.ready.items())
 
 
 def _waits(state: SchedulerCore, worker: WorkerRecord) -> list[tuple[TaskRecord, float]]:
