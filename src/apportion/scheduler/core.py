@@ -119,6 +119,14 @@ class SchedulerConfig:
     memory_target: float = 0.6
     #: Seconds a task is assumed to take while none of its group has finished.
     unknown_duration: float = 0.5
+    #: A task with no inputs that feeds others (a root: it makes new data) goes to a
+    #: worker only while that worker has fewer than ``ceil(threads x this)`` tasks,
+    #: so that a worker makes new data only as it gets through the old (Dask's
+    #: ``worker-saturation``, 1.1)...
+    root_saturation: float = 1.1
+    #: ... unless its group's results are measured smaller than this many bytes on
+    #: average: tiny roots (a tree of no-ops) are queued ahead as any short task.
+    root_output_below: int = 1 << 20
     #: A worker not heard from for this many seconds (no message, no heartbeat) is
     #: declared lost: stopped, cut off or frozen. Its tasks run elsewhere.
     worker_timeout: float = 30.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 from apportion.core.ledger import describe_units
 from apportion.core.resources import describe_amount, describe_resources
 from apportion.scheduler.core import SchedulerCore
-from apportion.scheduler.placement import held_back, holder_of, pools
+from apportion.scheduler.placement import held_back, holder_of, makes_new_data, pools
 from apportion.scheduler.records import (
     ERRED,
     MEMORY,
@@ -100,9 +100,15 @@ def why_queued(state: SchedulerCore, task: TaskRecord, ahead: int = 0) -> str:
                 f"their memory ({names}) and the others' threads are busy ({busy} tasks "
                 f"running or queued on them){queue}"
             )
+        root = (
+            "; it makes new data (no inputs, feeds other tasks), so it starts only as "
+            "a thread frees up"
+            if makes_new_data(state, task)
+            else ""
+        )
         return (
             f"queued: all {slots} threads on {len(state.workers)} workers are busy "
-            f"({busy} tasks running or queued on them){queue}"
+            f"({busy} tasks running or queued on them){queue}{root}"
         )
     options = options_of(task.signature)
     by_option = pools(state, task.signature)

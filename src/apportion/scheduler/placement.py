@@ -26,6 +26,11 @@ Rules (documented for users in docs/scheduling.md):
    inputs are mostly on one worker goes there; further ahead than that when the
    worker's expected work would clear before its inputs could move elsewhere (at
    ``transfer_bandwidth``), as moving a large input costs more than waiting for it.
+   A root (no inputs, feeds others: it makes new data) goes to a worker only while
+   it has fewer than ``ceil(threads x root_saturation)`` tasks, so a worker makes
+   new data only as it gets through the old, and preferably to the worker given
+   its siblings (the other inputs of the task it feeds). Roots measured to make
+   tiny results (under ``root_output_below``) are queued ahead as any short task.
 5. A task with alternative demands runs with the first that fits somewhere now.
 6. A worker that announced it is closing gets nothing new, nor does one paused
    for its memory (until it resumes). A paused worker still counts among those
@@ -415,8 +420,13 @@ def _place_plain_tasks(state: SchedulerCore) -> None:
         ahead = aheads.get(task.group, -1)
         if ahead < 0:
             ahead = aheads[task.group] = ahead_per_thread(state, state.expected(task))
-        if task.deps:
-            target = _local_choice(state, task, ahead, waiting)
+        root = makes_new_data(state, task)
+        if task.deps or root:
+            target = (
+                _local_choice(state, task, ahead, waiting)
+                if task.deps
+                else _sibling_choice(state, task, ahead, waiting)
+            )
             if target is not None:
                 heappop(heap)
                 state.assign(task, target)
@@ -427,7 +437,7 @@ def _place_plain_tasks(state: SchedulerCore) -> None:
         if entry[:3] != load:
             heapreplace(loads, (*load, entry[3], entry[4]))  # assigned to meanwhile
             continue
-        if not _has_room(worker, ahead, waiting):
+        if not _has_room(state, worker, ahead, waiting, root):
             heappop(loads)  # full for this task; the next one is no shorter, in general
             continue
         heappop(heap)
@@ -437,14 +447,70 @@ def _place_plain_tasks(state: SchedulerCore) -> None:
         del state.ready[()]
 
 
-def _has_room(worker: WorkerRecord, ahead: int, waiting: bool) -> bool:
+def _has_room(
+    state: SchedulerCore, worker: WorkerRecord, ahead: int, waiting: bool, root: bool = False
+) -> bool:
     """Whether ``worker`` may take one more plain task, ``ahead`` allowed per thread
-    behind the one it runs (open to plain tasks is checked by the caller)."""
+    behind the one it runs, or for a ``root`` (``makes_new_data``) a tenth of its
+    threads at most (open to plain tasks is checked by the caller)."""
     if waiting and worker.ledger.total:
         # A plain task queued ahead here would take the thread a GPU (say) frees next,
         # leaving the GPU idle while work for it waits: fill free threads only.
         ahead = 0
-    return worker.running() + worker.incoming < worker.nthreads * (1 + ahead)
+    room = worker.nthreads * (1 + ahead)
+    if root:
+        room = min(room, math.ceil(worker.nthreads * state.config.root_saturation))
+    return worker.running() + worker.incoming < room
+
+
+def makes_new_data(state: SchedulerCore, task: TaskRecord) -> bool:
+    """A root: a task with no inputs whose result feeds another task, and whose group
+    has not been measured to make results smaller than ``root_output_below``.
+
+    Roots are what make a graph's data (the chunks a reduction then shrinks). Handed
+    out only as threads free up, in the graph's order, a worker makes new chunks
+    only as fast as it reduces the old ones; queued far ahead, it makes them all
+    first and holds them (Dask's root-task queuing)."""
+    if task.deps or not task.dependents:
+        return False
+    size = None if task.group is None else task.group.output
+    return size is None or size >= state.config.root_output_below
+
+
+#: A root's siblings are looked for only among the inputs of a dependent with at
+#: most this many: past it the dependent gathers from everywhere (an all-to-all),
+#: and a walk over its inputs per root would cost more than it saves.
+SIBLINGS_LOOKED_AT = 32
+#: ... and only for a root feeding at most this many tasks.
+SIBLINGS_FROM = 4
+
+
+def _sibling_choice(
+    state: SchedulerCore, task: TaskRecord, ahead: int, waiting: bool
+) -> WorkerRecord | None:
+    """For a root, the worker given most of its siblings (the other inputs of the
+    task it feeds), if it has room: its result is then made where it is used, and
+    neither moved nor copied."""
+    if len(task.dependents) > SIBLINGS_FROM:
+        return None  # a chunk many tasks read: no one group of siblings to join
+    dependent = state.tasks.get(min(task.dependents))  # min: the same in every run
+    if dependent is None or len(dependent.deps) > SIBLINGS_LOOKED_AT:
+        return None
+    given: dict[str, int] = {}
+    for key in dependent.deps:
+        sibling = state.tasks.get(key)
+        if sibling is not None and sibling.worker is not None:
+            given[sibling.worker] = given.get(sibling.worker, 0) + 1
+    for worker_id in sorted(given, key=given.__getitem__, reverse=True):
+        worker = state.workers.get(worker_id)
+        if (
+            worker is not None
+            and not closed_to_plain(state, worker, waiting)
+            and not _past_memory_target(state, worker)
+            and _has_room(state, worker, ahead, waiting, True)
+        ):
+            return worker
+    return None
 
 
 def _local_choice(
@@ -456,7 +522,7 @@ def _local_choice(
     holding = [state.workers[w] for w in local if w in state.workers]
     # Most input bytes first; among equal holders (copies), the least busy.
     for worker in sorted(holding, key=lambda w: (-local[w.id], _load(state, w))):
-        if not closed_to_plain(state, worker, waiting) and _has_room(worker, ahead, waiting):
+        if not closed_to_plain(state, worker, waiting) and _has_room(state, worker, ahead, waiting):
             return worker
     if not local or not ahead:
         return None  # long work is never queued behind another task

@@ -126,6 +126,7 @@ class GroupTally:
         "failed",
         "live",
         "name",
+        "output",
         "states",
     )
 
@@ -145,6 +146,9 @@ class GroupTally:
         #: finished, the latest weighing half (as Dask's task prefixes); None until
         #: one has. Placement queues work ahead and moves it by this.
         self.expected: float | None = None
+        #: Bytes of a task's result, averaged the same way; None until one finished.
+        #: Placement holds back tasks that make data (roots) by this.
+        self.output: float | None = None
 
 
 class Telemetry:

@@ -43,6 +43,8 @@ def task_finished(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskFinishe
     if tally is not None:
         old = tally.expected
         tally.expected = msg.duration if old is None else 0.5 * (old + msg.duration)
+        size = tally.output
+        tally.output = msg.nbytes if size is None else 0.5 * (size + msg.nbytes)
     state.placement_due = True
     if task.discard_result:
         settle_discarded(state, task, f"finished on {worker.name}, result discarded")
