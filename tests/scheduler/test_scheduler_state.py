@@ -1809,6 +1809,22 @@ def test_a_copy_a_worker_fetched_and_kept_is_a_holder_until_released(
     assert sorted(sim.done()) == ["blocker", "use-1", "use-2", "x"]
 
 
+def test_a_gpu_worker_past_its_memory_target_gets_gpu_work_last(sim: RecordingCluster) -> None:
+    full = sim.add_worker("full", nthreads=2, resources="GPU=2", memory_limit=1000)
+    roomy = sim.add_worker("roomy", nthreads=2, resources="GPU=2", memory_limit=1000)
+    sim.submit("held", resources="GPU=1")
+    sim.submit("running", resources="GPU=1")
+    assert sim.place() == [(full, "held"), (roomy, "running")]
+    sim.finish("held", nbytes=700)
+    for key in ("g1", "g2"):
+        sim.submit(key, resources="GPU=1")
+    # roomy runs one GPU task already; full runs none, but holds 70 % of its limit.
+    assert sim.place() == [(roomy, "g1"), (full, "g2")]
+    for key in ("running", "g1", "g2"):
+        sim.finish(key)
+    assert sorted(sim.done()) == ["g1", "g2", "held", "running"]
+
+
 def test_a_worker_past_its_memory_target_gets_new_work_last(sim: RecordingCluster) -> None:
     full = sim.add_worker("full", memory_limit=1000)
     roomy = sim.add_worker("roomy", nthreads=2, memory_limit=1000)

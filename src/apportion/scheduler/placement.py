@@ -4,7 +4,8 @@ Rules (documented for users in docs/scheduling.md):
 
 1. A task that declares resources is assigned only to a worker where every amount
    it asks for is free *now*, and a thread is free. Among those, the worker holding
-   most of its input bytes wins, then the least loaded.
+   most of its input bytes wins, then one short of its memory target, then the
+   least loaded.
 2. Ready tasks are considered oldest first (higher priority first, then submission
    order). A task that does not fit does not stop the pass: later tasks that fit
    elsewhere, or on other resources, start (backfill, no head-of-line blocking).
@@ -177,14 +178,19 @@ def best_worker(
     pool: list[WorkerRecord],
     demand: dict[str, int],
 ) -> WorkerRecord | None:
-    """The fitting worker with most input bytes, then least load; None if none fits."""
+    """The fitting worker with most input bytes, then one short of its memory target
+    (the task makes new data), then least load; None if none fits."""
     local = _input_bytes(state, task) if task.deps else {}
     best: WorkerRecord | None = None
-    best_score: tuple[int, float] | None = None
+    best_score: tuple[int, bool, float] | None = None
     for worker in pool:
         if not fits_now(state, worker, task, demand):
             continue
-        score = (-local.get(worker.id, 0), worker.running() / worker.nthreads)
+        score = (
+            -local.get(worker.id, 0),
+            _past_memory_target(state, worker),
+            worker.running() / worker.nthreads,
+        )
         if best_score is None or score < best_score:
             best, best_score = worker, score
     return best
@@ -506,7 +512,6 @@ def _sibling_choice(
         if (
             worker is not None
             and not closed_to_plain(state, worker, waiting)
-            and not _past_memory_target(state, worker)
             and _has_room(state, worker, ahead, waiting, True)
         ):
             return worker
