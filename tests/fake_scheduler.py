@@ -8,8 +8,8 @@ from typing import TypeVar
 from apportion.net.connection import Connection
 from apportion.net.handshake import accept_connection
 from apportion.net.security import Security, listening
-from apportion.net.stream import Stream
-from apportion.net.transport import Listener, transport_for
+from apportion.net.stream import Listener, Stream
+from apportion.net.transport import transport_for
 from apportion.protocol.messages import Message, RegisterWorker
 
 M = TypeVar("M", bound=Message)

@@ -1,9 +1,10 @@
 """Import contracts: no import cycles, and pure modules import no I/O, clock or randomness.
 
 The graph is read from the source with ``ast`` by ``tools/import_graph.py``: imports
-inside functions count (they run too); imports under ``if TYPE_CHECKING:`` do not
-(they never run, and annotations are strings under ``from __future__ import
-annotations``). Cycles are checked between modules and between packages.
+inside functions count (they run too). Cycles are checked between modules and
+between packages counting imports under ``if TYPE_CHECKING:`` too: they never run,
+but a module that names another's class in its annotations depends on it all the
+same, for a reader and for the type checker. Purity counts only what runs.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def _tool() -> ModuleType:
 TOOL = _tool()
 GRAPH: dict[str, set[str]] = TOOL.import_graph(ROOT / "src")
 OWN: dict[str, set[str]] = TOOL.internal(GRAPH)
+#: ``OWN`` with the annotation-only imports.
+TYPED: dict[str, set[str]] = TOOL.internal(TOOL.import_graph(ROOT / "src", type_checking=True))
 
 #: What a pure module may not import, directly or through other apportion modules.
 IMPURE = frozenset(
@@ -57,8 +60,31 @@ PURE = re.compile(
 #: Package cycles allowed (none).
 ALLOWED_PACKAGE_CYCLES: set[frozenset[str]] = set()
 
-#: Module cycles allowed (none).
-ALLOWED_MODULE_CYCLES: set[frozenset[str]] = set()
+#: Module cycles allowed: the client's, all through annotations. ``Client`` and the
+#: parts of it in other modules name each other; they are being taken apart around a
+#: pure client state. Each must only shrink: a new cycle, or a larger one, fails.
+ALLOWED_MODULE_CYCLES: set[frozenset[str]] = {
+    frozenset(
+        f"apportion.client.{name}"
+        for name in [
+            "actors",
+            "client",
+            "collections",
+            "dask_default",
+            "datasets",
+            "executor",
+            "future",
+            "graph",
+            "lifecycle",
+            "local",
+            "persisted",
+            "remote_calls",
+            "topics",
+            "waiting",
+        ]
+    ),
+    frozenset({"apportion.client.asynchronous", "apportion.client.session"}),
+}
 
 #: Pure modules allowed an impure import (none).
 ALLOWED_IMPURE: set[tuple[str, str]] = set()
@@ -116,13 +142,15 @@ def test_the_graph_sees_the_layers() -> None:
 
 
 def test_no_module_imports_in_a_cycle() -> None:
-    cycles = set(strongly_connected(OWN)) - ALLOWED_MODULE_CYCLES
-    assert not cycles, f"import cycles: {[sorted(c) for c in cycles]}"
+    cycles = set(strongly_connected(TYPED))
+    assert not cycles - ALLOWED_MODULE_CYCLES, f"import cycles: {[sorted(c) for c in cycles]}"
+    # The allowed ones are all still there: one that is gone comes off the list.
+    assert cycles >= ALLOWED_MODULE_CYCLES
 
 
 def test_no_package_imports_in_a_cycle() -> None:
     packages: dict[str, set[str]] = {}
-    for name, deps in OWN.items():
+    for name, deps in TYPED.items():
         mine = TOOL.package_of(name)
         packages.setdefault(mine, set()).update(
             TOOL.package_of(d) for d in deps if TOOL.package_of(d) != mine

@@ -3,7 +3,8 @@
 Usage: ``python tools/import_graph.py [--packages] > graph.dot; dot -Tsvg graph.dot``
 
 Reads the source with ``ast`` (imports inside functions included; those under
-``if TYPE_CHECKING:`` left out, as they never run). ``--packages`` folds modules
+``if TYPE_CHECKING:`` left out, as they never run, unless asked for: a cycle through
+them still ties modules together for a reader and a type checker). ``--packages`` folds modules
 into their package (``apportion.scheduler``) and drops edges within one package.
 ``tests/test_import_contracts.py`` checks the same graph for cycles and impurity.
 """
@@ -33,15 +34,16 @@ def _type_checking(node: ast.If) -> bool:
     )
 
 
-def imports_of(path: Path, name: str) -> set[str]:
-    """Every module ``path`` imports when it runs (any depth, TYPE_CHECKING left out)."""
+def imports_of(path: Path, name: str, type_checking: bool = False) -> set[str]:
+    """Every module ``path`` imports when it runs (any depth), and with
+    ``type_checking`` those it imports for annotations only."""
     tree = ast.parse(path.read_text(), str(path))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
     stack: list[ast.AST] = [tree]
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.If) and _type_checking(node):
+        if not type_checking and isinstance(node, ast.If) and _type_checking(node):
             stack.extend(node.orelse)
             continue
         if isinstance(node, ast.Import):
@@ -58,12 +60,13 @@ def imports_of(path: Path, name: str) -> set[str]:
     return found
 
 
-def import_graph(root: Path = SRC) -> dict[str, set[str]]:
-    """apportion module -> every module it imports (apportion's own and outside ones)."""
+def import_graph(root: Path = SRC, type_checking: bool = False) -> dict[str, set[str]]:
+    """apportion module -> every module it imports (apportion's own and outside ones);
+    ``type_checking``: annotation-only imports too."""
     paths = {module_name(p, root): p for p in sorted((root / "apportion").rglob("*.py"))}
     graph: dict[str, set[str]] = {}
     for name, path in paths.items():
-        raw = imports_of(path, name)
+        raw = imports_of(path, name, type_checking)
         # Keep outside modules by their top name; keep only apportion names that exist.
         graph[name] = {
             imported

@@ -51,7 +51,6 @@ from apportion.net.security import Security
 from apportion.plugins import WorkerPlugin
 from apportion.scheduler.service import Scheduler
 from apportion.worker.context import (
-    get_worker,
     rejoin,
     secede,
     task_cancel_event,
@@ -60,7 +59,7 @@ from apportion.worker.context import (
     task_resources,
     task_variant,
 )
-from apportion.worker.service import Worker
+from apportion.worker.service import Worker, get_worker
 
 __version__ = "0.1.0"
 

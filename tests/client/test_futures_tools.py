@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from apportion import Client, as_completed, progress
-from apportion.client.progress import futures_of, group_of, render
+from apportion.client.progress import futures_of, render
+from apportion.core.groups import group_of
 from apportion.testing import InMemoryCluster
 from cluster_checks import checked_client, settle
 

@@ -12,8 +12,8 @@ from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeError, accept_connection, open_connection
 from apportion.net.memory import MEMORY
 from apportion.net.security import Security
-from apportion.net.stream import Stream
-from apportion.net.transport import TCP, Listener, serving_host, transport_for
+from apportion.net.stream import Listener, Stream
+from apportion.net.transport import TCP, serving_host, transport_for
 from apportion.protocol import messages as m
 
 SECURITY = Security.in_memory()

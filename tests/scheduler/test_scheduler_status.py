@@ -6,9 +6,10 @@ from __future__ import annotations
 from apportion.protocol import messages as m
 from apportion.scheduler.events import Tick
 from apportion.scheduler.invariants import check_invariants
+from apportion.scheduler.records import Histogram
 from apportion.scheduler.state import SchedulerConfig
 from apportion.scheduler.status import status
-from apportion.scheduler.telemetry import FINISHED_GROUPS, STREAM_SIZE, Histogram
+from apportion.scheduler.telemetry import FINISHED_GROUPS, STREAM_SIZE
 from apportion.testing import RecordingCluster, SimulatedCluster
 
 

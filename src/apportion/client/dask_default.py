@@ -28,7 +28,8 @@ from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from apportion.worker.context import get_worker, in_task, seceded
+from apportion.worker.context import in_task, seceded
+from apportion.worker.service import get_worker
 
 if TYPE_CHECKING:
     from apportion.client.client import Client

@@ -14,65 +14,14 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-import threading
 import time
-from collections.abc import Iterable
-from functools import partial
 from typing import IO, Any
 
-from apportion.client.future import FINISHED, Future
+from apportion.client.progress_tally import Tally
 from apportion.client.waiting import futures_of
-from apportion.core.groups import group_of
 
 #: Seconds between redraws.
 DEFAULT_INTERVAL = 0.1
-
-
-class Tally:
-    """Done and failed counts per group, kept by done-callbacks from any thread."""
-
-    def __init__(self, futures: Iterable[Future], multi: bool) -> None:
-        self._lock = threading.Lock()
-        self.start = time.monotonic()
-        self.total: dict[str, int] = {}
-        self.done: dict[str, int] = {}
-        self.failed: dict[str, int] = {}
-        self._all_done = threading.Event()
-        self._left = 0
-        self._futures = list(futures)
-        for fut in self._futures:
-            group = group_of(fut.key) if multi else "all"
-            self.total[group] = self.total.get(group, 0) + 1
-            self.done.setdefault(group, 0)
-            self.failed.setdefault(group, 0)
-        self._left = len(self._futures)
-        if not self._left:
-            self._all_done.set()
-        for fut in self._futures:
-            group = group_of(fut.key) if multi else "all"
-            fut.add_done_callback(partial(self._finished, group=group))
-
-    def _finished(self, future: Future, group: str) -> None:
-        with self._lock:
-            if future.status == FINISHED:
-                self.done[group] += 1
-            else:  # raised, cancelled, or lost with its scheduler: no result either way
-                self.failed[group] += 1
-            self._left -= 1
-            if self._left <= 0:
-                self._all_done.set()
-
-    def wait(self, timeout: float) -> bool:
-        return self._all_done.wait(timeout)
-
-    @property
-    def finished(self) -> bool:
-        return self._all_done.is_set()
-
-    def rows(self) -> list[tuple[str, int, int, int]]:
-        """``(group, done, failed, total)`` per group, in first-seen order."""
-        with self._lock:
-            return [(g, self.done[g], self.failed[g], t) for g, t in self.total.items()]
 
 
 def render(rows: list[tuple[str, int, int, int]], elapsed: float, width: int = 40) -> list[str]:

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ipywidgets  # type: ignore[import-not-found, unused-ignore]
 
-if TYPE_CHECKING:  # only for annotations: progress imports this module lazily
-    from apportion.client.progress import Tally
+from apportion.client.progress_tally import Tally
 
 
 class ProgressWidget:

@@ -22,13 +22,10 @@ import itertools
 import threading
 import uuid
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from apportion.net.address import INPROC, check_address
-from apportion.net.stream import Buffer, OnConnect, Stream, byte_view
-
-if TYPE_CHECKING:
-    from apportion.net.transport import Listener
+from apportion.net.stream import Buffer, Listener, OnConnect, Stream, byte_view
 
 
 def _call_on(loop: asyncio.AbstractEventLoop, thread: int, fn: Callable[..., Any]) -> None:

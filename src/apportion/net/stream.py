@@ -41,7 +41,7 @@ import logging
 import socket
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 logger = logging.getLogger("apportion.net")
 
@@ -523,6 +523,17 @@ async def connect_tcp(host: str, port: int) -> SocketStream:
 
 
 #: What a listener calls for each accepted connection, on the listener's event loop.
+class Listener(Protocol):
+    """A listening endpoint; ``close`` stops accepting (open connections stay)."""
+
+    #: Where peers connect, with its scheme: ``tcp://host:port``, ``inproc://name``.
+    address: str
+
+    def close(self) -> None: ...
+
+    async def wait_closed(self) -> None: ...
+
+
 OnConnect = Callable[[Stream], Coroutine[Any, Any, None]]
 
 

@@ -16,19 +16,15 @@ from typing import Protocol
 from apportion.net.address import format_address, host_part, is_inproc, is_tls, parse_address
 from apportion.net.memory import MEMORY
 from apportion.net.security import Security
-from apportion.net.stream import OnConnect, Stream, TcpListener, bind_tcp, connect_tcp
+from apportion.net.stream import (
+    Listener,
+    OnConnect,
+    Stream,
+    TcpListener,
+    bind_tcp,
+    connect_tcp,
+)
 from apportion.net.tls import connect_tls, listen_tls
-
-
-class Listener(Protocol):
-    """A listening endpoint; ``close`` stops accepting (open connections stay)."""
-
-    #: Where peers connect, with its scheme: ``tcp://host:port``, ``inproc://name``.
-    address: str
-
-    def close(self) -> None: ...
-
-    async def wait_closed(self) -> None: ...
 
 
 class Transport(Protocol):

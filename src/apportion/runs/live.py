@@ -259,12 +259,8 @@ def execute_run(run_id: int, run: RunSpec) -> dict[str, Any]:
 
     ``run`` arrives in its final form, validated once when it was staged or submitted.
     """
-    from apportion.worker.context import (
-        get_worker,
-        task_cancel_event,
-        task_environment,
-        task_held,
-    )
+    from apportion.worker.context import task_cancel_event, task_environment, task_held
+    from apportion.worker.service import get_worker
 
     worker = get_worker()
     runs = worker.long_lived

@@ -20,13 +20,10 @@ things differ, all decided here:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
 
 from apportion.core.allocation import Allocation
 from apportion.scheduler.records import TaskRecord, WorkerRecord
-
-if TYPE_CHECKING:
-    from apportion.scheduler.core import SchedulerCore
 
 
 def hold(worker: WorkerRecord, task: TaskRecord, allocation: Allocation | None) -> bool:
@@ -43,18 +40,20 @@ def hold(worker: WorkerRecord, task: TaskRecord, allocation: Allocation | None) 
     return True
 
 
-def release(state: SchedulerCore, task: TaskRecord) -> None:
+def release(workers: Mapping[str, WorkerRecord], task: TaskRecord) -> bool:
     """The actor ``task``'s result is dropped (or lost): its resources go back to its
-    worker's ledger (with a worker that left, they went with it)."""
+    worker's ledger (with a worker that left, they went with it). True if some did,
+    so that placement runs again."""
     allocation = task.allocation
     task.allocation = None
-    worker = state.workers.get(task.worker or "")
+    worker = workers.get(task.worker or "")
     if worker is None or task.key not in worker.actors:
-        return
+        return False
     worker.actors.discard(task.key)
     if allocation is not None and allocation.resources:
         worker.ledger.give(allocation.resources, allocation.units)
-        state.placement_due = True
+        return True
+    return False
 
 
 def movable(task: TaskRecord) -> bool:

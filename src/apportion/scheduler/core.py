@@ -513,8 +513,8 @@ class SchedulerCore:
 
     def drop_result(self, task: TaskRecord) -> None:
         """Tell every holder of ``task``'s result to drop it; it is held nowhere now."""
-        if task.actor:
-            actors.release(self, task)
+        if task.actor and actors.release(self.workers, task):
+            self.placement_due = True
         for worker_id in clear_replicas(task, self.workers):
             self.free_keys[worker_id].append(task.key)
         worker = self.workers.get(task.worker or "")
@@ -580,8 +580,8 @@ class SchedulerCore:
 
     def lose_result(self, task: TaskRecord, cause: str) -> None:
         """The only copy of ``task``'s result is gone: recompute it if we can."""
-        if task.actor:
-            actors.release(self, task)
+        if task.actor and actors.release(self.workers, task):
+            self.placement_due = True
         task.worker = None
         for client_id in task.wanted_by or ():
             # Their futures said "finished": they must wait again, not fail on gather

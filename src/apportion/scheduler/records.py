@@ -1,4 +1,4 @@
-"""What the scheduler knows about each task, worker and client.
+"""What the scheduler knows about each task, task group, worker and client.
 
 Plain slotted classes, not dataclasses: there can be millions of task records and
 every byte counts (the scheduler keeps under 2 KiB per queued task). Invariants are
@@ -7,16 +7,14 @@ stated on the fields and checked by ``scheduler.invariants.check_invariants``.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from apportion.core.allocation import Allocation
 from apportion.core.ledger import Ledger
 from apportion.core.payload import Pickled
 from apportion.core.resources import Amounts, Units
-
-if TYPE_CHECKING:
-    from apportion.scheduler.telemetry import GroupTally
 
 #: Shared by every plain task, so 100,000 of them do not hold 100,000 empty dicts.
 NO_RESOURCES: Amounts = {}
@@ -114,6 +112,79 @@ ERRED = "erred"  #: failed (raised, cancelled, unsatisfiable, lost); kept while 
 #: its function and arguments, while results computed from it live (``lineage``),
 #: so that a lost one can be recomputed from its inputs' inputs.
 RELEASED = "released"
+
+#: The states a live task record can be in, in the order views show them.
+LIVE_STATES = (WAITING, QUEUED, PROCESSING, MEMORY, ERRED, RELEASED)
+
+
+#: Upper bounds (seconds) of the task-duration histogram's buckets; +Inf follows.
+DURATION_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0, 3600.0)
+
+
+class Histogram:
+    """Cumulative counts per bucket, with the sum and count (Prometheus's shape)."""
+
+    __slots__ = ("buckets", "count", "sum")
+
+    def __init__(self) -> None:
+        #: buckets[i]: observations <= DURATION_BUCKETS[i]; the last one is +Inf.
+        self.buckets = [0] * (len(DURATION_BUCKETS) + 1)
+        self.count = 0
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        # Non-cumulative here (one increment per observation); ``cumulative`` sums.
+        self.buckets[bisect_left(DURATION_BUCKETS, value)] += 1
+        self.count += 1
+        self.sum += value
+
+    def cumulative(self) -> list[int]:
+        """Counts of observations at or below each bound, then the total (+Inf)."""
+        out, running = [], 0
+        for n in self.buckets:
+            running += n
+            out.append(running)
+        return out
+
+
+class GroupTally:
+    """One task group: its live records by state, and what its tasks did.
+
+    Task records point at their group's tally (``TaskRecord.group``), so counting a
+    move costs no lookup."""
+
+    __slots__ = (
+        "cancelled",
+        "done",
+        "durations",
+        "expected",
+        "failed",
+        "live",
+        "name",
+        "output",
+        "states",
+    )
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        #: Live records of the group by state (LIVE_STATES); sums to ``live``.
+        self.states = dict.fromkeys(LIVE_STATES, 0)
+        self.live = 0
+        #: Executions that finished (a recomputed task counts again), failures, and
+        #: tasks cancelled (a user's choice, not a failure: counted apart from them).
+        self.done = 0
+        self.failed = 0
+        self.cancelled = 0
+        #: Its tasks' run times, or the shared "other" histogram past HISTOGRAM_GROUPS.
+        self.durations: Histogram | None = None
+        #: Seconds a task of the group is expected to run: the average of those that
+        #: finished, the latest weighing half (as Dask's task prefixes); None until
+        #: one has. Placement queues work ahead and moves it by this.
+        self.expected: float | None = None
+        #: Bytes of a task's result, averaged the same way; None until one finished.
+        #: Placement holds back tasks that make data (roots) by this.
+        self.output: float | None = None
+
 
 #: Every legal move of a task in the scheduler. Anything else is a bug and raises
 #: ``IllegalTransition`` at once.

@@ -32,8 +32,8 @@ from apportion.net.door import Door
 from apportion.net.handshake import HandshakeError, open_connection
 from apportion.net.pipe import forward_buffers
 from apportion.net.security import Security, check_exposure, listening, stopped_listening
-from apportion.net.stream import MAX_UNSENT, Stream
-from apportion.net.transport import Listener, listener_for, transport_for
+from apportion.net.stream import MAX_UNSENT, Listener, Stream
+from apportion.net.transport import listener_for, transport_for
 from apportion.protocol import messages as m
 from apportion.protocol.codec import ProtocolError, decode_body
 from apportion.scheduler.companions import Companion, SchedulerAddresses

@@ -22,14 +22,17 @@ from apportion.core.resources import SCALE, describe_resources, is_byte_pool
 from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.explain import why_queued
 from apportion.scheduler.records import (
+    DURATION_BUCKETS,
+    LIVE_STATES,
     QUEUED,
+    GroupTally,
+    Histogram,
     QueueKey,
     TaskRecord,
     WorkerRecord,
     options_of,
     restriction_of,
 )
-from apportion.scheduler.telemetry import DURATION_BUCKETS, LIVE_STATES, GroupTally, Histogram
 from apportion.scheduler.unsatisfiable import satisfiable
 
 #: Shape of the status; bumped when a field changes meaning or goes.

@@ -14,7 +14,6 @@ Pure: no clock, no I/O; times are the scheduler's (``state.now``).
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections import OrderedDict, deque
 from typing import NamedTuple
 
@@ -29,15 +28,12 @@ from apportion.scheduler.records import (
     NO_RESOURCES,
     PROCESSING,
     QUEUED,
-    RELEASED,
-    WAITING,
+    GroupTally,
+    Histogram,
     QueueKey,
     TaskRecord,
     WorkerRecord,
 )
-
-#: The states a live task record can be in, in the order views show them.
-LIVE_STATES = (WAITING, QUEUED, PROCESSING, MEMORY, ERRED, RELEASED)
 
 #: Finished executions kept for the task stream and ``performance_report``.
 STREAM_SIZE = 50_000
@@ -51,10 +47,6 @@ HISTOGRAM_GROUPS = 100
 
 #: Key stems whose group is remembered; the memory is cleared past this many.
 MAX_STEMS = 10_000
-
-#: Upper bounds (seconds) of the task-duration histogram's buckets; +Inf follows.
-DURATION_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0, 3600.0)
-
 
 _new_tuple = tuple.__new__
 
@@ -84,71 +76,6 @@ class Event(NamedTuple):
     time: float
     level: str
     text: str
-
-
-class Histogram:
-    """Cumulative counts per bucket, with the sum and count (Prometheus's shape)."""
-
-    __slots__ = ("buckets", "count", "sum")
-
-    def __init__(self) -> None:
-        #: buckets[i]: observations <= DURATION_BUCKETS[i]; the last one is +Inf.
-        self.buckets = [0] * (len(DURATION_BUCKETS) + 1)
-        self.count = 0
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        # Non-cumulative here (one increment per observation); ``cumulative`` sums.
-        self.buckets[bisect_left(DURATION_BUCKETS, value)] += 1
-        self.count += 1
-        self.sum += value
-
-    def cumulative(self) -> list[int]:
-        """Counts of observations at or below each bound, then the total (+Inf)."""
-        out, running = [], 0
-        for n in self.buckets:
-            running += n
-            out.append(running)
-        return out
-
-
-class GroupTally:
-    """One task group: its live records by state, and what its tasks did.
-
-    Task records point at their group's tally (``TaskRecord.group``), so counting a
-    move costs no lookup."""
-
-    __slots__ = (
-        "cancelled",
-        "done",
-        "durations",
-        "expected",
-        "failed",
-        "live",
-        "name",
-        "output",
-        "states",
-    )
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        #: Live records of the group by state (LIVE_STATES); sums to ``live``.
-        self.states = dict.fromkeys(LIVE_STATES, 0)
-        self.live = 0
-        #: Executions that finished (a recomputed task counts again), failures, and
-        #: tasks cancelled (a user's choice, not a failure: counted apart from them).
-        self.done = 0
-        self.failed = 0
-        self.cancelled = 0
-        #: Its tasks' run times, or the shared "other" histogram past HISTOGRAM_GROUPS.
-        self.durations: Histogram | None = None
-        #: Seconds a task of the group is expected to run: the average of those that
-        #: finished, the latest weighing half (as Dask's task prefixes); None until
-        #: one has. Placement queues work ahead and moves it by this.
-        self.expected: float | None = None
-        #: Bytes of a task's result, averaged the same way; None until one finished.
-        #: Placement holds back tasks that make data (roots) by this.
-        self.output: float | None = None
 
 
 class Telemetry:

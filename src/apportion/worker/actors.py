@@ -27,12 +27,11 @@ from typing import TYPE_CHECKING, Any
 from apportion.core.allocation import Allocation
 from apportion.core.payload import dumps, unpack_call
 from apportion.protocol.messages import ActorCall, ActorReply
-from apportion.worker.context import running_actor
+from apportion.worker.context import TaskWorker, running_actor
 from apportion.worker.execution import pack_exception
 
 if TYPE_CHECKING:
     from apportion.net.connection import Connection
-    from apportion.worker.service import Worker
 
 logger = logging.getLogger("apportion.worker")
 
@@ -53,7 +52,7 @@ class _Hosted:
 class ActorHost:
     """The actors of ``worker``, by key."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: TaskWorker) -> None:
         self._worker = worker
         self._actors: dict[str, _Hosted] = {}
         self._calls: set[asyncio.Task[None]] = set()

@@ -12,14 +12,13 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from apportion.core.allocation import Allocation
-from apportion.core.resources import SCALE, format_amount, format_resources
+from apportion.core.resources import SCALE, Units, format_amount, format_resources
 
 if TYPE_CHECKING:
     from apportion.worker.events import Execute
-    from apportion.worker.service import Worker
 
 #: The variable CUDA reads to choose devices: the one thing apportion knows about GPUs.
 CUDA_VARIABLE = "CUDA_VISIBLE_DEVICES"
@@ -30,6 +29,30 @@ _DECIMAL = re.compile(r"[0-9]+")
 _NOT_ALNUM = re.compile(r"[^A-Za-z0-9]")
 
 _local = threading.local()
+
+
+class ActorKeeper(Protocol):
+    """Where an actor's constructor leaves its instance (``worker.actors.ActorHost``)."""
+
+    def host(self, key: str, instance: Any, allocation: Allocation) -> None: ...
+
+
+class TaskWorker(Protocol):
+    """What this module reads of the worker running a task. It is a
+    ``worker.service.Worker``, which imports this module: ``get_worker`` there gives
+    it to users under its own type."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def units(self) -> Units: ...
+
+    @property
+    def actors(self) -> ActorKeeper: ...
 
 
 class Seceding(Protocol):
@@ -44,7 +67,7 @@ class Seceding(Protocol):
 class _Running:
     """The task this thread runs: where, and what it holds (ticks; labels as text)."""
 
-    worker: Worker
+    worker: TaskWorker
     key: str
     allocation: Allocation
     cancel: threading.Event
@@ -55,7 +78,10 @@ class _Running:
 
 @contextmanager
 def running_task(
-    worker: Worker, command: Execute, cancel: threading.Event, runner: Seceding | None = None
+    worker: TaskWorker,
+    command: Execute,
+    cancel: threading.Event,
+    runner: Seceding | None = None,
 ) -> Iterator[_Running]:
     """Within this block, this thread runs ``command`` on ``worker``.
 
@@ -73,7 +99,7 @@ def running_task(
 
 
 @contextmanager
-def running_actor(worker: Worker, key: str, allocation: Allocation) -> Iterator[None]:
+def running_actor(worker: TaskWorker, key: str, allocation: Allocation) -> Iterator[None]:
     """Within this block, this thread runs a call on the actor of ``key``: it sees
     the actor's worker and what the actor holds, as its constructor did."""
     previous = getattr(_local, "task", None)
@@ -208,9 +234,10 @@ def task_cancel_event() -> threading.Event:
     return _current("task_cancel_event").cancel
 
 
-def get_worker() -> Worker:
-    """The ``Worker`` running the current task; ``RuntimeError`` outside a task."""
-    return _current("get_worker").worker
+def current_worker(caller: str = "get_worker") -> TaskWorker:
+    """The worker running the current task; ``RuntimeError`` naming ``caller``
+    outside a task. Users call ``get_worker`` (``worker/service.py``)."""
+    return _current(caller).worker
 
 
 def secede(keep_resources: bool = False) -> None:

@@ -17,8 +17,8 @@ from apportion.net import lending
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.door import Door
 from apportion.net.security import Security, check_exposure, listening, stopped_listening
-from apportion.net.stream import Stream
-from apportion.net.transport import Listener, listener_for
+from apportion.net.stream import Listener, Stream
+from apportion.net.transport import listener_for
 from apportion.protocol.codec import ProtocolError
 from apportion.protocol.messages import (
     ActorCall,

@@ -25,7 +25,7 @@ import os
 import pkgutil
 import sys
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from apportion.core.payload import dumps, loads
 from apportion.log_ring import LogRing
@@ -34,7 +34,8 @@ from apportion.worker.execution import pack_exception
 from apportion.worker.local_directory import LocalDirectory
 
 if TYPE_CHECKING:
-    from apportion.worker.service import Worker
+    from apportion.protocol.messages import Message
+    from apportion.worker.memory_manager import MemoryManager
 
 logger = logging.getLogger("apportion.worker")
 
@@ -43,10 +44,23 @@ logger = logging.getLogger("apportion.worker")
 NOT_WORKER_LOGS = ("apportion.scheduler", "apportion.runs", "apportion.client")
 
 
+class CallingWorker(Protocol):
+    """What the runner reads of its worker (a ``worker.service.Worker``, which imports
+    this module); plugins and ``dask_worker=`` functions get the worker itself."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def memory_manager(self) -> MemoryManager: ...
+
+    def send_threadsafe(self, message: Message) -> None: ...
+
+
 class RemoteCallRunner:
     """One worker's calls from clients outside tasks, its uploads, plugins and log ring."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: CallingWorker) -> None:
         self.worker = worker
         #: name -> (pickled plugin, the plugin): set up here, torn down at close.
         self.plugins: dict[str, tuple[bytes, Any]] = {}

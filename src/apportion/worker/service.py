@@ -22,7 +22,7 @@ import os
 import threading
 import uuid
 from collections.abc import Callable, Iterable, MutableMapping
-from typing import Any
+from typing import Any, cast
 
 import psutil
 
@@ -63,6 +63,7 @@ from apportion.protocol.messages import (
     WorkerDraining,
 )
 from apportion.worker.actors import ActorHost
+from apportion.worker.context import current_worker
 from apportion.worker.data_server import DataServer, data_reply
 from apportion.worker.events import (
     DataInfo,
@@ -806,3 +807,11 @@ class Worker(BackgroundService):
 
     def __repr__(self) -> str:
         return f"<Worker {self.name} {self.address or 'not started'} threads={self.nthreads}>"
+
+
+def get_worker() -> Worker:
+    """The ``Worker`` running the current task (Dask's ``get_worker``);
+    ``RuntimeError`` outside a task."""
+    # Only a Worker runs tasks; the task context holds it by the narrower type it
+    # reads, as it cannot import this module back.
+    return cast(Worker, current_worker("get_worker"))
