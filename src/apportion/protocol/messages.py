@@ -13,6 +13,7 @@ Resource amounts travel in fixed-point ticks (see ``apportion.core.resources``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, NamedTuple, TypeVar, cast, dataclass_transform
 
@@ -25,7 +26,7 @@ PROTOCOL_VERSION = 14
 
 
 class Message:
-    """Base of every wire message; ``@message`` gives each subclass a unique ``TAG``."""
+    """Base of every wire message; ``@message(tag)`` gives each subclass its ``TAG``."""
 
     __slots__ = ()
     TAG: ClassVar[int]
@@ -42,22 +43,37 @@ class Message:
 
 
 _REGISTRY: dict[int, type[Message]] = {}
+#: Class name -> class: a service registers for requests by class name
+#: (``RegisterService``), so a name stands for one message only.
+_BY_NAME: dict[str, type[Message]] = {}
 
 _M = TypeVar("_M", bound=type[Message])
 
 
 @dataclass_transform(frozen_default=True)
-def message(cls: _M) -> _M:
-    """Decorator: a frozen, slotted dataclass registered as a wire message.
+def message(tag: int) -> Callable[[_M], _M]:
+    """Decorator: a frozen, slotted dataclass registered as the wire message ``tag``.
 
-    Tags follow definition order, so both ends agree as long as they run the same
-    ``PROTOCOL_VERSION``, which the handshake checks first.
+    Each message states its tag, so that moving a class to another module changes
+    nothing on the wire; a tag or a name taken twice fails at import, before any
+    peer could be misread. A message that changes shape bumps ``PROTOCOL_VERSION``.
     """
-    dc: Any = dataclass(frozen=True, slots=True)(cls)
-    dc.TAG = len(_REGISTRY) + 1
-    dc._field_names = tuple(f.name for f in fields(dc))
-    _REGISTRY[dc.TAG] = dc
-    return cast(_M, dc)
+    if type(tag) is not int or tag < 1:
+        raise TypeError(f"a message tag is a positive int, not {tag!r}")
+
+    def register(cls: _M) -> _M:
+        taken = _REGISTRY.get(tag)
+        if taken is not None:
+            raise ValueError(f"message tag {tag} of {cls.__name__} is taken by {taken.__name__}")
+        if cls.__name__ in _BY_NAME:
+            raise ValueError(f"two messages are named {cls.__name__}")
+        dc: Any = dataclass(frozen=True, slots=True)(cls)
+        dc.TAG = tag
+        dc._field_names = tuple(f.name for f in fields(dc))
+        _REGISTRY[tag] = _BY_NAME[dc.__name__] = dc
+        return cast(_M, dc)
+
+    return register
 
 
 def message_class(tag: int) -> type[Message] | None:
@@ -65,10 +81,15 @@ def message_class(tag: int) -> type[Message] | None:
     return _REGISTRY.get(tag)
 
 
+def registered() -> dict[int, type[Message]]:
+    """Every message registered so far, by tag (the modules defining them imported)."""
+    return dict(_REGISTRY)
+
+
 # --- handshake ----------------------------------------------------------------------
 
 
-@message
+@message(1)
 class Hello(Message):
     """First message of the connecting side. Nothing else is read before it is checked."""
 
@@ -77,7 +98,7 @@ class Hello(Message):
     name: str
 
 
-@message
+@message(2)
 class Welcome(Message):
     """The listener's answer to an acceptable ``Hello``."""
 
@@ -86,7 +107,7 @@ class Welcome(Message):
     info: dict[str, Any]
 
 
-@message
+@message(3)
 class Refused(Message):
     """The listener's answer to an unacceptable ``Hello``; the connection closes after it."""
 
@@ -97,14 +118,14 @@ class Refused(Message):
 # still told so in words. Authentication follows them (``net/auth.py``).
 
 
-@message
+@message(4)
 class AuthHello(Message):
     """Connecting side -> listener, in the frame of its ``Hello``: my fresh nonce."""
 
     nonce: bytes
 
 
-@message
+@message(5)
 class AuthChallenge(Message):
     """Listener -> connecting side: my nonce, and my proof that I know the secret."""
 
@@ -112,7 +133,7 @@ class AuthChallenge(Message):
     proof: bytes
 
 
-@message
+@message(6)
 class AuthProof(Message):
     """Connecting side -> listener: my proof that I know the secret; then ``Welcome``."""
 
@@ -122,7 +143,7 @@ class AuthProof(Message):
 # --- same-machine lending (``net/lending.py``), handled by ``Connection`` itself ----
 
 
-@message
+@message(7)
 class LendBuffers(Message):
     """Receiver -> data port: I can read your memory (your ``Welcome`` probe was
     there); send the address of each buffer of ``from_bytes`` or more, not its bytes."""
@@ -130,7 +151,7 @@ class LendBuffers(Message):
     from_bytes: int
 
 
-@message
+@message(8)
 class BuffersReturned(Message):
     """Receiver -> data port: the buffers lent in your next ``frames`` lending frames
     (in the order sent) are read; they need not stay alive for me any longer."""
@@ -165,7 +186,7 @@ class TaskSpec(NamedTuple):
     actor: int = 0
 
 
-@message
+@message(9)
 class SubmitTasks(Message):
     """New tasks and the keys whose results the client holds futures for."""
 
@@ -179,21 +200,21 @@ class SubmitTasks(Message):
         return cls([TaskSpec(*t) for t in tasks], functions, wanted)
 
 
-@message
+@message(10)
 class ReleaseKeys(Message):
     """The client dropped its futures for these keys."""
 
     keys: list[str]
 
 
-@message
+@message(11)
 class CancelKeys(Message):
     """Stop these tasks if they have not finished; dependents fail as cancelled."""
 
     keys: list[str]
 
 
-@message
+@message(12)
 class GatherRequest(Message):
     """Ask the scheduler for the results of ``keys``: relayed, or where to fetch them."""
 
@@ -204,7 +225,7 @@ class GatherRequest(Message):
     direct_from: int = 0
 
 
-@message
+@message(13)
 class ScatterRequest(Message):
     """Place client data on workers; the client holds futures for the keys."""
 
@@ -215,7 +236,7 @@ class ScatterRequest(Message):
     workers: list[str] = field(default_factory=list)
 
 
-@message
+@message(14)
 class WhoHasRequest(Message):
     """Which worker data addresses hold each key (for ``direct_to_workers``)."""
 
@@ -223,7 +244,7 @@ class WhoHasRequest(Message):
     keys: list[str]
 
 
-@message
+@message(15)
 class WhyRequest(Message):
     """Explain why each key is not running."""
 
@@ -231,14 +252,14 @@ class WhyRequest(Message):
     keys: list[str]
 
 
-@message
+@message(16)
 class InfoRequest(Message):
     """The cluster's identity, workers and their pools."""
 
     request_id: int
 
 
-@message
+@message(17)
 class StoryRequest(Message):
     """The transitions of one task with their causes."""
 
@@ -249,14 +270,14 @@ class StoryRequest(Message):
 # --- scheduler -> client ------------------------------------------------------------
 
 
-@message
+@message(18)
 class KeysDone(Message):
     """These keys now have results in the cluster."""
 
     keys: list[str]
 
 
-@message
+@message(19)
 class TaskErred(Message):
     """A task raised. ``exception`` and ``traceback`` are pickled by the worker."""
 
@@ -266,7 +287,7 @@ class TaskErred(Message):
     attempts: int  #: runs that raised, retries included; the exception is the last one
 
 
-@message
+@message(20)
 class KeysFailed(Message):
     """The scheduler itself failed these keys (no user exception to forward)."""
 
@@ -276,7 +297,7 @@ class KeysFailed(Message):
     message: str
 
 
-@message
+@message(21)
 class GatherReply(Message):
     request_id: int
     data: dict[str, Pickled]
@@ -286,37 +307,37 @@ class GatherReply(Message):
     elsewhere: dict[str, list[str]] = field(default_factory=dict)
 
 
-@message
+@message(22)
 class ScatterReply(Message):
     request_id: int
     keys: list[str]
 
 
-@message
+@message(23)
 class WhoHasReply(Message):
     request_id: int
     who_has: dict[str, list[str]]
 
 
-@message
+@message(24)
 class WhyReply(Message):
     request_id: int
     reasons: dict[str, str]
 
 
-@message
+@message(25)
 class InfoReply(Message):
     request_id: int
     info: dict[str, Any]
 
 
-@message
+@message(26)
 class StoryReply(Message):
     request_id: int
     story: list[list[Any]]  #: [time, key, from_state, to_state, cause]
 
 
-@message
+@message(27)
 class Notice(Message):
     """A warning the client should show its user (e.g. a request nobody can meet)."""
 
@@ -327,7 +348,7 @@ class Notice(Message):
 # --- worker -> scheduler ------------------------------------------------------------
 
 
-@message
+@message(28)
 class RegisterWorker(Message):
     """Sent once after the handshake: who this worker is and what it offers."""
 
@@ -347,7 +368,7 @@ class RegisterWorker(Message):
     live_tasks: list[str] = field(default_factory=list)
 
 
-@message
+@message(29)
 class TaskFinished(Message):
     key: str
     nbytes: int
@@ -356,7 +377,7 @@ class TaskFinished(Message):
     thread: int = 0  #: which of the worker's threads ran it (the task stream's row)
 
 
-@message
+@message(30)
 class TaskRaised(Message):
     key: str
     exception: Pickled
@@ -365,7 +386,7 @@ class TaskRaised(Message):
     thread: int = 0  #: which of the worker's threads ran it (the task stream's row)
 
 
-@message
+@message(31)
 class ResultTooLarge(Message):
     """Worker -> scheduler: a task's result was larger than this worker can keep, so it
     was dropped at once; the task fails, out of memory (``worker.memory_policy``)."""
@@ -378,7 +399,7 @@ class ResultTooLarge(Message):
     duration: float
 
 
-@message
+@message(32)
 class MissingDependency(Message):
     """The worker could not fetch ``dep`` for ``key`` from any holder it was told of."""
 
@@ -389,7 +410,7 @@ class MissingDependency(Message):
     reason: str
 
 
-@message
+@message(33)
 class DataReply(Message):
     """Answer to ``GetData``, from a worker to whoever asked (scheduler, peer, client)."""
 
@@ -399,7 +420,7 @@ class DataReply(Message):
     errors: dict[str, str]  #: held, but the value cannot be sent: key -> why
 
 
-@message
+@message(34)
 class DataStored(Message):
     """Answer to ``PutData``: the worker holds these keys now."""
 
@@ -411,7 +432,7 @@ class DataStored(Message):
 # --- scheduler -> worker ------------------------------------------------------------
 
 
-@message
+@message(35)
 class LoadFunction(Message):
     """A function the worker has not seen; it precedes the first task using it."""
 
@@ -419,7 +440,7 @@ class LoadFunction(Message):
     blob: bytes
 
 
-@message
+@message(36)
 class ComputeTask(Message):
     key: str
     func_id: str
@@ -441,14 +462,14 @@ class ComputeTask(Message):
         return cls(key, func_id, args, who_has, priority, Allocation(*allocation), sizes, order)
 
 
-@message
+@message(37)
 class FreeKeys(Message):
     """Forget these keys: drop their data and, if still pending, the tasks."""
 
     keys: list[str]
 
 
-@message
+@message(38)
 class Prefetch(Message):
     """A task reserved this worker and will run here next: fetch its inputs now, so
     that they are here when its resources free. Key -> its holders' data addresses."""
@@ -457,7 +478,7 @@ class Prefetch(Message):
     sizes: dict[str, int] = field(default_factory=dict)  #: as in ``ComputeTask``
 
 
-@message
+@message(39)
 class DropPrefetch(Message):
     """The task those inputs were fetched for will not run here: drop them (kept only
     where a task here needs them)."""
@@ -465,7 +486,7 @@ class DropPrefetch(Message):
     keys: list[str]
 
 
-@message
+@message(40)
 class GetData(Message):
     """Ask a worker for results (scheduler relay, a peer or a direct client)."""
 
@@ -477,7 +498,7 @@ class GetData(Message):
     in_parts: bool = False
 
 
-@message
+@message(41)
 class PutData(Message):
     """Store data scattered by a client."""
 
@@ -485,7 +506,7 @@ class PutData(Message):
     data: dict[str, Pickled]
 
 
-@message
+@message(42)
 class TasksDropped(Message):
     """Worker -> scheduler: assigned tasks freed before they started; they never ran.
 
@@ -496,7 +517,7 @@ class TasksDropped(Message):
     keys: list[str]
 
 
-@message
+@message(43)
 class StealRequest(Message):
     """Scheduler -> worker: let these assigned tasks go if they have not started here,
     as an idle worker would start them sooner. Answered by ``StealResponse``."""
@@ -504,7 +525,7 @@ class StealRequest(Message):
     keys: list[str]
 
 
-@message
+@message(44)
 class StealResponse(Message):
     """Worker -> scheduler: of a ``StealRequest``'s keys, those let go (they were
     waiting here and never ran) and those already started (they stay). A key in
@@ -514,7 +535,7 @@ class StealResponse(Message):
     started: list[str]
 
 
-@message
+@message(45)
 class CopiesKept(Message):
     """Worker -> scheduler: it fetched these results from peers for its tasks and keeps
     the copies, as holders the scheduler frees like any other (Dask's ``add-keys``):
@@ -528,7 +549,7 @@ class CopiesKept(Message):
 DIRECT_PUT = -1
 
 
-@message
+@message(46)
 class ScatterPlaced(Message):
     """Client -> scheduler: data this client put on workers' data ports directly."""
 
@@ -536,14 +557,14 @@ class ScatterPlaced(Message):
     placed: dict[str, list[Any]]  #: key -> [worker data address, nbytes]
 
 
-@message
+@message(47)
 class WorkerClosing(Message):
     """Worker -> scheduler, just before a deliberate close: not a crash, not a loss."""
 
     reason: str
 
 
-@message
+@message(48)
 class KeysPending(Message):
     """Scheduler -> client: these results were lost and are being computed again.
 
@@ -553,7 +574,7 @@ class KeysPending(Message):
     keys: list[str]
 
 
-@message
+@message(49)
 class Heartbeat(Message):
     """Worker -> scheduler, every heartbeat interval: still alive (and how busy).
 
@@ -571,7 +592,7 @@ class Heartbeat(Message):
     sent: int = 0  #: bytes of results served to peers since the worker started
 
 
-@message
+@message(50)
 class WorkerDraining(Message):
     """Worker -> scheduler: stop sending me tasks; I leave once mine are done.
 
@@ -583,14 +604,14 @@ class WorkerDraining(Message):
     grace: float
 
 
-@message
+@message(51)
 class DrainDone(Message):
     """Scheduler -> draining worker: nothing here is needed any more; leave now."""
 
     handed_off: int  #: results copied to other workers
 
 
-@message
+@message(52)
 class WorkerDied(Message):
     """Supervisor -> scheduler: how a worker process it watched ended.
 
@@ -607,14 +628,14 @@ class WorkerDied(Message):
     out_of_memory: int = 0
 
 
-@message
+@message(53)
 class DumpRequest(Message):
     """Ask for the whole cluster state as plain data, for a bug report."""
 
     request_id: int
 
 
-@message
+@message(54)
 class DumpReply(Message):
     request_id: int
     state: dict[str, Any]
@@ -623,7 +644,7 @@ class DumpReply(Message):
 # --- command runs (the job queue) ------------------------------------------------------
 
 
-@message
+@message(55)
 class RunStarted(Message):
     """Worker -> scheduler: a run's command started (again, for an adopted run)."""
 
@@ -632,7 +653,7 @@ class RunStarted(Message):
     held: str  #: resources held, as users write them: ``"gpu=[0] foo=5"``
 
 
-@message
+@message(56)
 class RunOutput(Message):
     """Worker -> scheduler: the next bytes of a run's combined stdout and stderr.
 
@@ -645,7 +666,7 @@ class RunOutput(Message):
     data: bytes
 
 
-@message
+@message(57)
 class RunEnded(Message):
     """Worker -> scheduler: a run's processes are all gone; how it ended."""
 
@@ -656,7 +677,7 @@ class RunEnded(Message):
     detail: str  #: one line for users: "exit code 3", "cancelled; stopped with SIGTERM"
 
 
-@message
+@message(58)
 class SubmitRuns(Message):
     """Client -> scheduler: queue these runs (``RunSpec.to_dict()`` each)."""
 
@@ -664,7 +685,7 @@ class SubmitRuns(Message):
     specs: list[dict[str, Any]]
 
 
-@message
+@message(59)
 class RunsSubmitted(Message):
     """The ids given to submitted runs, or why none was accepted."""
 
@@ -676,7 +697,7 @@ class RunsSubmitted(Message):
     verdicts: list[list[str]] = field(default_factory=list)
 
 
-@message
+@message(60)
 class CheckDemands(Message):
     """Client -> scheduler: could the connected workers ever hold each of these
     demands (``{pool: ticks}``)? The job queue asks before it queues runs."""
@@ -685,7 +706,7 @@ class CheckDemands(Message):
     demands: list[dict[str, int]]
 
 
-@message
+@message(61)
 class DemandsChecked(Message):
     """One ``[kind, text]`` per demand asked, in order (``CheckDemands``)."""
 
@@ -693,7 +714,7 @@ class DemandsChecked(Message):
     verdicts: list[list[str]]
 
 
-@message
+@message(62)
 class QueryRuns(Message):
     """Client -> scheduler: the state of these runs (to follow their progress)."""
 
@@ -701,7 +722,7 @@ class QueryRuns(Message):
     ids: list[int]
 
 
-@message
+@message(63)
 class CancelRuns(Message):
     """Client -> scheduler: cancel these runs; answered like ``QueryRuns``."""
 
@@ -709,7 +730,7 @@ class CancelRuns(Message):
     ids: list[int]
 
 
-@message
+@message(64)
 class RunsReport(Message):
     """Scheduler -> client: one dict per run (id, label, state, worker, held, outcome)."""
 
@@ -724,7 +745,7 @@ class RunsReport(Message):
 NO_REPLY = 0
 
 
-@message
+@message(65)
 class RunOnWorkers(Message):
     """Client -> scheduler: run a pickled ``(function, args, kwargs)`` on workers."""
 
@@ -733,7 +754,7 @@ class RunOnWorkers(Message):
     workers: list[str]  #: names or addresses; empty: every worker
 
 
-@message
+@message(66)
 class InstallOnWorkers(Message):
     """Client -> scheduler: a file or a worker plugin for every worker, present and future.
 
@@ -748,7 +769,7 @@ class InstallOnWorkers(Message):
     replace: int  #: 0: keep an install of the same name instead (Dask's ``idempotent``)
 
 
-@message
+@message(67)
 class UninstallFromWorkers(Message):
     """Client -> scheduler: remove a worker plugin everywhere (its ``teardown`` runs)."""
 
@@ -756,7 +777,7 @@ class UninstallFromWorkers(Message):
     name: str
 
 
-@message
+@message(68)
 class WorkersAnswered(Message):
     """Scheduler -> client: each worker's answer to a call, install or uninstall."""
 
@@ -767,7 +788,7 @@ class WorkersAnswered(Message):
     error: str  #: non-empty when the scheduler refused the request as a whole
 
 
-@message
+@message(69)
 class RunCall(Message):
     """Scheduler -> worker: run this pickled call outside the task threads."""
 
@@ -775,7 +796,7 @@ class RunCall(Message):
     call: bytes
 
 
-@message
+@message(70)
 class Install(Message):
     """Scheduler -> worker: write (and load) an uploaded file, or set up a plugin."""
 
@@ -786,7 +807,7 @@ class Install(Message):
     load: int
 
 
-@message
+@message(71)
 class Uninstall(Message):
     """Scheduler -> worker: tear down and forget the plugin ``name``."""
 
@@ -794,7 +815,7 @@ class Uninstall(Message):
     name: str
 
 
-@message
+@message(72)
 class CallAnswered(Message):
     """Worker -> scheduler: how a ``RunCall``, ``Install`` or ``Uninstall`` went."""
 
@@ -804,20 +825,20 @@ class CallAnswered(Message):
     traceback: Pickled  #: pickled traceback of an error (empty when ok)
 
 
-@message
+@message(73)
 class VersionsRequest(Message):
     """Client -> scheduler: the scheduler's Python and package versions."""
 
     request_id: int
 
 
-@message
+@message(74)
 class VersionsReply(Message):
     request_id: int
     versions: dict[str, Any]
 
 
-@message
+@message(75)
 class LogsRequest(Message):
     """Client -> scheduler: the scheduler's most recent log records (``n`` <= 0: all kept)."""
 
@@ -825,7 +846,7 @@ class LogsRequest(Message):
     n: int
 
 
-@message
+@message(76)
 class LogsReply(Message):
     request_id: int
     records: list[list[str]]  #: [level name, formatted message], oldest first
@@ -834,7 +855,7 @@ class LogsReply(Message):
 # --- shared data: datasets, metadata, who has what, retry, replicate, rebalance ---
 
 
-@message
+@message(77)
 class PublishDataset(Message):
     """Client -> scheduler: keep ``data`` under ``name``, and the keys it refers to."""
 
@@ -845,7 +866,7 @@ class PublishDataset(Message):
     override: int  #: 1: replace a dataset of that name; 0: refuse (as Dask's KeyError)
 
 
-@message
+@message(78)
 class UnpublishDataset(Message):
     """Client -> scheduler: forget these datasets and let their keys go."""
 
@@ -853,7 +874,7 @@ class UnpublishDataset(Message):
     names: list[str]
 
 
-@message
+@message(79)
 class DatasetRequest(Message):
     """Client -> scheduler: the dataset ``name``; also the names of all (for the error)."""
 
@@ -861,7 +882,7 @@ class DatasetRequest(Message):
     name: str
 
 
-@message
+@message(80)
 class DatasetReply(Message):
     """The dataset asked for (``found`` 0: unknown), and every published name."""
 
@@ -872,7 +893,7 @@ class DatasetReply(Message):
     names: list[str]
 
 
-@message
+@message(81)
 class SharedDataAck(Message):
     """Scheduler -> client: done; ``error`` says why not (empty when it was done)."""
 
@@ -880,7 +901,7 @@ class SharedDataAck(Message):
     error: str
 
 
-@message
+@message(82)
 class SetMetadata(Message):
     """Client -> scheduler: store a plain value at a path of nested dictionaries."""
 
@@ -889,7 +910,7 @@ class SetMetadata(Message):
     value: Any
 
 
-@message
+@message(83)
 class MetadataRequest(Message):
     """Client -> scheduler: the value at ``path``."""
 
@@ -897,21 +918,21 @@ class MetadataRequest(Message):
     path: list[str]
 
 
-@message
+@message(84)
 class MetadataReply(Message):
     request_id: int
     found: int
     value: Any
 
 
-@message
+@message(85)
 class ClusterFactsRequest(Message):
     """Client -> scheduler: who holds what, threads and running tasks of every worker."""
 
     request_id: int
 
 
-@message
+@message(86)
 class ClusterFactsReply(Message):
     """Shaped as Dask's answers: keys -> holder addresses, and per worker address."""
 
@@ -922,14 +943,14 @@ class ClusterFactsReply(Message):
     processing: dict[str, list[str]]
 
 
-@message
+@message(87)
 class RetryKeys(Message):
     """Client -> scheduler: run these failed tasks again, with their failed inputs."""
 
     keys: list[str]
 
 
-@message
+@message(88)
 class ReplicateKeys(Message):
     """Client -> scheduler: have ``n`` workers (0: all) of ``workers`` (empty: all) hold
     each key; answered with ``CopiesDone`` once every copy is stored."""
@@ -940,7 +961,7 @@ class ReplicateKeys(Message):
     workers: list[str]  #: worker addresses or names
 
 
-@message
+@message(89)
 class RebalanceKeys(Message):
     """Client -> scheduler: even out the bytes each worker holds by moving results."""
 
@@ -950,7 +971,7 @@ class RebalanceKeys(Message):
     workers: list[str]  #: worker addresses or names; empty: all
 
 
-@message
+@message(90)
 class CopiesDone(Message):
     """Scheduler -> client: a replicate or rebalance finished."""
 
@@ -962,7 +983,7 @@ class CopiesDone(Message):
 # --- cluster lifecycle (restart) -----------------------------------------------------
 
 
-@message
+@message(91)
 class RestartRequest(Message):
     """Client -> scheduler: drop every task and result, and reset every worker.
 
@@ -976,7 +997,7 @@ class RestartRequest(Message):
     reason: str
 
 
-@message
+@message(92)
 class RestartReply(Message):
     """How many workers were reset, and the names of those no supervisor watches."""
 
@@ -985,7 +1006,7 @@ class RestartReply(Message):
     unsupervised: list[str]
 
 
-@message
+@message(93)
 class RestartWorker(Message):
     """Scheduler -> a supervised worker, at a restart: exit so that your supervisor
     starts a fresh process (exit status ``RESTART_EXIT`` of worker/supervisor.py)."""
@@ -996,7 +1017,7 @@ class RestartWorker(Message):
 # --- generic hooks for services that are clients (the job queue) -------------------
 
 
-@message
+@message(94)
 class TaskNote(Message):
     """Worker -> scheduler: a note about a running task, for the clients wanting its key.
 
@@ -1010,7 +1031,7 @@ class TaskNote(Message):
     droppable: int  #: 1 or 0: the wire has no booleans
 
 
-@message
+@message(95)
 class TaskNoted(Message):
     """Scheduler -> client: a ``TaskNote`` about a task it wants, from worker ``worker``."""
 
@@ -1019,7 +1040,7 @@ class TaskNoted(Message):
     note: bytes
 
 
-@message
+@message(96)
 class RegisterService(Message):
     """Client -> scheduler: serve the ``requests`` of these kinds (message class names)
     that other clients send, and hear of tasks still running on a worker that joins
@@ -1029,7 +1050,7 @@ class RegisterService(Message):
     key_prefix: str
 
 
-@message
+@message(97)
 class ForwardedRequest(Message):
     """Scheduler -> service: a request of client ``origin`` (an encoded message)."""
 
@@ -1037,7 +1058,7 @@ class ForwardedRequest(Message):
     request: bytes
 
 
-@message
+@message(98)
 class ForwardedReply(Message):
     """Service -> scheduler: the answer (an encoded message) to relay to ``origin``."""
 
@@ -1045,7 +1066,7 @@ class ForwardedReply(Message):
     reply: bytes
 
 
-@message
+@message(99)
 class TasksStillRunning(Message):
     """Scheduler -> service: a worker joined with these tasks still running from an
     earlier session. ``states`` gives the state of those the scheduler has a task for.
@@ -1057,7 +1078,7 @@ class TasksStillRunning(Message):
     states: dict[str, str]
 
 
-@message
+@message(100)
 class AdoptTask(Message):
     """Service -> scheduler: submit ``task`` as already running on ``worker_id``,
     holding ``units``, instead of queueing it (its process is not started again)."""
@@ -1073,7 +1094,7 @@ class AdoptTask(Message):
         return cls(worker_id, TaskSpec(*task), functions, units)
 
 
-@message
+@message(101)
 class StopTasks(Message):
     """Service -> scheduler: have worker ``worker_id`` stop these tasks (``FreeKeys``)."""
 
@@ -1081,14 +1102,14 @@ class StopTasks(Message):
     keys: list[str]
 
 
-@message
+@message(102)
 class WorkerDeparted(Message):
     """Scheduler -> service: the worker named ``name`` left and none of that name remains."""
 
     name: str
 
 
-@message
+@message(103)
 class Unserved(Message):
     """Scheduler -> client: nothing here serves requests of this kind (a class name),
     so none will be answered (a scheduler without a job queue asked about runs)."""
@@ -1096,7 +1117,7 @@ class Unserved(Message):
     kind: str
 
 
-@message
+@message(104)
 class TaskSeceded(Message):
     """Worker -> scheduler: the running task ``key`` gave its thread back (``secede``)
     to wait on other tasks. Unless ``keep_resources``, it gave back its resources too;
@@ -1106,7 +1127,7 @@ class TaskSeceded(Message):
     keep_resources: bool
 
 
-@message
+@message(105)
 class TaskRejoining(Message):
     """Worker -> scheduler: the seceded task ``key`` counts on a thread again
     (``rejoin``); if it gave its resources back, it waits for ``RejoinGranted``."""
@@ -1114,14 +1135,14 @@ class TaskRejoining(Message):
     key: str
 
 
-@message
+@message(106)
 class RejoinGranted(Message):
     """Scheduler -> worker: these seceded tasks hold their resources again; they run on."""
 
     keys: list[str]
 
 
-@message
+@message(107)
 class ActorCall(Message):
     """Client or task -> worker data port: call ``name`` on the actor of ``key`` with
     the pickled ``(args, kwargs)``, or, with ``attribute``, read that attribute."""
@@ -1133,7 +1154,7 @@ class ActorCall(Message):
     attribute: bool
 
 
-@message
+@message(108)
 class ActorReply(Message):
     """Worker data port -> caller: the pickled value, or (``exception`` not empty) the
     pickled exception and traceback the call raised."""
@@ -1155,7 +1176,7 @@ class ActorReply(Message):
 NO_TIMEOUT = -1.0
 
 
-@message
+@message(109)
 class LeaseRequest(Message):
     """Client -> scheduler: an operation on leases of semaphores (``Lock`` is one with
     one lease) or of multi-locks (two separate namespaces, as in Dask).
@@ -1177,14 +1198,14 @@ class LeaseRequest(Message):
     lease_timeout: float
 
 
-@message
+@message(110)
 class RefreshLeases(Message):
     """Client -> scheduler: the holder of these leases is alive (no reply)."""
 
     lease_ids: list[str]
 
 
-@message
+@message(111)
 class EventRequest(Message):
     """Client -> scheduler: "set", "clear", "is_set" or "wait" (up to ``timeout``) on an event."""
 
@@ -1194,7 +1215,7 @@ class EventRequest(Message):
     timeout: float
 
 
-@message
+@message(112)
 class CoordinationReply(Message):
     """Scheduler -> client: the answer to a ``LeaseRequest``, ``EventRequest`` or
     ``Subscribe``. ``ok``: granted, released, set (1) or not (0, also a timeout);
@@ -1206,7 +1227,7 @@ class CoordinationReply(Message):
     error: str
 
 
-@message
+@message(113)
 class ValueRequest(Message):
     """Client -> scheduler: an operation on a shared variable or queue.
 
@@ -1229,7 +1250,7 @@ class ValueRequest(Message):
     timeout: float
 
 
-@message
+@message(114)
 class ValueReply(Message):
     """Scheduler -> client: the items asked for and the keys they refer to (which this
     client now wants), the queue's size, ``timed_out`` 1 at the deadline, or ``error``."""
@@ -1242,7 +1263,7 @@ class ValueReply(Message):
     error: str
 
 
-@message
+@message(115)
 class Subscribe(Message):
     """Client -> scheduler: send me what is published on topic ``name`` from now on."""
 
@@ -1250,14 +1271,14 @@ class Subscribe(Message):
     name: str
 
 
-@message
+@message(116)
 class Unsubscribe(Message):
     """Client -> scheduler: one subscription of mine to ``name`` ended (no reply)."""
 
     name: str
 
 
-@message
+@message(117)
 class Publish(Message):
     """Client -> scheduler: pass ``data`` (a pickled object) to every subscriber of ``name``."""
 
@@ -1265,7 +1286,7 @@ class Publish(Message):
     data: Pickled
 
 
-@message
+@message(118)
 class TopicMessage(Message):
     """Scheduler -> client: ``data`` was published on a topic this client subscribes to."""
 
@@ -1273,14 +1294,14 @@ class TopicMessage(Message):
     data: Pickled
 
 
-@message
+@message(119)
 class FireAndForget(Message):
     """Client -> scheduler: run these tasks to the end even if no client wants them."""
 
     keys: list[str]
 
 
-@message
+@message(120)
 class DemandRequest(Message):
     """Client -> scheduler: the work waiting for room, by kind of request, and the
     workers (what a cluster that grows and shrinks decides from)."""
@@ -1288,7 +1309,7 @@ class DemandRequest(Message):
     request_id: int
 
 
-@message
+@message(121)
 class DemandReply(Message):
     """``queued``: per kind of request, ``options`` (``{pool: ticks}`` demands),
     ``count`` and ``restricted``; ``workers``: ``name``, ``address``, ``running``,
@@ -1299,7 +1320,7 @@ class DemandReply(Message):
     workers: list[dict[str, Any]]
 
 
-@message
+@message(122)
 class StatusRequest(Message):
     """Client -> scheduler: the cluster's status (``scheduler/status.py``), with the
     task stream's executions and the warnings that came after the given numbers."""
@@ -1310,7 +1331,7 @@ class StatusRequest(Message):
     stream_limit: int
 
 
-@message
+@message(123)
 class StatusReply(Message):
     request_id: int
     status: dict[str, Any]
