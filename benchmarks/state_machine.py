@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 from apportion.core.resources import parse_demand, parse_resources
 from apportion.protocol import messages as m
 from apportion.scheduler.events import (
-    AssignTask,
     ClientJoined,
     Event,
     FromClient,
     FromWorker,
     PlacementDue,
+    SendComputeTask,
     WorkerJoined,
 )
 from apportion.scheduler.invariants import check_invariants
@@ -82,7 +82,7 @@ class Driver:
         c.by_kind[kind] = c.by_kind.get(kind, 0) + events
         c.commands += len(commands)
         for command in commands:
-            if isinstance(command, AssignTask):
+            if isinstance(command, SendComputeTask):
                 self.running[command.worker_id].append(command.key)
                 c.compute += 1
 

@@ -63,7 +63,7 @@ from apportion.scheduler.events import (
     Log,
     PipeData,
     PlacementDue,
-    RefuseWorker,
+    SendRefused,
     Tick,
     WorkerJoined,
     WorkerLeft,
@@ -201,7 +201,7 @@ class StealingMachine(RuleBasedStateMachine):
                 self.logs.append(command)
                 continue
             # No worker falls silent or registers twice, no result is piped to a client.
-            assert not isinstance(command, Disconnect | RefuseWorker | PipeData), command
+            assert not isinstance(command, Disconnect | SendRefused | PipeData), command
             peer_id, msg = to_wire(command)
             if peer_id == CLIENT:
                 self.inbox.append(msg)

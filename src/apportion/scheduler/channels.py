@@ -34,7 +34,7 @@ from apportion.scheduler.coordination_book import (
     Waiter,
 )
 from apportion.scheduler.core import SchedulerCore
-from apportion.scheduler.events import DeliverMessage
+from apportion.scheduler.events import SendTopicMessage
 from apportion.scheduler.records import ClientRecord
 
 _VALUE_OPS = {"variable": ("set", "get", "delete"), "queue": ("put", "get", "size")}
@@ -367,7 +367,7 @@ def unsubscribe(state: SchedulerCore, client: ClientRecord, msg: m.Unsubscribe) 
 
 def publish(state: SchedulerCore, client: ClientRecord, msg: m.Publish) -> None:
     for client_id in state.coordination.topics.get(msg.name, ()):
-        state.emit(DeliverMessage(client_id, msg.name, msg.data))
+        state.emit(SendTopicMessage(client_id, msg.name, msg.data))
 
 
 # --- time and departures --------------------------------------------------------------

@@ -11,7 +11,7 @@ from apportion.protocol import messages as m
 from apportion.scheduler import views
 from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.demand import demand
-from apportion.scheduler.events import TaskError, TaskFailed, TasksFailed
+from apportion.scheduler.events import SendKeysFailed, TaskError, failure_notice
 from apportion.scheduler.explain import explain
 from apportion.scheduler.records import (
     ERRED,
@@ -183,7 +183,7 @@ def _start(state: SchedulerCore, task: TaskRecord) -> None:
 def want(state: SchedulerCore, client: ClientRecord, key: str) -> None:
     task = state.tasks.get(key)
     if task is None:
-        state.emit(TasksFailed(client.id, [key], "lost", f"{key!r} is unknown"))
+        state.emit(SendKeysFailed(client.id, [key], "lost", f"{key!r} is unknown"))
         return
     if task.wanted_by is None:
         task.wanted_by = set()
@@ -194,7 +194,7 @@ def want(state: SchedulerCore, client: ClientRecord, key: str) -> None:
     elif task.state == RELEASED:
         state.recompute(task, f"wanted again by client {client.id}")
     elif (task.state == ERRED or task.cancelled) and task.error is not None:
-        state.emit(TaskFailed(client.id, key, task.error, state.retried.get(key, 0) + 1))
+        state.emit(failure_notice(client.id, key, task.error, state.retried.get(key, 0) + 1))
 
 
 def release(state: SchedulerCore, client: ClientRecord, keys: list[str]) -> None:

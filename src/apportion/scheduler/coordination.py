@@ -32,15 +32,15 @@ from apportion.scheduler.coordination_book import (
 from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.events import (
     Command,
-    TaskFailed,
-    TasksDone,
-    TasksFailed,
-    TasksPending,
+    SendKeysDone,
+    SendKeysFailed,
+    SendKeysPending,
+    SendTaskErred,
 )
 from apportion.scheduler.records import ClientRecord
 
 #: Notices the core addresses to clients about their keys.
-_NOTICES = (TasksDone, TasksPending, TasksFailed, TaskFailed)
+_NOTICES = (SendKeysDone, SendKeysPending, SendKeysFailed, SendTaskErred)
 
 
 def fire_and_forget(state: SchedulerCore, client: ClientRecord, msg: m.FireAndForget) -> None:
@@ -81,11 +81,13 @@ def read_notices(state: SchedulerCore, commands: list[Command]) -> list[Command]
     return out
 
 
-def _settled_keys(notice: TasksDone | TasksPending | TasksFailed | TaskFailed) -> list[str]:
+def _settled_keys(
+    notice: SendKeysDone | SendKeysPending | SendKeysFailed | SendTaskErred,
+) -> list[str]:
     """The keys a notice says are finished (done, failed); none for "pending again"."""
-    if isinstance(notice, TaskFailed):
+    if isinstance(notice, SendTaskErred):
         return [notice.key]
-    if isinstance(notice, TasksPending):
+    if isinstance(notice, SendKeysPending):
         return []
     return notice.keys
 

@@ -24,7 +24,7 @@ from apportion.protocol import messages as m
 from apportion.scheduler import actors
 from apportion.scheduler.books import CopyJob, Plan
 from apportion.scheduler.core import SchedulerCore
-from apportion.scheduler.events import FetchData, StoreData
+from apportion.scheduler.events import SendGetData, SendPutData
 from apportion.scheduler.holders import add_holder, drop_holder, holds
 from apportion.scheduler.records import MEMORY, ClientRecord, TaskRecord, WorkerRecord
 
@@ -133,7 +133,7 @@ def start(
     rid = state.relays.new_id()
     state.shared.copies[rid] = CopyJob(client_id, request_id, plan, move, dropped=dropped)
     for source_id, keys in plan.items():
-        state.emit(FetchData(source_id, rid, sorted(keys)))
+        state.emit(SendGetData(source_id, rid, sorted(keys)))
 
 
 def source_reply(state: SchedulerCore, worker: WorkerRecord, msg: m.DataReply) -> None:
@@ -150,7 +150,7 @@ def source_reply(state: SchedulerCore, worker: WorkerRecord, msg: m.DataReply) -
                 job.origin[(key, receiver_id)] = worker.id
     for receiver_id, data in parts.items():
         job.puts[receiver_id] = job.puts.get(receiver_id, 0) + 1
-        state.emit(StoreData(receiver_id, msg.request_id, data))
+        state.emit(SendPutData(receiver_id, msg.request_id, data))
     _maybe_done(state, msg.request_id)
 
 

@@ -22,7 +22,7 @@ from apportion.protocol import messages as m
 from apportion.scheduler import actors
 from apportion.scheduler.books import Handoff
 from apportion.scheduler.core import SchedulerCore
-from apportion.scheduler.events import DrainFinished, FetchData, StoreData
+from apportion.scheduler.events import SendDrainDone, SendGetData, SendPutData
 from apportion.scheduler.holders import add_holder, drop_holder, holds
 from apportion.scheduler.records import MEMORY, WorkerRecord
 
@@ -65,7 +65,7 @@ def check(state: SchedulerCore, worker: WorkerRecord) -> None:
         rid = state.relays.new_id()
         state.relays.handoffs[rid] = Handoff(worker.id)
         worker.handoff = rid
-        state.emit(FetchData(worker.id, rid, keys))
+        state.emit(SendGetData(worker.id, rid, keys))
         return
     if keys:
         state.warn(
@@ -89,7 +89,7 @@ def source_reply(state: SchedulerCore, worker: WorkerRecord, msg: m.DataReply) -
         parts[receivers[i % len(receivers)].id][key] = blob
     for receiver_id, data in parts.items():
         handoff.pending[receiver_id] = list(data)
-        state.emit(StoreData(receiver_id, msg.request_id, data))
+        state.emit(SendPutData(receiver_id, msg.request_id, data))
 
 
 def receiver_stored(state: SchedulerCore, worker: WorkerRecord, msg: m.DataStored) -> None:
@@ -141,4 +141,4 @@ def _finish(state: SchedulerCore, rid: int) -> None:
 def _done(state: SchedulerCore, worker: WorkerRecord, moved: int) -> None:
     worker.handoff = DONE
     state.log_info(f"worker {worker.name} drained; {moved} results handed to other workers")
-    state.emit(DrainFinished(worker.id, moved))
+    state.emit(SendDrainDone(worker.id, moved))

@@ -28,7 +28,7 @@ from apportion.scheduler.coordination_book import (
     LeaseWaiter,
 )
 from apportion.scheduler.core import SchedulerCore
-from apportion.scheduler.events import NotifyClient
+from apportion.scheduler.events import SendNotice
 from apportion.scheduler.records import ClientRecord
 
 
@@ -234,7 +234,7 @@ def expire(state: SchedulerCore) -> float:
             f"{lease.lease_timeout:g}s); others may hold it now"
         )
         state.warn(f"client {lease.client_id}: {text}")
-        state.emit(NotifyClient(lease.client_id, "warning", text))
+        state.emit(SendNotice(lease.client_id, "warning", text))
         end(state, lease)
     for kind in book.pools:
         withdraw(state, kind, _waiters(state, kind, lambda w: w.deadline <= now), answer=True)

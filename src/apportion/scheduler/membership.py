@@ -30,7 +30,7 @@ from apportion.scheduler.events import (
     ClientLeft,
     Disconnect,
     Log,
-    RefuseWorker,
+    SendRefused,
     Tick,
     WorkerDeathReport,
     WorkerJoined,
@@ -110,7 +110,7 @@ def _claim_name(state: SchedulerCore, worker_id: str, reg: m.RegisterWorker) -> 
         "give each worker its own --name"
     )
     state.warn(f"refused the worker at {reg.address}: {reason}")
-    state.emit(RefuseWorker(worker_id, reason))
+    state.emit(SendRefused(worker_id, reason))
     return False
 
 

@@ -21,12 +21,12 @@ from apportion.scheduler.books import Gather, Scatter
 from apportion.scheduler.client_requests import want
 from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.events import (
-    FetchData,
-    FreeData,
     PipeData,
     PipeEnded,
-    StoreData,
-    TasksFailed,
+    SendFreeKeys,
+    SendGetData,
+    SendKeysFailed,
+    SendPutData,
 )
 from apportion.scheduler.holders import holders, holds
 from apportion.scheduler.records import (
@@ -63,7 +63,7 @@ def worker_left(state: SchedulerCore, worker_id: str) -> None:
         if worker_id in scatter_.pending:
             del relays.scatters[rid]
             state.emit(
-                TasksFailed(
+                SendKeysFailed(
                     scatter_.client_id,
                     scatter_.pending[worker_id],
                     "lost",
@@ -100,7 +100,7 @@ def gather(state: SchedulerCore, client: ClientRecord, msg: m.GatherRequest) -> 
         client.id, msg.request_id, dict(by_worker), {}, dict(piping), missing, elsewhere=elsewhere
     )
     for worker_id, keys in by_worker.items():
-        state.emit(FetchData(worker_id, rid, keys))
+        state.emit(SendGetData(worker_id, rid, keys))
     for worker_id, keys in piping.items():
         address = state.workers[worker_id].address
         state.emit(PipeData(worker_id, address, client.id, msg.request_id, rid, keys))
@@ -148,7 +148,7 @@ def scatter(state: SchedulerCore, client: ClientRecord, msg: m.ScatterRequest) -
         # A cluster that cannot grow will never have such a worker: say so now.
         names = ", ".join(sorted(allowed))
         text = f"no worker matches {names}, and this cluster cannot grow"
-        state.emit(TasksFailed(client.id, list(msg.data), "unsatisfiable", text))
+        state.emit(SendKeysFailed(client.id, list(msg.data), "unsatisfiable", text))
         state.reply(client.id, m.ScatterReply(msg.request_id, []))
         return
     if not chosen:
@@ -163,7 +163,7 @@ def scatter(state: SchedulerCore, client: ClientRecord, msg: m.ScatterRequest) -
     pending = {worker_id: list(data) for worker_id, data in parts.items()}
     state.relays.scatters[rid] = Scatter(client.id, msg.request_id, pending)
     for worker_id, data in parts.items():
-        state.emit(StoreData(worker_id, rid, data))
+        state.emit(SendPutData(worker_id, rid, data))
 
 
 def data_stored(state: SchedulerCore, worker: WorkerRecord, msg: m.DataStored) -> None:
@@ -177,7 +177,7 @@ def data_stored(state: SchedulerCore, worker: WorkerRecord, msg: m.DataStored) -
         return
     scatter_ = state.relays.scatters.get(msg.request_id)
     if scatter_ is None or scatter_.pending.pop(worker.id, None) is None:
-        state.emit(FreeData(worker.id, msg.keys))
+        state.emit(SendFreeKeys(worker.id, msg.keys))
         return
     client = state.clients.get(scatter_.client_id)
     for key in msg.keys:
@@ -202,7 +202,7 @@ def scatter_placed(state: SchedulerCore, client: ClientRecord, msg: m.ScatterPla
         _adopt(state, worker, client, key, int(nbytes))
     if lost:
         text = "the worker holding scattered data left before the scheduler heard of it"
-        state.emit(TasksFailed(client.id, lost, "lost", text))
+        state.emit(SendKeysFailed(client.id, lost, "lost", text))
     state.reply(client.id, m.ScatterReply(msg.request_id, placed))
 
 
@@ -218,7 +218,7 @@ def _adopt(
     if task is not None:
         # Same key scattered twice: keep the first copy, drop this one.
         if not holds(task, worker.id):
-            state.emit(FreeData(worker.id, [key]))
+            state.emit(SendFreeKeys(worker.id, [key]))
         if client is not None:
             want(state, client, key)
         return

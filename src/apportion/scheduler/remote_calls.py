@@ -1,7 +1,7 @@
 """Code run on workers outside tasks: relayed calls, kept uploads and plugins, facts.
 
 The scheduler runs no user code and unpickles no payload (DESIGN.md): a client's
-``run`` arrives as opaque bytes, goes to each chosen worker as one ``RemoteCall``, and
+``run`` arrives as opaque bytes, goes to each chosen worker as one ``SendRunCall``, and
 the answers are collected in a ``RemoteBook`` entry until every worker has answered;
 a worker that leaves first answers "lost", so a call never waits for the dead.
 
@@ -18,7 +18,7 @@ from typing import Any
 from apportion.protocol import messages as m
 from apportion.scheduler.books import MAX_KEPT_BYTES, Call
 from apportion.scheduler.core import SchedulerCore
-from apportion.scheduler.events import Installation, RemoteCall, RemoteInstall, RemoteUninstall
+from apportion.scheduler.events import Installation, SendInstall, SendRunCall, SendUninstall
 from apportion.scheduler.records import ClientRecord, WorkerRecord
 
 #: Largest upload or pickled plugin accepted, in bytes.
@@ -43,7 +43,7 @@ def run(state: SchedulerCore, client: ClientRecord, msg: m.RunOnWorkers) -> None
         client.id,
         msg.request_id,
         targets,
-        lambda worker_id, rid: RemoteCall(worker_id, rid, msg.call),
+        lambda worker_id, rid: SendRunCall(worker_id, rid, msg.call),
     )
 
 
@@ -82,7 +82,7 @@ def install(state: SchedulerCore, client: ClientRecord, msg: m.InstallOnWorkers)
         client.id,
         msg.request_id,
         every,
-        lambda worker_id, rid: RemoteInstall(worker_id, rid, installation),
+        lambda worker_id, rid: SendInstall(worker_id, rid, installation),
     )
 
 
@@ -97,7 +97,7 @@ def uninstall(state: SchedulerCore, client: ClientRecord, msg: m.UninstallFromWo
         client.id,
         msg.request_id,
         every,
-        lambda worker_id, rid: RemoteUninstall(worker_id, rid, msg.name),
+        lambda worker_id, rid: SendUninstall(worker_id, rid, msg.name),
     )
 
 
@@ -125,7 +125,7 @@ def call_answered(state: SchedulerCore, worker: WorkerRecord, msg: m.CallAnswere
 def worker_joined(state: SchedulerCore, worker_id: str) -> None:
     """Replay every kept upload and plugin, in the order they came."""
     for kept in state.remote.kept.values():
-        state.emit(RemoteInstall(worker_id, m.NO_REPLY, kept))
+        state.emit(SendInstall(worker_id, m.NO_REPLY, kept))
 
 
 def worker_left(state: SchedulerCore, worker_id: str, how: str) -> None:
@@ -161,7 +161,7 @@ def _start(
     client_id: str,
     request_id: int,
     targets: dict[str, str],
-    make: Callable[[str, int], RemoteCall | RemoteInstall | RemoteUninstall],
+    make: Callable[[str, int], SendRunCall | SendInstall | SendUninstall],
 ) -> None:
     """One command per target, ``make(worker id, request id)``; collect the answers if
     the client waits for them."""

@@ -23,7 +23,12 @@ from heapq import heapify
 from apportion.protocol import messages as m
 from apportion.scheduler import coordination, membership
 from apportion.scheduler.core import SchedulerCore
-from apportion.scheduler.events import Disconnect, RestartProcess, TasksFailed, TasksPending
+from apportion.scheduler.events import (
+    Disconnect,
+    SendKeysFailed,
+    SendKeysPending,
+    SendRestartWorker,
+)
 from apportion.scheduler.records import FORGOTTEN, PROCESSING, QUEUED, ClientRecord
 from apportion.scheduler.shared_data import DATASET_OWNER
 
@@ -44,8 +49,8 @@ def restart(state: SchedulerCore, client: ClientRecord, msg: m.RestartRequest) -
         state.log.append((state.now, key, task.state, FORGOTTEN, text))
     for client_id, keys in by_client.items():
         if client_id in state.clients:
-            state.emit(TasksPending(client_id, keys))
-            state.emit(TasksFailed(client_id, keys, "cancelled", text))
+            state.emit(SendKeysPending(client_id, keys))
+            state.emit(SendKeysFailed(client_id, keys, "cancelled", text))
     _cancel_scatters(state, text)
     _drop_datasets(state)
     _forget_tasks(state, kept)
@@ -66,7 +71,7 @@ def restart(state: SchedulerCore, client: ClientRecord, msg: m.RestartRequest) -
         membership.remove_worker(state, worker.id, text)
         if worker.supervisor:
             # Its supervisor starts a fresh process once it exits.
-            state.emit(RestartProcess(worker.id, text))
+            state.emit(SendRestartWorker(worker.id, text))
         else:
             # Disconnected, it drops its tasks and data and registers afresh.
             state.emit(Disconnect(worker.id, text))
@@ -86,7 +91,7 @@ def _cancel_scatters(state: SchedulerCore, text: str) -> None:
     relays.scatters.clear()
     for client_id, request_id, keys in pending:
         if client_id in state.clients:
-            state.emit(TasksFailed(client_id, keys, "cancelled", text))
+            state.emit(SendKeysFailed(client_id, keys, "cancelled", text))
             state.reply(client_id, m.ScatterReply(request_id, []))
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from apportion.core.resources import Amounts, describe_resources
 from apportion.protocol import messages as m
 from apportion.scheduler.core import SchedulerCore
-from apportion.scheduler.events import GrantRejoin
+from apportion.scheduler.events import SendRejoinGranted
 from apportion.scheduler.records import PROCESSING, TaskRecord, WorkerRecord
 
 
@@ -86,7 +86,7 @@ def grant_rejoins(state: SchedulerCore) -> None:
             if not worker.ledger.take_exactly(allocation.resources, allocation.units):
                 break  # the rest of this worker's queue waits behind it: first come first
             waiting.pop(0)
-            state.emit(GrantRejoin(worker.id, task.key))
+            state.emit(SendRejoinGranted(worker.id, task.key))
             _rejoined(state, worker, task, f"rejoined on {worker.name}; holds its resources again")
 
 

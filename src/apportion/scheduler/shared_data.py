@@ -20,7 +20,7 @@ from apportion.protocol import messages as m
 from apportion.scheduler import copies
 from apportion.scheduler.client_requests import release, want
 from apportion.scheduler.core import SchedulerCore
-from apportion.scheduler.events import TaskFailed, TasksFailed, TasksPending
+from apportion.scheduler.events import SendKeysFailed, SendKeysPending, failure_notice
 from apportion.scheduler.holders import holders
 from apportion.scheduler.records import ERRED, MEMORY, RELEASED, ClientRecord, TaskRecord
 
@@ -136,7 +136,7 @@ def retry(state: SchedulerCore, client: ClientRecord, msg: m.RetryKeys) -> None:
         task = state.tasks.get(key)
         if task is None:
             text = f"{key!r} cannot be retried: the scheduler no longer knows it; submit it again"
-            state.emit(TasksFailed(client.id, [key], "lost", text))
+            state.emit(SendKeysFailed(client.id, [key], "lost", text))
         elif task.state == ERRED:
             for failed in _failed_chain(state, task):
                 _run_again(state, failed, client.id)
@@ -146,7 +146,7 @@ def retry(state: SchedulerCore, client: ClientRecord, msg: m.RetryKeys) -> None:
             # Failed while still running (its input failed): it cannot run again until
             # its worker gives it back, so the client hears the failure again rather
             # than waiting on a future nothing will settle.
-            state.emit(TaskFailed(client.id, key, task.error, 1))
+            state.emit(failure_notice(client.id, key, task.error, 1))
 
 
 def _failed_chain(state: SchedulerCore, task: TaskRecord) -> list[TaskRecord]:
@@ -186,7 +186,7 @@ def _run_again(state: SchedulerCore, task: TaskRecord, client_id: str) -> None:
         )
         task.error = error
         for wanter in task.wanted_by or ():
-            state.emit(TaskFailed(wanter, task.key, error, 1))
+            state.emit(failure_notice(wanter, task.key, error, 1))
         for dep_key in task.deps:  # inputs recomputed above for nothing: let them go
             if dep_key in state.tasks:
                 state.release_if_unneeded(state.tasks[dep_key])
@@ -196,5 +196,5 @@ def _run_again(state: SchedulerCore, task: TaskRecord, client_id: str) -> None:
     state.retried.pop(task.key, None)
     for wanter in task.wanted_by or ():
         # Futures of failed inputs retried along with the asked key wait again too.
-        state.emit(TasksPending(wanter, [task.key]))
+        state.emit(SendKeysPending(wanter, [task.key]))
     state.start_again(task, cause)  # its released inputs are on their way already

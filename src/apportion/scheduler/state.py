@@ -3,7 +3,7 @@
 This module only dispatches: each event type and each message type has one
 handler function in a module above the core (``membership``, ``client_requests``,
 ``worker_reports``, ``relay`` ...), and ``handle`` returns the commands the core
-gathered meanwhile: decisions as domain values (``AssignTask``, ``TasksDone`` ...)
+gathered meanwhile: decisions as domain values (``SendComputeTask``, ``SendKeysDone`` ...)
 and answers to client requests as ``Reply`` (``events.py``); the service makes
 them messages (``wire.py``). The records and their low-level changes are in ``core.py``;
 its header tells the theory of operation.

@@ -26,11 +26,11 @@ from apportion.protocol import messages as m
 from apportion.protocol.codec import ProtocolError, decode_message, encode_message
 from apportion.scheduler import client_requests
 from apportion.scheduler.events import (
-    AnnounceDeparture,
-    ForwardRequest,
-    FreeData,
-    OfferRunningTasks,
-    PassNote,
+    SendForwardedRequest,
+    SendFreeKeys,
+    SendTaskNoted,
+    SendTasksStillRunning,
+    SendWorkerDeparted,
 )
 from apportion.scheduler.records import QUEUED, ClientRecord, WorkerRecord
 
@@ -60,7 +60,7 @@ def forward(state: SchedulerCore, peer: ClientRecord | WorkerRecord, msg: m.Mess
     if server is None or server not in state.clients:
         state.reply(peer.id, m.Unserved(kind))
         return False
-    state.emit(ForwardRequest(server, peer.id, encode_message(msg)))
+    state.emit(SendForwardedRequest(server, peer.id, encode_message(msg)))
     return True
 
 
@@ -80,7 +80,7 @@ def task_note(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskNote) -> No
     if task is None or not task.wanted_by:
         return  # nobody to tell
     for client_id in task.wanted_by:
-        state.emit(PassNote(client_id, msg.key, worker.name, msg.note))
+        state.emit(SendTaskNoted(client_id, msg.key, worker.name, msg.note))
 
 
 def worker_joined(state: SchedulerCore, worker_id: str, reg: m.RegisterWorker) -> None:
@@ -97,9 +97,9 @@ def worker_joined(state: SchedulerCore, worker_id: str, reg: m.RegisterWorker) -
             offers.setdefault(server, []).append(key)
     for server, keys in offers.items():
         states = {key: task.state for key in keys if (task := state.tasks.get(key)) is not None}
-        state.emit(OfferRunningTasks(server, worker_id, reg.name, keys, states))
+        state.emit(SendTasksStillRunning(server, worker_id, reg.name, keys, states))
     if unclaimed:
-        state.emit(FreeData(worker_id, unclaimed))  # nobody here will ever want them
+        state.emit(SendFreeKeys(worker_id, unclaimed))  # nobody here will ever want them
 
 
 def _server_of(state: SchedulerCore, key: str) -> str | None:
@@ -125,7 +125,7 @@ def adopt_task(state: SchedulerCore, client: ClientRecord, msg: m.AdoptTask) -> 
 
 def stop_tasks(state: SchedulerCore, client: ClientRecord, msg: m.StopTasks) -> None:
     if msg.worker_id in state.workers:
-        state.emit(FreeData(msg.worker_id, msg.keys))
+        state.emit(SendFreeKeys(msg.worker_id, msg.keys))
 
 
 def worker_left(state: SchedulerCore, worker: WorkerRecord) -> None:
@@ -143,5 +143,5 @@ def flush(state: SchedulerCore) -> None:
     for name in book.departed:
         if name not in names:
             for server in sorted(servers):
-                state.emit(AnnounceDeparture(server, name))
+                state.emit(SendWorkerDeparted(server, name))
     book.departed.clear()

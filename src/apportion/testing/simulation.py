@@ -26,7 +26,7 @@ from apportion.scheduler.events import (
     Log,
     PipeData,
     PlacementDue,
-    RefuseWorker,
+    SendRefused,
     WorkerJoined,
     WorkerLeft,
 )
@@ -87,7 +87,7 @@ class SimulatedCluster:
             elif isinstance(command, Disconnect):
                 self.disconnected.append(command.peer_id)
                 self.running.pop(command.peer_id, None)  # a lost worker runs nothing more
-            elif isinstance(command, RefuseWorker):
+            elif isinstance(command, SendRefused):
                 # Refused at registration (a name taken): it never became a worker.
                 peer_id, msg = to_wire(command)
                 self.running.pop(peer_id, None)
