@@ -7,10 +7,16 @@ a new tag (the next free number) and bumps ``PROTOCOL_VERSION`` with its line be
 
 from __future__ import annotations
 
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
 import pytest
 
-from apportion.protocol import messages
-from apportion.protocol.messages import PROTOCOL_VERSION, Message, message, registered
+from apportion.protocol.base import PROTOCOL_VERSION, Message, message, registered
+from apportion.protocol.handshake import Hello, Refused, Welcome
 
 #: Message name -> tag, as on the wire of ``PROTOCOL_VERSION`` 14.
 TAGS = {
@@ -145,10 +151,35 @@ def test_every_message_keeps_its_tag() -> None:
     assert PROTOCOL_VERSION == 14
 
 
+def _import_graph_tool() -> ModuleType:
+    path = Path(__file__).resolve().parents[2] / "tools" / "import_graph.py"
+    spec = importlib.util.spec_from_file_location("import_graph", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("import_graph", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_whatever_decodes_knows_every_conversation() -> None:
+    # The codec imports the engine's conversations and the package root (which every
+    # process runs first) the job queue's, so that no tag is unknown to a decoder.
+    tool = _import_graph_tool()
+    graph = tool.import_graph(tool.SRC)
+    defining = {
+        tool.module_name(path)
+        for path in tool.SRC.rglob("*.py")
+        if re.search(r"^@message\(", path.read_text(), re.M)
+    }
+    assert defining == {cls.__module__ for cls in registered().values()}
+    assert "apportion.runs.messages" in defining
+    assert defining <= graph["apportion.protocol.codec"] | graph["apportion"]
+
+
 def test_the_handshake_tags_never_change() -> None:
     # A peer of another version must still read Hello, Welcome and Refused, to be
     # told in words that the versions differ.
-    assert (messages.Hello.TAG, messages.Welcome.TAG, messages.Refused.TAG) == (1, 2, 3)
+    assert (Hello.TAG, Welcome.TAG, Refused.TAG) == (1, 2, 3)
 
 
 def test_a_tag_taken_twice_fails_at_import() -> None:
@@ -158,7 +189,7 @@ def test_a_tag_taken_twice_fails_at_import() -> None:
         class Again(Message):
             text: str
 
-    assert registered()[1] is messages.Hello
+    assert registered()[1] is Hello
 
 
 def test_a_name_taken_twice_fails_at_import() -> None:
@@ -166,7 +197,7 @@ def test_a_name_taken_twice_fails_at_import() -> None:
     with pytest.raises(ValueError, match="two messages are named Hello"):
 
         @message(free)
-        class Hello(Message):
+        class Hello(Message):  # type: ignore[no-redef]
             text: str
 
     assert free not in registered()

@@ -7,7 +7,9 @@ from typing import Any, get_args, get_type_hints
 
 from apportion.core.allocation import Allocation
 from apportion.core.payload import Pickled
-from apportion.protocol import messages as m
+from apportion.protocol.remote_calls import NO_REPLY, Install
+from apportion.protocol.tasks import KeysFailed, Notice, TaskErred
+from apportion.protocol.worker import ComputeTask
 from apportion.scheduler import wire
 from apportion.scheduler.events import (
     Installation,
@@ -30,22 +32,22 @@ def test_an_assignment_carries_its_allocation() -> None:
     command = SendComputeTask("w1", "k", "f", b"args", who_has, 3, allocation, {"d": 64}, 7)
     assert wire.to_wire(command) == (
         "w1",
-        m.ComputeTask("k", "f", b"args", who_has, 3, allocation, {"d": 64}, 7),
+        ComputeTask("k", "f", b"args", who_has, 3, allocation, {"d": 64}, 7),
     )
 
 
 def test_a_raised_task_fails_with_its_exception_and_a_lost_one_with_a_text() -> None:
     raised = failure_notice("c1", "k", ("exception", b"exc", b"tb"), 2)
-    assert wire.to_wire(raised) == ("c1", m.TaskErred("k", b"exc", b"tb", 2))
+    assert wire.to_wire(raised) == ("c1", TaskErred("k", b"exc", b"tb", 2))
     lost = failure_notice("c1", "k", ("lost", "gone", b""), 1)
-    assert wire.to_wire(lost) == ("c1", m.KeysFailed(["k"], "lost", "gone"))
+    assert wire.to_wire(lost) == ("c1", KeysFailed(["k"], "lost", "gone"))
     several = SendKeysFailed("c1", ["a", "b"], "cancelled", "restarted")
-    assert wire.to_wire(several) == ("c1", m.KeysFailed(["a", "b"], "cancelled", "restarted"))
+    assert wire.to_wire(several) == ("c1", KeysFailed(["a", "b"], "cancelled", "restarted"))
 
 
 def test_an_installation_replayed_to_a_joining_worker_asks_no_answer() -> None:
-    command = SendInstall("w2", m.NO_REPLY, Installation("upload", "mod.py", b"x = 1", 1))
-    assert wire.to_wire(command) == ("w2", m.Install(m.NO_REPLY, "upload", "mod.py", b"x = 1", 1))
+    command = SendInstall("w2", NO_REPLY, Installation("upload", "mod.py", b"x = 1", 1))
+    assert wire.to_wire(command) == ("w2", Install(NO_REPLY, "upload", "mod.py", b"x = 1", 1))
 
 
 def _sample(command_type: type[Any]) -> Any:
@@ -73,4 +75,4 @@ def test_each_command_is_named_for_the_message_it_sends() -> None:
     for command_type in decisions:
         _, message = wire.to_wire(_sample(command_type))
         assert command_type.__name__ == f"Send{type(message).__name__}"
-    assert wire.to_wire(Reply("c1", m.Notice("warning", "hi"))) == ("c1", m.Notice("warning", "hi"))
+    assert wire.to_wire(Reply("c1", Notice("warning", "hi"))) == ("c1", Notice("warning", "hi"))

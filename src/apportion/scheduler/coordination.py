@@ -20,7 +20,8 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from apportion.protocol import messages as m
+from apportion.protocol.coordination import ValueReply
+from apportion.protocol.tasks import FireAndForget
 from apportion.scheduler import channels, leases
 from apportion.scheduler.client_requests import release, want
 from apportion.scheduler.coordination_book import (
@@ -43,7 +44,7 @@ from apportion.scheduler.records import ClientRecord
 _NOTICES = (SendKeysDone, SendKeysPending, SendKeysFailed, SendTaskErred)
 
 
-def fire_and_forget(state: SchedulerCore, client: ClientRecord, msg: m.FireAndForget) -> None:
+def fire_and_forget(state: SchedulerCore, client: ClientRecord, msg: FireAndForget) -> None:
     """Run these keys to the end whoever else wants them."""
     if not msg.keys:
         return  # nothing to hold: no pseudo-client for it
@@ -119,7 +120,7 @@ def restarted(state: SchedulerCore) -> None:
         for putter in refused:
             record.putters.remove(putter)
             text = "the cluster was restarted: the futures of this put are gone"
-            reply = m.ValueReply(putter.request_id, [], [], 0, 0, text)
+            reply = ValueReply(putter.request_id, [], [], 0, 0, text)
             state.reply(putter.client_id, reply)
         record.key_counts.clear()
         channels.settle_queue(state, name)

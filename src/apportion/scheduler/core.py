@@ -41,7 +41,8 @@ from apportion.core.allocation import NOTHING, Allocation
 from apportion.core.ledger import describe_units
 from apportion.core.resources import describe_resources
 from apportion.core.transitions import IllegalTransition
-from apportion.protocol import messages as m
+from apportion.protocol.base import Message
+from apportion.protocol.worker import WorkerDied
 from apportion.scheduler import actors
 from apportion.scheduler.books import RelayBook, RemoteBook, ServiceBook, SharedBook
 from apportion.scheduler.coordination_book import CoordinationBook
@@ -186,7 +187,7 @@ class SchedulerCore:
         self.retried: dict[str, int] = {}
         #: (worker name, pid) -> how that process ended, as its supervisor reported.
         #: Bounded: only the latest ``MAX_DEATH_CAUSES`` are kept.
-        self.death_causes: dict[tuple[str, int], m.WorkerDied] = {}
+        self.death_causes: dict[tuple[str, int], WorkerDied] = {}
         #: Results whose only holder died out of memory while serving them, each
         #: death (sparse). Unlike ``deaths``, kept when the task completes again:
         #: completing is what comes before each such death (``out_of_memory``).
@@ -234,7 +235,7 @@ class SchedulerCore:
         self._seq += 1
         return self._seq
 
-    def reply(self, client_id: str, message: m.Message) -> None:
+    def reply(self, client_id: str, message: Message) -> None:
         """Answer a client's request with ``message`` (the shape it asked for)."""
         self._out.append(Reply(client_id, message))
 

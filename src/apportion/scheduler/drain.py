@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from apportion.core.payload import Pickled
-from apportion.protocol import messages as m
+from apportion.protocol.peer_data import DataReply, DataStored
+from apportion.protocol.worker import WorkerDraining
 from apportion.scheduler import actors
 from apportion.scheduler.books import Handoff
 from apportion.scheduler.core import SchedulerCore
@@ -30,7 +31,7 @@ from apportion.scheduler.records import MEMORY, WorkerRecord
 DONE = 0
 
 
-def worker_draining(state: SchedulerCore, worker: WorkerRecord, msg: m.WorkerDraining) -> None:
+def worker_draining(state: SchedulerCore, worker: WorkerRecord, msg: WorkerDraining) -> None:
     if worker.draining:
         return
     worker.draining = True
@@ -75,7 +76,7 @@ def check(state: SchedulerCore, worker: WorkerRecord) -> None:
     _done(state, worker, 0)
 
 
-def source_reply(state: SchedulerCore, worker: WorkerRecord, msg: m.DataReply) -> None:
+def source_reply(state: SchedulerCore, worker: WorkerRecord, msg: DataReply) -> None:
     """The draining worker sent its results: spread them over the receivers."""
     handoff = state.relays.handoffs.get(msg.request_id)
     if handoff is None or handoff.source != worker.id:
@@ -92,7 +93,7 @@ def source_reply(state: SchedulerCore, worker: WorkerRecord, msg: m.DataReply) -
         state.emit(SendPutData(receiver_id, msg.request_id, data))
 
 
-def receiver_stored(state: SchedulerCore, worker: WorkerRecord, msg: m.DataStored) -> None:
+def receiver_stored(state: SchedulerCore, worker: WorkerRecord, msg: DataStored) -> None:
     """A receiver holds copies now: the results are its own from here on."""
     handoff = state.relays.handoffs[msg.request_id]
     if handoff.pending.pop(worker.id, None) is None:

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 from apportion.core.allocation import Allocation
 from apportion.core.payload import Pickled
-from apportion.protocol.messages import Message, RegisterWorker, WorkerDied
+from apportion.protocol.base import Message
+from apportion.protocol.worker import RegisterWorker, WorkerDied
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,16 @@ from __future__ import annotations
 from collections import defaultdict
 
 from apportion.core.payload import Pickled
-from apportion.protocol import messages as m
+from apportion.protocol.peer_data import DIRECT_PUT, DataReply, DataStored
+from apportion.protocol.tasks import (
+    GatherReply,
+    GatherRequest,
+    ScatterPlaced,
+    ScatterReply,
+    ScatterRequest,
+    WhoHasReply,
+    WhoHasRequest,
+)
 from apportion.scheduler import copies, drain
 from apportion.scheduler.books import Gather, Scatter
 from apportion.scheduler.client_requests import want
@@ -74,7 +83,7 @@ def worker_left(state: SchedulerCore, worker_id: str) -> None:
     copies.worker_left(state, worker_id)
 
 
-def gather(state: SchedulerCore, client: ClientRecord, msg: m.GatherRequest) -> None:
+def gather(state: SchedulerCore, client: ClientRecord, msg: GatherRequest) -> None:
     """Relay small results; name the holders of those of ``direct_from`` bytes or more,
     which the client fetches itself, so a large value never passes through here."""
     by_worker: dict[str, list[str]] = defaultdict(list)
@@ -93,7 +102,7 @@ def gather(state: SchedulerCore, client: ClientRecord, msg: m.GatherRequest) -> 
         else:
             by_worker[task.worker].append(key)
     if not by_worker and not piping:
-        state.reply(client.id, m.GatherReply(msg.request_id, {}, missing, {}, elsewhere))
+        state.reply(client.id, GatherReply(msg.request_id, {}, missing, {}, elsewhere))
         return
     rid = state.relays.new_id()
     state.relays.gathers[rid] = Gather(
@@ -115,7 +124,7 @@ def pipe_ended(state: SchedulerCore, event: PipeEnded) -> None:
     _maybe_finish_gather(state, event.relay_id)
 
 
-def data_reply(state: SchedulerCore, worker: WorkerRecord, msg: m.DataReply) -> None:
+def data_reply(state: SchedulerCore, worker: WorkerRecord, msg: DataReply) -> None:
     if msg.request_id in state.relays.handoffs:
         drain.source_reply(state, worker, msg)
         return
@@ -135,13 +144,13 @@ def _maybe_finish_gather(state: SchedulerCore, rid: int) -> None:
     gather_ = state.relays.gathers[rid]
     if not gather_.pending and not gather_.piping:
         del state.relays.gathers[rid]
-        reply = m.GatherReply(
+        reply = GatherReply(
             gather_.request_id, gather_.data, gather_.missing, gather_.errors, gather_.elsewhere
         )
         state.reply(gather_.client_id, reply)
 
 
-def scatter(state: SchedulerCore, client: ClientRecord, msg: m.ScatterRequest) -> None:
+def scatter(state: SchedulerCore, client: ClientRecord, msg: ScatterRequest) -> None:
     allowed = set(msg.workers)
     chosen = [w for w in state.workers.values() if not allowed or w.aliases & allowed]
     if not chosen and allowed and state.workers and state.config.fail_unsatisfiable:
@@ -149,7 +158,7 @@ def scatter(state: SchedulerCore, client: ClientRecord, msg: m.ScatterRequest) -
         names = ", ".join(sorted(allowed))
         text = f"no worker matches {names}, and this cluster cannot grow"
         state.emit(SendKeysFailed(client.id, list(msg.data), "unsatisfiable", text))
-        state.reply(client.id, m.ScatterReply(msg.request_id, []))
+        state.reply(client.id, ScatterReply(msg.request_id, []))
         return
     if not chosen:
         state.relays.parked.append((client.id, msg))
@@ -166,8 +175,8 @@ def scatter(state: SchedulerCore, client: ClientRecord, msg: m.ScatterRequest) -
         state.emit(SendPutData(worker_id, rid, data))
 
 
-def data_stored(state: SchedulerCore, worker: WorkerRecord, msg: m.DataStored) -> None:
-    if msg.request_id == m.DIRECT_PUT:
+def data_stored(state: SchedulerCore, worker: WorkerRecord, msg: DataStored) -> None:
+    if msg.request_id == DIRECT_PUT:
         return  # a client put it there and reports it with ScatterPlaced
     if msg.request_id in state.relays.handoffs:
         drain.receiver_stored(state, worker, msg)
@@ -186,10 +195,10 @@ def data_stored(state: SchedulerCore, worker: WorkerRecord, msg: m.DataStored) -
     if not scatter_.pending:
         del state.relays.scatters[msg.request_id]
         if client is not None:
-            state.reply(client.id, m.ScatterReply(scatter_.request_id, scatter_.keys))
+            state.reply(client.id, ScatterReply(scatter_.request_id, scatter_.keys))
 
 
-def scatter_placed(state: SchedulerCore, client: ClientRecord, msg: m.ScatterPlaced) -> None:
+def scatter_placed(state: SchedulerCore, client: ClientRecord, msg: ScatterPlaced) -> None:
     """The client put data on workers itself (``direct_to_workers``): record where."""
     by_address = {w.address: w for w in state.workers.values()}
     placed, lost = [], []
@@ -203,7 +212,7 @@ def scatter_placed(state: SchedulerCore, client: ClientRecord, msg: m.ScatterPla
     if lost:
         text = "the worker holding scattered data left before the scheduler heard of it"
         state.emit(SendKeysFailed(client.id, lost, "lost", text))
-    state.reply(client.id, m.ScatterReply(msg.request_id, placed))
+    state.reply(client.id, ScatterReply(msg.request_id, placed))
 
 
 def _adopt(
@@ -230,10 +239,10 @@ def _adopt(
     state.complete(task, worker, nbytes, "scattered")
 
 
-def who_has(state: SchedulerCore, client: ClientRecord, msg: m.WhoHasRequest) -> None:
+def who_has(state: SchedulerCore, client: ClientRecord, msg: WhoHasRequest) -> None:
     out: dict[str, list[str]] = {}
     for key in msg.keys:
         task: TaskRecord | None = state.tasks.get(key)
         if task is not None and task.state == MEMORY and task.worker in state.workers:
             out[key] = [state.workers[w].address for w in holders(task)]
-    state.reply(client.id, m.WhoHasReply(msg.request_id, out))
+    state.reply(client.id, WhoHasReply(msg.request_id, out))

@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections import defaultdict
 from heapq import heapify
 
-from apportion.protocol import messages as m
+from apportion.protocol.cluster import RestartReply, RestartRequest
+from apportion.protocol.tasks import ScatterReply
 from apportion.scheduler import coordination, membership
 from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.events import (
@@ -36,7 +37,7 @@ from apportion.scheduler.shared_data import DATASET_OWNER
 RESTARTING = "restarting"
 
 
-def restart(state: SchedulerCore, client: ClientRecord, msg: m.RestartRequest) -> None:
+def restart(state: SchedulerCore, client: ClientRecord, msg: RestartRequest) -> None:
     why = f" ({msg.reason})" if msg.reason else ""
     text = f"the cluster was restarted{why}; submit the work again"
     kept = _durable_work(state)
@@ -76,7 +77,7 @@ def restart(state: SchedulerCore, client: ClientRecord, msg: m.RestartRequest) -
             # Disconnected, it drops its tasks and data and registers afresh.
             state.emit(Disconnect(worker.id, text))
     state.log_info(f"the cluster was restarted{why}: {len(workers)} workers reset")
-    state.reply(client.id, m.RestartReply(msg.request_id, len(workers), sorted(unsupervised)))
+    state.reply(client.id, RestartReply(msg.request_id, len(workers), sorted(unsupervised)))
 
 
 def _cancel_scatters(state: SchedulerCore, text: str) -> None:
@@ -92,7 +93,7 @@ def _cancel_scatters(state: SchedulerCore, text: str) -> None:
     for client_id, request_id, keys in pending:
         if client_id in state.clients:
             state.emit(SendKeysFailed(client_id, keys, "cancelled", text))
-            state.reply(client_id, m.ScatterReply(request_id, []))
+            state.reply(client_id, ScatterReply(request_id, []))
 
 
 def _durable_work(state: SchedulerCore) -> set[str]:

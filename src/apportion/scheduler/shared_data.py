@@ -16,7 +16,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from apportion.protocol import messages as m
+from apportion.protocol.cluster import ClusterFactsReply, ClusterFactsRequest
+from apportion.protocol.shared_data import (
+    DatasetReply,
+    DatasetRequest,
+    MetadataReply,
+    MetadataRequest,
+    PublishDataset,
+    SetMetadata,
+    SharedDataAck,
+    UnpublishDataset,
+)
+from apportion.protocol.tasks import RetryKeys
 from apportion.scheduler import copies
 from apportion.scheduler.client_requests import release, want
 from apportion.scheduler.core import SchedulerCore
@@ -34,13 +45,11 @@ rebalance = copies.rebalance
 # --- datasets -------------------------------------------------------------------------
 
 
-def publish(state: SchedulerCore, client: ClientRecord, msg: m.PublishDataset) -> None:
+def publish(state: SchedulerCore, client: ClientRecord, msg: PublishDataset) -> None:
     """Keep a dataset; its keys are wanted by its pseudo-client from now on."""
     book = state.shared
     if msg.name in book.datasets and not msg.override:
-        state.reply(
-            client.id, m.SharedDataAck(msg.request_id, f"Dataset {msg.name} already exists")
-        )
+        state.reply(client.id, SharedDataAck(msg.request_id, f"Dataset {msg.name} already exists"))
         return
     owner_id = DATASET_OWNER + msg.name
     owner = state.clients.get(owner_id)
@@ -54,35 +63,33 @@ def publish(state: SchedulerCore, client: ClientRecord, msg: m.PublishDataset) -
         want(state, owner, key)
     release(state, owner, dropped)
     book.datasets[msg.name] = (msg.data, list(msg.keys))
-    state.reply(client.id, m.SharedDataAck(msg.request_id, ""))
+    state.reply(client.id, SharedDataAck(msg.request_id, ""))
 
 
-def unpublish(state: SchedulerCore, client: ClientRecord, msg: m.UnpublishDataset) -> None:
+def unpublish(state: SchedulerCore, client: ClientRecord, msg: UnpublishDataset) -> None:
     """Forget datasets (unknown names are no error, as in Dask); their keys may go."""
     for name in msg.names:
         if state.shared.datasets.pop(name, None) is not None:
             owner = state.clients.pop(DATASET_OWNER + name)
             release(state, owner, sorted(owner.wanted))
-    state.reply(client.id, m.SharedDataAck(msg.request_id, ""))
+    state.reply(client.id, SharedDataAck(msg.request_id, ""))
 
 
-def get_dataset(state: SchedulerCore, client: ClientRecord, msg: m.DatasetRequest) -> None:
+def get_dataset(state: SchedulerCore, client: ClientRecord, msg: DatasetRequest) -> None:
     """The dataset's bytes and keys, with every published name (for the error, the list)."""
     found = state.shared.datasets.get(msg.name)
     data, keys = found or (b"", [])
     names = sorted(state.shared.datasets)
-    state.reply(
-        client.id, m.DatasetReply(msg.request_id, int(found is not None), data, keys, names)
-    )
+    state.reply(client.id, DatasetReply(msg.request_id, int(found is not None), data, keys, names))
 
 
 # --- metadata -------------------------------------------------------------------------
 
 
-def set_metadata(state: SchedulerCore, client: ClientRecord, msg: m.SetMetadata) -> None:
+def set_metadata(state: SchedulerCore, client: ClientRecord, msg: SetMetadata) -> None:
     """As Dask's: missing (or non-dictionary) levels on the way become dictionaries."""
     if not msg.path:
-        state.reply(client.id, m.SharedDataAck(msg.request_id, "a metadata key is needed"))
+        state.reply(client.id, SharedDataAck(msg.request_id, "a metadata key is needed"))
         return
     level = state.shared.metadata
     for key in msg.path[:-1]:
@@ -90,24 +97,24 @@ def set_metadata(state: SchedulerCore, client: ClientRecord, msg: m.SetMetadata)
             level[key] = {}
         level = level[key]
     level[msg.path[-1]] = msg.value
-    state.reply(client.id, m.SharedDataAck(msg.request_id, ""))
+    state.reply(client.id, SharedDataAck(msg.request_id, ""))
 
 
-def get_metadata(state: SchedulerCore, client: ClientRecord, msg: m.MetadataRequest) -> None:
+def get_metadata(state: SchedulerCore, client: ClientRecord, msg: MetadataRequest) -> None:
     """The value at the path, or ``found`` 0 where a level on the way is missing."""
     value: Any = state.shared.metadata
     for key in msg.path:
         if not isinstance(value, dict) or key not in value:
-            state.reply(client.id, m.MetadataReply(msg.request_id, 0, None))
+            state.reply(client.id, MetadataReply(msg.request_id, 0, None))
             return
         value = value[key]
-    state.reply(client.id, m.MetadataReply(msg.request_id, 1, value))
+    state.reply(client.id, MetadataReply(msg.request_id, 1, value))
 
 
 # --- who has what ---------------------------------------------------------------------
 
 
-def cluster_facts(state: SchedulerCore, client: ClientRecord, msg: m.ClusterFactsRequest) -> None:
+def cluster_facts(state: SchedulerCore, client: ClientRecord, msg: ClusterFactsRequest) -> None:
     """Who holds what, threads and assigned tasks, keyed by worker address as in Dask."""
     address = {w.id: w.address for w in state.workers.values()}
     who_has = {
@@ -117,7 +124,7 @@ def cluster_facts(state: SchedulerCore, client: ClientRecord, msg: m.ClusterFact
     workers = state.workers.values()
     state.reply(
         client.id,
-        m.ClusterFactsReply(
+        ClusterFactsReply(
             msg.request_id,
             who_has,
             {w.address: sorted(w.has_what) for w in workers},
@@ -130,7 +137,7 @@ def cluster_facts(state: SchedulerCore, client: ClientRecord, msg: m.ClusterFact
 # --- retry ----------------------------------------------------------------------------
 
 
-def retry(state: SchedulerCore, client: ClientRecord, msg: m.RetryKeys) -> None:
+def retry(state: SchedulerCore, client: ClientRecord, msg: RetryKeys) -> None:
     """Run failed keys again; a finished one is said to be done, a pending one goes on."""
     for key in msg.keys:
         task = state.tasks.get(key)

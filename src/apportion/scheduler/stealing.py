@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from heapq import heappop, heappush
 
-from apportion.protocol import messages as m
+from apportion.protocol.worker import StealResponse
 from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.events import SendStealRequest
 from apportion.scheduler.holders import holds
@@ -109,7 +109,7 @@ def _ask(
     state.log.append((state.now, task.key, PROCESSING, PROCESSING, cause))
 
 
-def steal_answered(state: SchedulerCore, worker: WorkerRecord, msg: m.StealResponse) -> None:
+def steal_answered(state: SchedulerCore, worker: WorkerRecord, msg: StealResponse) -> None:
     """``worker`` let go of the tasks that had not started, and kept the others."""
     for key in msg.started:
         if state.steals.get(key, ("",))[0] == worker.id:

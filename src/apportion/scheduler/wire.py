@@ -14,7 +14,29 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from apportion.protocol import messages as m
+from apportion.protocol.base import Message
+from apportion.protocol.coordination import TopicMessage
+from apportion.protocol.handshake import Refused
+from apportion.protocol.peer_data import GetData, PutData
+from apportion.protocol.remote_calls import Install, RunCall, Uninstall
+from apportion.protocol.services import (
+    ForwardedRequest,
+    TaskNoted,
+    TasksStillRunning,
+    WorkerDeparted,
+)
+from apportion.protocol.tasks import KeysDone, KeysFailed, KeysPending, Notice, TaskErred
+from apportion.protocol.worker import (
+    ComputeTask,
+    DrainDone,
+    DropPrefetch,
+    FreeKeys,
+    LoadFunction,
+    Prefetch,
+    RejoinGranted,
+    RestartWorker,
+    StealRequest,
+)
 from apportion.scheduler.events import (
     PeerCommand,
     Reply,
@@ -46,56 +68,56 @@ from apportion.scheduler.events import (
 )
 
 
-def to_wire(command: PeerCommand) -> tuple[str, m.Message]:
+def to_wire(command: PeerCommand) -> tuple[str, Message]:
     """The peer ``command`` is for, and the message that tells it."""
     # One dict lookup per command: this runs for every task assigned and finished.
     return _CONVERTERS[type(command)](command)
 
 
-def _compute_task(c: SendComputeTask) -> tuple[str, m.Message]:
-    message = m.ComputeTask(
+def _compute_task(c: SendComputeTask) -> tuple[str, Message]:
+    message = ComputeTask(
         c.key, c.func_id, c.args, c.who_has, c.priority, c.allocation, c.sizes, c.order
     )
     return c.worker_id, message
 
 
-def _install(c: SendInstall) -> tuple[str, m.Message]:
+def _install(c: SendInstall) -> tuple[str, Message]:
     what = c.installation
-    return c.worker_id, m.Install(c.request_id, what.kind, what.name, what.blob, what.load)
+    return c.worker_id, Install(c.request_id, what.kind, what.name, what.blob, what.load)
 
 
 #: Command type -> its conversion; ``test_every_command_has_a_message`` keeps it whole.
-_CONVERTERS: dict[type[Any], Callable[[Any], tuple[str, m.Message]]] = {
+_CONVERTERS: dict[type[Any], Callable[[Any], tuple[str, Message]]] = {
     SendComputeTask: _compute_task,
-    SendLoadFunction: lambda c: (c.worker_id, m.LoadFunction(c.func_id, c.blob)),
-    SendFreeKeys: lambda c: (c.worker_id, m.FreeKeys(c.keys)),
-    SendGetData: lambda c: (c.worker_id, m.GetData(c.request_id, c.keys)),
-    SendPrefetch: lambda c: (c.worker_id, m.Prefetch(c.who_has, c.sizes)),
-    SendDropPrefetch: lambda c: (c.worker_id, m.DropPrefetch(c.keys)),
-    SendStealRequest: lambda c: (c.worker_id, m.StealRequest(c.keys)),
-    SendPutData: lambda c: (c.worker_id, m.PutData(c.request_id, c.data)),
-    SendRejoinGranted: lambda c: (c.worker_id, m.RejoinGranted([c.key])),
-    SendRestartWorker: lambda c: (c.worker_id, m.RestartWorker(c.reason)),
-    SendDrainDone: lambda c: (c.worker_id, m.DrainDone(c.handed_off)),
-    SendRefused: lambda c: (c.worker_id, m.Refused(c.reason)),
-    SendRunCall: lambda c: (c.worker_id, m.RunCall(c.request_id, c.call)),
+    SendLoadFunction: lambda c: (c.worker_id, LoadFunction(c.func_id, c.blob)),
+    SendFreeKeys: lambda c: (c.worker_id, FreeKeys(c.keys)),
+    SendGetData: lambda c: (c.worker_id, GetData(c.request_id, c.keys)),
+    SendPrefetch: lambda c: (c.worker_id, Prefetch(c.who_has, c.sizes)),
+    SendDropPrefetch: lambda c: (c.worker_id, DropPrefetch(c.keys)),
+    SendStealRequest: lambda c: (c.worker_id, StealRequest(c.keys)),
+    SendPutData: lambda c: (c.worker_id, PutData(c.request_id, c.data)),
+    SendRejoinGranted: lambda c: (c.worker_id, RejoinGranted([c.key])),
+    SendRestartWorker: lambda c: (c.worker_id, RestartWorker(c.reason)),
+    SendDrainDone: lambda c: (c.worker_id, DrainDone(c.handed_off)),
+    SendRefused: lambda c: (c.worker_id, Refused(c.reason)),
+    SendRunCall: lambda c: (c.worker_id, RunCall(c.request_id, c.call)),
     SendInstall: _install,
-    SendUninstall: lambda c: (c.worker_id, m.Uninstall(c.request_id, c.name)),
-    SendKeysDone: lambda c: (c.client_id, m.KeysDone(c.keys)),
-    SendKeysPending: lambda c: (c.client_id, m.KeysPending(c.keys)),
-    SendKeysFailed: lambda c: (c.client_id, m.KeysFailed(c.keys, c.kind, c.text)),
+    SendUninstall: lambda c: (c.worker_id, Uninstall(c.request_id, c.name)),
+    SendKeysDone: lambda c: (c.client_id, KeysDone(c.keys)),
+    SendKeysPending: lambda c: (c.client_id, KeysPending(c.keys)),
+    SendKeysFailed: lambda c: (c.client_id, KeysFailed(c.keys, c.kind, c.text)),
     SendTaskErred: lambda c: (
         c.client_id,
-        m.TaskErred(c.key, c.exception, c.traceback, c.attempts),
+        TaskErred(c.key, c.exception, c.traceback, c.attempts),
     ),
-    SendNotice: lambda c: (c.client_id, m.Notice(c.level, c.text)),
-    SendTopicMessage: lambda c: (c.client_id, m.TopicMessage(c.topic, c.data)),
-    SendTaskNoted: lambda c: (c.client_id, m.TaskNoted(c.key, c.worker, c.note)),
+    SendNotice: lambda c: (c.client_id, Notice(c.level, c.text)),
+    SendTopicMessage: lambda c: (c.client_id, TopicMessage(c.topic, c.data)),
+    SendTaskNoted: lambda c: (c.client_id, TaskNoted(c.key, c.worker, c.note)),
     SendTasksStillRunning: lambda c: (
         c.client_id,
-        m.TasksStillRunning(c.worker_id, c.worker, c.keys, c.states),
+        TasksStillRunning(c.worker_id, c.worker, c.keys, c.states),
     ),
-    SendForwardedRequest: lambda c: (c.client_id, m.ForwardedRequest(c.origin, c.request)),
-    SendWorkerDeparted: lambda c: (c.client_id, m.WorkerDeparted(c.name)),
+    SendForwardedRequest: lambda c: (c.client_id, ForwardedRequest(c.origin, c.request)),
+    SendWorkerDeparted: lambda c: (c.client_id, WorkerDeparted(c.name)),
     Reply: lambda c: (c.peer_id, c.message),
 }

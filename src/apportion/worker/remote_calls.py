@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from apportion.core.payload import dumps, loads
 from apportion.log_ring import LogRing
-from apportion.protocol.messages import NO_REPLY, CallAnswered, Install, RunCall, Uninstall
+from apportion.protocol.remote_calls import NO_REPLY, CallAnswered, Install, RunCall, Uninstall
 from apportion.worker.execution import pack_exception
 from apportion.worker.local_directory import LocalDirectory
 
