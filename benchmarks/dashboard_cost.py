@@ -210,7 +210,7 @@ def status_at_scale(workers: int = 200, queued: int = 100_000) -> None:
     """Milliseconds to build one status (and encode it) with ``queued`` tasks waiting."""
     import json
 
-    from apportion.protocol import messages as m
+    from apportion.protocol.tasks import SubmitTasks, TaskSpec
     from apportion.scheduler.events import FromClient
     from apportion.scheduler.status import status
     from apportion.testing import SimulatedCluster
@@ -221,13 +221,13 @@ def status_at_scale(workers: int = 200, queued: int = 100_000) -> None:
         sim.add_worker(f"w{i}", nthreads=4, resources="gpu=[0,1,2,3] MEMORY=64GiB")
     # Half plain tasks, half asking for a GPU: two kinds of request, each waiting.
     specs = [
-        m.TaskSpec(f"prep-{i:032x}", "f", b"", [], {}, 0, 0)
+        TaskSpec(f"prep-{i:032x}", "f", b"", [], {}, 0, 0)
         if i % 2
-        else m.TaskSpec(f"train-{i:032x}", "f", b"", [], {"gpu": 10_000}, 0, 0)
+        else TaskSpec(f"train-{i:032x}", "f", b"", [], {"gpu": 10_000}, 0, 0)
         for i in range(queued)
     ]
     keys = [spec.key for spec in specs]
-    sim.handle(FromClient("c1", [m.SubmitTasks(specs, {"f": b"f"}, keys)], 0.0))
+    sim.handle(FromClient("c1", [SubmitTasks(specs, {"f": b"f"}, keys)], 0.0))
     sim.place()
     built, encoded, size = [], [], 0
     for _ in range(5):

@@ -65,8 +65,8 @@ def state_machine_reading(n_tasks: int, traced: bool) -> dict[str, Any]:
     import hashlib
 
     from apportion.core import payload
-    from apportion.protocol import messages as m
     from apportion.protocol.codec import decode_body, encode_frame
+    from apportion.protocol.tasks import SubmitTasks, TaskSpec
     from apportion.scheduler.events import ClientJoined, FromClient, PlacementDue
     from apportion.scheduler.records import QUEUED
     from apportion.scheduler.state import SchedulerState
@@ -83,8 +83,8 @@ def state_machine_reading(n_tasks: int, traced: bool) -> dict[str, Any]:
         for i in range(first, min(first + BATCH, n_tasks)):
             args, deps = payload.pack_call((i,), {})
             digest = hashlib.blake2b(func_id.encode() + args, digest_size=16).hexdigest()
-            specs.append(m.TaskSpec(f"inc-{digest}", func_id, args, sorted(deps), {}, 0, 0))
-        frame = encode_frame([m.SubmitTasks(specs, {func_id: blob}, [s.key for s in specs])])
+            specs.append(TaskSpec(f"inc-{digest}", func_id, args, sorted(deps), {}, 0, 0))
+        frame = encode_frame([SubmitTasks(specs, {func_id: blob}, [s.key for s in specs])])
         del specs
         messages = decode_body(frame[4:])
         del frame

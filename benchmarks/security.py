@@ -86,7 +86,8 @@ async def _hello_only(
 ) -> Any:
     """The connecting side of a handshake without proofs: ``Hello``, then ``Welcome``."""
     from apportion.net import handshake
-    from apportion.protocol.messages import PROTOCOL_VERSION, Hello, Welcome
+    from apportion.protocol.base import PROTOCOL_VERSION
+    from apportion.protocol.handshake import Hello, Welcome
 
     conn.send(Hello(PROTOCOL_VERSION, role, name))
     return handshake._expect(await handshake._first_frame(stream), Welcome, address)
@@ -95,7 +96,7 @@ async def _hello_only(
 async def _hello_accepted(conn: Any, roles: set[str], key: bytes) -> Any:
     """The listener's side of a handshake without proofs: any ``Hello`` of a served role."""
     from apportion.net.handshake import HandshakeError
-    from apportion.protocol.messages import Hello
+    from apportion.protocol.handshake import Hello
 
     batch = await conn.recv()
     hello = batch[0] if len(batch) == 1 else None

@@ -31,14 +31,16 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from apportion.core.resources import parse_demand, parse_resources
-from apportion.protocol import messages as m
+from apportion.protocol.base import Message
+from apportion.protocol.tasks import SubmitTasks, TaskSpec
+from apportion.protocol.worker import RegisterWorker, TaskFinished
 from apportion.scheduler.events import (
-    AssignTask,
     ClientJoined,
     Event,
     FromClient,
     FromWorker,
     PlacementDue,
+    SendComputeTask,
     WorkerJoined,
 )
 from apportion.scheduler.invariants import check_invariants
@@ -82,7 +84,7 @@ class Driver:
         c.by_kind[kind] = c.by_kind.get(kind, 0) + events
         c.commands += len(commands)
         for command in commands:
-            if isinstance(command, AssignTask):
+            if isinstance(command, SendComputeTask):
                 self.running[command.worker_id].append(command.key)
                 c.compute += 1
 
@@ -91,14 +93,14 @@ class Driver:
         for i in range(count):
             worker_id = f"worker-{i}"
             resources = gpus if i % 4 == 0 else {}
-            reg = m.RegisterWorker(
+            reg = RegisterWorker(
                 worker_id, f"tcp://10.0.{i // 250}.{i % 250}:40000", nthreads, resources, i, 0, {}
             )
             self.running[worker_id] = deque()
             self.nthreads[worker_id] = nthreads
             self.handle(WorkerJoined(worker_id, reg, self.now), 1, "WorkerJoined")
 
-    def submit(self, frames: list[m.SubmitTasks]) -> None:
+    def submit(self, frames: list[SubmitTasks]) -> None:
         for msg in frames:
             self.handle(FromClient(CLIENT, [msg], self.now), 1, "SubmitTasks")
             self.handle(PlacementDue(self.now), 1, "PlacementDue")
@@ -114,7 +116,7 @@ class Driver:
                 if not queue:
                     continue
                 done = [queue.popleft() for _ in range(min(self.nthreads[worker_id], len(queue)))]
-                report: list[m.Message] = [m.TaskFinished(k, 28, TICK, "int") for k in done]
+                report: list[Message] = [TaskFinished(k, 28, TICK, "int") for k in done]
                 self.handle(FromWorker(worker_id, report, self.now), len(report), "TaskFinished")
                 progress += len(done)
             self.handle(PlacementDue(self.now), 1, "PlacementDue")
@@ -124,7 +126,7 @@ class Driver:
         return rounds
 
 
-def build_frames(n_tasks: int) -> list[m.SubmitTasks]:
+def build_frames(n_tasks: int) -> list[SubmitTasks]:
     """The client's submission: 80% plain, 10% GPU=1, 10% with two plain inputs."""
     gpu = parse_demand({"GPU": 1})
     func_id = "0" * 32
@@ -141,8 +143,8 @@ def build_frames(n_tasks: int) -> list[m.SubmitTasks]:
                 resources = gpu
             elif i % 10 == 5:
                 deps = [f"task-{i - 1:032x}", f"task-{i - 3:032x}"]
-            specs.append(m.TaskSpec(key, func_id, args, deps, resources, 0, 0))
-        frames.append(m.SubmitTasks(specs, functions, [s.key for s in specs]))
+            specs.append(TaskSpec(key, func_id, args, deps, resources, 0, 0))
+        frames.append(SubmitTasks(specs, functions, [s.key for s in specs]))
     return frames
 
 

@@ -10,7 +10,8 @@ from apportion.net.handshake import accept_connection
 from apportion.net.security import Security, listening
 from apportion.net.stream import Listener, Stream
 from apportion.net.transport import transport_for
-from apportion.protocol.messages import Message, RegisterWorker
+from apportion.protocol.base import Message
+from apportion.protocol.worker import RegisterWorker
 
 M = TypeVar("M", bound=Message)
 #: Seconds a test waits for what the worker should send.

@@ -16,14 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from apportion.net import auth
-from apportion.protocol import messages as m
+from apportion.protocol.base import PROTOCOL_VERSION, Message
 from apportion.protocol.codec import HEADER, MAX_FRAME, decode_frame, encode_frame, frame_sizes
+from apportion.protocol.handshake import AuthChallenge, AuthHello, AuthProof, Hello, Refused
+from apportion.protocol.peer_data import PutData
+from apportion.protocol.tasks import SubmitTasks, TaskSpec
 
 #: Seconds a raw peer waits for the listener to answer or hang up.
 ANSWER_TIMEOUT = 5.0
 
 
-def frame(*messages: m.Message) -> bytes:
+def frame(*messages: Message) -> bytes:
     """One frame carrying ``messages``, as bytes on the wire."""
     return b"".join(bytes(piece) for piece in encode_frame(list(messages)))
 
@@ -50,7 +53,7 @@ def _read_exactly(sock: socket.socket, n: int) -> bytes:
     return data
 
 
-def read_frame(sock: socket.socket) -> list[m.Message]:
+def read_frame(sock: socket.socket) -> list[Message]:
     """The messages of the next frame; ``EOFError`` if the listener hung up first."""
     header = _read_exactly(sock, HEADER.size)
     body, count = frame_sizes(header, MAX_FRAME)
@@ -73,10 +76,10 @@ def hung_up(sock: socket.socket) -> bool:
         sock.settimeout(ANSWER_TIMEOUT)
 
 
-def answers_until_hang_up(sock: socket.socket) -> list[m.Message]:
+def answers_until_hang_up(sock: socket.socket) -> list[Message]:
     """Every message the listener sends until it hangs up; ``AssertionError`` if it has
     not hung up within ``ANSWER_TIMEOUT``."""
-    messages: list[m.Message] = []
+    messages: list[Message] = []
     deadline = time.monotonic() + ANSWER_TIMEOUT
     while True:
         sock.settimeout(max(0.01, deadline - time.monotonic()))
@@ -98,33 +101,33 @@ class Recording:
 
 def hello_frame(role: str = "client", name: str = "raw-peer", nonce: bytes = b"") -> bytes:
     """The frame a connecting side opens with: ``Hello`` and its ``AuthHello``."""
-    return frame(m.Hello(m.PROTOCOL_VERSION, role, name), m.AuthHello(nonce or auth.new_nonce()))
+    return frame(Hello(PROTOCOL_VERSION, role, name), AuthHello(nonce or auth.new_nonce()))
 
 
-def challenge(sock: socket.socket) -> m.AuthChallenge:
+def challenge(sock: socket.socket) -> AuthChallenge:
     """The listener's answer to our hello frame."""
     (answer,) = read_frame(sock)
-    assert isinstance(answer, m.AuthChallenge), answer
+    assert isinstance(answer, AuthChallenge), answer
     return answer
 
 
 def prove(
     sock: socket.socket, key: bytes, role: str = "client", name: str = "raw-peer"
-) -> tuple[list[m.Message], Recording]:
+) -> tuple[list[Message], Recording]:
     """Shake hands knowing ``key`` (the secret, or a wrong one): the listener's last
     answer (``Welcome`` or ``Refused``) and the frames we sent."""
     ours = auth.new_nonce()
     hello = hello_frame(role, name, ours)
     sock.sendall(hello)
     theirs = challenge(sock)
-    proof = frame(m.AuthProof(auth.proof(key, auth.CONNECTOR, role, name, ours, theirs.nonce)))
+    proof = frame(AuthProof(auth.proof(key, auth.CONNECTOR, role, name, ours, theirs.nonce)))
     sock.sendall(proof)
     return read_frame(sock), Recording(hello, proof)
 
 
 def refused(messages: list[Any], reason: str) -> bool:
     """Whether ``messages`` hold a ``Refused`` whose reason starts with ``reason``."""
-    return any(isinstance(x, m.Refused) and x.reason.startswith(reason) for x in messages)
+    return any(isinstance(x, Refused) and x.reason.startswith(reason) for x in messages)
 
 
 # --- the payload ------------------------------------------------------------------------
@@ -152,6 +155,6 @@ def smuggled(target: str, path: Path) -> bytes:
     blob = touching(path)
     if target == "scheduler":
         key = f"smuggled-{path.name}"
-        task = m.TaskSpec(key, f"f-{path.name}", blob, [], {}, 0, 0)
-        return frame(m.SubmitTasks([task], {f"f-{path.name}": blob}, [key]))
-    return frame(m.PutData(1, {f"smuggled-{path.name}": blob}))
+        task = TaskSpec(key, f"f-{path.name}", blob, [], {}, 0, 0)
+        return frame(SubmitTasks([task], {f"f-{path.name}": blob}, [key]))
+    return frame(PutData(1, {f"smuggled-{path.name}": blob}))

@@ -49,6 +49,10 @@ from apportion.deploy.slurm_cluster import SlurmCluster
 from apportion.deploy.ssh import SSHCluster
 from apportion.net.security import Security
 from apportion.plugins import WorkerPlugin
+
+# Every process must decode the job queue's messages (a scheduler forwards them to
+# the queue unread) and every process runs this first; ``protocol`` may not import them.
+from apportion.runs import messages as _runs_messages  # noqa: F401
 from apportion.scheduler.service import Scheduler
 from apportion.worker.context import (
     rejoin,

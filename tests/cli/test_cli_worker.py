@@ -21,7 +21,7 @@ from apportion.cli.worker import WorkerSettings, check_resources
 from apportion.cli.worker import worker as worker_command
 from apportion.core.resources import SCALE, parse_supply
 from apportion.loop_thread import LoopThread
-from apportion.protocol.messages import WorkerClosing
+from apportion.protocol.worker import WorkerClosing
 from apportion.worker.detect import parse_memory_limit
 from apportion.worker.memory_policy import THRESHOLD_NAMES, MemoryThresholds
 from fake_scheduler import FakeScheduler

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from apportion.cli.status_view import Style, ago, bar, fit_height, render, short_key
-from apportion.protocol import messages as m
+from apportion.protocol.tasks import KeysDone, KeysFailed, Notice, TaskErred
 from apportion.scheduler.state import SchedulerConfig
 from apportion.scheduler.status import status
 from apportion.testing import RecordingCluster
@@ -24,7 +24,7 @@ def _busy_cluster() -> dict[str, Any]:
     one for 8, which no worker can ever meet."""
     sim = RecordingCluster(SchedulerConfig())
     sim.add_client("c1")
-    sim.allow(m.Notice, m.KeysDone, m.TaskErred, m.KeysFailed)
+    sim.allow(Notice, KeysDone, TaskErred, KeysFailed)
     sim.add_worker("gpubox", nthreads=2, resources="gpu=[0,1,2,3] MEMORY=16GiB")
     sim.submit(TRAIN, resources="gpu=2 MEMORY=4GiB")
     sim.submit("other-" + "b" * 32, resources="gpu=2")

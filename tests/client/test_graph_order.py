@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from apportion.client.graph import needed_in_order, start_order
-from apportion.protocol import messages as m
+from apportion.protocol.tasks import SubmitTasks, TaskSpec
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import MEMORY
 from apportion.testing import SimulatedCluster
@@ -47,7 +47,7 @@ def _held_at_most(
     sim.add_worker(nthreads=1)
     sim.add_worker(nthreads=1)
     specs = [
-        m.TaskSpec(
+        TaskSpec(
             _wire(key),
             "f",
             b"",
@@ -58,7 +58,7 @@ def _held_at_most(
         )
         for key in order
     ]
-    sim.client_says("c1", m.SubmitTasks(specs, {"f": b"func"}, [_wire(k) for k in wanted]))
+    sim.client_says("c1", SubmitTasks(specs, {"f": b"func"}, [_wire(k) for k in wanted]))
     most = 0
     running: list[str] = []
     while True:

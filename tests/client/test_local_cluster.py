@@ -26,7 +26,10 @@ from apportion.client.cluster_options import (
     log_levels,
     memory_limit_bytes,
 )
-from apportion.protocol import messages as m
+from apportion.protocol.cluster import RestartReply, RestartRequest
+from apportion.protocol.shared_data import PublishDataset
+from apportion.protocol.tasks import KeysFailed, KeysPending, ScatterReply, ScatterRequest
+from apportion.protocol.worker import RestartWorker, WorkerDied, WorkerDraining
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import PROCESSING
 from apportion.testing.simulation import SimulatedCluster
@@ -53,19 +56,17 @@ def test_restart_drops_every_task_tells_every_client_and_resets_every_worker() -
     sim.place()
     assert sim.state.tasks["running"].state == PROCESSING
 
-    sim.client_says("c1", m.RestartRequest(7, "test"))
+    sim.client_says("c1", RestartRequest(7, "test"))
 
     assert not sim.state.tasks and not sim.state.workers
     # The supervised worker leaves for a fresh process; the other is reset in place.
-    assert [type(msg) for msg in sim.to_workers[supervised]][-1] is m.RestartWorker
+    assert [type(msg) for msg in sim.to_workers[supervised]][-1] is RestartWorker
     assert sim.disconnected == ["w2"]
-    (reply,) = [msg for msg in sim.inbox["c1"] if isinstance(msg, m.RestartReply)]
+    (reply,) = [msg for msg in sim.inbox["c1"] if isinstance(msg, RestartReply)]
     assert (reply.request_id, reply.workers, reply.unsupervised) == (7, 2, ["b"])
     for client, keys in [("c1", ["after", "done"]), ("c2", ["running"])]:
-        pending = [
-            k for msg in sim.inbox[client] if isinstance(msg, m.KeysPending) for k in msg.keys
-        ]
-        failed = [msg for msg in sim.inbox[client] if isinstance(msg, m.KeysFailed)]
+        pending = [k for msg in sim.inbox[client] if isinstance(msg, KeysPending) for k in msg.keys]
+        failed = [msg for msg in sim.inbox[client] if isinstance(msg, KeysFailed)]
         assert sorted(pending) == keys  # finished futures are reset first, then cancelled
         assert [f.kind for f in failed] == ["cancelled"]
         assert sorted(failed[0].keys) == keys and "restarted" in failed[0].message
@@ -89,15 +90,15 @@ def test_restart_keeps_the_job_queues_runs_and_drops_datasets_of_results() -> No
     sim.submit("mine", client="c1")
     sim.place()
     sim.finish("mine")
-    sim.client_says("c1", m.PublishDataset(1, "result", b"p", ["mine"], 0))
-    sim.client_says("c1", m.PublishDataset(2, "note", b"plain", [], 0))
+    sim.client_says("c1", PublishDataset(1, "result", b"p", ["mine"], 0))
+    sim.client_says("c1", PublishDataset(2, "note", b"plain", [], 0))
     assert sim.state.tasks["run-1"].state == PROCESSING
 
-    sim.client_says("c1", m.RestartRequest(3, ""))
+    sim.client_says("c1", RestartRequest(3, ""))
 
     # The runs are not cancelled: the running one is queued again, as when its worker
     # leaves gracefully (the queue records a new attempt), the waiting one waits on.
-    assert not [msg for msg in sim.inbox["runs"] if isinstance(msg, m.KeysFailed)]
+    assert not [msg for msg in sim.inbox["runs"] if isinstance(msg, KeysFailed)]
     assert {k: t.state for k, t in sim.state.tasks.items()} == {
         "run-1": "queued",
         "run-2": "queued",
@@ -112,23 +113,23 @@ def test_restart_keeps_the_job_queues_runs_and_drops_datasets_of_results() -> No
 def test_restart_answers_unplaced_scatters_and_abandons_hand_offs() -> None:
     sim = SimulatedCluster()
     sim.add_client("c1")
-    sim.client_says("c1", m.ScatterRequest(1, {"d": b"x"}))  # parked, then sent to "a"
+    sim.client_says("c1", ScatterRequest(1, {"d": b"x"}))  # parked, then sent to "a"
     a = sim.add_worker("a", nthreads=1)
     sim.add_worker("b", nthreads=1)
-    sim.client_says("c1", m.ScatterRequest(2, {"e": b"y"}))  # on its way to a worker
+    sim.client_says("c1", ScatterRequest(2, {"e": b"y"}))  # on its way to a worker
     sim.submit("r", client="c1")
     sim.place()
     sim.finish("r")
     holder = sim.state.tasks["r"].worker
-    sim.worker_says(holder or a, m.WorkerDraining(30.0))  # hands "r" off: GetData sent
+    sim.worker_says(holder or a, WorkerDraining(30.0))  # hands "r" off: GetData sent
     assert sim.state.relays.handoffs
 
-    sim.client_says("c1", m.RestartRequest(3, ""))
+    sim.client_says("c1", RestartRequest(3, ""))
 
     # Both scatters were still waiting for their workers' DataStored: answered, empty.
-    replies = [msg for msg in sim.inbox["c1"] if isinstance(msg, m.ScatterReply)]
+    replies = [msg for msg in sim.inbox["c1"] if isinstance(msg, ScatterReply)]
     assert sorted((r.request_id, r.keys) for r in replies) == [(1, []), (2, [])]
-    cancelled = {k for msg in sim.inbox["c1"] if isinstance(msg, m.KeysFailed) for k in msg.keys}
+    cancelled = {k for msg in sim.inbox["c1"] if isinstance(msg, KeysFailed) for k in msg.keys}
     assert {"d", "e", "r"} <= cancelled
     assert not sim.state.relays.handoffs and not sim.state.relays.scatters
     assert not sim.state.relays.parked
@@ -138,9 +139,9 @@ def test_restart_answers_unplaced_scatters_and_abandons_hand_offs() -> None:
 def test_restart_answers_a_scatter_parked_for_want_of_workers() -> None:
     sim = SimulatedCluster()
     sim.add_client("c1")
-    sim.client_says("c1", m.ScatterRequest(1, {"d": b"x"}))
-    sim.client_says("c1", m.RestartRequest(2, ""))
-    assert [type(msg) for msg in sim.inbox["c1"]] == [m.KeysFailed, m.ScatterReply, m.RestartReply]
+    sim.client_says("c1", ScatterRequest(1, {"d": b"x"}))
+    sim.client_says("c1", RestartRequest(2, ""))
+    assert [type(msg) for msg in sim.inbox["c1"]] == [KeysFailed, ScatterReply, RestartReply]
     sim.add_worker("a", nthreads=1)  # it must not land after the restart
     assert not sim.state.tasks and not sim.to_workers.get("w1")
     check_invariants(sim.state)
@@ -151,7 +152,7 @@ def test_restart_answers_a_scatter_parked_for_want_of_workers() -> None:
 
 def test_supervisor_replaces_a_child_at_once_without_reporting_a_death() -> None:
     spawner, monotonic = FakeSpawner(), FakeMonotonic()
-    reports: list[m.WorkerDied] = []
+    reports: list[WorkerDied] = []
     supervisor = Supervisor(
         [["w", "--name", "w-0"]],
         spawner,

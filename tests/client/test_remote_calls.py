@@ -25,7 +25,17 @@ import pytest
 from apportion import Client, LocalCluster, Worker
 from apportion.client.local import worker_command
 from apportion.client.remote_calls import SchedulerView, WorkerLostError
-from apportion.protocol import messages as m
+from apportion.protocol.remote_calls import (
+    NO_REPLY,
+    CallAnswered,
+    Install,
+    InstallOnWorkers,
+    RunCall,
+    RunOnWorkers,
+    Uninstall,
+    UninstallFromWorkers,
+    WorkersAnswered,
+)
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.remote_calls import MAX_INSTALL_BYTES
 from apportion.testing import InMemoryCluster
@@ -518,8 +528,8 @@ def test_worker_and_scheduler_logs(client: Client, cluster: InMemoryCluster) -> 
 # --- the relay, as a pure state machine -------------------------------------------------
 
 
-def answers(sim: SimulatedCluster, client: str = "c1") -> list[m.WorkersAnswered]:
-    return [x for x in sim.inbox[client] if isinstance(x, m.WorkersAnswered)]
+def answers(sim: SimulatedCluster, client: str = "c1") -> list[WorkersAnswered]:
+    return [x for x in sim.inbox[client] if isinstance(x, WorkersAnswered)]
 
 
 def sent(sim: SimulatedCluster, worker_id: str, cls: type[Any]) -> list[Any]:
@@ -537,10 +547,10 @@ def sim() -> Iterator[SimulatedCluster]:
 
 
 def test_relay_answers_lost_for_a_worker_lost_mid_run(sim: SimulatedCluster) -> None:
-    sim.client_says("c1", m.RunOnWorkers(7, b"call", []))
-    (call1,), (call2,) = sent(sim, "w1", m.RunCall), sent(sim, "w2", m.RunCall)
+    sim.client_says("c1", RunOnWorkers(7, b"call", []))
+    (call1,), (call2,) = sent(sim, "w1", RunCall), sent(sim, "w2", RunCall)
     assert call1.call == call2.call == b"call"
-    sim.worker_says("w1", m.CallAnswered(call1.request_id, "ok", b"one", b""))
+    sim.worker_says("w1", CallAnswered(call1.request_id, "ok", b"one", b""))
     assert answers(sim) == []  # still waiting for w2
     sim.remove_worker("w2")
     (reply,) = answers(sim)
@@ -550,24 +560,24 @@ def test_relay_answers_lost_for_a_worker_lost_mid_run(sim: SimulatedCluster) -> 
     assert status == "lost" and b"sim://w2 left before answering" in why
     assert not sim.state.remote.calls
     # A late answer from a worker nobody waits for changes nothing.
-    sim.worker_says("w1", m.CallAnswered(call1.request_id, "ok", b"again", b""))
+    sim.worker_says("w1", CallAnswered(call1.request_id, "ok", b"again", b""))
     assert len(answers(sim)) == 1
 
 
 def test_relay_targets_by_name_or_address_and_refuses_unknown(sim: SimulatedCluster) -> None:
-    sim.client_says("c1", m.RunOnWorkers(1, b"f", ["beta", "sim://w2"]))
-    assert sent(sim, "w1", m.RunCall) == [] and len(sent(sim, "w2", m.RunCall)) == 1
-    sim.client_says("c1", m.RunOnWorkers(2, b"f", ["alpha", "gamma"]))
+    sim.client_says("c1", RunOnWorkers(1, b"f", ["beta", "sim://w2"]))
+    assert sent(sim, "w1", RunCall) == [] and len(sent(sim, "w2", RunCall)) == 1
+    sim.client_says("c1", RunOnWorkers(2, b"f", ["alpha", "gamma"]))
     (refused,) = answers(sim)
     assert refused.request_id == 2 and "'gamma'" in refused.error
-    assert sent(sim, "w1", m.RunCall) == []  # nothing runs when one name is unknown
+    assert sent(sim, "w1", RunCall) == []  # nothing runs when one name is unknown
 
 
 def test_relay_without_reply_and_client_leaving(sim: SimulatedCluster) -> None:
-    sim.client_says("c1", m.RunOnWorkers(m.NO_REPLY, b"f", []))
-    (call,) = sent(sim, "w1", m.RunCall)
-    assert call.request_id == m.NO_REPLY and not sim.state.remote.calls
-    sim.client_says("c1", m.RunOnWorkers(3, b"f", []))
+    sim.client_says("c1", RunOnWorkers(NO_REPLY, b"f", []))
+    (call,) = sent(sim, "w1", RunCall)
+    assert call.request_id == NO_REPLY and not sim.state.remote.calls
+    sim.client_says("c1", RunOnWorkers(3, b"f", []))
     assert len(sim.state.remote.calls) == 1
     sim.remove_client("c1")
     assert not sim.state.remote.calls
@@ -576,32 +586,32 @@ def test_relay_without_reply_and_client_leaving(sim: SimulatedCluster) -> None:
 def test_installs_are_kept_and_replayed_in_order_to_joining_workers(
     sim: SimulatedCluster,
 ) -> None:
-    sim.client_says("c1", m.InstallOnWorkers(1, "upload", "a.py", b"A = 1", 1, 1))
-    sim.client_says("c1", m.InstallOnWorkers(2, "plugin", "p", b"plugin", 0, 1))
-    sim.client_says("c1", m.InstallOnWorkers(3, "upload", "a.py", b"A = 2", 1, 1))
-    (first,) = [x for x in sent(sim, "w1", m.Install) if x.blob == b"A = 1"]
+    sim.client_says("c1", InstallOnWorkers(1, "upload", "a.py", b"A = 1", 1, 1))
+    sim.client_says("c1", InstallOnWorkers(2, "plugin", "p", b"plugin", 0, 1))
+    sim.client_says("c1", InstallOnWorkers(3, "upload", "a.py", b"A = 2", 1, 1))
+    (first,) = [x for x in sent(sim, "w1", Install) if x.blob == b"A = 1"]
     rid = first.request_id
-    sim.worker_says("w1", m.CallAnswered(rid, "ok", b"r1", b""))
-    sim.worker_says("w2", m.CallAnswered(rid, "ok", b"r2", b""))
+    sim.worker_says("w1", CallAnswered(rid, "ok", b"r1", b""))
+    sim.worker_says("w2", CallAnswered(rid, "ok", b"r2", b""))
     (reply,) = answers(sim)
     assert reply.request_id == 1 and set(reply.results) == {"sim://w1", "sim://w2"}
     late = sim.add_worker("late")
-    replay = sent(sim, late, m.Install)
+    replay = sent(sim, late, Install)
     assert [(x.name, x.blob, x.request_id) for x in replay] == [
-        ("p", b"plugin", m.NO_REPLY),
-        ("a.py", b"A = 2", m.NO_REPLY),  # the newer upload replaced the older one
+        ("p", b"plugin", NO_REPLY),
+        ("a.py", b"A = 2", NO_REPLY),  # the newer upload replaced the older one
     ]
     assert sim.state.remote.kept_bytes == len(b"plugin") + len(b"A = 2")
     # Idempotent: the kept plugin stays, nothing is sent.
-    before = len(sent(sim, "w1", m.Install))
-    sim.client_says("c1", m.InstallOnWorkers(4, "plugin", "p", b"other", 0, 0))
-    assert len(sent(sim, "w1", m.Install)) == before
+    before = len(sent(sim, "w1", Install))
+    sim.client_says("c1", InstallOnWorkers(4, "plugin", "p", b"other", 0, 0))
+    assert len(sent(sim, "w1", Install)) == before
     assert [r.request_id for r in answers(sim) if r.results == {}] == [4]
     # Uninstall: forgotten for joiners; unknown names are refused.
-    sim.client_says("c1", m.UninstallFromWorkers(5, "p"))
-    assert [x.name for x in sent(sim, "w1", m.Uninstall)] == ["p"]
-    assert [x.name for x in sent(sim, sim.add_worker("later"), m.Install)] == ["a.py"]
-    sim.client_says("c1", m.UninstallFromWorkers(6, "p"))
+    sim.client_says("c1", UninstallFromWorkers(5, "p"))
+    assert [x.name for x in sent(sim, "w1", Uninstall)] == ["p"]
+    assert [x.name for x in sent(sim, sim.add_worker("later"), Install)] == ["a.py"]
+    sim.client_says("c1", UninstallFromWorkers(6, "p"))
     assert "no worker plugin named 'p'" in answers(sim)[-1].error
 
 
@@ -610,13 +620,13 @@ def test_installs_are_bounded(sim: SimulatedCluster, monkeypatch: Any) -> None:
 
     monkeypatch.setattr(remote_calls, "MAX_INSTALL_BYTES", 10)
     monkeypatch.setattr(remote_calls, "MAX_KEPT_BYTES", 15)
-    sim.client_says("c1", m.InstallOnWorkers(1, "upload", "big.py", b"x" * 11, 1, 1))
+    sim.client_says("c1", InstallOnWorkers(1, "upload", "big.py", b"x" * 11, 1, 1))
     assert "limit is 10" in answers(sim)[-1].error
-    sim.client_says("c1", m.InstallOnWorkers(2, "upload", "a.py", b"x" * 10, 1, 1))
-    sim.client_says("c1", m.InstallOnWorkers(3, "upload", "b.py", b"x" * 10, 1, 1))
+    sim.client_says("c1", InstallOnWorkers(2, "upload", "a.py", b"x" * 10, 1, 1))
+    sim.client_says("c1", InstallOnWorkers(3, "upload", "b.py", b"x" * 10, 1, 1))
     assert "keeps at most 15 bytes" in answers(sim)[-1].error
     assert list(sim.state.remote.kept) == [("upload", "a.py")]
-    sim.client_says("c1", m.InstallOnWorkers(4, "script", "c", b"", 1, 1))
+    sim.client_says("c1", InstallOnWorkers(4, "script", "c", b"", 1, 1))
     assert "unknown install kind" in answers(sim)[-1].error
 
 

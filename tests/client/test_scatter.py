@@ -8,7 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from apportion import Client, LocalCluster, UnsatisfiableError, get_worker
-from apportion.protocol import messages as m
+from apportion.protocol.peer_data import PutData
+from apportion.protocol.tasks import CancelKeys, ScatterReply, ScatterRequest
 from apportion.testing import InMemoryCluster, SimulatedCluster
 from cluster_checks import InProcess, checked_client
 
@@ -88,11 +89,11 @@ def test_a_scatter_given_up_on_is_not_stored_when_its_worker_comes() -> None:
     sim = SimulatedCluster()  # a cluster that may grow: the request waits
     sim.add_client("c1")
     sim.add_worker("a")
-    sim.client_says("c1", m.ScatterRequest(1, {"x": b"1"}, ["b"]))
-    assert not [msg for msg in sim.inbox["c1"] if isinstance(msg, m.ScatterReply)]
-    sim.client_says("c1", m.CancelKeys(["x"]))  # the client timed out
+    sim.client_says("c1", ScatterRequest(1, {"x": b"1"}, ["b"]))
+    assert not [msg for msg in sim.inbox["c1"] if isinstance(msg, ScatterReply)]
+    sim.client_says("c1", CancelKeys(["x"]))  # the client timed out
     sim.add_worker("b")
-    assert not [msg for msg in sim.to_workers.get("w2", []) if isinstance(msg, m.PutData)]
+    assert not [msg for msg in sim.to_workers.get("w2", []) if isinstance(msg, PutData)]
     assert "x" not in sim.state.tasks
 
 
@@ -100,9 +101,9 @@ def test_a_scatter_waits_for_its_worker_on_a_cluster_that_may_grow() -> None:
     sim = SimulatedCluster()
     sim.add_client("c1")
     sim.add_worker("a")
-    sim.client_says("c1", m.ScatterRequest(1, {"x": b"1"}, ["b"]))
+    sim.client_says("c1", ScatterRequest(1, {"x": b"1"}, ["b"]))
     b = sim.add_worker("b")
-    (put,) = [msg for msg in sim.to_workers[b] if isinstance(msg, m.PutData)]
+    (put,) = [msg for msg in sim.to_workers[b] if isinstance(msg, PutData)]
     assert list(put.data) == ["x"]
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from apportion import Client, LocalCluster, UnsatisfiableError, get_worker
 from apportion.core.resources import ResourceSpec, parse_demand
-from apportion.protocol import messages as m
+from apportion.protocol.tasks import KeysFailed, Notice, SubmitTasks, TaskSpec
 from apportion.scheduler.explain import explain
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import ERRED, FORGOTTEN, PROCESSING, QUEUED
@@ -40,10 +40,10 @@ class Sim(SimulatedCluster):
         loose: bool = False,
         deps: tuple[str, ...] = (),
     ) -> None:
-        spec = m.TaskSpec(
+        spec = TaskSpec(
             key, "f", b"", list(deps), parse_demand(resources), 0, 0, [], workers, int(loose)
         )
-        self.client_says("c1", m.SubmitTasks([spec], {"f": b"func"}, [key]))
+        self.client_says("c1", SubmitTasks([spec], {"f": b"func"}, [key]))
 
     def where(self, key: str) -> str:
         """The name of the worker running ``key``."""
@@ -54,10 +54,10 @@ class Sim(SimulatedCluster):
         return FORGOTTEN if task is None else task.state
 
     def notices(self) -> list[str]:
-        return [msg.text for msg in self.inbox["c1"] if isinstance(msg, m.Notice)]
+        return [msg.text for msg in self.inbox["c1"] if isinstance(msg, Notice)]
 
-    def failures(self) -> list[m.KeysFailed]:
-        return [msg for msg in self.inbox["c1"] if isinstance(msg, m.KeysFailed)]
+    def failures(self) -> list[KeysFailed]:
+        return [msg for msg in self.inbox["c1"] if isinstance(msg, KeysFailed)]
 
 
 @pytest.fixture
@@ -370,8 +370,8 @@ def test_alternatives_are_chosen_among_the_allowed_workers_only(sim: Sim) -> Non
     sim.add_worker("gpu", nthreads=1, resources="GPU=1")
     sim.add_worker("cpu", nthreads=1)
     gpu, cpu = parse_demand("GPU=1"), parse_demand(None)
-    spec = m.TaskSpec("x", "f", b"", [], gpu, 0, 0, [gpu, cpu], ["cpu"], 0)
-    sim.client_says("c1", m.SubmitTasks([spec], {"f": b"func"}, ["x"]))
+    spec = TaskSpec("x", "f", b"", [], gpu, 0, 0, [gpu, cpu], ["cpu"], 0)
+    sim.client_says("c1", SubmitTasks([spec], {"f": b"func"}, ["x"]))
     assert [sim.where(k) for _, k in sim.place()] == ["cpu"]
     assert sim.running[sim.worker_of("x")]["x"].allocation.variant == 1
 

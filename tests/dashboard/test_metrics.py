@@ -8,7 +8,8 @@ from collections.abc import Iterable
 from prometheus_client.parser import text_string_to_metric_families
 
 from apportion.dashboard.metrics import MetricsInput, render_metrics
-from apportion.protocol import messages as m
+from apportion.protocol.tasks import CancelKeys, KeysDone, KeysFailed, Notice, TaskErred
+from apportion.protocol.worker import Heartbeat
 from apportion.scheduler.state import SchedulerConfig
 from apportion.scheduler.status import durations, status
 from apportion.scheduler.telemetry import DURATION_BUCKETS
@@ -45,10 +46,10 @@ def _named(samples: Samples, name: str) -> Iterable[tuple[dict[str, str], float]
 def _cluster() -> RecordingCluster:
     sim = RecordingCluster(SchedulerConfig())
     sim.add_client("c1")
-    sim.allow(m.Notice, m.KeysDone, m.TaskErred, m.KeysFailed)
+    sim.allow(Notice, KeysDone, TaskErred, KeysFailed)
     a = sim.add_worker("a", nthreads=2, resources="gpu=[0,1] MEMORY=16GiB")
     sim.add_worker("b", nthreads=1)
-    sim.worker_says(a, m.Heartbeat(0, 1 << 20, 0, 0, 37.5, 1000, 2000))
+    sim.worker_says(a, Heartbeat(0, 1 << 20, 0, 0, 37.5, 1000, 2000))
     sim.submit("load-" + "1" * 32)
     sim.submit(INC[0])
     sim.submit(INC[1])
@@ -132,7 +133,7 @@ def test_the_duration_histograms_add_up_and_their_buckets_only_grow() -> None:
 def test_label_values_are_escaped_and_runs_are_left_out_without_a_queue() -> None:
     sim = RecordingCluster(SchedulerConfig())
     sim.add_client("c1")
-    sim.allow(m.Notice, m.KeysDone)
+    sim.allow(Notice, KeysDone)
     awkward = 'we"ird\\name\nx'
     sim.add_worker(awkward)
     key = 'odd"\\group\nkey'
@@ -154,7 +155,7 @@ def test_cancelled_tasks_have_a_counter_of_their_own() -> None:
     sim = _cluster()
     sim.submit("drop-" + "2" * 32, resources="gpu=2")  # waits: one of the two GPUs is held
     sim.place()
-    sim.client_says("c1", m.CancelKeys(["drop-" + "2" * 32]))
+    sim.client_says("c1", CancelKeys(["drop-" + "2" * 32]))
     samples, types = _samples(_render(sim))
     assert types["apportion_tasks_cancelled"] == "counter"
     assert _get(samples, "apportion_tasks_cancelled_total", group="drop") == 1

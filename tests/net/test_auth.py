@@ -24,8 +24,18 @@ from apportion.net.handshake import HandshakeError, accept_connection, open_conn
 from apportion.net.memory import MEMORY
 from apportion.net.security import AuthenticationError, MissingSecretError, Security
 from apportion.net.stream import Stream
-from apportion.protocol import messages as m
+from apportion.protocol.base import PROTOCOL_VERSION
 from apportion.protocol.codec import ProtocolError
+from apportion.protocol.handshake import (
+    AuthChallenge,
+    AuthHello,
+    AuthProof,
+    Hello,
+    Refused,
+    Welcome,
+)
+from apportion.protocol.tasks import KeysDone
+from apportion.protocol.worker import Heartbeat
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -111,8 +121,8 @@ def test_the_same_secret_on_both_sides_connects() -> None:
         listener = Listener(shared)
         address = await _listen(listener)
         conn, welcome = await open_connection(address, "client", "c", security=shared)
-        conn.send(m.Heartbeat(1, 2))
-        assert await conn.recv() == [m.Heartbeat(1, 2)]
+        conn.send(Heartbeat(1, 2))
+        assert await conn.recv() == [Heartbeat(1, 2)]
         await conn.close()
         assert welcome.peer_id == "p" and listener.outcomes == ["welcome"]
 
@@ -142,9 +152,9 @@ def test_a_connection_without_a_proof_is_refused_and_its_frame_never_read() -> N
         listener = Listener(Security.in_memory())
         address = await _listen(listener)
         conn = await _raw(address)
-        conn.send(m.Hello(m.PROTOCOL_VERSION, "client", "c"))  # no AuthHello
+        conn.send(Hello(PROTOCOL_VERSION, "client", "c"))  # no AuthHello
         reply = await conn.recv()
-        assert isinstance(reply[0], m.Refused) and "no authentication" in reply[0].reason
+        assert isinstance(reply[0], Refused) and "no authentication" in reply[0].reason
         assert listener.served == 0
 
     run(main)
@@ -157,12 +167,12 @@ def test_a_recorded_proof_is_refused_on_a_new_connection() -> None:
 
     async def prove(address: str, nonce: bytes, answer: bytes | None) -> tuple[bytes, list[Any]]:
         conn = await _raw(address)
-        conn.send(m.Hello(m.PROTOCOL_VERSION, "client", "c"))
-        conn.send(m.AuthHello(nonce))
+        conn.send(Hello(PROTOCOL_VERSION, "client", "c"))
+        conn.send(AuthHello(nonce))
         (challenge,) = await conn.recv()
-        assert isinstance(challenge, m.AuthChallenge)
+        assert isinstance(challenge, AuthChallenge)
         good = auth.proof(key, auth.CONNECTOR, "client", "c", nonce, challenge.nonce)
-        conn.send(m.AuthProof(answer if answer is not None else good))
+        conn.send(AuthProof(answer if answer is not None else good))
         try:
             reply = await conn.recv()
         except ConnectionClosed:
@@ -175,10 +185,10 @@ def test_a_recorded_proof_is_refused_on_a_new_connection() -> None:
         address = await _listen(listener)
         nonce = b"n" * auth.NONCE_BYTES
         recorded, first = await prove(address, nonce, None)
-        assert isinstance(first[0], m.Welcome)
+        assert isinstance(first[0], Welcome)
         # Same nonce, same recorded proof: the listener's nonce changed, so it fails.
         _, second = await prove(address, nonce, recorded)
-        assert isinstance(second[0], m.Refused)
+        assert isinstance(second[0], Refused)
         assert second[0].reason.startswith("authentication failed")
 
     run(main)
@@ -189,8 +199,8 @@ def test_a_peer_that_stops_mid_handshake_is_dropped_at_the_deadline() -> None:
         listener = Listener(Security.in_memory(), timeout=0.2)
         address = await _listen(listener)
         conn = await _raw(address)
-        conn.send(m.Hello(m.PROTOCOL_VERSION, "client", "c"))
-        conn.send(m.AuthHello(b"n" * auth.NONCE_BYTES))
+        conn.send(Hello(PROTOCOL_VERSION, "client", "c"))
+        conn.send(AuthHello(b"n" * auth.NONCE_BYTES))
         await conn.recv()  # the challenge; then this side says nothing more
         with pytest.raises(ConnectionClosed):
             await asyncio.wait_for(conn.recv(), 5)
@@ -205,9 +215,9 @@ def test_a_client_refuses_a_listener_that_does_not_know_the_secret() -> None:
     async def impostor(stream: Stream) -> None:
         conn = Connection(stream)
         _, start = await conn.recv()
-        assert isinstance(start, m.AuthHello)
+        assert isinstance(start, AuthHello)
         guess = auth.proof(b"g" * 32, auth.LISTENER, "client", "c", start.nonce, b"s" * 32)
-        conn.send(m.AuthChallenge(b"s" * 32, guess))
+        conn.send(AuthChallenge(b"s" * 32, guess))
         with contextlib.suppress(ConnectionClosed):
             await conn.recv()
         conn.abort()
@@ -235,7 +245,7 @@ def test_a_door_logs_one_line_per_host_for_many_refusals(
         server = await MEMORY.listen("inproc://", 0, serve)
         for _ in range(5):
             conn = await _raw(server.address)
-            conn.send(m.KeysDone(["x"]))  # not a handshake
+            conn.send(KeysDone(["x"]))  # not a handshake
             with contextlib.suppress(ConnectionClosed):
                 await asyncio.wait_for(conn.recv(), 5)
             conn.abort()

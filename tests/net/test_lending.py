@@ -20,8 +20,9 @@ from apportion.core.payload import dumps, loads
 from apportion.net import lending
 from apportion.net.connection import Connection
 from apportion.net.stream import SocketStream
-from apportion.protocol import messages as m
 from apportion.protocol.codec import ProtocolError
+from apportion.protocol.handshake import BuffersReturned, LendBuffers, Welcome
+from apportion.protocol.peer_data import DataReply
 
 pytestmark = [
     pytest.mark.timeout(60),
@@ -92,7 +93,7 @@ def test_a_lent_value_arrives_equal_and_is_held_until_returned() -> None:
     async def main() -> None:
         lender, borrower = await _lending_pair()
         try:
-            lender.send(m.DataReply(1, {"big": dumps(held[0]), "small": dumps(b"x")}, [], {}))
+            lender.send(DataReply(1, {"big": dumps(held[0]), "small": dumps(b"x")}, [], {}))
             await lender.drain()
             assert lender.lent_frames == 1
             held.clear()
@@ -106,7 +107,7 @@ def test_a_lent_value_arrives_equal_and_is_held_until_returned() -> None:
                 tracemalloc.stop()
             # Read straight into the receive pool's map (not traced): no copy in Python.
             assert peak < MiB // 4, f"traced peak {peak:,} receiving 4 MiB"
-            assert isinstance(reply, m.DataReply)
+            assert isinstance(reply, DataReply)
             got = loads(reply.data["big"])
             assert np.array_equal(got, np.arange(4 * MiB // 8, dtype=np.float64))
             assert not np.shares_memory(got, np.asarray(gone()))  # a copy of its own
@@ -127,9 +128,9 @@ def test_nothing_is_lent_unless_the_peer_asks() -> None:
         lender, receiver = _pair(asyncio.get_running_loop())
         lender.offer_lending()  # offered, never asked
         try:
-            lender.send(m.DataReply(1, {"big": dumps(bytes(2 * MiB))}, [], {}))
+            lender.send(DataReply(1, {"big": dumps(bytes(2 * MiB))}, [], {}))
             ((reply,),) = [await receiver.recv()]
-            assert isinstance(reply, m.DataReply) and loads(reply.data["big"]) == bytes(2 * MiB)
+            assert isinstance(reply, DataReply) and loads(reply.data["big"]) == bytes(2 * MiB)
             assert lender.lent_frames == 0
         finally:
             lender.abort()
@@ -142,10 +143,10 @@ def test_a_buffer_lent_unasked_is_refused() -> None:
     async def main() -> None:
         lender, receiver = _pair(asyncio.get_running_loop())
         lender.offer_lending()
-        receiver.send(m.LendBuffers(1))  # asked, but the receiver reads no lender
+        receiver.send(LendBuffers(1))  # asked, but the receiver reads no lender
         try:
             assert await lender.recv() == []
-            lender.send(m.DataReply(1, {"big": dumps(bytes(2 * MiB))}, [], {}))
+            lender.send(DataReply(1, {"big": dumps(bytes(2 * MiB))}, [], {}))
             with pytest.raises(ProtocolError, match="lent a buffer it was not asked to lend"):
                 await receiver.recv()
         finally:
@@ -158,7 +159,7 @@ def test_a_buffer_lent_unasked_is_refused() -> None:
 def test_returning_more_than_was_lent_is_refused() -> None:
     async def main() -> None:
         lender, borrower = await _lending_pair()
-        borrower.send(m.BuffersReturned(1))
+        borrower.send(BuffersReturned(1))
         try:
             with pytest.raises(ProtocolError, match="returned 1 lending frames of 0"):
                 await lender.recv()
@@ -179,16 +180,18 @@ _LENDER = textwrap.dedent(
     from apportion.net import lending
     from apportion.net.connection import Connection, ConnectionClosed
     from apportion.net.stream import SocketStream
-    from apportion.protocol import messages as m
+    from apportion.protocol.base import PROTOCOL_VERSION
+    from apportion.protocol.handshake import BuffersReturned, LendBuffers, Welcome
+    from apportion.protocol.peer_data import DataReply
 
     async def main():
         sock = socket.socket(fileno=int(sys.argv[1]))
         conn = Connection(SocketStream(sock, asyncio.get_running_loop()))
         conn.offer_lending()
-        conn.send(m.Welcome(m.PROTOCOL_VERSION, "lender", lending.offer()))
+        conn.send(Welcome(PROTOCOL_VERSION, "lender", lending.offer()))
         assert await conn.recv() == []
         array = np.full(64 * 2**20 // 8, 7.0)
-        conn.send(m.DataReply(1, {"a": dumps(array)}, [], {}))
+        conn.send(DataReply(1, {"a": dumps(array)}, [], {}))
         await conn.drain()
         lent = conn.lent_frames
         try:
@@ -217,11 +220,11 @@ def test_a_value_is_lent_by_another_process() -> None:
         conn = Connection(SocketStream(mine, asyncio.get_running_loop()))
         try:
             ((welcome,),) = [await conn.recv()]
-            assert isinstance(welcome, m.Welcome)
+            assert isinstance(welcome, Welcome)
             assert lending.lender_in(welcome.info) == child.pid
             conn.borrow_from(child.pid)
             ((reply,),) = [await conn.recv()]
-            assert isinstance(reply, m.DataReply)
+            assert isinstance(reply, DataReply)
             array = loads(reply.data["a"])
             assert array.shape == (64 * MiB // 8,) and (array == 7.0).all()
         finally:

@@ -29,7 +29,7 @@ from apportion.net.stream import (
     StreamStalled,
 )
 from apportion.net.transport import TCP
-from apportion.protocol import messages as m
+from apportion.protocol.base import PROTOCOL_VERSION, Message
 from apportion.protocol.codec import (
     BUFFER_LENGTH,
     HEADER,
@@ -38,6 +38,10 @@ from apportion.protocol.codec import (
     ProtocolError,
     encode_frame,
 )
+from apportion.protocol.handshake import Hello
+from apportion.protocol.peer_data import PutData
+from apportion.protocol.tasks import ReleaseKeys
+from apportion.protocol.worker import Heartbeat
 from stream_pairs import PAIRS, Pair, memory_pair, opened, run, socket_pair
 
 pytestmark = pytest.mark.timeout(60)
@@ -173,7 +177,7 @@ def test_a_connection_limited_in_unsent_bytes_drops_a_peer_that_reads_nothing(
             assert a.max_unsent == 1 << 20
             value = dumps(bytes(256 * 1024))
             for i in range(200):
-                sender.send(m.PutData(i, {"v": value}))
+                sender.send(PutData(i, {"v": value}))
                 await asyncio.sleep(0)  # each turn's messages leave as one frame
                 if sender.closed:
                     break
@@ -205,7 +209,7 @@ def test_a_memory_stream_queues_nothing_so_max_unsent_never_closes_it() -> None:
 STALL = 0.3
 
 
-def _frame(message: m.Message) -> bytes:
+def _frame(message: Message) -> bytes:
     return b"".join(bytes(piece) for piece in encode_frame([message]))
 
 
@@ -223,7 +227,7 @@ async def _trickle(stream: Stream, data: bytes, pieces: int, pause: float) -> No
 def test_a_peer_that_stops_in_the_middle_of_a_frame_is_a_protocol_error(
     pair: Pair, cut: int
 ) -> None:
-    frame = _frame(m.ReleaseKeys(["x" * 40]))
+    frame = _frame(ReleaseKeys(["x" * 40]))
 
     async def main() -> float:
         async with opened(pair) as (a, b):
@@ -243,7 +247,7 @@ def test_a_peer_that_stops_in_the_middle_of_a_frame_is_a_protocol_error(
 
 
 def test_a_peer_that_stops_in_the_middle_of_a_buffer_is_a_protocol_error() -> None:
-    frame = _frame(m.PutData(1, {"v": dumps(bytes(100_000))}))
+    frame = _frame(PutData(1, {"v": dumps(bytes(100_000))}))
 
     async def main() -> None:
         async with opened() as (a, b):
@@ -258,9 +262,9 @@ def test_a_peer_that_stops_in_the_middle_of_a_buffer_is_a_protocol_error() -> No
 
 def test_a_slow_but_steady_frame_longer_than_the_timeout_in_all_is_received() -> None:
     value = bytes(range(256)) * 400  # out of band: received by read_into
-    frame = _frame(m.PutData(9, {"v": dumps(value)}))
+    frame = _frame(PutData(9, {"v": dumps(value)}))
 
-    async def main() -> tuple[m.Message, float]:
+    async def main() -> tuple[Message, float]:
         async with opened() as (a, b):
             receiver = Connection(b)
             receiver.stall_timeout = STALL
@@ -274,7 +278,7 @@ def test_a_slow_but_steady_frame_longer_than_the_timeout_in_all_is_received() ->
             return message, loop.time() - started
 
     message, took = run(main())
-    assert isinstance(message, m.PutData) and message.request_id == 9
+    assert isinstance(message, PutData) and message.request_id == 9
     assert loads(message.data["v"]) == value
     assert took > 2 * STALL
 
@@ -287,13 +291,13 @@ def test_idle_between_frames_is_no_stall(pair: Pair) -> None:
             receiver.stall_timeout = 0.1
             receiving = asyncio.ensure_future(receiver.recv())
             await asyncio.sleep(0.4)  # idle before the first frame
-            sender.send(m.Heartbeat(1, 2))
-            assert await receiving == [m.Heartbeat(1, 2)]
+            sender.send(Heartbeat(1, 2))
+            assert await receiving == [Heartbeat(1, 2)]
             receiving = asyncio.ensure_future(receiver.recv())
             await asyncio.sleep(0.4)  # and between frames
             assert not receiving.done()
-            sender.send(m.Heartbeat(3, 4))
-            assert await receiving == [m.Heartbeat(3, 4)]
+            sender.send(Heartbeat(3, 4))
+            assert await receiving == [Heartbeat(3, 4)]
 
     run(main())
 
@@ -322,7 +326,7 @@ def test_a_stream_read_times_out_without_bytes_but_readable_waits_for_ever() -> 
 
 
 def test_without_stall_timeout_a_peer_may_pause_in_a_frame_for_as_long_as_it_likes() -> None:
-    frame = _frame(m.ReleaseKeys(["x"]))
+    frame = _frame(ReleaseKeys(["x"]))
 
     async def main() -> None:
         async with opened() as (a, b):
@@ -333,7 +337,7 @@ def test_without_stall_timeout_a_peer_may_pause_in_a_frame_for_as_long_as_it_lik
             await asyncio.sleep(0.3)
             assert not receiving.done()
             a.write([frame[5:]])
-            assert await receiving == [m.ReleaseKeys(["x"])]
+            assert await receiving == [ReleaseKeys(["x"])]
 
     run(main())
 
@@ -348,7 +352,7 @@ def test_a_refused_handshake_frees_its_connection_without_the_cycle_collector() 
 
     async def main() -> weakref.ref[Stream]:
         a, b = await socket_pair()
-        a.write([_frame(m.Hello(m.PROTOCOL_VERSION, "client", "no-proof"))])
+        a.write([_frame(Hello(PROTOCOL_VERSION, "client", "no-proof"))])
         with contextlib.suppress(HandshakeError):
             await accept_connection(Connection(b), {"client"}, "p", {}, security=SECURITY)
         a.abort()

@@ -14,7 +14,9 @@ from apportion.net.memory import MEMORY
 from apportion.net.security import Security
 from apportion.net.stream import Listener, Stream
 from apportion.net.transport import TCP, serving_host, transport_for
-from apportion.protocol import messages as m
+from apportion.protocol.peer_data import PutData
+from apportion.protocol.tasks import ReleaseKeys
+from apportion.protocol.worker import Heartbeat
 
 SECURITY = Security.in_memory()
 
@@ -61,9 +63,9 @@ async def _a_handshake_and_frames_over_memory_on_one_loop() -> None:
             "inproc://echo-one-loop", "client", "me", security=SECURITY
         )
         assert welcome.info == {"echo": True}
-        conn.send(m.Heartbeat(3, 42))
-        conn.send(m.ReleaseKeys(["a", "b"]))
-        assert await conn.recv() == [m.Heartbeat(3, 42), m.ReleaseKeys(["a", "b"])]
+        conn.send(Heartbeat(3, 42))
+        conn.send(ReleaseKeys(["a", "b"]))
+        assert await conn.recv() == [Heartbeat(3, 42), ReleaseKeys(["a", "b"])]
         await conn.close()
         with pytest.raises(HandshakeError, match="role 'worker' is not served"):
             await open_connection("inproc://echo-one-loop", "worker", "me", security=SECURITY)
@@ -102,7 +104,7 @@ async def _connections_cross_event_loops_and_closes_reach_the_other_side() -> No
         conn, _ = await open_connection(
             "inproc://echo-other-loop", "client", "me", security=SECURITY
         )
-        big = m.PutData(1, {"k": b"x" * 1_000_000})  # beyond the reader's buffer
+        big = PutData(1, {"k": b"x" * 1_000_000})  # beyond the reader's buffer
         conn.send(big)
         assert await conn.recv() == [big]
         other.loop.call_soon_threadsafe(listener.close)

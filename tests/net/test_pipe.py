@@ -16,8 +16,9 @@ from apportion.core.payload import dumps, loads
 from apportion.net.connection import Connection
 from apportion.net.pipe import PIPE_CHUNK, forward_buffers
 from apportion.net.stream import READ_BUFFER, SocketStream
-from apportion.protocol import messages as m
 from apportion.protocol.codec import encode_frame
+from apportion.protocol.peer_data import DataReply
+from apportion.protocol.worker import Heartbeat
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -46,19 +47,19 @@ def test_a_forwarded_frame_arrives_equal_and_messages_sent_meanwhile_follow_it()
         worker, upstream = _pair(loop)
         downstream, client = _pair(loop)
         try:
-            worker.send(m.DataReply(4, {"a": dumps(array), "b": dumps(b"x")}, ["gone"], {}))
+            worker.send(DataReply(4, {"a": dumps(array), "b": dumps(b"x")}, ["gone"], {}))
             received = asyncio.create_task(client.recv())
             head = await upstream.recv_head()
             async with downstream.exclusive():
-                downstream.send(m.Heartbeat(1, 2))  # waits for the forwarded frame to end
+                downstream.send(Heartbeat(1, 2))  # waits for the forwarded frame to end
                 downstream.write_raw(head.raw)
                 assert await forward_buffers(upstream, downstream, head.lengths)
             first, second = await received, await client.recv()
             (reply,) = first
-            assert isinstance(reply, m.DataReply) and reply.missing == ["gone"]
+            assert isinstance(reply, DataReply) and reply.missing == ["gone"]
             assert np.array_equal(loads(reply.data["a"]), array)
             assert loads(reply.data["b"]) == b"x"
-            assert second == [m.Heartbeat(1, 2)]
+            assert second == [Heartbeat(1, 2)]
         finally:
             for conn in (worker, upstream, downstream, client):
                 conn.abort()
@@ -93,7 +94,7 @@ def test_forwarding_costs_a_bounded_buffer_whatever_the_size() -> None:
         try:
             tracemalloc.start()
             tracemalloc.reset_peak()
-            worker.send(m.DataReply(1, {"a": pickled}, [], {}))
+            worker.send(DataReply(1, {"a": pickled}, [], {}))
             received = asyncio.create_task(drain_client())
             assert await _forward(upstream, downstream)
             assert await received >= size
@@ -120,16 +121,16 @@ def test_a_source_that_goes_away_leaves_the_receiver_a_whole_frame() -> None:
         downstream, client = _pair(loop)
         try:
             # Only the head and part of the value are sent before the worker goes.
-            reply = m.DataReply(2, {"a": dumps(np.ones(size, np.uint8))}, [], {})
+            reply = DataReply(2, {"a": dumps(np.ones(size, np.uint8))}, [], {})
             head, stream, value = encode_frame([reply])
             worker_end.write([head, stream, memoryview(value)[:1000]])
             await worker.close()
             received = asyncio.create_task(client.recv())
             assert not await _forward(upstream, downstream)
-            downstream.send(m.Heartbeat(3, 4))
+            downstream.send(Heartbeat(3, 4))
             (got,) = await received
-            assert isinstance(got, m.DataReply)  # whole, with zeros standing in
-            assert await client.recv() == [m.Heartbeat(3, 4)]  # and the stream goes on
+            assert isinstance(got, DataReply)  # whole, with zeros standing in
+            assert await client.recv() == [Heartbeat(3, 4)]  # and the stream goes on
         finally:
             for conn in (worker, upstream, downstream, client):
                 conn.abort()

@@ -21,7 +21,8 @@ from apportion.net.connection import (
 )
 from apportion.net.receive_pool import POOL_FROM
 from apportion.net.stream import READ_BUFFER, StreamClosed
-from apportion.protocol import messages as m
+from apportion.protocol.peer_data import PutData
+from apportion.protocol.worker import Heartbeat
 from stream_pairs import PAIRS, Pair, opened, run, socket_pair
 
 pytestmark = pytest.mark.timeout(60)
@@ -146,9 +147,9 @@ def test_payloads_cross_a_connection_and_are_rebuilt_in_the_received_buffers(
         try:
             array = np.arange(2**20, dtype=np.float64)
             frame = np.zeros(3)
-            sender.send(m.PutData(7, {"a": dumps(array), "b": dumps(frame), "c": dumps(b"x")}))
+            sender.send(PutData(7, {"a": dumps(array), "b": dumps(frame), "c": dumps(b"x")}))
             (message,) = await receiver.recv()
-            assert isinstance(message, m.PutData) and message.request_id == 7
+            assert isinstance(message, PutData) and message.request_id == 7
             got = message.data["a"]
             assert isinstance(got, Payload)
             back = loads(got)
@@ -178,7 +179,7 @@ def test_a_transfer_copies_nothing_in_python_and_receives_into_one_buffer() -> N
             tracemalloc.start()
             try:
                 tracemalloc.reset_peak()
-                sender.send(m.PutData(1, {"a": pickled}))
+                sender.send(PutData(1, {"a": pickled}))
                 (message,) = await receiver.recv()
                 back = loads(message.data["a"])  # type: ignore[attr-defined]
                 _, peak = tracemalloc.get_traced_memory()
@@ -207,9 +208,9 @@ def test_large_buffers_come_from_the_pool_and_small_ones_are_bytearrays() -> Non
 def test_a_connection_whose_peer_goes_raises_connection_closed() -> None:
     async def main() -> None:
         sender, receiver = await _connections(socket_pair)
-        sender.send(m.Heartbeat(1, 2))
+        sender.send(Heartbeat(1, 2))
         await sender.close()
-        assert await receiver.recv() == [m.Heartbeat(1, 2)]
+        assert await receiver.recv() == [Heartbeat(1, 2)]
         with pytest.raises(ConnectionClosed):
             await receiver.recv()
 

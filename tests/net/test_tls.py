@@ -27,7 +27,10 @@ from apportion.net.tls import (
     format_tls_address,
     listen_tls,
 )
-from apportion.protocol import messages as m
+from apportion.protocol.base import Message
+from apportion.protocol.peer_data import PutData
+from apportion.protocol.tasks import KeysDone
+from apportion.protocol.worker import Heartbeat
 from tls_certificates import issue
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.tcp]
@@ -177,17 +180,17 @@ def test_messages_and_a_32_mib_payload_cross_a_tls_connection(certs: Certs) -> N
         async with tls_pair(certs.server(), client) as (near, far):
             sender, receiver = Connection(near), Connection(far)
             data = bytes(range(256)) * (32 * 2**20 // 256)
-            sender.send(m.KeysDone(["x"]))
-            sender.send(m.PutData(7, {"big": dumps(data)}))
-            got: list[m.Message] = []
+            sender.send(KeysDone(["x"]))
+            sender.send(PutData(7, {"big": dumps(data)}))
+            got: list[Message] = []
             while len(got) < 2:
                 got += await receiver.recv()
-            assert got[0] == m.KeysDone(["x"])
-            assert isinstance(got[1], m.PutData) and got[1].request_id == 7
+            assert got[0] == KeysDone(["x"])
+            assert isinstance(got[1], PutData) and got[1].request_id == 7
             payload = got[1].data["big"]
             assert isinstance(payload, Payload) and loads(payload) == data
-            receiver.send(m.KeysDone(["y"]))
-            assert await sender.recv() == [m.KeysDone(["y"])]
+            receiver.send(KeysDone(["y"]))
+            assert await sender.recv() == [KeysDone(["y"])]
             # Both sides were verified: each knows who the other is.
             assert far.peer_certificate is not None and near.peer_certificate is not None
             assert far.peer_certificate["subject"] == ((("commonName", "worker"),),)
@@ -236,7 +239,7 @@ def test_mutual_tls_refuses_a_client_without_a_certificate_and_goes_on_serving(
                 assert f"127.0.0.1:{port}" in str(exc)
             else:  # TLS 1.3: the server's refusal comes after the client's handshake
                 conn = Connection(stream)
-                conn.send(m.KeysDone(["x"]))
+                conn.send(KeysDone(["x"]))
                 with pytest.raises(ConnectionClosed):
                     await asyncio.wait_for(conn.recv(), 10)
                 await _shut(stream)
@@ -396,8 +399,8 @@ def test_a_connection_whose_peer_aborts_raises_connection_closed(certs: Certs) -
             far,
         ):
             sender, receiver = Connection(near), Connection(far)
-            sender.send(m.Heartbeat(1, 2))
-            assert await receiver.recv() == [m.Heartbeat(1, 2)]
+            sender.send(Heartbeat(1, 2))
+            assert await receiver.recv() == [Heartbeat(1, 2)]
             sender.abort()
             with pytest.raises(ConnectionClosed):
                 await asyncio.wait_for(receiver.recv(), 10)

@@ -12,7 +12,31 @@ from hypothesis import strategies as st
 
 from apportion.core.allocation import Allocation
 from apportion.net.address import DEFAULT_PORT, format_address, parse_address
-from apportion.protocol import messages as m
+from apportion.protocol.base import PROTOCOL_VERSION, Message, message_class
+from apportion.protocol.cluster import (
+    CheckDemands,
+    ClusterFactsReply,
+    ClusterFactsRequest,
+    DemandReply,
+    DemandRequest,
+    DemandsChecked,
+    DumpReply,
+    DumpRequest,
+    InfoReply,
+    InfoRequest,
+    LogsReply,
+    LogsRequest,
+    RestartReply,
+    RestartRequest,
+    StatusReply,
+    StatusRequest,
+    StoryReply,
+    StoryRequest,
+    VersionsReply,
+    VersionsRequest,
+    WhyReply,
+    WhyRequest,
+)
 from apportion.protocol.codec import (
     BUFFER_LENGTH,
     HEADER,
@@ -28,6 +52,127 @@ from apportion.protocol.codec import (
     encode_frame,
     frame_sizes,
 )
+from apportion.protocol.coordination import (
+    NO_TIMEOUT,
+    CoordinationReply,
+    EventRequest,
+    LeaseRequest,
+    Publish,
+    RefreshLeases,
+    Subscribe,
+    TopicMessage,
+    Unsubscribe,
+    ValueReply,
+    ValueRequest,
+)
+from apportion.protocol.handshake import (
+    AuthChallenge,
+    AuthHello,
+    AuthProof,
+    BuffersReturned,
+    Hello,
+    LendBuffers,
+    Refused,
+    Welcome,
+)
+from apportion.protocol.peer_data import (
+    ActorCall,
+    ActorReply,
+    DataReply,
+    DataStored,
+    GetData,
+    PutData,
+)
+from apportion.protocol.remote_calls import (
+    CallAnswered,
+    Install,
+    InstallOnWorkers,
+    RunCall,
+    RunOnWorkers,
+    Uninstall,
+    UninstallFromWorkers,
+    WorkersAnswered,
+)
+from apportion.protocol.services import (
+    AdoptTask,
+    ForwardedReply,
+    ForwardedRequest,
+    RegisterService,
+    StopTasks,
+    TaskNote,
+    TaskNoted,
+    TasksStillRunning,
+    Unserved,
+    WorkerDeparted,
+)
+from apportion.protocol.shared_data import (
+    CopiesDone,
+    DatasetReply,
+    DatasetRequest,
+    MetadataReply,
+    MetadataRequest,
+    PublishDataset,
+    RebalanceKeys,
+    ReplicateKeys,
+    SetMetadata,
+    SharedDataAck,
+    UnpublishDataset,
+)
+from apportion.protocol.tasks import (
+    CancelKeys,
+    FireAndForget,
+    GatherReply,
+    GatherRequest,
+    KeysDone,
+    KeysFailed,
+    KeysPending,
+    Notice,
+    ReleaseKeys,
+    RetryKeys,
+    ScatterPlaced,
+    ScatterReply,
+    ScatterRequest,
+    SubmitTasks,
+    TaskErred,
+    TaskSpec,
+    WhoHasReply,
+    WhoHasRequest,
+)
+from apportion.protocol.worker import (
+    ComputeTask,
+    CopiesKept,
+    DrainDone,
+    DropPrefetch,
+    FreeKeys,
+    Heartbeat,
+    LoadFunction,
+    MissingDependency,
+    Prefetch,
+    RegisterWorker,
+    RejoinGranted,
+    RestartWorker,
+    ResultTooLarge,
+    StealRequest,
+    StealResponse,
+    TaskFinished,
+    TaskRaised,
+    TaskRejoining,
+    TasksDropped,
+    TaskSeceded,
+    WorkerClosing,
+    WorkerDied,
+    WorkerDraining,
+)
+from apportion.runs.messages import (
+    CancelRuns,
+    QueryRuns,
+    RunEnded,
+    RunOutput,
+    RunsReport,
+    RunsSubmitted,
+    RunStarted,
+    SubmitRuns,
+)
 
 
 def _whole(frame: list[bytes | bytearray | memoryview]) -> bytes:
@@ -40,50 +185,48 @@ def _body(frame: list[bytes | bytearray | memoryview]) -> bytes:
     return bytes(head[HEADER.size :])
 
 
-SPEC = m.TaskSpec("x-1", "fid", b"\x80args", ["a", "b"], {"GPU": 10_000}, 3, 2)
+SPEC = TaskSpec("x-1", "fid", b"\x80args", ["a", "b"], {"GPU": 10_000}, 3, 2)
 
-SAMPLES: list[m.Message] = [
-    m.Hello(m.PROTOCOL_VERSION, "client", "alice"),
-    m.Welcome(m.PROTOCOL_VERSION, "c7", {"scheduler": "s", "n": 1}),
-    m.Refused("bad token"),
-    m.SubmitTasks(
-        [SPEC, m.TaskSpec("y", "fid", b"", [], {}, 0, 0, actor=1)], {"fid": b"fn"}, ["x-1"]
-    ),
-    m.ReleaseKeys(["x-1"]),
-    m.CancelKeys(["x-1", "y"]),
-    m.GatherRequest(1, ["x-1"]),
-    m.ScatterRequest(2, {"d": b"\x00\x01"}),
-    m.WhoHasRequest(3, ["d"]),
-    m.WhyRequest(4, ["x-1"]),
-    m.InfoRequest(5),
-    m.StoryRequest(6, "x-1"),
-    m.KeysDone(["x-1"]),
-    m.TaskErred("x-1", b"exc", b"tb", 3),
-    m.Heartbeat(2, 2**30),
-    m.Heartbeat(1, 2**30, 2**20, 1),
-    m.WorkerDraining(30.0),
-    m.DrainDone(3),
-    m.WorkerDied("w-0", 123, "was killed by SIGKILL"),
-    m.WorkerDied("w-0", 124, "was killed by its supervisor: ... - out of memory", 1),
-    m.DumpRequest(4),
-    m.DumpReply(4, {"workers": {}}),
-    m.KeysFailed(["x-1"], "cancelled", "'x-1' was cancelled"),
-    m.GatherReply(1, {"x-1": b"v"}, ["y"], {"z": "cannot pickle"}),
-    m.ScatterReply(2, ["d"]),
-    m.WhoHasReply(3, {"d": ["tcp://h:1"]}),
-    m.WhyReply(4, {"x-1": "queued"}),
-    m.InfoReply(5, {"workers": {"tcp://h:1": {"nthreads": 2}}}),
-    m.StoryReply(6, [[0.5, "x-1", "new", "queued", "submitted"]]),
-    m.Notice("warning", "nobody offers GPU"),
-    m.RegisterWorker("w", "tcp://h:1", 4, {"GPU": 20_000}, 123, 2**33, {}, 99, ["run-7"]),
-    m.TaskFinished("x-1", 8, 0.25, "int"),
-    m.TaskRaised("x-1", b"exc", b"tb", 0.5),
-    m.ResultTooLarge("x-1", 400 * 2**20, "numpy.ndarray", 300 * 2**20, 285 * 2**20, 0.5),
-    m.MissingDependency("x-1", "a", ["tcp://h:1"], ""),
-    m.DataReply(7, {"a": b"1"}, [], {}),
-    m.DataStored(8, ["d"], {"d": 2}),
-    m.LoadFunction("fid", b"fn"),
-    m.ComputeTask(
+SAMPLES: list[Message] = [
+    Hello(PROTOCOL_VERSION, "client", "alice"),
+    Welcome(PROTOCOL_VERSION, "c7", {"scheduler": "s", "n": 1}),
+    Refused("bad token"),
+    SubmitTasks([SPEC, TaskSpec("y", "fid", b"", [], {}, 0, 0, actor=1)], {"fid": b"fn"}, ["x-1"]),
+    ReleaseKeys(["x-1"]),
+    CancelKeys(["x-1", "y"]),
+    GatherRequest(1, ["x-1"]),
+    ScatterRequest(2, {"d": b"\x00\x01"}),
+    WhoHasRequest(3, ["d"]),
+    WhyRequest(4, ["x-1"]),
+    InfoRequest(5),
+    StoryRequest(6, "x-1"),
+    KeysDone(["x-1"]),
+    TaskErred("x-1", b"exc", b"tb", 3),
+    Heartbeat(2, 2**30),
+    Heartbeat(1, 2**30, 2**20, 1),
+    WorkerDraining(30.0),
+    DrainDone(3),
+    WorkerDied("w-0", 123, "was killed by SIGKILL"),
+    WorkerDied("w-0", 124, "was killed by its supervisor: ... - out of memory", 1),
+    DumpRequest(4),
+    DumpReply(4, {"workers": {}}),
+    KeysFailed(["x-1"], "cancelled", "'x-1' was cancelled"),
+    GatherReply(1, {"x-1": b"v"}, ["y"], {"z": "cannot pickle"}),
+    ScatterReply(2, ["d"]),
+    WhoHasReply(3, {"d": ["tcp://h:1"]}),
+    WhyReply(4, {"x-1": "queued"}),
+    InfoReply(5, {"workers": {"tcp://h:1": {"nthreads": 2}}}),
+    StoryReply(6, [[0.5, "x-1", "new", "queued", "submitted"]]),
+    Notice("warning", "nobody offers GPU"),
+    RegisterWorker("w", "tcp://h:1", 4, {"GPU": 20_000}, 123, 2**33, {}, 99, ["run-7"]),
+    TaskFinished("x-1", 8, 0.25, "int"),
+    TaskRaised("x-1", b"exc", b"tb", 0.5),
+    ResultTooLarge("x-1", 400 * 2**20, "numpy.ndarray", 300 * 2**20, 285 * 2**20, 0.5),
+    MissingDependency("x-1", "a", ["tcp://h:1"], ""),
+    DataReply(7, {"a": b"1"}, [], {}),
+    DataStored(8, ["d"], {"d": 2}),
+    LoadFunction("fid", b"fn"),
+    ComputeTask(
         "x-1",
         "fid",
         b"args",
@@ -91,112 +234,112 @@ SAMPLES: list[m.Message] = [
         3,
         Allocation({"gpu": 10_000}, {"gpu": ["1"]}, 1),
     ),
-    m.FreeKeys(["a"]),
-    m.GetData(9, ["a"]),
-    m.GetData(9, ["a", "b"], in_parts=True),
-    m.Prefetch({"a": ["tcp://127.0.0.1:1"], "b": []}),
-    m.DropPrefetch(["a"]),
-    m.PutData(10, {"d": b"\xff"}),
-    m.TasksDropped(["x-1"]),
-    m.StealRequest(["x-1", "x-2"]),
-    m.StealResponse(["x-1"], ["x-2"]),
-    m.CopiesKept(["x-1"]),
-    m.ScatterPlaced(11, {"d": ["tcp://h:1", 4]}),
-    m.WorkerClosing("shutting down"),
-    m.KeysPending(["x-1"]),
-    m.RunStarted(7, 4242, "gpu=[0] foo=5"),
-    m.RunOutput(7, 128, b"Run 7 start\n"),
-    m.RunEnded(7, 0, 0, "completed", "exit code 0"),
-    m.TaskNote("run-7", b"\x91\x93\x01\x02\x03", 1),
-    m.TaskNoted("run-7", "w1", b"note"),
-    m.RegisterService(["SubmitRuns", "QueryRuns"], "run-"),
-    m.ForwardedRequest("peer-3", b"request"),
-    m.ForwardedReply("peer-3", b"reply"),
-    m.TasksStillRunning("peer-2", "w1", ["run-7", "run-8"], {"run-7": "queued"}),
-    m.AdoptTask(
-        "peer-2", m.TaskSpec("run-7", "f1", b"args", [], {"gpu": 10_000}, 0, 1), {}, {"gpu": ["1"]}
+    FreeKeys(["a"]),
+    GetData(9, ["a"]),
+    GetData(9, ["a", "b"], in_parts=True),
+    Prefetch({"a": ["tcp://127.0.0.1:1"], "b": []}),
+    DropPrefetch(["a"]),
+    PutData(10, {"d": b"\xff"}),
+    TasksDropped(["x-1"]),
+    StealRequest(["x-1", "x-2"]),
+    StealResponse(["x-1"], ["x-2"]),
+    CopiesKept(["x-1"]),
+    ScatterPlaced(11, {"d": ["tcp://h:1", 4]}),
+    WorkerClosing("shutting down"),
+    KeysPending(["x-1"]),
+    RunStarted(7, 4242, "gpu=[0] foo=5"),
+    RunOutput(7, 128, b"Run 7 start\n"),
+    RunEnded(7, 0, 0, "completed", "exit code 0"),
+    TaskNote("run-7", b"\x91\x93\x01\x02\x03", 1),
+    TaskNoted("run-7", "w1", b"note"),
+    RegisterService(["SubmitRuns", "QueryRuns"], "run-"),
+    ForwardedRequest("peer-3", b"request"),
+    ForwardedReply("peer-3", b"reply"),
+    TasksStillRunning("peer-2", "w1", ["run-7", "run-8"], {"run-7": "queued"}),
+    AdoptTask(
+        "peer-2", TaskSpec("run-7", "f1", b"args", [], {"gpu": 10_000}, 0, 1), {}, {"gpu": ["1"]}
     ),
-    m.StopTasks("peer-2", ["run-8"]),
-    m.WorkerDeparted("w1"),
-    m.Unserved("SubmitRuns"),
-    m.SubmitRuns(12, [{"command": ["true"], "cwd": "/", "env": {}, "resources": ""}]),
-    m.RunsSubmitted(12, [7, 8], ""),
-    m.RunsSubmitted(12, [7], "", [["unsatisfiable", "no connected worker can ever provide it"]]),
-    m.CheckDemands(18, [{"GPU": 10_000}, {}]),
-    m.DemandsChecked(18, [["", ""], ["no workers", "no worker is connected yet"]]),
-    m.QueryRuns(13, [7]),
-    m.CancelRuns(14, [7]),
-    m.RunsReport(13, [{"id": 7, "state": "running"}]),
+    StopTasks("peer-2", ["run-8"]),
+    WorkerDeparted("w1"),
+    Unserved("SubmitRuns"),
+    SubmitRuns(12, [{"command": ["true"], "cwd": "/", "env": {}, "resources": ""}]),
+    RunsSubmitted(12, [7, 8], ""),
+    RunsSubmitted(12, [7], "", [["unsatisfiable", "no connected worker can ever provide it"]]),
+    CheckDemands(18, [{"GPU": 10_000}, {}]),
+    DemandsChecked(18, [["", ""], ["no workers", "no worker is connected yet"]]),
+    QueryRuns(13, [7]),
+    CancelRuns(14, [7]),
+    RunsReport(13, [{"id": 7, "state": "running"}]),
     # code run on workers outside tasks
-    m.RunOnWorkers(15, b"call", ["w", "tcp://h:1"]),
-    m.InstallOnWorkers(16, "upload", "mod.py", b"X = 1", 1, 1),
-    m.UninstallFromWorkers(17, "plugin-a"),
-    m.WorkersAnswered(15, {"tcp://h:1": ["ok", b"v", b""]}, ""),
-    m.RunCall(3, b"call"),
-    m.Install(4, "plugin", "plugin-a", b"p", 0),
-    m.Uninstall(5, "plugin-a"),
-    m.CallAnswered(3, "error", b"exc", b"tb"),
-    m.VersionsRequest(18),
-    m.VersionsReply(18, {"packages": {"python": "3.11.2"}}),
-    m.LogsRequest(19, 0),
-    m.LogsReply(19, [["WARNING", "something"]]),
+    RunOnWorkers(15, b"call", ["w", "tcp://h:1"]),
+    InstallOnWorkers(16, "upload", "mod.py", b"X = 1", 1, 1),
+    UninstallFromWorkers(17, "plugin-a"),
+    WorkersAnswered(15, {"tcp://h:1": ["ok", b"v", b""]}, ""),
+    RunCall(3, b"call"),
+    Install(4, "plugin", "plugin-a", b"p", 0),
+    Uninstall(5, "plugin-a"),
+    CallAnswered(3, "error", b"exc", b"tb"),
+    VersionsRequest(18),
+    VersionsReply(18, {"packages": {"python": "3.11.2"}}),
+    LogsRequest(19, 0),
+    LogsReply(19, [["WARNING", "something"]]),
     # --- shared data: datasets, metadata, who has what, retry, replicate, rebalance ---
-    m.PublishDataset(20, "x", b"\x80pickle", ["a"], 0),
-    m.UnpublishDataset(21, ["x"]),
-    m.DatasetRequest(22, "x"),
-    m.DatasetReply(22, 1, b"\x80pickle", ["a"], ["x"]),
-    m.SharedDataAck(21, ""),
-    m.SetMetadata(23, ["x", "y"], {"z": [1, 2.5, "s"]}),
-    m.MetadataRequest(24, ["x"]),
-    m.MetadataReply(24, 1, {"y": 1}),
-    m.ClusterFactsRequest(25),
-    m.ClusterFactsReply(25, {"a": ["tcp://w:1"]}, {"tcp://w:1": ["a"]}, {"tcp://w:1": 2}, {}),
-    m.RetryKeys(["a"]),
-    m.ReplicateKeys(26, ["a"], 0, []),
-    m.RebalanceKeys(27, [], 1, ["tcp://w:1"]),
-    m.CopiesDone(26, 1, 0),
+    PublishDataset(20, "x", b"\x80pickle", ["a"], 0),
+    UnpublishDataset(21, ["x"]),
+    DatasetRequest(22, "x"),
+    DatasetReply(22, 1, b"\x80pickle", ["a"], ["x"]),
+    SharedDataAck(21, ""),
+    SetMetadata(23, ["x", "y"], {"z": [1, 2.5, "s"]}),
+    MetadataRequest(24, ["x"]),
+    MetadataReply(24, 1, {"y": 1}),
+    ClusterFactsRequest(25),
+    ClusterFactsReply(25, {"a": ["tcp://w:1"]}, {"tcp://w:1": ["a"]}, {"tcp://w:1": 2}, {}),
+    RetryKeys(["a"]),
+    ReplicateKeys(26, ["a"], 0, []),
+    RebalanceKeys(27, [], 1, ["tcp://w:1"]),
+    CopiesDone(26, 1, 0),
     # --- cluster lifecycle (restart) ---
-    m.RestartRequest(15, "Client.restart"),
-    m.RestartReply(15, 3, ["plain"]),
-    m.RestartWorker("the cluster was restarted"),
-    m.LendBuffers(1 << 20),
-    m.BuffersReturned(2),
+    RestartRequest(15, "Client.restart"),
+    RestartReply(15, 3, ["plain"]),
+    RestartWorker("the cluster was restarted"),
+    LendBuffers(1 << 20),
+    BuffersReturned(2),
     # --- tasks that wait on other tasks ---
-    m.TaskSeceded("fib-9", False),
-    m.TaskRejoining("fib-9"),
-    m.RejoinGranted(["fib-9", "fib-8"]),
-    m.ActorCall(20, "counter-1", "increment", b"\x80\x05N.", False),
-    m.ActorReply(20, b"\x80\x05K\x01.", b"", b""),
+    TaskSeceded("fib-9", False),
+    TaskRejoining("fib-9"),
+    RejoinGranted(["fib-9", "fib-8"]),
+    ActorCall(20, "counter-1", "increment", b"\x80\x05N.", False),
+    ActorReply(20, b"\x80\x05K\x01.", b"", b""),
     # --- coordination ---
-    m.LeaseRequest(7, "acquire", "semaphore", ["db"], "l-1", 1, 2, 1.5, 30.0),
-    m.RefreshLeases(["l-1", "l-2"]),
-    m.EventRequest(8, "wait", "go", m.NO_TIMEOUT),
-    m.CoordinationReply(8, 1, 0, ""),
-    m.ValueRequest(9, "put", "queue", "q", [b"\x80item"], ["x-1"], 1, 10, 0.0),
-    m.ValueReply(9, [b"\x80item"], ["x-1"], 3, 0, ""),
-    m.Subscribe(10, "news"),
-    m.Unsubscribe("news"),
-    m.Publish("news", b"\x80msg"),
-    m.TopicMessage("news", b"\x80msg"),
-    m.FireAndForget(["x-1"]),
-    m.AuthHello(b"n" * 32),
-    m.AuthChallenge(b"s" * 32, b"p" * 32),
-    m.AuthProof(b"p" * 32),
-    m.DemandRequest(7),
-    m.DemandReply(
+    LeaseRequest(7, "acquire", "semaphore", ["db"], "l-1", 1, 2, 1.5, 30.0),
+    RefreshLeases(["l-1", "l-2"]),
+    EventRequest(8, "wait", "go", NO_TIMEOUT),
+    CoordinationReply(8, 1, 0, ""),
+    ValueRequest(9, "put", "queue", "q", [b"\x80item"], ["x-1"], 1, 10, 0.0),
+    ValueReply(9, [b"\x80item"], ["x-1"], 3, 0, ""),
+    Subscribe(10, "news"),
+    Unsubscribe("news"),
+    Publish("news", b"\x80msg"),
+    TopicMessage("news", b"\x80msg"),
+    FireAndForget(["x-1"]),
+    AuthHello(b"n" * 32),
+    AuthChallenge(b"s" * 32, b"p" * 32),
+    AuthProof(b"p" * 32),
+    DemandRequest(7),
+    DemandReply(
         7,
         [{"options": [{"gpu": 10_000}], "count": 3, "restricted": False}],
         [{"name": "w", "address": "tcp://10.0.0.1:4000", "running": 0, "leaving": False}],
     ),
-    m.StatusRequest(8, 120, 3, 5_000),
-    m.StatusReply(8, {"version": 1, "tasks": {"queued": 2}, "stream": {"seq": 0, "items": []}}),
+    StatusRequest(8, 120, 3, 5_000),
+    StatusReply(8, {"version": 1, "tasks": {"queued": 2}, "stream": {"seq": 0, "items": []}}),
 ]
 
 
-def _all_classes() -> list[type[m.Message]]:
+def _all_classes() -> list[type[Message]]:
     out = []
     for tag in itertools.count(1):
-        cls = m.message_class(tag)
+        cls = message_class(tag)
         if cls is None:
             return out
         out.append(cls)
@@ -208,7 +351,7 @@ def test_samples_cover_every_message_class() -> None:
 
 
 @pytest.mark.parametrize("msg", SAMPLES, ids=lambda s: type(s).__name__)
-def test_each_message_round_trips(msg: m.Message) -> None:
+def test_each_message_round_trips(msg: Message) -> None:
     frame = _whole(encode_frame([msg]))
     body, count = frame_sizes(frame[: HEADER.size], MAX_FRAME)
     assert count == 0 and body == len(frame) - HEADER.size
@@ -223,16 +366,16 @@ def test_one_frame_carries_many_messages_in_order() -> None:
 
 def test_submit_tasks_decodes_task_specs() -> None:
     (back,) = decode_frame(_whole(encode_frame([SAMPLES[3]])))
-    assert isinstance(back, m.SubmitTasks)
-    assert all(isinstance(t, m.TaskSpec) for t in back.tasks)
+    assert isinstance(back, SubmitTasks)
+    assert all(isinstance(t, TaskSpec) for t in back.tasks)
     assert back.tasks[0].resources == {"GPU": 10_000}
 
 
 def test_tags_are_unique_and_stable() -> None:
     classes = _all_classes()
     assert [c.TAG for c in classes] == list(range(1, len(classes) + 1))
-    assert m.message_class(0) is None
-    assert m.message_class(len(classes) + 1) is None
+    assert message_class(0) is None
+    assert message_class(len(classes) + 1) is None
 
 
 def test_empty_frame() -> None:
@@ -260,12 +403,12 @@ def _pack(obj: object) -> bytes:
         (_pack([["Hello", 1]]), r"\[tag, fields"),
         (_pack([[10_000, 1]]), "unknown message tag 10000"),
         (_pack([[-1]]), "unknown message tag -1"),
-        (_pack([[m.Refused.TAG]]), "Refused takes 1 fields, got 0"),
-        (_pack([[m.Refused.TAG, "a", "b"]]), "Refused takes 1 fields, got 2"),
-        (_pack([[m.SubmitTasks.TAG, [1], {}, []]]), "SubmitTasks.tasks has the wrong type"),
-        (_pack([[m.SubmitTasks.TAG, [["k"]], {}, []]]), "SubmitTasks.tasks has the wrong type"),
-        (_pack([[m.SubmitTasks.TAG, None, {}, []]]), "SubmitTasks.tasks has the wrong type"),
-        (_pack([m.KeysDone(["a"]).to_wire(), [999]]), "unknown message tag 999"),
+        (_pack([[Refused.TAG]]), "Refused takes 1 fields, got 0"),
+        (_pack([[Refused.TAG, "a", "b"]]), "Refused takes 1 fields, got 2"),
+        (_pack([[SubmitTasks.TAG, [1], {}, []]]), "SubmitTasks.tasks has the wrong type"),
+        (_pack([[SubmitTasks.TAG, [["k"]], {}, []]]), "SubmitTasks.tasks has the wrong type"),
+        (_pack([[SubmitTasks.TAG, None, {}, []]]), "SubmitTasks.tasks has the wrong type"),
+        (_pack([KeysDone(["a"]).to_wire(), [999]]), "unknown message tag 999"),
     ],
 )
 def test_garbage_bodies_raise_protocol_error(body: bytes, match: str) -> None:
@@ -279,7 +422,7 @@ def test_random_bytes_raise_only_protocol_error(body: bytes) -> None:
         out = decode_body(body)
     except ProtocolError:
         return
-    assert all(isinstance(msg, m.Message) for msg in out)
+    assert all(isinstance(msg, Message) for msg in out)
 
 
 _leaf = st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text(max_size=5)
@@ -327,7 +470,7 @@ def test_frame_sizes_accept_up_to_the_limit() -> None:
 
 
 def test_a_real_hello_fits_the_handshake_limit() -> None:
-    frame = encode_frame([m.Hello(m.PROTOCOL_VERSION, "worker", "x" * 200)])
+    frame = encode_frame([Hello(PROTOCOL_VERSION, "worker", "x" * 200)])
     body, count = frame_sizes(frame[0][: HEADER.size], MAX_HANDSHAKE_FRAME)
     assert count == 0 and body < MAX_HANDSHAKE_FRAME
 
@@ -394,18 +537,18 @@ def test_format_address_round_trips(host: str, port: int) -> None:
 @pytest.mark.parametrize(
     ("message", "field"),
     [
-        ([m.ReleaseKeys.TAG, [1, 2]], "ReleaseKeys.keys"),
-        ([m.ReleaseKeys.TAG, [["nested"]]], "ReleaseKeys.keys"),
-        ([m.TaskFinished.TAG, "k", "many", 0.1, "int", 0], "TaskFinished.nbytes"),
-        ([m.TaskFinished.TAG, "k", True, 0.1, "int", 0], "TaskFinished.nbytes"),
-        ([m.CancelKeys.TAG, "not-a-list"], "CancelKeys.keys"),
-        ([m.SubmitTasks.TAG, [["k", "f", b"", [], {"GPU": "1"}, 0, 0, []]], {}, []], "tasks"),
+        ([ReleaseKeys.TAG, [1, 2]], "ReleaseKeys.keys"),
+        ([ReleaseKeys.TAG, [["nested"]]], "ReleaseKeys.keys"),
+        ([TaskFinished.TAG, "k", "many", 0.1, "int", 0], "TaskFinished.nbytes"),
+        ([TaskFinished.TAG, "k", True, 0.1, "int", 0], "TaskFinished.nbytes"),
+        ([CancelKeys.TAG, "not-a-list"], "CancelKeys.keys"),
+        ([SubmitTasks.TAG, [["k", "f", b"", [], {"GPU": "1"}, 0, 0, []]], {}, []], "tasks"),
         (
-            [m.SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0, [], [], 0, 0]], {}, [("x", 1)]],
+            [SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0, [], [], 0, 0]], {}, [("x", 1)]],
             "wanted",
         ),
-        ([m.SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0, [], ["a"], True, 0]], {}, []], "tasks"),
-        ([m.SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0, [], [], 0, "yes"]], {}, []], "tasks"),
+        ([SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0, [], ["a"], True, 0]], {}, []], "tasks"),
+        ([SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0, [], [], 0, "yes"]], {}, []], "tasks"),
     ],
 )
 def test_fields_of_the_wrong_type_are_protocol_errors(message: list[object], field: str) -> None:
@@ -477,7 +620,7 @@ def test_a_listing_of_the_wrong_size_is_a_protocol_error(listed: bytes) -> None:
 
 
 def test_a_whole_frame_over_the_limit_is_refused_by_decode_frame() -> None:
-    frame = _whole(encode_frame([m.ReleaseKeys(["x" * 100])]))
+    frame = _whole(encode_frame([ReleaseKeys(["x" * 100])]))
     assert decode_frame(frame, len(frame))
     with pytest.raises(ProtocolError, match="exceeds the limit"):
         decode_frame(frame, len(frame) - HEADER.size - 1)

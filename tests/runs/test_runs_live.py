@@ -8,10 +8,12 @@ import threading
 
 import pytest
 
-from apportion.protocol import messages as m
+from apportion.protocol.base import Message
 from apportion.protocol.codec import decode_message
+from apportion.protocol.services import TaskNote
 from apportion.runs.launcher import ProcessLauncher
 from apportion.runs.live import LiveRuns
+from apportion.runs.messages import RunEnded, RunStarted
 from apportion.runs.spec import new_spec
 from apportion.worker.long_lived import WorkerLink
 
@@ -20,15 +22,15 @@ pytestmark = [pytest.mark.process, pytest.mark.timeout(30)]
 
 class Outbox:
     def __init__(self) -> None:
-        self.sent: list[m.Message] = []
+        self.sent: list[Message] = []
         self.lock = threading.Lock()
 
-    def __call__(self, message: m.Message) -> None:
-        assert isinstance(message, m.TaskNote), message  # all about the run's task
+    def __call__(self, message: Message) -> None:
+        assert isinstance(message, TaskNote), message  # all about the run's task
         with self.lock:
             self.sent.append(decode_message(message.note))
 
-    def of(self, kind: type[m.Message]) -> list[m.Message]:
+    def of(self, kind: type[Message]) -> list[Message]:
         with self.lock:
             return [msg for msg in self.sent if isinstance(msg, kind)]
 
@@ -48,7 +50,7 @@ def test_attaching_to_a_run_that_ended_reports_its_end_not_a_new_start() -> None
     assert first.reason == "completed" and runs.keys() == ["run-7"]  # not settled: adoptable
     again = runs.execute(7, spec, dict(os.environ), "", threading.Event())  # adopted
     assert again is first
-    assert len(outbox.of(m.RunStarted)) == 1 and len(outbox.of(m.RunEnded)) == 1
+    assert len(outbox.of(RunStarted)) == 1 and len(outbox.of(RunEnded)) == 1
     runs.settled(7)
     assert runs.keys() == []
 
@@ -61,4 +63,4 @@ def test_a_stopped_copy_is_forgotten_so_a_later_attempt_starts_afresh() -> None:
     runs.cancel([3])  # the scheduler did not adopt this copy
     assert runs.keys() == []
     runs.execute(3, spec, dict(os.environ), "", threading.Event())
-    assert len(outbox.of(m.RunStarted)) == 2  # the command ran again
+    assert len(outbox.of(RunStarted)) == 2  # the command ran again

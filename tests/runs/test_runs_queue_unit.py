@@ -13,9 +13,12 @@ from typing import Any
 
 import pytest
 
-from apportion.protocol import messages as m
+from apportion.protocol.base import Message
 from apportion.protocol.codec import encode_message
+from apportion.protocol.services import TaskNote
+from apportion.protocol.worker import FreeKeys, RegisterWorker, TaskFinished
 from apportion.runs.journal import COMPLETED, QUEUED, RUNNING, Journal
+from apportion.runs.messages import RunEnded, RunOutput, RunsSubmitted, RunStarted, SubmitRuns
 from apportion.runs.queue import QueueOptions, RunQueue, waiting_text
 from apportion.runs.spec import new_spec
 from apportion.scheduler.events import (
@@ -43,7 +46,7 @@ class FakeHost:
 
     def __init__(self) -> None:
         self.state = SchedulerState()
-        self.sent: list[tuple[str, m.Message]] = []
+        self.sent: list[tuple[str, Message]] = []
         self.queue: RunQueue | None = None
         self.journals: list[Journal] = []
 
@@ -56,12 +59,12 @@ class FakeHost:
                 else:
                     self.sent.append((peer_id, message))
 
-    def send(self, messages: list[m.Message]) -> None:
+    def send(self, messages: list[Message]) -> None:
         self.handle(FromClient(RUNS_CLIENT, messages, 0.0))
 
-    def note(self, worker_id: str, run_id: int, message: m.Message) -> None:
+    def note(self, worker_id: str, run_id: int, message: Message) -> None:
         """The worker ``worker_id`` says something about a run."""
-        note = m.TaskNote(f"run-{run_id}", encode_message(message), 0)
+        note = TaskNote(f"run-{run_id}", encode_message(message), 0)
         self.handle(FromWorker(worker_id, [note], 0.0))
 
 
@@ -97,11 +100,9 @@ async def settle(queue: RunQueue) -> None:
     await asyncio.wrap_future(queue.writer.sync())
 
 
-def register(
-    host: FakeHost, worker_id: str, live_runs: list[int] | None = None
-) -> m.RegisterWorker:
+def register(host: FakeHost, worker_id: str, live_runs: list[int] | None = None) -> RegisterWorker:
     live = [f"run-{run_id}" for run_id in live_runs or []]
-    reg = m.RegisterWorker(worker_id, f"sim://{worker_id}", 2, {}, 1, 0, {}, 0, live)
+    reg = RegisterWorker(worker_id, f"sim://{worker_id}", 2, {}, 1, 0, {}, 0, live)
     host.handle(WorkerJoined(worker_id, reg, 0.0))
     return reg
 
@@ -114,10 +115,10 @@ def test_output_sent_again_after_a_reconnection_is_written_once(
         (run_id,) = journal.stage([new_spec(["true"])], 0.0, queued=True)
         await queue.start(0.0, 0.0)
         register(host, "w1")
-        host.note("w1", run_id, m.RunStarted(run_id, 42, ""))
-        host.note("w1", run_id, m.RunOutput(run_id, 0, b"hello "))
-        host.note("w1", run_id, m.RunOutput(run_id, 0, b"hello world\n"))  # resent
-        host.note("w1", run_id, m.RunOutput(run_id, 20, b"later\n"))  # 8 bytes lost
+        host.note("w1", run_id, RunStarted(run_id, 42, ""))
+        host.note("w1", run_id, RunOutput(run_id, 0, b"hello "))
+        host.note("w1", run_id, RunOutput(run_id, 0, b"hello world\n"))  # resent
+        host.note("w1", run_id, RunOutput(run_id, 20, b"later\n"))  # 8 bytes lost
         await settle(queue)
         text = journal.log_path(run_id).read_text()
         assert text == "hello world\n\n[apportion: 8 bytes of output were lost here]\nlater\n"
@@ -138,15 +139,15 @@ def test_a_run_running_at_a_restart_is_adopted_by_its_returning_worker(
         assert queue.life.awaiting == {run_id: 30.0}
         units = {"gpu": ["0", "1"]}
         live = [f"run-{run_id}"]
-        reg = m.RegisterWorker("w1", "sim://w1", 2, {"gpu": 20_000}, 1, 0, units, 0, live)
+        reg = RegisterWorker("w1", "sim://w1", 2, {"gpu": 20_000}, 1, 0, units, 0, live)
         host.handle(WorkerJoined("w1", reg, 1.0))  # the scheduler tells the queue
         await settle(queue)
         task = host.state.tasks[f"run-{run_id}"]
         assert task.state == PROCESSING and task.allocation is not None
         assert task.allocation.units == {"gpu": ["1"]}  # the same GPU
         assert not queue.life.awaiting and journal.get(run_id).state == RUNNING  # type: ignore[union-attr]
-        host.note("w1", run_id, m.RunEnded(run_id, 0, 0, "completed", "exit code 0"))
-        host.handle(FromWorker("w1", [m.TaskFinished(f"run-{run_id}", 8, 1.0, "dict")], 2.0))
+        host.note("w1", run_id, RunEnded(run_id, 0, 0, "completed", "exit code 0"))
+        host.handle(FromWorker("w1", [TaskFinished(f"run-{run_id}", 8, 1.0, "dict")], 2.0))
         await settle(queue)
         assert journal.get(run_id).state == COMPLETED  # type: ignore[union-attr]
 
@@ -179,7 +180,7 @@ def test_a_returning_worker_is_told_to_stop_runs_nobody_waits_for(
         await queue.start(0.0, 0.0)
         register(host, "w1", live_runs=[99])
         await settle(queue)
-        assert ("w1", m.FreeKeys(["run-99"])) in host.sent
+        assert ("w1", FreeKeys(["run-99"])) in host.sent
 
     run(body())
 
@@ -189,14 +190,14 @@ def test_waiting_text_is_one_line_without_the_state() -> None:
     assert waiting_text(text) == "needs gpu=1; w1: all 1 threads busy; w2: gpu 0 of 1 free"
 
 
-def _submit(queue: RunQueue, *specs: dict[str, Any]) -> list[m.RunsSubmitted]:
-    answers: list[m.RunsSubmitted] = []
+def _submit(queue: RunQueue, *specs: dict[str, Any]) -> list[RunsSubmitted]:
+    answers: list[RunsSubmitted] = []
 
-    def reply(message: m.Message) -> None:
-        assert isinstance(message, m.RunsSubmitted)
+    def reply(message: Message) -> None:
+        assert isinstance(message, RunsSubmitted)
         answers.append(message)
 
-    queue.request(m.SubmitRuns(7, list(specs)), reply)
+    queue.request(SubmitRuns(7, list(specs)), reply)
     return answers
 
 
@@ -208,7 +209,7 @@ def test_a_submission_carries_each_runs_verdict(host: FakeHost, tmp_path: Path) 
         await settle(queue)
         (answer,) = alone
         assert answer.verdicts == [["no workers", "no worker is connected yet: it waits for one"]]
-        reg = m.RegisterWorker("w1", "sim://w1", 2, {"GPU": 20_000}, 1, 0, {}, 0, [])
+        reg = RegisterWorker("w1", "sim://w1", 2, {"GPU": 20_000}, 1, 0, {}, 0, [])
         host.handle(WorkerJoined("w1", reg, 0.0))
         answers = _submit(
             queue,
@@ -232,7 +233,7 @@ def test_a_misspelt_resource_is_refused_and_nothing_queued(host: FakeHost, tmp_p
     async def body() -> None:
         queue, journal = make_queue(host, tmp_path)
         await queue.start(0.0, 0.0)
-        reg = m.RegisterWorker("w1", "sim://w1", 2, {"GPU": 20_000}, 1, 0, {}, 0, [])
+        reg = RegisterWorker("w1", "sim://w1", 2, {"GPU": 20_000}, 1, 0, {}, 0, [])
         host.handle(WorkerJoined("w1", reg, 0.0))
         answers = _submit(
             queue,

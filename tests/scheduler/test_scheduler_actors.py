@@ -7,7 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from apportion.protocol import messages as m
+from apportion.protocol.shared_data import RebalanceKeys, ReplicateKeys
+from apportion.protocol.tasks import KeysFailed, KeysPending, ReleaseKeys
+from apportion.protocol.worker import FreeKeys, TaskRejoining, TaskSeceded, WorkerDraining
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import ERRED, MEMORY, PROCESSING, QUEUED
 from apportion.scheduler.state import SchedulerConfig
@@ -25,8 +27,8 @@ def sim() -> Iterator[SimulatedCluster]:
 def freed(sim: SimulatedCluster, worker: str) -> list[str]:
     """Keys ``worker`` was told to drop, taken from its inbox."""
     inbox = sim.to_workers.get(worker, [])
-    keys = [k for msg in inbox if isinstance(msg, m.FreeKeys) for k in msg.keys]
-    sim.to_workers[worker] = [msg for msg in inbox if not isinstance(msg, m.FreeKeys)]
+    keys = [k for msg in inbox if isinstance(msg, FreeKeys) for k in msg.keys]
+    sim.to_workers[worker] = [msg for msg in inbox if not isinstance(msg, FreeKeys)]
     return keys
 
 
@@ -39,7 +41,7 @@ def test_an_actor_holds_its_gpu_until_released(sim: SimulatedCluster) -> None:
     assert sim.place() == []  # the actor finished constructing, and keeps the GPU
     assert sim.state.tasks["model"].state == MEMORY
     assert sim.state.workers[w].ledger.free == {"GPU": 0}
-    sim.client_says("c1", m.ReleaseKeys(["model"]))
+    sim.client_says("c1", ReleaseKeys(["model"]))
     assert freed(sim, w) == ["model"]
     assert sim.place() == [(w, "other")]
 
@@ -104,7 +106,7 @@ def test_an_actor_released_while_constructing_holds_nothing_after(sim: Simulated
     w = sim.add_worker(nthreads=1, resources="GPU=1")
     sim.submit("model", resources={"GPU": 1}, actor=True)
     sim.place()
-    sim.client_says("c1", m.ReleaseKeys(["model"]))
+    sim.client_says("c1", ReleaseKeys(["model"]))
     assert sim.state.tasks["model"].state == PROCESSING
     sim.finish("model")
     assert "model" not in sim.state.tasks
@@ -122,9 +124,9 @@ def test_an_actor_lost_with_its_worker_fails_and_is_not_rebuilt(sim: SimulatedCl
     task = sim.state.tasks["model"]
     assert task.state == ERRED and task.error is not None
     assert "actor 'model' was lost" in str(task.error[1])
-    pending = [msg for msg in sim.inbox["c1"] if isinstance(msg, m.KeysPending)]
+    pending = [msg for msg in sim.inbox["c1"] if isinstance(msg, KeysPending)]
     assert pending and pending[-1].keys == ["model"]  # its future waits, then fails
-    failed = [msg for msg in sim.inbox["c1"] if isinstance(msg, m.KeysFailed)]
+    failed = [msg for msg in sim.inbox["c1"] if isinstance(msg, KeysFailed)]
     assert failed and failed[-1].keys == ["model"] and "not recreated" in failed[-1].message
     assert sim.state.workers[w2].ledger.free == {"GPU": 10_000}
 
@@ -148,8 +150,8 @@ def test_an_actor_is_neither_replicated_nor_rebalanced(sim: SimulatedCluster) ->
     sim.place()
     sim.finish("counter", nbytes=10_000)
     sim.add_worker(nthreads=1)
-    sim.client_says("c1", m.ReplicateKeys(1, ["counter"], 0, []))
-    sim.client_says("c1", m.RebalanceKeys(2, [], 1, []))
+    sim.client_says("c1", ReplicateKeys(1, ["counter"], 0, []))
+    sim.client_says("c1", RebalanceKeys(2, [], 1, []))
     sim.answer_transfers()
     assert sim.state.tasks["counter"].replicas is None
     assert sim.state.tasks["counter"].worker == w1
@@ -161,7 +163,7 @@ def test_a_draining_worker_says_its_actors_cannot_move(sim: SimulatedCluster) ->
     sim.place()
     sim.finish("model")
     sim.add_worker(nthreads=1)
-    sim.worker_says(w1, m.WorkerDraining(30.0))
+    sim.worker_says(w1, WorkerDraining(30.0))
     sim.answer_transfers()
     assert any("1 actors cannot move" in log.text for log in sim.logs)
     assert sim.state.tasks["model"].state == ERRED  # failed as the worker left
@@ -181,7 +183,7 @@ def test_a_request_behind_a_live_actor_waits_for_it_even_where_nothing_grows() -
     assert sim.place() == []
     assert sim.state.tasks["other"].state == QUEUED
     assert not [log for log in sim.logs if log.level == "warning"]
-    sim.client_says("c1", m.ReleaseKeys(["model"]))
+    sim.client_says("c1", ReleaseKeys(["model"]))
     assert sim.place() == [(w, "other")]
     check_invariants(sim.state)
 
@@ -192,10 +194,10 @@ def test_an_actor_constructor_may_give_its_gpu_to_subtasks_and_rejoin(
     w = sim.add_worker(nthreads=2, resources="GPU=1")
     sim.submit("model", resources={"GPU": 1}, actor=True)
     sim.place()
-    sim.worker_says(w, m.TaskSeceded("model", False))  # worker_client() in __init__
+    sim.worker_says(w, TaskSeceded("model", False))  # worker_client() in __init__
     sim.submit("sub", resources={"GPU": 1})
     assert sim.place() == [(w, "sub")]
-    sim.worker_says(w, m.TaskRejoining("model"))
+    sim.worker_says(w, TaskRejoining("model"))
     sim.finish("sub")
     sim.place()  # grants the rejoin
     sim.finish("model")
@@ -209,7 +211,7 @@ def test_an_actor_built_while_others_hold_what_it_gave_back_fails(sim: Simulated
     w = sim.add_worker(nthreads=2, resources="GPU=1")
     sim.submit("model", resources={"GPU": 1}, actor=True)
     sim.place()
-    sim.worker_says(w, m.TaskSeceded("model", False))
+    sim.worker_says(w, TaskSeceded("model", False))
     sim.submit("other", resources={"GPU": 1})
     assert sim.place() == [(w, "other")]
     sim.finish("model")

@@ -12,15 +12,40 @@ from typing import TypeVar
 
 import pytest
 
-from apportion.protocol import messages as m
+from apportion.core.payload import Pickled
+from apportion.protocol.base import Message
+from apportion.protocol.cluster import RestartReply, RestartRequest
+from apportion.protocol.coordination import (
+    NO_TIMEOUT,
+    CoordinationReply,
+    EventRequest,
+    LeaseRequest,
+    Publish,
+    RefreshLeases,
+    Subscribe,
+    TopicMessage,
+    Unsubscribe,
+    ValueReply,
+    ValueRequest,
+)
+from apportion.protocol.tasks import (
+    FireAndForget,
+    KeysDone,
+    KeysFailed,
+    KeysPending,
+    Notice,
+    ReleaseKeys,
+    TaskErred,
+)
+from apportion.protocol.worker import FreeKeys
 from apportion.scheduler.events import Tick
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import ERRED, FORGOTTEN, MEMORY
 from apportion.scheduler.state import SchedulerConfig
 from apportion.testing import RecordingCluster
 
-M = TypeVar("M", bound=m.Message)
-NEVER = m.NO_TIMEOUT
+M = TypeVar("M", bound=Message)
+NEVER = NO_TIMEOUT
 
 
 @pytest.fixture
@@ -43,21 +68,21 @@ def take(sim: RecordingCluster, kind: type[M], client: str = "c1") -> list[M]:
 
 def done(sim: RecordingCluster, client: str = "c1") -> list[str]:
     """Keys reported finished to ``client`` since the last call."""
-    return [key for msg in take(sim, m.KeysDone, client) for key in msg.keys]
+    return [key for msg in take(sim, KeysDone, client) for key in msg.keys]
 
 
 def freed(sim: RecordingCluster, worker: str) -> list[str]:
     """Keys the worker was told to free since the last call."""
-    found = sim.worker_got(worker, m.FreeKeys)
+    found = sim.worker_got(worker, FreeKeys)
     sim.to_workers[worker] = [
-        msg for msg in sim.to_workers[worker] if not isinstance(msg, m.FreeKeys)
+        msg for msg in sim.to_workers[worker] if not isinstance(msg, FreeKeys)
     ]
     return [key for msg in found for key in msg.keys]
 
 
 def answers(sim: RecordingCluster, client: str = "c1") -> list[tuple[int, int, str]]:
     """(request id, ok, error) of each ``CoordinationReply`` since the last call."""
-    return [(r.request_id, r.ok, r.error) for r in take(sim, m.CoordinationReply, client)]
+    return [(r.request_id, r.ok, r.error) for r in take(sim, CoordinationReply, client)]
 
 
 def tick(sim: RecordingCluster, now: float) -> None:
@@ -78,7 +103,7 @@ def acquire(
     lease: str = "",
 ) -> None:
     lease_id = lease or f"{client}-{rid}"
-    msg = m.LeaseRequest(
+    msg = LeaseRequest(
         rid, "acquire", kind, list(names), lease_id, count, max_leases, timeout, lease_timeout
     )
     sim.client_says(client, msg)
@@ -87,12 +112,12 @@ def acquire(
 def release(
     sim: RecordingCluster, client: str, rid: int, name: str, lease: str, kind: str = "semaphore"
 ) -> None:
-    sim.client_says(client, m.LeaseRequest(rid, "release", kind, [name], lease, 0, 1, 0.0, 0.0))
+    sim.client_says(client, LeaseRequest(rid, "release", kind, [name], lease, 0, 1, 0.0, 0.0))
 
 
 def value(sim: RecordingCluster, name: str, client: str = "c1") -> int:
-    sim.client_says(client, m.LeaseRequest(99, "value", "semaphore", [name], "", 0, 0, 0.0, 0.0))
-    (reply,) = take(sim, m.CoordinationReply, client)
+    sim.client_says(client, LeaseRequest(99, "value", "semaphore", [name], "", 0, 0, 0.0, 0.0))
+    (reply,) = take(sim, CoordinationReply, client)
     return reply.value
 
 
@@ -154,11 +179,11 @@ def test_a_lease_not_refreshed_expires_and_the_next_waiter_gets_it(sim: Recordin
     acquire(sim, "c2", 2, "db", lease_timeout=2.0)
     assert answers(sim, "c1") == [(1, 1, "")]
     sim.now = 1.5
-    sim.client_says("c1", m.RefreshLeases(["c1-1", "unknown-lease"]))
+    sim.client_says("c1", RefreshLeases(["c1-1", "unknown-lease"]))
     tick(sim, 3.0)  # 1.5 s since the refresh: alive
     assert answers(sim, "c2") == []
     tick(sim, 3.6)  # 2.1 s since: the holder is stuck
-    (notice,) = take(sim, m.Notice, "c1")
+    (notice,) = take(sim, Notice, "c1")
     assert "expired" in notice.text and "'db'" in notice.text
     assert answers(sim, "c2") == [(2, 1, "")]
     assert any("expired" in log.text for log in sim.logs)
@@ -177,20 +202,20 @@ def test_a_lease_without_timeout_never_expires(sim: RecordingCluster) -> None:
 @pytest.mark.parametrize(
     ("msg", "error"),
     [
-        (m.LeaseRequest(1, "acquire", "mutex", ["x"], "l", 1, 1, -1.0, 0.0), "unknown kind"),
-        (m.LeaseRequest(1, "steal", "semaphore", ["x"], "l", 1, 1, -1.0, 0.0), "operation"),
-        (m.LeaseRequest(1, "acquire", "semaphore", [], "l", 1, 1, -1.0, 0.0), "needs a name"),
-        (m.LeaseRequest(1, "acquire", "semaphore", ["x", "y"], "l", 1, 1, -1, 0.0), "one name"),
-        (m.LeaseRequest(1, "acquire", "multilock", ["x", "x"], "l", 2, 1, -1, 0.0), "twice"),
-        (m.LeaseRequest(1, "acquire", "multilock", ["x"], "l", 2, 1, -1.0, 0.0), "cannot take"),
-        (m.LeaseRequest(1, "acquire", "semaphore", ["x"], "l", 1, 0, -1.0, 0.0), "at least 1"),
-        (m.LeaseRequest(1, "acquire", "semaphore", ["x"], "", 1, 1, -1.0, 0.0), "lease id"),
-        (m.LeaseRequest(1, "acquire", "semaphore", ["x"], "l", 1, 1, -1.0, -2.0), "timeout"),
-        (m.LeaseRequest(1, "release", "semaphore", ["nope"], "l", 0, 1, 0.0, 0.0), "no lease"),
+        (LeaseRequest(1, "acquire", "mutex", ["x"], "l", 1, 1, -1.0, 0.0), "unknown kind"),
+        (LeaseRequest(1, "steal", "semaphore", ["x"], "l", 1, 1, -1.0, 0.0), "operation"),
+        (LeaseRequest(1, "acquire", "semaphore", [], "l", 1, 1, -1.0, 0.0), "needs a name"),
+        (LeaseRequest(1, "acquire", "semaphore", ["x", "y"], "l", 1, 1, -1, 0.0), "one name"),
+        (LeaseRequest(1, "acquire", "multilock", ["x", "x"], "l", 2, 1, -1, 0.0), "twice"),
+        (LeaseRequest(1, "acquire", "multilock", ["x"], "l", 2, 1, -1.0, 0.0), "cannot take"),
+        (LeaseRequest(1, "acquire", "semaphore", ["x"], "l", 1, 0, -1.0, 0.0), "at least 1"),
+        (LeaseRequest(1, "acquire", "semaphore", ["x"], "", 1, 1, -1.0, 0.0), "lease id"),
+        (LeaseRequest(1, "acquire", "semaphore", ["x"], "l", 1, 1, -1.0, -2.0), "timeout"),
+        (LeaseRequest(1, "release", "semaphore", ["nope"], "l", 0, 1, 0.0, 0.0), "no lease"),
     ],
 )
 def test_a_malformed_lease_request_gets_a_clear_error(
-    sim: RecordingCluster, msg: m.LeaseRequest, error: str
+    sim: RecordingCluster, msg: LeaseRequest, error: str
 ) -> None:
     sim.client_says("c1", msg)
     ((rid, ok, text),) = answers(sim)
@@ -258,7 +283,7 @@ def test_a_multilock_takes_num_locks_of_its_names(sim: RecordingCluster) -> None
 
 
 def event(sim: RecordingCluster, client: str, rid: int, op: str, timeout: float = 0.0) -> None:
-    sim.client_says(client, m.EventRequest(rid, op, "go", timeout))
+    sim.client_says(client, EventRequest(rid, op, "go", timeout))
 
 
 def test_an_event_wakes_every_waiter_and_a_wait_times_out(sim: RecordingCluster) -> None:
@@ -314,13 +339,13 @@ def values(
     maxsize: int = 0,
     timeout: float = NEVER,
 ) -> None:
-    items: list[m.Pickled] = [] if item is None else [item]
-    msg = m.ValueRequest(rid, op, kind, name, items, list(keys), count, maxsize, timeout)
+    items: list[Pickled] = [] if item is None else [item]
+    msg = ValueRequest(rid, op, kind, name, items, list(keys), count, maxsize, timeout)
     sim.client_says(client, msg)
 
 
-def replies(sim: RecordingCluster, client: str = "c1") -> list[m.ValueReply]:
-    return take(sim, m.ValueReply, client)
+def replies(sim: RecordingCluster, client: str = "c1") -> list[ValueReply]:
+    return take(sim, ValueReply, client)
 
 
 def test_a_future_in_a_variable_outlives_its_client_until_replaced(
@@ -329,20 +354,20 @@ def test_a_future_in_a_variable_outlives_its_client_until_replaced(
     w = sim.add_worker()
     computed(sim, "a", "b")
     values(sim, "c1", 1, "set", item=b"ref-a", keys=("a",))
-    assert replies(sim) == [m.ValueReply(1, [], [], 0, 0, "")]
+    assert replies(sim) == [ValueReply(1, [], [], 0, 0, "")]
     sim.remove_client("c1")
     assert sim.state_of("a") == MEMORY  # the variable holds it
     values(sim, "c2", 2, "get")
-    assert replies(sim, "c2") == [m.ValueReply(2, [b"ref-a"], ["a"], 0, 0, "")]
+    assert replies(sim, "c2") == [ValueReply(2, [b"ref-a"], ["a"], 0, 0, "")]
     assert done(sim, "c2") == ["a"]  # c2 wants it now, in the same step
-    sim.client_says("c2", m.ReleaseKeys(["a"]))
+    sim.client_says("c2", ReleaseKeys(["a"]))
     assert sim.state_of("a") == MEMORY
     values(sim, "c3", 3, "set", item=b"plain")
-    assert replies(sim, "c3") == [m.ValueReply(3, [], [], 0, 0, "")]
+    assert replies(sim, "c3") == [ValueReply(3, [], [], 0, 0, "")]
     assert sim.state_of("a") == FORGOTTEN and freed(sim, w) == ["b", "a"]  # b: c1 left
     assert "variable:v" not in sim.state.clients
     values(sim, "c3", 4, "delete")
-    assert replies(sim, "c3") == [m.ValueReply(4, [], [], 0, 0, "")]
+    assert replies(sim, "c3") == [ValueReply(4, [], [], 0, 0, "")]
     assert sim.state.coordination.variables == {}
 
 
@@ -350,19 +375,19 @@ def test_a_get_waits_for_the_variable_to_be_set_or_times_out(sim: RecordingClust
     values(sim, "c1", 1, "get", timeout=NEVER)
     values(sim, "c2", 2, "get", timeout=1.0)
     values(sim, "c3", 3, "get", timeout=0.0)
-    assert replies(sim, "c3") == [m.ValueReply(3, [], [], 0, 1, "")]  # not set: at once
+    assert replies(sim, "c3") == [ValueReply(3, [], [], 0, 1, "")]  # not set: at once
     tick(sim, 1.0)
-    assert replies(sim, "c2") == [m.ValueReply(2, [], [], 0, 1, "")]
+    assert replies(sim, "c2") == [ValueReply(2, [], [], 0, 1, "")]
     values(sim, "c3", 4, "set", item=b"x")
-    assert replies(sim, "c1") == [m.ValueReply(1, [b"x"], [], 0, 0, "")]
-    assert replies(sim, "c3") == [m.ValueReply(4, [], [], 0, 0, "")]
+    assert replies(sim, "c1") == [ValueReply(1, [b"x"], [], 0, 0, "")]
+    assert replies(sim, "c3") == [ValueReply(4, [], [], 0, 0, "")]
 
 
 def test_deleting_a_variable_frees_its_future(sim: RecordingCluster) -> None:
     w = sim.add_worker()
     computed(sim, "a")
     values(sim, "c1", 1, "set", item=b"ref-a", keys=("a",))
-    sim.client_says("c1", m.ReleaseKeys(["a"]))
+    sim.client_says("c1", ReleaseKeys(["a"]))
     values(sim, "c2", 2, "delete")
     assert sim.state_of("a") == FORGOTTEN and freed(sim, w) == ["a"]
     assert len(replies(sim)) == 1 and len(replies(sim, "c2")) == 1
@@ -385,7 +410,7 @@ def test_a_malformed_value_request_gets_a_clear_error(
     (reply,) = replies(sim)
     assert error in reply.error
     values(sim, "c1", 2, "set", item=b"ok")  # and the scheduler goes on
-    assert replies(sim) == [m.ValueReply(2, [], [], 0, 0, "")]
+    assert replies(sim) == [ValueReply(2, [], [], 0, 0, "")]
 
 
 # --- queues ---------------------------------------------------------------------------
@@ -397,23 +422,23 @@ def test_futures_in_a_queue_stay_until_taken_first_in_first_out(sim: RecordingCl
     values(sim, "c1", 1, "put", kind="queue", item=b"ref-a", keys=("a",))
     values(sim, "c1", 2, "put", kind="queue", item=b"ref-a-again", keys=("a",))
     values(sim, "c1", 3, "put", kind="queue", item=b"ref-b", keys=("b",))
-    sim.client_says("c1", m.ReleaseKeys(["a", "b"]))
+    sim.client_says("c1", ReleaseKeys(["a", "b"]))
     assert (sim.state_of("a"), sim.state_of("b")) == (MEMORY, MEMORY)
     values(sim, "c2", 4, "size", kind="queue")
     values(sim, "c2", 5, "get", kind="queue")
     values(sim, "c2", 6, "get", kind="queue")
     assert replies(sim, "c2") == [
-        m.ValueReply(4, [], [], 3, 0, ""),
-        m.ValueReply(5, [b"ref-a"], ["a"], 0, 0, ""),
-        m.ValueReply(6, [b"ref-a-again"], ["a"], 0, 0, ""),
+        ValueReply(4, [], [], 3, 0, ""),
+        ValueReply(5, [b"ref-a"], ["a"], 0, 0, ""),
+        ValueReply(6, [b"ref-a-again"], ["a"], 0, 0, ""),
     ]
     assert done(sim, "c2") == ["a", "a"]
-    sim.client_says("c2", m.ReleaseKeys(["a"]))
+    sim.client_says("c2", ReleaseKeys(["a"]))
     assert sim.state_of("a") == FORGOTTEN  # taken twice, released: gone
     values(sim, "c3", 7, "get", kind="queue", count=0)  # batch=True
-    assert replies(sim, "c3") == [m.ValueReply(7, [b"ref-b"], ["b"], 0, 0, "")]
+    assert replies(sim, "c3") == [ValueReply(7, [b"ref-b"], ["b"], 0, 0, "")]
     assert done(sim, "c3") == ["b"]
-    sim.client_says("c3", m.ReleaseKeys(["b"]))
+    sim.client_says("c3", ReleaseKeys(["b"]))
     assert sim.state_of("b") == FORGOTTEN and freed(sim, w) == ["a", "b"]
     assert sim.state.coordination.queues == {} and "queue:v" not in sim.state.clients
     assert len(replies(sim)) == 3
@@ -426,20 +451,20 @@ def test_a_full_queue_makes_puts_wait_in_order_or_time_out(sim: RecordingCluster
     values(sim, "c2", 2, "put", kind="queue", item=b"2", maxsize=1, timeout=NEVER)
     values(sim, "c3", 3, "put", kind="queue", item=b"ref-a", keys=("a",), maxsize=1, timeout=2.0)
     values(sim, "c3", 4, "put", kind="queue", item=b"4", maxsize=1, timeout=0.0)
-    assert replies(sim) == [m.ValueReply(1, [], [], 0, 0, "")]
-    assert replies(sim, "c3") == [m.ValueReply(4, [], [], 0, 1, "")]  # full: at once
+    assert replies(sim) == [ValueReply(1, [], [], 0, 0, "")]
+    assert replies(sim, "c3") == [ValueReply(4, [], [], 0, 1, "")]  # full: at once
     assert "a" in sim.state.clients["queue:v"].wanted  # held while its put waits
-    sim.client_says("c1", m.ReleaseKeys(["a"]))
+    sim.client_says("c1", ReleaseKeys(["a"]))
     tick(sim, 2.0)
-    assert replies(sim, "c3") == [m.ValueReply(3, [], [], 0, 1, "")]
+    assert replies(sim, "c3") == [ValueReply(3, [], [], 0, 1, "")]
     assert sim.state_of("a") == FORGOTTEN  # its put gave up: nobody holds it
     values(sim, "c1", 5, "get", kind="queue", maxsize=1)
-    assert replies(sim) == [m.ValueReply(5, [b"1"], [], 0, 0, "")]
-    assert replies(sim, "c2") == [m.ValueReply(2, [], [], 0, 0, "")]  # room: it went in
+    assert replies(sim) == [ValueReply(5, [b"1"], [], 0, 0, "")]
+    assert replies(sim, "c2") == [ValueReply(2, [], [], 0, 0, "")]  # room: it went in
     values(sim, "c1", 6, "get", kind="queue", maxsize=5)
     ((reply),) = replies(sim)
     assert "Inconsistent maxsize for queue 'v': 5, expected: 1" in reply.error
-    sim.allow(m.FreeKeys)
+    sim.allow(FreeKeys)
 
 
 def test_a_batch_get_waits_for_all_its_items_and_keeps_its_turn(sim: RecordingCluster) -> None:
@@ -449,13 +474,13 @@ def test_a_batch_get_waits_for_all_its_items_and_keeps_its_turn(sim: RecordingCl
     values(sim, "c3", 4, "get", kind="queue", count=0)  # batch=True: gets waiting go first
     assert replies(sim) == [] and replies(sim, "c2") == []
     assert replies(sim, "c3") == [
-        m.ValueReply(3, [], [], 0, 0, ""),
-        m.ValueReply(4, [], [], 0, 0, ""),
+        ValueReply(3, [], [], 0, 0, ""),
+        ValueReply(4, [], [], 0, 0, ""),
     ]
     values(sim, "c3", 5, "put", kind="queue", item=b"y")
     values(sim, "c3", 6, "put", kind="queue", item=b"z")
-    assert replies(sim) == [m.ValueReply(1, [b"x", b"y"], [], 0, 0, "")]
-    assert replies(sim, "c2") == [m.ValueReply(2, [b"z"], [], 0, 0, "")]
+    assert replies(sim) == [ValueReply(1, [b"x", b"y"], [], 0, 0, "")]
+    assert replies(sim, "c2") == [ValueReply(2, [b"z"], [], 0, 0, "")]
     assert len(replies(sim, "c3")) == 2
 
 
@@ -467,10 +492,10 @@ def test_a_queue_forgets_the_waiters_and_puts_of_a_client_that_left(
     values(sim, "c2", 1, "get", kind="queue", count=3, timeout=NEVER)
     values(sim, "c1", 2, "put", kind="queue", item=b"1", maxsize=0)
     values(sim, "c3", 3, "put", kind="queue", item=b"ref-a", keys=("a",))
-    sim.client_says("c1", m.ReleaseKeys(["a"]))
+    sim.client_says("c1", ReleaseKeys(["a"]))
     sim.remove_client("c2")
     values(sim, "c1", 4, "get", kind="queue", count=0)
-    assert replies(sim)[-1] == m.ValueReply(4, [b"1", b"ref-a"], ["a"], 0, 0, "")
+    assert replies(sim)[-1] == ValueReply(4, [b"1", b"ref-a"], ["a"], 0, 0, "")
     assert done(sim) == ["a"]
     assert len(replies(sim, "c3")) == 1 and sim.state.coordination.queues == {}
 
@@ -479,18 +504,18 @@ def test_a_queue_forgets_the_waiters_and_puts_of_a_client_that_left(
 
 
 def test_a_topic_message_goes_once_to_each_client_subscribed_then(sim: RecordingCluster) -> None:
-    sim.client_says("c2", m.Publish("news", b"too early"))
-    sim.client_says("c1", m.Subscribe(1, "news"), m.Subscribe(2, "news"))
-    sim.client_says("c2", m.Subscribe(3, "news"))
-    sim.client_says("c3", m.Publish("news", b"hello"), m.Publish("other", b"not for them"))
+    sim.client_says("c2", Publish("news", b"too early"))
+    sim.client_says("c1", Subscribe(1, "news"), Subscribe(2, "news"))
+    sim.client_says("c2", Subscribe(3, "news"))
+    sim.client_says("c3", Publish("news", b"hello"), Publish("other", b"not for them"))
     assert answers(sim) == [(1, 1, ""), (2, 1, "")] and answers(sim, "c2") == [(3, 1, "")]
-    assert take(sim, m.TopicMessage) == [m.TopicMessage("news", b"hello")]  # once per client
-    assert take(sim, m.TopicMessage, "c2") == [m.TopicMessage("news", b"hello")]
-    sim.client_says("c1", m.Unsubscribe("news"))
-    sim.client_says("c3", m.Publish("news", b"again"))
-    assert take(sim, m.TopicMessage) == [m.TopicMessage("news", b"again")]  # one left
-    assert take(sim, m.TopicMessage, "c2") == [m.TopicMessage("news", b"again")]
-    sim.client_says("c1", m.Unsubscribe("news"), m.Unsubscribe("news"))  # once too often
+    assert take(sim, TopicMessage) == [TopicMessage("news", b"hello")]  # once per client
+    assert take(sim, TopicMessage, "c2") == [TopicMessage("news", b"hello")]
+    sim.client_says("c1", Unsubscribe("news"))
+    sim.client_says("c3", Publish("news", b"again"))
+    assert take(sim, TopicMessage) == [TopicMessage("news", b"again")]  # one left
+    assert take(sim, TopicMessage, "c2") == [TopicMessage("news", b"again")]
+    sim.client_says("c1", Unsubscribe("news"), Unsubscribe("news"))  # once too often
     sim.remove_client("c2")
     assert sim.state.coordination.topics == {}
 
@@ -501,7 +526,7 @@ def test_a_topic_message_goes_once_to_each_client_subscribed_then(sim: Recording
 def test_fire_and_forget_runs_a_task_nobody_wants_then_frees_it(sim: RecordingCluster) -> None:
     w = sim.add_worker()
     sim.submit("write-file")
-    sim.client_says("c1", m.FireAndForget(["write-file"]))
+    sim.client_says("c1", FireAndForget(["write-file"]))
     sim.remove_client("c1")
     assert [key for _, key in sim.place()] == ["write-file"]
     sim.finish("write-file")
@@ -513,17 +538,17 @@ def test_fire_and_forget_lets_failed_and_finished_tasks_go(sim: RecordingCluster
     sim.add_worker()
     sim.submit("boom")
     sim.place()
-    sim.client_says("c1", m.FireAndForget(["boom"]), m.ReleaseKeys(["boom"]))
+    sim.client_says("c1", FireAndForget(["boom"]), ReleaseKeys(["boom"]))
     sim.raise_("boom")
     assert sim.state_of("boom") == FORGOTTEN
     computed(sim, "done-already")
-    sim.client_says("c1", m.FireAndForget(["done-already"]))
+    sim.client_says("c1", FireAndForget(["done-already"]))
     assert sim.state_of("done-already") == MEMORY  # c1 still wants it
-    sim.client_says("c1", m.ReleaseKeys(["done-already"]))
+    sim.client_says("c1", ReleaseKeys(["done-already"]))
     assert sim.state_of("done-already") == FORGOTTEN
-    sim.client_says("c1", m.FireAndForget([]), m.FireAndForget(["never-submitted"]))
+    sim.client_says("c1", FireAndForget([]), FireAndForget(["never-submitted"]))
     assert "fire-and-forget" not in sim.state.clients  # an unknown key is let go at once
-    sim.allow(m.FreeKeys)
+    sim.allow(FreeKeys)
 
 
 def test_a_failed_future_in_a_variable_stays_failed_for_its_readers(
@@ -533,12 +558,12 @@ def test_a_failed_future_in_a_variable_stays_failed_for_its_readers(
     sim.submit("boom")
     sim.place()
     sim.raise_("boom")
-    assert [msg.key for msg in take(sim, m.TaskErred)] == ["boom"]
+    assert [msg.key for msg in take(sim, TaskErred)] == ["boom"]
     values(sim, "c1", 1, "set", item=b"ref", keys=("boom",))
-    sim.client_says("c1", m.ReleaseKeys(["boom"]))
+    sim.client_says("c1", ReleaseKeys(["boom"]))
     assert sim.state_of("boom") == ERRED
     values(sim, "c2", 2, "get")
-    assert [msg.key for msg in take(sim, m.TaskErred, "c2")] == ["boom"]
+    assert [msg.key for msg in take(sim, TaskErred, "c2")] == ["boom"]
     assert len(replies(sim)) == 1 and len(replies(sim, "c2")) == 1
 
 
@@ -552,14 +577,14 @@ def test_a_restart_drops_values_that_refer_to_results(sim: RecordingCluster) -> 
     values(sim, "c1", 2, "set", name="plain", item=b"1")
     values(sim, "c1", 3, "put", kind="queue", name="q", item=b"ref-a", keys=("a",))
     values(sim, "c1", 4, "put", kind="queue", name="q", item=b"2")
-    sim.client_says("c1", m.FireAndForget(["a"]))
-    sim.client_says("c1", m.RestartRequest(5, ""))
+    sim.client_says("c1", FireAndForget(["a"]))
+    sim.client_says("c1", RestartRequest(5, ""))
     book = sim.state.coordination
     assert list(book.variables) == ["plain"] and [i for i, _ in book.queues["q"].items] == [b"2"]
     assert book.owners == set() and not [c for c in sim.state.clients if ":" in c]
     assert len(replies(sim)) == 4
-    assert take(sim, m.KeysFailed)[0].keys == ["a"]
-    sim.allow(m.RestartReply, m.KeysPending)
+    assert take(sim, KeysFailed)[0].keys == ["a"]
+    sim.allow(RestartReply, KeysPending)
 
 
 def test_invariants_hold_after_every_kind_of_request(sim: RecordingCluster) -> None:
@@ -577,7 +602,7 @@ def test_invariants_hold_after_every_kind_of_request(sim: RecordingCluster) -> N
     # granted at once, has none.
     assert list(sim.state.coordination.leases) == ["c2-2"]
     assert sim.state.coordination.next_due == float("inf")
-    take(sim, m.Notice)
+    take(sim, Notice)
     answers(sim)
     answers(sim, "c2")
     answers(sim, "c3")

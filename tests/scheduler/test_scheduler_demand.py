@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from apportion.core.resources import SCALE
-from apportion.protocol import messages as m
+from apportion.protocol.tasks import Notice
 from apportion.scheduler.demand import demand
 from apportion.scheduler.state import SchedulerConfig
 from apportion.testing import RecordingCluster
@@ -12,7 +12,7 @@ from apportion.testing import RecordingCluster
 def test_waiting_work_is_counted_once_per_kind_of_request() -> None:
     sim = RecordingCluster(SchedulerConfig())
     sim.add_client("c1")
-    sim.allow(m.Notice)  # GPU work no worker can hold is warned about
+    sim.allow(Notice)  # GPU work no worker can hold is warned about
     busy = sim.add_worker("cpu-1", nthreads=1, resources="cpus=1")
     for i in range(3):
         sim.submit(f"plain-{i}")

@@ -10,7 +10,18 @@ from collections.abc import Iterator
 
 import pytest
 
-from apportion.protocol import messages as m
+from apportion.protocol.base import Message
+from apportion.protocol.peer_data import DataReply, DataStored, GetData, PutData
+from apportion.protocol.tasks import CancelKeys, KeysFailed, KeysPending
+from apportion.protocol.worker import (
+    DrainDone,
+    FreeKeys,
+    Heartbeat,
+    MissingDependency,
+    WorkerClosing,
+    WorkerDied,
+    WorkerDraining,
+)
 from apportion.scheduler.events import Tick, WorkerDeathReport
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import ERRED, MEMORY, QUEUED
@@ -27,11 +38,11 @@ def sim() -> Iterator[SimulatedCluster]:
     check_invariants(cluster.state)
 
 
-def sent(sim: SimulatedCluster, worker_id: str, kind: type[m.Message]) -> list[m.Message]:
+def sent(sim: SimulatedCluster, worker_id: str, kind: type[Message]) -> list[Message]:
     return [msg for msg in sim.to_workers.get(worker_id, []) if isinstance(msg, kind)]
 
 
-def got(sim: SimulatedCluster, kind: type[m.Message]) -> list[m.Message]:
+def got(sim: SimulatedCluster, kind: type[Message]) -> list[Message]:
     return [msg for msg in sim.inbox["c1"] if isinstance(msg, kind)]
 
 
@@ -45,24 +56,24 @@ def test_a_draining_worker_finishes_its_task_then_hands_its_results_off(
     sim.submit("running")
     sim.place()
     staying = sim.add_worker("staying")
-    sim.worker_says(leaving, m.WorkerDraining(30.0))
+    sim.worker_says(leaving, WorkerDraining(30.0))
     sim.submit("new")
     assert sim.place() == [(staying, "new")]  # nothing new for the draining worker
-    assert not sent(sim, leaving, m.GetData)  # "running" still runs there
+    assert not sent(sim, leaving, GetData)  # "running" still runs there
 
     sim.finish("running")
-    (ask,) = sent(sim, leaving, m.GetData)
-    assert isinstance(ask, m.GetData) and ask.keys == ["held", "running"]
-    sim.worker_says(leaving, m.DataReply(ask.request_id, {"held": b"1", "running": b"2"}, [], {}))
-    (put,) = sent(sim, staying, m.PutData)
-    assert isinstance(put, m.PutData) and sorted(put.data) == ["held", "running"]
-    sim.worker_says(staying, m.DataStored(put.request_id, ["held", "running"], {}))
+    (ask,) = sent(sim, leaving, GetData)
+    assert isinstance(ask, GetData) and ask.keys == ["held", "running"]
+    sim.worker_says(leaving, DataReply(ask.request_id, {"held": b"1", "running": b"2"}, [], {}))
+    (put,) = sent(sim, staying, PutData)
+    assert isinstance(put, PutData) and sorted(put.data) == ["held", "running"]
+    sim.worker_says(staying, DataStored(put.request_id, ["held", "running"], {}))
 
-    assert sent(sim, leaving, m.DrainDone) == [m.DrainDone(2)]
+    assert sent(sim, leaving, DrainDone) == [DrainDone(2)]
     assert sim.state.tasks["held"].worker == staying
-    sim.worker_says(leaving, m.WorkerClosing("drained"))
+    sim.worker_says(leaving, WorkerClosing("drained"))
     sim.remove_worker(leaving)
-    assert not got(sim, m.KeysPending)  # nothing was lost, nothing runs again
+    assert not got(sim, KeysPending)  # nothing was lost, nothing runs again
     assert {sim.state.tasks[k].state for k in ("held", "running")} == {MEMORY}
     assert any("handed from leaving to staying" in row[4] for row in sim.state.story("held"))
 
@@ -74,8 +85,8 @@ def test_a_draining_worker_with_nobody_to_take_its_results_is_let_go(
     sim.submit("x")
     sim.place()
     sim.finish("x")
-    sim.worker_says(alone, m.WorkerDraining(5.0))
-    assert sent(sim, alone, m.DrainDone) == [m.DrainDone(0)]
+    sim.worker_says(alone, WorkerDraining(5.0))
+    assert sent(sim, alone, DrainDone) == [DrainDone(0)]
     assert any("no other worker can take its 1 needed results" in log.text for log in sim.logs)
 
 
@@ -87,12 +98,12 @@ def test_a_receiver_lost_mid_handoff_does_not_keep_the_drain_waiting(
     sim.place()
     sim.finish("x")
     receiver = sim.add_worker("receiver")
-    sim.worker_says(leaving, m.WorkerDraining(5.0))
-    (ask,) = sent(sim, leaving, m.GetData)
-    assert isinstance(ask, m.GetData)
-    sim.worker_says(leaving, m.DataReply(ask.request_id, {"x": b"1"}, [], {}))
+    sim.worker_says(leaving, WorkerDraining(5.0))
+    (ask,) = sent(sim, leaving, GetData)
+    assert isinstance(ask, GetData)
+    sim.worker_says(leaving, DataReply(ask.request_id, {"x": b"1"}, [], {}))
     sim.remove_worker(receiver)
-    assert sent(sim, leaving, m.DrainDone) == [m.DrainDone(0)]
+    assert sent(sim, leaving, DrainDone) == [DrainDone(0)]
     assert sim.state.tasks["x"].worker == leaving  # still there, lost only when it goes
 
 
@@ -110,18 +121,18 @@ def _poison_three_supervised_workers(sim: SimulatedCluster) -> list[str]:
 def test_a_poison_verdict_waits_for_the_supervisor_to_say_how_the_worker_died(
     sim: SimulatedCluster,
 ) -> None:
-    sim.handle(WorkerDeathReport(m.WorkerDied("w0", 100, "exited with status 1"), sim.now))
+    sim.handle(WorkerDeathReport(WorkerDied("w0", 100, "exited with status 1"), sim.now))
     _poison_three_supervised_workers(sim)
-    assert not got(sim, m.KeysFailed)
+    assert not got(sim, KeysFailed)
     assert sim.state.tasks["poison"].state == QUEUED
     assert sim.place() == []  # held: not run on a fourth worker meanwhile
     sim.add_worker("spare")
     assert sim.place() == []
 
-    report = m.WorkerDied("w2", 102, "was killed by SIGKILL - likely out of memory")
+    report = WorkerDied("w2", 102, "was killed by SIGKILL - likely out of memory")
     sim.handle(WorkerDeathReport(report, sim.now))
-    (failed,) = got(sim, m.KeysFailed)
-    assert isinstance(failed, m.KeysFailed) and failed.kind == "crashed"
+    (failed,) = got(sim, KeysFailed)
+    assert isinstance(failed, KeysFailed) and failed.kind == "crashed"
     assert "w0 (exited with status 1)" in failed.message
     assert "w1 (its connection closed)" in failed.message  # never reported
     assert "w2 (was killed by SIGKILL - likely out of memory)" in failed.message
@@ -131,21 +142,21 @@ def test_a_poison_verdict_goes_ahead_when_no_report_comes(sim: SimulatedCluster)
     _poison_three_supervised_workers(sim)
     sim.now = 2.0
     sim.handle(Tick(sim.now))
-    assert not got(sim, m.KeysFailed)
+    assert not got(sim, KeysFailed)
     sim.now = 3.5
     sim.handle(Tick(sim.now))
-    (failed,) = got(sim, m.KeysFailed)
-    assert isinstance(failed, m.KeysFailed) and "w2 (its connection closed)" in failed.message
+    (failed,) = got(sim, KeysFailed)
+    assert isinstance(failed, KeysFailed) and "w2 (its connection closed)" in failed.message
 
 
 def test_a_held_poison_task_that_is_cancelled_leaves_no_verdict(sim: SimulatedCluster) -> None:
     _poison_three_supervised_workers(sim)
-    sim.client_says("c1", m.CancelKeys(["poison"]))
+    sim.client_says("c1", CancelKeys(["poison"]))
     assert not sim.state.verdicts
     sim.now = 10.0
     sim.handle(Tick(sim.now))
-    assert not got(sim, m.KeysFailed) or all(
-        isinstance(f, m.KeysFailed) and f.kind == "cancelled" for f in got(sim, m.KeysFailed)
+    assert not got(sim, KeysFailed) or all(
+        isinstance(f, KeysFailed) and f.kind == "cancelled" for f in got(sim, KeysFailed)
     )
 
 
@@ -156,10 +167,10 @@ def test_a_worker_lost_near_its_memory_limit_is_likely_out_of_memory(
     for i in range(3):
         w = sim.add_worker(f"w{i}", memory_limit=1000)
         sim.place()
-        sim.worker_says(w, m.Heartbeat(1, 960))
+        sim.worker_says(w, Heartbeat(1, 960))
         sim.remove_worker(w)
-    (failed,) = got(sim, m.KeysFailed)
-    assert isinstance(failed, m.KeysFailed)
+    (failed,) = got(sim, KeysFailed)
+    assert isinstance(failed, KeysFailed)
     assert "its memory at 96% of its limit - likely out of memory" in failed.message
 
 
@@ -197,24 +208,24 @@ def test_a_late_handoff_confirmation_keeps_the_receivers_own_copy(
     sim.submit("busy")
     sim.place()
     rcv = sim.add_worker("rcv")
-    sim.worker_says(src, m.WorkerDraining(30.0))
+    sim.worker_says(src, WorkerDraining(30.0))
     sim.finish("busy")
-    (ask,) = sent(sim, src, m.GetData)
-    assert isinstance(ask, m.GetData)
-    sim.worker_says(src, m.DataReply(ask.request_id, {"k": b"1", "busy": b"2"}, [], {}))
-    (put,) = sent(sim, rcv, m.PutData)
-    assert isinstance(put, m.PutData)
+    (ask,) = sent(sim, src, GetData)
+    assert isinstance(ask, GetData)
+    sim.worker_says(src, DataReply(ask.request_id, {"k": b"1", "busy": b"2"}, [], {}))
+    (put,) = sent(sim, rcv, PutData)
+    assert isinstance(put, PutData)
     sim.submit("t", deps=["k"])
     sim.place()
     del sim.running[rcv]["t"]
-    sim.worker_says(rcv, m.MissingDependency("t", "k", [f"sim://{src}"], ""))
+    sim.worker_says(rcv, MissingDependency("t", "k", [f"sim://{src}"], ""))
     sim.place()
     sim.finish("k")  # recomputed on rcv meanwhile
     assert sim.state.tasks["k"].worker == rcv
     before = len(sim.to_workers[rcv])
-    sim.worker_says(rcv, m.DataStored(put.request_id, ["k", "busy"], {"k": 8, "busy": 8}))
+    sim.worker_says(rcv, DataStored(put.request_id, ["k", "busy"], {"k": 8, "busy": 8}))
     freed = [
-        k for msg in sim.to_workers[rcv][before:] if isinstance(msg, m.FreeKeys) for k in msg.keys
+        k for msg in sim.to_workers[rcv][before:] if isinstance(msg, FreeKeys) for k in msg.keys
     ]
     assert "k" not in freed
 

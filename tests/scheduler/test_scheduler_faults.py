@@ -7,7 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from apportion.protocol import messages as m
+from apportion.protocol.base import Message
+from apportion.protocol.tasks import KeysFailed, Notice, TaskErred
+from apportion.protocol.worker import Heartbeat, TaskFinished, WorkerClosing
 from apportion.scheduler.events import FromWorker, Tick
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import ERRED, MEMORY, QUEUED
@@ -23,7 +25,7 @@ def sim() -> Iterator[SimulatedCluster]:
     check_invariants(cluster.state)
 
 
-def got(sim: SimulatedCluster, kind: type[m.Message]) -> list[m.Message]:
+def got(sim: SimulatedCluster, kind: type[Message]) -> list[Message]:
     return [msg for msg in sim.inbox["c1"] if isinstance(msg, kind)]
 
 
@@ -33,7 +35,7 @@ def test_a_silent_worker_is_declared_lost_and_its_work_moves(sim: SimulatedClust
     sim.place()
     talker = sim.add_worker("talker", resources="GPU=1")
     sim.now = 8.0
-    sim.handle(FromWorker(talker, [m.Heartbeat(0)], sim.now))
+    sim.handle(FromWorker(talker, [Heartbeat(0)], sim.now))
     sim.handle(Tick(sim.now))
     assert quiet in sim.state.workers  # 8 s of silence: not yet
     sim.now = 12.0
@@ -51,7 +53,7 @@ def test_a_lost_worker_that_returns_registers_as_new(sim: SimulatedCluster) -> N
     again = sim.add_worker("flaky")
     assert list(sim.state.workers) == [again]
     # A late message from the old connection finds no record and changes nothing.
-    sim.handle(FromWorker(w, [m.TaskFinished("ghost", 1, 0.1, "int")], sim.now))
+    sim.handle(FromWorker(w, [TaskFinished("ghost", 1, 0.1, "int")], sim.now))
     assert list(sim.state.workers) == [again]
 
 
@@ -63,7 +65,7 @@ def test_a_task_present_at_repeated_worker_deaths_fails_as_the_likely_cause(
         w = sim.add_worker(f"w{i}")
         assert sim.place() == [(w, "poison")]
         sim.remove_worker(w)  # the connection closes: a crash
-    (failed,) = got(sim, m.KeysFailed)
+    (failed,) = got(sim, KeysFailed)
     assert failed.kind == "crashed" and "3 workers that died" in failed.message
     assert "w0 (its connection closed)" in failed.message
     assert sim.state.tasks["poison"].state == ERRED
@@ -75,10 +77,10 @@ def test_a_graceful_stop_does_not_count_as_a_death(sim: SimulatedCluster) -> Non
     for i in range(4):
         w = sim.add_worker(f"w{i}")
         sim.place()
-        sim.handle(FromWorker(w, [m.WorkerClosing("SIGTERM")], sim.now))
+        sim.handle(FromWorker(w, [WorkerClosing("SIGTERM")], sim.now))
         sim.remove_worker(w)
     assert sim.state.tasks["ok"].state == QUEUED
-    assert not got(sim, m.KeysFailed)
+    assert not got(sim, KeysFailed)
     w = sim.add_worker("last")
     sim.place()
     sim.finish("ok")
@@ -91,7 +93,7 @@ def test_the_final_exception_says_how_many_attempts(sim: SimulatedCluster) -> No
     for _ in range(3):
         sim.place()
         sim.raise_("flaky", exception=b"last")
-    (erred,) = got(sim, m.TaskErred)
+    (erred,) = got(sim, TaskErred)
     assert erred.attempts == 3 and erred.exception == b"last"
 
 
@@ -111,7 +113,7 @@ def test_the_dump_is_plain_json_with_every_task_and_worker(sim: SimulatedCluster
 def test_a_worker_that_says_it_is_closing_gets_no_new_tasks(sim: SimulatedCluster) -> None:
     leaving = sim.add_worker("leaving", nthreads=2, resources="GPU=1")
     staying = sim.add_worker("staying", nthreads=1, resources="GPU=1")
-    sim.handle(FromWorker(leaving, [m.WorkerClosing("SIGTERM")], sim.now))
+    sim.handle(FromWorker(leaving, [WorkerClosing("SIGTERM")], sim.now))
     sim.submit("gpu", resources="GPU=1")
     sim.submit("plain")
     started = sim.place()
@@ -121,9 +123,9 @@ def test_a_worker_that_says_it_is_closing_gets_no_new_tasks(sim: SimulatedCluste
 
 def test_work_only_a_closing_worker_could_run_waits_quietly(sim: SimulatedCluster) -> None:
     leaving = sim.add_worker("leaving", resources="GPU=1")
-    sim.handle(FromWorker(leaving, [m.WorkerClosing("SIGTERM")], sim.now))
+    sim.handle(FromWorker(leaving, [WorkerClosing("SIGTERM")], sim.now))
     sim.submit("gpu", resources="GPU=1")
     assert sim.place() == []
-    assert not got(sim, m.Notice) and not got(sim, m.KeysFailed)
+    assert not got(sim, Notice) and not got(sim, KeysFailed)
     newcomer = sim.add_worker("newcomer", resources="GPU=1")
     assert sim.place() == [(newcomer, "gpu")]

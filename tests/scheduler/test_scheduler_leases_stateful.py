@@ -18,7 +18,13 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from apportion.protocol import messages as m
+from apportion.protocol.coordination import (
+    NO_TIMEOUT,
+    CoordinationReply,
+    LeaseRequest,
+    RefreshLeases,
+)
+from apportion.protocol.tasks import Notice
 from apportion.scheduler.events import Tick
 from apportion.scheduler.invariants import check_invariants
 from apportion.testing.simulation import SimulatedCluster
@@ -32,7 +38,7 @@ TARGETS = (
     ("multilock", ("y", "x", "z"), 3, 1),
     ("multilock", ("z", "x"), 1, 1),
 )
-TIMEOUTS = (0.0, 1.0, 2.5, m.NO_TIMEOUT)
+TIMEOUTS = (0.0, 1.0, 2.5, NO_TIMEOUT)
 LEASE_TIMEOUTS = (0.0, 2.0)
 
 
@@ -78,14 +84,14 @@ class LeaseMachine(RuleBasedStateMachine):
             inbox = self.sim.inbox.get(client, [])
             new, self.seen[client] = inbox[self.seen[client] :], len(inbox)
             for msg in new:
-                if isinstance(msg, m.Notice):
+                if isinstance(msg, Notice):
                     expired = [i for i, a in self.held.items() if a.client == client]
                     still = set(self.sim.state.coordination.leases)
                     for lease_id in expired:
                         if lease_id not in still:
                             del self.held[lease_id]
                     continue
-                assert isinstance(msg, m.CoordinationReply), msg
+                assert isinstance(msg, CoordinationReply), msg
                 assert not msg.error, msg.error
                 if msg.request_id in self.releases:
                     self.releases.remove(msg.request_id)
@@ -104,7 +110,7 @@ class LeaseMachine(RuleBasedStateMachine):
         asked = self.held.pop(lease_id)
         rid = self._next()
         self.releases.add(rid)
-        msg = m.LeaseRequest(rid, "release", asked.kind, list(asked.names), lease_id, 0, 1, 0, 0)
+        msg = LeaseRequest(rid, "release", asked.kind, list(asked.names), lease_id, 0, 1, 0, 0)
         self.sim.client_says(asked.client, msg)
 
     # --- rules ----------------------------------------------------------------------
@@ -128,7 +134,7 @@ class LeaseMachine(RuleBasedStateMachine):
         rid = self._next()
         lease_id = f"lease-{rid}"
         self.waiting[rid] = Asked(client, kind, names, lease_id)
-        msg = m.LeaseRequest(
+        msg = LeaseRequest(
             rid, "acquire", kind, list(names), lease_id, count, max_leases, timeout, lease_timeout
         )
         self.sim.client_says(client, msg)
@@ -146,7 +152,7 @@ class LeaseMachine(RuleBasedStateMachine):
     def refresh(self, client: str) -> None:
         if client in self.connected:
             mine = [i for i, a in self.held.items() if a.client == client]
-            self.sim.client_says(client, m.RefreshLeases(mine))
+            self.sim.client_says(client, RefreshLeases(mine))
 
     @rule(dt=st.sampled_from((0.5, 1.0, 3.0)))
     def tick(self, dt: float) -> None:

@@ -7,7 +7,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from apportion.protocol import messages as m
+from apportion.protocol.base import Message
+from apportion.protocol.tasks import (
+    GatherReply,
+    GatherRequest,
+    KeysFailed,
+    KeysPending,
+    ReleaseKeys,
+)
+from apportion.protocol.worker import FreeKeys, Heartbeat, ResultTooLarge, WorkerDied
 from apportion.scheduler.events import Tick, WorkerDeathReport
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import ERRED, QUEUED
@@ -29,12 +37,12 @@ def sim() -> Iterator[SimulatedCluster]:
     check_invariants(cluster.state)
 
 
-def got(sim: SimulatedCluster, kind: type[m.Message]) -> list[m.Message]:
+def got(sim: SimulatedCluster, kind: type[Message]) -> list[Message]:
     return [msg for msg in sim.inbox["c1"] if isinstance(msg, kind)]
 
 
-def failures(sim: SimulatedCluster) -> dict[str, m.KeysFailed]:
-    failed = [msg for msg in got(sim, m.KeysFailed) if isinstance(msg, m.KeysFailed)]
+def failures(sim: SimulatedCluster) -> dict[str, KeysFailed]:
+    failed = [msg for msg in got(sim, KeysFailed) if isinstance(msg, KeysFailed)]
     return {key: msg for msg in failed for key in msg.keys}
 
 
@@ -49,7 +57,7 @@ def test_a_result_too_large_for_its_worker_fails_out_of_memory_without_retries(
     sim.submit("total", deps=["big"])
     assert sim.place() == [(w, "big")]
     del sim.running[w]["big"]
-    sim.worker_says(w, m.ResultTooLarge("big", 400 * MiB, "numpy.ndarray", LIMIT, 285 * MiB, 0.5))
+    sim.worker_says(w, ResultTooLarge("big", 400 * MiB, "numpy.ndarray", LIMIT, 285 * MiB, 0.5))
     failed = failures(sim)
     assert failed.keys() == {"big", "total"}
     assert failed["big"].kind == failed["total"].kind == "memory"
@@ -68,9 +76,9 @@ def test_a_too_large_report_for_a_task_released_meanwhile_only_settles_it(
     w = sim.add_worker("w", memory_limit=LIMIT)
     sim.submit("big")
     sim.place()
-    sim.client_says("c1", m.ReleaseKeys(["big"]))
+    sim.client_says("c1", ReleaseKeys(["big"]))
     del sim.running[w]["big"]
-    sim.worker_says(w, m.ResultTooLarge("big", 400 * MiB, "bytes", LIMIT, LIMIT, 0.5))
+    sim.worker_says(w, ResultTooLarge("big", 400 * MiB, "bytes", LIMIT, LIMIT, 0.5))
     assert not failures(sim) and "big" not in sim.state.tasks
     assert not sim.state.workers[w].processing
 
@@ -92,13 +100,13 @@ def compute_big(sim: SimulatedCluster, round_: int) -> str:
 def serve(sim: SimulatedCluster, how: str, holder: str, round_: int) -> None:
     """Make ``holder`` serve "big" the way ``how`` says."""
     if how == "relayed gather":  # the scheduler forwards it from the holder to the client
-        sim.client_says("c1", m.GatherRequest(round_, ["big"]))
+        sim.client_says("c1", GatherRequest(round_, ["big"]))
         relay = list(sim.state.relays.gathers.values())[-1]
         assert relay.piping == {holder: ["big"]}
     elif how == "direct gather":  # the client fetches it from the holder itself
-        sim.client_says("c1", m.GatherRequest(round_, ["big"], direct_from=MiB))
-        reply = got(sim, m.GatherReply)[-1]
-        assert isinstance(reply, m.GatherReply) and reply.elsewhere == {"big": [f"sim://{holder}"]}
+        sim.client_says("c1", GatherRequest(round_, ["big"], direct_from=MiB))
+        reply = got(sim, GatherReply)[-1]
+        assert isinstance(reply, GatherReply) and reply.elsewhere == {"big": [f"sim://{holder}"]}
     else:  # a dependent runs on another worker, which fetches it
         assert how == "dependent elsewhere"
         if round_ == 0:
@@ -120,7 +128,7 @@ def die(sim: SimulatedCluster, holder: str, round_: int, *, out_of_memory: bool)
         how = "was killed by its supervisor: its memory (290.0 MiB) passed 95% ... - out of memory"
     else:
         how = "was killed by SIGKILL"
-    report = m.WorkerDied(f"h{round_}", 100 + round_, how, int(out_of_memory))
+    report = WorkerDied(f"h{round_}", 100 + round_, how, int(out_of_memory))
     sim.handle(WorkerDeathReport(report, sim.now))
 
 
@@ -158,7 +166,7 @@ def test_a_healthy_holder_killed_while_serving_only_costs_a_recomputation(
         die(sim, holder, round_, out_of_memory=False)
         assert sim.state.tasks["big"].state == QUEUED
     assert not failures(sim) and not sim.state.serving_deaths and not sim.state.unclassified
-    assert len(got(sim, m.KeysPending)) == 5
+    assert len(got(sim, KeysPending)) == 5
 
 
 def test_a_holder_not_serving_the_result_does_not_count_against_it(
@@ -179,8 +187,8 @@ def test_a_death_near_the_limit_counts_at_once_without_a_supervisor(
         holder = sim.add_worker(f"u{round_}", memory_limit=LIMIT)
         sim.place()
         sim.finish("big", nbytes=BIG)
-        sim.client_says("c1", m.GatherRequest(round_, ["big"]))
-        sim.worker_says(holder, m.Heartbeat(0, 280 * MiB))  # 93% of its limit
+        sim.client_says("c1", GatherRequest(round_, ["big"]))
+        sim.worker_says(holder, Heartbeat(0, 280 * MiB))  # 93% of its limit
         sim.remove_worker(holder)
     text = failures(sim)["big"].message
     assert "u0 (pid 0: its memory at 93% of its limit - likely out of memory)" in text
@@ -197,7 +205,7 @@ def test_a_serving_death_waits_for_the_report_and_is_not_counted_without_one(
     sim.now = 3.5
     sim.handle(Tick(sim.now))
     assert not sim.state.unclassified  # no word in time: nothing says memory
-    report = m.WorkerDied("h0", 100, "was killed by SIGKILL - likely out of memory", 1)
+    report = WorkerDied("h0", 100, "was killed by SIGKILL - likely out of memory", 1)
     sim.handle(WorkerDeathReport(report, sim.now))
     assert not sim.state.serving_deaths
 
@@ -206,7 +214,7 @@ def test_a_report_that_comes_first_decides_at_once(sim: SimulatedCluster) -> Non
     sim.submit("big", resources="MEM=1")
     holder = compute_big(sim, 0)
     serve(sim, "relayed gather", holder, 0)
-    report = m.WorkerDied("h0", 100, "was killed by SIGKILL - likely out of memory", 1)
+    report = WorkerDied("h0", 100, "was killed by SIGKILL - likely out of memory", 1)
     sim.handle(WorkerDeathReport(report, sim.now))  # the supervisor was quicker
     sim.remove_worker(holder)
     assert [d.worker for d in sim.state.serving_deaths["big"]] == ["h0"]
@@ -220,12 +228,12 @@ def test_a_late_verdict_fails_a_result_computed_again_meanwhile(sim: SimulatedCl
     holder = serve_from(sim, 2)
     sim.remove_worker(holder)  # the third death; its report comes later
     again = compute_big(sim, 3)
-    report = m.WorkerDied("h2", 102, "was killed by SIGKILL - likely out of memory", 1)
+    report = WorkerDied("h2", 102, "was killed by SIGKILL - likely out of memory", 1)
     sim.handle(WorkerDeathReport(report, sim.now))
     assert failures(sim)["big"].kind == "memory"
     assert sim.state.tasks["big"].state == ERRED
     assert not sim.state.workers[again].has_what  # its copy is dropped
-    freed = [k for x in sim.to_workers[again] if isinstance(x, m.FreeKeys) for k in x.keys]
+    freed = [k for x in sim.to_workers[again] if isinstance(x, FreeKeys) for k in x.keys]
     assert "big" in freed
 
 
@@ -234,10 +242,10 @@ def test_a_direct_gather_mark_ends_when_the_result_leaves_memory(sim: SimulatedC
     sim.submit("big")
     sim.place()
     sim.finish("big", nbytes=BIG)
-    sim.client_says("c1", m.GatherRequest(1, ["big"], direct_from=MiB))
+    sim.client_says("c1", GatherRequest(1, ["big"], direct_from=MiB))
     assert sim.state.served_directly == {"big"}
-    sim.client_says("c1", m.GatherRequest(2, ["big"], direct_from=BIG + 1))  # relayed: no mark
-    sim.client_says("c1", m.ReleaseKeys(["big"]))
+    sim.client_says("c1", GatherRequest(2, ["big"], direct_from=BIG + 1))  # relayed: no mark
+    sim.client_says("c1", ReleaseKeys(["big"]))
     assert not sim.state.served_directly and "big" not in sim.state.tasks
     assert sim.state.workers[w].has_what == set()
 
@@ -260,7 +268,7 @@ def test_a_poison_task_whose_workers_all_ran_out_of_memory_says_what_to_do(
             if memory
             else "exited with status 1"
         )
-        sim.handle(WorkerDeathReport(m.WorkerDied(f"r{i}", 200 + i, how, int(memory)), sim.now))
+        sim.handle(WorkerDeathReport(WorkerDied(f"r{i}", 200 + i, how, int(memory)), sim.now))
     failed = failures(sim)["hog"]
     assert failed.kind == "crashed"  # still Dask's KilledWorker: the task ran when they died
     assert "'hog' was running on 3 workers that died" in failed.message

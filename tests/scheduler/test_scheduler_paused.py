@@ -8,7 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from apportion.protocol import messages as m
+from apportion.protocol.cluster import WhyReply, WhyRequest
+from apportion.protocol.worker import Heartbeat, WorkerClosing
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import QUEUED
 from apportion.scheduler.state import SchedulerConfig
@@ -27,16 +28,16 @@ def sim() -> Iterator[RecordingCluster]:
 
 
 def pause(sim: RecordingCluster, worker: str, spilled: int = 0) -> None:
-    sim.worker_says(worker, m.Heartbeat(0, 900, spilled, 1))
+    sim.worker_says(worker, Heartbeat(0, 900, spilled, 1))
 
 
 def resume(sim: RecordingCluster, worker: str) -> None:
-    sim.worker_says(worker, m.Heartbeat(0, 500, 0, 0))
+    sim.worker_says(worker, Heartbeat(0, 500, 0, 0))
 
 
 def why(sim: RecordingCluster, key: str) -> str:
-    sim.client_says("c1", m.WhyRequest(1, [key]))
-    return sim.got(m.WhyReply)[-1].reasons[key]
+    sim.client_says("c1", WhyRequest(1, [key]))
+    return sim.got(WhyReply)[-1].reasons[key]
 
 
 def test_a_paused_worker_gets_no_new_task_until_it_resumes(sim: RecordingCluster) -> None:
@@ -81,6 +82,6 @@ def test_the_snapshot_shows_paused_and_spilled(sim: RecordingCluster) -> None:
     (info,) = sim.state.snapshot()["workers"].values()
     assert info["status"] == "paused" and info["spilled_bytes"] == 12345
     assert info["memory"] == 900
-    sim.worker_says(w, m.WorkerClosing("closed"))
+    sim.worker_says(w, WorkerClosing("closed"))
     (info,) = sim.state.snapshot()["workers"].values()
     assert info["status"] == "closing"

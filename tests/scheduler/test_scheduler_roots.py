@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from apportion.protocol import messages as m
+from apportion.protocol.tasks import SubmitTasks, TaskSpec
 from apportion.scheduler.explain import explain
 from apportion.scheduler.invariants import check_invariants
 from apportion.testing import SimulatedCluster
@@ -37,10 +37,10 @@ def _reduction(sim: SimulatedCluster, n: int, fan_in: int = 2) -> None:
     specs, sums = [], []
     for first in range(0, n, fan_in):
         group = [f"make-{i}" for i in range(first, min(n, first + fan_in))]
-        specs += [m.TaskSpec(key, "f", b"", [], {}, 0, 0) for key in group]
+        specs += [TaskSpec(key, "f", b"", [], {}, 0, 0) for key in group]
         sums.append(f"sum-{first // fan_in}")
-        specs.append(m.TaskSpec(sums[-1], "f", b"", group, {}, 0, 0))
-    sim.client_says("c1", m.SubmitTasks(specs, {"f": b"func"}, sums))
+        specs.append(TaskSpec(sums[-1], "f", b"", group, {}, 0, 0))
+    sim.client_says("c1", SubmitTasks(specs, {"f": b"func"}, sums))
 
 
 def test_roots_fill_threads_and_a_tenth_more_not_the_pipeline(sim: SimulatedCluster) -> None:

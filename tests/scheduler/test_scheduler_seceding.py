@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from apportion.protocol import messages as m
+from apportion.protocol.tasks import CancelKeys
+from apportion.protocol.worker import RejoinGranted, TaskRejoining, TaskSeceded
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import ERRED, MEMORY, QUEUED
 from apportion.testing import SimulatedCluster
@@ -28,8 +29,8 @@ def sim() -> Iterator[SimulatedCluster]:
 def grants(sim: SimulatedCluster, worker: str) -> list[str]:
     """Keys the scheduler told ``worker`` to run on, taken from its inbox."""
     inbox = sim.to_workers.get(worker, [])
-    granted = [k for msg in inbox if isinstance(msg, m.RejoinGranted) for k in msg.keys]
-    sim.to_workers[worker] = [msg for msg in inbox if not isinstance(msg, m.RejoinGranted)]
+    granted = [k for msg in inbox if isinstance(msg, RejoinGranted) for k in msg.keys]
+    sim.to_workers[worker] = [msg for msg in inbox if not isinstance(msg, RejoinGranted)]
     return granted
 
 
@@ -45,9 +46,9 @@ def test_a_seceded_task_gives_its_gpu_to_its_subtask_and_takes_it_back(
     sim.place()
     sim.submit("child", resources={"GPU": 1})
     assert sim.place() == []  # the parent holds the only GPU and thread
-    sim.worker_says(w, m.TaskSeceded("parent", False))
+    sim.worker_says(w, TaskSeceded("parent", False))
     assert sim.place() == [(w, "child")]
-    sim.worker_says(w, m.TaskRejoining("parent"))
+    sim.worker_says(w, TaskRejoining("parent"))
     sim.place()
     assert grants(sim, w) == []  # the child holds the GPU now
     sim.finish("child")
@@ -69,9 +70,9 @@ def test_a_task_that_keeps_its_resources_frees_only_its_thread(sim: SimulatedClu
     sim.place()
     sim.submit("gpu-child", resources={"GPU": 1})
     sim.submit("plain-child")
-    sim.worker_says(w, m.TaskSeceded("owner", True))
+    sim.worker_says(w, TaskSeceded("owner", True))
     assert sim.place() == [(w, "plain-child")]
-    sim.worker_says(w, m.TaskRejoining("owner"))
+    sim.worker_says(w, TaskRejoining("owner"))
     sim.place()
     assert grants(sim, w) == []  # it never gave anything back: nothing to grant
     assert "rejoined on w1" in causes(sim, "owner")
@@ -82,10 +83,10 @@ def test_a_rejoining_task_is_not_overtaken_by_new_work(sim: SimulatedCluster) ->
     w = sim.add_worker(nthreads=2, resources="GPU=1")
     sim.submit("parent", resources={"GPU": 1})
     sim.place()
-    sim.worker_says(w, m.TaskSeceded("parent", False))
+    sim.worker_says(w, TaskSeceded("parent", False))
     sim.submit("child", resources={"GPU": 1})
     sim.place()
-    sim.worker_says(w, m.TaskRejoining("parent"))
+    sim.worker_says(w, TaskRejoining("parent"))
     sim.submit("newcomer", resources={"GPU": 1}, priority=10)
     sim.place()
     sim.finish("child")
@@ -100,12 +101,12 @@ def test_rejoining_waits_for_the_very_units_it_held(sim: SimulatedCluster) -> No
     sim.submit("parent", resources={"gpu": 1})
     sim.place()
     assert sim.running[w]["parent"].allocation.units == {"gpu": ["0"]}
-    sim.worker_says(w, m.TaskSeceded("parent", False))
+    sim.worker_says(w, TaskSeceded("parent", False))
     sim.submit("on-0", resources={"gpu": 1})
     sim.submit("on-1", resources={"gpu": 1})
     sim.place()
     assert sim.running[w]["on-0"].allocation.units == {"gpu": ["0"]}
-    sim.worker_says(w, m.TaskRejoining("parent"))
+    sim.worker_says(w, TaskRejoining("parent"))
     sim.finish("on-1")
     sim.place()
     assert grants(sim, w) == []  # unit 1 is free, but its state is on unit 0
@@ -121,10 +122,10 @@ def test_a_task_that_gave_nothing_back_rejoins_at_once_and_may_exceed_the_thread
     w = sim.add_worker(nthreads=1, resources="GPU=3")
     sim.submit("a", resources={"GPU": 1})
     sim.place()
-    sim.worker_says(w, m.TaskSeceded("a", True))
+    sim.worker_says(w, TaskSeceded("a", True))
     sim.submit("b", resources={"GPU": 1})
     assert sim.place() == [(w, "b")]
-    sim.worker_says(w, m.TaskRejoining("a"))
+    sim.worker_says(w, TaskRejoining("a"))
     assert grants(sim, w) == []
     worker = sim.state.workers[w]
     assert worker.running() == 2 > worker.nthreads  # briefly over, as Dask allows
@@ -140,11 +141,11 @@ def test_a_task_may_end_seceded_and_gives_nothing_back_twice(sim: SimulatedClust
     sim.submit("a", resources={"GPU": 1})
     sim.submit("b", resources={"GPU": 1})
     sim.place()
-    sim.worker_says(w, m.TaskSeceded("a", False))
+    sim.worker_says(w, TaskSeceded("a", False))
     sim.place()
     sim.finish("a")  # it never rejoined
-    sim.worker_says(w, m.TaskSeceded("b", False))
-    sim.worker_says(w, m.TaskRejoining("b"))
+    sim.worker_says(w, TaskSeceded("b", False))
+    sim.worker_says(w, TaskRejoining("b"))
     sim.finish("b")  # finished while waiting for its grant
     sim.place()
     assert grants(sim, w) == []
@@ -156,10 +157,10 @@ def test_seceded_tasks_of_a_lost_worker_run_again_elsewhere(sim: SimulatedCluste
     w1 = sim.add_worker(nthreads=1, resources="GPU=1")
     sim.submit("a", resources={"GPU": 1})
     sim.place()
-    sim.worker_says(w1, m.TaskSeceded("a", False))
+    sim.worker_says(w1, TaskSeceded("a", False))
     sim.submit("b", resources={"GPU": 1})
     sim.place()
-    sim.worker_says(w1, m.TaskRejoining("a"))
+    sim.worker_says(w1, TaskRejoining("a"))
     sim.remove_worker(w1)
     w2 = sim.add_worker(nthreads=2, resources="GPU=2")
     assert sorted(sim.place()) == [(w2, "a"), (w2, "b")]
@@ -169,9 +170,9 @@ def test_stale_reports_change_nothing(sim: SimulatedCluster) -> None:
     w = sim.add_worker(nthreads=1, resources="GPU=1")
     sim.submit("a", resources={"GPU": 1})
     sim.place()
-    sim.worker_says(w, m.TaskRejoining("a"))  # never seceded
-    sim.worker_says(w, m.TaskSeceded("nobody", False))
-    sim.worker_says(w, m.TaskSeceded("a", False), m.TaskSeceded("a", True))  # once counts
+    sim.worker_says(w, TaskRejoining("a"))  # never seceded
+    sim.worker_says(w, TaskSeceded("nobody", False))
+    sim.worker_says(w, TaskSeceded("a", False), TaskSeceded("a", True))  # once counts
     assert sim.state.workers[w].seceded == {"a": True}
     assert sim.state.workers[w].ledger.free == {"GPU": 10_000}
 
@@ -182,9 +183,9 @@ def test_a_cancelled_seceded_task_still_gets_its_units_back_until_it_reports(
     w = sim.add_worker(nthreads=1, resources="GPU=1")
     sim.submit("a", resources={"GPU": 1})
     sim.place()
-    sim.worker_says(w, m.TaskSeceded("a", False))
-    sim.client_says("c1", m.CancelKeys(["a"]))
-    sim.worker_says(w, m.TaskRejoining("a"))
+    sim.worker_says(w, TaskSeceded("a", False))
+    sim.client_says("c1", CancelKeys(["a"]))
+    sim.worker_says(w, TaskRejoining("a"))
     sim.place()
     assert grants(sim, w) == ["a"]  # its code runs on until the worker reports it
     sim.finish("a")
@@ -240,14 +241,14 @@ class SecedingMachine(RuleBasedStateMachine):
         running = sorted(k for k in self.sim.all_running() if k not in self._seceded())
         if running:
             key = data.draw(st.sampled_from(running))
-            self.sim.worker_says(self.sim.worker_of(key), m.TaskSeceded(key, keep))
+            self.sim.worker_says(self.sim.worker_of(key), TaskSeceded(key, keep))
 
     @rule(data=st.data())
     def rejoin(self, data: st.DataObject) -> None:
         seceded = sorted(self._seceded())
         if seceded:
             key = data.draw(st.sampled_from(seceded))  # again while waiting, sometimes
-            self.sim.worker_says(self.sim.worker_of(key), m.TaskRejoining(key))
+            self.sim.worker_says(self.sim.worker_of(key), TaskRejoining(key))
 
     @precondition(lambda self: self.sim.all_running())
     @rule(data=st.data(), ok=st.booleans())
@@ -262,7 +263,7 @@ class SecedingMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def cancel(self, data: st.DataObject) -> None:
         key = f"t{data.draw(st.integers(1, self.n))}"
-        self.sim.client_says("c1", m.CancelKeys([key]))
+        self.sim.client_says("c1", CancelKeys([key]))
 
     @precondition(lambda self: len(self.sim.running) > 1)
     @rule(data=st.data(), supply=st.sampled_from(SUPPLIES))

@@ -19,13 +19,15 @@ from apportion.net.handshake import HandshakeError, accept_connection, open_conn
 from apportion.net.security import Security
 from apportion.net.stream import OnConnect, Stream
 from apportion.net.transport import TCP
-from apportion.protocol import messages as m
+from apportion.protocol.base import PROTOCOL_VERSION, Message
 from apportion.protocol.codec import HEADER, MAX_HANDSHAKE_FRAME, decode_frame, encode_frame
+from apportion.protocol.handshake import Hello, Refused, Welcome
+from apportion.protocol.tasks import KeysDone
 
 SECURITY = Security.in_memory()
 
 
-def frame(*messages: m.Message) -> bytes:
+def frame(*messages: Message) -> bytes:
     """One frame as the bytes on the wire."""
     return b"".join(encode_frame(list(messages)))
 
@@ -66,7 +68,7 @@ def still_works(address: str) -> None:
     [
         b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
         HEADER.pack(5, 0) + b"\xc1\xc1\xc1\xc1\xc1",  # msgpack's never-used byte
-        frame(m.KeysDone(["x"])),  # a valid frame that is not a Hello
+        frame(KeysDone(["x"])),  # a valid frame that is not a Hello
         HEADER.pack(MAX_HANDSHAKE_FRAME + 1, 0),  # a huge frame before authentication
         HEADER.pack(10, 2) + struct.pack("!QQ", 2**40, 2**40),  # huge buffers, likewise
     ],
@@ -83,7 +85,7 @@ def test_garbage_after_the_handshake_closes_only_that_connection(
     cluster: tuple[Scheduler, Worker],
 ) -> None:
     scheduler, _ = cluster
-    hello = frame(m.Hello(m.PROTOCOL_VERSION, "client", "rogue"))
+    hello = frame(Hello(PROTOCOL_VERSION, "client", "rogue"))
     raw_exchange(scheduler.address, hello + HEADER.pack(3, 0) + b"\x93\x01\x02")
     still_works(scheduler.address)
 
@@ -92,10 +94,10 @@ def test_version_mismatch_is_refused_naming_both_versions(
     cluster: tuple[Scheduler, Worker],
 ) -> None:
     scheduler, _ = cluster
-    reply = raw_exchange(scheduler.address, frame(m.Hello(99, "client", "future")))
+    reply = raw_exchange(scheduler.address, frame(Hello(99, "client", "future")))
     (refused,) = decode_frame(reply)
-    assert isinstance(refused, m.Refused)
-    assert f"version {m.PROTOCOL_VERSION}" in refused.reason and "version 99" in refused.reason
+    assert isinstance(refused, Refused)
+    assert f"version {PROTOCOL_VERSION}" in refused.reason and "version 99" in refused.reason
     still_works(scheduler.address)
 
 
@@ -119,11 +121,11 @@ def test_client_refuses_a_server_speaking_another_version() -> None:
     async def serve(stream: Stream) -> None:
         conn = Connection(stream)
         await conn.recv()
-        conn.send(m.Welcome(99, "x", {}))
+        conn.send(Welcome(99, "x", {}))
         await conn.close()
 
     message = _handshake_error(serve, "client")
-    assert f"version {m.PROTOCOL_VERSION}" in message and "version 99" in message
+    assert f"version {PROTOCOL_VERSION}" in message and "version 99" in message
 
 
 def test_unknown_role_is_refused() -> None:
@@ -137,7 +139,7 @@ def test_unknown_role_is_refused() -> None:
 
 def test_msgpack_of_a_hello_is_what_the_handshake_reads() -> None:
     # The handshake frame is tiny and plain: [[tag, version, role, name]].
-    (head,) = encode_frame([m.Hello(m.PROTOCOL_VERSION, "client", "c")])
+    (head,) = encode_frame([Hello(PROTOCOL_VERSION, "client", "c")])
     assert HEADER.unpack(head[: HEADER.size]) == (len(head) - HEADER.size, 0)
     body = msgpack.unpackb(head[HEADER.size :])
-    assert body == [[m.Hello.TAG, m.PROTOCOL_VERSION, "client", "c"]]
+    assert body == [[Hello.TAG, PROTOCOL_VERSION, "client", "c"]]

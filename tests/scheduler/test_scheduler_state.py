@@ -14,7 +14,44 @@ from typing import TypeVar
 import pytest
 
 from apportion.core.resources import ResourceSpec, parse_demand
-from apportion.protocol import messages as m
+from apportion.protocol.base import Message
+from apportion.protocol.cluster import (
+    InfoReply,
+    InfoRequest,
+    StoryReply,
+    StoryRequest,
+    WhyReply,
+    WhyRequest,
+)
+from apportion.protocol.peer_data import DataReply, DataStored, GetData, PutData
+from apportion.protocol.services import Unserved
+from apportion.protocol.tasks import (
+    CancelKeys,
+    GatherReply,
+    GatherRequest,
+    KeysFailed,
+    KeysPending,
+    Notice,
+    ReleaseKeys,
+    ScatterReply,
+    ScatterRequest,
+    SubmitTasks,
+    TaskErred,
+    TaskSpec,
+    WhoHasReply,
+    WhoHasRequest,
+)
+from apportion.protocol.worker import (
+    ComputeTask,
+    CopiesKept,
+    DropPrefetch,
+    FreeKeys,
+    MissingDependency,
+    Prefetch,
+    TaskFinished,
+    TasksDropped,
+    WorkerClosing,
+)
 from apportion.scheduler.core import PREFETCH_FROM
 from apportion.scheduler.events import FromWorker, PipeEnded
 from apportion.scheduler.invariants import check_invariants
@@ -32,7 +69,7 @@ from apportion.scheduler.state import SchedulerConfig
 from apportion.scheduler.unsatisfiable import check_demand
 from apportion.testing import Interval, RecordingCluster, UnexpectedMessages
 
-M = TypeVar("M", bound=m.Message)
+M = TypeVar("M", bound=Message)
 
 
 @pytest.fixture
@@ -439,7 +476,7 @@ def test_chain_runs_in_order_and_releases_intermediates(sim: RecordingCluster) -
     assert sim.state_of("b") == QUEUED
     assert sim.state_of("c") == WAITING
     assert sim.place() == [(w, "b")]
-    compute_b = sim.worker_got(w, m.ComputeTask)[-1]
+    compute_b = sim.worker_got(w, ComputeTask)[-1]
     assert compute_b.who_has == {"a": [f"sim://{w}"]}
     assert "a" not in sim.freed(w)
     sim.finish("b")
@@ -454,7 +491,7 @@ def test_chain_runs_in_order_and_releases_intermediates(sim: RecordingCluster) -
         "b": RELEASED,
         "c": MEMORY,
     }
-    sim.client_says("c1", m.ReleaseKeys(["c"]))  # the whole lineage goes with it
+    sim.client_says("c1", ReleaseKeys(["c"]))  # the whole lineage goes with it
     assert sim.freed(w) == ["a", "b", "c"]
     assert sim.state.tasks == {}
     assert sim.state.functions == {}
@@ -484,7 +521,7 @@ def test_diamond_keeps_shared_input_until_both_dependents_finish(sim: RecordingC
     sim.place()
     sim.finish("d")
     assert sorted(sim.freed(w)) == ["a", "b", "c"]
-    sim.client_says("c1", m.ReleaseKeys(["d"]))
+    sim.client_says("c1", ReleaseKeys(["d"]))
     assert sim.state.tasks == {}
     assert sim.done() == ["d"]
     assert sorted(sim.freed(w)) == ["a", "b", "c", "d"]
@@ -498,7 +535,7 @@ def test_result_wanted_by_a_client_is_kept_after_dependents_finish(
     sim.run({})
     assert sorted(sim.done()) == ["a", "b"]
     assert sim.freed(w) == []
-    sim.client_says("c1", m.ReleaseKeys(["a"]))
+    sim.client_says("c1", ReleaseKeys(["a"]))
     assert sim.freed(w) == ["a"]
     assert set(sim.state.tasks) == {"a", "b"} and sim.state_of("a") == RELEASED
 
@@ -510,7 +547,7 @@ def test_two_clients_share_a_result_until_both_release(sim: RecordingCluster) ->
     sim.submit("x", client="c2")
     sim.run({})
     assert sim.done("c1") == ["x"] and sim.done("c2") == ["x"]
-    sim.client_says("c1", m.ReleaseKeys(["x"]))
+    sim.client_says("c1", ReleaseKeys(["x"]))
     assert sim.state_of("x") == MEMORY
     sim.remove_client("c2")
     assert sim.state.tasks == {}
@@ -528,13 +565,13 @@ def test_dependent_on_finished_result_is_queued_at_once(sim: RecordingCluster) -
 
 def test_dependent_on_unknown_key_fails_as_lost(sim: RecordingCluster) -> None:
     sim.submit("b", deps=["nope"])
-    (failed,) = sim.got(m.KeysFailed)
+    (failed,) = sim.got(KeysFailed)
     assert failed.keys == ["b"] and failed.kind == "lost" and "'nope'" in failed.message
 
 
 def test_release_of_a_queued_task_forgets_it(sim: RecordingCluster) -> None:
     sim.submit("x", resources="GPU=1")
-    sim.client_says("c1", m.ReleaseKeys(["x"]))
+    sim.client_says("c1", ReleaseKeys(["x"]))
     assert sim.state.tasks == {}
     assert sim.state.story("x")[-1][2:4] == (QUEUED, FORGOTTEN)
     w = sim.add_worker(resources="GPU=1")
@@ -546,7 +583,7 @@ def test_release_of_a_running_task_frees_resources_on_report(sim: RecordingClust
     w = sim.add_worker(resources="GPU=1")
     sim.submit("x", resources="GPU=1")
     sim.place()
-    sim.client_says("c1", m.ReleaseKeys(["x"]))
+    sim.client_says("c1", ReleaseKeys(["x"]))
     assert sim.freed(w) == ["x"]
     assert sim.state_of("x") == PROCESSING
     assert sim.free(w) == {"GPU": 0.0}
@@ -558,7 +595,7 @@ def test_release_of_a_running_task_frees_resources_on_report(sim: RecordingClust
 
 def test_release_waiting_chain_forgets_all(sim: RecordingCluster) -> None:
     sim.submit_graph({"a": ([], None), "b": (["a"], None)}, wanted=["b"])
-    sim.client_says("c1", m.ReleaseKeys(["b"]))
+    sim.client_says("c1", ReleaseKeys(["b"]))
     assert sim.state.tasks == {}
 
 
@@ -570,14 +607,14 @@ def test_raised_task_errs_for_client_and_its_dependents(sim: RecordingCluster) -
     sim.submit_graph({"a": ([], None), "b": (["a"], None), "c": (["b"], None)}, wanted=["a", "c"])
     sim.place()
     sim.raise_("a", exception=b"boom", traceback=b"tb")
-    erred = sim.got(m.TaskErred)
+    erred = sim.got(TaskErred)
     assert sorted(e.key for e in erred) == ["a", "c"]
     assert all(e.exception == b"boom" and e.traceback == b"tb" for e in erred)
     assert sim.state_of("a") == sim.state_of("c") == ERRED
     # Nobody wants it, but it is kept, failed, while "c" may be retried through it.
     assert sim.state_of("b") == ERRED and not sim.state.tasks["b"].needed()
     assert sim.place() == []
-    sim.client_says("c1", m.ReleaseKeys(["a", "c"]))
+    sim.client_says("c1", ReleaseKeys(["a", "c"]))
     assert sim.state.tasks == {}
 
 
@@ -587,7 +624,7 @@ def test_submitting_onto_an_erred_input_fails_at_once(sim: RecordingCluster) -> 
     sim.place()
     sim.raise_("a", exception=b"boom")
     sim.submit("b", deps=["a"])
-    assert [e.key for e in sim.got(m.TaskErred)] == ["a", "b"]
+    assert [e.key for e in sim.got(TaskErred)] == ["a", "b"]
     assert sim.state_of("b") == ERRED
 
 
@@ -598,12 +635,12 @@ def test_retries_requeue_then_fail(sim: RecordingCluster) -> None:
         assert sim.place() == [(w, "x")]
         sim.raise_("x")
         assert sim.state_of("x") == QUEUED
-        assert sim.got(m.TaskErred) == []
+        assert sim.got(TaskErred) == []
         assert sim.free(w) == {"GPU": 1.0}
     assert sim.place() == [(w, "x")]
     sim.raise_("x")
     assert sim.state_of("x") == ERRED
-    assert [e.key for e in sim.got(m.TaskErred)] == ["x"]
+    assert [e.key for e in sim.got(TaskErred)] == ["x"]
     assert sim.place() == []
     causes = [row[4] for row in sim.state.story("x")]
     assert sum("retrying" in c for c in causes) == 2
@@ -611,8 +648,8 @@ def test_retries_requeue_then_fail(sim: RecordingCluster) -> None:
 
 def test_cancel_queued_task(sim: RecordingCluster) -> None:
     sim.submit_graph({"a": ([], "GPU=1"), "b": (["a"], None)}, wanted=["a", "b"])
-    sim.client_says("c1", m.CancelKeys(["a"]))
-    failed = sim.got(m.KeysFailed)
+    sim.client_says("c1", CancelKeys(["a"]))
+    failed = sim.got(KeysFailed)
     assert sorted(k for f in failed for k in f.keys) == ["a", "b"]
     assert {f.kind for f in failed} == {"cancelled"}
     assert sim.state_of("a") == ERRED
@@ -626,8 +663,8 @@ def test_cancel_running_task_returns_resources_only_on_report(sim: RecordingClus
     sim.submit("x", resources="GPU=1")
     sim.submit("y", resources="GPU=1")
     sim.place()
-    sim.client_says("c1", m.CancelKeys(["x"]))
-    (failed,) = sim.got(m.KeysFailed)
+    sim.client_says("c1", CancelKeys(["x"]))
+    (failed,) = sim.got(KeysFailed)
     assert failed.keys == ["x"] and failed.kind == "cancelled"
     assert sim.freed(w) == ["x"]  # the worker is told to stop / drop it
     assert sim.free(w) == {"GPU": 0.0}
@@ -638,7 +675,7 @@ def test_cancel_running_task_returns_resources_only_on_report(sim: RecordingClus
     assert sim.state_of("x") == ERRED
     assert sim.done() == []
     assert sim.place() == [(w, "y")]
-    sim.client_says("c1", m.ReleaseKeys(["x"]))
+    sim.client_says("c1", ReleaseKeys(["x"]))
     assert "x" not in sim.state.tasks
 
 
@@ -647,22 +684,22 @@ def test_task_dropped_before_it_started_returns_its_resources(sim: RecordingClus
     sim.submit("x", resources="GPU=1")
     sim.submit("y", resources="GPU=1")
     sim.place()
-    sim.client_says("c1", m.CancelKeys(["x"]))
+    sim.client_says("c1", CancelKeys(["x"]))
     assert sim.freed(w) == ["x"]
     # The worker had not started x: it drops it and says so instead of reporting a run.
     del sim.running[w]["x"]
-    sim.handle(FromWorker(w, [m.TasksDropped(["x"])], sim.now))
+    sim.handle(FromWorker(w, [TasksDropped(["x"])], sim.now))
     assert sim.free(w) == {"GPU": 1.0}
     assert sim.state_of("x") == ERRED
     assert sim.place() == [(w, "y")]
-    (failed,) = sim.got(m.KeysFailed)  # told at the cancel; the drop adds nothing
+    (failed,) = sim.got(KeysFailed)  # told at the cancel; the drop adds nothing
     assert failed.keys == ["x"] and failed.kind == "cancelled"
 
 
 def test_closing_worker_is_logged_as_a_departure_not_a_loss(sim: RecordingCluster) -> None:
     w1 = sim.add_worker("leaver")
     w2 = sim.add_worker("crasher")
-    sim.handle(FromWorker(w1, [m.WorkerClosing("SIGTERM")], sim.now))
+    sim.handle(FromWorker(w1, [WorkerClosing("SIGTERM")], sim.now))
     sim.remove_worker(w1)
     sim.remove_worker(w2)
     texts = [
@@ -676,9 +713,9 @@ def test_cancel_finished_task_is_a_no_op(sim: RecordingCluster) -> None:
     sim.add_worker()
     sim.submit("x")
     sim.run({})
-    sim.client_says("c1", m.CancelKeys(["x", "unknown"]))
+    sim.client_says("c1", CancelKeys(["x", "unknown"]))
     assert sim.state_of("x") == MEMORY
-    assert sim.got(m.KeysFailed) == []
+    assert sim.got(KeysFailed) == []
     assert sorted(sim.done()) == ["x"]  # each reported once
 
 
@@ -702,7 +739,7 @@ def test_lost_worker_running_tasks_finish_elsewhere(sim: RecordingCluster) -> No
 def test_lost_results_are_recomputed_when_needed(sim: RecordingCluster) -> None:
     w1 = sim.add_worker("w1", nthreads=2)
     sim.submit_graph({"a": ([], None), "b": (["a"], "GPU=1")}, wanted=["b"])
-    (notice,) = sim.got(m.Notice)  # no GPU worker yet: the client is warned about b
+    (notice,) = sim.got(Notice)  # no GPU worker yet: the client is warned about b
     assert "no worker offers GPU" in notice.text
     sim.place()
     sim.finish("a")
@@ -724,13 +761,13 @@ def test_lost_result_whose_input_was_released_is_recomputed_from_its_lineage(
     w1 = sim.add_worker("w1")
     sim.submit_graph({"a": ([], None), "b": (["a"], None)}, wanted=["a", "b"])
     sim.run({})
-    sim.client_says("c1", m.ReleaseKeys(["a"]))
+    sim.client_says("c1", ReleaseKeys(["a"]))
     assert sim.state_of("a") == RELEASED  # nobody wants it; b was computed from it
     assert sim.freed(w1) == ["a"]
     w2 = sim.add_worker("w2")
     sim.remove_worker(w1)
-    assert not sim.got(m.KeysFailed)
-    assert sim.got(m.KeysPending) == [m.KeysPending(["b"])]  # a is wanted by nobody
+    assert not sim.got(KeysFailed)
+    assert sim.got(KeysPending) == [KeysPending(["b"])]  # a is wanted by nobody
     sim.run({})
     assert sim.done() == ["a", "b", "b"] and sim.state_of("b") == MEMORY
     assert sim.state.tasks["b"].worker == w2
@@ -746,7 +783,7 @@ def test_lost_results_chain_is_recomputed_in_order(sim: RecordingCluster) -> Non
     assert sim.done() == ["a", "b", "c"]
     sim.remove_worker(w1)
     assert (sim.state_of("a"), sim.state_of("b"), sim.state_of("c")) == (QUEUED, WAITING, WAITING)
-    assert sorted(k for p in sim.got(m.KeysPending) for k in p.keys) == ["a", "b", "c"]
+    assert sorted(k for p in sim.got(KeysPending) for k in p.keys) == ["a", "b", "c"]
     w2 = sim.add_worker("w2")
     assert [iv.key for iv in sim.run({})] == ["a", "b", "c"]
     assert sorted(sim.state.workers[w2].has_what) == ["a", "b", "c"]
@@ -767,12 +804,12 @@ def test_lost_worker_with_a_reservation_and_cancelled_running_task(
     running_on_w1 = set(sim.running[w1])
     (victim,) = running_on_w1
     (survivor,) = {"x", "y"} - running_on_w1
-    sim.client_says("c1", m.CancelKeys([victim]))
+    sim.client_says("c1", CancelKeys([victim]))
     assert sim.freed(w1) == [victim]
     sim.remove_worker(w1)
     assert sim.state.tasks["big"].reserved_on is None
     assert sim.state_of(victim) == ERRED
-    (failed,) = sim.got(m.KeysFailed)  # at the cancel; the loss settles it silently
+    (failed,) = sim.got(KeysFailed)  # at the cancel; the loss settles it silently
     assert failed.keys == [victim] and failed.kind == "cancelled"
     check_invariants(sim.state)
     w3 = sim.add_worker("w3", nthreads=2, resources="GPU=2")
@@ -794,10 +831,10 @@ def test_stale_reports_from_a_lost_worker_are_ignored(sim: RecordingCluster) -> 
     sim.remove_worker(first)
     sim.place()
     # A late report from a worker that left changes nothing.
-    sim.handle(FromWorker(first, [m.TaskFinished("x", 8, 0.1, "int")], sim.now))
+    sim.handle(FromWorker(first, [TaskFinished("x", 8, 0.1, "int")], sim.now))
     assert sim.state_of("x") == PROCESSING
     # A report for a task the worker is not running makes it drop the data.
-    sim.handle(FromWorker(other, [m.TaskFinished("ghost", 8, 0.1, "int")], sim.now))
+    sim.handle(FromWorker(other, [TaskFinished("ghost", 8, 0.1, "int")], sim.now))
     assert "ghost" in sim.freed(other)
     sim.finish("x")
     assert sim.done() == ["x"]
@@ -816,21 +853,21 @@ def test_unsatisfiable_request_warns_once_and_stays_queued(sim: RecordingCluster
     warnings = [log.text for log in sim.logs if log.level == "warning"]
     assert len(warnings) == 1
     assert "GPU" in warnings[0] and "largest GPU supply is 2 on small" in warnings[0]
-    notices = sim.got(m.Notice)
+    notices = sim.got(Notice)
     assert len(notices) == 1 and notices[0].level == "warning"
     assert notices[0].text == warnings[0]
     assert sim.state_of("x") == sim.state_of("y") == QUEUED
-    assert sim.got(m.KeysFailed) == []
+    assert sim.got(KeysFailed) == []
     # Another kind of request gets its own warning.
     sim.submit("z", resources="lic=1")
     assert "no worker offers lic" in sim.logs[-1].text
-    on_lic = m.Notice("warning", sim.logs[-1].text)
-    assert sim.got(m.Notice) == [*notices, on_lic]
+    on_lic = Notice("warning", sim.logs[-1].text)
+    assert sim.got(Notice) == [*notices, on_lic]
     # A worker that can run it arrives: the task starts.
     big = sim.add_worker("big", resources="GPU=4")
     assert sim.place() == [(big, "x")]
     # The supply changed: z, which big cannot run either, is warned about anew.
-    assert sim.got(m.Notice) == [*notices, on_lic, on_lic]
+    assert sim.got(Notice) == [*notices, on_lic, on_lic]
 
 
 def test_unsatisfiable_before_any_worker_warns_at_placement(sim: RecordingCluster) -> None:
@@ -838,10 +875,10 @@ def test_unsatisfiable_before_any_worker_warns_at_placement(sim: RecordingCluste
     assert sim.logs == []
     sim.add_worker("small", resources="GPU=2")
     sim.place()
-    assert [n.text for n in sim.got(m.Notice)] == [
+    assert [n.text for n in sim.got(Notice)] == [
         log.text for log in sim.logs if log.level == "warning"
     ]
-    assert len(sim.got(m.Notice)) == 1
+    assert len(sim.got(Notice)) == 1
     assert sim.state_of("x") == QUEUED
 
 
@@ -851,7 +888,7 @@ def test_unsatisfiable_fails_at_once_on_a_cluster_that_cannot_grow(
     sim = make_sim(SchedulerConfig(fail_unsatisfiable=True))
     sim.add_worker("small", resources="GPU=2")
     sim.submit_graph({"x": ([], "GPU=3"), "y": (["x"], None)}, wanted=["x", "y"])
-    failed = sim.got(m.KeysFailed)
+    failed = sim.got(KeysFailed)
     assert sorted(k for f in failed for k in f.keys) == ["x", "y"]
     assert {f.kind for f in failed} == {"unsatisfiable"}
     assert "largest GPU supply is 2 on small" in failed[0].message
@@ -864,10 +901,10 @@ def test_fail_unsatisfiable_applies_once_workers_exist(
 ) -> None:
     sim = make_sim(SchedulerConfig(fail_unsatisfiable=True))
     sim.submit("x", resources="GPU=3")
-    assert sim.got(m.KeysFailed) == []
+    assert sim.got(KeysFailed) == []
     sim.add_worker("small", resources="GPU=2")
     sim.place()
-    (failed,) = sim.got(m.KeysFailed)
+    (failed,) = sim.got(KeysFailed)
     assert failed.kind == "unsatisfiable"
 
 
@@ -879,7 +916,7 @@ def test_worker_loss_can_make_a_request_unsatisfiable(sim: RecordingCluster) -> 
     sim.place()
     sim.remove_worker(big)
     sim.place()
-    assert any("largest GPU supply is 1 on small" in n.text for n in sim.got(m.Notice))
+    assert any("largest GPU supply is 1 on small" in n.text for n in sim.got(Notice))
 
 
 @pytest.mark.parametrize("name", ["gpu", "GUP"])
@@ -888,7 +925,7 @@ def test_a_misspelt_resource_fails_at_submission_saying_what_was_meant(
 ) -> None:
     sim.add_worker("gpus", resources="GPU=2 MEMORY=16GiB")
     sim.submit_graph({"x": ([], f"{name}=1"), "y": (["x"], None)}, wanted=["x", "y"])
-    failed = sim.got(m.KeysFailed)
+    failed = sim.got(KeysFailed)
     assert sorted(k for f in failed for k in f.keys) == ["x", "y"]
     assert {f.kind for f in failed} == {"misnamed"}
     text = failed[0].message
@@ -896,17 +933,17 @@ def test_a_misspelt_resource_fails_at_submission_saying_what_was_meant(
     assert f"did you mean GPU (not {name})?" in text
     assert "the workers offer GPU=2 on gpus, MEMORY=16 GiB on gpus" in text
     assert sim.state_of("x") == ERRED
-    assert sim.got(m.Notice) == []  # the failure says it all
+    assert sim.got(Notice) == []  # the failure says it all
 
 
 def test_a_misspelt_resource_fails_once_a_worker_says_what_it_offers(
     sim: RecordingCluster,
 ) -> None:
     sim.submit("x", resources="gpu=1")
-    assert sim.got(m.KeysFailed) == []  # no worker yet: nobody knows what is offered
+    assert sim.got(KeysFailed) == []  # no worker yet: nobody knows what is offered
     sim.add_worker("gpus", resources="GPU=2")
     sim.place()
-    (failed,) = sim.got(m.KeysFailed)
+    (failed,) = sim.got(KeysFailed)
     assert failed.kind == "misnamed" and "did you mean GPU (not gpu)?" in failed.message
 
 
@@ -915,8 +952,8 @@ def test_an_unknown_resource_that_is_no_slip_only_warns(sim: RecordingCluster) -
     sim.submit("x", resources="licence=1")
     sim.submit("y", resources="gpu1=1")  # another pool, maybe on a worker still to come
     sim.submit("z", resources="cpu=1")  # as likely another pool as a slip: said, no more
-    assert sim.got(m.KeysFailed) == []
-    notices = [n.text for n in sim.got(m.Notice)]
+    assert sim.got(KeysFailed) == []
+    notices = [n.text for n in sim.got(Notice)]
     assert len(notices) == 3
     assert "no worker offers cpu (did you mean GPU (not cpu)?)" in notices[2]
     assert sim.state_of("x") == sim.state_of("y") == sim.state_of("z") == QUEUED
@@ -925,10 +962,10 @@ def test_an_unknown_resource_that_is_no_slip_only_warns(sim: RecordingCluster) -
 def test_an_alternative_that_fits_is_no_slip(sim: RecordingCluster) -> None:
     w = sim.add_worker("gpus", resources="GPU=2")
     variants = [parse_demand({"gpu": 1}), parse_demand({"GPU": 1})]
-    spec = m.TaskSpec("x", "f", b"", [], variants[0], 0, 0, variants)
-    sim.client_says("c1", m.SubmitTasks([spec], {"f": b"func"}, ["x"]))
+    spec = TaskSpec("x", "f", b"", [], variants[0], 0, 0, variants)
+    sim.client_says("c1", SubmitTasks([spec], {"f": b"func"}, ["x"]))
     assert sim.place() == [(w, "x")]
-    assert sim.got(m.KeysFailed) == []
+    assert sim.got(KeysFailed) == []
 
 
 def test_check_demand_gives_each_verdict(sim: RecordingCluster) -> None:
@@ -957,8 +994,8 @@ def test_check_demand_gives_each_verdict(sim: RecordingCluster) -> None:
 
 def _why(sim: RecordingCluster, *keys: str) -> dict[str, str]:
     rid = len(sim.inbox["c1"]) + 1
-    sim.client_says("c1", m.WhyRequest(rid, list(keys)))
-    reply = sim.got(m.WhyReply)[-1]
+    sim.client_says("c1", WhyRequest(rid, list(keys)))
+    reply = sim.got(WhyReply)[-1]
     assert reply.request_id == rid
     return reply.reasons
 
@@ -968,7 +1005,7 @@ def test_explain_names_the_short_resource_busy_threads_and_reservation(
 ) -> None:
     sim.submit("x")
     assert "no workers are connected" in _why(sim, "x")["x"]
-    sim.client_says("c1", m.ReleaseKeys(["x"]))
+    sim.client_says("c1", ReleaseKeys(["x"]))
     sim.add_worker("gpus", nthreads=1, resources="GPU=2")
     sim.submit("a", resources="GPU=1")
     sim.place()
@@ -1056,7 +1093,7 @@ def test_explain_waiting_finished_failed_and_unsatisfiable(sim: RecordingCluster
     reasons = _why(sim, "b", "huge")
     assert "waiting for 1 of its 1 inputs: 'a'" in reasons["b"]
     assert "no worker offers GPU" in reasons["huge"]
-    (notice,) = sim.got(m.Notice)  # what the client was told at once says the same
+    (notice,) = sim.got(Notice)  # what the client was told at once says the same
     assert "no worker offers GPU" in notice.text
     sim.place()
     sim.finish("a")
@@ -1065,7 +1102,7 @@ def test_explain_waiting_finished_failed_and_unsatisfiable(sim: RecordingCluster
     sim.place()
     sim.raise_("b")
     assert "failed (exception)" in _why(sim, "b")["b"]
-    assert [e.key for e in sim.got(m.TaskErred)] == ["b"]
+    assert [e.key for e in sim.got(TaskErred)] == ["b"]
 
 
 def test_explain_plain_task_with_busy_threads(sim: RecordingCluster) -> None:
@@ -1083,7 +1120,7 @@ def test_story_lists_transitions_with_causes(sim: RecordingCluster) -> None:
     sim.raise_("x")
     sim.place()
     sim.finish("x")
-    sim.client_says("c1", m.ReleaseKeys(["x"]))
+    sim.client_says("c1", ReleaseKeys(["x"]))
     story = [row[2:] for row in sim.state.story("x")]
     assert story == [
         ("new", QUEUED, "submitted"),
@@ -1093,8 +1130,8 @@ def test_story_lists_transitions_with_causes(sim: RecordingCluster) -> None:
         (PROCESSING, MEMORY, "finished on w"),
         (MEMORY, FORGOTTEN, "released"),
     ]
-    sim.client_says("c1", m.StoryRequest(9, "x"))
-    (reply,) = sim.got(m.StoryReply)
+    sim.client_says("c1", StoryRequest(9, "x"))
+    (reply,) = sim.got(StoryReply)
     assert reply.request_id == 9
     assert [tuple(row[2:]) for row in reply.story] == story
     assert all(row[1] == "x" for row in reply.story)
@@ -1119,8 +1156,8 @@ def test_snapshot_shape(sim: RecordingCluster) -> None:
     assert info["free_resources"] == {"GPU": 0.5}
     assert info["processing"] == 2
     assert info["reserved_for"] is None
-    sim.client_says("c1", m.InfoRequest(3))
-    (reply,) = sim.got(m.InfoReply)
+    sim.client_says("c1", InfoRequest(3))
+    (reply,) = sim.got(InfoReply)
     assert reply.request_id == 3 and reply.info == snap
 
 
@@ -1131,13 +1168,13 @@ def test_gather_relays_through_the_worker(sim: RecordingCluster) -> None:
     w = sim.add_worker()
     sim.submit("x")
     sim.run({})
-    sim.client_says("c1", m.GatherRequest(5, ["x", "missing"]))
-    (get,) = sim.worker_got(w, m.GetData)
+    sim.client_says("c1", GatherRequest(5, ["x", "missing"]))
+    (get,) = sim.worker_got(w, GetData)
     assert get.keys == ["x"]
-    assert sim.got(m.GatherReply) == []
-    sim.handle(FromWorker(w, [m.DataReply(get.request_id, {"x": b"value"}, [], {})], sim.now))
-    (reply,) = sim.got(m.GatherReply)
-    assert reply == m.GatherReply(5, {"x": b"value"}, ["missing"], {})
+    assert sim.got(GatherReply) == []
+    sim.handle(FromWorker(w, [DataReply(get.request_id, {"x": b"value"}, [], {})], sim.now))
+    (reply,) = sim.got(GatherReply)
+    assert reply == GatherReply(5, {"x": b"value"}, ["missing"], {})
     assert sorted(sim.done()) == ["x"]  # each reported once
 
 
@@ -1154,18 +1191,16 @@ def test_gather_names_the_holders_of_large_results_and_relays_the_small(
     assert sorted(sim.done()) == ["big", "small"]
     big_on, small_on = sim.state.tasks["big"].worker, sim.state.tasks["small"].worker
     assert big_on is not None and small_on is not None
-    sim.client_says("c1", m.GatherRequest(3, ["big", "small", "gone"], 1_000_000))
-    (get,) = sim.worker_got(small_on, m.GetData)
+    sim.client_says("c1", GatherRequest(3, ["big", "small", "gone"], 1_000_000))
+    (get,) = sim.worker_got(small_on, GetData)
     assert get.keys == ["small"]  # the large value is never asked of its worker
-    sim.handle(
-        FromWorker(small_on, [m.DataReply(get.request_id, {"small": b"s"}, [], {})], sim.now)
-    )
-    (reply,) = sim.got(m.GatherReply)
+    sim.handle(FromWorker(small_on, [DataReply(get.request_id, {"small": b"s"}, [], {})], sim.now))
+    (reply,) = sim.got(GatherReply)
     holder = sim.state.workers[big_on].address
-    assert reply == m.GatherReply(3, {"small": b"s"}, ["gone"], {}, {"big": [holder]})
+    assert reply == GatherReply(3, {"small": b"s"}, ["gone"], {}, {"big": [holder]})
     # Without a threshold everything is relayed: the large value is forwarded by the
     # service from its worker, never held here, and the reply follows it.
-    sim.client_says("c1", m.GatherRequest(4, ["big"]))
+    sim.client_says("c1", GatherRequest(4, ["big"]))
     (pipe,) = sim.piped
     assert (pipe.worker_id, pipe.client_id, pipe.request_id, pipe.keys) == (
         big_on,
@@ -1173,9 +1208,9 @@ def test_gather_names_the_holders_of_large_results_and_relays_the_small(
         4,
         ["big"],
     )
-    assert pipe.address == holder and sim.got(m.GatherReply)[1:] == []
+    assert pipe.address == holder and sim.got(GatherReply)[1:] == []
     sim.handle(PipeEnded(pipe.relay_id, big_on, [], sim.now))
-    assert sim.got(m.GatherReply)[1:] == [m.GatherReply(4, {}, [], {})]
+    assert sim.got(GatherReply)[1:] == [GatherReply(4, {}, [], {})]
 
 
 def test_a_relayed_gather_answers_once_forwarded_and_small_results_are_in(
@@ -1190,24 +1225,24 @@ def test_a_relayed_gather_answers_once_forwarded_and_small_results_are_in(
     sim.finish("small", nbytes=PIPE_FROM - 1)
     sim.finish("other", nbytes=3 * PIPE_FROM)
     sim.done()
-    sim.client_says("c1", m.GatherRequest(6, ["big", "small", "other"]))
+    sim.client_says("c1", GatherRequest(6, ["big", "small", "other"]))
     small_on = sim.state.tasks["small"].worker
     assert small_on is not None
-    (get,) = sim.worker_got(small_on, m.GetData)
+    (get,) = sim.worker_got(small_on, GetData)
     assert get.keys == ["small"]
     pipes = {p.worker_id: p for p in sim.piped}
     assert sorted(k for p in pipes.values() for k in p.keys) == ["big", "other"]
-    sim.handle(FromWorker(small_on, [m.DataReply(get.request_id, {"small": b"s"}, [], {})], 1))
+    sim.handle(FromWorker(small_on, [DataReply(get.request_id, {"small": b"s"}, [], {})], 1))
     first, second = pipes.values()
     sim.handle(PipeEnded(first.relay_id, first.worker_id, [], sim.now))
-    assert sim.got(m.GatherReply) == []  # a forward still on its way
+    assert sim.got(GatherReply) == []  # a forward still on its way
     # Its worker went away mid-way: the client drops what it received of them.
     sim.handle(PipeEnded(second.relay_id, second.worker_id, second.keys, sim.now))
-    (reply,) = sim.got(m.GatherReply)
-    assert reply == m.GatherReply(6, {"small": b"s"}, second.keys, {})
+    (reply,) = sim.got(GatherReply)
+    assert reply == GatherReply(6, {"small": b"s"}, second.keys, {})
     # A late or repeated report changes nothing.
     sim.handle(PipeEnded(second.relay_id, second.worker_id, [], sim.now))
-    assert sim.got(m.GatherReply)[1:] == []
+    assert sim.got(GatherReply)[1:] == []
 
 
 def test_a_forward_for_a_client_that_left_is_forgotten(sim: RecordingCluster) -> None:
@@ -1217,11 +1252,11 @@ def test_a_forward_for_a_client_that_left_is_forgotten(sim: RecordingCluster) ->
     sim.finish("big", nbytes=2 * PIPE_FROM)
     sim.done()
     sim.add_client("c2")
-    sim.client_says("c2", m.GatherRequest(1, ["big"]))
+    sim.client_says("c2", GatherRequest(1, ["big"]))
     (pipe,) = sim.piped
     sim.remove_client("c2")
     sim.handle(PipeEnded(pipe.relay_id, w, [], sim.now))
-    assert sim.got(m.GatherReply, "c2") == [] and not sim.state.relays.gathers
+    assert sim.got(GatherReply, "c2") == [] and not sim.state.relays.gathers
 
 
 def test_gather_of_only_large_results_answers_at_once(sim: RecordingCluster) -> None:
@@ -1230,15 +1265,15 @@ def test_gather_of_only_large_results_answers_at_once(sim: RecordingCluster) -> 
     sim.place()
     sim.finish("big", nbytes=2_000_000)
     assert sim.done() == ["big"]
-    sim.client_says("c1", m.GatherRequest(9, ["big"], 1_000_000))
-    (reply,) = sim.got(m.GatherReply)
+    sim.client_says("c1", GatherRequest(9, ["big"], 1_000_000))
+    (reply,) = sim.got(GatherReply)
     assert reply.data == {} and list(reply.elsewhere) == ["big"]
 
 
 def test_gather_of_nothing_in_memory_answers_at_once(sim: RecordingCluster) -> None:
     sim.submit("x")
-    sim.client_says("c1", m.GatherRequest(1, ["x"]))
-    assert sim.got(m.GatherReply) == [m.GatherReply(1, {}, ["x"], {})]
+    sim.client_says("c1", GatherRequest(1, ["x"]))
+    assert sim.got(GatherReply) == [GatherReply(1, {}, ["x"], {})]
 
 
 def test_gather_from_a_worker_that_leaves_counts_as_missing(sim: RecordingCluster) -> None:
@@ -1246,29 +1281,29 @@ def test_gather_from_a_worker_that_leaves_counts_as_missing(sim: RecordingCluste
     sim.submit("x")
     sim.run({})
     assert sim.done() == ["x"]
-    sim.client_says("c1", m.GatherRequest(2, ["x"]))
-    (get,) = sim.worker_got(w1, m.GetData)
-    assert get.keys == ["x"] and sim.got(m.GatherReply) == []
+    sim.client_says("c1", GatherRequest(2, ["x"]))
+    (get,) = sim.worker_got(w1, GetData)
+    assert get.keys == ["x"] and sim.got(GatherReply) == []
     sim.remove_worker(w1)  # before it answered
-    (reply,) = sim.got(m.GatherReply)
-    assert reply == m.GatherReply(2, {}, ["x"], {})
-    assert sim.got(m.KeysPending) == [m.KeysPending(["x"])]  # x is to be computed again
+    (reply,) = sim.got(GatherReply)
+    assert reply == GatherReply(2, {}, ["x"], {})
+    assert sim.got(KeysPending) == [KeysPending(["x"])]  # x is to be computed again
 
 
 def test_scatter_is_parked_until_a_worker_joins(sim: RecordingCluster) -> None:
-    sim.client_says("c1", m.ScatterRequest(7, {"d": b"data"}))
-    assert sim.got(m.ScatterReply) == []
+    sim.client_says("c1", ScatterRequest(7, {"d": b"data"}))
+    assert sim.got(ScatterReply) == []
     w = sim.add_worker()
-    (put,) = sim.worker_got(w, m.PutData)
+    (put,) = sim.worker_got(w, PutData)
     assert put.data == {"d": b"data"}
-    sim.handle(FromWorker(w, [m.DataStored(put.request_id, ["d"], {"d": 4})], sim.now))
-    assert sim.got(m.ScatterReply) == [m.ScatterReply(7, ["d"])]
+    sim.handle(FromWorker(w, [DataStored(put.request_id, ["d"], {"d": 4})], sim.now))
+    assert sim.got(ScatterReply) == [ScatterReply(7, ["d"])]
     assert sim.state_of("d") == MEMORY
     # Scattered data can be used as an input and gathered back.
     sim.submit("e", deps=["d"])
     assert sim.state_of("e") == QUEUED
     sim.run({})
-    sim.client_says("c1", m.ReleaseKeys(["d", "e"]))
+    sim.client_says("c1", ReleaseKeys(["d", "e"]))
     assert sim.state.tasks == {}
     assert sorted(sim.freed(w)) == ["d", "e"]
     assert sorted(sim.done()) == ["d", "e"]  # each reported once
@@ -1276,10 +1311,10 @@ def test_scatter_is_parked_until_a_worker_joins(sim: RecordingCluster) -> None:
 
 def _scatter(sim: RecordingCluster, worker: str, key: str) -> None:
     """Client c1 scatters ``key`` and ``worker`` stores it; c1 hears it is stored and done."""
-    sim.client_says("c1", m.ScatterRequest(1, {key: b"data"}))
-    (put,) = sim.worker_got(worker, m.PutData)
-    sim.handle(FromWorker(worker, [m.DataStored(put.request_id, [key], {key: 4})], sim.now))
-    assert sim.got(m.ScatterReply) == [m.ScatterReply(1, [key])]
+    sim.client_says("c1", ScatterRequest(1, {key: b"data"}))
+    (put,) = sim.worker_got(worker, PutData)
+    sim.handle(FromWorker(worker, [DataStored(put.request_id, [key], {key: 4})], sim.now))
+    assert sim.got(ScatterReply) == [ScatterReply(1, [key])]
     assert sim.done() == [key]
 
 
@@ -1287,11 +1322,11 @@ def test_scattered_data_lost_with_its_worker_fails_as_lost(sim: RecordingCluster
     w = sim.add_worker()
     _scatter(sim, w, "d")
     sim.remove_worker(w)
-    (failed,) = sim.got(m.KeysFailed)
+    (failed,) = sim.got(KeysFailed)
     assert failed.keys == ["d"] and failed.kind == "lost" and "scattered" in failed.message
     # As for any lost result, the client first hears d is pending again; the failure
     # follows in the same breath, so it is the last word.
-    assert sim.got(m.KeysPending) == [m.KeysPending(["d"])]
+    assert sim.got(KeysPending) == [KeysPending(["d"])]
     assert sim.inbox["c1"][-1] == failed
 
 
@@ -1299,18 +1334,18 @@ def test_who_has(sim: RecordingCluster) -> None:
     w = sim.add_worker()
     sim.submit("x")
     sim.run({})
-    sim.client_says("c1", m.WhoHasRequest(4, ["x", "y"]))
-    assert sim.got(m.WhoHasReply) == [m.WhoHasReply(4, {"x": [f"sim://{w}"]})]
+    sim.client_says("c1", WhoHasRequest(4, ["x", "y"]))
+    assert sim.got(WhoHasReply) == [WhoHasReply(4, {"x": [f"sim://{w}"]})]
     assert sorted(sim.done()) == ["x"]  # each reported once
 
 
 def test_unexpected_messages_are_logged_not_fatal(sim: RecordingCluster) -> None:
     w = sim.add_worker()
-    sim.client_says("c1", m.TaskFinished("x", 1, 0.1, "int"))
-    sim.handle(FromWorker(w, [m.SubmitTasks([], {}, [])], sim.now))
+    sim.client_says("c1", TaskFinished("x", 1, 0.1, "int"))
+    sim.handle(FromWorker(w, [SubmitTasks([], {}, [])], sim.now))
     assert [log.level for log in sim.logs[-2:]] == ["warning", "warning"]
     assert "unexpected TaskFinished" in sim.logs[-2].text
-    assert sim.got(m.Unserved) == [m.Unserved("TaskFinished")]  # the client is told too
+    assert sim.got(Unserved) == [Unserved("TaskFinished")]  # the client is told too
 
 
 # --- regressions found by the stateful tests ------------------------------------------
@@ -1331,7 +1366,7 @@ def test_unsatisfiable_input_fails_a_wanted_dependent_with_the_reason(
     sim = make_sim(SchedulerConfig(fail_unsatisfiable=True))
     sim.add_worker("small", resources="GPU=2")
     sim.submit_graph({"x": ([], "GPU=3"), "y": (["x"], None)}, wanted=["y"])
-    (failed,) = sim.got(m.KeysFailed)
+    (failed,) = sim.got(KeysFailed)
     assert failed.keys == ["y"] and failed.kind == "unsatisfiable"
     assert "largest GPU supply is 2 on small" in failed.message
     assert set(sim.state.tasks) == {"y"}
@@ -1359,7 +1394,7 @@ def _gpu_task_started_on_its_input(sim: RecordingCluster) -> tuple[str, str]:
     joined; the two workers' ids."""
     w1 = sim.add_worker("w1")
     sim.submit_graph({"a": ([], None), "b": (["a"], "GPU=1")}, wanted=["b"])
-    assert len(sim.got(m.Notice)) == 1  # no GPU worker yet: the client is warned about b
+    assert len(sim.got(Notice)) == 1  # no GPU worker yet: the client is warned about b
     sim.place()
     sim.finish("a")
     w2 = sim.add_worker("w2", resources="GPU=1")
@@ -1386,24 +1421,24 @@ def test_cancelled_running_task_wanted_again_reports_at_once(sim: RecordingClust
     sim.add_client("c2")
     sim.submit("x")
     sim.place()
-    sim.client_says("c1", m.CancelKeys(["x"]))
-    assert [f.keys for f in sim.got(m.KeysFailed, "c1")] == [["x"]]
+    sim.client_says("c1", CancelKeys(["x"]))
+    assert [f.keys for f in sim.got(KeysFailed, "c1")] == [["x"]]
     assert sim.freed("w1") == ["x"]
     sim.remove_client("c1")
-    sim.client_says("c2", m.SubmitTasks([], {}, ["x"]))  # asks for it, still running
-    (failed,) = sim.got(m.KeysFailed, "c2")
+    sim.client_says("c2", SubmitTasks([], {}, ["x"]))  # asks for it, still running
+    (failed,) = sim.got(KeysFailed, "c2")
     assert failed.kind == "cancelled"
     sim.finish("x")
     assert sim.state_of("x") == ERRED
-    assert len(sim.got(m.KeysFailed, "c2")) == 1
+    assert len(sim.got(KeysFailed, "c2")) == 1
 
 
 def test_cancelled_task_submitted_again_runs_again(sim: RecordingCluster) -> None:
     w = sim.add_worker()
     sim.submit("x")
     sim.place()
-    sim.client_says("c1", m.CancelKeys(["x"]))
-    assert [f.keys for f in sim.got(m.KeysFailed)] == [["x"]]
+    sim.client_says("c1", CancelKeys(["x"]))
+    assert [f.keys for f in sim.got(KeysFailed)] == [["x"]]
     assert sim.freed(w) == ["x"]  # the cancelled run's result is to be dropped
     sim.submit("x")  # the same task again while the cancelled run is still going
     sim.finish("x")  # that run's result was discarded; the task is queued again
@@ -1411,12 +1446,12 @@ def test_cancelled_task_submitted_again_runs_again(sim: RecordingCluster) -> Non
     assert sim.place() == [(w, "x")]
     sim.finish("x")
     assert sim.state_of("x") == MEMORY and sim.done() == ["x"]
-    sim.client_says("c1", m.CancelKeys(["x"]), m.ReleaseKeys(["x"]))
+    sim.client_says("c1", CancelKeys(["x"]), ReleaseKeys(["x"]))
     assert sim.freed(w) == ["x", "x"]  # finished: the cancel is a no-op, the release frees
     sim.submit("y")
-    sim.client_says("c1", m.CancelKeys(["y"]))
+    sim.client_says("c1", CancelKeys(["y"]))
     assert sim.state_of("y") == ERRED
-    assert [(f.keys, f.kind) for f in sim.got(m.KeysFailed)] == [
+    assert [(f.keys, f.kind) for f in sim.got(KeysFailed)] == [
         (["x"], "cancelled"),
         (["y"], "cancelled"),
     ]
@@ -1428,8 +1463,8 @@ def test_cancelling_twice_reports_once(sim: RecordingCluster) -> None:
     sim.add_worker()
     sim.submit("x")
     sim.place()
-    sim.client_says("c1", m.CancelKeys(["x"]), m.CancelKeys(["x"]))
-    assert len(sim.got(m.KeysFailed)) == 1
+    sim.client_says("c1", CancelKeys(["x"]), CancelKeys(["x"]))
+    assert len(sim.got(KeysFailed)) == 1
     assert sorted(sim.freed("w1")) == ["x"]
 
 
@@ -1439,13 +1474,13 @@ def test_dependent_of_a_cancelled_running_task_fails_when_it_settles(
     sim.add_worker()
     sim.submit("x")
     sim.place()
-    sim.client_says("c1", m.CancelKeys(["x"]))
-    sim.client_says("c1", m.ReleaseKeys(["x"]))
+    sim.client_says("c1", CancelKeys(["x"]))
+    sim.client_says("c1", ReleaseKeys(["x"]))
     sim.submit("y", deps=["x"])  # x still runs, so y waits for it
     assert sim.state_of("y") == WAITING
     sim.finish("x")
     assert sim.state_of("y") == ERRED
-    assert [f.keys for f in sim.got(m.KeysFailed)] == [["x"], ["y"]]
+    assert [f.keys for f in sim.got(KeysFailed)] == [["x"], ["y"]]
     assert sim.state_of("x") == FORGOTTEN
     assert sorted(sim.freed("w1")) == ["x"]
 
@@ -1453,18 +1488,18 @@ def test_dependent_of_a_cancelled_running_task_fails_when_it_settles(
 def test_running_dependent_keeps_a_failed_input_registered(sim: RecordingCluster) -> None:
     w1 = sim.add_worker("w1", nthreads=2)
     sim.submit_graph({"a": ([], None), "b": (["a"], "GPU=1")}, wanted=["a", "b"])
-    assert len(sim.got(m.Notice)) == 1  # no GPU worker yet: the client is warned about b
+    assert len(sim.got(Notice)) == 1  # no GPU worker yet: the client is warned about b
     sim.place()
     sim.finish("a")
     w2 = sim.add_worker("w2", resources="GPU=1")
     sim.place()
     sim.remove_worker(w1)  # a is recomputed while b still runs on w2
-    assert sim.done() == ["a"] and sim.got(m.KeysPending) == [m.KeysPending(["a"])]
+    assert sim.done() == ["a"] and sim.got(KeysPending) == [KeysPending(["a"])]
     w3 = sim.add_worker("w3")
     assert sim.place() == [(w3, "a")]
     sim.raise_("a")  # b fails with it, but its worker has not reported yet
     assert sim.state_of("b") == PROCESSING
-    assert [e.key for e in sim.got(m.TaskErred)] == ["a", "b"]
+    assert [e.key for e in sim.got(TaskErred)] == ["a", "b"]
     assert sim.freed(w2) == ["b"]  # whatever b's run gives is dropped
     check_invariants(sim.state)
     sim.finish("b")
@@ -1476,7 +1511,7 @@ def _report_missing(sim: RecordingCluster, key: str, dep: str) -> None:
     """The worker running ``key`` could not fetch ``dep`` from the holder it was told of."""
     worker_id = sim.worker_of(key)
     compute = sim.running[worker_id].pop(key)
-    msg = m.MissingDependency(key, dep, compute.who_has[dep], "")
+    msg = MissingDependency(key, dep, compute.who_has[dep], "")
     sim.handle(FromWorker(worker_id, [msg], sim.now))
 
 
@@ -1498,7 +1533,7 @@ def test_missing_dependency_whose_input_was_released_is_recomputed(
 ) -> None:
     w1 = sim.add_worker("w1", nthreads=2)
     sim.submit_graph({"x": ([], None), "a": (["x"], None), "b": (["a"], "GPU=1")}, wanted=["b"])
-    assert len(sim.got(m.Notice)) == 1  # no GPU worker yet: the client is warned about b
+    assert len(sim.got(Notice)) == 1  # no GPU worker yet: the client is warned about b
     sim.run({})
     assert sim.state_of("x") == RELEASED  # a finished, so nobody needed x's data any more
     assert sim.freed(w1) == ["x"]
@@ -1509,7 +1544,7 @@ def test_missing_dependency_whose_input_was_released_is_recomputed(
     assert sim.free(w2) == {"GPU": 1.0}
     assert sim.freed(w1) == ["x", "a"]  # w1's stale a goes too
     sim.run({})
-    assert sim.done() == ["b"] and not sim.got(m.KeysFailed)
+    assert sim.done() == ["b"] and not sim.got(KeysFailed)
     assert sim.freed(w1) == ["x", "a", "x", "a"]  # each recomputed input dropped once used
 
 
@@ -1518,20 +1553,20 @@ def test_missing_dependency_of_a_cancelled_task_does_not_rerun_it(
 ) -> None:
     w1 = sim.add_worker("w1")
     sim.submit_graph({"a": ([], None), "b": (["a"], "GPU=1")}, wanted=["a", "b"])
-    assert len(sim.got(m.Notice)) == 1  # no GPU worker yet: the client is warned about b
+    assert len(sim.got(Notice)) == 1  # no GPU worker yet: the client is warned about b
     sim.place()
     sim.finish("a")
     assert sim.done() == ["a"]
     w2 = sim.add_worker("w2", resources="GPU=1")
     sim.place()
-    sim.client_says("c1", m.CancelKeys(["b"]))
+    sim.client_says("c1", CancelKeys(["b"]))
     assert sim.freed(w2) == ["b"]
     _report_missing(sim, "b", "a")
     assert sim.state_of("b") == ERRED
-    (failed,) = sim.got(m.KeysFailed)  # at the cancel only
+    (failed,) = sim.got(KeysFailed)  # at the cancel only
     assert failed.keys == ["b"] and failed.kind == "cancelled"
     # a is lost all the same: the client waits for it again, w1 drops its stale copy.
-    assert sim.got(m.KeysPending) == [m.KeysPending(["a"])]
+    assert sim.got(KeysPending) == [KeysPending(["a"])]
     assert sim.freed(w1) == ["a"]
     assert sim.place() == [(sim.worker_of("a"), "a")]  # a is still wanted: recomputed
     assert "b" not in sim.all_running()
@@ -1541,8 +1576,8 @@ def test_missing_dependency_of_a_cancelled_task_does_not_rerun_it(
 def test_resubmitting_a_cancelled_key_keeps_its_function(sim: RecordingCluster) -> None:
     w = sim.add_worker()
     sim.submit("x", resources=None)
-    sim.client_says("c1", m.CancelKeys(["x"]))
-    (failed,) = sim.got(m.KeysFailed)
+    sim.client_says("c1", CancelKeys(["x"]))
+    (failed,) = sim.got(KeysFailed)
     assert failed.keys == ["x"] and failed.kind == "cancelled"
     assert "f" in sim.state.functions  # still used by the cancelled record
     sim.submit("x")  # drops the cancelled record (its function's last user) first
@@ -1561,7 +1596,7 @@ def test_a_lost_result_is_recomputed_from_released_inputs(sim: RecordingCluster)
     assert sim.state_of("a") == sim.state_of("b") == RELEASED
     spare = sim.add_worker(nthreads=1, name="spare")
     sim.remove_worker(w)  # c's only copy is gone; a and b hold no data anywhere
-    assert sim.got(m.KeysPending) == [m.KeysPending(["c"])]
+    assert sim.got(KeysPending) == [KeysPending(["c"])]
     assert (sim.state_of("a"), sim.state_of("b"), sim.state_of("c")) == (QUEUED, WAITING, WAITING)
     for key in "abc":
         assert sim.place() == [(spare, key)]
@@ -1603,12 +1638,12 @@ def test_a_long_released_chain_is_recomputed_and_dropped_without_recursion(
     spare = sim.add_worker(nthreads=1)
     sim.remove_worker(w)
     assert sim.state_of("t0") == QUEUED and sim.state_of(f"t{n - 2}") == WAITING
-    assert sim.got(m.KeysPending) == [m.KeysPending([f"t{n - 1}"])]
+    assert sim.got(KeysPending) == [KeysPending([f"t{n - 1}"])]
     for i in range(n):
         assert sim.place() == [(spare, f"t{i}")]
         sim.finish(f"t{i}")
     assert sim.done() == [f"t{n - 1}"] * 2
-    sim.client_says("c1", m.ReleaseKeys([f"t{n - 1}"]))
+    sim.client_says("c1", ReleaseKeys([f"t{n - 1}"]))
     assert sim.state.tasks == {}
     # Each input was dropped once its dependent finished, on both workers; the last
     # result with the release.
@@ -1625,15 +1660,15 @@ def test_a_lost_result_whose_released_input_was_scattered_fails_clearly(
     sim.place()
     sim.finish("use")
     assert sim.done() == ["data", "use"]
-    sim.client_says("c1", m.ReleaseKeys(["data"]))
+    sim.client_says("c1", ReleaseKeys(["data"]))
     assert sim.state_of("data") == FORGOTTEN  # scattered: nothing to recompute it from
     assert sim.freed(w) == ["data"]
     sim.add_worker(nthreads=1)
     sim.remove_worker(w)
-    (failed,) = sim.got(m.KeysFailed)
+    (failed,) = sim.got(KeysFailed)
     assert failed.keys == ["use"] and "input 'data' is gone" in failed.message
     # Pending first, as for any lost result; the failure follows at once, last.
-    assert sim.got(m.KeysPending) == [m.KeysPending(["use"])]
+    assert sim.got(KeysPending) == [KeysPending(["use"])]
     assert sim.inbox["c1"][-1] == failed
 
 
@@ -1645,11 +1680,11 @@ def test_a_new_task_on_released_input_that_cannot_be_recomputed_fails_cleanly(
     sim.submit_graph({"a": (["data"], None), "b": (["a"], None)}, wanted=["b"])
     sim.run({})
     assert sim.done() == ["data", "b"]
-    sim.client_says("c1", m.ReleaseKeys(["data"]))  # gone; a stays as b's lineage
+    sim.client_says("c1", ReleaseKeys(["data"]))  # gone; a stays as b's lineage
     assert sim.state_of("a") == RELEASED
     assert sim.freed(w) == ["a", "data"]
     sim.submit_graph({"c": (["a"], None)}, wanted=["c"])  # a must be recomputed: impossible
-    failed = sim.got(m.KeysFailed)
+    failed = sim.got(KeysFailed)
     assert [f.keys for f in failed] == [["c"]] and "'data' is gone" in failed[0].message
 
 
@@ -1658,7 +1693,7 @@ def test_a_recomputed_input_released_again_keeps_its_lineage(sim: RecordingClust
     sim.submit_graph({"d": ([], None), "e": (["d"], None), "f": (["d"], None)}, wanted=["e", "f"])
     sim.run({})
     assert sim.state_of("d") == RELEASED and sim.freed(w) == ["d"]
-    sim.client_says("c1", m.ReleaseKeys(["e"]))  # e goes; d stays for f
+    sim.client_says("c1", ReleaseKeys(["e"]))  # e goes; d stays for f
     assert sim.freed(w) == ["d", "e"]
     spare = sim.add_worker(nthreads=2)
     sim.remove_worker(w)  # f lost: d is recomputed, then released again with f done
@@ -1668,9 +1703,9 @@ def test_a_recomputed_input_released_again_keeps_its_lineage(sim: RecordingClust
     sim.remove_worker(spare)
     third = sim.add_worker(nthreads=2)
     sim.run({})  # and f can be recomputed once more
-    assert sim.state_of("f") == MEMORY and not sim.got(m.KeysFailed)
+    assert sim.state_of("f") == MEMORY and not sim.got(KeysFailed)
     assert sim.freed(third) == ["d"]
-    assert sim.got(m.KeysPending) == [m.KeysPending(["f"])] * 2  # once per loss
+    assert sim.got(KeysPending) == [KeysPending(["f"])] * 2  # once per loss
     assert sim.done() == ["e", "f", "f", "f"]
 
 
@@ -1685,8 +1720,8 @@ def test_a_message_nobody_took_fails_the_check_unless_allowed() -> None:
         cluster.check_all_taken()
     assert cluster.done() == ["x"]
     cluster.check_all_taken()
-    cluster.client_says("c1", m.ReleaseKeys(["x"]))
-    cluster.allow(m.FreeKeys)
+    cluster.client_says("c1", ReleaseKeys(["x"]))
+    cluster.allow(FreeKeys)
     cluster.check_all_taken()
 
 
@@ -1755,11 +1790,11 @@ def test_a_reserving_task_has_its_large_inputs_fetched_ahead_where_it_will_run(
     sim: RecordingCluster,
 ) -> None:
     data, gpu = _reserving(sim, nbytes=PREFETCH_FROM)
-    (prefetch,) = sim.worker_got(gpu, m.Prefetch)
+    (prefetch,) = sim.worker_got(gpu, Prefetch)
     assert prefetch.who_has == {"x": [sim.state.workers[data].address]}
     sim.finish("t1")
     assert sim.place() == [(gpu, "t2")]
-    assert sim.worker_got(gpu, m.DropPrefetch) == []  # it started there: they are its own
+    assert sim.worker_got(gpu, DropPrefetch) == []  # it started there: they are its own
     assert sim.done()[-1] == "t1"
 
 
@@ -1767,16 +1802,16 @@ def test_inputs_fetched_ahead_are_dropped_when_their_task_will_not_run_there(
     sim: RecordingCluster,
 ) -> None:
     _, gpu = _reserving(sim, nbytes=PREFETCH_FROM)
-    assert len(sim.worker_got(gpu, m.Prefetch)) == 1
-    sim.client_says("c1", m.CancelKeys(["t2"]))
-    assert sim.worker_got(gpu, m.DropPrefetch) == [m.DropPrefetch(["x"])]
+    assert len(sim.worker_got(gpu, Prefetch)) == 1
+    sim.client_says("c1", CancelKeys(["t2"]))
+    assert sim.worker_got(gpu, DropPrefetch) == [DropPrefetch(["x"])]
     assert not sim.state.prefetches
-    sim.allow(m.KeysFailed, m.FreeKeys)
+    sim.allow(KeysFailed, FreeKeys)
 
 
 def test_small_inputs_are_not_fetched_ahead(sim: RecordingCluster) -> None:
     _, gpu = _reserving(sim, nbytes=PREFETCH_FROM - 1)
-    assert sim.worker_got(gpu, m.Prefetch) == [] and not sim.state.prefetches
+    assert sim.worker_got(gpu, Prefetch) == [] and not sim.state.prefetches
 
 
 # --- copies workers fetch and keep ----------------------------------------------------
@@ -1793,18 +1828,18 @@ def test_a_copy_a_worker_fetched_and_kept_is_a_holder_until_released(
     sim.submit("blocker")
     sim.submit("use-1", ["x"])
     assert sim.place() == [(w1, "blocker"), (w2, "use-1")]
-    sim.worker_says(w2, m.CopiesKept(["x"]))  # fetched by w2 for use-1: kept there
+    sim.worker_says(w2, CopiesKept(["x"]))  # fetched by w2 for use-1: kept there
     assert sorted(sim.state.tasks["x"].replicas or ()) == [w2]
     assert "x" in sim.state.workers[w2].has_what
     sim.submit("use-2", ["x"])
     sim.finish("use-1")
     assert sim.place() == [(w2, "use-2")]  # where a copy already is
-    assert sim.worker_got(w2, m.ComputeTask)[-1].who_has["x"] == ["sim://w1", "sim://w2"]
-    sim.worker_says(w1, m.CopiesKept(["gone"]))  # a key the scheduler no longer has
+    assert sim.worker_got(w2, ComputeTask)[-1].who_has["x"] == ["sim://w1", "sim://w2"]
+    sim.worker_says(w1, CopiesKept(["gone"]))  # a key the scheduler no longer has
     assert sim.freed(w1) == ["gone"]
     sim.finish("use-2")
     sim.finish("blocker")
-    sim.client_says("c1", m.ReleaseKeys(["x"]))
+    sim.client_says("c1", ReleaseKeys(["x"]))
     assert "x" in sim.freed(w1) and "x" in sim.freed(w2)  # every holder drops it
     assert sorted(sim.done()) == ["blocker", "use-1", "use-2", "x"]
 

@@ -24,7 +24,35 @@ from hypothesis.stateful import (
 )
 
 from apportion.core.resources import format_resources, parse_demand
-from apportion.protocol import messages as m
+from apportion.protocol.cluster import WhyReply, WhyRequest
+from apportion.protocol.shared_data import (
+    PublishDataset,
+    RebalanceKeys,
+    ReplicateKeys,
+    UnpublishDataset,
+)
+from apportion.protocol.tasks import (
+    CancelKeys,
+    GatherRequest,
+    KeysDone,
+    KeysFailed,
+    ReleaseKeys,
+    RetryKeys,
+    SubmitTasks,
+    TaskErred,
+    TaskSpec,
+)
+from apportion.protocol.worker import (
+    Heartbeat,
+    MissingDependency,
+    ResultTooLarge,
+    TaskRejoining,
+    TasksDropped,
+    TaskSeceded,
+    WorkerClosing,
+    WorkerDied,
+    WorkerDraining,
+)
 from apportion.scheduler.events import FromWorker, Tick, WorkerDeathReport
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.placement import pools
@@ -124,7 +152,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def drain_worker(self, data: st.DataObject) -> None:
         """A worker got SIGTERM: it finishes its tasks, hands its results off, leaves."""
         worker_id = data.draw(st.sampled_from(sorted(self.sim.running)))
-        self.sim.worker_says(worker_id, m.WorkerDraining(30.0))
+        self.sim.worker_says(worker_id, WorkerDraining(30.0))
         self._maybe_place(data)
 
     @rule()
@@ -140,7 +168,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         if deaths and data.draw(st.booleans()):
             name, pid = data.draw(st.sampled_from(sorted(deaths)))
             memory = data.draw(st.booleans())
-            report = m.WorkerDied(name, pid, "was killed by SIGKILL", int(memory))
+            report = WorkerDied(name, pid, "was killed by SIGKILL", int(memory))
             self.sim.handle(WorkerDeathReport(report, self.sim.now))
         self.sim.now += seconds
         self.sim.handle(Tick(self.sim.now))
@@ -151,7 +179,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def remove_worker(self, data: st.DataObject) -> None:
         worker_id = data.draw(st.sampled_from(sorted(self.sim.running)))
         if data.draw(st.booleans()):  # its last heartbeat: near its limit, if it has one
-            self.sim.worker_says(worker_id, m.Heartbeat(0, 95))
+            self.sim.worker_says(worker_id, Heartbeat(0, 95))
         self.sim.remove_worker(worker_id)
         self._maybe_place(data)
 
@@ -179,7 +207,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def submit(self, data: st.DataObject, size: int, shuffle: bool, retries: int) -> None:
         """A batch of tasks; inputs from earlier keys, possibly released ones."""
         client = data.draw(st.sampled_from(sorted(self.connected)))
-        specs: list[m.TaskSpec] = []
+        specs: list[TaskSpec] = []
         wanted: list[str] = []
         for _ in range(size):
             key = f"t{self.next_key}"
@@ -200,7 +228,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             # Sometimes an actor: it holds its resources while its result lives.
             actor = int(data.draw(st.integers(0, 4)) == 0)
             specs.append(
-                m.TaskSpec(
+                TaskSpec(
                     key, "f", b"", deps, demand, priority, retries, variants, where, loose, actor
                 )
             )
@@ -208,7 +236,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 wanted.append(key)
         if shuffle:
             specs.reverse()  # a batch need not list inputs before dependents
-        self.sim.client_says(client, m.SubmitTasks(specs, {"f": b"func"}, wanted))
+        self.sim.client_says(client, SubmitTasks(specs, {"f": b"func"}, wanted))
         self._maybe_place(data)
 
     @precondition(lambda self: self.connected)
@@ -219,8 +247,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         client = data.draw(st.sampled_from(sorted(self.connected)))
         key = f"t{data.draw(st.integers(0, self.next_key - 1))}"
-        spec = m.TaskSpec(key, "f", b"", [], {}, 0, 0)
-        self.sim.client_says(client, m.SubmitTasks([spec], {"f": b"func"}, [key]))
+        spec = TaskSpec(key, "f", b"", [], {}, 0, 0)
+        self.sim.client_says(client, SubmitTasks([spec], {"f": b"func"}, [key]))
 
     # --- the workers' side ----------------------------------------------------------
 
@@ -247,7 +275,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         key = data.draw(st.sampled_from(free))
         keep = keep and not data.draw(st.integers(0, 2))
-        self.sim.worker_says(self.sim.worker_of(key), m.TaskSeceded(key, keep))
+        self.sim.worker_says(self.sim.worker_of(key), TaskSeceded(key, keep))
         self._maybe_place(data)
 
     @rule(data=st.data())
@@ -258,7 +286,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         if not seceded:
             return
         key = data.draw(st.sampled_from(seceded))
-        self.sim.worker_says(self.sim.worker_of(key), m.TaskRejoining(key))
+        self.sim.worker_says(self.sim.worker_of(key), TaskRejoining(key))
         self._maybe_place(data)
 
     @precondition(lambda self: self.sim.all_running())
@@ -274,7 +302,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         else:
             worker_id = self.sim.worker_of(key)
             del self.sim.running[worker_id][key]
-            too_large = m.ResultTooLarge(key, 200, "bytes", 100, 95, 0.1)
+            too_large = ResultTooLarge(key, 200, "bytes", 100, 95, 0.1)
             self.sim.handle(FromWorker(worker_id, [too_large], self.sim.now))
         self._maybe_place(data)
 
@@ -289,7 +317,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         dep = data.draw(st.sampled_from(sorted(compute.who_has)))
         del self.sim.running[worker_id][key]
-        msg = m.MissingDependency(key, dep, compute.who_has[dep], "")
+        msg = MissingDependency(key, dep, compute.who_has[dep], "")
         self.sim.handle(FromWorker(worker_id, [msg], self.sim.now))
         self._maybe_place(data)
 
@@ -304,7 +332,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         key = data.draw(st.sampled_from(freed))
         worker_id = self.sim.worker_of(key)
         del self.sim.running[worker_id][key]
-        self.sim.handle(FromWorker(worker_id, [m.TasksDropped([key])], self.sim.now))
+        self.sim.handle(FromWorker(worker_id, [TasksDropped([key])], self.sim.now))
         self._maybe_place(data)
 
     # --- the clients' side ----------------------------------------------------------
@@ -320,7 +348,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
         client = data.draw(st.sampled_from(sorted(self.connected)))
-        self.sim.client_says(client, m.ReleaseKeys([self._any_key(data, client)]))
+        self.sim.client_says(client, ReleaseKeys([self._any_key(data, client)]))
 
     @precondition(lambda self: self.connected and self.next_key)
     @rule(data=st.data(), direct_from=st.sampled_from([0, 1, 50]))
@@ -330,7 +358,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         client = data.draw(st.sampled_from(sorted(self.connected)))
         done = sorted(k for k, t in self.sim.state.tasks.items() if t.state == MEMORY)
         key = data.draw(st.sampled_from(done)) if done else self._any_key(data, client)
-        self.sim.client_says(client, m.GatherRequest(1, [key], direct_from))
+        self.sim.client_says(client, GatherRequest(1, [key], direct_from))
         if data.draw(st.booleans()):
             self.workers_answer()
 
@@ -348,11 +376,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         """A result's holder dies while a client gathers it: out of memory, maybe."""
         client = data.draw(st.sampled_from(sorted(self.connected)))
         key = data.draw(st.sampled_from(self._held_on_limited_workers()))
-        self.sim.client_says(client, m.GatherRequest(1, [key], int(direct)))
+        self.sim.client_says(client, GatherRequest(1, [key], int(direct)))
         holder = self.sim.state.tasks[key].worker
         assert holder is not None
         if near:
-            self.sim.worker_says(holder, m.Heartbeat(0, 95))
+            self.sim.worker_says(holder, Heartbeat(0, 95))
         self.sim.remove_worker(holder)
         self._maybe_place(data)
 
@@ -360,15 +388,15 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def cancel(self, data: st.DataObject) -> None:
         client = data.draw(st.sampled_from(sorted(self.connected)))
-        self.sim.client_says(client, m.CancelKeys([self._any_key(data, client)]))
+        self.sim.client_says(client, CancelKeys([self._any_key(data, client)]))
 
     @precondition(lambda self: self.connected and self.next_key)
     @rule(data=st.data())
     def why(self, data: st.DataObject) -> None:
         client = data.draw(st.sampled_from(sorted(self.connected)))
-        self.sim.client_says(client, m.WhyRequest(1, [self._any_key(data, client)]))
+        self.sim.client_says(client, WhyRequest(1, [self._any_key(data, client)]))
         reply = self.sim.inbox[client][-1]
-        assert isinstance(reply, m.WhyReply) and all(reply.reasons.values())
+        assert isinstance(reply, WhyReply) and all(reply.reasons.values())
 
     # --- shared data: retry, copies of results, datasets -------------------------------
 
@@ -377,7 +405,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def retry(self, data: st.DataObject) -> None:
         """A client runs a key again: failed (with its failed inputs), or any other."""
         client = data.draw(st.sampled_from(sorted(self.connected)))
-        self.sim.client_says(client, m.RetryKeys([self._any_key(data, client)]))
+        self.sim.client_says(client, RetryKeys([self._any_key(data, client)]))
         self._maybe_place(data)
 
     def _results_to_copy(self) -> bool:
@@ -392,7 +420,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         done = sorted(k for k, t in self.sim.state.tasks.items() if t.state == MEMORY)
         keys = data.draw(st.lists(st.sampled_from(done), max_size=3)) if done else []
         keys.append(self._any_key(data, client))
-        self.sim.client_says(client, m.ReplicateKeys(1, keys, n, []))
+        self.sim.client_says(client, ReplicateKeys(1, keys, n, []))
         if data.draw(st.booleans()):
             self.workers_answer()  # the copies land before anything else happens
 
@@ -400,7 +428,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def rebalance(self, data: st.DataObject) -> None:
         client = data.draw(st.sampled_from(sorted(self.connected)))
-        self.sim.client_says(client, m.RebalanceKeys(1, [], 1, []))
+        self.sim.client_says(client, RebalanceKeys(1, [], 1, []))
         if data.draw(st.booleans()):
             self.workers_answer()
 
@@ -410,10 +438,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         """A dataset holds keys (any, even unknown ones) until it is unpublished."""
         client = data.draw(st.sampled_from(sorted(self.connected)))
         if name in self.sim.state.shared.datasets and data.draw(st.booleans()):
-            self.sim.client_says(client, m.UnpublishDataset(1, [name]))
+            self.sim.client_says(client, UnpublishDataset(1, [name]))
         else:
             key = self._any_key(data, client)
-            self.sim.client_says(client, m.PublishDataset(1, name, b"", [key], 1))
+            self.sim.client_says(client, PublishDataset(1, name, b"", [key], 1))
         self._maybe_place(data)
 
     # --- checks ---------------------------------------------------------------------
@@ -448,18 +476,16 @@ class SchedulerMachine(RuleBasedStateMachine):
             held = sorted(live & state.clients[client_id].wanted)
             if held:
                 released = True
-                self.sim.client_says(client_id, m.ReleaseKeys(held))
+                self.sim.client_says(client_id, ReleaseKeys(held))
             if state.shared.datasets:
-                self.sim.client_says(
-                    client_id, m.UnpublishDataset(1, sorted(state.shared.datasets))
-                )
+                self.sim.client_says(client_id, UnpublishDataset(1, sorted(state.shared.datasets)))
         return released
 
     def _run_to_quiescence(self) -> None:
         sim = self.sim
         for worker in list(sim.state.workers.values()):
             if worker.draining:  # its grace ran out: it leaves, deliberately
-                sim.worker_says(worker.id, m.WorkerClosing("drain timed out"))
+                sim.worker_says(worker.id, WorkerClosing("drain timed out"))
                 sim.remove_worker(worker.id)
         sim.now += 10  # every held poison verdict comes due
         sim.handle(Tick(sim.now))
@@ -506,9 +532,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         for client_id in self.connected:
             client = state.clients[client_id]
             inbox = self.sim.inbox[client_id]
-            done = {k for msg in inbox if isinstance(msg, m.KeysDone) for k in msg.keys}
-            failed = {k for msg in inbox if isinstance(msg, m.KeysFailed) for k in msg.keys}
-            failed |= {msg.key for msg in inbox if isinstance(msg, m.TaskErred)}
+            done = {k for msg in inbox if isinstance(msg, KeysDone) for k in msg.keys}
+            failed = {k for msg in inbox if isinstance(msg, KeysFailed) for k in msg.keys}
+            failed |= {msg.key for msg in inbox if isinstance(msg, TaskErred)}
             for key in client.wanted:
                 task = state.tasks[key]
                 assert task.state != PROCESSING

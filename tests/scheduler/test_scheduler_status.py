@@ -3,7 +3,17 @@ their holders, the waiting requests and why, the task stream and the warnings.""
 
 from __future__ import annotations
 
-from apportion.protocol import messages as m
+from apportion.protocol.cluster import RestartReply, RestartRequest, StatusReply, StatusRequest
+from apportion.protocol.tasks import (
+    CancelKeys,
+    KeysDone,
+    KeysFailed,
+    KeysPending,
+    Notice,
+    ReleaseKeys,
+    TaskErred,
+)
+from apportion.protocol.worker import Heartbeat
 from apportion.scheduler.events import Tick
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import Histogram
@@ -16,7 +26,7 @@ from apportion.testing import RecordingCluster, SimulatedCluster
 def _cluster() -> RecordingCluster:
     sim = RecordingCluster(SchedulerConfig())
     sim.add_client("c1")
-    sim.allow(m.Notice, m.KeysDone, m.TaskErred, m.KeysFailed)
+    sim.allow(Notice, KeysDone, TaskErred, KeysFailed)
     return sim
 
 
@@ -45,7 +55,7 @@ def test_a_group_whose_tasks_are_all_forgotten_is_kept_with_its_totals() -> None
     sim.submit("load-" + "1" * 32)
     sim.place()
     sim.raise_("load-" + "1" * 32)
-    sim.client_says("c1", m.ReleaseKeys(["load-" + "1" * 32]))
+    sim.client_says("c1", ReleaseKeys(["load-" + "1" * 32]))
     assert "load" not in sim.state.telemetry.groups
     (load,) = [g for g in status(sim.state)["groups"] if g["name"] == "load"]
     assert load["failed"] == 1 and load["erred"] == 0
@@ -60,7 +70,7 @@ def test_finished_groups_are_bounded() -> None:
         sim.submit(key)
         sim.place()
         sim.finish(key)
-        sim.client_says("c1", m.ReleaseKeys([key]))
+        sim.client_says("c1", ReleaseKeys([key]))
     telemetry = sim.state.telemetry
     assert not telemetry.groups
     assert len(telemetry.finished_groups) == FINISHED_GROUPS
@@ -171,7 +181,7 @@ def test_warnings_are_events_lost_workers_and_unsatisfiable_requests_among_them(
 def test_workers_report_cpu_memory_and_bytes_moved_and_totals_survive_them() -> None:
     sim = _cluster()
     a = sim.add_worker("a")
-    sim.worker_says(a, m.Heartbeat(0, 1 << 20, 0, 0, 37.5, 1000, 2000))
+    sim.worker_says(a, Heartbeat(0, 1 << 20, 0, 0, 37.5, 1000, 2000))
     (worker,) = status(sim.state)["workers"]
     assert (worker["cpu"], worker["memory"], worker["received"], worker["sent"]) == (
         37.5,
@@ -185,12 +195,12 @@ def test_workers_report_cpu_memory_and_bytes_moved_and_totals_survive_them() -> 
 
 def test_a_restart_forgets_the_counts_with_the_tasks() -> None:
     sim = _cluster()
-    sim.allow(m.RestartReply, m.KeysPending)
+    sim.allow(RestartReply, KeysPending)
     sim.add_worker("a")
     for i in range(3):
         sim.submit(f"x-{i}")
     sim.place()
-    sim.client_says("c1", m.RestartRequest(1, ""))
+    sim.client_says("c1", RestartRequest(1, ""))
     sim.handle(Tick(sim.now))
     assert all(
         g["waiting"] + g["queued"] + g["processing"] == 0 for g in status(sim.state)["groups"]
@@ -229,7 +239,7 @@ def test_cancelled_tasks_are_counted_apart_from_failed_ones() -> None:
         sim.submit(f"job-{i}", resources="slot=1")
     sim.submit("after-1", deps=["job-2"])  # fails along with the input it waits for
     sim.place()
-    sim.client_says("c1", m.CancelKeys(["job-1", "job-2"]))  # one running, one queued
+    sim.client_says("c1", CancelKeys(["job-1", "job-2"]))  # one running, one queued
     sim.finish("job-1")  # its worker reports it: settled only now
     sim.place()
     sim.raise_("job-3")
@@ -243,8 +253,8 @@ def test_clients_are_the_users_not_the_asker_nor_the_job_queue() -> None:
     sim = _cluster()  # c1: a user's client
     sim.add_client("queue", durable=True)  # the job queue's, a service
     sim.add_client("status-cli")
-    sim.allow(m.StatusReply)
+    sim.allow(StatusReply)
     assert status(sim.state)["clients"] == 2  # the dashboard asks as nobody
-    sim.client_says("status-cli", m.StatusRequest(1, 0, 0, 0))
-    (reply,) = sim.got(m.StatusReply, "status-cli")
+    sim.client_says("status-cli", StatusRequest(1, 0, 0, 0))
+    (reply,) = sim.got(StatusReply, "status-cli")
     assert reply.status["clients"] == 1

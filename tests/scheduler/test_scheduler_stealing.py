@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from apportion.protocol import messages as m
+from apportion.protocol.tasks import CancelKeys, KeysFailed, KeysPending, SubmitTasks, TaskSpec
+from apportion.protocol.worker import ComputeTask, Heartbeat, StealRequest, WorkerClosing
 from apportion.scheduler.events import Tick
 from apportion.scheduler.explain import explain
 from apportion.scheduler.invariants import check_invariants
@@ -73,7 +74,7 @@ def _short_1_asked_for(sim: RecordingCluster) -> tuple[str, str]:
 
 
 def _steal_asked(sim: RecordingCluster, worker: str) -> list[str]:
-    return [key for msg in sim.worker_got(worker, m.StealRequest) for key in msg.keys]
+    return [key for msg in sim.worker_got(worker, StealRequest) for key in msg.keys]
 
 
 def test_a_task_waiting_behind_a_long_one_moves_to_an_idle_worker(sim: RecordingCluster) -> None:
@@ -88,7 +89,7 @@ def test_a_task_waiting_behind_a_long_one_moves_to_an_idle_worker(sim: Recording
     assert _steal_asked(sim, busy) == ["short-1"]
     sim.answer_steal(busy, released=["short-1"])
     assert sim.worker_of("short-1") == idle
-    assert sim.worker_got(idle, m.ComputeTask)[-1].key == "short-1"
+    assert sim.worker_got(idle, ComputeTask)[-1].key == "short-1"
     causes = [cause for *_, cause in sim.state.story("short-1")]
     assert any(c.startswith("asked busy to let it go to idle spare") for c in causes)
     assert causes[-2:] == [
@@ -129,7 +130,7 @@ def test_a_task_that_had_started_stays_and_is_not_asked_for_again(
     assert _steal_asked(sim, busy) == ["short-1", "blocker"]  # now the blocker waits
     sim.answer_steal(busy, released=["blocker"])
     assert sim.worker_of("blocker") == idle
-    sim.worker_got(idle, m.ComputeTask)
+    sim.worker_got(idle, ComputeTask)
     sim.finish("blocker")
     sim.finish("short-1")
     assert sorted(sim.done()) == ["blocker", "short-0", "short-1"]
@@ -167,16 +168,16 @@ def test_a_task_let_go_for_a_worker_that_left_is_queued_again(sim: RecordingClus
     assert sorted(sim.place()) == [(busy, "short-0"), (busy, "short-1")]
     sim.finish("short-0")
     sim.finish("short-1")
-    assert sim.got(m.KeysPending) == [m.KeysPending(["short-0"])]
+    assert sim.got(KeysPending) == [KeysPending(["short-0"])]
     assert sorted(sim.done()) == ["blocker", "short-0", "short-0", "short-1"]
 
 
 def test_a_task_cancelled_while_asked_for_is_settled_as_cancelled(
     sim: RecordingCluster,
 ) -> None:
-    sim.allow(m.KeysFailed)
+    sim.allow(KeysFailed)
     busy, idle = _short_1_asked_for(sim)
-    sim.client_says("c1", m.CancelKeys(["short-1"]))
+    sim.client_says("c1", CancelKeys(["short-1"]))
     assert sim.freed(busy) == ["short-1"]
     sim.answer_steal(busy, released=["short-1"])  # let go before the free came
     assert sim.state_of("short-1") in (ERRED, "forgotten")
@@ -195,7 +196,7 @@ def test_a_resource_task_moves_with_its_resources_given_back_then_taken(
     sim.submit("cpu-0")
     assert sorted(sim.place()) == [(busy, "gpu-0"), (idle, "cpu-0")]
     # The busy worker pauses for its memory before gpu-0 starts: it starts nothing now.
-    sim.worker_says(busy, m.Heartbeat(1, paused=1))
+    sim.worker_says(busy, Heartbeat(1, paused=1))
     sim.finish("cpu-0")
     sim.place()
     assert _steal_asked(sim, busy) == ["gpu-0"]
@@ -204,7 +205,7 @@ def test_a_resource_task_moves_with_its_resources_given_back_then_taken(
     assert sim.free(busy) == {"GPU": 1.0}
     assert sim.free(idle) == {"GPU": 0.0}
     assert sim.worker_of("gpu-0") == idle
-    sim.worker_got(idle, m.ComputeTask)
+    sim.worker_got(idle, ComputeTask)
     sim.finish("gpu-0")
     assert sim.free(idle) == {"GPU": 1.0}
     assert sorted(sim.done()) == ["cpu-0", "gpu-0"]
@@ -234,21 +235,19 @@ def test_a_task_restricted_to_its_worker_never_moves(sim: RecordingCluster) -> N
     spare = sim.add_worker("spare")
     sim.client_says(
         "c1",
-        m.SubmitTasks(
-            [m.TaskSpec("pinned", "f", b"", [], {}, 0, 0, workers=["busy"])], {}, ["pinned"]
-        ),
+        SubmitTasks([TaskSpec("pinned", "f", b"", [], {}, 0, 0, workers=["busy"])], {}, ["pinned"]),
     )
     sim.submit("other")
     sim.submit("loose")
     assert sim.place() == [(busy, "pinned"), (spare, "other"), (busy, "loose")]
     # It pauses for its memory before starting either: both wait there for now.
-    sim.worker_says(busy, m.Heartbeat(0, paused=1))
+    sim.worker_says(busy, Heartbeat(0, paused=1))
     sim.finish("other")
     sim.place()
     assert _steal_asked(sim, busy) == ["loose"]  # the one that may run elsewhere
     sim.answer_steal(busy, released=["loose"])
     assert sim.worker_of("loose") == spare
-    sim.worker_got(spare, m.ComputeTask)
+    sim.worker_got(spare, ComputeTask)
     sim.finish("loose")
     sim.finish("pinned")
     assert sorted(sim.done()) == ["loose", "other", "pinned"]
@@ -280,15 +279,15 @@ def test_a_task_let_go_for_a_worker_now_closing_is_queued_again(sim: RecordingCl
     sim.submit("gpu-0", resources="GPU=1")
     sim.submit("cpu-0")
     assert sorted(sim.place()) == [(busy, "gpu-0"), (spare, "cpu-0")]
-    sim.worker_says(busy, m.Heartbeat(0, paused=1))  # before gpu-0 starts
+    sim.worker_says(busy, Heartbeat(0, paused=1))  # before gpu-0 starts
     sim.finish("cpu-0")
     sim.place()
     assert _steal_asked(sim, busy) == ["gpu-0"]
-    sim.worker_says(spare, m.WorkerClosing("scaled down"))
+    sim.worker_says(spare, WorkerClosing("scaled down"))
     sim.answer_steal(busy, released=["gpu-0"])
     assert sim.state_of("gpu-0") == QUEUED  # not sent to a worker on its way out
     assert sim.free(busy) == {"GPU": 1.0} and sim.free(spare) == {"GPU": 1.0}
-    sim.worker_says(busy, m.Heartbeat(0, paused=0))
+    sim.worker_says(busy, Heartbeat(0, paused=0))
     assert sim.place() == [(busy, "gpu-0")]
     sim.finish("gpu-0")
     assert sorted(sim.done()) == ["cpu-0", "gpu-0"]

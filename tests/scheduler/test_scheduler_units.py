@@ -6,7 +6,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from apportion.protocol import messages as m
+from apportion.protocol.cluster import WhyReply, WhyRequest
+from apportion.protocol.tasks import (
+    CancelKeys,
+    KeysFailed,
+    Notice,
+    ReleaseKeys,
+    SubmitTasks,
+    TaskSpec,
+)
+from apportion.protocol.worker import RegisterWorker
 from apportion.scheduler.events import FromWorker
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import ERRED
@@ -67,8 +76,8 @@ def test_total_free_is_not_enough_when_no_single_unit_has_room(sim: SimulatedClu
     sim.submit("z", resources={"gpu": 0.5})  # 0.8 free in total, at most 0.4 per unit
     sim.place()
     assert "z" not in sim.running[w]
-    sim.client_says("c1", m.WhyRequest(1, ["z"]))
-    (reply,) = [msg for msg in sim.inbox["c1"] if isinstance(msg, m.WhyReply)]
+    sim.client_says("c1", WhyRequest(1, ["z"]))
+    (reply,) = [msg for msg in sim.inbox["c1"] if isinstance(msg, WhyReply)]
     assert "no unit with room" in reply.reasons["z"] and "0: 0.4" in reply.reasons["z"]
 
 
@@ -80,12 +89,12 @@ def test_units_come_back_on_every_exit_path(sim: SimulatedCluster) -> None:
     sim.place()
     sim.finish("ok")
     sim.raise_("boom")
-    sim.client_says("c1", m.CancelKeys(["cancelled"]))
+    sim.client_says("c1", CancelKeys(["cancelled"]))
     assert sim.state.workers[w].ledger.units["gpu"] != dict.fromkeys("012", 10_000)  # still held
     sim.finish("cancelled")  # the worker reports; only now is the unit free
     assert sim.state.workers[w].ledger.units["gpu"] == dict.fromkeys("012", 10_000)
     # Released, so that losing the worker below does not recompute "ok" first.
-    sim.client_says("c1", m.ReleaseKeys(["ok", "boom", "cancelled"]))
+    sim.client_says("c1", ReleaseKeys(["ok", "boom", "cancelled"]))
     sim.submit("lost", resources={"gpu": 2})
     sim.place()
     w2 = sim.add_worker("spare", nthreads=2, resources="gpu=[7,8]")
@@ -107,13 +116,13 @@ def test_more_than_one_unit_that_is_not_whole_is_refused(sim: SimulatedCluster) 
     sim.add_worker("gpus", nthreads=2, resources="gpu=[0,1,2]")
     sim.submit("odd", resources={"gpu": 1.5})
     sim.place()
-    (notice,) = [msg for msg in sim.inbox["c1"] if isinstance(msg, m.Notice)]
+    (notice,) = [msg for msg in sim.inbox["c1"] if isinstance(msg, Notice)]
     assert "gpu is an indexed pool: ask for whole units" in notice.text
     strict = SimulatedCluster(SchedulerConfig(fail_unsatisfiable=True))
     strict.add_client("c1")
     strict.add_worker("gpus", resources="gpu=[0,1,2]")
     strict.submit("odd", resources={"gpu": 1.5})
-    (failed,) = [msg for msg in strict.inbox["c1"] if isinstance(msg, m.KeysFailed)]
+    (failed,) = [msg for msg in strict.inbox["c1"] if isinstance(msg, KeysFailed)]
     assert failed.kind == "unsatisfiable"
 
 
@@ -135,7 +144,7 @@ def test_a_registration_whose_units_do_not_match_its_pool_is_not_trusted(
 ) -> None:
     from apportion.scheduler.events import WorkerJoined
 
-    reg = m.RegisterWorker("odd", "sim://odd", 1, {"gpu": 30_000}, 0, 0, {"gpu": ["0", "1"]})
+    reg = RegisterWorker("odd", "sim://odd", 1, {"gpu": 30_000}, 0, 0, {"gpu": ["0", "1"]})
     sim.running["odd"] = {}
     sim.handle(WorkerJoined("odd", reg, sim.now))
     assert sim.state.workers["odd"].ledger.units == {}
@@ -147,8 +156,8 @@ def test_a_registration_whose_units_do_not_match_its_pool_is_not_trusted(
 
 
 def submit_alternatives(sim: SimulatedCluster, key: str, *alternatives: dict[str, int]) -> None:
-    specs = [m.TaskSpec(key, "f", b"", [], alternatives[0], 0, 0, list(alternatives))]
-    sim.client_says("c1", m.SubmitTasks(specs, {"f": b"func"}, [key]))
+    specs = [TaskSpec(key, "f", b"", [], alternatives[0], 0, 0, list(alternatives))]
+    sim.client_says("c1", SubmitTasks(specs, {"f": b"func"}, [key]))
 
 
 def test_the_first_alternative_that_fits_now_is_taken(sim: SimulatedCluster) -> None:
@@ -162,8 +171,8 @@ def test_the_first_alternative_that_fits_now_is_taken(sim: SimulatedCluster) -> 
     submit_alternatives(sim, "c", *gpu_first)  # neither fits now (3 CPUs left): it waits
     sim.place()
     assert "c" not in sim.running[w]
-    sim.client_says("c1", m.WhyRequest(1, ["c"]))
-    (reply,) = [msg for msg in sim.inbox["c1"] if isinstance(msg, m.WhyReply)]
+    sim.client_says("c1", WhyRequest(1, ["c"]))
+    (reply,) = [msg for msg in sim.inbox["c1"] if isinstance(msg, WhyReply)]
     assert "none of its 2 alternatives fits anywhere now" in reply.reasons["c"]
     sim.finish("b")
     sim.place()
@@ -179,7 +188,7 @@ def test_alternatives_are_unsatisfiable_only_when_all_are(sim: SimulatedCluster)
     submit_alternatives(sim, "never", {"gpu": 10_000}, {"cpus": 80_000})
     sim.place()
     assert sim.running[w]["flex"].allocation.variant == 1
-    (notice,) = [msg for msg in sim.inbox["c1"] if isinstance(msg, m.Notice)]
+    (notice,) = [msg for msg in sim.inbox["c1"] if isinstance(msg, Notice)]
     assert "gives 2 alternatives" in notice.text and "no worker offers gpu" in notice.text
     assert "largest cpus supply is 4" in notice.text
 

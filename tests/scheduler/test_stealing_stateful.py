@@ -52,7 +52,26 @@ from hypothesis.stateful import (
 )
 
 from apportion.core.resources import parse_demand, parse_supply
-from apportion.protocol import messages as m
+from apportion.protocol.base import Message
+from apportion.protocol.tasks import CancelKeys, KeysDone, ReleaseKeys, SubmitTasks, TaskSpec
+from apportion.protocol.worker import (
+    ComputeTask,
+    DropPrefetch,
+    FreeKeys,
+    Heartbeat,
+    LoadFunction,
+    MissingDependency,
+    Prefetch,
+    RegisterWorker,
+    RejoinGranted,
+    ResultTooLarge,
+    StealRequest,
+    StealResponse,
+    TaskFinished,
+    TaskRaised,
+    TasksDropped,
+    TaskSeceded,
+)
 from apportion.scheduler.events import (
     ClientJoined,
     Command,
@@ -63,7 +82,7 @@ from apportion.scheduler.events import (
     Log,
     PipeData,
     PlacementDue,
-    RefuseWorker,
+    SendRefused,
     Tick,
     WorkerJoined,
     WorkerLeft,
@@ -118,20 +137,20 @@ settings.register_profile(
 STATEFUL = settings.get_profile("stealing-stateful")
 
 
-def _reported(msg: m.Message) -> list[str]:
+def _reported(msg: Message) -> list[str]:
     """Keys whose assignment to the sending worker ``msg`` ends (a report or a release)."""
-    if isinstance(msg, m.TaskFinished | m.TaskRaised | m.ResultTooLarge | m.MissingDependency):
+    if isinstance(msg, TaskFinished | TaskRaised | ResultTooLarge | MissingDependency):
         return [msg.key]
-    if isinstance(msg, m.TasksDropped):
+    if isinstance(msg, TasksDropped):
         return list(msg.keys)
-    if isinstance(msg, m.StealResponse):
+    if isinstance(msg, StealResponse):
         return list(msg.released)
     return []
 
 
-def _mentioned(msg: m.Message) -> list[str]:
+def _mentioned(msg: Message) -> list[str]:
     """Keys a message from a worker tells the scheduler about."""
-    if isinstance(msg, m.StealResponse):
+    if isinstance(msg, StealResponse):
         return [*msg.released, *msg.started]
     return _reported(msg)
 
@@ -144,9 +163,9 @@ class Peer:
     address: str
     ws: WorkerState
     #: Scheduler -> worker messages not delivered yet, oldest first.
-    down: deque[m.Message] = field(default_factory=deque)
+    down: deque[Message] = field(default_factory=deque)
     #: Worker -> scheduler messages not delivered yet, oldest first.
-    up: deque[m.Message] = field(default_factory=deque)
+    up: deque[Message] = field(default_factory=deque)
     #: Fetches it asked of peers, not answered yet.
     fetches: list[Fetch] = field(default_factory=list)
     #: Keys made tasks here by a ComputeTask and not started since: the only keys it
@@ -163,7 +182,7 @@ class StealingMachine(RuleBasedStateMachine):
         self.state = SchedulerState(CONFIG)
         self.peers: dict[str, Peer] = {}
         self._ids = itertools.count(1)
-        self.inbox: list[m.Message] = []
+        self.inbox: list[Message] = []
         self.logs: list[Log] = []
         self.next_key = 0
         # The client's side.
@@ -201,16 +220,16 @@ class StealingMachine(RuleBasedStateMachine):
                 self.logs.append(command)
                 continue
             # No worker falls silent or registers twice, no result is piped to a client.
-            assert not isinstance(command, Disconnect | RefuseWorker | PipeData), command
+            assert not isinstance(command, Disconnect | SendRefused | PipeData), command
             peer_id, msg = to_wire(command)
             if peer_id == CLIENT:
                 self.inbox.append(msg)
                 continue
             peer = self.peers.get(peer_id)
             assert peer is not None, f"{type(msg).__name__} for {peer_id}, not connected"
-            if isinstance(msg, m.ComputeTask):
+            if isinstance(msg, ComputeTask):
                 self._sent_out(peer, msg.key)
-            elif isinstance(msg, m.StealRequest):
+            elif isinstance(msg, StealRequest):
                 self.stats["steals asked"] += len(msg.keys)
             peer.down.append(msg)
 
@@ -231,7 +250,7 @@ class StealingMachine(RuleBasedStateMachine):
             if isinstance(command, SendToScheduler):
                 msg = command.message
                 peer.up.append(msg)
-                if isinstance(msg, m.StealResponse):
+                if isinstance(msg, StealResponse):
                     self.stats["let go"] += len(msg.released)
                     self.stats["kept, started"] += len(msg.started)
             elif isinstance(command, Execute):
@@ -260,7 +279,7 @@ class StealingMachine(RuleBasedStateMachine):
         address = f"sim://{worker_id}"
         self.peers[worker_id] = Peer(worker_id, address, WorkerState(nthreads, address))
         supply, _ = parse_supply({"GPU": 1} if gpu else None)
-        registration = m.RegisterWorker(worker_id, address, nthreads, supply, 0, 0, {})
+        registration = RegisterWorker(worker_id, address, nthreads, supply, 0, 0, {})
         self._scheduler(WorkerJoined(worker_id, registration, self.now))
         return worker_id
 
@@ -283,43 +302,43 @@ class StealingMachine(RuleBasedStateMachine):
             inputs = [] if dep is None else [dep]
             self.deps[key] = inputs
             demand = DEMANDS.get(group, {})
-            specs.append(m.TaskSpec(key, "f", b"", inputs, demand, 0, retries))
+            specs.append(TaskSpec(key, "f", b"", inputs, demand, 0, retries))
         keys = [spec.key for spec in specs]
         self.wanted.update(keys)
-        self._scheduler(FromClient(CLIENT, [m.SubmitTasks(specs, {"f": b"f"}, keys)], self.now))
+        self._scheduler(FromClient(CLIENT, [SubmitTasks(specs, {"f": b"f"}, keys)], self.now))
         return keys
 
     def cancel(self, key: str) -> None:
         self.cancelled.add(key)
-        self._scheduler(FromClient(CLIENT, [m.CancelKeys([key])], self.now))
+        self._scheduler(FromClient(CLIENT, [CancelKeys([key])], self.now))
 
     def release(self, key: str) -> None:
         self.wanted.discard(key)
-        self._scheduler(FromClient(CLIENT, [m.ReleaseKeys([key])], self.now))
+        self._scheduler(FromClient(CLIENT, [ReleaseKeys([key])], self.now))
 
-    def to_worker(self, worker_id: str) -> m.Message:
+    def to_worker(self, worker_id: str) -> Message:
         """Deliver the next message the scheduler sent ``worker_id``."""
         peer = self.peers[worker_id]
         msg = peer.down.popleft()
-        if isinstance(msg, m.ComputeTask):
+        if isinstance(msg, ComputeTask):
             if msg.key not in peer.ws.tasks and msg.key not in peer.ws.data:
                 peer.startable.add(msg.key)
             self._worker(peer, arrival(msg, self.now))
-        elif isinstance(msg, m.Prefetch | m.DropPrefetch | m.RejoinGranted | m.StealRequest):
+        elif isinstance(msg, Prefetch | DropPrefetch | RejoinGranted | StealRequest):
             self._worker(peer, arrival(msg, self.now))
-        elif isinstance(msg, m.FreeKeys):
+        elif isinstance(msg, FreeKeys):
             self._worker(peer, FreeArrived(tuple(msg.keys), self.now))
         else:
-            assert isinstance(msg, m.LoadFunction), f"{worker_id} got unexpected {msg}"
+            assert isinstance(msg, LoadFunction), f"{worker_id} got unexpected {msg}"
         return msg
 
-    def to_scheduler(self, worker_id: str) -> m.Message:
+    def to_scheduler(self, worker_id: str) -> Message:
         """Deliver the next message ``worker_id`` sent the scheduler."""
         msg = self.peers[worker_id].up.popleft()
         for key in _reported(msg):
             if self.assigned.get(key) == worker_id:
                 del self.assigned[key]
-                if isinstance(msg, m.StealResponse):
+                if isinstance(msg, StealResponse):
                     self.let_go[key] = worker_id
         self._scheduler(FromWorker(worker_id, [msg], self.now))
         return msg
@@ -347,7 +366,7 @@ class StealingMachine(RuleBasedStateMachine):
             self._worker(peer, Paused(900, 1000, self.now))
         else:
             self._worker(peer, Resumed(500, 1000, self.now))
-        peer.up.append(m.Heartbeat(len(peer.ws.executing), 900 if paused else 500, 0, int(paused)))
+        peer.up.append(Heartbeat(len(peer.ws.executing), 900 if paused else 500, 0, int(paused)))
 
     def secede(self, key: str, keep: bool) -> None:
         """The execution of ``key`` waits on the cluster: its thread (and, unless it
@@ -427,7 +446,7 @@ class StealingMachine(RuleBasedStateMachine):
             self._check_views_agree(peer)
         for key, (victim, _) in state.steals.items():
             peer = self.peers[victim]
-            asked = any(isinstance(x, m.StealRequest) and key in x.keys for x in peer.down)
+            asked = any(isinstance(x, StealRequest) and key in x.keys for x in peer.down)
             answered = any(key in _mentioned(x) for x in peer.up)
             assert asked or answered, f"the steal of {key} from {victim} is not answered"
         running = {k for p in self.peers.values() for k in p.ws.executing | set(p.ws.seceded)}
@@ -437,7 +456,7 @@ class StealingMachine(RuleBasedStateMachine):
         """The scheduler's and ``peer``'s view of what ``peer`` processes agree, up to
         the messages between them."""
         processing = self.state.workers[peer.id].processing
-        computes = {x.key for x in peer.down if isinstance(x, m.ComputeTask)}
+        computes = {x.key for x in peer.down if isinstance(x, ComputeTask)}
         reports = {k for x in peer.up for k in _reported(x)}
         for key in processing:
             assert key in peer.ws.tasks or key in computes or key in reports, (
@@ -449,7 +468,7 @@ class StealingMachine(RuleBasedStateMachine):
     def check_settled(self) -> None:
         """After ``drain``: every wanted task done or failed for a reason; nothing held."""
         state = self.state
-        told_done = {k for x in self.inbox if isinstance(x, m.KeysDone) for k in x.keys}
+        told_done = {k for x in self.inbox if isinstance(x, KeysDone) for k in x.keys}
         for key in self.wanted:
             task = state.tasks[key]
             assert task.state in (MEMORY, ERRED), f"{key} left {task.state}"
@@ -619,7 +638,7 @@ def _asked_to_let_go() -> StealingMachine:
     assert machine.executing == {"short-0": "w1"} and not machine.stats["steals asked"]
     machine.advance(1.0)
     machine.check()
-    assert list(machine.peers["w1"].down) == [m.StealRequest(["short-2"])]
+    assert list(machine.peers["w1"].down) == [StealRequest(["short-2"])]
     assert machine.state.steals == {"short-2": ("w1", "w2")}
     return machine
 
@@ -636,7 +655,7 @@ def _settle(machine: StealingMachine, *lost: str) -> None:
 def test_a_task_let_go_moves_to_the_idle_worker_and_runs_once() -> None:
     machine = _asked_to_let_go()
     machine.to_worker("w1")
-    assert list(machine.peers["w1"].up) == [m.StealResponse(["short-2"], [])]
+    assert list(machine.peers["w1"].up) == [StealResponse(["short-2"], [])]
     machine.to_scheduler("w1")
     machine.check()
     assert machine.assigned["short-2"] == "w2" and machine.stats["moved"] == 1
@@ -654,7 +673,7 @@ def test_a_task_that_started_before_the_request_arrived_stays() -> None:
     machine.end("short-0")  # its thread frees: short-2 starts
     assert machine.executing == {"short-2": "w1"}
     machine.to_worker("w1")
-    assert list(machine.peers["w1"].up)[-1] == m.StealResponse([], ["short-2"])
+    assert list(machine.peers["w1"].up)[-1] == StealResponse([], ["short-2"])
     while machine.peers["w1"].up:
         machine.to_scheduler("w1")
     machine.check()
@@ -669,7 +688,7 @@ def test_a_task_that_finished_before_the_request_arrived_is_settled_by_its_repor
     machine.end("short-0")
     machine.end("short-2")
     machine.to_worker("w1")
-    assert list(machine.peers["w1"].up)[-1] == m.StealResponse([], [])
+    assert list(machine.peers["w1"].up)[-1] == StealResponse([], [])
     machine.to_scheduler("w1")
     machine.to_scheduler("w1")
     machine.check()
@@ -710,7 +729,7 @@ def test_a_task_cancelled_or_released_while_it_is_moved_never_runs(how: str) -> 
     else:
         machine.release("short-2")
     machine.check()
-    assert list(machine.peers["w1"].down)[-1] == m.FreeKeys(["short-2"])
+    assert list(machine.peers["w1"].down)[-1] == FreeKeys(["short-2"])
     machine.to_worker("w1")  # the steal request first: let go
     machine.to_scheduler("w1")
     machine.check()
@@ -740,8 +759,8 @@ def test_a_task_that_seceded_while_asked_for_ends_its_move() -> None:
     sim.place()
     sim.now += 1.0
     sim.handle(Tick(sim.now))
-    assert sim.to_workers[w1][-1] == m.StealRequest(["short-2"])
-    sim.worker_says(w1, m.TaskFinished("short-0", 8, 0.001, "int"), m.TaskSeceded("short-2", False))
+    assert sim.to_workers[w1][-1] == StealRequest(["short-2"])
+    sim.worker_says(w1, TaskFinished("short-0", 8, 0.001, "int"), TaskSeceded("short-2", False))
     assert "short-2" in sim.state.workers[w1].started
     check_invariants(sim.state)
     assert not sim.state.steals and sim.state.workers[w2].incoming == 0

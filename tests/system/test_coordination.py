@@ -32,7 +32,7 @@ from apportion import (
     fire_and_forget,
     get_client,
 )
-from apportion.protocol import messages as m
+from apportion.protocol.coordination import EventRequest, LeaseRequest
 from apportion.scheduler.invariants import check_invariants
 from apportion.testing import InMemoryCluster
 from cli_processes import poll
@@ -317,13 +317,13 @@ def test_misuse_gets_clear_errors_and_the_scheduler_goes_on(
     with pytest.raises(ValueError, match="unknown to the scheduler"):
         Variable("v").set(unknown)
     reply = client._session.call(
-        lambda rid: m.LeaseRequest(rid, "release", "semaphore", ["nope"], "l", 0, 1, 0.0, 0.0)
+        lambda rid: LeaseRequest(rid, "release", "semaphore", ["nope"], "l", 0, 1, 0.0, 0.0)
     )
     assert "no lease 'l' is held on semaphore 'nope'" in reply.error
     # Fields of the wrong type: the scheduler drops that connection, and only that one.
     rogue = cluster.client()
     with pytest.raises(SchedulerGoneError):
-        rogue._session.call(lambda rid: m.EventRequest(rid, "set", ["not", "a", "name"], 0.0))  # type: ignore[arg-type]
+        rogue._session.call(lambda rid: EventRequest(rid, "set", ["not", "a", "name"], 0.0))  # type: ignore[arg-type]
     with Lock("still-works", client):
         assert client.submit(square, 3).result(timeout=10) == 9
 

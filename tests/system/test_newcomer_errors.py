@@ -39,7 +39,9 @@ from apportion.core.resources import (
 from apportion.net.address import ACCEPTED_FORMS
 from apportion.net.handshake import HandshakeError, open_connection
 from apportion.net.security import Security, user_secret
-from apportion.protocol import messages as m
+from apportion.protocol.handshake import Refused
+from apportion.protocol.tasks import SubmitTasks, TaskSpec
+from apportion.protocol.worker import RegisterWorker
 from apportion.scheduler.events import WorkerJoined
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.state import SchedulerConfig
@@ -366,7 +368,7 @@ def test_ctrl_c_of_a_script_leaves_only_pythons_keyboard_interrupt(tmp_path: Pat
 
 def register(sim: SimulatedCluster, worker_id: str, name: str, address: str, sup: int = 0) -> None:
     sim.running[worker_id] = {}
-    reg = m.RegisterWorker(name, address, 1, {}, 100, 0, {}, sup)
+    reg = RegisterWorker(name, address, 1, {}, 100, 0, {}, sup)
     sim.handle(WorkerJoined(worker_id, reg, sim.now))
 
 
@@ -375,7 +377,7 @@ def test_a_second_worker_under_a_taken_name_is_refused() -> None:
     register(sim, "w1", "gpu-box", "tcp://10.0.0.1:4000")
     register(sim, "w2", "gpu-box", "tcp://10.0.0.2:4000")
     assert list(sim.state.workers) == ["w1"]
-    refused = [msg for msg in sim.to_workers["w2"] if isinstance(msg, m.Refused)]
+    refused = [msg for msg in sim.to_workers["w2"] if isinstance(msg, Refused)]
     assert len(refused) == 1
     assert "a worker named 'gpu-box' is already connected from tcp://10.0.0.1:4000" in (
         refused[0].reason
@@ -558,8 +560,8 @@ def test_unsatisfiable_memory_error_and_join_log_use_human_units() -> None:
     sim.add_client()
     sim.client_says(
         "c1",
-        m.SubmitTasks(
-            [m.TaskSpec("big", "f", b"", [], parse_demand("memory=120GiB"), 0, 0)],
+        SubmitTasks(
+            [TaskSpec("big", "f", b"", [], parse_demand("memory=120GiB"), 0, 0)],
             {"f": b"func"},
             ["big"],
         ),
@@ -620,10 +622,8 @@ def test_why_text_of_a_waiting_memory_task_uses_human_units() -> None:
     sim = SimulatedCluster()
     sim.add_worker("worker-0", nthreads=2, resources={"memory": 100e9})
     sim.add_client()
-    specs = [
-        m.TaskSpec(key, "f", b"", [], parse_demand("memory=60GiB"), 0, 0) for key in ("a", "b")
-    ]
-    sim.client_says("c1", m.SubmitTasks(specs, {"f": b"func"}, ["a", "b"]))
+    specs = [TaskSpec(key, "f", b"", [], parse_demand("memory=60GiB"), 0, 0) for key in ("a", "b")]
+    sim.client_says("c1", SubmitTasks(specs, {"f": b"func"}, ["a", "b"]))
     sim.place()
     text = explain(sim.state, "b")
     assert "queued: needs memory=60 GiB" in text

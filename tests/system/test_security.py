@@ -51,8 +51,13 @@ from apportion.net.handshake import HANDSHAKE_TIMEOUT, open_connection
 from apportion.net.receive_pool import POOL
 from apportion.net.scheduler_file import read_scheduler_file
 from apportion.net.security import AuthenticationError, Security, secret_path
-from apportion.protocol import messages as m
+from apportion.protocol.base import _REGISTRY, PROTOCOL_VERSION, Message
+from apportion.protocol.cluster import InfoRequest, RestartRequest
 from apportion.protocol.codec import HEADER, MAX_BODY
+from apportion.protocol.handshake import AuthChallenge, AuthHello, AuthProof, Hello, Welcome
+from apportion.protocol.peer_data import GetData, PutData
+from apportion.protocol.remote_calls import InstallOnWorkers, RunOnWorkers
+from apportion.protocol.tasks import GatherRequest, SubmitTasks, TaskSpec, WhoHasRequest
 from apportion.scheduler.invariants import check_invariants
 from cli_processes import APPORTION, Processes, poll
 from raw_peer import (
@@ -108,7 +113,7 @@ def logged(log: Path, text: str) -> bool:
     return text in log.read_text()
 
 
-def attempt(address: str, send: list[bytes], then: bytes) -> list[m.Message]:
+def attempt(address: str, send: list[bytes], then: bytes) -> list[Message]:
     """Connect, send the frames ``send`` and then ``then`` (all at once, as a peer that
     does not wait to be refused), and collect what the listener says before it hangs
     up (it must hang up)."""
@@ -117,7 +122,7 @@ def attempt(address: str, send: list[bytes], then: bytes) -> list[m.Message]:
         return answers_until_hang_up(sock)
 
 
-def after_challenge(address: str, key: bytes | None, then: bytes) -> list[m.Message]:
+def after_challenge(address: str, key: bytes | None, then: bytes) -> list[Message]:
     """Open a handshake, wait for the listener's challenge, answer it with a proof made
     with ``key`` (None: no proof) and send ``then`` at once; what the listener says
     before it hangs up."""
@@ -128,7 +133,7 @@ def after_challenge(address: str, key: bytes | None, then: bytes) -> list[m.Mess
         proof = b""
         if key is not None:
             made = auth.proof(key, auth.CONNECTOR, "client", "raw-peer", ours, nonce)
-            proof = frame(m.AuthProof(made))
+            proof = frame(AuthProof(made))
         sock.sendall(proof + then)
         return answers_until_hang_up(sock)
 
@@ -150,7 +155,7 @@ def test_unauthenticated_peers_are_refused_and_nothing_they_send_is_unpickled(
                 return smuggled(target, witness(attack))
 
             # No AuthHello: a peer of an older apportion, or one hoping to skip the proof.
-            hello = frame(m.Hello(m.PROTOCOL_VERSION, "client", "raw-peer"))
+            hello = frame(Hello(PROTOCOL_VERSION, "client", "raw-peer"))
             said = attempt(address, [hello], payload("no-auth-hello"))
             assert refused(said, "no authentication offered"), said
             # No handshake at all: the payload first.
@@ -167,9 +172,9 @@ def test_unauthenticated_peers_are_refused_and_nothing_they_send_is_unpickled(
             # A replay: what a legitimate client sent, recorded and sent again.
             with connect(address) as sock:
                 (welcome,), recording = prove(sock, secret())
-                assert isinstance(welcome, m.Welcome)
+                assert isinstance(welcome, Welcome)
             said = attempt(address, [recording.hello, recording.proof], payload("replayed"))
-            assert isinstance(said[0], m.AuthChallenge)
+            assert isinstance(said[0], AuthChallenge)
             assert refused(said, "authentication failed"), said
 
         # The legitimate client was served all along, and still is.
@@ -186,7 +191,7 @@ def test_unauthenticated_peers_are_refused_and_nothing_they_send_is_unpickled(
             control = tmp_path / f"control-{target.replace(' ', '-')}"
             with connect(address) as sock:
                 (welcome,), _ = prove(sock, secret())
-                assert isinstance(welcome, m.Welcome)
+                assert isinstance(welcome, Welcome)
                 sock.sendall(smuggled(target, control))
                 poll(control.exists, 20, f"the {target} to unpickle the control")
 
@@ -230,21 +235,21 @@ def test_a_stalled_handshake_is_dropped_after_the_timeout_and_others_are_served_
 #: Messages an authenticated client may legitimately send that run code on the
 #: workers or reset the cluster: a fuzzed tag never becomes one of them, since what is
 #: tested is how malformed frames are handled, not what an authenticated peer may do.
-CONSEQUENTIAL = {m.RestartRequest.TAG, m.RunOnWorkers.TAG, m.InstallOnWorkers.TAG}
+CONSEQUENTIAL = {RestartRequest.TAG, RunOnWorkers.TAG, InstallOnWorkers.TAG}
 #: Examples of the fuzzing test: about 10 s on two cores.
 FUZZ_EXAMPLES = 2000
 #: The nonce of fuzzed hellos (any will do: their proofs are never made).
 NONCE = bytes(32)
-TAGS = [tag for tag in range(-1, len(m._REGISTRY) + 3) if tag not in CONSEQUENTIAL]
+TAGS = [tag for tag in range(-1, len(_REGISTRY) + 3) if tag not in CONSEQUENTIAL]
 
 #: A few valid frames each target serves after the handshake, to mutate.
 SERVED = {
     "scheduler": [
-        [m.InfoRequest(1)],
-        [m.GatherRequest(2, ["k"], 0), m.WhoHasRequest(3, ["k"])],
-        [m.SubmitTasks([m.TaskSpec("k", "f", dumps((-1,)), [], {}, 0, 0)], {"f": b"?"}, [])],
+        [InfoRequest(1)],
+        [GatherRequest(2, ["k"], 0), WhoHasRequest(3, ["k"])],
+        [SubmitTasks([TaskSpec("k", "f", dumps((-1,)), [], {}, 0, 0)], {"f": b"?"}, [])],
     ],
-    "data port": [[m.GetData(1, ["k"], False)], [m.PutData(2, {"k": dumps(1)})]],
+    "data port": [[GetData(1, ["k"], False)], [PutData(2, {"k": dumps(1)})]],
 }
 
 #: Any value msgpack carries, to put where a field belongs.
@@ -265,7 +270,7 @@ ANY_VALUE = st.recursive(
 )
 
 
-def mutated_wire(data: st.DataObject, messages: list[m.Message]) -> bytes:
+def mutated_wire(data: st.DataObject, messages: list[Message]) -> bytes:
     """A frame of ``messages`` with one message's tag, a field, or its length changed."""
     wire = [list(message.to_wire()) for message in messages]
     item = data.draw(st.sampled_from(wire))
@@ -354,10 +359,10 @@ def test_fuzzed_frames_cost_their_connection_only_and_leak_no_memory_or_descript
                     hang_up_after(sock, data.draw(st.binary(max_size=200)))
                     return
                 if kind == "hello":
-                    messages = [m.Hello(m.PROTOCOL_VERSION, "client", "fuzz"), m.AuthHello(NONCE)]
+                    messages = [Hello(PROTOCOL_VERSION, "client", "fuzz"), AuthHello(NONCE)]
                 else:
                     (welcome,), _ = prove(sock, key)
-                    assert isinstance(welcome, m.Welcome)
+                    assert isinstance(welcome, Welcome)
                     messages = data.draw(st.sampled_from(SERVED[target]))
                 if data.draw(st.booleans()):
                     hang_up_after(sock, mutated_bytes(data, frame(*messages)))

@@ -13,7 +13,7 @@ from typing import Literal
 import psutil
 import pytest
 
-from apportion.protocol.messages import WorkerDied
+from apportion.protocol.worker import WorkerDied
 from apportion.worker.supervisor import Supervisor, describe_exit, popen_spawn, worker_environment
 from supervisor_fakes import FakeMonotonic, FakeSpawner
 

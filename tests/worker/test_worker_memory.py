@@ -16,7 +16,7 @@ import pytest
 from apportion import OutOfMemoryError
 from apportion.core.allocation import Allocation
 from apportion.core.payload import dumps, function_id, pack_call
-from apportion.protocol.messages import ComputeTask, Heartbeat, LoadFunction, TaskFinished
+from apportion.protocol.worker import ComputeTask, Heartbeat, LoadFunction, TaskFinished
 from apportion.testing import FakeClock, FakeMemory, InMemoryCluster
 from apportion.worker.memory_manager import MemoryConfig
 from apportion.worker.service import Worker

@@ -4,7 +4,7 @@ runs on after ``rejoin`` once the scheduler gave its resources back."""
 from __future__ import annotations
 
 from apportion.core.allocation import Allocation
-from apportion.protocol.messages import ComputeTask, TaskFinished, TaskRejoining, TaskSeceded
+from apportion.protocol.worker import ComputeTask, TaskFinished, TaskRejoining, TaskSeceded
 from apportion.worker.events import (
     ComputeArrived,
     DataInfo,

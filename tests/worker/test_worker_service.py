@@ -21,17 +21,14 @@ from apportion.core.payload import KeyRef, dumps, function_id, loads, pack_call
 from apportion.loop_thread import LoopThread
 from apportion.net.connection import Connection
 from apportion.net.handshake import HandshakeError, open_connection
-from apportion.protocol.messages import (
+from apportion.protocol.base import Message
+from apportion.protocol.peer_data import DataReply, DataStored, GetData, PutData
+from apportion.protocol.worker import (
     ComputeTask,
     CopiesKept,
-    DataReply,
-    DataStored,
     FreeKeys,
-    GetData,
     Heartbeat,
     LoadFunction,
-    Message,
-    PutData,
     RejoinGranted,
     TaskFinished,
     TaskRaised,

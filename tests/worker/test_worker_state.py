@@ -11,10 +11,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from apportion.core.allocation import Allocation
 from apportion.core.transitions import IllegalTransition
-from apportion.protocol.messages import (
+from apportion.protocol.peer_data import DataStored
+from apportion.protocol.worker import (
     ComputeTask,
     CopiesKept,
-    DataStored,
     MissingDependency,
     ResultTooLarge,
     StealResponse,

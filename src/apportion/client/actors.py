@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 from apportion.client import dask_default
 from apportion.client.future import Future, rebuild_exception
 from apportion.core import payload
-from apportion.protocol import messages as m
+from apportion.protocol.peer_data import ActorCall, ActorReply
+from apportion.protocol.tasks import SubmitTasks
 from apportion.worker.context import host_actor, in_task
 
 if TYPE_CHECKING:
@@ -125,7 +126,7 @@ class Actor:
         self._future = Future(self.key, client)
         if self._future._state.refs == 1:
             # New to this client: have the scheduler keep the actor for it.
-            client._session.post(m.SubmitTasks([], {}, [self.key]))
+            client._session.post(SubmitTasks([], {}, [self.key]))
 
     def _send(
         self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], *, attribute: bool
@@ -140,10 +141,10 @@ class Actor:
         session = client._session
         address = self._address
 
-        async def ask() -> m.ActorReply:
+        async def ask() -> ActorReply:
             conn = await session.peer(address)
-            call = m.ActorCall(session.next_id(), self.key, name, blob, attribute)
-            reply: m.ActorReply = await session.request(call, conn)
+            call = ActorCall(session.next_id(), self.key, name, blob, attribute)
+            reply: ActorReply = await session.request(call, conn)
             return reply
 
         try:
@@ -183,7 +184,7 @@ class ActorFuture:
     ``done()``, or ``await`` it."""
 
     def __init__(
-        self, future: concurrent.futures.Future[m.ActorReply], what: str, address: str
+        self, future: concurrent.futures.Future[ActorReply], what: str, address: str
     ) -> None:
         self._future = future
         self._what = what
@@ -233,7 +234,7 @@ class ActorFuture:
             "an actor lives only there and is lost with it"
         )
 
-    def _outcome(self, reply: m.ActorReply | None) -> Any:
+    def _outcome(self, reply: ActorReply | None) -> Any:
         if reply is None:  # pragma: no cover - the reply always comes or fails
             raise RuntimeError(f"{self._what}: no reply")
         if reply.exception:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from apportion.client.errors import SchedulerGoneError
 from apportion.loop_thread import LoopThread
-from apportion.protocol import messages as m
+from apportion.protocol.base import Message
 
 if TYPE_CHECKING:
     from apportion.client.session import Session
@@ -195,7 +195,7 @@ class CallModes:
 
     def _ask(
         self,
-        make: Callable[[int], m.Message],
+        make: Callable[[int], Message],
         then: Callable[[Any], Any] = _as_is,
         timeout: float | None = None,
     ) -> Any:
@@ -210,7 +210,7 @@ class CallModes:
 
         return awaited(session.loop, asked, timeout=timeout)
 
-    async def _request(self, make: Callable[[int], m.Message]) -> Any:
+    async def _request(self, make: Callable[[int], Message]) -> Any:
         """On the session's loop: send the request ``make(request_id)``; its reply."""
         session = self._session
         return await session.request(make(session.next_id()))

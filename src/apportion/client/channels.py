@@ -24,13 +24,19 @@ from apportion.client.asynchronous import Ready
 from apportion.client.coordination import Named, pack, post, request, unpack, wire_timeout
 from apportion.client.durations import Duration, seconds
 from apportion.core.payload import Pickled
-from apportion.protocol import messages as m
+from apportion.protocol.coordination import (
+    Publish,
+    Subscribe,
+    Unsubscribe,
+    ValueReply,
+    ValueRequest,
+)
 
 if TYPE_CHECKING:
     from apportion.client.client import Client
 
 
-def _nothing(reply: m.ValueReply) -> None:
+def _nothing(reply: ValueReply) -> None:
     return None
 
 
@@ -44,19 +50,19 @@ def _ask(
     count: int = 0,
     maxsize: int = 0,
     timeout: float = 0.0,
-    then: Callable[[m.ValueReply], Any] = _nothing,
+    then: Callable[[ValueReply], Any] = _nothing,
     keep: object = None,
 ) -> Any:
     """Send ``op`` on the variable or queue ``shared``; ``then(reply)`` unless the
     scheduler refused it (``ValueError``). See ``coordination.request``."""
 
-    def answered(reply: m.ValueReply) -> Any:
+    def answered(reply: ValueReply) -> Any:
         if reply.error:
             raise ValueError(reply.error)
         return then(reply)
 
     make = partial(
-        m.ValueRequest,
+        ValueRequest,
         op=op,
         kind=kind,
         name=shared.name,
@@ -90,7 +96,7 @@ class Variable(Named):
         it to be set, then ``TimeoutError``."""
         client = self.client
 
-        def value(reply: m.ValueReply) -> Any:
+        def value(reply: ValueReply) -> Any:
             if reply.timed_out:
                 raise TimeoutError(f"variable {self.name!r} was not set within {timeout}")
             return unpack(client, reply.items, reply.keys)[0]
@@ -126,7 +132,7 @@ class Queue(Named):
         for room, then ``TimeoutError`` (and the value is not put)."""
         blob, keys = pack(value)
 
-        def put(reply: m.ValueReply) -> None:
+        def put(reply: ValueReply) -> None:
             if reply.timed_out:
                 raise TimeoutError(f"queue {self.name!r} stayed full for {timeout}")
 
@@ -159,7 +165,7 @@ class Queue(Named):
             raise ValueError(f"batch must be True, False or a count, not {batch!r}")
         client = self.client
 
-        def taken(reply: m.ValueReply) -> Any:
+        def taken(reply: ValueReply) -> Any:
             if reply.timed_out:
                 raise TimeoutError(f"queue {self.name!r} had too few items for {timeout}")
             values = unpack(client, reply.items, reply.keys)
@@ -206,7 +212,7 @@ class Pub(Named):
                 "futures cannot be published: put them in a Queue or a Variable, "
                 "which keep their results in the cluster"
             )
-        post(self.client, m.Publish(self.name, blob))
+        post(self.client, Publish(self.name, blob))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return Pub, (self.name,)
@@ -226,7 +232,7 @@ class Sub(Named):
         self._arrived = threading.Condition()
         client = self.client  # bound now: messages must have somewhere to arrive
         topics.add(client, self.name, self)
-        request(client, lambda rid: m.Subscribe(rid, self.name))
+        request(client, lambda rid: Subscribe(rid, self.name))
         weakref.finalize(self, _unsubscribe, weakref.ref(client), self.name)
 
     def receive(self, value: Any) -> None:
@@ -261,4 +267,4 @@ def _unsubscribe(client_ref: weakref.ref[Client], name: str) -> None:
     client = client_ref()
     if client is not None and not client._closed:
         with contextlib.suppress(Exception):  # disconnected meanwhile: nothing to end
-            post(client, m.Unsubscribe(name))
+            post(client, Unsubscribe(name))

@@ -70,7 +70,30 @@ from apportion.core.resources import ResourceSpec, parse_demand
 from apportion.net.scheduler_claim import SchedulerFileBusy, holder_of
 from apportion.net.scheduler_file import wait_for_scheduler_file, write_scheduler_file
 from apportion.net.security import Security, security_for
-from apportion.protocol import messages as m
+from apportion.protocol.base import Message
+from apportion.protocol.cluster import (
+    DumpReply,
+    DumpRequest,
+    InfoReply,
+    InfoRequest,
+    StoryReply,
+    StoryRequest,
+    WhyReply,
+    WhyRequest,
+)
+from apportion.protocol.coordination import TopicMessage
+from apportion.protocol.tasks import (
+    CancelKeys,
+    KeysDone,
+    KeysFailed,
+    KeysPending,
+    Notice,
+    ScatterRequest,
+    SubmitTasks,
+    TaskErred,
+    TaskSpec,
+    WhoHasRequest,
+)
 
 if TYPE_CHECKING:
     from apportion.client.executor import ClientExecutor
@@ -240,9 +263,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
             )
             try:
                 await awaited(session.loop, session.connect, timeout=session.connect_timeout)
-                info = await awaited(
-                    session.loop, session.request, m.InfoRequest(session.next_id())
-                )
+                info = await awaited(session.loop, session.request, InfoRequest(session.next_id()))
             except BaseException:
                 session.loop.stop()
                 raise
@@ -277,28 +298,28 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
             if not state.event.is_set():
                 state.settle(LOST, error)
 
-    def _on_message(self, msg: m.Message) -> None:
-        if isinstance(msg, m.KeysDone):
+    def _on_message(self, msg: Message) -> None:
+        if isinstance(msg, KeysDone):
             for key in msg.keys:
                 self._settle(key, FINISHED, None)
-        elif isinstance(msg, m.TaskErred):
+        elif isinstance(msg, TaskErred):
             state = self._keys.get(msg.key)
             if state is not None:
                 state.attempts = msg.attempts
             self._settle(msg.key, ERROR, ("exception", msg.exception, msg.traceback))
-        elif isinstance(msg, m.KeysFailed):
+        elif isinstance(msg, KeysFailed):
             status = CANCELLED if msg.kind == "cancelled" else ERROR
             for key in msg.keys:
                 self._settle(key, status, (msg.kind, msg.message, b""))
-        elif isinstance(msg, m.KeysPending):
+        elif isinstance(msg, KeysPending):
             for key in msg.keys:
                 state = self._keys.get(key)
                 # Lost results, or failed ones run again by ``retry``: pending again.
                 if state is not None and state.status in (FINISHED, ERROR):
                     state.reset()
-        elif isinstance(msg, m.TopicMessage):
+        elif isinstance(msg, TopicMessage):
             topics.deliver(self, msg)
-        elif isinstance(msg, m.Notice):
+        elif isinstance(msg, Notice):
             self.notices.append(msg.text)
             logger.warning("scheduler: %s", msg.text)
         else:
@@ -396,7 +417,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         if future._state.status == CANCELLED:
             future._state.reset()  # submitted again after a cancel: it runs again
         variants = resources if len(resources) > 1 else []
-        spec = m.TaskSpec(
+        spec = TaskSpec(
             key,
             func_id,
             args_blob,
@@ -650,7 +671,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
             # Straight on the loop, not ``call``: an asynchronous client's persist has
             # no awaitable form, and one round trip is all it blocks for.
             session = self._session
-            session.loop.run(session.request(m.WhoHasRequest(session.next_id(), [])), self.timeout)
+            session.loop.run(session.request(WhoHasRequest(session.next_id(), [])), self.timeout)
 
     def _post_tasks(self, batch: TaskBatch) -> None:
         self._session.post(batch)
@@ -696,7 +717,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         # another client): this client wants them too.
         existing = wanted.keys() - {spec.key for spec, _ in tasks}
         if existing:
-            self._session.post(m.SubmitTasks([], {}, sorted(existing)))
+            self._session.post(SubmitTasks([], {}, sorted(existing)))
         return futures
 
     # --- results --------------------------------------------------------------------
@@ -865,12 +886,12 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
                     )
                 if left:
                     await self._session.request(
-                        m.ScatterRequest(self._session.next_id(), left, allowed)
+                        ScatterRequest(self._session.next_id(), left, allowed)
                     )
                 for fut in futures.values():
                     await settled(fut._state)
         except TimeoutError:
-            self._session.post(m.CancelKeys(list(futures)))  # not stored later for nobody
+            self._session.post(CancelKeys(list(futures)))  # not stored later for nobody
             where = f" on a worker matching {allowed}" if allowed else ""
             raise TimeoutError(f"scattered data was not stored{where} within {wait:g}s") from None
         failed = next(iter(futures.values()))._state.exception_object()
@@ -891,7 +912,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
             if not fut.done():  # a finished result stays finished
                 fut._state.settle(CANCELLED, ("cancelled", f"{fut.key!r} was cancelled", b""))
                 fut._state.cancel_echo = True
-        self._session.post(m.CancelKeys(keys))
+        self._session.post(CancelKeys(keys))
         return self._ready(None)
 
     @classmethod
@@ -936,15 +957,15 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         single = isinstance(futures, Future | str)
         keys = [f.key if isinstance(f, Future) else f for f in items]
 
-        def reasons(reply: m.WhyReply) -> Any:
+        def reasons(reply: WhyReply) -> Any:
             return reply.reasons[keys[0]] if single else dict(reply.reasons)
 
-        return self._ask(lambda rid: m.WhyRequest(rid, keys), reasons)
+        return self._ask(lambda rid: WhyRequest(rid, keys), reasons)
 
     def story(self, key: Future | str) -> Any:
         """The task's transitions: a list of (time, key, from, to, cause)."""
         name = key.key if isinstance(key, Future) else key
-        return self._ask(lambda rid: m.StoryRequest(rid, name), _story_rows)
+        return self._ask(lambda rid: StoryRequest(rid, name), _story_rows)
 
     def dump_cluster_state(self, filename: str | None = None) -> Any:
         """The scheduler's whole state as plain data; written as JSON to ``filename`` if given.
@@ -952,7 +973,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         Meant for bug reports: every task with its state, inputs, resources and units,
         every worker with its ledger, and the recent transitions with their causes.
         """
-        return self._ask(lambda rid: m.DumpRequest(rid), partial(_dumped, filename=filename))
+        return self._ask(lambda rid: DumpRequest(rid), partial(_dumped, filename=filename))
 
     def write_scheduler_file(self, scheduler_file: str | os.PathLike[str]) -> None:
         """Write the scheduler's address and this client's secret to ``scheduler_file``
@@ -980,13 +1001,13 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         """
         if self.asynchronous:
             return SchedulerInfo(self._scheduler_identity, self._fresh_info)
-        return self._ask(lambda rid: m.InfoRequest(rid), self._info)
+        return self._ask(lambda rid: InfoRequest(rid), self._info)
 
     async def _fresh_info(self) -> dict[str, Any]:
-        info: dict[str, Any] = await self._ask(lambda rid: m.InfoRequest(rid), self._info)
+        info: dict[str, Any] = await self._ask(lambda rid: InfoRequest(rid), self._info)
         return info
 
-    def _info(self, reply: m.InfoReply) -> dict[str, Any]:
+    def _info(self, reply: InfoReply) -> dict[str, Any]:
         info: dict[str, Any] = reply.info
         self._scheduler_identity = info  # the copy an asynchronous client gives at once
         return info
@@ -1000,7 +1021,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while True:
-            reply = await self._session.request(m.InfoRequest(self._session.next_id()))
+            reply = await self._session.request(InfoRequest(self._session.next_id()))
             if len(reply.info["workers"]) >= n_workers:
                 return
             if deadline is not None and loop.time() > deadline:
@@ -1258,11 +1279,11 @@ async def _within(outcome: Awaitable[T], timeout: float | None) -> T:
         return await outcome
 
 
-def _story_rows(reply: m.StoryReply) -> list[tuple[Any, ...]]:
+def _story_rows(reply: StoryReply) -> list[tuple[Any, ...]]:
     return [tuple(row) for row in reply.story]
 
 
-def _dumped(reply: m.DumpReply, filename: str | None) -> dict[str, Any]:
+def _dumped(reply: DumpReply, filename: str | None) -> dict[str, Any]:
     state: dict[str, Any] = reply.state
     if filename is not None:
         import json

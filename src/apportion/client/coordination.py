@@ -23,7 +23,9 @@ from apportion.client.task_client import get_client
 from apportion.client.waiting import futures_of
 from apportion.core import payload
 from apportion.core.payload import Pickled
-from apportion.protocol import messages as m
+from apportion.protocol.base import Message
+from apportion.protocol.coordination import NO_TIMEOUT
+from apportion.protocol.tasks import FireAndForget, SubmitTasks
 
 if TYPE_CHECKING:
     from apportion.client.client import Client
@@ -53,7 +55,7 @@ class Named:
 
 def request(
     client: Client,
-    make: Callable[[int], m.Message],
+    make: Callable[[int], Message],
     then: Callable[[Any], Any] = lambda r: r,
     keep: object = None,
 ) -> Any:
@@ -77,7 +79,7 @@ def request(
     return client._ask(make, answered)
 
 
-def post(client: Client, message: m.Message) -> None:
+def post(client: Client, message: Message) -> None:
     """Send a message that has no answer, in order with everything the client sends."""
     client._check_open()
     client._session.post(message)
@@ -86,7 +88,7 @@ def post(client: Client, message: m.Message) -> None:
 def wire_timeout(timeout: Duration | None) -> float:
     """A timeout as the wire carries it: seconds, or ``NO_TIMEOUT`` for none."""
     limit = seconds(timeout)
-    return m.NO_TIMEOUT if limit is None else limit
+    return NO_TIMEOUT if limit is None else limit
 
 
 def pack(value: Any) -> tuple[Pickled, list[str]]:
@@ -106,7 +108,7 @@ def unpack(client: Client, items: list[Pickled], keys: list[str]) -> list[Any]:
     futures = {key: Future(key, client) for key in keys}
     values = [payload.unpack_call(item, futures)[0][0] for item in items]
     if futures:
-        post(client, m.SubmitTasks([], {}, sorted(futures)))
+        post(client, SubmitTasks([], {}, sorted(futures)))
     return values
 
 
@@ -120,4 +122,4 @@ def fire_and_forget(obj: Any) -> None:
         _, keys = keys_by_client.setdefault(id(future.client), (future.client, []))
         keys.append(future.key)
     for client, keys in keys_by_client.values():
-        post(client, m.FireAndForget(keys))
+        post(client, FireAndForget(keys))

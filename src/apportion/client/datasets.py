@@ -21,7 +21,26 @@ from apportion.client.asynchronous import CallModes, settled
 from apportion.client.future import ERROR, Future
 from apportion.client.waiting import futures_of
 from apportion.core import payload
-from apportion.protocol import messages as m
+from apportion.protocol.base import Message
+from apportion.protocol.cluster import (
+    ClusterFactsRequest,
+    DemandRequest,
+    InfoRequest,
+    StatusRequest,
+)
+from apportion.protocol.shared_data import (
+    DatasetReply,
+    DatasetRequest,
+    MetadataReply,
+    MetadataRequest,
+    PublishDataset,
+    RebalanceKeys,
+    ReplicateKeys,
+    SetMetadata,
+    SharedDataAck,
+    UnpublishDataset,
+)
+from apportion.protocol.tasks import RetryKeys, SubmitTasks, WhoHasReply, WhoHasRequest
 from apportion.scheduler.records import worker_aliases
 
 if TYPE_CHECKING:
@@ -86,7 +105,7 @@ class SharedData(CallModes):
         for item_name, blob, keys in packed:
             reply = await self._request(
                 partial(
-                    m.PublishDataset,
+                    PublishDataset,
                     name=item_name,
                     data=blob,
                     keys=sorted(keys),
@@ -99,11 +118,11 @@ class SharedData(CallModes):
     def unpublish_dataset(self, name: Any) -> Any:
         """Remove published datasets (one name or a list); their results may then go."""
         names = [_name(n) for n in (name if isinstance(name, list) else [name])]
-        return self._ask(partial(m.UnpublishDataset, names=names), _nothing)
+        return self._ask(partial(UnpublishDataset, names=names), _nothing)
 
     def list_datasets(self) -> Any:
         """The names of the published datasets, sorted."""
-        return self._ask(partial(m.DatasetRequest, name=""), _names)
+        return self._ask(partial(DatasetRequest, name=""), _names)
 
     def get_dataset(self, name: Any, default: Any = NO_DEFAULT) -> Any:
         """The object published as ``name`` (a list of them for a list of names), its
@@ -115,7 +134,7 @@ class SharedData(CallModes):
     async def _get_datasets(self, names: list[Any], default: Any, several: bool) -> Any:
         found = []
         for name in names:
-            reply = await self._request(partial(m.DatasetRequest, name=_name(name)))
+            reply = await self._request(partial(DatasetRequest, name=_name(name)))
             if not reply.found:
                 if default is NO_DEFAULT:
                     raise KeyError(f"Dataset '{name}' not found; published: {list(reply.names)}")
@@ -125,7 +144,7 @@ class SharedData(CallModes):
             (value,), _ = payload.unpack_call(reply.data, futures)
             if futures.made:
                 # This client wants them too; the scheduler answers with their states.
-                self._session.post(m.SubmitTasks([], {}, sorted(futures.made)))
+                self._session.post(SubmitTasks([], {}, sorted(futures.made)))
             found.append(value)
         return found if several else found[0]
 
@@ -146,13 +165,13 @@ class SharedData(CallModes):
         except (TypeError, ValueError, OverflowError) as exc:
             raise TypeError(f"metadata must be plain data (msgpack): {exc}") from None
         path = _path(key)
-        return self._ask(partial(m.SetMetadata, path=path, value=value), _metadata_set)
+        return self._ask(partial(SetMetadata, path=path, value=value), _metadata_set)
 
     def get_metadata(self, keys: Any, default: Any = NO_DEFAULT) -> Any:
         """The value stored at ``keys`` (one key or a path); ``KeyError`` without a default."""
         path = _path(keys)
         return self._ask(
-            partial(m.MetadataRequest, path=path), partial(_metadata, keys=keys, default=default)
+            partial(MetadataRequest, path=path), partial(_metadata, keys=keys, default=default)
         )
 
     # --- who has what ---------------------------------------------------------------
@@ -161,7 +180,7 @@ class SharedData(CallModes):
         """What the waiting work asks for and what each worker runs: ``{"queued": [...],
         "workers": [...]}`` (``scheduler.demand``); what adaptive clusters decide from."""
         return self._ask(
-            lambda rid: m.DemandRequest(rid),
+            lambda rid: DemandRequest(rid),
             lambda reply: {"queued": reply.queued, "workers": reply.workers},
         )
 
@@ -173,12 +192,12 @@ class SharedData(CallModes):
         waiting requests with why they wait, and the task stream's executions and
         the scheduler's warnings numbered after ``stream_since`` and ``events_since``."""
         return self._ask(
-            lambda rid: m.StatusRequest(rid, stream_since, events_since, stream_limit),
+            lambda rid: StatusRequest(rid, stream_since, events_since, stream_limit),
             lambda reply: reply.status,
         )
 
     def _facts(self, then: Callable[[Any], Any]) -> Any:
-        return self._ask(lambda rid: m.ClusterFactsRequest(rid), then)
+        return self._ask(lambda rid: ClusterFactsRequest(rid), then)
 
     def who_has(self, futures: Any = None) -> Any:
         """Worker addresses holding each key: of ``futures``, or of every task known."""
@@ -186,10 +205,10 @@ class SharedData(CallModes):
             return self._facts(lambda facts: dict(facts.who_has))
         keys = list(dict.fromkeys(f.key for f in futures_of(futures)))
 
-        def holders(reply: m.WhoHasReply) -> dict[str, list[str]]:
+        def holders(reply: WhoHasReply) -> dict[str, list[str]]:
             return {key: list(reply.who_has.get(key, [])) for key in keys}
 
-        return self._ask(partial(m.WhoHasRequest, keys=keys), holders)
+        return self._ask(partial(WhoHasRequest, keys=keys), holders)
 
     def has_what(self, workers: Any = None) -> Any:
         """The keys whose results each worker (by address) holds."""
@@ -223,7 +242,7 @@ class SharedData(CallModes):
                 future._state.reset()
                 keys.append(future.key)
         if keys:
-            self._session.post(m.RetryKeys(keys))
+            self._session.post(RetryKeys(keys))
         return self._ready(None)
 
     def replicate(
@@ -245,7 +264,7 @@ class SharedData(CallModes):
             await settled(future._state)
         keys = sorted({f.key for f in found if f.status != ERROR})
         known = await self._known_names(names)
-        await self._request(partial(m.ReplicateKeys, keys=keys, n=n or 0, workers=known))
+        await self._request(partial(ReplicateKeys, keys=keys, n=n or 0, workers=known))
 
     def rebalance(self, futures: Any = None, workers: Any = None) -> Any:
         """Move results so that the workers (all, or ``workers``) hold about as many bytes
@@ -264,7 +283,7 @@ class SharedData(CallModes):
             keys = sorted({f.key for f in found})
         known = await self._known_names(names)
         await self._request(
-            partial(m.RebalanceKeys, keys=keys, all_keys=int(found is None), workers=known)
+            partial(RebalanceKeys, keys=keys, all_keys=int(found is None), workers=known)
         )
 
     async def _known_names(self, names: list[str] | None) -> list[str]:
@@ -272,7 +291,7 @@ class SharedData(CallModes):
         here rather than a copy that silently goes nowhere."""
         if names is None:
             return []
-        reply = await self._request(lambda rid: m.InfoRequest(rid))
+        reply = await self._request(lambda rid: InfoRequest(rid))
         known: set[str] = set()
         for address, worker in reply.info["workers"].items():
             known |= worker_aliases(worker["name"], address)
@@ -332,20 +351,20 @@ class _ClientFutures(Mapping[str, Future]):
         return len(self.made)
 
 
-def _nothing(reply: m.Message) -> None:
+def _nothing(reply: Message) -> None:
     return None
 
 
-def _names(reply: m.DatasetReply) -> list[str]:
+def _names(reply: DatasetReply) -> list[str]:
     return list(reply.names)
 
 
-def _metadata_set(reply: m.SharedDataAck) -> None:
+def _metadata_set(reply: SharedDataAck) -> None:
     if reply.error:
         raise ValueError(reply.error)
 
 
-def _metadata(reply: m.MetadataReply, keys: Any, default: Any) -> Any:
+def _metadata(reply: MetadataReply, keys: Any, default: Any) -> Any:
     if reply.found:
         return reply.value
     if default is not NO_DEFAULT:

@@ -19,7 +19,7 @@ from apportion.client.future import Future
 from apportion.client.restrictions import ANYWHERE, Where, where_to_run
 from apportion.core import payload
 from apportion.core.resources import ResourceSpec, parse_demand
-from apportion.protocol import messages as m
+from apportion.protocol.tasks import TaskSpec
 
 if TYPE_CHECKING:
     from apportion.client.client import Client
@@ -250,7 +250,7 @@ def graph_tasks(
     annotations: Mapping[str, Mapping[Any, Any]] | None = None,
     canon: Mapping[Any, Any] | None = None,
     where: Where = ANYWHERE,
-) -> Iterator[tuple[m.TaskSpec, bytes]]:
+) -> Iterator[tuple[TaskSpec, bytes]]:
     """The tasks needed for ``keys``, dependencies first, with the function blob.
 
     ``annotations`` (Dask's, by type then key) override ``resources``, ``priority``,
@@ -279,7 +279,7 @@ def graph_tasks(
         else:
             args, deps = payload.pack_call((_convert(value, canon),), {})
             func_id, blob = client._function(payload.run_spec)
-        spec = m.TaskSpec(
+        spec = TaskSpec(
             name,
             func_id,
             args,

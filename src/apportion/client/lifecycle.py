@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from apportion.client.asynchronous import CallModes, in_thread
 from apportion.dashboard.auth import NONCE_BYTES, login_link
-from apportion.protocol import messages as m
+from apportion.protocol.cluster import RestartRequest
 
 if TYPE_CHECKING:
     from apportion.client.local import LocalCluster
@@ -81,7 +81,7 @@ class ClusterLifecycle(CallModes):
             old = local.worker_pids()
             local.quiet_workers()
         # The scheduler has each supervised worker leave for a fresh process.
-        reply = self._session.call(lambda rid: m.RestartRequest(rid, "Client.restart"), limit)
+        reply = self._session.call(lambda rid: RestartRequest(rid, "Client.restart"), limit)
         if wait_for_workers:
             if local is not None and old:
                 local.wait_replaced(old, limit)

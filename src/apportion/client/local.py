@@ -49,7 +49,7 @@ from apportion.core.resources import ResourceSpec, format_resources, parse_suppl
 from apportion.core.sizes import format_bytes
 from apportion.loop_thread import LoopThread
 from apportion.net.security import Security
-from apportion.protocol.messages import WorkerDied
+from apportion.protocol.worker import WorkerDied
 from apportion.scheduler.events import WorkerDeathReport
 from apportion.scheduler.service import Scheduler
 from apportion.scheduler.state import SchedulerConfig

@@ -29,7 +29,12 @@ from typing import TYPE_CHECKING, Any, Self
 
 from apportion.client.coordination import Named, bind, request, wire_timeout
 from apportion.client.durations import Duration, seconds
-from apportion.protocol import messages as m
+from apportion.protocol.coordination import (
+    CoordinationReply,
+    EventRequest,
+    LeaseRequest,
+    RefreshLeases,
+)
 
 if TYPE_CHECKING:
     from apportion.client.client import Client
@@ -105,7 +110,7 @@ class _LeaseKeeper:
         with self._lock:
             ids = [lease_id for lease_id, t in self._leases.items() if t > 0]
         if ids:
-            client._session.post(m.RefreshLeases(ids))
+            client._session.post(RefreshLeases(ids))
             self._arm()
 
 
@@ -150,7 +155,7 @@ class _Leases:
         limit = wire_timeout(timeout)
         client = self.client
 
-        def granted(reply: m.CoordinationReply) -> bool:
+        def granted(reply: CoordinationReply) -> bool:
             if reply.error:
                 raise ValueError(reply.error)
             if reply.ok:
@@ -159,7 +164,7 @@ class _Leases:
             return bool(reply.ok)
 
         make = partial(
-            m.LeaseRequest,
+            LeaseRequest,
             op="acquire",
             kind=self._kind,
             names=self._names,
@@ -175,14 +180,14 @@ class _Leases:
         lease_id = self._leases.popleft()
         _keeper(self.client).remove(lease_id)
 
-        def released(reply: m.CoordinationReply) -> bool:
+        def released(reply: CoordinationReply) -> bool:
             if reply.error:
                 # Its lease expired (the scheduler warned then): others may hold it now.
                 logger.warning("releasing %s: %s", self._names, reply.error)
             return bool(reply.ok)
 
         make = partial(
-            m.LeaseRequest,
+            LeaseRequest,
             op="release",
             kind=self._kind,
             names=self._names,
@@ -196,7 +201,7 @@ class _Leases:
 
     def _value(self, then: Callable[[int], Any] = int) -> Any:
         make = partial(
-            m.LeaseRequest,
+            LeaseRequest,
             op="value",
             kind=self._kind,
             names=self._names,
@@ -414,14 +419,12 @@ class Event(Named):
         super().__init__(name or f"event-{uuid.uuid4().hex}", client)
 
     def _ask(self, op: str, timeout: float = 0.0) -> Any:
-        def answered(reply: m.CoordinationReply) -> bool:
+        def answered(reply: CoordinationReply) -> bool:
             if reply.error:
                 raise RuntimeError(reply.error)
             return bool(reply.ok)
 
-        return request(
-            self.client, lambda rid: m.EventRequest(rid, op, self.name, timeout), answered
-        )
+        return request(self.client, lambda rid: EventRequest(rid, op, self.name, timeout), answered)
 
     def wait(self, timeout: Duration | None = None) -> Any:
         """Wait until the event is set, up to ``timeout`` (None: as long as it takes);

@@ -24,7 +24,14 @@ from typing import TYPE_CHECKING, Any
 from apportion.client.asynchronous import CallModes
 from apportion.client.future import rebuild_exception
 from apportion.core import payload
-from apportion.protocol import messages as m
+from apportion.protocol.cluster import DumpRequest, LogsReply, LogsRequest, VersionsRequest
+from apportion.protocol.remote_calls import (
+    NO_REPLY,
+    InstallOnWorkers,
+    RunOnWorkers,
+    UninstallFromWorkers,
+    WorkersAnswered,
+)
 from apportion.scheduler.remote_calls import MAX_INSTALL_BYTES
 from apportion.versions import mismatches, versions
 from apportion.worker.remote_calls import parameter_names
@@ -114,10 +121,10 @@ class RemoteCalls(CallModes):
         # By value, as task functions travel: a script's own functions run on workers.
         call = payload.dumps_function((function, args, kwargs))
         if not wait:
-            self._session.post(m.RunOnWorkers(m.NO_REPLY, call, names))
+            self._session.post(RunOnWorkers(NO_REPLY, call, names))
             return self._ready(None)
         return self._ask(
-            lambda rid: m.RunOnWorkers(rid, call, names), partial(_answers, on_error=on_error)
+            lambda rid: RunOnWorkers(rid, call, names), partial(_answers, on_error=on_error)
         )
 
     def run_on_scheduler(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -134,7 +141,7 @@ class RemoteCalls(CallModes):
         if self.asynchronous:
             return self._run_on_scheduler_async(function, args, kwargs)
         if "dask_scheduler" in parameter_names(function):
-            state = self._session.call(lambda rid: m.DumpRequest(rid)).state
+            state = self._session.call(lambda rid: DumpRequest(rid)).state
             kwargs = {**kwargs, "dask_scheduler": SchedulerView(state)}
         if inspect.iscoroutinefunction(function):
             return asyncio.run(function(*args, **kwargs))
@@ -145,7 +152,7 @@ class RemoteCalls(CallModes):
     ) -> Any:
         """``run_on_scheduler`` in the caller's running loop."""
         if "dask_scheduler" in parameter_names(function):
-            reply = await self._ask(lambda rid: m.DumpRequest(rid))
+            reply = await self._ask(lambda rid: DumpRequest(rid))
             kwargs = {**kwargs, "dask_scheduler": SchedulerView(reply.state)}
         outcome = function(*args, **kwargs)
         if inspect.isawaitable(outcome):
@@ -217,14 +224,14 @@ class RemoteCalls(CallModes):
         if nanny:
             raise ValueError("apportion workers have no nanny process")
         self._check_open()
-        return self._ask(lambda rid: m.UninstallFromWorkers(rid, name), _answers)
+        return self._ask(lambda rid: UninstallFromWorkers(rid, name), _answers)
 
     def _install(
         self, kind: str, name: str, blob: bytes, *, load: bool = True, replace: bool = True
     ) -> Any:
         self._check_open()
         return self._ask(
-            lambda rid: m.InstallOnWorkers(rid, kind, name, blob, int(load), int(replace)),
+            lambda rid: InstallOnWorkers(rid, kind, name, blob, int(load), int(replace)),
             _answers,
         )
 
@@ -246,9 +253,9 @@ class RemoteCalls(CallModes):
 
     async def _get_versions(self, check: bool, extra: list[str]) -> dict[str, Any]:
         """On the session's loop: ask the scheduler and the workers."""
-        scheduler = (await self._request(lambda rid: m.VersionsRequest(rid))).versions
+        scheduler = (await self._request(lambda rid: VersionsRequest(rid))).versions
         call = payload.dumps_function((_versions_here, (extra,), {}))
-        workers = _answers(await self._request(lambda rid: m.RunOnWorkers(rid, call, [])))
+        workers = _answers(await self._request(lambda rid: RunOnWorkers(rid, call, [])))
         result = {"scheduler": scheduler, "workers": workers, "client": _versions_here(extra)}
         if check:
             problems = mismatches({"client": result["client"], "scheduler": scheduler, **workers})
@@ -269,17 +276,17 @@ class RemoteCalls(CallModes):
     def get_scheduler_logs(self, n: int | None = None) -> Any:
         """The scheduler's recent log records, ``[(level, message), ...]``, oldest first."""
         self._check_open()
-        return self._ask(lambda rid: m.LogsRequest(rid, n or 0), _log_records)
+        return self._ask(lambda rid: LogsRequest(rid, n or 0), _log_records)
 
 
 # --- helpers ---------------------------------------------------------------------------
 
 
-def _log_records(reply: m.LogsReply) -> list[tuple[str, str]]:
+def _log_records(reply: LogsReply) -> list[tuple[str, str]]:
     return [(level, text) for level, text in reply.records]
 
 
-def _answers(reply: m.WorkersAnswered, on_error: str = "raise") -> dict[str, Any]:
+def _answers(reply: WorkersAnswered, on_error: str = "raise") -> dict[str, Any]:
     """The workers' answers as values, exceptions raised, returned or left out."""
     if reply.error:
         raise ValueError(reply.error)

@@ -28,13 +28,15 @@ from apportion.net.address import check_address
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import open_connection
 from apportion.net.security import Security
-from apportion.protocol import messages as m
+from apportion.protocol.base import Message
 from apportion.protocol.codec import ProtocolError
+from apportion.protocol.peer_data import DataReply
+from apportion.protocol.tasks import ReleaseKeys, SubmitTasks, TaskSpec
 
 logger = logging.getLogger("apportion.client")
 
 #: A graph (or one task) for the outbox: (spec, function blob, whether a future wants it).
-TaskBatch = list[tuple[m.TaskSpec, bytes, bool]]
+TaskBatch = list[tuple[TaskSpec, bytes, bool]]
 
 
 #: Most bytes of arguments and functions merged into one SubmitTasks: past this a
@@ -54,7 +56,7 @@ class _Merged:
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
-        self._tasks: list[m.TaskSpec] = []
+        self._tasks: list[TaskSpec] = []
         self._functions: dict[str, bytes] = {}
         self._wanted: list[str] = []
         self._size = 0
@@ -77,19 +79,19 @@ class _Merged:
         self.send_tasks()
         self._releases.append(key)
 
-    def message(self, message: m.Message) -> None:
+    def message(self, message: Message) -> None:
         self.send_tasks()
         self.send_releases()
         self._conn.send(message)
 
     def send_tasks(self) -> None:
         if self._tasks:
-            self._conn.send(m.SubmitTasks(self._tasks, self._functions, self._wanted))
+            self._conn.send(SubmitTasks(self._tasks, self._functions, self._wanted))
             self._tasks, self._functions, self._wanted, self._size = [], {}, [], 0
 
     def send_releases(self) -> None:
         if self._releases:
-            self._conn.send(m.ReleaseKeys(self._releases))
+            self._conn.send(ReleaseKeys(self._releases))
             self._releases = []
 
 
@@ -128,7 +130,7 @@ class Session:
         address: str,
         name: str,
         timeout: float,
-        on_message: Callable[[m.Message], None],
+        on_message: Callable[[Message], None],
         on_lost: Callable[[str], None],
         *,
         security: Security,
@@ -146,7 +148,7 @@ class Session:
         # Re-entrant: garbage collection can run ``Future.__del__`` (which posts a
         # release here) in the middle of any allocation made while the lock is held.
         self._lock = threading.RLock()
-        self._outbox: list[TaskBatch | str | m.Message] = []
+        self._outbox: list[TaskBatch | str | Message] = []
         self._wake_scheduled = False
         self._requests: dict[int, asyncio.Future[Any]] = {}
         #: Requests sent to a worker's data port, by id: failed if that connection
@@ -154,7 +156,7 @@ class Session:
         self._on_peer: dict[int, Connection] = {}
         #: Large results the scheduler forwarded from workers ahead of the reply to a
         #: relayed gather: request id -> their ``DataReply`` frames (``take_parts``).
-        self._parts: dict[int, list[m.DataReply]] = {}
+        self._parts: dict[int, list[DataReply]] = {}
         self._ids = itertools.count(1)
         self._peers: dict[str, Connection] = {}
         #: Data connections being opened, by address.
@@ -203,7 +205,7 @@ class Session:
         try:
             while True:
                 for msg in await conn.recv():
-                    if scheduler and isinstance(msg, m.DataReply):
+                    if scheduler and isinstance(msg, DataReply):
                         self._parts.setdefault(msg.request_id, []).append(msg)
                         continue
                     request_id = getattr(msg, "request_id", None)
@@ -242,7 +244,7 @@ class Session:
     def next_id(self) -> int:
         return next(self._ids)
 
-    async def request(self, msg: m.Message, conn: Connection | None = None) -> Any:
+    async def request(self, msg: Message, conn: Connection | None = None) -> Any:
         """Send a message carrying a ``request_id`` and wait for the reply with that id."""
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._requests[msg.request_id] = fut  # type: ignore[attr-defined]
@@ -258,7 +260,7 @@ class Session:
         target.send(msg)
         return await fut
 
-    def take_parts(self, request_id: int) -> list[m.DataReply]:
+    def take_parts(self, request_id: int) -> list[DataReply]:
         """The results forwarded ahead of the reply to ``request_id``, once."""
         return self._parts.pop(request_id, [])
 
@@ -266,7 +268,7 @@ class Session:
     def connected(self) -> bool:
         return not self.closed and self._conn is not None and not self._conn.closed
 
-    def call(self, make: Callable[[int], m.Message], timeout: float | None = None) -> Any:
+    def call(self, make: Callable[[int], Message], timeout: float | None = None) -> Any:
         """From a user thread: send a request built with a fresh id; return the reply."""
         if not self.connected:
             raise SchedulerGoneError(f"not connected to the scheduler {self.address}")
@@ -312,7 +314,7 @@ class Session:
 
     # --- the outbox -----------------------------------------------------------------
 
-    def post(self, item: TaskBatch | str | m.Message) -> None:
+    def post(self, item: TaskBatch | str | Message) -> None:
         """Queue tasks, a key to release, or a message; wake the loop once per burst."""
         with self._lock:
             if self.closed:

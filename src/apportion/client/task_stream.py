@@ -29,7 +29,7 @@ from typing import Any
 from apportion.client import report_page
 from apportion.client.asynchronous import CallModes
 from apportion.client.durations import seconds
-from apportion.protocol import messages as m
+from apportion.protocol.cluster import StatusReply, StatusRequest
 
 #: Executions the scheduler keeps, and so the most one reply can carry.
 STREAM_SIZE = 50_000
@@ -138,7 +138,7 @@ class TaskStreams(CallModes):
         limit = count if start is None and stop is None and count is not None else STREAM_SIZE
         path = Path(filename)
 
-        def then(reply: m.StatusReply) -> Any:
+        def then(reply: StatusReply) -> Any:
             received = time.time()
             status = reply.status
             items = status["stream"]["items"]
@@ -158,4 +158,4 @@ class TaskStreams(CallModes):
             path.write_text(report_page.render(data), encoding="utf-8")
             return records, path
 
-        return self._ask(lambda rid: m.StatusRequest(rid, 0, 0, max(0, limit)), then)
+        return self._ask(lambda rid: StatusRequest(rid, 0, 0, max(0, limit)), then)

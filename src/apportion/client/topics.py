@@ -14,7 +14,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Protocol
 
 from apportion.core import payload
-from apportion.protocol import messages as m
+from apportion.protocol.coordination import TopicMessage
 
 if TYPE_CHECKING:
     from apportion.client.client import Client
@@ -42,7 +42,7 @@ def add(client: Client, name: str, receiver: Receiver) -> None:
         topics.setdefault(name, weakref.WeakSet()).add(receiver)
 
 
-def deliver(client: Client, msg: m.TopicMessage) -> None:
+def deliver(client: Client, msg: TopicMessage) -> None:
     """On the client's loop: pass a published message to its subscriptions."""
     with _lock:
         receivers = list(_subscriptions.get(client, {}).get(msg.name, ()))

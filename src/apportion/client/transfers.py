@@ -21,7 +21,9 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from apportion.core.payload import Pickled, size_of
-from apportion.protocol import messages as m
+from apportion.protocol.cluster import InfoRequest
+from apportion.protocol.peer_data import GetData, PutData
+from apportion.protocol.tasks import GatherRequest, ScatterPlaced, WhoHasRequest
 from apportion.scheduler.records import worker_aliases
 
 if TYPE_CHECKING:
@@ -64,7 +66,7 @@ async def fetch(session: Session, keys: list[str], direct: bool | None) -> Fetch
     """The pickled results of ``keys``, and those missing or unsendable (see the
     module docstring for ``direct``)."""
     if direct:
-        where = await session.request(m.WhoHasRequest(session.next_id(), keys))
+        where = await session.request(WhoHasRequest(session.next_id(), keys))
         fetched = await _from_holders(session, where.who_has, strict=True)
         fetched.missing.extend(key for key in keys if key not in where.who_has)
         return fetched
@@ -80,7 +82,7 @@ async def _gather(session: Session, keys: list[str], direct_from: int) -> Fetche
     """A ``GatherRequest``: what the scheduler relayed, with the large results it
     forwarded ahead of its reply, and those fetched from their holders (left in
     ``relay`` when unreachable)."""
-    reply = await session.request(m.GatherRequest(session.next_id(), keys, direct_from))
+    reply = await session.request(GatherRequest(session.next_id(), keys, direct_from))
     fetched = Fetched(dict(reply.data), list(reply.missing), dict(reply.errors))
     for part in session.take_parts(reply.request_id):
         fetched.merge(Fetched(dict(part.data), list(part.missing), dict(part.errors)))
@@ -112,7 +114,7 @@ async def _from_holders(
             unreached.extend(some)
             return
         try:
-            data = await session.request(m.GetData(session.next_id(), some), conn)
+            data = await session.request(GetData(session.next_id(), some), conn)
         except OSError:
             fetched.missing.extend(some)  # the worker went away: like a result it lost
             return
@@ -140,7 +142,7 @@ async def scatter_direct(
     """Put data on workers' data ports, fewest stored bytes first, then tell the
     scheduler; return what is left for the scheduler to relay: what no reachable worker
     took, everything when none can be reached. ``strict`` raises instead."""
-    info = await session.request(m.InfoRequest(session.next_id()))
+    info = await session.request(InfoRequest(session.next_id()))
     workers = sorted(
         (
             (address, w)
@@ -165,9 +167,9 @@ async def scatter_direct(
         if conn is None:
             left.update(part)
             continue
-        stored = await session.request(m.PutData(session.next_id(), part), conn)
+        stored = await session.request(PutData(session.next_id(), part), conn)
         for key in stored.keys:
             placed[key] = [address, stored.nbytes.get(key, size_of(part[key]))]
     if placed:
-        await session.request(m.ScatterPlaced(session.next_id(), placed))
+        await session.request(ScatterPlaced(session.next_id(), placed))
     return left

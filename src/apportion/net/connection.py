@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from apportion.net import lending
 from apportion.net.receive_pool import POOL, POOL_FROM
 from apportion.net.stream import Buffer, Stream, StreamClosed, StreamStalled
+from apportion.protocol.base import Message
 from apportion.protocol.codec import (
     BUFFER_LENGTH,
     HEADER,
@@ -39,7 +40,7 @@ from apportion.protocol.codec import (
     encode_frame,
     frame_sizes,
 )
-from apportion.protocol.messages import BuffersReturned, LendBuffers, Message
+from apportion.protocol.handshake import BuffersReturned, LendBuffers
 
 logger = logging.getLogger("apportion.net")
 

@@ -22,7 +22,7 @@ from apportion.net.handshake import HandshakeError, accept_connection
 from apportion.net.security import Security
 from apportion.net.stream import STALL_TIMEOUT
 from apportion.protocol.codec import ProtocolError
-from apportion.protocol.messages import Hello
+from apportion.protocol.handshake import Hello
 
 
 def host_of(peer: str) -> str:

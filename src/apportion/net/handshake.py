@@ -31,6 +31,7 @@ from apportion.net.scheduler_file import default_scheduler_file
 from apportion.net.security import HOW_TO_GIVE, AuthenticationError, Security
 from apportion.net.stream import Stream, StreamClosed
 from apportion.net.transport import transport_for
+from apportion.protocol.base import PROTOCOL_VERSION, Message
 from apportion.protocol.codec import (
     HEADER,
     MAX_FRAME,
@@ -39,13 +40,11 @@ from apportion.protocol.codec import (
     decode_body,
     frame_sizes,
 )
-from apportion.protocol.messages import (
-    PROTOCOL_VERSION,
+from apportion.protocol.handshake import (
     AuthChallenge,
     AuthHello,
     AuthProof,
     Hello,
-    Message,
     Refused,
     Welcome,
 )

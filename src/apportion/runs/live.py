@@ -26,9 +26,11 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from apportion.protocol.base import Message
 from apportion.protocol.codec import encode_message
-from apportion.protocol.messages import Message, RunEnded, RunOutput, RunStarted, TaskNote
+from apportion.protocol.services import TaskNote
 from apportion.runs.launcher import Launch, Launcher
+from apportion.runs.messages import RunEnded, RunOutput, RunStarted
 from apportion.runs.process import ExitStatus, RunOutcome
 from apportion.runs.spec import RunSpec
 from apportion.worker.long_lived import WorkerLink

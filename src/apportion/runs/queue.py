@@ -32,12 +32,43 @@ from typing import Any, Protocol, TypeVar
 
 from apportion.core.payload import Pickled, dumps_function, function_id, pack_call
 from apportion.core.resources import parse_demand, parse_supply
-from apportion.protocol import messages as m
+from apportion.protocol.base import Message
+from apportion.protocol.cluster import CheckDemands, DemandsChecked, WhyReply, WhyRequest
 from apportion.protocol.codec import ProtocolError, decode_message, encode_message
+from apportion.protocol.services import (
+    AdoptTask,
+    ForwardedReply,
+    ForwardedRequest,
+    RegisterService,
+    StopTasks,
+    TaskNoted,
+    TasksStillRunning,
+    WorkerDeparted,
+)
+from apportion.protocol.tasks import (
+    CancelKeys,
+    KeysDone,
+    KeysFailed,
+    Notice,
+    ReleaseKeys,
+    SubmitTasks,
+    TaskErred,
+    TaskSpec,
+)
 from apportion.runs import run_events as e
 from apportion.runs.journal import QUEUED, RUNNING, STAGED, Journal, RunRecord
 from apportion.runs.lifecycle import RunLifecycle
 from apportion.runs.live import RUN_KEY_PREFIX, execute_run, run_id_of, run_key
+from apportion.runs.messages import (
+    CancelRuns,
+    QueryRuns,
+    RunEnded,
+    RunOutput,
+    RunsReport,
+    RunsSubmitted,
+    RunStarted,
+    SubmitRuns,
+)
 from apportion.runs.spec import RunSpec
 from apportion.runs.views import RunView
 from apportion.runs.writer import JournalWriter
@@ -59,7 +90,7 @@ _WAITING = ("queued", "waiting")
 class QueueHost(Protocol):
     """The queue's connection to the scheduler, as any client has."""
 
-    def send(self, messages: list[m.Message]) -> None:
+    def send(self, messages: list[Message]) -> None:
         """Send these messages to the scheduler, in order."""
         ...
 
@@ -120,8 +151,8 @@ class RunQueue:
         self._requests = itertools.count(1)
         #: Checks of demands asked (``CheckDemands``): request id -> what follows.
         self._checks: dict[int, Callable[[list[list[str]]], None]] = {}
-        requests = [m.SubmitRuns.__name__, m.QueryRuns.__name__, m.CancelRuns.__name__]
-        host.send([m.RegisterService(requests, RUN_KEY_PREFIX)])
+        requests = [SubmitRuns.__name__, QueryRuns.__name__, CancelRuns.__name__]
+        host.send([RegisterService(requests, RUN_KEY_PREFIX)])
 
     # --- lifecycle ----------------------------------------------------------------
 
@@ -201,7 +232,7 @@ class RunQueue:
 
     def _carry_out(self, commands: list[e.Command]) -> None:
         journal: list[e.JournalCommand] = []
-        tasks: list[m.TaskSpec] = []
+        tasks: list[TaskSpec] = []
         for command in commands:
             match command:
                 case e.Schedule():
@@ -222,33 +253,33 @@ class RunQueue:
         self._submit(tasks)
 
     def _to_scheduler(self, command: e.Adopt | e.Release | e.CancelTask | e.StopStrays) -> None:
-        message: m.Message
+        message: Message
         match command:
             case e.Adopt():
                 func_id, blob = self._function
                 task = self._task_spec(command.run_id, command.retries_left)
                 units = parse_supply(command.held or None)[1]
-                message = m.AdoptTask(command.worker_id, task, {func_id: blob}, units)
+                message = AdoptTask(command.worker_id, task, {func_id: blob}, units)
             case e.Release():
-                message = m.ReleaseKeys([run_key(command.run_id)])
+                message = ReleaseKeys([run_key(command.run_id)])
             case e.CancelTask():
-                message = m.CancelKeys([run_key(command.run_id)])
+                message = CancelKeys([run_key(command.run_id)])
             case e.StopStrays():
                 keys = [run_key(run_id) for run_id in command.run_ids]
-                message = m.StopTasks(command.worker_id, keys)
+                message = StopTasks(command.worker_id, keys)
         self.host.send([message])
 
-    def _submit(self, tasks: list[m.TaskSpec]) -> None:
+    def _submit(self, tasks: list[TaskSpec]) -> None:
         if tasks:
             func_id, blob = self._function
-            self.host.send([m.SubmitTasks(tasks, {func_id: blob}, [t.key for t in tasks])])
+            self.host.send([SubmitTasks(tasks, {func_id: blob}, [t.key for t in tasks])])
 
-    def _task_spec(self, run_id: int, retries_left: int) -> m.TaskSpec:
+    def _task_spec(self, run_id: int, retries_left: int) -> TaskSpec:
         """The task that runs the command: ``execute_run(id, spec)``, with its demand."""
         task = self._tasks[run_id]
         key = run_key(run_id)
         func_id = self._function[0]
-        return m.TaskSpec(key, func_id, task.args, [], task.demand, task.priority, retries_left)
+        return TaskSpec(key, func_id, task.args, [], task.demand, task.priority, retries_left)
 
     def _views(self, records: list[RunRecord]) -> tuple[RunView, ...]:
         """The lifecycle's views of ``records``; their tasks are made here, once."""
@@ -292,37 +323,37 @@ class RunQueue:
 
     # --- what the scheduler tells its client ----------------------------------------
 
-    def on_message(self, message: m.Message) -> None:
+    def on_message(self, message: Message) -> None:
         """A message from the scheduler to the queue's client."""
         now, wall = time.monotonic(), time.time()
         match message:
-            case m.KeysDone():
+            case KeysDone():
                 for key in message.keys:
                     self._task_done(key, None, now, wall)
-            case m.TaskErred():
+            case TaskErred():
                 self._task_done(message.key, ("failed", ""), now, wall)
-            case m.KeysFailed():
+            case KeysFailed():
                 for key in message.keys:
                     self._task_done(key, (message.kind, message.message), now, wall)
-            case m.TaskNoted():
+            case TaskNoted():
                 self._noted(message, now, wall)
-            case m.TasksStillRunning():
+            case TasksStillRunning():
                 self._still_running(message, now, wall)
-            case m.WorkerDeparted():
+            case WorkerDeparted():
                 self._feed(e.WorkerGone(message.name, now, wall))
-            case m.ForwardedRequest():
+            case ForwardedRequest():
                 self._forwarded(message)
-            case m.WhyReply() | m.DemandsChecked():
+            case WhyReply() | DemandsChecked():
                 self._answered(message)
-            case m.Notice():
+            case Notice():
                 level = logging.WARNING if message.level == "warning" else logging.INFO
                 logger.log(level, "%s", message.text)
             case _:
                 pass  # KeysPending and the like: a run's task is never an input
 
-    def _answered(self, message: m.WhyReply | m.DemandsChecked) -> None:
+    def _answered(self, message: WhyReply | DemandsChecked) -> None:
         """The scheduler answered one of the queue's own requests."""
-        if isinstance(message, m.WhyReply):
+        if isinstance(message, WhyReply):
             self._waiting(message.reasons)
             return
         then = self._checks.pop(message.request_id, None)
@@ -334,7 +365,7 @@ class RunQueue:
         if run_id is not None:
             self._feed(e.TaskDone(run_id, failure, now, wall))
 
-    def _noted(self, noted: m.TaskNoted, now: float, wall: float) -> None:
+    def _noted(self, noted: TaskNoted, now: float, wall: float) -> None:
         """A worker's note about a run: its start, output or end."""
         try:
             note = decode_message(noted.note)
@@ -342,16 +373,16 @@ class RunQueue:
             logger.warning("job queue: a garbled note about %s: %s", noted.key, exc)
             return
         match note:
-            case m.RunStarted():
+            case RunStarted():
                 run_id, held, pid = note.run_id, note.held, note.pid
                 self._feed(e.Started(run_id, noted.worker, held, pid, now, wall))
-            case m.RunOutput():
+            case RunOutput():
                 self.writer.output(note.run_id, note.offset, note.data)
-            case m.RunEnded():
+            case RunEnded():
                 code, sig, reason, detail = note.exit_code, note.signal, note.reason, note.detail
                 self._feed(e.Ended(note.run_id, code, sig, reason, detail, now, wall))
 
-    def _still_running(self, message: m.TasksStillRunning, now: float, wall: float) -> None:
+    def _still_running(self, message: TasksStillRunning, now: float, wall: float) -> None:
         """A worker came back with runs alive: adopt those we wait for, stop the others."""
         live = tuple(i for key in message.keys if (i := run_id_of(key)) is not None)
         states = {
@@ -361,12 +392,12 @@ class RunQueue:
         }
         self._feed(e.WorkerBack(message.worker_id, message.worker, live, states, now, wall))
 
-    def _forwarded(self, forwarded: m.ForwardedRequest) -> None:
+    def _forwarded(self, forwarded: ForwardedRequest) -> None:
         """A client's run request, forwarded by the scheduler; the answer goes back."""
         origin = forwarded.origin
 
-        def reply(answer: m.Message) -> None:
-            self.host.send([m.ForwardedReply(origin, encode_message(answer))])
+        def reply(answer: Message) -> None:
+            self.host.send([ForwardedReply(origin, encode_message(answer))])
 
         try:
             self.request(decode_message(forwarded.request), reply)
@@ -375,22 +406,22 @@ class RunQueue:
 
     # --- requests from clients ----------------------------------------------------------
 
-    def request(self, message: m.Message, reply: Callable[[m.Message], None]) -> None:
+    def request(self, message: Message, reply: Callable[[Message], None]) -> None:
         """``SubmitRuns``, ``QueryRuns`` or ``CancelRuns``: answered through ``reply`` once
         the journal has it."""
         wall = time.time()
         match message:
-            case m.SubmitRuns():
+            case SubmitRuns():
                 try:
                     specs = [RunSpec.from_dict(spec) for spec in message.specs]
                 except ValueError as exc:
-                    reply(m.RunsSubmitted(message.request_id, [], str(exc)))
+                    reply(RunsSubmitted(message.request_id, [], str(exc)))
                     return
                 demands = [parse_demand(spec.resources or None) for spec in specs]
                 self._check_demands(
                     demands, lambda verdicts: self._submit_runs(message, specs, verdicts, reply)
                 )
-            case m.CancelRuns():
+            case CancelRuns():
                 ids = list(message.ids)
 
                 def cancelled(asked: list[int]) -> None:
@@ -399,7 +430,7 @@ class RunQueue:
 
                 ask = self.writer.call(lambda journal: _request_cancel(journal, ids, wall))
                 self._ask(ask, cancelled, _no_report(message.request_id), reply)
-            case m.QueryRuns():
+            case QueryRuns():
                 self._report(message.request_id, list(message.ids), reply)
 
     def _check_demands(
@@ -409,14 +440,14 @@ class RunQueue:
         each, ``scheduler.unsatisfiable.check_demand``); ``then`` gets the answer."""
         request_id = next(self._requests)
         self._checks[request_id] = then
-        self.host.send([m.CheckDemands(request_id, demands)])
+        self.host.send([CheckDemands(request_id, demands)])
 
     def _submit_runs(
         self,
-        message: m.SubmitRuns,
+        message: SubmitRuns,
         specs: list[RunSpec],
         verdicts: list[list[str]],
-        reply: Callable[[m.Message], None],
+        reply: Callable[[Message], None],
     ) -> None:
         """Queue ``specs``, or refuse them all if one misspells a resource.
 
@@ -430,7 +461,7 @@ class RunQueue:
         for spec, (kind, text) in zip(specs, verdicts, strict=True):
             if kind == "misnamed":
                 error = f"the run asks for {spec.resources}, but {text}; nothing was queued"
-                reply(m.RunsSubmitted(request_id, [], error))
+                reply(RunsSubmitted(request_id, [], error))
                 return
 
         def stage(journal: Journal) -> list[RunRecord]:
@@ -439,24 +470,24 @@ class RunQueue:
         def submitted(records: list[RunRecord]) -> None:
             self._feed(e.Submitted(self._views(records), time.monotonic(), wall))
             ids = [r.id for r in records]
-            reply(m.RunsSubmitted(request_id, ids, "", [list(v) for v in verdicts]))
+            reply(RunsSubmitted(request_id, ids, "", [list(v) for v in verdicts]))
 
-        def failed(error: str) -> m.Message:
-            return m.RunsSubmitted(request_id, [], f"the scheduler failed: {error}")
+        def failed(error: str) -> Message:
+            return RunsSubmitted(request_id, [], f"the scheduler failed: {error}")
 
         self._ask(self.writer.call(stage), submitted, failed, reply)
 
-    def _report(self, request_id: int, ids: list[int], reply: Callable[[m.Message], None]) -> None:
+    def _report(self, request_id: int, ids: list[int], reply: Callable[[Message], None]) -> None:
         future = self.writer.call(lambda journal: report(journal, ids))
-        answer = lambda runs: reply(m.RunsReport(request_id, runs))  # noqa: E731
+        answer = lambda runs: reply(RunsReport(request_id, runs))  # noqa: E731
         self._ask(future, answer, _no_report(request_id), reply)
 
     def _ask(
         self,
         future: Future[T],
         then: Callable[[T], None],
-        failed: Callable[[str], m.Message],
-        reply: Callable[[m.Message], None],
+        failed: Callable[[str], Message],
+        reply: Callable[[Message], None],
     ) -> None:
         """``_when_done``, with a failure answered to the client (``failed(why)``)."""
         self._when_done(future, then, lambda error: reply(failed(str(error))))
@@ -467,7 +498,7 @@ class RunQueue:
         queued = [i for i in sorted(self.life.active) if runs[i].state == QUEUED]
         if queued:
             keys = [run_key(run_id) for run_id in queued[:WAITING_BATCH]]
-            self.host.send([m.WhyRequest(next(self._requests), keys)])
+            self.host.send([WhyRequest(next(self._requests), keys)])
 
     def _waiting(self, reasons: dict[str, str]) -> None:
         """Write down why runs wait, for those still waiting in a queue."""
@@ -480,9 +511,9 @@ class RunQueue:
         self.writer.write(commands)
 
 
-def _no_report(request_id: int) -> Callable[[str], m.Message]:
+def _no_report(request_id: int) -> Callable[[str], Message]:
     """The answer to a query the journal failed (the error is logged): no runs."""
-    return lambda _: m.RunsReport(request_id, [])
+    return lambda _: RunsReport(request_id, [])
 
 
 def view_of(record: RunRecord, demand: Mapping[str, int]) -> RunView:

@@ -16,9 +16,11 @@ from typing import Any
 from apportion.net.connection import ConnectionClosed
 from apportion.net.handshake import HandshakeError, open_connection
 from apportion.net.security import AuthenticationError, security_for
-from apportion.protocol import messages as m
+from apportion.protocol.base import Message
 from apportion.protocol.codec import ProtocolError
+from apportion.protocol.services import Unserved
 from apportion.runs.journal import RunRecord
+from apportion.runs.messages import CancelRuns, QueryRuns, RunsReport, RunsSubmitted, SubmitRuns
 from apportion.runs.spec import RunSpec
 
 #: A query for every run answers with the most recent ones, at most this many.
@@ -31,7 +33,7 @@ class RemoteQueueError(Exception):
     """The scheduler could not be reached, or refused the request (says why)."""
 
 
-async def _ask(address: str, request: m.Message, timeout: float) -> m.Message:
+async def _ask(address: str, request: Message, timeout: float) -> Message:
     try:
         conn, _ = await asyncio.wait_for(
             open_connection(address, "client", "runs", security=security_for(address)), timeout
@@ -42,9 +44,9 @@ async def _ask(address: str, request: m.Message, timeout: float) -> m.Message:
         conn.send(request)
         while True:
             for reply in await asyncio.wait_for(conn.recv(), timeout):
-                if isinstance(reply, m.RunsSubmitted | m.RunsReport):
+                if isinstance(reply, RunsSubmitted | RunsReport):
                     return reply
-                if isinstance(reply, m.Unserved):
+                if isinstance(reply, Unserved):
                     return _without_journal(request)
     except (OSError, ConnectionClosed, ProtocolError) as exc:
         raise RemoteQueueError(f"the scheduler at {address} went away: {exc}") from None
@@ -52,13 +54,13 @@ async def _ask(address: str, request: m.Message, timeout: float) -> m.Message:
         conn.abort()
 
 
-def _without_journal(request: m.Message) -> m.Message:
+def _without_journal(request: Message) -> Message:
     """The answer of a scheduler that serves no run journal."""
-    if isinstance(request, m.SubmitRuns):
+    if isinstance(request, SubmitRuns):
         text = "this scheduler keeps no run journal (start it with --journal)"
-        return m.RunsSubmitted(request.request_id, [], text)
-    assert isinstance(request, m.QueryRuns | m.CancelRuns)
-    return m.RunsReport(request.request_id, [])
+        return RunsSubmitted(request.request_id, [], text)
+    assert isinstance(request, QueryRuns | CancelRuns)
+    return RunsReport(request.request_id, [])
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -76,9 +78,9 @@ class Submitted:
 def submit(address: str, specs: Sequence[RunSpec], timeout: float = 30.0) -> Submitted:
     """Queue ``specs`` on the scheduler at ``address``; raises ``RemoteQueueError`` if it
     refused them (a resource name misspelt, say: nothing is queued then)."""
-    request = m.SubmitRuns(next(_ids), [spec.to_dict() for spec in specs])
+    request = SubmitRuns(next(_ids), [spec.to_dict() for spec in specs])
     reply = asyncio.run(_ask(address, request, timeout))
-    assert isinstance(reply, m.RunsSubmitted)
+    assert isinstance(reply, RunsSubmitted)
     if reply.error:
         raise RemoteQueueError(reply.error)
     try:
@@ -90,15 +92,15 @@ def submit(address: str, specs: Sequence[RunSpec], timeout: float = 30.0) -> Sub
 
 def query(address: str, ids: Sequence[int], timeout: float = 30.0) -> list[RunRecord]:
     """Runs ``ids`` as the scheduler's journal has them (no ids: the latest ones)."""
-    reply = asyncio.run(_ask(address, m.QueryRuns(next(_ids), list(ids)), timeout))
-    assert isinstance(reply, m.RunsReport)
+    reply = asyncio.run(_ask(address, QueryRuns(next(_ids), list(ids)), timeout))
+    assert isinstance(reply, RunsReport)
     return [record_from_dict(row) for row in reply.runs]
 
 
 def cancel(address: str, ids: Sequence[int], timeout: float = 30.0) -> list[RunRecord]:
     """Ask the scheduler to cancel runs ``ids``; the runs afterwards (unknown ids left out)."""
-    reply = asyncio.run(_ask(address, m.CancelRuns(next(_ids), list(ids)), timeout))
-    assert isinstance(reply, m.RunsReport)
+    reply = asyncio.run(_ask(address, CancelRuns(next(_ids), list(ids)), timeout))
+    assert isinstance(reply, RunsReport)
     return [record_from_dict(row) for row in reply.runs]
 
 

@@ -26,7 +26,8 @@ from apportion.loop_thread import LoopThread
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import open_connection
 from apportion.net.security import security_for
-from apportion.protocol import messages as m
+from apportion.protocol.base import Message
+from apportion.protocol.cluster import InfoReply, InfoRequest
 from apportion.runs.journal import Journal
 from apportion.runs.queue import QueueOptions, RunQueue
 from apportion.scheduler.companions import SchedulerAddresses
@@ -43,7 +44,7 @@ class _Link:
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
 
-    def send(self, messages: list[m.Message]) -> None:
+    def send(self, messages: list[Message]) -> None:
         """See ``QueueHost.send``."""
         if not self._conn.closed:
             for message in messages:
@@ -68,7 +69,7 @@ class RunsService:
         self._conn: Connection | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._ids = itertools.count(1)
-        self._answers: dict[int, asyncio.Future[m.Message]] = {}
+        self._answers: dict[int, asyncio.Future[Message]] = {}
 
     async def start(self, scheduler: SchedulerAddresses) -> None:
         """Claim the journal, start the thread, connect, register, resume the journal.
@@ -102,7 +103,7 @@ class RunsService:
         # Once this is answered, the scheduler has taken the registration before it.
         request_id = next(self._ids)
         answer = self._answers[request_id] = asyncio.get_running_loop().create_future()
-        conn.send(m.InfoRequest(request_id))
+        conn.send(InfoRequest(request_id))
         await answer
         await queue.start(time.monotonic(), time.time())
         self._tasks.append(asyncio.create_task(self._tick(queue), name="runs-tick"))
@@ -112,7 +113,7 @@ class RunsService:
         try:
             while True:
                 for message in await conn.recv():
-                    if isinstance(message, m.InfoReply):
+                    if isinstance(message, InfoReply):
                         answer = self._answers.pop(message.request_id, None)
                         if answer is not None and not answer.done():
                             answer.set_result(message)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from apportion.core.payload import Pickled
-from apportion.protocol import messages as m
+from apportion.protocol.tasks import ScatterRequest
 from apportion.scheduler.events import Installation
 
 #: Most bytes of uploads and plugins kept for workers that join later.
@@ -66,7 +66,7 @@ class RelayBook:
     #: Results of draining workers on their way to others (``drain.py``).
     handoffs: dict[int, Handoff] = field(default_factory=dict)
     #: Scatter requests that arrived before any worker did.
-    parked: list[tuple[str, m.ScatterRequest]] = field(default_factory=list)
+    parked: list[tuple[str, ScatterRequest]] = field(default_factory=list)
     next_id: int = 0
 
     def new_id(self) -> int:

@@ -21,7 +21,15 @@ from collections import Counter, deque
 from typing import TypeVar
 
 from apportion.core.payload import Pickled
-from apportion.protocol import messages as m
+from apportion.protocol.coordination import (
+    CoordinationReply,
+    EventRequest,
+    Publish,
+    Subscribe,
+    Unsubscribe,
+    ValueReply,
+    ValueRequest,
+)
 from apportion.scheduler.client_requests import release, want
 from apportion.scheduler.coordination_book import (
     QUEUE_OWNER,
@@ -34,13 +42,13 @@ from apportion.scheduler.coordination_book import (
     Waiter,
 )
 from apportion.scheduler.core import SchedulerCore
-from apportion.scheduler.events import DeliverMessage
+from apportion.scheduler.events import SendTopicMessage
 from apportion.scheduler.records import ClientRecord
 
 _VALUE_OPS = {"variable": ("set", "get", "delete"), "queue": ("put", "get", "size")}
 
 
-def value_request(state: SchedulerCore, client: ClientRecord, msg: m.ValueRequest) -> None:
+def value_request(state: SchedulerCore, client: ClientRecord, msg: ValueRequest) -> None:
     error = _refusal(state, msg)
     if error:
         _answer(state, client.id, msg.request_id, error=error)
@@ -50,7 +58,7 @@ def value_request(state: SchedulerCore, client: ClientRecord, msg: m.ValueReques
         _QUEUE_OPS[msg.op](state, client, msg)
 
 
-def _refusal(state: SchedulerCore, msg: m.ValueRequest) -> str:
+def _refusal(state: SchedulerCore, msg: ValueRequest) -> str:
     ops = _VALUE_OPS.get(msg.kind)
     if ops is None:
         return f"unknown kind {msg.kind!r} (expected variable or queue)"
@@ -79,7 +87,7 @@ def _answer(
     timed_out: bool = False,
     error: str = "",
 ) -> None:
-    reply = m.ValueReply(request_id, items or [], keys or [], size, int(timed_out), error)
+    reply = ValueReply(request_id, items or [], keys or [], size, int(timed_out), error)
     state.reply(client_id, reply)
 
 
@@ -122,7 +130,7 @@ def _hand_over(
 # --- variables ------------------------------------------------------------------------
 
 
-def _set_variable(state: SchedulerCore, client: ClientRecord, msg: m.ValueRequest) -> None:
+def _set_variable(state: SchedulerCore, client: ClientRecord, msg: ValueRequest) -> None:
     book = state.coordination
     owner_id = VARIABLE_OWNER + msg.name
     if msg.keys:
@@ -141,7 +149,7 @@ def _set_variable(state: SchedulerCore, client: ClientRecord, msg: m.ValueReques
         _hand_over(state, waiter, [(msg.items[0], list(msg.keys))])
 
 
-def _get_variable(state: SchedulerCore, client: ClientRecord, msg: m.ValueRequest) -> None:
+def _get_variable(state: SchedulerCore, client: ClientRecord, msg: ValueRequest) -> None:
     book = state.coordination
     record = book.variables.get(msg.name)
     waiter = Waiter(client.id, msg.request_id, _deadline(state, msg.timeout))
@@ -154,7 +162,7 @@ def _get_variable(state: SchedulerCore, client: ClientRecord, msg: m.ValueReques
         book.due(waiter.deadline)
 
 
-def _delete_variable(state: SchedulerCore, client: ClientRecord, msg: m.ValueRequest) -> None:
+def _delete_variable(state: SchedulerCore, client: ClientRecord, msg: ValueRequest) -> None:
     """Forget the value (a name never set is no error, as in Dask); gets wait on."""
     if state.coordination.variables.pop(msg.name, None) is not None:
         drop_owner(state, VARIABLE_OWNER + msg.name)
@@ -167,7 +175,7 @@ _VARIABLE_OPS = {"set": _set_variable, "get": _get_variable, "delete": _delete_v
 # --- queues ---------------------------------------------------------------------------
 
 
-def _queue(state: SchedulerCore, client: ClientRecord, msg: m.ValueRequest) -> QueueRecord | None:
+def _queue(state: SchedulerCore, client: ClientRecord, msg: ValueRequest) -> QueueRecord | None:
     """The queue, made on first use with the asker's ``maxsize``; None (answered with
     the error) when the asker was made with another bound."""
     record = state.coordination.queues.get(msg.name)
@@ -183,7 +191,7 @@ def _queue(state: SchedulerCore, client: ClientRecord, msg: m.ValueRequest) -> Q
     return record
 
 
-def _put(state: SchedulerCore, client: ClientRecord, msg: m.ValueRequest) -> None:
+def _put(state: SchedulerCore, client: ClientRecord, msg: ValueRequest) -> None:
     record = _queue(state, client, msg)
     if record is None:
         return
@@ -194,7 +202,7 @@ def _put(state: SchedulerCore, client: ClientRecord, msg: m.ValueRequest) -> Non
     _wait_in_line(state, msg, record.putters, putter)
 
 
-def _get(state: SchedulerCore, client: ClientRecord, msg: m.ValueRequest) -> None:
+def _get(state: SchedulerCore, client: ClientRecord, msg: ValueRequest) -> None:
     record = _queue(state, client, msg)
     if record is None:
         return
@@ -215,7 +223,7 @@ InLine = TypeVar("InLine", QueuePutter, QueueGetter)
 
 def _wait_in_line(
     state: SchedulerCore,
-    msg: m.ValueRequest,
+    msg: ValueRequest,
     line: deque[InLine],
     waiter: InLine,
 ) -> None:
@@ -231,7 +239,7 @@ def _wait_in_line(
         state.coordination.due(waiter.deadline)
 
 
-def _size(state: SchedulerCore, client: ClientRecord, msg: m.ValueRequest) -> None:
+def _size(state: SchedulerCore, client: ClientRecord, msg: ValueRequest) -> None:
     record = state.coordination.queues.get(msg.name)
     _answer(state, client.id, msg.request_id, size=len(record.items) if record else 0)
 
@@ -304,7 +312,7 @@ def drop_waiters(state: SchedulerCore, name: str, waiters: list[Waiter], *, answ
 # --- events ---------------------------------------------------------------------------
 
 
-def event_request(state: SchedulerCore, client: ClientRecord, msg: m.EventRequest) -> None:
+def event_request(state: SchedulerCore, client: ClientRecord, msg: EventRequest) -> None:
     book = state.coordination
     record = book.events.get(msg.name)
     if msg.op == "set":
@@ -332,11 +340,11 @@ def event_request(state: SchedulerCore, client: ClientRecord, msg: m.EventReques
             book.due(waiter.deadline)
     else:
         text = f"unknown event operation {msg.op!r} (expected set, clear, is_set or wait)"
-        state.reply(client.id, m.CoordinationReply(msg.request_id, 0, 0, text))
+        state.reply(client.id, CoordinationReply(msg.request_id, 0, 0, text))
 
 
 def _flag(state: SchedulerCore, client_id: str, request_id: int, is_set: bool) -> None:
-    state.reply(client_id, m.CoordinationReply(request_id, int(is_set), 0, ""))
+    state.reply(client_id, CoordinationReply(request_id, int(is_set), 0, ""))
 
 
 def tidy_event(state: SchedulerCore, name: str) -> None:
@@ -349,12 +357,12 @@ def tidy_event(state: SchedulerCore, name: str) -> None:
 # --- topics ---------------------------------------------------------------------------
 
 
-def subscribe(state: SchedulerCore, client: ClientRecord, msg: m.Subscribe) -> None:
+def subscribe(state: SchedulerCore, client: ClientRecord, msg: Subscribe) -> None:
     state.coordination.topics.setdefault(msg.name, Counter())[client.id] += 1
-    state.reply(client.id, m.CoordinationReply(msg.request_id, 1, 0, ""))
+    state.reply(client.id, CoordinationReply(msg.request_id, 1, 0, ""))
 
 
-def unsubscribe(state: SchedulerCore, client: ClientRecord, msg: m.Unsubscribe) -> None:
+def unsubscribe(state: SchedulerCore, client: ClientRecord, msg: Unsubscribe) -> None:
     subscribers = state.coordination.topics.get(msg.name)
     if subscribers is None or not subscribers[client.id]:
         return  # its subscription ended before it was made (a Sub dropped at once)
@@ -365,9 +373,9 @@ def unsubscribe(state: SchedulerCore, client: ClientRecord, msg: m.Unsubscribe) 
             del state.coordination.topics[msg.name]
 
 
-def publish(state: SchedulerCore, client: ClientRecord, msg: m.Publish) -> None:
+def publish(state: SchedulerCore, client: ClientRecord, msg: Publish) -> None:
     for client_id in state.coordination.topics.get(msg.name, ()):
-        state.emit(DeliverMessage(client_id, msg.name, msg.data))
+        state.emit(SendTopicMessage(client_id, msg.name, msg.data))
 
 
 # --- time and departures --------------------------------------------------------------

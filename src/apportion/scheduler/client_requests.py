@@ -7,11 +7,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from apportion.protocol import messages as m
+from apportion.protocol.cluster import (
+    CheckDemands,
+    DemandReply,
+    DemandRequest,
+    DemandsChecked,
+    DumpReply,
+    DumpRequest,
+    InfoReply,
+    InfoRequest,
+    StatusReply,
+    StatusRequest,
+    StoryReply,
+    StoryRequest,
+    WhyReply,
+    WhyRequest,
+)
+from apportion.protocol.tasks import CancelKeys, ReleaseKeys, SubmitTasks, TaskSpec
 from apportion.scheduler import views
 from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.demand import demand
-from apportion.scheduler.events import TaskError, TaskFailed, TasksFailed
+from apportion.scheduler.events import SendKeysFailed, TaskError, failure_notice
 from apportion.scheduler.explain import explain
 from apportion.scheduler.records import (
     ERRED,
@@ -40,7 +56,7 @@ from apportion.scheduler.unsatisfiable import (
 WHY_ALL_LIMIT = 100
 
 
-def submit(state: SchedulerCore, client: ClientRecord, msg: m.SubmitTasks) -> None:
+def submit(state: SchedulerCore, client: ClientRecord, msg: SubmitTasks) -> None:
     # Records, links and wants first, states second: a task that fails at
     # submission must already know who wants it and which dependents fail with
     # it, or it would be forgotten unseen and reported only as "unknown".
@@ -119,7 +135,7 @@ def _warn_if_unsatisfiable(state: SchedulerCore, task: TaskRecord) -> None:
 
 def _new_task(
     state: SchedulerCore,
-    spec: m.TaskSpec,
+    spec: TaskSpec,
     restrictions: dict[tuple[tuple[str, ...], int], Restriction],
 ) -> TaskRecord:
     """A NEW record; ``submit`` links it to its inputs and ``_start`` sets its state."""
@@ -183,7 +199,7 @@ def _start(state: SchedulerCore, task: TaskRecord) -> None:
 def want(state: SchedulerCore, client: ClientRecord, key: str) -> None:
     task = state.tasks.get(key)
     if task is None:
-        state.emit(TasksFailed(client.id, [key], "lost", f"{key!r} is unknown"))
+        state.emit(SendKeysFailed(client.id, [key], "lost", f"{key!r} is unknown"))
         return
     if task.wanted_by is None:
         task.wanted_by = set()
@@ -194,7 +210,7 @@ def want(state: SchedulerCore, client: ClientRecord, key: str) -> None:
     elif task.state == RELEASED:
         state.recompute(task, f"wanted again by client {client.id}")
     elif (task.state == ERRED or task.cancelled) and task.error is not None:
-        state.emit(TaskFailed(client.id, key, task.error, state.retried.get(key, 0) + 1))
+        state.emit(failure_notice(client.id, key, task.error, state.retried.get(key, 0) + 1))
 
 
 def release(state: SchedulerCore, client: ClientRecord, keys: list[str]) -> None:
@@ -206,11 +222,11 @@ def release(state: SchedulerCore, client: ClientRecord, keys: list[str]) -> None
             state.release_if_unneeded(task)
 
 
-def release_keys(state: SchedulerCore, client: ClientRecord, msg: m.ReleaseKeys) -> None:
+def release_keys(state: SchedulerCore, client: ClientRecord, msg: ReleaseKeys) -> None:
     release(state, client, msg.keys)
 
 
-def cancel_keys(state: SchedulerCore, client: ClientRecord, msg: m.CancelKeys) -> None:
+def cancel_keys(state: SchedulerCore, client: ClientRecord, msg: CancelKeys) -> None:
     if state.relays.parked:
         state.relays.drop_parked(client.id, msg.keys)
     for key in msg.keys:
@@ -221,7 +237,7 @@ def cancel_keys(state: SchedulerCore, client: ClientRecord, msg: m.CancelKeys) -
         state.fail(task, ("cancelled", text, b""), f"cancelled by client {client.id}")
 
 
-def why(state: SchedulerCore, client: ClientRecord, msg: m.WhyRequest) -> None:
+def why(state: SchedulerCore, client: ClientRecord, msg: WhyRequest) -> None:
 
     keys = (
         msg.keys
@@ -230,24 +246,24 @@ def why(state: SchedulerCore, client: ClientRecord, msg: m.WhyRequest) -> None:
         ]
     )
     reasons = {key: explain(state, key) for key in keys}
-    state.reply(client.id, m.WhyReply(msg.request_id, reasons))
+    state.reply(client.id, WhyReply(msg.request_id, reasons))
 
 
-def info(state: SchedulerCore, client: ClientRecord, msg: m.InfoRequest) -> None:
-    state.reply(client.id, m.InfoReply(msg.request_id, views.snapshot(state)))
+def info(state: SchedulerCore, client: ClientRecord, msg: InfoRequest) -> None:
+    state.reply(client.id, InfoReply(msg.request_id, views.snapshot(state)))
 
 
-def check_demands(state: SchedulerCore, client: ClientRecord, msg: m.CheckDemands) -> None:
+def check_demands(state: SchedulerCore, client: ClientRecord, msg: CheckDemands) -> None:
     verdicts = [list(check_demand(state, demand)) for demand in msg.demands]
-    state.reply(client.id, m.DemandsChecked(msg.request_id, verdicts))
+    state.reply(client.id, DemandsChecked(msg.request_id, verdicts))
 
 
-def waiting_demand(state: SchedulerCore, client: ClientRecord, msg: m.DemandRequest) -> None:
+def waiting_demand(state: SchedulerCore, client: ClientRecord, msg: DemandRequest) -> None:
     queued, workers = demand(state)
-    state.reply(client.id, m.DemandReply(msg.request_id, queued, workers))
+    state.reply(client.id, DemandReply(msg.request_id, queued, workers))
 
 
-def cluster_status(state: SchedulerCore, client: ClientRecord, msg: m.StatusRequest) -> None:
+def cluster_status(state: SchedulerCore, client: ClientRecord, msg: StatusRequest) -> None:
     limit = max(0, min(msg.stream_limit, STREAM_SIZE))
     built = status(
         state,
@@ -256,13 +272,13 @@ def cluster_status(state: SchedulerCore, client: ClientRecord, msg: m.StatusRequ
         stream_limit=limit,
         asking=client.id,  # ``apportion status`` is not one of the clients it shows
     )
-    state.reply(client.id, m.StatusReply(msg.request_id, built))
+    state.reply(client.id, StatusReply(msg.request_id, built))
 
 
-def story(state: SchedulerCore, client: ClientRecord, msg: m.StoryRequest) -> None:
+def story(state: SchedulerCore, client: ClientRecord, msg: StoryRequest) -> None:
     rows: list[list[Any]] = [list(row) for row in state.story(msg.key)]
-    state.reply(client.id, m.StoryReply(msg.request_id, rows))
+    state.reply(client.id, StoryReply(msg.request_id, rows))
 
 
-def dump(state: SchedulerCore, client: ClientRecord, msg: m.DumpRequest) -> None:
-    state.reply(client.id, m.DumpReply(msg.request_id, views.dump(state)))
+def dump(state: SchedulerCore, client: ClientRecord, msg: DumpRequest) -> None:
+    state.reply(client.id, DumpReply(msg.request_id, views.dump(state)))

@@ -20,7 +20,8 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from apportion.protocol import messages as m
+from apportion.protocol.coordination import ValueReply
+from apportion.protocol.tasks import FireAndForget
 from apportion.scheduler import channels, leases
 from apportion.scheduler.client_requests import release, want
 from apportion.scheduler.coordination_book import (
@@ -32,18 +33,18 @@ from apportion.scheduler.coordination_book import (
 from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.events import (
     Command,
-    TaskFailed,
-    TasksDone,
-    TasksFailed,
-    TasksPending,
+    SendKeysDone,
+    SendKeysFailed,
+    SendKeysPending,
+    SendTaskErred,
 )
 from apportion.scheduler.records import ClientRecord
 
 #: Notices the core addresses to clients about their keys.
-_NOTICES = (TasksDone, TasksPending, TasksFailed, TaskFailed)
+_NOTICES = (SendKeysDone, SendKeysPending, SendKeysFailed, SendTaskErred)
 
 
-def fire_and_forget(state: SchedulerCore, client: ClientRecord, msg: m.FireAndForget) -> None:
+def fire_and_forget(state: SchedulerCore, client: ClientRecord, msg: FireAndForget) -> None:
     """Run these keys to the end whoever else wants them."""
     if not msg.keys:
         return  # nothing to hold: no pseudo-client for it
@@ -81,11 +82,13 @@ def read_notices(state: SchedulerCore, commands: list[Command]) -> list[Command]
     return out
 
 
-def _settled_keys(notice: TasksDone | TasksPending | TasksFailed | TaskFailed) -> list[str]:
+def _settled_keys(
+    notice: SendKeysDone | SendKeysPending | SendKeysFailed | SendTaskErred,
+) -> list[str]:
     """The keys a notice says are finished (done, failed); none for "pending again"."""
-    if isinstance(notice, TaskFailed):
+    if isinstance(notice, SendTaskErred):
         return [notice.key]
-    if isinstance(notice, TasksPending):
+    if isinstance(notice, SendKeysPending):
         return []
     return notice.keys
 
@@ -117,7 +120,7 @@ def restarted(state: SchedulerCore) -> None:
         for putter in refused:
             record.putters.remove(putter)
             text = "the cluster was restarted: the futures of this put are gone"
-            reply = m.ValueReply(putter.request_id, [], [], 0, 0, text)
+            reply = ValueReply(putter.request_id, [], [], 0, 0, text)
             state.reply(putter.client_id, reply)
         record.key_counts.clear()
         channels.settle_queue(state, name)

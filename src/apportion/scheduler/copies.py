@@ -20,16 +20,18 @@ from __future__ import annotations
 from collections import defaultdict
 
 from apportion.core.payload import Pickled
-from apportion.protocol import messages as m
+from apportion.protocol.peer_data import DataReply, DataStored
+from apportion.protocol.shared_data import CopiesDone, RebalanceKeys, ReplicateKeys
+from apportion.protocol.worker import CopiesKept
 from apportion.scheduler import actors
 from apportion.scheduler.books import CopyJob, Plan
 from apportion.scheduler.core import SchedulerCore
-from apportion.scheduler.events import FetchData, StoreData
+from apportion.scheduler.events import SendGetData, SendPutData
 from apportion.scheduler.holders import add_holder, drop_holder, holds
 from apportion.scheduler.records import MEMORY, ClientRecord, TaskRecord, WorkerRecord
 
 
-def replicate(state: SchedulerCore, client: ClientRecord, msg: m.ReplicateKeys) -> None:
+def replicate(state: SchedulerCore, client: ClientRecord, msg: ReplicateKeys) -> None:
     """Copy each key until ``n`` chosen workers hold it; drop copies beyond ``n``."""
     pool = chosen_workers(state, msg.workers)
     n = len(pool) if msg.n <= 0 else min(msg.n, len(pool))
@@ -59,7 +61,7 @@ def replicate(state: SchedulerCore, client: ClientRecord, msg: m.ReplicateKeys) 
     start(state, client.id, msg.request_id, dict(plan), move=False, dropped=dropped)
 
 
-def rebalance(state: SchedulerCore, client: ClientRecord, msg: m.RebalanceKeys) -> None:
+def rebalance(state: SchedulerCore, client: ClientRecord, msg: RebalanceKeys) -> None:
     """Move results from the fullest chosen worker to the emptiest (module docstring)."""
     pool = chosen_workers(state, msg.workers)
     load = {w.id: w.nbytes for w in pool}
@@ -128,15 +130,15 @@ def start(
 ) -> None:
     """Ask each source for the keys it gives; answer at once if there is nothing to copy."""
     if not plan:
-        state.reply(client_id, m.CopiesDone(request_id, 0, dropped))
+        state.reply(client_id, CopiesDone(request_id, 0, dropped))
         return
     rid = state.relays.new_id()
     state.shared.copies[rid] = CopyJob(client_id, request_id, plan, move, dropped=dropped)
     for source_id, keys in plan.items():
-        state.emit(FetchData(source_id, rid, sorted(keys)))
+        state.emit(SendGetData(source_id, rid, sorted(keys)))
 
 
-def source_reply(state: SchedulerCore, worker: WorkerRecord, msg: m.DataReply) -> None:
+def source_reply(state: SchedulerCore, worker: WorkerRecord, msg: DataReply) -> None:
     """A source sent the values: pass each on to its receivers."""
     job = state.shared.copies[msg.request_id]
     wanted = job.plan.pop(worker.id, None)
@@ -150,11 +152,11 @@ def source_reply(state: SchedulerCore, worker: WorkerRecord, msg: m.DataReply) -
                 job.origin[(key, receiver_id)] = worker.id
     for receiver_id, data in parts.items():
         job.puts[receiver_id] = job.puts.get(receiver_id, 0) + 1
-        state.emit(StoreData(receiver_id, msg.request_id, data))
+        state.emit(SendPutData(receiver_id, msg.request_id, data))
     _maybe_done(state, msg.request_id)
 
 
-def receiver_stored(state: SchedulerCore, worker: WorkerRecord, msg: m.DataStored) -> None:
+def receiver_stored(state: SchedulerCore, worker: WorkerRecord, msg: DataStored) -> None:
     """A receiver holds copies now: record them (and, for a move, let the source's go)."""
     job = state.shared.copies[msg.request_id]
     left = job.puts.pop(worker.id, 0)
@@ -184,7 +186,7 @@ def receiver_stored(state: SchedulerCore, worker: WorkerRecord, msg: m.DataStore
     _maybe_done(state, msg.request_id)
 
 
-def copies_kept(state: SchedulerCore, worker: WorkerRecord, msg: m.CopiesKept) -> None:
+def copies_kept(state: SchedulerCore, worker: WorkerRecord, msg: CopiesKept) -> None:
     """``worker`` keeps the copies it fetched for its tasks: holders from now on, so
     placement counts them and their release frees them. A copy of a result that was
     released, lost or recomputed meanwhile, or on a worker on its way out, goes."""
@@ -208,4 +210,4 @@ def _maybe_done(state: SchedulerCore, rid: int) -> None:
     job = state.shared.copies[rid]
     if not job.plan and not job.puts:
         del state.shared.copies[rid]
-        state.reply(job.client_id, m.CopiesDone(job.request_id, job.copied, job.dropped))
+        state.reply(job.client_id, CopiesDone(job.request_id, job.copied, job.dropped))

@@ -24,7 +24,7 @@ Every state change goes through ``move``, which checks ``SCHEDULER_TASK_MOVES`` 
 ``story(key)`` reads.
 
 What a handled event made necessary is gathered as commands (``events.py``):
-decisions as domain values (``AssignTask``, ``FreeData``, ``TaskFailed`` ...),
+decisions named for their messages (``SendComputeTask``, ``SendFreeKeys`` ...),
 answers to client requests as ``Reply``. Completions and frees are batched per
 peer until the event is handled (``take_commands``). Nothing here builds a wire
 message to send: the service turns commands into messages (``wire.py``).
@@ -41,23 +41,24 @@ from apportion.core.allocation import NOTHING, Allocation
 from apportion.core.ledger import describe_units
 from apportion.core.resources import describe_resources
 from apportion.core.transitions import IllegalTransition
-from apportion.protocol import messages as m
+from apportion.protocol.base import Message
+from apportion.protocol.worker import WorkerDied
 from apportion.scheduler import actors
 from apportion.scheduler.books import RelayBook, RemoteBook, ServiceBook, SharedBook
 from apportion.scheduler.coordination_book import CoordinationBook
 from apportion.scheduler.events import (
-    AssignTask,
     Command,
-    DropPrefetch,
-    FreeData,
     Log,
-    PrefetchInputs,
     Reply,
-    ShipFunction,
+    SendComputeTask,
+    SendDropPrefetch,
+    SendFreeKeys,
+    SendKeysDone,
+    SendKeysPending,
+    SendLoadFunction,
+    SendPrefetch,
     TaskError,
-    TaskFailed,
-    TasksDone,
-    TasksPending,
+    failure_notice,
 )
 from apportion.scheduler.holders import clear_replicas, holders, holds
 from apportion.scheduler.records import (
@@ -186,7 +187,7 @@ class SchedulerCore:
         self.retried: dict[str, int] = {}
         #: (worker name, pid) -> how that process ended, as its supervisor reported.
         #: Bounded: only the latest ``MAX_DEATH_CAUSES`` are kept.
-        self.death_causes: dict[tuple[str, int], m.WorkerDied] = {}
+        self.death_causes: dict[tuple[str, int], WorkerDied] = {}
         #: Results whose only holder died out of memory while serving them, each
         #: death (sparse). Unlike ``deaths``, kept when the task completes again:
         #: completing is what comes before each such death (``out_of_memory``).
@@ -216,11 +217,11 @@ class SchedulerCore:
         """What the handled event made necessary; completions and frees are batched."""
         for client_id, keys in self.done_keys.items():
             if client_id in self.clients:
-                self._out.append(TasksDone(client_id, keys))
+                self._out.append(SendKeysDone(client_id, keys))
         self.done_keys.clear()
         for worker_id, keys in self.free_keys.items():
             if worker_id in self.workers:
-                self._out.append(FreeData(worker_id, keys))
+                self._out.append(SendFreeKeys(worker_id, keys))
         self.free_keys.clear()
         out, self._out = self._out, []
         return out
@@ -234,7 +235,7 @@ class SchedulerCore:
         self._seq += 1
         return self._seq
 
-    def reply(self, client_id: str, message: m.Message) -> None:
+    def reply(self, client_id: str, message: Message) -> None:
         """Answer a client's request with ``message`` (the shape it asked for)."""
         self._out.append(Reply(client_id, message))
 
@@ -322,7 +323,9 @@ class SchedulerCore:
         self.move(task, PROCESSING, cause)
         if task.func_id not in worker.functions:
             worker.functions.add(task.func_id)
-            self._out.append(ShipFunction(worker.id, task.func_id, self.functions[task.func_id]))
+            self._out.append(
+                SendLoadFunction(worker.id, task.func_id, self.functions[task.func_id])
+            )
         who_has: dict[str, list[str]] = {}
         sizes: dict[str, int] = {}
         for dep in task.deps:
@@ -330,7 +333,7 @@ class SchedulerCore:
             who_has[dep] = [self.workers[w].address for w in holders(record)]
             sizes[dep] = record.nbytes
         self._out.append(
-            AssignTask(
+            SendComputeTask(
                 worker.id,
                 task.key,
                 task.func_id,
@@ -392,7 +395,7 @@ class SchedulerCore:
                 sizes[dep_key] = dep.nbytes
         if sum(sizes.values()) >= PREFETCH_FROM:
             self.prefetches[task.key] = (worker.id, list(who_has))
-            self._out.append(PrefetchInputs(worker.id, who_has, sizes))
+            self._out.append(SendPrefetch(worker.id, who_has, sizes))
 
     def drop_reservation(self, task: TaskRecord) -> None:
         """``task`` no longer holds a worker's reservation; inputs fetched ahead for it
@@ -405,7 +408,7 @@ class SchedulerCore:
         if prefetched is not None:
             worker_id, keys = prefetched
             if worker_id != task.worker and worker_id in self.workers:
-                self._out.append(DropPrefetch(worker_id, keys))
+                self._out.append(SendDropPrefetch(worker_id, keys))
 
     def finish_inputs(self, task: TaskRecord) -> None:
         """``task`` no longer needs its inputs: release those nobody else needs."""
@@ -576,7 +579,7 @@ class SchedulerCore:
     def _notify_error(self, task: TaskRecord, error: TaskError) -> None:
         attempts = self.retried.get(task.key, 0) + 1
         for client_id in task.wanted_by or ():
-            self._out.append(TaskFailed(client_id, task.key, error, attempts))
+            self._out.append(failure_notice(client_id, task.key, error, attempts))
 
     def lose_result(self, task: TaskRecord, cause: str) -> None:
         """The only copy of ``task``'s result is gone: recompute it if we can."""
@@ -586,7 +589,7 @@ class SchedulerCore:
         for client_id in task.wanted_by or ():
             # Their futures said "finished": they must wait again, not fail on gather
             # (or, for an actor, take the failure that follows).
-            self._out.append(TasksPending(client_id, [task.key]))
+            self._out.append(SendKeysPending(client_id, [task.key]))
         if task.actor:
             self.fail(task, ("lost", actors.lost_text(task, cause), b""), cause)
             return

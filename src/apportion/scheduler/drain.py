@@ -18,11 +18,12 @@ from __future__ import annotations
 from collections import defaultdict
 
 from apportion.core.payload import Pickled
-from apportion.protocol import messages as m
+from apportion.protocol.peer_data import DataReply, DataStored
+from apportion.protocol.worker import WorkerDraining
 from apportion.scheduler import actors
 from apportion.scheduler.books import Handoff
 from apportion.scheduler.core import SchedulerCore
-from apportion.scheduler.events import DrainFinished, FetchData, StoreData
+from apportion.scheduler.events import SendDrainDone, SendGetData, SendPutData
 from apportion.scheduler.holders import add_holder, drop_holder, holds
 from apportion.scheduler.records import MEMORY, WorkerRecord
 
@@ -30,7 +31,7 @@ from apportion.scheduler.records import MEMORY, WorkerRecord
 DONE = 0
 
 
-def worker_draining(state: SchedulerCore, worker: WorkerRecord, msg: m.WorkerDraining) -> None:
+def worker_draining(state: SchedulerCore, worker: WorkerRecord, msg: WorkerDraining) -> None:
     if worker.draining:
         return
     worker.draining = True
@@ -65,7 +66,7 @@ def check(state: SchedulerCore, worker: WorkerRecord) -> None:
         rid = state.relays.new_id()
         state.relays.handoffs[rid] = Handoff(worker.id)
         worker.handoff = rid
-        state.emit(FetchData(worker.id, rid, keys))
+        state.emit(SendGetData(worker.id, rid, keys))
         return
     if keys:
         state.warn(
@@ -75,7 +76,7 @@ def check(state: SchedulerCore, worker: WorkerRecord) -> None:
     _done(state, worker, 0)
 
 
-def source_reply(state: SchedulerCore, worker: WorkerRecord, msg: m.DataReply) -> None:
+def source_reply(state: SchedulerCore, worker: WorkerRecord, msg: DataReply) -> None:
     """The draining worker sent its results: spread them over the receivers."""
     handoff = state.relays.handoffs.get(msg.request_id)
     if handoff is None or handoff.source != worker.id:
@@ -89,10 +90,10 @@ def source_reply(state: SchedulerCore, worker: WorkerRecord, msg: m.DataReply) -
         parts[receivers[i % len(receivers)].id][key] = blob
     for receiver_id, data in parts.items():
         handoff.pending[receiver_id] = list(data)
-        state.emit(StoreData(receiver_id, msg.request_id, data))
+        state.emit(SendPutData(receiver_id, msg.request_id, data))
 
 
-def receiver_stored(state: SchedulerCore, worker: WorkerRecord, msg: m.DataStored) -> None:
+def receiver_stored(state: SchedulerCore, worker: WorkerRecord, msg: DataStored) -> None:
     """A receiver holds copies now: the results are its own from here on."""
     handoff = state.relays.handoffs[msg.request_id]
     if handoff.pending.pop(worker.id, None) is None:
@@ -141,4 +142,4 @@ def _finish(state: SchedulerCore, rid: int) -> None:
 def _done(state: SchedulerCore, worker: WorkerRecord, moved: int) -> None:
     worker.handoff = DONE
     state.log_info(f"worker {worker.name} drained; {moved} results handed to other workers")
-    state.emit(DrainFinished(worker.id, moved))
+    state.emit(SendDrainDone(worker.id, moved))

@@ -6,12 +6,13 @@ clock. Events in are wire messages as they arrived (``FromClient``,
 
 Commands come in three kinds:
 
-* **Decisions** are domain values, one frozen dataclass per kind: instructions to
-  a worker (``AssignTask``, ``FreeData``, ``FetchData`` ...) and notices to a
-  client (``TasksDone``, ``TaskFailed``, ``NotifyClient`` ...). They say what the
-  scheduler decided, in its own terms (an ``Allocation``, a task's error), and
-  nothing about how it travels: ``scheduler/wire.py`` turns each into the message
-  for its peer, in the service and in the simulation, and no module of the state
+* **Decisions** are one frozen dataclass per kind, each named for the message it
+  becomes: ``Send`` and the message's name. Instructions to a worker
+  (``SendComputeTask`` becomes ``ComputeTask``, ``SendFreeKeys``, ``SendGetData``
+  ...) and notices to a client (``SendKeysDone``, ``SendTaskErred``, ``SendNotice``
+  ...). Each says to whom, and what the scheduler decided in its own terms (an
+  ``Allocation``, an ``Installation``); ``scheduler/wire.py`` builds the message
+  from it, in the service and in the simulation, and no module of the state
   machine imports it.
 * **Answers to questions** are one generic ``Reply`` wrapping the reply message a
   client's request asked for (``InfoReply``, ``WhyReply``, ``GatherReply`` ...):
@@ -27,7 +28,8 @@ from dataclasses import dataclass
 
 from apportion.core.allocation import Allocation
 from apportion.core.payload import Pickled
-from apportion.protocol.messages import Message, RegisterWorker, WorkerDied
+from apportion.protocol.base import Message
+from apportion.protocol.worker import RegisterWorker, WorkerDied
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +135,7 @@ TaskError = tuple[str, Pickled | str, Pickled]
 
 
 @dataclass(frozen=True, slots=True)
-class ShipFunction:
+class SendLoadFunction:
     """The worker will run tasks of a function it does not have yet: give it the bytes."""
 
     worker_id: str
@@ -142,8 +144,8 @@ class ShipFunction:
 
 
 @dataclass(frozen=True, slots=True)
-class AssignTask:
-    """Run ``key`` on the worker with ``allocation`` (its ``ShipFunction`` went first)."""
+class SendComputeTask:
+    """Run ``key`` on the worker with ``allocation`` (its ``SendLoadFunction`` went first)."""
 
     worker_id: str
     key: str
@@ -160,7 +162,7 @@ class AssignTask:
 
 
 @dataclass(frozen=True, slots=True)
-class FreeData:
+class SendFreeKeys:
     """Drop these results (or the result of these running tasks) from the worker."""
 
     worker_id: str
@@ -168,7 +170,7 @@ class FreeData:
 
 
 @dataclass(frozen=True, slots=True)
-class PrefetchInputs:
+class SendPrefetch:
     """The task that reserved the worker will run there next: fetch these inputs now."""
 
     worker_id: str
@@ -177,7 +179,7 @@ class PrefetchInputs:
 
 
 @dataclass(frozen=True, slots=True)
-class DropPrefetch:
+class SendDropPrefetch:
     """The task inputs were prefetched for will not run on the worker: drop them."""
 
     worker_id: str
@@ -185,7 +187,7 @@ class DropPrefetch:
 
 
 @dataclass(frozen=True, slots=True)
-class StealTasks:
+class SendStealRequest:
     """Let these assigned tasks go unless they started: an idle worker takes them."""
 
     worker_id: str
@@ -193,7 +195,7 @@ class StealTasks:
 
 
 @dataclass(frozen=True, slots=True)
-class FetchData:
+class SendGetData:
     """Send the values of ``keys`` to the scheduler, answering ``request_id``."""
 
     worker_id: str
@@ -202,7 +204,7 @@ class FetchData:
 
 
 @dataclass(frozen=True, slots=True)
-class StoreData:
+class SendPutData:
     """Keep these values and confirm under ``request_id``."""
 
     worker_id: str
@@ -211,7 +213,7 @@ class StoreData:
 
 
 @dataclass(frozen=True, slots=True)
-class GrantRejoin:
+class SendRejoinGranted:
     """The seceded task ``key`` holds its resources on this worker again: it runs on."""
 
     worker_id: str
@@ -219,7 +221,7 @@ class GrantRejoin:
 
 
 @dataclass(frozen=True, slots=True)
-class RestartProcess:
+class SendRestartWorker:
     """Exit so that the supervisor starts a fresh process (a cluster restart)."""
 
     worker_id: str
@@ -227,7 +229,7 @@ class RestartProcess:
 
 
 @dataclass(frozen=True, slots=True)
-class DrainFinished:
+class SendDrainDone:
     """The draining worker's results are safe elsewhere: it may close now."""
 
     worker_id: str
@@ -235,7 +237,7 @@ class DrainFinished:
 
 
 @dataclass(frozen=True, slots=True)
-class RefuseWorker:
+class SendRefused:
     """The registration is refused (its name is taken): the peer never became a worker."""
 
     worker_id: str
@@ -253,7 +255,7 @@ class Installation:
 
 
 @dataclass(frozen=True, slots=True)
-class RemoteCall:
+class SendRunCall:
     """Run a client's pickled call on the worker, outside tasks."""
 
     worker_id: str
@@ -262,7 +264,7 @@ class RemoteCall:
 
 
 @dataclass(frozen=True, slots=True)
-class RemoteInstall:
+class SendInstall:
     """Install an upload or plugin on the worker."""
 
     worker_id: str
@@ -271,7 +273,7 @@ class RemoteInstall:
 
 
 @dataclass(frozen=True, slots=True)
-class RemoteUninstall:
+class SendUninstall:
     """Tear a plugin down on the worker."""
 
     worker_id: str
@@ -283,7 +285,7 @@ class RemoteUninstall:
 
 
 @dataclass(frozen=True, slots=True)
-class TasksDone:
+class SendKeysDone:
     """These keys the client wants are in memory."""
 
     client_id: str
@@ -291,7 +293,7 @@ class TasksDone:
 
 
 @dataclass(frozen=True, slots=True)
-class TasksPending:
+class SendKeysPending:
     """These keys, said done or failed before, are on their way again: wait."""
 
     client_id: str
@@ -299,7 +301,7 @@ class TasksPending:
 
 
 @dataclass(frozen=True, slots=True)
-class TasksFailed:
+class SendKeysFailed:
     """These keys will not be computed, for one reason that is not an exception."""
 
     client_id: str
@@ -309,17 +311,29 @@ class TasksFailed:
 
 
 @dataclass(frozen=True, slots=True)
-class TaskFailed:
-    """``key`` failed with the error the scheduler recorded for it."""
+class SendTaskErred:
+    """``key`` raised: its exception and traceback, pickled by the worker."""
 
     client_id: str
     key: str
-    error: TaskError
+    exception: Pickled
+    traceback: Pickled
     attempts: int  #: runs that raised, retries included
 
 
+def failure_notice(
+    client_id: str, key: str, error: TaskError, attempts: int
+) -> SendTaskErred | SendKeysFailed:
+    """The notice telling a client that ``key`` failed with ``error`` after ``attempts``
+    runs: the exception it raised, or the scheduler's reason in words."""
+    kind, detail, traceback = error
+    if kind == "exception" and not isinstance(detail, str):
+        return SendTaskErred(client_id, key, detail, traceback, attempts)
+    return SendKeysFailed(client_id, [key], kind, str(detail))
+
+
 @dataclass(frozen=True, slots=True)
-class DeliverMessage:
+class SendTopicMessage:
     """``data`` was published on ``topic``, to which the client subscribes."""
 
     client_id: str
@@ -328,7 +342,7 @@ class DeliverMessage:
 
 
 @dataclass(frozen=True, slots=True)
-class NotifyClient:
+class SendNotice:
     """Something the client should know and may show its user (no key fails)."""
 
     client_id: str
@@ -340,7 +354,7 @@ class NotifyClient:
 
 
 @dataclass(frozen=True, slots=True)
-class PassNote:
+class SendTaskNoted:
     """A worker's note about a running task, unread, for a client wanting the task."""
 
     client_id: str
@@ -350,7 +364,7 @@ class PassNote:
 
 
 @dataclass(frozen=True, slots=True)
-class OfferRunningTasks:
+class SendTasksStillRunning:
     """A worker joined with these tasks still running: the service adopts or stops them."""
 
     client_id: str
@@ -361,7 +375,7 @@ class OfferRunningTasks:
 
 
 @dataclass(frozen=True, slots=True)
-class ForwardRequest:
+class SendForwardedRequest:
     """A client's request (encoded, unread) for the service serving its kind."""
 
     client_id: str
@@ -370,7 +384,7 @@ class ForwardRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class AnnounceDeparture:
+class SendWorkerDeparted:
     """The last worker named ``name`` left (a service settles what it ran there)."""
 
     client_id: str
@@ -418,35 +432,35 @@ class PipeData:
 
 #: Instructions to a worker.
 WorkerCommand = (
-    ShipFunction
-    | AssignTask
-    | FreeData
-    | FetchData
-    | PrefetchInputs
-    | DropPrefetch
-    | StealTasks
-    | StoreData
-    | GrantRejoin
-    | RestartProcess
-    | DrainFinished
-    | RefuseWorker
-    | RemoteCall
-    | RemoteInstall
-    | RemoteUninstall
+    SendLoadFunction
+    | SendComputeTask
+    | SendFreeKeys
+    | SendGetData
+    | SendPrefetch
+    | SendDropPrefetch
+    | SendStealRequest
+    | SendPutData
+    | SendRejoinGranted
+    | SendRestartWorker
+    | SendDrainDone
+    | SendRefused
+    | SendRunCall
+    | SendInstall
+    | SendUninstall
 )
 
 #: Notices to a client.
 ClientCommand = (
-    TasksDone
-    | TasksPending
-    | TasksFailed
-    | TaskFailed
-    | NotifyClient
-    | DeliverMessage
-    | PassNote
-    | OfferRunningTasks
-    | ForwardRequest
-    | AnnounceDeparture
+    SendKeysDone
+    | SendKeysPending
+    | SendKeysFailed
+    | SendTaskErred
+    | SendNotice
+    | SendTopicMessage
+    | SendTaskNoted
+    | SendTasksStillRunning
+    | SendForwardedRequest
+    | SendWorkerDeparted
 )
 
 #: What travels to a peer: ``wire.to_wire`` makes each a message.

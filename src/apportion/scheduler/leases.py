@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from apportion.protocol import messages as m
+from apportion.protocol.coordination import CoordinationReply, LeaseRequest, RefreshLeases
 from apportion.scheduler.coordination_book import (
     LEASE_KINDS,
     SEMAPHORE,
@@ -28,11 +28,11 @@ from apportion.scheduler.coordination_book import (
     LeaseWaiter,
 )
 from apportion.scheduler.core import SchedulerCore
-from apportion.scheduler.events import NotifyClient
+from apportion.scheduler.events import SendNotice
 from apportion.scheduler.records import ClientRecord
 
 
-def lease_request(state: SchedulerCore, client: ClientRecord, msg: m.LeaseRequest) -> None:
+def lease_request(state: SchedulerCore, client: ClientRecord, msg: LeaseRequest) -> None:
     error = _refusal(msg)
     if error:
         _answer(state, client.id, msg.request_id, error=error)
@@ -45,7 +45,7 @@ def lease_request(state: SchedulerCore, client: ClientRecord, msg: m.LeaseReques
         _answer(state, client.id, msg.request_id, value=len(pool.holders) if pool else 0)
 
 
-def _refusal(msg: m.LeaseRequest) -> str:
+def _refusal(msg: LeaseRequest) -> str:
     """Why the request cannot be served as it is ("" if it can)."""
     if msg.kind not in LEASE_KINDS:
         return f"unknown kind of lease {msg.kind!r} (expected one of {', '.join(LEASE_KINDS)})"
@@ -78,10 +78,10 @@ def _answer(
     value: int = 0,
     error: str = "",
 ) -> None:
-    state.reply(client_id, m.CoordinationReply(request_id, ok, value, error))
+    state.reply(client_id, CoordinationReply(request_id, ok, value, error))
 
 
-def _acquire(state: SchedulerCore, client: ClientRecord, msg: m.LeaseRequest) -> None:
+def _acquire(state: SchedulerCore, client: ClientRecord, msg: LeaseRequest) -> None:
     book = state.coordination
     held = book.leases.get(msg.lease_id)
     if held is not None:
@@ -120,7 +120,7 @@ def _acquire(state: SchedulerCore, client: ClientRecord, msg: m.LeaseRequest) ->
         book.due(deadline)
 
 
-def _release(state: SchedulerCore, client: ClientRecord, msg: m.LeaseRequest) -> None:
+def _release(state: SchedulerCore, client: ClientRecord, msg: LeaseRequest) -> None:
     lease = state.coordination.leases.get(msg.lease_id)
     # A multi-lock names all its names; its lease may hold only ``count`` of them.
     if lease is None or lease.kind != msg.kind or not set(msg.names) & set(lease.names):
@@ -141,7 +141,7 @@ def _release(state: SchedulerCore, client: ClientRecord, msg: m.LeaseRequest) ->
     _answer(state, client.id, msg.request_id, ok=1)
 
 
-def refresh(state: SchedulerCore, client: ClientRecord, msg: m.RefreshLeases) -> None:
+def refresh(state: SchedulerCore, client: ClientRecord, msg: RefreshLeases) -> None:
     """The holder is alive: its leases start their lease timeout again.
 
     Leases not held (any more) are skipped: one that expired was said to its holder.
@@ -234,7 +234,7 @@ def expire(state: SchedulerCore) -> float:
             f"{lease.lease_timeout:g}s); others may hold it now"
         )
         state.warn(f"client {lease.client_id}: {text}")
-        state.emit(NotifyClient(lease.client_id, "warning", text))
+        state.emit(SendNotice(lease.client_id, "warning", text))
         end(state, lease)
     for kind in book.pools:
         withdraw(state, kind, _waiters(state, kind, lambda w: w.deadline <= now), answer=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from apportion.core.ledger import matching_units
 from apportion.core.resources import describe_resources
-from apportion.protocol import messages as m
+from apportion.protocol.worker import RegisterWorker
 from apportion.scheduler import (
     client_requests,
     coordination,
@@ -30,7 +30,7 @@ from apportion.scheduler.events import (
     ClientLeft,
     Disconnect,
     Log,
-    RefuseWorker,
+    SendRefused,
     Tick,
     WorkerDeathReport,
     WorkerJoined,
@@ -85,7 +85,7 @@ def worker_joined(state: SchedulerCore, event: WorkerJoined) -> None:
     task_hooks.worker_joined(state, event.worker_id, reg)
 
 
-def _claim_name(state: SchedulerCore, worker_id: str, reg: m.RegisterWorker) -> bool:
+def _claim_name(state: SchedulerCore, worker_id: str, reg: RegisterWorker) -> bool:
     """Whether ``reg`` may take its name: refuse a second worker under a live one's name.
 
     Names are how people and the job queue tell workers apart, so two live workers
@@ -110,7 +110,7 @@ def _claim_name(state: SchedulerCore, worker_id: str, reg: m.RegisterWorker) -> 
         "give each worker its own --name"
     )
     state.warn(f"refused the worker at {reg.address}: {reason}")
-    state.emit(RefuseWorker(worker_id, reason))
+    state.emit(SendRefused(worker_id, reason))
     return False
 
 

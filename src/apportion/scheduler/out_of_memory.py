@@ -38,7 +38,7 @@ recomputation, as it always did.
 from __future__ import annotations
 
 from apportion.core.sizes import format_bytes
-from apportion.protocol import messages as m
+from apportion.protocol.worker import ResultTooLarge, WorkerDied
 from apportion.scheduler import worker_reports
 from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.holders import holders
@@ -72,7 +72,7 @@ def near_limit(worker: WorkerRecord) -> str:
 # --- the worker's verdict ----------------------------------------------------------
 
 
-def result_too_large(state: SchedulerCore, worker: WorkerRecord, msg: m.ResultTooLarge) -> None:
+def result_too_large(state: SchedulerCore, worker: WorkerRecord, msg: ResultTooLarge) -> None:
     """The worker dropped the result as too large to keep: the task fails."""
     task = worker_reports.running_task(state, worker, msg.key)
     if task is None:
@@ -148,7 +148,7 @@ def worker_died(state: SchedulerCore, worker: WorkerRecord, served: list[str]) -
         state.unclassified[(worker.name, worker.pid)] = (deadline, deaths)
 
 
-def death_reported(state: SchedulerCore, report: m.WorkerDied) -> None:
+def death_reported(state: SchedulerCore, report: WorkerDied) -> None:
     """The supervisor said how a worker died: count it if memory killed it."""
     _, deaths = state.unclassified.pop((report.name, report.pid), (0.0, []))
     if deaths and report.out_of_memory:

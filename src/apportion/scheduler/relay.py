@@ -15,18 +15,27 @@ from __future__ import annotations
 from collections import defaultdict
 
 from apportion.core.payload import Pickled
-from apportion.protocol import messages as m
+from apportion.protocol.peer_data import DIRECT_PUT, DataReply, DataStored
+from apportion.protocol.tasks import (
+    GatherReply,
+    GatherRequest,
+    ScatterPlaced,
+    ScatterReply,
+    ScatterRequest,
+    WhoHasReply,
+    WhoHasRequest,
+)
 from apportion.scheduler import copies, drain
 from apportion.scheduler.books import Gather, Scatter
 from apportion.scheduler.client_requests import want
 from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.events import (
-    FetchData,
-    FreeData,
     PipeData,
     PipeEnded,
-    StoreData,
-    TasksFailed,
+    SendFreeKeys,
+    SendGetData,
+    SendKeysFailed,
+    SendPutData,
 )
 from apportion.scheduler.holders import holders, holds
 from apportion.scheduler.records import (
@@ -63,7 +72,7 @@ def worker_left(state: SchedulerCore, worker_id: str) -> None:
         if worker_id in scatter_.pending:
             del relays.scatters[rid]
             state.emit(
-                TasksFailed(
+                SendKeysFailed(
                     scatter_.client_id,
                     scatter_.pending[worker_id],
                     "lost",
@@ -74,7 +83,7 @@ def worker_left(state: SchedulerCore, worker_id: str) -> None:
     copies.worker_left(state, worker_id)
 
 
-def gather(state: SchedulerCore, client: ClientRecord, msg: m.GatherRequest) -> None:
+def gather(state: SchedulerCore, client: ClientRecord, msg: GatherRequest) -> None:
     """Relay small results; name the holders of those of ``direct_from`` bytes or more,
     which the client fetches itself, so a large value never passes through here."""
     by_worker: dict[str, list[str]] = defaultdict(list)
@@ -93,14 +102,14 @@ def gather(state: SchedulerCore, client: ClientRecord, msg: m.GatherRequest) -> 
         else:
             by_worker[task.worker].append(key)
     if not by_worker and not piping:
-        state.reply(client.id, m.GatherReply(msg.request_id, {}, missing, {}, elsewhere))
+        state.reply(client.id, GatherReply(msg.request_id, {}, missing, {}, elsewhere))
         return
     rid = state.relays.new_id()
     state.relays.gathers[rid] = Gather(
         client.id, msg.request_id, dict(by_worker), {}, dict(piping), missing, elsewhere=elsewhere
     )
     for worker_id, keys in by_worker.items():
-        state.emit(FetchData(worker_id, rid, keys))
+        state.emit(SendGetData(worker_id, rid, keys))
     for worker_id, keys in piping.items():
         address = state.workers[worker_id].address
         state.emit(PipeData(worker_id, address, client.id, msg.request_id, rid, keys))
@@ -115,7 +124,7 @@ def pipe_ended(state: SchedulerCore, event: PipeEnded) -> None:
     _maybe_finish_gather(state, event.relay_id)
 
 
-def data_reply(state: SchedulerCore, worker: WorkerRecord, msg: m.DataReply) -> None:
+def data_reply(state: SchedulerCore, worker: WorkerRecord, msg: DataReply) -> None:
     if msg.request_id in state.relays.handoffs:
         drain.source_reply(state, worker, msg)
         return
@@ -135,21 +144,21 @@ def _maybe_finish_gather(state: SchedulerCore, rid: int) -> None:
     gather_ = state.relays.gathers[rid]
     if not gather_.pending and not gather_.piping:
         del state.relays.gathers[rid]
-        reply = m.GatherReply(
+        reply = GatherReply(
             gather_.request_id, gather_.data, gather_.missing, gather_.errors, gather_.elsewhere
         )
         state.reply(gather_.client_id, reply)
 
 
-def scatter(state: SchedulerCore, client: ClientRecord, msg: m.ScatterRequest) -> None:
+def scatter(state: SchedulerCore, client: ClientRecord, msg: ScatterRequest) -> None:
     allowed = set(msg.workers)
     chosen = [w for w in state.workers.values() if not allowed or w.aliases & allowed]
     if not chosen and allowed and state.workers and state.config.fail_unsatisfiable:
         # A cluster that cannot grow will never have such a worker: say so now.
         names = ", ".join(sorted(allowed))
         text = f"no worker matches {names}, and this cluster cannot grow"
-        state.emit(TasksFailed(client.id, list(msg.data), "unsatisfiable", text))
-        state.reply(client.id, m.ScatterReply(msg.request_id, []))
+        state.emit(SendKeysFailed(client.id, list(msg.data), "unsatisfiable", text))
+        state.reply(client.id, ScatterReply(msg.request_id, []))
         return
     if not chosen:
         state.relays.parked.append((client.id, msg))
@@ -163,11 +172,11 @@ def scatter(state: SchedulerCore, client: ClientRecord, msg: m.ScatterRequest) -
     pending = {worker_id: list(data) for worker_id, data in parts.items()}
     state.relays.scatters[rid] = Scatter(client.id, msg.request_id, pending)
     for worker_id, data in parts.items():
-        state.emit(StoreData(worker_id, rid, data))
+        state.emit(SendPutData(worker_id, rid, data))
 
 
-def data_stored(state: SchedulerCore, worker: WorkerRecord, msg: m.DataStored) -> None:
-    if msg.request_id == m.DIRECT_PUT:
+def data_stored(state: SchedulerCore, worker: WorkerRecord, msg: DataStored) -> None:
+    if msg.request_id == DIRECT_PUT:
         return  # a client put it there and reports it with ScatterPlaced
     if msg.request_id in state.relays.handoffs:
         drain.receiver_stored(state, worker, msg)
@@ -177,7 +186,7 @@ def data_stored(state: SchedulerCore, worker: WorkerRecord, msg: m.DataStored) -
         return
     scatter_ = state.relays.scatters.get(msg.request_id)
     if scatter_ is None or scatter_.pending.pop(worker.id, None) is None:
-        state.emit(FreeData(worker.id, msg.keys))
+        state.emit(SendFreeKeys(worker.id, msg.keys))
         return
     client = state.clients.get(scatter_.client_id)
     for key in msg.keys:
@@ -186,10 +195,10 @@ def data_stored(state: SchedulerCore, worker: WorkerRecord, msg: m.DataStored) -
     if not scatter_.pending:
         del state.relays.scatters[msg.request_id]
         if client is not None:
-            state.reply(client.id, m.ScatterReply(scatter_.request_id, scatter_.keys))
+            state.reply(client.id, ScatterReply(scatter_.request_id, scatter_.keys))
 
 
-def scatter_placed(state: SchedulerCore, client: ClientRecord, msg: m.ScatterPlaced) -> None:
+def scatter_placed(state: SchedulerCore, client: ClientRecord, msg: ScatterPlaced) -> None:
     """The client put data on workers itself (``direct_to_workers``): record where."""
     by_address = {w.address: w for w in state.workers.values()}
     placed, lost = [], []
@@ -202,8 +211,8 @@ def scatter_placed(state: SchedulerCore, client: ClientRecord, msg: m.ScatterPla
         _adopt(state, worker, client, key, int(nbytes))
     if lost:
         text = "the worker holding scattered data left before the scheduler heard of it"
-        state.emit(TasksFailed(client.id, lost, "lost", text))
-    state.reply(client.id, m.ScatterReply(msg.request_id, placed))
+        state.emit(SendKeysFailed(client.id, lost, "lost", text))
+    state.reply(client.id, ScatterReply(msg.request_id, placed))
 
 
 def _adopt(
@@ -218,7 +227,7 @@ def _adopt(
     if task is not None:
         # Same key scattered twice: keep the first copy, drop this one.
         if not holds(task, worker.id):
-            state.emit(FreeData(worker.id, [key]))
+            state.emit(SendFreeKeys(worker.id, [key]))
         if client is not None:
             want(state, client, key)
         return
@@ -230,10 +239,10 @@ def _adopt(
     state.complete(task, worker, nbytes, "scattered")
 
 
-def who_has(state: SchedulerCore, client: ClientRecord, msg: m.WhoHasRequest) -> None:
+def who_has(state: SchedulerCore, client: ClientRecord, msg: WhoHasRequest) -> None:
     out: dict[str, list[str]] = {}
     for key in msg.keys:
         task: TaskRecord | None = state.tasks.get(key)
         if task is not None and task.state == MEMORY and task.worker in state.workers:
             out[key] = [state.workers[w].address for w in holders(task)]
-    state.reply(client.id, m.WhoHasReply(msg.request_id, out))
+    state.reply(client.id, WhoHasReply(msg.request_id, out))

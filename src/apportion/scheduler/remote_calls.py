@@ -1,7 +1,7 @@
 """Code run on workers outside tasks: relayed calls, kept uploads and plugins, facts.
 
 The scheduler runs no user code and unpickles no payload (DESIGN.md): a client's
-``run`` arrives as opaque bytes, goes to each chosen worker as one ``RemoteCall``, and
+``run`` arrives as opaque bytes, goes to each chosen worker as one ``SendRunCall``, and
 the answers are collected in a ``RemoteBook`` entry until every worker has answered;
 a worker that leaves first answers "lost", so a call never waits for the dead.
 
@@ -15,10 +15,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from apportion.protocol import messages as m
+from apportion.protocol.cluster import LogsReply, LogsRequest, VersionsReply, VersionsRequest
+from apportion.protocol.remote_calls import (
+    NO_REPLY,
+    CallAnswered,
+    InstallOnWorkers,
+    RunOnWorkers,
+    UninstallFromWorkers,
+    WorkersAnswered,
+)
 from apportion.scheduler.books import MAX_KEPT_BYTES, Call
 from apportion.scheduler.core import SchedulerCore
-from apportion.scheduler.events import Installation, RemoteCall, RemoteInstall, RemoteUninstall
+from apportion.scheduler.events import Installation, SendInstall, SendRunCall, SendUninstall
 from apportion.scheduler.records import ClientRecord, WorkerRecord
 
 #: Largest upload or pickled plugin accepted, in bytes.
@@ -31,7 +39,7 @@ KINDS = ("upload", "plugin")
 # --- client requests ---------------------------------------------------------------
 
 
-def run(state: SchedulerCore, client: ClientRecord, msg: m.RunOnWorkers) -> None:
+def run(state: SchedulerCore, client: ClientRecord, msg: RunOnWorkers) -> None:
     """Send the call to the named workers (every worker when none is named)."""
     targets, unknown = _targets(state, msg.workers)
     if unknown:
@@ -43,11 +51,11 @@ def run(state: SchedulerCore, client: ClientRecord, msg: m.RunOnWorkers) -> None
         client.id,
         msg.request_id,
         targets,
-        lambda worker_id, rid: RemoteCall(worker_id, rid, msg.call),
+        lambda worker_id, rid: SendRunCall(worker_id, rid, msg.call),
     )
 
 
-def install(state: SchedulerCore, client: ClientRecord, msg: m.InstallOnWorkers) -> None:
+def install(state: SchedulerCore, client: ClientRecord, msg: InstallOnWorkers) -> None:
     """Keep an upload or plugin for workers to come and send it to every worker now."""
     book = state.remote
     key = (msg.kind, msg.name)
@@ -82,11 +90,11 @@ def install(state: SchedulerCore, client: ClientRecord, msg: m.InstallOnWorkers)
         client.id,
         msg.request_id,
         every,
-        lambda worker_id, rid: RemoteInstall(worker_id, rid, installation),
+        lambda worker_id, rid: SendInstall(worker_id, rid, installation),
     )
 
 
-def uninstall(state: SchedulerCore, client: ClientRecord, msg: m.UninstallFromWorkers) -> None:
+def uninstall(state: SchedulerCore, client: ClientRecord, msg: UninstallFromWorkers) -> None:
     """Forget a plugin and have every worker tear it down."""
     if state.remote.kept.pop(("plugin", msg.name), None) is None:
         _refuse(state, client, msg.request_id, f"no worker plugin named {msg.name!r}")
@@ -97,23 +105,23 @@ def uninstall(state: SchedulerCore, client: ClientRecord, msg: m.UninstallFromWo
         client.id,
         msg.request_id,
         every,
-        lambda worker_id, rid: RemoteUninstall(worker_id, rid, msg.name),
+        lambda worker_id, rid: SendUninstall(worker_id, rid, msg.name),
     )
 
 
-def versions(state: SchedulerCore, client: ClientRecord, msg: m.VersionsRequest) -> None:
-    state.reply(client.id, m.VersionsReply(msg.request_id, state.remote.versions))
+def versions(state: SchedulerCore, client: ClientRecord, msg: VersionsRequest) -> None:
+    state.reply(client.id, VersionsReply(msg.request_id, state.remote.versions))
 
 
-def logs(state: SchedulerCore, client: ClientRecord, msg: m.LogsRequest) -> None:
+def logs(state: SchedulerCore, client: ClientRecord, msg: LogsRequest) -> None:
     recent = state.remote.logs
-    state.reply(client.id, m.LogsReply(msg.request_id, recent(msg.n) if recent else []))
+    state.reply(client.id, LogsReply(msg.request_id, recent(msg.n) if recent else []))
 
 
 # --- worker answers and membership -------------------------------------------------
 
 
-def call_answered(state: SchedulerCore, worker: WorkerRecord, msg: m.CallAnswered) -> None:
+def call_answered(state: SchedulerCore, worker: WorkerRecord, msg: CallAnswered) -> None:
     call = state.remote.calls.get(msg.request_id)
     if call is None or worker.id not in call.pending:
         return  # nobody waits (no reply asked, client gone, or an earlier session's call)
@@ -125,7 +133,7 @@ def call_answered(state: SchedulerCore, worker: WorkerRecord, msg: m.CallAnswere
 def worker_joined(state: SchedulerCore, worker_id: str) -> None:
     """Replay every kept upload and plugin, in the order they came."""
     for kept in state.remote.kept.values():
-        state.emit(RemoteInstall(worker_id, m.NO_REPLY, kept))
+        state.emit(SendInstall(worker_id, NO_REPLY, kept))
 
 
 def worker_left(state: SchedulerCore, worker_id: str, how: str) -> None:
@@ -161,13 +169,13 @@ def _start(
     client_id: str,
     request_id: int,
     targets: dict[str, str],
-    make: Callable[[str, int], RemoteCall | RemoteInstall | RemoteUninstall],
+    make: Callable[[str, int], SendRunCall | SendInstall | SendUninstall],
 ) -> None:
     """One command per target, ``make(worker id, request id)``; collect the answers if
     the client waits for them."""
-    if request_id == m.NO_REPLY:
+    if request_id == NO_REPLY:
         for worker_id in targets:
-            state.emit(make(worker_id, m.NO_REPLY))
+            state.emit(make(worker_id, NO_REPLY))
         return
     rid = state.remote.new_id()
     state.remote.calls[rid] = Call(client_id, request_id, dict(targets))
@@ -184,7 +192,7 @@ def _maybe_finish(state: SchedulerCore, rid: int) -> None:
 
 
 def _refuse(state: SchedulerCore, client: ClientRecord, request_id: int, text: str) -> None:
-    if request_id == m.NO_REPLY:
+    if request_id == NO_REPLY:
         state.warn(f"client {client.id}: {text}")
     else:
         _reply(state, client.id, request_id, {}, text)
@@ -198,7 +206,7 @@ def _reply(
     error: str,
 ) -> None:
     if client_id in state.clients:
-        state.reply(client_id, m.WorkersAnswered(request_id, results, error))
+        state.reply(client_id, WorkersAnswered(request_id, results, error))
 
 
 def check_book(state: SchedulerCore) -> None:

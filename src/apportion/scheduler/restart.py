@@ -20,10 +20,16 @@ from __future__ import annotations
 from collections import defaultdict
 from heapq import heapify
 
-from apportion.protocol import messages as m
+from apportion.protocol.cluster import RestartReply, RestartRequest
+from apportion.protocol.tasks import ScatterReply
 from apportion.scheduler import coordination, membership
 from apportion.scheduler.core import SchedulerCore
-from apportion.scheduler.events import Disconnect, RestartProcess, TasksFailed, TasksPending
+from apportion.scheduler.events import (
+    Disconnect,
+    SendKeysFailed,
+    SendKeysPending,
+    SendRestartWorker,
+)
 from apportion.scheduler.records import FORGOTTEN, PROCESSING, QUEUED, ClientRecord
 from apportion.scheduler.shared_data import DATASET_OWNER
 
@@ -31,7 +37,7 @@ from apportion.scheduler.shared_data import DATASET_OWNER
 RESTARTING = "restarting"
 
 
-def restart(state: SchedulerCore, client: ClientRecord, msg: m.RestartRequest) -> None:
+def restart(state: SchedulerCore, client: ClientRecord, msg: RestartRequest) -> None:
     why = f" ({msg.reason})" if msg.reason else ""
     text = f"the cluster was restarted{why}; submit the work again"
     kept = _durable_work(state)
@@ -44,8 +50,8 @@ def restart(state: SchedulerCore, client: ClientRecord, msg: m.RestartRequest) -
         state.log.append((state.now, key, task.state, FORGOTTEN, text))
     for client_id, keys in by_client.items():
         if client_id in state.clients:
-            state.emit(TasksPending(client_id, keys))
-            state.emit(TasksFailed(client_id, keys, "cancelled", text))
+            state.emit(SendKeysPending(client_id, keys))
+            state.emit(SendKeysFailed(client_id, keys, "cancelled", text))
     _cancel_scatters(state, text)
     _drop_datasets(state)
     _forget_tasks(state, kept)
@@ -66,12 +72,12 @@ def restart(state: SchedulerCore, client: ClientRecord, msg: m.RestartRequest) -
         membership.remove_worker(state, worker.id, text)
         if worker.supervisor:
             # Its supervisor starts a fresh process once it exits.
-            state.emit(RestartProcess(worker.id, text))
+            state.emit(SendRestartWorker(worker.id, text))
         else:
             # Disconnected, it drops its tasks and data and registers afresh.
             state.emit(Disconnect(worker.id, text))
     state.log_info(f"the cluster was restarted{why}: {len(workers)} workers reset")
-    state.reply(client.id, m.RestartReply(msg.request_id, len(workers), sorted(unsupervised)))
+    state.reply(client.id, RestartReply(msg.request_id, len(workers), sorted(unsupervised)))
 
 
 def _cancel_scatters(state: SchedulerCore, text: str) -> None:
@@ -86,8 +92,8 @@ def _cancel_scatters(state: SchedulerCore, text: str) -> None:
     relays.scatters.clear()
     for client_id, request_id, keys in pending:
         if client_id in state.clients:
-            state.emit(TasksFailed(client_id, keys, "cancelled", text))
-            state.reply(client_id, m.ScatterReply(request_id, []))
+            state.emit(SendKeysFailed(client_id, keys, "cancelled", text))
+            state.reply(client_id, ScatterReply(request_id, []))
 
 
 def _durable_work(state: SchedulerCore) -> set[str]:

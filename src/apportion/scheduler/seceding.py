@@ -23,9 +23,9 @@ gave back is not given back twice (``SchedulerCore.unassign``).
 from __future__ import annotations
 
 from apportion.core.resources import Amounts, describe_resources
-from apportion.protocol import messages as m
+from apportion.protocol.worker import TaskRejoining, TaskSeceded
 from apportion.scheduler.core import SchedulerCore
-from apportion.scheduler.events import GrantRejoin
+from apportion.scheduler.events import SendRejoinGranted
 from apportion.scheduler.records import PROCESSING, TaskRecord, WorkerRecord
 
 
@@ -37,7 +37,7 @@ def _seceded_task(state: SchedulerCore, worker: WorkerRecord, key: str) -> TaskR
     return task
 
 
-def task_seceded(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskSeceded) -> None:
+def task_seceded(state: SchedulerCore, worker: WorkerRecord, msg: TaskSeceded) -> None:
     task = _seceded_task(state, worker, msg.key)
     if task is None or task.key in worker.seceded:
         return
@@ -60,7 +60,7 @@ def task_seceded(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskSeceded)
     state.placement_due = True  # its thread, and maybe its resources, are free
 
 
-def task_rejoining(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskRejoining) -> None:
+def task_rejoining(state: SchedulerCore, worker: WorkerRecord, msg: TaskRejoining) -> None:
     task = _seceded_task(state, worker, msg.key)
     if task is None or task.key not in worker.seceded or task.key in worker.rejoining:
         return
@@ -86,7 +86,7 @@ def grant_rejoins(state: SchedulerCore) -> None:
             if not worker.ledger.take_exactly(allocation.resources, allocation.units):
                 break  # the rest of this worker's queue waits behind it: first come first
             waiting.pop(0)
-            state.emit(GrantRejoin(worker.id, task.key))
+            state.emit(SendRejoinGranted(worker.id, task.key))
             _rejoined(state, worker, task, f"rejoined on {worker.name}; holds its resources again")
 
 

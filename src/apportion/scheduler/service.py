@@ -34,8 +34,10 @@ from apportion.net.pipe import forward_buffers
 from apportion.net.security import Security, check_exposure, listening, stopped_listening
 from apportion.net.stream import MAX_UNSENT, Listener, Stream
 from apportion.net.transport import listener_for, transport_for
-from apportion.protocol import messages as m
+from apportion.protocol.base import Message
 from apportion.protocol.codec import ProtocolError, decode_body
+from apportion.protocol.peer_data import DataReply, GetData
+from apportion.protocol.worker import RegisterWorker, WorkerDied
 from apportion.scheduler.companions import Companion, SchedulerAddresses
 from apportion.scheduler.events import (
     ClientJoined,
@@ -318,7 +320,7 @@ class Scheduler(BackgroundService):
 
     async def _serve_worker(self, conn: Connection, peer_id: str) -> None:
         first = await conn.recv()
-        if not first or not isinstance(first[0], m.RegisterWorker):
+        if not first or not isinstance(first[0], RegisterWorker):
             raise ProtocolError("a worker must register first")
         await self._companions_ready.wait()  # its live tasks are offered to a ready one
         self._conns[peer_id] = conn
@@ -337,14 +339,14 @@ class Scheduler(BackgroundService):
             self._conns.pop(peer_id, None)
             self._handle(WorkerLeft(peer_id, self.clock.monotonic()))
 
-    def _from_worker(self, peer_id: str, batch: list[m.Message]) -> None:
+    def _from_worker(self, peer_id: str, batch: list[Message]) -> None:
         self._handle(FromWorker(peer_id, batch, self.clock.monotonic()))
 
     async def _serve_supervisor(self, conn: Connection) -> None:
         """A worker supervisor reporting how its processes ended; nothing is sent back."""
         while True:
             for message in await conn.recv():
-                if not isinstance(message, m.WorkerDied):
+                if not isinstance(message, WorkerDied):
                     raise ProtocolError(f"a supervisor sent {type(message).__name__}")
                 self._handle(WorkerDeathReport(message, self.clock.monotonic()))
 
@@ -430,13 +432,13 @@ class Scheduler(BackgroundService):
                 security=self.security,
                 timeout=PIPE_CONNECT_TIMEOUT,
             )
-            source.send(m.GetData(command.request_id, command.keys))
+            source.send(GetData(command.request_id, command.keys))
             head = await source.recv_head()
             if head.lent:  # never asked for: a relay forwards bytes, not addresses
                 raise ProtocolError(f"{command.address} lent buffers to a relay")
             # Placeholders for the buffers: the keys are read here, the values never.
             (reply,) = decode_body(head.body, [b""] * len(head.lengths))
-            if not isinstance(reply, m.DataReply) or reply.request_id != command.request_id:
+            if not isinstance(reply, DataReply) or reply.request_id != command.request_id:
                 raise ProtocolError(f"a data port answered GetData with {reply!r:.80}")
             sink = self._conns.get(command.client_id)
             if sink is None:

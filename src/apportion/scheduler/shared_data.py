@@ -16,11 +16,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from apportion.protocol import messages as m
+from apportion.protocol.cluster import ClusterFactsReply, ClusterFactsRequest
+from apportion.protocol.shared_data import (
+    DatasetReply,
+    DatasetRequest,
+    MetadataReply,
+    MetadataRequest,
+    PublishDataset,
+    SetMetadata,
+    SharedDataAck,
+    UnpublishDataset,
+)
+from apportion.protocol.tasks import RetryKeys
 from apportion.scheduler import copies
 from apportion.scheduler.client_requests import release, want
 from apportion.scheduler.core import SchedulerCore
-from apportion.scheduler.events import TaskFailed, TasksFailed, TasksPending
+from apportion.scheduler.events import SendKeysFailed, SendKeysPending, failure_notice
 from apportion.scheduler.holders import holders
 from apportion.scheduler.records import ERRED, MEMORY, RELEASED, ClientRecord, TaskRecord
 
@@ -34,13 +45,11 @@ rebalance = copies.rebalance
 # --- datasets -------------------------------------------------------------------------
 
 
-def publish(state: SchedulerCore, client: ClientRecord, msg: m.PublishDataset) -> None:
+def publish(state: SchedulerCore, client: ClientRecord, msg: PublishDataset) -> None:
     """Keep a dataset; its keys are wanted by its pseudo-client from now on."""
     book = state.shared
     if msg.name in book.datasets and not msg.override:
-        state.reply(
-            client.id, m.SharedDataAck(msg.request_id, f"Dataset {msg.name} already exists")
-        )
+        state.reply(client.id, SharedDataAck(msg.request_id, f"Dataset {msg.name} already exists"))
         return
     owner_id = DATASET_OWNER + msg.name
     owner = state.clients.get(owner_id)
@@ -54,35 +63,33 @@ def publish(state: SchedulerCore, client: ClientRecord, msg: m.PublishDataset) -
         want(state, owner, key)
     release(state, owner, dropped)
     book.datasets[msg.name] = (msg.data, list(msg.keys))
-    state.reply(client.id, m.SharedDataAck(msg.request_id, ""))
+    state.reply(client.id, SharedDataAck(msg.request_id, ""))
 
 
-def unpublish(state: SchedulerCore, client: ClientRecord, msg: m.UnpublishDataset) -> None:
+def unpublish(state: SchedulerCore, client: ClientRecord, msg: UnpublishDataset) -> None:
     """Forget datasets (unknown names are no error, as in Dask); their keys may go."""
     for name in msg.names:
         if state.shared.datasets.pop(name, None) is not None:
             owner = state.clients.pop(DATASET_OWNER + name)
             release(state, owner, sorted(owner.wanted))
-    state.reply(client.id, m.SharedDataAck(msg.request_id, ""))
+    state.reply(client.id, SharedDataAck(msg.request_id, ""))
 
 
-def get_dataset(state: SchedulerCore, client: ClientRecord, msg: m.DatasetRequest) -> None:
+def get_dataset(state: SchedulerCore, client: ClientRecord, msg: DatasetRequest) -> None:
     """The dataset's bytes and keys, with every published name (for the error, the list)."""
     found = state.shared.datasets.get(msg.name)
     data, keys = found or (b"", [])
     names = sorted(state.shared.datasets)
-    state.reply(
-        client.id, m.DatasetReply(msg.request_id, int(found is not None), data, keys, names)
-    )
+    state.reply(client.id, DatasetReply(msg.request_id, int(found is not None), data, keys, names))
 
 
 # --- metadata -------------------------------------------------------------------------
 
 
-def set_metadata(state: SchedulerCore, client: ClientRecord, msg: m.SetMetadata) -> None:
+def set_metadata(state: SchedulerCore, client: ClientRecord, msg: SetMetadata) -> None:
     """As Dask's: missing (or non-dictionary) levels on the way become dictionaries."""
     if not msg.path:
-        state.reply(client.id, m.SharedDataAck(msg.request_id, "a metadata key is needed"))
+        state.reply(client.id, SharedDataAck(msg.request_id, "a metadata key is needed"))
         return
     level = state.shared.metadata
     for key in msg.path[:-1]:
@@ -90,24 +97,24 @@ def set_metadata(state: SchedulerCore, client: ClientRecord, msg: m.SetMetadata)
             level[key] = {}
         level = level[key]
     level[msg.path[-1]] = msg.value
-    state.reply(client.id, m.SharedDataAck(msg.request_id, ""))
+    state.reply(client.id, SharedDataAck(msg.request_id, ""))
 
 
-def get_metadata(state: SchedulerCore, client: ClientRecord, msg: m.MetadataRequest) -> None:
+def get_metadata(state: SchedulerCore, client: ClientRecord, msg: MetadataRequest) -> None:
     """The value at the path, or ``found`` 0 where a level on the way is missing."""
     value: Any = state.shared.metadata
     for key in msg.path:
         if not isinstance(value, dict) or key not in value:
-            state.reply(client.id, m.MetadataReply(msg.request_id, 0, None))
+            state.reply(client.id, MetadataReply(msg.request_id, 0, None))
             return
         value = value[key]
-    state.reply(client.id, m.MetadataReply(msg.request_id, 1, value))
+    state.reply(client.id, MetadataReply(msg.request_id, 1, value))
 
 
 # --- who has what ---------------------------------------------------------------------
 
 
-def cluster_facts(state: SchedulerCore, client: ClientRecord, msg: m.ClusterFactsRequest) -> None:
+def cluster_facts(state: SchedulerCore, client: ClientRecord, msg: ClusterFactsRequest) -> None:
     """Who holds what, threads and assigned tasks, keyed by worker address as in Dask."""
     address = {w.id: w.address for w in state.workers.values()}
     who_has = {
@@ -117,7 +124,7 @@ def cluster_facts(state: SchedulerCore, client: ClientRecord, msg: m.ClusterFact
     workers = state.workers.values()
     state.reply(
         client.id,
-        m.ClusterFactsReply(
+        ClusterFactsReply(
             msg.request_id,
             who_has,
             {w.address: sorted(w.has_what) for w in workers},
@@ -130,13 +137,13 @@ def cluster_facts(state: SchedulerCore, client: ClientRecord, msg: m.ClusterFact
 # --- retry ----------------------------------------------------------------------------
 
 
-def retry(state: SchedulerCore, client: ClientRecord, msg: m.RetryKeys) -> None:
+def retry(state: SchedulerCore, client: ClientRecord, msg: RetryKeys) -> None:
     """Run failed keys again; a finished one is said to be done, a pending one goes on."""
     for key in msg.keys:
         task = state.tasks.get(key)
         if task is None:
             text = f"{key!r} cannot be retried: the scheduler no longer knows it; submit it again"
-            state.emit(TasksFailed(client.id, [key], "lost", text))
+            state.emit(SendKeysFailed(client.id, [key], "lost", text))
         elif task.state == ERRED:
             for failed in _failed_chain(state, task):
                 _run_again(state, failed, client.id)
@@ -146,7 +153,7 @@ def retry(state: SchedulerCore, client: ClientRecord, msg: m.RetryKeys) -> None:
             # Failed while still running (its input failed): it cannot run again until
             # its worker gives it back, so the client hears the failure again rather
             # than waiting on a future nothing will settle.
-            state.emit(TaskFailed(client.id, key, task.error, 1))
+            state.emit(failure_notice(client.id, key, task.error, 1))
 
 
 def _failed_chain(state: SchedulerCore, task: TaskRecord) -> list[TaskRecord]:
@@ -186,7 +193,7 @@ def _run_again(state: SchedulerCore, task: TaskRecord, client_id: str) -> None:
         )
         task.error = error
         for wanter in task.wanted_by or ():
-            state.emit(TaskFailed(wanter, task.key, error, 1))
+            state.emit(failure_notice(wanter, task.key, error, 1))
         for dep_key in task.deps:  # inputs recomputed above for nothing: let them go
             if dep_key in state.tasks:
                 state.release_if_unneeded(state.tasks[dep_key])
@@ -196,5 +203,5 @@ def _run_again(state: SchedulerCore, task: TaskRecord, client_id: str) -> None:
     state.retried.pop(task.key, None)
     for wanter in task.wanted_by or ():
         # Futures of failed inputs retried along with the asked key wait again too.
-        state.emit(TasksPending(wanter, [task.key]))
+        state.emit(SendKeysPending(wanter, [task.key]))
     state.start_again(task, cause)  # its released inputs are on their way already

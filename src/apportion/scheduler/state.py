@@ -3,7 +3,7 @@
 This module only dispatches: each event type and each message type has one
 handler function in a module above the core (``membership``, ``client_requests``,
 ``worker_reports``, ``relay`` ...), and ``handle`` returns the commands the core
-gathered meanwhile: decisions as domain values (``AssignTask``, ``TasksDone`` ...)
+gathered meanwhile: decisions as domain values (``SendComputeTask``, ``SendKeysDone`` ...)
 and answers to client requests as ``Reply`` (``events.py``); the service makes
 them messages (``wire.py``). The records and their low-level changes are in ``core.py``;
 its header tells the theory of operation.
@@ -20,7 +20,77 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from apportion.protocol import messages as m
+from apportion.protocol.base import Message
+from apportion.protocol.cluster import (
+    CheckDemands,
+    ClusterFactsRequest,
+    DemandRequest,
+    DumpRequest,
+    InfoRequest,
+    LogsRequest,
+    RestartRequest,
+    StatusRequest,
+    StoryRequest,
+    VersionsRequest,
+    WhyRequest,
+)
+from apportion.protocol.coordination import (
+    EventRequest,
+    LeaseRequest,
+    Publish,
+    RefreshLeases,
+    Subscribe,
+    Unsubscribe,
+    ValueRequest,
+)
+from apportion.protocol.peer_data import DataReply, DataStored
+from apportion.protocol.remote_calls import (
+    CallAnswered,
+    InstallOnWorkers,
+    RunOnWorkers,
+    UninstallFromWorkers,
+)
+from apportion.protocol.services import (
+    AdoptTask,
+    ForwardedReply,
+    RegisterService,
+    StopTasks,
+    TaskNote,
+)
+from apportion.protocol.shared_data import (
+    DatasetRequest,
+    MetadataRequest,
+    PublishDataset,
+    RebalanceKeys,
+    ReplicateKeys,
+    SetMetadata,
+    UnpublishDataset,
+)
+from apportion.protocol.tasks import (
+    CancelKeys,
+    FireAndForget,
+    GatherRequest,
+    ReleaseKeys,
+    RetryKeys,
+    ScatterPlaced,
+    ScatterRequest,
+    SubmitTasks,
+    WhoHasRequest,
+)
+from apportion.protocol.worker import (
+    CopiesKept,
+    Heartbeat,
+    MissingDependency,
+    ResultTooLarge,
+    StealResponse,
+    TaskFinished,
+    TaskRaised,
+    TaskRejoining,
+    TasksDropped,
+    TaskSeceded,
+    WorkerClosing,
+    WorkerDraining,
+)
 from apportion.scheduler import (
     channels,
     client_requests,
@@ -110,9 +180,9 @@ def _from_worker(state: SchedulerCore, event: FromWorker) -> None:
 
 def _dispatch(
     state: SchedulerCore,
-    handlers: dict[type[m.Message], Callable[[SchedulerCore, Any, Any], None]],
+    handlers: dict[type[Message], Callable[[SchedulerCore, Any, Any], None]],
     peer: ClientRecord | WorkerRecord,
-    messages: list[m.Message],
+    messages: list[Message],
     who: str,
 ) -> None:
     """One handler per message type; a type not served from this peer is said, not run."""
@@ -139,65 +209,65 @@ EVENT_HANDLERS: dict[type[Any], Callable[[SchedulerCore, Any], None]] = {
     PipeEnded: relay.pipe_ended,
 }
 
-CLIENT_HANDLERS: dict[type[m.Message], Callable[[SchedulerCore, ClientRecord, Any], None]] = {
-    m.SubmitTasks: client_requests.submit,
-    m.ReleaseKeys: client_requests.release_keys,
-    m.CancelKeys: client_requests.cancel_keys,
-    m.GatherRequest: relay.gather,
-    m.ScatterRequest: relay.scatter,
-    m.ScatterPlaced: relay.scatter_placed,
-    m.WhoHasRequest: relay.who_has,
-    m.WhyRequest: client_requests.why,
-    m.InfoRequest: client_requests.info,
-    m.DemandRequest: client_requests.waiting_demand,
-    m.CheckDemands: client_requests.check_demands,
-    m.StatusRequest: client_requests.cluster_status,
-    m.StoryRequest: client_requests.story,
-    m.DumpRequest: client_requests.dump,
-    m.RunOnWorkers: remote_calls.run,
-    m.InstallOnWorkers: remote_calls.install,
-    m.UninstallFromWorkers: remote_calls.uninstall,
-    m.VersionsRequest: remote_calls.versions,
-    m.LogsRequest: remote_calls.logs,
-    m.PublishDataset: shared_data.publish,
-    m.UnpublishDataset: shared_data.unpublish,
-    m.DatasetRequest: shared_data.get_dataset,
-    m.SetMetadata: shared_data.set_metadata,
-    m.MetadataRequest: shared_data.get_metadata,
-    m.ClusterFactsRequest: shared_data.cluster_facts,
-    m.RetryKeys: shared_data.retry,
-    m.ReplicateKeys: shared_data.replicate,
-    m.RebalanceKeys: shared_data.rebalance,
-    m.RestartRequest: restart.restart,
-    m.RegisterService: task_hooks.register_service,
-    m.ForwardedReply: task_hooks.forwarded_reply,
-    m.AdoptTask: task_hooks.adopt_task,
-    m.StopTasks: task_hooks.stop_tasks,
-    m.LeaseRequest: leases.lease_request,
-    m.RefreshLeases: leases.refresh,
-    m.EventRequest: channels.event_request,
-    m.ValueRequest: channels.value_request,
-    m.Subscribe: channels.subscribe,
-    m.Unsubscribe: channels.unsubscribe,
-    m.Publish: channels.publish,
-    m.FireAndForget: coordination.fire_and_forget,
+CLIENT_HANDLERS: dict[type[Message], Callable[[SchedulerCore, ClientRecord, Any], None]] = {
+    SubmitTasks: client_requests.submit,
+    ReleaseKeys: client_requests.release_keys,
+    CancelKeys: client_requests.cancel_keys,
+    GatherRequest: relay.gather,
+    ScatterRequest: relay.scatter,
+    ScatterPlaced: relay.scatter_placed,
+    WhoHasRequest: relay.who_has,
+    WhyRequest: client_requests.why,
+    InfoRequest: client_requests.info,
+    DemandRequest: client_requests.waiting_demand,
+    CheckDemands: client_requests.check_demands,
+    StatusRequest: client_requests.cluster_status,
+    StoryRequest: client_requests.story,
+    DumpRequest: client_requests.dump,
+    RunOnWorkers: remote_calls.run,
+    InstallOnWorkers: remote_calls.install,
+    UninstallFromWorkers: remote_calls.uninstall,
+    VersionsRequest: remote_calls.versions,
+    LogsRequest: remote_calls.logs,
+    PublishDataset: shared_data.publish,
+    UnpublishDataset: shared_data.unpublish,
+    DatasetRequest: shared_data.get_dataset,
+    SetMetadata: shared_data.set_metadata,
+    MetadataRequest: shared_data.get_metadata,
+    ClusterFactsRequest: shared_data.cluster_facts,
+    RetryKeys: shared_data.retry,
+    ReplicateKeys: shared_data.replicate,
+    RebalanceKeys: shared_data.rebalance,
+    RestartRequest: restart.restart,
+    RegisterService: task_hooks.register_service,
+    ForwardedReply: task_hooks.forwarded_reply,
+    AdoptTask: task_hooks.adopt_task,
+    StopTasks: task_hooks.stop_tasks,
+    LeaseRequest: leases.lease_request,
+    RefreshLeases: leases.refresh,
+    EventRequest: channels.event_request,
+    ValueRequest: channels.value_request,
+    Subscribe: channels.subscribe,
+    Unsubscribe: channels.unsubscribe,
+    Publish: channels.publish,
+    FireAndForget: coordination.fire_and_forget,
 }
 
-WORKER_HANDLERS: dict[type[m.Message], Callable[[SchedulerCore, WorkerRecord, Any], None]] = {
-    m.TaskFinished: worker_reports.task_finished,
-    m.TaskSeceded: seceding.task_seceded,
-    m.TaskRejoining: seceding.task_rejoining,
-    m.TaskRaised: worker_reports.task_raised,
-    m.ResultTooLarge: out_of_memory.result_too_large,
-    m.MissingDependency: worker_reports.missing_dependency,
-    m.TasksDropped: worker_reports.tasks_dropped,
-    m.StealResponse: stealing.steal_answered,
-    m.CopiesKept: copies.copies_kept,
-    m.WorkerClosing: worker_reports.worker_closing,
-    m.WorkerDraining: drain.worker_draining,
-    m.Heartbeat: worker_reports.heartbeat,
-    m.DataReply: relay.data_reply,
-    m.DataStored: relay.data_stored,
-    m.CallAnswered: remote_calls.call_answered,
-    m.TaskNote: task_hooks.task_note,
+WORKER_HANDLERS: dict[type[Message], Callable[[SchedulerCore, WorkerRecord, Any], None]] = {
+    TaskFinished: worker_reports.task_finished,
+    TaskSeceded: seceding.task_seceded,
+    TaskRejoining: seceding.task_rejoining,
+    TaskRaised: worker_reports.task_raised,
+    ResultTooLarge: out_of_memory.result_too_large,
+    MissingDependency: worker_reports.missing_dependency,
+    TasksDropped: worker_reports.tasks_dropped,
+    StealResponse: stealing.steal_answered,
+    CopiesKept: copies.copies_kept,
+    WorkerClosing: worker_reports.worker_closing,
+    WorkerDraining: drain.worker_draining,
+    Heartbeat: worker_reports.heartbeat,
+    DataReply: relay.data_reply,
+    DataStored: relay.data_stored,
+    CallAnswered: remote_calls.call_answered,
+    TaskNote: task_hooks.task_note,
 }

@@ -5,7 +5,7 @@ ahead, to hide the round trip; tasks whose inputs it is fetching), and a task gi
 to it starts only when one of its threads frees. When a thread idles elsewhere
 meanwhile, with nothing queued in the scheduler for it, a task still waiting on the
 busy worker would start sooner on the idle one. The pass below asks the busy worker
-to let it go (``StealTasks``).
+to let it go (``SendStealRequest``).
 
 The move is safe because the busy worker decides. It lets a task go only if it has
 not started it, and answers with those it let go and those that had started
@@ -47,9 +47,9 @@ from __future__ import annotations
 
 from heapq import heappop, heappush
 
-from apportion.protocol import messages as m
+from apportion.protocol.worker import StealResponse
 from apportion.scheduler.core import SchedulerCore
-from apportion.scheduler.events import StealTasks
+from apportion.scheduler.events import SendStealRequest
 from apportion.scheduler.holders import holds
 from apportion.scheduler.placement import closed_to_plain, fits_now, resource_work_waiting
 from apportion.scheduler.records import (
@@ -96,7 +96,7 @@ def balance(state: SchedulerCore) -> None:
         if not free:
             break
     for victim_id, keys in requests.items():
-        state.emit(StealTasks(victim_id, keys))
+        state.emit(SendStealRequest(victim_id, keys))
 
 
 def _ask(
@@ -109,7 +109,7 @@ def _ask(
     state.log.append((state.now, task.key, PROCESSING, PROCESSING, cause))
 
 
-def steal_answered(state: SchedulerCore, worker: WorkerRecord, msg: m.StealResponse) -> None:
+def steal_answered(state: SchedulerCore, worker: WorkerRecord, msg: StealResponse) -> None:
     """``worker`` let go of the tasks that had not started, and kept the others."""
     for key in msg.started:
         if state.steals.get(key, ("",))[0] == worker.id:

@@ -22,15 +22,25 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from apportion.protocol import messages as m
+from apportion.protocol.base import Message
 from apportion.protocol.codec import ProtocolError, decode_message, encode_message
+from apportion.protocol.services import (
+    AdoptTask,
+    ForwardedReply,
+    RegisterService,
+    StopTasks,
+    TaskNote,
+    Unserved,
+)
+from apportion.protocol.tasks import SubmitTasks
+from apportion.protocol.worker import RegisterWorker
 from apportion.scheduler import client_requests
 from apportion.scheduler.events import (
-    AnnounceDeparture,
-    ForwardRequest,
-    FreeData,
-    OfferRunningTasks,
-    PassNote,
+    SendForwardedRequest,
+    SendFreeKeys,
+    SendTaskNoted,
+    SendTasksStillRunning,
+    SendWorkerDeparted,
 )
 from apportion.scheduler.records import QUEUED, ClientRecord, WorkerRecord
 
@@ -38,7 +48,7 @@ if TYPE_CHECKING:
     from apportion.scheduler.core import SchedulerCore
 
 
-def register_service(state: SchedulerCore, client: ClientRecord, msg: m.RegisterService) -> None:
+def register_service(state: SchedulerCore, client: ClientRecord, msg: RegisterService) -> None:
     # A service's work outlives its connection (the job queue's runs keep running
     # while the scheduler stops, for the next one to adopt).
     client.durable = True
@@ -48,7 +58,7 @@ def register_service(state: SchedulerCore, client: ClientRecord, msg: m.Register
         state.services.prefixes[msg.key_prefix] = client.id
 
 
-def forward(state: SchedulerCore, peer: ClientRecord | WorkerRecord, msg: m.Message) -> bool:
+def forward(state: SchedulerCore, peer: ClientRecord | WorkerRecord, msg: Message) -> bool:
     """Forward a client's request to the service serving its kind; whether there is one.
 
     If there is none the client is told so (``Unserved``), not left waiting.
@@ -58,13 +68,13 @@ def forward(state: SchedulerCore, peer: ClientRecord | WorkerRecord, msg: m.Mess
     kind = type(msg).__name__
     server = state.services.requests.get(kind)
     if server is None or server not in state.clients:
-        state.reply(peer.id, m.Unserved(kind))
+        state.reply(peer.id, Unserved(kind))
         return False
-    state.emit(ForwardRequest(server, peer.id, encode_message(msg)))
+    state.emit(SendForwardedRequest(server, peer.id, encode_message(msg)))
     return True
 
 
-def forwarded_reply(state: SchedulerCore, client: ClientRecord, msg: m.ForwardedReply) -> None:
+def forwarded_reply(state: SchedulerCore, client: ClientRecord, msg: ForwardedReply) -> None:
     if msg.origin not in state.clients:
         return  # the asker left meanwhile
     try:
@@ -75,15 +85,15 @@ def forwarded_reply(state: SchedulerCore, client: ClientRecord, msg: m.Forwarded
     state.reply(msg.origin, reply)
 
 
-def task_note(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskNote) -> None:
+def task_note(state: SchedulerCore, worker: WorkerRecord, msg: TaskNote) -> None:
     task = state.tasks.get(msg.key)
     if task is None or not task.wanted_by:
         return  # nobody to tell
     for client_id in task.wanted_by:
-        state.emit(PassNote(client_id, msg.key, worker.name, msg.note))
+        state.emit(SendTaskNoted(client_id, msg.key, worker.name, msg.note))
 
 
-def worker_joined(state: SchedulerCore, worker_id: str, reg: m.RegisterWorker) -> None:
+def worker_joined(state: SchedulerCore, worker_id: str, reg: RegisterWorker) -> None:
     """Offer the tasks still running on a worker that joined to the services claiming them."""
     if not reg.live_tasks:
         return
@@ -97,9 +107,9 @@ def worker_joined(state: SchedulerCore, worker_id: str, reg: m.RegisterWorker) -
             offers.setdefault(server, []).append(key)
     for server, keys in offers.items():
         states = {key: task.state for key in keys if (task := state.tasks.get(key)) is not None}
-        state.emit(OfferRunningTasks(server, worker_id, reg.name, keys, states))
+        state.emit(SendTasksStillRunning(server, worker_id, reg.name, keys, states))
     if unclaimed:
-        state.emit(FreeData(worker_id, unclaimed))  # nobody here will ever want them
+        state.emit(SendFreeKeys(worker_id, unclaimed))  # nobody here will ever want them
 
 
 def _server_of(state: SchedulerCore, key: str) -> str | None:
@@ -109,9 +119,9 @@ def _server_of(state: SchedulerCore, key: str) -> str | None:
     return None
 
 
-def adopt_task(state: SchedulerCore, client: ClientRecord, msg: m.AdoptTask) -> None:
+def adopt_task(state: SchedulerCore, client: ClientRecord, msg: AdoptTask) -> None:
     key = msg.task.key
-    client_requests.submit(state, client, m.SubmitTasks([msg.task], msg.functions, [key]))
+    client_requests.submit(state, client, SubmitTasks([msg.task], msg.functions, [key]))
     worker = state.workers.get(msg.worker_id)
     task = state.tasks.get(key)
     if task is None or task.state != QUEUED or task.reserved_on is not None:
@@ -123,9 +133,9 @@ def adopt_task(state: SchedulerCore, client: ClientRecord, msg: m.AdoptTask) -> 
     worker.started.add(task.key)  # its processes run: never to be moved
 
 
-def stop_tasks(state: SchedulerCore, client: ClientRecord, msg: m.StopTasks) -> None:
+def stop_tasks(state: SchedulerCore, client: ClientRecord, msg: StopTasks) -> None:
     if msg.worker_id in state.workers:
-        state.emit(FreeData(msg.worker_id, msg.keys))
+        state.emit(SendFreeKeys(msg.worker_id, msg.keys))
 
 
 def worker_left(state: SchedulerCore, worker: WorkerRecord) -> None:
@@ -143,5 +153,5 @@ def flush(state: SchedulerCore) -> None:
     for name in book.departed:
         if name not in names:
             for server in sorted(servers):
-                state.emit(AnnounceDeparture(server, name))
+                state.emit(SendWorkerDeparted(server, name))
     book.departed.clear()

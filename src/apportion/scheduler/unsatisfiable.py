@@ -21,7 +21,7 @@ from apportion.core.ledger import Ledger, splittable
 from apportion.core.resource_names import did_you_mean, misspelt, suggestions
 from apportion.core.resources import Amounts, describe_amount, describe_resources
 from apportion.scheduler.core import SchedulerCore
-from apportion.scheduler.events import NotifyClient
+from apportion.scheduler.events import SendNotice
 from apportion.scheduler.records import (
     QUEUED,
     QueueKey,
@@ -223,7 +223,7 @@ def warn_unsatisfiable(state: SchedulerCore, task: TaskRecord, text: str) -> Non
     for client_id in task.wanted_by or ():
         if (client_id, task.signature) not in state.notified:
             state.notified.add((client_id, task.signature))
-            state.emit(NotifyClient(client_id, "warning", text))
+            state.emit(SendNotice(client_id, "warning", text))
 
 
 def unsatisfiable_text(task: TaskRecord, workers: Any) -> str:

@@ -1,10 +1,12 @@
 """The scheduler's commands as wire messages: one function, ``to_wire``.
 
-The state machine decides in domain values (``events.py`` lists them); this
-module alone knows which message carries each decision to its peer. It builds
-message dataclasses and nothing else, so it is pure like the state machine, but it
-sits beside it, not inside: only the service and the simulation import it (the
-import contracts check this), so a change of wire format never reaches a handler.
+Each command is named for the message it becomes (``SendComputeTask`` becomes
+``ComputeTask``), so that one name stands for one thing from the state machine to the
+peer. The state machine decides in domain values (an ``Allocation``, an
+``Installation``) and says to whom; this module alone builds the message from them.
+It is pure like the state machine, but sits beside it, not inside: only the service
+and the simulation import it (the import contracts check this), so a change of wire
+format never reaches a handler.
 """
 
 from __future__ import annotations
@@ -12,94 +14,110 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from apportion.protocol import messages as m
-from apportion.scheduler.events import (
-    AnnounceDeparture,
-    AssignTask,
-    DeliverMessage,
-    DrainFinished,
+from apportion.protocol.base import Message
+from apportion.protocol.coordination import TopicMessage
+from apportion.protocol.handshake import Refused
+from apportion.protocol.peer_data import GetData, PutData
+from apportion.protocol.remote_calls import Install, RunCall, Uninstall
+from apportion.protocol.services import (
+    ForwardedRequest,
+    TaskNoted,
+    TasksStillRunning,
+    WorkerDeparted,
+)
+from apportion.protocol.tasks import KeysDone, KeysFailed, KeysPending, Notice, TaskErred
+from apportion.protocol.worker import (
+    ComputeTask,
+    DrainDone,
     DropPrefetch,
-    FetchData,
-    ForwardRequest,
-    FreeData,
-    GrantRejoin,
-    NotifyClient,
-    OfferRunningTasks,
-    PassNote,
+    FreeKeys,
+    LoadFunction,
+    Prefetch,
+    RejoinGranted,
+    RestartWorker,
+    StealRequest,
+)
+from apportion.scheduler.events import (
     PeerCommand,
-    PrefetchInputs,
-    RefuseWorker,
-    RemoteCall,
-    RemoteInstall,
-    RemoteUninstall,
     Reply,
-    RestartProcess,
-    ShipFunction,
-    StealTasks,
-    StoreData,
-    TaskError,
-    TaskFailed,
-    TasksDone,
-    TasksFailed,
-    TasksPending,
+    SendComputeTask,
+    SendDrainDone,
+    SendDropPrefetch,
+    SendForwardedRequest,
+    SendFreeKeys,
+    SendGetData,
+    SendInstall,
+    SendKeysDone,
+    SendKeysFailed,
+    SendKeysPending,
+    SendLoadFunction,
+    SendNotice,
+    SendPrefetch,
+    SendPutData,
+    SendRefused,
+    SendRejoinGranted,
+    SendRestartWorker,
+    SendRunCall,
+    SendStealRequest,
+    SendTaskErred,
+    SendTaskNoted,
+    SendTasksStillRunning,
+    SendTopicMessage,
+    SendUninstall,
+    SendWorkerDeparted,
 )
 
 
-def to_wire(command: PeerCommand) -> tuple[str, m.Message]:
+def to_wire(command: PeerCommand) -> tuple[str, Message]:
     """The peer ``command`` is for, and the message that tells it."""
     # One dict lookup per command: this runs for every task assigned and finished.
     return _CONVERTERS[type(command)](command)
 
 
-def _error_message(key: str, error: TaskError, attempts: int) -> m.Message:
-    """The message telling a client that ``key`` failed, after ``attempts`` runs."""
-    kind, detail, traceback = error
-    if kind == "exception" and not isinstance(detail, str):
-        return m.TaskErred(key, detail, traceback, attempts)
-    return m.KeysFailed([key], kind, str(detail))
-
-
-def _assign(c: AssignTask) -> tuple[str, m.Message]:
-    message = m.ComputeTask(
+def _compute_task(c: SendComputeTask) -> tuple[str, Message]:
+    message = ComputeTask(
         c.key, c.func_id, c.args, c.who_has, c.priority, c.allocation, c.sizes, c.order
     )
     return c.worker_id, message
 
 
-def _install(c: RemoteInstall) -> tuple[str, m.Message]:
+def _install(c: SendInstall) -> tuple[str, Message]:
     what = c.installation
-    return c.worker_id, m.Install(c.request_id, what.kind, what.name, what.blob, what.load)
+    return c.worker_id, Install(c.request_id, what.kind, what.name, what.blob, what.load)
 
 
 #: Command type -> its conversion; ``test_every_command_has_a_message`` keeps it whole.
-_CONVERTERS: dict[type[Any], Callable[[Any], tuple[str, m.Message]]] = {
-    AssignTask: _assign,
-    ShipFunction: lambda c: (c.worker_id, m.LoadFunction(c.func_id, c.blob)),
-    FreeData: lambda c: (c.worker_id, m.FreeKeys(c.keys)),
-    FetchData: lambda c: (c.worker_id, m.GetData(c.request_id, c.keys)),
-    PrefetchInputs: lambda c: (c.worker_id, m.Prefetch(c.who_has, c.sizes)),
-    DropPrefetch: lambda c: (c.worker_id, m.DropPrefetch(c.keys)),
-    StealTasks: lambda c: (c.worker_id, m.StealRequest(c.keys)),
-    StoreData: lambda c: (c.worker_id, m.PutData(c.request_id, c.data)),
-    GrantRejoin: lambda c: (c.worker_id, m.RejoinGranted([c.key])),
-    RestartProcess: lambda c: (c.worker_id, m.RestartWorker(c.reason)),
-    DrainFinished: lambda c: (c.worker_id, m.DrainDone(c.handed_off)),
-    RefuseWorker: lambda c: (c.worker_id, m.Refused(c.reason)),
-    RemoteCall: lambda c: (c.worker_id, m.RunCall(c.request_id, c.call)),
-    RemoteInstall: _install,
-    RemoteUninstall: lambda c: (c.worker_id, m.Uninstall(c.request_id, c.name)),
-    TasksDone: lambda c: (c.client_id, m.KeysDone(c.keys)),
-    TasksPending: lambda c: (c.client_id, m.KeysPending(c.keys)),
-    TasksFailed: lambda c: (c.client_id, m.KeysFailed(c.keys, c.kind, c.text)),
-    TaskFailed: lambda c: (c.client_id, _error_message(c.key, c.error, c.attempts)),
-    NotifyClient: lambda c: (c.client_id, m.Notice(c.level, c.text)),
-    DeliverMessage: lambda c: (c.client_id, m.TopicMessage(c.topic, c.data)),
-    PassNote: lambda c: (c.client_id, m.TaskNoted(c.key, c.worker, c.note)),
-    OfferRunningTasks: lambda c: (
+_CONVERTERS: dict[type[Any], Callable[[Any], tuple[str, Message]]] = {
+    SendComputeTask: _compute_task,
+    SendLoadFunction: lambda c: (c.worker_id, LoadFunction(c.func_id, c.blob)),
+    SendFreeKeys: lambda c: (c.worker_id, FreeKeys(c.keys)),
+    SendGetData: lambda c: (c.worker_id, GetData(c.request_id, c.keys)),
+    SendPrefetch: lambda c: (c.worker_id, Prefetch(c.who_has, c.sizes)),
+    SendDropPrefetch: lambda c: (c.worker_id, DropPrefetch(c.keys)),
+    SendStealRequest: lambda c: (c.worker_id, StealRequest(c.keys)),
+    SendPutData: lambda c: (c.worker_id, PutData(c.request_id, c.data)),
+    SendRejoinGranted: lambda c: (c.worker_id, RejoinGranted([c.key])),
+    SendRestartWorker: lambda c: (c.worker_id, RestartWorker(c.reason)),
+    SendDrainDone: lambda c: (c.worker_id, DrainDone(c.handed_off)),
+    SendRefused: lambda c: (c.worker_id, Refused(c.reason)),
+    SendRunCall: lambda c: (c.worker_id, RunCall(c.request_id, c.call)),
+    SendInstall: _install,
+    SendUninstall: lambda c: (c.worker_id, Uninstall(c.request_id, c.name)),
+    SendKeysDone: lambda c: (c.client_id, KeysDone(c.keys)),
+    SendKeysPending: lambda c: (c.client_id, KeysPending(c.keys)),
+    SendKeysFailed: lambda c: (c.client_id, KeysFailed(c.keys, c.kind, c.text)),
+    SendTaskErred: lambda c: (
         c.client_id,
-        m.TasksStillRunning(c.worker_id, c.worker, c.keys, c.states),
+        TaskErred(c.key, c.exception, c.traceback, c.attempts),
     ),
-    ForwardRequest: lambda c: (c.client_id, m.ForwardedRequest(c.origin, c.request)),
-    AnnounceDeparture: lambda c: (c.client_id, m.WorkerDeparted(c.name)),
+    SendNotice: lambda c: (c.client_id, Notice(c.level, c.text)),
+    SendTopicMessage: lambda c: (c.client_id, TopicMessage(c.topic, c.data)),
+    SendTaskNoted: lambda c: (c.client_id, TaskNoted(c.key, c.worker, c.note)),
+    SendTasksStillRunning: lambda c: (
+        c.client_id,
+        TasksStillRunning(c.worker_id, c.worker, c.keys, c.states),
+    ),
+    SendForwardedRequest: lambda c: (c.client_id, ForwardedRequest(c.origin, c.request)),
+    SendWorkerDeparted: lambda c: (c.client_id, WorkerDeparted(c.name)),
     Reply: lambda c: (c.peer_id, c.message),
 }

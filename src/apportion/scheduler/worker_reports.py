@@ -8,7 +8,14 @@ Every report of a task the worker was running returns that task's resources
 from __future__ import annotations
 
 from apportion.core.allocation import Allocation
-from apportion.protocol import messages as m
+from apportion.protocol.worker import (
+    Heartbeat,
+    MissingDependency,
+    TaskFinished,
+    TaskRaised,
+    TasksDropped,
+    WorkerClosing,
+)
 from apportion.scheduler import actors
 from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.holders import drop_holder, holders, holds
@@ -32,7 +39,7 @@ def running_task(state: SchedulerCore, worker: WorkerRecord, key: str) -> TaskRe
     return task
 
 
-def task_finished(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskFinished) -> None:
+def task_finished(state: SchedulerCore, worker: WorkerRecord, msg: TaskFinished) -> None:
     allocation = _allocation_of(state, msg.key)  # before ``running_task`` gives it back
     task = running_task(state, worker, msg.key)
     if task is None:
@@ -62,7 +69,7 @@ def _allocation_of(state: SchedulerCore, key: str) -> Allocation | None:
     return task.allocation if task is not None else None
 
 
-def task_raised(state: SchedulerCore, worker: WorkerRecord, msg: m.TaskRaised) -> None:
+def task_raised(state: SchedulerCore, worker: WorkerRecord, msg: TaskRaised) -> None:
     allocation = _allocation_of(state, msg.key)
     task = running_task(state, worker, msg.key)
     if task is None:
@@ -101,7 +108,7 @@ def settle_discarded(state: SchedulerCore, task: TaskRecord, cause: str) -> None
         state.remove(task, cause)
 
 
-def heartbeat(state: SchedulerCore, worker: WorkerRecord, msg: m.Heartbeat) -> None:
+def heartbeat(state: SchedulerCore, worker: WorkerRecord, msg: Heartbeat) -> None:
     """Hearing from the worker is the point (``last_seen``); its memory dates a crash.
 
     A worker paused for its memory gets no new task; once it resumes, what waited
@@ -118,11 +125,11 @@ def heartbeat(state: SchedulerCore, worker: WorkerRecord, msg: m.Heartbeat) -> N
     worker.paused = paused
 
 
-def worker_closing(state: SchedulerCore, worker: WorkerRecord, msg: m.WorkerClosing) -> None:
+def worker_closing(state: SchedulerCore, worker: WorkerRecord, msg: WorkerClosing) -> None:
     worker.leaving = msg.reason or "closed"
 
 
-def tasks_dropped(state: SchedulerCore, worker: WorkerRecord, msg: m.TasksDropped) -> None:
+def tasks_dropped(state: SchedulerCore, worker: WorkerRecord, msg: TasksDropped) -> None:
     """The worker let go of tasks we had freed before they started: settle them."""
     for key in msg.keys:
         task = running_task(state, worker, key)
@@ -154,9 +161,7 @@ def _drop_failed_holders(
 MAX_FETCH_FAILURES = 3
 
 
-def missing_dependency(
-    state: SchedulerCore, worker: WorkerRecord, msg: m.MissingDependency
-) -> None:
+def missing_dependency(state: SchedulerCore, worker: WorkerRecord, msg: MissingDependency) -> None:
     task = running_task(state, worker, msg.key)
     if msg.reason:
         # The input exists but its value cannot travel: running again cannot help.

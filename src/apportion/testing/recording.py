@@ -14,17 +14,19 @@ from collections.abc import Iterable, Mapping
 from typing import TypeVar
 
 from apportion.core.resources import ResourceSpec, from_ticks, parse_demand
-from apportion.protocol import messages as m
+from apportion.protocol.base import Message
+from apportion.protocol.tasks import KeysDone, SubmitTasks, TaskSpec
+from apportion.protocol.worker import ComputeTask, FreeKeys, LoadFunction
 from apportion.scheduler.events import Command, Event, ServiceEffect
 from apportion.scheduler.records import FORGOTTEN
 from apportion.scheduler.wire import to_wire
 from apportion.testing.simulation import SimulatedCluster
 
-M = TypeVar("M", bound=m.Message)
+M = TypeVar("M", bound=Message)
 
 #: Bookkeeping that comes with the messages a test does take: the function a
 #: ``ComputeTask`` needs is loaded once per worker, before its first task.
-ALWAYS_ALLOWED: tuple[type[m.Message], ...] = (m.LoadFunction,)
+ALWAYS_ALLOWED: tuple[type[Message], ...] = (LoadFunction,)
 
 
 class UnexpectedMessages(AssertionError):
@@ -38,10 +40,10 @@ class RecordingCluster(SimulatedCluster):
         super().__post_init__()
         #: (peer, kind) -> (order sent, message) for each message sent and not taken yet;
         #: keyed so that taking one kind costs nothing per message of other kinds.
-        self.untaken: dict[tuple[str, type[m.Message]], list[tuple[int, m.Message]]] = {}
+        self.untaken: dict[tuple[str, type[Message]], list[tuple[int, Message]]] = {}
         self._sent = 0
         #: Kinds of message this test does not care about (``allow``).
-        self.allowed: set[type[m.Message]] = set(ALWAYS_ALLOWED)
+        self.allowed: set[type[Message]] = set(ALWAYS_ALLOWED)
 
     def handle(self, event: Event) -> list[Command]:
         commands = super().handle(event)
@@ -55,7 +57,7 @@ class RecordingCluster(SimulatedCluster):
 
     # --- taking ---------------------------------------------------------------------
 
-    def _take(self, peer: str, cls: type[m.Message]) -> None:
+    def _take(self, peer: str, cls: type[Message]) -> None:
         for kind in [k for k in self.untaken if k[0] == peer and issubclass(k[1], cls)]:
             del self.untaken[kind]
 
@@ -71,21 +73,21 @@ class RecordingCluster(SimulatedCluster):
 
     def freed(self, worker_id: str) -> list[str]:
         """Keys the worker was told to free so far (takes its ``FreeKeys``)."""
-        return [key for msg in self.worker_got(worker_id, m.FreeKeys) for key in msg.keys]
+        return [key for msg in self.worker_got(worker_id, FreeKeys) for key in msg.keys]
 
     def done(self, client: str = "c1") -> list[str]:
         """Keys reported finished to ``client`` so far (takes its ``KeysDone``)."""
-        return [key for msg in self.got(m.KeysDone, client) for key in msg.keys]
+        return [key for msg in self.got(KeysDone, client) for key in msg.keys]
 
     def place(self) -> list[tuple[str, str]]:
         """One placement pass; what it started is returned, so its ``ComputeTask``s are
         taken."""
         started = super().place()
         for worker_id in {w for w, _ in started}:
-            self._take(worker_id, m.ComputeTask)
+            self._take(worker_id, ComputeTask)
         return started
 
-    def allow(self, *kinds: type[m.Message]) -> None:
+    def allow(self, *kinds: type[Message]) -> None:
         """Let messages of these kinds go untaken, for this cluster (this test) only."""
         self.allowed.update(kinds)
 
@@ -111,10 +113,10 @@ class RecordingCluster(SimulatedCluster):
     ) -> None:
         """Submit several tasks in one message, as a client's ``compute`` does."""
         specs = [
-            m.TaskSpec(key, "f", b"", list(deps), parse_demand(res), 0, 0)
+            TaskSpec(key, "f", b"", list(deps), parse_demand(res), 0, 0)
             for key, (deps, res) in graph.items()
         ]
-        self.client_says(client, m.SubmitTasks(specs, {"f": b"func"}, list(wanted)))
+        self.client_says(client, SubmitTasks(specs, {"f": b"func"}, list(wanted)))
 
     def state_of(self, key: str) -> str:
         """The task's state, FORGOTTEN once the scheduler dropped it."""

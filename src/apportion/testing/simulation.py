@@ -14,7 +14,19 @@ from dataclasses import dataclass, field
 
 from apportion.core.payload import Pickled
 from apportion.core.resources import ResourceSpec, parse_demand, parse_supply
-from apportion.protocol import messages as m
+from apportion.protocol.base import Message
+from apportion.protocol.peer_data import DataReply, DataStored, GetData, PutData
+from apportion.protocol.tasks import SubmitTasks, TaskSpec
+from apportion.protocol.worker import (
+    ComputeTask,
+    DrainDone,
+    RegisterWorker,
+    StealRequest,
+    StealResponse,
+    TaskFinished,
+    TaskRaised,
+    WorkerClosing,
+)
 from apportion.scheduler.events import (
     ClientJoined,
     ClientLeft,
@@ -26,7 +38,7 @@ from apportion.scheduler.events import (
     Log,
     PipeData,
     PlacementDue,
-    RefuseWorker,
+    SendRefused,
     WorkerJoined,
     WorkerLeft,
 )
@@ -58,7 +70,7 @@ class SimulatedCluster:
     def __post_init__(self) -> None:
         self.state = SchedulerState(self.config)
         #: worker id -> keys the scheduler told it to run and it has not reported
-        self.running: dict[str, dict[str, m.ComputeTask]] = {}
+        self.running: dict[str, dict[str, ComputeTask]] = {}
         self.logs: list[Log] = []
         #: Peers the scheduler told its service to disconnect (declared lost).
         self.disconnected: list[str] = []
@@ -68,10 +80,10 @@ class SimulatedCluster:
         #: Workers refused at registration (their name was taken by a live worker).
         self.refused: list[str] = []
         #: client id -> every message the scheduler sent it
-        self.inbox: dict[str, list[m.Message]] = {}
+        self.inbox: dict[str, list[Message]] = {}
         self.started: list[tuple[float, str, str]] = []
         #: worker id -> every message the scheduler sent it
-        self.to_workers: dict[str, list[m.Message]] = {}
+        self.to_workers: dict[str, list[Message]] = {}
         self._ids = itertools.count(1)
         self._refusals: list[tuple[str, list[str]]] = []
 
@@ -87,7 +99,7 @@ class SimulatedCluster:
             elif isinstance(command, Disconnect):
                 self.disconnected.append(command.peer_id)
                 self.running.pop(command.peer_id, None)  # a lost worker runs nothing more
-            elif isinstance(command, RefuseWorker):
+            elif isinstance(command, SendRefused):
                 # Refused at registration (a name taken): it never became a worker.
                 peer_id, msg = to_wire(command)
                 self.running.pop(peer_id, None)
@@ -102,15 +114,15 @@ class SimulatedCluster:
         while self._refusals:
             worker_id, keys = self._refusals.pop(0)
             if worker_id in self.running:
-                self.worker_says(worker_id, m.StealResponse([], keys))
+                self.worker_says(worker_id, StealResponse([], keys))
         return commands
 
-    def _to_worker(self, worker_id: str, msg: m.Message) -> None:
+    def _to_worker(self, worker_id: str, msg: Message) -> None:
         self.to_workers.setdefault(worker_id, []).append(msg)
-        if isinstance(msg, m.ComputeTask):
+        if isinstance(msg, ComputeTask):
             self.running[worker_id][msg.key] = msg
             self.started.append((self.now, worker_id, msg.key))
-        elif isinstance(msg, m.StealRequest) and self.answers_steals:
+        elif isinstance(msg, StealRequest) and self.answers_steals:
             held = [key for key in msg.keys if key in self.running[worker_id]]
             self._refusals.append((worker_id, held))
 
@@ -136,7 +148,7 @@ class SimulatedCluster:
         worker_id = f"w{next(self._ids)}"
         self.running[worker_id] = {}
         amounts, units = parse_supply(resources)
-        reg = m.RegisterWorker(
+        reg = RegisterWorker(
             name or worker_id,
             f"sim://{worker_id}",
             nthreads,
@@ -178,10 +190,10 @@ class SimulatedCluster:
         wanted: bool = True,
         actor: bool = False,
     ) -> None:
-        spec = m.TaskSpec(
+        spec = TaskSpec(
             key, "f", b"", list(deps), parse_demand(resources), priority, retries, actor=int(actor)
         )
-        msg = m.SubmitTasks([spec], {"f": b"func"}, [key] if wanted else [])
+        msg = SubmitTasks([spec], {"f": b"func"}, [key] if wanted else [])
         self.handle(FromClient(client, [msg], self.now))
 
     def measured(self, key: str, seconds: float) -> None:
@@ -190,10 +202,10 @@ class SimulatedCluster:
         work ahead and moves waiting work by this."""
         self.state.telemetry.tally(key).expected = seconds
 
-    def client_says(self, client: str, *messages: m.Message) -> None:
+    def client_says(self, client: str, *messages: Message) -> None:
         self.handle(FromClient(client, list(messages), self.now))
 
-    def worker_says(self, worker_id: str, *messages: m.Message) -> None:
+    def worker_says(self, worker_id: str, *messages: Message) -> None:
         self.handle(FromWorker(worker_id, list(messages), self.now))
 
     def finish(
@@ -202,7 +214,7 @@ class SimulatedCluster:
         """The worker running ``key`` reports success (run by its thread ``thread``)."""
         worker_id = self.worker_of(key)
         del self.running[worker_id][key]
-        msg = m.TaskFinished(key, nbytes, duration, "int", thread)
+        msg = TaskFinished(key, nbytes, duration, "int", thread)
         self.handle(FromWorker(worker_id, [msg], self.now))
 
     def answer_steal(
@@ -213,13 +225,13 @@ class SimulatedCluster:
         released = list(released)
         for key in released:
             self.running[worker_id].pop(key, None)
-        self.worker_says(worker_id, m.StealResponse(released, list(started)))
+        self.worker_says(worker_id, StealResponse(released, list(started)))
 
     def raise_(self, key: str, exception: bytes = b"exc", traceback: bytes = b"tb") -> None:
         """The worker running ``key`` reports that it raised."""
         worker_id = self.worker_of(key)
         del self.running[worker_id][key]
-        msg = m.TaskRaised(key, exception, traceback, 0.001)
+        msg = TaskRaised(key, exception, traceback, 0.001)
         self.handle(FromWorker(worker_id, [msg], self.now))
 
     def answer_transfers(self) -> None:
@@ -231,13 +243,13 @@ class SimulatedCluster:
             for msg in messages:
                 if worker_id not in self.running:
                     break  # it left: the rest of its inbox is moot
-                if isinstance(msg, m.GetData):
+                if isinstance(msg, GetData):
                     values: dict[str, Pickled] = dict.fromkeys(msg.keys, b"v")
-                    self.worker_says(worker_id, m.DataReply(msg.request_id, values, [], {}))
-                elif isinstance(msg, m.PutData):
-                    self.worker_says(worker_id, m.DataStored(msg.request_id, sorted(msg.data), {}))
-                elif isinstance(msg, m.DrainDone):
-                    self.worker_says(worker_id, m.WorkerClosing("drained"))
+                    self.worker_says(worker_id, DataReply(msg.request_id, values, [], {}))
+                elif isinstance(msg, PutData):
+                    self.worker_says(worker_id, DataStored(msg.request_id, sorted(msg.data), {}))
+                elif isinstance(msg, DrainDone):
+                    self.worker_says(worker_id, WorkerClosing("drained"))
                     self.remove_worker(worker_id)
 
     def worker_of(self, key: str) -> str:

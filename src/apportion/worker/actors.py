@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from apportion.core.allocation import Allocation
 from apportion.core.payload import dumps, unpack_call
-from apportion.protocol.messages import ActorCall, ActorReply
+from apportion.protocol.peer_data import ActorCall, ActorReply
 from apportion.worker.context import TaskWorker, running_actor
 from apportion.worker.execution import pack_exception
 

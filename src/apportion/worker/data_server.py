@@ -19,15 +19,9 @@ from apportion.net.door import Door
 from apportion.net.security import Security, check_exposure, listening, stopped_listening
 from apportion.net.stream import Listener, Stream
 from apportion.net.transport import listener_for
+from apportion.protocol.base import Message
 from apportion.protocol.codec import ProtocolError
-from apportion.protocol.messages import (
-    ActorCall,
-    DataReply,
-    DataStored,
-    GetData,
-    Message,
-    PutData,
-)
+from apportion.protocol.peer_data import ActorCall, DataReply, DataStored, GetData, PutData
 
 logger = logging.getLogger("apportion.worker")
 

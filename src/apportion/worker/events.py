@@ -13,10 +13,10 @@ from typing import NamedTuple
 
 from apportion.core.allocation import Allocation
 from apportion.core.payload import Pickled
-from apportion.protocol.messages import (
+from apportion.protocol.base import Message
+from apportion.protocol.worker import (
     ComputeTask,
     DropPrefetch,
-    Message,
     Prefetch,
     RejoinGranted,
     StealRequest,

@@ -20,7 +20,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Protocol
 
-from apportion.protocol.messages import Message
+from apportion.protocol.base import Message
 
 #: How long stopped work's processes get between SIGTERM and SIGKILL, unless told.
 DEFAULT_KILL_GRACE = 10.0

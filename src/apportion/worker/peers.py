@@ -21,7 +21,7 @@ from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import open_connection
 from apportion.net.security import Security
 from apportion.protocol.codec import ProtocolError
-from apportion.protocol.messages import DataReply, GetData
+from apportion.protocol.peer_data import DataReply, GetData
 
 logger = logging.getLogger("apportion.worker")
 

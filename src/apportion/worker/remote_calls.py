@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from apportion.core.payload import dumps, loads
 from apportion.log_ring import LogRing
-from apportion.protocol.messages import NO_REPLY, CallAnswered, Install, RunCall, Uninstall
+from apportion.protocol.remote_calls import NO_REPLY, CallAnswered, Install, RunCall, Uninstall
 from apportion.worker.execution import pack_exception
 from apportion.worker.local_directory import LocalDirectory
 
 if TYPE_CHECKING:
-    from apportion.protocol.messages import Message
+    from apportion.protocol.base import Message
     from apportion.worker.memory_manager import MemoryManager
 
 logger = logging.getLogger("apportion.worker")

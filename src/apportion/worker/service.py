@@ -35,30 +35,24 @@ from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeDropped, HandshakeError, open_connection
 from apportion.net.security import AuthenticationError, Security, security_for
 from apportion.net.transport import serving_host
+from apportion.protocol.base import Message
 from apportion.protocol.codec import ProtocolError
-from apportion.protocol.messages import (
-    DIRECT_PUT,
+from apportion.protocol.handshake import Refused
+from apportion.protocol.peer_data import DIRECT_PUT, DataReply, DataStored, GetData, PutData
+from apportion.protocol.remote_calls import Install, RunCall, Uninstall
+from apportion.protocol.services import TaskNote
+from apportion.protocol.worker import (
     ComputeTask,
-    DataReply,
-    DataStored,
     DrainDone,
     DropPrefetch,
     FreeKeys,
-    GetData,
     Heartbeat,
-    Install,
     LoadFunction,
-    Message,
     Prefetch,
-    PutData,
-    Refused,
     RegisterWorker,
     RejoinGranted,
     RestartWorker,
-    RunCall,
     StealRequest,
-    TaskNote,
-    Uninstall,
     WorkerClosing,
     WorkerDraining,
 )

@@ -60,10 +60,10 @@ from typing import Any
 from apportion.core.allocation import Allocation
 from apportion.core.payload import Pickled
 from apportion.core.transitions import IllegalTransition
-from apportion.protocol.messages import (
+from apportion.protocol.peer_data import DataStored
+from apportion.protocol.worker import (
     ComputeTask,
     CopiesKept,
-    DataStored,
     MissingDependency,
     ResultTooLarge,
     StealResponse,

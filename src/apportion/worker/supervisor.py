@@ -49,7 +49,7 @@ import psutil
 from apportion.core.sizes import format_bytes
 from apportion.net.handshake import open_connection
 from apportion.net.security import Security, security_for
-from apportion.protocol.messages import WorkerDied
+from apportion.protocol.worker import WorkerDied
 from apportion.worker.memory_policy import Fraction, MemoryThresholds
 
 logger = logging.getLogger("apportion.supervisor")
