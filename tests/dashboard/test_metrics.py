@@ -10,9 +10,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from apportion.dashboard.metrics import MetricsInput, render_metrics
 from apportion.protocol.tasks import CancelKeys, KeysDone, KeysFailed, Notice, TaskErred
 from apportion.protocol.worker import Heartbeat
+from apportion.scheduler.records import DURATION_BUCKETS
 from apportion.scheduler.state import SchedulerConfig
 from apportion.scheduler.status import durations, status
-from apportion.scheduler.telemetry import DURATION_BUCKETS
 from apportion.testing import RecordingCluster
 
 INC = [f"inc-{i:032x}" for i in range(8)]

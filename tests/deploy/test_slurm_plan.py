@@ -8,29 +8,29 @@ import pytest
 
 from apportion.deploy.slurm_env import NotInAllocation
 from apportion.deploy.slurm_plan import (
-    Allocation,
     LaunchOptions,
-    allocation,
+    SlurmJob,
     default_scheduler_file,
     missing_text,
     missing_workers,
     scheduler_host,
+    slurm_job,
     step_to_signal,
     worker_step,
     worker_step_name,
 )
 
-ONE = Allocation("7", 1, "vm")
-FOUR = Allocation("8", 4, "node[1-4]")
+ONE = SlurmJob("7", 1, "vm")
+FOUR = SlurmJob("8", 4, "node[1-4]")
 
 
 def test_the_allocation_is_read_from_the_environment() -> None:
     env = {"SLURM_JOB_ID": "8", "SLURM_JOB_NUM_NODES": "4", "SLURM_JOB_NODELIST": "node[1-4]"}
-    assert allocation(env) == FOUR
+    assert slurm_job(env) == FOUR
     with pytest.raises(NotInAllocation, match="from an sbatch script or an salloc shell"):
-        allocation({})
+        slurm_job({})
     with pytest.raises(ValueError, match="SLURM_JOB_NUM_NODES='0'"):
-        allocation({**env, "SLURM_JOB_NUM_NODES": "0"})
+        slurm_job({**env, "SLURM_JOB_NUM_NODES": "0"})
 
 
 def test_one_node_listens_on_loopback_several_on_the_node_address() -> None:

@@ -15,7 +15,7 @@ import click
 from apportion.cli.errors import fail
 from apportion.cli.log_options import log_format_option
 from apportion.deploy.slurm_env import NotInAllocation
-from apportion.deploy.slurm_plan import LaunchOptions, allocation, default_scheduler_file
+from apportion.deploy.slurm_plan import LaunchOptions, default_scheduler_file, slurm_job
 from apportion.log_setup import configure_logging
 
 
@@ -89,7 +89,7 @@ def slurm(
     """
     configure_logging("slurm", log_format)
     try:
-        job = allocation(os.environ)
+        job = slurm_job(os.environ)
     except NotInAllocation as exc:
         fail(ctx, str(exc))
     except ValueError as exc:

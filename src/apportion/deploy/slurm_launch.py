@@ -34,8 +34,8 @@ from types import FrameType
 
 from apportion.deploy.slurm_plan import (
     SCHEDULER_FILE_VARIABLE,
-    Allocation,
     LaunchOptions,
+    SlurmJob,
     missing_text,
     missing_workers,
     scheduler_host,
@@ -67,7 +67,7 @@ class Stopped(Exception):
         self.signum = signum
 
 
-def node_names(job: Allocation) -> list[str]:
+def node_names(job: SlurmJob) -> list[str]:
     """The job's nodes, one name each (``scontrol`` expands ``node[01-04]``)."""
     if job.nodes == 1 and os.environ.get("SLURMD_NODENAME"):
         return [os.environ["SLURMD_NODENAME"]]
@@ -88,7 +88,7 @@ class SlurmLaunch:
     """Runs COMMAND with a cluster around it; ``run`` returns the exit status."""
 
     def __init__(
-        self, job: Allocation, options: LaunchOptions, scheduler_file: Path, command: Sequence[str]
+        self, job: SlurmJob, options: LaunchOptions, scheduler_file: Path, command: Sequence[str]
     ) -> None:
         self.job = job
         self.options = options

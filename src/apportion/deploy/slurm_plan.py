@@ -51,7 +51,7 @@ _NAME_AND_HOST_BY_NODE = (
 
 
 @dataclass(frozen=True, slots=True)
-class Allocation:
+class SlurmJob:
     """The Slurm job this process runs in."""
 
     job_id: str
@@ -77,7 +77,7 @@ class LaunchOptions:
     register_timeout: float = 120.0
 
 
-def allocation(environ: Mapping[str, str]) -> Allocation:
+def slurm_job(environ: Mapping[str, str]) -> SlurmJob:
     """The job ``environ`` belongs to; ``NotInAllocation`` outside one, ``ValueError`` if
     Slurm's variables are malformed."""
     job = environ.get(JOB_ID, "").strip()
@@ -89,17 +89,17 @@ def allocation(environ: Mapping[str, str]) -> Allocation:
     text = environ.get(NUM_NODES, "1").strip()
     if not re.fullmatch(r"[1-9]\d*", text):
         raise ValueError(f"{NUM_NODES}={text!r}: expected a positive whole number")
-    return Allocation(job, int(text), environ.get(NODELIST, "").strip())
+    return SlurmJob(job, int(text), environ.get(NODELIST, "").strip())
 
 
-def default_scheduler_file(job: Allocation, cwd: Path) -> Path:
+def default_scheduler_file(job: SlurmJob, cwd: Path) -> Path:
     """Where the scheduler file goes unless ``--scheduler-file`` says: the job's working
     directory, which the nodes of a cluster share, named for the job so that two jobs
     started from one directory do not take each other's."""
     return cwd / f"apportion-scheduler-{job.job_id}.json"
 
 
-def scheduler_host(job: Allocation, node_address: str) -> str:
+def scheduler_host(job: SlurmJob, node_address: str) -> str:
     """The interface the scheduler listens on (see the module docstring)."""
     return LOOPBACK if job.nodes == 1 else node_address
 
@@ -110,7 +110,7 @@ def worker_resources(options: LaunchOptions) -> str:
 
 
 def worker_step(
-    python: Sequence[str], job: Allocation, options: LaunchOptions, scheduler_file: Path
+    python: Sequence[str], job: SlurmJob, options: LaunchOptions, scheduler_file: Path
 ) -> list[str]:
     """The ``srun`` command that starts one worker supervisor on every node.
 
@@ -138,12 +138,12 @@ def worker_step(
     return [*srun, "sh", "-c", wrapper, "sh", *worker]
 
 
-def worker_step_name(job: Allocation) -> str:
+def worker_step_name(job: SlurmJob) -> str:
     """The name of the workers' step, by which ``step_to_signal`` finds it again."""
     return f"apportion-workers-{job.job_id}"
 
 
-def step_to_signal(squeue_steps: str, job: Allocation) -> str | None:
+def step_to_signal(squeue_steps: str, job: SlurmJob) -> str | None:
     """``JOB.STEP`` of the workers' step in ``squeue --steps --format="%i %j"`` output.
 
     The workers are stopped with ``scancel --signal=TERM JOB.STEP``, which delivers

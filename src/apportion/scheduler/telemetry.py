@@ -69,7 +69,7 @@ class Execution(NamedTuple):
     units: Units  #: the units of indexed pools it held
 
 
-class Event(NamedTuple):
+class Warned(NamedTuple):
     """A warning the scheduler gave, as the dashboard lists it."""
 
     seq: int
@@ -93,7 +93,7 @@ class Telemetry:
         self.queued_kinds: dict[QueueKey, int] = {}
         self.stream: deque[Execution] = deque(maxlen=STREAM_SIZE)
         self.stream_seq = 0
-        self.events: deque[Event] = deque(maxlen=EVENTS_SIZE)
+        self.events: deque[Warned] = deque(maxlen=EVENTS_SIZE)
         self.events_seq = 0
         #: Run times per group (up to HISTOGRAM_GROUPS of them, then "other").
         self.group_durations: dict[str, Histogram] = {}
@@ -217,7 +217,7 @@ class Telemetry:
     def warned(self, now: float, level: str, text: str) -> None:
         """The scheduler logged a warning: the dashboard lists it."""
         self.events_seq += 1
-        self.events.append(Event(self.events_seq, now, level, text))
+        self.events.append(Warned(self.events_seq, now, level, text))
 
     def worker_left(self, worker: WorkerRecord) -> None:
         """Keep what ``worker`` moved in the totals after its record is gone."""
@@ -245,6 +245,6 @@ class Telemetry:
         start = first - stream[0].seq
         return [stream[i] for i in range(start, len(stream))]
 
-    def events_since(self, seq: int) -> list[Event]:
+    def events_since(self, seq: int) -> list[Warned]:
         """The warnings after ``seq``, oldest first."""
         return [event for event in self.events if event.seq > seq]
