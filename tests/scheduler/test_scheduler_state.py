@@ -1728,20 +1728,23 @@ def test_a_message_nobody_took_fails_the_check_unless_allowed() -> None:
 # --- placement near large inputs -----------------------------------------------------
 
 
-def _busy_holder(sim: RecordingCluster, nbytes: int, duration: float) -> tuple[str, str]:
-    """A one-thread worker holding ``x`` of ``nbytes``, its thread and pipeline taken by
-    two tasks of 10 ms; and an idle worker beside it. Tasks of the group ``use``
-    take ``duration``."""
+def _busy_holder(
+    sim: RecordingCluster, nbytes: int, duration: float, busy: float = 0.01
+) -> tuple[str, str]:
+    """A one-thread worker holding ``x`` of ``nbytes``, its thread taken by a task of
+    ``busy`` seconds (and for 10 ms ones its pipeline by another); and an idle worker
+    beside it. Tasks of the group ``use`` take ``duration``."""
     holder = sim.add_worker("holder")
     sim.submit("x")
     sim.place()
     sim.finish("x", nbytes=nbytes)
     assert sim.done() == ["x"]
-    sim.measured("busy-1", 0.01)
+    sim.measured("busy-1", busy)
     sim.measured("use", duration)
     sim.submit("busy-1")
     sim.submit("busy-2")
-    assert sim.place() == [(holder, "busy-1"), (holder, "busy-2")]
+    queued = [(holder, "busy-1"), (holder, "busy-2")] if busy <= 0.01 else [(holder, "busy-1")]
+    assert sim.place() == queued
     return holder, sim.add_worker("idle")
 
 
@@ -1761,9 +1764,21 @@ def test_a_task_moves_its_input_when_waiting_would_take_longer(
     small.submit("use", ["x"])
     assert small.place() == [(idle, "use")]  # a few bytes: any free thread
     slow = make_sim()
-    _, idle = _busy_holder(slow, nbytes=10**9, duration=60.0)
+    _, idle = _busy_holder(slow, nbytes=10**9, duration=60.0, busy=30.0)
     slow.submit("use", ["x"])
-    assert slow.place() == [(idle, "use")]  # a minute's task never waits in a queue
+    # 30 s behind busy-1 is longer than moving 1 GB: not queued on the holder, it
+    # waits in the scheduler for the first free thread (busy-2 took the idle one).
+    assert slow.place() == [(idle, "busy-2")]
+    assert slow.state.tasks["use"].state == QUEUED
+
+
+def test_long_work_waits_for_its_large_input_only_while_that_is_quicker(
+    sim: RecordingCluster,
+) -> None:
+    holder, _ = _busy_holder(sim, nbytes=10**9, duration=60.0)
+    sim.submit("use", ["x"])
+    # A minute's task, but the 20 ms ahead of it beat moving 1 GB (10 s).
+    assert sim.place() == [(holder, "use")]
 
 
 # --- inputs fetched ahead for a reserving task ----------------------------------------
@@ -1824,7 +1839,7 @@ def test_a_copy_a_worker_fetched_and_kept_is_a_holder_until_released(
     w2 = sim.add_worker("w2")
     sim.submit("x")
     assert sim.place() == [(w1, "x")]
-    sim.finish("x", nbytes=10**8)
+    sim.finish("x", nbytes=10**7)  # 0.1 s to move: less than waiting for "blocker"
     sim.submit("blocker")
     sim.submit("use-1", ["x"])
     assert sim.place() == [(w1, "blocker"), (w2, "use-1")]

@@ -26,7 +26,8 @@ Rules (documented for users in docs/scheduling.md):
    memory target (``memory_target``) gets plain tasks after every other. A short one whose
    inputs are mostly on one worker goes there; further ahead than that when the
    worker's expected work would clear before its inputs could move elsewhere (at
-   ``transfer_bandwidth``), as moving a large input costs more than waiting for it.
+   ``transfer_bandwidth``), as moving a large input costs more than waiting for it
+   (long work too: only then does it wait behind another task).
    A root (no inputs, feeds others: it makes new data) goes to a worker only while
    it has fewer than ``ceil(threads x root_saturation)`` tasks, so a worker makes
    new data only as it gets through the old, and preferably to the worker given
@@ -521,16 +522,17 @@ def _sibling_choice(
 def _local_choice(
     state: SchedulerCore, task: TaskRecord, ahead: int, waiting: bool
 ) -> WorkerRecord | None:
-    """The worker holding most input bytes, if it has room for the task now, or, for
-    short work, if its queue would clear before those bytes could move elsewhere."""
+    """The worker holding most input bytes, if it has room for the task now, or if
+    its queue would clear before those bytes could move elsewhere: then even long
+    work waits there, as its inputs would take longer to come to a free thread."""
     local = _input_bytes(state, task)
     holding = [state.workers[w] for w in local if w in state.workers]
     # Most input bytes first; among equal holders (copies), the least busy.
     for worker in sorted(holding, key=lambda w: (-local[w.id], _load(state, w))):
         if not closed_to_plain(state, worker, waiting) and _has_room(state, worker, ahead, waiting):
             return worker
-    if not local or not ahead:
-        return None  # long work is never queued behind another task
+    if not local:
+        return None
     holder_id = max(local, key=lambda w: local[w])
     holder = state.workers.get(holder_id)
     if holder is None or closed_to_plain(state, holder, waiting):
