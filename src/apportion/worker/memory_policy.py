@@ -114,8 +114,10 @@ FETCH_FRACTION = 0.1
 #: Share of the memory limit kept as unused receive memory for the next transfers
 #: (``net/receive_pool.py``): a quarter of the fetch budget (under a 2 GiB limit,
 #: one map for the next 32 MiB block). Every byte of it counts against the limit
-#: and holds no result: measured under a 2 GiB limit, keeping the whole fetch
-#: budget added 100 MiB to a worker's peak and no speed.
+#: and holds no result: on ``(x + x.T).sum()`` of 3.6 GiB under a 2 GiB limit
+#: (``benchmarks/memory_order.py``), keeping the whole fetch budget put a worker's
+#: peak 100 MiB above keeping none, and a quarter 40 MiB, for no speed we could
+#: measure either way.
 RECEIVE_POOL_FRACTION = FETCH_FRACTION / 4
 
 
