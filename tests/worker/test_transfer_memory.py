@@ -21,6 +21,9 @@ from apportion.worker.peers import PeerPool
 pytestmark = [pytest.mark.tcp, pytest.mark.timeout(30)]
 
 MiB = 1 << 20
+#: Lent, and read on the loop: a larger buffer is read in a thread, whose work item
+#: lets go of it a moment after the read is over, in its own time.
+SIZE = 2 * MiB
 SECURITY = Security(token="t" * 32, token_source="a test")
 
 
@@ -30,10 +33,11 @@ def test_neither_side_keeps_a_fetched_value_once_both_let_it_go(
 ) -> None:
     if lend and not lending.enabled():
         pytest.skip("this process cannot read another's memory here")
+    assert SIZE < connection.READ_IN_THREAD_FROM
     monkeypatch.setenv(lending.SWITCH, "1" if lend else "0")
     pool = ReceivePool(idle_for=600.0)  # the receiver's: nothing ages out meanwhile
     monkeypatch.setattr(connection, "POOL", pool)
-    data: dict[str, Any] = {"x": np.arange(4 * MiB // 8, dtype=np.float64)}
+    data: dict[str, Any] = {"x": np.arange(SIZE // 8, dtype=np.float64)}
     sent = weakref.ref(data["x"])
     got: dict[str, Any] = {}
 
@@ -46,10 +50,10 @@ def test_neither_side_keeps_a_fetched_value_once_both_let_it_go(
         peers = PeerPool("b", SECURITY)
         try:
             await peers.get_data(server.address, ["x"], arrived)
-            assert np.array_equal(got["x"], np.arange(4 * MiB // 8, dtype=np.float64))
+            assert np.array_equal(got["x"], np.arange(SIZE // 8, dtype=np.float64))
             assert pool.free_bytes == 0  # the value lives in the pool's map
             got.clear()
-            assert pool.free_bytes == 4 * MiB  # nothing else kept the answer
+            assert pool.free_bytes == SIZE  # nothing else kept the answer
             data.clear()
             # Requests on one connection are answered in order: by this answer the
             # data port has read everything sent before it (returned lent buffers).
