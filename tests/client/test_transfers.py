@@ -12,7 +12,9 @@ import pytest
 from apportion import Client, Future
 from apportion.client import transfers
 from apportion.client.session import Session
+from apportion.net import connection
 from apportion.net.connection import Connection
+from apportion.net.receive_pool import STEP, ReceivePool
 from apportion.testing import InMemoryCluster
 
 pytestmark = pytest.mark.timeout(30)
@@ -113,3 +115,33 @@ def test_large_scatters_go_to_the_workers_and_fall_back_to_the_relay(
     # The one worker tried is remembered as out of reach.
     assert peers.opened == [] and len(client._session.unreachable & addresses) == 1
     assert client.submit(lambda a: int(a[0]), far).result() == 9
+
+
+def test_a_large_result_lets_go_of_its_memory_once_the_client_drops_it(
+    cluster: InMemoryCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool = ReceivePool(idle_for=600.0)  # nothing ages out meanwhile
+    monkeypatch.setattr(connection, "POOL", pool)
+    client = cluster.client()
+    big = client.submit(big_array, 7)
+    value = big.result()
+    assert int(value[0]) == 7 and pool.free_bytes == 0  # it lives in the pool's map
+    del value
+    assert pool.free_bytes == STEP  # nothing else in the client kept the answer
+
+
+def test_a_value_put_on_a_data_port_lets_go_of_its_memory_once_the_worker_drops_it(
+    cluster: InMemoryCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool = ReceivePool(idle_for=600.0)
+    monkeypatch.setattr(connection, "POOL", pool)
+    client = cluster.client()
+    future = client.scatter(big_array(3), direct=True, workers=["a"])
+    (worker,) = [w for w in cluster.workers if w.name == "a"]
+    assert int(worker.data[future.key][0]) == 3 and pool.free_bytes == 0
+
+    async def forget() -> None:  # on the worker's loop, as freeing the key would
+        del worker.data[future.key]
+
+    cluster.run(forget())
+    assert pool.free_bytes == STEP  # nothing on the data port kept the request

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import gc
+import os
 import pickle
 import threading
 
 import numpy as np
 import pytest
 
-from apportion.net.lending import address_of
+from apportion.net import lending
+from apportion.net.lending import address_of, read_lent
 from apportion.net.receive_pool import STEP, ReceivePool
 
 pytestmark = pytest.mark.timeout(30)
@@ -94,3 +96,64 @@ def test_a_buffer_last_used_in_another_thread_returns_to_the_pool() -> None:
     thread.start()
     thread.join()
     assert pool.free_bytes == 2 * MiB
+
+
+class Clock:
+    """Seconds that pass only when a test says so."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _mapped(address: int) -> bool:
+    """Whether this process has memory at ``address`` (read with ``process_vm_readv``)."""
+    try:
+        read_lent(os.getpid(), address, memoryview(bytearray(1)))
+    except OSError:
+        return False
+    return True
+
+
+def test_maps_unused_for_idle_for_seconds_are_unmapped() -> None:
+    clock = Clock()
+    pool = ReceivePool(idle_for=2.0, clock=clock)
+    first, second = pool.take(4 * MiB), pool.take(8 * MiB)
+    where = address_of(first)
+    del first  # unused from 100.0
+    clock.now = 101.5
+    del second  # unused from 101.5
+    gc.collect()
+    assert pool.free_bytes == 12 * MiB
+    clock.now = 101.9
+    assert pool.release_idle() == 0 and pool.free_bytes == 12 * MiB
+    clock.now = 102.0
+    assert pool.release_idle() == 4 * MiB and pool.free_bytes == 8 * MiB
+    if lending.enabled():
+        assert not _mapped(where)  # given back to the system, not only forgotten
+    again = pool.take(4 * MiB)
+    assert pool.reused == 0 and pool.free_bytes == 8 * MiB  # fresh memory
+    clock.now = 103.5
+    assert pool.release_idle() == 8 * MiB and pool.free_bytes == 0
+    del again
+
+
+def test_the_map_returned_last_is_reused_first_so_the_others_age_out() -> None:
+    clock = Clock()
+    pool = ReceivePool(idle_for=2.0, clock=clock)
+    older, newer = pool.take(4 * MiB), pool.take(4 * MiB)
+    newest_place = address_of(newer)
+    del older
+    clock.now = 101.0
+    del newer
+    gc.collect()
+    reused = pool.take(4 * MiB)
+    assert address_of(reused) == newest_place and pool.reused == 1
+    clock.now = 102.0
+    assert pool.release_idle() == 4 * MiB and pool.free_bytes == 0
+    del reused  # back at 102.0: it stays for two more seconds
+    gc.collect()
+    clock.now = 103.9
+    assert pool.release_idle() == 0 and pool.free_bytes == 4 * MiB

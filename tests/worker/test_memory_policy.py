@@ -117,6 +117,12 @@ def test_a_result_above_the_terminate_threshold_is_not_kept() -> None:
     assert unlimited.largest_result is None and unlimited.keeps(10**15)
 
 
+def test_unused_receive_memory_kept_is_a_quarter_of_the_fetch_budget() -> None:
+    assert DASK.fetch_budget == 100 and DASK.receive_pool_budget == 25
+    unlimited = MemoryLimits.of(0, MemoryThresholds())
+    assert unlimited.fetch_budget is None and unlimited.receive_pool_budget is None
+
+
 def test_fractions_take_dasks_forms_and_off() -> None:
     assert parse_fraction("0.6", "target") == 0.6
     assert parse_fraction(0.5, "target") == 0.5

@@ -16,8 +16,10 @@ import pytest
 from apportion import OutOfMemoryError
 from apportion.core.allocation import Allocation
 from apportion.core.payload import dumps, function_id, pack_call
+from apportion.net.receive_pool import ReceivePool
 from apportion.protocol.worker import ComputeTask, Heartbeat, LoadFunction, TaskFinished
 from apportion.testing import FakeClock, FakeMemory, InMemoryCluster
+from apportion.worker import memory_manager, service
 from apportion.worker.memory_manager import MemoryConfig
 from apportion.worker.service import Worker
 from apportion.worker.spill import SpillStore
@@ -204,3 +206,35 @@ def test_a_result_larger_than_the_worker_keeps_fails_out_of_memory_and_the_worke
         assert store_of(cluster).spilled_count == 0
         assert "is larger than the 92.8 KiB this worker keeps" in caplog.text
         assert client.submit(np.ones, 1000, dtype="uint8").result(timeout=10).sum() == 1000
+
+
+def test_the_monitor_keeps_little_unused_receive_memory_and_not_for_long(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock, memory = FakeClock(), FakeMemory(10 * MiB)
+    pool = ReceivePool(clock=clock.monotonic)
+    monkeypatch.setattr(memory_manager, "POOL", pool)
+    with InMemoryCluster([limited(memory, tmp_path)], clock=clock) as cluster:
+        assert pool.limit == int(LIMIT * 0.025)  # a quarter of the fetch budget: 2.5 MiB
+        buffers = [pool.take(2 * MiB), pool.take(2 * MiB)]
+        del buffers
+        assert pool.free_bytes == 2 * MiB  # the second was over the cap
+        cluster.run(clock.advance(1.9))  # the monitor ticks every 0.1 s
+        assert pool.free_bytes == 2 * MiB  # still wanted for the next transfer
+        cluster.run(clock.advance(0.2))
+        assert pool.free_bytes == 0
+
+
+def test_without_a_limit_heartbeats_release_unused_receive_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeClock()
+    pool = ReceivePool(clock=clock.monotonic)
+    monkeypatch.setattr(service, "POOL", pool)
+    with InMemoryCluster([{"name": "w"}], clock=clock) as cluster:
+        kept = pool.take(2 * MiB)
+        del kept
+        cluster.run(clock.advance(1.0))  # a heartbeat: not idle long enough yet
+        assert pool.free_bytes == 2 * MiB
+        cluster.run(clock.advance(2.0))  # the next heartbeat after two seconds idle
+        assert pool.free_bytes == 0

@@ -204,21 +204,9 @@ class Session:
     async def _read_loop(self, conn: Connection, scheduler: bool) -> None:
         try:
             while True:
-                for msg in await conn.recv():
-                    if scheduler and isinstance(msg, DataReply):
-                        self._parts.setdefault(msg.request_id, []).append(msg)
-                        continue
-                    request_id = getattr(msg, "request_id", None)
-                    fut = self._requests.pop(request_id, None) if request_id is not None else None
-                    if not scheduler:
-                        self._on_peer.pop(request_id, None)  # type: ignore[arg-type]
-                    if fut is not None:
-                        if not fut.done():
-                            fut.set_result(msg)
-                        else:  # given up (cancelled, timed out): its forwarded parts too
-                            self._parts.pop(msg.request_id, None)  # type: ignore[attr-defined]
-                    else:
-                        self._on_message(msg)
+                # Taken in a call of its own: a local of this coroutine would keep the
+                # last message (a fetched result's memory) alive until the next frame.
+                self._take_frame(await conn.recv(), scheduler)
         except (ConnectionClosed, ProtocolError) as exc:
             if not scheduler:
                 self._peer_lost(conn, exc)
@@ -229,6 +217,24 @@ class Session:
                     if not fut.done():
                         fut.set_exception(SchedulerGoneError(reason))
                 self._on_lost(reason)
+
+    def _take_frame(self, messages: list[Message], scheduler: bool) -> None:
+        """Settle the requests the messages of one frame answer; the rest are notices."""
+        for msg in messages:
+            if scheduler and isinstance(msg, DataReply):
+                self._parts.setdefault(msg.request_id, []).append(msg)
+                continue
+            request_id = getattr(msg, "request_id", None)
+            fut = self._requests.pop(request_id, None) if request_id is not None else None
+            if not scheduler:
+                self._on_peer.pop(request_id, None)  # type: ignore[arg-type]
+            if fut is not None:
+                if not fut.done():
+                    fut.set_result(msg)
+                else:  # given up (cancelled, timed out): its forwarded parts too
+                    self._parts.pop(msg.request_id, None)  # type: ignore[attr-defined]
+            else:
+                self._on_message(msg)
 
     def _peer_lost(self, conn: Connection, exc: Exception) -> None:
         """A worker's data connection closed: what was asked of it gets no answer."""

@@ -4,16 +4,30 @@ A received array lives in the buffer it was received into. Fresh memory costs a 
 fault and a page of zeros per page the first time it is written, and on a virtual
 machine the host may have to back each page too: measured on ours, filling fresh
 memory ran at 0.5 GiB/s against 5.7 GiB/s for memory written before, so a transfer
-of 64 MiB took 140 ms instead of 11. Freed the usual way, a large buffer is unmapped
-at once, and the next transfer of the same size starts from fresh memory again.
+of 64 MiB took 140 ms instead of 11. Memory the host backed once (in a process
+that ran a while) costs less: ``benchmarks/data_transfer.py`` moved 16 MiB arrays
+worker to worker at 2.7 GiB/s into fresh memory, at 3.2 into reused memory, and
+gathered them at 3.0 against 4.3. Freed the usual way, a large buffer is unmapped at
+once, and the next transfer of the same size starts from fresh memory again.
 
 So a buffer of ``POOL_FROM`` bytes or more is a memory map of its own, handed out
 through a ``ctypes`` array over it. When the last value using it is gone, the array's
 finalizer puts the map back here, and the next buffer of about the same size reuses
-it, its pages in place. The pool keeps at most ``limit`` bytes of unused maps (a
-worker with a memory limit lowers it to its fetch budget); ``clear`` unmaps them all
-(a worker about to spill does). Thread-safe: the last use of a value may end in any
-thread.
+it, its pages in place.
+
+Unused maps are memory the process holds for nothing but speed, so the pool keeps
+them only while that speed is likely wanted:
+
+- at most ``limit`` bytes of them (a worker with a memory limit lowers it to a
+  quarter of its fetch budget, ``memory_policy.RECEIVE_POOL_FRACTION``);
+- for ``idle_for`` seconds at most: ``release_idle`` unmaps those unused longer (a
+  worker calls it every heartbeat, and every tick of its memory monitor), so a
+  worker that stopped receiving gives the memory back within a few seconds, while
+  transfers that follow one another reuse it. The most recently returned map of a
+  size is handed out first, so that the others can age out;
+- none before spilling: ``clear`` unmaps them all (a worker about to spill does).
+
+Thread-safe: the last use of a value may end in any thread.
 """
 
 from __future__ import annotations
@@ -21,7 +35,9 @@ from __future__ import annotations
 import ctypes
 import mmap
 import threading
+import time
 import weakref
+from collections.abc import Callable
 
 #: Buffers from this size up come from the pool; smaller ones are ``bytearray``s.
 POOL_FROM = 1 << 20
@@ -32,6 +48,9 @@ STEP = 2 << 20
 FIT = 0.75
 #: Default bytes of unused maps kept.
 DEFAULT_LIMIT = 512 << 20
+#: Seconds an unused map is kept by default: back-to-back transfers (the inputs of a
+#: graph's next tasks, the next round of a loop) come sooner than this.
+IDLE_FOR = 2.0
 #: Linux's advice that a mapping be backed by huge pages where it can (None elsewhere):
 #: a 2 MiB page faults in once where 4 KiB pages would fault 512 times.
 HUGE_PAGES: int | None = getattr(mmap, "MADV_HUGEPAGE", None)
@@ -40,9 +59,21 @@ HUGE_PAGES: int | None = getattr(mmap, "MADV_HUGEPAGE", None)
 class ReceivePool:
     """Unused memory maps by size, to receive large buffers into."""
 
-    def __init__(self, limit: int = DEFAULT_LIMIT) -> None:
+    def __init__(
+        self,
+        limit: int = DEFAULT_LIMIT,
+        *,
+        idle_for: float = IDLE_FOR,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.limit = limit
-        self._free: dict[int, list[mmap.mmap]] = {}
+        #: Seconds an unused map is kept before ``release_idle`` unmaps it.
+        self.idle_for = idle_for
+        #: When each map was returned is read from this (seconds, any origin): a test
+        #: passes one it moves itself.
+        self._clock = clock
+        #: Unused maps by size, each with the time it was returned, oldest first.
+        self._free: dict[int, list[tuple[float, mmap.mmap]]] = {}
         self._bytes = 0
         self._lock = threading.Lock()
         #: Buffers handed out so far that reused a map (for tests and benchmarks).
@@ -70,7 +101,7 @@ class ReceivePool:
             for have in sorted(self._free):
                 if have >= capacity and size >= have * FIT:
                     maps = self._free[have]
-                    mapped = maps.pop()
+                    _, mapped = maps.pop()  # the newest: the others may age out
                     if not maps:
                         del self._free[have]
                     self._bytes -= have
@@ -82,10 +113,30 @@ class ReceivePool:
         # Runs as the last window over ``mapped`` dies, before it lets go of the map:
         # a map not kept is unmapped once the window is gone, when nothing refers to it.
         size = len(mapped)
+        now = self._clock()
         with self._lock:
             if self._bytes + size <= self.limit:
-                self._free.setdefault(size, []).append(mapped)
+                self._free.setdefault(size, []).append((now, mapped))
                 self._bytes += size
+
+    def release_idle(self) -> int:
+        """Unmap the maps unused for ``idle_for`` seconds or more; the bytes let go."""
+        before = self._clock() - self.idle_for
+        idle: list[tuple[float, mmap.mmap]] = []
+        with self._lock:
+            for size in list(self._free):
+                maps = self._free[size]
+                old = 0
+                while old < len(maps) and maps[old][0] <= before:
+                    old += 1
+                if old:
+                    idle += maps[:old]
+                    del maps[:old]
+                    self._bytes -= old * size
+                    if not maps:
+                        del self._free[size]
+        # Unmapped as ``idle`` goes, outside the lock: a receiving thread need not wait.
+        return sum(len(mapped) for _, mapped in idle)
 
     def cap(self, limit: int) -> None:
         """Keep no more than ``limit`` bytes of unused maps from now on (the lowest

@@ -141,8 +141,7 @@ class DataServer:
         try:
             peer = await self._greet(conn) == "peer"
             while True:
-                for message in await conn.recv():
-                    await self._answer(message, conn, peer)
+                await self._answer_all(await conn.recv(), conn, peer)
         except ConnectionClosed:
             pass
         except ProtocolError as exc:
@@ -161,6 +160,13 @@ class DataServer:
         finally:
             self._conns.discard(conn)
             await conn.close()
+
+    async def _answer_all(self, messages: list[Message], conn: Connection, peer: bool) -> None:
+        """Answer the requests of one frame, in order. A call of its own so that none
+        of them outlives it: a local of ``_serve`` would keep the last request (a
+        ``PutData``'s values) alive while the connection waits for the next frame."""
+        for message in messages:
+            await self._answer(message, conn, peer)
 
     async def _answer(self, message: Message, conn: Connection, peer: bool) -> None:
         """Answer one request; anything not served here is a protocol error. ``peer``:

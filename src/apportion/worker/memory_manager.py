@@ -132,10 +132,10 @@ class MemoryManager:
         ``change`` hands it a ``Paused`` or ``Resumed`` event."""
         if self.limits.limit <= 0 or self._task is not None:
             return
-        budget = self.limits.fetch_budget
+        budget = self.limits.receive_pool_budget
         if budget is not None:
-            # Unused receive memory counts against the limit as any other: keep no
-            # more of it than the inputs that may be on their way at once.
+            # Unused receive memory counts against the limit as any other, and
+            # holds nothing: keep little of it, enough for the next input or two.
             POOL.cap(budget)
         logger.info(
             "worker %s: memory limit %s; %s; results spill to %s",
@@ -171,6 +171,8 @@ class MemoryManager:
             self._log_change(decision.change)
         if decision.spill:
             POOL.clear()  # before any result goes to disk
+        else:
+            POOL.release_idle()  # what no transfer wanted for a while
         if decision.spill and self.store is not None:
             count = self.store.spilled_count
             moved = self.store.evict(decision.spill)

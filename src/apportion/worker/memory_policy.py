@@ -111,6 +111,14 @@ def _word(fraction: Fraction) -> str:
 
 #: Share of the memory limit that inputs being fetched from peers may take at once.
 FETCH_FRACTION = 0.1
+#: Share of the memory limit kept as unused receive memory for the next transfers
+#: (``net/receive_pool.py``): a quarter of the fetch budget (under a 2 GiB limit,
+#: one map for the next 32 MiB block). Every byte of it counts against the limit
+#: and holds no result: on ``(x + x.T).sum()`` of 3.6 GiB under a 2 GiB limit
+#: (``benchmarks/memory_order.py``), keeping the whole fetch budget put a worker's
+#: peak 100 MiB above keeping none, and a quarter 40 MiB, for no speed we could
+#: measure either way.
+RECEIVE_POOL_FRACTION = FETCH_FRACTION / 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +151,13 @@ class MemoryLimits:
         """Most bytes a worker asks of its peers at once: ``FETCH_FRACTION`` of its
         limit, as Dask's ``memory.transfer``; None (no bound) without a limit."""
         return int(self.limit * FETCH_FRACTION) if self.limit > 0 else None
+
+    @property
+    def receive_pool_budget(self) -> int | None:
+        """Most bytes of unused receive memory the worker's process keeps:
+        ``RECEIVE_POOL_FRACTION`` of its limit; None (the pool's own default)
+        without a limit."""
+        return int(self.limit * RECEIVE_POOL_FRACTION) if self.limit > 0 else None
 
     @property
     def largest_result(self) -> int | None:

@@ -20,6 +20,7 @@ from apportion.core.payload import size_of
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import open_connection
 from apportion.net.security import Security
+from apportion.protocol.base import Message
 from apportion.protocol.codec import ProtocolError
 from apportion.protocol.peer_data import DataReply, GetData
 
@@ -60,17 +61,10 @@ class PeerChannel:
         error: Exception = ConnectionClosed(f"connection to peer {self.address} closed")
         try:
             while True:
-                for message in await self.conn.recv():
-                    if not isinstance(message, DataReply):
-                        raise ProtocolError(f"peer sent {type(message).__name__}, not DataReply")
-                    if message.data:
-                        # Counted as they arrive, answers nobody waits for any more too.
-                        self._pool.received += sum(map(size_of, message.data.values()))
-                    receiving = self.pending.get(message.request_id)
-                    if receiving is not None and receiving.take(message):
-                        del self.pending[message.request_id]
-                        if not receiving.done.done():
-                            receiving.done.set_result(None)
+                # Handed on in a call of its own: a local of this coroutine would keep
+                # the last answer, and the memory its values arrived in, alive for as
+                # long as the peer has nothing more to send.
+                self._hand_on(await self.conn.recv())
         except (ConnectionClosed, ProtocolError) as exc:
             error = exc
             logger.info("connection to peer %s ended: %s", self.address, exc)
@@ -80,6 +74,20 @@ class PeerChannel:
                 if not receiving.done.done():
                     receiving.done.set_exception(ConnectionClosed(str(error)))
             self.pending.clear()
+
+    def _hand_on(self, messages: list[Message]) -> None:
+        """Give each part of an answer to the request waiting for it."""
+        for message in messages:
+            if not isinstance(message, DataReply):
+                raise ProtocolError(f"peer sent {type(message).__name__}, not DataReply")
+            if message.data:
+                # Counted as they arrive, answers nobody waits for any more too.
+                self._pool.received += sum(map(size_of, message.data.values()))
+            receiving = self.pending.get(message.request_id)
+            if receiving is not None and receiving.take(message):
+                del self.pending[message.request_id]
+                if not receiving.done.done():
+                    receiving.done.set_result(None)
 
 
 class PeerPool:

@@ -33,6 +33,7 @@ from apportion.core.sizes import format_bytes
 from apportion.loop_thread import BackgroundService
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeDropped, HandshakeError, open_connection
+from apportion.net.receive_pool import POOL
 from apportion.net.security import AuthenticationError, Security, security_for
 from apportion.net.transport import serving_host
 from apportion.protocol.base import Message
@@ -598,9 +599,12 @@ class Worker(BackgroundService):
                 return str(exc)  # the secret changed: trying again would fail again
 
     async def _beat(self) -> None:
-        """Tell the scheduler this worker is alive, from the loop: a frozen loop falls silent."""
+        """Tell the scheduler this worker is alive, from the loop: a frozen loop falls silent.
+        Each beat also unmaps the receive memory no transfer used for a while (the
+        memory monitor does it more often where there is one)."""
         while True:
             await self.clock.sleep(self.heartbeat_interval)
+            POOL.release_idle()
             if self._scheduler is not None:
                 self._scheduler.send(self._heartbeat_message())
 
