@@ -56,6 +56,13 @@ class Processes:
         """Start ``apportion scheduler`` on any free port; its address."""
         return self.start_scheduler("--port", "0")[1]
 
+    def two_workers(self) -> str:
+        """A scheduler and two workers of one thread (``a`` and ``b``); its address."""
+        address = self.scheduler()
+        for name in ("a", "b"):
+            self.start("worker", address, "--nthreads", "1", "--name", name)
+        return address
+
     def start_scheduler(
         self, *args: str, env: dict[str, str] | None = None
     ) -> tuple[subprocess.Popen[bytes], str, Path]:

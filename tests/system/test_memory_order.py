@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 
 from apportion import Client
-from apportion.client.local import cluster_shape
 from cli_processes import Processes
 
 pytestmark = [pytest.mark.process, pytest.mark.tcp]
@@ -68,19 +67,14 @@ def _each_graph_holds_few(client: Client, compute: Callable[[Any], Any]) -> None
 
 
 @pytest.mark.timeout(60)
-def test_dasks_own_compute_on_the_default_client_holds_few_results() -> None:
-    default = cluster_shape(None, None, True) == (2, 1)
-    made = Client() if default else Client(n_workers=2, threads_per_worker=1)
-    with made as client:
-        client.wait_for_workers(2, timeout=30)
-        _each_graph_holds_few(client, lambda expr: expr.compute())
+def test_dasks_own_compute_on_the_default_client_holds_few_results(
+    default_client: Client,
+) -> None:
+    _each_graph_holds_few(default_client, lambda expr: expr.compute())
 
 
 @pytest.mark.timeout(90)
 def test_client_compute_on_cli_workers_holds_few_results(procs: Processes) -> None:
-    address = procs.scheduler()
-    for name in ("a", "b"):
-        procs.start("worker", address, "--nthreads", "1", "--name", name)
-    with Client(address) as client:
+    with Client(procs.two_workers()) as client:
         client.wait_for_workers(2, timeout=30)
         _each_graph_holds_few(client, lambda expr: client.compute(expr).result(timeout=30))

@@ -29,7 +29,6 @@ import cloudpickle
 import pytest
 
 from apportion import Client, LocalCluster, get_client, worker_client
-from apportion.client.local import cluster_shape
 from cli_processes import Processes
 
 pytestmark = [pytest.mark.process, pytest.mark.tcp]
@@ -195,15 +194,11 @@ def test_no_short_task_starts_after_the_long_one_ends(
 
 
 @pytest.mark.timeout(40)
-def test_the_example_finishes_on_the_default_client() -> None:
+def test_the_example_finishes_on_the_default_client(default_client: Client) -> None:
     # Client() starts the cluster Dask's rules give this machine: two workers of one
     # thread on two cores. Elsewhere that shape is asked for by name.
-    default = cluster_shape(None, None, True) == (2, 1)
-    made = Client() if default else Client(n_workers=2, threads_per_worker=1)
-    with made as client:
-        client.wait_for_workers(2, timeout=30)
-        assert sorted(client.nthreads().values()) == [1, 1]
-        runs_the_example(client, gathers_two_subtasks)
+    assert sorted(default_client.nthreads().values()) == [1, 1]
+    runs_the_example(default_client, gathers_two_subtasks)
 
 
 @pytest.mark.timeout(40)
@@ -236,9 +231,6 @@ def test_the_example_with_dask_compute_finishes(two_workers: Client, task: Any) 
 
 @pytest.mark.timeout(60)
 def test_the_example_finishes_on_cli_workers(procs: Processes) -> None:
-    address = procs.scheduler()
-    for name in ("a", "b"):
-        procs.start("worker", address, "--nthreads", "1", "--name", name)
-    with Client(address) as client:
+    with Client(procs.two_workers()) as client:
         client.wait_for_workers(2, timeout=30)
         runs_the_example(client, gathers_two_subtasks)
