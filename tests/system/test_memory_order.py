@@ -66,15 +66,15 @@ def _each_graph_holds_few(client: Client, compute: Callable[[Any], Any]) -> None
         assert 0 < most <= bound, f"{name}: {most} results held at once, more than {bound}"
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_dasks_own_compute_on_the_default_client_holds_few_results(
     default_client: Client,
 ) -> None:
     _each_graph_holds_few(default_client, lambda expr: expr.compute())
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(150)
 def test_client_compute_on_cli_workers_holds_few_results(procs: Processes) -> None:
     with Client(procs.two_workers()) as client:
         client.wait_for_workers(2, timeout=30)
-        _each_graph_holds_few(client, lambda expr: client.compute(expr).result(timeout=30))
+        _each_graph_holds_few(client, lambda expr: client.compute(expr).result(timeout=60))
