@@ -283,8 +283,8 @@ def _place_resource_tasks(state: SchedulerCore) -> None:
             continue
         _start_if_it_fits(state, held, pool_for)
     _place_by_age(state, pool_for)
-    for sig in [sig for sig, heap in state.ready.items() if not heap]:
-        del state.ready[sig]
+    for kind in [kind for kind, heap in state.ready.items() if not heap]:
+        del state.ready[kind]
 
 
 def _place_by_age(
@@ -296,14 +296,14 @@ def _place_by_age(
     fits nowhere, none of the younger ones of that kind can: they are not looked at.
     """
     heads: list[tuple[tuple[int, int], QueueKey]] = []
-    for sig, heap in state.ready.items():
-        task = _head(state, heap) if sig != PLAIN else None
+    for kind, heap in state.ready.items():
+        task = _head(state, heap) if kind != PLAIN else None
         if task is not None:
-            heads.append((task.order(), sig))
+            heads.append((task.order(), kind))
     heapify(heads)
     while heads:
-        _, sig = heappop(heads)
-        heap = state.ready[sig]
+        _, kind = heappop(heads)
+        heap = state.ready[kind]
         task = _head(state, heap)
         if task is None:
             continue
@@ -311,18 +311,18 @@ def _place_by_age(
             heappop(heap)
             nxt = _head(state, heap)
             if nxt is not None:
-                heappush(heads, (nxt.order(), sig))
+                heappush(heads, (nxt.order(), kind))
             continue
-        found = next(((i, p) for i, p in enumerate(pool_for(sig)) if p), None)
+        found = next(((i, p) for i, p in enumerate(pool_for(kind)) if p), None)
         if found is None:
-            fail_or_warn(state, sig, heap)
+            fail_or_warn(state, kind, heap)
             continue
-        pinned = pinned_by_inputs(state, task, pool_for(sig))
+        pinned = pinned_by_inputs(state, task, pool_for(kind))
         if pinned:
             fail_or_warn_pinned(state, task, pinned)
             nxt = _head(state, heap)  # the next of its kind, if this one failed
             if nxt is not None and nxt is not task:
-                heappush(heads, (nxt.order(), sig))
+                heappush(heads, (nxt.order(), kind))
         elif task.reserved_on is None:
             task.choice, pool = found  # reserve for the first it could ever run with
             _reserve(state, task, pool)

@@ -65,9 +65,9 @@ def check_satisfiable(
     return ("unsatisfiable", unsatisfiable_text(task, state.workers.values()), b"")
 
 
-def fail_or_warn(state: SchedulerCore, signature: QueueKey, heap: list[Any]) -> None:
+def fail_or_warn(state: SchedulerCore, kind: QueueKey, heap: list[Any]) -> None:
     """Placement found ready tasks that no connected worker can ever hold."""
-    if satisfiable(state, signature):
+    if satisfiable(state, kind):
         return  # only workers that are closing could: wait for others, say nothing yet
     tasks = [state.tasks[key] for _, _, key in heap if key in state.tasks]
     tasks = [t for t in tasks if t.state == QUEUED]
