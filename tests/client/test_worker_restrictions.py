@@ -373,7 +373,7 @@ def test_alternatives_are_chosen_among_the_allowed_workers_only(sim: Sim) -> Non
     spec = TaskSpec("x", "f", b"", [], gpu, 0, 0, [gpu, cpu], ["cpu"], 0)
     sim.client_says("c1", SubmitTasks([spec], {"f": b"func"}, ["x"]))
     assert [sim.where(k) for _, k in sim.place()] == ["cpu"]
-    assert sim.running[sim.worker_of("x")]["x"].allocation.variant == 1
+    assert sim.running[sim.worker_of("x")]["x"].allocation.alternative == 1
 
 
 # --- a scheduler that can grow --------------------------------------------------------

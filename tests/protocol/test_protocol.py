@@ -14,11 +14,11 @@ from apportion.core.allocation import Allocation
 from apportion.net.address import DEFAULT_PORT, format_address, parse_address
 from apportion.protocol.base import PROTOCOL_VERSION, Message, message_class
 from apportion.protocol.cluster import (
+    BacklogReply,
+    BacklogRequest,
     CheckDemands,
     ClusterFactsReply,
     ClusterFactsRequest,
-    DemandReply,
-    DemandRequest,
     DemandsChecked,
     DumpReply,
     DumpRequest,
@@ -325,8 +325,8 @@ SAMPLES: list[Message] = [
     AuthHello(b"n" * 32),
     AuthChallenge(b"s" * 32, b"p" * 32),
     AuthProof(b"p" * 32),
-    DemandRequest(7),
-    DemandReply(
+    BacklogRequest(7),
+    BacklogReply(
         7,
         [{"options": [{"gpu": 10_000}], "count": 3, "restricted": False}],
         [{"name": "w", "address": "tcp://10.0.0.1:4000", "running": 0, "leaving": False}],

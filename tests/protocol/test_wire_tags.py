@@ -139,8 +139,8 @@ TAGS = {
     "Publish": 117,
     "TopicMessage": 118,
     "FireAndForget": 119,
-    "DemandRequest": 120,
-    "DemandReply": 121,
+    "BacklogRequest": 120,
+    "BacklogReply": 121,
     "StatusRequest": 122,
     "StatusReply": 123,
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import os
 import signal
 import sqlite3
@@ -19,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from apportion.core.demand import Demand
 from apportion.runs.journal import (
     CANCELLED,
     COMPLETED,
@@ -90,6 +92,23 @@ def test_stage_and_get(journal: Journal) -> None:
     assert (record.array_id, record.array_index, record.waiting) == (None, None, "")
     assert journal.history(run_id) == [(100.0, "staged")]
     assert journal.get(run_id + 1) is None
+
+
+def test_runs_read_back_share_the_demand_of_their_text(journal: Journal) -> None:
+    ids = journal.stage([spec(resources="gpu=1"), spec(resources="gpu=1")], 1.0)
+    first, second = (run(journal, run_id).spec for run_id in ids)
+    assert first.demand == Demand(({"gpu": 10_000},))
+    assert first.demand is second.demand  # the text is parsed once, not once per run
+
+
+def test_a_run_stored_with_its_resources_in_numbers_still_reads(journal: Journal) -> None:
+    # Older versions stored the resources twice, as text and as numbers ("demand").
+    [run_id] = journal.stage([spec(resources="foo=0.5")], 1.0)
+    row = journal._db.execute("SELECT spec FROM runs WHERE id = ?", (run_id,)).fetchone()
+    old = json.loads(row[0]) | {"demand": {"foo": 0.5}}
+    journal._db.execute("UPDATE runs SET spec = ? WHERE id = ?", (json.dumps(old), run_id))
+    assert "demand" not in json.loads(row[0])
+    assert run(journal, run_id).spec == spec(resources="foo=0.5")
 
 
 def test_stage_queued(journal: Journal) -> None:

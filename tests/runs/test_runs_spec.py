@@ -12,9 +12,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from apportion.core.demand import Demand
+from apportion.core.resources import SCALE, from_ticks
 from apportion.runs.spec import (
     MAX_ARRAY_INDEX,
     MAX_ARRAY_SIZE,
+    RunResources,
     RunSpec,
     expand_array,
     format_array,
@@ -43,7 +46,12 @@ def test_new_spec_captures_cwd_and_environment_now(monkeypatch: pytest.MonkeyPat
     assert made.cwd == os.getcwd()
     assert made.env["APPORTION_TEST_VAR"] == "before"
     assert made.command == ("true",)
-    assert (made.resources, made.demand, made.name, made.priority) == ("", {}, "", 0)
+    assert (made.resources, from_ticks(made.demand.first), made.name, made.priority) == (
+        "",
+        {},
+        "",
+        0,
+    )
     assert (made.retries, made.time_limit, made.array_index) == (0, None, None)
 
 
@@ -54,7 +62,7 @@ def test_new_spec_makes_a_relative_cwd_absolute() -> None:
 def test_new_spec_merges_resource_texts() -> None:
     made = spec(resources=["foo=1", "baz=1 bar=0.5"])
     assert made.resources == "bar=0.5 baz=1 foo=1"
-    assert made.demand == {"bar": 0.5, "baz": 1.0, "foo": 1.0}
+    assert from_ticks(made.demand.first) == {"bar": 0.5, "baz": 1.0, "foo": 1.0}
     assert spec(resources="gpu=2").resources == "gpu=2"
 
 
@@ -147,7 +155,7 @@ def test_to_dict_from_dict_round_trip_through_json_and_msgpack(made: RunSpec) ->
 
 def test_from_dict_fills_in_defaults_and_derives_demand() -> None:
     made = RunSpec.from_dict({"command": ["a"], "cwd": "/", "env": {}, "resources": "x=2"})
-    assert made == RunSpec(("a",), "/", {}, "x=2", {"x": 2.0})
+    assert made == RunSpec(("a",), "/", {}, "x=2", Demand(({"x": 2 * SCALE},)))
 
 
 def test_from_dict_normalises_resource_text() -> None:
@@ -192,21 +200,26 @@ def test_a_huge_bad_value_is_cut_short_in_the_message() -> None:
 # --- parse_run_resources ------------------------------------------------------------
 
 
+def in_units(parsed: RunResources) -> tuple[str, dict[str, float]]:
+    """The text and the amounts in plain numbers."""
+    return parsed.text, from_ticks(parsed.demand.first)
+
+
 def test_resource_texts_merge_sorted() -> None:
-    assert parse_run_resources(["foo=1", "bar=1 baz=1"]) == (
+    assert in_units(parse_run_resources(["foo=1", "bar=1 baz=1"])) == (
         "bar=1 baz=1 foo=1",
         {"bar": 1.0, "baz": 1.0, "foo": 1.0},
     )
 
 
 def test_no_resources() -> None:
-    assert parse_run_resources([]) == ("", {})
-    assert parse_run_resources(["", "  "]) == ("", {})
-    assert parse_run_resources("") == ("", {})
+    assert in_units(parse_run_resources([])) == ("", {})
+    assert in_units(parse_run_resources(["", "  "])) == ("", {})
+    assert in_units(parse_run_resources("")) == ("", {})
 
 
 def test_resource_amounts_are_rendered_exactly_and_zeros_dropped() -> None:
-    assert parse_run_resources(["mem=16GiB gpu=0.5 lic=0"]) == (
+    assert in_units(parse_run_resources(["mem=16GiB gpu=0.5 lic=0"])) == (
         "gpu=0.5 mem=17179869184",
         {"gpu": 0.5, "mem": 17179869184.0},
     )

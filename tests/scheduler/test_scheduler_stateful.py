@@ -557,9 +557,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             restricted = task.restriction is not None and not task.restriction.loose
             assert task.resources or restricted, f"{key} hangs"
             # Nobody could hold it, or nobody beside the actors among its own inputs.
-            by_option = pools(state, task.signature)
+            by_option = pools(state, task.queue)
             pinned = pinned_by_inputs(state, task, by_option)
-            if not pinned and satisfiable(state, task.signature):
+            if not pinned and satisfiable(state, task.queue):
                 # Or it waits for what a live actor holds, kept for a task blocked so.
                 kept_for = {
                     d

@@ -176,10 +176,32 @@ def test_the_first_alternative_that_fits_now_is_taken(sim: SimulatedCluster) -> 
     assert "none of its 2 alternatives fits anywhere now" in reply.reasons["c"]
     sim.finish("b")
     sim.place()
-    assert sim.running[w]["c"].allocation.variant == 1
+    assert sim.running[w]["c"].allocation.alternative == 1
     sim.finish("a")
     sim.finish("c")
     assert sim.state.workers[w].ledger.free == {"gpu": 10_000, "cpus": 80_000}
+
+
+def test_the_tasks_of_a_batch_share_one_demand_and_one_queue(sim: SimulatedCluster) -> None:
+    keys = [f"t{i}" for i in range(3)]
+    specs = [TaskSpec(key, "f", b"", [], {"gpu": 10_000}, 0, 0) for key in keys]
+    sim.client_says("c1", SubmitTasks(specs, {"f": b"func"}, keys))
+    assert len({id(sim.state.tasks[key].demand) for key in keys}) == 1
+    assert list(sim.state.ready) == [sim.state.tasks["t0"].demand]
+
+
+def test_a_task_reserves_with_the_first_alternative_it_could_ever_run_with(
+    sim: SimulatedCluster,
+) -> None:
+    w = sim.add_worker("box", nthreads=4, resources="cpus=8")
+    submit_alternatives(sim, "busy", {"cpus": 80_000})
+    submit_alternatives(sim, "wide", {"gpu": 10_000}, {"cpus": 60_000})
+    sim.place()
+    task = sim.state.tasks["wide"]
+    assert (task.reserved_on, task.choice, task.resources) == (w, 1, {"cpus": 60_000})
+    sim.finish("busy")
+    sim.place()
+    assert sim.running[w]["wide"].allocation == ({"cpus": 60_000}, {}, 1)
 
 
 def test_alternatives_are_unsatisfiable_only_when_all_are(sim: SimulatedCluster) -> None:
@@ -187,7 +209,7 @@ def test_alternatives_are_unsatisfiable_only_when_all_are(sim: SimulatedCluster)
     submit_alternatives(sim, "flex", {"gpu": 10_000}, {"cpus": 20_000})
     submit_alternatives(sim, "never", {"gpu": 10_000}, {"cpus": 80_000})
     sim.place()
-    assert sim.running[w]["flex"].allocation.variant == 1
+    assert sim.running[w]["flex"].allocation.alternative == 1
     (notice,) = [msg for msg in sim.inbox["c1"] if isinstance(msg, Notice)]
     assert "gives 2 alternatives" in notice.text and "no worker offers gpu" in notice.text
     assert "largest cpus supply is 4" in notice.text

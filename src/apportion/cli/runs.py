@@ -195,7 +195,7 @@ def specs_from_options(run: RunOptions, *, env: Mapping[str, str] | None = None)
     if run.cwd is not None and not os.path.isdir(run.cwd):
         raise ValueError(f"--cwd {run.cwd!r} is not a directory")
     try:
-        parse_run_resources(run.resources)
+        resources = parse_run_resources(run.resources)  # once: the spec takes it as it is
     except ValueError as error:
         raise ValueError(f"--resources: {error}") from None
     time_limit = None if run.time_limit is None else parse_time_limit(run.time_limit)
@@ -204,7 +204,7 @@ def specs_from_options(run: RunOptions, *, env: Mapping[str, str] | None = None)
         run.command,
         cwd=run.cwd,
         env=env,
-        resources=run.resources,
+        resources=resources,
         name=run.name,
         priority=run.priority,
         retries=run.retries,

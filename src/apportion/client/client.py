@@ -66,7 +66,8 @@ from apportion.client.restrictions import ANYWHERE, Where, refuse_actors, where_
 from apportion.client.session import Session, TaskBatch
 from apportion.client.task_stream import TaskStreams
 from apportion.core import payload
-from apportion.core.resources import ResourceSpec, parse_demand
+from apportion.core.demand import PLAIN, Demand, demand_of
+from apportion.core.resources import ResourceSpec
 from apportion.net.scheduler_claim import SchedulerFileBusy, holder_of
 from apportion.net.scheduler_file import wait_for_scheduler_file, write_scheduler_file
 from apportion.net.security import Security, security_for
@@ -385,7 +386,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         kwargs: Mapping[str, Any],
         *,
         key: str | None,
-        resources: list[dict[str, int]],
+        demand: Demand,
         priority: int,
         retries: int,
         pure: bool,
@@ -406,8 +407,8 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
                 # resources must not be merged into an existing task.
                 digest = hashlib.blake2b(func_id.encode(), digest_size=16)
                 payload.hash_into(digest, args_blob)
-                if resources != [{}]:
-                    digest.update(repr([sorted(r.items()) for r in resources]).encode())
+                if demand != PLAIN:
+                    digest.update(repr([sorted(a.items()) for a in demand.alternatives]).encode())
                 if where != ANYWHERE:  # so is where it may run, for the same reason
                     digest.update(repr(where).encode())
                 key = f"{name}-{digest.hexdigest()}"
@@ -416,16 +417,16 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         future = Future(key, self)
         if future._state.status == CANCELLED:
             future._state.reset()  # submitted again after a cancel: it runs again
-        variants = resources if len(resources) > 1 else []
+        first, alternatives = demand.wire()
         spec = TaskSpec(
             key,
             func_id,
             args_blob,
             sorted(deps),
-            resources[0],
+            first,
             priority,
             retries,
-            variants,
+            alternatives,
             *where,
             actor=int(actor),
         )
@@ -469,7 +470,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
             args,
             kwargs,
             key=key,
-            resources=parse_demands(resources),
+            demand=demand_of(resources),
             priority=priority,
             retries=retries or 0,
             pure=pure and not (actor or actors),  # every actor is an object of its own
@@ -506,7 +507,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         if as_actors:
             func = actor_task(func)
         where = where_to_run(workers, allow_other_workers, loose_restrictions)
-        demand = parse_demands(resources)
+        demand = demand_of(resources)
         calls = list(zip(*iterables, strict=False))
         if isinstance(key, list):
             if len(key) != len(calls):
@@ -525,7 +526,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
                     call_args,
                     kwargs,
                     key=task_key,
-                    resources=demand,
+                    demand=demand,
                     priority=priority,
                     retries=retries or 0,
                     pure=pure and not as_actors,
@@ -1252,19 +1253,6 @@ def _shaped(keys: Any, futures: Mapping[Any, Future]) -> Any:
     if isinstance(keys, list):
         return [_shaped(k, futures) for k in keys]
     return futures[keys]
-
-
-def parse_demands(resources: ResourceSpec | Sequence[ResourceSpec]) -> list[dict[str, int]]:
-    """One demand, or a list of alternatives in order of preference (HyperQueue's variants).
-
-    ``[{"gpu": 1, "cpus": 1}, {"cpus": 8}]``: the scheduler runs the task with the first
-    alternative that fits on some worker now; the task asks which with ``task_variant()``.
-    """
-    if resources is None or isinstance(resources, str | Mapping):
-        return [parse_demand(resources)]
-    if not isinstance(resources, list | tuple) or not resources:
-        raise ValueError("resources: give one demand, or a non-empty list of alternatives")
-    return [parse_demand(spec) for spec in resources]
 
 
 async def _then(stored: Awaitable[Any], value: T) -> T:

@@ -23,8 +23,8 @@ from apportion.client.waiting import futures_of
 from apportion.core import payload
 from apportion.protocol.base import Message
 from apportion.protocol.cluster import (
+    BacklogRequest,
     ClusterFactsRequest,
-    DemandRequest,
     InfoRequest,
     StatusRequest,
 )
@@ -178,9 +178,9 @@ class SharedData(CallModes):
 
     def waiting_work(self) -> Any:
         """What the waiting work asks for and what each worker runs: ``{"queued": [...],
-        "workers": [...]}`` (``scheduler.demand``); what adaptive clusters decide from."""
+        "workers": [...]}`` (``scheduler.backlog``); what adaptive clusters decide from."""
         return self._ask(
-            lambda rid: DemandRequest(rid),
+            lambda rid: BacklogRequest(rid),
             lambda reply: {"queued": reply.queued, "workers": reply.workers},
         )
 

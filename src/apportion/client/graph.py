@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from apportion.client.future import Future
 from apportion.client.restrictions import ANYWHERE, Where, where_to_run
 from apportion.core import payload
-from apportion.core.resources import ResourceSpec, parse_demand
+from apportion.core.demand import Demand, single
+from apportion.core.resources import ResourceSpec
 from apportion.protocol.tasks import TaskSpec
 
 if TYPE_CHECKING:
@@ -137,14 +138,14 @@ def start_order(dsk: Mapping[Any, Any], needed: list[Any]) -> list[Any]:
 
 def _demand_by_key(
     dsk: Mapping[Any, Any], resources: ResourceSpec | Mapping[Any, ResourceSpec]
-) -> tuple[dict[str, int], dict[Any, dict[str, int]]]:
+) -> tuple[Demand, dict[Any, Demand]]:
     """One demand for all tasks, or per key (keys or tuples of keys -> spec)."""
     if not names_keys(resources, dsk):
-        return parse_demand(resources), {}  # type: ignore[arg-type]
+        return single(resources), {}  # type: ignore[arg-type]
     assert isinstance(resources, Mapping)
-    per_key: dict[Any, dict[str, int]] = {}
+    per_key: dict[Any, Demand] = {}
     for target, spec in resources.items():
-        demand = parse_demand(spec)  # type: ignore[arg-type]
+        demand = single(spec)  # type: ignore[arg-type]
         for key in _group(target, dsk):
             per_key[key] = demand
     if not per_key:
@@ -154,7 +155,7 @@ def _demand_by_key(
             "they ask for no resources",
             stacklevel=4,
         )
-    return {}, per_key
+    return single(None), per_key
 
 
 def _group(target: Any, dsk: Mapping[Any, Any]) -> Iterator[Any]:
@@ -214,12 +215,12 @@ def _per_key_where(annotations: Mapping[str, Mapping[Any, Any]], where: Where) -
 
 def _per_key_annotations(
     annotations: Mapping[str, Mapping[Any, Any]],
-) -> tuple[dict[Any, dict[str, int]], dict[Any, int], dict[Any, int]]:
+) -> tuple[dict[Any, Demand], dict[Any, int], dict[Any, int]]:
     """Demands, priorities and retries given to single keys, checked."""
-    demands: dict[Any, dict[str, int]] = {}
+    demands: dict[Any, Demand] = {}
     for key, spec in annotations.get("resources", {}).items():
         try:
-            demands[key] = parse_demand(spec)
+            demands[key] = single(spec)
         except ValueError as exc:
             raise ValueError(f"resources annotated on {key!r}: {exc}") from None
     numbers: list[dict[Any, int]] = []
@@ -279,15 +280,16 @@ def graph_tasks(
         else:
             args, deps = payload.pack_call((_convert(value, canon),), {})
             func_id, blob = client._function(payload.run_spec)
+        first, alternatives = demands.get(key, per_key.get(key, common)).wire()
         spec = TaskSpec(
             name,
             func_id,
             args,
             sorted(deps),
-            demands.get(key, per_key.get(key, common)),
+            first,
             priorities.get(key, priority),
             retry_counts.get(key, retries),
-            [],
+            alternatives,
             *places.get(key, where),
         )
         yield spec, blob

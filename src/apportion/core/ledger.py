@@ -21,9 +21,6 @@ from collections.abc import Mapping
 
 from apportion.core.resources import SCALE, Amounts, Units
 
-HeldUnits = dict[str, list[str]]
-"""The unit labels a task holds in each indexed pool (``{"gpu": ["2", "3"]}``)."""
-
 
 class LedgerError(AssertionError):
     """Resources taken beyond what is free, or given back twice: always a bug."""
@@ -140,7 +137,7 @@ class Ledger:
 
     # --- changes --------------------------------------------------------------------
 
-    def take(self, demand: Mapping[str, int], wanted: HeldUnits | None = None) -> HeldUnits:
+    def take(self, demand: Mapping[str, int], wanted: Units | None = None) -> Units:
         """Take ``demand`` (``can_take`` held); return the units it now holds.
 
         ``wanted``: take exactly these units if they are free (an adopted run keeps
@@ -157,7 +154,7 @@ class Ledger:
         given = self._take_given(demand, wanted) if wanted else None
         return given if given is not None else self._take_units(demand)
 
-    def give(self, demand: Mapping[str, int], held: HeldUnits | None) -> None:
+    def give(self, demand: Mapping[str, int], held: Units | None) -> None:
         """Give back exactly what ``take`` took; beyond the supply is a double release."""
         free, total = self.free, self.total
         for name, need in demand.items():
@@ -174,7 +171,7 @@ class Ledger:
                     raise LedgerError(f"unit {name}[{label}] released twice")
                 unit_free[label] = unit_back
 
-    def take_exactly(self, demand: Mapping[str, int], held: HeldUnits) -> bool:
+    def take_exactly(self, demand: Mapping[str, int], held: Units) -> bool:
         """Take ``demand`` with exactly the units ``held`` (a task taking back what it
         gave back, ``give(demand, held)``) if all of it is free now; else take nothing."""
         if not self.fits(demand):
@@ -186,8 +183,8 @@ class Ledger:
             free[name] -= need
         return True
 
-    def _take_units(self, demand: Mapping[str, int]) -> HeldUnits:
-        held: HeldUnits = {}
+    def _take_units(self, demand: Mapping[str, int]) -> Units:
+        held: Units = {}
         for name, need in demand.items():
             unit_free = self.units.get(name)
             if unit_free is None:
@@ -201,7 +198,7 @@ class Ledger:
             held[name] = labels
         return held
 
-    def _take_given(self, demand: Mapping[str, int], wanted: HeldUnits) -> HeldUnits | None:
+    def _take_given(self, demand: Mapping[str, int], wanted: Units) -> Units | None:
         """Take exactly the ``wanted`` units, or None with nothing taken if a label is
         unknown, has too little room, or the count does not match the demand."""
         plan: list[tuple[str, list[str], int]] = []

@@ -1,7 +1,7 @@
 """The service that grows and shrinks a cluster through Slurm: the allocator's loop.
 
 Every ``interval`` seconds: ask Slurm the state of our jobs (``squeue``), ask the
-scheduler what is waiting and who is connected (``scheduler.demand``), let the pure
+scheduler what is waiting and who is connected (``scheduler.backlog``), let the pure
 ``Allocator`` decide, and carry out its commands (``sbatch``, ``scancel``, log
 lines). One tick runs to the end before the next begins, so a job is always known
 to the allocator before Slurm is next asked about it.
@@ -43,7 +43,7 @@ from apportion.net.security import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV, Securi
 
 logger = logging.getLogger("apportion.deploy")
 
-#: What the scheduler says: waiting work and connected workers (``scheduler.demand``).
+#: What the scheduler says: waiting work and connected workers (``scheduler.backlog``).
 Observation = tuple[list[dict[str, Any]], list[dict[str, Any]]]
 
 #: Seconds a Slurm command may take before it counts as failed.

@@ -5,7 +5,7 @@ Theory of operation
 A cluster that grows through a batch system (``SlurmCluster``, ``apportion alloc
 slurm``) has one or more job *shapes*: what one job brings, as worker processes
 each with threads and a supply of resources. Every few seconds its service feeds
-``Allocator.step`` what the scheduler says is waiting (``scheduler.demand``: per
+``Allocator.step`` what the scheduler says is waiting (``scheduler.backlog``: per
 kind of request, its demands and how many tasks), which workers are connected and
 what the batch system says of each job it submitted; ``step`` answers with
 ``Submit``, ``Cancel`` and ``Report`` commands. Time is passed in.

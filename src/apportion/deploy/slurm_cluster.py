@@ -36,7 +36,7 @@ from apportion.loop_thread import LoopThread
 from apportion.net.address import is_loopback
 from apportion.net.scheduler_file import remove_scheduler_file, write_scheduler_file
 from apportion.net.security import Security
-from apportion.scheduler.demand import demand
+from apportion.scheduler.backlog import backlog
 from apportion.scheduler.service import Scheduler
 from apportion.scheduler.state import SchedulerConfig
 
@@ -135,7 +135,7 @@ class SlurmCluster:
         self.adaptive.start()
 
     async def _observe(self) -> Observation:
-        return demand(self.scheduler.state)  # on the scheduler's own loop
+        return backlog(self.scheduler.state)  # on the scheduler's own loop
 
     def _write_files(self) -> Path:
         directory = private_dir(self.log_directory / ".apportion")

@@ -152,7 +152,7 @@ class RestartReply(Message):
 
 
 @message(120)
-class DemandRequest(Message):
+class BacklogRequest(Message):
     """Client -> scheduler: the work waiting for room, by kind of request, and the
     workers (what a cluster that grows and shrinks decides from)."""
 
@@ -160,10 +160,10 @@ class DemandRequest(Message):
 
 
 @message(121)
-class DemandReply(Message):
-    """``queued``: per kind of request, ``options`` (``{pool: ticks}`` demands),
-    ``count`` and ``restricted``; ``workers``: ``name``, ``address``, ``running``,
-    ``leaving`` (``scheduler.demand``)."""
+class BacklogReply(Message):
+    """``queued``: per kind of request, ``options`` (the alternatives of its demand,
+    each ``{pool: ticks}``), ``count`` and ``restricted``; ``workers``: ``name``,
+    ``address``, ``running``, ``leaving`` (``scheduler.backlog``)."""
 
     request_id: int
     queued: list[dict[str, Any]]

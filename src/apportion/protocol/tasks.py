@@ -21,12 +21,14 @@ class TaskSpec(NamedTuple):
     func_id: str  #: hash of the pickled function; its bytes travel once per batch
     args: Pickled  #: (args, kwargs) with dependencies as placeholders
     deps: list[str]
-    resources: dict[str, int]  #: demand in ticks; empty for plain tasks
+    #: What it asks for, in ticks (``core.demand.Demand.wire``): the first alternative;
+    #: empty for plain tasks.
+    resources: dict[str, int]
     priority: int  #: higher runs earlier, as in Dask
     retries: int
-    #: Alternative demands in order of preference (empty unless there are two or more;
-    #: then ``resources`` is the first). The scheduler runs the first that fits now.
-    variants: list[dict[str, int]] = []
+    #: Alternatives in order of preference (empty unless there are two or more; then
+    #: ``resources`` is the first). The scheduler runs the first that fits now.
+    alternatives: list[dict[str, int]] = []
     #: Dask's ``workers=``: addresses, names or hosts of the workers it may run on
     #: (empty: any worker).
     workers: list[str] = []

@@ -57,7 +57,7 @@ from apportion.runs.run_states import (
     STATES,
     check_run_move,
 )
-from apportion.runs.spec import RunSpec
+from apportion.runs.spec import RunSpec, stored_demand
 
 # The states are the lifecycle's (``run_states``); readers of the journal name them from here.
 __all__ = [
@@ -784,6 +784,9 @@ def _record(row: tuple[Any, ...], env: dict[str, str]) -> RunRecord:
     """A record from a row of ``_COLUMNS``; the spec is trusted (we wrote it)."""
     fields = json.loads(row[3])
     fields["command"] = tuple(fields["command"])
+    # Parsed from the text (once per distinct text); older versions also stored the
+    # resources in numbers under this name, which this replaces.
+    fields["demand"] = stored_demand(fields["resources"])
     return RunRecord(
         id=row[0],
         name=row[1],

@@ -25,13 +25,14 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from apportion.core.demand import Demand
 from apportion.core.payload import Pickled, dumps_function, function_id, pack_call
-from apportion.core.resources import parse_demand, parse_supply
+from apportion.core.resources import parse_supply
 from apportion.protocol.base import Message
 from apportion.protocol.cluster import CheckDemands, DemandsChecked, WhyReply, WhyRequest
 from apportion.protocol.codec import ProtocolError, decode_message, encode_message
@@ -115,7 +116,8 @@ class _RunTask:
 
     #: ``execute_run(id, spec)``'s arguments, pickled: the spec in its final form.
     args: Pickled
-    demand: dict[str, int]
+    #: The spec's own demand, as it was parsed where the run entered.
+    demand: Demand
     priority: int
 
 
@@ -279,19 +281,20 @@ class RunQueue:
         task = self._tasks[run_id]
         key = run_key(run_id)
         func_id = self._function[0]
-        return TaskSpec(key, func_id, task.args, [], task.demand, task.priority, retries_left)
+        first, alternatives = task.demand.wire()
+        return TaskSpec(
+            key, func_id, task.args, [], first, task.priority, retries_left, alternatives
+        )
 
     def _views(self, records: list[RunRecord]) -> tuple[RunView, ...]:
         """The lifecycle's views of ``records``; their tasks are made here, once."""
         views = []
         for record in records:
             spec = record.spec
-            task = self._tasks.get(record.id)
-            if task is None:
+            if record.id not in self._tasks:
                 args = pack_call((record.id, spec), {})[0]
-                demand = parse_demand(spec.resources or None)
-                task = self._tasks[record.id] = _RunTask(args, demand, spec.priority)
-            views.append(view_of(record, task.demand))
+                self._tasks[record.id] = _RunTask(args, spec.demand, spec.priority)
+            views.append(view_of(record))
         return tuple(views)
 
     def _when_done(
@@ -417,7 +420,7 @@ class RunQueue:
                 except ValueError as exc:
                     reply(RunsSubmitted(message.request_id, [], str(exc)))
                     return
-                demands = [parse_demand(spec.resources or None) for spec in specs]
+                demands = [spec.demand.first for spec in specs]
                 self._check_demands(
                     demands, lambda verdicts: self._submit_runs(message, specs, verdicts, reply)
                 )
@@ -516,7 +519,7 @@ def _no_report(request_id: int) -> Callable[[str], Message]:
     return lambda _: RunsReport(request_id, [])
 
 
-def view_of(record: RunRecord, demand: Mapping[str, int]) -> RunView:
+def view_of(record: RunRecord) -> RunView:
     """The lifecycle's view of a journal record."""
     return RunView(
         record.id,
@@ -525,7 +528,7 @@ def view_of(record: RunRecord, demand: Mapping[str, int]) -> RunView:
         record.attempts,
         record.spec.retries,
         resources=record.spec.resources,
-        demand=demand,
+        demand=record.spec.demand.first,
         worker=record.worker,
         held=record.held,
         cancel_requested=record.cancel_requested,

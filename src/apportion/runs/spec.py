@@ -9,6 +9,10 @@ found when the run starts an hour later.
 
 The parsers here turn command-line texts (``--resources``, ``--array``,
 ``--time-limit``) into values; each raises ``ValueError`` quoting what it was given.
+
+A run's resources are parsed once where they enter (the command line, a submitted
+dict, a journal row) into its ``Demand``, which the job queue hands to the scheduler
+as it is; the normalised text beside it is what people read and what is stored.
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
-from typing import Any, TypeGuard
+from functools import lru_cache
+from typing import Any, NamedTuple, TypeGuard
 
+from apportion.core.demand import PLAIN, Demand
 from apportion.core.resources import format_resources, from_ticks, parse_demand
 
 #: Most elements one array may have: beyond this a typo (``1-1000000``) is likelier
@@ -53,11 +59,12 @@ class RunSpec:
     cwd: str
     #: The whole environment, as it was when the run was submitted.
     env: dict[str, str] = field(hash=False)
-    #: Normalised resource text shown to users, names sorted (``"bar=1 foo=0.5"``);
-    #: ``""`` for none. ``demand`` says the same in numbers.
+    #: Normalised resource text shown to users and stored, names sorted
+    #: (``"bar=1 foo=0.5"``); ``""`` for none. ``demand`` says the same in ticks.
     resources: str
-    #: The resources in units (``{"foo": 0.5}``); zero amounts are left out.
-    demand: dict[str, float] = field(hash=False)
+    #: What the run asks for, parsed from ``resources`` once, where the spec entered;
+    #: zero amounts are left out. Not in ``to_dict``: the text says it.
+    demand: Demand = field(hash=False)
     #: Optional label for people; one printable line, never all digits (not an id).
     name: str = ""
     #: Higher starts earlier among runs that could start.
@@ -76,7 +83,6 @@ class RunSpec:
             "cwd": self.cwd,
             "env": self.env,
             "resources": self.resources,
-            "demand": self.demand,
             "name": self.name,
             "priority": self.priority,
             "retries": self.retries,
@@ -88,8 +94,10 @@ class RunSpec:
     def from_dict(cls, d: Mapping[str, Any]) -> RunSpec:
         """Check every field of ``d`` and build the spec; ``ValueError`` names a bad field.
 
-        ``demand`` may be left out (it follows from ``resources``); if given it must
-        agree, since a run scheduled by one and shown by the other would mislead.
+        ``demand`` (the resources in numbers, ``{"foo": 0.5}``, as older versions sent
+        and stored it) may be left out, since it follows from ``resources``; if given
+        it must agree, since a run scheduled by one and shown by the other would
+        mislead.
         """
         if not isinstance(d, Mapping):
             raise ValueError(f"a run spec must be a mapping, not {type(d).__name__}")
@@ -100,8 +108,13 @@ class RunSpec:
         if absent:
             raise ValueError(f"run spec is missing field(s) {', '.join(absent)}")
         resources, demand = _resources(d["resources"])
-        if "demand" in d and _demand(d["demand"]) != demand:
+        if "demand" in d and _demand(d["demand"]) != from_ticks(demand.first):
             raise _bad("demand", f"must match resources {resources!r}", d["demand"])
+        return cls._checked(d, resources, demand)
+
+    @classmethod
+    def _checked(cls, d: Mapping[str, Any], resources: str, demand: Demand) -> RunSpec:
+        """The spec of ``d``, every field but the resources (given parsed) checked."""
         return cls(
             command=_command(d["command"]),
             cwd=_cwd(d["cwd"]),
@@ -125,7 +138,7 @@ def new_spec(
     *,
     cwd: str | None = None,
     env: Mapping[str, str] | None = None,
-    resources: str | Sequence[str] = (),
+    resources: str | Sequence[str] | RunResources = (),
     name: str = "",
     priority: int = 0,
     retries: int = 0,
@@ -133,42 +146,50 @@ def new_spec(
 ) -> RunSpec:
     """A validated spec; ``cwd`` and ``env`` default to this process's, captured now.
 
-    ``resources`` is one ``--resources`` text or several (see ``parse_run_resources``).
-    A relative ``cwd`` is taken relative to the current directory.
+    ``resources`` is one ``--resources`` text or several (see ``parse_run_resources``),
+    or what that returned (a caller that checked them first: they are not parsed
+    again). A relative ``cwd`` is taken relative to the current directory.
     """
     if isinstance(command, str):
         raise ValueError(
             f"command must be a list of arguments, not the string {command!r} "
             "(shlex.split it, or run ['sh', '-c', ...])"
         )
-    text, demand = parse_run_resources(resources)
-    return RunSpec.from_dict(
+    parsed = resources if isinstance(resources, RunResources) else parse_run_resources(resources)
+    return RunSpec._checked(
         {
             "command": list(command),
             "cwd": os.getcwd() if cwd is None else os.path.abspath(cwd),
             "env": dict(os.environ if env is None else env),
-            "resources": text,
-            "demand": demand,
             "name": name,
             "priority": priority,
             "retries": retries,
             "time_limit": time_limit,
-        }
+        },
+        parsed.text,
+        parsed.demand,
     )
 
 
 # --- command-line texts ---------------------------------------------------------------
 
 
-def parse_run_resources(texts: str | Sequence[str]) -> tuple[str, dict[str, float]]:
-    """Merge several ``--resources`` texts into normalised text and units.
+class RunResources(NamedTuple):
+    """A run's ``--resources`` parsed: the normalised text and the ``Demand``."""
+
+    text: str
+    demand: Demand
+
+
+def parse_run_resources(texts: str | Sequence[str]) -> RunResources:
+    """Merge several ``--resources`` texts into normalised text and a demand in ticks.
 
     A user may give the option several times (``["foo=1", "bar=1 baz=1"]``), as
     Guild runs carry several tags; a name given in two of them is an error rather
     than a silent last-one-wins. A single string is taken as one text.
 
-    >>> parse_run_resources(["foo=1", "bar=0.5 baz=2"])
-    ('bar=0.5 baz=2 foo=1', {'bar': 0.5, 'baz': 2.0, 'foo': 1.0})
+    >>> parse_run_resources(["foo=1", "bar=0.5"])
+    RunResources(text='bar=0.5 foo=1', demand=Demand([{'bar': 5000, 'foo': 10000}]))
     """
     if isinstance(texts, str):
         texts = [texts]
@@ -184,7 +205,18 @@ def parse_run_resources(texts: str | Sequence[str]) -> tuple[str, dict[str, floa
                 )
             merged[name] = ticks
             given_in[name] = text
-    return format_resources(merged), from_ticks(dict(sorted(merged.items())))
+    amounts = dict(sorted(merged.items()))
+    return RunResources(format_resources(amounts), Demand((amounts,)) if amounts else PLAIN)
+
+
+@lru_cache(maxsize=4096)
+def stored_demand(text: str) -> Demand:
+    """The demand of a normalised resource text this program stored (a journal row).
+
+    Trusted, so not checked as ``from_dict`` checks; cached, as the runs of an array
+    and of a sweep share their text: each distinct text is parsed once.
+    """
+    return parse_run_resources(text).demand
 
 
 _ARRAY_PART = re.compile(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?")
@@ -383,7 +415,7 @@ def _env(value: object) -> dict[str, str]:
     return value
 
 
-def _resources(value: object) -> tuple[str, dict[str, float]]:
+def _resources(value: object) -> RunResources:
     if not isinstance(value, str):
         raise _bad("resources", "must be text like 'foo=1 bar=0.5'", value)
     try:

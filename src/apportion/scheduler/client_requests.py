@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from apportion.core.demand import PLAIN, Demand, from_wire
 from apportion.protocol.cluster import (
+    BacklogReply,
+    BacklogRequest,
     CheckDemands,
-    DemandReply,
-    DemandRequest,
     DemandsChecked,
     DumpReply,
     DumpRequest,
@@ -25,15 +26,14 @@ from apportion.protocol.cluster import (
 )
 from apportion.protocol.tasks import CancelKeys, ReleaseKeys, SubmitTasks, TaskSpec
 from apportion.scheduler import views
+from apportion.scheduler.backlog import backlog
 from apportion.scheduler.core import SchedulerCore
-from apportion.scheduler.demand import demand
 from apportion.scheduler.events import SendKeysFailed, TaskError, failure_notice
 from apportion.scheduler.explain import explain
 from apportion.scheduler.records import (
     ERRED,
     MEMORY,
     NEW,
-    NO_RESOURCES,
     PROCESSING,
     QUEUED,
     RELEASED,
@@ -63,6 +63,7 @@ def submit(state: SchedulerCore, client: ClientRecord, msg: SubmitTasks) -> None
     created: list[TaskRecord] = []
     # One Restriction object per distinct restriction in the batch, not one per task.
     restrictions: dict[tuple[tuple[str, ...], int], Restriction] = {}
+    demands: dict[Any, Demand] = {}
     for spec in msg.tasks:
         existing = state.tasks.get(spec.key)
         wanters: set[str] | None = None
@@ -70,7 +71,7 @@ def submit(state: SchedulerCore, client: ClientRecord, msg: SubmitTasks) -> None
             wanters = existing.wanted_by
             existing = _revive(state, existing)
         if existing is None:
-            task = _new_task(state, spec, restrictions)
+            task = _new_task(state, spec, restrictions, demands)
             task.wanted_by = set(wanters) if wanters else None  # their futures still exist
             created.append(task)
     # After the loop above: dropping a revived record may have dropped its function.
@@ -90,7 +91,7 @@ def submit(state: SchedulerCore, client: ClientRecord, msg: SubmitTasks) -> None
     asked = [state.tasks[key] for key in msg.wanted if key in state.tasks]
     for task in (*created, *asked):
         if (
-            (task.resources or task.restriction)
+            (task.demand.asks or task.restriction)
             and task.state in (WAITING, QUEUED)
             and state.workers
         ):
@@ -129,7 +130,7 @@ def _link_inputs(state: SchedulerCore, task: TaskRecord) -> None:
 
 
 def _warn_if_unsatisfiable(state: SchedulerCore, task: TaskRecord) -> None:
-    if not satisfiable(state, task.signature):
+    if not satisfiable(state, task.queue):
         warn_unsatisfiable(state, task, unsatisfiable_text(task, state.workers.values()))
 
 
@@ -137,9 +138,23 @@ def _new_task(
     state: SchedulerCore,
     spec: TaskSpec,
     restrictions: dict[tuple[tuple[str, ...], int], Restriction],
+    demands: dict[Any, Demand],
 ) -> TaskRecord:
-    """A NEW record; ``submit`` links it to its inputs and ``_start`` sets its state."""
-    variants = tuple(v or NO_RESOURCES for v in spec.variants) if len(spec.variants) > 1 else None
+    """A NEW record; ``submit`` links it to its inputs and ``_start`` sets its state.
+
+    Its ``Demand`` is made once per distinct request in a batch (``demands``), so the
+    10,000 tasks of a ``map`` share one, as they share one restriction.
+    """
+    if spec.resources or spec.alternatives:
+        wire = (
+            tuple(spec.resources.items()),
+            tuple(tuple(a.items()) for a in spec.alternatives),
+        )
+        demand = demands.get(wire)
+        if demand is None:
+            demand = demands[wire] = from_wire(spec.resources, spec.alternatives)
+    else:
+        demand = PLAIN
     restriction: Restriction | None = None
     if spec.workers:
         shape = (tuple(spec.workers), spec.allow_other_workers)
@@ -152,11 +167,10 @@ def _new_task(
         spec.func_id,
         spec.args,
         tuple(spec.deps),
-        variants[0] if variants else spec.resources or NO_RESOURCES,
+        demand,
         spec.priority,
         spec.retries,
         state.next_seq(),
-        variants,
         restriction,
     )
     task.actor = bool(spec.actor)
@@ -182,7 +196,7 @@ def _start(state: SchedulerCore, task: TaskRecord) -> None:
             task.missing_deps += 1
         elif dep.state != MEMORY:
             task.missing_deps += 1
-    if failure is None and (task.resources or task.restriction):
+    if failure is None and (task.demand.asks or task.restriction):
         failure = check_satisfiable(state, task)
     cause = "submitted"
     if task.restriction is not None:
@@ -258,9 +272,9 @@ def check_demands(state: SchedulerCore, client: ClientRecord, msg: CheckDemands)
     state.reply(client.id, DemandsChecked(msg.request_id, verdicts))
 
 
-def waiting_demand(state: SchedulerCore, client: ClientRecord, msg: DemandRequest) -> None:
-    queued, workers = demand(state)
-    state.reply(client.id, DemandReply(msg.request_id, queued, workers))
+def waiting_work(state: SchedulerCore, client: ClientRecord, msg: BacklogRequest) -> None:
+    queued, workers = backlog(state)
+    state.reply(client.id, BacklogReply(msg.request_id, queued, workers))
 
 
 def cluster_status(state: SchedulerCore, client: ClientRecord, msg: StatusRequest) -> None:

@@ -8,7 +8,7 @@ and messages to the handlers.
 Theory of operation
 -------------------
 Clients submit tasks; a task whose dependencies are all in memory is QUEUED in a
-heap for its *signature* (its resource demand), ordered by priority then
+heap for its *queue key* (its ``Demand``, and where it may run), ordered by priority then
 submission. Events never place tasks themselves: they only set
 ``placement_due``, and the service sends one ``PlacementDue`` per loop turn, so a
 burst of ten thousand completions costs one placement pass (``placement.py``).
@@ -150,7 +150,7 @@ class SchedulerCore:
         #: func_id -> pickled function, with the number of live tasks using it.
         self.functions: dict[str, bytes] = {}
         self.function_users: dict[str, int] = defaultdict(int)
-        #: signature -> heap of (-priority, seq, key). Entries go stale when a task
+        #: queue key -> heap of (-priority, seq, key). Entries go stale when a task
         #: leaves QUEUED; placement skips them, which is cheaper than deleting.
         self.ready: dict[QueueKey, list[tuple[int, int, str]]] = {}
         self.log: deque[tuple[float, str, str, str, str]] = deque(maxlen=self.config.log_size)
@@ -267,11 +267,11 @@ class SchedulerCore:
         task.state = new
 
     def enqueue(self, task: TaskRecord, cause: str) -> None:
-        """Make ``task`` ready: QUEUED, in its signature's heap, placement due."""
+        """Make ``task`` ready: QUEUED, in its queue's heap, placement due."""
         self.move(task, QUEUED, cause)
-        heap = self.ready.get(task.signature)
+        heap = self.ready.get(task.queue)
         if heap is None:
-            heap = self.ready[task.signature] = []
+            heap = self.ready[task.queue] = []
         heappush(heap, (-task.priority, task.seq, task.key))
         self.placement_due = True
 
@@ -306,15 +306,16 @@ class SchedulerCore:
         run keeps the devices its processes already use); else placement picks.
         """
         cause = cause or f"assigned to {worker.name}"
-        if task.variants:
-            cause += f" with {describe_resources(task.resources) or 'no resources'}"
         allocation = NOTHING
-        if task.resources or task.variants:
-            held = worker.ledger.take(task.resources, units) if task.resources else {}
+        demand = task.demand
+        if demand.asks:
+            amounts = demand.alternatives[task.choice]
+            if len(demand.alternatives) > 1:
+                cause += f" with {describe_resources(amounts) or 'no resources'}"
+            held = worker.ledger.take(amounts, units) if amounts else {}
             if held:
                 cause += " holding " + describe_units(held)
-            variant = task.variants.index(task.resources) if task.variants else 0
-            allocation = Allocation(task.resources, held, variant)
+            allocation = Allocation(amounts, held, task.choice)
         task.allocation = allocation
         expected = self.expected(task)
         worker.processing[task.key] = (self.now, expected)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from apportion.core.demand import PLAIN
 from apportion.core.ledger import describe_units
 from apportion.core.resources import describe_amount, describe_resources
 from apportion.scheduler.core import SchedulerCore
@@ -14,7 +15,6 @@ from apportion.scheduler.records import (
     WAITING,
     TaskRecord,
     WorkerRecord,
-    options_of,
 )
 from apportion.scheduler.unsatisfiable import unsatisfiable_text
 
@@ -51,7 +51,7 @@ def explain(state: SchedulerCore, key: str) -> str:
         return f"failed ({kind}): {text}"
     ahead = sum(
         1
-        for _, _, k in state.ready.get(task.signature, ())
+        for _, _, k in state.ready.get(task.queue, ())
         if k in state.tasks
         and state.tasks[k].state == QUEUED
         and state.tasks[k].order() < task.order()
@@ -87,7 +87,7 @@ def why_queued(state: SchedulerCore, task: TaskRecord, ahead: int = 0) -> str:
     if not state.workers:
         return "queued: no workers are connected"
     queue = f" ({ahead} older ready tasks with the same request are ahead of it)" if ahead else ""
-    if not task.resources and not task.variants and task.restriction is None:
+    if task.queue == PLAIN:
         slots = sum(w.nthreads for w in state.workers.values())
         busy = sum(w.running() for w in state.workers.values())
         paused = [w.name for w in state.workers.values() if w.paused]
@@ -110,8 +110,8 @@ def why_queued(state: SchedulerCore, task: TaskRecord, ahead: int = 0) -> str:
             f"queued: all {slots} threads on {len(state.workers)} workers are busy "
             f"({busy} tasks running or queued on them){queue}{root}"
         )
-    options = options_of(task.signature)
-    by_option = pools(state, task.signature)
+    options = task.demand.alternatives
+    by_option = pools(state, task.queue)
     if not any(by_option):
         return "queued: " + unsatisfiable_text(task, state.workers.values())
     if len(options) == 1:
@@ -121,12 +121,11 @@ def why_queued(state: SchedulerCore, task: TaskRecord, ahead: int = 0) -> str:
         lines = [f"queued: none of its {len(options)} alternatives fits anywhere now{queue}"]
     if task.restriction is not None:
         lines.append("  " + _restriction_note(task, by_option))
-    for option, pool in zip(options, by_option, strict=True):
-        demand = dict(option)
+    for amounts, pool in zip(options, by_option, strict=True):
         if len(options) > 1:
-            lines.append(f"  {describe_resources(demand) or 'no resources'}:")
+            lines.append(f"  {describe_resources(amounts) or 'no resources'}:")
         for worker in pool:
-            why_not = _worker_obstacles(state, worker, task, demand)
+            why_not = _worker_obstacles(state, worker, task, amounts)
             lines.append(f"{'    ' if len(options) > 1 else '  '}{worker.name}: {why_not}")
     if task.reserved_on is not None and task.reserved_on in state.workers:
         name = state.workers[task.reserved_on].name

@@ -105,6 +105,7 @@ def _check_tasks(state: SchedulerCore) -> None:
             holding = task.state == PROCESSING or (task.state == MEMORY and task.actor)
             assert holding and task.worker, f"{key}: holds resources off a worker"
             assert task.allocation.resources == task.resources, f"{key}: allocation drifted"
+            assert task.allocation.alternative == task.choice, f"{key}: alternative drifted"
         if task.actor and task.state == MEMORY:
             assert key in state.workers[task.worker or ""].actors, f"{key}: actor not hosted"
         _check_holders(state, task)
@@ -217,7 +218,7 @@ def _check_telemetry(state: SchedulerCore) -> None:
     for task in state.tasks.values():
         by_group[(task.group.name if task.group else None, task.state)] += 1
         if task.state == QUEUED:
-            kinds[task.signature] += 1
+            kinds[task.queue] += 1
     counted: Counter[tuple[str | None, str]] = Counter()
     for name, tally in state.telemetry.groups.items():
         assert tally.live == sum(tally.states.values()), f"group {name} miscounts its records"

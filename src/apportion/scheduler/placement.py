@@ -56,16 +56,16 @@ from collections.abc import Callable
 from functools import partial
 from heapq import heapify, heappop, heappush, heapreplace
 
+from apportion.core.demand import PLAIN, Demand
 from apportion.core.resources import Amounts
 from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.records import (
     QUEUED,
     QueueKey,
-    Signature,
     TaskRecord,
     WorkerRecord,
+    demand_of,
     needs_resources,
-    options_of,
     restriction_of,
 )
 from apportion.scheduler.seceding import grant_rejoins, kept_for_rejoin
@@ -81,10 +81,13 @@ def place(state: SchedulerCore) -> None:
     _place_plain_tasks(state)
 
 
-def candidates(state: SchedulerCore, signature: Signature) -> list[WorkerRecord]:
-    """Workers whose declared supply could ever hold this request."""
-    demand = dict(signature)
-    return [w for w in state.workers.values() if w.leaving is None and w.ledger.could_hold(demand)]
+def candidates(state: SchedulerCore, demand: Demand) -> list[list[WorkerRecord]]:
+    """For each alternative of ``demand``, the open workers whose declared supply could
+    ever hold it."""
+    open_workers = [w for w in state.workers.values() if w.leaving is None]
+    return [
+        [w for w in open_workers if w.ledger.could_hold(amounts)] for amounts in demand.alternatives
+    ]
 
 
 AliasIndex = dict[str, list[tuple[int, WorkerRecord]]]
@@ -105,28 +108,28 @@ def pools(
     state: SchedulerCore,
     key: QueueKey,
     index: AliasIndex | None = None,
-    every: Callable[[Signature], list[WorkerRecord]] | None = None,
+    every: Callable[[Demand], list[list[WorkerRecord]]] | None = None,
 ) -> list[list[WorkerRecord]]:
-    """For each demand of a queue (in order), the open workers that could ever run it,
-    its restriction applied: a loose one falls back to every worker only when no
-    named worker could run any of its demands. ``every`` is ``candidates`` (cached
+    """For each alternative of a queue's demand (in order), the open workers that could
+    ever run it, its restriction applied: a loose one falls back to every worker only
+    when no named worker could run any alternative. ``every`` is ``candidates`` (cached
     by the caller, as queues share demands)."""
-    options = options_of(key)
+    demand = demand_of(key)
     restriction = restriction_of(key)
     if every is None:
         every = partial(candidates, state)
     if restriction is None:
-        return [every(option) for option in options]
+        return every(demand)
     index = alias_index(state) if index is None else index
     named = sorted(
         {position: w for name in restriction.workers for position, w in index.get(name, ())}.items()
     )
     allowed = [
-        [w for _, w in named if w.leaving is None and w.ledger.could_hold(dict(option))]
-        for option in options
+        [w for _, w in named if w.leaving is None and w.ledger.could_hold(amounts)]
+        for amounts in demand.alternatives
     ]
     if restriction.loose and not any(allowed):
-        return [every(option) for option in options]
+        return every(demand)
     return allowed
 
 
@@ -246,13 +249,13 @@ def _place_resource_tasks(state: SchedulerCore) -> None:
     # reservation then, or plain tasks pipelined ahead keep every thread busy forever
     # and the resource task starves behind newer work.
     known: dict[QueueKey, list[list[WorkerRecord]]] = {}
-    by_demand: dict[Signature, list[WorkerRecord]] = {}
+    by_demand: dict[Demand, list[list[WorkerRecord]]] = {}
     index: AliasIndex | None = None  # built once a restricted queue needs it
 
-    def every(sig: Signature) -> list[WorkerRecord]:
-        if sig not in by_demand:
-            by_demand[sig] = candidates(state, sig)
-        return by_demand[sig]
+    def every(demand: Demand) -> list[list[WorkerRecord]]:
+        if demand not in by_demand:
+            by_demand[demand] = candidates(state, demand)
+        return by_demand[demand]
 
     def pool_for(key: QueueKey) -> list[list[WorkerRecord]]:
         nonlocal index
@@ -267,13 +270,13 @@ def _place_resource_tasks(state: SchedulerCore) -> None:
         held = state.tasks.get(worker.reserved_by or "")
         if held is None or held.state != QUEUED:
             continue
-        if held.restriction is not None and all(worker not in p for p in pool_for(held.signature)):
+        if held.restriction is not None and all(worker not in p for p in pool_for(held.queue)):
             # It may no longer run here: a loose task that fell back here while its
             # named workers were away (one is back), or this worker is closing. Its
             # amounts are not kept for a task that will start elsewhere.
             state.drop_reservation(held)
             continue
-        head = _head(state, state.ready.get(held.signature, []))
+        head = _head(state, state.ready.get(held.queue, []))
         if head is not None and head.order() < held.order():
             # An older task of its kind was queued since (an attempt that failed and
             # is retried): it goes first, by age, and reserves if it cannot start.
@@ -281,8 +284,8 @@ def _place_resource_tasks(state: SchedulerCore) -> None:
             continue
         _start_if_it_fits(state, held, pool_for)
     _place_by_age(state, pool_for)
-    for sig in [sig for sig, heap in state.ready.items() if not heap]:
-        del state.ready[sig]
+    for kind in [kind for kind, heap in state.ready.items() if not heap]:
+        del state.ready[kind]
 
 
 def _place_by_age(
@@ -294,14 +297,14 @@ def _place_by_age(
     fits nowhere, none of the younger ones of that kind can: they are not looked at.
     """
     heads: list[tuple[tuple[int, int], QueueKey]] = []
-    for sig, heap in state.ready.items():
-        task = _head(state, heap) if sig else None
+    for kind, heap in state.ready.items():
+        task = _head(state, heap) if kind != PLAIN else None
         if task is not None:
-            heads.append((task.order(), sig))
+            heads.append((task.order(), kind))
     heapify(heads)
     while heads:
-        _, sig = heappop(heads)
-        heap = state.ready[sig]
+        _, kind = heappop(heads)
+        heap = state.ready[kind]
         task = _head(state, heap)
         if task is None:
             continue
@@ -309,23 +312,20 @@ def _place_by_age(
             heappop(heap)
             nxt = _head(state, heap)
             if nxt is not None:
-                heappush(heads, (nxt.order(), sig))
+                heappush(heads, (nxt.order(), kind))
             continue
-        found = next(
-            ((o, p) for o, p in zip(options_of(sig), pool_for(sig), strict=True) if p), None
-        )
+        found = next(((i, p) for i, p in enumerate(pool_for(kind)) if p), None)
         if found is None:
-            fail_or_warn(state, sig, heap)
+            fail_or_warn(state, kind, heap)
             continue
-        pinned = pinned_by_inputs(state, task, pool_for(sig))
+        pinned = pinned_by_inputs(state, task, pool_for(kind))
         if pinned:
             fail_or_warn_pinned(state, task, pinned)
             nxt = _head(state, heap)  # the next of its kind, if this one failed
             if nxt is not None and nxt is not task:
-                heappush(heads, (nxt.order(), sig))
+                heappush(heads, (nxt.order(), kind))
         elif task.reserved_on is None:
-            option, pool = found
-            task.resources = dict(option)  # reserve for the first it could ever run with
+            task.choice, pool = found  # reserve for the first it could ever run with
             _reserve(state, task, pool)
 
 
@@ -334,12 +334,12 @@ def _start_if_it_fits(
     task: TaskRecord,
     pool_for: Callable[[QueueKey], list[list[WorkerRecord]]],
 ) -> bool:
-    """Assign ``task`` with the first of its demands that fits somewhere now."""
-    for option, pool in zip(options_of(task.signature), pool_for(task.signature), strict=True):
-        demand = dict(option) if task.variants else task.resources
-        target = best_worker(state, task, pool, demand)
+    """Assign ``task`` with the first of its alternatives that fits somewhere now."""
+    alternatives = task.demand.alternatives
+    for choice, pool in enumerate(pool_for(task.queue)):
+        target = best_worker(state, task, pool, alternatives[choice])
         if target is not None:
-            task.resources = demand
+            task.choice = choice
             state.assign(task, target, cause=_outside(task, target))
             return True
     return False
@@ -408,7 +408,7 @@ def _place_plain_tasks(state: SchedulerCore) -> None:
     """Give each plain task, oldest first, to the least busy open worker: one with a
     free thread, or for short work one whose queue has room for it. Stops at the
     first task no worker can take now (the rest are no older)."""
-    heap = state.ready.get(())
+    heap = state.ready.get(PLAIN)
     if not heap:
         return
     workers = state.workers
@@ -451,7 +451,7 @@ def _place_plain_tasks(state: SchedulerCore) -> None:
         state.assign(task, worker)
         heapreplace(loads, (*_load(state, worker), entry[3], entry[4]))
     if not heap:
-        del state.ready[()]
+        del state.ready[PLAIN]
 
 
 def _has_room(

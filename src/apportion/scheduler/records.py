@@ -12,26 +12,13 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from apportion.core.allocation import Allocation
+from apportion.core.demand import Demand
 from apportion.core.ledger import Ledger
 from apportion.core.payload import Pickled
 from apportion.core.resources import Amounts, Units
 
 #: Shared by every plain task, so 100,000 of them do not hold 100,000 empty dicts.
 NO_RESOURCES: Amounts = {}
-
-Signature = tuple[tuple[str, int], ...]
-"""A demand as a sorted tuple: tasks with equal signatures fit in the same places."""
-
-
-@dataclass(frozen=True, slots=True)
-class Alternatives:
-    """Queue key of tasks that give alternative demands: their signatures, in order.
-
-    Tasks with the same alternatives fit in the same places, like tasks with equal
-    signatures, so they share a queue and the placement pass can skip them together.
-    """
-
-    options: tuple[Signature, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,25 +44,25 @@ class Restriction:
 
 @dataclass(frozen=True, slots=True)
 class Restricted:
-    """Queue key of tasks restricted to some workers: their demand's key and where.
+    """Queue key of tasks restricted to some workers: their demand and where.
 
     The restriction is part of the key so that restricted tasks queue apart: tasks
     with equal keys fit in the same places, and a restricted task that waits for its
     worker never holds up unrestricted tasks with the same demand.
     """
 
-    demand: Signature | Alternatives
+    demand: Demand
     restriction: Restriction
 
 
-QueueKey = Signature | Alternatives | Restricted
+QueueKey = Demand | Restricted
+"""A queue of ready tasks: their ``Demand`` (tasks with equal demands fit in the same
+places, so the placement pass can skip them together), or it and where they may run."""
 
 
-def options_of(key: QueueKey) -> tuple[Signature, ...]:
-    """The demands a queue's tasks may run with, in order of preference."""
-    if isinstance(key, Restricted):
-        key = key.demand
-    return key.options if isinstance(key, Alternatives) else (key,)
+def demand_of(key: QueueKey) -> Demand:
+    """What a queue's tasks ask for."""
+    return key.demand if isinstance(key, Restricted) else key
 
 
 def restriction_of(key: QueueKey) -> Restriction | None:
@@ -85,7 +72,7 @@ def restriction_of(key: QueueKey) -> Restriction | None:
 
 def needs_resources(key: QueueKey) -> bool:
     """A queue's tasks ask for resources (in some alternative), not just a thread."""
-    return any(options_of(key))
+    return demand_of(key).asks
 
 
 def worker_aliases(name: str, address: str) -> frozenset[str]:
@@ -234,6 +221,8 @@ class TaskRecord:
         "allocation",
         "args",
         "cancelled",
+        "choice",
+        "demand",
         "dependents",
         "deps",
         "discard_result",
@@ -245,15 +234,13 @@ class TaskRecord:
         "missing_deps",
         "nbytes",
         "priority",
+        "queue",
         "replicas",
         "reserved_on",
-        "resources",
         "restriction",
         "retries",
         "seq",
-        "signature",
         "state",
-        "variants",
         "wanted_by",
         "worker",
     )
@@ -264,11 +251,10 @@ class TaskRecord:
         func_id: str,
         args: Pickled,
         deps: tuple[str, ...],
-        resources: Amounts,
+        demand: Demand,
         priority: int,
         retries: int,
         seq: int,
-        variants: tuple[Amounts, ...] | None = None,
         restriction: Restriction | None = None,
     ) -> None:
         self.key = key
@@ -284,22 +270,16 @@ class TaskRecord:
         self.lineage = 0
         #: Dependencies not in memory; the task is QUEUED exactly when this is 0.
         self.missing_deps = 0
-        #: The demand it runs (or last ran, or reserved) with: with alternatives, the
-        #: one placement chose; its resources are taken and given back by this.
-        self.resources = resources
-        #: Alternative demands in order of preference, or None for a single demand.
-        self.variants = variants
+        #: What it asks for, as the client sent it; never changes.
+        self.demand = demand
+        #: Which of its alternatives it runs (or last ran, or reserved) with: placement
+        #: chooses, the allocation carries it to the worker; its resources are taken
+        #: and given back by ``resources``.
+        self.choice = 0
         #: Where it may run (None: anywhere); a hard one is checked by the invariants.
         self.restriction = restriction
-        demand: Signature | Alternatives = (
-            Alternatives(tuple(tuple(sorted(v.items())) for v in variants))
-            if variants
-            else tuple(sorted(resources.items()))
-        )
         #: Its queue: tasks with equal keys fit in the same places.
-        self.signature: QueueKey = (
-            demand if restriction is None else Restricted(demand, restriction)
-        )
+        self.queue: QueueKey = demand if restriction is None else Restricted(demand, restriction)
         self.priority = priority
         self.retries = retries
         #: Submission order; with priority, the start order among ready tasks.
@@ -330,6 +310,11 @@ class TaskRecord:
         self.allocation: Allocation | None = None
         #: Its result is an actor: an object living on ``worker`` that takes calls.
         self.actor = False
+
+    @property
+    def resources(self) -> Amounts:
+        """The alternative it runs (or last ran, or reserved) with, in ticks."""
+        return self.demand.alternatives[self.choice]
 
     def needed(self) -> bool:
         """A client wants it or an unfinished dependent needs its result."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from apportion.core.demand import PLAIN
 from apportion.core.payload import Pickled
 from apportion.protocol.peer_data import DIRECT_PUT, DataReply, DataStored
 from apportion.protocol.tasks import (
@@ -40,7 +41,6 @@ from apportion.scheduler.events import (
 from apportion.scheduler.holders import holders, holds
 from apportion.scheduler.records import (
     MEMORY,
-    NO_RESOURCES,
     ClientRecord,
     TaskRecord,
     WorkerRecord,
@@ -231,7 +231,7 @@ def _adopt(
         if client is not None:
             want(state, client, key)
         return
-    task = TaskRecord(key, "", b"", (), NO_RESOURCES, 0, 0, state.next_seq())
+    task = TaskRecord(key, "", b"", (), PLAIN, 0, 0, state.next_seq())
     state.tasks[key] = task
     if client is not None:
         task.wanted_by = {client.id}

@@ -132,11 +132,11 @@ def _forget_tasks(state: SchedulerCore, kept: set[str]) -> None:
     state.function_users.update(users)
     for func_id in [f for f in state.functions if f not in users]:
         del state.functions[func_id]
-    for signature, heap in list(state.ready.items()):
+    for kind, heap in list(state.ready.items()):
         heap[:] = [entry for entry in heap if entry[2] in kept]
         heapify(heap)
         if not heap:
-            del state.ready[signature]
+            del state.ready[kind]
     for book in (state.verdicts, state.deaths, state.retried, state.fetch_failures):
         for key in [k for k in book if k not in kept]:
             del book[key]

@@ -22,9 +22,9 @@ from typing import Any
 
 from apportion.protocol.base import Message
 from apportion.protocol.cluster import (
+    BacklogRequest,
     CheckDemands,
     ClusterFactsRequest,
-    DemandRequest,
     DumpRequest,
     InfoRequest,
     LogsRequest,
@@ -219,7 +219,7 @@ CLIENT_HANDLERS: dict[type[Message], Callable[[SchedulerCore, ClientRecord, Any]
     WhoHasRequest: relay.who_has,
     WhyRequest: client_requests.why,
     InfoRequest: client_requests.info,
-    DemandRequest: client_requests.waiting_demand,
+    BacklogRequest: client_requests.waiting_work,
     CheckDemands: client_requests.check_demands,
     StatusRequest: client_requests.cluster_status,
     StoryRequest: client_requests.story,

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from apportion.core.resources import SCALE, describe_resources, is_byte_pool
+from apportion.core.resources import SCALE, describe_resources, from_ticks, is_byte_pool
 from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.explain import why_queued
 from apportion.scheduler.records import (
@@ -30,7 +30,7 @@ from apportion.scheduler.records import (
     QueueKey,
     TaskRecord,
     WorkerRecord,
-    options_of,
+    demand_of,
     restriction_of,
 )
 from apportion.scheduler.unsatisfiable import satisfiable
@@ -242,46 +242,44 @@ def _groups(live: dict[str, GroupTally], finished: dict[str, GroupTally]) -> lis
 def _pending(state: SchedulerCore) -> list[dict[str, Any]]:
     """Each kind of request with tasks QUEUED: how many, the oldest, and why it waits."""
     kinds = []
-    for signature, count in state.telemetry.queued_kinds.items():
-        oldest = _oldest(state, signature)
+    for key, count in state.telemetry.queued_kinds.items():
+        oldest = _oldest(state, key)
         if oldest is not None:
-            kinds.append((oldest.order(), signature, count, oldest))
+            kinds.append((oldest.order(), key, count, oldest))
     kinds.sort(key=lambda kind: kind[0])
     out = []
-    for _, signature, count, oldest in kinds[:MAX_KINDS]:
-        options = [
-            {name: ticks / SCALE for name, ticks in option} for option in options_of(signature)
-        ]
-        restriction = restriction_of(signature)
+    for _, key, count, oldest in kinds[:MAX_KINDS]:
+        alternatives = demand_of(key).alternatives
+        options = [from_ticks(amounts) for amounts in alternatives]
+        restriction = restriction_of(key)
         out.append(
             {
                 "request": " or ".join(
-                    describe_resources(dict(option)) or "a thread"
-                    for option in options_of(signature)
+                    describe_resources(amounts) or "a thread" for amounts in alternatives
                 ),
                 "options": options,
                 "workers": sorted(restriction.workers) if restriction is not None else None,
                 "count": count,
                 "oldest": oldest.key,
                 "why": why_queued(state, oldest),
-                "unsatisfiable": bool(state.workers) and not satisfiable(state, signature),
+                "unsatisfiable": bool(state.workers) and not satisfiable(state, key),
             }
         )
     return out
 
 
-def _oldest(state: SchedulerCore, signature: QueueKey) -> TaskRecord | None:
+def _oldest(state: SchedulerCore, kind: QueueKey) -> TaskRecord | None:
     """The first task of a kind to start: the head of its heap, unless that is stale.
 
     A stale head (the task left QUEUED since) is rare, as placement pops those it
     meets; then the heap is searched. A QUEUED task in no heap (held while its
     worker's death is explained) is found in neither: None.
     """
-    heap = state.ready.get(signature, ())
+    heap = state.ready.get(kind, ())
     tasks = state.tasks
     if heap:
         task = tasks.get(heap[0][2])
-        if task is not None and task.state == QUEUED and task.signature == signature:
+        if task is not None and task.state == QUEUED and task.queue == kind:
             return task
     best: TaskRecord | None = None
     for _, _, key in heap:

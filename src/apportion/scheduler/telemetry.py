@@ -110,7 +110,7 @@ class Telemetry:
         if tally is None:
             tally = task.group = self.tally(task.key)
         if old == QUEUED or new == QUEUED:
-            self._queued(task.signature, old, new)
+            self._queued(task.queue, old, new)
         if old == NEW:
             tally.live += 1
         else:

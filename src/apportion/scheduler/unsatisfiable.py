@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from apportion.core.demand import Demand
 from apportion.core.ledger import Ledger, splittable
 from apportion.core.resource_names import did_you_mean, misspelt, suggestions
 from apportion.core.resources import Amounts, describe_amount, describe_resources
@@ -28,24 +29,24 @@ from apportion.scheduler.records import (
     Restriction,
     TaskRecord,
     WorkerRecord,
-    options_of,
+    demand_of,
     restriction_of,
 )
 
 
-def satisfiable(state: SchedulerCore, signature: QueueKey) -> bool:
+def satisfiable(state: SchedulerCore, key: QueueKey) -> bool:
     """Some connected worker's declared supply could hold this request, and (for a
     hard restriction) that worker is one the task may run on."""
-    known = state.satisfiable_cache.get(signature)
+    known = state.satisfiable_cache.get(key)
     if known is None:
-        restriction = restriction_of(signature)
+        restriction = restriction_of(key)
         known = any(
-            w.ledger.could_hold(dict(option))
+            w.ledger.could_hold(amounts)
             and (restriction is None or restriction.loose or restriction.allows(w))
-            for option in options_of(signature)
+            for amounts in demand_of(key).alternatives
             for w in state.workers.values()
         )
-        state.satisfiable_cache[signature] = known
+        state.satisfiable_cache[key] = known
     return known
 
 
@@ -54,7 +55,7 @@ def check_satisfiable(
 ) -> tuple[str, bytes | str, bytes] | None:
     """At submission: the failure to give ``task`` if it names a misspelt resource, or
     (on a cluster that cannot grow) if no connected worker could ever hold it."""
-    if not state.workers or satisfiable(state, task.signature):
+    if not state.workers or satisfiable(state, task.queue):
         return None
     slips = misnamed(state, task)
     if slips:
@@ -64,9 +65,9 @@ def check_satisfiable(
     return ("unsatisfiable", unsatisfiable_text(task, state.workers.values()), b"")
 
 
-def fail_or_warn(state: SchedulerCore, signature: QueueKey, heap: list[Any]) -> None:
+def fail_or_warn(state: SchedulerCore, kind: QueueKey, heap: list[Any]) -> None:
     """Placement found ready tasks that no connected worker can ever hold."""
-    if satisfiable(state, signature):
+    if satisfiable(state, kind):
         return  # only workers that are closing could: wait for others, say nothing yet
     tasks = [state.tasks[key] for _, _, key in heap if key in state.tasks]
     tasks = [t for t in tasks if t.state == QUEUED]
@@ -107,13 +108,13 @@ def pinned_by_inputs(
                 held.setdefault(record.worker, []).append(record)
     if not held:
         return ""
-    for option, pool in zip(options_of(task.signature), pools, strict=True):
+    for amounts, pool in zip(task.demand.alternatives, pools, strict=True):
         for worker in pool:
             idle = Ledger(worker.ledger.total, {n: list(u) for n, u in worker.ledger.units.items()})
             for actor in held.get(worker.id, ()):
                 assert actor.allocation is not None
                 idle.take_exactly(actor.allocation.resources, actor.allocation.units)
-            if idle.can_take(dict(option), None):
+            if idle.can_take(amounts, None):
                 return ""  # it fits there once everything but its inputs ends
     return ", ".join(repr(a.key) for actors in held.values() for a in actors)
 
@@ -154,19 +155,17 @@ def misnamed(state: SchedulerCore, task: TaskRecord) -> dict[str, str]:
     """The names ``task`` asks for (in any of its alternatives) that no connected
     worker offers but are slips of one that some worker does: each with its
     suggestion. Once per kind of request, as a sweep of 10,000 shares the answer."""
-    known = state.misnamed_cache.get(task.signature)
+    known = state.misnamed_cache.get(task.queue)
     if known is None:
-        asked = {name for option in task.variants or (task.resources,) for name in option}
-        known = state.misnamed_cache[task.signature] = misspelt(
-            asked, offered(state.workers.values())
-        )
+        asked = {name for amounts in task.demand.alternatives for name in amounts}
+        known = state.misnamed_cache[task.queue] = misspelt(asked, offered(state.workers.values()))
     return known
 
 
 def misnamed_text(task: TaskRecord, slips: dict[str, str], workers: Iterable[WorkerRecord]) -> str:
     """Why ``task`` fails at submission: the names no worker offers, the suggestion,
     and what is offered."""
-    asks = "; ".join(describe_resources(v) or "nothing" for v in task.variants or (task.resources,))
+    asks = "; ".join(describe_resources(v) or "nothing" for v in task.demand.alternatives)
     return f"task {task.key!r} asks for {asks}, but {misnamed_detail(slips, workers)}"
 
 
@@ -188,7 +187,7 @@ def check_demand(state: SchedulerCore, demand: Amounts) -> tuple[str, str]:
     though one that can may join later)."""
     if not state.workers:
         return "no workers", "no worker is connected yet: it waits for one"
-    if satisfiable(state, tuple(sorted(demand.items()))):
+    if satisfiable(state, Demand((demand,))):
         return "", ""
     workers = list(state.workers.values())
     slips = misspelt(demand, offered(workers))
@@ -217,12 +216,12 @@ def _offer_text(workers: Iterable[WorkerRecord]) -> str:
 
 def warn_unsatisfiable(state: SchedulerCore, task: TaskRecord, text: str) -> None:
     """Log it once per kind of request, and tell each client waiting for one once."""
-    if task.signature not in state.warned:
-        state.warned.add(task.signature)
+    if task.queue not in state.warned:
+        state.warned.add(task.queue)
         state.warn(text)
     for client_id in task.wanted_by or ():
-        if (client_id, task.signature) not in state.notified:
-            state.notified.add((client_id, task.signature))
+        if (client_id, task.queue) not in state.notified:
+            state.notified.add((client_id, task.queue))
             state.emit(SendNotice(client_id, "warning", text))
 
 
@@ -232,16 +231,17 @@ def unsatisfiable_text(task: TaskRecord, workers: Any) -> str:
     restriction = task.restriction
     if restriction is not None and not restriction.loose:
         return _restricted_text(task, restriction, workers)
-    if not task.variants:
+    alternatives = task.demand.alternatives
+    if len(alternatives) == 1:
         return (
-            f"task {task.key!r} needs {describe_resources(task.resources)}, which no connected "
-            f"worker can ever provide: {_shortfall(task.resources, workers)}"
+            f"task {task.key!r} needs {describe_resources(alternatives[0])}, which no "
+            f"connected worker can ever provide: {_shortfall(alternatives[0], workers)}"
         )
     options = "; ".join(
-        f"{describe_resources(v) or 'nothing'} ({_shortfall(v, workers)})" for v in task.variants
+        f"{describe_resources(v) or 'nothing'} ({_shortfall(v, workers)})" for v in alternatives
     )
     return (
-        f"task {task.key!r} gives {len(task.variants)} alternatives and no connected worker "
+        f"task {task.key!r} gives {len(alternatives)} alternatives and no connected worker "
         f"can ever provide any of them: {options}"
     )
 
@@ -258,9 +258,9 @@ def _restricted_text(task: TaskRecord, restriction: Restriction, workers: list[A
             "pass allow_other_workers=True to let others run it"
         )
     names = ", ".join(sorted(w.name for w in allowed))
-    options = task.variants or (task.resources,)
     shortfalls = "; ".join(
-        f"{describe_resources(v) or 'nothing'} ({_shortfall(v, allowed)})" for v in options
+        f"{describe_resources(v) or 'nothing'} ({_shortfall(v, allowed)})"
+        for v in task.demand.alternatives
     )
     return f"{where} ({names}), and none of them can ever provide what it needs: {shortfalls}"
 

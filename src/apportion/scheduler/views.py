@@ -25,7 +25,7 @@ def dump(state: SchedulerCore, log_rows: int = 10_000) -> dict[str, Any]:
             "deps": list(t.deps),
             "dependents": sorted(t.dependents),
             "resources": from_ticks(t.resources),
-            "alternatives": [from_ticks(v) for v in t.variants or ()],
+            "alternatives": [from_ticks(v) for v in t.demand.wire()[1]],
             "workers": sorted(t.restriction.workers) if t.restriction else None,
             "units": (t.allocation.units or None) if t.allocation else None,
             "priority": t.priority,

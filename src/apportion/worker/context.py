@@ -171,7 +171,7 @@ def task_variant() -> int:
     ``submit(f, resources=[{"gpu": 1, "cpus": 1}, {"cpus": 8}])``: inside ``f``, 1 means
     it runs on 8 CPUs instead of a GPU. A task that gave one demand always sees 0.
     """
-    return _current("task_variant").allocation.variant
+    return _current("task_variant").allocation.alternative
 
 
 def task_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:

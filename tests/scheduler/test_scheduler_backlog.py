@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from apportion.core.resources import SCALE
 from apportion.protocol.tasks import Notice
-from apportion.scheduler.demand import demand
+from apportion.scheduler.backlog import backlog
 from apportion.scheduler.state import SchedulerConfig
 from apportion.testing import RecordingCluster
 
@@ -20,7 +20,7 @@ def test_waiting_work_is_counted_once_per_kind_of_request() -> None:
         sim.submit(f"gpu-{i}", resources="gpu=1")
     sim.submit("half", resources={"gpu": 0.5, "cpus": 1})
     sim.place()
-    queued, workers = demand(sim.state)
+    queued, workers = backlog(sim.state)
     by_options = {tuple(tuple(sorted(o.items())) for o in q["options"]): q for q in queued}
     assert by_options[((),)]["count"] == 2  # one of the three plain tasks runs
     assert by_options[((("gpu", SCALE),),)]["count"] == 2
@@ -31,5 +31,5 @@ def test_waiting_work_is_counted_once_per_kind_of_request() -> None:
     ]
     sim.finish(sim.all_running().pop())
     sim.place()
-    queued, workers = demand(sim.state)
+    queued, workers = backlog(sim.state)
     assert {q["count"] for q in queued if q["options"] == [{}]} == {1}

@@ -1,10 +1,11 @@
-"""What the waiting work asks for, by kind of request: what a cluster that can grow
-(``apportion.deploy``) reads to decide which workers to add, and when one is idle.
+"""The backlog: the work still waiting after a placement pass, by kind of request;
+what a cluster that can grow (``apportion.deploy``) reads to decide which workers to
+add, and when one is idle.
 
 Read-only over the core's records, like ``views``. Everything still QUEUED after a
 placement pass is work that cannot start now: either no worker has room for it, or
 no worker could ever hold it. Each kind of request is counted once, with the
-demands it may run with, so a sweep of 10,000 GPU tasks is one line.
+alternatives of its ``Demand``, so a sweep of 10,000 GPU tasks is one line.
 """
 
 from __future__ import annotations
@@ -12,30 +13,30 @@ from __future__ import annotations
 from typing import Any
 
 from apportion.scheduler.core import SchedulerCore
-from apportion.scheduler.records import QUEUED, options_of, restriction_of
+from apportion.scheduler.records import QUEUED, demand_of, restriction_of
 
 
-def demand(state: SchedulerCore) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def backlog(state: SchedulerCore) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The kinds of waiting work and the workers, as plain data (ticks, not floats).
 
-    Waiting work: ``options`` (each a ``{pool: ticks}`` demand, in order of
-    preference; ``[{}]`` for tasks that need only a thread), ``count`` and
+    Waiting work: ``options`` (the alternatives of its demand, each ``{pool: ticks}``,
+    in order of preference; ``[{}]`` for tasks that need only a thread), ``count`` and
     ``restricted`` (tasks bound to named workers, which no new worker can help).
     Workers: ``name``, ``address``, ``running`` (tasks and runs it holds) and
-    ``leaving`` (draining).
+    ``leaving`` (draining). The keys are the wire's (``protocol.cluster``): unchanged.
     """
     queued = []
-    for signature, heap in state.ready.items():
+    for kind, heap in state.ready.items():
         # A heap may hold a key twice (requeued before its old entry was popped).
         count = len(
             {key for _, _, key in heap if (task := state.tasks.get(key)) and task.state == QUEUED}
         )
         if not count:
             continue
-        restriction = restriction_of(signature)
+        restriction = restriction_of(kind)
         queued.append(
             {
-                "options": [dict(option) for option in options_of(signature)],
+                "options": [dict(amounts) for amounts in demand_of(kind).alternatives],
                 "count": count,
                 "restricted": restriction is not None and not restriction.loose,
             }
