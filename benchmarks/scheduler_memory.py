@@ -67,6 +67,7 @@ def state_machine_reading(n_tasks: int, traced: bool) -> dict[str, Any]:
     from apportion.core import payload
     from apportion.protocol.codec import decode_body, encode_frame
     from apportion.protocol.tasks import SubmitTasks, TaskSpec
+    from apportion.scheduler.dispatch import handle
     from apportion.scheduler.events import ClientJoined, FromClient, PlacementDue
     from apportion.scheduler.records import QUEUED
     from apportion.scheduler.state import SchedulerState
@@ -74,7 +75,7 @@ def state_machine_reading(n_tasks: int, traced: bool) -> dict[str, Any]:
     if traced:
         tracemalloc.start()
     state = SchedulerState()
-    state.handle(ClientJoined("client-1", 0.0))
+    handle(state, ClientJoined("client-1", 0.0))
     blob = payload.dumps_function(tasks.inc)
     func_id = payload.function_id(blob)
     before = _reading(traced)
@@ -89,8 +90,8 @@ def state_machine_reading(n_tasks: int, traced: bool) -> dict[str, Any]:
         messages = decode_body(frame[4:])
         del frame
         now = first / n_tasks
-        state.handle(FromClient("client-1", messages, now))
-        state.handle(PlacementDue(now))
+        handle(state, FromClient("client-1", messages, now))
+        handle(state, PlacementDue(now))
         del messages
     after = _reading(traced)
     queued = sum(1 for t in state.tasks.values() if t.state == QUEUED)

@@ -34,6 +34,7 @@ from apportion.core.resources import parse_demand, parse_resources
 from apportion.protocol.base import Message
 from apportion.protocol.tasks import SubmitTasks, TaskSpec
 from apportion.protocol.worker import RegisterWorker, TaskFinished
+from apportion.scheduler.dispatch import handle
 from apportion.scheduler.events import (
     ClientJoined,
     Event,
@@ -76,7 +77,7 @@ class Driver:
 
     def handle(self, event: Event, events: int, kind: str) -> None:
         start = time.perf_counter()
-        commands = self.state.handle(event)
+        commands = handle(self.state, event)
         self.counters.handle_seconds += time.perf_counter() - start
         c = self.counters
         c.calls += 1

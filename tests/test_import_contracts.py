@@ -133,11 +133,11 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[frozenset[str]]:
 
 
 def test_the_graph_sees_the_layers() -> None:
-    assert "apportion.scheduler.core" in OWN["apportion.scheduler.state"]
-    assert "apportion.scheduler.core" in OWN["apportion.scheduler.membership"]
+    assert "apportion.scheduler.state" in OWN["apportion.scheduler.dispatch"]
+    assert "apportion.scheduler.state" in OWN["apportion.scheduler.membership"]
     assert (
-        not {"apportion.scheduler.state", "apportion.scheduler.membership"}
-        & OWN["apportion.scheduler.core"]
+        not {"apportion.scheduler.dispatch", "apportion.scheduler.membership"}
+        & OWN["apportion.scheduler.state"]
     )
 
 
@@ -182,8 +182,8 @@ def test_the_engine_never_imports_the_job_queue() -> None:
 def test_the_pure_modules_are_the_expected_ones() -> None:
     pure = {name for name in OWN if PURE.match(name)}
     assert {
+        "apportion.scheduler.dispatch",
         "apportion.scheduler.state",
-        "apportion.scheduler.core",
         "apportion.core.ledger",
     } <= pure
     assert "apportion.scheduler.service" not in pure

@@ -20,7 +20,7 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 
 
 def module_name(path: Path, root: Path = SRC) -> str:
-    """``src/apportion/scheduler/core.py`` -> ``apportion.scheduler.core``."""
+    """``src/apportion/scheduler/state.py`` -> ``apportion.scheduler.state``."""
     parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
@@ -82,7 +82,7 @@ def internal(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 
 
 def package_of(name: str) -> str:
-    """``apportion.scheduler.core`` -> ``apportion.scheduler``."""
+    """``apportion.scheduler.state`` -> ``apportion.scheduler``."""
     parts = name.split(".")
     return ".".join(parts[:2]) if len(parts) > 2 else name
 

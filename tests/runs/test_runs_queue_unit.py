@@ -21,6 +21,7 @@ from apportion.runs.journal import COMPLETED, QUEUED, RUNNING, Journal
 from apportion.runs.messages import RunEnded, RunOutput, RunsSubmitted, RunStarted, SubmitRuns
 from apportion.runs.queue import QueueOptions, RunQueue, waiting_text
 from apportion.runs.spec import new_spec
+from apportion.scheduler.dispatch import handle
 from apportion.scheduler.events import (
     ClientJoined,
     Event,
@@ -51,7 +52,7 @@ class FakeHost:
         self.journals: list[Journal] = []
 
     def handle(self, event: Event) -> None:
-        for command in self.state.handle(event):
+        for command in handle(self.state, event):
             if not isinstance(command, ServiceEffect):
                 peer_id, message = to_wire(command)
                 if peer_id == RUNS_CLIENT and self.queue is not None:

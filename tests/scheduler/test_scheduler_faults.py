@@ -10,6 +10,7 @@ import pytest
 from apportion.protocol.base import Message
 from apportion.protocol.tasks import KeysFailed, Notice, TaskErred
 from apportion.protocol.worker import Heartbeat, TaskFinished, WorkerClosing
+from apportion.scheduler import views
 from apportion.scheduler.events import FromWorker, Tick
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import ERRED, MEMORY, QUEUED
@@ -102,7 +103,7 @@ def test_the_dump_is_plain_json_with_every_task_and_worker(sim: SimulatedCluster
     sim.submit("a", resources={"gpu": 1})
     sim.submit("b", deps=["a"])
     sim.place()
-    state = json.loads(json.dumps(sim.state.dump()))
+    state = json.loads(json.dumps(views.dump(sim.state)))
     assert state["task_states"]["a"]["units"] == {"gpu": ["0"]}
     assert state["task_states"]["b"]["state"] == "waiting"
     assert state["workers"]["sim://" + w]["name"] == "gpus"

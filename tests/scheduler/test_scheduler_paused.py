@@ -10,6 +10,7 @@ import pytest
 
 from apportion.protocol.cluster import WhyReply, WhyRequest
 from apportion.protocol.worker import Heartbeat, WorkerClosing
+from apportion.scheduler import views
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import QUEUED
 from apportion.scheduler.state import SchedulerConfig
@@ -76,12 +77,12 @@ def test_every_worker_paused_is_said_so(sim: RecordingCluster) -> None:
 
 def test_the_snapshot_shows_paused_and_spilled(sim: RecordingCluster) -> None:
     w = sim.add_worker("w")
-    (info,) = sim.state.snapshot()["workers"].values()
+    (info,) = views.snapshot(sim.state)["workers"].values()
     assert info["status"] == "running" and info["spilled_bytes"] == 0
     pause(sim, w, spilled=12345)
-    (info,) = sim.state.snapshot()["workers"].values()
+    (info,) = views.snapshot(sim.state)["workers"].values()
     assert info["status"] == "paused" and info["spilled_bytes"] == 12345
     assert info["memory"] == 900
     sim.worker_says(w, WorkerClosing("closed"))
-    (info,) = sim.state.snapshot()["workers"].values()
+    (info,) = views.snapshot(sim.state)["workers"].values()
     assert info["status"] == "closing"

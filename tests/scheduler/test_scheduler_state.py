@@ -52,7 +52,7 @@ from apportion.protocol.worker import (
     TasksDropped,
     WorkerClosing,
 )
-from apportion.scheduler.core import PREFETCH_FROM
+from apportion.scheduler import views
 from apportion.scheduler.events import FromWorker, PipeEnded
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import (
@@ -65,7 +65,7 @@ from apportion.scheduler.records import (
     WAITING,
 )
 from apportion.scheduler.relay import PIPE_FROM
-from apportion.scheduler.state import SchedulerConfig
+from apportion.scheduler.state import PREFETCH_FROM, SchedulerConfig
 from apportion.scheduler.unsatisfiable import check_demand
 from apportion.testing import Interval, RecordingCluster, UnexpectedMessages
 
@@ -1145,7 +1145,7 @@ def test_snapshot_shape(sim: RecordingCluster) -> None:
     sim.submit("a", resources="GPU=1.5")
     sim.submit("b")
     sim.place()
-    snap = sim.state.snapshot()
+    snap = views.snapshot(sim.state)
     assert snap["type"] == "Scheduler"
     assert snap["clients"] == 1
     assert snap["tasks"] == {PROCESSING: 2}

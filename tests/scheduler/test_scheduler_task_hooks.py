@@ -21,6 +21,7 @@ from apportion.protocol.services import (
 from apportion.protocol.tasks import SubmitTasks, TaskSpec
 from apportion.protocol.worker import FreeKeys, RegisterWorker
 from apportion.runs.messages import QueryRuns, RunsSubmitted, SubmitRuns
+from apportion.scheduler.dispatch import handle
 from apportion.scheduler.events import (
     ClientJoined,
     ClientLeft,
@@ -46,7 +47,7 @@ class Cluster:
         self.sent: list[tuple[str, Message]] = []
 
     def handle(self, event: Event) -> list[Command]:
-        out = self.state.handle(event)
+        out = handle(self.state, event)
         self.sent += [to_wire(c) for c in out if not isinstance(c, ServiceEffect)]
         return out
 

@@ -72,6 +72,7 @@ from apportion.protocol.worker import (
     TasksDropped,
     TaskSeceded,
 )
+from apportion.scheduler.dispatch import handle
 from apportion.scheduler.events import (
     ClientJoined,
     Command,
@@ -210,9 +211,9 @@ class StealingMachine(RuleBasedStateMachine):
     def _scheduler(self, event: Event) -> None:
         """One event into the scheduler; a placement pass follows when one is due, as
         the service runs one after the loop turn that made it due."""
-        self._route(self.state.handle(event))
+        self._route(handle(self.state, event))
         if self.state.placement_due:
-            self._route(self.state.handle(PlacementDue(self.now)))
+            self._route(handle(self.state, PlacementDue(self.now)))
 
     def _route(self, commands: list[Command]) -> None:
         for command in commands:

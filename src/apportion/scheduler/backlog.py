@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.records import QUEUED, demand_of, restriction_of
+from apportion.scheduler.state import SchedulerState
 
 
-def backlog(state: SchedulerCore) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def backlog(state: SchedulerState) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The kinds of waiting work and the workers, as plain data (ticks, not floats).
 
     Waiting work: ``options`` (the alternatives of its demand, each ``{pool: ticks}``,

@@ -41,14 +41,14 @@ from apportion.scheduler.coordination_book import (
     VariableRecord,
     Waiter,
 )
-from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.events import SendTopicMessage
 from apportion.scheduler.records import ClientRecord
+from apportion.scheduler.state import SchedulerState
 
 _VALUE_OPS = {"variable": ("set", "get", "delete"), "queue": ("put", "get", "size")}
 
 
-def value_request(state: SchedulerCore, client: ClientRecord, msg: ValueRequest) -> None:
+def value_request(state: SchedulerState, client: ClientRecord, msg: ValueRequest) -> None:
     error = _refusal(state, msg)
     if error:
         _answer(state, client.id, msg.request_id, error=error)
@@ -58,7 +58,7 @@ def value_request(state: SchedulerCore, client: ClientRecord, msg: ValueRequest)
         _QUEUE_OPS[msg.op](state, client, msg)
 
 
-def _refusal(state: SchedulerCore, msg: ValueRequest) -> str:
+def _refusal(state: SchedulerState, msg: ValueRequest) -> str:
     ops = _VALUE_OPS.get(msg.kind)
     if ops is None:
         return f"unknown kind {msg.kind!r} (expected variable or queue)"
@@ -78,7 +78,7 @@ def _refusal(state: SchedulerCore, msg: ValueRequest) -> str:
 
 
 def _answer(
-    state: SchedulerCore,
+    state: SchedulerState,
     client_id: str,
     request_id: int,
     items: list[Pickled] | None = None,
@@ -91,11 +91,11 @@ def _answer(
     state.reply(client_id, reply)
 
 
-def _deadline(state: SchedulerCore, timeout: float) -> float:
+def _deadline(state: SchedulerState, timeout: float) -> float:
     return state.now + timeout if timeout >= 0 else math.inf
 
 
-def _owner(state: SchedulerCore, owner_id: str) -> ClientRecord:
+def _owner(state: SchedulerState, owner_id: str) -> ClientRecord:
     """The pseudo-client wanting a variable's or a queue's keys (made on first use)."""
     owner = state.clients.get(owner_id)
     if owner is None:
@@ -104,7 +104,7 @@ def _owner(state: SchedulerCore, owner_id: str) -> ClientRecord:
     return owner
 
 
-def drop_owner(state: SchedulerCore, owner_id: str) -> None:
+def drop_owner(state: SchedulerState, owner_id: str) -> None:
     """The pseudo-client holds nothing any more: it goes."""
     owner = state.clients.pop(owner_id, None)
     if owner is None:
@@ -116,7 +116,7 @@ def drop_owner(state: SchedulerCore, owner_id: str) -> None:
 
 
 def _hand_over(
-    state: SchedulerCore, waiter: Waiter, items: list[tuple[Pickled, list[str]]]
+    state: SchedulerState, waiter: Waiter, items: list[tuple[Pickled, list[str]]]
 ) -> None:
     """Answer a get with ``items``: its client wants their keys from now on."""
     keys = list(dict.fromkeys(key for _, item_keys in items for key in item_keys))
@@ -130,7 +130,7 @@ def _hand_over(
 # --- variables ------------------------------------------------------------------------
 
 
-def _set_variable(state: SchedulerCore, client: ClientRecord, msg: ValueRequest) -> None:
+def _set_variable(state: SchedulerState, client: ClientRecord, msg: ValueRequest) -> None:
     book = state.coordination
     owner_id = VARIABLE_OWNER + msg.name
     if msg.keys:
@@ -149,7 +149,7 @@ def _set_variable(state: SchedulerCore, client: ClientRecord, msg: ValueRequest)
         _hand_over(state, waiter, [(msg.items[0], list(msg.keys))])
 
 
-def _get_variable(state: SchedulerCore, client: ClientRecord, msg: ValueRequest) -> None:
+def _get_variable(state: SchedulerState, client: ClientRecord, msg: ValueRequest) -> None:
     book = state.coordination
     record = book.variables.get(msg.name)
     waiter = Waiter(client.id, msg.request_id, _deadline(state, msg.timeout))
@@ -162,7 +162,7 @@ def _get_variable(state: SchedulerCore, client: ClientRecord, msg: ValueRequest)
         book.due(waiter.deadline)
 
 
-def _delete_variable(state: SchedulerCore, client: ClientRecord, msg: ValueRequest) -> None:
+def _delete_variable(state: SchedulerState, client: ClientRecord, msg: ValueRequest) -> None:
     """Forget the value (a name never set is no error, as in Dask); gets wait on."""
     if state.coordination.variables.pop(msg.name, None) is not None:
         drop_owner(state, VARIABLE_OWNER + msg.name)
@@ -175,7 +175,7 @@ _VARIABLE_OPS = {"set": _set_variable, "get": _get_variable, "delete": _delete_v
 # --- queues ---------------------------------------------------------------------------
 
 
-def _queue(state: SchedulerCore, client: ClientRecord, msg: ValueRequest) -> QueueRecord | None:
+def _queue(state: SchedulerState, client: ClientRecord, msg: ValueRequest) -> QueueRecord | None:
     """The queue, made on first use with the asker's ``maxsize``; None (answered with
     the error) when the asker was made with another bound."""
     record = state.coordination.queues.get(msg.name)
@@ -191,7 +191,7 @@ def _queue(state: SchedulerCore, client: ClientRecord, msg: ValueRequest) -> Que
     return record
 
 
-def _put(state: SchedulerCore, client: ClientRecord, msg: ValueRequest) -> None:
+def _put(state: SchedulerState, client: ClientRecord, msg: ValueRequest) -> None:
     record = _queue(state, client, msg)
     if record is None:
         return
@@ -202,7 +202,7 @@ def _put(state: SchedulerCore, client: ClientRecord, msg: ValueRequest) -> None:
     _wait_in_line(state, msg, record.putters, putter)
 
 
-def _get(state: SchedulerCore, client: ClientRecord, msg: ValueRequest) -> None:
+def _get(state: SchedulerState, client: ClientRecord, msg: ValueRequest) -> None:
     record = _queue(state, client, msg)
     if record is None:
         return
@@ -222,7 +222,7 @@ InLine = TypeVar("InLine", QueuePutter, QueueGetter)
 
 
 def _wait_in_line(
-    state: SchedulerCore,
+    state: SchedulerState,
     msg: ValueRequest,
     line: deque[InLine],
     waiter: InLine,
@@ -239,7 +239,7 @@ def _wait_in_line(
         state.coordination.due(waiter.deadline)
 
 
-def _size(state: SchedulerCore, client: ClientRecord, msg: ValueRequest) -> None:
+def _size(state: SchedulerState, client: ClientRecord, msg: ValueRequest) -> None:
     record = state.coordination.queues.get(msg.name)
     _answer(state, client.id, msg.request_id, size=len(record.items) if record else 0)
 
@@ -247,7 +247,7 @@ def _size(state: SchedulerCore, client: ClientRecord, msg: ValueRequest) -> None
 _QUEUE_OPS = {"put": _put, "get": _get, "size": _size}
 
 
-def _hold_keys(state: SchedulerCore, name: str, record: QueueRecord, keys: list[str]) -> None:
+def _hold_keys(state: SchedulerState, name: str, record: QueueRecord, keys: list[str]) -> None:
     owner = _owner(state, QUEUE_OWNER + name) if keys else None
     for key in keys:
         record.key_counts[key] += 1
@@ -255,7 +255,7 @@ def _hold_keys(state: SchedulerCore, name: str, record: QueueRecord, keys: list[
             want(state, owner, key)
 
 
-def _let_go(state: SchedulerCore, name: str, record: QueueRecord, keys: list[str]) -> None:
+def _let_go(state: SchedulerState, name: str, record: QueueRecord, keys: list[str]) -> None:
     gone = []
     for key in keys:
         record.key_counts[key] -= 1
@@ -269,13 +269,13 @@ def _let_go(state: SchedulerCore, name: str, record: QueueRecord, keys: list[str
         drop_owner(state, QUEUE_OWNER + name)
 
 
-def _serve(state: SchedulerCore, name: str, record: QueueRecord, getter: QueueGetter) -> None:
+def _serve(state: SchedulerState, name: str, record: QueueRecord, getter: QueueGetter) -> None:
     taken = [record.items.popleft() for _ in range(getter.count)]
     _hand_over(state, getter, taken)  # the getter wants the keys before the queue lets go
     _let_go(state, name, record, [key for _, keys in taken for key in keys])
 
 
-def settle_queue(state: SchedulerCore, name: str) -> None:
+def settle_queue(state: SchedulerState, name: str) -> None:
     """Let waiting puts in while there is room and serve waiting gets while there are
     enough items, in order; drop the queue once empty with nobody waiting."""
     record = state.coordination.queues[name]
@@ -294,7 +294,7 @@ def settle_queue(state: SchedulerCore, name: str) -> None:
         del state.coordination.queues[name]
 
 
-def drop_waiters(state: SchedulerCore, name: str, waiters: list[Waiter], *, answer: bool) -> None:
+def drop_waiters(state: SchedulerState, name: str, waiters: list[Waiter], *, answer: bool) -> None:
     """These gets and puts stop waiting (answered "timed out" if ``answer``): a put's
     item never goes in, and those behind them may be served now."""
     record = state.coordination.queues[name]
@@ -312,7 +312,7 @@ def drop_waiters(state: SchedulerCore, name: str, waiters: list[Waiter], *, answ
 # --- events ---------------------------------------------------------------------------
 
 
-def event_request(state: SchedulerCore, client: ClientRecord, msg: EventRequest) -> None:
+def event_request(state: SchedulerState, client: ClientRecord, msg: EventRequest) -> None:
     book = state.coordination
     record = book.events.get(msg.name)
     if msg.op == "set":
@@ -343,11 +343,11 @@ def event_request(state: SchedulerCore, client: ClientRecord, msg: EventRequest)
         state.reply(client.id, CoordinationReply(msg.request_id, 0, 0, text))
 
 
-def _flag(state: SchedulerCore, client_id: str, request_id: int, is_set: bool) -> None:
+def _flag(state: SchedulerState, client_id: str, request_id: int, is_set: bool) -> None:
     state.reply(client_id, CoordinationReply(request_id, int(is_set), 0, ""))
 
 
-def tidy_event(state: SchedulerCore, name: str) -> None:
+def tidy_event(state: SchedulerState, name: str) -> None:
     """A clear event nobody waits for is the same as none: forget it."""
     record = state.coordination.events[name]
     if not record.is_set and not record.waiters:
@@ -357,12 +357,12 @@ def tidy_event(state: SchedulerCore, name: str) -> None:
 # --- topics ---------------------------------------------------------------------------
 
 
-def subscribe(state: SchedulerCore, client: ClientRecord, msg: Subscribe) -> None:
+def subscribe(state: SchedulerState, client: ClientRecord, msg: Subscribe) -> None:
     state.coordination.topics.setdefault(msg.name, Counter())[client.id] += 1
     state.reply(client.id, CoordinationReply(msg.request_id, 1, 0, ""))
 
 
-def unsubscribe(state: SchedulerCore, client: ClientRecord, msg: Unsubscribe) -> None:
+def unsubscribe(state: SchedulerState, client: ClientRecord, msg: Unsubscribe) -> None:
     subscribers = state.coordination.topics.get(msg.name)
     if subscribers is None or not subscribers[client.id]:
         return  # its subscription ended before it was made (a Sub dropped at once)
@@ -373,7 +373,7 @@ def unsubscribe(state: SchedulerCore, client: ClientRecord, msg: Unsubscribe) ->
             del state.coordination.topics[msg.name]
 
 
-def publish(state: SchedulerCore, client: ClientRecord, msg: Publish) -> None:
+def publish(state: SchedulerState, client: ClientRecord, msg: Publish) -> None:
     for client_id in state.coordination.topics.get(msg.name, ()):
         state.emit(SendTopicMessage(client_id, msg.name, msg.data))
 
@@ -381,7 +381,7 @@ def publish(state: SchedulerCore, client: ClientRecord, msg: Publish) -> None:
 # --- time and departures --------------------------------------------------------------
 
 
-def expire(state: SchedulerCore) -> float:
+def expire(state: SchedulerState) -> float:
     """Answer every get, put and wait past its deadline; return the next deadline."""
     book = state.coordination
     now = state.now
@@ -404,7 +404,7 @@ def expire(state: SchedulerCore) -> float:
     return min(_deadlines(state), default=math.inf)
 
 
-def _deadlines(state: SchedulerCore) -> list[float]:
+def _deadlines(state: SchedulerState) -> list[float]:
     book = state.coordination
     due = [w.deadline for waiters in book.variable_waiters.values() for w in waiters]
     for record in book.queues.values():
@@ -413,7 +413,7 @@ def _deadlines(state: SchedulerCore) -> list[float]:
     return due
 
 
-def client_left(state: SchedulerCore, client_id: str) -> None:
+def client_left(state: SchedulerState, client_id: str) -> None:
     """A client left: its gets, puts and waits stop waiting, its subscriptions end."""
     book = state.coordination
     for name, waiters in list(book.variable_waiters.items()):

@@ -1,6 +1,6 @@
 """Client requests: submitting tasks, wanting and releasing keys, cancelling, asking.
 
-Functions over ``SchedulerCore``; ``state.py`` dispatches each client message here.
+Functions over ``SchedulerState``; ``state.py`` dispatches each client message here.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from apportion.protocol.cluster import (
 from apportion.protocol.tasks import CancelKeys, ReleaseKeys, SubmitTasks, TaskSpec
 from apportion.scheduler import views
 from apportion.scheduler.backlog import backlog
-from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.events import SendKeysFailed, TaskError, failure_notice
 from apportion.scheduler.explain import explain
 from apportion.scheduler.records import (
@@ -42,6 +41,7 @@ from apportion.scheduler.records import (
     Restriction,
     TaskRecord,
 )
+from apportion.scheduler.state import SchedulerState
 from apportion.scheduler.status import status
 from apportion.scheduler.telemetry import STREAM_SIZE
 from apportion.scheduler.unsatisfiable import (
@@ -56,7 +56,7 @@ from apportion.scheduler.unsatisfiable import (
 WHY_ALL_LIMIT = 100
 
 
-def submit(state: SchedulerCore, client: ClientRecord, msg: SubmitTasks) -> None:
+def submit(state: SchedulerState, client: ClientRecord, msg: SubmitTasks) -> None:
     # Records, links and wants first, states second: a task that fails at
     # submission must already know who wants it and which dependents fail with
     # it, or it would be forgotten unseen and reported only as "unknown".
@@ -106,7 +106,7 @@ def _was_cancelled(task: TaskRecord) -> bool:
     )
 
 
-def _revive(state: SchedulerCore, task: TaskRecord) -> TaskRecord | None:
+def _revive(state: SchedulerState, task: TaskRecord) -> TaskRecord | None:
     """A cancelled key submitted again runs again, as a new task would.
 
     A finished cancellation is dropped so the submission creates a fresh record; one
@@ -121,7 +121,7 @@ def _revive(state: SchedulerCore, task: TaskRecord) -> TaskRecord | None:
     return task
 
 
-def _link_inputs(state: SchedulerCore, task: TaskRecord) -> None:
+def _link_inputs(state: SchedulerState, task: TaskRecord) -> None:
     for dep_key in task.deps:
         dep = state.tasks.get(dep_key)
         if dep is not None:
@@ -129,13 +129,13 @@ def _link_inputs(state: SchedulerCore, task: TaskRecord) -> None:
             dep.lineage += 1
 
 
-def _warn_if_unsatisfiable(state: SchedulerCore, task: TaskRecord) -> None:
+def _warn_if_unsatisfiable(state: SchedulerState, task: TaskRecord) -> None:
     if not satisfiable(state, task.queue):
         warn_unsatisfiable(state, task, unsatisfiable_text(task, state.workers.values()))
 
 
 def _new_task(
-    state: SchedulerCore,
+    state: SchedulerState,
     spec: TaskSpec,
     restrictions: dict[tuple[tuple[str, ...], int], Restriction],
     demands: dict[Any, Demand],
@@ -179,7 +179,7 @@ def _new_task(
     return task
 
 
-def _start(state: SchedulerCore, task: TaskRecord) -> None:
+def _start(state: SchedulerState, task: TaskRecord) -> None:
     """Move a new task to WAITING, QUEUED or (bad input, unsatisfiable) ERRED."""
     failure: TaskError | None = None
     for dep_key in task.deps:
@@ -210,7 +210,7 @@ def _start(state: SchedulerCore, task: TaskRecord) -> None:
         state.enqueue(task, cause)
 
 
-def want(state: SchedulerCore, client: ClientRecord, key: str) -> None:
+def want(state: SchedulerState, client: ClientRecord, key: str) -> None:
     task = state.tasks.get(key)
     if task is None:
         state.emit(SendKeysFailed(client.id, [key], "lost", f"{key!r} is unknown"))
@@ -227,7 +227,7 @@ def want(state: SchedulerCore, client: ClientRecord, key: str) -> None:
         state.emit(failure_notice(client.id, key, task.error, state.retried.get(key, 0) + 1))
 
 
-def release(state: SchedulerCore, client: ClientRecord, keys: list[str]) -> None:
+def release(state: SchedulerState, client: ClientRecord, keys: list[str]) -> None:
     for key in keys:
         client.wanted.discard(key)
         task = state.tasks.get(key)
@@ -236,11 +236,11 @@ def release(state: SchedulerCore, client: ClientRecord, keys: list[str]) -> None
             state.release_if_unneeded(task)
 
 
-def release_keys(state: SchedulerCore, client: ClientRecord, msg: ReleaseKeys) -> None:
+def release_keys(state: SchedulerState, client: ClientRecord, msg: ReleaseKeys) -> None:
     release(state, client, msg.keys)
 
 
-def cancel_keys(state: SchedulerCore, client: ClientRecord, msg: CancelKeys) -> None:
+def cancel_keys(state: SchedulerState, client: ClientRecord, msg: CancelKeys) -> None:
     if state.relays.parked:
         state.relays.drop_parked(client.id, msg.keys)
     for key in msg.keys:
@@ -251,7 +251,7 @@ def cancel_keys(state: SchedulerCore, client: ClientRecord, msg: CancelKeys) -> 
         state.fail(task, ("cancelled", text, b""), f"cancelled by client {client.id}")
 
 
-def why(state: SchedulerCore, client: ClientRecord, msg: WhyRequest) -> None:
+def why(state: SchedulerState, client: ClientRecord, msg: WhyRequest) -> None:
 
     keys = (
         msg.keys
@@ -263,21 +263,21 @@ def why(state: SchedulerCore, client: ClientRecord, msg: WhyRequest) -> None:
     state.reply(client.id, WhyReply(msg.request_id, reasons))
 
 
-def info(state: SchedulerCore, client: ClientRecord, msg: InfoRequest) -> None:
+def info(state: SchedulerState, client: ClientRecord, msg: InfoRequest) -> None:
     state.reply(client.id, InfoReply(msg.request_id, views.snapshot(state)))
 
 
-def check_demands(state: SchedulerCore, client: ClientRecord, msg: CheckDemands) -> None:
+def check_demands(state: SchedulerState, client: ClientRecord, msg: CheckDemands) -> None:
     verdicts = [list(check_demand(state, demand)) for demand in msg.demands]
     state.reply(client.id, DemandsChecked(msg.request_id, verdicts))
 
 
-def waiting_work(state: SchedulerCore, client: ClientRecord, msg: BacklogRequest) -> None:
+def waiting_work(state: SchedulerState, client: ClientRecord, msg: BacklogRequest) -> None:
     queued, workers = backlog(state)
     state.reply(client.id, BacklogReply(msg.request_id, queued, workers))
 
 
-def cluster_status(state: SchedulerCore, client: ClientRecord, msg: StatusRequest) -> None:
+def cluster_status(state: SchedulerState, client: ClientRecord, msg: StatusRequest) -> None:
     limit = max(0, min(msg.stream_limit, STREAM_SIZE))
     built = status(
         state,
@@ -289,10 +289,10 @@ def cluster_status(state: SchedulerCore, client: ClientRecord, msg: StatusReques
     state.reply(client.id, StatusReply(msg.request_id, built))
 
 
-def story(state: SchedulerCore, client: ClientRecord, msg: StoryRequest) -> None:
+def story(state: SchedulerState, client: ClientRecord, msg: StoryRequest) -> None:
     rows: list[list[Any]] = [list(row) for row in state.story(msg.key)]
     state.reply(client.id, StoryReply(msg.request_id, rows))
 
 
-def dump(state: SchedulerCore, client: ClientRecord, msg: DumpRequest) -> None:
+def dump(state: SchedulerState, client: ClientRecord, msg: DumpRequest) -> None:
     state.reply(client.id, DumpReply(msg.request_id, views.dump(state)))

@@ -2,7 +2,7 @@
 
 The primitives themselves are in ``leases.py`` (semaphores, locks, multi-locks) and
 ``channels.py`` (variables, queues, events, topics); their state is one book,
-``SchedulerCore.coordination`` (``coordination_book.py``). This module is what the
+``SchedulerState.coordination`` (``coordination_book.py``). This module is what the
 rest of the scheduler calls: ``tick`` on every ``Tick``, ``client_left`` when a
 client goes, ``restarted`` after a restart, and ``read_notices`` on the commands of
 every event.
@@ -30,7 +30,6 @@ from apportion.scheduler.coordination_book import (
     VARIABLE_OWNER,
     QueuePutter,
 )
-from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.events import (
     Command,
     SendKeysDone,
@@ -39,12 +38,13 @@ from apportion.scheduler.events import (
     SendTaskErred,
 )
 from apportion.scheduler.records import ClientRecord
+from apportion.scheduler.state import SchedulerState
 
 #: Notices the core addresses to clients about their keys.
 _NOTICES = (SendKeysDone, SendKeysPending, SendKeysFailed, SendTaskErred)
 
 
-def fire_and_forget(state: SchedulerCore, client: ClientRecord, msg: FireAndForget) -> None:
+def fire_and_forget(state: SchedulerState, client: ClientRecord, msg: FireAndForget) -> None:
     """Run these keys to the end whoever else wants them."""
     if not msg.keys:
         return  # nothing to hold: no pseudo-client for it
@@ -56,7 +56,7 @@ def fire_and_forget(state: SchedulerCore, client: ClientRecord, msg: FireAndForg
         want(state, owner, key)  # one already finished is let go in ``read_notices``
 
 
-def read_notices(state: SchedulerCore, commands: list[Command]) -> list[Command]:
+def read_notices(state: SchedulerState, commands: list[Command]) -> list[Command]:
     """``commands`` without the notices to this book's pseudo-clients; the keys
     fire-and-forget was told are finished are let go, with what that leads to."""
     book = state.coordination
@@ -93,7 +93,7 @@ def _settled_keys(
     return notice.keys
 
 
-def tick(state: SchedulerCore) -> None:
+def tick(state: SchedulerState) -> None:
     """Answer what waited past its deadline, end the leases past their timeout."""
     book = state.coordination
     if state.now < book.next_due:
@@ -102,13 +102,13 @@ def tick(state: SchedulerCore) -> None:
     book.due(min(leases.expire(state), channels.expire(state)))
 
 
-def client_left(state: SchedulerCore, client_id: str) -> None:
+def client_left(state: SchedulerState, client_id: str) -> None:
     """Its leases end and nothing of it waits any more (it will read no answer)."""
     leases.client_left(state, client_id)
     channels.client_left(state, client_id)
 
 
-def restarted(state: SchedulerCore) -> None:
+def restarted(state: SchedulerState) -> None:
     """After a restart, every task is gone: values referring to results go with them
     (plain ones stay), and so does what fire-and-forget held."""
     book = state.coordination
@@ -132,7 +132,7 @@ def restarted(state: SchedulerCore) -> None:
 # --- invariants -----------------------------------------------------------------------
 
 
-def check_book(state: SchedulerCore) -> None:
+def check_book(state: SchedulerState) -> None:
     """Raise ``AssertionError`` naming the first broken invariant of the book."""
     _check_leases(state)
     _check_channels(state)
@@ -143,7 +143,7 @@ def check_book(state: SchedulerCore) -> None:
     assert fired is None or fired.wanted, "fire-and-forget kept with nothing to hold"
 
 
-def _check_leases(state: SchedulerCore) -> None:
+def _check_leases(state: SchedulerState) -> None:
     book = state.coordination
     held: set[str] = set()
     for kind, pools in book.pools.items():
@@ -167,7 +167,7 @@ def _check_leases(state: SchedulerCore) -> None:
         assert lease.expires >= book.next_due, f"lease {lease.lease_id} expires unnoticed"
 
 
-def _check_channels(state: SchedulerCore) -> None:
+def _check_channels(state: SchedulerState) -> None:
     book = state.coordination
     for name, variable in book.variables.items():
         owner = state.clients.get(VARIABLE_OWNER + name)

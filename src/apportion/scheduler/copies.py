@@ -25,13 +25,13 @@ from apportion.protocol.shared_data import CopiesDone, RebalanceKeys, ReplicateK
 from apportion.protocol.worker import CopiesKept
 from apportion.scheduler import actors
 from apportion.scheduler.books import CopyJob, Plan
-from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.events import SendGetData, SendPutData
 from apportion.scheduler.holders import add_holder, drop_holder, holds
 from apportion.scheduler.records import MEMORY, ClientRecord, TaskRecord, WorkerRecord
+from apportion.scheduler.state import SchedulerState
 
 
-def replicate(state: SchedulerCore, client: ClientRecord, msg: ReplicateKeys) -> None:
+def replicate(state: SchedulerState, client: ClientRecord, msg: ReplicateKeys) -> None:
     """Copy each key until ``n`` chosen workers hold it; drop copies beyond ``n``."""
     pool = chosen_workers(state, msg.workers)
     n = len(pool) if msg.n <= 0 else min(msg.n, len(pool))
@@ -61,7 +61,7 @@ def replicate(state: SchedulerCore, client: ClientRecord, msg: ReplicateKeys) ->
     start(state, client.id, msg.request_id, dict(plan), move=False, dropped=dropped)
 
 
-def rebalance(state: SchedulerCore, client: ClientRecord, msg: RebalanceKeys) -> None:
+def rebalance(state: SchedulerState, client: ClientRecord, msg: RebalanceKeys) -> None:
     """Move results from the fullest chosen worker to the emptiest (module docstring)."""
     pool = chosen_workers(state, msg.workers)
     load = {w.id: w.nbytes for w in pool}
@@ -115,7 +115,7 @@ def _largest_below(
     return None
 
 
-def chosen_workers(state: SchedulerCore, names: list[str]) -> list[WorkerRecord]:
+def chosen_workers(state: SchedulerState, names: list[str]) -> list[WorkerRecord]:
     """The staying workers named by name, address (with or without scheme) or host, as
     ``workers=`` names them everywhere (all staying ones if none named)."""
     staying = [w for w in state.workers.values() if w.leaving is None]
@@ -126,7 +126,7 @@ def chosen_workers(state: SchedulerCore, names: list[str]) -> list[WorkerRecord]
 
 
 def start(
-    state: SchedulerCore, client_id: str, request_id: int, plan: Plan, *, move: bool, dropped: int
+    state: SchedulerState, client_id: str, request_id: int, plan: Plan, *, move: bool, dropped: int
 ) -> None:
     """Ask each source for the keys it gives; answer at once if there is nothing to copy."""
     if not plan:
@@ -138,7 +138,7 @@ def start(
         state.emit(SendGetData(source_id, rid, sorted(keys)))
 
 
-def source_reply(state: SchedulerCore, worker: WorkerRecord, msg: DataReply) -> None:
+def source_reply(state: SchedulerState, worker: WorkerRecord, msg: DataReply) -> None:
     """A source sent the values: pass each on to its receivers."""
     job = state.shared.copies[msg.request_id]
     wanted = job.plan.pop(worker.id, None)
@@ -156,7 +156,7 @@ def source_reply(state: SchedulerCore, worker: WorkerRecord, msg: DataReply) -> 
     _maybe_done(state, msg.request_id)
 
 
-def receiver_stored(state: SchedulerCore, worker: WorkerRecord, msg: DataStored) -> None:
+def receiver_stored(state: SchedulerState, worker: WorkerRecord, msg: DataStored) -> None:
     """A receiver holds copies now: record them (and, for a move, let the source's go)."""
     job = state.shared.copies[msg.request_id]
     left = job.puts.pop(worker.id, 0)
@@ -186,7 +186,7 @@ def receiver_stored(state: SchedulerCore, worker: WorkerRecord, msg: DataStored)
     _maybe_done(state, msg.request_id)
 
 
-def copies_kept(state: SchedulerCore, worker: WorkerRecord, msg: CopiesKept) -> None:
+def copies_kept(state: SchedulerState, worker: WorkerRecord, msg: CopiesKept) -> None:
     """``worker`` keeps the copies it fetched for its tasks: holders from now on, so
     placement counts them and their release frees them. A copy of a result that was
     released, lost or recomputed meanwhile, or on a worker on its way out, goes."""
@@ -198,7 +198,7 @@ def copies_kept(state: SchedulerCore, worker: WorkerRecord, msg: CopiesKept) -> 
             add_holder(task, worker)
 
 
-def worker_left(state: SchedulerCore, worker_id: str) -> None:
+def worker_left(state: SchedulerState, worker_id: str) -> None:
     """Answers that will never come: from a source (not copied) or a receiver."""
     for rid, job in list(state.shared.copies.items()):
         job.plan.pop(worker_id, None)
@@ -206,7 +206,7 @@ def worker_left(state: SchedulerCore, worker_id: str) -> None:
         _maybe_done(state, rid)
 
 
-def _maybe_done(state: SchedulerCore, rid: int) -> None:
+def _maybe_done(state: SchedulerState, rid: int) -> None:
     job = state.shared.copies[rid]
     if not job.plan and not job.puts:
         del state.shared.copies[rid]

@@ -22,16 +22,16 @@ from apportion.protocol.peer_data import DataReply, DataStored
 from apportion.protocol.worker import WorkerDraining
 from apportion.scheduler import actors
 from apportion.scheduler.books import Handoff
-from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.events import SendDrainDone, SendGetData, SendPutData
 from apportion.scheduler.holders import add_holder, drop_holder, holds
 from apportion.scheduler.records import MEMORY, WorkerRecord
+from apportion.scheduler.state import SchedulerState
 
 #: ``WorkerRecord.handoff`` once the draining worker was told to go.
 DONE = 0
 
 
-def worker_draining(state: SchedulerCore, worker: WorkerRecord, msg: WorkerDraining) -> None:
+def worker_draining(state: SchedulerState, worker: WorkerRecord, msg: WorkerDraining) -> None:
     if worker.draining:
         return
     worker.draining = True
@@ -47,7 +47,7 @@ def worker_draining(state: SchedulerCore, worker: WorkerRecord, msg: WorkerDrain
     check(state, worker)
 
 
-def check(state: SchedulerCore, worker: WorkerRecord) -> None:
+def check(state: SchedulerState, worker: WorkerRecord) -> None:
     """After any report of a draining worker: start the hand-off once nothing runs there."""
     if not worker.draining or worker.processing or worker.handoff is not None:
         return
@@ -76,7 +76,7 @@ def check(state: SchedulerCore, worker: WorkerRecord) -> None:
     _done(state, worker, 0)
 
 
-def source_reply(state: SchedulerCore, worker: WorkerRecord, msg: DataReply) -> None:
+def source_reply(state: SchedulerState, worker: WorkerRecord, msg: DataReply) -> None:
     """The draining worker sent its results: spread them over the receivers."""
     handoff = state.relays.handoffs.get(msg.request_id)
     if handoff is None or handoff.source != worker.id:
@@ -93,7 +93,7 @@ def source_reply(state: SchedulerCore, worker: WorkerRecord, msg: DataReply) -> 
         state.emit(SendPutData(receiver_id, msg.request_id, data))
 
 
-def receiver_stored(state: SchedulerCore, worker: WorkerRecord, msg: DataStored) -> None:
+def receiver_stored(state: SchedulerState, worker: WorkerRecord, msg: DataStored) -> None:
     """A receiver holds copies now: the results are its own from here on."""
     handoff = state.relays.handoffs[msg.request_id]
     if handoff.pending.pop(worker.id, None) is None:
@@ -117,7 +117,7 @@ def receiver_stored(state: SchedulerCore, worker: WorkerRecord, msg: DataStored)
         _finish(state, msg.request_id)
 
 
-def worker_left(state: SchedulerCore, worker_id: str) -> None:
+def worker_left(state: SchedulerState, worker_id: str) -> None:
     """A hand-off loses its source (abandoned) or a receiver (its keys stay put)."""
     for rid, handoff in list(state.relays.handoffs.items()):
         if handoff.source == worker_id:
@@ -126,20 +126,20 @@ def worker_left(state: SchedulerCore, worker_id: str) -> None:
             _finish(state, rid)
 
 
-def _receivers(state: SchedulerCore) -> list[WorkerRecord]:
+def _receivers(state: SchedulerState) -> list[WorkerRecord]:
     """Workers that stay, fewest stored bytes first, so a hand-off balances memory."""
     staying = [w for w in state.workers.values() if w.leaving is None]
     return sorted(staying, key=lambda w: (w.nbytes, len(w.has_what)))
 
 
-def _finish(state: SchedulerCore, rid: int) -> None:
+def _finish(state: SchedulerState, rid: int) -> None:
     handoff = state.relays.handoffs.pop(rid)
     source = state.workers.get(handoff.source)
     if source is not None:
         _done(state, source, handoff.moved)
 
 
-def _done(state: SchedulerCore, worker: WorkerRecord, moved: int) -> None:
+def _done(state: SchedulerState, worker: WorkerRecord, moved: int) -> None:
     worker.handoff = DONE
     state.log_info(f"worker {worker.name} drained; {moved} results handed to other workers")
     state.emit(SendDrainDone(worker.id, moved))

@@ -5,7 +5,6 @@ from __future__ import annotations
 from apportion.core.demand import PLAIN
 from apportion.core.ledger import describe_units
 from apportion.core.resources import describe_amount, describe_resources
-from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.placement import held_back, holder_of, makes_new_data, pools
 from apportion.scheduler.records import (
     ERRED,
@@ -16,6 +15,7 @@ from apportion.scheduler.records import (
     TaskRecord,
     WorkerRecord,
 )
+from apportion.scheduler.state import SchedulerState
 from apportion.scheduler.unsatisfiable import unsatisfiable_text
 
 
@@ -24,7 +24,7 @@ def unknown_text(key: str) -> str:
     return f"{key!r} is not known to the scheduler: never submitted, or already released"
 
 
-def explain(state: SchedulerCore, key: str) -> str:
+def explain(state: SchedulerState, key: str) -> str:
     """One paragraph on where ``key`` stands and what it waits for."""
     task = state.tasks.get(key)
     if task is None:
@@ -59,7 +59,7 @@ def explain(state: SchedulerCore, key: str) -> str:
     return why_queued(state, task, ahead)
 
 
-def _assigned(state: SchedulerCore, task: TaskRecord, worker: WorkerRecord, where: str) -> str:
+def _assigned(state: SchedulerState, task: TaskRecord, worker: WorkerRecord, where: str) -> str:
     """Where a PROCESSING task is: running, perhaps waiting in its worker's queue, or
     on its way to an idle worker (``stealing``)."""
     steal = state.steals.get(task.key)
@@ -79,7 +79,7 @@ def _assigned(state: SchedulerCore, task: TaskRecord, worker: WorkerRecord, wher
     )
 
 
-def why_queued(state: SchedulerCore, task: TaskRecord, ahead: int = 0) -> str:
+def why_queued(state: SchedulerState, task: TaskRecord, ahead: int = 0) -> str:
     """Why QUEUED ``task`` does not start, ``ahead`` older tasks of its kind before it.
 
     Without ``ahead``, the answer for the first of its kind (what the status lists),
@@ -155,7 +155,7 @@ def _restriction_note(task: TaskRecord, by_option: list[list[WorkerRecord]]) -> 
 
 
 def _worker_obstacles(
-    state: SchedulerCore, worker: WorkerRecord, task: TaskRecord, demand: dict[str, int]
+    state: SchedulerState, worker: WorkerRecord, task: TaskRecord, demand: dict[str, int]
 ) -> str:
     reasons = []
     holder = holder_of(state, worker, task)
@@ -183,7 +183,7 @@ def _worker_obstacles(
     return "; ".join(reasons) if reasons else "fits now; starts in the next placement pass"
 
 
-def _reserved_for(state: SchedulerCore, holder: TaskRecord, task: TaskRecord) -> str:
+def _reserved_for(state: SchedulerState, holder: TaskRecord, task: TaskRecord) -> str:
     """Who holds a worker's reservation, and how it stands to ``task`` in the queue.
 
     Tasks are ordered by priority, then by when the scheduler was given them. The

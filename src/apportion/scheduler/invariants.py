@@ -1,6 +1,6 @@
 """Consistency checks over the whole scheduler state, for tests and debugging.
 
-Called after every test that builds a ``SchedulerCore`` and after every step of
+Called after every test that builds a ``SchedulerState`` and after every step of
 the Hypothesis stateful tests. O(everything): never on a hot path.
 """
 
@@ -10,7 +10,6 @@ from collections import Counter
 
 from apportion.core.resources import SCALE
 from apportion.scheduler.coordination import check_book as check_coordination
-from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.holders import holds
 from apportion.scheduler.records import (
     ERRED,
@@ -23,9 +22,10 @@ from apportion.scheduler.records import (
     WorkerRecord,
 )
 from apportion.scheduler.remote_calls import check_book
+from apportion.scheduler.state import SchedulerState
 
 
-def check_invariants(state: SchedulerCore) -> None:
+def check_invariants(state: SchedulerState) -> None:
     """Raise ``AssertionError`` naming the first broken invariant."""
     _check_ledger(state)
     _check_units(state)
@@ -39,7 +39,7 @@ def check_invariants(state: SchedulerCore) -> None:
     check_coordination(state)
 
 
-def _check_ledger(state: SchedulerCore) -> None:
+def _check_ledger(state: SchedulerState) -> None:
     for worker in state.workers.values():
         used: Counter[str] = Counter()
         resource_tasks = 0
@@ -83,7 +83,7 @@ def _check_seceded(worker: WorkerRecord) -> None:
     assert worker.rejoined <= counted, f"{worker.name}: rejoined"
 
 
-def _check_tasks(state: SchedulerCore) -> None:
+def _check_tasks(state: SchedulerState) -> None:
     queued_keys = {key for heap in state.ready.values() for _, _, key in heap}
     lineage: Counter[str] = Counter(dep for task in state.tasks.values() for dep in task.deps)
     for key, task in state.tasks.items():
@@ -124,7 +124,7 @@ def _check_tasks(state: SchedulerCore) -> None:
             assert key in state.clients[client_id].wanted
 
 
-def _check_holders(state: SchedulerCore, task: TaskRecord) -> None:
+def _check_holders(state: SchedulerState, task: TaskRecord) -> None:
     """A result in memory is on its worker and on every copy's; nothing else has copies."""
     key = task.key
     if task.state != MEMORY:
@@ -138,7 +138,7 @@ def _check_holders(state: SchedulerCore, task: TaskRecord) -> None:
         assert holder is not None and key in holder.has_what, f"{key}: copy on {copy} gone"
 
 
-def _check_reservations(state: SchedulerCore) -> None:
+def _check_reservations(state: SchedulerState) -> None:
     for worker in state.workers.values():
         if worker.reserved_by is not None:
             task = state.tasks.get(worker.reserved_by)
@@ -153,7 +153,7 @@ def _check_reservations(state: SchedulerCore) -> None:
         assert task is not None and task.reserved_on == worker_id, f"stale prefetch for {key}"
 
 
-def _check_restrictions(state: SchedulerCore) -> None:
+def _check_restrictions(state: SchedulerState) -> None:
     """A task under a hard restriction runs, and holds a reservation, only on a worker
     it may run on."""
     for worker in state.workers.values():
@@ -166,7 +166,7 @@ def _check_restrictions(state: SchedulerCore) -> None:
             assert held.restriction.allows(worker), f"{held.key} reserved disallowed {worker.name}"
 
 
-def _check_steals(state: SchedulerCore) -> None:
+def _check_steals(state: SchedulerState) -> None:
     """A task being moved runs (or waits) on the worker asked to let it go, until that
     worker answers; the idle worker counts each move on its way, and nothing else."""
     incoming: Counter[str] = Counter()
@@ -183,7 +183,7 @@ def _check_steals(state: SchedulerCore) -> None:
         assert abs(worker.occupancy - work) <= 1e-6 * max(1.0, work), f"{worker.name}: occupancy"
 
 
-def _check_units(state: SchedulerCore) -> None:
+def _check_units(state: SchedulerState) -> None:
     """Each unit's free share accounts for exactly the tasks holding it (``Ledger.check``
     has checked the units against the amounts)."""
     for worker in state.workers.values():
@@ -202,7 +202,7 @@ def _check_units(state: SchedulerCore) -> None:
                 assert free == SCALE - used[label], f"{worker.name}: {name}[{label}] drifted"
 
 
-def _check_memory_verdicts(state: SchedulerCore) -> None:
+def _check_memory_verdicts(state: SchedulerState) -> None:
     """Serving deaths are counted for known tasks only; direct-fetch marks are results'."""
     for key in state.serving_deaths:
         assert key in state.tasks, f"serving deaths counted for forgotten {key}"
@@ -211,7 +211,7 @@ def _check_memory_verdicts(state: SchedulerCore) -> None:
         assert task is not None and task.state == MEMORY, f"{key}: marked served, not in memory"
 
 
-def _check_telemetry(state: SchedulerCore) -> None:
+def _check_telemetry(state: SchedulerState) -> None:
     """The counts the views read match the records they count."""
     by_group: Counter[tuple[str | None, str]] = Counter()
     kinds: Counter[object] = Counter()

@@ -27,12 +27,12 @@ from apportion.scheduler.coordination_book import (
     LeasePool,
     LeaseWaiter,
 )
-from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.events import SendNotice
 from apportion.scheduler.records import ClientRecord
+from apportion.scheduler.state import SchedulerState
 
 
-def lease_request(state: SchedulerCore, client: ClientRecord, msg: LeaseRequest) -> None:
+def lease_request(state: SchedulerState, client: ClientRecord, msg: LeaseRequest) -> None:
     error = _refusal(msg)
     if error:
         _answer(state, client.id, msg.request_id, error=error)
@@ -71,7 +71,7 @@ def _refusal(msg: LeaseRequest) -> str:
 
 
 def _answer(
-    state: SchedulerCore,
+    state: SchedulerState,
     client_id: str,
     request_id: int,
     ok: int = 0,
@@ -81,7 +81,7 @@ def _answer(
     state.reply(client_id, CoordinationReply(request_id, ok, value, error))
 
 
-def _acquire(state: SchedulerCore, client: ClientRecord, msg: LeaseRequest) -> None:
+def _acquire(state: SchedulerState, client: ClientRecord, msg: LeaseRequest) -> None:
     book = state.coordination
     held = book.leases.get(msg.lease_id)
     if held is not None:
@@ -120,7 +120,7 @@ def _acquire(state: SchedulerCore, client: ClientRecord, msg: LeaseRequest) -> N
         book.due(deadline)
 
 
-def _release(state: SchedulerCore, client: ClientRecord, msg: LeaseRequest) -> None:
+def _release(state: SchedulerState, client: ClientRecord, msg: LeaseRequest) -> None:
     lease = state.coordination.leases.get(msg.lease_id)
     # A multi-lock names all its names; its lease may hold only ``count`` of them.
     if lease is None or lease.kind != msg.kind or not set(msg.names) & set(lease.names):
@@ -141,7 +141,7 @@ def _release(state: SchedulerCore, client: ClientRecord, msg: LeaseRequest) -> N
     _answer(state, client.id, msg.request_id, ok=1)
 
 
-def refresh(state: SchedulerCore, client: ClientRecord, msg: RefreshLeases) -> None:
+def refresh(state: SchedulerState, client: ClientRecord, msg: RefreshLeases) -> None:
     """The holder is alive: its leases start their lease timeout again.
 
     Leases not held (any more) are skipped: one that expired was said to its holder.
@@ -155,7 +155,7 @@ def refresh(state: SchedulerCore, client: ClientRecord, msg: RefreshLeases) -> N
 # --- granting -------------------------------------------------------------------------
 
 
-def settle(state: SchedulerCore, kind: str, names: tuple[str, ...] | list[str]) -> None:
+def settle(state: SchedulerState, kind: str, names: tuple[str, ...] | list[str]) -> None:
     """Grant every waiter that can be granted now, on these names and, in turn, on the
     names of the waiters granted or gone (their queues' heads changed)."""
     pools = state.coordination.pools[kind]
@@ -181,7 +181,7 @@ def _grantable(pools: dict[str, LeasePool], waiter: LeaseWaiter) -> tuple[str, .
     return tuple(ready[: waiter.count]) if len(ready) >= waiter.count else None
 
 
-def _grant(state: SchedulerCore, kind: str, waiter: LeaseWaiter, chosen: tuple[str, ...]) -> None:
+def _grant(state: SchedulerState, kind: str, waiter: LeaseWaiter, chosen: tuple[str, ...]) -> None:
     book = state.coordination
     pools = book.pools[kind]
     lease = Lease(waiter.lease_id, kind, waiter.client_id, chosen, waiter.lease_timeout, state.now)
@@ -194,7 +194,7 @@ def _grant(state: SchedulerCore, kind: str, waiter: LeaseWaiter, chosen: tuple[s
     _answer(state, waiter.client_id, waiter.request_id, ok=1)
 
 
-def withdraw(state: SchedulerCore, kind: str, waiters: list[LeaseWaiter], answer: bool) -> None:
+def withdraw(state: SchedulerState, kind: str, waiters: list[LeaseWaiter], answer: bool) -> None:
     """Take these waiters out of their queues (answered "not granted" if ``answer``);
     then those behind them may be granted. All are out before any grant, so none of
     them is granted on the way."""
@@ -209,7 +209,7 @@ def withdraw(state: SchedulerCore, kind: str, waiters: list[LeaseWaiter], answer
     settle(state, kind, sorted(names))
 
 
-def end(state: SchedulerCore, lease: Lease) -> None:
+def end(state: SchedulerState, lease: Lease) -> None:
     """The lease is over: its names go to the next in line."""
     book = state.coordination
     del book.leases[lease.lease_id]
@@ -222,7 +222,7 @@ def end(state: SchedulerCore, lease: Lease) -> None:
 # --- time and departures --------------------------------------------------------------
 
 
-def expire(state: SchedulerCore) -> float:
+def expire(state: SchedulerState) -> float:
     """Answer the acquires past their deadline, end the leases past their lease
     timeout; return when the next of either is due."""
     book = state.coordination
@@ -241,14 +241,14 @@ def expire(state: SchedulerCore) -> float:
     return min(_deadlines(state), default=math.inf)
 
 
-def _deadlines(state: SchedulerCore) -> list[float]:
+def _deadlines(state: SchedulerState) -> list[float]:
     book = state.coordination
     due = [lease.expires for lease in book.leases.values()]
     due += [w.deadline for pools in book.pools.values() for p in pools.values() for w in p.queue]
     return due
 
 
-def client_left(state: SchedulerCore, client_id: str) -> None:
+def client_left(state: SchedulerState, client_id: str) -> None:
     """A client left (or crashed): its acquires stop waiting, its leases end (in that
     order: a lease it gives back must not go to its own waiter)."""
     book = state.coordination
@@ -260,7 +260,7 @@ def client_left(state: SchedulerCore, client_id: str) -> None:
 
 
 def _waiters(
-    state: SchedulerCore, kind: str, which: Callable[[LeaseWaiter], bool]
+    state: SchedulerState, kind: str, which: Callable[[LeaseWaiter], bool]
 ) -> list[LeaseWaiter]:
     """The waiters of ``kind`` for which ``which`` holds, each once."""
     found: dict[int, LeaseWaiter] = {}

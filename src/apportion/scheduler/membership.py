@@ -2,7 +2,7 @@
 
 Handlers of the membership events (``state.py`` dispatches them here). A worker
 that is lost costs recomputation, not results: its running tasks run again, the
-results only it held are recomputed (``SchedulerCore.lose_result``), and a task
+results only it held are recomputed (``SchedulerState.lose_result``), and a task
 that was running on ``max_worker_deaths`` workers that died is failed as the
 likely cause, once its last worker's supervisor says how it died (or after
 ``death_report_wait``). A result whose holders die out of memory while serving it
@@ -24,7 +24,6 @@ from apportion.scheduler import (
     task_hooks,
     worker_reports,
 )
-from apportion.scheduler.core import MAX_DEATH_CAUSES, SchedulerCore
 from apportion.scheduler.events import (
     ClientJoined,
     ClientLeft,
@@ -38,13 +37,14 @@ from apportion.scheduler.events import (
 )
 from apportion.scheduler.holders import drop_holder
 from apportion.scheduler.records import MEMORY, QUEUED, ClientRecord, TaskRecord, WorkerRecord
+from apportion.scheduler.state import MAX_DEATH_CAUSES, SchedulerState
 
 
-def client_joined(state: SchedulerCore, event: ClientJoined) -> None:
+def client_joined(state: SchedulerState, event: ClientJoined) -> None:
     state.clients[event.client_id] = ClientRecord(event.client_id, event.durable)
 
 
-def client_left(state: SchedulerCore, event: ClientLeft) -> None:
+def client_left(state: SchedulerState, event: ClientLeft) -> None:
     client = state.clients.pop(event.client_id, None)
     if client is not None and not client.durable:  # a durable client's work stays
         client_requests.release(state, client, list(client.wanted))
@@ -53,7 +53,7 @@ def client_left(state: SchedulerCore, event: ClientLeft) -> None:
     coordination.client_left(state, event.client_id)
 
 
-def worker_joined(state: SchedulerCore, event: WorkerJoined) -> None:
+def worker_joined(state: SchedulerState, event: WorkerJoined) -> None:
     reg = event.registration
     if not _claim_name(state, event.worker_id, reg):
         return
@@ -85,7 +85,7 @@ def worker_joined(state: SchedulerCore, event: WorkerJoined) -> None:
     task_hooks.worker_joined(state, event.worker_id, reg)
 
 
-def _claim_name(state: SchedulerCore, worker_id: str, reg: RegisterWorker) -> bool:
+def _claim_name(state: SchedulerState, worker_id: str, reg: RegisterWorker) -> bool:
     """Whether ``reg`` may take its name: refuse a second worker under a live one's name.
 
     Names are how people and the job queue tell workers apart, so two live workers
@@ -114,11 +114,11 @@ def _claim_name(state: SchedulerCore, worker_id: str, reg: RegisterWorker) -> bo
     return False
 
 
-def worker_left(state: SchedulerCore, event: WorkerLeft) -> None:
+def worker_left(state: SchedulerState, event: WorkerLeft) -> None:
     remove_worker(state, event.worker_id, "its connection closed")
 
 
-def tick(state: SchedulerCore, event: Tick) -> None:
+def tick(state: SchedulerState, event: Tick) -> None:
     """Declare lost the workers silent for longer than the timeout; answer what waited
     for a lock, a value or an event past its deadline, end leases not refreshed."""
     _settle_verdicts(state)
@@ -130,7 +130,7 @@ def tick(state: SchedulerCore, event: Tick) -> None:
         state.emit(Disconnect(worker.id, silent))
 
 
-def remove_worker(state: SchedulerCore, worker_id: str, how: str) -> None:
+def remove_worker(state: SchedulerState, worker_id: str, how: str) -> None:
     """The worker is gone: its running tasks run again, its results are recomputed."""
     worker = state.workers.pop(worker_id, None)
     if worker is None:
@@ -174,7 +174,7 @@ def remove_worker(state: SchedulerCore, worker_id: str, how: str) -> None:
     _supply_changed(state)
 
 
-def _lose_results_on(state: SchedulerCore, worker: WorkerRecord) -> None:
+def _lose_results_on(state: SchedulerState, worker: WorkerRecord) -> None:
     """The results ``worker`` held are gone; a copy elsewhere keeps a result."""
     for key in list(worker.has_what):
         held = state.tasks.get(key)
@@ -183,7 +183,7 @@ def _lose_results_on(state: SchedulerCore, worker: WorkerRecord) -> None:
 
 
 def _too_many_deaths(
-    state: SchedulerCore, task: TaskRecord, worker: WorkerRecord, how: str
+    state: SchedulerState, task: TaskRecord, worker: WorkerRecord, how: str
 ) -> bool:
     """Count a worker death during ``task``; True once it reaches the limit."""
     near = out_of_memory.near_limit(worker)
@@ -194,7 +194,7 @@ def _too_many_deaths(
     return len(seen) >= state.config.max_worker_deaths
 
 
-def _fail_poisoned(state: SchedulerCore, task: TaskRecord) -> None:
+def _fail_poisoned(state: SchedulerState, task: TaskRecord) -> None:
     seen = state.deaths.pop(task.key)
     deaths = "; ".join(f"{name} ({_cause(state, name, pid, how)})" for name, pid, how, _ in seen)
     text = (
@@ -208,19 +208,19 @@ def _fail_poisoned(state: SchedulerCore, task: TaskRecord) -> None:
     state.fail(task, ("crashed", text, b""), "too many worker deaths")
 
 
-def _of_memory(state: SchedulerCore, name: str, pid: int, near: bool) -> bool:
+def _of_memory(state: SchedulerState, name: str, pid: int, near: bool) -> bool:
     """Whether that worker died of its memory: its supervisor's word, else its readings."""
     report = state.death_causes.get((name, pid))
     return bool(report.out_of_memory) if report is not None else near
 
 
-def _cause(state: SchedulerCore, name: str, pid: int, how: str) -> str:
+def _cause(state: SchedulerState, name: str, pid: int, how: str) -> str:
     """How a worker died: its supervisor's word if it came, else what was seen."""
     report = state.death_causes.get((name, pid))
     return report.description if report is not None else how
 
 
-def death_report(state: SchedulerCore, event: WorkerDeathReport) -> None:
+def death_report(state: SchedulerState, event: WorkerDeathReport) -> None:
     report = event.report
     state.death_causes[(report.name, report.pid)] = report
     while len(state.death_causes) > MAX_DEATH_CAUSES:
@@ -230,7 +230,7 @@ def death_report(state: SchedulerCore, event: WorkerDeathReport) -> None:
     out_of_memory.death_reported(state, report)
 
 
-def _settle_verdicts(state: SchedulerCore) -> None:
+def _settle_verdicts(state: SchedulerState) -> None:
     """Fail the held poison tasks whose last death is explained, or waited enough;
     forget serving deaths whose report did not come in time."""
     out_of_memory.expire(state)
@@ -246,7 +246,7 @@ def _host(address: str) -> str:
     return address.rpartition(":")[0] or address
 
 
-def _supply_changed(state: SchedulerCore) -> None:
+def _supply_changed(state: SchedulerState) -> None:
     """A worker came or went: what can run where, and what nobody can run, is new."""
     state.satisfiable_cache.clear()
     state.misnamed_cache.clear()

@@ -40,7 +40,6 @@ from __future__ import annotations
 from apportion.core.sizes import format_bytes
 from apportion.protocol.worker import ResultTooLarge, WorkerDied
 from apportion.scheduler import worker_reports
-from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.holders import holders
 from apportion.scheduler.records import (
     MEMORY,
@@ -50,6 +49,7 @@ from apportion.scheduler.records import (
     ServingDeath,
     WorkerRecord,
 )
+from apportion.scheduler.state import SchedulerState
 
 #: A worker lost with its last reported memory at this share of its limit or more
 #: most likely died of it (the supervisor's ``NEAR_LIMIT`` too).
@@ -72,7 +72,7 @@ def near_limit(worker: WorkerRecord) -> str:
 # --- the worker's verdict ----------------------------------------------------------
 
 
-def result_too_large(state: SchedulerCore, worker: WorkerRecord, msg: ResultTooLarge) -> None:
+def result_too_large(state: SchedulerState, worker: WorkerRecord, msg: ResultTooLarge) -> None:
     """The worker dropped the result as too large to keep: the task fails."""
     task = worker_reports.running_task(state, worker, msg.key)
     if task is None:
@@ -95,7 +95,7 @@ def result_too_large(state: SchedulerCore, worker: WorkerRecord, msg: ResultTooL
 # --- deaths while serving ------------------------------------------------------------
 
 
-def served_by(state: SchedulerCore, worker: WorkerRecord) -> list[str]:
+def served_by(state: SchedulerState, worker: WorkerRecord) -> list[str]:
     """The results only ``worker`` holds that it was serving (see the module docstring).
 
     Called as the worker is lost, before its results are: afterwards nothing says
@@ -123,7 +123,7 @@ def served_by(state: SchedulerCore, worker: WorkerRecord) -> list[str]:
     return served
 
 
-def worker_died(state: SchedulerCore, worker: WorkerRecord, served: list[str]) -> None:
+def worker_died(state: SchedulerState, worker: WorkerRecord, served: list[str]) -> None:
     """``worker`` crashed while serving ``served`` (``served_by``), which are lost now:
     count the death against them if it was out of memory, or wait for the word."""
     # Only those being computed again count: a result nobody needs any more, or one
@@ -148,21 +148,21 @@ def worker_died(state: SchedulerCore, worker: WorkerRecord, served: list[str]) -
         state.unclassified[(worker.name, worker.pid)] = (deadline, deaths)
 
 
-def death_reported(state: SchedulerCore, report: WorkerDied) -> None:
+def death_reported(state: SchedulerState, report: WorkerDied) -> None:
     """The supervisor said how a worker died: count it if memory killed it."""
     _, deaths = state.unclassified.pop((report.name, report.pid), (0.0, []))
     if deaths and report.out_of_memory:
         _count(state, deaths, report.description)
 
 
-def expire(state: SchedulerCore) -> None:
+def expire(state: SchedulerState) -> None:
     """Deaths whose report did not come in time are not counted: nothing says memory."""
     for died, (deadline, _) in list(state.unclassified.items()):
         if state.now >= deadline:
             del state.unclassified[died]
 
 
-def _count(state: SchedulerCore, deaths: list[ServingDeath], how: str) -> None:
+def _count(state: SchedulerState, deaths: list[ServingDeath], how: str) -> None:
     for death in deaths:
         task = state.tasks.get(death.key)
         if task is None:

@@ -58,7 +58,6 @@ from heapq import heapify, heappop, heappush, heapreplace
 
 from apportion.core.demand import PLAIN, Demand
 from apportion.core.resources import Amounts
-from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.records import (
     QUEUED,
     QueueKey,
@@ -69,10 +68,11 @@ from apportion.scheduler.records import (
     restriction_of,
 )
 from apportion.scheduler.seceding import grant_rejoins, kept_for_rejoin
+from apportion.scheduler.state import SchedulerState
 from apportion.scheduler.unsatisfiable import fail_or_warn, fail_or_warn_pinned, pinned_by_inputs
 
 
-def place(state: SchedulerCore) -> None:
+def place(state: SchedulerState) -> None:
     """Start every ready task that can start now."""
     if not state.workers:
         return
@@ -81,7 +81,7 @@ def place(state: SchedulerCore) -> None:
     _place_plain_tasks(state)
 
 
-def candidates(state: SchedulerCore, demand: Demand) -> list[list[WorkerRecord]]:
+def candidates(state: SchedulerState, demand: Demand) -> list[list[WorkerRecord]]:
     """For each alternative of ``demand``, the open workers whose declared supply could
     ever hold it."""
     open_workers = [w for w in state.workers.values() if w.leaving is None]
@@ -94,7 +94,7 @@ AliasIndex = dict[str, list[tuple[int, WorkerRecord]]]
 """Worker name, address or host -> the workers it names, with their join order."""
 
 
-def alias_index(state: SchedulerCore) -> AliasIndex:
+def alias_index(state: SchedulerState) -> AliasIndex:
     """Every worker by each of its aliases, so that a restriction finds its workers
     without a walk over the whole cluster."""
     index: AliasIndex = {}
@@ -105,7 +105,7 @@ def alias_index(state: SchedulerCore) -> AliasIndex:
 
 
 def pools(
-    state: SchedulerCore,
+    state: SchedulerState,
     key: QueueKey,
     index: AliasIndex | None = None,
     every: Callable[[Demand], list[list[WorkerRecord]]] | None = None,
@@ -133,14 +133,14 @@ def pools(
     return allowed
 
 
-def holder_of(state: SchedulerCore, worker: WorkerRecord, task: TaskRecord) -> TaskRecord | None:
+def holder_of(state: SchedulerState, worker: WorkerRecord, task: TaskRecord) -> TaskRecord | None:
     """The task holding a reservation on ``worker`` if it is not ``task`` itself."""
     if worker.reserved_by is None or worker.reserved_by == task.key:
         return None
     return state.tasks.get(worker.reserved_by)
 
 
-def held_back(state: SchedulerCore, worker: WorkerRecord, task: TaskRecord) -> Amounts | None:
+def held_back(state: SchedulerState, worker: WorkerRecord, task: TaskRecord) -> Amounts | None:
     """What ``worker`` keeps for the reservation of a task other than ``task``, and
     for its oldest task waiting to rejoin, if any."""
     holder = holder_of(state, worker, task)
@@ -154,7 +154,7 @@ def held_back(state: SchedulerCore, worker: WorkerRecord, task: TaskRecord) -> A
 
 
 def fits_now(
-    state: SchedulerCore,
+    state: SchedulerState,
     worker: WorkerRecord,
     task: TaskRecord,
     demand: dict[str, int],
@@ -165,7 +165,7 @@ def fits_now(
     return worker.ledger.can_take(demand, held_back(state, worker, task))
 
 
-def _input_bytes(state: SchedulerCore, task: TaskRecord) -> dict[str, int]:
+def _input_bytes(state: SchedulerState, task: TaskRecord) -> dict[str, int]:
     by_worker: dict[str, int] = {}
     for dep in task.deps:
         record = state.tasks[dep]
@@ -177,7 +177,7 @@ def _input_bytes(state: SchedulerCore, task: TaskRecord) -> dict[str, int]:
 
 
 def best_worker(
-    state: SchedulerCore,
+    state: SchedulerState,
     task: TaskRecord,
     pool: list[WorkerRecord],
     demand: dict[str, int],
@@ -200,7 +200,7 @@ def best_worker(
     return best
 
 
-def _reserve(state: SchedulerCore, task: TaskRecord, pool: list[WorkerRecord]) -> None:
+def _reserve(state: SchedulerState, task: TaskRecord, pool: list[WorkerRecord]) -> None:
     """Hold the worker closest to fitting ``task`` so backfill cannot starve it.
 
     The reservation belongs to the oldest blocked task, so a worker reserved by a task
@@ -234,7 +234,7 @@ def _reserve(state: SchedulerCore, task: TaskRecord, pool: list[WorkerRecord]) -
     state.log.append((state.now, task.key, QUEUED, QUEUED, f"reserved {best.name}"))
 
 
-def _head(state: SchedulerCore, heap: list[tuple[int, int, str]]) -> TaskRecord | None:
+def _head(state: SchedulerState, heap: list[tuple[int, int, str]]) -> TaskRecord | None:
     """First live entry of ``heap``, discarding stale ones (tasks no longer queued)."""
     while heap:
         task = state.tasks.get(heap[0][2])
@@ -244,7 +244,7 @@ def _head(state: SchedulerCore, heap: list[tuple[int, int, str]]) -> TaskRecord 
     return None
 
 
-def _place_resource_tasks(state: SchedulerCore) -> None:
+def _place_resource_tasks(state: SchedulerState) -> None:
     # No early return when every thread is busy: a blocked head must still take its
     # reservation then, or plain tasks pipelined ahead keep every thread busy forever
     # and the resource task starves behind newer work.
@@ -289,7 +289,7 @@ def _place_resource_tasks(state: SchedulerCore) -> None:
 
 
 def _place_by_age(
-    state: SchedulerCore, pool_for: Callable[[QueueKey], list[list[WorkerRecord]]]
+    state: SchedulerState, pool_for: Callable[[QueueKey], list[list[WorkerRecord]]]
 ) -> None:
     """Merge the request kinds' queues oldest first; a kind that blocks is done for this pass.
 
@@ -330,7 +330,7 @@ def _place_by_age(
 
 
 def _start_if_it_fits(
-    state: SchedulerCore,
+    state: SchedulerState,
     task: TaskRecord,
     pool_for: Callable[[QueueKey], list[list[WorkerRecord]]],
 ) -> bool:
@@ -356,7 +356,7 @@ def _outside(task: TaskRecord, target: WorkerRecord) -> str:
     )
 
 
-def ahead_per_thread(state: SchedulerCore, expected: float) -> int:
+def ahead_per_thread(state: SchedulerState, expected: float) -> int:
     """How many plain tasks expected to run ``expected`` seconds each thread may have
     queued behind the task it runs: enough to cover ``pipeline_seconds``, and none
     for work longer than ``queue_ahead_below``, which waits for a free thread."""
@@ -368,7 +368,7 @@ def ahead_per_thread(state: SchedulerCore, expected: float) -> int:
     return max(1, min(config.max_pipeline, math.ceil(config.pipeline_seconds / expected)))
 
 
-def _load(state: SchedulerCore, worker: WorkerRecord) -> tuple[bool, float, float]:
+def _load(state: SchedulerState, worker: WorkerRecord) -> tuple[bool, float, float]:
     """How busy ``worker`` is, least first: whether its memory is past its target
     (new work, which makes new data, goes there last), tasks per thread (those on their
     way to it included), then seconds of work per thread as expected, so that of two
@@ -380,7 +380,7 @@ def _load(state: SchedulerCore, worker: WorkerRecord) -> tuple[bool, float, floa
     )
 
 
-def _past_memory_target(state: SchedulerCore, worker: WorkerRecord) -> bool:
+def _past_memory_target(state: SchedulerState, worker: WorkerRecord) -> bool:
     """The results ``worker`` holds, or its process, are past its memory target: by the
     sizes the scheduler knows (exact, at once) or its last heartbeat."""
     limit = worker.memory_limit
@@ -388,7 +388,7 @@ def _past_memory_target(state: SchedulerCore, worker: WorkerRecord) -> bool:
 
 
 def closed_to_plain(
-    state: SchedulerCore, worker: WorkerRecord, resource_work_waiting: bool
+    state: SchedulerState, worker: WorkerRecord, resource_work_waiting: bool
 ) -> bool:
     """Whether ``worker`` takes no plain task now, however many threads are free."""
     if worker.leaving is not None or worker.paused:
@@ -398,13 +398,13 @@ def closed_to_plain(
     return holder is not None and worker.ledger.fits(holder.resources)
 
 
-def resource_work_waiting(state: SchedulerCore) -> bool:
+def resource_work_waiting(state: SchedulerState) -> bool:
     """A task asking for resources waits in the scheduler's queues (after the resource
     pass, a non-empty resource queue holds only tasks that could not start)."""
     return any(queue and needs_resources(key) for key, queue in state.ready.items())
 
 
-def _place_plain_tasks(state: SchedulerCore) -> None:
+def _place_plain_tasks(state: SchedulerState) -> None:
     """Give each plain task, oldest first, to the least busy open worker: one with a
     free thread, or for short work one whose queue has room for it. Stops at the
     first task no worker can take now (the rest are no older)."""
@@ -455,7 +455,7 @@ def _place_plain_tasks(state: SchedulerCore) -> None:
 
 
 def _has_room(
-    state: SchedulerCore, worker: WorkerRecord, ahead: int, waiting: bool, root: bool = False
+    state: SchedulerState, worker: WorkerRecord, ahead: int, waiting: bool, root: bool = False
 ) -> bool:
     """Whether ``worker`` may take one more plain task, ``ahead`` allowed per thread
     behind the one it runs, or for a ``root`` (``makes_new_data``) a tenth of its
@@ -470,7 +470,7 @@ def _has_room(
     return worker.running() + worker.incoming < room
 
 
-def makes_new_data(state: SchedulerCore, task: TaskRecord) -> bool:
+def makes_new_data(state: SchedulerState, task: TaskRecord) -> bool:
     """A root: a task with no inputs whose result feeds another task, and whose group
     has not been measured to make results smaller than ``root_output_below``.
 
@@ -493,7 +493,7 @@ SIBLINGS_FROM = 4
 
 
 def _sibling_choice(
-    state: SchedulerCore, task: TaskRecord, ahead: int, waiting: bool
+    state: SchedulerState, task: TaskRecord, ahead: int, waiting: bool
 ) -> WorkerRecord | None:
     """For a root, the worker given most of its siblings (the other inputs of the
     task it feeds), if it has room: its result is then made where it is used, and
@@ -520,7 +520,7 @@ def _sibling_choice(
 
 
 def _local_choice(
-    state: SchedulerCore, task: TaskRecord, ahead: int, waiting: bool
+    state: SchedulerState, task: TaskRecord, ahead: int, waiting: bool
 ) -> WorkerRecord | None:
     """The worker holding most input bytes, if it has room for the task now, or if
     its queue would clear before those bytes could move elsewhere: then even long

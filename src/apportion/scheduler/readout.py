@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from apportion.scheduler.core import SchedulerCore
+from apportion.scheduler.state import SchedulerState
 from apportion.scheduler.status import STREAM_LIMIT, durations, status
 
 
@@ -32,7 +32,7 @@ class LagReading(Protocol):
 class Readout:
     """Reads ``state`` for the dashboard (``dashboard.server.SchedulerReadout``)."""
 
-    state: SchedulerCore
+    state: SchedulerState
     #: The scheduler's event-loop lag, for ``/metrics``; None: not measured (reads 0).
     lag: LagReading | None = None
 

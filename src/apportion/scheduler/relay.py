@@ -29,7 +29,6 @@ from apportion.protocol.tasks import (
 from apportion.scheduler import copies, drain
 from apportion.scheduler.books import Gather, Scatter
 from apportion.scheduler.client_requests import want
-from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.events import (
     PipeData,
     PipeEnded,
@@ -45,12 +44,13 @@ from apportion.scheduler.records import (
     TaskRecord,
     WorkerRecord,
 )
+from apportion.scheduler.state import SchedulerState
 
 #: Relayed results of this many bytes or more are forwarded, not held (``PipeData``).
 PIPE_FROM = 1 << 20
 
 
-def worker_joined(state: SchedulerCore) -> None:
+def worker_joined(state: SchedulerState) -> None:
     """Scatters parked while no worker was connected are placed now."""
     relays = state.relays
     parked, relays.parked = relays.parked, []
@@ -60,7 +60,7 @@ def worker_joined(state: SchedulerCore) -> None:
             scatter(state, client, request)
 
 
-def worker_left(state: SchedulerCore, worker_id: str) -> None:
+def worker_left(state: SchedulerState, worker_id: str) -> None:
     """Answers that will never come count as missing (gather) or are re-placed (scatter)."""
     relays = state.relays
     for rid, gather_ in list(relays.gathers.items()):
@@ -83,7 +83,7 @@ def worker_left(state: SchedulerCore, worker_id: str) -> None:
     copies.worker_left(state, worker_id)
 
 
-def gather(state: SchedulerCore, client: ClientRecord, msg: GatherRequest) -> None:
+def gather(state: SchedulerState, client: ClientRecord, msg: GatherRequest) -> None:
     """Relay small results; name the holders of those of ``direct_from`` bytes or more,
     which the client fetches itself, so a large value never passes through here."""
     by_worker: dict[str, list[str]] = defaultdict(list)
@@ -115,7 +115,7 @@ def gather(state: SchedulerCore, client: ClientRecord, msg: GatherRequest) -> No
         state.emit(PipeData(worker_id, address, client.id, msg.request_id, rid, keys))
 
 
-def pipe_ended(state: SchedulerCore, event: PipeEnded) -> None:
+def pipe_ended(state: SchedulerState, event: PipeEnded) -> None:
     """Forwarded results are through (those ``broken`` only in part: missing)."""
     gather_ = state.relays.gathers.get(event.relay_id)
     if gather_ is None or gather_.piping.pop(event.worker_id, None) is None:
@@ -124,7 +124,7 @@ def pipe_ended(state: SchedulerCore, event: PipeEnded) -> None:
     _maybe_finish_gather(state, event.relay_id)
 
 
-def data_reply(state: SchedulerCore, worker: WorkerRecord, msg: DataReply) -> None:
+def data_reply(state: SchedulerState, worker: WorkerRecord, msg: DataReply) -> None:
     if msg.request_id in state.relays.handoffs:
         drain.source_reply(state, worker, msg)
         return
@@ -140,7 +140,7 @@ def data_reply(state: SchedulerCore, worker: WorkerRecord, msg: DataReply) -> No
     _maybe_finish_gather(state, msg.request_id)
 
 
-def _maybe_finish_gather(state: SchedulerCore, rid: int) -> None:
+def _maybe_finish_gather(state: SchedulerState, rid: int) -> None:
     gather_ = state.relays.gathers[rid]
     if not gather_.pending and not gather_.piping:
         del state.relays.gathers[rid]
@@ -150,7 +150,7 @@ def _maybe_finish_gather(state: SchedulerCore, rid: int) -> None:
         state.reply(gather_.client_id, reply)
 
 
-def scatter(state: SchedulerCore, client: ClientRecord, msg: ScatterRequest) -> None:
+def scatter(state: SchedulerState, client: ClientRecord, msg: ScatterRequest) -> None:
     allowed = set(msg.workers)
     chosen = [w for w in state.workers.values() if not allowed or w.aliases & allowed]
     if not chosen and allowed and state.workers and state.config.fail_unsatisfiable:
@@ -175,7 +175,7 @@ def scatter(state: SchedulerCore, client: ClientRecord, msg: ScatterRequest) -> 
         state.emit(SendPutData(worker_id, rid, data))
 
 
-def data_stored(state: SchedulerCore, worker: WorkerRecord, msg: DataStored) -> None:
+def data_stored(state: SchedulerState, worker: WorkerRecord, msg: DataStored) -> None:
     if msg.request_id == DIRECT_PUT:
         return  # a client put it there and reports it with ScatterPlaced
     if msg.request_id in state.relays.handoffs:
@@ -198,7 +198,7 @@ def data_stored(state: SchedulerCore, worker: WorkerRecord, msg: DataStored) -> 
             state.reply(client.id, ScatterReply(scatter_.request_id, scatter_.keys))
 
 
-def scatter_placed(state: SchedulerCore, client: ClientRecord, msg: ScatterPlaced) -> None:
+def scatter_placed(state: SchedulerState, client: ClientRecord, msg: ScatterPlaced) -> None:
     """The client put data on workers itself (``direct_to_workers``): record where."""
     by_address = {w.address: w for w in state.workers.values()}
     placed, lost = [], []
@@ -216,7 +216,7 @@ def scatter_placed(state: SchedulerCore, client: ClientRecord, msg: ScatterPlace
 
 
 def _adopt(
-    state: SchedulerCore,
+    state: SchedulerState,
     worker: WorkerRecord,
     client: ClientRecord | None,
     key: str,
@@ -239,7 +239,7 @@ def _adopt(
     state.complete(task, worker, nbytes, "scattered")
 
 
-def who_has(state: SchedulerCore, client: ClientRecord, msg: WhoHasRequest) -> None:
+def who_has(state: SchedulerState, client: ClientRecord, msg: WhoHasRequest) -> None:
     out: dict[str, list[str]] = {}
     for key in msg.keys:
         task: TaskRecord | None = state.tasks.get(key)

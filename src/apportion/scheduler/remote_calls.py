@@ -25,9 +25,9 @@ from apportion.protocol.remote_calls import (
     WorkersAnswered,
 )
 from apportion.scheduler.books import MAX_KEPT_BYTES, Call
-from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.events import Installation, SendInstall, SendRunCall, SendUninstall
 from apportion.scheduler.records import ClientRecord, WorkerRecord
+from apportion.scheduler.state import SchedulerState
 
 #: Largest upload or pickled plugin accepted, in bytes.
 MAX_INSTALL_BYTES = 64 * 2**20
@@ -39,7 +39,7 @@ KINDS = ("upload", "plugin")
 # --- client requests ---------------------------------------------------------------
 
 
-def run(state: SchedulerCore, client: ClientRecord, msg: RunOnWorkers) -> None:
+def run(state: SchedulerState, client: ClientRecord, msg: RunOnWorkers) -> None:
     """Send the call to the named workers (every worker when none is named)."""
     targets, unknown = _targets(state, msg.workers)
     if unknown:
@@ -55,7 +55,7 @@ def run(state: SchedulerCore, client: ClientRecord, msg: RunOnWorkers) -> None:
     )
 
 
-def install(state: SchedulerCore, client: ClientRecord, msg: InstallOnWorkers) -> None:
+def install(state: SchedulerState, client: ClientRecord, msg: InstallOnWorkers) -> None:
     """Keep an upload or plugin for workers to come and send it to every worker now."""
     book = state.remote
     key = (msg.kind, msg.name)
@@ -94,7 +94,7 @@ def install(state: SchedulerCore, client: ClientRecord, msg: InstallOnWorkers) -
     )
 
 
-def uninstall(state: SchedulerCore, client: ClientRecord, msg: UninstallFromWorkers) -> None:
+def uninstall(state: SchedulerState, client: ClientRecord, msg: UninstallFromWorkers) -> None:
     """Forget a plugin and have every worker tear it down."""
     if state.remote.kept.pop(("plugin", msg.name), None) is None:
         _refuse(state, client, msg.request_id, f"no worker plugin named {msg.name!r}")
@@ -109,11 +109,11 @@ def uninstall(state: SchedulerCore, client: ClientRecord, msg: UninstallFromWork
     )
 
 
-def versions(state: SchedulerCore, client: ClientRecord, msg: VersionsRequest) -> None:
+def versions(state: SchedulerState, client: ClientRecord, msg: VersionsRequest) -> None:
     state.reply(client.id, VersionsReply(msg.request_id, state.remote.versions))
 
 
-def logs(state: SchedulerCore, client: ClientRecord, msg: LogsRequest) -> None:
+def logs(state: SchedulerState, client: ClientRecord, msg: LogsRequest) -> None:
     recent = state.remote.logs
     state.reply(client.id, LogsReply(msg.request_id, recent(msg.n) if recent else []))
 
@@ -121,7 +121,7 @@ def logs(state: SchedulerCore, client: ClientRecord, msg: LogsRequest) -> None:
 # --- worker answers and membership -------------------------------------------------
 
 
-def call_answered(state: SchedulerCore, worker: WorkerRecord, msg: CallAnswered) -> None:
+def call_answered(state: SchedulerState, worker: WorkerRecord, msg: CallAnswered) -> None:
     call = state.remote.calls.get(msg.request_id)
     if call is None or worker.id not in call.pending:
         return  # nobody waits (no reply asked, client gone, or an earlier session's call)
@@ -130,13 +130,13 @@ def call_answered(state: SchedulerCore, worker: WorkerRecord, msg: CallAnswered)
     _maybe_finish(state, msg.request_id)
 
 
-def worker_joined(state: SchedulerCore, worker_id: str) -> None:
+def worker_joined(state: SchedulerState, worker_id: str) -> None:
     """Replay every kept upload and plugin, in the order they came."""
     for kept in state.remote.kept.values():
         state.emit(SendInstall(worker_id, NO_REPLY, kept))
 
 
-def worker_left(state: SchedulerCore, worker_id: str, how: str) -> None:
+def worker_left(state: SchedulerState, worker_id: str, how: str) -> None:
     """The calls waiting for this worker get "lost" for it instead of waiting forever."""
     for rid, call in list(state.remote.calls.items()):
         address = call.pending.pop(worker_id, None)
@@ -149,7 +149,7 @@ def worker_left(state: SchedulerCore, worker_id: str, how: str) -> None:
 # --- helpers -----------------------------------------------------------------------
 
 
-def _targets(state: SchedulerCore, wanted: list[str]) -> tuple[dict[str, str], list[str]]:
+def _targets(state: SchedulerState, wanted: list[str]) -> tuple[dict[str, str], list[str]]:
     """worker id -> address for the workers ``wanted`` names (all if empty); unknown names."""
     if not wanted:
         return {w.id: w.address for w in state.workers.values()}, []
@@ -165,7 +165,7 @@ def _targets(state: SchedulerCore, wanted: list[str]) -> tuple[dict[str, str], l
 
 
 def _start(
-    state: SchedulerCore,
+    state: SchedulerState,
     client_id: str,
     request_id: int,
     targets: dict[str, str],
@@ -184,14 +184,14 @@ def _start(
     _maybe_finish(state, rid)
 
 
-def _maybe_finish(state: SchedulerCore, rid: int) -> None:
+def _maybe_finish(state: SchedulerState, rid: int) -> None:
     call = state.remote.calls[rid]
     if not call.pending:
         del state.remote.calls[rid]
         _reply(state, call.client_id, call.request_id, call.results, "")
 
 
-def _refuse(state: SchedulerCore, client: ClientRecord, request_id: int, text: str) -> None:
+def _refuse(state: SchedulerState, client: ClientRecord, request_id: int, text: str) -> None:
     if request_id == NO_REPLY:
         state.warn(f"client {client.id}: {text}")
     else:
@@ -199,7 +199,7 @@ def _refuse(state: SchedulerCore, client: ClientRecord, request_id: int, text: s
 
 
 def _reply(
-    state: SchedulerCore,
+    state: SchedulerState,
     client_id: str,
     request_id: int,
     results: dict[str, list[Any]],
@@ -209,7 +209,7 @@ def _reply(
         state.reply(client_id, WorkersAnswered(request_id, results, error))
 
 
-def check_book(state: SchedulerCore) -> None:
+def check_book(state: SchedulerState) -> None:
     """Invariants (``check_invariants``): a call waits only for connected workers and
     for a client still there; what is kept stays within its bound."""
     for rid, call in state.remote.calls.items():

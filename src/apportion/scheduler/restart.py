@@ -23,7 +23,6 @@ from heapq import heapify
 from apportion.protocol.cluster import RestartReply, RestartRequest
 from apportion.protocol.tasks import ScatterReply
 from apportion.scheduler import coordination, membership
-from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.events import (
     Disconnect,
     SendKeysFailed,
@@ -32,12 +31,13 @@ from apportion.scheduler.events import (
 )
 from apportion.scheduler.records import FORGOTTEN, PROCESSING, QUEUED, ClientRecord
 from apportion.scheduler.shared_data import DATASET_OWNER
+from apportion.scheduler.state import SchedulerState
 
 #: ``WorkerRecord.leaving`` of the workers a restart removes.
 RESTARTING = "restarting"
 
 
-def restart(state: SchedulerCore, client: ClientRecord, msg: RestartRequest) -> None:
+def restart(state: SchedulerState, client: ClientRecord, msg: RestartRequest) -> None:
     why = f" ({msg.reason})" if msg.reason else ""
     text = f"the cluster was restarted{why}; submit the work again"
     kept = _durable_work(state)
@@ -80,7 +80,7 @@ def restart(state: SchedulerCore, client: ClientRecord, msg: RestartRequest) -> 
     state.reply(client.id, RestartReply(msg.request_id, len(workers), sorted(unsupervised)))
 
 
-def _cancel_scatters(state: SchedulerCore, text: str) -> None:
+def _cancel_scatters(state: SchedulerState, text: str) -> None:
     """Scattered data not placed yet (no worker, or on its way): cancelled and answered,
     so the scattering client does not wait for it."""
     relays = state.relays
@@ -96,7 +96,7 @@ def _cancel_scatters(state: SchedulerCore, text: str) -> None:
             state.reply(client_id, ScatterReply(request_id, []))
 
 
-def _durable_work(state: SchedulerCore) -> set[str]:
+def _durable_work(state: SchedulerState) -> set[str]:
     """Unfinished tasks only durable clients want, with no inputs (the job queue's runs)."""
     durable = {c.id for c in state.clients.values() if c.durable}
     if not durable:
@@ -111,7 +111,7 @@ def _durable_work(state: SchedulerCore) -> set[str]:
     }
 
 
-def _drop_datasets(state: SchedulerCore) -> None:
+def _drop_datasets(state: SchedulerState) -> None:
     """Datasets naming results are gone with them; plain values stay published."""
     book = state.shared
     for name, (_, keys) in list(book.datasets.items()):
@@ -120,7 +120,7 @@ def _drop_datasets(state: SchedulerCore) -> None:
             state.clients.pop(DATASET_OWNER + name, None)
 
 
-def _forget_tasks(state: SchedulerCore, kept: set[str]) -> None:
+def _forget_tasks(state: SchedulerState, kept: set[str]) -> None:
     """Every task but ``kept`` leaves the table, with everything said about it."""
     for key in [k for k in state.tasks if k not in kept]:
         task = state.tasks.pop(key)

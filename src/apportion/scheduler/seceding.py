@@ -17,19 +17,19 @@ new work cannot keep it waiting for ever. Rejoining does not wait for a thread: 
 worker may run more than ``nthreads`` tasks until enough of them finish (Dask's rule).
 
 A task that ends while seceded (without rejoining) is reported as any task; what it
-gave back is not given back twice (``SchedulerCore.unassign``).
+gave back is not given back twice (``SchedulerState.unassign``).
 """
 
 from __future__ import annotations
 
 from apportion.core.resources import Amounts, describe_resources
 from apportion.protocol.worker import TaskRejoining, TaskSeceded
-from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.events import SendRejoinGranted
 from apportion.scheduler.records import PROCESSING, TaskRecord, WorkerRecord
+from apportion.scheduler.state import SchedulerState
 
 
-def _seceded_task(state: SchedulerCore, worker: WorkerRecord, key: str) -> TaskRecord | None:
+def _seceded_task(state: SchedulerState, worker: WorkerRecord, key: str) -> TaskRecord | None:
     """The task running on ``worker`` under ``key``, or None for a stale report."""
     task = state.tasks.get(key)
     if task is None or task.state != PROCESSING or task.worker != worker.id:
@@ -37,7 +37,7 @@ def _seceded_task(state: SchedulerCore, worker: WorkerRecord, key: str) -> TaskR
     return task
 
 
-def task_seceded(state: SchedulerCore, worker: WorkerRecord, msg: TaskSeceded) -> None:
+def task_seceded(state: SchedulerState, worker: WorkerRecord, msg: TaskSeceded) -> None:
     task = _seceded_task(state, worker, msg.key)
     if task is None or task.key in worker.seceded:
         return
@@ -60,7 +60,7 @@ def task_seceded(state: SchedulerCore, worker: WorkerRecord, msg: TaskSeceded) -
     state.placement_due = True  # its thread, and maybe its resources, are free
 
 
-def task_rejoining(state: SchedulerCore, worker: WorkerRecord, msg: TaskRejoining) -> None:
+def task_rejoining(state: SchedulerState, worker: WorkerRecord, msg: TaskRejoining) -> None:
     task = _seceded_task(state, worker, msg.key)
     if task is None or task.key not in worker.seceded or task.key in worker.rejoining:
         return
@@ -74,7 +74,7 @@ def task_rejoining(state: SchedulerCore, worker: WorkerRecord, msg: TaskRejoinin
     state.placement_due = True
 
 
-def grant_rejoins(state: SchedulerCore) -> None:
+def grant_rejoins(state: SchedulerState) -> None:
     """Give rejoining tasks their resources back where they are free, first asked first
     on each worker; called by the placement pass before it starts anything."""
     for worker in state.workers.values():
@@ -90,13 +90,13 @@ def grant_rejoins(state: SchedulerCore) -> None:
             _rejoined(state, worker, task, f"rejoined on {worker.name}; holds its resources again")
 
 
-def _rejoined(state: SchedulerCore, worker: WorkerRecord, task: TaskRecord, cause: str) -> None:
+def _rejoined(state: SchedulerState, worker: WorkerRecord, task: TaskRecord, cause: str) -> None:
     del worker.seceded[task.key]
     worker.rejoined.add(task.key)
     state.log.append((state.now, task.key, PROCESSING, PROCESSING, cause))
 
 
-def kept_for_rejoin(state: SchedulerCore, worker: WorkerRecord) -> Amounts | None:
+def kept_for_rejoin(state: SchedulerState, worker: WorkerRecord) -> Amounts | None:
     """What new tasks may not take on ``worker``: the demand of its oldest rejoining
     task, which no newer work may overtake."""
     if not worker.rejoining:

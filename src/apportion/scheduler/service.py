@@ -38,7 +38,9 @@ from apportion.protocol.base import Message
 from apportion.protocol.codec import ProtocolError, decode_body
 from apportion.protocol.peer_data import DataReply, GetData
 from apportion.protocol.worker import RegisterWorker, WorkerDied
+from apportion.scheduler import views
 from apportion.scheduler.companions import Companion, SchedulerAddresses
+from apportion.scheduler.dispatch import handle
 from apportion.scheduler.events import (
     ClientJoined,
     ClientLeft,
@@ -368,7 +370,7 @@ class Scheduler(BackgroundService):
         self._handle(event)
 
     def _handle(self, event: Event) -> None:
-        self._execute(self.state.handle(event))
+        self._execute(handle(self.state, event))
         if self.state.placement_due and not self._placement_scheduled:
             self._placement_scheduled = True
             asyncio.get_running_loop().call_soon(self._place)
@@ -392,7 +394,7 @@ class Scheduler(BackgroundService):
 
     def _place(self) -> None:
         self._placement_scheduled = False
-        self._execute(self.state.handle(PlacementDue(self.clock.monotonic())))
+        self._execute(handle(self.state, PlacementDue(self.clock.monotonic())))
 
     def _execute(self, commands: list[Command]) -> None:
         conns = self._conns
@@ -462,7 +464,7 @@ class Scheduler(BackgroundService):
 
     def info(self) -> dict[str, Any]:
         """The same picture ``Client.scheduler_info()`` returns."""
-        return self.state.snapshot()
+        return views.snapshot(self.state)
 
 
 async def serve(host: str, port: int, config: SchedulerConfig | None = None) -> None:

@@ -9,7 +9,7 @@ dictionaries, addressed by a path of keys, as Dask's ``task_metadata``.
 
 A retry runs a failed task again, with the failed inputs it needs, inputs
 first. A failed input is kept (ERRED) while a record computed from it exists
-(``SchedulerCore.forget``), so a failed chain can be retried from its root.
+(``SchedulerState.forget``), so a failed chain can be retried from its root.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from apportion.protocol.shared_data import (
 from apportion.protocol.tasks import RetryKeys
 from apportion.scheduler import copies
 from apportion.scheduler.client_requests import release, want
-from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.events import SendKeysFailed, SendKeysPending, failure_notice
 from apportion.scheduler.holders import holders
 from apportion.scheduler.records import ERRED, MEMORY, RELEASED, ClientRecord, TaskRecord
+from apportion.scheduler.state import SchedulerState
 
 #: Prefix of the pseudo-client that holds a dataset's keys.
 DATASET_OWNER = "dataset:"
@@ -45,7 +45,7 @@ rebalance = copies.rebalance
 # --- datasets -------------------------------------------------------------------------
 
 
-def publish(state: SchedulerCore, client: ClientRecord, msg: PublishDataset) -> None:
+def publish(state: SchedulerState, client: ClientRecord, msg: PublishDataset) -> None:
     """Keep a dataset; its keys are wanted by its pseudo-client from now on."""
     book = state.shared
     if msg.name in book.datasets and not msg.override:
@@ -66,7 +66,7 @@ def publish(state: SchedulerCore, client: ClientRecord, msg: PublishDataset) -> 
     state.reply(client.id, SharedDataAck(msg.request_id, ""))
 
 
-def unpublish(state: SchedulerCore, client: ClientRecord, msg: UnpublishDataset) -> None:
+def unpublish(state: SchedulerState, client: ClientRecord, msg: UnpublishDataset) -> None:
     """Forget datasets (unknown names are no error, as in Dask); their keys may go."""
     for name in msg.names:
         if state.shared.datasets.pop(name, None) is not None:
@@ -75,7 +75,7 @@ def unpublish(state: SchedulerCore, client: ClientRecord, msg: UnpublishDataset)
     state.reply(client.id, SharedDataAck(msg.request_id, ""))
 
 
-def get_dataset(state: SchedulerCore, client: ClientRecord, msg: DatasetRequest) -> None:
+def get_dataset(state: SchedulerState, client: ClientRecord, msg: DatasetRequest) -> None:
     """The dataset's bytes and keys, with every published name (for the error, the list)."""
     found = state.shared.datasets.get(msg.name)
     data, keys = found or (b"", [])
@@ -86,7 +86,7 @@ def get_dataset(state: SchedulerCore, client: ClientRecord, msg: DatasetRequest)
 # --- metadata -------------------------------------------------------------------------
 
 
-def set_metadata(state: SchedulerCore, client: ClientRecord, msg: SetMetadata) -> None:
+def set_metadata(state: SchedulerState, client: ClientRecord, msg: SetMetadata) -> None:
     """As Dask's: missing (or non-dictionary) levels on the way become dictionaries."""
     if not msg.path:
         state.reply(client.id, SharedDataAck(msg.request_id, "a metadata key is needed"))
@@ -100,7 +100,7 @@ def set_metadata(state: SchedulerCore, client: ClientRecord, msg: SetMetadata) -
     state.reply(client.id, SharedDataAck(msg.request_id, ""))
 
 
-def get_metadata(state: SchedulerCore, client: ClientRecord, msg: MetadataRequest) -> None:
+def get_metadata(state: SchedulerState, client: ClientRecord, msg: MetadataRequest) -> None:
     """The value at the path, or ``found`` 0 where a level on the way is missing."""
     value: Any = state.shared.metadata
     for key in msg.path:
@@ -114,7 +114,7 @@ def get_metadata(state: SchedulerCore, client: ClientRecord, msg: MetadataReques
 # --- who has what ---------------------------------------------------------------------
 
 
-def cluster_facts(state: SchedulerCore, client: ClientRecord, msg: ClusterFactsRequest) -> None:
+def cluster_facts(state: SchedulerState, client: ClientRecord, msg: ClusterFactsRequest) -> None:
     """Who holds what, threads and assigned tasks, keyed by worker address as in Dask."""
     address = {w.id: w.address for w in state.workers.values()}
     who_has = {
@@ -137,7 +137,7 @@ def cluster_facts(state: SchedulerCore, client: ClientRecord, msg: ClusterFactsR
 # --- retry ----------------------------------------------------------------------------
 
 
-def retry(state: SchedulerCore, client: ClientRecord, msg: RetryKeys) -> None:
+def retry(state: SchedulerState, client: ClientRecord, msg: RetryKeys) -> None:
     """Run failed keys again; a finished one is said to be done, a pending one goes on."""
     for key in msg.keys:
         task = state.tasks.get(key)
@@ -156,7 +156,7 @@ def retry(state: SchedulerCore, client: ClientRecord, msg: RetryKeys) -> None:
             state.emit(failure_notice(client.id, key, task.error, 1))
 
 
-def _failed_chain(state: SchedulerCore, task: TaskRecord) -> list[TaskRecord]:
+def _failed_chain(state: SchedulerState, task: TaskRecord) -> list[TaskRecord]:
     """``task`` and the failed inputs it needs, transitively, inputs before dependents."""
     order: list[TaskRecord] = []
     seen = {task.key}
@@ -175,7 +175,7 @@ def _failed_chain(state: SchedulerCore, task: TaskRecord) -> list[TaskRecord]:
     return order
 
 
-def _run_again(state: SchedulerCore, task: TaskRecord, client_id: str) -> None:
+def _run_again(state: SchedulerState, task: TaskRecord, client_id: str) -> None:
     cause = f"retried by client {client_id}"
     for dep_key in task.deps:
         dep = state.tasks.get(dep_key)

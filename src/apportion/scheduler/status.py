@@ -19,7 +19,6 @@ from collections import defaultdict
 from typing import Any
 
 from apportion.core.resources import SCALE, describe_resources, from_ticks, is_byte_pool
-from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.explain import why_queued
 from apportion.scheduler.records import (
     DURATION_BUCKETS,
@@ -33,6 +32,7 @@ from apportion.scheduler.records import (
     demand_of,
     restriction_of,
 )
+from apportion.scheduler.state import SchedulerState
 from apportion.scheduler.unsatisfiable import satisfiable
 
 #: Shape of the status; bumped when a field changes meaning or goes.
@@ -48,7 +48,7 @@ STREAM_LIMIT = 5_000
 
 
 def status(
-    state: SchedulerCore,
+    state: SchedulerState,
     *,
     stream_since: int = 0,
     events_since: int = 0,
@@ -143,7 +143,7 @@ def _cluster_pools(workers: list[WorkerRecord]) -> list[dict[str, Any]]:
     ]
 
 
-def _worker(state: SchedulerCore, worker: WorkerRecord) -> dict[str, Any]:
+def _worker(state: SchedulerState, worker: WorkerRecord) -> dict[str, Any]:
     holders = _holders(state, worker)
     running = sorted(worker.processing, key=lambda k: state.tasks[k].seq)
     return {
@@ -174,7 +174,9 @@ def _worker_status(worker: WorkerRecord) -> str:
     return "paused" if worker.paused else "running"
 
 
-def _holders(state: SchedulerCore, worker: WorkerRecord) -> dict[tuple[str, str | None], list[str]]:
+def _holders(
+    state: SchedulerState, worker: WorkerRecord
+) -> dict[tuple[str, str | None], list[str]]:
     """Who holds what here: (pool, unit label) -> keys; (pool, None) for amount pools."""
     out: dict[tuple[str, str | None], list[str]] = defaultdict(list)
     for key in [*worker.processing, *worker.actors]:
@@ -239,7 +241,7 @@ def _groups(live: dict[str, GroupTally], finished: dict[str, GroupTally]) -> lis
     ]
 
 
-def _pending(state: SchedulerCore) -> list[dict[str, Any]]:
+def _pending(state: SchedulerState) -> list[dict[str, Any]]:
     """Each kind of request with tasks QUEUED: how many, the oldest, and why it waits."""
     kinds = []
     for key, count in state.telemetry.queued_kinds.items():
@@ -268,7 +270,7 @@ def _pending(state: SchedulerCore) -> list[dict[str, Any]]:
     return out
 
 
-def _oldest(state: SchedulerCore, kind: QueueKey) -> TaskRecord | None:
+def _oldest(state: SchedulerState, kind: QueueKey) -> TaskRecord | None:
     """The first task of a kind to start: the head of its heap, unless that is stale.
 
     A stale head (the task left QUEUED since) is rare, as placement pops those it
@@ -293,7 +295,7 @@ def _oldest(state: SchedulerCore, kind: QueueKey) -> TaskRecord | None:
     return best
 
 
-def durations(state: SchedulerCore) -> dict[str, Any]:
+def durations(state: SchedulerState) -> dict[str, Any]:
     """Task durations (seconds) as Prometheus histograms: plain data for ``/metrics``.
 
     Keys: ``bounds`` (the buckets' upper bounds; +Inf follows); ``all`` (every

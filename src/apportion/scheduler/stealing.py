@@ -48,7 +48,6 @@ from __future__ import annotations
 from heapq import heappop, heappush
 
 from apportion.protocol.worker import StealResponse
-from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.events import SendStealRequest
 from apportion.scheduler.holders import holds
 from apportion.scheduler.placement import closed_to_plain, fits_now, resource_work_waiting
@@ -58,10 +57,11 @@ from apportion.scheduler.records import (
     TaskRecord,
     WorkerRecord,
 )
+from apportion.scheduler.state import SchedulerState
 from apportion.scheduler.worker_reports import running_task, settle_discarded
 
 
-def balance(state: SchedulerCore) -> None:
+def balance(state: SchedulerState) -> None:
     """Ask busy workers to let waiting tasks go to idle threads, where they start sooner."""
     if len(state.workers) < 2:
         return
@@ -100,7 +100,7 @@ def balance(state: SchedulerCore) -> None:
 
 
 def _ask(
-    state: SchedulerCore, task: TaskRecord, victim: WorkerRecord, thief: WorkerRecord, why: str
+    state: SchedulerState, task: TaskRecord, victim: WorkerRecord, thief: WorkerRecord, why: str
 ) -> None:
     """Record that ``victim`` is asked to let ``task`` go to ``thief``."""
     state.steals[task.key] = (victim.id, thief.id)
@@ -109,7 +109,7 @@ def _ask(
     state.log.append((state.now, task.key, PROCESSING, PROCESSING, cause))
 
 
-def steal_answered(state: SchedulerCore, worker: WorkerRecord, msg: StealResponse) -> None:
+def steal_answered(state: SchedulerState, worker: WorkerRecord, msg: StealResponse) -> None:
     """``worker`` let go of the tasks that had not started, and kept the others."""
     for key in msg.started:
         if state.steals.get(key, ("",))[0] == worker.id:
@@ -138,7 +138,7 @@ def steal_answered(state: SchedulerCore, worker: WorkerRecord, msg: StealRespons
             state.assign(task, thief, cause=cause)
 
 
-def _idle_threads(state: SchedulerCore) -> dict[str, int]:
+def _idle_threads(state: SchedulerState) -> dict[str, int]:
     """Worker id -> its threads that nothing runs on and nothing is on its way to."""
     free: dict[str, int] = {}
     for w in state.workers.values():  # inlined, no call per worker: this runs every pass
@@ -149,7 +149,7 @@ def _idle_threads(state: SchedulerCore) -> dict[str, int]:
     return free
 
 
-def _busy(state: SchedulerCore) -> list[WorkerRecord]:
+def _busy(state: SchedulerState) -> list[WorkerRecord]:
     """Workers with tasks beyond their threads (not counting those being moved away),
     and workers paused for their memory with tasks: some of their tasks wait."""
     leaving: dict[str, int] = {}
@@ -162,7 +162,7 @@ def _busy(state: SchedulerCore) -> list[WorkerRecord]:
     ]
 
 
-def _waits(state: SchedulerCore, worker: WorkerRecord) -> list[tuple[TaskRecord, float]]:
+def _waits(state: SchedulerState, worker: WorkerRecord) -> list[tuple[TaskRecord, float]]:
     """The tasks presumably waiting on ``worker``, each with the seconds until it would
     start there, in the order the worker would start them (see the module)."""
     now = state.now
@@ -200,7 +200,7 @@ _FOREVER = float("inf")
 
 
 def _cheapest(
-    state: SchedulerCore,
+    state: SchedulerState,
     task: TaskRecord,
     victim: WorkerRecord,
     free: dict[str, int],
@@ -219,7 +219,7 @@ def _cheapest(
     return best, best_cost
 
 
-def _may_take(state: SchedulerCore, thief: WorkerRecord, task: TaskRecord, waiting: bool) -> bool:
+def _may_take(state: SchedulerState, thief: WorkerRecord, task: TaskRecord, waiting: bool) -> bool:
     """Whether ``thief`` may start ``task`` now, as placement would allow it."""
     if thief.leaving is not None:
         return False  # it said it is closing: it gets nothing new
@@ -233,7 +233,7 @@ def _may_take(state: SchedulerCore, thief: WorkerRecord, task: TaskRecord, waiti
     return thief.running() + thief.incoming < thief.nthreads
 
 
-def _move_cost(state: SchedulerCore, task: TaskRecord, thief: WorkerRecord) -> float:
+def _move_cost(state: SchedulerState, task: TaskRecord, thief: WorkerRecord) -> float:
     """Seconds moving ``task`` to ``thief`` costs: the round trips, and its inputs
     ``thief`` does not hold."""
     missing = 0

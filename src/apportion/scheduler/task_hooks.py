@@ -45,10 +45,10 @@ from apportion.scheduler.events import (
 from apportion.scheduler.records import QUEUED, ClientRecord, WorkerRecord
 
 if TYPE_CHECKING:
-    from apportion.scheduler.core import SchedulerCore
+    from apportion.scheduler.state import SchedulerState
 
 
-def register_service(state: SchedulerCore, client: ClientRecord, msg: RegisterService) -> None:
+def register_service(state: SchedulerState, client: ClientRecord, msg: RegisterService) -> None:
     # A service's work outlives its connection (the job queue's runs keep running
     # while the scheduler stops, for the next one to adopt).
     client.durable = True
@@ -58,7 +58,7 @@ def register_service(state: SchedulerCore, client: ClientRecord, msg: RegisterSe
         state.services.prefixes[msg.key_prefix] = client.id
 
 
-def forward(state: SchedulerCore, peer: ClientRecord | WorkerRecord, msg: Message) -> bool:
+def forward(state: SchedulerState, peer: ClientRecord | WorkerRecord, msg: Message) -> bool:
     """Forward a client's request to the service serving its kind; whether there is one.
 
     If there is none the client is told so (``Unserved``), not left waiting.
@@ -74,7 +74,7 @@ def forward(state: SchedulerCore, peer: ClientRecord | WorkerRecord, msg: Messag
     return True
 
 
-def forwarded_reply(state: SchedulerCore, client: ClientRecord, msg: ForwardedReply) -> None:
+def forwarded_reply(state: SchedulerState, client: ClientRecord, msg: ForwardedReply) -> None:
     if msg.origin not in state.clients:
         return  # the asker left meanwhile
     try:
@@ -85,7 +85,7 @@ def forwarded_reply(state: SchedulerCore, client: ClientRecord, msg: ForwardedRe
     state.reply(msg.origin, reply)
 
 
-def task_note(state: SchedulerCore, worker: WorkerRecord, msg: TaskNote) -> None:
+def task_note(state: SchedulerState, worker: WorkerRecord, msg: TaskNote) -> None:
     task = state.tasks.get(msg.key)
     if task is None or not task.wanted_by:
         return  # nobody to tell
@@ -93,7 +93,7 @@ def task_note(state: SchedulerCore, worker: WorkerRecord, msg: TaskNote) -> None
         state.emit(SendTaskNoted(client_id, msg.key, worker.name, msg.note))
 
 
-def worker_joined(state: SchedulerCore, worker_id: str, reg: RegisterWorker) -> None:
+def worker_joined(state: SchedulerState, worker_id: str, reg: RegisterWorker) -> None:
     """Offer the tasks still running on a worker that joined to the services claiming them."""
     if not reg.live_tasks:
         return
@@ -112,14 +112,14 @@ def worker_joined(state: SchedulerCore, worker_id: str, reg: RegisterWorker) -> 
         state.emit(SendFreeKeys(worker_id, unclaimed))  # nobody here will ever want them
 
 
-def _server_of(state: SchedulerCore, key: str) -> str | None:
+def _server_of(state: SchedulerState, key: str) -> str | None:
     for prefix, client_id in state.services.prefixes.items():
         if key.startswith(prefix) and client_id in state.clients:
             return client_id
     return None
 
 
-def adopt_task(state: SchedulerCore, client: ClientRecord, msg: AdoptTask) -> None:
+def adopt_task(state: SchedulerState, client: ClientRecord, msg: AdoptTask) -> None:
     key = msg.task.key
     client_requests.submit(state, client, SubmitTasks([msg.task], msg.functions, [key]))
     worker = state.workers.get(msg.worker_id)
@@ -133,17 +133,17 @@ def adopt_task(state: SchedulerCore, client: ClientRecord, msg: AdoptTask) -> No
     worker.started.add(task.key)  # its processes run: never to be moved
 
 
-def stop_tasks(state: SchedulerCore, client: ClientRecord, msg: StopTasks) -> None:
+def stop_tasks(state: SchedulerState, client: ClientRecord, msg: StopTasks) -> None:
     if msg.worker_id in state.workers:
         state.emit(SendFreeKeys(msg.worker_id, msg.keys))
 
 
-def worker_left(state: SchedulerCore, worker: WorkerRecord) -> None:
+def worker_left(state: SchedulerState, worker: WorkerRecord) -> None:
     if state.services.prefixes:
         state.services.departed.append(worker.name)
 
 
-def flush(state: SchedulerCore) -> None:
+def flush(state: SchedulerState) -> None:
     """At the end of an event: tell services of workers whose name nobody holds now."""
     book = state.services
     if not book.departed:

@@ -4,7 +4,7 @@ dashboard, ``apportion status``, ``/metrics`` and ``performance_report``.
 Every view of the cluster must cost nothing per queued task when it is read, so
 that a page open on 100,000 queued tasks stays live: whatever would need a pass
 over every record is counted here instead, by the core as tasks move
-(``SchedulerCore.move``), finish (``worker_reports``) and warn (``SchedulerCore.warn``).
+(``SchedulerState.move``), finish (``worker_reports``) and warn (``SchedulerState.warn``).
 That costs a few dictionary updates per transition, paid whether or not anybody
 looks; everything else a view shows is read from the records it already bounds
 (workers, running tasks, queue heads).
@@ -105,7 +105,7 @@ class Telemetry:
     # --- kept by the core ----------------------------------------------------------
 
     def moved(self, task: TaskRecord, old: str, new: str) -> None:
-        """``task`` moves from ``old`` to ``new`` (``SchedulerCore.move``)."""
+        """``task`` moves from ``old`` to ``new`` (``SchedulerState.move``)."""
         tally = task.group
         if tally is None:
             tally = task.group = self.tally(task.key)
@@ -124,7 +124,7 @@ class Telemetry:
         if new == MEMORY and old == PROCESSING:
             tally.done += 1
         elif new == ERRED:
-            # The error is set before the move (``SchedulerCore.fail``), so that a
+            # The error is set before the move (``SchedulerState.fail``), so that a
             # cancellation, and what failed because of one, is told from a failure.
             error = task.error
             if error is not None and error[0] == "cancelled":

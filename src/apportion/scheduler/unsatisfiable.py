@@ -21,7 +21,6 @@ from apportion.core.demand import Demand
 from apportion.core.ledger import Ledger, splittable
 from apportion.core.resource_names import did_you_mean, misspelt, suggestions
 from apportion.core.resources import Amounts, describe_amount, describe_resources
-from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.events import SendNotice
 from apportion.scheduler.records import (
     QUEUED,
@@ -32,9 +31,10 @@ from apportion.scheduler.records import (
     demand_of,
     restriction_of,
 )
+from apportion.scheduler.state import SchedulerState
 
 
-def satisfiable(state: SchedulerCore, key: QueueKey) -> bool:
+def satisfiable(state: SchedulerState, key: QueueKey) -> bool:
     """Some connected worker's declared supply could hold this request, and (for a
     hard restriction) that worker is one the task may run on."""
     known = state.satisfiable_cache.get(key)
@@ -51,7 +51,7 @@ def satisfiable(state: SchedulerCore, key: QueueKey) -> bool:
 
 
 def check_satisfiable(
-    state: SchedulerCore, task: TaskRecord
+    state: SchedulerState, task: TaskRecord
 ) -> tuple[str, bytes | str, bytes] | None:
     """At submission: the failure to give ``task`` if it names a misspelt resource, or
     (on a cluster that cannot grow) if no connected worker could ever hold it."""
@@ -65,7 +65,7 @@ def check_satisfiable(
     return ("unsatisfiable", unsatisfiable_text(task, state.workers.values()), b"")
 
 
-def fail_or_warn(state: SchedulerCore, kind: QueueKey, heap: list[Any]) -> None:
+def fail_or_warn(state: SchedulerState, kind: QueueKey, heap: list[Any]) -> None:
     """Placement found ready tasks that no connected worker can ever hold."""
     if satisfiable(state, kind):
         return  # only workers that are closing could: wait for others, say nothing yet
@@ -88,7 +88,7 @@ def fail_or_warn(state: SchedulerCore, kind: QueueKey, heap: list[Any]) -> None:
 
 
 def pinned_by_inputs(
-    state: SchedulerCore, task: TaskRecord, pools: list[list[WorkerRecord]]
+    state: SchedulerState, task: TaskRecord, pools: list[list[WorkerRecord]]
 ) -> str:
     """Whether ``task`` can never start because actors hold what it needs until it
     ends: actors among its own inputs, or among the inputs of a task that waits for
@@ -119,7 +119,7 @@ def pinned_by_inputs(
     return ", ".join(repr(a.key) for actors in held.values() for a in actors)
 
 
-def _with_waiters(state: SchedulerCore, task: TaskRecord) -> list[TaskRecord]:
+def _with_waiters(state: SchedulerState, task: TaskRecord) -> list[TaskRecord]:
     """``task`` and every unfinished task that waits for its result, directly or not."""
     found = {task.key: task}
     stack = [task]
@@ -131,7 +131,7 @@ def _with_waiters(state: SchedulerCore, task: TaskRecord) -> list[TaskRecord]:
     return list(found.values())
 
 
-def fail_or_warn_pinned(state: SchedulerCore, task: TaskRecord, actors: str) -> None:
+def fail_or_warn_pinned(state: SchedulerState, task: TaskRecord, actors: str) -> None:
     """``task`` waits for what actors hold until it ends (``pinned_by_inputs``)."""
     state.drop_reservation(task)  # it could never use one: newer work may have it
     what = describe_resources(task.resources)
@@ -151,7 +151,7 @@ def offered(workers: Iterable[WorkerRecord]) -> set[str]:
     return {name for w in workers for name in w.ledger.total}
 
 
-def misnamed(state: SchedulerCore, task: TaskRecord) -> dict[str, str]:
+def misnamed(state: SchedulerState, task: TaskRecord) -> dict[str, str]:
     """The names ``task`` asks for (in any of its alternatives) that no connected
     worker offers but are slips of one that some worker does: each with its
     suggestion. Once per kind of request, as a sweep of 10,000 shares the answer."""
@@ -178,7 +178,7 @@ def misnamed_detail(slips: dict[str, str], workers: Iterable[WorkerRecord]) -> s
     )
 
 
-def check_demand(state: SchedulerCore, demand: Amounts) -> tuple[str, str]:
+def check_demand(state: SchedulerState, demand: Amounts) -> tuple[str, str]:
     """Whether the connected workers could ever hold ``demand`` (a run's, before it is
     queued): ``("", "")`` if one could; else a kind and what the asker should be told
     after what it asks (``"run 9 asks for gpu=1, but " + text``). Kinds: ``"no
@@ -214,7 +214,7 @@ def _offer_text(workers: Iterable[WorkerRecord]) -> str:
     )
 
 
-def warn_unsatisfiable(state: SchedulerCore, task: TaskRecord, text: str) -> None:
+def warn_unsatisfiable(state: SchedulerState, task: TaskRecord, text: str) -> None:
     """Log it once per kind of request, and tell each client waiting for one once."""
     if task.queue not in state.warned:
         state.warned.add(task.queue)

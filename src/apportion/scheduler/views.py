@@ -12,10 +12,10 @@ from typing import Any
 
 from apportion.core.payload import Pickled
 from apportion.core.resources import from_ticks
-from apportion.scheduler.core import SchedulerCore
+from apportion.scheduler.state import SchedulerState
 
 
-def dump(state: SchedulerCore, log_rows: int = 10_000) -> dict[str, Any]:
+def dump(state: SchedulerState, log_rows: int = 10_000) -> dict[str, Any]:
     """Everything the scheduler knows, as plain data: attach it to a bug report."""
     tasks = {
         key: {
@@ -47,7 +47,7 @@ def dump(state: SchedulerCore, log_rows: int = 10_000) -> dict[str, Any]:
     }
 
 
-def snapshot(state: SchedulerCore) -> dict[str, Any]:
+def snapshot(state: SchedulerState) -> dict[str, Any]:
     """A plain-data picture of the cluster, shaped like Dask's ``scheduler_info``."""
     counts: dict[str, int] = defaultdict(int)
     for task in state.tasks.values():

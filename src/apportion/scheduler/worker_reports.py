@@ -1,6 +1,6 @@
 """Worker reports: tasks finished, raised, dropped, inputs missing, departures.
 
-Functions over ``SchedulerCore``; ``state.py`` dispatches each worker message here.
+Functions over ``SchedulerState``; ``state.py`` dispatches each worker message here.
 Every report of a task the worker was running returns that task's resources
 (``running_task``) before anything else is decided about it.
 """
@@ -17,7 +17,6 @@ from apportion.protocol.worker import (
     WorkerClosing,
 )
 from apportion.scheduler import actors
-from apportion.scheduler.core import SchedulerCore
 from apportion.scheduler.holders import drop_holder, holders, holds
 from apportion.scheduler.records import (
     ERRED,
@@ -26,9 +25,10 @@ from apportion.scheduler.records import (
     TaskRecord,
     WorkerRecord,
 )
+from apportion.scheduler.state import SchedulerState
 
 
-def running_task(state: SchedulerCore, worker: WorkerRecord, key: str) -> TaskRecord | None:
+def running_task(state: SchedulerState, worker: WorkerRecord, key: str) -> TaskRecord | None:
     """The task ``worker`` reports on, or None (after freeing its data) if stale."""
     task = state.tasks.get(key)
     if task is None or task.state != PROCESSING or task.worker != worker.id:
@@ -39,7 +39,7 @@ def running_task(state: SchedulerCore, worker: WorkerRecord, key: str) -> TaskRe
     return task
 
 
-def task_finished(state: SchedulerCore, worker: WorkerRecord, msg: TaskFinished) -> None:
+def task_finished(state: SchedulerState, worker: WorkerRecord, msg: TaskFinished) -> None:
     allocation = _allocation_of(state, msg.key)  # before ``running_task`` gives it back
     task = running_task(state, worker, msg.key)
     if task is None:
@@ -64,12 +64,12 @@ def task_finished(state: SchedulerCore, worker: WorkerRecord, msg: TaskFinished)
     state.complete(task, worker, msg.nbytes, f"finished on {worker.name}")
 
 
-def _allocation_of(state: SchedulerCore, key: str) -> Allocation | None:
+def _allocation_of(state: SchedulerState, key: str) -> Allocation | None:
     task = state.tasks.get(key)
     return task.allocation if task is not None else None
 
 
-def task_raised(state: SchedulerCore, worker: WorkerRecord, msg: TaskRaised) -> None:
+def task_raised(state: SchedulerState, worker: WorkerRecord, msg: TaskRaised) -> None:
     allocation = _allocation_of(state, msg.key)
     task = running_task(state, worker, msg.key)
     if task is None:
@@ -87,7 +87,7 @@ def task_raised(state: SchedulerCore, worker: WorkerRecord, msg: TaskRaised) -> 
         state.fail(task, ("exception", msg.exception, msg.traceback), f"raised on {worker.name}")
 
 
-def settle_discarded(state: SchedulerCore, task: TaskRecord, cause: str) -> None:
+def settle_discarded(state: SchedulerState, task: TaskRecord, cause: str) -> None:
     """A task whose result was dropped on purpose is back from its worker."""
     task.discard_result = False  # settled now: its worker no longer holds it
     if task.cancelled:
@@ -108,7 +108,7 @@ def settle_discarded(state: SchedulerCore, task: TaskRecord, cause: str) -> None
         state.remove(task, cause)
 
 
-def heartbeat(state: SchedulerCore, worker: WorkerRecord, msg: Heartbeat) -> None:
+def heartbeat(state: SchedulerState, worker: WorkerRecord, msg: Heartbeat) -> None:
     """Hearing from the worker is the point (``last_seen``); its memory dates a crash.
 
     A worker paused for its memory gets no new task; once it resumes, what waited
@@ -125,11 +125,11 @@ def heartbeat(state: SchedulerCore, worker: WorkerRecord, msg: Heartbeat) -> Non
     worker.paused = paused
 
 
-def worker_closing(state: SchedulerCore, worker: WorkerRecord, msg: WorkerClosing) -> None:
+def worker_closing(state: SchedulerState, worker: WorkerRecord, msg: WorkerClosing) -> None:
     worker.leaving = msg.reason or "closed"
 
 
-def tasks_dropped(state: SchedulerCore, worker: WorkerRecord, msg: TasksDropped) -> None:
+def tasks_dropped(state: SchedulerState, worker: WorkerRecord, msg: TasksDropped) -> None:
     """The worker let go of tasks we had freed before they started: settle them."""
     for key in msg.keys:
         task = running_task(state, worker, key)
@@ -139,7 +139,7 @@ def tasks_dropped(state: SchedulerCore, worker: WorkerRecord, msg: TasksDropped)
 
 
 def _drop_failed_holders(
-    state: SchedulerCore, dep: TaskRecord, tried: list[str], worker: WorkerRecord
+    state: SchedulerState, dep: TaskRecord, tried: list[str], worker: WorkerRecord
 ) -> None:
     """The holders ``worker`` tried do not have ``dep``: forget them; lose it with the last."""
     for holder_id in holders(dep):
@@ -161,7 +161,7 @@ def _drop_failed_holders(
 MAX_FETCH_FAILURES = 3
 
 
-def missing_dependency(state: SchedulerCore, worker: WorkerRecord, msg: MissingDependency) -> None:
+def missing_dependency(state: SchedulerState, worker: WorkerRecord, msg: MissingDependency) -> None:
     task = running_task(state, worker, msg.key)
     if msg.reason:
         # The input exists but its value cannot travel: running again cannot help.

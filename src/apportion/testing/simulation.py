@@ -27,6 +27,7 @@ from apportion.protocol.worker import (
     TaskRaised,
     WorkerClosing,
 )
+from apportion.scheduler.dispatch import handle
 from apportion.scheduler.events import (
     ClientJoined,
     ClientLeft,
@@ -90,7 +91,7 @@ class SimulatedCluster:
     # --- plumbing -------------------------------------------------------------------
 
     def handle(self, event: Event) -> list[Command]:
-        commands = self.state.handle(event)
+        commands = handle(self.state, event)
         for command in commands:
             if isinstance(command, Log):
                 self.logs.append(command)
