@@ -65,7 +65,7 @@ def state_machine_reading(n_tasks: int, traced: bool) -> dict[str, Any]:
     import hashlib
 
     from apportion.core import payload
-    from apportion.protocol.codec import decode_body, encode_frame
+    from apportion.protocol.codec import HEADER, decode_body, encode_frame
     from apportion.protocol.tasks import SubmitTasks, TaskSpec
     from apportion.scheduler.dispatch import handle
     from apportion.scheduler.events import ClientJoined, FromClient, PlacementDue
@@ -85,9 +85,10 @@ def state_machine_reading(n_tasks: int, traced: bool) -> dict[str, Any]:
             args, deps = payload.pack_call((i,), {})
             digest = hashlib.blake2b(func_id.encode() + args, digest_size=16).hexdigest()
             specs.append(TaskSpec(f"inc-{digest}", func_id, args, sorted(deps), {}, 0, 0))
-        frame = encode_frame([SubmitTasks(specs, {func_id: blob}, [s.key for s in specs])])
+        # Small arguments only: the frame is one buffer, its header then its body.
+        (frame,) = encode_frame([SubmitTasks(specs, {func_id: blob}, [s.key for s in specs])])
         del specs
-        messages = decode_body(frame[4:])
+        messages = decode_body(bytes(frame)[HEADER.size :])
         del frame
         now = first / n_tasks
         handle(state, FromClient("client-1", messages, now))
