@@ -566,7 +566,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                     for pool in by_option
                     for w in pool
                     for a in w.actors
-                    for d in state.tasks[a].dependents
+                    for d in state.tasks[a].dependents or ()
                     if state.tasks[d].state in (WAITING, QUEUED)
                 }
                 assert kept_for, f"{key} hangs"

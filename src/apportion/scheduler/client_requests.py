@@ -5,6 +5,7 @@ Functions over ``SchedulerState``; ``state.py`` dispatches each client message h
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from apportion.core.demand import PLAIN, Demand, from_wire
@@ -25,7 +26,7 @@ from apportion.protocol.cluster import (
     WhyRequest,
 )
 from apportion.protocol.tasks import CancelKeys, ReleaseKeys, SubmitTasks, TaskSpec
-from apportion.scheduler import views
+from apportion.scheduler import records, views
 from apportion.scheduler.backlog import backlog
 from apportion.scheduler.events import SendKeysFailed, TaskError, failure_notice
 from apportion.scheduler.explain import explain
@@ -40,6 +41,8 @@ from apportion.scheduler.records import (
     ClientRecord,
     Restriction,
     TaskRecord,
+    add_dependent,
+    unwant,
 )
 from apportion.scheduler.state import SchedulerState
 from apportion.scheduler.status import status
@@ -66,13 +69,13 @@ def submit(state: SchedulerState, client: ClientRecord, msg: SubmitTasks) -> Non
     demands: dict[Any, Demand] = {}
     for spec in msg.tasks:
         existing = state.tasks.get(spec.key)
-        wanters: set[str] | None = None
+        wanters: frozenset[str] | None = None
         if existing is not None and _was_cancelled(existing):
             wanters = existing.wanted_by
             existing = _revive(state, existing)
         if existing is None:
             task = _new_task(state, spec, restrictions, demands)
-            task.wanted_by = set(wanters) if wanters else None  # their futures still exist
+            task.wanted_by = wanters or None  # their futures still exist
             created.append(task)
     # After the loop above: dropping a revived record may have dropped its function.
     state.functions.update(msg.functions)
@@ -125,7 +128,7 @@ def _link_inputs(state: SchedulerState, task: TaskRecord) -> None:
     for dep_key in task.deps:
         dep = state.tasks.get(dep_key)
         if dep is not None:
-            dep.dependents.add(task.key)
+            add_dependent(dep, task.key)
             dep.lineage += 1
 
 
@@ -164,7 +167,8 @@ def _new_task(
             restrictions[shape] = restriction
     task = TaskRecord(
         spec.key,
-        spec.func_id,
+        # One string per function, not one per task: each decoded spec brings its own.
+        sys.intern(spec.func_id),
         spec.args,
         tuple(spec.deps),
         demand,
@@ -215,9 +219,7 @@ def want(state: SchedulerState, client: ClientRecord, key: str) -> None:
     if task is None:
         state.emit(SendKeysFailed(client.id, [key], "lost", f"{key!r} is unknown"))
         return
-    if task.wanted_by is None:
-        task.wanted_by = set()
-    task.wanted_by.add(client.id)
+    records.want(task, client)
     client.wanted.add(key)
     if task.state == MEMORY:
         state.done_keys[client.id].append(key)
@@ -232,7 +234,7 @@ def release(state: SchedulerState, client: ClientRecord, keys: list[str]) -> Non
         client.wanted.discard(key)
         task = state.tasks.get(key)
         if task is not None and task.wanted_by:
-            task.wanted_by.discard(client.id)
+            unwant(task, client.id)
             state.release_if_unneeded(task)
 
 

@@ -109,7 +109,7 @@ def _check_tasks(state: SchedulerState) -> None:
         if task.actor and task.state == MEMORY:
             assert key in state.workers[task.worker or ""].actors, f"{key}: actor not hosted"
         _check_holders(state, task)
-        for dep_key in task.dependents:
+        for dep_key in task.dependents or ():
             dependent = state.tasks.get(dep_key)
             assert dependent is not None, f"{key}: dependent {dep_key} forgotten"
             assert key in dependent.deps
@@ -119,7 +119,7 @@ def _check_tasks(state: SchedulerState) -> None:
                 dep = state.tasks.get(dep_key)
                 assert dep is not None, f"{key}: input {dep_key} forgotten while needed"
                 assert dep.state != RELEASED, f"{key}: input {dep_key} released while needed"
-                assert key in dep.dependents, f"{key}: not registered with {dep_key}"
+                assert key in (dep.dependents or ()), f"{key}: not registered with {dep_key}"
         for client_id in task.wanted_by or ():
             assert key in state.clients[client_id].wanted
 

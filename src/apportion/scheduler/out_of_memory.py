@@ -116,7 +116,7 @@ def served_by(state: SchedulerState, worker: WorkerRecord) -> list[str]:
             continue
         fetched = any(
             state.tasks[d].state == PROCESSING and state.tasks[d].worker not in (None, worker.id)
-            for d in task.dependents
+            for d in task.dependents or ()
         )
         if fetched or key in relayed or key in state.served_directly:
             served.append(key)

@@ -498,9 +498,10 @@ def _sibling_choice(
     """For a root, the worker given most of its siblings (the other inputs of the
     task it feeds), if it has room: its result is then made where it is used, and
     neither moved nor copied."""
-    if len(task.dependents) > SIBLINGS_FROM:
+    dependents = task.dependents
+    if not dependents or len(dependents) > SIBLINGS_FROM:
         return None  # a chunk many tasks read: no one group of siblings to join
-    dependent = state.tasks.get(min(task.dependents))  # min: the same in every run
+    dependent = state.tasks.get(min(dependents))  # min: the same in every run
     if dependent is None or len(dependent.deps) > SIBLINGS_LOOKED_AT:
         return None
     given: dict[str, int] = {}

@@ -234,7 +234,7 @@ def _adopt(
     task = TaskRecord(key, "", b"", (), PLAIN, 0, 0, state.next_seq())
     state.tasks[key] = task
     if client is not None:
-        task.wanted_by = {client.id}
+        task.wanted_by = client.alone
         client.wanted.add(key)
     state.complete(task, worker, nbytes, "scattered")
 

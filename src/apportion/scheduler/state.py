@@ -76,6 +76,8 @@ from apportion.scheduler.records import (
     ServingDeath,
     TaskRecord,
     WorkerRecord,
+    add_dependent,
+    drop_dependent,
 )
 from apportion.scheduler.telemetry import Telemetry
 
@@ -415,8 +417,8 @@ class SchedulerState:
         """``task`` no longer needs its inputs: release those nobody else needs."""
         for dep_key in task.deps:
             dep = self.tasks.get(dep_key)
-            if dep is not None and task.key in dep.dependents:
-                dep.dependents.discard(task.key)
+            if dep is not None and dep.dependents and task.key in dep.dependents:
+                drop_dependent(dep, task.key)
                 self.release_if_unneeded(dep)
 
     def release_if_unneeded(self, task: TaskRecord) -> None:
@@ -539,7 +541,7 @@ class SchedulerState:
         if task.wanted_by:
             for client_id in task.wanted_by:
                 self.done_keys[client_id].append(task.key)
-        for dependent_key in task.dependents:
+        for dependent_key in task.dependents or ():
             dependent = self.tasks[dependent_key]
             dependent.missing_deps -= 1
             if dependent.missing_deps == 0 and dependent.state == WAITING:
@@ -570,7 +572,7 @@ class SchedulerState:
                 self.move(current, ERRED, why)
                 self._notify_error(current, error)
                 self.finish_inputs(current)
-            for dependent_key in current.dependents:
+            for dependent_key in current.dependents or ():
                 stack.append((self.tasks[dependent_key], f"input {current.key} failed"))
             if current.state == ERRED:
                 # Dependents leave ``dependents`` as they fail (``_finish_inputs``); one
@@ -594,7 +596,7 @@ class SchedulerState:
         if task.actor:
             self.fail(task, ("lost", actors.lost_text(task, cause), b""), cause)
             return
-        for dependent_key in task.dependents:
+        for dependent_key in task.dependents or ():
             dependent = self.tasks[dependent_key]
             dependent.missing_deps += 1
             if dependent.state == QUEUED:
@@ -641,7 +643,7 @@ class SchedulerState:
         released = []
         for dep_key in task.deps:
             dep = self.tasks[dep_key]
-            dep.dependents.add(task.key)
+            add_dependent(dep, task.key)
             if dep.state != MEMORY:
                 task.missing_deps += 1
             if dep.state == RELEASED:

@@ -124,7 +124,7 @@ def _with_waiters(state: SchedulerState, task: TaskRecord) -> list[TaskRecord]:
     found = {task.key: task}
     stack = [task]
     while stack:
-        for key in stack.pop().dependents:
+        for key in stack.pop().dependents or ():
             if key not in found:
                 found[key] = state.tasks[key]
                 stack.append(found[key])

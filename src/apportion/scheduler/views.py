@@ -23,7 +23,7 @@ def dump(state: SchedulerState, log_rows: int = 10_000) -> dict[str, Any]:
             "worker": t.worker,
             "copies": sorted(t.replicas or ()),
             "deps": list(t.deps),
-            "dependents": sorted(t.dependents),
+            "dependents": sorted(t.dependents or ()),
             "resources": from_ticks(t.resources),
             "alternatives": [from_ticks(v) for v in t.demand.wire()[1]],
             "workers": sorted(t.restriction.workers) if t.restriction else None,

@@ -97,7 +97,7 @@ def settle_discarded(state: SchedulerState, task: TaskRecord, cause: str) -> Non
         state.move(task, ERRED, cause)
         state.finish_inputs(task)
         # Dependents submitted while it still ran did not fail with it: now they do.
-        for dependent_key in list(task.dependents):
+        for dependent_key in list(task.dependents or ()):
             state.fail(state.tasks[dependent_key], error, f"input {task.key} failed")
         state.release_if_unneeded(task)
     elif task.needed():
