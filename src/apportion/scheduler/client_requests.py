@@ -220,6 +220,9 @@ def want(state: SchedulerState, client: ClientRecord, key: str) -> None:
         state.emit(SendKeysFailed(client.id, [key], "lost", f"{key!r} is unknown"))
         return
     records.want(task, client)
+    # The record's own string: ``key`` came in a list of its own, and keeping it here
+    # would hold a second copy of every key a client wants.
+    key = task.key
     client.wanted.add(key)
     if task.state == MEMORY:
         state.done_keys[client.id].append(key)
