@@ -1,7 +1,7 @@
 """What the scheduler knows about each task, task group, worker and client.
 
 Plain slotted classes, not dataclasses: there can be millions of task records and
-every byte counts (the scheduler keeps under 2 KiB per queued task). Invariants are
+every byte counts (the scheduler keeps about 650 bytes per queued task). Invariants are
 stated on the fields and checked by ``scheduler.invariants.check_invariants``.
 """
 
