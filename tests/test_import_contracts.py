@@ -47,7 +47,7 @@ PURE = re.compile(
     r"core(\..*)?"
     r"|protocol\.[a-z_]+"
     r"|scheduler\.(?!service$)[a-z_]+"
-    r"|worker\.(state|events|memory_policy)"
+    r"|worker\.(state|records|invariants|events|memory_policy)"
     r"|testing\.simulation"
     r"|net\.(gate|discovery|foreign_peer)"
     r"|deploy\.(allocator|hostlist|job_template|ssh_commands|ssh_options)"
@@ -75,8 +75,6 @@ ALLOWED_MODULE_CYCLES: set[frozenset[str]] = {
             "executor",
             "future",
             "graph",
-            "lifecycle",
-            "local",
             "persisted",
             "remote_calls",
             "topics",

@@ -24,7 +24,7 @@ from apportion import (
     task_resources,
     wait,
 )
-from apportion.client.local import worker_command
+from apportion.deploy.local import worker_command
 from apportion.testing import InMemoryCluster
 from cluster_checks import checked_client, settle
 

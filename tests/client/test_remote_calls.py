@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from apportion import Client, LocalCluster, Worker
-from apportion.client.local import worker_command
 from apportion.client.remote_calls import SchedulerView, WorkerLostError
+from apportion.deploy.local import worker_command
 from apportion.protocol.remote_calls import (
     NO_REPLY,
     CallAnswered,

@@ -30,11 +30,12 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Generator, Mapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from apportion.client import session
-from apportion.client.asynchronous import in_running_loop, in_thread
-from apportion.client.cluster_options import (
+from apportion.core.durations import Duration, seconds
+from apportion.core.resources import ResourceSpec, format_resources, parse_supply
+from apportion.core.sizes import format_bytes
+from apportion.deploy.cluster_options import (
     DASK_CLIENT_OPTIONS,
     DASK_CLUSTER_OPTIONS,
     log_levels,
@@ -43,11 +44,8 @@ from apportion.client.cluster_options import (
     sort_options,
     warn_ignored,
 )
-from apportion.client.durations import Duration, seconds
-from apportion.client.local_processes import LOG_LINES, WorkerProcesses
-from apportion.core.resources import ResourceSpec, format_resources, parse_supply
-from apportion.core.sizes import format_bytes
-from apportion.loop_thread import LoopThread
+from apportion.deploy.local_processes import LOG_LINES, WorkerProcesses
+from apportion.loop_thread import LoopThread, in_running_loop, in_thread
 from apportion.net.security import Security
 from apportion.protocol.worker import WorkerDied
 from apportion.scheduler.events import WorkerDeathReport
@@ -55,13 +53,15 @@ from apportion.scheduler.service import Scheduler
 from apportion.scheduler.state import SchedulerConfig
 from apportion.worker.memory_policy import THRESHOLD_NAMES, threshold_text
 
-if TYPE_CHECKING:
-    from apportion.client.client import Client
-
 #: The class ``get_client`` makes. ``apportion.client.client`` sets it as it loads
-#: (importing ``apportion`` loads it first): it imports this module, since ``Client()``
-#: starts a LocalCluster, so this module must not import it back.
-client_type: Callable[[LocalCluster], Client] | None = None
+#: (importing ``apportion`` loads it first): the client imports deployment, since
+#: ``Client()`` starts a LocalCluster, so deployment must not import it back, not even
+#: for a type (``get_client`` is typed ``Any`` for that reason: it is a ``Client``).
+client_type: Callable[[LocalCluster], Any] | None = None
+
+#: What closes at interpreter exit before the clusters do: the clients' sessions,
+#: which ``apportion`` puts here as it loads (deployment does not import the client).
+close_first: list[Callable[[], None]] = []
 
 #: A local worker that loses its scheduler retries this long, then exits. Long enough to
 #: rejoin after being declared lost (a task that held the GIL past the worker timeout),
@@ -84,7 +84,8 @@ def _close_at_exit() -> None:
     destroyed but it is pending!", unclosed sockets). Clients go first so that none
     sees its scheduler vanish and reports it as a lost connection.
     """
-    session.close_all()
+    for close in close_first:
+        close()
     for cluster in list(_open_clusters):
         with contextlib.suppress(Exception):
             cluster.close()
@@ -416,7 +417,7 @@ class LocalCluster:
             return None
         return dashboard.login_link()
 
-    def get_client(self) -> Client:
+    def get_client(self) -> Any:
         """A client of this cluster (a new one each call; close it when done)."""
         assert client_type is not None, "apportion.client.client sets it as it loads"
         return client_type(self)
