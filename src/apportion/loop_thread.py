@@ -2,7 +2,9 @@
 
 ``Client``, ``LocalCluster`` and the sync context managers of ``Scheduler`` and
 ``Worker`` all run their asyncio code on one of these, so a user's script or
-notebook never needs an event loop of its own.
+notebook never needs an event loop of its own. The other way round, ``in_thread``
+lets a running loop await a blocking step (starting a ``LocalCluster``, a restart).
+Here, below both the client and deployment, since both need them.
 """
 
 from __future__ import annotations
