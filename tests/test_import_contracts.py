@@ -187,6 +187,8 @@ def test_the_pure_modules_are_the_expected_ones() -> None:
     assert "apportion.scheduler.service" not in pure
     assert "apportion.worker.state" in pure and "apportion.testing.simulation" in pure
     assert "apportion.worker.memory_policy" in pure
+    # Split out of the worker's state machine, and as pure as it.
+    assert {"apportion.worker.records", "apportion.worker.invariants"} <= pure
 
 
 #: The shells around the state machine (the service, the simulation and its recording
