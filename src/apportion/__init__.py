@@ -15,10 +15,10 @@ with, so that they use only those units (``CUDA_VISIBLE_DEVICES=2,3``).
 import builtins
 import concurrent.futures
 
+from apportion.client import session as _session
 from apportion.client.actors import Actor, ActorFuture
 from apportion.client.channels import Pub, Queue, Sub, Variable
 from apportion.client.client import Client, default_client
-from apportion.client.cluster_options import IgnoredOptionWarning
 from apportion.client.coordination import fire_and_forget
 from apportion.client.errors import (
     FutureCancelledError,
@@ -31,7 +31,6 @@ from apportion.client.errors import (
     WorkerCrashedError,
 )
 from apportion.client.future import Future
-from apportion.client.local import LocalCluster
 from apportion.client.locks import Event, Lock, MultiLock, Semaphore
 from apportion.client.progress import progress
 from apportion.client.recorders import get_task_stream, performance_report
@@ -44,7 +43,10 @@ from apportion.client.waiting import (
     wait,
 )
 from apportion.core.resources import parse_resources
+from apportion.deploy import local as _local
+from apportion.deploy.cluster_options import IgnoredOptionWarning
 from apportion.deploy.job_template import JobTemplate
+from apportion.deploy.local import LocalCluster
 from apportion.deploy.slurm_cluster import SlurmCluster
 from apportion.deploy.ssh import SSHCluster
 from apportion.net.security import Security
@@ -66,6 +68,10 @@ from apportion.worker.context import (
 from apportion.worker.service import Worker, get_worker
 
 __version__ = "0.1.0"
+
+# At exit, clients close before the clusters they use, so that none reports its
+# scheduler lost; ``deploy`` runs this without importing the client.
+_local.close_first.append(_session.close_all)
 
 #: Dask's names for the same exceptions, so ``except CancelledError`` and
 #: ``except KilledWorker`` written for Dask catch apportion's failures.

@@ -2,15 +2,18 @@
 
 ``Client``, ``LocalCluster`` and the sync context managers of ``Scheduler`` and
 ``Worker`` all run their asyncio code on one of these, so a user's script or
-notebook never needs an event loop of its own.
+notebook never needs an event loop of its own. The other way round, ``in_thread``
+lets a running loop await a blocking step (starting a ``LocalCluster``, a restart).
+Here, below both the client and deployment, since both need them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
@@ -75,6 +78,41 @@ class LoopThread:
             self.loop.call_soon_threadsafe(self.loop.stop)
             if threading.current_thread() is not self._thread:
                 self._thread.join(timeout=10)
+
+
+def in_running_loop() -> bool:
+    """True when called from a coroutine (or a callback) of a running event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+async def in_thread(func: Callable[[], T], name: str) -> T:
+    """Run a blocking ``func`` on a thread of its own; wait for it here.
+
+    For lifecycle steps that wait on processes and have no event to await (starting
+    and stopping a ``LocalCluster``): one short-lived thread per step, gone when it
+    ends, never a pool that stays.
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def report(setter: Callable[[Any], None], value: Any) -> None:
+        if not done.done():
+            setter(value)
+
+    def run() -> None:
+        try:
+            outcome: tuple[Callable[[Any], None], Any] = (done.set_result, func())
+        except BaseException as exc:
+            outcome = (done.set_exception, exc)
+        with contextlib.suppress(RuntimeError):  # the caller's loop closed: nobody waits
+            loop.call_soon_threadsafe(report, *outcome)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return await done
 
 
 class Service(Protocol):

@@ -22,14 +22,13 @@ import pytest
 from click.testing import CliRunner, Result
 
 import run_records as records
-from apportion.cli.runs import (
-    RUN_COMMANDS,
+from apportion.cli.run_options import (
     RUN_CONTEXT_SETTINGS,
     RunOptions,
-    explain_run,
     run_options,
     specs_from_options,
 )
+from apportion.cli.runs import RUN_COMMANDS, explain_run
 from apportion.runs.journal import (
     CANCELLED,
     COMPLETED,
@@ -39,8 +38,8 @@ from apportion.runs.journal import (
     STAGED,
     Journal,
     RunRecord,
-    check_invariants,
 )
+from apportion.runs.journal_invariants import check_invariants
 from apportion.runs.spec import new_spec
 from apportion.runs.table import format_run
 from run_records import NOW

@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from apportion.cli.main import main
-from apportion.cli.runs import RunOptions, specs_from_options
+from apportion.cli.run_options import RunOptions, specs_from_options
 from apportion.client.client import Client
 from apportion.loop_thread import LoopThread
 from apportion.net.security import Security

@@ -24,7 +24,7 @@ from apportion import (
     task_resources,
     wait,
 )
-from apportion.client.local import worker_command
+from apportion.deploy.local_shape import worker_command, worker_spec
 from apportion.testing import InMemoryCluster
 from cluster_checks import checked_client, settle
 
@@ -281,7 +281,7 @@ def test_testing_exports_the_simulation() -> None:
 @pytest.mark.tcp
 def test_local_cluster_hands_its_workers_their_units_intact() -> None:
     shape = {"name": "g", "nthreads": 1, "resources": "gpu=[0-1,5] MEMORY=16GiB"}
-    cmd = worker_command("tcp://127.0.0.1:1", LocalCluster._spec(0, shape))
+    cmd = worker_command("tcp://127.0.0.1:1", worker_spec(0, shape))
     assert cmd[cmd.index("--resources") + 1] == "MEMORY=17179869184 gpu=[0,1,5]"
     # Workers of a user process that ended must not wait long for its scheduler.
     assert float(cmd[cmd.index("--reconnect-timeout") + 1]) <= 10

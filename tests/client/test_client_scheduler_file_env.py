@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from apportion.client.client import Client
-from apportion.client.cluster_options import IgnoredOptionWarning
-from apportion.client.local import LocalCluster
+from apportion.deploy.cluster_options import IgnoredOptionWarning
+from apportion.deploy.local import LocalCluster
 from apportion.net.scheduler_claim import SchedulerFileBusy, SchedulerFileClaim
 from apportion.net.scheduler_file import read_scheduler_file, write_scheduler_file
 

@@ -7,7 +7,7 @@ import datetime
 import pytest
 
 from apportion import Client, LocalCluster, as_completed, wait
-from apportion.client.durations import seconds
+from apportion.core.durations import seconds
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from apportion import Client, FutureCancelledError, LocalCluster, WorkerCrashedError, wait
-from apportion.client.cluster_options import (
+from apportion.deploy.cluster_options import (
     IgnoredOptionWarning,
     log_levels,
     memory_limit_bytes,
@@ -567,7 +567,7 @@ def test_a_worker_that_cannot_start_is_an_error_with_its_log(
         code = "import sys; sys.stderr.write('cannot start here\\n'); sys.exit(3)"
         return [sys.executable, "-c", code, "--name", str(spec["name"])]
 
-    monkeypatch.setattr("apportion.client.local.worker_command", broken)
+    monkeypatch.setattr("apportion.deploy.local.worker_command", broken)
     started = time.monotonic()
     with pytest.raises(RuntimeError, match=r"(?s)exited again and again.*cannot start here"):
         LocalCluster(n_workers=1)

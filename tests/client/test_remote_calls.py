@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from apportion import Client, LocalCluster, Worker
-from apportion.client.local import worker_command
 from apportion.client.remote_calls import SchedulerView, WorkerLostError
+from apportion.deploy.local_shape import worker_command, worker_spec
 from apportion.protocol.remote_calls import (
     NO_REPLY,
     CallAnswered,
@@ -371,7 +371,7 @@ def test_upload_reaches_worker_processes_and_a_later_one(tmp_path: Path) -> None
         client.upload_file(source)
         assert client.submit(call, pure=False).result() == "changed"
         # A worker process that joins later gets the kept upload on registration.
-        spec = LocalCluster._spec(1, {"name": "late-process", "nthreads": 1})
+        spec = worker_spec(1, {"name": "late-process", "nthreads": 1})
         late = subprocess.Popen(
             worker_command(cluster.scheduler_address, spec),
             stdin=subprocess.DEVNULL,

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from apportion.runs import guard, guard_server
-from apportion.runs import process as process_module
+from apportion.runs import guard_start as process_module
 from apportion.runs.process import ExitStatus, RunProcess, RunStartError, run_command
 from cli_processes import poll
 

@@ -37,11 +37,11 @@ from apportion.runs.journal import (
     JournalBusy,
     JournalError,
     RunRecord,
-    check_invariants,
     default_home,
     default_journal_path,
     describe_exit,
 )
+from apportion.runs.journal_invariants import check_invariants
 from apportion.runs.spec import RunSpec, expand_array, new_spec
 
 ENV = {"PATH": "/usr/bin", "HOME": "/home/u"}

@@ -93,7 +93,8 @@ from apportion.scheduler.records import ERRED, MEMORY, PROCESSING, QUEUED
 from apportion.scheduler.state import SchedulerConfig, SchedulerState
 from apportion.scheduler.wire import to_wire
 from apportion.testing.simulation import SimulatedCluster
-from apportion.worker import state as worker_state
+from apportion.worker import invariants as worker_invariants
+from apportion.worker import records as worker_records
 from apportion.worker.events import (
     DataInfo,
     Execute,
@@ -261,7 +262,7 @@ class StealingMachine(RuleBasedStateMachine):
             else:
                 assert isinstance(command, ForgetData | ResumeTask), command
         # A task dropped before it started may start again only after a new ComputeTask.
-        pending = {k for k, t in peer.ws.tasks.items() if t.state != worker_state.EXECUTING}
+        pending = {k for k, t in peer.ws.tasks.items() if t.state != worker_records.EXECUTING}
         peer.startable &= pending
 
     def _started(self, peer: Peer, key: str) -> None:
@@ -443,7 +444,7 @@ class StealingMachine(RuleBasedStateMachine):
         check_invariants(state)
         assert state.workers.keys() == self.peers.keys()
         for peer in self.peers.values():
-            worker_state.check_invariants(peer.ws)
+            worker_invariants.check_invariants(peer.ws)
             self._check_views_agree(peer)
         for key, (victim, _) in state.steals.items():
             peer = self.peers[victim]

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from apportion import Client
-from apportion.client.local import cluster_shape
+from apportion.deploy.local_shape import cluster_shape
 
 
 @pytest.fixture

@@ -23,8 +23,8 @@ from click.testing import CliRunner
 from apportion import LocalCluster
 from apportion.cli.main import main
 from apportion.cli.worker import WorkerSettings
-from apportion.client.cluster_options import memory_thresholds
 from apportion.core.resources import SCALE
+from apportion.deploy.cluster_options import memory_thresholds
 from apportion.worker.dask_config import (
     dask_memory_thresholds,
     dask_worker_resources,

@@ -17,7 +17,8 @@ from apportion.worker.events import (
     SendToScheduler,
     WorkerCommand,
 )
-from apportion.worker.state import WorkerState, check_invariants
+from apportion.worker.invariants import check_invariants
+from apportion.worker.state import WorkerState
 
 INFO = DataInfo(8, "int")
 

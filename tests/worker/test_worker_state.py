@@ -45,7 +45,8 @@ from apportion.worker.events import (
     StealArrived,
     WorkerCommand,
 )
-from apportion.worker.state import WorkerState, check_invariants
+from apportion.worker.invariants import check_invariants
+from apportion.worker.state import WorkerState
 
 ME = "tcp://127.0.0.1:1000"
 PEER_A = "tcp://127.0.0.1:2000"

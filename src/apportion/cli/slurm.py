@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -17,6 +18,10 @@ from apportion.cli.log_options import log_format_option
 from apportion.deploy.slurm_env import NotInAllocation
 from apportion.deploy.slurm_plan import LaunchOptions, default_scheduler_file, slurm_job
 from apportion.log_setup import configure_logging
+
+if TYPE_CHECKING:
+    from apportion.client.client import Client
+    from apportion.net.security import Security
 
 
 @click.command(
@@ -103,9 +108,17 @@ def slurm(
         fail(ctx, f"--resources: {exc}")
     options = LaunchOptions(nworkers_per_node, nthreads, resources, drain_timeout, register_timeout)
     path = (scheduler_file or default_scheduler_file(job, Path.cwd())).absolute()
-    launch = SlurmLaunch(job, options, path, command)
+    launch = SlurmLaunch(job, options, path, command, _connect)
     try:
         status = launch.run()
     except LaunchError as exc:
         fail(ctx, str(exc), code=1)
     sys.exit(status)
+
+
+def _connect(scheduler_file: Path, security: Security) -> Client:
+    """A client of the job's scheduler, to see its workers register (not the default
+    client: COMMAND's own clients are the job's)."""
+    from apportion.client.client import Client
+
+    return Client(scheduler_file=scheduler_file, security=security, set_as_default=False)

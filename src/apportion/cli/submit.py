@@ -12,7 +12,12 @@ from apportion.cli.credentials import scheduler_address as resolve_address
 from apportion.cli.credentials import scheduler_file_option
 from apportion.cli.errors import check_address, fail
 from apportion.cli.follow import follow
-from apportion.cli.runs import RUN_CONTEXT_SETTINGS, RunOptions, run_options, specs_from_options
+from apportion.cli.run_options import (
+    RUN_CONTEXT_SETTINGS,
+    RunOptions,
+    run_options,
+    specs_from_options,
+)
 from apportion.runs import remote
 from apportion.runs.spec import RunSpec, format_array
 

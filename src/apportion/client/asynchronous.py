@@ -18,28 +18,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from collections.abc import Callable, Coroutine, Generator
 from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from apportion.client.errors import SchedulerGoneError
-from apportion.loop_thread import LoopThread
+from apportion.loop_thread import LoopThread, in_running_loop
 from apportion.protocol.base import Message
 
 if TYPE_CHECKING:
     from apportion.client.session import Session
 
 T = TypeVar("T")
-
-
-def in_running_loop() -> bool:
-    """True when called from a coroutine (or a callback) of a running event loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 async def awaited(
@@ -120,32 +110,6 @@ class Ready(Generic[T]):
 
     def __repr__(self) -> str:
         return f"<Ready: {self.value!r}>"
-
-
-async def in_thread(func: Callable[[], T], name: str) -> T:
-    """Run a blocking ``func`` on a thread of its own; wait for it here.
-
-    For lifecycle steps that wait on processes and have no event to await (starting
-    and stopping a ``LocalCluster``): one short-lived thread per step, gone when it
-    ends, never a pool that stays.
-    """
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[T] = loop.create_future()
-
-    def report(setter: Callable[[Any], None], value: Any) -> None:
-        if not done.done():
-            setter(value)
-
-    def run() -> None:
-        try:
-            outcome: tuple[Callable[[Any], None], Any] = (done.set_result, func())
-        except BaseException as exc:
-            outcome = (done.set_exception, exc)
-        with contextlib.suppress(RuntimeError):  # the caller's loop closed: nobody waits
-            loop.call_soon_threadsafe(report, *outcome)
-
-    threading.Thread(target=run, name=name, daemon=True).start()
-    return await done
 
 
 def _as_is(reply: Any) -> Any:

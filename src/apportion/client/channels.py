@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from apportion.client import topics
 from apportion.client.asynchronous import Ready
 from apportion.client.coordination import Named, pack, post, request, unpack, wire_timeout
-from apportion.client.durations import Duration, seconds
+from apportion.core.durations import Duration, seconds
 from apportion.core.payload import Pickled
 from apportion.protocol.coordination import (
     Publish,

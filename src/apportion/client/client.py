@@ -32,19 +32,12 @@ from collections.abc import (
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from apportion.client import actors, dask_default, local, topics, transfers
+from apportion.client import actors, dask_default, topics, transfers
 from apportion.client.actors import actor_task
 from apportion.client.asynchronous import Ready, awaited, settled
-from apportion.client.cluster_options import (
-    DASK_CLIENT_OPTIONS,
-    IgnoredOptionWarning,
-    sort_options,
-    warn_ignored,
-)
 from apportion.client.datasets import SharedData
-from apportion.client.durations import Duration, seconds
 from apportion.client.errors import SchedulerGoneError, SerializationError
 from apportion.client.future import (
     CANCELLED,
@@ -60,14 +53,23 @@ from apportion.client.future import (
 from apportion.client.graph import canonical_keys, flatten_keys, graph_tasks, wire_key
 from apportion.client.large_arguments import warn_if_large
 from apportion.client.lifecycle import ClusterLifecycle
-from apportion.client.local import LocalCluster
 from apportion.client.remote_calls import RemoteCalls
 from apportion.client.restrictions import ANYWHERE, Where, refuse_actors, where_to_run, worker_names
 from apportion.client.session import Session, TaskBatch
 from apportion.client.task_stream import TaskStreams
 from apportion.core import payload
 from apportion.core.demand import PLAIN, Demand, demand_of
+from apportion.core.durations import Duration, seconds
 from apportion.core.resources import ResourceSpec
+from apportion.deploy import local
+from apportion.deploy.cluster import ClusterManager
+from apportion.deploy.cluster_options import (
+    DASK_CLIENT_OPTIONS,
+    IgnoredOptionWarning,
+    sort_options,
+    warn_ignored,
+)
+from apportion.deploy.local import LocalCluster
 from apportion.net.scheduler_claim import SchedulerFileBusy, holder_of
 from apportion.net.scheduler_file import wait_for_scheduler_file, write_scheduler_file
 from apportion.net.security import Security, security_for
@@ -110,14 +112,6 @@ _GATHER_ATTEMPTS = 5
 
 #: Names the scheduler ``Client()`` connects to when given no address (``apportion slurm``).
 SCHEDULER_FILE_ENV = "APPORTION_SCHEDULER_FILE"
-
-
-class ClusterManager(Protocol):
-    """A cluster started elsewhere (``SSHCluster``): ``Client(cluster)`` connects to its
-    scheduler with its credentials, as Dask's reads a cluster's address and security."""
-
-    scheduler_address: str
-    security: Security
 
 
 class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):

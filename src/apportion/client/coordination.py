@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from apportion.client.durations import Duration, seconds
 from apportion.client.future import Future
 from apportion.client.task_client import get_client
 from apportion.client.waiting import futures_of
 from apportion.core import payload
+from apportion.core.durations import Duration, seconds
 from apportion.core.payload import Pickled
 from apportion.protocol.base import Message
 from apportion.protocol.coordination import NO_TIMEOUT

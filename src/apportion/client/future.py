@@ -18,9 +18,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from apportion.client.asynchronous import settled
-from apportion.client.durations import Duration, seconds
 from apportion.client.errors import failure
 from apportion.core import payload
+from apportion.core.durations import Duration, seconds
 from apportion.core.payload import Pickled
 
 #: Why a key failed: (kind, pickled exception or message, pickled traceback or b"").

@@ -8,12 +8,13 @@ import warnings
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from apportion.client.asynchronous import CallModes, in_thread
+from apportion.client.asynchronous import CallModes
 from apportion.dashboard.auth import NONCE_BYTES, login_link
+from apportion.loop_thread import in_thread
 from apportion.protocol.cluster import RestartRequest
 
 if TYPE_CHECKING:
-    from apportion.client.local import LocalCluster
+    from apportion.deploy.local import LocalCluster
     from apportion.net.security import Security
 
 

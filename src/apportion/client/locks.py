@@ -28,7 +28,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Self
 
 from apportion.client.coordination import Named, bind, request, wire_timeout
-from apportion.client.durations import Duration, seconds
+from apportion.core.durations import Duration, seconds
 from apportion.protocol.coordination import (
     CoordinationReply,
     EventRequest,

@@ -26,8 +26,8 @@ from typing import Any
 
 from apportion.client import report_page
 from apportion.client.client import Client, default_client
-from apportion.client.cluster_options import IgnoredOptionWarning
 from apportion.client.task_stream import STREAM_SIZE, dask_record, dropped, warn_dropped
+from apportion.deploy.cluster_options import IgnoredOptionWarning
 
 #: Lines of the ``with`` block shown in a report, at most.
 MAX_SOURCE_LINES = 200

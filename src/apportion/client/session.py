@@ -20,10 +20,10 @@ import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from apportion.client.asynchronous import awaited, in_running_loop
+from apportion.client.asynchronous import awaited
 from apportion.client.errors import SchedulerGoneError
 from apportion.core.payload import size_of
-from apportion.loop_thread import LoopThread
+from apportion.loop_thread import LoopThread, in_running_loop
 from apportion.net.address import check_address
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import open_connection

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from apportion.client import actors, dask_default
 from apportion.client.client import Client, default_client
-from apportion.client.durations import Duration
+from apportion.core.durations import Duration
 from apportion.worker.context import in_task, rejoin, secede, seceded
 from apportion.worker.service import get_worker
 

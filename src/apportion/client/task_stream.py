@@ -28,7 +28,7 @@ from typing import Any
 
 from apportion.client import report_page
 from apportion.client.asynchronous import CallModes
-from apportion.client.durations import seconds
+from apportion.core.durations import seconds
 from apportion.protocol.cluster import StatusReply, StatusRequest
 
 #: Executions the scheduler keeps, and so the most one reply can carry.

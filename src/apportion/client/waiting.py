@@ -16,9 +16,10 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from apportion.client import dask_default
-from apportion.client.asynchronous import in_running_loop, settled, wake
-from apportion.client.durations import Duration, seconds
+from apportion.client.asynchronous import settled, wake
 from apportion.client.future import ERROR, Future
+from apportion.core.durations import Duration, seconds
+from apportion.loop_thread import in_running_loop
 
 FIRST_COMPLETED = "FIRST_COMPLETED"
 ALL_COMPLETED = "ALL_COMPLETED"

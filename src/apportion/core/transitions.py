@@ -2,7 +2,7 @@
 
 Three machines keep a table of the moves their items may make, as (from, to)
 pairs: the scheduler's tasks (``scheduler.records.SCHEDULER_TASK_MOVES``), the
-worker's tasks and data (``worker.state.WORKER_TASK_MOVES``) and the job queue's
+worker's tasks and data (``worker.records.WORKER_TASK_MOVES``) and the job queue's
 runs (``runs.run_states.RUN_MOVES``). A move outside its table raises
 ``IllegalTransition``, which names the machine, the item and the move, so one
 ``except`` and one grep cover all three.

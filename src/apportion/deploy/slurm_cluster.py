@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from apportion.client.durations import Duration, seconds
+from apportion.core.durations import Duration, seconds
 from apportion.deploy.adaptive import Adaptive, Observation, SlurmBatch, credential_files
 from apportion.deploy.allocator import Allocator, Policy
 from apportion.deploy.job_template import JobTemplate

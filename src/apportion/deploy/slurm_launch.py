@@ -29,8 +29,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from types import FrameType
+from typing import Any, Protocol
 
 from apportion.deploy.slurm_plan import (
     SCHEDULER_FILE_VARIABLE,
@@ -53,6 +55,17 @@ SCHEDULER_START_TIMEOUT = 60.0
 SCHEDULER_STOP_TIMEOUT = 10.0
 #: Seconds COMMAND gets between SIGTERM and SIGKILL when we stop it.
 COMMAND_KILL_GRACE = 5.0
+
+
+class SchedulerView(Protocol):
+    """What the launch asks of a client of its scheduler: the workers registered."""
+
+    def scheduler_info(self) -> Any: ...
+
+
+#: Opens a client of the scheduler the file names, with these credentials: given by
+#: the command line (a ``Client``), since deployment does not import the client.
+Connect = Callable[[Path, Security], AbstractContextManager[SchedulerView]]
 
 
 class LaunchError(RuntimeError):
@@ -88,9 +101,15 @@ class SlurmLaunch:
     """Runs COMMAND with a cluster around it; ``run`` returns the exit status."""
 
     def __init__(
-        self, job: SlurmJob, options: LaunchOptions, scheduler_file: Path, command: Sequence[str]
+        self,
+        job: SlurmJob,
+        options: LaunchOptions,
+        scheduler_file: Path,
+        command: Sequence[str],
+        connect: Connect,
     ) -> None:
         self.job = job
+        self.connect = connect
         self.options = options
         self.scheduler_file = scheduler_file
         self.command = list(command)
@@ -170,16 +189,10 @@ class SlurmLaunch:
         )
 
     def wait_registered(self) -> None:
-        from apportion.client.client import Client
-
         nodes = node_names(self.job)
         per_node = self.options.nworkers_per_node
         missing = dict.fromkeys(nodes, 0)
-        with Client(
-            scheduler_file=self.scheduler_file,
-            security=self.security,
-            set_as_default=False,
-        ) as client:
+        with self.connect(self.scheduler_file, self.security) as client:
 
             def all_here() -> bool:
                 nonlocal missing

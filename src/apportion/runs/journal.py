@@ -36,14 +36,20 @@ import os
 import sqlite3
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from signal import Signals
 from types import TracebackType
-from typing import Any
 
 from apportion.file_lock import held, read_owner, try_flock, write_owner
 from apportion.home import default_home, home_dir, private_dir, user_dir
+from apportion.runs.journal_schema import (
+    COLUMNS,
+    FINISHED_LIST,
+    IN_LIST,
+    SCHEMA,
+    SCHEMA_VERSION,
+    record_from_row,
+)
+from apportion.runs.run_record import TIMED_OUT, RunRecord, describe_exit
 from apportion.runs.run_states import (
     CANCELLED,
     COMPLETED,
@@ -57,7 +63,7 @@ from apportion.runs.run_states import (
     STATES,
     check_run_move,
 )
-from apportion.runs.spec import RunSpec, stored_demand
+from apportion.runs.spec import RunSpec
 
 # The states are the lifecycle's (``run_states``); readers of the journal name them from here.
 __all__ = [
@@ -77,66 +83,10 @@ __all__ = [
     "JournalBusy",
     "JournalError",
     "RunRecord",
-    "check_invariants",
     "default_home",
     "default_journal_path",
     "describe_exit",
 ]
-
-#: How the ``reason`` of a run stopped at its time limit begins (tables show just this).
-TIMED_OUT = "timed out"
-
-#: Version of the tables below; a journal written by a newer apportion is refused.
-SCHEMA_VERSION = 1
-
-_SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-    """CREATE TABLE IF NOT EXISTS environments (
-        id INTEGER PRIMARY KEY,
-        digest TEXT NOT NULL UNIQUE,
-        env TEXT NOT NULL)""",
-    # AUTOINCREMENT: ids are never reused, even after rm or prune, so an id a user
-    # noted down never comes to mean another run.
-    """CREATE TABLE IF NOT EXISTS runs (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        name TEXT NOT NULL,
-        state TEXT NOT NULL,
-        spec TEXT NOT NULL,
-        env_id INTEGER NOT NULL REFERENCES environments(id),
-        priority INTEGER NOT NULL,
-        created REAL NOT NULL,
-        started REAL,
-        ended REAL,
-        worker TEXT NOT NULL DEFAULT '',
-        held TEXT NOT NULL DEFAULT '',
-        attempts INTEGER NOT NULL DEFAULT 0,
-        exit_code INTEGER,
-        signal INTEGER,
-        reason TEXT NOT NULL DEFAULT '',
-        cancel_requested INTEGER NOT NULL DEFAULT 0,
-        array_id INTEGER,
-        array_index INTEGER,
-        waiting TEXT NOT NULL DEFAULT '')""",
-    "CREATE INDEX IF NOT EXISTS runs_by_state ON runs(state)",
-    "CREATE INDEX IF NOT EXISTS runs_by_env ON runs(env_id)",
-    "CREATE INDEX IF NOT EXISTS runs_cancelling ON runs(id) WHERE cancel_requested = 1",
-    """CREATE TABLE IF NOT EXISTS history (
-        id INTEGER PRIMARY KEY,
-        run_id INTEGER NOT NULL,
-        time REAL NOT NULL,
-        text TEXT NOT NULL)""",
-    "CREATE INDEX IF NOT EXISTS history_by_run ON history(run_id)",
-)
-
-_COLUMNS = (
-    "id, name, state, spec, env_id, priority, created, started, ended, worker, held,"
-    " attempts, exit_code, signal, reason, cancel_requested, array_id, array_index, waiting"
-)
-
-#: Binds a list of ids or states as one parameter: no limit on how many.
-_IN_LIST = "(SELECT value FROM json_each(?))"
-
-_FINISHED_LIST = json.dumps(sorted(FINISHED))
 
 
 def default_journal_path() -> Path:
@@ -160,64 +110,6 @@ class JournalBusy(JournalError):
         super().__init__(
             f"journal {path} is served by the scheduler at {address or '?'} (pid {pid or '?'})"
         )
-
-
-@dataclass(frozen=True, slots=True)
-class RunRecord:
-    """One run as the journal has it: its spec and everything that happened to it."""
-
-    #: Unique for the journal's lifetime; never reused.
-    id: int
-    #: The spec's name ("" if none), kept as a column to find runs by name.
-    name: str
-    #: One of ``STATES``.
-    state: str
-    spec: RunSpec
-    #: Higher starts earlier.
-    priority: int
-    created: float
-    #: When its latest attempt started; None until it first starts.
-    started: float | None
-    #: When it finished; set exactly when ``state`` is in ``FINISHED``.
-    ended: float | None
-    #: Worker it runs or last ran on; "" if it never started or was requeued.
-    worker: str
-    #: Resources held on that worker, as text (``"gpu=[0] foo=5"``); "" if none.
-    held: str
-    #: How many times it has started.
-    attempts: int
-    exit_code: int | None
-    #: Number of the signal that killed it, if one did.
-    signal: int | None
-    #: One line: why it failed, was cancelled, lost or interrupted; "" otherwise.
-    reason: str
-    #: A user asked to cancel it; the scheduler has yet to act if it is not finished.
-    cancel_requested: bool
-    #: Id of the first run of its array; None when not in an array.
-    array_id: int | None
-    array_index: int | None
-    #: Why it is not running yet, as the scheduler last wrote; "" when it does not apply.
-    waiting: str
-
-    def label(self) -> str:
-        """How to name the run to people: ``"sweep[3]"``, ``"sweep"``, or its id."""
-        if not self.name:
-            return str(self.id)
-        if self.array_index is None:
-            return self.name
-        return f"{self.name}[{self.array_index}]"
-
-
-def describe_exit(exit_code: int | None, signal: int | None) -> str:
-    """How a process ended, shortly: ``"exit 1"``, ``"SIGKILL"``; ``""`` if unknown."""
-    if signal is not None:
-        try:
-            return Signals(signal).name
-        except ValueError:
-            return f"signal {signal}"
-    if exit_code is not None:
-        return f"exit {exit_code}"
-    return ""
 
 
 class Journal:
@@ -273,7 +165,7 @@ class Journal:
         version = self._version()
         if version is None:
             with self.batch():
-                for statement in _SCHEMA:
+                for statement in SCHEMA:
                     self._db.execute(statement)
                 self._db.execute(
                     "INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
@@ -438,10 +330,10 @@ class Journal:
         where: list[str] = []
         params: list[object] = []
         if states is not None:
-            where.append(f"state IN {_IN_LIST}")
+            where.append(f"state IN {IN_LIST}")
             params.append(json.dumps(sorted(states)))
         if ids is not None:
-            where.append(f"id IN {_IN_LIST}")
+            where.append(f"id IN {IN_LIST}")
             params.append(json.dumps(sorted(ids)))
         if array_id is not None:
             where.append("array_id = ?")
@@ -454,23 +346,23 @@ class Journal:
     def _records(self, where: str, params: Sequence[object]) -> list[RunRecord]:
         with self._snapshot():
             rows = self._db.execute(
-                f"SELECT {_COLUMNS} FROM runs {where} ORDER BY id", params
+                f"SELECT {COLUMNS} FROM runs {where} ORDER BY id", params
             ).fetchall()
             wanted = json.dumps(sorted({row[4] for row in rows}))
             envs: dict[int, dict[str, str]] = {
                 env_id: json.loads(text)
                 for env_id, text in self._db.execute(
-                    f"SELECT id, env FROM environments WHERE id IN {_IN_LIST}", (wanted,)
+                    f"SELECT id, env FROM environments WHERE id IN {IN_LIST}", (wanted,)
                 )
             }
-        return [_record(row, envs[row[4]]) for row in rows]
+        return [record_from_row(row, envs[row[4]]) for row in rows]
 
     def counts(self, ids: Collection[int] | None = None) -> dict[str, int]:
         """How many runs (among ``ids`` if given) are in each state; every state a key."""
         query = "SELECT state, COUNT(*) FROM runs"
         params: tuple[str, ...] = ()
         if ids is not None:
-            query += f" WHERE id IN {_IN_LIST}"
+            query += f" WHERE id IN {IN_LIST}"
             params = (json.dumps(sorted(ids)),)
         counts = dict.fromkeys(STATES, 0)
         for state, count in self._db.execute(query + " GROUP BY state", params):
@@ -491,7 +383,7 @@ class Journal:
             ]
             rows = self._db.execute(
                 "SELECT array_id, MAX(name), state, COUNT(*) FROM runs"
-                f" WHERE array_id IN {_IN_LIST} GROUP BY array_id, state",
+                f" WHERE array_id IN {IN_LIST} GROUP BY array_id, state",
                 (json.dumps(ids),),
             ).fetchall()
         names: dict[int, str] = {}
@@ -514,8 +406,8 @@ class Journal:
         """Runs a user asked to cancel that have not finished yet, by id."""
         rows = self._db.execute(
             "SELECT id FROM runs WHERE cancel_requested = 1"
-            f" AND state NOT IN {_IN_LIST} ORDER BY id",
-            (_FINISHED_LIST,),
+            f" AND state NOT IN {IN_LIST} ORDER BY id",
+            (FINISHED_LIST,),
         )
         return [int(row[0]) for row in rows]
 
@@ -665,8 +557,8 @@ class Journal:
             raise ValueError(
                 f"older_than must be a non-negative number of seconds, not {older_than}"
             )
-        query = f"SELECT id FROM runs WHERE state IN {_IN_LIST}"
-        params: list[object] = [_FINISHED_LIST]
+        query = f"SELECT id FROM runs WHERE state IN {IN_LIST}"
+        params: list[object] = [FINISHED_LIST]
         if older_than is not None:
             query += " AND ended < ?"
             params.append(now - older_than)
@@ -679,7 +571,7 @@ class Journal:
             return []
         listed = json.dumps(ids)
         states = dict(
-            self._db.execute(f"SELECT id, state FROM runs WHERE id IN {_IN_LIST}", (listed,))
+            self._db.execute(f"SELECT id, state FROM runs WHERE id IN {IN_LIST}", (listed,))
         )
         unknown = [i for i in ids if i not in states]
         if unknown:
@@ -695,14 +587,14 @@ class Journal:
             [
                 row[0]
                 for row in self._db.execute(
-                    f"SELECT DISTINCT env_id FROM runs WHERE id IN {_IN_LIST}", (listed,)
+                    f"SELECT DISTINCT env_id FROM runs WHERE id IN {IN_LIST}", (listed,)
                 )
             ]
         )
-        self._db.execute(f"DELETE FROM history WHERE run_id IN {_IN_LIST}", (listed,))
-        self._db.execute(f"DELETE FROM runs WHERE id IN {_IN_LIST}", (listed,))
+        self._db.execute(f"DELETE FROM history WHERE run_id IN {IN_LIST}", (listed,))
+        self._db.execute(f"DELETE FROM runs WHERE id IN {IN_LIST}", (listed,))
         self._db.execute(
-            f"DELETE FROM environments WHERE id IN {_IN_LIST}"
+            f"DELETE FROM environments WHERE id IN {IN_LIST}"
             " AND NOT EXISTS (SELECT 1 FROM runs WHERE env_id = environments.id)",
             (env_ids,),
         )
@@ -780,35 +672,6 @@ def _rowid(cursor: sqlite3.Cursor) -> int:
     return cursor.lastrowid
 
 
-def _record(row: tuple[Any, ...], env: dict[str, str]) -> RunRecord:
-    """A record from a row of ``_COLUMNS``; the spec is trusted (we wrote it)."""
-    fields = json.loads(row[3])
-    fields["command"] = tuple(fields["command"])
-    # Parsed from the text (once per distinct text); older versions also stored the
-    # resources in numbers under this name, which this replaces.
-    fields["demand"] = stored_demand(fields["resources"])
-    return RunRecord(
-        id=row[0],
-        name=row[1],
-        state=row[2],
-        spec=RunSpec(env=env, **fields),
-        priority=row[5],
-        created=row[6],
-        started=row[7],
-        ended=row[8],
-        worker=row[9],
-        held=row[10],
-        attempts=row[11],
-        exit_code=row[12],
-        signal=row[13],
-        reason=row[14],
-        cancel_requested=bool(row[15]),
-        array_id=row[16],
-        array_index=row[17],
-        waiting=row[18],
-    )
-
-
 def _one_line(text: str) -> str:
     """History, reasons and waiting texts are shown one per line."""
     return " ".join(text.split())
@@ -820,19 +683,3 @@ def _runs(ids: Sequence[int]) -> str:
     if len(ids) > 10:
         shown += f" ... ({len(ids)} in all)"
     return f"run {shown}" if len(ids) == 1 else f"runs {shown}"
-
-
-def check_invariants(journal: Journal) -> None:
-    """Raise ``AssertionError`` naming the first broken invariant; O(journal), for tests."""
-    for run in journal.runs():
-        where = f"run {run.id} ({run.state})"
-        assert run.state in STATES, f"{where}: unknown state"
-        assert (run.ended is not None) == (run.state in FINISHED), f"{where}: ended {run.ended}"
-        assert (run.state == RUNNING) <= bool(run.worker), f"{where}: running on no worker"
-        assert (run.state == RUNNING) <= (run.attempts >= 1), f"{where}: running, never started"
-        assert (run.started is None) == (run.attempts == 0), f"{where}: started vs attempts"
-        assert (run.state == STAGED) <= (run.attempts == 0), f"{where}: staged after starting"
-        assert (run.array_id is None) == (run.array_index is None), f"{where}: array fields"
-        assert run.array_index == run.spec.array_index, f"{where}: array index vs spec"
-        assert run.name == run.spec.name and run.priority == run.spec.priority, where
-        assert journal.history(run.id), f"{where}: no history"

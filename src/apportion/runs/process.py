@@ -53,13 +53,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from io import FileIO
-from pathlib import Path
-from signal import SIGCONT, SIGKILL, SIGTERM, Signals
+from signal import SIGCONT, SIGKILL, SIGTERM
 from typing import BinaryIO, Literal
 
 import psutil
 
-from apportion.runs.guard_server import GuardServer, GuardServerGone, server_for
+from apportion.runs.exit_status import NEVER_STARTED, ExitStatus
+from apportion.runs.guard_start import RunStartError, command_started, guard_spec, start_guard
 
 __all__ = ["ExitStatus", "RunOutcome", "RunProcess", "RunStartError", "run_command"]
 
@@ -95,55 +95,6 @@ GONE_POLL_MAX = 0.1
 #: A process in uninterruptible sleep outlives SIGKILL until its I/O ends; say so
 #: this often (seconds) instead of waiting without a word.
 STUCK_WARNING_EVERY = 10.0
-
-
-#: The guard every command starts under, forked by a server run by path with the
-#: standard library only (``python -I -S``): importing apportion would cost ~0.6 s.
-GUARD = str(Path(__file__).with_name("guard.py"))
-
-
-class RunStartError(Exception):
-    """The command could not be started; the message is one line for users."""
-
-
-@dataclass(frozen=True, slots=True)
-class ExitStatus:
-    """How a run's command ended; both fields are None when it never started."""
-
-    #: The exit code if it exited by itself, else None.
-    code: int | None
-    #: The number of the signal that killed it, else None.
-    signal: int | None
-
-    def __post_init__(self) -> None:
-        if self.code is not None and self.signal is not None:
-            raise ValueError("a process either exits or is killed, not both")
-
-    @classmethod
-    def from_returncode(cls, returncode: int) -> ExitStatus:
-        """From ``Popen.returncode``, which is minus the signal for a killed process."""
-        if returncode < 0:
-            return cls(code=None, signal=-returncode)
-        return cls(code=returncode, signal=None)
-
-    @property
-    def ok(self) -> bool:
-        """True for exit code 0, the only success a command can report."""
-        return self.code == 0
-
-    def describe(self) -> str:
-        """``"exit code 3"``, ``"killed by SIGKILL"`` or ``"never started"``."""
-        if self.code is not None:
-            return f"exit code {self.code}"
-        if self.signal is not None:
-            try:
-                return f"killed by {Signals(self.signal).name}"
-            except ValueError:
-                return f"killed by signal {self.signal}"
-        return "never started"
-
-
-_NEVER_STARTED = ExitStatus(code=None, signal=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,11 +196,11 @@ class RunProcess:
         if not sys.executable:
             raise RunStartError(f"cannot start {argv[0]!r}: no Python to run its guard with")
         try:
-            spec = _spec(argv, cwd, env)
+            spec = guard_spec(argv, cwd, env)
         except ValueError as exc:
             raise RunStartError(f"cannot start {argv[0]!r}: {exc}") from exc
-        guard_pid, life, reports, output = _start_guard(argv[0], spec)
-        command_pid = _started(reports, life, output, argv[0], cwd)
+        guard_pid, life, reports, output = start_guard(argv[0], spec)
+        command_pid = command_started(reports, life, output, argv[0], cwd)
         process = cls(
             guard_pid, output, on_output, life=life, reports=reports, command_pid=command_pid
         )
@@ -558,112 +509,6 @@ class RunProcess:
             self._close_pipes()
 
 
-def _spec(argv: Sequence[str], cwd: str, env: Mapping[str, str]) -> bytes:
-    """What the guard reads on its life line: ``ARGC SIZE``, a newline, then SIZE bytes
-    of NUL-separated argv, directory and ``NAME=VALUE`` environment entries."""
-    items = [os.fsencode(arg) for arg in argv]
-    items.append(os.fsencode(cwd))
-    for name, value in env.items():
-        if not name or "=" in name:
-            raise ValueError(f"illegal environment variable name {name!r}")
-        items.append(os.fsencode(name) + b"=" + os.fsencode(value))
-    if any(b"\0" in item for item in items):
-        raise ValueError("embedded null byte")
-    payload = b"\0".join(items)
-    return b"%d %d\n" % (len(argv), len(payload)) + payload
-
-
-def _start_guard(command: str, spec: bytes) -> tuple[int, int, BinaryIO, FileIO]:
-    """Have this worker's guard server fork a guard for a run and give it ``spec``:
-    ``(guard's pid, life line, reports, output)``. A server found dead is replaced
-    once; ``RunStartError`` if a new one fails too, or the guard does."""
-    replacing: GuardServer | None = None
-    while True:
-        try:
-            server, fresh = server_for(sys.executable, GUARD, replacing=replacing)
-        except OSError as exc:
-            raise RunStartError(_guard_failed(command, exc.strerror or str(exc))) from exc
-        life_read, life_write = os.pipe()  # not inheritable: only the guard gets an end
-        report_read, report_write = os.pipe()
-        output_read, output_write = os.pipe()
-        try:
-            server.request(life_read, report_write, output_write)
-        except GuardServerGone:
-            _close(life_write, report_read, output_read)
-            if fresh:
-                raise RunStartError(_guard_failed(command, server.failure())) from None
-            replacing = server
-            continue
-        finally:
-            _close(life_read, report_write, output_write)
-        with contextlib.suppress(BrokenPipeError):  # a guard that died says so below
-            _write_all(life_write, spec)
-        reports = os.fdopen(report_read, "rb")
-        output = os.fdopen(output_read, "rb", buffering=0)
-        words = reports.readline().split()
-        if len(words) == 2 and words[0] == b"guard":
-            return int(words[1]), life_write, reports, output
-        # No guard: the server died (killed meanwhile, or it cannot start), or the
-        # guard it forked did.
-        reports.close()
-        os.close(life_write)
-        said = _last_words(output)
-        if not server.gone():
-            raise RunStartError(_guard_failed(command, said or "it ended without a word"))
-        if fresh:
-            raise RunStartError(_guard_failed(command, server.failure()))
-        replacing = server
-
-
-def _guard_failed(command: str, why: str) -> str:
-    return f"cannot start {command!r}: its guard ({sys.executable}) failed: {why}"
-
-
-def _last_words(output: FileIO) -> str:
-    """The last line written on a run's output by a guard that died before the command
-    started (nothing else holds it then); closes it."""
-    with output:
-        said = output.read() or b""
-    lines = said.decode(errors="replace").strip().splitlines()
-    return lines[-1] if lines else ""
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _close(*fds: int) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-
-
-def _started(reports: BinaryIO, life: int, output: FileIO, command: str, cwd: str) -> int:
-    """The command's pid once its guard says it runs; ``RunStartError`` if it could not
-    be executed (the guard has then exited)."""
-    words = reports.readline().split()
-    if len(words) == 2 and words[0] == b"started":
-        return int(words[1])
-    reports.close()
-    os.close(life)
-    said = _last_words(output)
-    if len(words) == 2 and words[0] in (b"failed", b"nocwd"):
-        errno = int(words[1])
-        where = cwd if words[0] == b"nocwd" else command
-        raise RunStartError(_start_failure(command, cwd, OSError(errno, os.strerror(errno), where)))
-    raise RunStartError(_guard_failed(command, said or "it ended without a word"))
-
-
-def _start_failure(command: str, cwd: str, exc: OSError) -> str:
-    """``"cannot start 'x': No such file or directory"``, naming ``cwd`` if it is at fault."""
-    reason = exc.strerror or str(exc)
-    if exc.filename == cwd and cwd != command:
-        return f"cannot start {command!r} in {cwd!r}: {reason}"
-    return f"cannot start {command!r}: {reason}"
-
-
 def _live_process(pid: int) -> tuple[psutil.Process, int] | None:
     """``pid``'s process and parent pid, or None if it is gone or a zombie."""
     try:
@@ -734,11 +579,11 @@ def run_command(
     run is stopped and the exception propagates.
     """
     if cancel.is_set():
-        return RunOutcome(_NEVER_STARTED, "cancelled", "cancelled before it started", 0)
+        return RunOutcome(NEVER_STARTED, "cancelled", "cancelled before it started", 0)
     try:
         process = RunProcess.start(argv, cwd=cwd, env=env, on_output=on_output)
     except RunStartError as exc:
-        return RunOutcome(_NEVER_STARTED, "could not start", str(exc), 0)
+        return RunOutcome(NEVER_STARTED, "could not start", str(exc), 0)
     try:
         if on_start is not None:
             on_start(process.command_pid)

@@ -24,24 +24,20 @@ import uuid
 from collections.abc import Callable, Iterable, MutableMapping
 from typing import Any, cast
 
-import psutil
-
 from apportion.clock import SYSTEM_CLOCK, Clock, wait_event
-from apportion.core.payload import loads
 from apportion.core.resources import ResourceSpec, describe_resources, from_ticks, parse_supply
 from apportion.core.sizes import format_bytes
 from apportion.loop_thread import BackgroundService
 from apportion.net.connection import Connection, ConnectionClosed
-from apportion.net.handshake import HandshakeDropped, HandshakeError, open_connection
+from apportion.net.handshake import HandshakeError, open_connection
 from apportion.net.receive_pool import POOL
-from apportion.net.security import AuthenticationError, Security, security_for
+from apportion.net.security import Security, security_for
 from apportion.net.transport import serving_host
 from apportion.protocol.base import Message
 from apportion.protocol.codec import ProtocolError
 from apportion.protocol.handshake import Refused
 from apportion.protocol.peer_data import DIRECT_PUT, DataReply, DataStored, GetData, PutData
 from apportion.protocol.remote_calls import Install, RunCall, Uninstall
-from apportion.protocol.services import TaskNote
 from apportion.protocol.worker import (
     ComputeTask,
     DrainDone,
@@ -58,17 +54,16 @@ from apportion.protocol.worker import (
     WorkerDraining,
 )
 from apportion.worker.actors import ActorHost
+from apportion.worker.arrivals import store_fetched, store_put
 from apportion.worker.context import current_worker
+from apportion.worker.cpu_use import CpuUse
 from apportion.worker.data_server import DataServer, data_reply
 from apportion.worker.events import (
-    DataInfo,
-    DataPut,
     Execute,
     ExecutionOk,
     ExecutionRaised,
     ExecutionTooLarge,
     Fetch,
-    FetchDone,
     FetchFailed,
     ForgetData,
     FreeArrived,
@@ -81,23 +76,17 @@ from apportion.worker.events import (
     WorkerEvent,
     arrival,
 )
-from apportion.worker.execution import Finished, Outcome, Raised, TaskRunner, type_name
+from apportion.worker.execution import Finished, Outcome, Raised, TaskRunner
 from apportion.worker.long_lived import DEFAULT_KILL_GRACE, LongLivedTasks, WorkerLink
 from apportion.worker.memory_manager import MemoryConfig, MemoryManager
+from apportion.worker.outbox import Outbox
 from apportion.worker.peers import PeerPool
+from apportion.worker.registration import first_registration, reconnect
 from apportion.worker.rejoin_waits import RejoinWaits
 from apportion.worker.remote_calls import RemoteCallRunner
-from apportion.worker.sizeof import sizeof
 from apportion.worker.state import WorkerState
 
 logger = logging.getLogger("apportion.worker")
-
-#: Run output kept while the scheduler is away, at most (beyond it, output is dropped).
-MAX_UNSENT_BYTES = 64 * 2**20
-
-#: Reconnection attempts start this long after the loss and double up to ``MAX_BACKOFF``.
-FIRST_BACKOFF = 0.1
-MAX_BACKOFF = 5.0
 
 
 class Worker(BackgroundService):
@@ -199,10 +188,8 @@ class Worker(BackgroundService):
             allow_plaintext=allow_plaintext,
         )
         self._peers = PeerPool(self.name, self.security)
-        #: This process, for the CPU use each heartbeat reports; sampled once here so
-        #: that the first heartbeat's figure covers the time since the worker was made.
-        self._process = psutil.Process()
-        self._process.cpu_percent(interval=None)
+        #: The CPU use each heartbeat reports, since the worker was made at first.
+        self._cpu = CpuUse()
         self._runner: TaskRunner | None = None
         #: The live scheduler connection; None while reconnecting (and before start).
         self._scheduler: Connection | None = None
@@ -223,14 +210,8 @@ class Worker(BackgroundService):
         self.long_lived = long_lived
         if long_lived is not None:
             long_lived.attach(WorkerLink(self.send_threadsafe, kill_grace))
-        #: Messages from task threads while no scheduler is connected, sent on the
-        #: next registration (a run's output and end must not be lost); bounded.
-        self._unsent: list[Message] = []
-        #: Messages task threads sent and the loop has not taken yet (one wake-up
-        #: per batch, like task outcomes).
-        self._from_threads: list[Message] = []
-        self._from_threads_lock = threading.Lock()
-        self._unsent_bytes = 0
+        #: Messages from task threads, and those kept while no scheduler is connected.
+        self._outbox = Outbox()
         self._loop: asyncio.AbstractEventLoop | None = None
         #: ``client.run`` calls, uploads, plugins and the log ring of this worker.
         self.remote_calls = RemoteCallRunner(self)
@@ -259,7 +240,11 @@ class Worker(BackgroundService):
             self.address = await self._server.start()
             self.state.address = self.address
             self._runner = self._new_runner()
-            self._connected(await self._first_registration())
+            self._connected(
+                await first_registration(
+                    self._register, self.clock, self.connect_timeout, self.name
+                )
+            )
         except BaseException:
             await self.close()
             raise
@@ -384,48 +369,10 @@ class Worker(BackgroundService):
         self.sessions += 1
         return conn
 
-    async def _first_registration(self) -> Connection:
-        """Register, retrying while nothing listens at the address, for ``connect_timeout``.
-
-        Only "nothing there" is retried (refused, no answer), and a handshake the
-        scheduler dropped unanswered (``HandshakeDropped``: its gate makes room for
-        newer ones when many workers of a host connect at once): a peer that answers
-        wrongly, or a scheduler that refuses us, will not change its mind.
-        """
-        deadline = self.clock.monotonic() + self.connect_timeout
-        delay = FIRST_BACKOFF
-        waiting_said = False
-        while True:
-            try:
-                return await self._register()
-            except HandshakeError as exc:
-                if not isinstance(exc, HandshakeDropped):
-                    raise
-                failure: OSError = exc
-            except OSError as exc:
-                failure = exc
-            remaining = deadline - self.clock.monotonic()
-            if remaining <= 0:
-                if self.connect_timeout > 0:
-                    raise OSError(f"{failure}; gave up after {self.connect_timeout:g}s") from None
-                raise failure
-            if not waiting_said:
-                # One line, not one per attempt: the worker is expected to wait here.
-                logger.info(
-                    "worker %s: %s; retrying for up to %gs",
-                    self.name,
-                    failure,
-                    self.connect_timeout,
-                )
-                waiting_said = True
-            await self.clock.sleep(min(delay, remaining))
-            delay = min(delay * 2, MAX_BACKOFF)
-
     def _connected(self, conn: Connection) -> None:
         """``conn`` is the live session now: send what waited for one, in order."""
         self._scheduler = conn
-        unsent, self._unsent, self._unsent_bytes = self._unsent, [], 0
-        for message in unsent:
+        for message in self._outbox.take_unsent():
             conn.send(message)
 
     @property
@@ -437,10 +384,7 @@ class Worker(BackgroundService):
         """Send to the scheduler from any thread; kept until reconnected if it is away."""
         if self._loop is None or self._closing:
             return
-        with self._from_threads_lock:
-            self._from_threads.append(message)
-            first = len(self._from_threads) == 1
-        if first:
+        if self._outbox.from_thread(message):
             with contextlib.suppress(RuntimeError):  # the loop is closed: the worker is gone
                 self._loop.call_soon_threadsafe(self._flush_from_threads)
 
@@ -476,21 +420,8 @@ class Worker(BackgroundService):
     def _flush_from_threads(self) -> None:
         """Send what task threads said, in order. Also called before task outcomes are
         reported, so that a run's start and end always precede its task's result."""
-        with self._from_threads_lock:
-            batch, self._from_threads = self._from_threads, []
-        for message in batch:
-            self._send_or_keep(message)
-
-    def _send_or_keep(self, message: Message) -> None:
-        if self._scheduler is not None:
-            self._scheduler.send(message)
-            return
-        droppable = isinstance(message, TaskNote) and message.droppable
-        size = len(message.note) if isinstance(message, TaskNote) else 64
-        if self._unsent_bytes + size > MAX_UNSENT_BYTES and droppable:
-            return  # e.g. run output beyond the bound: dropped, and the log shows the gap
-        self._unsent.append(message)
-        self._unsent_bytes += size
+        for message in self._outbox.take_from_threads():
+            self._outbox.send_or_keep(self._scheduler, message)
 
     async def _serve(self) -> None:
         """Receive from the scheduler, reconnecting when it goes away, until giving up."""
@@ -523,16 +454,17 @@ class Worker(BackgroundService):
                 self.reconnect_timeout,
             )
             self._forget_session()
-            failure = await self._reconnect()
-            if failure is not None:
+            outcome = await reconnect(self._register, self.clock, self.reconnect_timeout, self.name)
+            if isinstance(outcome, str):
                 logger.error(
                     "worker %s: could not reconnect to %s within %gs (%s); closing this worker",
                     self.name,
                     self.scheduler_address,
                     self.reconnect_timeout,
-                    failure,
+                    outcome,
                 )
                 break
+            self._connected(outcome)
             logger.warning(
                 "worker %s: reconnected to %s and registered afresh",
                 self.name,
@@ -575,29 +507,6 @@ class Worker(BackgroundService):
         budget = self.memory_manager.limits.fetch_budget
         return WorkerState(self.nthreads, self.address, fetch_budget=budget)
 
-    async def _reconnect(self) -> str | None:
-        """Register afresh with backoff; None on success, else the last failure."""
-        deadline = self.clock.monotonic() + self.reconnect_timeout
-        delay = FIRST_BACKOFF
-        failure = "no attempt was made"
-        while True:
-            remaining = deadline - self.clock.monotonic()
-            if remaining <= 0:
-                return failure
-            await self.clock.sleep(min(delay, remaining))
-            delay = min(delay * 2, MAX_BACKOFF)
-            try:
-                conn = await asyncio.wait_for(
-                    self._register(), max(0.1, deadline - self.clock.monotonic())
-                )
-                self._connected(conn)
-                return None
-            except (OSError, HandshakeError) as exc:  # TimeoutError is an OSError
-                failure = str(exc) or type(exc).__name__
-                logger.debug("worker %s: reconnection attempt failed: %s", self.name, failure)
-            except AuthenticationError as exc:
-                return str(exc)  # the secret changed: trying again would fail again
-
     async def _beat(self) -> None:
         """Tell the scheduler this worker is alive, from the loop: a frozen loop falls silent.
         Each beat also unmaps the receive memory no transfer used for a while (the
@@ -621,16 +530,10 @@ class Worker(BackgroundService):
             self.memory_manager.measure(),
             self.memory_manager.spilled,
             int(self.state.paused),
-            self._cpu_percent(),
+            self._cpu.since_last(),
             self._peers.received,
             self._server.sent,
         )
-
-    def _cpu_percent(self) -> float:
-        try:
-            return float(self._process.cpu_percent(interval=None))
-        except psutil.Error:
-            return 0.0
 
     def _memory_changed(self, event: Paused | Resumed) -> None:
         """The memory monitor paused or resumed this worker. The state machine takes it
@@ -677,7 +580,7 @@ class Worker(BackgroundService):
                     self.restart_requested = True
                     self._leaving = asyncio.get_running_loop().create_task(self.close())
                 case PutData():
-                    events.append(self._store_put(message, now))
+                    events.append(store_put(self.data, message, now, self.name))
                 case GetData():
                     self._handle(events)
                     events = []
@@ -694,24 +597,12 @@ class Worker(BackgroundService):
                 "worker %s: refused data put while reconnecting to the scheduler", self.name
             )
             return DataStored(message.request_id, [], {})
-        event = self._store_put(PutData(DIRECT_PUT, message.data), self.clock.time())
+        event = store_put(
+            self.data, PutData(DIRECT_PUT, message.data), self.clock.time(), self.name
+        )
         self._handle([event])
         nbytes = {key: info.nbytes for key, info in event.stored.items()}
         return DataStored(message.request_id, list(event.stored), nbytes)
-
-    def _store_put(self, message: PutData, now: float) -> DataPut:
-        stored: dict[str, DataInfo] = {}
-        for key, blob in message.data.items():
-            try:
-                value = loads(blob)
-            except Exception:
-                logger.exception(
-                    "worker %s: cannot unpickle put data %r; not stored", self.name, key
-                )
-                continue
-            self.data[key] = value
-            stored[key] = DataInfo(sizeof(value), type_name(value))
-        return DataPut(message.request_id, stored, now)
 
     # --- state machine ------------------------------------------------------------
 
@@ -747,7 +638,7 @@ class Worker(BackgroundService):
 
     def _on_outcomes(self, outcomes: list[Outcome]) -> None:
         """A batch of finished executions, values already stored by the runner."""
-        if self._from_threads:  # read without the lock: what must precede is appended
+        if self._outbox.threads_waiting():
             self._flush_from_threads()
         now = self.clock.time()
         events: list[WorkerEvent] = []
@@ -777,7 +668,7 @@ class Worker(BackgroundService):
 
         def on_part(part: DataReply) -> None:
             arrived.update(part.data, part.missing, part.errors)
-            self._handle([self._fetched(address, part)])
+            self._handle([store_fetched(self.data, address, part, self.clock.time(), self.name)])
 
         try:
             await self._peers.get_data(address, keys, on_part)
@@ -787,21 +678,6 @@ class Worker(BackgroundService):
                 "worker %s: fetch of %d keys from %s failed: %s", self.name, len(rest), address, exc
             )
             self._handle([FetchFailed(address, rest, str(exc), self.clock.time())])
-
-    def _fetched(self, address: str, part: DataReply) -> FetchDone:
-        """The values of one part of a peer's answer, unpickled into ``data``."""
-        obtained: dict[str, DataInfo] = {}
-        missing = list(part.missing)
-        for key, blob in part.data.items():
-            try:
-                value = loads(blob)
-            except Exception:
-                logger.exception("worker %s: cannot unpickle %r from %s", self.name, key, address)
-                missing.append(key)
-                continue
-            self.data[key] = value
-            obtained[key] = DataInfo(sizeof(value), type_name(value))
-        return FetchDone(address, obtained, tuple(missing), self.clock.time(), dict(part.errors))
 
     def __repr__(self) -> str:
         return f"<Worker {self.name} {self.address or 'not started'} threads={self.nthreads}>"

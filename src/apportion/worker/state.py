@@ -54,11 +54,8 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
-from apportion.core.allocation import Allocation
-from apportion.core.payload import Pickled
 from apportion.core.transitions import IllegalTransition
 from apportion.protocol.peer_data import DataStored
 from apportion.protocol.worker import (
@@ -99,72 +96,17 @@ from apportion.worker.events import (
     WorkerCommand,
     WorkerEvent,
 )
-
-#: Where a key is on this worker (its story's states). Only WAITING, READY and
-#: EXECUTING are an ``AssignedTask``'s state; the others describe the key's value.
-RELEASED = "released"  #: neither a task here nor a value in the data store
-WAITING = "waiting"  #: a task whose inputs are not all in memory here
-READY = "ready"  #: a task with every input here, waiting for a thread
-EXECUTING = "executing"  #: a task running on a thread
-FETCHING = "fetching"  #: a value being fetched from a peer
-MEMORY = "memory"  #: a value in the data store
-
-#: Every move a key may make on a worker, as (from, to). Anything else is a bug and
-#: raises ``IllegalTransition``.
-WORKER_TASK_MOVES = frozenset(
-    {
-        (RELEASED, WAITING),
-        (RELEASED, READY),
-        (RELEASED, FETCHING),
-        (RELEASED, MEMORY),
-        (WAITING, READY),
-        (WAITING, MEMORY),
-        (WAITING, RELEASED),
-        (READY, EXECUTING),
-        (READY, MEMORY),
-        (READY, RELEASED),
-        (EXECUTING, EXECUTING),
-        (EXECUTING, MEMORY),
-        (EXECUTING, RELEASED),
-        (FETCHING, FETCHING),
-        (FETCHING, MEMORY),
-        (FETCHING, RELEASED),
-        (MEMORY, MEMORY),
-        (MEMORY, RELEASED),
-    }
+from apportion.worker.records import (
+    EXECUTING,
+    FETCHING,
+    MEMORY,
+    READY,
+    RELEASED,
+    WAITING,
+    WORKER_TASK_MOVES,
+    AssignedTask,
+    FetchRecord,
 )
-
-
-@dataclass(slots=True)
-class AssignedTask:
-    """The worker's own record of one task the scheduler assigned to it and that it
-    has not reported yet (the scheduler's view of a task is ``scheduler.records.TaskRecord``)."""
-
-    key: str
-    func_id: str
-    args: Pickled
-    deps: tuple[str, ...]
-    allocation: Allocation  #: what it holds, as the scheduler allocated it
-    priority: int
-    seq: int  #: arrival order; breaks ties in the ready order
-    state: str  #: WAITING, READY or EXECUTING
-    missing: set[str] = field(default_factory=set)  #: deps not in memory; empty unless waiting
-    freed: bool = False  #: freed while executing: report it, then discard the result
-    order: int = 0  #: the scheduler's start order (``ComputeTask.order``)
-
-
-@dataclass(slots=True)
-class FetchRecord:
-    """One dependency being fetched; exactly one request for it is in flight."""
-
-    holders: list[str]  #: every holder named so far, in the order tried
-    index: int = 0  #: the holder asked now
-    nbytes: int = 0  #: its size as the scheduler knew it (0: not known)
-    asked: bool = False  #: a request for it is in flight (its bytes count as coming)
-
-    @property
-    def address(self) -> str:
-        return self.holders[self.index]
 
 
 class WorkerState:
@@ -709,54 +651,3 @@ class WorkerState:
         if (old, new) not in WORKER_TASK_MOVES:  # inline: a few times per task
             raise IllegalTransition("worker", f"task {key!r}", old, new, cause)
         self._story.append((now, key, old, new, cause))
-
-
-def check_invariants(state: WorkerState) -> None:
-    """Raise ``AssertionError`` naming the first broken invariant of ``state``.
-
-    Called after every step of the Hypothesis machine and at the end of every state
-    test, so a rule broken by any interleaving shows up where it happened.
-    """
-    ready = {k for k, t in state.tasks.items() if t.state == READY}
-    executing = {k for k, t in state.tasks.items() if t.state == EXECUTING}
-    live = [e[4] for e in state._ready if state._is_live(e)]
-    assert len(live) == len(set(live)), f"duplicate live ready entries: {live}"
-    assert set(live) == ready, f"ready heap {sorted(live)} != ready tasks {sorted(ready)}"
-    seceded = state.seceded.keys()
-    assert seceded <= executing, f"seceded {sorted(seceded)} not executing"
-    assert state.rejoining <= seceded, f"rejoining {state.rejoining} not seceded"
-    assert state.rejoined <= state.executing, f"rejoined {state.rejoined} not counted"
-    counted = executing - seceded
-    assert counted == state.executing, f"executing {state.executing} != {counted}"
-    assert not ready & executing, "a key is both ready and executing"
-    started = len(counted - state.rejoined)
-    assert started <= state.nthreads, f"{started} started on {state.nthreads} threads"
-    idle = len(counted) < state.nthreads
-    assert not (ready and idle and not state.paused), "a ready task waits for no reason"
-    held_back = state.paused or state.fetch_budget is not None
-    assert held_back or not state._to_fetch, "fetches held back while not paused"
-    asked = sum(f.nbytes for f in state.fetches.values() if f.asked)
-    assert state.in_flight_bytes == asked, f"{state.in_flight_bytes} bytes coming, not {asked}"
-    assert state.owned <= state.data.keys(), "owned keys must be in memory"
-    assert not state.data.keys() & state.fetches.keys(), "a key in memory is being fetched"
-    assert not state.data.keys() & state.tasks.keys(), "a key is both in memory and a task"
-    needs: dict[str, set[str]] = {}
-    for key, record in state.tasks.items():
-        assert record.state in (WAITING, READY, EXECUTING), f"{key}: {record.state}"
-        assert record.missing <= set(record.deps), f"{key}: missing deps it does not have"
-        assert not record.missing & state.data.keys(), f"{key}: a missing dep is in memory"
-        assert (record.state == WAITING) == bool(record.missing), f"{key}: waiting/missing"
-        assert not (record.freed and record.state != EXECUTING), f"{key}: freed but pending"
-        if record.state != EXECUTING:
-            for dep in record.deps:
-                needs.setdefault(dep, set()).add(key)
-    assert needs == state.needed_by, f"needed_by {state.needed_by} != {needs}"
-    transient = state.data.keys() - state.owned
-    wanted = state.needed_by.keys() | state.prefetched
-    assert transient <= wanted, f"unneeded transient data {transient}"
-    assert not state.prefetched & state.needed_by.keys(), "prefetched and needed by a task"
-    held_or_coming = state.data.keys() | state.fetches.keys()
-    assert state.prefetched <= held_or_coming, f"prefetched {state.prefetched} not held"
-    for dep, fetch in state.fetches.items():
-        assert 0 <= fetch.index < len(fetch.holders), f"{dep}: fetch past its holders"
-        assert state.address not in fetch.holders, f"{dep}: fetching from ourselves"

@@ -23,18 +23,18 @@ import contextlib
 import itertools
 import logging
 import os
-import sys
 import threading
 import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Generator, Mapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from apportion.client import session
-from apportion.client.asynchronous import in_running_loop, in_thread
-from apportion.client.cluster_options import (
+from apportion.core.durations import Duration, seconds
+from apportion.core.resources import ResourceSpec, format_resources
+from apportion.core.sizes import format_bytes
+from apportion.deploy.cluster_options import (
     DASK_CLIENT_OPTIONS,
     DASK_CLUSTER_OPTIONS,
     log_levels,
@@ -43,11 +43,15 @@ from apportion.client.cluster_options import (
     sort_options,
     warn_ignored,
 )
-from apportion.client.durations import Duration, seconds
-from apportion.client.local_processes import LOG_LINES, WorkerProcesses
-from apportion.core.resources import ResourceSpec, format_resources, parse_supply
-from apportion.core.sizes import format_bytes
-from apportion.loop_thread import LoopThread
+from apportion.deploy.local_processes import LOG_LINES, WorkerProcesses
+from apportion.deploy.local_shape import (
+    LOCAL_RECONNECT_SECONDS,
+    cluster_shape,
+    default_resources,
+    worker_command,
+    worker_spec,
+)
+from apportion.loop_thread import LoopThread, in_running_loop, in_thread
 from apportion.net.security import Security
 from apportion.protocol.worker import WorkerDied
 from apportion.scheduler.events import WorkerDeathReport
@@ -55,18 +59,15 @@ from apportion.scheduler.service import Scheduler
 from apportion.scheduler.state import SchedulerConfig
 from apportion.worker.memory_policy import THRESHOLD_NAMES, threshold_text
 
-if TYPE_CHECKING:
-    from apportion.client.client import Client
-
 #: The class ``get_client`` makes. ``apportion.client.client`` sets it as it loads
-#: (importing ``apportion`` loads it first): it imports this module, since ``Client()``
-#: starts a LocalCluster, so this module must not import it back.
-client_type: Callable[[LocalCluster], Client] | None = None
+#: (importing ``apportion`` loads it first): the client imports deployment, since
+#: ``Client()`` starts a LocalCluster, so deployment must not import it back, not even
+#: for a type (``get_client`` is typed ``Any`` for that reason: it is a ``Client``).
+client_type: Callable[[LocalCluster], Any] | None = None
 
-#: A local worker that loses its scheduler retries this long, then exits. Long enough to
-#: rejoin after being declared lost (a task that held the GIL past the worker timeout),
-#: short enough that workers of a process that died do not linger.
-LOCAL_RECONNECT_SECONDS = 5.0
+#: What closes at interpreter exit before the clusters do: the clients' sessions,
+#: which ``apportion`` puts here as it loads (deployment does not import the client).
+close_first: list[Callable[[], None]] = []
 
 #: Seconds a worker removed by ``scale`` gets to finish its tasks and hand off results.
 DRAIN_SECONDS = 30.0
@@ -84,35 +85,11 @@ def _close_at_exit() -> None:
     destroyed but it is pending!", unclosed sockets). Clients go first so that none
     sees its scheduler vanish and reports it as a lost connection.
     """
-    session.close_all()
+    for close in close_first:
+        close()
     for cluster in list(_open_clusters):
         with contextlib.suppress(Exception):
             cluster.close()
-
-
-def _cpus() -> int:
-    return os.cpu_count() or 1
-
-
-def _default_shape() -> tuple[int, int]:
-    cpus = _cpus()
-    n_workers = max(1, min(cpus, 4))
-    return n_workers, max(1, cpus // n_workers)
-
-
-def cluster_shape(
-    n_workers: int | None, threads_per_worker: int | None, processes: bool
-) -> tuple[int, int]:
-    """Dask's rules for (workers, threads each) from what was given."""
-    cpus = _cpus()
-    if n_workers is None and threads_per_worker is None:
-        return _default_shape() if processes else (1, cpus)
-    if n_workers is None:
-        assert threads_per_worker is not None
-        return (max(1, cpus // threads_per_worker) if processes else 1), threads_per_worker
-    if threads_per_worker is None:
-        return n_workers, max(1, -(-cpus // max(1, n_workers)))
-    return n_workers, threads_per_worker
 
 
 class _ThreadLogs(logging.Handler):
@@ -214,13 +191,13 @@ class LocalCluster:
             raise ValueError(f"n_workers must be 0 or more, got {n_workers}")
         count, threads = cluster_shape(n_workers, threads_per_worker, processes)
         if workers is None:
-            resources = _default_resources() if resources is None else resources
+            resources = default_resources() if resources is None else resources
             workers = [{"nthreads": threads, "resources": resources}] * count
         self.name = name or f"LocalCluster-{os.getpid()}-{id(self):x}"
         self.processes = processes
         self.memory_limit = memory_limit_bytes(memory_limit, max(1, len(workers)))
         self.dashboard_address = dashboard_address
-        self.specs = [self._spec(i, w) for i, w in enumerate(workers)]
+        self.specs = [worker_spec(i, w) for i, w in enumerate(workers)]
         names = [spec["name"] for spec in self.specs]
         twice = sorted({name for name in names if names.count(name) > 1})
         if twice:
@@ -230,7 +207,7 @@ class LocalCluster:
         self._template = (
             dict(self.specs[-1])
             if self.specs
-            else self._spec(0, {"nthreads": threads, "resources": resources})
+            else worker_spec(0, {"nthreads": threads, "resources": resources})
         )
         self._names = itertools.count(len(self.specs))
         self._log_level, self._show_from = log_levels(silence_logs)
@@ -333,24 +310,6 @@ class LocalCluster:
         awaitables: made with ``asynchronous=True`` and called from a running loop."""
         return self._asynchronous and in_running_loop()
 
-    @staticmethod
-    def _spec(index: int, given: Mapping[str, Any]) -> dict[str, Any]:
-        unknown = set(given) - {"nthreads", "resources", "name"}
-        if unknown:
-            raise ValueError(f"unknown worker settings {sorted(unknown)}")
-        nthreads = int(given.get("nthreads") or _default_shape()[1])
-        if nthreads < 1:
-            raise ValueError(f"nthreads must be at least 1, got {nthreads}")
-        # Parsed here so a bad spec fails in the caller, not in a worker process;
-        # unit labels are kept, or ``gpu=[0,1]`` would reach the worker as ``gpu=2``.
-        amounts, units = parse_supply(given.get("resources"))
-        return {
-            "name": str(given.get("name") or f"worker-{index}"),
-            "nthreads": nthreads,
-            "resources": amounts,
-            "units": units,
-        }
-
     def _command(self, spec: Mapping[str, Any]) -> list[str]:
         cmd = worker_command(self.scheduler_address, spec)
         cmd += ["--memory-limit", str(self.memory_limit), "--no-supervisor"]
@@ -416,7 +375,7 @@ class LocalCluster:
             return None
         return dashboard.login_link()
 
-    def get_client(self) -> Client:
+    def get_client(self) -> Any:
         """A client of this cluster (a new one each call; close it when done)."""
         assert client_type is not None, "apportion.client.client sets it as it loads"
         return client_type(self)
@@ -647,23 +606,6 @@ def _finalize(loop: LoopThread, pool: WorkerProcesses | None) -> None:
     loop.stop()
 
 
-def _default_resources() -> ResourceSpec:
-    """Dask's ``distributed.worker.resources`` when ``resources=`` is not given, as
-    Dask's LocalCluster would; per-worker ``workers=[...]`` shapes are taken as written.
-    Dask's configuration is read only if the program imported Dask: never loaded here."""
-    from apportion.worker.dask_config import (
-        dask_worker_resources,
-        log_dask_resources,
-        read_dask_config,
-    )
-
-    found = dask_worker_resources(os.environ, lambda: read_dask_config(import_dask=False))
-    if found is None:
-        return None
-    log_dask_resources(found, "LocalCluster")
-    return found.spec
-
-
 def _directory(value: object) -> str | None:
     """Dask's ``local_directory`` as a path text (None: the system's temporary one)."""
     if value is None:
@@ -671,14 +613,3 @@ def _directory(value: object) -> str | None:
     if not isinstance(value, str | os.PathLike):
         raise TypeError(f"local_directory must be a path, not {value!r}")
     return os.fspath(value)
-
-
-def worker_command(scheduler_address: str, spec: Mapping[str, Any]) -> list[str]:
-    """The command line of one worker process, resources written back as a spec."""
-    cmd = [sys.executable, "-m", "apportion.cli.main", "worker", scheduler_address]
-    cmd += ["--nthreads", str(spec["nthreads"]), "--name", spec["name"]]
-    # Always given, even empty, so a worker never falls back to APPORTION_RESOURCES
-    # from the user's environment: a LocalCluster's workers have what its spec says.
-    cmd += ["--resources", format_resources(spec["resources"], spec["units"]) or "none"]
-    cmd += ["--reconnect-timeout", repr(LOCAL_RECONNECT_SECONDS)]
-    return cmd

@@ -1,0 +1,85 @@
+"""Registering with the scheduler: patiently at start, with backoff after losing it.
+
+Two loops with different rules. At start only "nothing there" is retried, for
+``connect_timeout`` (a worker started before its scheduler, as Dask's waits too):
+a peer that answers wrongly, or a scheduler that refuses us, will not change its
+mind. After losing the scheduler every failure but a changed secret is retried,
+for ``reconnect_timeout``. Both wait ``FIRST_BACKOFF`` first, doubling up to
+``MAX_BACKOFF``, on the worker's clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from apportion.clock import Clock
+from apportion.net.connection import Connection
+from apportion.net.handshake import HandshakeDropped, HandshakeError
+from apportion.net.security import AuthenticationError
+
+logger = logging.getLogger("apportion.worker")
+
+#: Reconnection attempts start this long after the loss and double up to ``MAX_BACKOFF``.
+FIRST_BACKOFF = 0.1
+MAX_BACKOFF = 5.0
+
+#: One attempt: connect, complete the handshake and register.
+Register = Callable[[], Awaitable[Connection]]
+
+
+async def first_registration(
+    register: Register, clock: Clock, connect_timeout: float, name: str
+) -> Connection:
+    """Register, retrying while nothing listens at the address, for ``connect_timeout``.
+
+    Only "nothing there" is retried (refused, no answer), and a handshake the
+    scheduler dropped unanswered (``HandshakeDropped``: its gate makes room for
+    newer ones when many workers of a host connect at once).
+    """
+    deadline = clock.monotonic() + connect_timeout
+    delay = FIRST_BACKOFF
+    waiting_said = False
+    while True:
+        try:
+            return await register()
+        except HandshakeError as exc:
+            if not isinstance(exc, HandshakeDropped):
+                raise
+            failure: OSError = exc
+        except OSError as exc:
+            failure = exc
+        remaining = deadline - clock.monotonic()
+        if remaining <= 0:
+            if connect_timeout > 0:
+                raise OSError(f"{failure}; gave up after {connect_timeout:g}s") from None
+            raise failure
+        if not waiting_said:
+            # One line, not one per attempt: the worker is expected to wait here.
+            logger.info("worker %s: %s; retrying for up to %gs", name, failure, connect_timeout)
+            waiting_said = True
+        await clock.sleep(min(delay, remaining))
+        delay = min(delay * 2, MAX_BACKOFF)
+
+
+async def reconnect(
+    register: Register, clock: Clock, reconnect_timeout: float, name: str
+) -> Connection | str:
+    """Register afresh with backoff: the connection, or the last failure's text."""
+    deadline = clock.monotonic() + reconnect_timeout
+    delay = FIRST_BACKOFF
+    failure = "no attempt was made"
+    while True:
+        remaining = deadline - clock.monotonic()
+        if remaining <= 0:
+            return failure
+        await clock.sleep(min(delay, remaining))
+        delay = min(delay * 2, MAX_BACKOFF)
+        try:
+            return await asyncio.wait_for(register(), max(0.1, deadline - clock.monotonic()))
+        except (OSError, HandshakeError) as exc:  # TimeoutError is an OSError
+            failure = str(exc) or type(exc).__name__
+            logger.debug("worker %s: reconnection attempt failed: %s", name, failure)
+        except AuthenticationError as exc:
+            return str(exc)  # the secret changed: trying again would fail again
