@@ -54,6 +54,7 @@ PURE = re.compile(
     r"|runs\.(lifecycle|views|run_states|run_events|messages)"
     r"|dashboard\.(http|auth|origin|metrics)"
     r"|cli\.status_view"
+    r"|client\.state"
     r")$"
 )
 

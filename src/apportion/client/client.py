@@ -46,17 +46,7 @@ from apportion.client.cluster_options import (
 from apportion.client.datasets import SharedData
 from apportion.client.durations import Duration, seconds
 from apportion.client.errors import SchedulerGoneError, SerializationError
-from apportion.client.future import (
-    CANCELLED,
-    ERROR,
-    FINISHED,
-    LOST,
-    PENDING,
-    CallbackRunner,
-    Failure,
-    Future,
-    KeyState,
-)
+from apportion.client.future import CallbackRunner, Future, KeyState
 from apportion.client.graph import canonical_keys, flatten_keys, graph_tasks, wire_key
 from apportion.client.large_arguments import warn_if_large
 from apportion.client.lifecycle import ClusterLifecycle
@@ -64,6 +54,17 @@ from apportion.client.local import LocalCluster
 from apportion.client.remote_calls import RemoteCalls
 from apportion.client.restrictions import ANYWHERE, Where, refuse_actors, where_to_run, worker_names
 from apportion.client.session import Session, TaskBatch
+from apportion.client.state import (
+    CANCELLED,
+    PENDING,
+    ClientState,
+    Deliver,
+    NoticeText,
+    Outcome,
+    Release,
+    Reset,
+    Settled,
+)
 from apportion.client.task_stream import TaskStreams
 from apportion.core import payload
 from apportion.core.demand import PLAIN, Demand, demand_of
@@ -82,16 +83,10 @@ from apportion.protocol.cluster import (
     WhyReply,
     WhyRequest,
 )
-from apportion.protocol.coordination import TopicMessage
 from apportion.protocol.tasks import (
     CancelKeys,
-    KeysDone,
-    KeysFailed,
-    KeysPending,
-    Notice,
     ScatterRequest,
     SubmitTasks,
-    TaskErred,
     TaskSpec,
     WhoHasRequest,
 )
@@ -205,7 +200,10 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         # Re-entrant: garbage collection can run ``Future.__del__`` (which takes this
         # lock) in the middle of any allocation made while the lock is held.
         self._lock = threading.RLock()
-        self._keys: dict[str, KeyState] = {}
+        #: The keys this client holds futures of, as data (client/state.py).
+        self._state = ClientState()
+        #: Each key of ``_state``'s waiters, woken as the state says: same keys.
+        self._waiting: dict[str, KeyState] = {}
         self._functions: dict[Any, tuple[str, bytes]] = {}
         self._callbacks = CallbackRunner()
         self._closed = False
@@ -292,74 +290,59 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         Futures still pending fail with ``SchedulerGoneError`` (``kind`` "gone"), or,
         when this client was closed, ``LostDataError`` ("lost").
         """
-        error = (kind, reason, b"")
         with self._lock:
-            states = list(self._keys.values())
-        for state in states:
-            if not state.event.is_set():
-                state.settle(LOST, error)
+            self._apply(self._state.scheduler_lost(reason, kind))
 
     def _on_message(self, msg: Message) -> None:
-        if isinstance(msg, KeysDone):
-            for key in msg.keys:
-                self._settle(key, FINISHED, None)
-        elif isinstance(msg, TaskErred):
-            state = self._keys.get(msg.key)
-            if state is not None:
-                state.attempts = msg.attempts
-            self._settle(msg.key, ERROR, ("exception", msg.exception, msg.traceback))
-        elif isinstance(msg, KeysFailed):
-            status = CANCELLED if msg.kind == "cancelled" else ERROR
-            for key in msg.keys:
-                self._settle(key, status, (msg.kind, msg.message, b""))
-        elif isinstance(msg, KeysPending):
-            for key in msg.keys:
-                state = self._keys.get(key)
-                # Lost results, or failed ones run again by ``retry``: pending again.
-                if state is not None and state.status in (FINISHED, ERROR):
-                    state.reset()
-        elif isinstance(msg, TopicMessage):
-            topics.deliver(self, msg)
-        elif isinstance(msg, Notice):
-            self.notices.append(msg.text)
-            logger.warning("scheduler: %s", msg.text)
-        else:
-            logger.warning("ignored unexpected %s from the scheduler", type(msg).__name__)
+        with self._lock:
+            self._apply(self._state.handle(msg))
 
-    def _settle(self, key: str, status: str, error: Failure | None) -> None:
-        state = self._keys.get(key)
-        if state is None:
-            return
-        if state.cancel_echo:
-            state.cancel_echo = False
-            if status == CANCELLED:
-                return  # the echo of our own cancel: already settled (or resubmitted)
-        if not state.event.is_set():
-            state.settle(status, error)
+    def _apply(self, outcomes: Iterable[Outcome]) -> None:
+        """Carry out what the state decided; called holding ``_lock``, so that a
+        release cannot be overtaken by a submit of the same key from another thread."""
+        for outcome in outcomes:
+            if isinstance(outcome, Settled):
+                waiter = self._waiting.get(outcome.key)
+                if waiter is not None:
+                    waiter.wake()
+            elif isinstance(outcome, Reset):
+                self._waiting[outcome.key].rearm()
+            elif isinstance(outcome, Release):
+                self._session.post(outcome.key)
+            elif isinstance(outcome, Deliver):
+                topics.deliver(self, outcome.message)
+            elif isinstance(outcome, NoticeText):
+                self.notices.append(outcome.text)
+                logger.warning("scheduler: %s", outcome.text)
+            else:
+                logger.warning("ignored unexpected %s from the scheduler", outcome.name)
 
     # --- reference counting ---------------------------------------------------------
 
     def _ref(self, key: str) -> KeyState:
         with self._lock:
-            state = self._keys.get(key)
-            if state is None:
-                state = self._keys[key] = KeyState()
-            state.refs += 1
-            return state
+            record = self._state.ref(key)
+            waiter = self._waiting.get(key)
+            if waiter is None:
+                waiter = self._waiting[key] = KeyState(record)
+            return waiter
 
     def _unref(self, key: str) -> None:
         with self._lock:
-            state = self._keys.get(key)
-            if state is None:
-                return
-            state.refs -= 1
-            if state.refs > 0:
-                return
-            del self._keys[key]
-            # Posted under the lock, so a submit of the same key from another thread
-            # cannot overtake this release on its way to the scheduler.
-            if not self._closed:
-                self._session.post(key)
+            release = self._state.unref(key)
+            if key not in self._state.keys:
+                self._waiting.pop(key, None)
+            if release is not None:
+                self._apply([release])
+
+    def _again(self, key: str, retry: bool = False) -> None:
+        """``key`` submitted again after a cancel (``retry``: run again after it
+        failed): pending again, before the request goes."""
+        with self._lock:
+            state = self._state
+            reset = state.retried(key) if retry else state.resubmitted(key)
+            if reset is not None:
+                self._apply([reset])
 
     # --- submitting -----------------------------------------------------------------
 
@@ -416,7 +399,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
                 key = f"{name}-{self._unique}{next(self._counter)}"
         future = Future(key, self)
         if future._state.status == CANCELLED:
-            future._state.reset()  # submitted again after a cancel: it runs again
+            self._again(key)  # submitted again after a cancel: it runs again
         first, alternatives = demand.wire()
         spec = TaskSpec(
             key,
@@ -710,7 +693,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         for spec, _ in tasks:
             future = wanted.get(spec.key)
             if future is not None and future._state.status == CANCELLED:
-                future._state.reset()  # computed again after a cancel: it runs again
+                self._again(future.key)  # computed again after a cancel: it runs again
         # One outbox item, so the graph reaches the scheduler in one message: a split
         # graph would see its unwanted first half released before the rest arrived.
         self._post_tasks([(spec, blob, spec.key in wanted) for spec, blob in tasks])
@@ -788,7 +771,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
                 return out
             # A result lost with its worker comes back as pending (KeysPending, which
             # the scheduler sends before this reply): wait for it and ask again.
-            states = [self._keys.get(key) for key in missing]
+            states = [self._waiting.get(key) for key in missing]
             if any(s is None or s.status != PENDING for s in states):
                 raise _missing_error(missing)
             for state in states:
@@ -909,10 +892,8 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         found: list[Future] = []
         _collect(futures, found)
         keys = [f.key for f in found]
-        for fut in found:
-            if not fut.done():  # a finished result stays finished
-                fut._state.settle(CANCELLED, ("cancelled", f"{fut.key!r} was cancelled", b""))
-                fut._state.cancel_echo = True
+        with self._lock:  # a finished result stays finished
+            self._apply(self._state.cancel(keys))
         self._session.post(CancelKeys(keys))
         return self._ready(None)
 
@@ -1078,6 +1059,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         if self._closed:
             return
         self._closed = True
+        self._state.close()
         if self._connected_session is not None:
             self._connected_session.close()
         self._after_close()
@@ -1088,6 +1070,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         if self._closed:
             return
         self._closed = True
+        self._state.close()
         if self._starting is not None and not self._starting.done():
             self._starting.cancel()
             with contextlib.suppress(BaseException):

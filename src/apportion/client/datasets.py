@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from apportion.client.asynchronous import CallModes, settled
-from apportion.client.future import ERROR, Future
+from apportion.client.future import Future
+from apportion.client.state import ERROR
 from apportion.client.waiting import futures_of
 from apportion.core import payload
 from apportion.protocol.base import Message
@@ -43,9 +44,6 @@ from apportion.protocol.shared_data import (
 from apportion.protocol.tasks import RetryKeys, SubmitTasks, WhoHasReply, WhoHasRequest
 from apportion.scheduler.records import worker_aliases
 
-if TYPE_CHECKING:
-    from apportion.client.future import KeyState
-
 
 class _NoDefault:
     def __repr__(self) -> str:
@@ -64,7 +62,6 @@ class SharedData(CallModes):
     """
 
     if TYPE_CHECKING:
-        _keys: dict[str, KeyState]
         _lock: threading.RLock
         timeout: float
 
@@ -239,7 +236,7 @@ class SharedData(CallModes):
         for future in futures_of(futures):
             if future.status == ERROR and future.key not in keys:
                 # Before the request: the outcome of the new run must find it pending.
-                future._state.reset()
+                future.client._again(future.key, retry=True)
                 keys.append(future.key)
         if keys:
             self._session.post(RetryKeys(keys))

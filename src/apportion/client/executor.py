@@ -17,7 +17,8 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from apportion.client.future import CANCELLED, FINISHED, Future
+from apportion.client.future import Future
+from apportion.client.state import CANCELLED, FINISHED
 
 if TYPE_CHECKING:
     from apportion.client.client import Client

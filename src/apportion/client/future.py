@@ -20,59 +20,44 @@ from typing import TYPE_CHECKING, Any
 from apportion.client.asynchronous import settled
 from apportion.client.durations import Duration, seconds
 from apportion.client.errors import failure
+from apportion.client.state import CANCELLED, KeyRecord
 from apportion.core import payload
 from apportion.core.payload import Pickled
-
-#: Why a key failed: (kind, pickled exception or message, pickled traceback or b"").
-Failure = tuple[str, Pickled | str, Pickled]
 
 if TYPE_CHECKING:
     from apportion.client.client import Client
 
 logger = logging.getLogger("apportion.client")
 
-PENDING = "pending"
-FINISHED = "finished"
-ERROR = "error"
-CANCELLED = "cancelled"
-LOST = "lost"
-
 
 class KeyState:
-    """What the client knows about one key; shared by all its futures."""
+    """The waiting side of one key, shared by all its futures: an event and the
+    callbacks to run when the key settles. What the key is (status, error, futures
+    alive) is its ``KeyRecord`` in the client's ``ClientState``; the client wakes
+    this when that state says the key settled, and re-arms it when it is pending
+    again."""
 
-    __slots__ = (
-        "_lock",
-        "attempts",
-        "callbacks",
-        "cancel_echo",
-        "error",
-        "event",
-        "refs",
-        "status",
-    )
+    __slots__ = ("_lock", "callbacks", "event", "record")
 
-    def __init__(self) -> None:
-        self.status = PENDING
+    def __init__(self, record: KeyRecord) -> None:
+        self.record = record
         self.event = threading.Event()
-        #: ("exception", exc_bytes, tb_bytes) or (kind, message, b"") once failed
-        self.error: Failure | None = None
         self.callbacks: list[Callable[[], None]] = []
-        #: Live ``Future`` objects for this key.
-        self.refs = 0
-        #: Cancelled here; the scheduler's own "cancelled" for it is still to come and
-        #: must not cancel a run submitted again in between.
-        self.cancel_echo = False
-        #: How many runs raised (retries included) when the task failed.
-        self.attempts = 1
         # Makes "not done yet, so register" and "done, so run what is registered"
         # atomic: without it a callback added while the key settles is never run.
         self._lock = threading.Lock()
 
-    def settle(self, status: str, error: Failure | None = None) -> None:
+    @property
+    def status(self) -> str:
+        return self.record.status
+
+    @property
+    def refs(self) -> int:
+        return self.record.refs
+
+    def wake(self) -> None:
+        """The key settled (its record says how): wake its waiters."""
         with self._lock:
-            self.status = status
-            self.error = error
             self.event.set()
             callbacks, self.callbacks = self.callbacks, []
         for callback in callbacks:
@@ -86,21 +71,21 @@ class KeyState:
             self.callbacks.append(callback)
             return True
 
-    def reset(self) -> None:
-        """The result was lost and is being recomputed: wait again."""
-        self.status = PENDING
-        self.error = None
+    def rearm(self) -> None:
+        """The key is pending again (recomputed, retried, resubmitted): wait again."""
         self.event.clear()
 
     def exception_object(self) -> BaseException | None:
-        if self.error is None:
+        error = self.record.error
+        if error is None:
             return None
-        kind, detail, tb = self.error
+        kind, detail, tb = error
         if kind == "exception" and not isinstance(detail, str):
             exc = rebuild_exception(detail, tb)
-            if self.attempts > 1:
+            attempts = self.record.attempts
+            if attempts > 1:
                 exc.add_note(
-                    f"apportion: the task raised on each of its {self.attempts} attempts; "
+                    f"apportion: the task raised on each of its {attempts} attempts; "
                     "this is the last exception"
                 )
             return exc

@@ -18,7 +18,8 @@ from typing import Any, NamedTuple
 from apportion.client import dask_default
 from apportion.client.asynchronous import in_running_loop, settled, wake
 from apportion.client.durations import Duration, seconds
-from apportion.client.future import ERROR, Future
+from apportion.client.future import Future
+from apportion.client.state import ERROR
 
 FIRST_COMPLETED = "FIRST_COMPLETED"
 ALL_COMPLETED = "ALL_COMPLETED"
