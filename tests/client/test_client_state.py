@@ -99,9 +99,7 @@ def test_results_lost_or_retried_are_pending_again(state: ClientState) -> None:
 
 def test_the_echo_of_a_cancel_does_not_cancel_a_resubmission(state: ClientState) -> None:
     state.ref("x")
-    assert state.cancel(["x"]) == [
-        Settled("x", CANCELLED, ("cancelled", "'x' was cancelled", b""))
-    ]
+    assert state.cancel(["x"]) == [Settled("x", CANCELLED, ("cancelled", "'x' was cancelled", b""))]
     assert state.resubmitted("x") == Reset("x")
     assert state.handle(KeysFailed(["x"], "cancelled", "cancelled")) == []  # the echo
     assert state.keys["x"].status == PENDING
@@ -153,9 +151,7 @@ def test_losing_the_scheduler_settles_every_pending_key(state: ClientState) -> N
 def test_notices_topics_and_strangers_come_out_as_they_are(state: ClientState) -> None:
     topic = TopicMessage("news", b"data")
     assert state.handle(topic) == [Deliver(topic)]
-    assert state.handle(Notice("warning", "no worker has GPU")) == [
-        NoticeText("no worker has GPU")
-    ]
+    assert state.handle(Notice("warning", "no worker has GPU")) == [NoticeText("no worker has GPU")]
     assert state.handle(SubmitTasks([], {}, [])) == [Unexpected("SubmitTasks")]
 
 

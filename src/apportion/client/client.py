@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import inspect
 import itertools
@@ -22,7 +23,6 @@ import warnings
 from collections.abc import (
     Awaitable,
     Callable,
-    Coroutine,
     Generator,
     Iterable,
     Iterator,
@@ -32,9 +32,19 @@ from collections.abc import (
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
-from apportion.client import actors, dask_default, local, topics, transfers
+from apportion.client import (
+    actors,
+    cluster_control,
+    dask_default,
+    local,
+    remote_calls,
+    shared_data,
+    task_stream,
+    topics,
+    transfers,
+)
 from apportion.client.actors import actor_task
 from apportion.client.asynchronous import Ready, awaited, settled
 from apportion.client.cluster_options import (
@@ -43,19 +53,18 @@ from apportion.client.cluster_options import (
     sort_options,
     warn_ignored,
 )
-from apportion.client.datasets import SharedData
 from apportion.client.durations import Duration, seconds
 from apportion.client.errors import SchedulerGoneError, SerializationError
 from apportion.client.future import CallbackRunner, Future, KeyState
 from apportion.client.graph import canonical_keys, flatten_keys, graph_tasks, wire_key
 from apportion.client.large_arguments import warn_if_large
-from apportion.client.lifecycle import ClusterLifecycle
+from apportion.client.link import ClientLink, SchedulerLink
 from apportion.client.local import LocalCluster
-from apportion.client.remote_calls import RemoteCalls
 from apportion.client.restrictions import ANYWHERE, Where, refuse_actors, where_to_run, worker_names
 from apportion.client.session import Session, TaskBatch
 from apportion.client.state import (
     CANCELLED,
+    ERROR,
     PENDING,
     ClientState,
     Deliver,
@@ -65,7 +74,6 @@ from apportion.client.state import (
     Reset,
     Settled,
 )
-from apportion.client.task_stream import TaskStreams
 from apportion.core import payload
 from apportion.core.demand import PLAIN, Demand, demand_of
 from apportion.core.resources import ResourceSpec
@@ -76,7 +84,6 @@ from apportion.protocol.base import Message
 from apportion.protocol.cluster import (
     DumpReply,
     DumpRequest,
-    InfoReply,
     InfoRequest,
     StoryReply,
     StoryRequest,
@@ -85,6 +92,7 @@ from apportion.protocol.cluster import (
 )
 from apportion.protocol.tasks import (
     CancelKeys,
+    RetryKeys,
     ScatterRequest,
     SubmitTasks,
     TaskSpec,
@@ -107,6 +115,23 @@ _GATHER_ATTEMPTS = 5
 SCHEDULER_FILE_ENV = "APPORTION_SCHEDULER_FILE"
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _linked(
+    function: Callable[Concatenate[SchedulerLink, P], R],
+) -> Callable[Concatenate[Client, P], R]:
+    """A ``Client`` method that is ``function`` given the client's link: its name,
+    signature and docstring are ``function``'s (the link standing for ``self``)."""
+
+    @functools.wraps(function)
+    def method(client: Client, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return function(client._link, *args, **kwargs)
+
+    return method
+
+
 class ClusterManager(Protocol):
     """A cluster started elsewhere (``SSHCluster``): ``Client(cluster)`` connects to its
     scheduler with its credentials, as Dask's reads a cluster's address and security."""
@@ -115,7 +140,7 @@ class ClusterManager(Protocol):
     security: Security
 
 
-class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
+class Client:
     """Connect to a scheduler (``Client("tcp://host:8786")``), a ``LocalCluster``,
     or, with no address, start an embedded local cluster sized to this machine.
 
@@ -159,9 +184,10 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         limit = 30.0 if timeout is None else seconds(timeout, "Client timeout") or 0.0
         if scheduler_file is not None:
             address, security = from_scheduler_file(scheduler_file, address, security, limit)
+        #: How this client and its parts reach the scheduler (client/link.py).
+        self._link = ClientLink("", asynchronous)
         self._own_cluster: LocalCluster | None = None
         self.cluster: LocalCluster | None = None
-        self._asynchronous = asynchronous
         #: Connecting, for an asynchronous client being awaited (``__await__``).
         self._starting: asyncio.Future[Client] | None = None
         if address is None:
@@ -183,8 +209,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         if isinstance(address, LocalCluster):
             self.cluster = address
         address, given = _cluster_address(address, security or None, asynchronous)
-        #: The scheduler's address ("" for a cluster that has not started yet).
-        self.scheduler_address: str = address
+        self.scheduler_address = address
         #: What this client proves to the scheduler and workers, and expects of them.
         self.security = security_for(address, given)
         self.direct_to_workers = direct_to_workers
@@ -206,14 +231,11 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         self._waiting: dict[str, KeyState] = {}
         self._functions: dict[Any, tuple[str, bytes]] = {}
         self._callbacks = CallbackRunner()
-        self._closed = False
         self._dask_default = set_as_default
-        #: The scheduler's identity as last fetched (``scheduler_info``).
-        self._scheduler_identity: dict[str, Any] = {}
         if asynchronous:
             return  # ``await client`` connects (``_start``)
         try:
-            self._connected_session = Session(
+            self._link.session = Session(
                 address,
                 self.name,
                 self.timeout,
@@ -236,7 +258,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         return self._started().__await__()
 
     async def _started(self) -> Client:
-        if self._connected_session is not None:
+        if self._link.session is not None:
             return self
         if self._closed:
             raise RuntimeError("this client is closed")
@@ -270,8 +292,8 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
             if self._own_cluster is not None:
                 await self._own_cluster._close_async()
             raise
-        self._connected_session = session
-        self._scheduler_identity = info.info
+        self._link.session = session
+        self._link.remember(info.info)
         if self._dask_default:
             dask_default.register(self)
         return self
@@ -279,7 +301,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
     def start(self) -> None:
         """Dask's ``start``: a blocking client is connected once made; an asynchronous
         one starts connecting here (``await client`` waits for it)."""
-        if self._asynchronous and self._starting is None and self._connected_session is None:
+        if self._link.wants_async and self._starting is None and self._link.session is None:
             self._starting = asyncio.get_running_loop().create_task(self._start())
 
     # --- what the scheduler tells us ------------------------------------------------
@@ -447,7 +469,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         object stays on its worker, holding the task's resources, and the future's
         result is an ``Actor`` handle whose method calls go straight to it.
         """
-        self._check_open()
+        self._link.check_open()
         return self._task(
             actor_task(func) if actor or actors else func,
             args,
@@ -485,7 +507,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         no effect: every submission already travels in batches, one message per
         loop turn.
         """
-        self._check_open()
+        self._link.check_open()
         as_actors = actor or actors
         if as_actors:
             func = actor_task(func)
@@ -678,13 +700,15 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         where: Where = ANYWHERE,
     ) -> dict[Any, Future]:
         """Send the tasks ``keys`` need; a future for each of ``keys``, by graph key."""
-        self._check_open()
+        self._link.check_open()
         for other in _other_clients(self, dsk):
             other._caught_up()
         canon = canonical_keys(dsk)
         roots = {canon.get(k, k) for k in flatten_keys(keys)}
         tasks = list(
-            graph_tasks(self, dsk, keys, resources, priority, retries, annotations, canon, where)
+            graph_tasks(
+                self._function, dsk, keys, resources, priority, retries, annotations, canon, where
+            )
         )
         embedded = sum(payload.size_of(spec.args) for spec, _ in tasks)
         warn_if_large(embedded, f"the values in this graph's {len(tasks)} tasks")
@@ -721,7 +745,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         """
         if errors not in ("raise", "skip"):
             raise ValueError(f"errors must be 'raise' or 'skip', not {errors!r}")
-        return self._run(self._gather, futures, errors, direct, asynchronous=asynchronous)
+        return self._link.run(self._gather, futures, errors, direct, asynchronous=asynchronous)
 
     async def _gather(self, futures: Any, errors: str, direct: bool | None) -> Any:
         """On the session's loop: wait for ``futures``, then fetch their results."""
@@ -828,7 +852,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         keys. ``timeout`` bounds the wait for the data to be stored. Awaitable, for an
         asynchronous client.
         """
-        self._check_open()
+        self._link.check_open()
         allowed = worker_names(workers)
         names, items = self._scatter_items(data, hash)
         awaitable = self.asynchronous if asynchronous is None else asynchronous
@@ -846,8 +870,8 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         mode = self.direct_to_workers if direct is None else direct
         store = (self._scatter, items, futures, allowed, mode, wait, broadcast)
         if awaitable:
-            return _then(self._run(*store, asynchronous=True), shaped)
-        self._run(*store, asynchronous=False)
+            return _then(self._link.run(*store, asynchronous=True), shaped)
+        self._link.run(*store, asynchronous=False)
         return shaped
 
     async def _scatter(
@@ -882,7 +906,9 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         if failed is not None:
             raise failed
         if broadcast:
-            await self._replicate(list(futures.values()), None, allowed or None)
+            await shared_data.copy_results(
+                self._link, list(futures.values()), None, allowed or None
+            )
 
     def cancel(self, futures: Future | Iterable[Future]) -> Any:
         """Cancel queued or running tasks; their futures (and dependents) fail as cancelled.
@@ -895,7 +921,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         with self._lock:  # a finished result stays finished
             self._apply(self._state.cancel(keys))
         self._session.post(CancelKeys(keys))
-        return self._ready(None)
+        return self._link.ready(None)
 
     @classmethod
     def current(cls, allow_global: bool = True) -> Client:
@@ -942,12 +968,12 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         def reasons(reply: WhyReply) -> Any:
             return reply.reasons[keys[0]] if single else dict(reply.reasons)
 
-        return self._ask(lambda rid: WhyRequest(rid, keys), reasons)
+        return self._link.ask(lambda rid: WhyRequest(rid, keys), reasons)
 
     def story(self, key: Future | str) -> Any:
         """The task's transitions: a list of (time, key, from, to, cause)."""
         name = key.key if isinstance(key, Future) else key
-        return self._ask(lambda rid: StoryRequest(rid, name), _story_rows)
+        return self._link.ask(lambda rid: StoryRequest(rid, name), _story_rows)
 
     def dump_cluster_state(self, filename: str | None = None) -> Any:
         """The scheduler's whole state as plain data; written as JSON to ``filename`` if given.
@@ -955,7 +981,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         Meant for bug reports: every task with its state, inputs, resources and units,
         every worker with its ledger, and the recent transitions with their causes.
         """
-        return self._ask(lambda rid: DumpRequest(rid), partial(_dumped, filename=filename))
+        return self._link.ask(lambda rid: DumpRequest(rid), partial(_dumped, filename=filename))
 
     def write_scheduler_file(self, scheduler_file: str | os.PathLike[str]) -> None:
         """Write the scheduler's address and this client's secret to ``scheduler_file``
@@ -970,45 +996,8 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         holder = holder_of(scheduler_file)
         if holder is not None:
             raise SchedulerFileBusy(Path(scheduler_file), holder)
-        identity = self._scheduler_identity.get("id", "")
+        identity = self._link.identity.get("id", "")
         write_scheduler_file(scheduler_file, self.scheduler_address, self.security.token, identity)
-
-    def scheduler_info(self, n_workers: int = -1, **kwargs: Any) -> Any:
-        """The scheduler's identity and workers with their pools, as Dask returns it.
-
-        An asynchronous client, from its loop, gives the copy it last fetched, as
-        Dask's does (a dict; it was fetched when the client connected), which
-        awaited (``await client.scheduler_info()``) fetches a fresh one.
-        ``n_workers`` and Dask's other keywords are accepted; every worker is listed.
-        """
-        if self.asynchronous:
-            return SchedulerInfo(self._scheduler_identity, self._fresh_info)
-        return self._ask(lambda rid: InfoRequest(rid), self._info)
-
-    async def _fresh_info(self) -> dict[str, Any]:
-        info: dict[str, Any] = await self._ask(lambda rid: InfoRequest(rid), self._info)
-        return info
-
-    def _info(self, reply: InfoReply) -> dict[str, Any]:
-        info: dict[str, Any] = reply.info
-        self._scheduler_identity = info  # the copy an asynchronous client gives at once
-        return info
-
-    def wait_for_workers(self, n_workers: int = 1, timeout: Duration | None = None) -> Any:
-        """Block (or, asynchronous, an awaitable) until at least ``n_workers`` workers are
-        connected."""
-        return self._run(self._wait_for_workers, n_workers, seconds(timeout))
-
-    async def _wait_for_workers(self, n_workers: int, timeout: float | None) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        while True:
-            reply = await self._session.request(InfoRequest(self._session.next_id()))
-            if len(reply.info["workers"]) >= n_workers:
-                return
-            if deadline is not None and loop.time() > deadline:
-                raise TimeoutError(f"fewer than {n_workers} workers after {timeout}s")
-            await asyncio.sleep(0.05)  # no event says "a worker joined" to a client
 
     def sync(
         self,
@@ -1037,13 +1026,135 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
             return _within(outcome, limit)
         return self._session.run(_within(outcome, limit))
 
-    # --- closing --------------------------------------------------------------------
+    # --- the link's state, as the client's ----------------------------------------
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("this client is closed")
-        if not self._session.connected:
-            raise SchedulerGoneError(f"lost the connection to {self.scheduler_address}")
+    @property
+    def asynchronous(self) -> bool:
+        """True when this client's calls return awaitables: it was made with
+        ``asynchronous=True`` and is called from a running event loop (Dask's rule)."""
+        return self._link.asynchronous
+
+    @property
+    def scheduler_address(self) -> str:
+        """The scheduler's address ("" for a cluster that has not started yet)."""
+        return self._link.address
+
+    @scheduler_address.setter
+    def scheduler_address(self, address: str) -> None:
+        self._link.address = address
+
+    @property
+    def _session(self) -> Session:
+        return self._link.connected
+
+    @property
+    def _closed(self) -> bool:
+        return self._link.closed
+
+    # --- the cluster, through the link (cluster_control, remote_calls, shared_data,
+    # task_stream): what they do cannot reach this client's keys or futures --------
+
+    scheduler_info = _linked(cluster_control.scheduler_info)
+    run = _linked(remote_calls.run)
+    run_on_scheduler = _linked(remote_calls.run_on_scheduler)
+    upload_file = _linked(remote_calls.upload_file)
+    register_plugin = _linked(remote_calls.register_plugin)
+    register_worker_plugin = _linked(remote_calls.register_worker_plugin)
+    unregister_worker_plugin = _linked(remote_calls.unregister_worker_plugin)
+    get_versions = _linked(remote_calls.get_versions)
+    get_worker_logs = _linked(remote_calls.get_worker_logs)
+    get_scheduler_logs = _linked(remote_calls.get_scheduler_logs)
+    publish_dataset = _linked(shared_data.publish_dataset)
+    unpublish_dataset = _linked(shared_data.unpublish_dataset)
+    list_datasets = _linked(shared_data.list_datasets)
+    set_metadata = _linked(shared_data.set_metadata)
+    get_metadata = _linked(shared_data.get_metadata)
+    waiting_work = _linked(shared_data.waiting_work)
+    cluster_status = _linked(shared_data.cluster_status)
+    who_has = _linked(shared_data.who_has)
+    has_what = _linked(shared_data.has_what)
+    nthreads = _linked(shared_data.nthreads)
+    #: Dask's older name for ``nthreads``.
+    ncores = nthreads
+    processing = _linked(shared_data.processing)
+    replicate = _linked(shared_data.replicate)
+    rebalance = _linked(shared_data.rebalance)
+    get_task_stream = _linked(task_stream.get_task_stream)
+
+    def wait_for_workers(self, n_workers: int = 1, timeout: Duration | None = None) -> Any:
+        """Block (or, asynchronous, an awaitable) until at least ``n_workers`` workers are
+        connected."""
+        return cluster_control.wait_for_workers(self._link, n_workers, seconds(timeout))
+
+    @property
+    def dashboard_link(self) -> str | None:
+        """A fresh one-time login link to the scheduler's dashboard; None if it serves
+        none (``cluster_control.dashboard_link``)."""
+        return cluster_control.dashboard_link(self._link, self.security)
+
+    def restart(self, timeout: float | None = None, wait_for_workers: bool = True) -> Any:
+        """Drop every task and result in the cluster and start every worker afresh
+        (``cluster_control.restart``); ``timeout`` is four times the client's unless
+        given."""
+        limit = self.timeout * 4 if timeout is None else timeout
+        return cluster_control.restart(self._link, self.cluster, limit, wait_for_workers)
+
+    def get_dataset(self, name: Any, default: Any = shared_data.NO_DEFAULT) -> Any:
+        """The object published as ``name`` (a list of them for a list of names), its
+        futures now this client's; ``default`` (if given) for a name not published."""
+        return shared_data.get_dataset(self._link, self._future, name, default)
+
+    @property
+    def datasets(self) -> shared_data.Datasets:
+        """The published datasets as a mutable mapping: get, set, delete, ``in``, iterate
+        (a blocking client's; an asynchronous one awaits ``get_dataset`` and the rest)."""
+        return shared_data.datasets(self._link, self._future)
+
+    def _future(self, key: str) -> Future:
+        return Future(key, self)
+
+    def retry(self, futures: Any) -> Any:
+        """Run failed futures again, with the failed tasks they depend on; they go back
+        to pending. A failure the scheduler has forgotten fails again, saying so.
+        Done at once; an asynchronous client returns an awaitable as well, as Dask's."""
+        from apportion.client.waiting import futures_of
+
+        self._link.check_open()
+        keys = list(dict.fromkeys(f.key for f in futures_of(futures) if f.status == ERROR))
+        for key in keys:  # before the request: the new run's outcome must find it pending
+            self._again(key, retry=True)
+        if keys:
+            self._session.post(RetryKeys(keys))
+        return self._link.ready(None)
+
+    def shutdown(self) -> Any:
+        """Close this client and its cluster, even one it did not start (as Dask's).
+
+        Only a ``LocalCluster`` object can be closed from here: given just an
+        address, the scheduler keeps running and a ``UserWarning`` says so. An
+        asynchronous client returns an awaitable that does it.
+        """
+        cluster = self.cluster
+        if cluster is None:
+            warnings.warn(
+                f"shutdown() closes the client, but the scheduler at {self.scheduler_address} "
+                "was not started here and keeps running; stop it where it was started",
+                UserWarning,
+                stacklevel=2,
+            )
+        if self.asynchronous:
+            return self._shutdown_async(cluster)
+        self._close_blocking()
+        if cluster is not None:
+            cluster._close_blocking()
+        return None
+
+    async def _shutdown_async(self, cluster: LocalCluster | None) -> None:
+        await self._close_async()
+        if cluster is not None:
+            await cluster._close_async()
+
+    # --- closing --------------------------------------------------------------------
 
     def close(self) -> Any:
         """Release everything, disconnect, and stop an embedded cluster; idempotent.
@@ -1058,10 +1169,10 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
     def _close_blocking(self) -> None:
         if self._closed:
             return
-        self._closed = True
+        self._link.closed = True
         self._state.close()
-        if self._connected_session is not None:
-            self._connected_session.close()
+        if self._link.session is not None:
+            self._link.session.close()
         self._after_close()
         if self._own_cluster is not None:
             self._own_cluster._close_blocking()
@@ -1069,14 +1180,14 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
     async def _close_async(self) -> None:
         if self._closed:
             return
-        self._closed = True
+        self._link.closed = True
         self._state.close()
         if self._starting is not None and not self._starting.done():
             self._starting.cancel()
             with contextlib.suppress(BaseException):
                 await self._starting
-        if self._connected_session is not None:
-            await self._connected_session.close_async()
+        if self._link.session is not None:
+            await self._link.session.close_async()
         self._after_close()
         if self._own_cluster is not None:
             await self._own_cluster._close_async()
@@ -1109,20 +1220,6 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
     def __repr__(self) -> str:
         address = self.scheduler_address or "(not connected)"
         return f"<Client: scheduler={address!r}>"
-
-
-class SchedulerInfo(dict[str, Any]):
-    """An asynchronous client's ``scheduler_info()``: the copy last fetched, as Dask
-    gives it, which awaited fetches a fresh one (with every worker as it is now)."""
-
-    def __init__(
-        self, cached: dict[str, Any], fetch: Callable[[], Coroutine[Any, Any, dict[str, Any]]]
-    ) -> None:
-        super().__init__(cached)
-        self._fetch = fetch
-
-    def __await__(self) -> Generator[Any, None, dict[str, Any]]:
-        return self._fetch().__await__()
 
 
 def start_cluster(options: dict[str, Any]) -> LocalCluster:
@@ -1205,7 +1302,7 @@ def default_client(c: Client | None = None) -> Client:
     if c is not None:
         return c
     client = dask_default.current()
-    if client is None:
+    if not isinstance(client, Client):  # None: every default client is a Client
         raise ValueError(
             "no open client: start one first, e.g. client = Client() for a local "
             "cluster or Client('tcp://scheduler:8786')"
@@ -1226,8 +1323,9 @@ def _other_clients(client: Client, dsk: Mapping[Any, Any]) -> set[Client]:
     others: set[Client] = set()
     for value in dsk.values():
         part = getattr(value, "value", value)  # a persisted part wraps its future
-        if isinstance(part, Future) and part._client is not client and not part._client._closed:
-            others.add(part._client)
+        owner = part._client if isinstance(part, Future) else None
+        if isinstance(owner, Client) and owner is not client and not owner._closed:
+            others.add(owner)
     return others
 
 

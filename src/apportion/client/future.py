@@ -15,7 +15,7 @@ import queue
 import threading
 from collections.abc import Callable, Generator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from apportion.client.asynchronous import settled
 from apportion.client.durations import Duration, seconds
@@ -25,7 +25,7 @@ from apportion.core import payload
 from apportion.core.payload import Pickled
 
 if TYPE_CHECKING:
-    from apportion.client.client import Client
+    from apportion.client.link import ClientLink
 
 logger = logging.getLogger("apportion.client")
 
@@ -132,12 +132,41 @@ def _build_traceback(tb_dict: Any, box: list[TracebackType]) -> None:
         box.append(Traceback.from_dict(tb_dict).as_traceback())
 
 
+class FutureOwner(Protocol):
+    """What a future needs of its client (a ``Client``): counting it, waiting for and
+    fetching its result, cancelling and retrying it."""
+
+    @property
+    def asynchronous(self) -> bool: ...
+
+    @property
+    def _closed(self) -> bool: ...
+
+    @property
+    def _link(self) -> ClientLink: ...
+
+    @property
+    def _callbacks(self) -> CallbackRunner: ...
+
+    def _ref(self, key: str) -> KeyState: ...
+
+    def _unref(self, key: str) -> None: ...
+
+    def retry(self, futures: Any) -> Any: ...
+
+    def cancel(self, futures: Any) -> Any: ...
+
+    def _gather_keys(self, keys: list[str]) -> dict[str, Any]: ...
+
+    async def _gather_keys_awaited(self, keys: list[str]) -> dict[str, Any]: ...
+
+
 class Future:
     """A remote result. Same names as ``distributed.Future``."""
 
     __slots__ = ("__weakref__", "_client", "_released", "_state", "key")
 
-    def __init__(self, key: str, client: Client) -> None:
+    def __init__(self, key: str, client: FutureOwner) -> None:
         self.key = key
         self._client = client
         self._released = True  # until counted: a failed ``_ref`` must not be undone
@@ -156,8 +185,8 @@ class Future:
             client._unref(self.key)
 
     @property
-    def client(self) -> Client:
-        """The client this future belongs to."""
+    def client(self) -> Any:
+        """The client this future belongs to (a ``Client``)."""
         return self._client
 
     def retry(self) -> None:
