@@ -30,7 +30,6 @@ from collections.abc import (
     Sequence,
 )
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
@@ -40,6 +39,7 @@ from apportion.client import (
     dask_default,
     local,
     remote_calls,
+    shapes,
     shared_data,
     task_stream,
     topics,
@@ -82,13 +82,7 @@ from apportion.net.scheduler_file import wait_for_scheduler_file, write_schedule
 from apportion.net.security import Security, security_for
 from apportion.protocol.base import Message
 from apportion.protocol.cluster import (
-    DumpReply,
-    DumpRequest,
     InfoRequest,
-    StoryReply,
-    StoryRequest,
-    WhyReply,
-    WhyRequest,
 )
 from apportion.protocol.tasks import (
     CancelKeys,
@@ -110,6 +104,8 @@ T = TypeVar("T")
 
 #: Rounds of "lost meanwhile, wait for the recomputation, ask again" in one gather.
 _GATHER_ATTEMPTS = 5
+
+_UNEXPECTED = "ignored unexpected %s from the scheduler"
 
 #: Names the scheduler ``Client()`` connects to when given no address (``apportion slurm``).
 SCHEDULER_FILE_ENV = "APPORTION_SCHEDULER_FILE"
@@ -312,32 +308,43 @@ class Client:
         Futures still pending fail with ``SchedulerGoneError`` (``kind`` "gone"), or,
         when this client was closed, ``LostDataError`` ("lost").
         """
-        with self._lock:
-            self._apply(self._state.scheduler_lost(reason, kind))
+        self._apply(lambda state: state.scheduler_lost(reason, kind))
 
     def _on_message(self, msg: Message) -> None:
-        with self._lock:
-            self._apply(self._state.handle(msg))
+        self._apply(lambda state: state.handle(msg))
 
-    def _apply(self, outcomes: Iterable[Outcome]) -> None:
-        """Carry out what the state decided; called holding ``_lock``, so that a
-        release cannot be overtaken by a submit of the same key from another thread."""
-        for outcome in outcomes:
-            if isinstance(outcome, Settled):
-                waiter = self._waiting.get(outcome.key)
-                if waiter is not None:
-                    waiter.wake()
-            elif isinstance(outcome, Reset):
-                self._waiting[outcome.key].rearm()
-            elif isinstance(outcome, Release):
-                self._session.post(outcome.key)
-            elif isinstance(outcome, Deliver):
-                topics.deliver(self, outcome.message)
-            elif isinstance(outcome, NoticeText):
-                self.notices.append(outcome.text)
-                logger.warning("scheduler: %s", outcome.text)
-            else:
-                logger.warning("ignored unexpected %s from the scheduler", outcome.name)
+    def _apply(self, decide: Callable[[ClientState], Iterable[Outcome]]) -> None:
+        """Let the state decide, holding ``_lock``, and carry out what it decided.
+
+        Releases are posted holding the lock, so that a submit of the same key from
+        another thread cannot overtake them on their way to the scheduler. The rest
+        (waking waiters, running their callbacks, delivering to subscriptions) runs
+        after it is released: a thread holding a waiter's or a subscription's lock may
+        drop a future meanwhile, and its ``__del__`` then waits for ``_lock``.
+        """
+        later: list[Callable[[], None]] = []
+        with self._lock:
+            for outcome in decide(self._state):
+                if isinstance(outcome, Settled):
+                    waiter = self._waiting.get(outcome.key)
+                    if waiter is not None:
+                        later.append(waiter.wake)
+                elif isinstance(outcome, Reset):
+                    later.append(self._waiting[outcome.key].rearm)
+                elif isinstance(outcome, Release):
+                    self._session.post(outcome.key)
+                elif isinstance(outcome, Deliver):
+                    later.append(functools.partial(topics.deliver, self, outcome.message))
+                elif isinstance(outcome, NoticeText):
+                    later.append(functools.partial(self._notice, outcome.text))
+                else:
+                    later.append(functools.partial(logger.warning, _UNEXPECTED, outcome.name))
+        for step in later:
+            step()
+
+    def _notice(self, text: str) -> None:
+        self.notices.append(text)
+        logger.warning("scheduler: %s", text)
 
     # --- reference counting ---------------------------------------------------------
 
@@ -350,21 +357,24 @@ class Client:
             return waiter
 
     def _unref(self, key: str) -> None:
-        with self._lock:
-            release = self._state.unref(key)
-            if key not in self._state.keys:
-                self._waiting.pop(key, None)
-            if release is not None:
-                self._apply([release])
+        self._apply(functools.partial(self._dropped, key))
+
+    def _dropped(self, key: str, state: ClientState) -> list[Outcome]:
+        """One future of ``key`` fewer (holding ``_lock``): its waiter goes with its record."""
+        release = state.unref(key)
+        if key not in state.keys:
+            self._waiting.pop(key, None)
+        return [] if release is None else [release]
 
     def _again(self, key: str, retry: bool = False) -> None:
         """``key`` submitted again after a cancel (``retry``: run again after it
         failed): pending again, before the request goes."""
-        with self._lock:
-            state = self._state
+
+        def again(state: ClientState) -> list[Outcome]:
             reset = state.retried(key) if retry else state.resubmitted(key)
-            if reset is not None:
-                self._apply([reset])
+            return [] if reset is None else [reset]
+
+        self._apply(again)
 
     # --- submitting -----------------------------------------------------------------
 
@@ -575,7 +585,7 @@ class Client:
         futures = self._submit_graph(
             dsk, keys, resources, priority, retries or 0, annotations, where
         )
-        return self.gather(_shaped(keys, futures))
+        return self.gather(shapes.shaped(keys, futures))
 
     def compute(
         self,
@@ -605,7 +615,7 @@ class Client:
 
         refuse_actors(actors)
         where = where_to_run(workers, allow_other_workers, strict=False)
-        items, single = _one_or_many(collections)
+        items, single = shapes.one_or_many(collections)
         dask_ones = [c for c in items if is_collection(c)]
         futures: dict[Any, Future] = {}
         names: list[Any] = []
@@ -648,7 +658,7 @@ class Client:
 
         refuse_actors(actors)
         where = where_to_run(workers, allow_other_workers, strict=False)
-        items, single = _one_or_many(collections)
+        items, single = shapes.one_or_many(collections)
         for item in items:
             if not is_collection(item):
                 raise TypeError(f"persist takes Dask collections, not {type(item).__name__}")
@@ -750,7 +760,7 @@ class Client:
     async def _gather(self, futures: Any, errors: str, direct: bool | None) -> Any:
         """On the session's loop: wait for ``futures``, then fetch their results."""
         found: list[Future] = []
-        _collect(futures, found)
+        shapes.collect(futures, found)
         for fut in found:
             if not fut._state.event.is_set():
                 await settled(fut._state)
@@ -763,11 +773,11 @@ class Client:
                         raise exc
                     finally:
                         del exc  # else this frame and the exception's traceback hold each other
-                values[fut.key] = _SKIPPED
+                values[fut.key] = shapes.SKIPPED
         wanted = [f.key for f in found if f.key not in values]
         if wanted:
             values.update(await self._gather_keys_async(wanted, direct))
-        return _rebuild(futures, values)
+        return shapes.rebuild(futures, values)
 
     def _gather_keys(self, keys: list[str]) -> dict[str, Any]:
         """Fetch results, waiting here (see ``_gather_keys_async``)."""
@@ -810,28 +820,6 @@ class Client:
             wanted = missing
         raise _missing_error(wanted)
 
-    def _scatter_items(self, data: Any, hash: bool) -> tuple[list[str], dict[str, payload.Pickled]]:
-        """The keys ``scatter`` stores ``data`` under, in order, and each one's pickle."""
-        if isinstance(data, Mapping):
-            from apportion.client.graph import wire_key
-
-            names = [wire_key(k) for k in data]
-            if len(set(names)) != len(names):
-                raise ValueError("scatter keys must stay distinct as strings (e.g. 1 and '1')")
-            return names, {n: payload.dumps(v) for n, v in zip(names, data.values(), strict=True)}
-        seq = data if isinstance(data, list | tuple) else [data]
-        blobs = [payload.dumps(v) for v in seq]
-        names = [
-            f"{type(v).__name__}-"
-            + (
-                payload.hash_into(hashlib.blake2b(digest_size=16), b).hexdigest()
-                if hash
-                else f"{self._unique}{next(self._counter)}"
-            )
-            for v, b in zip(seq, blobs, strict=True)
-        ]
-        return names, dict(zip(names, blobs, strict=True))
-
     def scatter(
         self,
         data: Any,
@@ -854,7 +842,7 @@ class Client:
         """
         self._link.check_open()
         allowed = worker_names(workers)
-        names, items = self._scatter_items(data, hash)
+        names, items = shapes.scatter_items(data, hash, self._unique_name)
         awaitable = self.asynchronous if asynchronous is None else asynchronous
         if not items:  # nothing to store
             empty = {} if isinstance(data, Mapping) else type(data)()
@@ -916,10 +904,9 @@ class Client:
         Done at once; an asynchronous client returns an awaitable as well, as Dask's.
         """
         found: list[Future] = []
-        _collect(futures, found)
+        shapes.collect(futures, found)
         keys = [f.key for f in found]
-        with self._lock:  # a finished result stays finished
-            self._apply(self._state.cancel(keys))
+        self._apply(lambda state: state.cancel(keys))  # a finished result stays finished
         self._session.post(CancelKeys(keys))
         return self._link.ready(None)
 
@@ -956,32 +943,6 @@ class Client:
         return ClientExecutor(self, **task_keywords)
 
     # --- introspection --------------------------------------------------------------
-
-    def why(self, futures: Future | str | Iterable[Future | str]) -> Any:
-        """Why each task is not running (yet): a string, or a dict for several."""
-        items: list[Future | str] = (
-            [futures] if isinstance(futures, Future | str) else list(futures)
-        )
-        single = isinstance(futures, Future | str)
-        keys = [f.key if isinstance(f, Future) else f for f in items]
-
-        def reasons(reply: WhyReply) -> Any:
-            return reply.reasons[keys[0]] if single else dict(reply.reasons)
-
-        return self._link.ask(lambda rid: WhyRequest(rid, keys), reasons)
-
-    def story(self, key: Future | str) -> Any:
-        """The task's transitions: a list of (time, key, from, to, cause)."""
-        name = key.key if isinstance(key, Future) else key
-        return self._link.ask(lambda rid: StoryRequest(rid, name), _story_rows)
-
-    def dump_cluster_state(self, filename: str | None = None) -> Any:
-        """The scheduler's whole state as plain data; written as JSON to ``filename`` if given.
-
-        Meant for bug reports: every task with its state, inputs, resources and units,
-        every worker with its ledger, and the recent transitions with their causes.
-        """
-        return self._link.ask(lambda rid: DumpRequest(rid), partial(_dumped, filename=filename))
 
     def write_scheduler_file(self, scheduler_file: str | os.PathLike[str]) -> None:
         """Write the scheduler's address and this client's secret to ``scheduler_file``
@@ -1080,6 +1041,9 @@ class Client:
     replicate = _linked(shared_data.replicate)
     rebalance = _linked(shared_data.rebalance)
     get_task_stream = _linked(task_stream.get_task_stream)
+    why = _linked(cluster_control.why)
+    story = _linked(cluster_control.story)
+    dump_cluster_state = _linked(cluster_control.dump_cluster_state)
 
     def wait_for_workers(self, n_workers: int = 1, timeout: Duration | None = None) -> Any:
         """Block (or, asynchronous, an awaitable) until at least ``n_workers`` workers are
@@ -1112,6 +1076,9 @@ class Client:
 
     def _future(self, key: str) -> Future:
         return Future(key, self)
+
+    def _unique_name(self) -> str:
+        return f"{self._unique}{next(self._counter)}"
 
     def retry(self, futures: Any) -> Any:
         """Run failed futures again, with the failed tasks they depend on; they go back
@@ -1310,13 +1277,6 @@ def default_client(c: Client | None = None) -> Client:
     return client
 
 
-def _one_or_many(collections: Any) -> tuple[list[Any], bool]:
-    """``compute``'s argument as a list, and whether it was a single collection."""
-    if isinstance(collections, list | tuple | set | frozenset):
-        return list(collections), False
-    return [collections], True
-
-
 def _other_clients(client: Client, dsk: Mapping[Any, Any]) -> set[Client]:
     """The other open clients whose futures ``dsk`` holds as parts (a collection one
     of them persisted)."""
@@ -1327,13 +1287,6 @@ def _other_clients(client: Client, dsk: Mapping[Any, Any]) -> set[Client]:
         if isinstance(owner, Client) and owner is not client and not owner._closed:
             others.add(owner)
     return others
-
-
-def _shaped(keys: Any, futures: Mapping[Any, Future]) -> Any:
-    """The futures of ``keys``, in the nested lists ``keys`` came in."""
-    if isinstance(keys, list):
-        return [_shaped(k, futures) for k in keys]
-    return futures[keys]
 
 
 async def _then(stored: Awaitable[Any], value: T) -> T:
@@ -1348,54 +1301,10 @@ async def _within(outcome: Awaitable[T], timeout: float | None) -> T:
         return await outcome
 
 
-def _story_rows(reply: StoryReply) -> list[tuple[Any, ...]]:
-    return [tuple(row) for row in reply.story]
-
-
-def _dumped(reply: DumpReply, filename: str | None) -> dict[str, Any]:
-    state: dict[str, Any] = reply.state
-    if filename is not None:
-        import json
-
-        with open(filename, "w") as f:
-            json.dump(state, f, indent=1, default=str)
-    return state
-
-
 def _missing_error(keys: list[str]) -> BaseException:
     from apportion.client.errors import LostDataError
 
     return LostDataError(f"results no longer held by any worker: {keys[:5]}")
-
-
-def _collect(obj: Any, out: list[Future]) -> None:
-    if isinstance(obj, Future):
-        out.append(obj)
-    elif isinstance(obj, list | tuple | set | frozenset):
-        for item in obj:
-            _collect(item, out)
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            _collect(item, out)
-
-
-_SKIPPED = object()
-
-
-def _rebuild(obj: Any, values: dict[str, Any]) -> Any:
-    if isinstance(obj, Future):
-        value = values[obj.key]
-        return None if value is _SKIPPED else value
-    if isinstance(obj, list | tuple | set | frozenset):
-        items = (_rebuild(item, values) for item in obj if not _skipped(item, values))
-        return type(obj)(items)
-    if isinstance(obj, dict):
-        return {k: _rebuild(v, values) for k, v in obj.items() if not _skipped(v, values)}
-    return obj
-
-
-def _skipped(obj: Any, values: dict[str, Any]) -> bool:
-    return isinstance(obj, Future) and values.get(obj.key) is _SKIPPED
 
 
 local.client_type = Client  # LocalCluster.get_client makes these (see ``local.client_type``)

@@ -1,22 +1,34 @@
 """What acts on, or reports on, the cluster as a whole: its identity and workers,
-waiting for workers, restart, and the dashboard's login link; each a function of
-the client's ``SchedulerLink``."""
+waiting for workers, restart, the dashboard's login link, and why tasks wait;
+each a function of the client's ``SchedulerLink``."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator, Iterable
 from functools import partial
 from typing import Any, Protocol
 
 from apportion.client.asynchronous import in_thread
 from apportion.client.durations import Duration
+from apportion.client.future import Future
 from apportion.client.link import SchedulerLink
 from apportion.dashboard.auth import NONCE_BYTES, login_link
 from apportion.net.security import Security
-from apportion.protocol.cluster import InfoReply, InfoRequest, RestartRequest
+from apportion.protocol.cluster import (
+    DumpReply,
+    DumpRequest,
+    InfoReply,
+    InfoRequest,
+    RestartRequest,
+    StoryReply,
+    StoryRequest,
+    WhyReply,
+    WhyRequest,
+)
 
 
 class Restartable(Protocol):
@@ -138,3 +150,42 @@ def restart(
             local.wait_replaced(old, timeout)
         wait_for_workers(link, max(before, reply.workers), timeout)
     return None
+
+
+def why(link: SchedulerLink, futures: Future | str | Iterable[Future | str]) -> Any:
+    """Why each task is not running (yet): a string, or a dict for several."""
+    single = isinstance(futures, Future | str)
+    items: list[Future | str] = [futures] if isinstance(futures, Future | str) else list(futures)
+    keys = [f.key if isinstance(f, Future) else f for f in items]
+
+    def reasons(reply: WhyReply) -> Any:
+        return reply.reasons[keys[0]] if single else dict(reply.reasons)
+
+    return link.ask(lambda rid: WhyRequest(rid, keys), reasons)
+
+
+def story(link: SchedulerLink, key: Future | str) -> Any:
+    """The task's transitions: a list of (time, key, from, to, cause)."""
+    name = key.key if isinstance(key, Future) else key
+    return link.ask(lambda rid: StoryRequest(rid, name), _story_rows)
+
+
+def dump_cluster_state(link: SchedulerLink, filename: str | None = None) -> Any:
+    """The scheduler's whole state as plain data; written as JSON to ``filename`` if given.
+
+    Meant for bug reports: every task with its state, inputs, resources and units,
+    every worker with its ledger, and the recent transitions with their causes.
+    """
+    return link.ask(lambda rid: DumpRequest(rid), partial(_dumped, filename=filename))
+
+
+def _story_rows(reply: StoryReply) -> list[tuple[Any, ...]]:
+    return [tuple(row) for row in reply.story]
+
+
+def _dumped(reply: DumpReply, filename: str | None) -> dict[str, Any]:
+    state: dict[str, Any] = reply.state
+    if filename is not None:
+        with open(filename, "w") as f:
+            json.dump(state, f, indent=1, default=str)
+    return state

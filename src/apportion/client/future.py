@@ -1,9 +1,11 @@
 """Futures: handles on results that live in the cluster.
 
-Every ``Future`` for one key shares a ``KeyState`` held by the client. The loop
-thread updates that state as the scheduler reports; user threads wait on it. When
-the last ``Future`` for a key is garbage-collected, the client tells the scheduler
-it may release the result.
+Every ``Future`` for one key shares a ``KeyState`` held by the client: the key's
+record in the client's ``ClientState`` (state.py: status, error, references), and
+an event and callbacks to wait on. The loop thread wakes it as that state settles
+the key; user threads wait on it. When the last ``Future`` for a key is
+garbage-collected, the state says to release it, and the client tells the
+scheduler. A future knows its client only as a ``FutureOwner``.
 """
 
 from __future__ import annotations
