@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 from apportion.client import (
     actors,
     cluster_control,
+    dask_calls,
     dask_default,
     local,
     remote_calls,
@@ -60,7 +61,7 @@ from apportion.client.graph import canonical_keys, flatten_keys, graph_tasks, wi
 from apportion.client.large_arguments import warn_if_large
 from apportion.client.link import ClientLink, SchedulerLink
 from apportion.client.local import LocalCluster
-from apportion.client.restrictions import ANYWHERE, Where, refuse_actors, where_to_run, worker_names
+from apportion.client.restrictions import ANYWHERE, Where, where_to_run, worker_names
 from apportion.client.session import Session, TaskBatch
 from apportion.client.state import (
     CANCELLED,
@@ -357,14 +358,15 @@ class Client:
             return waiter
 
     def _unref(self, key: str) -> None:
-        self._apply(functools.partial(self._dropped, key))
-
-    def _dropped(self, key: str, state: ClientState) -> list[Outcome]:
-        """One future of ``key`` fewer (holding ``_lock``): its waiter goes with its record."""
-        release = state.unref(key)
-        if key not in state.keys:
-            self._waiting.pop(key, None)
-        return [] if release is None else [release]
+        # Not through ``_apply``: run for every future dropped, and all it may do is
+        # post a release, which must happen holding the lock anyway.
+        with self._lock:
+            release = self._state.unref(key)
+            if key in self._state.keys:
+                return
+            self._waiting.pop(key, None)  # the waiter goes with its record
+            if release is not None:
+                self._session.post(key)
 
     def _again(self, key: str, retry: bool = False) -> None:
         """``key`` submitted again after a cancel (``retry``: run again after it
@@ -551,133 +553,10 @@ class Client:
             )
         return out
 
-    def get(
-        self,
-        dsk: Mapping[Any, Any],
-        keys: Any,
-        workers: Any = None,
-        allow_other_workers: bool | None = None,
-        *,
-        resources: ResourceSpec | Mapping[Any, ResourceSpec] = None,
-        priority: int = 0,
-        retries: int | None = 0,
-        actors: bool | None = None,
-        **dask_options: Any,
-    ) -> Any:
-        """Compute a graph and return ``keys``: an old-style one (``{"x": 1, "y": (add,
-        "x", 2)}``), a graph of Dask task nodes, or the expression ``dask.compute``
-        hands its scheduler (``dask.compute(x, scheduler=client.get)``).
-
-        ``keys`` may be one key or nested lists of keys; the result has the same
-        shape. ``resources`` is one demand for every task, or a mapping from keys
-        (or tuples of keys) to demands; ``dask.annotate`` annotations override both.
-        Options meant for Dask's local schedulers (``num_workers=``, ...) are ignored,
-        as Dask's own client does. ``workers=`` and ``allow_other_workers=`` apply to
-        every task, as in ``submit``, except where ``dask.annotate`` said otherwise.
-        """
-        refuse_actors(actors)
-        where = where_to_run(workers, allow_other_workers, strict=False)
-        annotations: dict[str, dict[Any, Any]] = {}
-        if not isinstance(dsk, Mapping) and hasattr(dsk, "__dask_graph__"):
-            from apportion.client.collections import expression_graph
-
-            dsk, annotations = expression_graph(dsk)
-        futures = self._submit_graph(
-            dsk, keys, resources, priority, retries or 0, annotations, where
-        )
-        return self.gather(shapes.shaped(keys, futures))
-
-    def compute(
-        self,
-        collections: Any,
-        *,
-        sync: bool = False,
-        optimize_graph: bool = True,
-        workers: Any = None,
-        allow_other_workers: bool | None = False,
-        resources: ResourceSpec | Mapping[Any, ResourceSpec] = None,
-        retries: int | None = 0,
-        priority: int = 0,
-        fifo_timeout: Any = "60s",
-        actors: bool | None = None,
-    ) -> Any:
-        """Start computing Dask collections; a future of each one's final value.
-
-        One collection gives one future, a list gives a list (anything in it that is
-        not a Dask collection comes back as it is). ``sync=True`` returns the values
-        instead (awaitable, for an asynchronous client). ``resources``, ``priority``,
-        ``retries``, ``workers`` and
-        ``allow_other_workers`` apply to every task of the graph, except where
-        ``dask.annotate`` said otherwise. ``fifo_timeout`` has no effect, as in
-        ``submit``.
-        """
-        from apportion.client.collections import is_collection, lower
-
-        refuse_actors(actors)
-        where = where_to_run(workers, allow_other_workers, strict=False)
-        items, single = shapes.one_or_many(collections)
-        dask_ones = [c for c in items if is_collection(c)]
-        futures: dict[Any, Future] = {}
-        names: list[Any] = []
-        if dask_ones:
-            lowered = lower(
-                dask_ones, optimize_graph=optimize_graph, finalize=True, resources=resources
-            )
-            names = list(flatten_keys(lowered.keys))
-            futures = self._submit_graph(
-                lowered.graph, names, resources, priority, retries or 0, lowered.annotations, where
-            )
-        outputs = iter(names)
-        result = [futures[next(outputs)] if is_collection(c) else c for c in items]
-        if sync:  # an awaitable of the values, for an asynchronous client
-            return self.gather(result[0] if single else result)
-        return result[0] if single else result
-
-    def persist(
-        self,
-        collections: Any,
-        *,
-        optimize_graph: bool = True,
-        workers: Any = None,
-        allow_other_workers: bool | None = None,
-        resources: ResourceSpec | Mapping[Any, ResourceSpec] = None,
-        priority: int = 0,
-        retries: int | None = 0,
-        actors: bool | None = None,
-        **dask_options: Any,
-    ) -> Any:
-        """Start computing Dask collections; the same collections, now made of futures.
-
-        Their parts stay on the workers; computing the returned collections, or new
-        ones built from them, starts from those parts instead of from scratch.
-        Options meant for Dask's local schedulers are ignored, as in ``get``;
-        ``workers=`` and ``allow_other_workers=`` restrict every task, as in ``get``.
-        """
-        from apportion.client.collections import is_collection, lower
-        from apportion.client.persisted import PersistedPart
-
-        refuse_actors(actors)
-        where = where_to_run(workers, allow_other_workers, strict=False)
-        items, single = shapes.one_or_many(collections)
-        for item in items:
-            if not is_collection(item):
-                raise TypeError(f"persist takes Dask collections, not {type(item).__name__}")
-        lowered = lower(items, optimize_graph=optimize_graph, finalize=False, resources=resources)
-        futures = self._submit_graph(
-            lowered.graph,
-            lowered.keys,
-            resources,
-            priority,
-            retries or 0,
-            lowered.annotations,
-            where,
-        )
-        result = []
-        for item, keys in zip(items, lowered.keys, strict=True):
-            rebuild, extra = item.__dask_postpersist__()
-            parts = {key: PersistedPart(key, futures[key]) for key in flatten_keys(keys)}
-            result.append(rebuild(parts, *extra))
-        return result[0] if single else result
+    # Dask's collections, and Dask's scheduler function (dask_calls.py).
+    get = dask_calls.get
+    compute = dask_calls.compute
+    persist = dask_calls.persist
 
     def _caught_up(self) -> None:
         """Return once the scheduler has everything this client sent so far: another
