@@ -54,35 +54,15 @@ PURE = re.compile(
     r"|runs\.(lifecycle|views|run_states|run_events|messages)"
     r"|dashboard\.(http|auth|origin|metrics)"
     r"|cli\.status_view"
+    r"|client\.state"
     r")$"
 )
 
 #: Package cycles allowed (none).
 ALLOWED_PACKAGE_CYCLES: set[frozenset[str]] = set()
 
-#: Module cycles allowed: the client's, all through annotations. ``Client`` and the
-#: parts of it in other modules name each other; they are being taken apart around a
-#: pure client state. Each must only shrink: a new cycle, or a larger one, fails.
-ALLOWED_MODULE_CYCLES: set[frozenset[str]] = {
-    frozenset(
-        f"apportion.client.{name}"
-        for name in [
-            "actors",
-            "client",
-            "collections",
-            "dask_default",
-            "datasets",
-            "executor",
-            "future",
-            "graph",
-            "persisted",
-            "remote_calls",
-            "topics",
-            "waiting",
-        ]
-    ),
-    frozenset({"apportion.client.asynchronous", "apportion.client.session"}),
-}
+#: Module cycles allowed (none).
+ALLOWED_MODULE_CYCLES: set[frozenset[str]] = set()
 
 #: Pure modules allowed an impure import (none).
 ALLOWED_IMPURE: set[tuple[str, str]] = set()

@@ -20,25 +20,21 @@ import concurrent.futures
 import contextlib
 import contextvars
 from collections.abc import Callable, Generator, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from apportion.client import dask_default
-from apportion.client.future import Future, rebuild_exception
+from apportion.client.future import Future, FutureOwner, rebuild_exception
 from apportion.core import payload
 from apportion.protocol.peer_data import ActorCall, ActorReply
 from apportion.protocol.tasks import SubmitTasks
 from apportion.worker.context import host_actor, in_task
 
-if TYPE_CHECKING:
-    from apportion.client.client import Client
-
-
 #: The client of the worker running the current task (``task_client.py`` sets it:
 #: it imports ``Client``, which imports this module).
-_task_client: Callable[[], Client] | None = None
+_task_client: Callable[[], FutureOwner] | None = None
 
 
-def calls_from_tasks_through(factory: Callable[[], Client]) -> None:
+def calls_from_tasks_through(factory: Callable[[], FutureOwner]) -> None:
     """Handles used inside a task call through ``factory()``, the worker's client."""
     global _task_client  # set once, at import of task_client
     _task_client = factory
@@ -69,7 +65,7 @@ class Actor:
         self._cls = cls
         self._address = address
         self.key = key
-        self._client: Client | None = None
+        self._client: FutureOwner | None = None
         #: On a client (not in a task): keeps the actor alive while this handle is.
         self._future: Future | None = None
 
@@ -102,7 +98,7 @@ class Actor:
         future = self._send(name, (), {}, attribute=True)
         return future if getattr(self._client, "asynchronous", False) else future.result()
 
-    def _bound(self) -> Client:
+    def _bound(self) -> FutureOwner:
         """The client calls go through: the worker's inside a task, else the default
         client (the newest one made with ``set_as_default``), found once."""
         client = self._client
@@ -120,13 +116,13 @@ class Actor:
         self.bind(client)
         return client
 
-    def bind(self, client: Client) -> None:
+    def bind(self, client: FutureOwner) -> None:
         """Call through ``client``, which keeps the actor alive while this handle is."""
         self._client = client
         self._future = Future(self.key, client)
         if self._future._state.refs == 1:
             # New to this client: have the scheduler keep the actor for it.
-            client._session.post(SubmitTasks([], {}, [self.key]))
+            client._link.connected.post(SubmitTasks([], {}, [self.key]))
 
     def _send(
         self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], *, attribute: bool
@@ -138,7 +134,7 @@ class Actor:
                 f"{self._cls.__name__}.{name}(): futures cannot be passed to an actor's "
                 "methods; pass their results (future.result())"
             )
-        session = client._session
+        session = client._link.connected
         address = self._address
 
         async def ask() -> ActorReply:
@@ -155,13 +151,13 @@ class Actor:
 
 
 #: The client unpickling results (``binding``): handles found in them bind to it.
-_binding: contextvars.ContextVar[Client | None] = contextvars.ContextVar(
+_binding: contextvars.ContextVar[FutureOwner | None] = contextvars.ContextVar(
     "apportion_actor_binding", default=None
 )
 
 
 @contextlib.contextmanager
-def binding(client: Client) -> Iterator[None]:
+def binding(client: FutureOwner) -> Iterator[None]:
     """Within this block, actor handles unpickled bind to ``client`` at once, so that
     the actor outlives the future its handle came from (``submit(...).result()``)."""
     token = _binding.set(client)

@@ -20,14 +20,10 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Coroutine, Generator
 from functools import partial
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from apportion.client.errors import SchedulerGoneError
-from apportion.loop_thread import LoopThread, in_running_loop
-from apportion.protocol.base import Message
-
-if TYPE_CHECKING:
-    from apportion.client.session import Session
+from apportion.loop_thread import LoopThread
 
 T = TypeVar("T")
 
@@ -110,85 +106,3 @@ class Ready(Generic[T]):
 
     def __repr__(self) -> str:
         return f"<Ready: {self.value!r}>"
-
-
-def _as_is(reply: Any) -> Any:
-    return reply
-
-
-class CallModes:
-    """Part of ``Client`` (and of its mixins): how a call waits for its outcome.
-
-    ``_run`` and ``_ask`` give the outcome itself to a blocking client and an
-    awaitable of it to an asynchronous one (see the module docstring).
-    """
-
-    #: Made with ``asynchronous=True``.
-    _asynchronous: bool = False
-    #: None until connected (an asynchronous client connects when first awaited).
-    _connected_session: Session | None = None
-
-    @property
-    def asynchronous(self) -> bool:
-        """True when this client's calls return awaitables: it was made with
-        ``asynchronous=True`` and is called from a running event loop (Dask's rule)."""
-        return self._asynchronous and in_running_loop()
-
-    @property
-    def _session(self) -> Session:
-        session = self._connected_session
-        if session is None:
-            raise RuntimeError(
-                "this asynchronous Client is not connected yet: await it first "
-                "(client = await Client(..., asynchronous=True), or async with)"
-            )
-        return session
-
-    def _run(
-        self,
-        func: Callable[..., Coroutine[Any, Any, Any]],
-        *args: Any,
-        timeout: float | None = None,
-        asynchronous: bool | None = None,
-    ) -> Any:
-        """``func(*args)`` run on the session's loop: its outcome, or (asynchronous)
-        a coroutine of it."""
-        if self.asynchronous if asynchronous is None else asynchronous:
-            return awaited(self._session.loop, func, *args, timeout=timeout)
-        return self._session.run(func(*args), timeout)
-
-    def _ask(
-        self,
-        make: Callable[[int], Message],
-        then: Callable[[Any], Any] = _as_is,
-        timeout: float | None = None,
-    ) -> Any:
-        """Send the request ``make(request_id)``; ``then(reply)``, or (asynchronous) a
-        coroutine of it, ``then`` running on the session's loop."""
-        if not self.asynchronous:
-            return then(self._session.call(make, timeout))
-        session = self._session
-
-        async def asked() -> Any:
-            return then(await session.request(make(session.next_id())))
-
-        return awaited(session.loop, asked, timeout=timeout)
-
-    async def _request(self, make: Callable[[int], Message]) -> Any:
-        """On the session's loop: send the request ``make(request_id)``; its reply."""
-        session = self._session
-        return await session.request(make(session.next_id()))
-
-    def _ready(self, value: T) -> T | Ready[T]:
-        """``value`` of work done at once: as it is, or (asynchronous) as an awaitable."""
-        return Ready(value) if self.asynchronous else value
-
-    def _blocking_only(self, name: str) -> None:
-        """Refuse, from a running loop, a call of an asynchronous client that has no
-        asynchronous form: it would block that loop."""
-        if self.asynchronous:
-            raise RuntimeError(
-                f"Client.{name} has no asynchronous form, and called from the running "
-                "event loop it would block it: call it from a thread without a running "
-                f"loop (await asyncio.to_thread(...)), or use a blocking Client"
-            )

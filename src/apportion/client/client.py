@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import inspect
 import itertools
@@ -22,7 +23,6 @@ import warnings
 from collections.abc import (
     Awaitable,
     Callable,
-    Coroutine,
     Generator,
     Iterable,
     Iterator,
@@ -30,33 +30,42 @@ from collections.abc import (
     Sequence,
 )
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
-from apportion.client import actors, dask_default, topics, transfers
+from apportion.client import (
+    actors,
+    cluster_control,
+    dask_calls,
+    dask_default,
+    remote_calls,
+    shapes,
+    shared_data,
+    task_stream,
+    topics,
+    transfers,
+)
 from apportion.client.actors import actor_task
 from apportion.client.asynchronous import Ready, awaited, settled
-from apportion.client.datasets import SharedData
 from apportion.client.errors import SchedulerGoneError, SerializationError
-from apportion.client.future import (
-    CANCELLED,
-    ERROR,
-    FINISHED,
-    LOST,
-    PENDING,
-    CallbackRunner,
-    Failure,
-    Future,
-    KeyState,
-)
+from apportion.client.future import CallbackRunner, Future, KeyState
 from apportion.client.graph import canonical_keys, flatten_keys, graph_tasks, wire_key
 from apportion.client.large_arguments import warn_if_large
-from apportion.client.lifecycle import ClusterLifecycle
-from apportion.client.remote_calls import RemoteCalls
-from apportion.client.restrictions import ANYWHERE, Where, refuse_actors, where_to_run, worker_names
+from apportion.client.link import ClientLink, SchedulerLink
+from apportion.client.restrictions import ANYWHERE, Where, where_to_run, worker_names
 from apportion.client.session import Session, TaskBatch
-from apportion.client.task_stream import TaskStreams
+from apportion.client.state import (
+    CANCELLED,
+    ERROR,
+    PENDING,
+    ClientState,
+    Deliver,
+    NoticeText,
+    Outcome,
+    Release,
+    Reset,
+    Settled,
+)
 from apportion.core import payload
 from apportion.core.demand import PLAIN, Demand, demand_of
 from apportion.core.durations import Duration, seconds
@@ -75,25 +84,13 @@ from apportion.net.scheduler_file import wait_for_scheduler_file, write_schedule
 from apportion.net.security import Security, security_for
 from apportion.protocol.base import Message
 from apportion.protocol.cluster import (
-    DumpReply,
-    DumpRequest,
-    InfoReply,
     InfoRequest,
-    StoryReply,
-    StoryRequest,
-    WhyReply,
-    WhyRequest,
 )
-from apportion.protocol.coordination import TopicMessage
 from apportion.protocol.tasks import (
     CancelKeys,
-    KeysDone,
-    KeysFailed,
-    KeysPending,
-    Notice,
+    RetryKeys,
     ScatterRequest,
     SubmitTasks,
-    TaskErred,
     TaskSpec,
     WhoHasRequest,
 )
@@ -110,11 +107,30 @@ T = TypeVar("T")
 #: Rounds of "lost meanwhile, wait for the recomputation, ask again" in one gather.
 _GATHER_ATTEMPTS = 5
 
+_UNEXPECTED = "ignored unexpected %s from the scheduler"
+
 #: Names the scheduler ``Client()`` connects to when given no address (``apportion slurm``).
 SCHEDULER_FILE_ENV = "APPORTION_SCHEDULER_FILE"
 
 
-class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _linked(
+    function: Callable[Concatenate[SchedulerLink, P], R],
+) -> Callable[Concatenate[Client, P], R]:
+    """A ``Client`` method that is ``function`` given the client's link: its name,
+    signature and docstring are ``function``'s (the link standing for ``self``)."""
+
+    @functools.wraps(function)
+    def method(client: Client, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return function(client._link, *args, **kwargs)
+
+    return method
+
+
+class Client:
     """Connect to a scheduler (``Client("tcp://host:8786")``), a ``LocalCluster``,
     or, with no address, start an embedded local cluster sized to this machine.
 
@@ -158,9 +174,10 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         limit = 30.0 if timeout is None else seconds(timeout, "Client timeout") or 0.0
         if scheduler_file is not None:
             address, security = from_scheduler_file(scheduler_file, address, security, limit)
+        #: How this client and its parts reach the scheduler (client/link.py).
+        self._link = ClientLink("", asynchronous)
         self._own_cluster: LocalCluster | None = None
         self.cluster: LocalCluster | None = None
-        self._asynchronous = asynchronous
         #: Connecting, for an asynchronous client being awaited (``__await__``).
         self._starting: asyncio.Future[Client] | None = None
         if address is None:
@@ -182,8 +199,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         if isinstance(address, LocalCluster):
             self.cluster = address
         address, given = _cluster_address(address, security or None, asynchronous)
-        #: The scheduler's address ("" for a cluster that has not started yet).
-        self.scheduler_address: str = address
+        self.scheduler_address = address
         #: What this client proves to the scheduler and workers, and expects of them.
         self.security = security_for(address, given)
         self.direct_to_workers = direct_to_workers
@@ -199,17 +215,17 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         # Re-entrant: garbage collection can run ``Future.__del__`` (which takes this
         # lock) in the middle of any allocation made while the lock is held.
         self._lock = threading.RLock()
-        self._keys: dict[str, KeyState] = {}
+        #: The keys this client holds futures of, as data (client/state.py).
+        self._state = ClientState()
+        #: Each key of ``_state``'s waiters, woken as the state says: same keys.
+        self._waiting: dict[str, KeyState] = {}
         self._functions: dict[Any, tuple[str, bytes]] = {}
         self._callbacks = CallbackRunner()
-        self._closed = False
         self._dask_default = set_as_default
-        #: The scheduler's identity as last fetched (``scheduler_info``).
-        self._scheduler_identity: dict[str, Any] = {}
         if asynchronous:
             return  # ``await client`` connects (``_start``)
         try:
-            self._connected_session = Session(
+            self._link.session = Session(
                 address,
                 self.name,
                 self.timeout,
@@ -232,7 +248,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         return self._started().__await__()
 
     async def _started(self) -> Client:
-        if self._connected_session is not None:
+        if self._link.session is not None:
             return self
         if self._closed:
             raise RuntimeError("this client is closed")
@@ -266,8 +282,8 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
             if self._own_cluster is not None:
                 await self._own_cluster._close_async()
             raise
-        self._connected_session = session
-        self._scheduler_identity = info.info
+        self._link.session = session
+        self._link.remember(info.info)
         if self._dask_default:
             dask_default.register(self)
         return self
@@ -275,7 +291,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
     def start(self) -> None:
         """Dask's ``start``: a blocking client is connected once made; an asynchronous
         one starts connecting here (``await client`` waits for it)."""
-        if self._asynchronous and self._starting is None and self._connected_session is None:
+        if self._link.wants_async and self._starting is None and self._link.session is None:
             self._starting = asyncio.get_running_loop().create_task(self._start())
 
     # --- what the scheduler tells us ------------------------------------------------
@@ -286,74 +302,74 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         Futures still pending fail with ``SchedulerGoneError`` (``kind`` "gone"), or,
         when this client was closed, ``LostDataError`` ("lost").
         """
-        error = (kind, reason, b"")
-        with self._lock:
-            states = list(self._keys.values())
-        for state in states:
-            if not state.event.is_set():
-                state.settle(LOST, error)
+        self._apply(lambda state: state.scheduler_lost(reason, kind))
 
     def _on_message(self, msg: Message) -> None:
-        if isinstance(msg, KeysDone):
-            for key in msg.keys:
-                self._settle(key, FINISHED, None)
-        elif isinstance(msg, TaskErred):
-            state = self._keys.get(msg.key)
-            if state is not None:
-                state.attempts = msg.attempts
-            self._settle(msg.key, ERROR, ("exception", msg.exception, msg.traceback))
-        elif isinstance(msg, KeysFailed):
-            status = CANCELLED if msg.kind == "cancelled" else ERROR
-            for key in msg.keys:
-                self._settle(key, status, (msg.kind, msg.message, b""))
-        elif isinstance(msg, KeysPending):
-            for key in msg.keys:
-                state = self._keys.get(key)
-                # Lost results, or failed ones run again by ``retry``: pending again.
-                if state is not None and state.status in (FINISHED, ERROR):
-                    state.reset()
-        elif isinstance(msg, TopicMessage):
-            topics.deliver(self, msg)
-        elif isinstance(msg, Notice):
-            self.notices.append(msg.text)
-            logger.warning("scheduler: %s", msg.text)
-        else:
-            logger.warning("ignored unexpected %s from the scheduler", type(msg).__name__)
+        self._apply(lambda state: state.handle(msg))
 
-    def _settle(self, key: str, status: str, error: Failure | None) -> None:
-        state = self._keys.get(key)
-        if state is None:
-            return
-        if state.cancel_echo:
-            state.cancel_echo = False
-            if status == CANCELLED:
-                return  # the echo of our own cancel: already settled (or resubmitted)
-        if not state.event.is_set():
-            state.settle(status, error)
+    def _apply(self, decide: Callable[[ClientState], Iterable[Outcome]]) -> None:
+        """Let the state decide, holding ``_lock``, and carry out what it decided.
+
+        Releases are posted holding the lock, so that a submit of the same key from
+        another thread cannot overtake them on their way to the scheduler. The rest
+        (waking waiters, running their callbacks, delivering to subscriptions) runs
+        after it is released: a thread holding a waiter's or a subscription's lock may
+        drop a future meanwhile, and its ``__del__`` then waits for ``_lock``.
+        """
+        later: list[Callable[[], None]] = []
+        with self._lock:
+            for outcome in decide(self._state):
+                if isinstance(outcome, Settled):
+                    waiter = self._waiting.get(outcome.key)
+                    if waiter is not None:
+                        later.append(waiter.wake)
+                elif isinstance(outcome, Reset):
+                    later.append(self._waiting[outcome.key].rearm)
+                elif isinstance(outcome, Release):
+                    self._session.post(outcome.key)
+                elif isinstance(outcome, Deliver):
+                    later.append(functools.partial(topics.deliver, self, outcome.message))
+                elif isinstance(outcome, NoticeText):
+                    later.append(functools.partial(self._notice, outcome.text))
+                else:
+                    later.append(functools.partial(logger.warning, _UNEXPECTED, outcome.name))
+        for step in later:
+            step()
+
+    def _notice(self, text: str) -> None:
+        self.notices.append(text)
+        logger.warning("scheduler: %s", text)
 
     # --- reference counting ---------------------------------------------------------
 
     def _ref(self, key: str) -> KeyState:
         with self._lock:
-            state = self._keys.get(key)
-            if state is None:
-                state = self._keys[key] = KeyState()
-            state.refs += 1
-            return state
+            record = self._state.ref(key)
+            waiter = self._waiting.get(key)
+            if waiter is None:
+                waiter = self._waiting[key] = KeyState(record)
+            return waiter
 
     def _unref(self, key: str) -> None:
+        # Not through ``_apply``: run for every future dropped, and all it may do is
+        # post a release, which must happen holding the lock anyway.
         with self._lock:
-            state = self._keys.get(key)
-            if state is None:
+            release = self._state.unref(key)
+            if key in self._state.keys:
                 return
-            state.refs -= 1
-            if state.refs > 0:
-                return
-            del self._keys[key]
-            # Posted under the lock, so a submit of the same key from another thread
-            # cannot overtake this release on its way to the scheduler.
-            if not self._closed:
+            self._waiting.pop(key, None)  # the waiter goes with its record
+            if release is not None:
                 self._session.post(key)
+
+    def _again(self, key: str, retry: bool = False) -> None:
+        """``key`` submitted again after a cancel (``retry``: run again after it
+        failed): pending again, before the request goes."""
+
+        def again(state: ClientState) -> list[Outcome]:
+            reset = state.retried(key) if retry else state.resubmitted(key)
+            return [] if reset is None else [reset]
+
+        self._apply(again)
 
     # --- submitting -----------------------------------------------------------------
 
@@ -410,7 +426,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
                 key = f"{name}-{self._unique}{next(self._counter)}"
         future = Future(key, self)
         if future._state.status == CANCELLED:
-            future._state.reset()  # submitted again after a cancel: it runs again
+            self._again(key)  # submitted again after a cancel: it runs again
         first, alternatives = demand.wire()
         spec = TaskSpec(
             key,
@@ -458,7 +474,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         object stays on its worker, holding the task's resources, and the future's
         result is an ``Actor`` handle whose method calls go straight to it.
         """
-        self._check_open()
+        self._link.check_open()
         return self._task(
             actor_task(func) if actor or actors else func,
             args,
@@ -496,7 +512,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         no effect: every submission already travels in batches, one message per
         loop turn.
         """
-        self._check_open()
+        self._link.check_open()
         as_actors = actor or actors
         if as_actors:
             func = actor_task(func)
@@ -530,133 +546,10 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
             )
         return out
 
-    def get(
-        self,
-        dsk: Mapping[Any, Any],
-        keys: Any,
-        workers: Any = None,
-        allow_other_workers: bool | None = None,
-        *,
-        resources: ResourceSpec | Mapping[Any, ResourceSpec] = None,
-        priority: int = 0,
-        retries: int | None = 0,
-        actors: bool | None = None,
-        **dask_options: Any,
-    ) -> Any:
-        """Compute a graph and return ``keys``: an old-style one (``{"x": 1, "y": (add,
-        "x", 2)}``), a graph of Dask task nodes, or the expression ``dask.compute``
-        hands its scheduler (``dask.compute(x, scheduler=client.get)``).
-
-        ``keys`` may be one key or nested lists of keys; the result has the same
-        shape. ``resources`` is one demand for every task, or a mapping from keys
-        (or tuples of keys) to demands; ``dask.annotate`` annotations override both.
-        Options meant for Dask's local schedulers (``num_workers=``, ...) are ignored,
-        as Dask's own client does. ``workers=`` and ``allow_other_workers=`` apply to
-        every task, as in ``submit``, except where ``dask.annotate`` said otherwise.
-        """
-        refuse_actors(actors)
-        where = where_to_run(workers, allow_other_workers, strict=False)
-        annotations: dict[str, dict[Any, Any]] = {}
-        if not isinstance(dsk, Mapping) and hasattr(dsk, "__dask_graph__"):
-            from apportion.client.collections import expression_graph
-
-            dsk, annotations = expression_graph(dsk)
-        futures = self._submit_graph(
-            dsk, keys, resources, priority, retries or 0, annotations, where
-        )
-        return self.gather(_shaped(keys, futures))
-
-    def compute(
-        self,
-        collections: Any,
-        *,
-        sync: bool = False,
-        optimize_graph: bool = True,
-        workers: Any = None,
-        allow_other_workers: bool | None = False,
-        resources: ResourceSpec | Mapping[Any, ResourceSpec] = None,
-        retries: int | None = 0,
-        priority: int = 0,
-        fifo_timeout: Any = "60s",
-        actors: bool | None = None,
-    ) -> Any:
-        """Start computing Dask collections; a future of each one's final value.
-
-        One collection gives one future, a list gives a list (anything in it that is
-        not a Dask collection comes back as it is). ``sync=True`` returns the values
-        instead (awaitable, for an asynchronous client). ``resources``, ``priority``,
-        ``retries``, ``workers`` and
-        ``allow_other_workers`` apply to every task of the graph, except where
-        ``dask.annotate`` said otherwise. ``fifo_timeout`` has no effect, as in
-        ``submit``.
-        """
-        from apportion.client.collections import is_collection, lower
-
-        refuse_actors(actors)
-        where = where_to_run(workers, allow_other_workers, strict=False)
-        items, single = _one_or_many(collections)
-        dask_ones = [c for c in items if is_collection(c)]
-        futures: dict[Any, Future] = {}
-        names: list[Any] = []
-        if dask_ones:
-            lowered = lower(
-                dask_ones, optimize_graph=optimize_graph, finalize=True, resources=resources
-            )
-            names = list(flatten_keys(lowered.keys))
-            futures = self._submit_graph(
-                lowered.graph, names, resources, priority, retries or 0, lowered.annotations, where
-            )
-        outputs = iter(names)
-        result = [futures[next(outputs)] if is_collection(c) else c for c in items]
-        if sync:  # an awaitable of the values, for an asynchronous client
-            return self.gather(result[0] if single else result)
-        return result[0] if single else result
-
-    def persist(
-        self,
-        collections: Any,
-        *,
-        optimize_graph: bool = True,
-        workers: Any = None,
-        allow_other_workers: bool | None = None,
-        resources: ResourceSpec | Mapping[Any, ResourceSpec] = None,
-        priority: int = 0,
-        retries: int | None = 0,
-        actors: bool | None = None,
-        **dask_options: Any,
-    ) -> Any:
-        """Start computing Dask collections; the same collections, now made of futures.
-
-        Their parts stay on the workers; computing the returned collections, or new
-        ones built from them, starts from those parts instead of from scratch.
-        Options meant for Dask's local schedulers are ignored, as in ``get``;
-        ``workers=`` and ``allow_other_workers=`` restrict every task, as in ``get``.
-        """
-        from apportion.client.collections import is_collection, lower
-        from apportion.client.persisted import PersistedPart
-
-        refuse_actors(actors)
-        where = where_to_run(workers, allow_other_workers, strict=False)
-        items, single = _one_or_many(collections)
-        for item in items:
-            if not is_collection(item):
-                raise TypeError(f"persist takes Dask collections, not {type(item).__name__}")
-        lowered = lower(items, optimize_graph=optimize_graph, finalize=False, resources=resources)
-        futures = self._submit_graph(
-            lowered.graph,
-            lowered.keys,
-            resources,
-            priority,
-            retries or 0,
-            lowered.annotations,
-            where,
-        )
-        result = []
-        for item, keys in zip(items, lowered.keys, strict=True):
-            rebuild, extra = item.__dask_postpersist__()
-            parts = {key: PersistedPart(key, futures[key]) for key in flatten_keys(keys)}
-            result.append(rebuild(parts, *extra))
-        return result[0] if single else result
+    # Dask's collections, and Dask's scheduler function (dask_calls.py).
+    get = dask_calls.get
+    compute = dask_calls.compute
+    persist = dask_calls.persist
 
     def _caught_up(self) -> None:
         """Return once the scheduler has everything this client sent so far: another
@@ -689,13 +582,15 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         where: Where = ANYWHERE,
     ) -> dict[Any, Future]:
         """Send the tasks ``keys`` need; a future for each of ``keys``, by graph key."""
-        self._check_open()
+        self._link.check_open()
         for other in _other_clients(self, dsk):
             other._caught_up()
         canon = canonical_keys(dsk)
         roots = {canon.get(k, k) for k in flatten_keys(keys)}
         tasks = list(
-            graph_tasks(self, dsk, keys, resources, priority, retries, annotations, canon, where)
+            graph_tasks(
+                self._function, dsk, keys, resources, priority, retries, annotations, canon, where
+            )
         )
         embedded = sum(payload.size_of(spec.args) for spec, _ in tasks)
         warn_if_large(embedded, f"the values in this graph's {len(tasks)} tasks")
@@ -704,7 +599,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         for spec, _ in tasks:
             future = wanted.get(spec.key)
             if future is not None and future._state.status == CANCELLED:
-                future._state.reset()  # computed again after a cancel: it runs again
+                self._again(future.key)  # computed again after a cancel: it runs again
         # One outbox item, so the graph reaches the scheduler in one message: a split
         # graph would see its unwanted first half released before the rest arrived.
         self._post_tasks([(spec, blob, spec.key in wanted) for spec, blob in tasks])
@@ -732,12 +627,12 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         """
         if errors not in ("raise", "skip"):
             raise ValueError(f"errors must be 'raise' or 'skip', not {errors!r}")
-        return self._run(self._gather, futures, errors, direct, asynchronous=asynchronous)
+        return self._link.run(self._gather, futures, errors, direct, asynchronous=asynchronous)
 
     async def _gather(self, futures: Any, errors: str, direct: bool | None) -> Any:
         """On the session's loop: wait for ``futures``, then fetch their results."""
         found: list[Future] = []
-        _collect(futures, found)
+        shapes.collect(futures, found)
         for fut in found:
             if not fut._state.event.is_set():
                 await settled(fut._state)
@@ -750,11 +645,11 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
                         raise exc
                     finally:
                         del exc  # else this frame and the exception's traceback hold each other
-                values[fut.key] = _SKIPPED
+                values[fut.key] = shapes.SKIPPED
         wanted = [f.key for f in found if f.key not in values]
         if wanted:
             values.update(await self._gather_keys_async(wanted, direct))
-        return _rebuild(futures, values)
+        return shapes.rebuild(futures, values)
 
     def _gather_keys(self, keys: list[str]) -> dict[str, Any]:
         """Fetch results, waiting here (see ``_gather_keys_async``)."""
@@ -782,7 +677,7 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
                 return out
             # A result lost with its worker comes back as pending (KeysPending, which
             # the scheduler sends before this reply): wait for it and ask again.
-            states = [self._keys.get(key) for key in missing]
+            states = [self._waiting.get(key) for key in missing]
             if any(s is None or s.status != PENDING for s in states):
                 raise _missing_error(missing)
             for state in states:
@@ -796,28 +691,6 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
                         del exc  # else this frame and the exception's traceback hold each other
             wanted = missing
         raise _missing_error(wanted)
-
-    def _scatter_items(self, data: Any, hash: bool) -> tuple[list[str], dict[str, payload.Pickled]]:
-        """The keys ``scatter`` stores ``data`` under, in order, and each one's pickle."""
-        if isinstance(data, Mapping):
-            from apportion.client.graph import wire_key
-
-            names = [wire_key(k) for k in data]
-            if len(set(names)) != len(names):
-                raise ValueError("scatter keys must stay distinct as strings (e.g. 1 and '1')")
-            return names, {n: payload.dumps(v) for n, v in zip(names, data.values(), strict=True)}
-        seq = data if isinstance(data, list | tuple) else [data]
-        blobs = [payload.dumps(v) for v in seq]
-        names = [
-            f"{type(v).__name__}-"
-            + (
-                payload.hash_into(hashlib.blake2b(digest_size=16), b).hexdigest()
-                if hash
-                else f"{self._unique}{next(self._counter)}"
-            )
-            for v, b in zip(seq, blobs, strict=True)
-        ]
-        return names, dict(zip(names, blobs, strict=True))
 
     def scatter(
         self,
@@ -839,9 +712,9 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         keys. ``timeout`` bounds the wait for the data to be stored. Awaitable, for an
         asynchronous client.
         """
-        self._check_open()
+        self._link.check_open()
         allowed = worker_names(workers)
-        names, items = self._scatter_items(data, hash)
+        names, items = shapes.scatter_items(data, hash, self._unique_name)
         awaitable = self.asynchronous if asynchronous is None else asynchronous
         if not items:  # nothing to store
             empty = {} if isinstance(data, Mapping) else type(data)()
@@ -857,8 +730,8 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         mode = self.direct_to_workers if direct is None else direct
         store = (self._scatter, items, futures, allowed, mode, wait, broadcast)
         if awaitable:
-            return _then(self._run(*store, asynchronous=True), shaped)
-        self._run(*store, asynchronous=False)
+            return _then(self._link.run(*store, asynchronous=True), shaped)
+        self._link.run(*store, asynchronous=False)
         return shaped
 
     async def _scatter(
@@ -893,7 +766,9 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         if failed is not None:
             raise failed
         if broadcast:
-            await self._replicate(list(futures.values()), None, allowed or None)
+            await shared_data.copy_results(
+                self._link, list(futures.values()), None, allowed or None
+            )
 
     def cancel(self, futures: Future | Iterable[Future]) -> Any:
         """Cancel queued or running tasks; their futures (and dependents) fail as cancelled.
@@ -901,14 +776,11 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         Done at once; an asynchronous client returns an awaitable as well, as Dask's.
         """
         found: list[Future] = []
-        _collect(futures, found)
+        shapes.collect(futures, found)
         keys = [f.key for f in found]
-        for fut in found:
-            if not fut.done():  # a finished result stays finished
-                fut._state.settle(CANCELLED, ("cancelled", f"{fut.key!r} was cancelled", b""))
-                fut._state.cancel_echo = True
+        self._apply(lambda state: state.cancel(keys))  # a finished result stays finished
         self._session.post(CancelKeys(keys))
-        return self._ready(None)
+        return self._link.ready(None)
 
     @classmethod
     def current(cls, allow_global: bool = True) -> Client:
@@ -944,32 +816,6 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
 
     # --- introspection --------------------------------------------------------------
 
-    def why(self, futures: Future | str | Iterable[Future | str]) -> Any:
-        """Why each task is not running (yet): a string, or a dict for several."""
-        items: list[Future | str] = (
-            [futures] if isinstance(futures, Future | str) else list(futures)
-        )
-        single = isinstance(futures, Future | str)
-        keys = [f.key if isinstance(f, Future) else f for f in items]
-
-        def reasons(reply: WhyReply) -> Any:
-            return reply.reasons[keys[0]] if single else dict(reply.reasons)
-
-        return self._ask(lambda rid: WhyRequest(rid, keys), reasons)
-
-    def story(self, key: Future | str) -> Any:
-        """The task's transitions: a list of (time, key, from, to, cause)."""
-        name = key.key if isinstance(key, Future) else key
-        return self._ask(lambda rid: StoryRequest(rid, name), _story_rows)
-
-    def dump_cluster_state(self, filename: str | None = None) -> Any:
-        """The scheduler's whole state as plain data; written as JSON to ``filename`` if given.
-
-        Meant for bug reports: every task with its state, inputs, resources and units,
-        every worker with its ledger, and the recent transitions with their causes.
-        """
-        return self._ask(lambda rid: DumpRequest(rid), partial(_dumped, filename=filename))
-
     def write_scheduler_file(self, scheduler_file: str | os.PathLike[str]) -> None:
         """Write the scheduler's address and this client's secret to ``scheduler_file``
         (mode 0600), for ``Client(scheduler_file=...)`` and ``apportion worker
@@ -983,45 +829,8 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
         holder = holder_of(scheduler_file)
         if holder is not None:
             raise SchedulerFileBusy(Path(scheduler_file), holder)
-        identity = self._scheduler_identity.get("id", "")
+        identity = self._link.identity.get("id", "")
         write_scheduler_file(scheduler_file, self.scheduler_address, self.security.token, identity)
-
-    def scheduler_info(self, n_workers: int = -1, **kwargs: Any) -> Any:
-        """The scheduler's identity and workers with their pools, as Dask returns it.
-
-        An asynchronous client, from its loop, gives the copy it last fetched, as
-        Dask's does (a dict; it was fetched when the client connected), which
-        awaited (``await client.scheduler_info()``) fetches a fresh one.
-        ``n_workers`` and Dask's other keywords are accepted; every worker is listed.
-        """
-        if self.asynchronous:
-            return SchedulerInfo(self._scheduler_identity, self._fresh_info)
-        return self._ask(lambda rid: InfoRequest(rid), self._info)
-
-    async def _fresh_info(self) -> dict[str, Any]:
-        info: dict[str, Any] = await self._ask(lambda rid: InfoRequest(rid), self._info)
-        return info
-
-    def _info(self, reply: InfoReply) -> dict[str, Any]:
-        info: dict[str, Any] = reply.info
-        self._scheduler_identity = info  # the copy an asynchronous client gives at once
-        return info
-
-    def wait_for_workers(self, n_workers: int = 1, timeout: Duration | None = None) -> Any:
-        """Block (or, asynchronous, an awaitable) until at least ``n_workers`` workers are
-        connected."""
-        return self._run(self._wait_for_workers, n_workers, seconds(timeout))
-
-    async def _wait_for_workers(self, n_workers: int, timeout: float | None) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        while True:
-            reply = await self._session.request(InfoRequest(self._session.next_id()))
-            if len(reply.info["workers"]) >= n_workers:
-                return
-            if deadline is not None and loop.time() > deadline:
-                raise TimeoutError(f"fewer than {n_workers} workers after {timeout}s")
-            await asyncio.sleep(0.05)  # no event says "a worker joined" to a client
 
     def sync(
         self,
@@ -1050,13 +859,141 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
             return _within(outcome, limit)
         return self._session.run(_within(outcome, limit))
 
-    # --- closing --------------------------------------------------------------------
+    # --- the link's state, as the client's ----------------------------------------
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("this client is closed")
-        if not self._session.connected:
-            raise SchedulerGoneError(f"lost the connection to {self.scheduler_address}")
+    @property
+    def asynchronous(self) -> bool:
+        """True when this client's calls return awaitables: it was made with
+        ``asynchronous=True`` and is called from a running event loop (Dask's rule)."""
+        return self._link.asynchronous
+
+    @property
+    def scheduler_address(self) -> str:
+        """The scheduler's address ("" for a cluster that has not started yet)."""
+        return self._link.address
+
+    @scheduler_address.setter
+    def scheduler_address(self, address: str) -> None:
+        self._link.address = address
+
+    @property
+    def _session(self) -> Session:
+        return self._link.connected
+
+    @property
+    def _closed(self) -> bool:
+        return self._link.closed
+
+    # --- the cluster, through the link (cluster_control, remote_calls, shared_data,
+    # task_stream): what they do cannot reach this client's keys or futures --------
+
+    scheduler_info = _linked(cluster_control.scheduler_info)
+    run = _linked(remote_calls.run)
+    run_on_scheduler = _linked(remote_calls.run_on_scheduler)
+    upload_file = _linked(remote_calls.upload_file)
+    register_plugin = _linked(remote_calls.register_plugin)
+    register_worker_plugin = _linked(remote_calls.register_worker_plugin)
+    unregister_worker_plugin = _linked(remote_calls.unregister_worker_plugin)
+    get_versions = _linked(remote_calls.get_versions)
+    get_worker_logs = _linked(remote_calls.get_worker_logs)
+    get_scheduler_logs = _linked(remote_calls.get_scheduler_logs)
+    publish_dataset = _linked(shared_data.publish_dataset)
+    unpublish_dataset = _linked(shared_data.unpublish_dataset)
+    list_datasets = _linked(shared_data.list_datasets)
+    set_metadata = _linked(shared_data.set_metadata)
+    get_metadata = _linked(shared_data.get_metadata)
+    waiting_work = _linked(shared_data.waiting_work)
+    cluster_status = _linked(shared_data.cluster_status)
+    who_has = _linked(shared_data.who_has)
+    has_what = _linked(shared_data.has_what)
+    nthreads = _linked(shared_data.nthreads)
+    #: Dask's older name for ``nthreads``.
+    ncores = nthreads
+    processing = _linked(shared_data.processing)
+    replicate = _linked(shared_data.replicate)
+    rebalance = _linked(shared_data.rebalance)
+    get_task_stream = _linked(task_stream.get_task_stream)
+    why = _linked(cluster_control.why)
+    story = _linked(cluster_control.story)
+    dump_cluster_state = _linked(cluster_control.dump_cluster_state)
+
+    def wait_for_workers(self, n_workers: int = 1, timeout: Duration | None = None) -> Any:
+        """Block (or, asynchronous, an awaitable) until at least ``n_workers`` workers are
+        connected."""
+        return cluster_control.wait_for_workers(self._link, n_workers, seconds(timeout))
+
+    @property
+    def dashboard_link(self) -> str | None:
+        """A fresh one-time login link to the scheduler's dashboard; None if it serves
+        none (``cluster_control.dashboard_link``)."""
+        return cluster_control.dashboard_link(self._link, self.security)
+
+    def restart(self, timeout: float | None = None, wait_for_workers: bool = True) -> Any:
+        """Drop every task and result in the cluster and start every worker afresh
+        (``cluster_control.restart``); ``timeout`` is four times the client's unless
+        given."""
+        limit = self.timeout * 4 if timeout is None else timeout
+        return cluster_control.restart(self._link, self.cluster, limit, wait_for_workers)
+
+    def get_dataset(self, name: Any, default: Any = shared_data.NO_DEFAULT) -> Any:
+        """The object published as ``name`` (a list of them for a list of names), its
+        futures now this client's; ``default`` (if given) for a name not published."""
+        return shared_data.get_dataset(self._link, self._future, name, default)
+
+    @property
+    def datasets(self) -> shared_data.Datasets:
+        """The published datasets as a mutable mapping: get, set, delete, ``in``, iterate
+        (a blocking client's; an asynchronous one awaits ``get_dataset`` and the rest)."""
+        return shared_data.datasets(self._link, self._future)
+
+    def _future(self, key: str) -> Future:
+        return Future(key, self)
+
+    def _unique_name(self) -> str:
+        return f"{self._unique}{next(self._counter)}"
+
+    def retry(self, futures: Any) -> Any:
+        """Run failed futures again, with the failed tasks they depend on; they go back
+        to pending. A failure the scheduler has forgotten fails again, saying so.
+        Done at once; an asynchronous client returns an awaitable as well, as Dask's."""
+        from apportion.client.waiting import futures_of
+
+        self._link.check_open()
+        keys = list(dict.fromkeys(f.key for f in futures_of(futures) if f.status == ERROR))
+        for key in keys:  # before the request: the new run's outcome must find it pending
+            self._again(key, retry=True)
+        if keys:
+            self._session.post(RetryKeys(keys))
+        return self._link.ready(None)
+
+    def shutdown(self) -> Any:
+        """Close this client and its cluster, even one it did not start (as Dask's).
+
+        Only a ``LocalCluster`` object can be closed from here: given just an
+        address, the scheduler keeps running and a ``UserWarning`` says so. An
+        asynchronous client returns an awaitable that does it.
+        """
+        cluster = self.cluster
+        if cluster is None:
+            warnings.warn(
+                f"shutdown() closes the client, but the scheduler at {self.scheduler_address} "
+                "was not started here and keeps running; stop it where it was started",
+                UserWarning,
+                stacklevel=2,
+            )
+        if self.asynchronous:
+            return self._shutdown_async(cluster)
+        self._close_blocking()
+        if cluster is not None:
+            cluster._close_blocking()
+        return None
+
+    async def _shutdown_async(self, cluster: LocalCluster | None) -> None:
+        await self._close_async()
+        if cluster is not None:
+            await cluster._close_async()
+
+    # --- closing --------------------------------------------------------------------
 
     def close(self) -> Any:
         """Release everything, disconnect, and stop an embedded cluster; idempotent.
@@ -1071,9 +1008,10 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
     def _close_blocking(self) -> None:
         if self._closed:
             return
-        self._closed = True
-        if self._connected_session is not None:
-            self._connected_session.close()
+        self._link.closed = True
+        self._state.close()
+        if self._link.session is not None:
+            self._link.session.close()
         self._after_close()
         if self._own_cluster is not None:
             self._own_cluster._close_blocking()
@@ -1081,13 +1019,14 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
     async def _close_async(self) -> None:
         if self._closed:
             return
-        self._closed = True
+        self._link.closed = True
+        self._state.close()
         if self._starting is not None and not self._starting.done():
             self._starting.cancel()
             with contextlib.suppress(BaseException):
                 await self._starting
-        if self._connected_session is not None:
-            await self._connected_session.close_async()
+        if self._link.session is not None:
+            await self._link.session.close_async()
         self._after_close()
         if self._own_cluster is not None:
             await self._own_cluster._close_async()
@@ -1120,20 +1059,6 @@ class Client(ClusterLifecycle, RemoteCalls, SharedData, TaskStreams):
     def __repr__(self) -> str:
         address = self.scheduler_address or "(not connected)"
         return f"<Client: scheduler={address!r}>"
-
-
-class SchedulerInfo(dict[str, Any]):
-    """An asynchronous client's ``scheduler_info()``: the copy last fetched, as Dask
-    gives it, which awaited fetches a fresh one (with every worker as it is now)."""
-
-    def __init__(
-        self, cached: dict[str, Any], fetch: Callable[[], Coroutine[Any, Any, dict[str, Any]]]
-    ) -> None:
-        super().__init__(cached)
-        self._fetch = fetch
-
-    def __await__(self) -> Generator[Any, None, dict[str, Any]]:
-        return self._fetch().__await__()
 
 
 def start_cluster(options: dict[str, Any]) -> LocalCluster:
@@ -1216,19 +1141,12 @@ def default_client(c: Client | None = None) -> Client:
     if c is not None:
         return c
     client = dask_default.current()
-    if client is None:
+    if not isinstance(client, Client):  # None: every default client is a Client
         raise ValueError(
             "no open client: start one first, e.g. client = Client() for a local "
             "cluster or Client('tcp://scheduler:8786')"
         )
     return client
-
-
-def _one_or_many(collections: Any) -> tuple[list[Any], bool]:
-    """``compute``'s argument as a list, and whether it was a single collection."""
-    if isinstance(collections, list | tuple | set | frozenset):
-        return list(collections), False
-    return [collections], True
 
 
 def _other_clients(client: Client, dsk: Mapping[Any, Any]) -> set[Client]:
@@ -1237,16 +1155,10 @@ def _other_clients(client: Client, dsk: Mapping[Any, Any]) -> set[Client]:
     others: set[Client] = set()
     for value in dsk.values():
         part = getattr(value, "value", value)  # a persisted part wraps its future
-        if isinstance(part, Future) and part._client is not client and not part._client._closed:
-            others.add(part._client)
+        owner = part._client if isinstance(part, Future) else None
+        if isinstance(owner, Client) and owner is not client and not owner._closed:
+            others.add(owner)
     return others
-
-
-def _shaped(keys: Any, futures: Mapping[Any, Future]) -> Any:
-    """The futures of ``keys``, in the nested lists ``keys`` came in."""
-    if isinstance(keys, list):
-        return [_shaped(k, futures) for k in keys]
-    return futures[keys]
 
 
 async def _then(stored: Awaitable[Any], value: T) -> T:
@@ -1261,54 +1173,10 @@ async def _within(outcome: Awaitable[T], timeout: float | None) -> T:
         return await outcome
 
 
-def _story_rows(reply: StoryReply) -> list[tuple[Any, ...]]:
-    return [tuple(row) for row in reply.story]
-
-
-def _dumped(reply: DumpReply, filename: str | None) -> dict[str, Any]:
-    state: dict[str, Any] = reply.state
-    if filename is not None:
-        import json
-
-        with open(filename, "w") as f:
-            json.dump(state, f, indent=1, default=str)
-    return state
-
-
 def _missing_error(keys: list[str]) -> BaseException:
     from apportion.client.errors import LostDataError
 
     return LostDataError(f"results no longer held by any worker: {keys[:5]}")
-
-
-def _collect(obj: Any, out: list[Future]) -> None:
-    if isinstance(obj, Future):
-        out.append(obj)
-    elif isinstance(obj, list | tuple | set | frozenset):
-        for item in obj:
-            _collect(item, out)
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            _collect(item, out)
-
-
-_SKIPPED = object()
-
-
-def _rebuild(obj: Any, values: dict[str, Any]) -> Any:
-    if isinstance(obj, Future):
-        value = values[obj.key]
-        return None if value is _SKIPPED else value
-    if isinstance(obj, list | tuple | set | frozenset):
-        items = (_rebuild(item, values) for item in obj if not _skipped(item, values))
-        return type(obj)(items)
-    if isinstance(obj, dict):
-        return {k: _rebuild(v, values) for k, v in obj.items() if not _skipped(v, values)}
-    return obj
-
-
-def _skipped(obj: Any, values: dict[str, Any]) -> bool:
-    return isinstance(obj, Future) and values.get(obj.key) is _SKIPPED
 
 
 local.client_type = Client  # LocalCluster.get_client makes these (see ``local.client_type``)

@@ -67,21 +67,21 @@ def request(
     awaitable is sent only when awaited, and a future dropped before that would
     release its key ahead of the request that shares it.
     """
-    client._check_open()
+    client._link.check_open()
     if keep is None:
-        return client._ask(make, then)
+        return client._link.ask(make, then)
 
     def answered(reply: Any) -> Any:
         nonlocal keep
         keep = None  # answered: the request no longer needs them
         return then(reply)
 
-    return client._ask(make, answered)
+    return client._link.ask(make, answered)
 
 
 def post(client: Client, message: Message) -> None:
     """Send a message that has no answer, in order with everything the client sends."""
-    client._check_open()
+    client._link.check_open()
     client._session.post(message)
 
 

@@ -26,16 +26,23 @@ import weakref
 from collections.abc import Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from apportion.client.future import FutureOwner
 from apportion.worker.context import in_task, seceded
 from apportion.worker.service import get_worker
 
-if TYPE_CHECKING:
-    from apportion.client.client import Client
+
+class DefaultClient(FutureOwner, Protocol):
+    """What Dask's default scheduler is here: a ``Client``."""
+
+    def get(self, dsk: Any, keys: Any, **kwargs: Any) -> Any: ...
+
+    def persist(self, collections: Any, **kwargs: Any) -> Any: ...
+
 
 #: Open clients that asked to be Dask's default, oldest first.
-_clients: list[weakref.ref[Client]] = []
+_clients: list[weakref.ref[DefaultClient]] = []
 #: Restores Dask's settings from before the first client (``dask.config.set``).
 _setting: Any = None
 # Re-entrant: a client collected by the garbage collector leaves from whatever
@@ -43,7 +50,7 @@ _setting: Any = None
 _lock = threading.RLock()
 
 
-def register(client: Client) -> None:
+def register(client: DefaultClient) -> None:
     """``client`` is Dask's scheduler from now on, until it closes or a newer one opens;
     if Dask is not imported yet, from the moment it is."""
     with _lock:
@@ -107,14 +114,14 @@ class _ThenRegister(importlib.abc.Loader):
         _dask_imported()
 
 
-def unregister(client: Client) -> None:
+def unregister(client: DefaultClient) -> None:
     """``client`` closed: the newest open client is Dask's scheduler, or none is."""
     with _lock:
         _clients[:] = [ref for ref in _clients if ref() not in (client, None)]
         _restore_if_none_left()
 
 
-def _forget(ref: weakref.ref[Client]) -> None:
+def _forget(ref: weakref.ref[DefaultClient]) -> None:
     with _lock:
         if ref in _clients:
             _clients.remove(ref)
@@ -133,21 +140,21 @@ def _restore_if_none_left() -> None:
 
 
 #: The client of an ``as_current`` block, in this thread or task (None outside one).
-_as_current: contextvars.ContextVar[Client | None] = contextvars.ContextVar(
+_as_current: contextvars.ContextVar[DefaultClient | None] = contextvars.ContextVar(
     "apportion_as_current", default=None
 )
 
 
-def set_current(client: Client | None) -> contextvars.Token[Client | None]:
+def set_current(client: DefaultClient | None) -> contextvars.Token[DefaultClient | None]:
     """Make ``client`` the current one in this context (``Client.as_current``)."""
     return _as_current.set(client)
 
 
-def reset_current(token: contextvars.Token[Client | None]) -> None:
+def reset_current(token: contextvars.Token[DefaultClient | None]) -> None:
     _as_current.reset(token)
 
 
-def current() -> Client | None:
+def current() -> DefaultClient | None:
     """The client of the enclosing ``as_current`` block, else the newest open client
     that is Dask's default."""
     chosen = _as_current.get()
@@ -161,11 +168,11 @@ def current() -> Client | None:
     return None
 
 
-def _seceded_task_client() -> Client | None:
+def _seceded_task_client() -> DefaultClient | None:
     """The worker's client, for a task that seceded once it has one (else None)."""
     if not seceded():
         return None
-    client: Client | None = get_worker().task_client
+    client: DefaultClient | None = get_worker().task_client
     return None if client is None or client._closed else client
 
 

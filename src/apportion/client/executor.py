@@ -15,12 +15,21 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from apportion.client.future import CANCELLED, FINISHED, Future
+from apportion.client.future import Future
+from apportion.client.state import CANCELLED, FINISHED
 
-if TYPE_CHECKING:
-    from apportion.client.client import Client
+
+class Submitter(Protocol):
+    """What an executor needs of its client (a ``Client``)."""
+
+    def submit(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Future: ...
+
+    def map(self, func: Callable[..., Any], *iterables: Iterable[Any], **kwargs: Any) -> Any: ...
+
+    def cancel(self, futures: Any) -> Any: ...
+
 
 #: Keywords an executor passes on to every task it submits.
 TASK_KEYWORDS = frozenset(
@@ -31,7 +40,7 @@ TASK_KEYWORDS = frozenset(
 class ClientExecutor(cf.Executor):
     """A ``concurrent.futures.Executor`` whose calls run as tasks of one client."""
 
-    def __init__(self, client: Client, **task_keywords: Any) -> None:
+    def __init__(self, client: Submitter, **task_keywords: Any) -> None:
         unknown = set(task_keywords) - TASK_KEYWORDS
         if unknown:
             raise TypeError(

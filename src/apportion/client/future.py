@@ -1,9 +1,11 @@
 """Futures: handles on results that live in the cluster.
 
-Every ``Future`` for one key shares a ``KeyState`` held by the client. The loop
-thread updates that state as the scheduler reports; user threads wait on it. When
-the last ``Future`` for a key is garbage-collected, the client tells the scheduler
-it may release the result.
+Every ``Future`` for one key shares a ``KeyState`` held by the client: the key's
+record in the client's ``ClientState`` (state.py: status, error, references), and
+an event and callbacks to wait on. The loop thread wakes it as that state settles
+the key; user threads wait on it. When the last ``Future`` for a key is
+garbage-collected, the state says to release it, and the client tells the
+scheduler. A future knows its client only as a ``FutureOwner``.
 """
 
 from __future__ import annotations
@@ -15,64 +17,49 @@ import queue
 import threading
 from collections.abc import Callable, Generator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from apportion.client.asynchronous import settled
 from apportion.client.errors import failure
+from apportion.client.state import CANCELLED, KeyRecord
 from apportion.core import payload
 from apportion.core.durations import Duration, seconds
 from apportion.core.payload import Pickled
 
-#: Why a key failed: (kind, pickled exception or message, pickled traceback or b"").
-Failure = tuple[str, Pickled | str, Pickled]
-
 if TYPE_CHECKING:
-    from apportion.client.client import Client
+    from apportion.client.link import ClientLink
 
 logger = logging.getLogger("apportion.client")
 
-PENDING = "pending"
-FINISHED = "finished"
-ERROR = "error"
-CANCELLED = "cancelled"
-LOST = "lost"
-
 
 class KeyState:
-    """What the client knows about one key; shared by all its futures."""
+    """The waiting side of one key, shared by all its futures: an event and the
+    callbacks to run when the key settles. What the key is (status, error, futures
+    alive) is its ``KeyRecord`` in the client's ``ClientState``; the client wakes
+    this when that state says the key settled, and re-arms it when it is pending
+    again."""
 
-    __slots__ = (
-        "_lock",
-        "attempts",
-        "callbacks",
-        "cancel_echo",
-        "error",
-        "event",
-        "refs",
-        "status",
-    )
+    __slots__ = ("_lock", "callbacks", "event", "record")
 
-    def __init__(self) -> None:
-        self.status = PENDING
+    def __init__(self, record: KeyRecord) -> None:
+        self.record = record
         self.event = threading.Event()
-        #: ("exception", exc_bytes, tb_bytes) or (kind, message, b"") once failed
-        self.error: Failure | None = None
         self.callbacks: list[Callable[[], None]] = []
-        #: Live ``Future`` objects for this key.
-        self.refs = 0
-        #: Cancelled here; the scheduler's own "cancelled" for it is still to come and
-        #: must not cancel a run submitted again in between.
-        self.cancel_echo = False
-        #: How many runs raised (retries included) when the task failed.
-        self.attempts = 1
         # Makes "not done yet, so register" and "done, so run what is registered"
         # atomic: without it a callback added while the key settles is never run.
         self._lock = threading.Lock()
 
-    def settle(self, status: str, error: Failure | None = None) -> None:
+    @property
+    def status(self) -> str:
+        return self.record.status
+
+    @property
+    def refs(self) -> int:
+        return self.record.refs
+
+    def wake(self) -> None:
+        """The key settled (its record says how): wake its waiters."""
         with self._lock:
-            self.status = status
-            self.error = error
             self.event.set()
             callbacks, self.callbacks = self.callbacks, []
         for callback in callbacks:
@@ -86,21 +73,21 @@ class KeyState:
             self.callbacks.append(callback)
             return True
 
-    def reset(self) -> None:
-        """The result was lost and is being recomputed: wait again."""
-        self.status = PENDING
-        self.error = None
+    def rearm(self) -> None:
+        """The key is pending again (recomputed, retried, resubmitted): wait again."""
         self.event.clear()
 
     def exception_object(self) -> BaseException | None:
-        if self.error is None:
+        error = self.record.error
+        if error is None:
             return None
-        kind, detail, tb = self.error
+        kind, detail, tb = error
         if kind == "exception" and not isinstance(detail, str):
             exc = rebuild_exception(detail, tb)
-            if self.attempts > 1:
+            attempts = self.record.attempts
+            if attempts > 1:
                 exc.add_note(
-                    f"apportion: the task raised on each of its {self.attempts} attempts; "
+                    f"apportion: the task raised on each of its {attempts} attempts; "
                     "this is the last exception"
                 )
             return exc
@@ -147,12 +134,41 @@ def _build_traceback(tb_dict: Any, box: list[TracebackType]) -> None:
         box.append(Traceback.from_dict(tb_dict).as_traceback())
 
 
+class FutureOwner(Protocol):
+    """What a future needs of its client (a ``Client``): counting it, waiting for and
+    fetching its result, cancelling and retrying it."""
+
+    @property
+    def asynchronous(self) -> bool: ...
+
+    @property
+    def _closed(self) -> bool: ...
+
+    @property
+    def _link(self) -> ClientLink: ...
+
+    @property
+    def _callbacks(self) -> CallbackRunner: ...
+
+    def _ref(self, key: str) -> KeyState: ...
+
+    def _unref(self, key: str) -> None: ...
+
+    def retry(self, futures: Any) -> Any: ...
+
+    def cancel(self, futures: Any) -> Any: ...
+
+    def _gather_keys(self, keys: list[str]) -> dict[str, Any]: ...
+
+    async def _gather_keys_awaited(self, keys: list[str]) -> dict[str, Any]: ...
+
+
 class Future:
     """A remote result. Same names as ``distributed.Future``."""
 
     __slots__ = ("__weakref__", "_client", "_released", "_state", "key")
 
-    def __init__(self, key: str, client: Client) -> None:
+    def __init__(self, key: str, client: FutureOwner) -> None:
         self.key = key
         self._client = client
         self._released = True  # until counted: a failed ``_ref`` must not be undone
@@ -171,8 +187,8 @@ class Future:
             client._unref(self.key)
 
     @property
-    def client(self) -> Client:
-        """The client this future belongs to."""
+    def client(self) -> Any:
+        """The client this future belongs to (a ``Client``)."""
         return self._client
 
     def retry(self) -> None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import sys
 import warnings
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from apportion.client.future import Future
 from apportion.client.restrictions import ANYWHERE, Where, where_to_run
@@ -21,9 +21,6 @@ from apportion.core import payload
 from apportion.core.demand import Demand, single
 from apportion.core.resources import ResourceSpec
 from apportion.protocol.tasks import TaskSpec
-
-if TYPE_CHECKING:
-    from apportion.client.client import Client
 
 
 def wire_key(key: Any) -> str:
@@ -242,7 +239,7 @@ def _existing(value: Any, name: str) -> bool:
 
 
 def graph_tasks(
-    client: Client,
+    pickled: Callable[[Callable[..., Any]], tuple[str, bytes]],
     dsk: Mapping[Any, Any],
     keys: Any,
     resources: ResourceSpec | Mapping[Any, ResourceSpec],
@@ -252,7 +249,8 @@ def graph_tasks(
     canon: Mapping[Any, Any] | None = None,
     where: Where = ANYWHERE,
 ) -> Iterator[tuple[TaskSpec, bytes]]:
-    """The tasks needed for ``keys``, dependencies first, with the function blob.
+    """The tasks needed for ``keys``, dependencies first, with the function blob
+    (``pickled(function)``: its id and pickle, as the client caches them).
 
     ``annotations`` (Dask's, by type then key) override ``resources``, ``priority``,
     ``retries`` and where tasks may run (``where``) for the keys they name.
@@ -276,10 +274,10 @@ def graph_tasks(
         if _is_node(value):
             refs = {dep: payload.KeyRef(wire_key(canon[dep])) for dep in value.dependencies}
             args, deps = payload.pack_call((value, refs), {})
-            func_id, blob = client._function(payload.run_node)
+            func_id, blob = pickled(payload.run_node)
         else:
             args, deps = payload.pack_call((_convert(value, canon),), {})
-            func_id, blob = client._function(payload.run_spec)
+            func_id, blob = pickled(payload.run_spec)
         first, alternatives = demands.get(key, per_key.get(key, common)).wire()
         spec = TaskSpec(
             name,

@@ -12,7 +12,8 @@ import time
 from collections.abc import Iterable
 from functools import partial
 
-from apportion.client.future import FINISHED, Future
+from apportion.client.future import Future
+from apportion.client.state import FINISHED
 from apportion.core.groups import group_of
 
 

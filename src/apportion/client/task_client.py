@@ -54,6 +54,8 @@ def get_client(
     if in_task():
         return worker_client_of(get_worker(), timeout)
     current = dask_default.current()
+    if not isinstance(current, Client):  # None: every default client is a Client
+        current = None
     if address is None or (current is not None and current.scheduler_address == address):
         return default_client(current)
     return Client(address, timeout=30.0 if timeout is None else timeout)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from apportion.client import report_page
-from apportion.client.asynchronous import CallModes
+from apportion.client.link import SchedulerLink
 from apportion.core.durations import seconds
 from apportion.protocol.cluster import StatusReply, StatusRequest
 
@@ -106,56 +106,53 @@ def select(
     return records[first:last]
 
 
-class TaskStreams(CallModes):
-    """Part of ``Client``: its ``get_task_stream``."""
+def get_task_stream(
+    link: SchedulerLink,
+    start: float | str | None = None,
+    stop: float | str | None = None,
+    count: int | None = None,
+    plot: bool | str = False,
+    filename: str | os.PathLike[str] = "task-stream.html",
+    bokeh_resources: Any = None,
+) -> Any:
+    """The executions the scheduler still keeps (the last 50,000) as Dask's records,
+    oldest first: those that finished at or after ``start`` and before ``stop``
+    (epoch seconds, or text: a duration before now, ``"60s"``), at most ``count``.
 
-    def get_task_stream(
-        self,
-        start: float | str | None = None,
-        stop: float | str | None = None,
-        count: int | None = None,
-        plot: bool | str = False,
-        filename: str | os.PathLike[str] = "task-stream.html",
-        bokeh_resources: Any = None,
-    ) -> Any:
-        """The executions the scheduler still keeps (the last 50,000) as Dask's records,
-        oldest first: those that finished at or after ``start`` and before ``stop``
-        (epoch seconds, or text: a duration before now, ``"60s"``), at most ``count``.
+    Times are the scheduler's moved to this machine's clock, exact up to the
+    reply's transit (module docstring). Dask's ``plot=True`` returns a Bokeh
+    figure; there is no Bokeh here, so it raises. ``plot="save"`` writes the
+    stream as a self-contained HTML page to ``filename`` and returns ``(records,
+    path)``; ``bokeh_resources`` must then be None.
+    """
+    if plot and plot != "save":
+        raise NotImplementedError(
+            "get_task_stream(plot=True) returns a Bokeh figure in Dask; apportion has "
+            "no Bokeh: use plot='save' (an HTML file) or performance_report()"
+        )
+    if bokeh_resources is not None:
+        raise ValueError("bokeh_resources: apportion's pages embed everything they use")
+    limit = count if start is None and stop is None and count is not None else STREAM_SIZE
+    path = Path(filename)
 
-        Times are the scheduler's moved to this machine's clock, exact up to the
-        reply's transit (module docstring). Dask's ``plot=True`` returns a Bokeh
-        figure; there is no Bokeh here, so it raises. ``plot="save"`` writes the
-        stream as a self-contained HTML page to ``filename`` and returns ``(records,
-        path)``; ``bokeh_resources`` must then be None.
-        """
-        if plot and plot != "save":
-            raise NotImplementedError(
-                "get_task_stream(plot=True) returns a Bokeh figure in Dask; apportion has "
-                "no Bokeh: use plot='save' (an HTML file) or performance_report()"
-            )
-        if bokeh_resources is not None:
-            raise ValueError("bokeh_resources: apportion's pages embed everything they use")
-        limit = count if start is None and stop is None and count is not None else STREAM_SIZE
-        path = Path(filename)
+    def then(reply: StatusReply) -> Any:
+        received = time.time()
+        status = reply.status
+        items = status["stream"]["items"]
+        records = select(
+            [dask_record(item, received - status["now"]) for item in items],
+            epoch(start, received),
+            epoch(stop, received),
+            count,
+        )
+        if not plot:
+            return records
+        offset = received - status["now"]
+        began = min((r["startstops"][0]["start"] for r in records), default=received)
+        data = report_page.report_data(
+            records, (began, received), offset, status, title="Task stream"
+        )
+        path.write_text(report_page.render(data), encoding="utf-8")
+        return records, path
 
-        def then(reply: StatusReply) -> Any:
-            received = time.time()
-            status = reply.status
-            items = status["stream"]["items"]
-            records = select(
-                [dask_record(item, received - status["now"]) for item in items],
-                epoch(start, received),
-                epoch(stop, received),
-                count,
-            )
-            if not plot:
-                return records
-            offset = received - status["now"]
-            began = min((r["startstops"][0]["start"] for r in records), default=received)
-            data = report_page.report_data(
-                records, (began, received), offset, status, title="Task stream"
-            )
-            path.write_text(report_page.render(data), encoding="utf-8")
-            return records, path
-
-        return self._ask(lambda rid: StatusRequest(rid, 0, 0, max(0, limit)), then)
+    return link.ask(lambda rid: StatusRequest(rid, 0, 0, max(0, limit)), then)

@@ -11,13 +11,10 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from apportion.core import payload
 from apportion.protocol.coordination import TopicMessage
-
-if TYPE_CHECKING:
-    from apportion.client.client import Client
 
 logger = logging.getLogger("apportion.client")
 
@@ -28,21 +25,22 @@ class Receiver(Protocol):
     def receive(self, value: Any) -> None: ...
 
 
-#: client -> topic -> its live subscriptions there.
-_subscriptions: weakref.WeakKeyDictionary[Client, dict[str, weakref.WeakSet[Any]]] = (
+#: client (any object a client's messages arrive through) -> topic -> its live
+#: subscriptions there.
+_subscriptions: weakref.WeakKeyDictionary[object, dict[str, weakref.WeakSet[Any]]] = (
     weakref.WeakKeyDictionary()
 )
 _lock = threading.Lock()
 
 
-def add(client: Client, name: str, receiver: Receiver) -> None:
+def add(client: object, name: str, receiver: Receiver) -> None:
     """``receiver`` gets what ``client`` receives on topic ``name`` from now on."""
     with _lock:
         topics = _subscriptions.setdefault(client, {})
         topics.setdefault(name, weakref.WeakSet()).add(receiver)
 
 
-def deliver(client: Client, msg: TopicMessage) -> None:
+def deliver(client: object, msg: TopicMessage) -> None:
     """On the client's loop: pass a published message to its subscriptions."""
     with _lock:
         receivers = list(_subscriptions.get(client, {}).get(msg.name, ()))

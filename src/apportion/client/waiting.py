@@ -17,7 +17,8 @@ from typing import Any, NamedTuple
 
 from apportion.client import dask_default
 from apportion.client.asynchronous import settled, wake
-from apportion.client.future import ERROR, Future
+from apportion.client.future import Future
+from apportion.client.state import ERROR
 from apportion.core.durations import Duration, seconds
 from apportion.loop_thread import in_running_loop
 
@@ -95,8 +96,8 @@ def _awaited_here(futures: list[Future]) -> bool:
         return False
     if not futures:
         client = dask_default.current()
-        return client is not None and client._asynchronous
-    return any(f._client._asynchronous for f in futures)
+        return client is not None and client._link.wants_async
+    return any(f._client._link.wants_async for f in futures)
 
 
 async def _wait_async(
@@ -165,7 +166,7 @@ class as_completed(Iterator[Any]):
         with self._condition:
             for fut in added:
                 self._waiting[fut] = self._waiting.get(fut, 0) + 1
-                self._asynchronous |= fut._client._asynchronous
+                self._asynchronous |= fut._client._link.wants_async
         # From a running loop, a finished future's result is fetched on the client's
         # callback thread, as the others are: here it would block that loop.
         here = not (self.with_results and in_running_loop())

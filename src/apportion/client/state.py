@@ -1,0 +1,246 @@
+"""What a client knows about its keys, as data: scheduler messages in, outcomes out.
+
+Theory of operation. Every ``Future`` of a client counts as one reference to its
+key (``ref``/``unref``). A key is the scheduler's to keep while it has a reference;
+when its last one goes, the key is forgotten here and one ``Release`` comes out,
+for the shell to post. A key is *pending* until the scheduler reports it done,
+erred or failed (``handle``), or until this client cancels it (``cancel``) or
+loses the scheduler (``scheduler_lost``); then it is *settled*, and one
+``Settled`` comes out. A settled key goes back to pending (``Reset``) when the
+scheduler says it is being computed again (a result lost with its worker, a
+``retry``), or when this client submits it again after cancelling it.
+
+The scheduler answers a cancel from this client with its own "cancelled" for the
+key: that echo must not cancel a run of the same key submitted again in between,
+so a key cancelled here ignores the next "cancelled" it hears (``cancel_echo``).
+
+No threads, locks, events or clocks: the shell (``Client``) holds a lock around
+these calls, and turns each outcome into a waiter woken, a release posted, a
+notice logged, a topic message delivered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from apportion.core.payload import Pickled
+from apportion.protocol.base import Message
+from apportion.protocol.coordination import TopicMessage
+from apportion.protocol.tasks import KeysDone, KeysFailed, KeysPending, Notice, TaskErred
+
+#: Why a key failed: (kind, pickled exception or message, pickled traceback or b"").
+Failure = tuple[str, Pickled | str, Pickled]
+
+PENDING = "pending"
+FINISHED = "finished"
+ERROR = "error"
+CANCELLED = "cancelled"
+LOST = "lost"
+
+#: Statuses a key has once settled (every status but pending).
+SETTLED = frozenset({FINISHED, ERROR, CANCELLED, LOST})
+
+
+@dataclass(slots=True)
+class KeyRecord:
+    """One key, as this client knows it."""
+
+    #: PENDING until settled, then one of ``SETTLED``.
+    status: str = PENDING
+    #: Set exactly when the status is ERROR, CANCELLED or LOST.
+    error: Failure | None = None
+    #: Live futures of this key; a record with none is not kept.
+    refs: int = 0
+    #: How many runs raised (retries included) when the task failed.
+    attempts: int = 1
+    #: Cancelled here; the scheduler's own "cancelled" for it is still to come.
+    cancel_echo: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """``key`` is settled: wake whoever waits for it."""
+
+    key: str
+    status: str
+    error: Failure | None
+
+
+@dataclass(frozen=True, slots=True)
+class Reset:
+    """``key`` is pending again: waiting for it waits anew."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """The last reference to ``key`` went: tell the scheduler it may drop it."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class NoticeText:
+    """A warning the scheduler sent (a request no worker can meet, ...)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """A message published on a topic this client subscribed to."""
+
+    message: TopicMessage
+
+
+@dataclass(frozen=True, slots=True)
+class Unexpected:
+    """A message a client has no use for: logged, not acted on."""
+
+    name: str
+
+
+Outcome = Settled | Reset | Release | NoticeText | Deliver | Unexpected
+
+
+@dataclass
+class ClientState:
+    """The keys a client holds futures of; see the module docstring."""
+
+    #: Every key with at least one live future, and nothing else.
+    keys: dict[str, KeyRecord] = field(default_factory=dict)
+    #: No more releases once closed: the scheduler forgets the client's keys itself.
+    closed: bool = False
+
+    # --- references -------------------------------------------------------------------
+
+    def ref(self, key: str) -> KeyRecord:
+        """One more future of ``key``; its record (new and pending if it had none)."""
+        record = self.keys.get(key)
+        if record is None:
+            record = self.keys[key] = KeyRecord()
+        record.refs += 1
+        return record
+
+    def unref(self, key: str) -> Release | None:
+        """One future of ``key`` fewer; a ``Release`` when that was the last one."""
+        record = self.keys.get(key)
+        if record is None:
+            return None
+        record.refs -= 1
+        if record.refs > 0:
+            return None
+        del self.keys[key]
+        return None if self.closed else Release(key)
+
+    # --- what this client does --------------------------------------------------------
+
+    def resubmitted(self, key: str) -> Reset | None:
+        """``key`` is submitted again: a cancelled one runs again, so it is pending."""
+        record = self.keys.get(key)
+        if record is None or record.status != CANCELLED:
+            return None
+        return self._reset(key, record)
+
+    def retried(self, key: str) -> Reset | None:
+        """``retry`` of a failed ``key``: pending before the request goes, so that the
+        outcome of the new run finds it waiting."""
+        record = self.keys.get(key)
+        if record is None or record.status != ERROR:
+            return None
+        return self._reset(key, record)
+
+    def cancel(self, keys: list[str]) -> list[Settled]:
+        """Cancelled here: each key not settled yet settles as cancelled at once (a
+        finished result stays finished), and expects the scheduler's echo."""
+        out = []
+        for key in keys:
+            record = self.keys.get(key)
+            if record is None or record.status != PENDING:
+                continue
+            out.append(
+                self._settle(key, record, CANCELLED, ("cancelled", f"{key!r} was cancelled", b""))
+            )
+            record.cancel_echo = True
+        return out
+
+    def scheduler_lost(self, reason: str, kind: str = "gone") -> list[Settled]:
+        """Nothing more will come from the scheduler: every pending key settles as lost,
+        with ``kind`` "gone" (``SchedulerGoneError``) or, once closed, "lost"."""
+        error: Failure = (kind, reason, b"")
+        return [
+            self._settle(key, record, LOST, error)
+            for key, record in self.keys.items()
+            if record.status == PENDING
+        ]
+
+    def close(self) -> None:
+        """The client is closing: futures dropped from now on release nothing."""
+        self.closed = True
+
+    # --- what the scheduler says ------------------------------------------------------
+
+    def handle(self, msg: Message) -> list[Outcome]:
+        """The outcomes of one message from the scheduler (replies excepted: the
+        session matches those to their requests)."""
+        if isinstance(msg, KeysDone):
+            return self._settle_all(msg.keys, FINISHED, None)
+        if isinstance(msg, TaskErred):
+            record = self.keys.get(msg.key)
+            if record is not None:
+                record.attempts = msg.attempts
+            return self._settle_all([msg.key], ERROR, ("exception", msg.exception, msg.traceback))
+        if isinstance(msg, KeysFailed):
+            status = CANCELLED if msg.kind == "cancelled" else ERROR
+            return self._settle_all(msg.keys, status, (msg.kind, msg.message, b""))
+        if isinstance(msg, KeysPending):
+            # Lost results, or failed ones run again by ``retry``: pending again.
+            out: list[Outcome] = []
+            for key in msg.keys:
+                record = self.keys.get(key)
+                if record is not None and record.status in (FINISHED, ERROR):
+                    out.append(self._reset(key, record))
+            return out
+        if isinstance(msg, TopicMessage):
+            return [Deliver(msg)]
+        if isinstance(msg, Notice):
+            return [NoticeText(msg.text)]
+        return [Unexpected(type(msg).__name__)]
+
+    def _settle_all(self, keys: list[str], status: str, error: Failure | None) -> list[Outcome]:
+        out: list[Outcome] = []
+        for key in keys:
+            record = self.keys.get(key)
+            if record is None:
+                continue  # released meanwhile: nobody waits for it
+            if record.cancel_echo:
+                record.cancel_echo = False
+                if status == CANCELLED:
+                    continue  # the echo of our own cancel: settled already, or resubmitted
+            if record.status == PENDING:
+                out.append(self._settle(key, record, status, error))
+        return out
+
+    @staticmethod
+    def _settle(key: str, record: KeyRecord, status: str, error: Failure | None) -> Settled:
+        record.status = status
+        record.error = error
+        return Settled(key, status, error)
+
+    @staticmethod
+    def _reset(key: str, record: KeyRecord) -> Reset:
+        record.status = PENDING
+        record.error = None
+        return Reset(key)
+
+
+def check_invariants(state: ClientState) -> None:
+    """Raise ``AssertionError`` where ``state`` breaks what its fields promise."""
+    for key, record in state.keys.items():
+        assert record.refs > 0, f"{key!r} kept with no reference"
+        assert record.status == PENDING or record.status in SETTLED, record.status
+        if record.status in (PENDING, FINISHED):
+            assert record.error is None, f"{key!r} {record.status} with an error"
+        else:
+            assert record.error is not None, f"{key!r} {record.status} without an error"
