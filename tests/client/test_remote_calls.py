@@ -28,10 +28,10 @@ from apportion.deploy.local_shape import worker_command, worker_spec
 from apportion.protocol.remote_calls import (
     NO_REPLY,
     CallAnswered,
+    CallOnWorkers,
     Install,
     InstallOnWorkers,
-    RunCall,
-    RunOnWorkers,
+    RemoteCall,
     Uninstall,
     UninstallFromWorkers,
     WorkersAnswered,
@@ -547,8 +547,8 @@ def sim() -> Iterator[SimulatedCluster]:
 
 
 def test_relay_answers_lost_for_a_worker_lost_mid_run(sim: SimulatedCluster) -> None:
-    sim.client_says("c1", RunOnWorkers(7, b"call", []))
-    (call1,), (call2,) = sent(sim, "w1", RunCall), sent(sim, "w2", RunCall)
+    sim.client_says("c1", CallOnWorkers(7, b"call", []))
+    (call1,), (call2,) = sent(sim, "w1", RemoteCall), sent(sim, "w2", RemoteCall)
     assert call1.call == call2.call == b"call"
     sim.worker_says("w1", CallAnswered(call1.request_id, "ok", b"one", b""))
     assert answers(sim) == []  # still waiting for w2
@@ -565,19 +565,19 @@ def test_relay_answers_lost_for_a_worker_lost_mid_run(sim: SimulatedCluster) -> 
 
 
 def test_relay_targets_by_name_or_address_and_refuses_unknown(sim: SimulatedCluster) -> None:
-    sim.client_says("c1", RunOnWorkers(1, b"f", ["beta", "sim://w2"]))
-    assert sent(sim, "w1", RunCall) == [] and len(sent(sim, "w2", RunCall)) == 1
-    sim.client_says("c1", RunOnWorkers(2, b"f", ["alpha", "gamma"]))
+    sim.client_says("c1", CallOnWorkers(1, b"f", ["beta", "sim://w2"]))
+    assert sent(sim, "w1", RemoteCall) == [] and len(sent(sim, "w2", RemoteCall)) == 1
+    sim.client_says("c1", CallOnWorkers(2, b"f", ["alpha", "gamma"]))
     (refused,) = answers(sim)
     assert refused.request_id == 2 and "'gamma'" in refused.error
-    assert sent(sim, "w1", RunCall) == []  # nothing runs when one name is unknown
+    assert sent(sim, "w1", RemoteCall) == []  # nothing runs when one name is unknown
 
 
 def test_relay_without_reply_and_client_leaving(sim: SimulatedCluster) -> None:
-    sim.client_says("c1", RunOnWorkers(NO_REPLY, b"f", []))
-    (call,) = sent(sim, "w1", RunCall)
+    sim.client_says("c1", CallOnWorkers(NO_REPLY, b"f", []))
+    (call,) = sent(sim, "w1", RemoteCall)
     assert call.request_id == NO_REPLY and not sim.state.remote.calls
-    sim.client_says("c1", RunOnWorkers(3, b"f", []))
+    sim.client_says("c1", CallOnWorkers(3, b"f", []))
     assert len(sim.state.remote.calls) == 1
     sim.remove_client("c1")
     assert not sim.state.remote.calls

@@ -85,10 +85,10 @@ from apportion.protocol.peer_data import (
 )
 from apportion.protocol.remote_calls import (
     CallAnswered,
+    CallOnWorkers,
     Install,
     InstallOnWorkers,
-    RunCall,
-    RunOnWorkers,
+    RemoteCall,
     Uninstall,
     UninstallFromWorkers,
     WorkersAnswered,
@@ -271,11 +271,11 @@ SAMPLES: list[Message] = [
     CancelRuns(14, [7]),
     RunsReport(13, [{"id": 7, "state": "running"}]),
     # code run on workers outside tasks
-    RunOnWorkers(15, b"call", ["w", "tcp://h:1"]),
+    CallOnWorkers(15, b"call", ["w", "tcp://h:1"]),
     InstallOnWorkers(16, "upload", "mod.py", b"X = 1", 1, 1),
     UninstallFromWorkers(17, "plugin-a"),
     WorkersAnswered(15, {"tcp://h:1": ["ok", b"v", b""]}, ""),
-    RunCall(3, b"call"),
+    RemoteCall(3, b"call"),
     Install(4, "plugin", "plugin-a", b"p", 0),
     Uninstall(5, "plugin-a"),
     CallAnswered(3, "error", b"exc", b"tb"),

@@ -56,7 +56,7 @@ from apportion.protocol.cluster import InfoRequest, RestartRequest
 from apportion.protocol.codec import HEADER, MAX_BODY
 from apportion.protocol.handshake import AuthChallenge, AuthHello, AuthProof, Hello, Welcome
 from apportion.protocol.peer_data import GetData, PutData
-from apportion.protocol.remote_calls import InstallOnWorkers, RunOnWorkers
+from apportion.protocol.remote_calls import CallOnWorkers, InstallOnWorkers
 from apportion.protocol.tasks import GatherRequest, SubmitTasks, TaskSpec, WhoHasRequest
 from apportion.scheduler.invariants import check_invariants
 from cli_processes import APPORTION, Processes, poll
@@ -235,7 +235,7 @@ def test_a_stalled_handshake_is_dropped_after_the_timeout_and_others_are_served_
 #: Messages an authenticated client may legitimately send that run code on the
 #: workers or reset the cluster: a fuzzed tag never becomes one of them, since what is
 #: tested is how malformed frames are handled, not what an authenticated peer may do.
-CONSEQUENTIAL = {RestartRequest.TAG, RunOnWorkers.TAG, InstallOnWorkers.TAG}
+CONSEQUENTIAL = {RestartRequest.TAG, CallOnWorkers.TAG, InstallOnWorkers.TAG}
 #: Examples of the fuzzing test: about 10 s on two cores.
 FUZZ_EXAMPLES = 2000
 #: The nonce of fuzzed hellos (any will do: their proofs are never made).

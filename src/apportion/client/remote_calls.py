@@ -27,8 +27,8 @@ from apportion.core import payload
 from apportion.protocol.cluster import DumpRequest, LogsReply, LogsRequest, VersionsRequest
 from apportion.protocol.remote_calls import (
     NO_REPLY,
+    CallOnWorkers,
     InstallOnWorkers,
-    RunOnWorkers,
     UninstallFromWorkers,
     WorkersAnswered,
 )
@@ -116,10 +116,10 @@ def run(
     # By value, as task functions travel: a script's own functions run on workers.
     call = payload.dumps_function((function, args, kwargs))
     if not wait:
-        link.post(RunOnWorkers(NO_REPLY, call, names))
+        link.post(CallOnWorkers(NO_REPLY, call, names))
         return link.ready(None)
     return link.ask(
-        lambda rid: RunOnWorkers(rid, call, names), partial(_answers, on_error=on_error)
+        lambda rid: CallOnWorkers(rid, call, names), partial(_answers, on_error=on_error)
     )
 
 
@@ -273,7 +273,7 @@ async def _get_versions(link: SchedulerLink, check: bool, extra: list[str]) -> d
     """On the session's loop: ask the scheduler and the workers."""
     scheduler = (await link.request(lambda rid: VersionsRequest(rid))).versions
     call = payload.dumps_function((_versions_here, (extra,), {}))
-    workers = _answers(await link.request(lambda rid: RunOnWorkers(rid, call, [])))
+    workers = _answers(await link.request(lambda rid: CallOnWorkers(rid, call, [])))
     result = {"scheduler": scheduler, "workers": workers, "client": _versions_here(extra)}
     if check:
         problems = mismatches({"client": result["client"], "scheduler": scheduler, **workers})

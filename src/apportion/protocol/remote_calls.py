@@ -1,8 +1,8 @@
 """Code run on workers outside tasks: client -> scheduler -> worker and back.
 
 A client asks the scheduler to run a call, install a file or a plugin, or remove
-one (``RunOnWorkers``, ``InstallOnWorkers``, ``UninstallFromWorkers``); the scheduler
-relays it to each worker (``RunCall``, ``Install``, ``Uninstall``), gathers their
+one (``CallOnWorkers``, ``InstallOnWorkers``, ``UninstallFromWorkers``); the scheduler
+relays it to each worker (``RemoteCall``, ``Install``, ``Uninstall``), gathers their
 ``CallAnswered`` and answers once (``WorkersAnswered``). One conversation, both legs.
 """
 
@@ -19,7 +19,7 @@ NO_REPLY = 0
 
 
 @message(65)
-class RunOnWorkers(Message):
+class CallOnWorkers(Message):
     """Client -> scheduler: run a pickled ``(function, args, kwargs)`` on workers."""
 
     request_id: int
@@ -62,7 +62,7 @@ class WorkersAnswered(Message):
 
 
 @message(69)
-class RunCall(Message):
+class RemoteCall(Message):
     """Scheduler -> worker: run this pickled call outside the task threads."""
 
     request_id: int
@@ -90,7 +90,7 @@ class Uninstall(Message):
 
 @message(72)
 class CallAnswered(Message):
-    """Worker -> scheduler: how a ``RunCall``, ``Install`` or ``Uninstall`` went."""
+    """Worker -> scheduler: how a ``RemoteCall``, ``Install`` or ``Uninstall`` went."""
 
     request_id: int
     status: str  #: "ok" or "error"

@@ -46,8 +46,8 @@ from apportion.protocol.coordination import (
 from apportion.protocol.peer_data import DataReply, DataStored
 from apportion.protocol.remote_calls import (
     CallAnswered,
+    CallOnWorkers,
     InstallOnWorkers,
-    RunOnWorkers,
     UninstallFromWorkers,
 )
 from apportion.protocol.services import (
@@ -210,7 +210,7 @@ CLIENT_HANDLERS: dict[type[Message], Callable[[SchedulerState, ClientRecord, Any
     StatusRequest: client_requests.cluster_status,
     StoryRequest: client_requests.story,
     DumpRequest: client_requests.dump,
-    RunOnWorkers: remote_calls.run,
+    CallOnWorkers: remote_calls.run,
     InstallOnWorkers: remote_calls.install,
     UninstallFromWorkers: remote_calls.uninstall,
     VersionsRequest: remote_calls.versions,

@@ -255,7 +255,7 @@ class Installation:
 
 
 @dataclass(frozen=True, slots=True)
-class SendRunCall:
+class SendRemoteCall:
     """Run a client's pickled call on the worker, outside tasks."""
 
     worker_id: str
@@ -444,7 +444,7 @@ WorkerCommand = (
     | SendRestartWorker
     | SendDrainDone
     | SendRefused
-    | SendRunCall
+    | SendRemoteCall
     | SendInstall
     | SendUninstall
 )

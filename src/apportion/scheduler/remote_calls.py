@@ -1,7 +1,7 @@
 """Code run on workers outside tasks: relayed calls, kept uploads and plugins, facts.
 
 The scheduler runs no user code and unpickles no payload (DESIGN.md): a client's
-``run`` arrives as opaque bytes, goes to each chosen worker as one ``SendRunCall``, and
+``run`` arrives as opaque bytes, goes to each chosen worker as one ``SendRemoteCall``, and
 the answers are collected in a ``RemoteBook`` entry until every worker has answered;
 a worker that leaves first answers "lost", so a call never waits for the dead.
 
@@ -19,13 +19,13 @@ from apportion.protocol.cluster import LogsReply, LogsRequest, VersionsReply, Ve
 from apportion.protocol.remote_calls import (
     NO_REPLY,
     CallAnswered,
+    CallOnWorkers,
     InstallOnWorkers,
-    RunOnWorkers,
     UninstallFromWorkers,
     WorkersAnswered,
 )
 from apportion.scheduler.books import MAX_KEPT_BYTES, Call
-from apportion.scheduler.events import Installation, SendInstall, SendRunCall, SendUninstall
+from apportion.scheduler.events import Installation, SendInstall, SendRemoteCall, SendUninstall
 from apportion.scheduler.records import ClientRecord, WorkerRecord
 from apportion.scheduler.state import SchedulerState
 
@@ -39,7 +39,7 @@ KINDS = ("upload", "plugin")
 # --- client requests ---------------------------------------------------------------
 
 
-def run(state: SchedulerState, client: ClientRecord, msg: RunOnWorkers) -> None:
+def run(state: SchedulerState, client: ClientRecord, msg: CallOnWorkers) -> None:
     """Send the call to the named workers (every worker when none is named)."""
     targets, unknown = _targets(state, msg.workers)
     if unknown:
@@ -51,7 +51,7 @@ def run(state: SchedulerState, client: ClientRecord, msg: RunOnWorkers) -> None:
         client.id,
         msg.request_id,
         targets,
-        lambda worker_id, rid: SendRunCall(worker_id, rid, msg.call),
+        lambda worker_id, rid: SendRemoteCall(worker_id, rid, msg.call),
     )
 
 
@@ -169,7 +169,7 @@ def _start(
     client_id: str,
     request_id: int,
     targets: dict[str, str],
-    make: Callable[[str, int], SendRunCall | SendInstall | SendUninstall],
+    make: Callable[[str, int], SendRemoteCall | SendInstall | SendUninstall],
 ) -> None:
     """One command per target, ``make(worker id, request id)``; collect the answers if
     the client waits for them."""

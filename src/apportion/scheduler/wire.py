@@ -18,7 +18,7 @@ from apportion.protocol.base import Message
 from apportion.protocol.coordination import TopicMessage
 from apportion.protocol.handshake import Refused
 from apportion.protocol.peer_data import GetData, PutData
-from apportion.protocol.remote_calls import Install, RunCall, Uninstall
+from apportion.protocol.remote_calls import Install, RemoteCall, Uninstall
 from apportion.protocol.services import (
     ForwardedRequest,
     TaskNoted,
@@ -56,8 +56,8 @@ from apportion.scheduler.events import (
     SendPutData,
     SendRefused,
     SendRejoinGranted,
+    SendRemoteCall,
     SendRestartWorker,
-    SendRunCall,
     SendStealRequest,
     SendTaskErred,
     SendTaskNoted,
@@ -100,7 +100,7 @@ _CONVERTERS: dict[type[Any], Callable[[Any], tuple[str, Message]]] = {
     SendRestartWorker: lambda c: (c.worker_id, RestartWorker(c.reason)),
     SendDrainDone: lambda c: (c.worker_id, DrainDone(c.handed_off)),
     SendRefused: lambda c: (c.worker_id, Refused(c.reason)),
-    SendRunCall: lambda c: (c.worker_id, RunCall(c.request_id, c.call)),
+    SendRemoteCall: lambda c: (c.worker_id, RemoteCall(c.request_id, c.call)),
     SendInstall: _install,
     SendUninstall: lambda c: (c.worker_id, Uninstall(c.request_id, c.name)),
     SendKeysDone: lambda c: (c.client_id, KeysDone(c.keys)),

@@ -1,6 +1,6 @@
 """What a worker runs outside its task threads: ``client.run`` calls, uploads, plugins.
 
-A ``RunCall`` runs on a thread of its own (a coroutine function on the event loop,
+A ``RemoteCall`` runs on a thread of its own (a coroutine function on the event loop,
 as Dask does), so a call reaches a worker whose task threads are all busy, and a
 slow call never holds up the loop. Uploads and plugins are installed on the loop,
 in the order they arrive: a task sent after an upload finds it importable.
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from apportion.core.payload import dumps, loads
 from apportion.log_ring import LogRing
-from apportion.protocol.remote_calls import NO_REPLY, CallAnswered, Install, RunCall, Uninstall
+from apportion.protocol.remote_calls import NO_REPLY, CallAnswered, Install, RemoteCall, Uninstall
 from apportion.worker.execution import pack_exception
 from apportion.worker.local_directory import LocalDirectory
 
@@ -77,9 +77,9 @@ class RemoteCallRunner:
     def start(self) -> None:
         self.logs.attach()
 
-    def handle(self, message: RunCall | Install | Uninstall) -> None:
+    def handle(self, message: RemoteCall | Install | Uninstall) -> None:
         """On the loop: start a call, or install or remove something, and answer."""
-        if isinstance(message, RunCall):
+        if isinstance(message, RemoteCall):
             self._run(message)
         elif isinstance(message, Install):
             self._answer_soon(message.request_id, self._install, message)
@@ -106,7 +106,7 @@ class RemoteCallRunner:
 
     # --- client.run ------------------------------------------------------------------
 
-    def _run(self, message: RunCall) -> None:
+    def _run(self, message: RemoteCall) -> None:
         try:
             function, args, kwargs = loads(message.call)
             if "dask_worker" in parameter_names(function):

@@ -37,7 +37,7 @@ from apportion.protocol.base import Message
 from apportion.protocol.codec import ProtocolError
 from apportion.protocol.handshake import Refused
 from apportion.protocol.peer_data import DIRECT_PUT, DataReply, DataStored, GetData, PutData
-from apportion.protocol.remote_calls import Install, RunCall, Uninstall
+from apportion.protocol.remote_calls import Install, RemoteCall, Uninstall
 from apportion.protocol.worker import (
     ComputeTask,
     DrainDone,
@@ -566,7 +566,7 @@ class Worker(BackgroundService):
                     if self.long_lived is not None:
                         self.long_lived.cancel_keys(message.keys)
                     events.append(FreeArrived(tuple(message.keys), now))
-                case RunCall() | Install() | Uninstall():
+                case RemoteCall() | Install() | Uninstall():
                     self.remote_calls.handle(message)
                 case DrainDone():
                     self._drained.set()
