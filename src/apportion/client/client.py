@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hashlib
 import inspect
 import itertools
 import logging
@@ -27,7 +26,6 @@ from collections.abc import (
     Iterable,
     Iterator,
     Mapping,
-    Sequence,
 )
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
@@ -40,11 +38,11 @@ from apportion.client import (
     remote_calls,
     shapes,
     shared_data,
+    submission,
     task_stream,
     topics,
     transfers,
 )
-from apportion.client.actors import actor_task
 from apportion.client.asynchronous import Ready, awaited, settled
 from apportion.client.connect import (
     cluster_address,
@@ -53,15 +51,12 @@ from apportion.client.connect import (
     scheduler_file_from_environment,
     start_cluster,
 )
-from apportion.client.errors import SchedulerGoneError, SerializationError
+from apportion.client.errors import SerializationError
 from apportion.client.future import CallbackRunner, Future, KeyState
-from apportion.client.graph import canonical_keys, flatten_keys, graph_tasks, wire_key
-from apportion.client.large_arguments import warn_if_large
 from apportion.client.link import ClientLink, SchedulerLink
-from apportion.client.restrictions import ANYWHERE, Where, where_to_run, worker_names
-from apportion.client.session import Session, TaskBatch
+from apportion.client.restrictions import worker_names
+from apportion.client.session import Session
 from apportion.client.state import (
-    CANCELLED,
     ERROR,
     PENDING,
     ClientState,
@@ -73,9 +68,7 @@ from apportion.client.state import (
     Settled,
 )
 from apportion.core import payload
-from apportion.core.demand import PLAIN, Demand, demand_of
 from apportion.core.durations import Duration, seconds
-from apportion.core.resources import ResourceSpec
 from apportion.deploy import local
 from apportion.deploy.cluster import ClusterManager
 from apportion.deploy.local import LocalCluster
@@ -90,17 +83,12 @@ from apportion.protocol.tasks import (
     CancelKeys,
     RetryKeys,
     ScatterRequest,
-    SubmitTasks,
-    TaskSpec,
-    WhoHasRequest,
 )
 
 if TYPE_CHECKING:
     from apportion.client.executor import ClientExecutor
 
 logger = logging.getLogger("apportion.client")
-
-_FUNC_CACHE_SIZE = 512
 
 T = TypeVar("T")
 
@@ -215,7 +203,7 @@ class Client:
         self._state = ClientState()
         #: Each key of ``_state``'s waiters, woken as the state says: same keys.
         self._waiting: dict[str, KeyState] = {}
-        self._functions: dict[Any, tuple[str, bytes]] = {}
+        self._function = submission.FunctionCache()
         self._callbacks = CallbackRunner()
         self._dask_default = set_as_default
         if asynchronous:
@@ -369,242 +357,15 @@ class Client:
 
     # --- submitting -----------------------------------------------------------------
 
-    def _function(self, func: Callable[..., Any]) -> tuple[str, bytes]:
-        """Pickle ``func`` once; cache by identity so a loop of submits reuses it."""
-        try:
-            cached = self._functions.get(func)
-        except TypeError:  # unhashable callable
-            cached = None
-        if cached is not None:
-            return cached
-        blob = payload.dumps_function(func)
-        entry = (payload.function_id(blob), blob)
-        with contextlib.suppress(TypeError):
-            if len(self._functions) >= _FUNC_CACHE_SIZE:
-                self._functions.clear()
-            self._functions[func] = entry
-        return entry
-
-    def _task(
-        self,
-        func: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: Mapping[str, Any],
-        *,
-        key: str | None,
-        demand: Demand,
-        priority: int,
-        retries: int,
-        pure: bool,
-        where: Where = ANYWHERE,
-        actor: bool = False,
-    ) -> Future:
-        if not callable(func):
-            raise TypeError(f"first argument must be callable, not {type(func).__name__}")
-        if key is not None and not isinstance(key, str):
-            raise TypeError(f"key must be a str, not {type(key).__name__}: {key!r}")
-        func_id, blob = self._function(func)
-        args_blob, deps = payload.pack_call(args, kwargs)
-        name = getattr(func, "__name__", type(func).__name__)
-        warn_if_large(payload.size_of(args_blob), f"the arguments of {name!r}")
-        if key is None:
-            if pure:
-                # The demand is part of the identity: the same call asking for other
-                # resources must not be merged into an existing task.
-                digest = hashlib.blake2b(func_id.encode(), digest_size=16)
-                payload.hash_into(digest, args_blob)
-                if demand != PLAIN:
-                    digest.update(repr([sorted(a.items()) for a in demand.alternatives]).encode())
-                if where != ANYWHERE:  # so is where it may run, for the same reason
-                    digest.update(repr(where).encode())
-                key = f"{name}-{digest.hexdigest()}"
-            else:
-                key = f"{name}-{self._unique}{next(self._counter)}"
-        future = Future(key, self)
-        if future._state.status == CANCELLED:
-            self._again(key)  # submitted again after a cancel: it runs again
-        first, alternatives = demand.wire()
-        spec = TaskSpec(
-            key,
-            func_id,
-            args_blob,
-            sorted(deps),
-            first,
-            priority,
-            retries,
-            alternatives,
-            *where,
-            actor=int(actor),
-        )
-        self._post_tasks([(spec, blob, True)])
-        return future
-
-    def submit(
-        self,
-        func: Callable[..., Any],
-        *args: Any,
-        key: str | None = None,
-        workers: Any = None,
-        resources: ResourceSpec | Sequence[ResourceSpec] = None,
-        retries: int | None = 0,
-        priority: int = 0,
-        fifo_timeout: Any = "100 ms",
-        allow_other_workers: bool | None = False,
-        actor: bool = False,
-        actors: bool = False,
-        pure: bool = True,
-        loose_restrictions: bool | None = None,
-        **kwargs: Any,
-    ) -> Future:
-        """Run ``func(*args, **kwargs)`` on a worker where ``resources`` are free.
-
-        Futures anywhere in the arguments become dependencies and are replaced by
-        their results on the worker. With ``pure=True`` (the default, as in Dask)
-        the same call yields the same key, so it is computed once.
-
-        Dask's scheduling keywords never reach ``func``: ``workers=`` (addresses,
-        names or hosts) restricts where it runs, ``allow_other_workers=True`` (or
-        ``loose_restrictions=True``) makes that a preference. ``fifo_timeout`` has
-        no effect: tasks start in submission order (within a priority) exactly.
-        ``actor=True`` (or ``actors=True``) makes ``func``, a class, an actor: the
-        object stays on its worker, holding the task's resources, and the future's
-        result is an ``Actor`` handle whose method calls go straight to it.
-        """
-        self._link.check_open()
-        return self._task(
-            actor_task(func) if actor or actors else func,
-            args,
-            kwargs,
-            key=key,
-            demand=demand_of(resources),
-            priority=priority,
-            retries=retries or 0,
-            pure=pure and not (actor or actors),  # every actor is an object of its own
-            where=where_to_run(workers, allow_other_workers, loose_restrictions),
-            actor=actor or actors,
-        )
-
-    def map(
-        self,
-        func: Callable[..., Any],
-        *iterables: Iterable[Any],
-        key: str | list[str] | None = None,
-        workers: Any = None,
-        retries: int | None = 0,
-        resources: ResourceSpec | Sequence[ResourceSpec] = None,
-        priority: int = 0,
-        allow_other_workers: bool | None = False,
-        fifo_timeout: Any = "100 ms",
-        actor: bool = False,
-        actors: bool = False,
-        pure: bool = True,
-        batch_size: int | None = None,
-        loose_restrictions: bool | None = None,
-        **kwargs: Any,
-    ) -> list[Future]:
-        """``submit`` over zipped iterables; ``func`` is pickled once for all tasks.
-
-        Takes ``submit``'s scheduling keywords, for every task. ``batch_size`` has
-        no effect: every submission already travels in batches, one message per
-        loop turn.
-        """
-        self._link.check_open()
-        as_actors = actor or actors
-        if as_actors:
-            func = actor_task(func)
-        where = where_to_run(workers, allow_other_workers, loose_restrictions)
-        demand = demand_of(resources)
-        calls = list(zip(*iterables, strict=False))
-        if isinstance(key, list):
-            if len(key) != len(calls):
-                raise ValueError(f"{len(key)} keys given for {len(calls)} tasks")
-            keys: list[str | None] = list(key)
-        else:
-            keys = [None] * len(calls)
-        prefix = key if isinstance(key, str) else None
-        out = []
-        for i, (call_args, task_key) in enumerate(zip(calls, keys, strict=True)):
-            if prefix is not None:
-                task_key = f"{prefix}-{i}"
-            out.append(
-                self._task(
-                    func,
-                    call_args,
-                    kwargs,
-                    key=task_key,
-                    demand=demand,
-                    priority=priority,
-                    retries=retries or 0,
-                    pure=pure and not as_actors,
-                    where=where,
-                    actor=as_actors,
-                )
-            )
-        return out
+    submit = submission.submit
+    map = submission.map
+    _submit_graph = submission.submit_graph
+    _caught_up = submission.caught_up
 
     # Dask's collections, and Dask's scheduler function (dask_calls.py).
     get = dask_calls.get
     compute = dask_calls.compute
     persist = dask_calls.persist
-
-    def _caught_up(self) -> None:
-        """Return once the scheduler has everything this client sent so far: another
-        client's graph may use keys this one submitted, and connections do not keep
-        order between them."""
-        with contextlib.suppress(SchedulerGoneError):
-            # Straight on the loop, not ``call``: an asynchronous client's persist has
-            # no awaitable form, and one round trip is all it blocks for.
-            session = self._session
-            session.loop.run(session.request(WhoHasRequest(session.next_id(), [])), self.timeout)
-
-    def _post_tasks(self, batch: TaskBatch) -> None:
-        self._session.post(batch)
-        if not self._session.connected:
-            # Closed, or the scheduler gone, while these were being prepared: the
-            # settling of every future that went with it came before these existed.
-            if self._closed:
-                self._scheduler_gone(f"the client for {self.scheduler_address} was closed", "lost")
-            else:
-                self._scheduler_gone(f"lost the connection to {self.scheduler_address}")
-
-    def _submit_graph(
-        self,
-        dsk: Mapping[Any, Any],
-        keys: Any,
-        resources: ResourceSpec | Mapping[Any, ResourceSpec],
-        priority: int,
-        retries: int,
-        annotations: Mapping[str, Mapping[Any, Any]],
-        where: Where = ANYWHERE,
-    ) -> dict[Any, Future]:
-        """Send the tasks ``keys`` need; a future for each of ``keys``, by graph key."""
-        self._link.check_open()
-        for other in _other_clients(self, dsk):
-            other._caught_up()
-        canon = canonical_keys(dsk)
-        roots = {canon.get(k, k) for k in flatten_keys(keys)}
-        tasks = list(
-            graph_tasks(
-                self._function, dsk, keys, resources, priority, retries, annotations, canon, where
-            )
-        )
-        embedded = sum(payload.size_of(spec.args) for spec, _ in tasks)
-        warn_if_large(embedded, f"the values in this graph's {len(tasks)} tasks")
-        futures = {key: Future(wire_key(key), self) for key in roots}
-        wanted = {future.key: future for future in futures.values()}
-        for spec, _ in tasks:
-            future = wanted.get(spec.key)
-            if future is not None and future._state.status == CANCELLED:
-                self._again(future.key)  # computed again after a cancel: it runs again
-        # One outbox item, so the graph reaches the scheduler in one message: a split
-        # graph would see its unwanted first half released before the rest arrived.
-        self._post_tasks([(spec, blob, spec.key in wanted) for spec, blob in tasks])
-        # Keys with no task sent are parts that exist already (persisted, maybe by
-        # another client): this client wants them too.
-        existing = wanted.keys() - {spec.key for spec, _ in tasks}
-        if existing:
-            self._session.post(SubmitTasks([], {}, sorted(existing)))
-        return futures
 
     # --- results --------------------------------------------------------------------
 
@@ -1069,18 +830,6 @@ def default_client(c: Client | None = None) -> Client:
             "cluster or Client('tcp://scheduler:8786')"
         )
     return client
-
-
-def _other_clients(client: Client, dsk: Mapping[Any, Any]) -> set[Client]:
-    """The other open clients whose futures ``dsk`` holds as parts (a collection one
-    of them persisted)."""
-    others: set[Client] = set()
-    for value in dsk.values():
-        part = getattr(value, "value", value)  # a persisted part wraps its future
-        owner = part._client if isinstance(part, Future) else None
-        if isinstance(owner, Client) and owner is not client and not owner._closed:
-            others.add(owner)
-    return others
 
 
 async def _then(stored: Awaitable[Any], value: T) -> T:
