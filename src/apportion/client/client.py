@@ -25,25 +25,23 @@ from collections.abc import (
     Generator,
     Iterable,
     Iterator,
-    Mapping,
 )
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from apportion.client import (
-    actors,
     cluster_control,
     dask_calls,
     dask_default,
+    data_calls,
     remote_calls,
     shapes,
     shared_data,
     submission,
     task_stream,
     topics,
-    transfers,
 )
-from apportion.client.asynchronous import Ready, awaited, settled
+from apportion.client.asynchronous import Ready, awaited
 from apportion.client.connect import (
     cluster_address,
     from_scheduler_file,
@@ -51,14 +49,11 @@ from apportion.client.connect import (
     scheduler_file_from_environment,
     start_cluster,
 )
-from apportion.client.errors import SerializationError
 from apportion.client.future import CallbackRunner, Future, KeyState
 from apportion.client.link import ClientLink, SchedulerLink
-from apportion.client.restrictions import worker_names
 from apportion.client.session import Session
 from apportion.client.state import (
     ERROR,
-    PENDING,
     ClientState,
     Deliver,
     NoticeText,
@@ -67,7 +62,6 @@ from apportion.client.state import (
     Reset,
     Settled,
 )
-from apportion.core import payload
 from apportion.core.durations import Duration, seconds
 from apportion.deploy import local
 from apportion.deploy.cluster import ClusterManager
@@ -82,7 +76,6 @@ from apportion.protocol.cluster import (
 from apportion.protocol.tasks import (
     CancelKeys,
     RetryKeys,
-    ScatterRequest,
 )
 
 if TYPE_CHECKING:
@@ -91,9 +84,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("apportion.client")
 
 T = TypeVar("T")
-
-#: Rounds of "lost meanwhile, wait for the recomputation, ask again" in one gather.
-_GATHER_ATTEMPTS = 5
 
 _UNEXPECTED = "ignored unexpected %s from the scheduler"
 
@@ -369,163 +359,10 @@ class Client:
 
     # --- results --------------------------------------------------------------------
 
-    def gather(
-        self,
-        futures: Any,
-        errors: str = "raise",
-        direct: bool | None = None,
-        asynchronous: bool | None = None,
-    ) -> Any:
-        """Results for a future, or a list/tuple/dict/set of them (same shape back).
-
-        ``errors="raise"`` re-raises the first failure; ``errors="skip"`` leaves failed
-        futures out of the result, as Dask does. ``direct`` overrides the client's
-        ``direct_to_workers`` for this call. Awaitable, for an asynchronous client.
-        """
-        if errors not in ("raise", "skip"):
-            raise ValueError(f"errors must be 'raise' or 'skip', not {errors!r}")
-        return self._link.run(self._gather, futures, errors, direct, asynchronous=asynchronous)
-
-    async def _gather(self, futures: Any, errors: str, direct: bool | None) -> Any:
-        """On the session's loop: wait for ``futures``, then fetch their results."""
-        found: list[Future] = []
-        shapes.collect(futures, found)
-        for fut in found:
-            if not fut._state.event.is_set():
-                await settled(fut._state)
-        values: dict[str, Any] = {}
-        for fut in found:
-            exc = fut._state.exception_object()
-            if exc is not None:
-                if errors == "raise":
-                    try:
-                        raise exc
-                    finally:
-                        del exc  # else this frame and the exception's traceback hold each other
-                values[fut.key] = shapes.SKIPPED
-        wanted = [f.key for f in found if f.key not in values]
-        if wanted:
-            values.update(await self._gather_keys_async(wanted, direct))
-        return shapes.rebuild(futures, values)
-
-    def _gather_keys(self, keys: list[str]) -> dict[str, Any]:
-        """Fetch results, waiting here (see ``_gather_keys_async``)."""
-        return self._session.run(self._gather_keys_async(keys))
-
-    async def _gather_keys_awaited(self, keys: list[str]) -> dict[str, Any]:
-        """Fetch results, awaited in the caller's running loop."""
-        return await awaited(self._session.loop, self._gather_keys_async, keys)
-
-    async def _gather_keys_async(
-        self, keys: list[str], direct: bool | None = None
-    ) -> dict[str, Any]:
-        """On the session's loop: fetch and unpickle results; keys lost meanwhile are
-        waited for while they are recomputed."""
-        wanted = list(dict.fromkeys(keys))
-        mode = self.direct_to_workers if direct is None else direct
-        out: dict[str, Any] = {}
-        for _ in range(_GATHER_ATTEMPTS):
-            blobs, missing, errors = await transfers.fetch(self._session, wanted, mode)
-            if errors:
-                raise SerializationError(next(iter(errors.values())))
-            with actors.binding(self):
-                out.update((key, payload.loads(blob)) for key, blob in blobs.items())
-            if not missing:
-                return out
-            # A result lost with its worker comes back as pending (KeysPending, which
-            # the scheduler sends before this reply): wait for it and ask again.
-            states = [self._waiting.get(key) for key in missing]
-            if any(s is None or s.status != PENDING for s in states):
-                raise _missing_error(missing)
-            for state in states:
-                assert state is not None
-                await settled(state)
-                exc = state.exception_object()
-                if exc is not None:
-                    try:
-                        raise exc
-                    finally:
-                        del exc  # else this frame and the exception's traceback hold each other
-            wanted = missing
-        raise _missing_error(wanted)
-
-    def scatter(
-        self,
-        data: Any,
-        workers: Any = None,
-        broadcast: bool = False,
-        direct: bool | None = None,
-        hash: bool = True,
-        timeout: Duration | None = None,
-        asynchronous: bool | None = None,
-    ) -> Any:
-        """Put local data on workers; returns futures in the shape given (list, dict, one).
-
-        ``workers`` (names, addresses or hosts) limits where the data goes; it waits
-        for such a worker if none is connected. ``broadcast=True`` copies every value
-        to each of those workers (all, by default). ``direct=True`` sends the data to
-        the workers' data ports instead of through the scheduler (default: the
-        client's ``direct_to_workers``). ``hash=False`` gives equal values distinct
-        keys. ``timeout`` bounds the wait for the data to be stored. Awaitable, for an
-        asynchronous client.
-        """
-        self._link.check_open()
-        allowed = worker_names(workers)
-        names, items = shapes.scatter_items(data, hash, self._unique_name)
-        awaitable = self.asynchronous if asynchronous is None else asynchronous
-        if not items:  # nothing to store
-            empty = {} if isinstance(data, Mapping) else type(data)()
-            return Ready(empty) if awaitable else empty
-        futures = {name: Future(name, self) for name in names}
-        if isinstance(data, Mapping):
-            shaped: Any = {k: futures[name] for k, name in zip(data, names, strict=True)}
-        elif isinstance(data, list | tuple):
-            shaped = type(data)(futures[n] for n in names)
-        else:
-            shaped = futures[names[0]]
-        wait = self.timeout if timeout is None else seconds(timeout) or 0.0
-        mode = self.direct_to_workers if direct is None else direct
-        store = (self._scatter, items, futures, allowed, mode, wait, broadcast)
-        if awaitable:
-            return _then(self._link.run(*store, asynchronous=True), shaped)
-        self._link.run(*store, asynchronous=False)
-        return shaped
-
-    async def _scatter(
-        self,
-        items: dict[str, payload.Pickled],
-        futures: dict[str, Future],
-        allowed: list[str],
-        mode: bool | None,
-        wait: float,
-        broadcast: bool,
-    ) -> None:
-        """On the session's loop: store ``items`` and wait for their futures."""
-        size = sum(map(payload.size_of, items.values()))
-        try:
-            async with asyncio.timeout(wait):
-                left = items
-                if mode or (mode is None and size >= transfers.DIRECT_FROM):
-                    left = await transfers.scatter_direct(
-                        self._session, items, allowed, strict=bool(mode)
-                    )
-                if left:
-                    await self._session.request(
-                        ScatterRequest(self._session.next_id(), left, allowed)
-                    )
-                for fut in futures.values():
-                    await settled(fut._state)
-        except TimeoutError:
-            self._session.post(CancelKeys(list(futures)))  # not stored later for nobody
-            where = f" on a worker matching {allowed}" if allowed else ""
-            raise TimeoutError(f"scattered data was not stored{where} within {wait:g}s") from None
-        failed = next(iter(futures.values()))._state.exception_object()
-        if failed is not None:
-            raise failed
-        if broadcast:
-            await shared_data.copy_results(
-                self._link, list(futures.values()), None, allowed or None
-            )
+    gather = data_calls.gather
+    _gather_keys = data_calls.gather_keys
+    _gather_keys_awaited = data_calls.gather_keys_awaited
+    scatter = data_calls.scatter
 
     def cancel(self, futures: Future | Iterable[Future]) -> Any:
         """Cancel queued or running tasks; their futures (and dependents) fail as cancelled.
@@ -832,22 +669,10 @@ def default_client(c: Client | None = None) -> Client:
     return client
 
 
-async def _then(stored: Awaitable[Any], value: T) -> T:
-    """``value``, once ``stored`` is done."""
-    await stored
-    return value
-
-
 async def _within(outcome: Awaitable[T], timeout: float | None) -> T:
     """``outcome`` awaited, within ``timeout``."""
     async with asyncio.timeout(timeout):
         return await outcome
-
-
-def _missing_error(keys: list[str]) -> BaseException:
-    from apportion.client.errors import LostDataError
-
-    return LostDataError(f"results no longer held by any worker: {keys[:5]}")
 
 
 local.client_type = Client  # LocalCluster.get_client makes these (see ``local.client_type``)
