@@ -26,11 +26,11 @@ from collections.abc import (
     Iterable,
     Iterator,
 )
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from apportion.client import (
     cluster_control,
+    connect,
     dask_calls,
     dask_default,
     data_calls,
@@ -41,19 +41,16 @@ from apportion.client import (
     task_stream,
     topics,
 )
-from apportion.client.asynchronous import Ready, awaited
+from apportion.client.asynchronous import Ready
 from apportion.client.connect import (
     cluster_address,
     from_scheduler_file,
-    ignore_client_options,
     scheduler_file_from_environment,
-    start_cluster,
 )
 from apportion.client.future import CallbackRunner, Future, KeyState
 from apportion.client.link import ClientLink, SchedulerLink
 from apportion.client.session import Session
 from apportion.client.state import (
-    ERROR,
     ClientState,
     Deliver,
     NoticeText,
@@ -66,16 +63,10 @@ from apportion.core.durations import Duration, seconds
 from apportion.deploy import local
 from apportion.deploy.cluster import ClusterManager
 from apportion.deploy.local import LocalCluster
-from apportion.net.scheduler_claim import SchedulerFileBusy, holder_of
-from apportion.net.scheduler_file import write_scheduler_file
 from apportion.net.security import Security, security_for
 from apportion.protocol.base import Message
-from apportion.protocol.cluster import (
-    InfoRequest,
-)
 from apportion.protocol.tasks import (
     CancelKeys,
-    RetryKeys,
 )
 
 if TYPE_CHECKING:
@@ -154,25 +145,12 @@ class Client:
         self.cluster: LocalCluster | None = None
         #: Connecting, for an asynchronous client being awaited (``__await__``).
         self._starting: asyncio.Future[Client] | None = None
-        if address is None:
-            # Dask's Client hands every keyword it does not know to the LocalCluster;
-            # an asynchronous one's cluster starts when the client is awaited.
-            options = {**cluster_options, "asynchronous": True} if asynchronous else cluster_options
-            if security is not None:
-                options["security"], security = security, None  # the cluster's from now on
-            self._own_cluster = self.cluster = start_cluster(options)
-            address = self.cluster
-        else:
-            ignore_client_options(cluster_options)
-        if security is True:
-            raise ValueError(
-                "security=True makes temporary certificates for a cluster started here "
-                "(Client(security=True) with no address); a client of a running scheduler "
-                "takes that scheduler's Security"
-            )
+        address, given, self._own_cluster = connect.cluster_to_use(
+            address, security, cluster_options, asynchronous
+        )
         if isinstance(address, LocalCluster):
             self.cluster = address
-        address, given = cluster_address(address, security or None, asynchronous)
+        address, given = cluster_address(address, given, asynchronous)
         self.scheduler_address = address
         #: What this client proves to the scheduler and workers, and expects of them.
         self.security = security_for(address, given)
@@ -237,27 +215,20 @@ class Client:
             await self.cluster  # starts an asynchronous one not started yet
             self.scheduler_address = self.cluster.scheduler_address
         try:
-            session = Session(
+            session, identity = await connect.session_async(
                 self.scheduler_address,
                 self.name,
                 self.timeout,
                 self._on_message,
                 self._scheduler_gone,
-                security=self.security,
-                asynchronous=True,
+                self.security,
             )
-            try:
-                await awaited(session.loop, session.connect, timeout=session.connect_timeout)
-                info = await awaited(session.loop, session.request, InfoRequest(session.next_id()))
-            except BaseException:
-                session.loop.stop()
-                raise
         except BaseException:
             if self._own_cluster is not None:
                 await self._own_cluster._close_async()
             raise
         self._link.session = session
-        self._link.remember(info.info)
+        self._link.remember(identity)
         if self._dask_default:
             dask_default.register(self)
         return self
@@ -351,6 +322,7 @@ class Client:
     map = submission.map
     _submit_graph = submission.submit_graph
     _caught_up = submission.caught_up
+    retry = submission.retry
 
     # Dask's collections, and Dask's scheduler function (dask_calls.py).
     get = dask_calls.get
@@ -418,13 +390,8 @@ class Client:
         ``SchedulerFileBusy`` (an ``OSError``) if a running scheduler holds that file
         (``$APPORTION_HOME/scheduler.json`` while ``apportion scheduler`` runs): it is
         that scheduler's, which the user's commands reach through it."""
-        if self.security.token is None:
-            raise ValueError("this client holds no secret to write")
-        holder = holder_of(scheduler_file)
-        if holder is not None:
-            raise SchedulerFileBusy(Path(scheduler_file), holder)
         identity = self._link.identity.get("id", "")
-        write_scheduler_file(scheduler_file, self.scheduler_address, self.security.token, identity)
+        connect.write_client_file(scheduler_file, self.scheduler_address, self.security, identity)
 
     def sync(
         self,
@@ -545,20 +512,6 @@ class Client:
 
     def _unique_name(self) -> str:
         return f"{self._unique}{next(self._counter)}"
-
-    def retry(self, futures: Any) -> Any:
-        """Run failed futures again, with the failed tasks they depend on; they go back
-        to pending. A failure the scheduler has forgotten fails again, saying so.
-        Done at once; an asynchronous client returns an awaitable as well, as Dask's."""
-        from apportion.client.waiting import futures_of
-
-        self._link.check_open()
-        keys = list(dict.fromkeys(f.key for f in futures_of(futures) if f.status == ERROR))
-        for key in keys:  # before the request: the new run's outcome must find it pending
-            self._again(key, retry=True)
-        if keys:
-            self._session.post(RetryKeys(keys))
-        return self._link.ready(None)
 
     def shutdown(self) -> Any:
         """Close this client and its cluster, even one it did not start (as Dask's).

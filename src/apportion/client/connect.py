@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
+from apportion.client.asynchronous import awaited
+from apportion.client.session import Session
 from apportion.deploy.cluster import ClusterManager
 from apportion.deploy.cluster_options import (
     DASK_CLIENT_OPTIONS,
@@ -18,8 +22,11 @@ from apportion.deploy.cluster_options import (
     warn_ignored,
 )
 from apportion.deploy.local import LocalCluster
-from apportion.net.scheduler_file import wait_for_scheduler_file
+from apportion.net.scheduler_claim import SchedulerFileBusy, holder_of
+from apportion.net.scheduler_file import wait_for_scheduler_file, write_scheduler_file
 from apportion.net.security import Security
+from apportion.protocol.base import Message
+from apportion.protocol.cluster import InfoRequest
 
 #: Names the scheduler ``Client()`` connects to when given no address (``apportion slurm``).
 SCHEDULER_FILE_ENV = "APPORTION_SCHEDULER_FILE"
@@ -30,6 +37,37 @@ def start_cluster(options: dict[str, Any]) -> LocalCluster:
     take, as Dask's does; it names the ignored ones (its own and the client's) in
     one warning and rejects what neither Dask nor apportion knows."""
     return LocalCluster(**options)
+
+
+def cluster_to_use(
+    address: str | LocalCluster | ClusterManager | None,
+    security: Security | bool | None,
+    cluster_options: dict[str, Any],
+    asynchronous: bool,
+) -> tuple[str | LocalCluster | ClusterManager, Security | None, LocalCluster | None]:
+    """What a ``Client`` connects to, the credentials left for it to use, and the
+    cluster it starts and owns (None when given an address or a cluster).
+
+    As Dask's, a client given no address hands every keyword it does not know to
+    the ``LocalCluster`` it starts (an asynchronous one's starts when the client is
+    awaited), and its ``security`` too; given an address, those keywords are an
+    error, or ignored with a warning for Dask's own client tuning.
+    """
+    own: LocalCluster | None = None
+    if address is None:
+        options = {**cluster_options, "asynchronous": True} if asynchronous else cluster_options
+        if security is not None:
+            options["security"], security = security, None  # the cluster's from now on
+        own = address = start_cluster(options)
+    else:
+        ignore_client_options(cluster_options)
+    if security is True:
+        raise ValueError(
+            "security=True makes temporary certificates for a cluster started here "
+            "(Client(security=True) with no address); a client of a running scheduler "
+            "takes that scheduler's Security"
+        )
+    return address, security or None, own
 
 
 def cluster_address(
@@ -97,3 +135,39 @@ def scheduler_file_from_environment(cluster_options: dict[str, Any]) -> str | No
 def ignore_client_options(options: dict[str, Any]) -> None:
     """A client of an existing scheduler: options meant to start a cluster are an error."""
     warn_ignored(sort_options(options, DASK_CLIENT_OPTIONS, "Client()"), "Client", stacklevel=4)
+
+
+async def session_async(
+    address: str,
+    name: str,
+    timeout: float,
+    on_message: Callable[[Message], None],
+    on_lost: Callable[[str], None],
+    security: Security,
+) -> tuple[Session, dict[str, Any]]:
+    """An asynchronous client's session, connected from the caller's running loop,
+    and the scheduler's identity; the session's own loop is stopped if either fails,
+    so that a client that never connected leaves no thread behind."""
+    session = Session(
+        address, name, timeout, on_message, on_lost, security=security, asynchronous=True
+    )
+    try:
+        await awaited(session.loop, session.connect, timeout=session.connect_timeout)
+        info = await awaited(session.loop, session.request, InfoRequest(session.next_id()))
+    except BaseException:
+        session.loop.stop()
+        raise
+    return session, info.info
+
+
+def write_client_file(
+    path: str | os.PathLike[str], address: str, security: Security, identity: str
+) -> None:
+    """Write ``address`` and ``security``'s secret to the scheduler file at ``path``
+    (``Client.write_scheduler_file``); refuse a file a running scheduler holds."""
+    if security.token is None:
+        raise ValueError("this client holds no secret to write")
+    holder = holder_of(path)
+    if holder is not None:
+        raise SchedulerFileBusy(Path(path), holder)
+    write_scheduler_file(path, address, security.token, identity)

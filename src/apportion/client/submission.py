@@ -19,11 +19,12 @@ from apportion.client.graph import canonical_keys, flatten_keys, graph_tasks, wi
 from apportion.client.large_arguments import warn_if_large
 from apportion.client.restrictions import ANYWHERE, Where, where_to_run
 from apportion.client.session import TaskBatch
-from apportion.client.state import CANCELLED
+from apportion.client.state import CANCELLED, ERROR
+from apportion.client.waiting import futures_of
 from apportion.core import payload
 from apportion.core.demand import PLAIN, Demand, demand_of
 from apportion.core.resources import ResourceSpec
-from apportion.protocol.tasks import SubmitTasks, TaskSpec, WhoHasRequest
+from apportion.protocol.tasks import RetryKeys, SubmitTasks, TaskSpec, WhoHasRequest
 
 #: Functions kept pickled per client; a loop over fresh lambdas must not grow it forever.
 _FUNC_CACHE_SIZE = 512
@@ -296,6 +297,19 @@ def submit_graph(
     if existing:
         client._link.connected.post(SubmitTasks([], {}, sorted(existing)))
     return futures
+
+
+def retry(client: Submitter, futures: Any) -> Any:
+    """Run failed futures again, with the failed tasks they depend on; they go back
+    to pending. A failure the scheduler has forgotten fails again, saying so.
+    Done at once; an asynchronous client returns an awaitable as well, as Dask's."""
+    client._link.check_open()
+    keys = list(dict.fromkeys(f.key for f in futures_of(futures) if f.status == ERROR))
+    for key in keys:  # before the request: the new run's outcome must find it pending
+        client._again(key, retry=True)
+    if keys:
+        client._link.connected.post(RetryKeys(keys))
+    return client._link.ready(None)
 
 
 def _other_clients(client: Submitter, dsk: Mapping[Any, Any]) -> set[Submitter]:
