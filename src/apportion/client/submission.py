@@ -1,7 +1,7 @@
 """Submitting work: ``submit`` and ``map`` make one task per call, ``submit_graph``
 sends the tasks a Dask graph needs; each gives futures of the client's keys.
 
-Functions of a ``Submitter`` (a ``Client``): they make its futures and post its
+Functions of a ``SubmittingClient`` (a ``Client``): they make its futures and post its
 tasks, and pickle each function once through its ``FunctionCache``.
 """
 
@@ -54,7 +54,7 @@ class FunctionCache:
         return entry
 
 
-class Submitter(FutureOwner, Protocol):
+class SubmittingClient(FutureOwner, Protocol):
     """What submitting needs of a client (a ``Client``) beyond its futures."""
 
     @property
@@ -76,7 +76,7 @@ class Submitter(FutureOwner, Protocol):
 
 
 def task(
-    client: Submitter,
+    client: SubmittingClient,
     func: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: Mapping[str, Any],
@@ -131,7 +131,7 @@ def task(
 
 
 def submit(
-    client: Submitter,
+    client: SubmittingClient,
     func: Callable[..., Any],
     *args: Any,
     key: str | None = None,
@@ -178,7 +178,7 @@ def submit(
 
 
 def map(
-    client: Submitter,
+    client: SubmittingClient,
     func: Callable[..., Any],
     *iterables: Iterable[Any],
     key: str | list[str] | None = None,
@@ -237,7 +237,7 @@ def map(
     return out
 
 
-def caught_up(client: Submitter) -> None:
+def caught_up(client: SubmittingClient) -> None:
     """Return once the scheduler has everything this client sent so far: another
     client's graph may use keys this one submitted, and connections do not keep
     order between them."""
@@ -248,7 +248,7 @@ def caught_up(client: Submitter) -> None:
         session.loop.run(session.request(WhoHasRequest(session.next_id(), [])), client.timeout)
 
 
-def post_tasks(client: Submitter, batch: TaskBatch) -> None:
+def post_tasks(client: SubmittingClient, batch: TaskBatch) -> None:
     client._link.connected.post(batch)
     if not client._link.connected.connected:
         # Closed, or the scheduler gone, while these were being prepared: the
@@ -260,7 +260,7 @@ def post_tasks(client: Submitter, batch: TaskBatch) -> None:
 
 
 def submit_graph(
-    client: Submitter,
+    client: SubmittingClient,
     dsk: Mapping[Any, Any],
     keys: Any,
     resources: ResourceSpec | Mapping[Any, ResourceSpec],
@@ -299,7 +299,7 @@ def submit_graph(
     return futures
 
 
-def retry(client: Submitter, futures: Any) -> Any:
+def retry(client: SubmittingClient, futures: Any) -> Any:
     """Run failed futures again, with the failed tasks they depend on; they go back
     to pending. A failure the scheduler has forgotten fails again, saying so.
     Done at once; an asynchronous client returns an awaitable as well, as Dask's."""
@@ -312,10 +312,10 @@ def retry(client: Submitter, futures: Any) -> Any:
     return client._link.ready(None)
 
 
-def _other_clients(client: Submitter, dsk: Mapping[Any, Any]) -> set[Submitter]:
+def _other_clients(client: SubmittingClient, dsk: Mapping[Any, Any]) -> set[SubmittingClient]:
     """The other open clients whose futures ``dsk`` holds as parts (a collection one
     of them persisted)."""
-    others: set[Submitter] = set()
+    others: set[SubmittingClient] = set()
     for value in dsk.values():
         part = getattr(value, "value", value)  # a persisted part wraps its future
         owner = part._client if isinstance(part, Future) else None
