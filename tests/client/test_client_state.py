@@ -24,6 +24,7 @@ from apportion.client.state import (
     ClientState,
     Deliver,
     NoticeText,
+    PendingRequests,
     Release,
     Reset,
     Settled,
@@ -31,6 +32,7 @@ from apportion.client.state import (
     check_invariants,
 )
 from apportion.protocol.coordination import TopicMessage
+from apportion.protocol.peer_data import DataReply
 from apportion.protocol.tasks import (
     KeysDone,
     KeysFailed,
@@ -38,6 +40,7 @@ from apportion.protocol.tasks import (
     Notice,
     SubmitTasks,
     TaskErred,
+    WhoHasReply,
 )
 
 
@@ -238,3 +241,50 @@ class References(RuleBasedStateMachine):
 
 TestReferences = References.TestCase
 TestReferences.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+
+
+# --- pending requests ----------------------------------------------------------------
+
+
+def test_a_reply_answers_its_pending_request_once() -> None:
+    book = PendingRequests()
+    first, second = book.next_id(), book.next_id()
+    assert first != second
+    book.send(first)
+    assert book.receive(WhoHasReply(first, {})) == first
+    assert book.receive(WhoHasReply(first, {})) == "notice"  # answered already
+    assert book.receive(WhoHasReply(second, {})) == "notice"  # never sent
+    assert book.receive(Notice("warning", "hello")) == "notice"  # no request id
+    assert book.sent == {}
+
+
+def test_a_closed_peer_fails_only_the_requests_sent_on_it() -> None:
+    book = PendingRequests()
+    peer, other = object(), object()
+    book.send(1, peer)
+    book.send(2, other)
+    book.send(3)  # to the scheduler
+    assert book.peer_lost(peer) == [1]
+    assert book.peer_lost(peer) == []
+    assert sorted(book.sent) == [2, 3]
+    assert book.receive(DataReply(2, {}, [], {}), other) == 2  # a peer's data reply answers
+
+
+def test_forwarded_parts_are_kept_for_their_reply_and_taken_once() -> None:
+    book = PendingRequests()
+    book.send(7)
+    part = DataReply(7, {"x": b"1"}, [], {})
+    assert book.receive(part) == "kept"  # from the scheduler: ahead of its reply
+    assert book.sent == {7: None}  # still waiting for the reply itself
+    assert book.receive(WhoHasReply(7, {})) == 7
+    assert book.take_parts(7) == [part]
+    assert book.take_parts(7) == []
+
+
+def test_parts_of_a_request_given_up_are_dropped() -> None:
+    book = PendingRequests()
+    book.send(4)
+    book.receive(DataReply(4, {"x": b"1"}, [], {}))
+    assert book.receive(WhoHasReply(4, {})) == 4
+    book.drop_parts(4)  # the caller had given up: nobody will take them
+    assert book.parts == {}

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from apportion import Client, SSHCluster
 from apportion.cli.main import main
-from apportion.client.client import from_scheduler_file
+from apportion.client.connect import from_scheduler_file
 from apportion.net.scheduler_claim import SchedulerFileClaim
 from apportion.net.scheduler_file import read_scheduler_file, write_scheduler_file
 from apportion.net.security import Security

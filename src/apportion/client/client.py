@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hashlib
 import inspect
 import itertools
 import logging
@@ -26,38 +25,32 @@ from collections.abc import (
     Generator,
     Iterable,
     Iterator,
-    Mapping,
-    Sequence,
 )
-from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from apportion.client import (
-    actors,
     cluster_control,
+    connect,
     dask_calls,
     dask_default,
+    data_calls,
     remote_calls,
     shapes,
     shared_data,
+    submission,
     task_stream,
     topics,
-    transfers,
 )
-from apportion.client.actors import actor_task
-from apportion.client.asynchronous import Ready, awaited, settled
-from apportion.client.errors import SchedulerGoneError, SerializationError
+from apportion.client.asynchronous import Ready
+from apportion.client.connect import (
+    cluster_address,
+    from_scheduler_file,
+    scheduler_file_from_environment,
+)
 from apportion.client.future import CallbackRunner, Future, KeyState
-from apportion.client.graph import canonical_keys, flatten_keys, graph_tasks, wire_key
-from apportion.client.large_arguments import warn_if_large
 from apportion.client.link import ClientLink, SchedulerLink
-from apportion.client.restrictions import ANYWHERE, Where, where_to_run, worker_names
-from apportion.client.session import Session, TaskBatch
+from apportion.client.session import Session
 from apportion.client.state import (
-    CANCELLED,
-    ERROR,
-    PENDING,
     ClientState,
     Deliver,
     NoticeText,
@@ -66,33 +59,14 @@ from apportion.client.state import (
     Reset,
     Settled,
 )
-from apportion.core import payload
-from apportion.core.demand import PLAIN, Demand, demand_of
 from apportion.core.durations import Duration, seconds
-from apportion.core.resources import ResourceSpec
 from apportion.deploy import local
 from apportion.deploy.cluster import ClusterManager
-from apportion.deploy.cluster_options import (
-    DASK_CLIENT_OPTIONS,
-    IgnoredOptionWarning,
-    sort_options,
-    warn_ignored,
-)
 from apportion.deploy.local import LocalCluster
-from apportion.net.scheduler_claim import SchedulerFileBusy, holder_of
-from apportion.net.scheduler_file import wait_for_scheduler_file, write_scheduler_file
 from apportion.net.security import Security, security_for
 from apportion.protocol.base import Message
-from apportion.protocol.cluster import (
-    InfoRequest,
-)
 from apportion.protocol.tasks import (
     CancelKeys,
-    RetryKeys,
-    ScatterRequest,
-    SubmitTasks,
-    TaskSpec,
-    WhoHasRequest,
 )
 
 if TYPE_CHECKING:
@@ -100,18 +74,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("apportion.client")
 
-_FUNC_CACHE_SIZE = 512
-
 T = TypeVar("T")
 
-#: Rounds of "lost meanwhile, wait for the recomputation, ask again" in one gather.
-_GATHER_ATTEMPTS = 5
-
 _UNEXPECTED = "ignored unexpected %s from the scheduler"
-
-#: Names the scheduler ``Client()`` connects to when given no address (``apportion slurm``).
-SCHEDULER_FILE_ENV = "APPORTION_SCHEDULER_FILE"
-
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -180,25 +145,12 @@ class Client:
         self.cluster: LocalCluster | None = None
         #: Connecting, for an asynchronous client being awaited (``__await__``).
         self._starting: asyncio.Future[Client] | None = None
-        if address is None:
-            # Dask's Client hands every keyword it does not know to the LocalCluster;
-            # an asynchronous one's cluster starts when the client is awaited.
-            options = {**cluster_options, "asynchronous": True} if asynchronous else cluster_options
-            if security is not None:
-                options["security"], security = security, None  # the cluster's from now on
-            self._own_cluster = self.cluster = start_cluster(options)
-            address = self.cluster
-        else:
-            ignore_client_options(cluster_options)
-        if security is True:
-            raise ValueError(
-                "security=True makes temporary certificates for a cluster started here "
-                "(Client(security=True) with no address); a client of a running scheduler "
-                "takes that scheduler's Security"
-            )
+        address, given, self._own_cluster = connect.cluster_to_use(
+            address, security, cluster_options, asynchronous
+        )
         if isinstance(address, LocalCluster):
             self.cluster = address
-        address, given = _cluster_address(address, security or None, asynchronous)
+        address, given = cluster_address(address, given, asynchronous)
         self.scheduler_address = address
         #: What this client proves to the scheduler and workers, and expects of them.
         self.security = security_for(address, given)
@@ -219,7 +171,7 @@ class Client:
         self._state = ClientState()
         #: Each key of ``_state``'s waiters, woken as the state says: same keys.
         self._waiting: dict[str, KeyState] = {}
-        self._functions: dict[Any, tuple[str, bytes]] = {}
+        self._function = submission.FunctionCache()
         self._callbacks = CallbackRunner()
         self._dask_default = set_as_default
         if asynchronous:
@@ -263,27 +215,20 @@ class Client:
             await self.cluster  # starts an asynchronous one not started yet
             self.scheduler_address = self.cluster.scheduler_address
         try:
-            session = Session(
+            session, identity = await connect.session_async(
                 self.scheduler_address,
                 self.name,
                 self.timeout,
                 self._on_message,
                 self._scheduler_gone,
-                security=self.security,
-                asynchronous=True,
+                self.security,
             )
-            try:
-                await awaited(session.loop, session.connect, timeout=session.connect_timeout)
-                info = await awaited(session.loop, session.request, InfoRequest(session.next_id()))
-            except BaseException:
-                session.loop.stop()
-                raise
         except BaseException:
             if self._own_cluster is not None:
                 await self._own_cluster._close_async()
             raise
         self._link.session = session
-        self._link.remember(info.info)
+        self._link.remember(identity)
         if self._dask_default:
             dask_default.register(self)
         return self
@@ -373,402 +318,23 @@ class Client:
 
     # --- submitting -----------------------------------------------------------------
 
-    def _function(self, func: Callable[..., Any]) -> tuple[str, bytes]:
-        """Pickle ``func`` once; cache by identity so a loop of submits reuses it."""
-        try:
-            cached = self._functions.get(func)
-        except TypeError:  # unhashable callable
-            cached = None
-        if cached is not None:
-            return cached
-        blob = payload.dumps_function(func)
-        entry = (payload.function_id(blob), blob)
-        with contextlib.suppress(TypeError):
-            if len(self._functions) >= _FUNC_CACHE_SIZE:
-                self._functions.clear()
-            self._functions[func] = entry
-        return entry
-
-    def _task(
-        self,
-        func: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: Mapping[str, Any],
-        *,
-        key: str | None,
-        demand: Demand,
-        priority: int,
-        retries: int,
-        pure: bool,
-        where: Where = ANYWHERE,
-        actor: bool = False,
-    ) -> Future:
-        if not callable(func):
-            raise TypeError(f"first argument must be callable, not {type(func).__name__}")
-        if key is not None and not isinstance(key, str):
-            raise TypeError(f"key must be a str, not {type(key).__name__}: {key!r}")
-        func_id, blob = self._function(func)
-        args_blob, deps = payload.pack_call(args, kwargs)
-        name = getattr(func, "__name__", type(func).__name__)
-        warn_if_large(payload.size_of(args_blob), f"the arguments of {name!r}")
-        if key is None:
-            if pure:
-                # The demand is part of the identity: the same call asking for other
-                # resources must not be merged into an existing task.
-                digest = hashlib.blake2b(func_id.encode(), digest_size=16)
-                payload.hash_into(digest, args_blob)
-                if demand != PLAIN:
-                    digest.update(repr([sorted(a.items()) for a in demand.alternatives]).encode())
-                if where != ANYWHERE:  # so is where it may run, for the same reason
-                    digest.update(repr(where).encode())
-                key = f"{name}-{digest.hexdigest()}"
-            else:
-                key = f"{name}-{self._unique}{next(self._counter)}"
-        future = Future(key, self)
-        if future._state.status == CANCELLED:
-            self._again(key)  # submitted again after a cancel: it runs again
-        first, alternatives = demand.wire()
-        spec = TaskSpec(
-            key,
-            func_id,
-            args_blob,
-            sorted(deps),
-            first,
-            priority,
-            retries,
-            alternatives,
-            *where,
-            actor=int(actor),
-        )
-        self._post_tasks([(spec, blob, True)])
-        return future
-
-    def submit(
-        self,
-        func: Callable[..., Any],
-        *args: Any,
-        key: str | None = None,
-        workers: Any = None,
-        resources: ResourceSpec | Sequence[ResourceSpec] = None,
-        retries: int | None = 0,
-        priority: int = 0,
-        fifo_timeout: Any = "100 ms",
-        allow_other_workers: bool | None = False,
-        actor: bool = False,
-        actors: bool = False,
-        pure: bool = True,
-        loose_restrictions: bool | None = None,
-        **kwargs: Any,
-    ) -> Future:
-        """Run ``func(*args, **kwargs)`` on a worker where ``resources`` are free.
-
-        Futures anywhere in the arguments become dependencies and are replaced by
-        their results on the worker. With ``pure=True`` (the default, as in Dask)
-        the same call yields the same key, so it is computed once.
-
-        Dask's scheduling keywords never reach ``func``: ``workers=`` (addresses,
-        names or hosts) restricts where it runs, ``allow_other_workers=True`` (or
-        ``loose_restrictions=True``) makes that a preference. ``fifo_timeout`` has
-        no effect: tasks start in submission order (within a priority) exactly.
-        ``actor=True`` (or ``actors=True``) makes ``func``, a class, an actor: the
-        object stays on its worker, holding the task's resources, and the future's
-        result is an ``Actor`` handle whose method calls go straight to it.
-        """
-        self._link.check_open()
-        return self._task(
-            actor_task(func) if actor or actors else func,
-            args,
-            kwargs,
-            key=key,
-            demand=demand_of(resources),
-            priority=priority,
-            retries=retries or 0,
-            pure=pure and not (actor or actors),  # every actor is an object of its own
-            where=where_to_run(workers, allow_other_workers, loose_restrictions),
-            actor=actor or actors,
-        )
-
-    def map(
-        self,
-        func: Callable[..., Any],
-        *iterables: Iterable[Any],
-        key: str | list[str] | None = None,
-        workers: Any = None,
-        retries: int | None = 0,
-        resources: ResourceSpec | Sequence[ResourceSpec] = None,
-        priority: int = 0,
-        allow_other_workers: bool | None = False,
-        fifo_timeout: Any = "100 ms",
-        actor: bool = False,
-        actors: bool = False,
-        pure: bool = True,
-        batch_size: int | None = None,
-        loose_restrictions: bool | None = None,
-        **kwargs: Any,
-    ) -> list[Future]:
-        """``submit`` over zipped iterables; ``func`` is pickled once for all tasks.
-
-        Takes ``submit``'s scheduling keywords, for every task. ``batch_size`` has
-        no effect: every submission already travels in batches, one message per
-        loop turn.
-        """
-        self._link.check_open()
-        as_actors = actor or actors
-        if as_actors:
-            func = actor_task(func)
-        where = where_to_run(workers, allow_other_workers, loose_restrictions)
-        demand = demand_of(resources)
-        calls = list(zip(*iterables, strict=False))
-        if isinstance(key, list):
-            if len(key) != len(calls):
-                raise ValueError(f"{len(key)} keys given for {len(calls)} tasks")
-            keys: list[str | None] = list(key)
-        else:
-            keys = [None] * len(calls)
-        prefix = key if isinstance(key, str) else None
-        out = []
-        for i, (call_args, task_key) in enumerate(zip(calls, keys, strict=True)):
-            if prefix is not None:
-                task_key = f"{prefix}-{i}"
-            out.append(
-                self._task(
-                    func,
-                    call_args,
-                    kwargs,
-                    key=task_key,
-                    demand=demand,
-                    priority=priority,
-                    retries=retries or 0,
-                    pure=pure and not as_actors,
-                    where=where,
-                    actor=as_actors,
-                )
-            )
-        return out
+    submit = submission.submit
+    map = submission.map
+    _submit_graph = submission.submit_graph
+    _caught_up = submission.caught_up
+    retry = submission.retry
 
     # Dask's collections, and Dask's scheduler function (dask_calls.py).
     get = dask_calls.get
     compute = dask_calls.compute
     persist = dask_calls.persist
 
-    def _caught_up(self) -> None:
-        """Return once the scheduler has everything this client sent so far: another
-        client's graph may use keys this one submitted, and connections do not keep
-        order between them."""
-        with contextlib.suppress(SchedulerGoneError):
-            # Straight on the loop, not ``call``: an asynchronous client's persist has
-            # no awaitable form, and one round trip is all it blocks for.
-            session = self._session
-            session.loop.run(session.request(WhoHasRequest(session.next_id(), [])), self.timeout)
-
-    def _post_tasks(self, batch: TaskBatch) -> None:
-        self._session.post(batch)
-        if not self._session.connected:
-            # Closed, or the scheduler gone, while these were being prepared: the
-            # settling of every future that went with it came before these existed.
-            if self._closed:
-                self._scheduler_gone(f"the client for {self.scheduler_address} was closed", "lost")
-            else:
-                self._scheduler_gone(f"lost the connection to {self.scheduler_address}")
-
-    def _submit_graph(
-        self,
-        dsk: Mapping[Any, Any],
-        keys: Any,
-        resources: ResourceSpec | Mapping[Any, ResourceSpec],
-        priority: int,
-        retries: int,
-        annotations: Mapping[str, Mapping[Any, Any]],
-        where: Where = ANYWHERE,
-    ) -> dict[Any, Future]:
-        """Send the tasks ``keys`` need; a future for each of ``keys``, by graph key."""
-        self._link.check_open()
-        for other in _other_clients(self, dsk):
-            other._caught_up()
-        canon = canonical_keys(dsk)
-        roots = {canon.get(k, k) for k in flatten_keys(keys)}
-        tasks = list(
-            graph_tasks(
-                self._function, dsk, keys, resources, priority, retries, annotations, canon, where
-            )
-        )
-        embedded = sum(payload.size_of(spec.args) for spec, _ in tasks)
-        warn_if_large(embedded, f"the values in this graph's {len(tasks)} tasks")
-        futures = {key: Future(wire_key(key), self) for key in roots}
-        wanted = {future.key: future for future in futures.values()}
-        for spec, _ in tasks:
-            future = wanted.get(spec.key)
-            if future is not None and future._state.status == CANCELLED:
-                self._again(future.key)  # computed again after a cancel: it runs again
-        # One outbox item, so the graph reaches the scheduler in one message: a split
-        # graph would see its unwanted first half released before the rest arrived.
-        self._post_tasks([(spec, blob, spec.key in wanted) for spec, blob in tasks])
-        # Keys with no task sent are parts that exist already (persisted, maybe by
-        # another client): this client wants them too.
-        existing = wanted.keys() - {spec.key for spec, _ in tasks}
-        if existing:
-            self._session.post(SubmitTasks([], {}, sorted(existing)))
-        return futures
-
     # --- results --------------------------------------------------------------------
 
-    def gather(
-        self,
-        futures: Any,
-        errors: str = "raise",
-        direct: bool | None = None,
-        asynchronous: bool | None = None,
-    ) -> Any:
-        """Results for a future, or a list/tuple/dict/set of them (same shape back).
-
-        ``errors="raise"`` re-raises the first failure; ``errors="skip"`` leaves failed
-        futures out of the result, as Dask does. ``direct`` overrides the client's
-        ``direct_to_workers`` for this call. Awaitable, for an asynchronous client.
-        """
-        if errors not in ("raise", "skip"):
-            raise ValueError(f"errors must be 'raise' or 'skip', not {errors!r}")
-        return self._link.run(self._gather, futures, errors, direct, asynchronous=asynchronous)
-
-    async def _gather(self, futures: Any, errors: str, direct: bool | None) -> Any:
-        """On the session's loop: wait for ``futures``, then fetch their results."""
-        found: list[Future] = []
-        shapes.collect(futures, found)
-        for fut in found:
-            if not fut._state.event.is_set():
-                await settled(fut._state)
-        values: dict[str, Any] = {}
-        for fut in found:
-            exc = fut._state.exception_object()
-            if exc is not None:
-                if errors == "raise":
-                    try:
-                        raise exc
-                    finally:
-                        del exc  # else this frame and the exception's traceback hold each other
-                values[fut.key] = shapes.SKIPPED
-        wanted = [f.key for f in found if f.key not in values]
-        if wanted:
-            values.update(await self._gather_keys_async(wanted, direct))
-        return shapes.rebuild(futures, values)
-
-    def _gather_keys(self, keys: list[str]) -> dict[str, Any]:
-        """Fetch results, waiting here (see ``_gather_keys_async``)."""
-        return self._session.run(self._gather_keys_async(keys))
-
-    async def _gather_keys_awaited(self, keys: list[str]) -> dict[str, Any]:
-        """Fetch results, awaited in the caller's running loop."""
-        return await awaited(self._session.loop, self._gather_keys_async, keys)
-
-    async def _gather_keys_async(
-        self, keys: list[str], direct: bool | None = None
-    ) -> dict[str, Any]:
-        """On the session's loop: fetch and unpickle results; keys lost meanwhile are
-        waited for while they are recomputed."""
-        wanted = list(dict.fromkeys(keys))
-        mode = self.direct_to_workers if direct is None else direct
-        out: dict[str, Any] = {}
-        for _ in range(_GATHER_ATTEMPTS):
-            blobs, missing, errors = await transfers.fetch(self._session, wanted, mode)
-            if errors:
-                raise SerializationError(next(iter(errors.values())))
-            with actors.binding(self):
-                out.update((key, payload.loads(blob)) for key, blob in blobs.items())
-            if not missing:
-                return out
-            # A result lost with its worker comes back as pending (KeysPending, which
-            # the scheduler sends before this reply): wait for it and ask again.
-            states = [self._waiting.get(key) for key in missing]
-            if any(s is None or s.status != PENDING for s in states):
-                raise _missing_error(missing)
-            for state in states:
-                assert state is not None
-                await settled(state)
-                exc = state.exception_object()
-                if exc is not None:
-                    try:
-                        raise exc
-                    finally:
-                        del exc  # else this frame and the exception's traceback hold each other
-            wanted = missing
-        raise _missing_error(wanted)
-
-    def scatter(
-        self,
-        data: Any,
-        workers: Any = None,
-        broadcast: bool = False,
-        direct: bool | None = None,
-        hash: bool = True,
-        timeout: Duration | None = None,
-        asynchronous: bool | None = None,
-    ) -> Any:
-        """Put local data on workers; returns futures in the shape given (list, dict, one).
-
-        ``workers`` (names, addresses or hosts) limits where the data goes; it waits
-        for such a worker if none is connected. ``broadcast=True`` copies every value
-        to each of those workers (all, by default). ``direct=True`` sends the data to
-        the workers' data ports instead of through the scheduler (default: the
-        client's ``direct_to_workers``). ``hash=False`` gives equal values distinct
-        keys. ``timeout`` bounds the wait for the data to be stored. Awaitable, for an
-        asynchronous client.
-        """
-        self._link.check_open()
-        allowed = worker_names(workers)
-        names, items = shapes.scatter_items(data, hash, self._unique_name)
-        awaitable = self.asynchronous if asynchronous is None else asynchronous
-        if not items:  # nothing to store
-            empty = {} if isinstance(data, Mapping) else type(data)()
-            return Ready(empty) if awaitable else empty
-        futures = {name: Future(name, self) for name in names}
-        if isinstance(data, Mapping):
-            shaped: Any = {k: futures[name] for k, name in zip(data, names, strict=True)}
-        elif isinstance(data, list | tuple):
-            shaped = type(data)(futures[n] for n in names)
-        else:
-            shaped = futures[names[0]]
-        wait = self.timeout if timeout is None else seconds(timeout) or 0.0
-        mode = self.direct_to_workers if direct is None else direct
-        store = (self._scatter, items, futures, allowed, mode, wait, broadcast)
-        if awaitable:
-            return _then(self._link.run(*store, asynchronous=True), shaped)
-        self._link.run(*store, asynchronous=False)
-        return shaped
-
-    async def _scatter(
-        self,
-        items: dict[str, payload.Pickled],
-        futures: dict[str, Future],
-        allowed: list[str],
-        mode: bool | None,
-        wait: float,
-        broadcast: bool,
-    ) -> None:
-        """On the session's loop: store ``items`` and wait for their futures."""
-        size = sum(map(payload.size_of, items.values()))
-        try:
-            async with asyncio.timeout(wait):
-                left = items
-                if mode or (mode is None and size >= transfers.DIRECT_FROM):
-                    left = await transfers.scatter_direct(
-                        self._session, items, allowed, strict=bool(mode)
-                    )
-                if left:
-                    await self._session.request(
-                        ScatterRequest(self._session.next_id(), left, allowed)
-                    )
-                for fut in futures.values():
-                    await settled(fut._state)
-        except TimeoutError:
-            self._session.post(CancelKeys(list(futures)))  # not stored later for nobody
-            where = f" on a worker matching {allowed}" if allowed else ""
-            raise TimeoutError(f"scattered data was not stored{where} within {wait:g}s") from None
-        failed = next(iter(futures.values()))._state.exception_object()
-        if failed is not None:
-            raise failed
-        if broadcast:
-            await shared_data.copy_results(
-                self._link, list(futures.values()), None, allowed or None
-            )
+    gather = data_calls.gather
+    _gather_keys = data_calls.gather_keys
+    _gather_keys_awaited = data_calls.gather_keys_awaited
+    scatter = data_calls.scatter
 
     def cancel(self, futures: Future | Iterable[Future]) -> Any:
         """Cancel queued or running tasks; their futures (and dependents) fail as cancelled.
@@ -824,13 +390,8 @@ class Client:
         ``SchedulerFileBusy`` (an ``OSError``) if a running scheduler holds that file
         (``$APPORTION_HOME/scheduler.json`` while ``apportion scheduler`` runs): it is
         that scheduler's, which the user's commands reach through it."""
-        if self.security.token is None:
-            raise ValueError("this client holds no secret to write")
-        holder = holder_of(scheduler_file)
-        if holder is not None:
-            raise SchedulerFileBusy(Path(scheduler_file), holder)
         identity = self._link.identity.get("id", "")
-        write_scheduler_file(scheduler_file, self.scheduler_address, self.security.token, identity)
+        connect.write_client_file(scheduler_file, self.scheduler_address, self.security, identity)
 
     def sync(
         self,
@@ -952,20 +513,6 @@ class Client:
     def _unique_name(self) -> str:
         return f"{self._unique}{next(self._counter)}"
 
-    def retry(self, futures: Any) -> Any:
-        """Run failed futures again, with the failed tasks they depend on; they go back
-        to pending. A failure the scheduler has forgotten fails again, saying so.
-        Done at once; an asynchronous client returns an awaitable as well, as Dask's."""
-        from apportion.client.waiting import futures_of
-
-        self._link.check_open()
-        keys = list(dict.fromkeys(f.key for f in futures_of(futures) if f.status == ERROR))
-        for key in keys:  # before the request: the new run's outcome must find it pending
-            self._again(key, retry=True)
-        if keys:
-            self._session.post(RetryKeys(keys))
-        return self._link.ready(None)
-
     def shutdown(self) -> Any:
         """Close this client and its cluster, even one it did not start (as Dask's).
 
@@ -1061,80 +608,6 @@ class Client:
         return f"<Client: scheduler={address!r}>"
 
 
-def start_cluster(options: dict[str, Any]) -> LocalCluster:
-    """The embedded cluster of ``Client()``, given every option the client does not
-    take, as Dask's does; it names the ignored ones (its own and the client's) in
-    one warning and rejects what neither Dask nor apportion knows."""
-    return LocalCluster(**options)
-
-
-def _cluster_address(
-    address: str | LocalCluster | ClusterManager, security: Security | None, asynchronous: bool
-) -> tuple[str, Security | None]:
-    """A cluster's scheduler address and credentials (``security`` if given)."""
-    if isinstance(address, str):
-        return address, security or None
-    security = security or address.security
-    if isinstance(address, LocalCluster) and not address.scheduler_address and not asynchronous:
-        raise RuntimeError(
-            "this LocalCluster is asynchronous and not started: await it first, or "
-            "make the client asynchronous too (await Client(cluster, asynchronous=True))"
-        )
-    # "" for an asynchronous LocalCluster not started yet; a cluster started elsewhere
-    # (SSHCluster, SlurmCluster) is closed by its owner.
-    return address.scheduler_address, security
-
-
-def from_scheduler_file(
-    path: str | os.PathLike[str],
-    address: object,
-    security: Security | bool | None,
-    timeout: float,
-) -> tuple[str, Security | bool | None]:
-    """The address in the scheduler file at ``path``, and the credentials to use there:
-    ``security`` if given (with the file's secret if it has none), else the
-    environment's with the file's secret (and the file's TLS credentials if the
-    environment gives none). A file not written yet is waited for up to
-    ``timeout`` seconds, as Dask's client does (a job script may start before its
-    scheduler has written it)."""
-    if address is not None:
-        raise ValueError("give an address or a scheduler_file, not both")
-    found = wait_for_scheduler_file(path, timeout)
-    if not isinstance(security, Security):
-        security = Security.from_environment().with_token(found.token, str(path))
-        if found.tls_cert and not security.has_tls:  # the file carries a client's TLS
-            security = replace(
-                security,
-                tls_ca_file=found.tls_ca,
-                tls_client_cert=found.tls_cert,
-                tls_client_key=found.tls_key,
-                _contexts={},
-            )
-    elif security.token is None:  # TLS settings given, the secret left to the file
-        security = security.with_token(found.token, str(path))
-    return found.address, security
-
-
-def scheduler_file_from_environment(cluster_options: dict[str, Any]) -> str | None:
-    """``APPORTION_SCHEDULER_FILE`` if set (emptying ``cluster_options``, with a warning:
-    the cluster they would size is the one the file names), else None."""
-    path = os.environ.get(SCHEDULER_FILE_ENV) or None
-    if path is not None and cluster_options:
-        warnings.warn(
-            f"Client(): connecting to the scheduler in {SCHEDULER_FILE_ENV}={path}; "
-            f"ignoring the local cluster's options {', '.join(sorted(cluster_options))}",
-            IgnoredOptionWarning,
-            stacklevel=4,
-        )
-        cluster_options.clear()
-    return path
-
-
-def ignore_client_options(options: dict[str, Any]) -> None:
-    """A client of an existing scheduler: options meant to start a cluster are an error."""
-    warn_ignored(sort_options(options, DASK_CLIENT_OPTIONS, "Client()"), "Client", stacklevel=4)
-
-
 def default_client(c: Client | None = None) -> Client:
     """``c`` if given, else the newest open client made with ``set_as_default=True``
     (the default), as Dask's ``default_client``; ``ValueError`` if there is none."""
@@ -1149,34 +622,10 @@ def default_client(c: Client | None = None) -> Client:
     return client
 
 
-def _other_clients(client: Client, dsk: Mapping[Any, Any]) -> set[Client]:
-    """The other open clients whose futures ``dsk`` holds as parts (a collection one
-    of them persisted)."""
-    others: set[Client] = set()
-    for value in dsk.values():
-        part = getattr(value, "value", value)  # a persisted part wraps its future
-        owner = part._client if isinstance(part, Future) else None
-        if isinstance(owner, Client) and owner is not client and not owner._closed:
-            others.add(owner)
-    return others
-
-
-async def _then(stored: Awaitable[Any], value: T) -> T:
-    """``value``, once ``stored`` is done."""
-    await stored
-    return value
-
-
 async def _within(outcome: Awaitable[T], timeout: float | None) -> T:
     """``outcome`` awaited, within ``timeout``."""
     async with asyncio.timeout(timeout):
         return await outcome
-
-
-def _missing_error(keys: list[str]) -> BaseException:
-    from apportion.client.errors import LostDataError
-
-    return LostDataError(f"results no longer held by any worker: {keys[:5]}")
 
 
 local.client_type = Client  # LocalCluster.get_client makes these (see ``local.client_type``)

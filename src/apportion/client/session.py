@@ -13,7 +13,6 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
-import itertools
 import logging
 import threading
 import weakref
@@ -22,6 +21,7 @@ from typing import Any, TypeVar
 
 from apportion.client.asynchronous import awaited
 from apportion.client.errors import SchedulerGoneError
+from apportion.client.state import PendingRequests
 from apportion.core.payload import size_of
 from apportion.loop_thread import LoopThread, in_running_loop
 from apportion.net.address import check_address
@@ -150,14 +150,10 @@ class Session:
         self._lock = threading.RLock()
         self._outbox: list[TaskBatch | str | Message] = []
         self._wake_scheduled = False
+        #: Which requests are pending, where each went, and the parts forwarded ahead
+        #: of a reply, as data (client/state.py); ``_requests`` their awaitables.
+        self._pending = PendingRequests()
         self._requests: dict[int, asyncio.Future[Any]] = {}
-        #: Requests sent to a worker's data port, by id: failed if that connection
-        #: closes before they are answered (a worker killed mid-request).
-        self._on_peer: dict[int, Connection] = {}
-        #: Large results the scheduler forwarded from workers ahead of the reply to a
-        #: relayed gather: request id -> their ``DataReply`` frames (``take_parts``).
-        self._parts: dict[int, list[DataReply]] = {}
-        self._ids = itertools.count(1)
         self._peers: dict[str, Connection] = {}
         #: Data connections being opened, by address.
         self._opening: dict[str, asyncio.Future[Connection]] = {}
@@ -206,7 +202,7 @@ class Session:
             while True:
                 # Taken in a call of its own: a local of this coroutine would keep the
                 # last message (a fetched result's memory) alive until the next frame.
-                self._take_frame(await conn.recv(), scheduler)
+                self._take_frame(await conn.recv(), None if scheduler else conn)
         except (ConnectionClosed, ProtocolError) as exc:
             if not scheduler:
                 self._peer_lost(conn, exc)
@@ -218,57 +214,50 @@ class Session:
                         fut.set_exception(SchedulerGoneError(reason))
                 self._on_lost(reason)
 
-    def _take_frame(self, messages: list[Message], scheduler: bool) -> None:
-        """Settle the requests the messages of one frame answer; the rest are notices."""
+    def _take_frame(self, messages: list[Message], peer: Connection | None) -> None:
+        """Settle the requests the messages of one frame answer (from the scheduler, or
+        from ``peer``); the rest are notices."""
         for msg in messages:
-            if scheduler and isinstance(msg, DataReply):
-                self._parts.setdefault(msg.request_id, []).append(msg)
-                continue
-            request_id = getattr(msg, "request_id", None)
-            fut = self._requests.pop(request_id, None) if request_id is not None else None
-            if not scheduler:
-                self._on_peer.pop(request_id, None)  # type: ignore[arg-type]
-            if fut is not None:
-                if not fut.done():
+            received = self._pending.receive(msg, peer)
+            if received == "notice":
+                self._on_message(msg)
+            elif isinstance(received, int):
+                fut = self._requests.pop(received, None)
+                if fut is not None and not fut.done():
                     fut.set_result(msg)
                 else:  # given up (cancelled, timed out): its forwarded parts too
-                    self._parts.pop(msg.request_id, None)  # type: ignore[attr-defined]
-            else:
-                self._on_message(msg)
+                    self._pending.drop_parts(received)
 
     def _peer_lost(self, conn: Connection, exc: Exception) -> None:
         """A worker's data connection closed: what was asked of it gets no answer."""
-        for request_id, sent_on in list(self._on_peer.items()):
-            if sent_on is conn:
-                del self._on_peer[request_id]
-                fut = self._requests.pop(request_id, None)
-                if fut is not None and not fut.done():
-                    fut.set_exception(ConnectionError(f"connection to a worker lost: {exc}"))
+        for request_id in self._pending.peer_lost(conn):
+            fut = self._requests.pop(request_id, None)
+            if fut is not None and not fut.done():
+                fut.set_exception(ConnectionError(f"connection to a worker lost: {exc}"))
 
     # --- requests -------------------------------------------------------------------
 
     def next_id(self) -> int:
-        return next(self._ids)
+        return self._pending.next_id()
 
     async def request(self, msg: Message, conn: Connection | None = None) -> Any:
         """Send a message carrying a ``request_id`` and wait for the reply with that id."""
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._requests[msg.request_id] = fut  # type: ignore[attr-defined]
+        request_id: int = msg.request_id  # type: ignore[attr-defined]
         self.flush()  # keep order: everything queued before this request goes first
         target = conn or self._conn
         if target is None or target.closed:
-            del self._requests[msg.request_id]  # type: ignore[attr-defined]
             if conn is not None:
                 raise ConnectionError("the connection to that worker is closed")
             raise SchedulerGoneError(f"not connected to the scheduler {self.address}")
-        if conn is not None:
-            self._on_peer[msg.request_id] = conn  # type: ignore[attr-defined]
+        self._requests[request_id] = fut
+        self._pending.send(request_id, conn)
         target.send(msg)
         return await fut
 
     def take_parts(self, request_id: int) -> list[DataReply]:
         """The results forwarded ahead of the reply to ``request_id``, once."""
-        return self._parts.pop(request_id, [])
+        return self._pending.take_parts(request_id)
 
     @property
     def connected(self) -> bool:

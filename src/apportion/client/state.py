@@ -17,15 +17,23 @@ so a key cancelled here ignores the next "cancelled" it hears (``cancel_echo``).
 No threads, locks, events or clocks: the shell (``Client``) holds a lock around
 these calls, and turns each outcome into a waiter woken, a release posted, a
 notice logged, a topic message delivered.
+
+``PendingRequests`` is the same for the session's requests: which ids await a
+reply, where each went, and the parts forwarded ahead of a reply; the session
+(session.py) keeps only the awaitables.
 """
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from apportion.core.payload import Pickled
 from apportion.protocol.base import Message
 from apportion.protocol.coordination import TopicMessage
+from apportion.protocol.peer_data import DataReply
 from apportion.protocol.tasks import KeysDone, KeysFailed, KeysPending, Notice, TaskErred
 
 #: Why a key failed: (kind, pickled exception or message, pickled traceback or b"").
@@ -244,3 +252,65 @@ def check_invariants(state: ClientState) -> None:
             assert record.error is None, f"{key!r} {record.status} with an error"
         else:
             assert record.error is not None, f"{key!r} {record.status} without an error"
+
+
+#: What ``PendingRequests.receive`` made of a message: the id of the request it
+#: answers, a forwarded part kept for a later reply, or a notice for the client.
+Received = int | Literal["kept", "notice"]
+
+
+class PendingRequests:
+    """The requests a client's session waits for replies to, as data.
+
+    Each request gets an id (``next_id``) and is pending from ``send`` until the
+    message carrying that id arrives (``receive``), or until the worker connection
+    it went on closes (``peer_lost``: it gets no answer). A request given up by its
+    caller (cancelled, timed out) stays pending until its reply, whose forwarded
+    parts are then dropped (``drop_parts``). The session keeps only the awaitables,
+    by the same ids.
+    """
+
+    def __init__(self) -> None:
+        self._ids = itertools.count(1)
+        #: Pending request id -> the peer (a worker's data connection) it was sent
+        #: on, or None for the scheduler.
+        self.sent: dict[int, Hashable | None] = {}
+        #: Large results the scheduler forwarded from workers ahead of its reply to a
+        #: relayed gather, by request id, until taken (``take_parts``).
+        self.parts: dict[int, list[DataReply]] = {}
+
+    def next_id(self) -> int:
+        """A request id this session has not used."""
+        return next(self._ids)
+
+    def send(self, request_id: int, peer: Hashable | None = None) -> None:
+        """``request_id`` sent to the scheduler (``peer`` None) or on ``peer``."""
+        self.sent[request_id] = peer
+
+    def receive(self, msg: Message, peer: Hashable | None = None) -> Received:
+        """``msg`` arrived from the scheduler (``peer`` None) or from ``peer``: the id
+        of the pending request it answers (pending no more), "kept" for a result the
+        scheduler forwarded ahead of its reply, or "notice"."""
+        if peer is None and isinstance(msg, DataReply):
+            self.parts.setdefault(msg.request_id, []).append(msg)
+            return "kept"
+        request_id = getattr(msg, "request_id", None)
+        if not isinstance(request_id, int) or request_id not in self.sent:
+            return "notice"
+        del self.sent[request_id]
+        return request_id
+
+    def peer_lost(self, peer: Hashable) -> list[int]:
+        """The requests sent on ``peer``, which closed: none will be answered."""
+        lost = [request_id for request_id, on in self.sent.items() if on is peer]
+        for request_id in lost:
+            del self.sent[request_id]
+        return lost
+
+    def take_parts(self, request_id: int) -> list[DataReply]:
+        """The results forwarded ahead of the reply to ``request_id``, once."""
+        return self.parts.pop(request_id, [])
+
+    def drop_parts(self, request_id: int) -> None:
+        """The reply to ``request_id`` came after its caller gave up: so do its parts."""
+        self.parts.pop(request_id, None)

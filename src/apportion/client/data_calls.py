@@ -1,0 +1,215 @@
+"""Data in and out through futures: ``gather`` waits for futures and fetches their
+results (waiting again for results lost and recomputed meanwhile), ``scatter``
+stores local data on workers as futures. How the bytes travel (through the
+scheduler or straight to workers) is transfers.py's; these are functions of a
+``DataHolder`` (a ``Client``), whose futures they wait for and make.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Mapping
+from typing import Any, Protocol, TypeVar
+
+from apportion.client import actors, shapes, shared_data, transfers
+from apportion.client.asynchronous import Ready, awaited, settled
+from apportion.client.errors import LostDataError, SerializationError
+from apportion.client.future import Future, FutureOwner, KeyState
+from apportion.client.restrictions import worker_names
+from apportion.client.state import PENDING
+from apportion.core import payload
+from apportion.core.durations import Duration, seconds
+from apportion.protocol.tasks import CancelKeys, ScatterRequest
+
+T = TypeVar("T")
+
+#: Rounds of "lost meanwhile, wait for the recomputation, ask again" in one gather.
+_GATHER_ATTEMPTS = 5
+
+
+class DataHolder(FutureOwner, Protocol):
+    """What gathering and scattering need of a client (a ``Client``) beyond its futures."""
+
+    @property
+    def direct_to_workers(self) -> bool | None: ...
+
+    @property
+    def timeout(self) -> float: ...
+
+    @property
+    def _waiting(self) -> dict[str, KeyState]: ...
+
+    def _unique_name(self) -> str: ...
+
+
+def gather(
+    client: DataHolder,
+    futures: Any,
+    errors: str = "raise",
+    direct: bool | None = None,
+    asynchronous: bool | None = None,
+) -> Any:
+    """Results for a future, or a list/tuple/dict/set of them (same shape back).
+
+    ``errors="raise"`` re-raises the first failure; ``errors="skip"`` leaves failed
+    futures out of the result, as Dask does. ``direct`` overrides the client's
+    ``direct_to_workers`` for this call. Awaitable, for an asynchronous client.
+    """
+    if errors not in ("raise", "skip"):
+        raise ValueError(f"errors must be 'raise' or 'skip', not {errors!r}")
+    return client._link.run(_gather, client, futures, errors, direct, asynchronous=asynchronous)
+
+
+async def _gather(client: DataHolder, futures: Any, errors: str, direct: bool | None) -> Any:
+    """On the session's loop: wait for ``futures``, then fetch their results."""
+    found: list[Future] = []
+    shapes.collect(futures, found)
+    for fut in found:
+        if not fut._state.event.is_set():
+            await settled(fut._state)
+    values: dict[str, Any] = {}
+    for fut in found:
+        exc = fut._state.exception_object()
+        if exc is not None:
+            if errors == "raise":
+                try:
+                    raise exc
+                finally:
+                    del exc  # else this frame and the exception's traceback hold each other
+            values[fut.key] = shapes.SKIPPED
+    wanted = [f.key for f in found if f.key not in values]
+    if wanted:
+        values.update(await _gather_keys_async(client, wanted, direct))
+    return shapes.rebuild(futures, values)
+
+
+def gather_keys(client: DataHolder, keys: list[str]) -> dict[str, Any]:
+    """Fetch results, waiting here (see ``_gather_keys_async``)."""
+    return client._link.connected.run(_gather_keys_async(client, keys))
+
+
+async def gather_keys_awaited(client: DataHolder, keys: list[str]) -> dict[str, Any]:
+    """Fetch results, awaited in the caller's running loop."""
+    return await awaited(client._link.connected.loop, _gather_keys_async, client, keys)
+
+
+async def _gather_keys_async(
+    client: DataHolder, keys: list[str], direct: bool | None = None
+) -> dict[str, Any]:
+    """On the session's loop: fetch and unpickle results; keys lost meanwhile are
+    waited for while they are recomputed."""
+    wanted = list(dict.fromkeys(keys))
+    mode = client.direct_to_workers if direct is None else direct
+    out: dict[str, Any] = {}
+    for _ in range(_GATHER_ATTEMPTS):
+        blobs, missing, errors = await transfers.fetch(client._link.connected, wanted, mode)
+        if errors:
+            raise SerializationError(next(iter(errors.values())))
+        with actors.binding(client):
+            out.update((key, payload.loads(blob)) for key, blob in blobs.items())
+        if not missing:
+            return out
+        # A result lost with its worker comes back as pending (KeysPending, which
+        # the scheduler sends before this reply): wait for it and ask again.
+        states = [client._waiting.get(key) for key in missing]
+        if any(s is None or s.status != PENDING for s in states):
+            raise _missing_error(missing)
+        for state in states:
+            assert state is not None
+            await settled(state)
+            exc = state.exception_object()
+            if exc is not None:
+                try:
+                    raise exc
+                finally:
+                    del exc  # else this frame and the exception's traceback hold each other
+        wanted = missing
+    raise _missing_error(wanted)
+
+
+def scatter(
+    client: DataHolder,
+    data: Any,
+    workers: Any = None,
+    broadcast: bool = False,
+    direct: bool | None = None,
+    hash: bool = True,
+    timeout: Duration | None = None,
+    asynchronous: bool | None = None,
+) -> Any:
+    """Put local data on workers; returns futures in the shape given (list, dict, one).
+
+    ``workers`` (names, addresses or hosts) limits where the data goes; it waits
+    for such a worker if none is connected. ``broadcast=True`` copies every value
+    to each of those workers (all, by default). ``direct=True`` sends the data to
+    the workers' data ports instead of through the scheduler (default: the
+    client's ``direct_to_workers``). ``hash=False`` gives equal values distinct
+    keys. ``timeout`` bounds the wait for the data to be stored. Awaitable, for an
+    asynchronous client.
+    """
+    client._link.check_open()
+    allowed = worker_names(workers)
+    names, items = shapes.scatter_items(data, hash, client._unique_name)
+    awaitable = client.asynchronous if asynchronous is None else asynchronous
+    if not items:  # nothing to store
+        empty = {} if isinstance(data, Mapping) else type(data)()
+        return Ready(empty) if awaitable else empty
+    futures = {name: Future(name, client) for name in names}
+    if isinstance(data, Mapping):
+        shaped: Any = {k: futures[name] for k, name in zip(data, names, strict=True)}
+    elif isinstance(data, list | tuple):
+        shaped = type(data)(futures[n] for n in names)
+    else:
+        shaped = futures[names[0]]
+    wait = client.timeout if timeout is None else seconds(timeout) or 0.0
+    mode = client.direct_to_workers if direct is None else direct
+    store = (_scatter, client, items, futures, allowed, mode, wait, broadcast)
+    if awaitable:
+        return _then(client._link.run(*store, asynchronous=True), shaped)
+    client._link.run(*store, asynchronous=False)
+    return shaped
+
+
+async def _scatter(
+    client: DataHolder,
+    items: dict[str, payload.Pickled],
+    futures: dict[str, Future],
+    allowed: list[str],
+    mode: bool | None,
+    wait: float,
+    broadcast: bool,
+) -> None:
+    """On the session's loop: store ``items`` and wait for their futures."""
+    size = sum(map(payload.size_of, items.values()))
+    try:
+        async with asyncio.timeout(wait):
+            left = items
+            if mode or (mode is None and size >= transfers.DIRECT_FROM):
+                left = await transfers.scatter_direct(
+                    client._link.connected, items, allowed, strict=bool(mode)
+                )
+            if left:
+                await client._link.connected.request(
+                    ScatterRequest(client._link.connected.next_id(), left, allowed)
+                )
+            for fut in futures.values():
+                await settled(fut._state)
+    except TimeoutError:
+        client._link.connected.post(CancelKeys(list(futures)))  # not stored later for nobody
+        where = f" on a worker matching {allowed}" if allowed else ""
+        raise TimeoutError(f"scattered data was not stored{where} within {wait:g}s") from None
+    failed = next(iter(futures.values()))._state.exception_object()
+    if failed is not None:
+        raise failed
+    if broadcast:
+        await shared_data.copy_results(client._link, list(futures.values()), None, allowed or None)
+
+
+async def _then(stored: Awaitable[Any], value: T) -> T:
+    """``value``, once ``stored`` is done."""
+    await stored
+    return value
+
+
+def _missing_error(keys: list[str]) -> BaseException:
+    return LostDataError(f"results no longer held by any worker: {keys[:5]}")
