@@ -9,6 +9,8 @@ never after the client closed.
 from __future__ import annotations
 
 from collections import Counter
+from functools import partial
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -161,6 +163,25 @@ def test_notices_topics_and_strangers_come_out_as_they_are(state: ClientState) -
 KEYS = ("a", "b", "c")
 
 
+def test_callbacks_are_handed_out_once_with_the_settling(state: ClientState) -> None:
+    state.ref("x")
+    ran: list[str] = []
+    assert state.add_callback("x", lambda: ran.append("a"))
+    assert state.add_callback("x", lambda: ran.append("b"))
+    (settled,) = state.handle(KeysDone(["x"]))
+    assert isinstance(settled, Settled) and len(settled.callbacks) == 2
+    for callback in settled.callbacks:
+        callback()
+    assert ran == ["a", "b"]
+    assert not state.add_callback("x", lambda: ran.append("c"))  # settled: the caller runs it
+    assert not state.add_callback("unknown", lambda: None)
+    state.handle(KeysPending(["x"]))  # computed again: new callbacks wait for it
+    assert state.add_callback("x", lambda: ran.append("d"))
+    (lost,) = state.scheduler_lost("gone")
+    assert [c() for c in lost.callbacks] == [None] and ran[-1] == "d"
+    check_invariants(state)
+
+
 class References(RuleBasedStateMachine):
     """Futures come and go while the scheduler reports and the client cancels."""
 
@@ -171,6 +192,10 @@ class References(RuleBasedStateMachine):
         self.released: Counter[str] = Counter()
         #: Each key's number of lives: released keys may be referenced again.
         self.lives: Counter[str] = Counter()
+        #: Callbacks by number: the key each waits on and in which of its lives, and
+        #: how often each ran.
+        self.callbacks: dict[int, tuple[str, int]] = {}
+        self.ran: Counter[int] = Counter()
 
     @rule(key=st.sampled_from(KEYS))
     def make_future(self, key: str) -> None:
@@ -194,6 +219,20 @@ class References(RuleBasedStateMachine):
         elif self.alive[key] == 0:
             assert self.state.closed, "the last future went without a release"
 
+    def _run(self, outcomes: list[Any]) -> None:
+        for outcome in outcomes:
+            if isinstance(outcome, Settled):
+                for callback in outcome.callbacks:
+                    callback()
+
+    @rule(key=st.sampled_from(KEYS))
+    def add_callback(self, key: str) -> None:
+        number = len(self.callbacks)
+        self.callbacks[number] = (key, self.lives[key])
+        callback = partial(self.ran.update, [number])
+        if not self.state.add_callback(key, callback):
+            callback()  # settled already, or not held: the caller runs it
+
     @rule(
         keys=st.lists(st.sampled_from(KEYS), max_size=3),
         kind=st.sampled_from(["done", "erred", "failed", "cancelled", "pending"]),
@@ -209,10 +248,11 @@ class References(RuleBasedStateMachine):
             outcomes = self.state.handle(KeysFailed(keys, kind, "because"))
         for outcome in outcomes:
             assert not isinstance(outcome, Release), "a message released a key"
+        self._run(outcomes)
 
     @rule(keys=st.lists(st.sampled_from(KEYS), max_size=3))
     def cancel(self, keys: list[str]) -> None:
-        self.state.cancel(keys)
+        self._run(list(self.state.cancel(keys)))
 
     @rule(key=st.sampled_from(KEYS))
     def resubmit(self, key: str) -> None:
@@ -220,12 +260,24 @@ class References(RuleBasedStateMachine):
 
     @rule()
     def lose_the_scheduler(self) -> None:
-        for settled in self.state.scheduler_lost("gone"):
+        lost = self.state.scheduler_lost("gone")
+        for settled in lost:
             assert settled.status == LOST
+        self._run(list(lost))
 
     @rule()
     def close(self) -> None:
         self.state.close()
+
+    @invariant()
+    def callbacks_run_once_when_their_key_settles(self) -> None:
+        assert all(n == 1 for n in self.ran.values()), "a callback ran twice"
+        for number, (key, life) in self.callbacks.items():
+            record = self.state.keys.get(key)
+            if number not in self.ran and record is not None and life == self.lives[key]:
+                # Not run: its key is pending (its record keeps it). A callback of an
+                # earlier life went with its record, when the key's last future went.
+                assert record.status == PENDING, f"callback {number} of settled {key!r}"
 
     @invariant()
     def references_match(self) -> None:

@@ -267,7 +267,7 @@ class Client:
                 if isinstance(outcome, Settled):
                     waiter = self._waiting.get(outcome.key)
                     if waiter is not None:
-                        later.append(waiter.wake)
+                        later.append(functools.partial(waiter.wake, outcome.callbacks))
                 elif isinstance(outcome, Reset):
                     later.append(self._waiting[outcome.key].rearm)
                 elif isinstance(outcome, Release):
@@ -281,6 +281,10 @@ class Client:
         for step in later:
             step()
 
+    def _add_callback(self, key: str, callback: Callable[[], None]) -> bool:
+        with self._lock:
+            return self._state.add_callback(key, callback)
+
     def _notice(self, text: str) -> None:
         self.notices.append(text)
         logger.warning("scheduler: %s", text)
@@ -292,7 +296,7 @@ class Client:
             record = self._state.ref(key)
             waiter = self._waiting.get(key)
             if waiter is None:
-                waiter = self._waiting[key] = KeyState(record)
+                waiter = self._waiting[key] = KeyState(key, record, self._add_callback)
             return waiter
 
     def _unref(self, key: str) -> None:

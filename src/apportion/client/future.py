@@ -15,7 +15,7 @@ import contextlib
 import logging
 import queue
 import threading
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -33,21 +33,22 @@ logger = logging.getLogger("apportion.client")
 
 
 class KeyState:
-    """The waiting side of one key, shared by all its futures: an event and the
-    callbacks to run when the key settles. What the key is (status, error, futures
-    alive) is its ``KeyRecord`` in the client's ``ClientState``; the client wakes
-    this when that state says the key settled, and re-arms it when it is pending
-    again."""
+    """The waiting side of one key, shared by all its futures: an event to wait on.
+    What the key is (status, error, futures alive, callbacks to run) is its
+    ``KeyRecord`` in the client's ``ClientState``; the client wakes this when that
+    state says the key settled, and re-arms it when it is pending again."""
 
-    __slots__ = ("_lock", "callbacks", "event", "record")
+    __slots__ = ("_add", "event", "key", "record")
 
-    def __init__(self, record: KeyRecord) -> None:
+    def __init__(
+        self, key: str, record: KeyRecord, add: Callable[[str, Callable[[], None]], bool]
+    ) -> None:
+        self.key = key
         self.record = record
         self.event = threading.Event()
-        self.callbacks: list[Callable[[], None]] = []
-        # Makes "not done yet, so register" and "done, so run what is registered"
-        # atomic: without it a callback added while the key settles is never run.
-        self._lock = threading.Lock()
+        #: The client's ``ClientState.add_callback``, taken under the client's lock:
+        #: "not settled, so kept" and "settled, so handed out" are then one step each.
+        self._add = add
 
     @property
     def status(self) -> str:
@@ -57,21 +58,17 @@ class KeyState:
     def refs(self) -> int:
         return self.record.refs
 
-    def wake(self) -> None:
-        """The key settled (its record says how): wake its waiters."""
-        with self._lock:
-            self.event.set()
-            callbacks, self.callbacks = self.callbacks, []
+    def wake(self, callbacks: Iterable[Callable[[], None]] = ()) -> None:
+        """The key settled (its record says how): wake its waiters, then run the
+        callbacks its settling handed out."""
+        self.event.set()
         for callback in callbacks:
             callback()
 
     def add_callback(self, callback: Callable[[], None]) -> bool:
-        """Register ``callback`` for when the key settles; False if it already has."""
-        with self._lock:
-            if self.event.is_set():
-                return False
-            self.callbacks.append(callback)
-            return True
+        """Register ``callback`` for when the key settles; False if it already has
+        (the caller runs it)."""
+        return self._add(self.key, callback)
 
     def rearm(self) -> None:
         """The key is pending again (recomputed, retried, resubmitted): wait again."""

@@ -8,7 +8,10 @@ erred or failed (``handle``), or until this client cancels it (``cancel``) or
 loses the scheduler (``scheduler_lost``); then it is *settled*, and one
 ``Settled`` comes out. A settled key goes back to pending (``Reset``) when the
 scheduler says it is being computed again (a result lost with its worker, a
-``retry``), or when this client submits it again after cancelling it.
+``retry``), or when this client submits it again after cancelling it. What is to
+run once a key settles (a future's done-callbacks, an awaiting coroutine's wake-up,
+``as_completed``) is kept with it (``add_callback``) and handed out, once, with its
+``Settled``.
 
 The scheduler answers a cancel from this client with its own "cancelled" for the
 key: that echo must not cancel a run of the same key submitted again in between,
@@ -26,7 +29,7 @@ reply, where each went, and the parts forwarded ahead of a reply; the session
 from __future__ import annotations
 
 import itertools
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -63,15 +66,19 @@ class KeyRecord:
     attempts: int = 1
     #: Cancelled here; the scheduler's own "cancelled" for it is still to come.
     cancel_echo: bool = False
+    #: What to run once it settles (done-callbacks, awaiting coroutines, as_completed),
+    #: handed out with its ``Settled``; None while there is nothing.
+    callbacks: list[Callable[[], None]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Settled:
-    """``key`` is settled: wake whoever waits for it."""
+    """``key`` is settled: wake whoever waits for it, and run ``callbacks``."""
 
     key: str
     status: str
     error: Failure | None
+    callbacks: tuple[Callable[[], None], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,11 +237,24 @@ class ClientState:
                 out.append(self._settle(key, record, status, error))
         return out
 
+    def add_callback(self, key: str, callback: Callable[[], None]) -> bool:
+        """Run ``callback`` when ``key`` settles; False if it has already (or is not
+        held here): then the caller runs it itself."""
+        record = self.keys.get(key)
+        if record is None or record.status != PENDING:
+            return False
+        if record.callbacks is None:
+            record.callbacks = [callback]
+        else:
+            record.callbacks.append(callback)
+        return True
+
     @staticmethod
     def _settle(key: str, record: KeyRecord, status: str, error: Failure | None) -> Settled:
         record.status = status
         record.error = error
-        return Settled(key, status, error)
+        callbacks, record.callbacks = record.callbacks, None
+        return Settled(key, status, error, tuple(callbacks) if callbacks else ())
 
     @staticmethod
     def _reset(key: str, record: KeyRecord) -> Reset:
@@ -248,6 +268,7 @@ def check_invariants(state: ClientState) -> None:
     for key, record in state.keys.items():
         assert record.refs > 0, f"{key!r} kept with no reference"
         assert record.status == PENDING or record.status in SETTLED, record.status
+        assert record.status == PENDING or not record.callbacks, f"{key!r}: callbacks kept"
         if record.status in (PENDING, FINISHED):
             assert record.error is None, f"{key!r} {record.status} with an error"
         else:
