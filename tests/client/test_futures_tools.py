@@ -157,6 +157,26 @@ def test_progress_single_bar_and_failures(client: Client) -> None:
     assert "all 3/3" in out.getvalue() and "1 failed" in out.getvalue()
 
 
+def test_progress_groups_by_a_function_of_the_key_and_refuses_a_bad_group_by(
+    client: Client,
+) -> None:
+    keys = [f"odd-{i}" if i % 2 else f"even-{i}" for i in range(4)]
+    futures = client.map(inc, range(4), key=keys)
+    out = io.StringIO()
+    progress(futures, notebook=False, file=out, group_by=lambda key: key[-1])
+    assert [line.split("|")[2].split() for line in out.getvalue().splitlines()] == [
+        ["0", "1/1"],
+        ["1", "1/1"],
+        ["2", "1/1"],
+        ["3", "1/1"],
+    ]
+    out = io.StringIO()
+    progress(futures, notebook=False, file=out, group_by="spans")  # no spans: by group
+    assert re.search(r"even +2/2", out.getvalue()) and re.search(r"odd +2/2", out.getvalue())
+    with pytest.raises(ValueError, match="group_by"):
+        progress(futures, notebook=False, group_by="incorrect")
+
+
 def test_progress_redraws_in_place_on_a_terminal(client: Client) -> None:
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

@@ -655,6 +655,10 @@ def test_replicate_puts_a_copy_on_every_worker(client: Client, cluster: InProces
     }
     client.replicate([x], n=1)
     assert len(client.who_has([x])[x.key]) == 1
+    for n in (0, -1):  # as Dask: replicate never deletes the last copies
+        with pytest.raises(ValueError, match="cannot delete data"):
+            client.replicate([x], n=n)
+    assert len(client.who_has([x])[x.key]) == 1
     assert x.result() == 2
 
 

@@ -15,10 +15,12 @@ from __future__ import annotations
 import importlib.util
 import sys
 import time
+from collections.abc import Callable
 from typing import IO, Any
 
 from apportion.client.progress_tally import Tally
 from apportion.client.waiting import futures_of
+from apportion.core.groups import group_of
 
 #: Seconds between redraws.
 DEFAULT_INTERVAL = 0.1
@@ -61,6 +63,7 @@ def progress(
     interval: float = DEFAULT_INTERVAL,
     file: IO[str] | None = None,
     width: int = 40,
+    group_by: str | Callable[[str], str] = "prefix",
     **kwargs: Any,
 ) -> Any:
     """Show progress of futures or persisted collections until they are all done.
@@ -69,11 +72,16 @@ def progress(
     bar for everything. In a terminal it blocks until done and returns None; in
     Jupyter (``notebook=None`` guesses, ``notebook=False`` forces text) it returns
     a widget at once. ``complete`` is accepted for Dask's signature: finished
-    futures are always counted. A collection that was not persisted has no futures
-    to follow: persist it first (``x = client.persist(x)``).
+    futures are always counted. ``group_by``: "prefix" (the task group, the
+    default), or a function of the key giving its bar's name; Dask's "spans" groups
+    by task group here, as apportion has no spans. A collection that was not
+    persisted has no futures to follow: persist it first (``x = client.persist(x)``).
     """
+    if group_by not in ("prefix", "spans") and not callable(group_by):
+        raise ValueError(f"`group_by` should be 'spans', 'prefix', or a Callable, not {group_by!r}")
+    group = group_by if callable(group_by) else group_of
     tracked = futures_of(list(futures))
-    tally = Tally(tracked, multi)
+    tally = Tally(tracked, multi, group)
     if notebook is None:
         notebook = _in_notebook()
     if notebook:

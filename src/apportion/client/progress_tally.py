@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import partial
 
 from apportion.client.future import Future
@@ -20,7 +20,9 @@ from apportion.core.groups import group_of
 class Tally:
     """Done and failed counts per group, kept by done-callbacks from any thread."""
 
-    def __init__(self, futures: Iterable[Future], multi: bool) -> None:
+    def __init__(
+        self, futures: Iterable[Future], multi: bool, group: Callable[[str], str] = group_of
+    ) -> None:
         self._lock = threading.Lock()
         self.start = time.monotonic()
         self.total: dict[str, int] = {}
@@ -29,17 +31,16 @@ class Tally:
         self._all_done = threading.Event()
         self._left = 0
         self._futures = list(futures)
-        for fut in self._futures:
-            group = group_of(fut.key) if multi else "all"
-            self.total[group] = self.total.get(group, 0) + 1
-            self.done.setdefault(group, 0)
-            self.failed.setdefault(group, 0)
+        names = [str(group(fut.key)) if multi else "all" for fut in self._futures]
+        for name in names:
+            self.total[name] = self.total.get(name, 0) + 1
+            self.done.setdefault(name, 0)
+            self.failed.setdefault(name, 0)
         self._left = len(self._futures)
         if not self._left:
             self._all_done.set()
-        for fut in self._futures:
-            group = group_of(fut.key) if multi else "all"
-            fut.add_done_callback(partial(self._finished, group=group))
+        for fut, name in zip(self._futures, names, strict=True):
+            fut.add_done_callback(partial(self._finished, group=name))
 
     def _finished(self, future: Future, group: str) -> None:
         with self._lock:

@@ -253,6 +253,8 @@ def replicate(
     (or, asynchronous, gives an awaitable) until done. ``branching_factor`` is
     accepted for Dask's sake: copies are relayed by the scheduler, not passed on
     from worker to worker."""
+    if n is not None and n < 1:
+        raise ValueError(f"replicate: n must be 1 or more, not {n}: it cannot delete data")
     link.check_open()
     found = futures_of(futures)
     names = None if workers is None else _addresses(workers)
