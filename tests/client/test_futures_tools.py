@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from apportion import Client, as_completed, progress
+from apportion import Client, as_completed, progress, wait
 from apportion.client.progress import futures_of, render
 from apportion.core.groups import group_of
 from apportion.testing import InMemoryCluster
@@ -217,9 +217,13 @@ def test_executor_keywords_apply_to_every_task(client: Client) -> None:
     executor = client.get_executor(pure=False, priority=5)
     a, b = executor.submit(inc, 1), executor.submit(inc, 1)
     assert a.result() == b.result() == 2
-    with pytest.raises(TypeError, match="does not take"):
+    with pytest.raises(TypeError, match=r"unsupported arguments to ClientExecutor.*does not take"):
         client.get_executor(nonsense=True)
     executor.shutdown()
+    x, y = client.submit(inc, 1), client.submit(inc, 2)
+    with pytest.raises(TypeError, match=r"one list, wait\(\[x, y\]\)"):
+        wait(x, y)  # Dask's users meet this: the second argument is the timeout
+    assert wait([x, y]).not_done == set()
 
 
 def test_executor_map_timeout_and_cancel(client: Client, tmp_path: Any) -> None:

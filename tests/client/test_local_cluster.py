@@ -325,7 +325,7 @@ def test_client_forwards_cluster_arguments_like_dasks() -> None:
     assert "(not connected)" in repr(unconnected)
     with pytest.raises(RuntimeError, match="not connected yet: await it first"):
         unconnected.submit(int)
-    with pytest.raises(TypeError, match="unexpected keyword"):
+    with pytest.raises(TypeError, match="Unexpected keyword arguments: n_wrokers"):
         Client(processes=False, n_wrokers=1)
 
 

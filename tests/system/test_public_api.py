@@ -90,5 +90,5 @@ def test_default_client_is_the_newest_open_default_client(
                 assert apportion.default_client() is second
                 assert apportion.default_client(other) is other
             assert Client.current() is first
-        with pytest.raises(ValueError, match="no open client"):
+        with pytest.raises(ValueError, match=r"No clients found \(no open client\)"):
             apportion.default_client()

@@ -620,8 +620,8 @@ def default_client(c: Client | None = None) -> Client:
     client = dask_default.current()
     if not isinstance(client, Client):  # None: every default client is a Client
         raise ValueError(
-            "no open client: start one first, e.g. client = Client() for a local "
-            "cluster or Client('tcp://scheduler:8786')"
+            "No clients found (no open client): start one first, e.g. client = Client() "
+            "for a local cluster or Client('tcp://scheduler:8786')"
         )
     return client
 

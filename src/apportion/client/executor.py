@@ -44,7 +44,8 @@ class ClientExecutor(cf.Executor):
         unknown = set(task_keywords) - TASK_KEYWORDS
         if unknown:
             raise TypeError(
-                f"get_executor does not take {sorted(unknown)}; it takes {sorted(TASK_KEYWORDS)}"
+                f"unsupported arguments to ClientExecutor: {sorted(unknown)} (get_executor "
+                f"does not take them; it takes {sorted(TASK_KEYWORDS)})"
             )
         self._client = client
         self._keywords = task_keywords

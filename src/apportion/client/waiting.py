@@ -67,6 +67,11 @@ def wait(
     (its parts), as Dask's ``wait`` takes them. For an asynchronous client, from
     its running loop: an awaitable that waits there (``await wait(futures)``).
     """
+    if isinstance(timeout, Future):
+        raise TypeError(
+            "wait takes its futures as one list, wait([x, y]), not wait(x, y): its "
+            "second argument is the timeout"
+        )
     futures = futures_of(fs)
     if return_when not in (ALL_COMPLETED, FIRST_COMPLETED):
         raise ValueError(f"return_when must be {ALL_COMPLETED} or {FIRST_COMPLETED}")

@@ -104,7 +104,11 @@ def sort_options(given: Mapping[str, Any], ignorable: Iterable[str], where: str)
     allowed = frozenset(ignorable)
     unknown = sorted(set(given) - allowed)
     if unknown:
-        raise TypeError(f"{where} got unexpected keyword arguments: {', '.join(unknown)}")
+        # Dask's words first ("Unexpected keyword arguments"), which users search for.
+        raise TypeError(
+            f"Unexpected keyword arguments: {', '.join(unknown)} "
+            f"({where} got unexpected keyword arguments)"
+        )
     return sorted(given)
 
 
