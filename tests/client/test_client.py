@@ -227,6 +227,7 @@ def test_why_story_and_scheduler_info(cluster: InMemoryCluster, client: Client) 
     info = client.scheduler_info()
     pools = {w["name"]: w["resources"] for w in info["workers"].values()}
     assert pools == {"gpu-a": {"GPU": 2.0}, "plain": {}}
+    assert 0 < info["started"] <= time.time()  # when it started, as Dask's says
     client.wait_for_workers(2, timeout=5)
 
 

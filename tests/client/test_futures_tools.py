@@ -191,6 +191,7 @@ def test_progress_of_a_persisted_collection(client: Client) -> None:
     db = pytest.importorskip("dask.bag")
     bag = client.persist(db.from_sequence(range(8), npartitions=4).map(inc))
     assert len(futures_of(bag)) == 4
+    assert futures_of([db.Bag, bag]) == futures_of(bag)  # a collection's class holds none
     out = io.StringIO()
     progress(bag, notebook=False, file=out)
     assert "4/4" in out.getvalue()

@@ -327,6 +327,8 @@ def test_client_forwards_cluster_arguments_like_dasks() -> None:
         unconnected.submit(int)
     with pytest.raises(TypeError, match="Unexpected keyword arguments: n_wrokers"):
         Client(processes=False, n_wrokers=1)
+    with pytest.raises(TypeError, match=r"a Cluster instance, not the class .*LocalCluster\(\)"):
+        Client(LocalCluster)  # type: ignore[arg-type]
 
 
 @pytest.mark.tcp

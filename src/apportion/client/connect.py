@@ -54,6 +54,12 @@ def cluster_to_use(
     error, or ignored with a warning for Dask's own client tuning.
     """
     own: LocalCluster | None = None
+    if isinstance(address, type):
+        # Dask's words first: "Scheduler address must be a string or a Cluster instance".
+        raise TypeError(
+            "Scheduler address must be a string or a Cluster instance, not the class "
+            f"{address.__name__}: make the cluster first, Client({address.__name__}())"
+        )
     if address is None:
         options = {**cluster_options, "asynchronous": True} if asynchronous else cluster_options
         if security is not None:

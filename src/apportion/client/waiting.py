@@ -39,7 +39,8 @@ def futures_of(obj: Any) -> list[Future]:
             stack.extend(item)
         elif isinstance(item, dict):
             stack.extend(item.values())
-        elif hasattr(item, "__dask_graph__"):
+        elif hasattr(item, "__dask_graph__") and not isinstance(item, type):
+            # A collection, not its class (``futures_of(da.Array)`` holds no future).
             graph = item.__dask_graph__() or {}
             stack.extend(getattr(v, "value", v) for v in graph.values())
     seen: set[int] = set()

@@ -175,7 +175,8 @@ class Scheduler(BackgroundService):
         self._server = await self._listen()
         self.address = self._server.address
         listening(self.address, self.security)
-        self.state.identity = {"id": self.id, "address": self.address}
+        # "started": the wall-clock time it started, as Dask's ``scheduler_info`` says.
+        self.state.identity = {"id": self.id, "address": self.address, "started": self.clock.time()}
         self.state.remote.versions = versions()
         self.state.remote.logs = lambda n: [list(r) for r in self.logs.recent(n)]
         try:
