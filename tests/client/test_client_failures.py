@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import operator
 import threading
 import time
@@ -173,6 +174,40 @@ def test_gather_skip_leaves_failures_out(client: Client) -> None:
         client.gather([good], errors="ignore")
     with pytest.raises(ZeroDivisionError):
         client.gather([good, bad])
+
+
+#: Set at the end of the test that holds tasks on it (workers share this process).
+HOLD = threading.Event()
+
+
+def held() -> int:
+    HOLD.wait(30)
+    return 1
+
+
+def test_a_failure_is_raised_at_once_not_after_the_rest(client: Client) -> None:
+    """As Dask's: ``gather`` and ``get`` raise the first failure while the other
+    tasks still run (they would run for as long as ``HOLD`` stays unset here)."""
+    try:
+        slow = client.submit(held, pure=False)
+        bad = client.submit(operator.truediv, 1, 0)
+        with pytest.raises(ZeroDivisionError):
+            client.gather([slow, bad])
+        assert not slow.done()
+        with pytest.raises(ZeroDivisionError):
+            client.get({"s": (held,), "b": (operator.truediv, 2, 0)}, ["s", "b"])
+
+        async def gathered() -> None:
+            async with Client(client.scheduler_address, asynchronous=True) as ac:
+                late = ac.submit(held, pure=False)
+                with pytest.raises(ZeroDivisionError):
+                    await ac.gather([late, ac.submit(operator.truediv, 3, 0)])
+                assert not late.done()
+
+        asyncio.run(gathered())
+    finally:
+        HOLD.set()
+    assert slow.result(timeout=10) == 1
 
 
 def test_every_client_is_told_when_nobody_can_run_its_request() -> None:

@@ -218,6 +218,7 @@ def test_executor_keywords_apply_to_every_task(client: Client) -> None:
     executor = client.get_executor(pure=False, priority=5)
     a, b = executor.submit(inc, 1), executor.submit(inc, 1)
     assert a.result() == b.result() == 2
+    assert executor.submit(inc, 2, pure=False).result() == 3  # given twice: the call's wins
     with pytest.raises(TypeError, match=r"unsupported arguments to ClientExecutor.*does not take"):
         client.get_executor(nonsense=True)
     executor.shutdown()

@@ -64,9 +64,7 @@ async def _gather(client: DataHolder, futures: Any, errors: str, direct: bool | 
     """On the session's loop: wait for ``futures``, then fetch their results."""
     found: list[Future] = []
     shapes.collect(futures, found)
-    for fut in found:
-        if not fut._state.event.is_set():
-            await settled(fut._state)
+    await _settled(found, errors == "raise")
     values: dict[str, Any] = {}
     for fut in found:
         exc = fut._state.exception_object()
@@ -81,6 +79,22 @@ async def _gather(client: DataHolder, futures: Any, errors: str, direct: bool | 
     if wanted:
         values.update(await _gather_keys_async(client, wanted, direct))
     return shapes.rebuild(futures, values)
+
+
+async def _settled(found: list[Future], until_a_failure: bool) -> None:
+    """Wait until every future in ``found`` is done, or (``until_a_failure``) one has
+    failed: as Dask's ``gather`` raises the first failure without waiting for the
+    rest, which may run for hours."""
+    waiting = {settled(fut._state): fut for fut in found if not fut._state.event.is_set()}
+    try:
+        while waiting:
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            ended = [waiting.pop(d) for d in done]
+            if until_a_failure and any(f._state.record.error is not None for f in ended):
+                return
+    finally:
+        for left in waiting:
+            left.cancel()  # its key's callback then finds it done, and does nothing
 
 
 def gather_keys(client: DataHolder, keys: list[str]) -> dict[str, Any]:

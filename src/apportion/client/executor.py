@@ -60,7 +60,9 @@ class ClientExecutor(cf.Executor):
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-            future = self._client.submit(fn, *args, **self._keywords, **kwargs)
+            # A keyword given here wins over the executor's (``pure=False`` on both is
+            # fine), as Dask's executor merges them.
+            future = self._client.submit(fn, *args, **{**self._keywords, **kwargs})
             outer = _wrap(future)
             self._returned.add(outer)
         return outer
