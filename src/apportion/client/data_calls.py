@@ -8,7 +8,9 @@ scheduler or straight to workers) is transfers.py's; these are functions of a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Mapping
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from apportion.client import actors, shapes, shared_data, transfers
@@ -84,17 +86,32 @@ async def _gather(client: DataHolder, futures: Any, errors: str, direct: bool | 
 async def _settled(found: list[Future], until_a_failure: bool) -> None:
     """Wait until every future in ``found`` is done, or (``until_a_failure``) one has
     failed: as Dask's ``gather`` raises the first failure without waiting for the
-    rest, which may run for hours."""
-    waiting = {settled(fut._state): fut for fut in found if not fut._state.event.is_set()}
-    try:
-        while waiting:
-            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            ended = [waiting.pop(d) for d in done]
-            if until_a_failure and any(f._state.record.error is not None for f in ended):
-                return
-    finally:
-        for left in waiting:
-            left.cancel()  # its key's callback then finds it done, and does nothing
+    rest, which may run for hours. One callback per future and one wait, so that a
+    gather of 100,000 futures costs the same per future as one of ten."""
+    if until_a_failure and any(f._state.record.error is not None for f in found):
+        return  # failed already: no need to wait for the others
+    pending = [f for f in found if not f._state.event.is_set()]
+    if not pending:
+        return
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    left = len(pending)
+
+    def one_settled(fut: Future) -> None:  # on ``loop``
+        nonlocal left
+        left -= 1
+        failed = until_a_failure and fut._state.record.error is not None
+        if (left == 0 or failed) and not done.done():
+            done.set_result(None)
+
+    def from_any_thread(fut: Future) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            loop.call_soon_threadsafe(one_settled, fut)
+
+    for fut in pending:
+        if not fut._state.add_callback(partial(from_any_thread, fut)):
+            one_settled(fut)
+    await done
 
 
 def gather_keys(client: DataHolder, keys: list[str]) -> dict[str, Any]:
