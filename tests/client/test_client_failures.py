@@ -188,6 +188,7 @@ def held() -> int:
 def test_a_failure_is_raised_at_once_not_after_the_rest(client: Client) -> None:
     """As Dask's: ``gather`` and ``get`` raise the first failure while the other
     tasks still run (they would run for as long as ``HOLD`` stays unset here)."""
+    HOLD.clear()
     try:
         slow = client.submit(held, pure=False)
         bad = client.submit(operator.truediv, 1, 0)

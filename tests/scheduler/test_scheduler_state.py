@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TypeVar
 
 import pytest
@@ -70,29 +70,6 @@ from apportion.scheduler.unsatisfiable import check_demand
 from apportion.testing import Interval, RecordingCluster, UnexpectedMessages
 
 M = TypeVar("M", bound=Message)
-
-
-@pytest.fixture
-def make_sim() -> Iterator[Callable[..., RecordingCluster]]:
-    """Build clusters (with a client "c1"); after the test, check their invariants and
-    that every message they sent was taken by the test (or allowed by it)."""
-    made: list[RecordingCluster] = []
-
-    def make(config: SchedulerConfig | None = None) -> RecordingCluster:
-        cluster = RecordingCluster(config or SchedulerConfig())
-        cluster.add_client("c1")
-        made.append(cluster)
-        return cluster
-
-    yield make
-    for cluster in made:
-        check_invariants(cluster.state)
-        cluster.check_all_taken()
-
-
-@pytest.fixture
-def sim(make_sim: Callable[..., RecordingCluster]) -> RecordingCluster:
-    return make_sim()
 
 
 def peak(intervals: list[Interval], keys: set[str], worker: str | None = None) -> int:

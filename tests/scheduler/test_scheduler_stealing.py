@@ -9,7 +9,7 @@ every resource comes back.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -17,33 +17,14 @@ from apportion.protocol.tasks import CancelKeys, KeysFailed, KeysPending, Submit
 from apportion.protocol.worker import ComputeTask, Heartbeat, StealRequest, WorkerClosing
 from apportion.scheduler.events import Tick
 from apportion.scheduler.explain import explain
-from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import ERRED, MEMORY, QUEUED
-from apportion.scheduler.state import SchedulerConfig
 from apportion.testing import RecordingCluster
 
 
 @pytest.fixture
-def make_sim() -> Iterator[Callable[..., RecordingCluster]]:
-    """Clusters whose workers answer steal requests only as each test says; after the
-    test, their invariants hold and every message they sent was taken."""
-    made: list[RecordingCluster] = []
-
-    def make(config: SchedulerConfig | None = None) -> RecordingCluster:
-        cluster = RecordingCluster(config or SchedulerConfig(), answers_steals=False)
-        cluster.add_client("c1")
-        made.append(cluster)
-        return cluster
-
-    yield make
-    for cluster in made:
-        check_invariants(cluster.state)
-        cluster.check_all_taken()
-
-
-@pytest.fixture
 def sim(make_sim: Callable[..., RecordingCluster]) -> RecordingCluster:
-    return make_sim()
+    """Workers answer steal requests only as each test says."""
+    return make_sim(answers_steals=False)
 
 
 def _queued_behind_a_blocker(
