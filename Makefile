@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: demo test test-fast check lint typecheck bench bench-scale bench-memory clean
+.PHONY: demo test test-fast check lint typecheck bench bench-scale bench-memory dask-tests clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -54,6 +54,13 @@ bench-scale: $(BENCH_STAMP)
 # minutes; `make bench` runs the same at half the sizes.
 bench-memory: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/memory_order.py --full
+
+# Dask.distributed's own tests of its public API, run against apportion; they are read
+# from a checkout of dask/distributed: `make dask-tests DASK_CHECKOUT=path`. Minutes:
+# not part of `make test`.
+dask-tests: $(TEST_STAMP)
+	@test -n "$(DASK_CHECKOUT)" || { echo "give DASK_CHECKOUT=<a clone of dask/distributed>"; exit 2; }
+	$(BIN)/python tools/dask_tests/run.py --checkout $(DASK_CHECKOUT)
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .mypy_cache .pytest_cache .ruff_cache

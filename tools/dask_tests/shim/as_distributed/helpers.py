@@ -1,0 +1,65 @@
+"""Small utilities Dask's tests import from ``distributed``'s modules and that touch no
+cluster (times, platform flags, temporary files, ports): this harness's own versions."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import socket
+import sys
+import tempfile
+import time as _time
+from collections.abc import Iterator
+from typing import Any
+from xml.etree import ElementTree
+
+import cloudpickle
+import psutil
+from dask.sizeof import sizeof
+
+from apportion import CancelledError, TimeoutError
+
+__all__ = ["CancelledError", "TimeoutError", "sizeof"]
+
+time = _time.time
+monotonic = _time.monotonic
+LINUX = sys.platform.startswith("linux")
+MACOS = sys.platform == "darwin"
+WINDOWS = sys.platform.startswith("win")
+MEMORY_LIMIT = psutil.virtual_memory().total
+dumps = cloudpickle.dumps
+
+
+def get_mp_context() -> Any:
+    return multiprocessing.get_context("spawn")
+
+
+def open_port(host: str = "") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def tmp_text(filename: str, text: str) -> Iterator[str]:
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, filename)
+        with open(path, "w") as file:
+            file.write(text)
+        yield path
+
+
+def is_valid_xml(text: str) -> bool:
+    return ElementTree.fromstring(text) is not None
+
+
+def format_time(seconds: float) -> str:
+    if seconds >= 60:
+        return f"{seconds / 60:.1f} m"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.2f} us"
