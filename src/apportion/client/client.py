@@ -493,11 +493,11 @@ class Client:
         none (``cluster_control.dashboard_link``)."""
         return cluster_control.dashboard_link(self._link, self.security)
 
-    def restart(self, timeout: float | None = None, wait_for_workers: bool = True) -> Any:
+    def restart(self, timeout: Duration | None = None, wait_for_workers: bool = True) -> Any:
         """Drop every task and result in the cluster and start every worker afresh
         (``cluster_control.restart``); ``timeout`` is four times the client's unless
         given."""
-        limit = self.timeout * 4 if timeout is None else timeout
+        limit = self.timeout * 4 if timeout is None else seconds(timeout) or 0.0
         return cluster_control.restart(self._link, self.cluster, limit, wait_for_workers)
 
     def get_dataset(self, name: Any, default: Any = shared_data.NO_DEFAULT) -> Any:
