@@ -65,6 +65,7 @@ from apportion.worker.context import (
     task_resources,
     task_variant,
 )
+from apportion.worker.printing import print, warn
 from apportion.worker.service import Worker, get_worker
 
 __version__ = "0.1.0"
@@ -129,6 +130,7 @@ __all__ = [
     "local_client",
     "parse_resources",
     "performance_report",
+    "print",
     "progress",
     "rejoin",
     "secede",
@@ -138,5 +140,6 @@ __all__ = [
     "task_resources",
     "task_variant",
     "wait",
+    "warn",
     "worker_client",
 ]
