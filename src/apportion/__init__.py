@@ -50,7 +50,7 @@ from apportion.deploy.local import LocalCluster
 from apportion.deploy.slurm_cluster import SlurmCluster
 from apportion.deploy.ssh import SSHCluster
 from apportion.net.security import Security
-from apportion.plugins import WorkerPlugin
+from apportion.plugins import UploadDirectory, WorkerPlugin
 
 # Every process must decode the job queue's messages (a scheduler forwards them to
 # the queue unread) and every process runs this first; ``protocol`` may not import them.
@@ -115,6 +115,7 @@ __all__ = [
     "TimeoutError",
     "UnknownResourceError",
     "UnsatisfiableError",
+    "UploadDirectory",
     "Variable",
     "Worker",
     "WorkerCrashedError",
