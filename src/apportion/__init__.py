@@ -50,7 +50,7 @@ from apportion.deploy.local import LocalCluster
 from apportion.deploy.slurm_cluster import SlurmCluster
 from apportion.deploy.ssh import SSHCluster
 from apportion.net.security import Security
-from apportion.plugins import WorkerPlugin
+from apportion.plugins import UploadDirectory, WorkerPlugin
 
 # Every process must decode the job queue's messages (a scheduler forwards them to
 # the queue unread) and every process runs this first; ``protocol`` may not import them.
@@ -65,6 +65,7 @@ from apportion.worker.context import (
     task_resources,
     task_variant,
 )
+from apportion.worker.printing import print, warn
 from apportion.worker.service import Worker, get_worker
 
 __version__ = "0.1.0"
@@ -114,6 +115,7 @@ __all__ = [
     "TimeoutError",
     "UnknownResourceError",
     "UnsatisfiableError",
+    "UploadDirectory",
     "Variable",
     "Worker",
     "WorkerCrashedError",
@@ -129,6 +131,7 @@ __all__ = [
     "local_client",
     "parse_resources",
     "performance_report",
+    "print",
     "progress",
     "rejoin",
     "secede",
@@ -138,5 +141,6 @@ __all__ = [
     "task_resources",
     "task_variant",
     "wait",
+    "warn",
     "worker_client",
 ]

@@ -4,13 +4,22 @@ for an actor's lifetime (an in-memory cluster: no socket, no subprocess)."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import gc
 import threading
 from collections.abc import Iterator
 
 import pytest
 
-from apportion import Actor, ActorFuture, Client, get_worker, task_resources
+from apportion import (
+    Actor,
+    ActorFuture,
+    Client,
+    Future,
+    as_completed,
+    get_worker,
+    task_resources,
+)
 from apportion.testing import InMemoryCluster
 from cli_processes import poll
 from cluster_checks import checked_client, settle
@@ -189,3 +198,57 @@ def test_dask_counter_example_with_an_asynchronous_client(cluster: InMemoryClust
     assert asyncio.run(asyncio.wait_for(main(), 30)) == (1, 6, 6)
     settle(cluster)
     assert not cluster.scheduler.state.tasks
+
+
+# --- as_completed over actor calls (as Dask's test_actor.py iterates them) ----------
+
+
+def test_as_completed_yields_actor_calls_as_they_return(client: Client) -> None:
+    counter = client.submit(Counter, actor=True).result()
+    calls = [counter.increment() for _ in range(10)]
+    seen = [call.result() for call in as_completed(calls)]
+    assert sorted(seen) == list(range(1, 11))
+    assert all(call.done() for call in calls)
+
+
+def test_as_completed_mixes_task_futures_and_actor_calls(client: Client) -> None:
+    counter = client.submit(Counter, actor=True).result()
+    mixed: list[Future | ActorFuture] = [counter.add(5), client.submit(int, "7"), counter.fail()]
+    pairs = list(as_completed(mixed, with_results=True, raise_errors=False))
+    by_call = {id(f): outcome for f, outcome in pairs}
+    assert by_call[id(mixed[0])] == 5
+    assert by_call[id(mixed[1])] == 7
+    kind, exc, _ = by_call[id(mixed[2])]
+    assert kind is ValueError and "counter refused" in str(exc)
+    with pytest.raises(ValueError, match="counter refused"):
+        list(as_completed([counter.fail()], with_results=True))
+    with pytest.raises(TypeError, match="takes futures and actor calls' ActorFutures, not int"):
+        as_completed([3])  # type: ignore[list-item]
+
+
+def test_as_completed_over_actor_calls_of_an_asynchronous_client(
+    cluster: InMemoryCluster,
+) -> None:
+    async def main() -> list[int]:
+        async with Client(cluster.scheduler.address, asynchronous=True) as client:
+            counter = await client.submit(Counter, actor=True)
+            calls = [counter.increment() for _ in range(5)]
+            calls_and_task = [*calls, client.submit(int, "0")]
+            got = [await call async for call in as_completed(calls_and_task)]
+            with pytest.raises(RuntimeError, match="use 'async for"):
+                next(as_completed([counter.increment()]))
+            return sorted(got)
+
+    assert asyncio.run(asyncio.wait_for(main(), 30)) == [0, 1, 2, 3, 4, 5]
+    settle(cluster)
+
+
+def test_an_actor_call_takes_dask_durations(client: Client) -> None:
+    counter = client.submit(Counter, actor=True).result()
+    assert counter.increment().result(timeout="10s") == 1
+    assert counter.fail().exception(timeout="1 minute") is not None
+    blocked = ActorFuture(concurrent.futures.Future(), "Counter.increment", "inproc://x")
+    with pytest.raises(TimeoutError, match="did not return"):
+        blocked.result(timeout="20ms")
+    with pytest.raises(ValueError, match="timeout='soon' is not a duration"):
+        blocked.result(timeout="soon")

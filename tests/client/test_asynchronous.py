@@ -180,13 +180,40 @@ def test_closing_fails_pending_awaits_at_once(cluster: InMemoryCluster) -> None:
     run(main)
 
 
+def test_datasets_of_an_asynchronous_client_are_awaited(cluster: InMemoryCluster) -> None:
+    """Dask's test_datasets_async: get and iterate awaited; what Python cannot await
+    is a TypeError saying what to await instead."""
+
+    async def main() -> None:
+        async with Client(cluster.address, asynchronous=True) as client:
+            await client.publish_dataset(foo=1, bar=2)
+            assert await client.datasets["foo"] == 1
+            assert await client.datasets.get("nope", "fallback") == "fallback"
+            assert {name async for name in client.datasets} == {"foo", "bar"}
+            with pytest.raises(TypeError, match="publish_dataset"):
+                client.datasets["baz"] = 3
+            with pytest.raises(TypeError, match="unpublish_dataset"):
+                del client.datasets["foo"]
+            with pytest.raises(TypeError, match="'async for'"):
+                next(iter(client.datasets))
+            with pytest.raises(TypeError, match="list_datasets"):
+                len(client.datasets)
+            with pytest.raises(TypeError, match="list_datasets"):
+                _ = "foo" in client.datasets
+            # From a thread without a loop, the same client blocks, as Dask's does.
+            assert await asyncio.to_thread(lambda: sorted(client.datasets)) == ["bar", "foo"]
+            await client.unpublish_dataset(["foo", "bar"])
+
+    run(main)
+
+
 def test_calls_that_would_block_the_loop_say_what_to_do(cluster: InMemoryCluster) -> None:
     dask = pytest.importorskip("dask")
 
     async def main() -> None:
         async with Client(cluster.address, asynchronous=True) as client:
-            with pytest.raises(RuntimeError, match="no asynchronous form"):
-                _ = client.datasets
+            with pytest.raises(TypeError, match=r"await client\.publish_dataset"):
+                client.datasets["x"] = 1
             with pytest.raises(RuntimeError, match=r"await client\.compute\(x\)"):
                 dask.delayed(inc)(1).compute()
             assert await client.compute(dask.delayed(inc)(1)) == 2

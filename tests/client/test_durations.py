@@ -6,8 +6,20 @@ import datetime
 
 import pytest
 
-from apportion import Client, LocalCluster, as_completed, wait
+from apportion import (
+    Client,
+    Event,
+    LocalCluster,
+    Lock,
+    Queue,
+    Semaphore,
+    Variable,
+    as_completed,
+    wait,
+)
 from apportion.core.durations import seconds
+from apportion.testing import InMemoryCluster
+from cluster_checks import checked_client
 
 
 @pytest.mark.parametrize(
@@ -46,7 +58,38 @@ def test_dask_style_timeouts_are_taken_everywhere() -> None:
             assert list(as_completed([future], timeout="5s")) == [future]
             client.wait_for_workers(1, timeout="5s")
             cluster.wait_for_workers(1, timeout="5s")
+            cluster.scale(1, timeout="30s")
             [scattered] = client.scatter([1], timeout="5s")
             assert scattered.result() == 1
         with pytest.raises(ValueError, match="Client timeout='soon' is not a duration"):
             Client(cluster, timeout="soon")
+        cluster.close(timeout="5s")
+
+
+def test_every_client_timeout_takes_dask_durations() -> None:
+    with InMemoryCluster([{"nthreads": 1}]) as cluster, checked_client(cluster) as client:
+        executor = client.get_executor()
+        assert list(executor.map(abs, [-1, -2], timeout="10s")) == [1, 2]
+        lock = Lock("durations")
+        assert lock.acquire(timeout="1s")
+        assert not Lock("durations").acquire(timeout="20ms")
+        lock.release()
+        semaphore = Semaphore(1, "durations-sem")
+        assert semaphore.acquire(timeout="0s")
+        semaphore.release()
+        assert not Event("durations-event").wait(timeout="20 ms")
+        with pytest.raises(TimeoutError):
+            Variable("durations-var").get(timeout="20ms")
+        with pytest.raises(TimeoutError):
+            Queue("durations-queue").get(timeout="20ms")
+        future = client.submit(abs, -3)
+        assert future.result(timeout="10s") == 3
+        assert client.gather([future]) == [3]
+        client.restart(timeout="15s")
+        assert client.submit(abs, -4).result(timeout="10s") == 4
+        with pytest.raises(ValueError, match="timeout='fortnight' is not a duration"):
+            client.restart(timeout="fortnight")
+        with pytest.raises(ValueError, match="unknown unit 'parsecs'"):
+            lock.acquire(timeout="3 parsecs")
+        with pytest.raises(ValueError, match="is not a duration"):
+            list(executor.map(abs, [1], timeout="later"))

@@ -589,6 +589,10 @@ def test_datasets_behave_as_a_dictionary(client: Client) -> None:
     with pytest.raises(ValueError, match="publish_dataset\\(df, name='ds'\\)"):
         client.publish_dataset(name="empty")
 
+    assert client.datasets.get("nope") is None
+    assert client.datasets.get("nope", "fallback") == "fallback"
+    with pytest.raises(TypeError, match=r"'async for'.*needs an asynchronous client"):
+        client.datasets.__aiter__()
     del client.datasets["x"]
     del client.datasets["x"]  # not published any more: as in Dask, not an error
     client.unpublish_dataset(["y", "config"])

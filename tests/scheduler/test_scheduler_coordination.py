@@ -37,7 +37,7 @@ from apportion.protocol.tasks import (
     ReleaseKeys,
     TaskErred,
 )
-from apportion.protocol.worker import FreeKeys
+from apportion.protocol.worker import FreeKeys, TaskFinished
 from apportion.scheduler.events import Tick
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import ERRED, FORGOTTEN, MEMORY
@@ -518,6 +518,27 @@ def test_a_topic_message_goes_once_to_each_client_subscribed_then(sim: Recording
     sim.client_says("c1", Unsubscribe("news"), Unsubscribe("news"))  # once too often
     sim.remove_client("c2")
     assert sim.state.coordination.topics == {}
+
+
+def test_what_a_task_prints_reaches_subscribers_ahead_of_its_outcome(
+    sim: RecordingCluster,
+) -> None:
+    """A worker publishes what tasks ``print`` (``apportion.print``) on its own
+    connection, in the same frame as, and ahead of, the task's outcome."""
+    w = sim.add_worker()
+    sim.client_says("c1", Subscribe(1, "print"))
+    sim.client_says("c2", Subscribe(2, "warn"))
+    assert answers(sim) == [(1, 1, "")] and answers(sim, "c2") == [(2, 1, "")]
+    sim.submit("chatty")
+    sim.place()
+    del sim.running[w]["chatty"]
+    finished = TaskFinished("chatty", 8, 0.001, "int", 0)
+    sim.worker_says(w, Publish("print", b"hello"), finished)
+    said = [m for m in sim.got(Message) if isinstance(m, TopicMessage | KeysDone)]
+    assert said == [TopicMessage("print", b"hello"), KeysDone(["chatty"])]
+    assert take(sim, TopicMessage, "c2") == []  # subscribed to "warn" only
+    sim.worker_says(w, Publish("warn", b"careful"))
+    assert take(sim, TopicMessage, "c2") == [TopicMessage("warn", b"careful")]
 
 
 # --- fire and forget ------------------------------------------------------------------

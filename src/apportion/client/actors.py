@@ -25,6 +25,7 @@ from typing import Any
 from apportion.client import dask_default
 from apportion.client.future import Future, FutureOwner, rebuild_exception
 from apportion.core import payload
+from apportion.core.durations import Duration, seconds
 from apportion.protocol.peer_data import ActorCall, ActorReply
 from apportion.protocol.tasks import SubmitTasks
 from apportion.worker.context import host_actor, in_task
@@ -147,7 +148,8 @@ class Actor:
             future = asyncio.run_coroutine_threadsafe(ask(), session.loop.loop)
         except RuntimeError:
             raise RuntimeError(f"{self!r}: its client is closed") from None
-        return ActorFuture(future, f"{self._cls.__name__}.{name}", address)
+        what = f"{self._cls.__name__}.{name}"
+        return ActorFuture(future, what, address, client._link.wants_async)
 
 
 #: The client unpickling results (``binding``): handles found in them bind to it.
@@ -180,11 +182,17 @@ class ActorFuture:
     ``done()``, or ``await`` it."""
 
     def __init__(
-        self, future: concurrent.futures.Future[ActorReply], what: str, address: str
+        self,
+        future: concurrent.futures.Future[ActorReply],
+        what: str,
+        address: str,
+        asynchronous: bool = False,
     ) -> None:
         self._future = future
         self._what = what
         self._address = address
+        #: Its client is asynchronous: waiting on it blocks nobody only from a thread.
+        self.asynchronous = asynchronous
 
     def __repr__(self) -> str:
         state = "finished" if self.done() else "pending"
@@ -194,17 +202,24 @@ class ActorFuture:
         """The call has returned (or failed)."""
         return self._future.done()
 
-    def result(self, timeout: float | None = None) -> Any:
-        """The method's return value; its exception if it raised; ``TimeoutError``."""
+    def result(self, timeout: Duration | None = None) -> Any:
+        """The method's return value; its exception if it raised; ``TimeoutError``
+        after ``timeout`` (seconds, or Dask's text: ``"1s"``)."""
+        limit = seconds(timeout)
         try:
-            reply = self._future.result(timeout)
+            reply = self._future.result(limit)
         except concurrent.futures.TimeoutError:
             raise TimeoutError(f"{self._what} did not return within {timeout}s") from None
         except OSError as exc:
             raise self._unreachable(exc) from None
         return self._outcome(reply)
 
-    def exception(self, timeout: float | None = None) -> BaseException | None:
+    def add_done_callback(self, callback: Callable[[ActorFuture], Any]) -> None:
+        """Call ``callback(self)`` once the call returned or failed: at once if it has,
+        else on the thread that received the reply (``as_completed`` waits so)."""
+        self._future.add_done_callback(lambda _: callback(self))
+
+    def exception(self, timeout: Duration | None = None) -> BaseException | None:
         """The exception the call raised, or None."""
         try:
             self.result(timeout)

@@ -34,6 +34,7 @@ from apportion.client import (
     dask_calls,
     dask_default,
     data_calls,
+    printing,
     remote_calls,
     shapes,
     shared_data,
@@ -41,7 +42,7 @@ from apportion.client import (
     task_stream,
     topics,
 )
-from apportion.client.asynchronous import Ready
+from apportion.client.asynchronous import Ready, awaited
 from apportion.client.connect import (
     cluster_address,
     from_scheduler_file,
@@ -185,7 +186,11 @@ class Client:
                 self._scheduler_gone,
                 security=self.security,
             )
+            session = self._link.session
+            session.run(printing.subscribe(self, session), self.timeout)
         except BaseException:
+            if self._link.session is not None:
+                self._link.session.close()
             if self._own_cluster is not None:
                 self._own_cluster.close()
             raise
@@ -214,6 +219,7 @@ class Client:
         if self.cluster is not None:
             await self.cluster  # starts an asynchronous one not started yet
             self.scheduler_address = self.cluster.scheduler_address
+        session: Session | None = None
         try:
             session, identity = await connect.session_async(
                 self.scheduler_address,
@@ -223,7 +229,10 @@ class Client:
                 self._scheduler_gone,
                 self.security,
             )
+            await awaited(session.loop, printing.subscribe, self, session, timeout=self.timeout)
         except BaseException:
+            if session is not None:
+                session.close()
             if self._own_cluster is not None:
                 await self._own_cluster._close_async()
             raise
@@ -493,11 +502,11 @@ class Client:
         none (``cluster_control.dashboard_link``)."""
         return cluster_control.dashboard_link(self._link, self.security)
 
-    def restart(self, timeout: float | None = None, wait_for_workers: bool = True) -> Any:
+    def restart(self, timeout: Duration | None = None, wait_for_workers: bool = True) -> Any:
         """Drop every task and result in the cluster and start every worker afresh
         (``cluster_control.restart``); ``timeout`` is four times the client's unless
         given."""
-        limit = self.timeout * 4 if timeout is None else timeout
+        limit = self.timeout * 4 if timeout is None else seconds(timeout) or 0.0
         return cluster_control.restart(self._link, self.cluster, limit, wait_for_workers)
 
     def get_dataset(self, name: Any, default: Any = shared_data.NO_DEFAULT) -> Any:

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from apportion.client.future import Future
 from apportion.client.state import CANCELLED, FINISHED
+from apportion.core.durations import Duration, seconds
 
 
 class Submitter(Protocol):
@@ -71,7 +72,7 @@ class ClientExecutor(cf.Executor):
         self,
         fn: Callable[..., Any],
         *iterables: Iterable[Any],
-        timeout: float | None = None,
+        timeout: Duration | None = None,
         chunksize: int = 1,
         buffersize: int | None = None,
     ) -> Iterator[Any]:
@@ -79,12 +80,13 @@ class ClientExecutor(cf.Executor):
         submitted before the first result is asked for. ``chunksize`` and
         ``buffersize`` are accepted for the standard signature: the client batches
         submissions by itself."""
+        limit = seconds(timeout)
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")
             futures = self._client.map(fn, *iterables, **self._keywords)
             self._futures.update(futures)
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if limit is None else time.monotonic() + limit
         return self._results(futures, deadline)
 
     def _results(self, futures: list[Future], deadline: float | None) -> Iterator[Any]:

@@ -83,10 +83,6 @@ class SchedulerLink(Protocol):
         """``value`` of work done at once: as it is, or (asynchronous) as an awaitable."""
         ...
 
-    def blocking_only(self, name: str) -> None:
-        """Refuse, from a running loop, a call that has no asynchronous form."""
-        ...
-
 
 class ClientLink:
     """A client's ``SchedulerLink``: its session (once connected), whether it is
@@ -165,11 +161,3 @@ class ClientLink:
 
     def ready(self, value: T) -> T | Ready[T]:
         return Ready(value) if self.asynchronous else value
-
-    def blocking_only(self, name: str) -> None:
-        if self.asynchronous:
-            raise RuntimeError(
-                f"Client.{name} has no asynchronous form, and called from the running "
-                "event loop it would block it: call it from a thread without a running "
-                f"loop (await asyncio.to_thread(...)), or use a blocking Client"
-            )

@@ -10,7 +10,7 @@ as the same collection, made of the reader's futures.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, MutableMapping
 from functools import partial
 from typing import Any
 
@@ -147,9 +147,7 @@ async def _get_datasets(
 
 
 def datasets(link: SchedulerLink, future: MakeFuture) -> Datasets:
-    """The published datasets as a mutable mapping: get, set, delete, ``in``, iterate
-    (a blocking client's; an asynchronous one awaits ``get_dataset`` and the rest)."""
-    link.blocking_only("datasets")
+    """The published datasets as a mutable mapping (see ``Datasets``)."""
     return Datasets(link, future)
 
 
@@ -314,7 +312,14 @@ async def _known_names(link: SchedulerLink, names: list[str] | None) -> list[str
 
 
 class Datasets(MutableMapping[str, Any]):
-    """``client.datasets``: the published datasets as a dictionary."""
+    """``client.datasets``: the published datasets as a dictionary.
+
+    As Dask's: on an asynchronous client, from its loop, ``await datasets[name]``,
+    ``await datasets.get(name, default)`` and ``async for name in datasets`` work;
+    what Python cannot await (``datasets[name] = x``, ``del``, ``in``, ``len``,
+    plain ``for``) raises ``TypeError`` naming the call to await instead, rather
+    than doing nothing with an awaitable no one awaits.
+    """
 
     __slots__ = ("_future", "_link")
 
@@ -325,21 +330,50 @@ class Datasets(MutableMapping[str, Any]):
     def __getitem__(self, name: str) -> Any:
         return get_dataset(self._link, self._future, name)
 
+    def get(self, name: str, default: Any = None) -> Any:
+        """The dataset ``name``, or ``default`` if none is published under it (an
+        awaitable of it on an asynchronous client)."""
+        return get_dataset(self._link, self._future, name, default)
+
     def __setitem__(self, name: str, value: Any) -> None:
+        self._blocking("datasets[name] = value", "await client.publish_dataset(name=value)")
         publish_dataset(self._link, value, name=name)
 
     def __delitem__(self, name: str) -> None:
+        self._blocking("del client.datasets[name]", "await client.unpublish_dataset(name)")
         # As Dask's: deleting a name that is not published is not an error.
         unpublish_dataset(self._link, name)
 
     def __contains__(self, name: object) -> bool:
+        self._blocking("name in client.datasets", "name in await client.list_datasets()")
         return _name(name) in list_datasets(self._link)
 
     def __iter__(self) -> Iterator[str]:
+        self._blocking("iter(client.datasets) or 'for'", "'async for'")
         return iter(list_datasets(self._link))
 
+    def __aiter__(self) -> AsyncIterator[str]:
+        if not self._link.asynchronous:
+            raise TypeError(
+                "'async for' over client.datasets needs an asynchronous client, awaited "
+                "from its event loop; iterate with 'for' instead"
+            )
+        return self._names()
+
+    async def _names(self) -> AsyncIterator[str]:
+        for name in await list_datasets(self._link):
+            yield name
+
     def __len__(self) -> int:
+        self._blocking("len(client.datasets)", "len(await client.list_datasets())")
         return len(list_datasets(self._link))
+
+    def _blocking(self, what: str, instead: str) -> None:
+        """``TypeError`` for ``what`` on an asynchronous client: it cannot be awaited."""
+        if self._link.asynchronous:
+            raise TypeError(
+                f"{what} cannot be awaited on an asynchronous client: use {instead} instead"
+            )
 
 
 class _ClientFutures(Mapping[str, Future]):

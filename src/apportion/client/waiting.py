@@ -16,6 +16,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from apportion.client import dask_default
+from apportion.client.actors import ActorFuture
 from apportion.client.asynchronous import settled, wake
 from apportion.client.future import Future
 from apportion.client.state import ERROR
@@ -122,8 +123,13 @@ async def _wait_async(
     return DoneAndNotDone(done, set(futures) - done)
 
 
+#: What ``as_completed`` yields as they finish: task futures and actor calls alike.
+Awaited = Future | ActorFuture
+
+
 class as_completed(Iterator[Any]):
-    """Iterate over futures in the order they finish, as Dask's ``as_completed``.
+    """Iterate over futures in the order they finish, as Dask's ``as_completed``:
+    futures of tasks, outcomes of calls on actors (``ActorFuture``), or both mixed.
 
     ``with_results=True`` yields ``(future, result)`` pairs, the result fetched before
     the pair is yielded; a failed future then raises its exception, or with
@@ -140,7 +146,7 @@ class as_completed(Iterator[Any]):
 
     def __init__(
         self,
-        futures: Iterable[Future] | None = None,
+        futures: Iterable[Awaited] | None = None,
         loop: Any = None,
         with_results: bool = False,
         raise_errors: bool = True,
@@ -148,7 +154,7 @@ class as_completed(Iterator[Any]):
         timeout: Duration | None = None,
     ) -> None:
         #: Futures added and not finished yet, with how often each was added.
-        self._waiting: dict[Future, int] = {}
+        self._waiting: dict[Awaited, int] = {}
         #: Finished and not yielded yet: futures, or (future, result) pairs.
         self._ready: deque[Any] = deque()
         self._condition = threading.Condition()
@@ -163,20 +169,30 @@ class as_completed(Iterator[Any]):
         if futures:
             self.update(futures)
 
-    def update(self, futures: Iterable[Future]) -> None:
+    def update(self, futures: Iterable[Awaited]) -> None:
         """Add several futures; each is yielded once it finishes."""
         added = list(futures)
         for fut in added:
-            if not isinstance(fut, Future):
-                raise TypeError(f"as_completed takes futures, not {type(fut).__name__}: {fut!r}")
+            if not isinstance(fut, Future | ActorFuture):
+                raise TypeError(
+                    f"as_completed takes futures and actor calls' ActorFutures, not "
+                    f"{type(fut).__name__}: {fut!r}"
+                )
         with self._condition:
             for fut in added:
                 self._waiting[fut] = self._waiting.get(fut, 0) + 1
-                self._asynchronous |= fut._client._link.wants_async
+                if isinstance(fut, ActorFuture):
+                    self._asynchronous |= fut.asynchronous
+                else:
+                    self._asynchronous |= fut._client._link.wants_async
         # From a running loop, a finished future's result is fetched on the client's
         # callback thread, as the others are: here it would block that loop.
         here = not (self.with_results and in_running_loop())
         for fut in added:
+            if isinstance(fut, ActorFuture):
+                # Its reply is here once it is done: nothing to fetch, on any thread.
+                fut.add_done_callback(self._finished)
+                continue
             runner = fut._client._callbacks
             if not fut._state.add_callback(partial(runner.submit, self._finished, fut)):
                 if here:
@@ -184,11 +200,11 @@ class as_completed(Iterator[Any]):
                 else:
                     runner.submit(self._finished, fut)
 
-    def add(self, future: Future) -> None:
+    def add(self, future: Awaited) -> None:
         """Add one future; it is yielded once it finishes."""
         self.update((future,))
 
-    def _finished(self, future: Future) -> None:
+    def _finished(self, future: Awaited) -> None:
         # On the client's callback thread (or the caller's, if already done), so
         # fetching the result here never blocks the iterating thread's order.
         item: Any = future
@@ -283,7 +299,7 @@ class as_completed(Iterator[Any]):
     def _raise_if_failed(self, item: Any) -> Any:
         if self.with_results and self.raise_errors:
             future, outcome = item
-            if future.status == ERROR and isinstance(outcome, tuple):
+            if isinstance(outcome, tuple) and _erred(future):
                 raise outcome[1]
         return item
 
@@ -307,11 +323,18 @@ class as_completed(Iterator[Any]):
         return f"<as_completed: waiting={len(self._waiting)} done={len(self._ready)}>"
 
 
-def _outcome(future: Future) -> Any:
+def _outcome(future: Awaited) -> Any:
     """What Dask pairs a finished future with: its result, or its failure."""
     exc = future.exception()
     if exc is None:
         return future.result()
-    if future.status == ERROR:
+    if _erred(future):
         return (type(exc), exc, exc.__traceback__)
     return exc
+
+
+def _erred(future: Awaited) -> bool:
+    """The finished ``future`` failed (rather than being cancelled, or returning)."""
+    if isinstance(future, ActorFuture):
+        return future.exception() is not None  # an actor call is never cancelled
+    return future.status == ERROR

@@ -442,7 +442,7 @@ class LocalCluster:
 
     # --- changing the workers ---------------------------------------------------------
 
-    def scale(self, n: int, timeout: float = DRAIN_SECONDS + 30.0) -> Any:
+    def scale(self, n: int, timeout: Duration = DRAIN_SECONDS + 30.0) -> Any:
         """Grow or shrink to ``n`` workers; returns once there are ``n`` (an
         asynchronous cluster: an awaitable, the work done on a thread of its own).
 
@@ -452,9 +452,10 @@ class LocalCluster:
         """
         if n < 0:
             raise ValueError(f"scale: n must be 0 or more, got {n}")
+        limit = seconds(timeout) or 0.0
         if self.asynchronous:
-            return in_thread(partial(self._scale, n, timeout), "apportion-cluster-scale")
-        self._scale(n, timeout)
+            return in_thread(partial(self._scale, n, limit), "apportion-cluster-scale")
+        self._scale(n, limit)
         return None
 
     def _scale(self, n: int, timeout: float) -> None:
@@ -504,7 +505,7 @@ class LocalCluster:
         if self._pool is not None:
             self._pool.mute()
 
-    def restart_workers(self, timeout: float | None = None, wait: bool = True) -> None:
+    def restart_workers(self, timeout: Duration | None = None, wait: bool = True) -> None:
         """Replace every worker process by a fresh one; with ``wait``, return once all
         are back. In-process workers are not replaced (``Client.restart`` resets them).
         """
@@ -534,12 +535,13 @@ class LocalCluster:
 
     # --- closing ----------------------------------------------------------------------
 
-    def close(self, timeout: float = 5.0) -> Any:
+    def close(self, timeout: Duration = 5.0) -> Any:
         """Stop the workers (drained, then killed after ``timeout``) and the scheduler;
         idempotent. An asynchronous cluster returns an awaitable that does it."""
+        limit = seconds(timeout) or 0.0
         if self.asynchronous:
-            return self._close_async(timeout)
-        self._close_blocking(timeout)
+            return self._close_async(limit)
+        self._close_blocking(limit)
         return None
 
     async def _close_async(self, timeout: float = 5.0) -> None:

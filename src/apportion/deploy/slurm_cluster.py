@@ -211,16 +211,17 @@ class SlurmCluster:
                 )
             time.sleep(0.2)
 
-    def close(self, timeout: float = 30.0) -> None:
+    def close(self, timeout: Duration = 30.0) -> None:
         """Cancel every job of this cluster, stop the scheduler, remove its files."""
         if self._closed:
             return
+        limit = seconds(timeout, "close timeout")
         self._closed = True
         adaptive = getattr(self, "adaptive", None)
         with contextlib.suppress(Exception):
             if adaptive is not None:
-                self._loop.run(adaptive.stop(cancel_jobs=True), timeout)
-            self._loop.run(self.scheduler.close(), timeout)
+                self._loop.run(adaptive.stop(cancel_jobs=True), limit)
+            self._loop.run(self.scheduler.close(), limit)
         for path in self._files:
             if path.name.startswith("scheduler-"):
                 remove_scheduler_file(path, self.scheduler.id)

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from apportion.core.durations import Duration, seconds
 from apportion.deploy.ssh_commands import (
     ClusterPlan,
     ConnectOptions,
@@ -153,7 +154,7 @@ class SSHCluster:
         remote_python: str | None = None,
         *,
         security: Security | None = None,
-        timeout: float = 60.0,
+        timeout: Duration = 60.0,
         output: TextIO | None = None,
         on_scheduler_exit: Callable[[], None] | None = None,
     ) -> None:
@@ -175,7 +176,7 @@ class SSHCluster:
         self._scheduler: RemoteProcess | None = None
         self._closed = False
         try:
-            self._start_scheduler(timeout)
+            self._start_scheduler(seconds(timeout) or 0.0)
             for index, host in enumerate(plan.worker_hosts):
                 argv = ssh_argv(plan, host, worker_args(plan, index, self.scheduler_address))
                 line = bootstrap_input(_remote_environment(self.security, "worker"), plan.grace)
@@ -243,12 +244,12 @@ class SSHCluster:
             tls_key=key,
         )
 
-    def close(self, timeout: float | None = None) -> None:
+    def close(self, timeout: Duration | None = None) -> None:
         """Stop the workers (they drain), then the scheduler; wait for every ssh to end."""
         if self._closed:
             return
         self._closed = True
-        limit = self.plan.grace + 10 if timeout is None else timeout
+        limit = self.plan.grace + 10 if timeout is None else seconds(timeout) or 0.0
         for remote in self._workers:
             remote.hang_up()
         for remote in self._workers:

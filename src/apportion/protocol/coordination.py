@@ -119,7 +119,8 @@ class Unsubscribe(Message):
 
 @message(117)
 class Publish(Message):
-    """Client -> scheduler: pass ``data`` (a pickled object) to every subscriber of ``name``."""
+    """Client or worker -> scheduler: pass ``data`` (a pickled object) to every
+    subscriber of ``name`` (a worker publishes what tasks ``print`` and ``warn``)."""
 
     name: str
     data: Pickled

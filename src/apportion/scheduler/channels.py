@@ -42,7 +42,7 @@ from apportion.scheduler.coordination_book import (
     Waiter,
 )
 from apportion.scheduler.events import SendTopicMessage
-from apportion.scheduler.records import ClientRecord
+from apportion.scheduler.records import ClientRecord, WorkerRecord
 from apportion.scheduler.state import SchedulerState
 
 _VALUE_OPS = {"variable": ("set", "get", "delete"), "queue": ("put", "get", "size")}
@@ -373,7 +373,9 @@ def unsubscribe(state: SchedulerState, client: ClientRecord, msg: Unsubscribe) -
             del state.coordination.topics[msg.name]
 
 
-def publish(state: SchedulerState, client: ClientRecord, msg: Publish) -> None:
+def publish(state: SchedulerState, sender: ClientRecord | WorkerRecord, msg: Publish) -> None:
+    """To every client subscribed to the topic, from a client's ``Pub`` or, for Dask's
+    ``print`` and ``warn`` topics, from a task through its worker."""
     for client_id in state.coordination.topics.get(msg.name, ()):
         state.emit(SendTopicMessage(client_id, msg.name, msg.data))
 

@@ -256,4 +256,5 @@ WORKER_HANDLERS: dict[type[Message], Callable[[SchedulerState, WorkerRecord, Any
     DataStored: relay.data_stored,
     CallAnswered: remote_calls.call_answered,
     TaskNote: task_hooks.task_note,
+    Publish: channels.publish,  # what tasks print and warn (worker/printing.py)
 }

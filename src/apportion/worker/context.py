@@ -18,6 +18,7 @@ from apportion.core.allocation import Allocation
 from apportion.core.resources import SCALE, Units, format_amount, format_resources
 
 if TYPE_CHECKING:
+    from apportion.protocol.base import Message
     from apportion.worker.events import Execute
 
 #: The variable CUDA reads to choose devices: the one thing apportion knows about GPUs.
@@ -53,6 +54,10 @@ class TaskWorker(Protocol):
 
     @property
     def actors(self) -> ActorKeeper: ...
+
+    def send_threadsafe(self, message: Message) -> None:
+        """Send to the scheduler from the task's thread, ahead of the task's outcome."""
+        ...
 
 
 class Seceding(Protocol):

@@ -4,15 +4,19 @@ Task threads (a run's output and end, ``TaskNote``) hand their messages over in
 batches: the first of a batch wakes the loop once, which sends them all in order.
 While no scheduler is connected they are kept, up to ``MAX_UNSENT_BYTES``, and go
 out first on the next registration: a run's output and end must not be lost.
-Output beyond the bound is dropped (the run's log shows the gap); nothing else is.
+Output beyond the bound is dropped (the run's log shows the gap), and so is what
+tasks print for clients (``Publish``: clients that were away missed it anyway);
+nothing else is.
 """
 
 from __future__ import annotations
 
 import threading
 
+from apportion.core.payload import size_of
 from apportion.net.connection import Connection
 from apportion.protocol.base import Message
+from apportion.protocol.coordination import Publish
 from apportion.protocol.services import TaskNote
 
 #: Run output kept while the scheduler is away, at most (beyond it, output is dropped).
@@ -51,8 +55,12 @@ class Outbox:
         if scheduler is not None:
             scheduler.send(message)
             return
-        droppable = isinstance(message, TaskNote) and message.droppable
-        size = len(message.note) if isinstance(message, TaskNote) else 64
+        if isinstance(message, TaskNote):
+            droppable, size = bool(message.droppable), len(message.note)
+        elif isinstance(message, Publish):
+            droppable, size = True, size_of(message.data)
+        else:
+            droppable, size = False, 64
         if self._unsent_bytes + size > MAX_UNSENT_BYTES and droppable:
             return
         self._unsent.append(message)

@@ -25,6 +25,7 @@ import os
 import pkgutil
 import sys
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from apportion.core.payload import dumps, loads
@@ -212,13 +213,18 @@ class RemoteCallRunner:
         teardown = getattr(plugin, "teardown", None)
         return teardown(worker=self.worker) if teardown is not None else None
 
-    def _upload(self, filename: str, data: bytes, load: bool) -> dict[str, Any]:
-        if os.path.basename(filename) != filename or filename in ("", ".", ".."):
-            raise ValueError(f"an upload is named by a plain file name, not {filename!r}")
+    def upload_directory(self) -> Path:
+        """Where uploads go (the worker's ``local_directory``): made on first use, first
+        on ``sys.path`` from then on, removed when the worker closes."""
         if self.directory is None:
             self.directory = LocalDirectory(self.worker.memory_manager.config.local_directory)
             sys.path.insert(0, str(self.directory.path))
-        path = os.path.join(self.directory.path, filename)
+        return self.directory.path
+
+    def _upload(self, filename: str, data: bytes, load: bool) -> dict[str, Any]:
+        if os.path.basename(filename) != filename or filename in ("", ".", ".."):
+            raise ValueError(f"an upload is named by a plain file name, not {filename!r}")
+        path = os.path.join(self.upload_directory(), filename)
         unchanged = self.uploads.get(filename) == data
         if not unchanged:
             with open(path, "wb") as f:

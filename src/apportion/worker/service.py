@@ -376,6 +376,12 @@ class Worker(BackgroundService):
             conn.send(message)
 
     @property
+    def local_directory(self) -> str:
+        """This worker's own directory (Dask's ``local_directory``): uploaded files
+        and directories go there. On ``sys.path``; removed when the worker closes."""
+        return str(self.remote_calls.upload_directory())
+
+    @property
     def connected(self) -> bool:
         """A scheduler session is live now."""
         return self._scheduler is not None
