@@ -34,6 +34,8 @@ from apportion.client import (
     dask_calls,
     dask_default,
     data_calls,
+    handles,
+    recreate,
     remote_calls,
     shapes,
     shared_data,
@@ -62,6 +64,7 @@ from apportion.client.state import (
 from apportion.core.durations import Duration, seconds
 from apportion.deploy import local
 from apportion.deploy.cluster import ClusterManager
+from apportion.deploy.cluster_options import take_own_loop
 from apportion.deploy.local import LocalCluster
 from apportion.net.security import Security, security_for
 from apportion.protocol.base import Message
@@ -134,6 +137,7 @@ class Client:
         scheduler_file: str | os.PathLike[str] | None = None,
         **cluster_options: Any,
     ) -> None:
+        take_own_loop(cluster_options)  # ``loop=client.loop``, as Dask scripts pass it
         if address is None and scheduler_file is None:
             scheduler_file = scheduler_file_from_environment(cluster_options)
         limit = 30.0 if timeout is None else seconds(timeout, "Client timeout") or 0.0
@@ -332,6 +336,16 @@ class Client:
     get = dask_calls.get
     compute = dask_calls.compute
     persist = dask_calls.persist
+    normalize_collection = dask_calls.normalize_collection
+
+    # Running one task here, under a debugger (recreate.py).
+    recreate_error_locally = recreate.recreate_error_locally
+    recreate_task_locally = recreate.recreate_task_locally
+
+    # What Dask scripts read off a client (handles.py).
+    scheduler = property(handles.scheduler)
+    loop = property(handles.loop)
+    futures = property(handles.futures)
 
     # --- results --------------------------------------------------------------------
 
@@ -481,6 +495,7 @@ class Client:
     why = _linked(cluster_control.why)
     story = _linked(cluster_control.story)
     dump_cluster_state = _linked(cluster_control.dump_cluster_state)
+    nbytes = _linked(cluster_control.nbytes)
 
     def wait_for_workers(self, n_workers: int = 1, timeout: Duration | None = None) -> Any:
         """Block (or, asynchronous, an awaitable) until at least ``n_workers`` workers are
