@@ -20,7 +20,6 @@ import threading
 import uuid
 import warnings
 from collections.abc import (
-    Awaitable,
     Callable,
     Generator,
     Iterable,
@@ -66,6 +65,7 @@ from apportion.deploy import local
 from apportion.deploy.cluster import ClusterManager
 from apportion.deploy.cluster_options import take_own_loop
 from apportion.deploy.local import LocalCluster
+from apportion.loop_thread import within
 from apportion.net.security import Security, security_for
 from apportion.protocol.base import Message
 from apportion.protocol.tasks import (
@@ -76,8 +76,6 @@ if TYPE_CHECKING:
     from apportion.client.executor import ClientExecutor
 
 logger = logging.getLogger("apportion.client")
-
-T = TypeVar("T")
 
 _UNEXPECTED = "ignored unexpected %s from the scheduler"
 
@@ -435,8 +433,8 @@ class Client:
         if not inspect.isawaitable(outcome):
             return outcome
         if self.asynchronous if asynchronous is None else asynchronous:
-            return _within(outcome, limit)
-        return self._session.run(_within(outcome, limit))
+            return within(outcome, limit)
+        return self._session.run(within(outcome, limit))
 
     # --- the link's state, as the client's ----------------------------------------
 
@@ -639,12 +637,6 @@ def default_client(c: Client | None = None) -> Client:
             "for a local cluster or Client('tcp://scheduler:8786')"
         )
     return client
-
-
-async def _within(outcome: Awaitable[T], timeout: float | None) -> T:
-    """``outcome`` awaited, within ``timeout``."""
-    async with asyncio.timeout(timeout):
-        return await outcome
 
 
 local.client_type = Client  # LocalCluster.get_client makes these (see ``local.client_type``)
