@@ -149,6 +149,8 @@ def test_normalize_collection_of_a_dask_array(client: Client) -> None:
     zz = client.normalize_collection(z)
     assert dict(z.dask) == graph and len(zz.dask) < len(graph)
     assert client.compute(zz).result() == client.compute(z).result() == 20
+    first = y.__dask_keys__()[0]  # a tuple key: ('add-...', 0)
+    assert client.recreate_task_locally(first).tolist() == [2.0] * 5
     del yy
 
 
@@ -184,6 +186,10 @@ def test_recreate_task_locally_runs_in_this_thread_with_inputs_fetched(client: C
     assert client.recreate_task_locally(g) == marker
     assert RAN_ON[marker] == threading.get_ident()
     assert client.recreate_task_locally(g.key) == marker  # a key does too
+    with pytest.raises(ValueError, match="does not know 'no-such-key'"):
+        client.recreate_task_locally("no-such-key")
+    with pytest.raises(TypeError, match="takes a future or a key"):
+        client.recreate_task_locally(3)
 
 
 def test_a_delayed_chain_s_failing_key_is_recreated_with_released_inputs_recomputed(

@@ -18,6 +18,7 @@ from typing import Any
 
 from apportion.client.data_calls import DataHolder, gather_on_loop, settled_on_loop
 from apportion.client.future import Future
+from apportion.client.graph import wire_key
 from apportion.client.state import ERROR
 from apportion.client.waiting import futures_of
 from apportion.core import payload
@@ -52,12 +53,12 @@ def recreate_task_locally(client: DataHolder, future: Any) -> Any:
     inputs' values from the cluster (computed again if they were released). Waits for
     ``future`` to finish first. An asynchronous client returns an awaitable.
     """
-    if isinstance(future, str):
-        return _recreate(client, [], [future], blame=False)
     found = futures_of(future)
-    if not found:
-        raise TypeError(f"recreate_task_locally takes a future or a key, not {future!r}")
-    return _recreate(client, found[:1], [], blame=False)
+    if found:
+        return _recreate(client, found[:1], [], blame=False)
+    if isinstance(future, str | tuple):  # a key, Dask's tuple keys included
+        return _recreate(client, [], [wire_key(future)], blame=False)
+    raise TypeError(f"recreate_task_locally takes a future or a key, not {future!r}")
 
 
 def _recreate(client: DataHolder, found: list[Future], keys: list[str], blame: bool) -> Any:
