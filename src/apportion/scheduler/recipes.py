@@ -49,7 +49,7 @@ def _chosen(state: SchedulerState, msg: RecipeRequest) -> tuple[TaskRecord | Non
         return task, ""
     for key in msg.keys:
         task = state.tasks.get(key)
-        if task is not None and task.state == ERRED:
+        if task is not None and task.error is not None:  # failed (or failing, if running)
             return blamed(state, task), ""
     return None, (
         f"the scheduler no longer knows the failed tasks {msg.keys!r}: they were released"
