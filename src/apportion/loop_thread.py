@@ -12,11 +12,16 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import inspect
 import threading
-from collections.abc import Callable, Coroutine
+import weakref
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
+
+#: Every event loop a ``LoopThread`` runs (weakly: a stopped one goes when dropped).
+_OURS: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
 
 
 class LoopThread:
@@ -24,6 +29,7 @@ class LoopThread:
 
     def __init__(self, name: str = "apportion-loop") -> None:
         self.loop = asyncio.new_event_loop()
+        _OURS.add(self.loop)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -72,6 +78,16 @@ class LoopThread:
             # until the garbage collector runs.
             del future
 
+    def call(self, func: Callable[..., Any], *args: Any, timeout: float | None = None) -> Any:
+        """``func(*args)`` called on the loop, a coroutine it gives awaited there; its
+        outcome, waited for from this (other) thread."""
+
+        async def called() -> Any:
+            outcome = func(*args)
+            return await outcome if inspect.isawaitable(outcome) else outcome
+
+        return self.run(called(), timeout)
+
     def stop(self) -> None:
         """Stop the loop and join the thread; idempotent."""
         if self._thread.is_alive():
@@ -87,6 +103,23 @@ def in_running_loop() -> bool:
     except RuntimeError:
         return False
     return True
+
+
+async def within(outcome: Awaitable[T], timeout: float | None) -> T:
+    """``outcome`` awaited, within ``timeout`` seconds (``TimeoutError`` after)."""
+    async with asyncio.timeout(timeout):
+        return await outcome
+
+
+def is_apportion_loop(loop: object) -> bool:
+    """``loop`` is the event loop of one of apportion's loop threads (a client's,
+    ``Client.loop``, or a cluster's)."""
+    return isinstance(loop, asyncio.AbstractEventLoop) and loop in _OURS
+
+
+def on_loop_thread(thread: LoopThread | None) -> bool:
+    """Called from ``thread``'s own loop (where blocking on it would never end)."""
+    return thread is not None and threading.current_thread().ident == thread.ident
 
 
 async def in_thread(func: Callable[[], T], name: str) -> T:

@@ -26,6 +26,8 @@ from apportion.protocol.cluster import (
     InfoRequest,
     LogsReply,
     LogsRequest,
+    NbytesReply,
+    NbytesRequest,
     RestartReply,
     RestartRequest,
     StatusReply,
@@ -127,6 +129,7 @@ from apportion.protocol.tasks import (
     KeysFailed,
     KeysPending,
     Notice,
+    RecipeRequest,
     ReleaseKeys,
     RetryKeys,
     ScatterPlaced,
@@ -134,6 +137,7 @@ from apportion.protocol.tasks import (
     ScatterRequest,
     SubmitTasks,
     TaskErred,
+    TaskRecipe,
     TaskSpec,
     WhoHasReply,
     WhoHasRequest,
@@ -333,6 +337,10 @@ SAMPLES: list[Message] = [
     ),
     StatusRequest(8, 120, 3, 5_000),
     StatusReply(8, {"version": 1, "tasks": {"queued": 2}, "stream": {"seq": 0, "items": []}}),
+    RecipeRequest(9, ["x-1", "y"], 1),
+    TaskRecipe(9, "x-1", b"fn", b"\x80args", ["a"], ""),
+    NbytesRequest(10, [], 1),
+    NbytesReply(10, {"x-1": 28}),
 ]
 
 

@@ -18,7 +18,7 @@ import pytest
 from apportion.protocol.base import PROTOCOL_VERSION, Message, message, registered
 from apportion.protocol.handshake import Hello, Refused, Welcome
 
-#: Message name -> tag, as on the wire of ``PROTOCOL_VERSION`` 14.
+#: Message name -> tag, as on the wire of ``PROTOCOL_VERSION`` 15.
 TAGS = {
     "Hello": 1,
     "Welcome": 2,
@@ -143,12 +143,16 @@ TAGS = {
     "BacklogReply": 121,
     "StatusRequest": 122,
     "StatusReply": 123,
+    "RecipeRequest": 124,
+    "TaskRecipe": 125,
+    "NbytesRequest": 126,
+    "NbytesReply": 127,
 }
 
 
 def test_every_message_keeps_its_tag() -> None:
     assert {cls.__name__: tag for tag, cls in registered().items()} == TAGS
-    assert PROTOCOL_VERSION == 14
+    assert PROTOCOL_VERSION == 15
 
 
 def _import_graph_tool() -> ModuleType:

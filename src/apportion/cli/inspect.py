@@ -12,6 +12,7 @@ import click
 from apportion.cli.credentials import scheduler_address, scheduler_file_option, scheduler_option
 from apportion.cli.runs import explain_run
 from apportion.client.client import Client
+from apportion.client.dump_file import dump_path
 from apportion.core.resources import SCALE, describe_amount, format_amount
 from apportion.net.security import AuthenticationError
 from apportion.runs.journal import Journal, default_journal_path
@@ -128,12 +129,14 @@ def _readable(name: str, value: float) -> str:
 @scheduler_file_option
 @click.pass_context
 def dump(ctx: click.Context, filename: str, address: str | None) -> None:
-    """Write the scheduler's whole state to FILENAME as JSON, for a bug report."""
+    """Write the scheduler's whole state to FILENAME as JSON (.json added unless
+    there), for a bug report."""
     address = scheduler_address(ctx, address)
     with connect(address) as client:
-        state = client.dump_cluster_state(filename)
+        state = client.dump_cluster_state(filename, format="json")
     click.echo(
-        f"wrote {len(state['task_states'])} tasks and {len(state['workers'])} workers to {filename}"
+        f"wrote {len(state['task_states'])} tasks and {len(state['workers'])} workers "
+        f"to {dump_path(filename, 'json')}"
     )
 
 

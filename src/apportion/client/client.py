@@ -20,7 +20,6 @@ import threading
 import uuid
 import warnings
 from collections.abc import (
-    Awaitable,
     Callable,
     Generator,
     Iterable,
@@ -34,7 +33,9 @@ from apportion.client import (
     dask_calls,
     dask_default,
     data_calls,
+    handles,
     printing,
+    recreate,
     remote_calls,
     shapes,
     shared_data,
@@ -63,7 +64,9 @@ from apportion.client.state import (
 from apportion.core.durations import Duration, seconds
 from apportion.deploy import local
 from apportion.deploy.cluster import ClusterManager
+from apportion.deploy.cluster_options import take_own_loop
 from apportion.deploy.local import LocalCluster
+from apportion.loop_thread import within
 from apportion.net.security import Security, security_for
 from apportion.protocol.base import Message
 from apportion.protocol.tasks import (
@@ -74,8 +77,6 @@ if TYPE_CHECKING:
     from apportion.client.executor import ClientExecutor
 
 logger = logging.getLogger("apportion.client")
-
-T = TypeVar("T")
 
 _UNEXPECTED = "ignored unexpected %s from the scheduler"
 
@@ -135,6 +136,7 @@ class Client:
         scheduler_file: str | os.PathLike[str] | None = None,
         **cluster_options: Any,
     ) -> None:
+        take_own_loop(cluster_options)  # ``loop=client.loop``, as Dask scripts pass it
         if address is None and scheduler_file is None:
             scheduler_file = scheduler_file_from_environment(cluster_options)
         limit = 30.0 if timeout is None else seconds(timeout, "Client timeout") or 0.0
@@ -341,6 +343,16 @@ class Client:
     get = dask_calls.get
     compute = dask_calls.compute
     persist = dask_calls.persist
+    normalize_collection = dask_calls.normalize_collection
+
+    # Running one task here, under a debugger (recreate.py).
+    recreate_error_locally = recreate.recreate_error_locally
+    recreate_task_locally = recreate.recreate_task_locally
+
+    # What Dask scripts read off a client (handles.py).
+    scheduler = property(handles.scheduler)
+    loop = property(handles.loop)
+    futures = property(handles.futures)
 
     # --- results --------------------------------------------------------------------
 
@@ -430,8 +442,8 @@ class Client:
         if not inspect.isawaitable(outcome):
             return outcome
         if self.asynchronous if asynchronous is None else asynchronous:
-            return _within(outcome, limit)
-        return self._session.run(_within(outcome, limit))
+            return within(outcome, limit)
+        return self._session.run(within(outcome, limit))
 
     # --- the link's state, as the client's ----------------------------------------
 
@@ -490,6 +502,7 @@ class Client:
     why = _linked(cluster_control.why)
     story = _linked(cluster_control.story)
     dump_cluster_state = _linked(cluster_control.dump_cluster_state)
+    nbytes = _linked(cluster_control.nbytes)
 
     def wait_for_workers(self, n_workers: int = 1, timeout: Duration | None = None) -> Any:
         """Block (or, asynchronous, an awaitable) until at least ``n_workers`` workers are
@@ -633,12 +646,6 @@ def default_client(c: Client | None = None) -> Client:
             "for a local cluster or Client('tcp://scheduler:8786')"
         )
     return client
-
-
-async def _within(outcome: Awaitable[T], timeout: float | None) -> T:
-    """``outcome`` awaited, within ``timeout``."""
-    async with asyncio.timeout(timeout):
-        return await outcome
 
 
 local.client_type = Client  # LocalCluster.get_client makes these (see ``local.client_type``)

@@ -1,20 +1,23 @@
 """What acts on, or reports on, the cluster as a whole: its identity and workers,
-waiting for workers, restart, the dashboard's login link, and why tasks wait;
-each a function of the client's ``SchedulerLink``."""
+waiting for workers, restart, the dashboard's login link, why tasks wait, the
+sizes of results and a dump of the whole state; each a function of the client's
+``SchedulerLink``."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
-from collections.abc import Callable, Coroutine, Generator, Iterable
+from collections import defaultdict
+from collections.abc import Callable, Collection, Coroutine, Generator, Iterable
 from functools import partial
 from typing import Any, Protocol
 
+from apportion.client.dump_file import check_format, without, write_dump
 from apportion.client.future import Future
 from apportion.client.link import SchedulerLink
 from apportion.core.durations import Duration
+from apportion.core.groups import group_of
 from apportion.dashboard.auth import NONCE_BYTES, login_link
 from apportion.loop_thread import in_thread
 from apportion.net.security import Security
@@ -23,6 +26,8 @@ from apportion.protocol.cluster import (
     DumpRequest,
     InfoReply,
     InfoRequest,
+    NbytesReply,
+    NbytesRequest,
     RestartRequest,
     StoryReply,
     StoryRequest,
@@ -170,22 +175,83 @@ def story(link: SchedulerLink, key: Future | str) -> Any:
     return link.ask(lambda rid: StoryRequest(rid, name), _story_rows)
 
 
-def dump_cluster_state(link: SchedulerLink, filename: str | None = None) -> Any:
-    """The scheduler's whole state as plain data; written as JSON to ``filename`` if given.
+def dump_cluster_state(
+    link: SchedulerLink,
+    /,
+    filename: str | os.PathLike[str] | None = None,
+    write_from_scheduler: bool | None = None,
+    exclude: Collection[str] = (),
+    format: str = "msgpack",
+    **storage_options: Any,
+) -> Any:
+    """The scheduler's whole state as plain data, for a bug report: every task with
+    its state, inputs, resources and units, every worker with its ledger, the recent
+    transitions with their causes. Written to a file too if ``filename`` is given.
 
-    Meant for bug reports: every task with its state, inputs, resources and units,
-    every worker with its ledger, and the recent transitions with their causes.
+    As Dask's: ``format`` "msgpack" (the default) writes ``<filename>.msgpack.gz``
+    (gzip-compressed msgpack), "yaml" ``<filename>.yaml`` (needs PyYAML); "json",
+    apportion's, ``<filename>.json``; the suffix is not added twice. A ``filename``
+    with ``://`` is a URL written through fsspec, with ``storage_options``.
+    ``exclude`` names entries to leave out wherever they appear (``("log",)``). The
+    client writes the file: ``write_from_scheduler=True`` is refused, as the
+    scheduler writes no files for clients. Returns the state (an asynchronous
+    client: an awaitable of it).
     """
-    return link.ask(lambda rid: DumpRequest(rid), partial(_dumped, filename=filename))
+    check_format(format)
+    if write_from_scheduler:
+        raise ValueError(
+            "write_from_scheduler=True: apportion's scheduler writes no files for "
+            "clients; the client writes the dump (leave write_from_scheduler unset)"
+        )
+    if isinstance(exclude, str):
+        raise TypeError(f"exclude takes a collection of names, e.g. ({exclude!r},)")
+    dumped = partial(
+        _dumped,
+        filename=filename,
+        format=format,
+        exclude=frozenset(exclude),
+        storage_options=storage_options,
+    )
+    return link.ask(lambda rid: DumpRequest(rid), dumped)
+
+
+def nbytes(link: SchedulerLink, keys: Any = None, summary: bool = True) -> Any:
+    """The bytes of each result held in the cluster, as its worker measured it
+    (Dask's ``sizeof``): of ``keys`` (keys or futures) that have a result, or of
+    every key; with ``summary`` (the default), summed by task group (``"inc"``), as
+    Dask's ``nbytes``."""
+    if keys is None:
+        names: list[str] = []
+    else:
+        listed = [keys] if isinstance(keys, str | Future) else list(keys)
+        names = [k.key if isinstance(k, Future) else str(k) for k in listed]
+
+    def sizes(reply: NbytesReply) -> dict[str, int]:
+        return by_group(reply.nbytes) if summary else dict(reply.nbytes)
+
+    return link.ask(lambda rid: NbytesRequest(rid, names, int(keys is None)), sizes)
+
+
+def by_group(sizes: dict[str, int]) -> dict[str, int]:
+    """Bytes summed by task group (``inc-3f2a...`` counts under ``inc``)."""
+    out: defaultdict[str, int] = defaultdict(int)
+    for key, size in sizes.items():
+        out[group_of(key)] += size
+    return dict(out)
 
 
 def _story_rows(reply: StoryReply) -> list[tuple[Any, ...]]:
     return [tuple(row) for row in reply.story]
 
 
-def _dumped(reply: DumpReply, filename: str | None) -> dict[str, Any]:
-    state: dict[str, Any] = reply.state
+def _dumped(
+    reply: DumpReply,
+    filename: str | os.PathLike[str] | None,
+    format: str,
+    exclude: frozenset[str],
+    storage_options: dict[str, Any],
+) -> dict[str, Any]:
+    state: dict[str, Any] = without(reply.state, exclude) if exclude else reply.state
     if filename is not None:
-        with open(filename, "w") as f:
-            json.dump(state, f, indent=1, default=str)
+        write_dump(state, filename, format, storage_options)
     return state

@@ -1,15 +1,17 @@
 """Dask's collections on a client: ``get`` (Dask's scheduler function), ``compute``
 and ``persist``. Each lowers what it is given to one graph and hands it to the
-client's ``_submit_graph``; the client is a ``GraphSubmitter`` here, nothing more."""
+client's ``_submit_graph``; the client is a ``GraphSubmitter`` here, nothing more.
+``normalize_collection`` puts the client's futures into a collection's graph."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import Any, Protocol
 
 from apportion.client import shapes
-from apportion.client.future import Future
-from apportion.client.graph import flatten_keys
+from apportion.client.future import Future, FutureOwner, KeyState
+from apportion.client.graph import flatten_keys, wire_key
 from apportion.client.restrictions import Where, refuse_actors, where_to_run
 from apportion.core.resources import ResourceSpec
 
@@ -164,3 +166,33 @@ def persist(
         parts = {key: PersistedPart(key, futures[key]) for key in flatten_keys(keys)}
         result.append(rebuild(parts, *extra))
     return result[0] if single else result
+
+
+class Holder(FutureOwner, Protocol):
+    """What ``normalize_collection`` needs of a client (a ``Client``): its futures."""
+
+    @property
+    def _lock(self) -> threading.RLock: ...
+
+    @property
+    def _waiting(self) -> dict[str, KeyState]: ...
+
+
+def normalize_collection(client: Holder, collection: Any) -> Any:
+    """A copy of the Dask ``collection`` whose graph takes each result this client
+    holds a future of from that future, as Dask's ``normalize_collection``: parts
+    computed (or on their way) are not computed again, and the tasks only they
+    needed are left out. ``collection`` itself is not changed; with nothing in
+    common, it comes back as it is."""
+    from dask.optimization import cull
+
+    graph = collection.__dask_graph__()
+    with client._lock:  # a future dropped meanwhile would be made here for nothing
+        held = {
+            key: Future(wire_key(key), client) for key in graph if wire_key(key) in client._waiting
+        }
+    if not held:
+        return collection
+    culled, _ = cull({**dict(graph), **held}, list(flatten_keys(collection.__dask_keys__())))
+    rebuild, extra = collection.__dask_postpersist__()
+    return rebuild(culled, *extra)

@@ -114,6 +114,17 @@ async def _settled(found: list[Future], until_a_failure: bool) -> None:
     await done
 
 
+async def settled_on_loop(found: list[Future]) -> None:
+    """On the session's loop: wait until every future in ``found`` is done."""
+    await _settled(found, until_a_failure=False)
+
+
+async def gather_on_loop(client: DataHolder, futures: list[Future]) -> list[Any]:
+    """On the session's loop: the results of ``futures``, the first failure raised."""
+    values: list[Any] = await _gather(client, futures, "raise", None)
+    return values
+
+
 def gather_keys(client: DataHolder, keys: list[str]) -> dict[str, Any]:
     """Fetch results, waiting here (see ``_gather_keys_async``)."""
     return client._link.connected.run(_gather_keys_async(client, keys))

@@ -58,6 +58,24 @@ class KeyState:
     def refs(self) -> int:
         return self.record.refs
 
+    @property
+    def exception(self) -> BaseException | None:
+        """The task's exception once it failed (as Dask's ``FutureState``), else None."""
+        return self.exception_object()
+
+    @property
+    def traceback(self) -> TracebackType | None:
+        """The worker's traceback of that exception, else None."""
+        exc = self.exception_object()
+        return None if exc is None else exc.__traceback__
+
+    def done(self) -> bool:
+        """True once the key settled: finished, failed, cancelled or lost."""
+        return self.event.is_set()
+
+    def __repr__(self) -> str:
+        return f"<FutureState: {self.status}, key: {self.key}>"
+
     def wake(self, callbacks: Iterable[Callable[[], None]] = ()) -> None:
         """The key settled (its record says how): wake its waiters, then run the
         callbacks its settling handed out."""

@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from apportion.loop_thread import is_apportion_loop
 from apportion.worker.dask_config import (
     MEMORY_KEY,
     choose_thresholds,
@@ -110,6 +111,16 @@ def sort_options(given: Mapping[str, Any], ignorable: Iterable[str], where: str)
             f"({where} got unexpected keyword arguments)"
         )
     return sorted(given)
+
+
+def take_own_loop(options: dict[str, Any]) -> None:
+    """Drop ``loop=`` from ``options`` when it is None or a loop apportion runs (a
+    client's ``loop``): Dask scripts pass one client's loop on to the next client or
+    cluster (``Client(..., loop=client.loop)``), and here each runs on a loop of its
+    own whatever is passed, so there is nothing to warn of. Any other loop stays, to
+    be named among the ignored options."""
+    if "loop" in options and (options["loop"] is None or is_apportion_loop(options["loop"])):
+        del options["loop"]
 
 
 def warn_ignored(names: Iterable[str], where: str, stacklevel: int = 3) -> None:

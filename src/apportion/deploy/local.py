@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import inspect
 import itertools
 import logging
 import os
@@ -41,6 +42,7 @@ from apportion.deploy.cluster_options import (
     memory_limit_bytes,
     memory_thresholds,
     sort_options,
+    take_own_loop,
     warn_ignored,
 )
 from apportion.deploy.local_processes import LOG_LINES, WorkerProcesses
@@ -51,7 +53,13 @@ from apportion.deploy.local_shape import (
     worker_command,
     worker_spec,
 )
-from apportion.loop_thread import LoopThread, in_running_loop, in_thread
+from apportion.loop_thread import (
+    LoopThread,
+    in_running_loop,
+    in_thread,
+    on_loop_thread,
+    within,
+)
 from apportion.net.security import Security
 from apportion.protocol.worker import WorkerDied
 from apportion.scheduler.events import WorkerDeathReport
@@ -183,6 +191,7 @@ class LocalCluster:
         self.memory_thresholds = memory_thresholds(kwargs, os.environ)
         #: Where each worker process makes its scratch directory (None: the system's).
         self.local_directory = _directory(kwargs.pop("local_directory", None))
+        take_own_loop(kwargs)
         warn_ignored(
             sort_options(kwargs, DASK_CLUSTER_OPTIONS | DASK_CLIENT_OPTIONS, "LocalCluster()"),
             "LocalCluster",
@@ -307,8 +316,32 @@ class LocalCluster:
     @property
     def asynchronous(self) -> bool:
         """True when this cluster's ``close``, ``scale`` and ``wait_for_workers`` return
-        awaitables: made with ``asynchronous=True`` and called from a running loop."""
-        return self._asynchronous and in_running_loop()
+        awaitables: made with ``asynchronous=True`` and called from a running loop, or
+        called from the cluster's own loop (``sync``), where blocking would never end."""
+        return (self._asynchronous and in_running_loop()) or on_loop_thread(self._loop)
+
+    def sync(
+        self,
+        func: Callable[..., Any],
+        *args: Any,
+        asynchronous: bool | None = None,
+        callback_timeout: Duration | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Dask's ``sync``: call ``func(*args, **kwargs)``, a coroutine function or a
+        plain one, for a caller of either kind.
+
+        Where this cluster's calls are awaited (``asynchronous``): what ``func``
+        returns, an awaitable to await (a plain function's value as it is).
+        Otherwise ``func`` runs on the cluster's own event loop, the scheduler's, a
+        coroutine it returns is awaited there, and the outcome comes back here.
+        ``callback_timeout`` (seconds or Dask's text) raises ``TimeoutError`` after.
+        """
+        limit = seconds(callback_timeout)
+        if self.asynchronous if asynchronous is None else asynchronous:
+            outcome = func(*args, **kwargs)
+            return within(outcome, limit) if inspect.isawaitable(outcome) else outcome
+        return self._thread.call(partial(func, *args, **kwargs), timeout=limit)
 
     def _command(self, spec: Mapping[str, Any]) -> list[str]:
         cmd = worker_command(self.scheduler_address, spec)

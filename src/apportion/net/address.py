@@ -133,3 +133,38 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+class RemoteScheduler:
+    """The scheduler as a peer names it: ``client.scheduler`` and a worker's
+    ``scheduler``, read by Dask scripts as ``.scheduler.address``.
+
+    Dask's is a handle for calling the scheduler's internal handlers
+    (``await client.scheduler.nbytes()``); apportion's scheduler takes only its
+    protocol's messages, so this holds the address alone, and any other attribute
+    is an ``AttributeError`` saying where to look instead.
+    """
+
+    __slots__ = ("address",)
+
+    def __init__(self, address: str) -> None:
+        #: The scheduler's address, as this peer connects to it.
+        self.address = address
+
+    def __getattr__(self, name: str) -> object:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(
+            f"the scheduler handle has only .address; Dask's scheduler handlers ({name}) "
+            "are not served: use the Client's methods of the same names "
+            "(client.nbytes(), client.who_has(), ...)"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RemoteScheduler) and other.address == self.address
+
+    def __hash__(self) -> int:
+        return hash(self.address)
+
+    def __repr__(self) -> str:
+        return f"<Scheduler {self.address!r}>"

@@ -185,3 +185,21 @@ class StatusRequest(Message):
 class StatusReply(Message):
     request_id: int
     status: dict[str, Any]
+
+
+@message(126)
+class NbytesRequest(Message):
+    """Client -> scheduler: the size of each result held in memory: of ``keys``, or,
+    with ``every`` 1, of every key."""
+
+    request_id: int
+    keys: list[str]
+    every: int
+
+
+@message(127)
+class NbytesReply(Message):
+    """Key -> bytes of its result, for the keys asked of that have one in memory."""
+
+    request_id: int
+    nbytes: dict[str, int]

@@ -185,3 +185,29 @@ class FireAndForget(Message):
     """Client -> scheduler: run these tasks to the end even if no client wants them."""
 
     keys: list[str]
+
+
+@message(124)
+class RecipeRequest(Message):
+    """Client -> scheduler: the recipe of a task, to run it in the client (Dask's
+    ``recreate_task_locally``). With ``blame`` 1, ``keys`` are failed keys and the
+    recipe is that of the task whose own run failed them (an input, maybe, or an
+    input's input); with 0, of ``keys[0]`` itself."""
+
+    request_id: int
+    keys: list[str]
+    blame: int
+
+
+@message(125)
+class TaskRecipe(Message):
+    """The task ``key``'s pickled function and arguments, as the client sent them
+    (the scheduler never opens them), and the keys whose values the arguments take.
+    ``problem`` says, in words, why there is none (then the rest is empty)."""
+
+    request_id: int
+    key: str
+    function: bytes
+    args: Pickled
+    deps: list[str]
+    problem: str

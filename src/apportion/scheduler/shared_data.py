@@ -16,7 +16,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from apportion.protocol.cluster import ClusterFactsReply, ClusterFactsRequest
+from apportion.protocol.cluster import (
+    ClusterFactsReply,
+    ClusterFactsRequest,
+    NbytesReply,
+    NbytesRequest,
+)
 from apportion.protocol.shared_data import (
     DatasetReply,
     DatasetRequest,
@@ -132,6 +137,15 @@ def cluster_facts(state: SchedulerState, client: ClientRecord, msg: ClusterFacts
             {w.address: sorted(w.processing) for w in workers},
         ),
     )
+
+
+def nbytes(state: SchedulerState, client: ClientRecord, msg: NbytesRequest) -> None:
+    """The size of each result in memory (as its worker measured it): of every key,
+    or of the keys asked of that have one (Dask's ``nbytes``)."""
+    tasks = state.tasks
+    chosen = tasks.values() if msg.every else [tasks[k] for k in msg.keys if k in tasks]
+    sizes = {task.key: task.nbytes for task in chosen if task.state == MEMORY}
+    state.reply(client.id, NbytesReply(msg.request_id, sizes))
 
 
 # --- retry ----------------------------------------------------------------------------

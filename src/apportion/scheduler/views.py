@@ -38,6 +38,9 @@ def dump(state: SchedulerState, log_rows: int = 10_000) -> dict[str, Any]:
     }
     return {
         **snapshot(state),
+        # Where Dask's dumps have them: the scheduler's identity, and its versions.
+        "scheduler": dict(state.identity),
+        "versions": {"scheduler": state.remote.versions},
         "config": dataclasses.asdict(state.config),
         "now": state.now,
         "task_states": tasks,

@@ -28,6 +28,7 @@ from apportion.clock import SYSTEM_CLOCK, Clock, wait_event
 from apportion.core.resources import ResourceSpec, describe_resources, from_ticks, parse_supply
 from apportion.core.sizes import format_bytes
 from apportion.loop_thread import BackgroundService
+from apportion.net.address import RemoteScheduler
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import HandshakeError, open_connection
 from apportion.net.receive_pool import POOL
@@ -385,6 +386,12 @@ class Worker(BackgroundService):
     def connected(self) -> bool:
         """A scheduler session is live now."""
         return self._scheduler is not None
+
+    @property
+    def scheduler(self) -> RemoteScheduler:
+        """The scheduler this worker serves, as Dask's ``get_worker().scheduler``:
+        ``.address`` is its address."""
+        return RemoteScheduler(self.scheduler_address)
 
     def send_threadsafe(self, message: Message) -> None:
         """Send to the scheduler from any thread; kept until reconnected if it is away."""
