@@ -304,6 +304,7 @@ def test_an_embedded_cluster_and_a_local_cluster_start_and_stop_awaited() -> Non
                 assert await client.submit(inc, 2) == 3
                 await cluster.scale(2)
                 assert len((await client.scheduler_info())["workers"]) == 2
+                assert len((await client.scheduler_info(n_workers=1))["workers"]) == 1
         cluster = await LocalCluster(asynchronous=True, processes=False, n_workers=1)
         client = await Client(cluster, asynchronous=True)
         assert await client.submit(inc, 3) == 4

@@ -228,6 +228,10 @@ def test_why_story_and_scheduler_info(cluster: InMemoryCluster, client: Client) 
     pools = {w["name"]: w["resources"] for w in info["workers"].values()}
     assert pools == {"gpu-a": {"GPU": 2.0}, "plain": {}}
     assert 0 < info["started"] <= time.time()  # when it started, as Dask's says
+    assert len(client.scheduler_info(n_workers=1)["workers"]) == 1  # Dask's truncation
+    assert client.scheduler_info(n_workers=-1)["workers"] == info["workers"]
+    with pytest.raises(ValueError, match="positive number of workers or -1"):
+        client.scheduler_info(n_workers=0)
     client.wait_for_workers(2, timeout=5)
 
 

@@ -17,12 +17,14 @@ import re
 SHIM = "as_distributed"
 
 # A test that runs Python code in a subprocess imports distributed inside a string.
-_IMPORT_IN_TEXT = re.compile(r"\b(from|import) distributed\b")
+_IMPORT_IN_TEXT = re.compile(r"\b(from|import) (?:dask\.)?distributed\b")
 
 
 def _replacement(node: ast.Import | ast.ImportFrom) -> str | None:
     if isinstance(node, ast.ImportFrom):
         module = node.module or ""
+        # `from dask.distributed import Client` is the same import, by Dask's alias.
+        module = module.removeprefix("dask.") if module.startswith("dask.distributed") else module
         if node.level or not (module == "distributed" or module.startswith("distributed.")):
             return None
         if any(alias.name == "*" for alias in node.names):

@@ -52,6 +52,10 @@ test_client::test_release_persisted_collection_sync
     `dask_scheduler.tasks`
 test_client::test_worker_clients_do_not_claim_ownership_of_serialize_futures
     `dask_scheduler.tasks`
+test_client::test_global_clients
+    `distributed.client._get_global_client`
+test_client::test_no_future_references
+    `distributed.profile.lock`
 test_client::test_computation_code_walk_frames
     `Client._get_computation_code`
 test_client::test_computation_object_code_dask_compute
@@ -110,6 +114,8 @@ test_local::test_Client_kwargs
     `distributed.core.Status` and the cluster's worker objects
 test_progressbar::test_text_progressbar
     the progress bar's `_last_response`
+test_worker_client::test_secede_without_stealing_issue_1262
+    runs Dask's scheduler and workers in process, without their extensions (`gen_cluster`)
 test_failed_workers::test_restart_sync
     the scheduler's `who_has` handler, run with `sync(loop, ...)`
 test_semaphore::test_worker_dies

@@ -49,27 +49,41 @@ class Restartable(Protocol):
     def wait_replaced(self, old: set[int], timeout: Duration | None) -> None: ...
 
 
-def scheduler_info(link: SchedulerLink) -> Any:
-    """The scheduler's identity and workers with their pools, as Dask returns it.
+def scheduler_info(link: SchedulerLink, n_workers: int = -1) -> Any:
+    """The scheduler's identity and workers with their pools, as Dask returns it;
+    ``n_workers`` (positive) lists only the first that many workers, as Dask's does
+    for a large cluster, ``-1`` all of them.
 
     An asynchronous client, from its loop, gives the copy it last fetched, as
     Dask's does (a dict; it was fetched when the client connected), which
     awaited (``await client.scheduler_info()``) fetches a fresh one.
     """
+    if not isinstance(n_workers, int) or n_workers == 0 or n_workers < -1:
+        raise ValueError(f"n_workers must be a positive number of workers or -1, not {n_workers!r}")
     if link.asynchronous:
-        return SchedulerInfo(link.identity, partial(_fresh_info, link))
-    return link.ask(lambda rid: InfoRequest(rid), partial(_info, link))
+        cached = _first_workers(link.identity, n_workers)
+        return SchedulerInfo(cached, partial(_fresh_info, link, n_workers))
+    return link.ask(lambda rid: InfoRequest(rid), partial(_info, link, n_workers))
 
 
-async def _fresh_info(link: SchedulerLink) -> dict[str, Any]:
-    info: dict[str, Any] = await link.ask(lambda rid: InfoRequest(rid), partial(_info, link))
+async def _fresh_info(link: SchedulerLink, n_workers: int) -> dict[str, Any]:
+    info: dict[str, Any] = await link.ask(
+        lambda rid: InfoRequest(rid), partial(_info, link, n_workers)
+    )
     return info
 
 
-def _info(link: SchedulerLink, reply: InfoReply) -> dict[str, Any]:
+def _info(link: SchedulerLink, n_workers: int, reply: InfoReply) -> dict[str, Any]:
     info: dict[str, Any] = reply.info
     link.remember(info)  # the copy an asynchronous client gives at once
-    return info
+    return _first_workers(info, n_workers)
+
+
+def _first_workers(info: dict[str, Any], n_workers: int) -> dict[str, Any]:
+    if n_workers == -1 or len(info.get("workers", ())) <= n_workers:
+        return info
+    workers = dict(list(info["workers"].items())[:n_workers])
+    return {**info, "workers": workers}
 
 
 class SchedulerInfo(dict[str, Any]):

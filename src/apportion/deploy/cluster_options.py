@@ -105,11 +105,11 @@ def sort_options(given: Mapping[str, Any], ignorable: Iterable[str], where: str)
     allowed = frozenset(ignorable)
     unknown = sorted(set(given) - allowed)
     if unknown:
-        # Dask's words first ("Unexpected keyword arguments"), which users search for.
-        raise TypeError(
-            f"Unexpected keyword arguments: {', '.join(unknown)} "
-            f"({where} got unexpected keyword arguments)"
-        )
+        # Dask's exact words, which users search for and scripts may compare; where
+        # they went is a note, shown with the traceback.
+        error = TypeError(f"Unexpected keyword arguments: {unknown}")
+        error.add_note(f"{where} takes none of these")
+        raise error
     return sorted(given)
 
 

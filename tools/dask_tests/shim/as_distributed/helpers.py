@@ -63,3 +63,13 @@ def format_time(seconds: float) -> str:
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.2f} ms"
     return f"{seconds * 1e6:.2f} us"
+
+
+def sync(loop: Any, func: Any, *args: Any, callback_timeout: Any = None, **kwargs: Any) -> Any:
+    """Dask's ``sync(loop, func)`` runs ``func`` on the event loop of the tests' client
+    from a blocking thread. The ``loop`` fixture is None here: the current client's own
+    loop stands for it, reached through ``Client.sync``."""
+    from apportion import Client
+
+    client = Client.current()
+    return client.sync(func, *args, callback_timeout=callback_timeout, **kwargs)

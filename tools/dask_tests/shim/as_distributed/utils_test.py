@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -190,15 +191,26 @@ def raises_with_cause(
         assert re.search(match_cause, str(cause)), str(cause)
 
 
+# Dask's logger names, by the apportion package that does the same work.
+_LOGGERS = {"comm": "net", "nanny": "worker", "deploy": "deploy", "client": "client"}
+
+
+def _apportion_logger(name: str) -> str:
+    if name != "distributed" and not name.startswith("distributed."):
+        return name
+    part = name.split(".")[1] if "." in name else ""
+    if part in ("scheduler", "worker"):
+        return f"apportion.{part}"
+    return f"apportion.{_LOGGERS[part]}" if part in _LOGGERS else "apportion"
+
+
 @contextlib.contextmanager
 def captured_logger(
     logger: str | logging.Logger, level: int = logging.INFO, propagate: bool | None = None
 ) -> Iterator[io.StringIO]:
     """What is logged while it is held. Dask's logger names (``distributed.*``) stand for
     apportion's own loggers: a test that wants a quiet close wants apportion quiet."""
-    name = logger if isinstance(logger, str) else logger.name
-    if name == "distributed" or name.startswith("distributed."):
-        name = "apportion"
+    name = _apportion_logger(logger if isinstance(logger, str) else logger.name)
     target = logging.getLogger(name)
     buffer = io.StringIO()
     handler = logging.StreamHandler(buffer)
@@ -240,12 +252,12 @@ def _announced(proc: subprocess.Popen[bytes], log: str, what: str) -> str:
         raise RuntimeError(f"{' '.join(proc.args)} did not start:\n{file.read()}")  # type: ignore[arg-type]
 
 
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+def _stop(procs: list[subprocess.Popen[bytes]], timeout: float = 10) -> None:
     for proc in procs:
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + timeout
     for proc in procs:
         try:
             proc.wait(max(0.1, deadline - time.monotonic()))
@@ -268,12 +280,14 @@ def cluster(
     thread each (``worker_kwargs`` may say ``nthreads`` and ``memory_limit``); yields
     ``({"address": ...}, [{"address": ..., "name": ...}, ...])`` as Dask's does."""
     worker_kwargs = dict(worker_kwargs or {})
+    scheduler_kwargs = dict(scheduler_kwargs or {})
     nthreads = str(worker_kwargs.pop("nthreads", 1))
     memory = worker_kwargs.pop("memory_limit", None)
+    dashboard = scheduler_kwargs.pop("dashboard_address", None)
     if worker_kwargs or scheduler_kwargs:
         raise NotImplementedError(
             f"the harness's cluster() has no apportion equivalent of {worker_kwargs}"
-            f" {scheduler_kwargs or ''}"
+            f" {scheduler_kwargs}"
         )
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory(prefix="cluster-") as logs:
@@ -292,17 +306,30 @@ def cluster(
             return proc, log
 
         try:
-            proc, log = start("scheduler", "--port", "0")
+            extra = ["--dashboard-address", dashboard] if dashboard else []
+            proc, log = start("scheduler", "--port", "0", *extra)
             address = _announced(proc, log, r"apportion scheduler at ((?:tcp|tls)://[^\s\"]+)")
+            by_name = {}
             for index in range(nworkers):
                 extra = ["--memory-limit", str(memory)] if memory is not None else []
-                start("worker", address, "--nthreads", nthreads, "--name", str(index), *extra)
+                by_name[str(index)] = start(
+                    "worker", address, "--nthreads", nthreads, "--name", str(index), *extra
+                )[0]
             with Client(address, set_as_default=False) as client:
                 client.wait_for_workers(nworkers, timeout=30)
                 workers = client.scheduler_info()["workers"]
+            # As Dask's: each worker's address, name, and its process (through a weak
+            # reference, called to get it: `a["proc"]().terminate()`).
             described = sorted(
-                ({"address": a, "name": str(w.get("name", a))} for a, w in workers.items()),
-                key=lambda worker: worker["name"],
+                (
+                    {
+                        "address": a,
+                        "name": str(w["name"]),
+                        "proc": weakref.ref(by_name[str(w["name"])]),
+                    }
+                    for a, w in workers.items()
+                ),
+                key=lambda worker: str(worker["name"]),
             )
             yield {"address": address}, described
         finally:
@@ -315,3 +342,17 @@ def tls_only_security() -> Any:
     from apportion import Security
 
     return Security.temporary()
+
+
+@contextlib.contextmanager
+def popen(
+    args: list[Any], capture_output: bool = False, terminate_timeout: float = 10, **kwargs: Any
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A command run in a process of its own, stopped (then killed) when left."""
+    if capture_output:
+        kwargs.update(stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([str(arg) for arg in args], start_new_session=True, **kwargs)
+    try:
+        yield proc
+    finally:
+        _stop([proc], terminate_timeout)
