@@ -11,7 +11,9 @@ its own loop (``results.loads_here`` says why).
 Whether a call is asynchronous is decided where it is made, as Dask decides it: a
 client made with ``asynchronous=True`` returns awaitables when called from a running
 event loop, and blocks when called from a thread that has none (a done-callback,
-``asyncio.to_thread``), where blocking harms nobody.
+``asyncio.to_thread``), where blocking harms nobody. Any client's calls made on its
+session's own loop (a coroutine run by ``client.sync``) return awaitables too: there,
+blocking would stop the loop that does the work.
 """
 
 from __future__ import annotations

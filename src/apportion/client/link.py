@@ -17,13 +17,13 @@ outcome itself to a blocking caller and an awaitable of it to an asynchronous on
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
 from apportion.client.asynchronous import Ready, awaited
 from apportion.client.errors import SchedulerGoneError
 from apportion.client.session import Session
-from apportion.loop_thread import in_running_loop
 from apportion.protocol.base import Message
 
 T = TypeVar("T")
@@ -117,7 +117,18 @@ class ClientLink:
 
     @property
     def asynchronous(self) -> bool:
-        return self.wants_async and in_running_loop()
+        """Dask's rule, in this client's shape: from a running loop, when the client
+        was made asynchronous, or whatever it was made, when that loop is the
+        client's own. A coroutine run there (``client.sync(coroutine_function)``)
+        must await, since blocking would stop the very loop that does the work."""
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        if self.wants_async:
+            return True
+        session = self.session
+        return session is not None and running is session.loop.loop
 
     @property
     def identity(self) -> dict[str, Any]:

@@ -97,14 +97,15 @@ def wait(
 
 
 def _awaited_here(futures: list[Future]) -> bool:
-    """Called from a running loop, for futures of an asynchronous client (or, given
-    none, with an asynchronous default client): Dask's rule for giving an awaitable."""
+    """Called where a client of these futures (given none, the default client) is
+    awaited: from an asynchronous client's running loop, or from the client's own
+    loop (Dask's rule for giving an awaitable; ``ClientLink.asynchronous``)."""
     if not in_running_loop():
         return False
     if not futures:
         client = dask_default.current()
-        return client is not None and client._link.wants_async
-    return any(f._client._link.wants_async for f in futures)
+        return client is not None and client._link.asynchronous
+    return any(f._client._link.asynchronous for f in futures)
 
 
 async def _wait_async(
