@@ -29,7 +29,7 @@ from typing import Any
 import cloudpickle
 import pytest
 
-from apportion import Client, LocalCluster, Pub, Sub, as_completed
+from apportion import Client, LocalCluster, Pub, Queue, Sub, as_completed
 from cli_processes import Processes
 
 pytestmark = [pytest.mark.process, pytest.mark.tcp]
@@ -77,6 +77,11 @@ def make_thing(root: str, name: str, n: int) -> Any:
 def publish_thing(root: str, name: str, topic: str, n: int) -> None:
     """On a worker: publish an instance of the package's class, after a moment."""
     Pub(topic).put(make_thing(root, name, n))
+
+
+def queue_thing(root: str, name: str, queue: str, n: int) -> None:
+    """On a worker: put an instance of the package's class in a queue, after a moment."""
+    Queue(queue).put(make_thing(root, name, n))
 
 
 @pytest.fixture(scope="module", params=["local", "cli"])
@@ -144,7 +149,7 @@ def test_published_messages_while_the_main_thread_imports(
 
 
 @pytest.mark.timeout(60)
-def test_an_asynchronous_gather_while_its_loop_imports(
+def test_asynchronous_gather_await_and_queue_get_while_their_loop_imports(
     address: str, package: tuple[str, str]
 ) -> None:
     root, name = package
@@ -153,13 +158,18 @@ def test_an_asynchronous_gather_while_its_loop_imports(
         async with Client(address, asynchronous=True) as client:
             await client.wait_for_workers(2, timeout=30)
             futures = client.map(make_thing, [root] * N, [name] * N, range(N), pure=False)
+            queue = Queue(f"things-{uuid.uuid4().hex[:6]}", client=client)
+            queued = client.submit(queue_thing, root, name, queue.name, N, pure=False)
             gathering = asyncio.ensure_future(client.gather(futures))
             awaiting = asyncio.ensure_future(futures[0])
-            await asyncio.sleep(0)  # both asked for before this loop blocks in the import
+            taking = asyncio.ensure_future(queue.get(timeout=20))
+            await asyncio.sleep(0)  # all asked for before this loop blocks in the import
             module = importlib.import_module(name)  # the results arrive meanwhile
             things = await gathering
-            first = await awaiting
-            assert type(first) is module.Thing
+            assert type(await awaiting) is module.Thing
+            taken = await taking
+            assert (type(taken), taken.n) == (module.Thing, N)
+            await queued
             return things, module
 
     things, module = asyncio.run(main())
