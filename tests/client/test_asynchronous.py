@@ -265,6 +265,20 @@ def test_a_blocking_clients_sync_runs_a_coroutine_that_awaits_the_client(
     }
 
 
+def test_dasks_compute_inside_a_blocking_clients_sync_says_to_await(
+    cluster: InMemoryCluster,
+) -> None:
+    dask = pytest.importorskip("dask")
+
+    async def compute_there(client: Client) -> Any:
+        with pytest.raises(RuntimeError, match="called from its own loop, as in client"):
+            dask.delayed(inc)(1).compute()
+        return await client.compute(dask.delayed(inc)(1))
+
+    with Client(cluster.address) as client:
+        assert client.sync(compute_there, client) == 2
+
+
 def _refused(call: Callable[[], Any]) -> str:
     try:
         call()
