@@ -21,14 +21,14 @@ def loads_here(client: FutureOwner, blobs: Mapping[str, payload.Pickled]) -> dic
     Never on the client's loop thread. Unpickling imports the modules of the
     values' classes, and Python's import locks are per module: while the user's
     thread is importing a package (``import pandas``, or a lazy import inside one),
-    the package is in ``sys.modules`` half made. Another thread's unpickler then
-    either takes that half-made module as it is (``_pickle`` looks in
-    ``sys.modules`` first: "Can't get attribute"), or imports one of its submodules
-    that the importing thread is about to import too; Python breaks that deadlock by
-    handing one thread a partial module ("partially initialized module", "could not
-    import module pandas"). Unpickled on the thread that asked, the value's imports
-    come after, or inside, that thread's own: ordered as in a program with no
-    cluster at all.
+    the package is in ``sys.modules`` half made. Another thread's unpickler waits
+    for the package itself, but the class's submodule it imports meanwhile (under
+    that submodule's own lock) imports the package, and the importing thread soon
+    wants the submodule too: each waits for the other's lock. Python breaks that
+    deadlock by handing one thread a partial module ("cannot import name ... from
+    partially initialized module", pandas' "could not import module pandas").
+    Unpickled on the thread that asked, the values' imports come after, or inside,
+    that thread's own: ordered as in a program with no cluster at all.
 
     Holding the interpreter's global import lock while unpickling on the loop
     thread would not do: since Python 3.3 an import holds that lock only while it
