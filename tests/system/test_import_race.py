@@ -114,7 +114,7 @@ def package(tmp_path: Path) -> Iterator[tuple[str, str]]:
 
 
 @pytest.mark.timeout(60)
-def test_as_completed_with_results_while_the_main_thread_imports(
+def test_as_completed_and_an_executor_while_the_main_thread_imports(
     address: str, package: tuple[str, str]
 ) -> None:
     root, name = package
@@ -122,9 +122,12 @@ def test_as_completed_with_results_while_the_main_thread_imports(
         client.wait_for_workers(2, timeout=30)
         futures = client.map(make_thing, [root] * N, [name] * N, range(N), pure=False)
         results = as_completed(futures, with_results=True, timeout=20)
+        executor = client.get_executor(pure=False)
+        standard = [executor.submit(make_thing, root, name, n) for n in range(N, 2 * N)]
         module = importlib.import_module(name)  # the results arrive meanwhile
         things = [thing for _, thing in results]
-    assert sorted(thing.n for thing in things) == list(range(N))
+        things += [f.result(timeout=20) for f in standard]
+    assert sorted(thing.n for thing in things) == list(range(2 * N))
     assert all(type(thing) is module.Thing for thing in things)
 
 
