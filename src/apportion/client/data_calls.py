@@ -76,13 +76,13 @@ async def _gather(client: DataHolder, futures: Any, errors: str, direct: bool | 
     found: list[Future] = []
     shapes.collect(futures, found)
     await _settled(found, errors == "raise")
-    skipped: list[str] = []
+    skipped: set[str] = set()
     for fut in found:
         failed = fut._state.failed()
         if failed is not None:
             if errors == "raise":
                 return Gathered({}, failed)
-            skipped.append(fut.key)
+            skipped.add(fut.key)
     wanted = [f.key for f in found if f.key not in skipped]
     fetched = Gathered({})
     if wanted:
