@@ -251,6 +251,69 @@ def test_sync_runs_a_coroutine_function_or_a_plain_one(cluster: InMemoryCluster)
     run(main)
 
 
+def test_a_blocking_clients_sync_runs_a_coroutine_that_awaits_the_client(
+    cluster: InMemoryCluster,
+) -> None:
+    """Dask's "evolving workflows": inside ``client.sync(coroutine_function)`` a
+    blocking client's calls are awaited, since the coroutine runs on the client's own
+    loop (Dask's ``asynchronous`` is true there)."""
+
+    async def evolving(client: Client) -> dict[str, Any]:
+        assert client.asynchronous
+        futures = client.map(inc, range(4))  # futures at once, as ever
+        seen = []
+        results = as_completed(futures, with_results=True)
+        async for _, value in results:
+            seen.append(value)
+            if value < 6:
+                results.add(client.submit(inc, value + 2))
+        await wait(futures)
+        [data] = await client.scatter([10])
+        return {
+            "seen": sorted(seen),
+            "gathered": await client.gather(futures),
+            "awaited": await client.submit(inc, data),
+            "result": await client.submit(inc, 1).result(),
+            "exception": type(await client.submit(div, 1, 0).exception()).__name__,
+            "plain iteration": _refused(lambda: next(as_completed([client.submit(inc, 2)]))),
+        }
+
+    with Client(cluster.address) as client:
+        got = client.sync(evolving, client)
+        assert not client.asynchronous  # on the user's thread, blocking as ever
+        assert client.submit(inc, 1).result() == 2
+    assert got == {
+        "seen": [1, 2, 3, 4, 4, 5, 6, 7, 7, 8],  # each below 6 added v + 3
+        "gathered": [1, 2, 3, 4],
+        "awaited": 11,
+        "result": 2,
+        "exception": "ZeroDivisionError",
+        "plain iteration": "RuntimeError",
+    }
+
+
+def test_dasks_compute_inside_a_blocking_clients_sync_says_to_await(
+    cluster: InMemoryCluster,
+) -> None:
+    dask = pytest.importorskip("dask")
+
+    async def compute_there(client: Client) -> Any:
+        with pytest.raises(RuntimeError, match="called from its own loop, as in client"):
+            dask.delayed(inc)(1).compute()
+        return await client.compute(dask.delayed(inc)(1))
+
+    with Client(cluster.address) as client:
+        assert client.sync(compute_there, client) == 2
+
+
+def _refused(call: Callable[[], Any]) -> str:
+    try:
+        call()
+    except Exception as exc:
+        return type(exc).__name__
+    return "not refused"
+
+
 def test_a_blocking_client_works_beside_an_asynchronous_one(cluster: InMemoryCluster) -> None:
     blocking = Client(cluster.address, set_as_default=False)
 

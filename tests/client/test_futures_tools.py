@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from apportion import Client, as_completed, progress, wait
+from apportion import Client, LostDataError, as_completed, progress, wait
 from apportion.client.progress import futures_of, render
 from apportion.core.groups import group_of
 from apportion.testing import InMemoryCluster
@@ -96,6 +96,24 @@ def test_as_completed_with_results_raises_or_returns_errors(client: Client) -> N
     with pytest.raises(ValueError, match="bad input 2"):
         for _ in as_completed(client.map(fail_on, range(4), bad=2), with_results=True):
             pass
+
+
+def test_as_completed_with_results_raises_a_failed_fetch_where_it_is_iterated(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The result is fetched ahead (here, or on the callback thread) and unpickled by
+    the iterating thread; a fetch that failed is raised there, not lost in a thread."""
+    futures = client.map(inc, range(3))
+    wait(futures)
+
+    def lost(keys: list[str]) -> Any:
+        raise LostDataError(f"results no longer held by any worker: {keys}")
+
+    monkeypatch.setattr(client, "_gather_pickled", lost)
+    pairs = as_completed(futures, with_results=True)  # all done: fetched at once
+    with pytest.raises(LostDataError, match="no longer held"):
+        next(pairs)
+    assert pairs.count() == 2  # the others still to come
 
 
 def test_as_completed_timeout_counts_from_creation(client: Client, tmp_path: Any) -> None:

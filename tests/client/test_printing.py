@@ -9,11 +9,13 @@ import logging
 import sys
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from apportion import Client, Sub, print, warn
 from apportion.client.printing import _SHOWN, show_print, show_warning
+from apportion.core import payload
 from apportion.testing import InMemoryCluster
 from cli_processes import Processes
 from cluster_checks import checked_client
@@ -64,16 +66,25 @@ def test_a_warn_message_is_emitted_under_local_filters() -> None:
         show_warning("by hand")
 
 
+def _packed(message: Any) -> bytes:
+    """A message as a worker publishes it (``Pub.put``'s one argument)."""
+    blob, _ = payload.pack_call((message,), {})
+    return bytes(blob)
+
+
 def test_a_message_that_cannot_be_shown_is_logged_not_raised(
     caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:
     printer, warner = _SHOWN
     with caplog.at_level(logging.ERROR, logger="apportion.client"):
-        printer.receive({"args": "not a tuple"})
-        printer.receive({"args": ("hello",), "file": "bad value"})
-        warner.receive({})
+        printer.receive(_packed({"args": "not a tuple"}))
+        printer.receive(_packed({"args": ("hello",), "file": "bad value"}))
+        warner.receive(_packed({}))
+        printer.receive(b"not a pickle")
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
-    assert len(errors) == 3 and all(r.exc_info and r.exc_info[0] is TypeError for r in errors)
+    assert [r.exc_info[0] if r.exc_info else None for r in errors] == [TypeError] * 3 + [
+        RuntimeError
+    ]
     assert capsys.readouterr() == ("", "")
 
 

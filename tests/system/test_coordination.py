@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import cloudpickle
 import pytest
@@ -263,6 +264,26 @@ def test_pub_sub_between_tasks_and_the_client(client: Client) -> None:
     assert not late.buffer and not sub.buffer
     with pytest.raises(TypeError, match="futures cannot be published"):
         Pub("news").put(client.submit(square, 2))
+
+
+def refuse_to_unpickle() -> None:
+    raise ValueError("not here")
+
+
+class Unwelcome:
+    """Pickles fine; unpickling it raises."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return refuse_to_unpickle, ()
+
+
+def test_a_message_is_unpickled_by_get_which_says_when_it_cannot_be(client: Client) -> None:
+    sub = Sub("odd")
+    Pub("odd").put(Unwelcome())
+    Pub("odd").put("fine")
+    with pytest.raises(RuntimeError, match="published on 'odd' cannot be unpickled here"):
+        sub.get(timeout=5)
+    assert sub.get(timeout=5) == "fine"  # the next one is still there
 
 
 # --- fire_and_forget --------------------------------------------------------------------

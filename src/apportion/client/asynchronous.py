@@ -4,14 +4,16 @@ Every client, blocking or asynchronous, does its I/O on its session's loop threa
 (``LoopThread``). A blocking call waits for that loop on the caller's thread. An
 asynchronous call hands the caller a coroutine instead: awaited, it starts the work
 on the session's loop and suspends until the outcome comes back through
-``call_soon_threadsafe`` (``asyncio.wrap_future``). No thread is parked per call, and
-the caller's loop runs nothing heavier than the hand-over: receiving and unpickling
-results stay on the session's loop.
+``call_soon_threadsafe`` (``asyncio.wrap_future``). No thread is parked per call.
+Receiving results stays on the session's loop; unpickling them is the caller's, in
+its own loop (``results.loads_here`` says why).
 
 Whether a call is asynchronous is decided where it is made, as Dask decides it: a
 client made with ``asynchronous=True`` returns awaitables when called from a running
 event loop, and blocks when called from a thread that has none (a done-callback,
-``asyncio.to_thread``), where blocking harms nobody.
+``asyncio.to_thread``), where blocking harms nobody. Any client's calls made on its
+session's own loop (a coroutine run by ``client.sync``) return awaitables too: there,
+blocking would stop the loop that does the work.
 """
 
 from __future__ import annotations

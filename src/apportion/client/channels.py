@@ -227,18 +227,19 @@ class Sub(Named):
 
     def __init__(self, name: str | None = None, client: Client | None = None) -> None:
         super().__init__(name or f"topic-{uuid.uuid4().hex}", client)
-        #: Messages received and not taken yet, oldest first.
-        self.buffer: deque[Any] = deque()
+        #: Messages received and not taken yet, oldest first, still pickled: ``get``
+        #: unpickles each on the thread that takes it (``topics.deliver``).
+        self.buffer: deque[Pickled] = deque()
         self._arrived = threading.Condition()
         client = self.client  # bound now: messages must have somewhere to arrive
         topics.add(client, self.name, self)
         request(client, lambda rid: Subscribe(rid, self.name))
         weakref.finalize(self, _unsubscribe, weakref.ref(client), self.name)
 
-    def receive(self, value: Any) -> None:
+    def receive(self, blob: Pickled) -> None:
         """On the client's loop: a message arrived."""
         with self._arrived:
-            self.buffer.append(value)
+            self.buffer.append(blob)
             self._arrived.notify_all()
 
     def get(self, timeout: Duration | None = None) -> Any:
@@ -247,7 +248,8 @@ class Sub(Named):
         with self._arrived:
             if not self._arrived.wait_for(lambda: self.buffer, seconds(timeout)):
                 raise TimeoutError(f"nothing was published on {self.name!r} for {timeout}")
-            return self.buffer.popleft()
+            blob = self.buffer.popleft()
+        return topics.opened(self.name, blob)
 
     def __iter__(self) -> Sub:
         return self

@@ -359,6 +359,7 @@ class Client:
     gather = data_calls.gather
     _gather_keys = data_calls.gather_keys
     _gather_keys_awaited = data_calls.gather_keys_awaited
+    _gather_pickled = data_calls.gather_pickled
     scatter = data_calls.scatter
 
     def cancel(self, futures: Future | Iterable[Future]) -> Any:

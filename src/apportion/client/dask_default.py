@@ -191,8 +191,9 @@ def get(dsk: Any, keys: Any, **kwargs: Any) -> Any:
     if client.asynchronous:
         # Dask's own client fails here too: the results would have to be awaited.
         raise RuntimeError(
-            "the default client is asynchronous, and Dask's compute() would block its "
-            "running event loop: use 'await client.compute(x)' (or 'await "
+            "the default client is asynchronous here (made so, or called from its own "
+            "loop, as in client.sync), and Dask's compute() would block the running "
+            "event loop: use 'await client.compute(x)' (or 'await "
             "client.gather(client.compute(x))') instead, or compute from a thread "
             "without a running loop (await asyncio.to_thread(x.compute))"
         )

@@ -13,11 +13,12 @@ from collections.abc import Awaitable, Mapping
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
-from apportion.client import actors, shapes, shared_data, transfers
+from apportion.client import shapes, shared_data, transfers
 from apportion.client.asynchronous import Ready, awaited, settled
 from apportion.client.errors import LostDataError, SerializationError
 from apportion.client.future import Future, FutureOwner, KeyState
 from apportion.client.restrictions import worker_names
+from apportion.client.results import Gathered
 from apportion.client.state import PENDING
 from apportion.core import payload
 from apportion.core.durations import Duration, seconds
@@ -59,28 +60,35 @@ def gather(
     """
     if errors not in ("raise", "skip"):
         raise ValueError(f"errors must be 'raise' or 'skip', not {errors!r}")
-    return client._link.run(_gather, client, futures, errors, direct, asynchronous=asynchronous)
+    return client._link.run(
+        _gather,
+        client,
+        futures,
+        errors,
+        direct,
+        asynchronous=asynchronous,
+        then=partial(Gathered.values, client=client),
+    )
 
 
-async def _gather(client: DataHolder, futures: Any, errors: str, direct: bool | None) -> Any:
+async def _gather(client: DataHolder, futures: Any, errors: str, direct: bool | None) -> Gathered:
     """On the session's loop: wait for ``futures``, then fetch their results."""
     found: list[Future] = []
     shapes.collect(futures, found)
     await _settled(found, errors == "raise")
-    values: dict[str, Any] = {}
+    skipped: set[str] = set()
     for fut in found:
-        exc = fut._state.exception_object()
-        if exc is not None:
+        failed = fut._state.failed()
+        if failed is not None:
             if errors == "raise":
-                try:
-                    raise exc
-                finally:
-                    del exc  # else this frame and the exception's traceback hold each other
-            values[fut.key] = shapes.SKIPPED
-    wanted = [f.key for f in found if f.key not in values]
+                return Gathered({}, failed)
+            skipped.add(fut.key)
+    wanted = [f.key for f in found if f.key not in skipped]
+    fetched = Gathered({})
     if wanted:
-        values.update(await _gather_keys_async(client, wanted, direct))
-    return shapes.rebuild(futures, values)
+        fetched = await _fetch(client, wanted, direct)
+    fetched.shape, fetched.skipped = futures, tuple(skipped)
+    return fetched
 
 
 async def _settled(found: list[Future], until_a_failure: bool) -> None:
@@ -119,38 +127,42 @@ async def settled_on_loop(found: list[Future]) -> None:
     await _settled(found, until_a_failure=False)
 
 
-async def gather_on_loop(client: DataHolder, futures: list[Future]) -> list[Any]:
-    """On the session's loop: the results of ``futures``, the first failure raised."""
-    values: list[Any] = await _gather(client, futures, "raise", None)
-    return values
+async def gather_on_loop(client: DataHolder, futures: list[Future]) -> Gathered:
+    """On the session's loop: the results of ``futures``, still pickled, or their first
+    failure, for the asking thread to unpickle or raise (``Gathered.values``)."""
+    return await _gather(client, futures, "raise", None)
 
 
 def gather_keys(client: DataHolder, keys: list[str]) -> dict[str, Any]:
-    """Fetch results, waiting here (see ``_gather_keys_async``)."""
-    return client._link.connected.run(_gather_keys_async(client, keys))
+    """Fetch results, waiting here, and unpickle them here (see ``_fetch``)."""
+    return client._link.connected.run(_fetch(client, keys)).by_key(client)
 
 
 async def gather_keys_awaited(client: DataHolder, keys: list[str]) -> dict[str, Any]:
-    """Fetch results, awaited in the caller's running loop."""
-    return await awaited(client._link.connected.loop, _gather_keys_async, client, keys)
+    """Fetch results, awaited in the caller's running loop, and unpickle them there."""
+    fetched = await awaited(client._link.connected.loop, _fetch, client, keys)
+    return fetched.by_key(client)
 
 
-async def _gather_keys_async(
-    client: DataHolder, keys: list[str], direct: bool | None = None
-) -> dict[str, Any]:
-    """On the session's loop: fetch and unpickle results; keys lost meanwhile are
+def gather_pickled(client: DataHolder, keys: list[str]) -> Gathered:
+    """Fetch results, waiting here; unpickled later by whoever takes them
+    (``as_completed`` fetches ahead on the callback thread for its iterator's)."""
+    return client._link.connected.run(_fetch(client, keys))
+
+
+async def _fetch(client: DataHolder, keys: list[str], direct: bool | None = None) -> Gathered:
+    """On the session's loop: fetch results, pickled; keys lost meanwhile are
     waited for while they are recomputed."""
     wanted = list(dict.fromkeys(keys))
     mode = client.direct_to_workers if direct is None else direct
-    out: dict[str, Any] = {}
+    out: dict[str, payload.Pickled] = {}
     for _ in range(_GATHER_ATTEMPTS):
         blobs, missing, errors = await transfers.fetch(client._link.connected, wanted, mode)
         if errors:
             raise SerializationError(next(iter(errors.values())))
-        with actors.binding(client):
-            out.update((key, payload.loads(blob)) for key, blob in blobs.items())
+        out.update(blobs)
         if not missing:
-            return out
+            return Gathered(out)
         # A result lost with its worker comes back as pending (KeysPending, which
         # the scheduler sends before this reply): wait for it and ask again.
         states = [client._waiting.get(key) for key in missing]
@@ -159,12 +171,9 @@ async def _gather_keys_async(
         for state in states:
             assert state is not None
             await settled(state)
-            exc = state.exception_object()
-            if exc is not None:
-                try:
-                    raise exc
-                finally:
-                    del exc  # else this frame and the exception's traceback hold each other
+            failed = state.failed()
+            if failed is not None:
+                return Gathered({}, failed)
         wanted = missing
     raise _missing_error(wanted)
 

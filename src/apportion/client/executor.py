@@ -17,7 +17,8 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
-from apportion.client.future import Future
+from apportion.client.future import Future, FutureOwner
+from apportion.client.results import Gathered
 from apportion.client.state import CANCELLED, FINISHED
 from apportion.core.durations import Duration, seconds
 
@@ -121,9 +122,43 @@ class ClientExecutor(cf.Executor):
         cf.wait(returned)
 
 
+class _Unopened:
+    """A task's result as fetched, still pickled: unpickled once, by the first thread
+    that takes it from the standard future (``results.loads_here`` says why not on
+    the callback thread that fetched it)."""
+
+    __slots__ = ("_fetched", "_lock", "_owner", "_value", "key")
+
+    def __init__(self, fetched: Gathered, owner: FutureOwner, key: str) -> None:
+        self._fetched: Gathered | None = fetched
+        self._owner = owner
+        self.key = key
+        self._value: Any = None
+        self._lock = threading.Lock()
+
+    def open(self) -> Any:
+        with self._lock:
+            if self._fetched is not None:
+                self._value = self._fetched.by_key(self._owner)[self.key]
+                self._fetched = None  # the bytes go once the value is made
+            return self._value
+
+
+class _Following(cf.Future[Any]):
+    """The standard future of one task: its result is unpickled by whoever takes it.
+
+    A failure is set as the standard futures set it, an exception (``wait`` with
+    ``FIRST_EXCEPTION`` looks for one), so it is rebuilt on the callback thread.
+    """
+
+    def result(self, timeout: float | None = None) -> Any:
+        value = super().result(timeout)
+        return value.open() if isinstance(value, _Unopened) else value
+
+
 def _wrap(future: Future) -> cf.Future[Any]:
     """A standard-library future that follows ``future``; cancelling it cancels the task."""
-    outer: cf.Future[Any] = cf.Future()
+    outer: cf.Future[Any] = _Following()
 
     def cancel_task(done: cf.Future[Any]) -> None:
         if done.cancelled():
@@ -142,9 +177,11 @@ def _wrap(future: Future) -> cf.Future[Any]:
         with contextlib.suppress(cf.InvalidStateError):  # cancelled meanwhile
             if settled.status == FINISHED:
                 try:
-                    outer.set_result(settled.result())
+                    fetched = settled._client._gather_pickled([settled.key])
                 except BaseException as exc:  # the result could not be fetched
                     outer.set_exception(exc)
+                else:
+                    outer.set_result(_Unopened(fetched, settled._client, settled.key))
             else:
                 outer.set_exception(settled.exception())
 

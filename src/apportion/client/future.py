@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from apportion.client.asynchronous import settled
 from apportion.client.errors import failure
 from apportion.client.state import CANCELLED, KeyRecord
+from apportion.client.state import Failure as KeyFailure
 from apportion.core import payload
 from apportion.core.durations import Duration, seconds
 from apportion.core.payload import Pickled
@@ -93,20 +94,51 @@ class KeyState:
         self.event.clear()
 
     def exception_object(self) -> BaseException | None:
+        """The key's failure as an exception (unpickled here), or None."""
+        failed = self.failed()
+        return None if failed is None else failed.exception()
+
+    def failed(self) -> Failed | None:
+        """The key's failure as it stands now, still pickled, or None: for work on
+        the client's loop to hand to the thread that asked (see ``Failed``)."""
         error = self.record.error
-        if error is None:
-            return None
-        kind, detail, tb = error
+        return None if error is None else Failed(error, self.record.attempts)
+
+
+class Failed:
+    """A key's failure, its exception still pickled.
+
+    Work on the client's loop thread hands this to the thread that asked, which
+    unpickles it (``exception``): an exception's class may live in a module that
+    thread is importing at that moment, and only that thread can then see the
+    module whole (``results.loads_here`` says why).
+    """
+
+    __slots__ = ("attempts", "error")
+
+    def __init__(self, error: KeyFailure, attempts: int) -> None:
+        self.error = error
+        self.attempts = attempts
+
+    def exception(self) -> BaseException:
+        kind, detail, tb = self.error
         if kind == "exception" and not isinstance(detail, str):
             exc = rebuild_exception(detail, tb)
-            attempts = self.record.attempts
-            if attempts > 1:
+            if self.attempts > 1:
                 exc.add_note(
-                    f"apportion: the task raised on each of its {attempts} attempts; "
+                    f"apportion: the task raised on each of its {self.attempts} attempts; "
                     "this is the last exception"
                 )
             return exc
         return failure(kind, str(detail))
+
+    def throw(self) -> None:
+        """Raise the exception (without the cycle a local would make with it)."""
+        exc = self.exception()
+        try:
+            raise exc
+        finally:
+            del exc
 
 
 def rebuild_exception(exc_bytes: Pickled, tb_bytes: Pickled) -> BaseException:
@@ -176,6 +208,8 @@ class FutureOwner(Protocol):
     def _gather_keys(self, keys: list[str]) -> dict[str, Any]: ...
 
     async def _gather_keys_awaited(self, keys: list[str]) -> dict[str, Any]: ...
+
+    def _gather_pickled(self, keys: list[str]) -> Any: ...
 
 
 class Future:

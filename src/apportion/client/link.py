@@ -9,19 +9,21 @@ own link, over its ``Session``.
 Whether a call is asynchronous is decided where it is made, as Dask decides it: a
 client made with ``asynchronous=True`` returns awaitables when called from a running
 event loop, and blocks when called from a thread that has none (a done-callback,
-``asyncio.to_thread``), where blocking harms nobody. ``ask`` and ``run`` give the
+``asyncio.to_thread``), where blocking harms nobody; any client returns awaitables
+when called from its own loop (a coroutine run by ``client.sync``), where blocking
+would stop the work it waits for. ``ask`` and ``run`` give the
 outcome itself to a blocking caller and an awaitable of it to an asynchronous one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
 from apportion.client.asynchronous import Ready, awaited
 from apportion.client.errors import SchedulerGoneError
 from apportion.client.session import Session
-from apportion.loop_thread import in_running_loop
 from apportion.protocol.base import Message
 
 T = TypeVar("T")
@@ -29,6 +31,11 @@ T = TypeVar("T")
 
 def _as_is(reply: Any) -> Any:
     return reply
+
+
+async def _after(outcome: Awaitable[Any], then: Callable[[Any], Any]) -> Any:
+    """``then(await outcome)``: ``then`` in the awaiting loop, not the client's."""
+    return then(await outcome)
 
 
 class SchedulerLink(Protocol):
@@ -58,7 +65,11 @@ class SchedulerLink(Protocol):
         then: Callable[[Any], Any] = _as_is,
         timeout: float | None = None,
     ) -> Any:
-        """Send the request ``make(request_id)``; ``then(reply)``, or an awaitable of it."""
+        """Send the request ``make(request_id)``; ``then(reply)``, or an awaitable of it.
+
+        ``then`` runs on the caller's thread (in its loop, awaited), never on the
+        client's loop: what it unpickles may be of a module that thread is importing
+        (``results.loads_here``)."""
         ...
 
     async def request(self, make: Callable[[int], Message]) -> Any:
@@ -71,8 +82,10 @@ class SchedulerLink(Protocol):
         *args: Any,
         timeout: float | None = None,
         asynchronous: bool | None = None,
+        then: Callable[[Any], Any] = _as_is,
     ) -> Any:
-        """``func(*args)`` run on the client's loop: its outcome, or an awaitable of it."""
+        """``func(*args)`` run on the client's loop; ``then(outcome)`` run by the caller,
+        or an awaitable of it."""
         ...
 
     def post(self, message: Message) -> None:
@@ -100,7 +113,18 @@ class ClientLink:
 
     @property
     def asynchronous(self) -> bool:
-        return self.wants_async and in_running_loop()
+        """Dask's rule, in this client's shape: from a running loop, when the client
+        was made asynchronous, or whatever it was made, when that loop is the
+        client's own. A coroutine run there (``client.sync(coroutine_function)``)
+        must await, since blocking would stop the very loop that does the work."""
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        if self.wants_async:
+            return True
+        session = self.session
+        return session is not None and running is session.loop.loop
 
     @property
     def identity(self) -> dict[str, Any]:
@@ -137,9 +161,9 @@ class ClientLink:
             return then(session.call(make, timeout))
 
         async def asked() -> Any:
-            return then(await session.request(make(session.next_id())))
+            return await session.request(make(session.next_id()))
 
-        return awaited(session.loop, asked, timeout=timeout)
+        return _after(awaited(session.loop, asked, timeout=timeout), then)
 
     async def request(self, make: Callable[[int], Message]) -> Any:
         session = self.connected
@@ -151,10 +175,12 @@ class ClientLink:
         *args: Any,
         timeout: float | None = None,
         asynchronous: bool | None = None,
+        then: Callable[[Any], Any] = _as_is,
     ) -> Any:
         if self.asynchronous if asynchronous is None else asynchronous:
-            return awaited(self.connected.loop, func, *args, timeout=timeout)
-        return self.connected.run(func(*args), timeout)
+            outcome = awaited(self.connected.loop, func, *args, timeout=timeout)
+            return outcome if then is _as_is else _after(outcome, then)
+        return then(self.connected.run(func(*args), timeout))
 
     def post(self, message: Message) -> None:
         self.connected.post(message)

@@ -21,6 +21,7 @@ from typing import Any
 
 from apportion.client import topics
 from apportion.client.session import Session
+from apportion.core.payload import Pickled
 from apportion.protocol.coordination import Subscribe
 from apportion.worker.printing import PRINT_TOPIC, STDERR, STDOUT, WARN_TOPIC
 
@@ -66,9 +67,12 @@ class _Shown:
         self.topic = topic
         self.show = show
 
-    def receive(self, value: Any) -> None:
+    def receive(self, blob: Pickled) -> None:
+        # Unpickled on the client's loop, unlike other topics' messages: a worker
+        # sends printed text as strings and a warning's category as a class, which
+        # are seldom of a module the user's thread is importing meanwhile.
         try:
-            self.show(value)
+            self.show(topics.opened(self.topic, blob))
         except Exception:
             logger.exception("a message a task sent on %r cannot be shown", self.topic)
 

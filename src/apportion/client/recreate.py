@@ -13,19 +13,16 @@ fetch does; only the call runs here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from apportion.client.data_calls import DataHolder, gather_on_loop, settled_on_loop
 from apportion.client.future import Future
 from apportion.client.graph import wire_key
+from apportion.client.results import Gathered
 from apportion.client.state import ERROR
 from apportion.client.waiting import futures_of
 from apportion.core import payload
 from apportion.protocol.tasks import RecipeRequest, SubmitTasks, TaskRecipe
-
-#: A task made ready to call here: its function, positional and keyword arguments.
-Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
 
 def recreate_error_locally(client: DataHolder, future: Any) -> Any:
@@ -66,17 +63,17 @@ def _recreate(client: DataHolder, found: list[Future], keys: list[str], blame: b
     if link.asynchronous:
 
         async def here() -> Any:
-            func, args, kwargs = await link.run(_prepare, client, found, keys, blame)
-            return func(*args, **kwargs)
+            return _call(client, *await link.run(_prepare, client, found, keys, blame))
 
         return here()
-    func, args, kwargs = link.run(_prepare, client, found, keys, blame, asynchronous=False)
-    return func(*args, **kwargs)
+    return _call(client, *link.run(_prepare, client, found, keys, blame, asynchronous=False))
 
 
-async def _prepare(client: DataHolder, found: list[Future], keys: list[str], blame: bool) -> Call:
-    """On the client's loop: the task's function and arguments, its inputs' values in
-    place, ready to call."""
+async def _prepare(
+    client: DataHolder, found: list[Future], keys: list[str], blame: bool
+) -> tuple[TaskRecipe, Gathered]:
+    """On the client's loop: the task's recipe and its inputs' values, still pickled:
+    the calling thread unpickles them (``results.loads_here`` says why)."""
     await settled_on_loop(found)
     if blame:
         keys = [f.key for f in found if f.status == ERROR]
@@ -97,7 +94,12 @@ async def _prepare(client: DataHolder, found: list[Future], keys: list[str], bla
     inputs = [Future(key, client) for key in recipe.deps]
     if inputs:
         client._link.post(SubmitTasks([], {}, list(recipe.deps)))
-    values = dict(zip(recipe.deps, await gather_on_loop(client, inputs), strict=True))
+    return recipe, await gather_on_loop(client, inputs)
+
+
+def _call(client: DataHolder, recipe: TaskRecipe, fetched: Gathered) -> Any:
+    """On the calling thread: the task's function called with its inputs' values."""
+    values = dict(zip(recipe.deps, fetched.values(client), strict=True))
     func = payload.loads(recipe.function)
     args, kwargs = payload.unpack_call(recipe.args, values)
-    return func, args, kwargs
+    return func(*args, **kwargs)

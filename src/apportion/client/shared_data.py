@@ -123,27 +123,53 @@ def get_dataset(
     for a name not published."""
     link.check_open()
     names = name if isinstance(name, list) else [name]
-    return link.run(_get_datasets, link, future, names, default, isinstance(name, list))
+    return link.run(
+        _get_datasets,
+        link,
+        names,
+        default,
+        then=partial(_opened, link, future, isinstance(name, list)),
+    )
 
 
-async def _get_datasets(
-    link: SchedulerLink, future: MakeFuture, names: list[Any], default: Any, several: bool
-) -> Any:
-    found = []
+async def _get_datasets(link: SchedulerLink, names: list[Any], default: Any) -> list[Any]:
+    """On the client's loop: each name's reply, still pickled (or ``default``)."""
+    found: list[Any] = []
     for name in names:
         reply = await link.request(partial(DatasetRequest, name=_name(name)))
         if not reply.found:
             if default is NO_DEFAULT:
                 raise KeyError(f"Dataset '{name}' not found; published: {list(reply.names)}")
-            found.append(default)
+            found.append(_Default(default))
+            continue
+        found.append(reply)
+    return found
+
+
+class _Default:
+    """A name not published, given its default (which may be any value)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _opened(link: SchedulerLink, future: MakeFuture, several: bool, found: list[Any]) -> Any:
+    """On the asking thread: the datasets unpickled there (``results.loads_here``
+    says why not on the client's loop), their futures this client's."""
+    values = []
+    for reply in found:
+        if isinstance(reply, _Default):
+            values.append(reply.value)
             continue
         futures = _ClientFutures(future)
         (value,), _ = payload.unpack_call(reply.data, futures)
         if futures.made:
             # This client wants them too; the scheduler answers with their states.
             link.post(SubmitTasks([], {}, sorted(futures.made)))
-        found.append(value)
-    return found if several else found[0]
+        values.append(value)
+    return values if several else values[0]
 
 
 def datasets(link: SchedulerLink, future: MakeFuture) -> Datasets:

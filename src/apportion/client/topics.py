@@ -8,21 +8,19 @@ message handler can reach it without importing the primitives.
 
 from __future__ import annotations
 
-import logging
 import threading
 import weakref
 from typing import Any, Protocol
 
 from apportion.core import payload
+from apportion.core.payload import Pickled
 from apportion.protocol.coordination import TopicMessage
-
-logger = logging.getLogger("apportion.client")
 
 
 class Receiver(Protocol):
     """What a subscription is to the client: something that takes messages."""
 
-    def receive(self, value: Any) -> None: ...
+    def receive(self, blob: Pickled) -> None: ...
 
 
 #: client (any object a client's messages arrive through) -> topic -> its live
@@ -41,15 +39,22 @@ def add(client: object, name: str, receiver: Receiver) -> None:
 
 
 def deliver(client: object, msg: TopicMessage) -> None:
-    """On the client's loop: pass a published message to its subscriptions."""
+    """On the client's loop: pass a published message, still pickled, to its
+    subscriptions; each unpickles it on the thread that takes it (``Sub.get``):
+    its class may be of a module that thread is importing meanwhile
+    (``results.loads_here`` says why that must not happen here)."""
     with _lock:
         receivers = list(_subscriptions.get(client, {}).get(msg.name, ()))
-    if not receivers:
-        return  # the last one was dropped; its unsubscription is on its way
-    try:
-        (value,), _ = payload.unpack_call(msg.data, {})  # packed as Pub.put's one argument
-    except Exception:
-        logger.exception("a message published on %r cannot be unpickled here", msg.name)
-        return
     for receiver in receivers:
-        receiver.receive(value)
+        receiver.receive(msg.data)
+
+
+def opened(name: str, blob: Pickled) -> Any:
+    """A published message unpickled, on the thread that takes it."""
+    try:
+        (value,), _ = payload.unpack_call(blob, {})  # packed as Pub.put's one argument
+    except Exception as exc:
+        raise RuntimeError(
+            f"a message published on {name!r} cannot be unpickled here: {exc!r}"
+        ) from exc
+    return value

@@ -18,7 +18,8 @@ from typing import Any, NamedTuple
 from apportion.client import dask_default
 from apportion.client.actors import ActorFuture
 from apportion.client.asynchronous import settled, wake
-from apportion.client.future import Future
+from apportion.client.future import Failed, Future
+from apportion.client.results import Gathered
 from apportion.client.state import ERROR
 from apportion.core.durations import Duration, seconds
 from apportion.loop_thread import in_running_loop
@@ -97,14 +98,15 @@ def wait(
 
 
 def _awaited_here(futures: list[Future]) -> bool:
-    """Called from a running loop, for futures of an asynchronous client (or, given
-    none, with an asynchronous default client): Dask's rule for giving an awaitable."""
+    """Called where a client of these futures (given none, the default client) is
+    awaited: from an asynchronous client's running loop, or from the client's own
+    loop (Dask's rule for giving an awaitable; ``ClientLink.asynchronous``)."""
     if not in_running_loop():
         return False
     if not futures:
         client = dask_default.current()
-        return client is not None and client._link.wants_async
-    return any(f._client._link.wants_async for f in futures)
+        return client is not None and client._link.asynchronous
+    return any(f._client._link.asynchronous for f in futures)
 
 
 async def _wait_async(
@@ -128,8 +130,7 @@ Awaited = Future | ActorFuture
 
 
 class as_completed(Iterator[Any]):
-    """Iterate over futures in the order they finish, as Dask's ``as_completed``:
-    futures of tasks, outcomes of calls on actors (``ActorFuture``), or both mixed.
+    """Iterate over futures in the order they finish, as Dask's ``as_completed``.
 
     ``with_results=True`` yields ``(future, result)`` pairs, the result fetched before
     the pair is yielded; a failed future then raises its exception, or with
@@ -160,8 +161,12 @@ class as_completed(Iterator[Any]):
         self._condition = threading.Condition()
         #: ``async for`` loops waiting for a future to finish: woken from any thread.
         self._wakers: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
-        #: Some future belongs to an asynchronous client: plain iteration would block.
-        self._asynchronous = False
+        #: The links of the futures' clients: where any of them is awaited (from an
+        #: asynchronous client's loop, or from a client's own), plain iteration would
+        #: block the loop that must deliver the futures.
+        self._links: dict[int, Any] = {}
+        #: Some actor call belongs to an asynchronous client: plain iteration would block.
+        self._asynchronous_actor = False
         self.with_results = with_results
         self.raise_errors = raise_errors
         limit = seconds(timeout)
@@ -182,11 +187,12 @@ class as_completed(Iterator[Any]):
             for fut in added:
                 self._waiting[fut] = self._waiting.get(fut, 0) + 1
                 if isinstance(fut, ActorFuture):
-                    self._asynchronous |= fut.asynchronous
+                    self._asynchronous_actor |= fut.asynchronous
                 else:
-                    self._asynchronous |= fut._client._link.wants_async
+                    self._links.setdefault(id(fut._client), fut._client._link)
         # From a running loop, a finished future's result is fetched on the client's
-        # callback thread, as the others are: here it would block that loop.
+        # callback thread, as the others are: here it would block that loop. Gathered,
+        # not unpickled: the iterating thread unpickles it (``_taken``).
         here = not (self.with_results and in_running_loop())
         for fut in added:
             if isinstance(fut, ActorFuture):
@@ -209,7 +215,7 @@ class as_completed(Iterator[Any]):
         # fetching the result here never blocks the iterating thread's order.
         item: Any = future
         if self.with_results:
-            item = (future, _outcome(future))
+            item = (future, _prefetched(future))
         with self._condition:
             count = self._waiting.get(future)
             if count is None:
@@ -252,7 +258,9 @@ class as_completed(Iterator[Any]):
         return self
 
     def __next__(self) -> Any:
-        if self._asynchronous and in_running_loop():
+        if in_running_loop() and (
+            self._asynchronous_actor or any(link.asynchronous for link in self._links.values())
+        ):
             raise RuntimeError(
                 "these futures belong to an asynchronous client and plain iteration would "
                 "block the running event loop: use 'async for future in as_completed(...)'"
@@ -267,7 +275,7 @@ class as_completed(Iterator[Any]):
                     raise TimeoutError("no future finished within the as_completed timeout")
                 self._condition.wait(left)
             item = self._ready.popleft()
-        return self._raise_if_failed(item)
+        return self._taken(item)
 
     next = __next__
 
@@ -294,21 +302,47 @@ class as_completed(Iterator[Any]):
                     await waiter
             except TimeoutError:
                 raise TimeoutError("no future finished within the as_completed timeout") from None
-        return self._raise_if_failed(item)
+        return self._taken(item)
 
-    def _raise_if_failed(self, item: Any) -> Any:
-        if self.with_results and self.raise_errors:
-            future, outcome = item
-            if isinstance(outcome, tuple) and _erred(future):
-                raise outcome[1]
-        return item
+    def _taken(self, item: Any) -> Any:
+        """What is yielded for ``item``: with results, the pair, its result unpickled
+        here, on the iterating thread (``results.loads_here`` says why); a failure
+        raised unless ``raise_errors=False``."""
+        if not self.with_results:
+            return item
+        future, outcome = item
+        if isinstance(future, ActorFuture):
+            return future, self._actor_outcome(future)
+        if isinstance(outcome, Gathered):
+            return future, outcome.by_key(future._client)[future.key]
+        if isinstance(outcome, _Failure):
+            exc = outcome.failed.exception()
+            if outcome.status != ERROR:
+                return future, exc
+            if self.raise_errors:
+                try:
+                    raise exc
+                finally:
+                    del exc
+            return future, (type(exc), exc, exc.__traceback__)
+        raise outcome  # the fetch itself failed (the result was lost meanwhile)
+
+    def _actor_outcome(self, future: ActorFuture) -> Any:
+        """An actor call's reply, which is already here: its value, or its failure
+        raised (or, with ``raise_errors=False``, as Dask's triple)."""
+        exc = future.exception()
+        if exc is None:
+            return future.result()
+        if self.raise_errors:
+            raise exc
+        return (type(exc), exc, exc.__traceback__)
 
     def next_batch(self, block: bool = True) -> list[Any]:
         """Everything finished so far; with ``block``, wait for at least one."""
         batch = [next(self)] if block else []
         with self._condition:
             items, self._ready = list(self._ready), deque()
-        batch.extend(self._raise_if_failed(item) for item in items)
+        batch.extend(self._taken(item) for item in items)
         return batch
 
     def batches(self) -> Iterator[list[Any]]:
@@ -323,18 +357,24 @@ class as_completed(Iterator[Any]):
         return f"<as_completed: waiting={len(self._waiting)} done={len(self._ready)}>"
 
 
-def _outcome(future: Awaited) -> Any:
-    """What Dask pairs a finished future with: its result, or its failure."""
-    exc = future.exception()
-    if exc is None:
-        return future.result()
-    if _erred(future):
-        return (type(exc), exc, exc.__traceback__)
-    return exc
+class _Failure(NamedTuple):
+    """A finished future's failure, still pickled, and its status then."""
+
+    failed: Failed
+    status: str
 
 
-def _erred(future: Awaited) -> bool:
-    """The finished ``future`` failed (rather than being cancelled, or returning)."""
+def _prefetched(future: Awaited) -> Gathered | _Failure | Exception | None:
+    """On the callback thread: what the future's pair will hold, fetched but not
+    unpickled; an error from the fetch itself, to raise to the iterating thread.
+    Nothing for an actor call, whose reply is already here."""
     if isinstance(future, ActorFuture):
-        return future.exception() is not None  # an actor call is never cancelled
-    return future.status == ERROR
+        return None
+    failed = future._state.failed()
+    if failed is not None:
+        return _Failure(failed, future.status)
+    try:
+        fetched: Gathered = future._client._gather_pickled([future.key])
+    except Exception as exc:
+        return exc
+    return fetched
