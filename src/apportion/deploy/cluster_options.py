@@ -52,7 +52,6 @@ DASK_CLUSTER_OPTIONS = frozenset(
         "scheduler_kwargs",
         "scheduler_sync_interval",
         "nanny",
-        "death_timeout",
         "env",
         "dashboard",
         "preload",
