@@ -26,12 +26,12 @@ import importlib.util
 import sys
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any, Protocol
 
-from apportion.client.future import FutureOwner
+from apportion.client.future import Future, FutureOwner
 from apportion.worker.context import in_task, seceded
 from apportion.worker.service import get_worker
 
@@ -224,7 +224,8 @@ def get(dsk: Any, keys: Any, **kwargs: Any) -> Any:
         client = _seceded_task_client()
         if client is not None:
             return client.get(dsk, keys, **kwargs)
-        return dask.get(dsk, keys)  # synchronous, on this task's thread and resources
+        # Synchronous, on this task's thread and resources.
+        return dask.get(_parts_here(dsk), keys)
     client = current()
     if client is None:  # every client closed since Dask was told to use them
         return dask.threaded.get(dsk, keys, **kwargs)
@@ -237,6 +238,33 @@ def get(dsk: Any, keys: Any, **kwargs: Any) -> Any:
             "without a running loop (await asyncio.to_thread(x.compute))"
         )
     return client.get(dsk, keys, **kwargs)
+
+
+def _parts_here(dsk: Any) -> Any:
+    """``dsk`` with the futures in it (a persisted collection's parts) replaced by
+    their values, which this task's worker holds: they were its inputs.
+
+    Pickled into the task, a collection's futures arrive as their values already.
+    But a worker in the client's own process may be handed the client's collection
+    itself, futures and all (Dask caches expressions by name), and Dask's local
+    scheduler would take each future for its value.
+    """
+    graph = dsk if isinstance(dsk, Mapping) else dict(dsk.__dask_graph__())
+    parts = {k: v for k, v in graph.items() if isinstance(getattr(v, "value", v), Future)}
+    if not parts:
+        return dsk
+    data = get_worker().data
+    here = dict(graph)
+    for name, value in parts.items():
+        key = getattr(value, "value", value).key
+        if key not in data:
+            raise RuntimeError(
+                f"{key!r}, a part of a persisted collection, is not on this task's worker: "
+                "pass the collection to the task as an argument (its parts then come "
+                "with it), or compute it inside worker_client()"
+            )
+        here[name] = data[key]
+    return here
 
 
 def persist(collections: Any, **kwargs: Any) -> Any:
