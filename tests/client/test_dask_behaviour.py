@@ -232,7 +232,7 @@ def test_leaving_with_client_on_another_thread_raises_and_closes_it(
         one.submit(client.__enter__).result()
         with pytest.raises(ValueError, match="was created in a different Context"):
             other.submit(client.__exit__, None, None, None).result()
-    assert client.status == "closed" if hasattr(client, "status") else client._closed
+    assert client._closed  # closed all the same: nothing is left open
 
 
 def test_leaving_async_with_in_another_task_raises(cluster: InMemoryCluster) -> None:

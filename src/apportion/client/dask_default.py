@@ -14,7 +14,9 @@ collected; the clients themselves are held weakly here.
 Inside a task, Dask's ``compute`` runs on the task's own thread instead: going back
 to the cluster from a worker thread could wait forever for a thread of its own.
 Once the task has seceded (``worker_client()``) it goes to the cluster through its
-worker's client, as in Dask: the task then holds no thread while it waits.
+worker's client, as in Dask: the task then holds no thread while it waits. A worker
+process (``apportion worker``) names ``CURRENT`` as Dask's scheduler from the start
+(``serve_tasks``), with no client of its own, so that these rules hold there too.
 """
 
 from __future__ import annotations
