@@ -327,7 +327,8 @@ def test_environment_overrides_config_file(launched: Launched, tmp_path: Path) -
     [
         (
             "resource = 'gpu=[0-3]'\n",
-            "unknown key 'resource' (known: allow_plaintext, connect_timeout, drain_timeout,",
+            "unknown key 'resource' (known: allow_plaintext, connect_timeout, "
+            "death_timeout, drain_timeout,",
         ),
         ("nprocs = 2\n", "unknown key 'nprocs'"),
         ("nthreads = 0\n", "nthreads: 0 is not in the range x>=1."),
@@ -515,3 +516,16 @@ def test_slurm_outside_an_allocation_exits_2_with_one_line(
 def test_slurm_spec_mistakes_exit_2(launched: Launched, spec: str, message: str) -> None:
     code, output = invoke("--resources", spec, env=SLURM_JOB)
     assert code == 2 and message in output and len(output.splitlines()) == 1
+
+
+@pytest.mark.timeout(10)
+def test_death_timeout_sets_both_waits_for_the_scheduler(launched: Launched) -> None:
+    assert invoke("--no-supervisor", "--death-timeout", "1.5m")[0] == 0
+    assert launched.settings is not None
+    assert launched.settings.connect_timeout == launched.settings.reconnect_timeout == 90.0
+    assert invoke("--nworkers", "2", "--death-timeout", "7")[0] == 0
+    for argv in launched.commands:  # each supervised process is told both
+        assert argv[argv.index("--connect-timeout") + 1] == "7.0"
+        assert argv[argv.index("--reconnect-timeout") + 1] == "7.0"
+    code, output = invoke("--death-timeout", "soon")
+    assert code == 2 and "--death-timeout='soon' is not a duration" in output

@@ -262,14 +262,13 @@ def test_options_for_dasks_internals_are_ignored_with_one_warning() -> None:
             processes=False,
             protocol="tcp://",
             nanny=True,
-            death_timeout=60,
             max_spill="10GiB",
             worker_class=object,
         )
     cluster.close()
     assert [type(w.message) for w in caught] == [IgnoredOptionWarning]
     text = str(caught[0].message)
-    for name in ("death_timeout", "max_spill", "nanny", "protocol", "worker_class"):
+    for name in ("max_spill", "nanny", "protocol", "worker_class"):
         assert name in text
     with pytest.raises(TypeError, match="n_wrokers"):
         LocalCluster(n_wrokers=2, processes=False)

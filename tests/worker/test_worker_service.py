@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import operator
 import subprocess
 import sys
 import threading
@@ -37,6 +38,7 @@ from apportion.protocol.worker import (
 )
 from apportion.worker.data_server import SEND_ALONE_FROM
 from apportion.worker.service import Worker
+from apportion.worker.sizeof import sizeof
 from fake_scheduler import WAIT, FakeScheduler
 
 
@@ -153,6 +155,36 @@ def test_raised_exception_keeps_its_type_and_traceback() -> None:
                 names.append(tb.tb_frame.f_code.co_name)
                 tb = tb.tb_next
             assert names == ["fail"]
+
+    run(scenario)
+
+
+class RefusesItsSize:
+    """As a Dask collection does: ``nbytes`` raises."""
+
+    @property
+    def nbytes(self) -> int:
+        raise NotImplementedError("nbytes is not implemented on DataFrame")
+
+    def __sizeof__(self) -> int:
+        raise RuntimeError("nor this")
+
+
+def refuses_its_size() -> RefusesItsSize:
+    return RefusesItsSize()
+
+
+def test_a_result_that_refuses_to_be_measured_still_finishes() -> None:
+    assert sizeof(RefusesItsSize()) == 0
+    assert sizeof([RefusesItsSize()] * 3) > 0
+
+    async def scenario(scheduler: FakeScheduler) -> None:
+        async with Worker(scheduler.address, nthreads=1):
+            conn, _ = await scheduler.next_worker()
+            send(conn, compute("x", refuses_its_size))
+            await scheduler.expect(conn, TaskFinished)
+            send(conn, compute("y", operator.add, 1, 2))  # its thread is still there
+            await scheduler.expect(conn, TaskFinished)
 
     run(scenario)
 

@@ -32,6 +32,7 @@ from apportion.cli.config import CONFIG_META, config_option
 from apportion.cli.credentials import scheduler_address, waiting_scheduler_file_option
 from apportion.cli.errors import check_address, check_host_option, check_port_option, fail
 from apportion.cli.log_options import log_format_option
+from apportion.core.durations import seconds
 from apportion.core.resources import parse_resources
 from apportion.deploy.slurm_env import SLURM, grant_supply, slurm_grant
 from apportion.log_setup import configure_logging
@@ -419,6 +420,14 @@ def child_names(commands: list[list[str]]) -> list[str]:
     help="A worker started before its scheduler keeps trying to reach it for this "
     "long, then exits with status 1; 0: try once.",
 )
+@click.option(
+    "--death-timeout",
+    callback=lambda ctx, param, value: _duration(value, "--death-timeout"),
+    default=None,
+    metavar="DURATION",
+    help="Dask's name for both timeouts above: a worker that cannot reach its scheduler "
+    "for this long (at start, or after losing it) exits; seconds or text like '60s'.",
+)
 @log_format_option
 @click.pass_context
 def worker(
@@ -445,11 +454,14 @@ def worker(
     connect_timeout: float,
     allow_plaintext: bool,
     lifetime: float,
+    death_timeout: float | None,
     log_format: str,
 ) -> None:
     """Run a worker connected to the scheduler at SCHEDULER_ADDRESS, else the one
     --scheduler-file names, else $APPORTION_SCHEDULER, else your own running scheduler,
     found through $APPORTION_HOME/scheduler.json (waited for up to --connect-timeout)."""
+    if death_timeout is not None:  # Dask's one option for both
+        connect_timeout = reconnect_timeout = death_timeout
     try:
         limit = parse_memory_limit(memory_limit, nworkers)
     except ValueError as exc:
@@ -519,17 +531,29 @@ def worker(
     sys.exit(supervisor.run(stop_timeout=drain_timeout + kill_grace + 10.0))
 
 
+def _duration(value: str | None, what: str) -> float | None:
+    """A duration option's seconds (None: not given); a usage error for bad text."""
+    try:
+        return seconds(value, what)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 def run_one(address: str, settings: WorkerSettings) -> int:
     """Run one worker until a signal (status 0) or the loss of its scheduler (status 1).
 
     The first SIGTERM or SIGINT drains the worker (``Worker.drain``); a second one
     closes it at once. Status 0 tells a supervisor not to start it again.
     """
+    from apportion.client import dask_default
     from apportion.net.security import AuthenticationError
     from apportion.runs.launcher import ProcessLauncher
     from apportion.runs.live import LiveRuns
     from apportion.worker.memory_manager import MemoryConfig
     from apportion.worker.service import Worker
+
+    # Dask's own compute inside a task goes where apportion's rules for tasks say.
+    dask_default.serve_tasks()
 
     async def serve() -> int:
         supervisor = supervisor_pid()

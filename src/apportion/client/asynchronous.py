@@ -25,6 +25,7 @@ from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
 
 from apportion.client.errors import SchedulerGoneError
+from apportion.core.tracebacks import trimmed
 from apportion.loop_thread import LoopThread
 
 T = TypeVar("T")
@@ -59,6 +60,13 @@ async def awaited(
         if outcome.cancelled() and (task is None or not task.cancelling()):
             raise SchedulerGoneError("the client's connection was closed") from None
         raise
+    except Exception as exc:
+        # A task's failure reaches the awaiting user with the user's frames, not
+        # those of the session's loop it came through (core/tracebacks.py).
+        try:
+            raise trimmed(exc)
+        finally:
+            del exc
     finally:
         # ``outcome`` holds the exception, whose traceback holds this frame: a cycle
         # that would keep what the failed work held until the garbage collector runs.

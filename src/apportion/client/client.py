@@ -177,6 +177,8 @@ class Client:
         self._function = submission.FunctionCache()
         self._callbacks = CallbackRunner()
         self._dask_default = set_as_default
+        #: Undoes ``with client:``'s making it current (``dask_default.enter``).
+        self._entered: dask_default.Entered | None = None
         if asynchronous:
             return  # ``await client`` connects (``_start``)
         try:
@@ -611,19 +613,36 @@ class Client:
         if self._dask_default:
             dask_default.unregister(self)
 
+    # Inside ``with client:`` (``async with``) a default client is the current one,
+    # as with ``as_current``, for this thread or task: Dask's ``get_scheduler()`` is
+    # its ``get`` there. Leaving in another thread or task than the one that entered
+    # raises Dask's ValueError ("... was created in a different Context"), after
+    # closing the client all the same.
+
     def __enter__(self) -> Client:
         if self.asynchronous:
             raise TypeError("this Client is asynchronous: use 'async with', not 'with'")
+        self._entered = dask_default.enter(self) if self._dask_default else None
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._close_blocking()
+        try:
+            dask_default.leave(self._entered)
+        finally:
+            self._entered = None
+            self._close_blocking()
 
     async def __aenter__(self) -> Client:
-        return await self
+        await self
+        self._entered = dask_default.enter(self) if self._dask_default else None
+        return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self._close_async()
+        try:
+            dask_default.leave(self._entered)
+        finally:
+            self._entered = None
+            await self._close_async()
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
@@ -649,4 +668,13 @@ def default_client(c: Client | None = None) -> Client:
     return client
 
 
-local.client_type = Client  # LocalCluster.get_client makes these (see ``local.client_type``)
+def client_of_cluster(cluster: LocalCluster) -> Client:
+    """``cluster.get_client()``: the current client (``Client.current()``) if it is
+    ``cluster``'s, else a new client of it, as Dask's ``Cluster.get_client``."""
+    current = dask_default.current()
+    if isinstance(current, Client) and current.cluster is cluster:
+        return current
+    return Client(cluster)
+
+
+local.client_type = client_of_cluster  # LocalCluster.get_client (see ``local.client_type``)

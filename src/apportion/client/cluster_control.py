@@ -19,6 +19,7 @@ from apportion.client.link import SchedulerLink
 from apportion.core.durations import Duration
 from apportion.core.groups import group_of
 from apportion.dashboard.auth import NONCE_BYTES, login_link
+from apportion.dashboard.link_template import configured_template, format_link
 from apportion.loop_thread import in_thread
 from apportion.net.security import Security
 from apportion.protocol.cluster import (
@@ -120,6 +121,8 @@ async def _wait_for_workers(link: SchedulerLink, n_workers: int, timeout: float 
 
 def dashboard_link(link: SchedulerLink, security: Security) -> str | None:
     """A fresh one-time login link to the scheduler's dashboard; None if it serves none.
+    Dask's ``distributed.dashboard.link`` setting, where set, gives the link instead
+    (``dashboard.link_template``).
 
     Each access mints a new link from this client's secret (the cluster's): it
     logs one browser in, once, within 24 hours (docs/dashboard.md). A blocking
@@ -131,6 +134,9 @@ def dashboard_link(link: SchedulerLink, security: Security) -> str | None:
     base = link.identity.get("dashboard")
     if not isinstance(base, str) or not base:
         return None
+    template = configured_template()
+    if template is not None:
+        return format_link(template, base, os.environ)
     return login_link(base, security.key(), time.time(), os.urandom(NONCE_BYTES))
 
 

@@ -14,6 +14,7 @@ from apportion.client.future import Future, FutureOwner, KeyState
 from apportion.client.graph import flatten_keys, wire_key
 from apportion.client.restrictions import Where, refuse_actors, where_to_run
 from apportion.core.resources import ResourceSpec
+from apportion.core.tracebacks import raises_user_frames
 
 
 class GraphSubmitter(Protocol):
@@ -39,6 +40,7 @@ class GraphSubmitter(Protocol):
     ) -> Any: ...
 
 
+@raises_user_frames
 def get(
     client: GraphSubmitter,
     dsk: Mapping[Any, Any],
@@ -142,7 +144,6 @@ def persist(
     ``workers=`` and ``allow_other_workers=`` restrict every task, as in ``get``.
     """
     from apportion.client.collections import is_collection, lower
-    from apportion.client.persisted import PersistedPart
 
     refuse_actors(actors)
     where = where_to_run(workers, allow_other_workers, strict=False)
@@ -163,7 +164,9 @@ def persist(
     result = []
     for item, keys in zip(items, lowered.keys, strict=True):
         rebuild, extra = item.__dask_postpersist__()
-        parts = {key: PersistedPart(key, futures[key]) for key in flatten_keys(keys)}
+        # The graph holds the futures themselves, as Dask's: ``futures_of`` finds
+        # them, and pickled into a task each stands for its part's value there.
+        parts = {key: futures[key] for key in flatten_keys(keys)}
         result.append(rebuild(parts, *extra))
     return result[0] if single else result
 

@@ -4,14 +4,19 @@ As with Dask's client (``set_as_default=True``), the newest open client is Dask'
 scheduler. A client never imports Dask itself: made before Dask is imported, it
 leaves a one-shot import hook that makes the open clients Dask's scheduler the
 moment ``import dask`` completes (a script may well make its client first).
-Dask's configuration holds ``get``, a plain function, so the configuration still
+Dask's configuration holds ``CURRENT``, a stand-in for whichever client is current,
+which Dask's ``get_scheduler`` reads as it reads a client: its ``get`` is the current
+client's own ``get`` (so ``dask.base.get_scheduler() == client.get`` inside ``with
+client:``, as with Dask's client). It holds no client, so the configuration still
 pickles (Dask's process-based clusters copy it) and a forgotten client is still
 collected; the clients themselves are held weakly here.
 
 Inside a task, Dask's ``compute`` runs on the task's own thread instead: going back
 to the cluster from a worker thread could wait forever for a thread of its own.
 Once the task has seceded (``worker_client()``) it goes to the cluster through its
-worker's client, as in Dask: the task then holds no thread while it waits.
+worker's client, as in Dask: the task then holds no thread while it waits. A worker
+process (``apportion worker``) names ``CURRENT`` as Dask's scheduler from the start
+(``serve_tasks``), with no client of its own, so that these rules hold there too.
 """
 
 from __future__ import annotations
@@ -23,12 +28,12 @@ import importlib.util
 import sys
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any, Protocol
 
-from apportion.client.future import FutureOwner
+from apportion.client.future import Future, FutureOwner
 from apportion.worker.context import in_task, seceded
 from apportion.worker.service import get_worker
 
@@ -50,26 +55,46 @@ _setting: Any = None
 _lock = threading.RLock()
 
 
+#: This process is a worker's: Dask's scheduler here is ``CURRENT`` for good, client
+#: or none, so that a task's compute goes where ``get`` says tasks' computes go.
+_serving_tasks = False
+
+
 def register(client: DefaultClient) -> None:
     """``client`` is Dask's scheduler from now on, until it closes or a newer one opens;
     if Dask is not imported yet, from the moment it is."""
     with _lock:
         _clients.append(weakref.ref(client, _forget))
-        if "dask" in sys.modules:
-            _become_default()
-        elif not any(isinstance(finder, _AfterDaskImport) for finder in sys.meta_path):
-            sys.meta_path.insert(0, _AfterDaskImport())
+        _when_dask_is_there()
+
+
+def serve_tasks() -> None:
+    """This process runs a worker: its tasks' Dask computes follow ``get``'s rules
+    (on the task's thread; through the worker's client once seceded), from the moment
+    Dask is imported, whether or not a client is open here."""
+    global _serving_tasks
+    with _lock:
+        _serving_tasks = True
+        _when_dask_is_there()
+
+
+def _when_dask_is_there() -> None:
+    """Become Dask's scheduler now, or once ``import dask`` completes (the lock is held)."""
+    if "dask" in sys.modules:
+        _become_default()
+    elif not any(isinstance(finder, _AfterDaskImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _AfterDaskImport())
 
 
 def _become_default() -> None:
     """Tell Dask to use ``get``, once, while some client is open (the lock is held)."""
     global _setting
     dask = sys.modules.get("dask")
-    if _setting is not None or dask is None or current() is None:
+    if _setting is not None or dask is None or (current() is None and not _serving_tasks):
         return
     # Task-based shuffles: Dask's default on one machine writes to local disk,
     # which workers on other hosts cannot read.
-    _setting = dask.config.set({"scheduler": get, "dataframe.shuffle.method": "tasks"})
+    _setting = dask.config.set({"scheduler": CURRENT, "dataframe.shuffle.method": "tasks"})
 
 
 def _dask_imported() -> None:
@@ -131,10 +156,10 @@ def _forget(ref: weakref.ref[DefaultClient]) -> None:
 def _restore_if_none_left() -> None:
     global _setting
     dask = sys.modules.get("dask")
-    if _clients or _setting is None or dask is None:
+    if _clients or _setting is None or dask is None or _serving_tasks:
         return
     # Someone chose another scheduler meanwhile: theirs stays.
-    if dask.config.get("scheduler", None) is get:
+    if dask.config.get("scheduler", None) is CURRENT:
         _setting.__exit__(None, None, None)
     _setting = None
 
@@ -152,6 +177,23 @@ def set_current(client: DefaultClient | None) -> contextvars.Token[DefaultClient
 
 def reset_current(token: contextvars.Token[DefaultClient | None]) -> None:
     _as_current.reset(token)
+
+
+#: What ``enter`` gives and ``leave`` takes back.
+Entered = contextvars.Token[DefaultClient | None]
+
+
+def enter(client: DefaultClient) -> Entered:
+    """``with client:`` entered: it is the current client in this thread or task."""
+    return _as_current.set(client)
+
+
+def leave(entered: Entered | None) -> None:
+    """``with client:`` left: the current client is the one from before again.
+    ``ValueError`` (Python's, as Dask's client raises it) when left in another thread
+    or task than the one that entered."""
+    if entered is not None:
+        _as_current.reset(entered)
 
 
 def current() -> DefaultClient | None:
@@ -184,7 +226,8 @@ def get(dsk: Any, keys: Any, **kwargs: Any) -> Any:
         client = _seceded_task_client()
         if client is not None:
             return client.get(dsk, keys, **kwargs)
-        return dask.get(dsk, keys)  # synchronous, on this task's thread and resources
+        # Synchronous, on this task's thread and resources.
+        return dask.get(_parts_here(dsk), keys)
     client = current()
     if client is None:  # every client closed since Dask was told to use them
         return dask.threaded.get(dsk, keys, **kwargs)
@@ -198,6 +241,33 @@ def get(dsk: Any, keys: Any, **kwargs: Any) -> Any:
             "without a running loop (await asyncio.to_thread(x.compute))"
         )
     return client.get(dsk, keys, **kwargs)
+
+
+def _parts_here(dsk: Any) -> Any:
+    """``dsk`` with the futures in it (a persisted collection's parts) replaced by
+    their values, which this task's worker holds: they were its inputs.
+
+    Pickled into the task, a collection's futures arrive as their values already.
+    But a worker in the client's own process may be handed the client's collection
+    itself, futures and all (Dask caches expressions by name), and Dask's local
+    scheduler would take each future for its value.
+    """
+    graph = dsk if isinstance(dsk, Mapping) else dict(dsk.__dask_graph__())
+    parts = {k: v for k, v in graph.items() if isinstance(getattr(v, "value", v), Future)}
+    if not parts:
+        return dsk
+    data = get_worker().data
+    here = dict(graph)
+    for name, value in parts.items():
+        key = getattr(value, "value", value).key
+        if key not in data:
+            raise RuntimeError(
+                f"{key!r}, a part of a persisted collection, is not on this task's worker: "
+                "pass the collection to the task as an argument (its parts then come "
+                "with it), or compute it inside worker_client()"
+            )
+        here[name] = data[key]
+    return here
 
 
 def persist(collections: Any, **kwargs: Any) -> Any:
@@ -216,3 +286,46 @@ def persist(collections: Any, **kwargs: Any) -> Any:
 
 
 get.persist = persist  # type: ignore[attr-defined]
+
+
+class CurrentClient:
+    """What Dask's configuration names as its scheduler while a client is open.
+
+    Dask's ``get_scheduler`` takes anything whose type is named like a client and
+    has ``get`` as a client, and uses that ``get``; this one's is the current
+    client's bound ``get`` (the ``with client:`` or ``as_current`` one, else the
+    newest open default client), or, inside a task that has seceded, its worker's
+    client's. Elsewhere (inside a task on its own thread, no client left, an
+    asynchronous client) it is the module's ``get``, which knows what to do there.
+    Not callable, on purpose: Dask would call it instead of asking for ``get``.
+    """
+
+    __slots__ = ()
+
+    #: Dask asks before using ``get``; the module's ``get`` gives apportion's own
+    #: error for an asynchronous client instead of Dask's.
+    asynchronous = False
+
+    @property
+    def get(self) -> Any:
+        if in_task():
+            client = _seceded_task_client()
+        else:
+            client = current()
+            if client is not None and client.asynchronous:
+                client = None
+        return get if client is None else client.get
+
+    @property
+    def persist(self) -> Any:
+        return persist
+
+    def __reduce__(self) -> str:
+        return "CURRENT"  # the module's one instance, by name
+
+    def __repr__(self) -> str:
+        return "<apportion's current Client>"
+
+
+#: The one ``CurrentClient``, the value of Dask's ``scheduler`` setting.
+CURRENT = CurrentClient()

@@ -22,6 +22,7 @@ from apportion.client.results import Gathered
 from apportion.client.state import PENDING
 from apportion.core import payload
 from apportion.core.durations import Duration, seconds
+from apportion.core.tracebacks import raises_user_frames
 from apportion.protocol.tasks import CancelKeys, ScatterRequest
 
 T = TypeVar("T")
@@ -44,7 +45,10 @@ class DataHolder(FutureOwner, Protocol):
 
     def _unique_name(self) -> str: ...
 
+    def submit(self, func: Any, *args: Any, **kwargs: Any) -> Future: ...
 
+
+@raises_user_frames
 def gather(
     client: DataHolder,
     futures: Any,
@@ -200,12 +204,22 @@ def scatter(
     """
     client._link.check_open()
     allowed = worker_names(workers)
-    names, items = shapes.scatter_items(data, hash, client._unique_name)
+    names, items, holding = shapes.scatter_items(data, hash, client._unique_name)
     awaitable = client.asynchronous if asynchronous is None else asynchronous
     if not items:  # nothing to store
         empty = {} if isinstance(data, Mapping) else type(data)()
         return Ready(empty) if awaitable else empty
     futures = {name: Future(name, client) for name in names}
+    if holding:
+        # A value holding futures (a persisted collection) is made by a task on a
+        # worker, where each future unpickles as its part's value: a worker cannot
+        # unpickle a future on its own. The stored value then holds its data.
+        given = data.values() if isinstance(data, Mapping) else shapes.listed(data)
+        for name, value in zip(names, given, strict=True):
+            if name in holding:
+                call = shapes.held_call(value)
+                client.submit(*call, key=name, workers=allowed or None, pure=False)
+                del items[name]
     if isinstance(data, Mapping):
         shaped: Any = {k: futures[name] for k, name in zip(data, names, strict=True)}
     elif isinstance(data, list | tuple):
@@ -235,7 +249,7 @@ async def _scatter(
     try:
         async with asyncio.timeout(wait):
             left = items
-            if mode or (mode is None and size >= transfers.DIRECT_FROM):
+            if items and (mode or (mode is None and size >= transfers.DIRECT_FROM)):
                 left = await transfers.scatter_direct(
                     client._link.connected, items, allowed, strict=bool(mode)
                 )
@@ -249,9 +263,10 @@ async def _scatter(
         client._link.connected.post(CancelKeys(list(futures)))  # not stored later for nobody
         where = f" on a worker matching {allowed}" if allowed else ""
         raise TimeoutError(f"scattered data was not stored{where} within {wait:g}s") from None
-    failed = next(iter(futures.values()))._state.exception_object()
-    if failed is not None:
-        raise failed
+    for fut in futures.values():
+        failed = fut._state.exception_object()
+        if failed is not None:
+            raise failed
     if broadcast:
         await shared_data.copy_results(client._link, list(futures.values()), None, allowed or None)
 

@@ -26,6 +26,7 @@ from apportion.client.state import Failure as KeyFailure
 from apportion.core import payload
 from apportion.core.durations import Duration, seconds
 from apportion.core.payload import Pickled
+from apportion.core.tracebacks import user_frames
 
 if TYPE_CHECKING:
     from apportion.client.link import ClientLink
@@ -155,7 +156,9 @@ def rebuild_exception(exc_bytes: Pickled, tb_bytes: Pickled) -> BaseException:
         except Exception:  # a mangled traceback must not hide the exception itself
             tb = None
         if tb is not None:
-            exc = exc.with_traceback(tb)
+            # The worker trimmed its own frames already; one of another version
+            # may not have.
+            exc = exc.with_traceback(user_frames(tb))
     return exc
 
 
@@ -274,7 +277,14 @@ class Future:
         if self._client.asynchronous:
             return self._result_async(seconds(timeout))
         self._wait(timeout)
-        self._raise_if_failed()
+        # Raised here, not in a helper: the traceback the user reads is this frame
+        # and the task's own (Dask's short tracebacks).
+        exc = self._state.exception_object()
+        if exc is not None:
+            try:
+                raise exc
+            finally:
+                del exc  # else this frame and the exception's traceback hold each other
         return self._client._gather_keys([self.key])[self.key]
 
     def exception(self, timeout: Duration | None = None) -> Any:
@@ -307,18 +317,14 @@ class Future:
 
     async def _result_async(self, timeout: float | None) -> Any:
         await self._settled(timeout)
-        self._raise_if_failed()
-        values = await self._client._gather_keys_awaited([self.key])
-        return values[self.key]
-
-    def _raise_if_failed(self) -> None:
-        """Raise the task's exception if it failed (once settled)."""
-        exc = self._state.exception_object()
+        exc = self._state.exception_object()  # raised here, as in ``result``
         if exc is not None:
             try:
                 raise exc
             finally:
-                del exc  # else this frame and the exception's traceback hold each other
+                del exc
+        values = await self._client._gather_keys_awaited([self.key])
+        return values[self.key]
 
     async def _exception_async(self, timeout: float | None) -> BaseException | None:
         await self._settled(timeout)

@@ -24,6 +24,7 @@ from typing import Any, Protocol, TypeVar
 from apportion.client.asynchronous import Ready, awaited
 from apportion.client.errors import SchedulerGoneError
 from apportion.client.session import Session
+from apportion.core.tracebacks import trimmed
 from apportion.protocol.base import Message
 
 T = TypeVar("T")
@@ -34,8 +35,16 @@ def _as_is(reply: Any) -> Any:
 
 
 async def _after(outcome: Awaitable[Any], then: Callable[[Any], Any]) -> Any:
-    """``then(await outcome)``: ``then`` in the awaiting loop, not the client's."""
-    return then(await outcome)
+    """``then(await outcome)``: ``then`` in the awaiting loop, not the client's; a task's
+    failure it raises reaches the awaiting caller with the user's frames only."""
+    value = await outcome
+    try:
+        return then(value)
+    except Exception as exc:
+        try:
+            raise trimmed(exc)
+        finally:
+            del exc  # else this frame and the exception's traceback hold each other
 
 
 class SchedulerLink(Protocol):

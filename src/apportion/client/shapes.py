@@ -58,22 +58,58 @@ def _skipped(obj: Any, values: dict[str, Any]) -> bool:
     return isinstance(obj, Future) and values.get(obj.key) is SKIPPED
 
 
+def listed(data: Any) -> list[Any]:
+    """The values ``scatter`` stores for ``data`` that is not a mapping, in order."""
+    return list(data) if isinstance(data, list | tuple) else [data]
+
+
+def held(value: Any) -> Any:
+    """A scattered value that holds futures, made on a worker (``scatter``)."""
+    return value
+
+
+def held_call(value: Any) -> tuple[Any, ...]:
+    """The function and arguments of the task that makes ``value``, which holds
+    futures, on a worker: there each future in the arguments is its part's value.
+    A Dask collection is rebuilt there from its graph, not unpickled: Dask's
+    expressions are cached by name, so a worker in this very process would be
+    handed back this collection, futures and all."""
+    if hasattr(value, "__dask_postpersist__") and not isinstance(value, type):
+        rebuild, extra = value.__dask_postpersist__()
+        return rebuilt, rebuild, dict(value.__dask_graph__()), tuple(extra)
+    return held, value
+
+
+def rebuilt(rebuild: Callable[..., Any], graph: dict[Any, Any], extra: tuple[Any, ...]) -> Any:
+    """A Dask collection made from its graph, as ``persist`` makes one (``held_call``)."""
+    return rebuild(graph, *extra)
+
+
 def scatter_items(
     data: Any, hash: bool, unique: Callable[[], str]
-) -> tuple[list[str], dict[str, payload.Pickled]]:
-    """The keys ``scatter`` stores ``data`` under, in order, and each one's pickle:
-    a mapping's own keys, else each value's type and the hash of its pickle (or, not
-    ``hash``, a name from ``unique()``, so that equal values stay apart)."""
+) -> tuple[list[str], dict[str, payload.Pickled], set[str]]:
+    """The keys ``scatter`` stores ``data`` under, in order, each one's pickle, and
+    the keys whose values hold futures (a persisted collection): a mapping's own
+    keys, else each value's type and the hash of its pickle (or, not ``hash``, a
+    name from ``unique()``, so that equal values stay apart)."""
     if isinstance(data, Mapping):
         names = [wire_key(k) for k in data]
         if len(set(names)) != len(names):
             raise ValueError("scatter keys must stay distinct as strings (e.g. 1 and '1')")
-        return names, {n: payload.dumps(v) for n, v in zip(names, data.values(), strict=True)}
-    seq = data if isinstance(data, list | tuple) else [data]
-    blobs = [payload.dumps(v) for v in seq]
-    names = [
-        f"{type(v).__name__}-"
-        + (payload.hash_into(hashlib.blake2b(digest_size=16), b).hexdigest() if hash else unique())
-        for v, b in zip(seq, blobs, strict=True)
-    ]
-    return names, dict(zip(names, blobs, strict=True))
+        seq: Any = data.values()
+    else:
+        seq = listed(data)
+    pickled = [payload.dumps_referring(v) for v in seq]
+    blobs = [blob for blob, _ in pickled]
+    if not isinstance(data, Mapping):
+        names = [
+            f"{type(v).__name__}-"
+            + (
+                payload.hash_into(hashlib.blake2b(digest_size=16), b).hexdigest()
+                if hash
+                else unique()
+            )
+            for v, b in zip(seq, blobs, strict=True)
+        ]
+    holding = {name for name, (_, refs) in zip(names, pickled, strict=True) if refs}
+    return names, dict(zip(names, blobs, strict=True)), holding

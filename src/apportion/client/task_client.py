@@ -35,6 +35,9 @@ def worker_client_of(worker: Worker, timeout: Duration | None = None) -> Client:
                 set_as_default=False,
                 timeout=30.0 if timeout is None else timeout,
                 security=worker.security,  # the worker's own credentials, TLS included
+                # A worker reaches its peers' data ports (it fetches inputs there):
+                # its tasks' data goes straight to them, as Dask's worker client's.
+                direct_to_workers=True,
             )
             worker.task_client = client
         return client  # type: ignore[no-any-return]  # the worker types it Any

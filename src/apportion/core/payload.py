@@ -223,10 +223,16 @@ def loads(pickled: Pickled) -> Any:
 
 def pack_call(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Pickled, set[str]]:
     """Pickle a call's arguments; return them with the keys they depend on."""
+    return dumps_referring(_WithKwargs(args, dict(kwargs)) if kwargs else args)
+
+
+def dumps_referring(obj: Any) -> tuple[Pickled, set[str]]:
+    """Pickle ``obj``; return it with the keys of the results it refers to (the
+    futures in it), which only a task's inputs can give it back."""
     collected: set[str] = set()
     token = _collected.set(collected)
     try:
-        blob = dumps(_WithKwargs(args, dict(kwargs)) if kwargs else args)
+        blob = dumps(obj)
     finally:
         _collected.reset(token)
     return blob, collected

@@ -22,6 +22,7 @@ from pathlib import Path
 from apportion.dashboard.auth import NONCE_BYTES, login_link
 from apportion.dashboard.events import RunsCache, RunsSource, SchedulerReadout
 from apportion.dashboard.http import HeadParser, HttpError, Request
+from apportion.dashboard.link_template import configured_template, format_link
 from apportion.dashboard.origin import (
     WILDCARDS,
     Origin,
@@ -157,6 +158,14 @@ class DashboardServer:
     def login_link(self) -> str:
         """A fresh one-time login link, minted with the scheduler's secret."""
         return login_link(self.url, self.security.key(), time.time(), os.urandom(NONCE_BYTES))
+
+    def user_link(self) -> str:
+        """The link to give users: Dask's ``distributed.dashboard.link`` template
+        where one is set (link_template.py), else a fresh ``login_link``."""
+        template = configured_template()
+        if template is not None:
+            return format_link(template, self.url, os.environ)
+        return self.login_link()
 
     async def close(self) -> None:
         """Stop listening and end every connection; idempotent."""

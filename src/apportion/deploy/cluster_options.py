@@ -53,7 +53,6 @@ DASK_CLUSTER_OPTIONS = frozenset(
         "scheduler_kwargs",
         "scheduler_sync_interval",
         "nanny",
-        "death_timeout",
         "env",
         "dashboard",
         "preload",

@@ -67,10 +67,11 @@ from apportion.scheduler.service import Scheduler
 from apportion.scheduler.state import SchedulerConfig
 from apportion.worker.memory_policy import THRESHOLD_NAMES, threshold_text
 
-#: The class ``get_client`` makes. ``apportion.client.client`` sets it as it loads
-#: (importing ``apportion`` loads it first): the client imports deployment, since
-#: ``Client()`` starts a LocalCluster, so deployment must not import it back, not even
-#: for a type (``get_client`` is typed ``Any`` for that reason: it is a ``Client``).
+#: What ``get_client`` calls: the current client of the cluster, else a new one.
+#: ``apportion.client.client`` sets it as it loads (importing ``apportion`` loads it
+#: first): the client imports deployment, since ``Client()`` starts a LocalCluster, so
+#: deployment must not import it back, not even for a type (``get_client`` is typed
+#: ``Any`` for that reason: it gives a ``Client``).
 client_type: Callable[[LocalCluster], Any] | None = None
 
 #: What closes at interpreter exit before the clusters do: the clients' sessions,
@@ -192,6 +193,9 @@ class LocalCluster:
         #: Where each worker process makes its scratch directory (None: the system's).
         self.local_directory = _directory(kwargs.pop("local_directory", None))
         take_own_loop(kwargs)
+        #: Dask's ``death_timeout``: each worker that cannot reach the scheduler this
+        #: long exits (None: the local default, ``LOCAL_RECONNECT_SECONDS``).
+        self.death_timeout = seconds(kwargs.pop("death_timeout", None), "death_timeout")
         warn_ignored(
             sort_options(kwargs, DASK_CLUSTER_OPTIONS | DASK_CLIENT_OPTIONS, "LocalCluster()"),
             "LocalCluster",
@@ -350,6 +354,8 @@ class LocalCluster:
             cmd += [f"--memory-{name}", threshold_text(getattr(self.memory_thresholds, name))]
         if self.local_directory is not None:
             cmd += ["--local-directory", self.local_directory]
+        if self.death_timeout is not None:
+            cmd += ["--death-timeout", repr(self.death_timeout)]
         return cmd
 
     def _report_death(self, report: WorkerDied) -> None:
@@ -378,6 +384,7 @@ class LocalCluster:
                 resources=format_resources(spec["resources"], spec["units"]),
                 name=spec["name"],
                 reconnect_timeout=LOCAL_RECONNECT_SECONDS,
+                death_timeout=self.death_timeout,
             )
             await worker.start()
             self._workers.append(worker)
@@ -402,14 +409,16 @@ class LocalCluster:
     def dashboard_link(self) -> str | None:
         """A fresh one-time login link to this cluster's dashboard (a new one on each
         access, see ``Client.dashboard_link``); None without a dashboard or before
-        the cluster has started."""
+        the cluster has started. Dask's ``distributed.dashboard.link`` setting, where
+        set, gives the link instead (``dashboard.link_template``)."""
         dashboard = self.scheduler.dashboard
         if dashboard is None or dashboard.origin is None or self._stopped:
             return None
-        return dashboard.login_link()
+        return dashboard.user_link()
 
     def get_client(self) -> Any:
-        """A client of this cluster (a new one each call; close it when done)."""
+        """The current client (``Client.current()``) if it is this cluster's, else a
+        new client of this cluster (close it when done), as Dask's."""
         assert client_type is not None, "apportion.client.client sets it as it loads"
         return client_type(self)
 

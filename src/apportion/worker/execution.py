@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import tblib
 
 from apportion.core.payload import Pickled, dumps, loads, unpack_call
+from apportion.core.tracebacks import user_frames
 from apportion.worker.context import running_task
 from apportion.worker.events import DataInfo, Execute, Seceded
 from apportion.worker.memory_policy import MemoryLimits
@@ -123,10 +124,7 @@ def pack_exception(exc: BaseException) -> tuple[Pickled, Pickled]:
     except Exception:
         name = f"{type(exc).__module__}.{type(exc).__qualname__}"
         blob = dumps(RuntimeError(f"{name}: {exc!r} (the original exception could not be pickled)"))
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
-        tb = tb.tb_next  # the client wants the user's frames, not ours
-    tb = tb or exc.__traceback__
+    tb = user_frames(exc.__traceback__)  # the client wants the user's frames, not ours
     return blob, dumps(tblib.Traceback(tb).to_dict() if tb is not None else None)
 
 

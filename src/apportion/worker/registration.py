@@ -53,7 +53,9 @@ async def first_registration(
         remaining = deadline - clock.monotonic()
         if remaining <= 0:
             if connect_timeout > 0:
-                raise OSError(f"{failure}; gave up after {connect_timeout:g}s") from None
+                # TimeoutError, as Dask's worker raises past its death_timeout; it is
+                # an OSError, as the failures retried here are.
+                raise TimeoutError(f"{failure}; gave up after {connect_timeout:g}s") from None
             raise failure
         if not waiting_said:
             # One line, not one per attempt: the worker is expected to wait here.

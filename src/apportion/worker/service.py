@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, MutableMapping
 from typing import Any, cast
 
 from apportion.clock import SYSTEM_CLOCK, Clock, wait_event
+from apportion.core.durations import Duration, seconds
 from apportion.core.resources import ResourceSpec, describe_resources, from_ticks, parse_supply
 from apportion.core.sizes import format_bytes
 from apportion.loop_thread import BackgroundService
@@ -105,6 +106,8 @@ class Worker(BackgroundService):
     ``connect_timeout``: how long ``start`` keeps trying to reach a scheduler that is
     not listening yet (a worker started before its scheduler, as Dask's waits too);
     0 tries once. Something that answers but is not an apportion scheduler fails at once.
+    ``death_timeout`` (Dask's name; seconds or text like ``"60s"``) sets both: a worker
+    that cannot reach its scheduler for that long, at start or after losing it, closes.
     ``clock`` (default: the system's) paces all of these and stamps every event.
     A ``scheduler_address`` of ``inproc://name`` puts the data port in memory too.
     ``long_lived`` executes the tasks whose work outlives scheduler sessions (the job
@@ -137,7 +140,10 @@ class Worker(BackgroundService):
         memory: MemoryConfig | None = None,
         security: Security | None = None,
         allow_plaintext: bool = False,
+        death_timeout: Duration | None = None,
     ) -> None:
+        if death_timeout is not None:  # Dask's one option for both
+            connect_timeout = reconnect_timeout = seconds(death_timeout, "death_timeout") or 0.0
         self.scheduler_address = scheduler_address
         #: The secret (and TLS) of every connection: to the scheduler, to peers, and
         #: the data port's. An in-process scheduler's own, else the environment's.
