@@ -1,10 +1,11 @@
 """What acts on, or reports on, the cluster as a whole: its identity and workers,
-waiting for workers, restart, the dashboard's login link, and why tasks wait;
-each a function of the client's ``SchedulerLink``."""
+waiting for workers, restart, the dashboard's login link, the notebook card, and
+why tasks wait; each a function of the client's ``SchedulerLink``."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -16,6 +17,7 @@ from apportion.client.future import Future
 from apportion.client.link import SchedulerLink
 from apportion.core.durations import Duration
 from apportion.dashboard.auth import NONCE_BYTES, login_link
+from apportion.dashboard.card import CardFacts, render
 from apportion.loop_thread import in_thread
 from apportion.net.security import Security
 from apportion.protocol.cluster import (
@@ -81,6 +83,40 @@ class SchedulerInfo(dict[str, Any]):
         return self._fetch().__await__()
 
 
+#: Seconds a blocking client's card waits for a fresh picture before showing the last.
+CARD_TIMEOUT = 5.0
+
+
+def card(link: SchedulerLink, name: str, dashboard: Callable[[], str | None]) -> str:
+    """The client's card for Jupyter (``Client._repr_html_``; dashboard/card.py).
+
+    A blocking client asks the scheduler for a fresh picture. An asynchronous one,
+    from its loop, never blocks it: it shows the copy it last fetched (when it
+    connected, or at the last ``await client.scheduler_info()`` or
+    ``wait_for_workers``), and says so. A client closed, not connected yet, or
+    cut off shows "No scheduler connected." and why; nothing here raises.
+    """
+    status, info, note = link.status, None, ""
+    if status == "connected" and link.asynchronous:
+        info = link.identity or None
+        note = "as last fetched: await client.scheduler_info() for news"
+    elif status == "connected":
+        try:
+            info = link.ask(lambda rid: InfoRequest(rid), partial(_info, link), CARD_TIMEOUT)
+        except Exception as exc:  # the card shows what it knows, and why it is not fresh
+            info = link.identity or None
+            note = f"could not reach the scheduler ({type(exc).__name__}: {exc})"
+    elif status == "lost the scheduler":
+        note = "the last picture, from before the connection was lost"
+        info = link.identity or None
+    link_text = None
+    if info is not None:
+        with contextlib.suppress(Exception):  # no link is better than no card
+            link_text = dashboard()
+    facts = CardFacts("Client", name, status, link.address, info, link_text, time.time(), note)
+    return render(facts)
+
+
 def wait_for_workers(link: SchedulerLink, n_workers: int, timeout: float | None) -> Any:
     """Block (or, asynchronous, an awaitable) until at least ``n_workers`` workers are
     connected."""
@@ -92,6 +128,7 @@ async def _wait_for_workers(link: SchedulerLink, n_workers: int, timeout: float 
     deadline = None if timeout is None else loop.time() + timeout
     while True:
         reply = await link.request(lambda rid: InfoRequest(rid))
+        link.remember(reply.info)  # what repr and an asynchronous client's card show
         if len(reply.info["workers"]) >= n_workers:
             return
         if deadline is not None and loop.time() > deadline:

@@ -34,6 +34,7 @@ from typing import Any
 from apportion.core.durations import Duration, seconds
 from apportion.core.resources import ResourceSpec, format_resources
 from apportion.core.sizes import format_bytes
+from apportion.deploy import notebook
 from apportion.deploy.cluster_options import (
     DASK_CLIENT_OPTIONS,
     DASK_CLUSTER_OPTIONS,
@@ -236,6 +237,8 @@ class LocalCluster:
         self.scheduler_address = ""
         #: None until started: the loop thread the scheduler runs on.
         self._loop: LoopThread | None = None
+        #: The notebook widget ``_ipython_display_`` made (notebook.py), once shown.
+        self._cached_widget: Any = None
         if not asynchronous:
             self._start()
 
@@ -580,6 +583,16 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self._close_blocking()
+
+    def _repr_html_(self) -> str:
+        """The card Jupyter shows (``notebook.card``): scheduler, workers, each pool's
+        free and total units, the dashboard link; never raises."""
+        return notebook.card(self)
+
+    def _ipython_display_(self) -> None:
+        """Jupyter's display: a card that keeps itself current with ipywidgets, the
+        card alone without (``notebook.display``)."""
+        notebook.display(self)
 
     def __repr__(self) -> str:
         kind = "processes" if self.processes else "in-process"
