@@ -27,6 +27,7 @@ WORKER_ROWS = 8
 
 _STYLE = "font-family: sans-serif; font-size: 13px; line-height: 1.4"
 _CELL = "text-align: left; padding: 1px 10px 1px 0"
+_TABLE = "border-collapse: collapse; margin: 4px 0 10px 0"
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ def _pools(workers: list[Mapping[str, Any]]) -> str:
     head = "".join(
         f'<th style="{_CELL}">{h}</th>' for h in ("Resource pool", "Free", "Total", "Workers")
     )
-    return f'<table class="pools"><tr>{head}</tr>{rows}</table>'
+    return f'<table class="pools" style="{_TABLE}"><tr>{head}</tr>{rows}</table>'
 
 
 def _worker_rows(workers: list[Mapping[str, Any]]) -> str:
@@ -168,7 +169,7 @@ def _worker_rows(workers: list[Mapping[str, Any]]) -> str:
     more = len(workers) - WORKER_ROWS
     if more > 0:
         rows.append(f'<tr><td colspan="6">and {more} more</td></tr>')
-    return f'<table class="worker-list"><tr>{head}</tr>{"".join(rows)}</table>'
+    return f'<table class="worker-list" style="{_TABLE}"><tr>{head}</tr>{"".join(rows)}</table>'
 
 
 def _worker_pools(worker: Mapping[str, Any]) -> str:
@@ -223,7 +224,7 @@ def _table(rows: list[tuple[str, str]], kind: str) -> str:
         f'<tr><th style="{_CELL}">{_e(head)}</th><td style="{_CELL}">{cell}</td></tr>'
         for head, cell in rows
     )
-    return f'<table class="{kind}">{body}</table>'
+    return f'<table class="{kind}" style="{_TABLE}">{body}</table>'
 
 
 def _e(value: object) -> str:
