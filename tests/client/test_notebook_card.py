@@ -90,7 +90,7 @@ def test_an_asynchronous_clients_card_shows_what_it_last_fetched_without_blockin
                 assert await held == "done"
             closed = client._repr_html_()
             assert "No scheduler connected." in closed and "(closed)" in text_of(closed)
-            assert repr(client).startswith("<Client: No scheduler connected (closed")
+            assert repr(client) == f"<Client: No scheduler connected (closed: {cluster.address!r})>"
 
         asyncio.run(asyncio.wait_for(main(), 30))
 
@@ -102,10 +102,7 @@ def test_an_asynchronous_clients_card_shows_what_it_last_fetched_without_blockin
 def fake_ipython(monkeypatch: pytest.MonkeyPatch) -> mock.MagicMock:
     """``IPython.display`` as a kernel has it: ``display`` records what it was given."""
     display = mock.MagicMock()
-    package = types.ModuleType("IPython")
-    package.display = display  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "IPython", package)
-    monkeypatch.setitem(sys.modules, "IPython.display", display)
+    monkeypatch.setitem(sys.modules, "IPython.display", display)  # IPython is not installed
     return display
 
 
@@ -256,7 +253,9 @@ def test_a_worker_picked_from_scheduler_workers_by_pid_can_be_killed_and_comes_b
 @pytest.mark.process
 @pytest.mark.timeout(60)
 def test_a_client_of_cli_workers_shows_them_and_their_pools(procs: Processes) -> None:
-    _, address, _ = procs.start_scheduler("--port", "0", "--dashboard-address", "127.0.0.1:0")
+    scheduler, address, _ = procs.start_scheduler(
+        "--port", "0", "--dashboard-address", "127.0.0.1:0"
+    )
     for name in ("a", "b"):
         procs.start("worker", address, "--nthreads", "1", "--name", name, "--resources", "GPU=2")
     client = Client(address, set_as_default=False)
@@ -268,6 +267,11 @@ def test_a_client_of_cli_workers_shows_them_and_their_pools(procs: Processes) ->
         assert f"Scheduler {address}" in seen and "Workers: 2" in seen
         assert pools(card) == {"GPU": ("4", "4")}
         assert ET.fromstring(card).find(".//a[@class='dashboard']") is not None
+        scheduler.kill()  # the card of a client cut off: what it last saw, and why
+        poll(lambda: client._link.status == "lost the scheduler", 20, "the loss")
+        seen = text_of(client._repr_html_())
+        assert "(lost the scheduler)" in seen and "Workers: 2" in seen
+        assert "from before the connection was lost" in seen
     finally:
         client.close()
     assert "No scheduler connected." in client._repr_html_()

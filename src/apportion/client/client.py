@@ -187,7 +187,7 @@ class Client:
                 security=self.security,
             )
             # What ``repr`` shows, as an asynchronous client learns it when it connects.
-            cluster_control.scheduler_info(self._link)
+            cluster_control.fetch_identity(self._link, self.timeout)
         except BaseException:
             if self._link.session is not None:
                 self._link.session.close()
@@ -617,7 +617,7 @@ class Client:
         last ``scheduler_info``, ``wait_for_workers`` or card): no I/O here."""
         info, status, address = self._link.identity, self._link.status, self.scheduler_address
         if status != "connected":
-            where = f", was {address!r}" if address else ""
+            where = f": {address!r}" if address else ""
             return f"<Client: No scheduler connected ({status}{where})>"
         if not info:
             return f"<Client: scheduler={address!r}>"

@@ -58,6 +58,12 @@ def scheduler_info(link: SchedulerLink) -> Any:
     return link.ask(lambda rid: InfoRequest(rid), partial(_info, link))
 
 
+def fetch_identity(link: SchedulerLink, timeout: float) -> None:
+    """Fetch and keep the scheduler's picture (a blocking client's, as it connects):
+    what ``repr`` shows before anything else asked; ``TimeoutError`` after ``timeout``."""
+    link.ask(lambda rid: InfoRequest(rid), partial(_info, link), timeout)
+
+
 async def _fresh_info(link: SchedulerLink) -> dict[str, Any]:
     info: dict[str, Any] = await link.ask(lambda rid: InfoRequest(rid), partial(_info, link))
     return info

@@ -600,7 +600,7 @@ class LocalCluster:
         threads = sum(spec["nthreads"] for spec in self.specs if spec["name"] in self.workers)
         count = len(self.workers)
         limited = self.memory_limit and self.processes  # nothing enforces it in-process
-        memory = f", memory={format_bytes(self.memory_limit * count)}" if limited else ""
+        memory = f", memory={format_bytes(self.memory_limit * count, digits=2)}" if limited else ""
         return (
             f"LocalCluster({self.name!r}, {address!r}, workers={count}, "
             f"threads={threads}{memory}, {kind})"
