@@ -272,6 +272,7 @@ def test_a_client_of_cli_workers_shows_them_and_their_pools(procs: Processes) ->
         seen = text_of(client._repr_html_())
         assert "(lost the scheduler)" in seen and "Workers: 2" in seen
         assert "from before the connection was lost" in seen
+        assert "(no login link: lost the scheduler)" in seen
     finally:
         client.close()
     assert "No scheduler connected." in client._repr_html_()

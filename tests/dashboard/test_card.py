@@ -140,6 +140,13 @@ def test_no_dashboard_is_said_in_words() -> None:
     assert "<a " not in card
 
 
+def test_a_dashboard_served_but_not_linked_from_here_is_named_without_a_link() -> None:
+    served = info(worker("a"), dashboard="http://10.0.0.1:8787/")
+    card = render(facts(served, dashboard=None, status="lost the scheduler"))
+    assert "Dashboard http://10.0.0.1:8787/ (no login link: lost the scheduler)" in text_of(card)
+    assert "<a " not in card
+
+
 @pytest.mark.parametrize("status", ["closed", "not connected yet"])
 def test_without_a_scheduler_the_card_says_so_and_why(status: str) -> None:
     card = render(facts(None, status=status, dashboard=None))

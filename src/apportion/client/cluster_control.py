@@ -99,8 +99,9 @@ def card(link: SchedulerLink, name: str, dashboard: Callable[[], str | None]) ->
     A blocking client asks the scheduler for a fresh picture. An asynchronous one,
     from its loop, never blocks it: it shows the copy it last fetched (when it
     connected, or at the last ``await client.scheduler_info()`` or
-    ``wait_for_workers``), and says so. A client closed, not connected yet, or
-    cut off shows "No scheduler connected." and why; nothing here raises.
+    ``wait_for_workers``), and says so. A client closed or not connected yet
+    shows "No scheduler connected." and why; one cut off, the last picture it had,
+    marked so, and no dashboard link. Nothing here raises.
     """
     status, info, note = link.status, None, ""
     if status == "connected" and link.asynchronous:
@@ -116,7 +117,7 @@ def card(link: SchedulerLink, name: str, dashboard: Callable[[], str | None]) ->
         note = "the last picture, from before the connection was lost"
         info = link.identity or None
     link_text = None
-    if info is not None:
+    if info is not None and status == "connected":
         with contextlib.suppress(Exception):  # no link is better than no card
             link_text = dashboard()
     facts = CardFacts("Client", name, status, link.address, info, link_text, time.time(), note)

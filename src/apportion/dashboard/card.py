@@ -92,6 +92,8 @@ def _scheduler(facts: CardFacts, info: Mapping[str, Any]) -> str:
             f'rel="noopener">{_e(shown)}</a> (a one-time login link)'
         )
         rows.append(("Dashboard", link))
+    elif info.get("dashboard"):  # served, but no link can be made here now
+        rows.append(("Dashboard", f"{_e(info['dashboard'])} (no login link: {_e(facts.status)})"))
     else:
         rows.append(("Dashboard", "none: this scheduler serves no dashboard"))
     return _table(rows, "scheduler")
