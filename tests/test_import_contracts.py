@@ -52,7 +52,7 @@ PURE = re.compile(
     r"|net\.(gate|discovery|foreign_peer)"
     r"|deploy\.(allocator|hostlist|job_template|ssh_commands|ssh_options)"
     r"|runs\.(lifecycle|views|run_states|run_events|messages)"
-    r"|dashboard\.(http|auth|origin|metrics)"
+    r"|dashboard\.(http|auth|origin|metrics|card)"
     r"|cli\.status_view"
     r"|client\.state"
     r")$"

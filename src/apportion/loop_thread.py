@@ -122,6 +122,41 @@ def on_loop_thread(thread: LoopThread | None) -> bool:
     return thread is not None and threading.current_thread().ident == thread.ident
 
 
+def call_in_loop(
+    loop: asyncio.AbstractEventLoop | None, func: Callable[[], T], timeout: float
+) -> T:
+    """``func()`` run on ``loop``'s thread and its outcome given here, for reading
+    state that only that loop changes (a scheduler's, from a notebook's thread).
+
+    Run here at once when this is that loop's thread, or when the loop is not
+    running: nothing changes the state then. ``TimeoutError`` if the loop does not
+    get to it within ``timeout`` seconds.
+    """
+    if loop is None or loop.is_closed() or not loop.is_running():
+        return func()
+    with contextlib.suppress(RuntimeError):  # no running loop here
+        if asyncio.get_running_loop() is loop:
+            return func()
+    outcome: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def run() -> None:
+        if outcome.set_running_or_notify_cancel():
+            try:
+                outcome.set_result(func())
+            except BaseException as exc:
+                outcome.set_exception(exc)
+
+    try:
+        loop.call_soon_threadsafe(run)
+    except RuntimeError:  # closed meanwhile: nothing changes the state any more
+        return func()
+    try:
+        return outcome.result(timeout)
+    except concurrent.futures.TimeoutError:
+        outcome.cancel()
+        raise TimeoutError(f"the event loop did not answer within {timeout}s") from None
+
+
 async def in_thread(func: Callable[[], T], name: str) -> T:
     """Run a blocking ``func`` on a thread of its own; wait for it here.
 

@@ -321,7 +321,7 @@ def test_client_forwards_cluster_arguments_like_dasks() -> None:
         assert [w["resources"] for w in workers] == [{"GPU": 2.0}] * 2
     assert client.cluster._closed  # its own cluster closed with it
     unconnected = Client(asynchronous=True, processes=False)  # awaiting connects it
-    assert "(not connected)" in repr(unconnected)
+    assert "No scheduler connected (not connected yet)" in repr(unconnected)
     with pytest.raises(RuntimeError, match="not connected yet: await it first"):
         unconnected.submit(int)
     with pytest.raises(TypeError) as unexpected:
@@ -495,7 +495,7 @@ def test_a_worker_past_its_memory_limit_is_killed_and_its_task_told_why() -> Non
             time.sleep(10)
             return len(block)
 
-        assert "workers=1, threads=1, memory=300.0 MiB, processes)" in repr(cluster)
+        assert "workers=1, threads=1, memory=300.00 MiB, processes)" in repr(cluster)
         with pytest.raises(WorkerCrashedError, match="out of memory"):
             client.submit(hog).result(timeout=40)
         cluster.wait_for_workers(1, timeout=20)

@@ -62,6 +62,7 @@ from apportion.client.state import (
     Settled,
 )
 from apportion.core.durations import Duration, seconds
+from apportion.core.sizes import format_bytes
 from apportion.deploy import local
 from apportion.deploy.cluster import ClusterManager
 from apportion.deploy.cluster_options import take_own_loop
@@ -192,6 +193,8 @@ class Client:
             )
             session = self._link.session
             session.run(printing.subscribe(self, session), self.timeout)
+            # What ``repr`` shows, as an asynchronous client learns it when it connects.
+            cluster_control.fetch_identity(self._link, self.timeout)
         except BaseException:
             if self._link.session is not None:
                 self._link.session.close()
@@ -650,8 +653,26 @@ class Client:
                 self._close_blocking()
 
     def __repr__(self) -> str:
-        address = self.scheduler_address or "(not connected)"
-        return f"<Client: scheduler={address!r}>"
+        """Dask's shape, from the picture last fetched (when it connected, or at the
+        last ``scheduler_info``, ``wait_for_workers`` or card): no I/O here."""
+        info, status, address = self._link.identity, self._link.status, self.scheduler_address
+        if status != "connected":
+            where = f": {address!r}" if address else ""
+            return f"<Client: No scheduler connected ({status}{where})>"
+        if not info:
+            return f"<Client: scheduler={address!r}>"
+        workers = info.get("workers", {}).values()
+        threads = sum(w.get("nthreads", 0) for w in workers)
+        memory = sum(w.get("memory_limit") or 0 for w in workers)
+        return (
+            f"<Client: {self.scheduler_address!r} processes={len(workers)} "
+            f"threads={threads}, memory={format_bytes(memory, digits=2)}>"
+        )
+
+    def _repr_html_(self) -> str:
+        """The card Jupyter shows (``cluster_control.card``): scheduler, workers, each
+        pool's free and total units, the dashboard link; never raises."""
+        return cluster_control.card(self._link, self.name, lambda: self.dashboard_link)
 
 
 def default_client(c: Client | None = None) -> Client:

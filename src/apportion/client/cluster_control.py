@@ -1,11 +1,12 @@
 """What acts on, or reports on, the cluster as a whole: its identity and workers,
-waiting for workers, restart, the dashboard's login link, why tasks wait, the
-sizes of results and a dump of the whole state; each a function of the client's
-``SchedulerLink``."""
+waiting for workers, restart, the dashboard's login link, the notebook card, why
+tasks wait, the sizes of results and a dump of the whole state; each a function of the
+client's ``SchedulerLink``."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections import defaultdict
@@ -19,6 +20,7 @@ from apportion.client.link import SchedulerLink
 from apportion.core.durations import Duration
 from apportion.core.groups import group_of
 from apportion.dashboard.auth import NONCE_BYTES, login_link
+from apportion.dashboard.card import CardFacts, render
 from apportion.dashboard.link_template import configured_template, format_link
 from apportion.loop_thread import in_thread
 from apportion.net.security import Security
@@ -67,6 +69,12 @@ def scheduler_info(link: SchedulerLink, n_workers: int = -1) -> Any:
     return link.ask(lambda rid: InfoRequest(rid), partial(_info, link, n_workers))
 
 
+def fetch_identity(link: SchedulerLink, timeout: float) -> None:
+    """Fetch and keep the scheduler's picture (a blocking client's, as it connects):
+    what ``repr`` shows before anything else asked; ``TimeoutError`` after ``timeout``."""
+    link.ask(lambda rid: InfoRequest(rid), partial(_info, link, -1), timeout)
+
+
 async def _fresh_info(link: SchedulerLink, n_workers: int) -> dict[str, Any]:
     info: dict[str, Any] = await link.ask(
         lambda rid: InfoRequest(rid), partial(_info, link, n_workers)
@@ -101,6 +109,41 @@ class SchedulerInfo(dict[str, Any]):
         return self._fetch().__await__()
 
 
+#: Seconds a blocking client's card waits for a fresh picture before showing the last.
+CARD_TIMEOUT = 5.0
+
+
+def card(link: SchedulerLink, name: str, dashboard: Callable[[], str | None]) -> str:
+    """The client's card for Jupyter (``Client._repr_html_``; dashboard/card.py).
+
+    A blocking client asks the scheduler for a fresh picture. An asynchronous one,
+    from its loop, never blocks it: it shows the copy it last fetched (when it
+    connected, or at the last ``await client.scheduler_info()`` or
+    ``wait_for_workers``), and says so. A client closed or not connected yet
+    shows "No scheduler connected." and why; one cut off, the last picture it had,
+    marked so, and no dashboard link. Nothing here raises.
+    """
+    status, info, note = link.status, None, ""
+    if status == "connected" and link.asynchronous:
+        info = link.identity or None
+        note = "as last fetched: await client.scheduler_info() for news"
+    elif status == "connected":
+        try:
+            info = link.ask(lambda rid: InfoRequest(rid), partial(_info, link, -1), CARD_TIMEOUT)
+        except Exception as exc:  # the card shows what it knows, and why it is not fresh
+            info = link.identity or None
+            note = f"could not reach the scheduler ({type(exc).__name__}: {exc})"
+    elif status == "lost the scheduler":
+        note = "the last picture, from before the connection was lost"
+        info = link.identity or None
+    link_text = None
+    if info is not None and status == "connected":
+        with contextlib.suppress(Exception):  # no link is better than no card
+            link_text = dashboard()
+    facts = CardFacts("Client", name, status, link.address, info, link_text, time.time(), note)
+    return render(facts)
+
+
 def wait_for_workers(link: SchedulerLink, n_workers: int, timeout: float | None) -> Any:
     """Block (or, asynchronous, an awaitable) until at least ``n_workers`` workers are
     connected."""
@@ -112,6 +155,7 @@ async def _wait_for_workers(link: SchedulerLink, n_workers: int, timeout: float 
     deadline = None if timeout is None else loop.time() + timeout
     while True:
         reply = await link.request(lambda rid: InfoRequest(rid))
+        link.remember(reply.info)  # what repr and an asynchronous client's card show
         if len(reply.info["workers"]) >= n_workers:
             return
         if deadline is not None and loop.time() > deadline:

@@ -64,6 +64,17 @@ class SchedulerLink(Protocol):
         """Keep ``identity``, freshly fetched, for ``identity``."""
         ...
 
+    @property
+    def address(self) -> str:
+        """The scheduler's address ("" for a cluster that has not started yet)."""
+        ...
+
+    @property
+    def status(self) -> str:
+        """The client's own state in words: "connected", "closed", "not connected yet"
+        (asynchronous, not awaited), "lost the scheduler"."""
+        ...
+
     def check_open(self) -> None:
         """Raise if the client is closed or has lost the scheduler."""
         ...
@@ -152,6 +163,14 @@ class ClientLink:
                 "(client = await Client(..., asynchronous=True), or async with)"
             )
         return session
+
+    @property
+    def status(self) -> str:
+        if self.closed:
+            return "closed"
+        if self.session is None:
+            return "not connected yet"
+        return "connected" if self.session.connected else "lost the scheduler"
 
     def check_open(self) -> None:
         if self.closed:

@@ -101,11 +101,17 @@ def write_answer(
     writer.write(response_head(status, headers) + (b"" if head_only else body))
 
 
-def _page(title: str, text: str) -> bytes:
-    """A short HTML page of one paragraph (no script: the CSP allows none inline)."""
+def _page(title: str, text: str, link: tuple[str, str] | None = None) -> bytes:
+    """A short HTML page of one paragraph (no script: the CSP allows none inline),
+    and a link (``(href, text)``) under it if given."""
+    under = (
+        ""
+        if link is None
+        else f'<p><a href="{html.escape(link[0])}">{html.escape(link[1])}</a></p>'
+    )
     return (
         f'<!doctype html><html lang="en"><meta charset="utf-8"><title>{html.escape(title)}'
-        f"</title><h1>{html.escape(title)}</h1><p>{html.escape(text)}</p></html>\n"
+        f"</title><h1>{html.escape(title)}</h1><p>{html.escape(text)}</p>{under}</html>\n"
     ).encode()
 
 
@@ -219,11 +225,16 @@ class Routes:
         elif request.path == "/events":
             write_answer(writer, 401, TEXT, f"{what} To log in, {HOW_TO_LOG_IN}.\n".encode())
         else:
+            # A login link opened from another site (a notebook's card, a chat) sets the
+            # session, but the browser withholds a SameSite=Strict cookie from the
+            # redirect that follows, and Chromium from a reload of it too: only a visit
+            # started from this site sends it, such as following the link below.
             text = (
                 f"{what} To log in, {HOW_TO_LOG_IN}. If you have just opened a login "
-                "link from another web site, reload this page."
+                "link from another web site (a notebook, a chat), follow this link:"
             )
-            write_answer(writer, 401, HTML, _page("Not logged in", text), head_only=head)
+            page = _page("Not logged in", text, ("/", "Open the dashboard"))
+            write_answer(writer, 401, HTML, page, head_only=head)
         return 401
 
     # --- the page ---------------------------------------------------------------------

@@ -35,6 +35,7 @@ from typing import Any
 from apportion.core.durations import Duration, seconds
 from apportion.core.resources import ResourceSpec, format_resources
 from apportion.core.sizes import format_bytes
+from apportion.deploy import notebook
 from apportion.deploy.cluster_options import (
     DASK_CLIENT_OPTIONS,
     DASK_CLUSTER_OPTIONS,
@@ -249,6 +250,8 @@ class LocalCluster:
         self.scheduler_address = ""
         #: None until started: the loop thread the scheduler runs on.
         self._loop: LoopThread | None = None
+        #: The notebook widget ``_ipython_display_`` made (notebook.py), once shown.
+        self._cached_widget: Any = None
         if not asynchronous:
             self._start()
 
@@ -625,13 +628,23 @@ class LocalCluster:
     def __exit__(self, *exc: object) -> None:
         self._close_blocking()
 
+    def _repr_html_(self) -> str:
+        """The card Jupyter shows (``notebook.card``): scheduler, workers, each pool's
+        free and total units, the dashboard link; never raises."""
+        return notebook.card(self)
+
+    def _ipython_display_(self) -> None:
+        """Jupyter's display: a card that keeps itself current with ipywidgets, the
+        card alone without (``notebook.display``)."""
+        notebook.display(self)
+
     def __repr__(self) -> str:
         kind = "processes" if self.processes else "in-process"
         address = self.scheduler_address or "(not started)"
         threads = sum(spec["nthreads"] for spec in self.specs if spec["name"] in self.workers)
         count = len(self.workers)
         limited = self.memory_limit and self.processes  # nothing enforces it in-process
-        memory = f", memory={format_bytes(self.memory_limit * count)}" if limited else ""
+        memory = f", memory={format_bytes(self.memory_limit * count, digits=2)}" if limited else ""
         return (
             f"LocalCluster({self.name!r}, {address!r}, workers={count}, "
             f"threads={threads}{memory}, {kind})"

@@ -17,7 +17,8 @@ import itertools
 import logging
 import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from apportion.clock import SYSTEM_CLOCK, Clock
@@ -25,7 +26,7 @@ from apportion.dashboard.events import RunsSource
 from apportion.dashboard.server import DashboardServer
 from apportion.log_ring import LogRing
 from apportion.loop_lag import LoopLag
-from apportion.loop_thread import BackgroundService
+from apportion.loop_thread import BackgroundService, call_in_loop
 from apportion.net.address import DEFAULT_PORT, INPROC, is_inproc, parse_address
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.door import Door
@@ -67,6 +68,9 @@ logger = logging.getLogger("apportion.scheduler")
 
 #: How often the state machine is told the time, to find workers gone silent.
 TICK_SECONDS = 0.5
+#: Seconds a view asked for from another thread (``info``, ``workers``) may wait for
+#: the scheduler's loop: it is a copy of a few records, so only a stuck loop waits.
+VIEW_TIMEOUT = 10.0
 #: Seconds to reach a worker's data port when forwarding its results to a client.
 PIPE_CONNECT_TIMEOUT = 10.0
 
@@ -130,6 +134,8 @@ class Scheduler(BackgroundService):
         self._ids = itertools.count(1)
         self._placement_scheduled = False
         self._closed: asyncio.Event | None = None
+        #: The loop it runs on, once started: views for other threads are read there.
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._ticker: asyncio.Task[None] | None = None
         #: An extra tick at the earliest coordination deadline (an acquire's timeout,
         #: a lease's expiry) when that comes before the next regular tick, and when.
@@ -172,6 +178,7 @@ class Scheduler(BackgroundService):
         if self.dashboard is not None:
             self.dashboard.check()  # refused before anything listens
         self._closed = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
         self._server = await self._listen()
         self.address = self._server.address
         listening(self.address, self.security)
@@ -464,8 +471,18 @@ class Scheduler(BackgroundService):
     # --- views for tools --------------------------------------------------------------
 
     def info(self) -> dict[str, Any]:
-        """The same picture ``Client.scheduler_info()`` returns."""
-        return views.snapshot(self.state)
+        """The same picture ``Client.scheduler_info()`` returns, taken on the
+        scheduler's loop (whichever thread asks: a ``LocalCluster``'s runs on its own)."""
+        return call_in_loop(self._loop, partial(views.snapshot, self.state), VIEW_TIMEOUT)
+
+    @property
+    def workers(self) -> Mapping[str, views.WorkerSnapshot]:
+        """The workers connected now, by address, as Dask's ``Scheduler.workers``: each
+        with its ``pid``, ``name``, ``address``, ``nthreads``, ``memory_limit``,
+        ``resources`` and ``status``. A read-only copy taken on each access (the
+        scheduler's records live on its loop and run no user code): read it again
+        for news."""
+        return call_in_loop(self._loop, partial(views.worker_snapshots, self.state), VIEW_TIMEOUT)
 
 
 async def serve(host: str, port: int, config: SchedulerConfig | None = None) -> None:

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from apportion.core.payload import Pickled
 from apportion.core.resources import from_ticks
+from apportion.scheduler.records import WorkerRecord
 from apportion.scheduler.state import SchedulerState
 
 
@@ -70,7 +73,7 @@ def snapshot(state: SchedulerState) -> dict[str, Any]:
             "memory_limit": w.memory_limit,
             "memory": w.memory,
             "spilled_bytes": w.spilled,
-            "status": "closing" if w.leaving is not None else "paused" if w.paused else "running",
+            "status": _status(w),
             "reserved_for": w.reserved_by,
         }
         for w in state.workers.values()
@@ -82,6 +85,46 @@ def snapshot(state: SchedulerState) -> dict[str, Any]:
         "tasks": dict(counts),
         "clients": len(state.clients),
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSnapshot:
+    """One worker as the scheduler knew it when asked, with the attributes of Dask's
+    ``WorkerState`` that scripts read (``pid``, to pick a worker process to kill in a
+    resilience test): a copy, which changing cannot change the scheduler."""
+
+    address: str
+    name: str
+    pid: int
+    nthreads: int
+    #: Bytes (0: none).
+    memory_limit: int
+    #: Each pool's total on this worker.
+    resources: Mapping[str, float]
+    #: "running", "paused" or "closing".
+    status: str
+
+
+def worker_snapshots(state: SchedulerState) -> Mapping[str, WorkerSnapshot]:
+    """The workers connected now, by address, read-only (``Scheduler.workers``)."""
+    return MappingProxyType(
+        {
+            w.address: WorkerSnapshot(
+                address=w.address,
+                name=w.name,
+                pid=w.pid,
+                nthreads=w.nthreads,
+                memory_limit=w.memory_limit,
+                resources=MappingProxyType(from_ticks(w.ledger.total)),
+                status=_status(w),
+            )
+            for w in state.workers.values()
+        }
+    )
+
+
+def _status(worker: WorkerRecord) -> str:
+    return "closing" if worker.leaving is not None else "paused" if worker.paused else "running"
 
 
 def _text(detail: Pickled | str) -> str:
