@@ -3,6 +3,7 @@ cluster (times, platform flags, temporary files, ports): this harness's own vers
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import multiprocessing
 import os
@@ -73,3 +74,8 @@ def sync(loop: Any, func: Any, *args: Any, callback_timeout: Any = None, **kwarg
 
     client = Client.current()
     return client.sync(func, *args, callback_timeout=callback_timeout, **kwargs)
+
+
+class LateLoopEvent(asyncio.Event):
+    """Dask's event that binds to the loop it is first awaited in: what Python's own
+    ``asyncio.Event`` has done since 3.10."""
