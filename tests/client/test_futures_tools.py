@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from apportion import Client, LostDataError, as_completed, progress, wait
-from apportion.client.progress import futures_of, render
+from apportion.client.progress import futures_of, render, render_one
 from apportion.core.groups import group_of
 from apportion.testing import InMemoryCluster
 from cluster_checks import checked_client, settle
@@ -161,18 +161,24 @@ def test_render_shows_each_group() -> None:
 def test_progress_draws_one_bar_per_group_and_returns_when_done(client: Client) -> None:
     futures = [*client.map(slow_inc, range(6)), client.submit(operator.add, 1, 2)]
     out = io.StringIO()
-    assert progress(futures, notebook=False, file=out, interval=0.01) is None
+    assert progress(futures, multi=True, notebook=False, file=out, interval=0.01) is None
     assert all(f.done() for f in futures)
     text = out.getvalue()
     assert "slow_inc 6/6" in text and re.search(r"add +1/1", text)
     assert text.count("\n") == 2  # not a terminal: the final bars once, not every tick
 
 
-def test_progress_single_bar_and_failures(client: Client) -> None:
+def test_progress_in_a_terminal_is_dasks_single_bar_with_failures(client: Client) -> None:
     futures = client.map(fail_on, range(3), bad=1)
     out = io.StringIO()
-    progress(futures, multi=False, notebook=False, file=out)
-    assert "all 3/3" in out.getvalue() and "1 failed" in out.getvalue()
+    progress(futures, notebook=False, file=out, interval="20ms")  # Dask's text too
+    # As Dask's: the last drawing after a carriage return, its three fields by "|".
+    bar, percent, elapsed = (part.strip() for part in out.getvalue().split("\r")[-2].split("|"))
+    assert bar == "[" + "#" * 40 + "]" and percent == "100% Completed, 1 failed"
+    assert elapsed.endswith("s") and out.getvalue().endswith("\r\n")
+    assert render_one([("inc", 1, 0, 4)], 0.25, width=8) == "[##      ] | 25% Completed | 0.2s"
+    with pytest.raises(ValueError, match="interval"):
+        progress(futures, notebook=False, interval="-1s")
 
 
 def test_progress_groups_by_a_function_of_the_key_and_refuses_a_bad_group_by(
@@ -181,7 +187,7 @@ def test_progress_groups_by_a_function_of_the_key_and_refuses_a_bad_group_by(
     keys = [f"odd-{i}" if i % 2 else f"even-{i}" for i in range(4)]
     futures = client.map(inc, range(4), key=keys)
     out = io.StringIO()
-    progress(futures, notebook=False, file=out, group_by=lambda key: key[-1])
+    progress(futures, multi=True, notebook=False, file=out, group_by=lambda key: key[-1])
     assert [line.split("|")[2].split() for line in out.getvalue().splitlines()] == [
         ["0", "1/1"],
         ["1", "1/1"],
@@ -189,7 +195,7 @@ def test_progress_groups_by_a_function_of_the_key_and_refuses_a_bad_group_by(
         ["3", "1/1"],
     ]
     out = io.StringIO()
-    progress(futures, notebook=False, file=out, group_by="spans")  # no spans: by group
+    progress(futures, multi=True, notebook=False, file=out, group_by="spans")  # by group
     assert re.search(r"even +2/2", out.getvalue()) and re.search(r"odd +2/2", out.getvalue())
     with pytest.raises(ValueError, match="group_by"):
         progress(futures, notebook=False, group_by="incorrect")
@@ -201,8 +207,12 @@ def test_progress_redraws_in_place_on_a_terminal(client: Client) -> None:
             return True
 
     out = Terminal()
-    progress(client.map(slow_inc, range(4), delay=0.1), notebook=False, file=out, interval=0.02)
-    assert "\x1b[1F" in out.getvalue()  # moved back up to redraw the bar
+    futures = client.map(slow_inc, range(4), delay=0.1)
+    progress(futures, multi=True, notebook=False, file=out, interval=0.02)
+    assert "\x1b[1F" in out.getvalue()  # moved back up to redraw the bars
+    out = Terminal()
+    progress(client.map(slow_inc, range(4, 8), delay=0.1), notebook=False, file=out, interval=0.02)
+    assert out.getvalue().count("\r[") > 1  # Dask's one bar, redrawn after each return
 
 
 def test_progress_of_a_persisted_collection(client: Client) -> None:
@@ -212,7 +222,7 @@ def test_progress_of_a_persisted_collection(client: Client) -> None:
     assert futures_of([db.Bag, bag]) == futures_of(bag)  # a collection's class holds none
     out = io.StringIO()
     progress(bag, notebook=False, file=out)
-    assert "4/4" in out.getvalue()
+    assert "100% Completed" in out.getvalue()
     assert sorted(client.compute(bag, sync=True)) == list(range(1, 9))
 
 

@@ -1,9 +1,11 @@
 """``progress``: live bars for futures and persisted collections, as Dask draws them.
 
-In a terminal it draws one bar per task group (the key's name without its hash or
-index: ``inc``, ``sum-aggregate``) and returns once every future is done; a stream
-that is not a terminal gets the final bars once, not a redraw per tick. In Jupyter
-(with ipywidgets installed) it returns a widget at once that keeps itself current
+In a terminal it draws one bar, redrawn in place, in Dask's words
+(``[####    ] | 40% Completed | 1.2s``), or with ``multi=True`` one bar per task group
+(the key's name without its hash or index: ``inc``, ``sum-aggregate``), and returns
+once every future is done; a stream that is not a terminal gets the final drawing
+once, not a redraw per tick. In Jupyter (with ipywidgets installed) it returns a
+widget at once, a bar per group unless ``multi=False``, that keeps itself current
 from a background thread, as Dask's does.
 
 Counts come from done-callbacks, not from polling every future, so a bar over
@@ -20,6 +22,7 @@ from typing import IO, Any
 
 from apportion.client.progress_tally import Tally
 from apportion.client.waiting import futures_of
+from apportion.core.durations import Duration, seconds
 from apportion.core.groups import group_of
 
 #: Seconds between redraws.
@@ -44,6 +47,20 @@ def render(rows: list[tuple[str, int, int, int]], elapsed: float, width: int = 4
     return lines
 
 
+def render_one(rows: list[tuple[str, int, int, int]], elapsed: float, width: int = 40) -> str:
+    """Dask's single text bar, over every group: ``[####    ] | 40% Completed | 1.2s``
+    (and how many failed, when some did)."""
+    done = sum(row[1] for row in rows)
+    failed = sum(row[2] for row in rows)
+    total = sum(row[3] for row in rows)
+    fraction = (done + failed) / total if total else 1.0
+    failures = f", {failed} failed" if failed else ""
+    return (
+        f"[{'#' * int(width * fraction):<{width}}] | {int(100 * fraction)}% Completed"
+        f"{failures} | {elapsed:.1f}s"
+    )
+
+
 def _in_notebook() -> bool:
     """Running inside a Jupyter kernel, with ipywidgets available to draw in."""
     shell = sys.modules.get("IPython")
@@ -58,9 +75,9 @@ def _in_notebook() -> bool:
 def progress(
     *futures: Any,
     notebook: bool | None = None,
-    multi: bool = True,
+    multi: bool | None = None,
     complete: bool = True,
-    interval: float = DEFAULT_INTERVAL,
+    interval: Duration = DEFAULT_INTERVAL,
     file: IO[str] | None = None,
     width: int = 40,
     group_by: str | Callable[[str], str] = "prefix",
@@ -68,8 +85,10 @@ def progress(
 ) -> Any:
     """Show progress of futures or persisted collections until they are all done.
 
-    ``multi=True`` (the default) draws a bar per task group, ``multi=False`` one
-    bar for everything. In a terminal it blocks until done and returns None; in
+    In a terminal it draws one bar for everything, as Dask's does, or with
+    ``multi=True`` a bar per task group; in a notebook a bar per task group, or with
+    ``multi=False`` one. ``interval`` (seconds or Dask's text, ``"20ms"``) is the
+    time between redraws. In a terminal it blocks until done and returns None; in
     Jupyter (``notebook=None`` guesses, ``notebook=False`` forces text) it returns
     a widget at once. ``complete`` is accepted for Dask's signature: finished
     futures are always counted. ``group_by``: "prefix" (the task group, the
@@ -80,17 +99,37 @@ def progress(
     if group_by not in ("prefix", "spans") and not callable(group_by):
         raise ValueError(f"`group_by` should be 'spans', 'prefix', or a Callable, not {group_by!r}")
     group = group_by if callable(group_by) else group_of
+    every = seconds(interval, "interval")
+    if every is None or every <= 0:
+        raise ValueError(f"interval must be a positive duration, not {interval!r}")
     tracked = futures_of(list(futures))
-    tally = Tally(tracked, multi, group)
     if notebook is None:
         notebook = _in_notebook()
     if notebook:
         from apportion.client.progress_widget import ProgressWidget
 
-        return ProgressWidget(tally, interval)
+        return ProgressWidget(Tally(tracked, multi is not False, group), every)
     out = file if file is not None else sys.stdout
-    _draw_text(tally, out, interval, width)
+    tally = Tally(tracked, bool(multi), group)
+    if multi:
+        _draw_text(tally, out, every, width)
+    else:
+        _draw_one(tally, out, every, width)
     return None
+
+
+def _draw_one(tally: Tally, out: IO[str], interval: float, width: int) -> None:
+    """Dask's text bar: redrawn in place after a carriage return; the last drawing
+    ends with one more and a newline, so it stays on screen and in a log."""
+    live = bool(getattr(out, "isatty", lambda: False)())
+    while True:
+        finished = tally.wait(interval)
+        if live or finished:
+            out.write("\r" + render_one(tally.rows(), time.monotonic() - tally.start, width))
+            out.write("\r\n" if finished else "")
+            out.flush()
+        if finished:
+            return
 
 
 def _draw_text(tally: Tally, out: IO[str], interval: float, width: int) -> None:
