@@ -70,9 +70,13 @@ def test_a_scheduler_file_a_running_scheduler_holds_is_not_written_over(
     with SchedulerFileClaim.take(held) as claim:
         claim.note("tcp://127.0.0.1:1")
         write_scheduler_file(held, "tcp://127.0.0.1:1", "t" * 32, "theirs")
-        with (
-            Client(scheduler_file=path, set_as_default=False) as client,
-            pytest.raises(SchedulerFileBusy, match="belongs to the running scheduler at"),
-        ):
-            client.write_scheduler_file(held)
+        with Client(scheduler_file=path, set_as_default=False) as client:
+            # Made from a scheduler file, it writes none, as Dask's: its file stays.
+            with pytest.raises(ValueError, match="Scheduler file already set"):
+                client.write_scheduler_file(held)
+            assert client.scheduler_file == path
+            client.scheduler_file = None
+            with pytest.raises(SchedulerFileBusy, match="belongs to the running scheduler at"):
+                client.write_scheduler_file(held)
+            assert client.scheduler_file is None  # nothing written, nothing held
         assert read_scheduler_file(held).id == "theirs"

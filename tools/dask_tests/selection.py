@@ -64,6 +64,8 @@ test_client::test_computation_object_code_dask_compute_no_frames_default
     `dask_scheduler.computations`
 test_client::test_computation_object_code_not_available
     `dask_scheduler.computations`
+test_as_completed::test_as_completed_cancel_last
+    the client's Tornado IOLoop (`client.loop.add_callback`)
 test_actor::test_compute_sync
     `dask_worker.data` and `dask_worker.actors`
 test_actor::test_worker_actor_handle_is_weakref_sync
@@ -79,6 +81,8 @@ test_local::test_transports_inproc
 test_local::test_move_unserializable_data
     Dask's in-process transport and worker objects
 test_local::test_transports_tcp
+    the cluster's worker objects (`cluster.workers[0].address`)
+test_local::test_transports_tcp_port
     the cluster's worker objects (`cluster.workers[0].address`)
 test_local::test_local_cluster_supports_blocked_handlers
     the names of Dask's scheduler handlers

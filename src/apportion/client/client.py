@@ -143,6 +143,8 @@ class Client:
         limit = 30.0 if timeout is None else seconds(timeout, "Client timeout") or 0.0
         if scheduler_file is not None:
             address, security = from_scheduler_file(scheduler_file, address, security, limit)
+        #: The scheduler file this client was made from, or last wrote (Dask's name).
+        self.scheduler_file = scheduler_file
         #: How this client and its parts reach the scheduler (client/link.py).
         self._link = ClientLink("", asynchronous)
         self._own_cluster: LocalCluster | None = None
@@ -420,9 +422,17 @@ class Client:
 
         ``SchedulerFileBusy`` (an ``OSError``) if a running scheduler holds that file
         (``$APPORTION_HOME/scheduler.json`` while ``apportion scheduler`` runs): it is
-        that scheduler's, which the user's commands reach through it."""
+        that scheduler's, which the user's commands reach through it. ``ValueError``,
+        as Dask's, if this client already has a scheduler file (it was made from one,
+        or wrote one): its path is ``client.scheduler_file``."""
+        if self.scheduler_file is not None:
+            raise ValueError(
+                f"this client's scheduler file is already {os.fspath(self.scheduler_file)!r}"
+                " (Scheduler file already set)"
+            )
         identity = self._link.identity.get("id", "")
         connect.write_client_file(scheduler_file, self.scheduler_address, self.security, identity)
+        self.scheduler_file = scheduler_file
 
     def sync(
         self,

@@ -30,6 +30,7 @@ _HELPER_MODULES = {
     "distributed.system": "as_distributed.helpers",
     "distributed.protocol.pickle": "as_distributed.helpers",
     "distributed.utils": "as_distributed.helpers",
+    "distributed.cluster_dump": "as_distributed.helpers",
 }
 
 

@@ -79,3 +79,21 @@ def sync(loop: Any, func: Any, *args: Any, callback_timeout: Any = None, **kwarg
 class LateLoopEvent(asyncio.Event):
     """Dask's event that binds to the loop it is first awaited in: what Python's own
     ``asyncio.Event`` has done since 3.10."""
+
+
+def load_cluster_dump(url: str, **kwargs: Any) -> Any:
+    """A file ``client.dump_cluster_state`` wrote, read back as Dask's reader does:
+    gzip-compressed msgpack (``.msgpack.gz``) or YAML (``.yaml``)."""
+    if url.endswith(".msgpack.gz"):
+        import gzip
+
+        import msgpack
+
+        with gzip.open(url) as file:
+            return msgpack.unpack(file, strict_map_key=False)
+    if url.endswith(".yaml"):
+        import yaml
+
+        with open(url) as file:
+            return yaml.safe_load(file)
+    raise ValueError(f"not a cluster dump's name: {url}")

@@ -312,6 +312,11 @@ def cluster(
             by_name = {}
             for index in range(nworkers):
                 extra = ["--memory-limit", str(memory)] if memory is not None else []
+                if not nanny:
+                    # Dask's default: no nanny, so no supervisor either; a memory limit
+                    # then only spills and pauses, as a Dask worker without a nanny's.
+                    extra += ["--no-supervisor"]
+                    extra += ["--memory-terminate", "off"] if memory is not None else []
                 by_name[str(index)] = start(
                     "worker", address, "--nthreads", nthreads, "--name", str(index), *extra
                 )[0]
@@ -344,6 +349,19 @@ def tls_only_security() -> Any:
     return Security.temporary()
 
 
+def _apportion_command(args: list[Any]) -> list[str]:
+    """Dask's command line pointed at apportion's, as the imports are:
+    ``python -m dask scheduler ...`` and ``dask-worker ...`` become ``apportion``'s
+    ``scheduler`` and ``worker`` with the same options."""
+    words = [str(arg) for arg in args]
+    if words[1:3] == ["-m", "dask"] and words[3:4] in (["scheduler"], ["worker"]):
+        return [*APPORTION, *words[3:]]
+    name = os.path.basename(words[0]) if words else ""
+    if name in ("dask-scheduler", "dask-worker"):
+        return [*APPORTION, name.removeprefix("dask-"), *words[1:]]
+    return words
+
+
 @contextlib.contextmanager
 def popen(
     args: list[Any], capture_output: bool = False, terminate_timeout: float = 10, **kwargs: Any
@@ -351,7 +369,7 @@ def popen(
     """A command run in a process of its own, stopped (then killed) when left."""
     if capture_output:
         kwargs.update(stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    proc = subprocess.Popen([str(arg) for arg in args], start_new_session=True, **kwargs)
+    proc = subprocess.Popen(_apportion_command(args), start_new_session=True, **kwargs)
     try:
         yield proc
     finally:
