@@ -234,6 +234,8 @@ def test_local_cluster_takes_dasks_arguments() -> None:
         assert "/login?token=" in link and link != cluster.dashboard_link
         assert cluster.memory_limit == 2 * 2**30
         assert cluster.scheduler_address.startswith("tcp://127.0.0.1:")
+        # The port it listens on, not the 0 it was given (Dask's scheduler.port).
+        assert cluster.scheduler_address.endswith(f":{cluster.scheduler.port}")
         assert len(cluster.workers) == 3 and sorted(cluster.workers) == [
             "worker-0",
             "worker-1",

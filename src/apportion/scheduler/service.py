@@ -181,6 +181,10 @@ class Scheduler(BackgroundService):
         self._loop = asyncio.get_running_loop()
         self._server = await self._listen()
         self.address = self._server.address
+        if not is_inproc(self.address):
+            # The port it listens on, once known (Dask's ``scheduler.port``): a free
+            # one when 0, or another than asked when that one was taken.
+            self.port = parse_address(self.address)[1]
         listening(self.address, self.security)
         # "started": the wall-clock time it started, as Dask's ``scheduler_info`` says.
         self.state.identity = {"id": self.id, "address": self.address, "started": self.clock.time()}
