@@ -195,7 +195,8 @@ class LocalCluster:
         self.local_directory = _directory(kwargs.pop("local_directory", None))
         take_own_loop(kwargs)
         #: Dask's ``death_timeout``: each worker that cannot reach the scheduler this
-        #: long exits (None: the local default, ``LOCAL_RECONNECT_SECONDS``).
+        #: long exits (None: the local default, ``LOCAL_RECONNECT_SECONDS``), and, as
+        #: Dask's servers must start within it, a cluster not up by then fails to start.
         self.death_timeout = seconds(kwargs.pop("death_timeout", None), "death_timeout")
         warn_ignored(
             sort_options(kwargs, DASK_CLUSTER_OPTIONS | DASK_CLIENT_OPTIONS, "LocalCluster()"),
@@ -275,6 +276,7 @@ class LocalCluster:
         # order), this would stop the loop that closing needs.
         self._finalizer.atexit = False
         _open_clusters.add(self)
+        began = time.monotonic()
         try:
             loop.run(self.scheduler.start())
             self.scheduler_address = self.scheduler.address
@@ -283,11 +285,17 @@ class LocalCluster:
                     self._pool.add(self._command(spec), spec["name"])
             else:
                 loop.run(self._start_in_process(self.specs))
-            self._wait(
-                self._started(len(self.specs)), self._start_timeout, "workers did not connect"
-            )
+            limit = seconds(self._start_timeout)
+            if self.death_timeout is not None:
+                limit = min(limit or self.death_timeout, self.death_timeout)
+            self._wait(self._started(len(self.specs)), limit, "workers did not connect")
             if self._closed:
                 raise RuntimeError("the cluster was closed while it started")
+            if self.death_timeout is not None and time.monotonic() - began > self.death_timeout:
+                raise TimeoutError(
+                    f"the cluster took {time.monotonic() - began:.2f}s to start, more than "
+                    f"its death_timeout of {self.death_timeout}s"
+                )
         except BaseException:
             self._close_blocking()
             raise
