@@ -19,7 +19,7 @@ import msgpack
 import pytest
 import yaml
 
-from apportion import Client, get_worker, progress, wait
+from apportion import Client, Event, get_worker, progress, wait
 from apportion.testing import InMemoryCluster
 from cluster_checks import checked_client
 
@@ -104,6 +104,16 @@ def test_futures_are_the_live_ones_by_key(client: Client) -> None:
     assert states[bad.key].traceback is not None and states[bad.key].done()
     bad.release()
     assert bad.key not in client.futures
+
+
+def test_a_get_that_raised_holds_none_of_its_futures(client: Client) -> None:
+    """As Dask's: the first failure is raised at once, and the keys still running are
+    released with the get's futures, not kept wanted by what waited for them."""
+    release = Event()
+    with pytest.raises(ZeroDivisionError):
+        client.get({"x": (div, 1, 0), "y": (release.wait, 10)}, ["x", "y"])
+    assert client.futures == {}
+    release.set()
 
 
 # --- nbytes ------------------------------------------------------------------------------

@@ -109,20 +109,23 @@ async def _settled(found: list[Future], until_a_failure: bool) -> None:
     done: asyncio.Future[None] = loop.create_future()
     left = len(pending)
 
-    def one_settled(fut: Future) -> None:  # on ``loop``
+    def one_settled(state: KeyState) -> None:  # on ``loop``
         nonlocal left
         left -= 1
-        failed = until_a_failure and fut._state.record.error is not None
+        failed = until_a_failure and state.record.error is not None
         if (left == 0 or failed) and not done.done():
             done.set_result(None)
 
-    def from_any_thread(fut: Future) -> None:
+    def from_any_thread(state: KeyState) -> None:
         with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
-            loop.call_soon_threadsafe(one_settled, fut)
+            loop.call_soon_threadsafe(one_settled, state)
 
+    # The callbacks hold each key's state, never its Future: a gather that raised
+    # its first failure leaves them behind, and a Future they held would keep its
+    # key wanted (``client.futures``) after the caller dropped it, as Dask's does not.
     for fut in pending:
-        if not fut._state.add_callback(partial(from_any_thread, fut)):
-            one_settled(fut)
+        if not fut._state.add_callback(partial(from_any_thread, fut._state)):
+            one_settled(fut._state)
     await done
 
 
