@@ -12,14 +12,28 @@ no locks; a slow method holds up its own actor only. ``async def`` methods run o
 the worker's event loop instead, as Dask runs them. On that thread the method sees
 the task's context: ``get_worker()``, ``get_client()``, and ``task_resources()``
 with what the actor holds (its resources stay held while it lives).
+
+An actor's method that calls another actor of this same worker does not send a
+message: it runs that call at once on its own thread (``LocalActor.run``, used by
+``client/actors.py``), as Dask does. A round trip would have the caller's thread
+wait on a thread of the same worker, which deadlocks when the callee calls back,
+or when the caller calls itself; and a short ``result(timeout=...)`` would expire
+on the round trip alone. Each actor's lock (reentrant) keeps "one call at a time"
+true across both paths: a call made here waits for the call the callee's own
+thread is running, and a call back into the caller, on the same thread, goes in.
+An ``async def`` method, on the loop, must not wait so: its calls of another
+actor's plain methods go to that actor's thread (``LocalActor.submit``), still
+without a message.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import inspect
 import logging
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -27,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from apportion.core.allocation import Allocation
 from apportion.core.payload import dumps, unpack_call
 from apportion.protocol.peer_data import ActorCall, ActorReply
-from apportion.worker.context import TaskWorker, running_actor
+from apportion.worker.context import LocalActor, TaskWorker, awaiting_actor, running_actor
 from apportion.worker.execution import pack_exception
 
 if TYPE_CHECKING:
@@ -39,14 +53,36 @@ logger = logging.getLogger("apportion.worker")
 class _Hosted:
     """One actor: the object, what its task holds, and the thread its calls run on."""
 
-    __slots__ = ("allocation", "dropped", "instance", "thread")
+    __slots__ = ("allocation", "dropped", "instance", "key", "lock", "thread", "worker")
 
-    def __init__(self, instance: Any, allocation: Allocation, key: str) -> None:
+    def __init__(self, worker: TaskWorker, instance: Any, allocation: Allocation, key: str) -> None:
+        self.worker = worker
+        self.key = key
         self.instance = instance
         self.allocation = allocation
         self.thread = ThreadPoolExecutor(1, thread_name_prefix=f"apportion-actor-{key}"[:60])
+        #: Held by whichever thread runs one of its (non-async) calls: its own thread,
+        #: or the thread of another actor of this worker calling it directly.
+        #: Reentrant, so that a call back into an actor up the same thread's stack
+        #: runs instead of waiting on itself.
+        self.lock = threading.RLock()
         #: Released: calls still waiting for its thread are refused.
         self.dropped = False
+
+    def run(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``func(*args, **kwargs)`` on this thread, as one call of this actor: after
+        any call of it under way, seeing its worker and what it holds."""
+        with self.lock, running_actor(self.worker, self.key, self.allocation):
+            return func(*args, **kwargs)
+
+    def submit(
+        self, func: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> concurrent.futures.Future[Any]:
+        """``func(*args, **kwargs)`` as one call of this actor, on its own thread."""
+        try:
+            return self.thread.submit(self.run, func, *args, **kwargs)
+        except RuntimeError as exc:  # its thread was shut down
+            raise LookupError(f"actor {self.key!r} was released") from exc
 
 
 class ActorHost:
@@ -65,7 +101,12 @@ class ActorHost:
 
     def host(self, key: str, instance: Any, allocation: Allocation) -> None:
         """From the task's thread: ``instance`` is the actor of ``key`` from now on."""
-        self._actors[key] = _Hosted(instance, allocation, key)
+        self._actors[key] = _Hosted(self._worker, instance, allocation, key)
+
+    def local(self, key: str) -> LocalActor | None:
+        """The actor of ``key`` if this worker still holds it, for a call made directly
+        by another of its actors (``client/actors.py``); None once it was dropped."""
+        return self._actors.get(key)
 
     def drop(self, key: str) -> None:
         """The scheduler forgot ``key``: the actor goes (calls under way finish)."""
@@ -118,7 +159,8 @@ class ActorHost:
         method = getattr(hosted.instance, message.name)
         args, kwargs = unpack_call(message.args, {})
         if inspect.iscoroutinefunction(method):
-            return await method(*args, **kwargs)
+            with awaiting_actor(self._worker, message.key, hosted.allocation):
+                return await method(*args, **kwargs)
         return await self._on_thread(hosted, message.key, method, *args, **kwargs)
 
     async def _on_thread(
@@ -126,12 +168,10 @@ class ActorHost:
     ) -> Any:
         """``func(*args, **kwargs)`` on the actor's thread, in the actor's context."""
 
-        def run() -> Any:
-            with running_actor(self._worker, key, hosted.allocation):
-                return func(*args, **kwargs)
-
         try:
-            return await asyncio.get_running_loop().run_in_executor(hosted.thread, run)
+            return await asyncio.get_running_loop().run_in_executor(
+                hosted.thread, lambda: hosted.run(func, *args, **kwargs)
+            )
         except RuntimeError as exc:  # its thread was shut down: the actor was dropped
             if hosted.dropped:
                 raise LookupError(f"actor {key!r} was released while the call waited") from exc
