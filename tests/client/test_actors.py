@@ -454,6 +454,39 @@ def test_an_async_method_calls_an_actor_of_its_one_thread_worker(
         assert user.use(counter).result(timeout=10) == (5, 6, 5)
 
 
+#: Where two actors of one worker meet, each inside a call of its own (same process).
+MEETINGS: dict[str, threading.Barrier] = {}
+
+
+class Crossing:
+    def __init__(self, meeting: str) -> None:
+        self.meeting = meeting
+
+    def cross(self, other: Actor) -> str:
+        MEETINGS[self.meeting].wait(10)  # both run a call now, each on its own thread
+        try:
+            return str(other.ping().result(timeout=10))
+        except RuntimeError as exc:
+            return str(exc)
+
+    def ping(self) -> str:
+        return "pong"
+
+
+def test_two_actors_calling_each_other_at_once_are_told_rather_than_stuck(
+    client: Client,
+) -> None:
+    MEETINGS["cross"] = threading.Barrier(2)
+    a = client.submit(Crossing, "cross", actor=True, workers=["plain"]).result()
+    b = client.submit(Crossing, "cross", actor=True, workers=["plain"]).result()
+    outcomes = [call.result(timeout=20) for call in [a.cross(b), b.cross(a)]]
+    # One is refused; its call ends, and so the other's goes in.
+    assert outcomes.count("pong") == 1, outcomes
+    (refused,) = (o for o in outcomes if o != "pong")
+    assert "actors of one worker calling each other at once" in refused, refused
+    assert a.ping().result(timeout=10) == b.ping().result(timeout=10) == "pong"
+
+
 def thread_name() -> str:
     return threading.current_thread().name
 

@@ -20,7 +20,9 @@ wait on a thread of the same worker, which deadlocks when the callee calls back,
 or when the caller calls itself; and a short ``result(timeout=...)`` would expire
 on the round trip alone. Each actor's lock (reentrant) keeps "one call at a time"
 true across both paths: a call made here waits for the call the callee's own
-thread is running, and a call back into the caller, on the same thread, goes in.
+thread is running, and a call back into the caller, on the same thread, goes in;
+two actors calling each other at once from their own threads get an error rather
+than wait on each other forever (``_Turns``).
 An ``async def`` method, on the loop, must not wait so: its calls of another
 actor's plain methods go to that actor's thread (``LocalActor.submit``), still
 without a message.
@@ -34,7 +36,7 @@ import contextlib
 import inspect
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -50,13 +52,83 @@ if TYPE_CHECKING:
 logger = logging.getLogger("apportion.worker")
 
 
+class _Turns:
+    """Which thread runs a call of which actor of one worker, and which actor each
+    thread waits to call: a direct call that would close a cycle (two actors calling
+    each other at once, each from its own thread) is refused, saying so, rather
+    than left waiting forever. Dask, whose actors share one thread, cannot meet
+    this; here each actor has a thread, so two can run at once."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        #: Thread ident -> the actor that thread waits to call.
+        self._waiting: dict[int, _Hosted] = {}
+
+    @contextlib.contextmanager
+    def taken(self, hosted: _Hosted) -> Iterator[None]:
+        """Within this block, this thread runs a call of ``hosted``: once any call of it
+        on another thread has ended (at once when this thread runs one already)."""
+        me = threading.get_ident()
+        if not hosted.lock.acquire(blocking=False):
+            with self._mutex:
+                self._refuse_cycle(hosted, me)
+                self._waiting[me] = hosted
+            try:
+                hosted.lock.acquire()
+            finally:
+                with self._mutex:
+                    del self._waiting[me]
+        with self._mutex:
+            hosted.owner = me
+            hosted.depth += 1
+        try:
+            yield
+        finally:
+            with self._mutex:
+                hosted.depth -= 1
+                if not hosted.depth:
+                    hosted.owner = None
+            hosted.lock.release()
+
+    def _refuse_cycle(self, wanted: _Hosted, me: int) -> None:
+        chain = [wanted]
+        owner = wanted.owner
+        while owner is not None and owner != me:
+            waited = self._waiting.get(owner)
+            if waited is None or waited in chain:  # a free end, or others' own cycle
+                return
+            chain.append(waited)
+            owner = waited.owner
+        if owner == me:
+            names = " -> ".join(h.key for h in chain)
+            raise RuntimeError(
+                f"actor {wanted.key!r} cannot take this call: it waits, through {names}, "
+                "for the call making it; actors of one worker calling each other at once "
+                "would wait forever"
+            )
+
+
 class _Hosted:
     """One actor: the object, what its task holds, and the thread its calls run on."""
 
-    __slots__ = ("allocation", "dropped", "instance", "key", "lock", "thread", "worker")
+    __slots__ = (
+        "allocation",
+        "depth",
+        "dropped",
+        "instance",
+        "key",
+        "lock",
+        "owner",
+        "thread",
+        "turns",
+        "worker",
+    )
 
-    def __init__(self, worker: TaskWorker, instance: Any, allocation: Allocation, key: str) -> None:
+    def __init__(
+        self, worker: TaskWorker, turns: _Turns, instance: Any, allocation: Allocation, key: str
+    ) -> None:
         self.worker = worker
+        self.turns = turns
         self.key = key
         self.instance = instance
         self.allocation = allocation
@@ -66,13 +138,16 @@ class _Hosted:
         #: Reentrant, so that a call back into an actor up the same thread's stack
         #: runs instead of waiting on itself.
         self.lock = threading.RLock()
+        #: The thread holding ``lock`` and how many times (``turns`` updates both).
+        self.owner: int | None = None
+        self.depth = 0
         #: Released: calls still waiting for its thread are refused.
         self.dropped = False
 
     def run(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``func(*args, **kwargs)`` on this thread, as one call of this actor: after
         any call of it under way, seeing its worker and what it holds."""
-        with self.lock, running_actor(self.worker, self.key, self.allocation):
+        with self.turns.taken(self), running_actor(self.worker, self.key, self.allocation):
             return func(*args, **kwargs)
 
     def submit(
@@ -91,6 +166,7 @@ class ActorHost:
     def __init__(self, worker: TaskWorker) -> None:
         self._worker = worker
         self._actors: dict[str, _Hosted] = {}
+        self._turns = _Turns()
         self._calls: set[asyncio.Task[None]] = set()
 
     def __contains__(self, key: object) -> bool:
@@ -101,7 +177,7 @@ class ActorHost:
 
     def host(self, key: str, instance: Any, allocation: Allocation) -> None:
         """From the task's thread: ``instance`` is the actor of ``key`` from now on."""
-        self._actors[key] = _Hosted(self._worker, instance, allocation, key)
+        self._actors[key] = _Hosted(self._worker, self._turns, instance, allocation, key)
 
     def local(self, key: str) -> LocalActor | None:
         """The actor of ``key`` if this worker still holds it, for a call made directly
