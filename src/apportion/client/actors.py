@@ -16,7 +16,9 @@ An actor's method calling another actor of its own worker (or itself) sends no
 message: the call runs at once on the calling thread and its ``ActorFuture`` is
 already done, as Dask's. Through a round trip, a worker of one thread would wait
 on itself, and ``result(timeout=0.001)`` would expire; ``worker/actors.py`` says how
-"one call at a time" still holds.
+"one call at a time" still holds. From an ``async def`` method, which runs on the
+worker's loop, a plain method goes to the called actor's thread instead (still no
+message), so that the loop never waits on it.
 """
 
 from __future__ import annotations
@@ -72,7 +74,8 @@ class Actor:
 
     Used by a method of another actor of the same worker, calls run at once on the
     caller's thread (an ``ActorFuture`` already done; an ``async def`` method gives
-    its coroutine, to await) and attributes are read directly, as in Dask."""
+    its coroutine, to await) and attributes are read directly, as in Dask; from an
+    ``async def`` method, plain methods run on the called actor's thread."""
 
     def __init__(self, cls: type, address: str, key: str) -> None:
         self._cls = cls
