@@ -120,7 +120,8 @@ class Actor:
     def _here(self, here: ActorHere, name: str, method: bool) -> Any:
         """``name`` of an actor of the worker the calling actor runs on, without a
         message: a round trip would have the caller wait on a call that its own
-        worker, or its own thread, must run (a worker of one thread deadlocks)."""
+        worker, or its own thread, must run (a worker of one thread deadlocks).
+        Arguments and results are the objects themselves, not copies, as Dask's."""
         local = here.actor
         if not method:
             if here.on_thread:  # one call of it: a property runs code
