@@ -1,19 +1,29 @@
-"""Actors on worker processes: indexed GPU units held for an actor's lifetime, and an
-actor whose worker is killed fails clearly while the cluster carries on."""
+"""Actors on worker processes: indexed GPU units held for an actor's lifetime, an
+actor whose worker is killed fails clearly while the cluster carries on, and actors
+calling each other on a worker of one thread (Dask's test_one_thread_deadlock*)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import cloudpickle
 import pytest
 
-from apportion import Client, LostDataError, get_worker, task_resources
-from cli_processes import poll
+from apportion import (
+    Actor,
+    Client,
+    LostDataError,
+    get_client,
+    get_worker,
+    task_resources,
+)
+from cli_processes import Processes, poll
 
 pytestmark = pytest.mark.process
 
@@ -79,3 +89,59 @@ def test_an_actor_whose_worker_is_killed_fails_and_the_cluster_carries_on() -> N
         assert client.submit(lambda: get_worker().name, pure=False).result(timeout=30)
         again = client.submit(Model, actor=True, resources={"gpu": 1}).result(timeout=60)
         assert again.predict(2).result(timeout=10)[0] == 4
+
+
+class Counter:
+    n = 0
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def increment(self) -> int:
+        self.n += 1
+        return self.n
+
+
+class UsesCounter:
+    """Calls an actor of its own worker: the three ways of Dask's deadlock tests."""
+
+    def do_inc(self, ac: Actor) -> int:
+        return int(ac.increment().result())
+
+    def do_inc_timeout(self, ac: Actor) -> int:
+        return int(ac.increment().result(timeout=0.001))  # done already: cannot expire
+
+    def do_inc_sync_client(self, ac: Actor) -> int:
+        return int(get_client().sync(ac.increment))
+
+    def down(self, me: Actor, n: int) -> int:
+        # Through its own thread, the inner call would queue behind this one.
+        return 0 if n == 0 else 1 + int(me.down(me, n - 1).result(timeout=5))
+
+
+@pytest.mark.tcp
+@pytest.mark.timeout(90)
+def test_actors_call_each_other_on_a_cli_worker_of_one_thread(procs: Processes) -> None:
+    # A handle passed to a method pickles its class by reference (plain pickle, as
+    # Dask's), so the worker imports this module, as a user's worker imports theirs.
+    here = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), str(here.parent)])}
+    address = procs.scheduler()
+    procs.start("worker", address, "--nthreads", "1", "--name", "solo", env=env)
+    with Client(address) as client:
+        client.wait_for_workers(1, timeout=30)
+        ac = client.submit(Counter, actor=True).result(timeout=30)
+        ac2 = client.submit(UsesCounter, actor=True).result(timeout=30)
+        assert ac2.do_inc(ac).result(timeout=10) == 1
+        assert ac2.do_inc_timeout(ac).result(timeout=10) == 2
+        assert ac2.do_inc_sync_client(ac).result(timeout=10) == 3
+        assert ac.n == 3
+        assert ac2.down(ac2, 3).result(timeout=20) == 3
+
+    async def asynchronous() -> tuple[int, int]:
+        async with Client(address, asynchronous=True) as client:
+            ac = await client.submit(Counter, actor=True)
+            ac2 = await client.submit(UsesCounter, actor=True)
+            return await ac2.do_inc_timeout(ac), await ac.n
+
+    assert asyncio.run(asyncio.wait_for(asynchronous(), 60)) == (1, 1)

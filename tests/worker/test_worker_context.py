@@ -15,7 +15,13 @@ import pytest
 from apportion import task_cancel_event, task_environment, task_resources
 from apportion.core.allocation import NOTHING, Allocation
 from apportion.core.payload import dumps_function, function_id, pack_call
-from apportion.worker.context import running_task
+from apportion.worker.context import (
+    ActorHere,
+    awaiting_actor,
+    local_actor,
+    running_actor,
+    running_task,
+)
 from apportion.worker.events import Execute
 from apportion.worker.execution import Finished, TaskRunner
 
@@ -186,3 +192,29 @@ def test_an_idle_thread_holds_neither_the_inputs_nor_the_result_of_its_last_task
     finally:
         runner.close()
         loop.close()
+
+
+@pytest.mark.timeout(5)
+def test_only_an_actors_call_finds_the_actors_of_its_own_worker() -> None:
+    hosted = SimpleNamespace(instance=object())
+    actors = SimpleNamespace(local={"other": hosted}.get)
+    worker: Any = SimpleNamespace(units={}, address="tcp://w:1", actors=actors)
+    assert local_actor("other", "tcp://w:1") is None  # not on a worker
+    with running_task(worker, Execute("t", "f", b"", (), NOTHING), threading.Event()):
+        assert local_actor("other", "tcp://w:1") is None  # a task, not an actor
+    with running_actor(worker, "me", NOTHING):
+        assert local_actor("other", "tcp://w:1") == ActorHere(hosted, on_thread=True)
+        assert local_actor("other", "tcp://elsewhere:1") is None
+        assert local_actor("released", "tcp://w:1") is None
+    assert local_actor("other", "tcp://w:1") is None
+
+    async def async_method() -> ActorHere | None:
+        return local_actor("other", "tcp://w:1")
+
+    async def on_the_loop() -> list[ActorHere | None]:
+        with awaiting_actor(worker, "me", NOTHING):
+            inside = await asyncio.create_task(async_method())
+        # A coroutine interleaved on the same loop is no actor's call.
+        return [inside, await asyncio.create_task(async_method())]
+
+    assert asyncio.run(on_the_loop()) == [ActorHere(hosted, on_thread=False), None]

@@ -11,6 +11,14 @@ Handles travel: an ``Actor`` passed to a task, or gathered by another client, ca
 the same object. Inside a task, its calls go through the worker's client
 (``get_client()``). An actor is not recomputed: if its worker is lost, its future
 fails, saying so, and calls raise ``ConnectionError``.
+
+An actor's method calling another actor of its own worker (or itself) sends no
+message: the call runs at once on the calling thread and its ``ActorFuture`` is
+already done, as Dask's. Through a round trip, a worker of one thread would wait
+on itself, and ``result(timeout=0.001)`` would expire; ``worker/actors.py`` says how
+"one call at a time" still holds. From an ``async def`` method, which runs on the
+worker's loop, a plain method goes to the called actor's thread instead (still no
+message), so that the loop never waits on it.
 """
 
 from __future__ import annotations
@@ -19,7 +27,9 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
+import inspect
 from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from apportion.client import dask_default
@@ -28,7 +38,7 @@ from apportion.core import payload
 from apportion.core.durations import Duration, seconds
 from apportion.protocol.peer_data import ActorCall, ActorReply
 from apportion.protocol.tasks import SubmitTasks
-from apportion.worker.context import host_actor, in_task
+from apportion.worker.context import ActorHere, host_actor, in_task, local_actor
 
 #: The client of the worker running the current task (``task_client.py`` sets it:
 #: it imports ``Client``, which imports this module).
@@ -60,7 +70,12 @@ class Actor:
     """A handle on an actor (Dask's ``Actor``): ``actor.method(...)`` returns an
     ``ActorFuture``; ``actor.attribute`` returns the attribute's value (an awaitable of
     it for an asynchronous client). As in Dask, the names are the class's: an
-    attribute the actor sets in ``__init__`` is declared on the class too."""
+    attribute the actor sets in ``__init__`` is declared on the class too.
+
+    Used by a method of another actor of the same worker, calls run at once on the
+    caller's thread (an ``ActorFuture`` already done; an ``async def`` method gives
+    its coroutine, to await) and attributes are read directly, as in Dask; from an
+    ``async def`` method, plain methods run on the called actor's thread."""
 
     def __init__(self, cls: type, address: str, key: str) -> None:
         self._cls = cls
@@ -88,6 +103,9 @@ class Actor:
         if name.startswith("_") or not hasattr(self._cls, name):
             raise AttributeError(f"{self._cls.__name__} has no attribute {name!r}")
         on_class = getattr(self._cls, name)
+        here = local_actor(self.key, self._address)
+        if here is not None:
+            return self._here(here, name, callable(on_class))
         if callable(on_class):
 
             def call(*args: Any, **kwargs: Any) -> ActorFuture:
@@ -98,6 +116,38 @@ class Actor:
             return call
         future = self._send(name, (), {}, attribute=True)
         return future if getattr(self._client, "asynchronous", False) else future.result()
+
+    def _here(self, here: ActorHere, name: str, method: bool) -> Any:
+        """``name`` of an actor of the worker the calling actor runs on, without a
+        message: a round trip would have the caller wait on a call that its own
+        worker, or its own thread, must run (a worker of one thread deadlocks).
+        Arguments and results are the objects themselves, not copies, as Dask's."""
+        local = here.actor
+        if not method:
+            if here.on_thread:  # one call of it: a property runs code
+                return local.run(getattr, local.instance, name)
+            return getattr(local.instance, name)  # on the loop, as its async methods read
+        bound = getattr(local.instance, name)
+        if inspect.iscoroutinefunction(bound):
+            return bound  # as Dask: its coroutine, run by whoever awaits it
+        what = f"{self._cls.__name__}.{name}"
+
+        def call(*args: Any, **kwargs: Any) -> ActorFuture:
+            if not here.on_thread:  # the loop must not wait: its own thread runs it
+                try:
+                    pending = local.submit(bound, *args, **kwargs)
+                except LookupError as exc:
+                    return ActorFuture.finished(what, self._address, exception=exc)
+                return ActorFuture(_ran_later(pending), what, self._address, asynchronous=True)
+            try:
+                value = local.run(bound, *args, **kwargs)
+            except Exception as exc:  # raised by result(), as a remote call's
+                return ActorFuture.finished(what, self._address, exception=exc)
+            return ActorFuture.finished(what, self._address, value)
+
+        call.__name__ = name
+        call.__doc__ = getattr(bound, "__doc__", None)
+        return call
 
     def _bound(self) -> FutureOwner:
         """The client calls go through: the worker's inside a task, else the default
@@ -138,7 +188,7 @@ class Actor:
         session = client._link.connected
         address = self._address
 
-        async def ask() -> ActorReply:
+        async def ask() -> ActorReply | _Ran:
             conn = await session.peer(address)
             call = ActorCall(session.next_id(), self.key, name, blob, attribute)
             reply: ActorReply = await session.request(call, conn)
@@ -177,13 +227,40 @@ def _rebuilt(cls: type, address: str, key: str) -> Actor:
     return actor
 
 
+@dataclass(frozen=True, slots=True)
+class _Ran:
+    """The outcome of a call run on the caller's thread: nothing to unpickle."""
+
+    value: Any
+    exception: Exception | None
+
+
+def _ran_later(
+    pending: concurrent.futures.Future[Any],
+) -> concurrent.futures.Future[ActorReply | _Ran]:
+    """What ``ActorFuture`` reads of a call run on its actor's thread of this worker."""
+    outcome: concurrent.futures.Future[ActorReply | _Ran] = concurrent.futures.Future()
+
+    def settle(done: concurrent.futures.Future[Any]) -> None:
+        exception = done.exception()
+        if exception is None:
+            outcome.set_result(_Ran(done.result(), None))
+        elif isinstance(exception, Exception):
+            outcome.set_result(_Ran(None, exception))
+        else:  # pragma: no cover - a BaseException ends the thread's call otherwise
+            outcome.set_exception(exception)
+
+    pending.add_done_callback(settle)
+    return outcome
+
+
 class ActorFuture:
     """The outcome of one call on an actor (Dask's ``ActorFuture``): ``result()``,
     ``done()``, or ``await`` it."""
 
     def __init__(
         self,
-        future: concurrent.futures.Future[ActorReply],
+        future: concurrent.futures.Future[ActorReply | _Ran],
         what: str,
         address: str,
         asynchronous: bool = False,
@@ -193,6 +270,16 @@ class ActorFuture:
         self._address = address
         #: Its client is asynchronous: waiting on it blocks nobody only from a thread.
         self.asynchronous = asynchronous
+
+    @classmethod
+    def finished(
+        cls, what: str, address: str, value: Any = None, exception: Exception | None = None
+    ) -> ActorFuture:
+        """A call that already ran here (an actor calling one of its worker's actors):
+        ``result(timeout=...)`` returns ``value`` or raises ``exception`` at once."""
+        future: concurrent.futures.Future[ActorReply | _Ran] = concurrent.futures.Future()
+        future.set_result(_Ran(value, exception))
+        return cls(future, what, address)
 
     def __repr__(self) -> str:
         state = "finished" if self.done() else "pending"
@@ -245,9 +332,13 @@ class ActorFuture:
             "an actor lives only there and is lost with it"
         )
 
-    def _outcome(self, reply: ActorReply | None) -> Any:
+    def _outcome(self, reply: ActorReply | _Ran | None) -> Any:
         if reply is None:  # pragma: no cover - the reply always comes or fails
             raise RuntimeError(f"{self._what}: no reply")
+        if isinstance(reply, _Ran):
+            if reply.exception is not None:
+                raise reply.exception
+            return reply.value
         if reply.exception:
             raise rebuild_exception(reply.exception, reply.traceback)
         return payload.loads(reply.value)

@@ -6,11 +6,13 @@ workers may share a process (tests, ``LocalCluster`` in threads).
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import re
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -32,10 +34,30 @@ _NOT_ALNUM = re.compile(r"[^A-Za-z0-9]")
 _local = threading.local()
 
 
+class LocalActor(Protocol):
+    """An actor of the worker this thread runs on, as another of its actors calls it
+    directly (``worker.actors``)."""
+
+    @property
+    def instance(self) -> Any: ...
+
+    def run(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``func(*args, **kwargs)`` on this thread as one call of the actor."""
+        ...
+
+    def submit(
+        self, func: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> concurrent.futures.Future[Any]:
+        """``func(*args, **kwargs)`` as one call of the actor, on its own thread."""
+        ...
+
+
 class ActorKeeper(Protocol):
     """Where an actor's constructor leaves its instance (``worker.actors.ActorHost``)."""
 
     def host(self, key: str, instance: Any, allocation: Allocation) -> None: ...
+
+    def local(self, key: str) -> LocalActor | None: ...
 
 
 class TaskWorker(Protocol):
@@ -79,6 +101,9 @@ class _Running:
     runner: Seceding | None = None
     #: It called ``secede`` and has not rejoined: its thread does not count.
     seceded: bool = False
+    #: A call on the actor of ``key`` (not a task): its calls to actors of this same
+    #: worker run directly (``local_actor``).
+    actor: bool = False
 
 
 @contextmanager
@@ -108,7 +133,7 @@ def running_actor(worker: TaskWorker, key: str, allocation: Allocation) -> Itera
     """Within this block, this thread runs a call on the actor of ``key``: it sees
     the actor's worker and what the actor holds, as its constructor did."""
     previous = getattr(_local, "task", None)
-    _local.task = _Running(worker, key, allocation, threading.Event())
+    _local.task = _Running(worker, key, allocation, threading.Event(), actor=True)
     try:
         yield
     finally:
@@ -121,6 +146,48 @@ def host_actor(instance: object) -> tuple[str, str]:
     current = _current("host_actor")
     current.worker.actors.host(current.key, instance, current.allocation)
     return current.key, current.worker.address
+
+
+#: The actor whose ``async def`` method is running, on its worker's loop: a context
+#: variable, not ``_local``, since the loop interleaves it with other coroutines.
+_awaited_actor: ContextVar[_Running | None] = ContextVar("apportion_awaited_actor", default=None)
+
+
+@contextmanager
+def awaiting_actor(worker: TaskWorker, key: str, allocation: Allocation) -> Iterator[None]:
+    """Within this block (a coroutine on the worker's loop), an ``async def`` method
+    of the actor of ``key`` runs: the actors it calls on this worker are found."""
+    token = _awaited_actor.set(_Running(worker, key, allocation, threading.Event(), actor=True))
+    try:
+        yield
+    finally:
+        _awaited_actor.reset(token)
+
+
+@dataclass(frozen=True, slots=True)
+class ActorHere:
+    """An actor of the worker the calling actor runs on (``local_actor``)."""
+
+    actor: LocalActor
+    #: Called from an actor's thread, which may run the call itself; else from an
+    #: ``async def`` method on the worker's loop, which must not wait on the call.
+    on_thread: bool
+
+
+def local_actor(key: str, address: str) -> ActorHere | None:
+    """The actor of ``key`` at ``address`` when an actor's call on that same worker
+    asks (on its thread, or an ``async def`` method on the loop) and the worker
+    still holds it; else None: call it through a client. Only from an actor, as
+    Dask: a task calling an actor of its worker queues on the actor's thread,
+    which is free to take the call."""
+    current: _Running | None = getattr(_local, "task", None)
+    on_thread = current is not None and current.actor
+    if not on_thread:
+        current = _awaited_actor.get()
+    if current is None or current.worker.address != address:
+        return None
+    found = current.worker.actors.local(key)
+    return None if found is None else ActorHere(found, on_thread)
 
 
 def in_task() -> bool:
