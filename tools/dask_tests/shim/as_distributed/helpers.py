@@ -83,17 +83,18 @@ class LateLoopEvent(asyncio.Event):
 
 def load_cluster_dump(url: str, **kwargs: Any) -> Any:
     """A file ``client.dump_cluster_state`` wrote, read back as Dask's reader does:
-    gzip-compressed msgpack (``.msgpack.gz``) or YAML (``.yaml``)."""
-    if url.endswith(".msgpack.gz"):
-        import gzip
+    gzip-compressed msgpack (``.msgpack.gz``) or YAML (``.yaml``), at a path or a
+    URL (``file://...``, through fsspec, as Dask's)."""
+    import fsspec
 
+    if url.endswith(".msgpack.gz"):
         import msgpack
 
-        with gzip.open(url) as file:
+        with fsspec.open(url, mode="rb", compression="gzip", **kwargs) as file:
             return msgpack.unpack(file, strict_map_key=False)
     if url.endswith(".yaml"):
         import yaml
 
-        with open(url) as file:
+        with fsspec.open(url, mode="r", **kwargs) as file:
             return yaml.safe_load(file)
     raise ValueError(f"not a cluster dump's name: {url}")
