@@ -270,14 +270,29 @@ def test_options_for_dasks_internals_are_ignored_with_one_warning() -> None:
     cluster.close()
     assert [type(w.message) for w in caught] == [IgnoredOptionWarning]
     text = str(caught[0].message)
-    for name in ("max_spill", "nanny", "protocol", "worker_class"):
+    for name in ("max_spill", "nanny", "worker_class"):
         assert name in text
+    assert "protocol" not in text  # Dask's protocol is taken (the next test)
     with pytest.raises(TypeError, match="n_wrokers"):
         LocalCluster(n_wrokers=2, processes=False)
     unstarted = LocalCluster(asynchronous=True, processes=False)  # awaiting starts it
     assert unstarted.scheduler_address == "" and "(not started)" in repr(unstarted)
     with pytest.raises(TypeError, match="async with"):
         unstarted.__enter__()
+
+
+@pytest.mark.tcp
+def test_dasks_protocol_chooses_the_transport() -> None:
+    with LocalCluster(n_workers=1, processes=False, protocol="inproc://") as in_memory:
+        assert in_memory.scheduler_address.startswith("inproc://")  # no socket at all
+        with Client(in_memory, set_as_default=False) as client:
+            assert client.submit(lambda: 5).result(timeout=10) == 5
+    with LocalCluster(n_workers=0, processes=False, protocol="tls", security=True) as tls:
+        assert tls.scheduler_address.startswith("tls://127.0.0.1:")
+    with pytest.raises(ValueError, match="give processes=False too"):
+        LocalCluster(n_workers=0, protocol="inproc://")
+    with pytest.raises(ValueError, match="not 'ucx://'"):
+        LocalCluster(n_workers=0, processes=False, protocol="ucx://")
 
 
 @pytest.mark.tcp

@@ -46,7 +46,6 @@ DASK_CLUSTER_OPTIONS = frozenset(
         "services",
         "worker_services",
         "service_kwargs",
-        "protocol",
         "blocked_handlers",
         "interface",
         "worker_class",
@@ -184,3 +183,25 @@ def memory_thresholds(options: dict[str, Any], environ: Mapping[str, str]) -> Me
             given[name] = parse_fraction(value, option)
     found = dask_memory_thresholds(environ, lambda: read_dask_config(MEMORY_KEY, import_dask=False))
     return choose_thresholds(given, found, "LocalCluster")
+
+
+def host_for_protocol(protocol: str | None, host: str | None, processes: bool) -> str | None:
+    """The scheduler's host for Dask's ``protocol=`` of a local cluster: ``inproc://``
+    keeps it in memory (workers in this process only), ``tls://`` names TLS,
+    ``tcp://`` (or None) leaves ``host`` as given."""
+    if protocol is None:
+        return host
+    scheme = protocol.split("://")[0].rstrip(":").lower()
+    bare = None if host is None else host.split("://")[-1]
+    if scheme == "inproc":
+        if processes:
+            raise ValueError(
+                "protocol='inproc://' keeps the cluster in this process's memory: "
+                "give processes=False too"
+            )
+        return "inproc://"
+    if scheme == "tls":
+        return f"tls://{bare or '127.0.0.1'}"
+    if scheme == "tcp":
+        return host
+    raise ValueError(f"protocol must be 'tcp://', 'tls://' or 'inproc://', not {protocol!r}")

@@ -39,6 +39,7 @@ from apportion.deploy import notebook
 from apportion.deploy.cluster_options import (
     DASK_CLIENT_OPTIONS,
     DASK_CLUSTER_OPTIONS,
+    host_for_protocol,
     log_levels,
     memory_limit_bytes,
     memory_thresholds,
@@ -159,8 +160,10 @@ class LocalCluster:
     share this process and its logging, and have no memory limit.
     ``dashboard_address`` (``":8787"``: on the scheduler's host, loopback unless
     ``host`` says otherwise; a free port if 8787 is taken) serves the live dashboard
-    (docs/dashboard.md); None serves none. Options that only tune Dask's
-    internals (``protocol=``, ``nanny=``...) are ignored with one
+    (docs/dashboard.md); None serves none. Dask's ``protocol``: ``"tcp://"`` (the
+    default), ``"tls://"`` (with ``security``'s certificates) or, with
+    ``processes=False``, ``"inproc://"``: in memory, no socket at all. Options that
+    only tune Dask's internals (``nanny=``, ``interface=``...) are ignored with one
     ``IgnoredOptionWarning`` naming them.
     """
 
@@ -198,6 +201,7 @@ class LocalCluster:
         #: long exits (None: the local default, ``LOCAL_RECONNECT_SECONDS``), and, as
         #: Dask's servers must start within it, a cluster not up by then fails to start.
         self.death_timeout = seconds(kwargs.pop("death_timeout", None), "death_timeout")
+        host = host_for_protocol(kwargs.pop("protocol", None), host, processes)
         warn_ignored(
             sort_options(kwargs, DASK_CLUSTER_OPTIONS | DASK_CLIENT_OPTIONS, "LocalCluster()"),
             "LocalCluster",
