@@ -134,7 +134,7 @@ def cluster_facts(state: SchedulerState, client: ClientRecord, msg: ClusterFacts
             who_has,
             {w.address: sorted(w.has_what) for w in workers},
             {w.address: w.nthreads for w in workers},
-            {w.address: sorted(w.processing) for w in workers},
+            {w.address: sorted(state.assigned(w)) for w in workers},
         ),
     )
 

@@ -141,6 +141,10 @@ class SchedulerConfig:
     death_report_wait: float = 3.0
 
 
+#: The story's line for a running task released: it leaves ``assigned`` at once.
+_DISCARDED = "released while running: its worker drops the result when it ends"
+
+
 class SchedulerState:
     """All task, worker and client records, and the changes every handler makes to them."""
 
@@ -439,6 +443,7 @@ class SchedulerState:
             if not task.discard_result:
                 task.discard_result = True
                 self.free_keys[task.worker].append(task.key)
+                self.log.append((self.now, task.key, PROCESSING, PROCESSING, _DISCARDED))
             return
         if task.state == RELEASED:
             return  # still feeds results that exist (lineage), or it would be gone
@@ -449,6 +454,17 @@ class SchedulerState:
             self.keep_released(task, "released; kept to recompute what was computed from it")
             return
         self.remove(task, "released")
+
+    def assigned(self, worker: WorkerRecord) -> list[str]:
+        """The keys ``worker`` runs or queues for someone: its ``processing`` less the
+        tasks nobody wants any more (``forget``), as ``Client.processing`` shows them.
+
+        Those stay in ``processing`` until the worker reports them, because their
+        thread (and resources) are busy until then: the ledger must not hand them out
+        twice. They are simply no longer anybody's work.
+        """
+        tasks = self.tasks
+        return [key for key in worker.processing if not tasks[key].discard_result]
 
     def keep_released(self, task: TaskRecord, cause: str) -> None:
         """Drop ``task``'s result (or stop waiting to compute it) but keep its recipe.
