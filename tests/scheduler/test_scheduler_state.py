@@ -1135,7 +1135,12 @@ def test_story_lists_transitions_with_causes(sim: RecordingCluster) -> None:
         ("new", QUEUED, "submitted"),
         (QUEUED, PROCESSING, "assigned to w"),
         (PROCESSING, QUEUED, "raised on w; retrying (0 left)"),
-        (QUEUED, PROCESSING, "assigned to w"),
+        (
+            QUEUED,
+            PROCESSING,
+            "assigned to w, where it raised once before: no worker where it raised less "
+            "often could take it now",
+        ),
         (PROCESSING, MEMORY, "finished on w"),
         (MEMORY, FORGOTTEN, "released"),
     ]

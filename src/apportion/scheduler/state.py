@@ -191,6 +191,9 @@ class SchedulerState:
         self.deaths: dict[str, list[tuple[str, int, str, bool]]] = {}
         #: Tasks that raised and were run again: how many times (sparse).
         self.retried: dict[str, int] = {}
+        #: Tasks retried after raising: the id of the worker of each attempt that
+        #: raised (sparse; dropped with ``retried``). Placement tries others first.
+        self.raised_on: dict[str, list[str]] = {}
         #: (worker name, pid) -> how that process ended, as its supervisor reported.
         #: Bounded: only the latest ``MAX_DEATH_CAUSES`` are kept.
         self.death_causes: dict[tuple[str, int], WorkerDied] = {}
@@ -532,6 +535,8 @@ class SchedulerState:
             self.deaths.pop(key, None)
         if self.retried:
             self.retried.pop(key, None)
+        if self.raised_on:
+            self.raised_on.pop(key, None)
 
     def drop_result(self, task: TaskRecord) -> None:
         """Tell every holder of ``task``'s result to drop it; it is held nowhere now."""

@@ -82,6 +82,7 @@ def task_raised(state: SchedulerState, worker: WorkerRecord, msg: TaskRaised) ->
     elif task.retries > 0:
         task.retries -= 1
         state.retried[task.key] = state.retried.get(task.key, 0) + 1
+        state.raised_on.setdefault(task.key, []).append(worker.id)
         state.requeue(task, f"raised on {worker.name}; retrying ({task.retries} left)")
     else:
         state.fail(task, ("exception", msg.exception, msg.traceback), f"raised on {worker.name}")
