@@ -194,6 +194,9 @@ class SchedulerState:
         #: Tasks retried after raising: the id of the worker of each attempt that
         #: raised (sparse; dropped with ``retried``). Placement tries others first.
         self.raised_on: dict[str, list[str]] = {}
+        #: Results in memory whose type is not their group's (``GroupTally.result_type``):
+        #: key -> type name, "" for unknown. Sparse; an entry goes when its result does.
+        self.result_types: dict[str, str] = {}
         #: (worker name, pid) -> how that process ended, as its supervisor reported.
         #: Bounded: only the latest ``MAX_DEATH_CAUSES`` are kept.
         self.death_causes: dict[tuple[str, int], WorkerDied] = {}
@@ -226,7 +229,8 @@ class SchedulerState:
         """What the handled event made necessary; completions and frees are batched."""
         for client_id, keys in self.done_keys.items():
             if client_id in self.clients:
-                self._out.append(SendKeysDone(client_id, keys))
+                types = [self.result_type(key) for key in keys]
+                self._out.append(SendKeysDone(client_id, keys, types))
         self.done_keys.clear()
         for worker_id, keys in self.free_keys.items():
             if worker_id in self.workers:
@@ -269,8 +273,11 @@ class SchedulerState:
             self.drop_reservation(task)
         if self.verdicts and task.state == QUEUED:
             self.verdicts.pop(task.key, None)
-        if self.served_directly and task.state == MEMORY:
-            self.served_directly.discard(task.key)  # the mark is the result's, not the task's
+        if task.state == MEMORY:
+            if self.served_directly:
+                self.served_directly.discard(task.key)  # the result's mark, not the task's
+            if self.result_types:
+                self.result_types.pop(task.key, None)
         self.log.append((self.now, task.key, task.state, new, cause))
         self.telemetry.moved(task, task.state, new)
         task.state = new
@@ -551,9 +558,12 @@ class SchedulerState:
             self.free_keys[worker.id].append(task.key)
         task.worker = None
 
-    def complete(self, task: TaskRecord, worker: WorkerRecord, nbytes: int, cause: str) -> None:
-        """``task``'s result now lives on ``worker``."""
+    def complete(
+        self, task: TaskRecord, worker: WorkerRecord, nbytes: int, cause: str, type_name: str = ""
+    ) -> None:
+        """``task``'s result, of type ``type_name`` ("" if unknown), now lives on ``worker``."""
         self.move(task, MEMORY, cause)
+        self._note_type(task, type_name)
         self._forget_counts(task.key)
         task.worker = worker.id
         task.nbytes = nbytes
@@ -569,6 +579,29 @@ class SchedulerState:
                 self.enqueue(dependent, f"input {task.key} ready")
         self.finish_inputs(task)
         self.release_if_unneeded(task)
+
+    def _note_type(self, task: TaskRecord, type_name: str) -> None:
+        """Keep the type of ``task``'s result: once per group, and apart (sparse) for
+        a result whose type is not its group's."""
+        group = task.group
+        if group is not None:
+            if group.result_type is None and type_name:
+                group.result_type = type_name
+            if group.result_type == type_name or (group.result_type is None and not type_name):
+                return
+        self.result_types[task.key] = type_name
+
+    def result_type(self, key: str) -> str:
+        """The type name of ``key``'s result in memory ("" if unknown or not in memory)."""
+        task = self.tasks.get(key)
+        if task is None or task.state != MEMORY:
+            return ""
+        if self.result_types:
+            odd = self.result_types.get(key)
+            if odd is not None:
+                return odd
+        group = task.group
+        return (group.result_type or "") if group is not None else ""
 
     def fail(self, task: TaskRecord, error: TaskError, cause: str) -> None:
         """``task`` and, transitively, every unfinished dependent fail with ``error``."""

@@ -61,7 +61,7 @@ def task_finished(state: SchedulerState, worker: WorkerRecord, msg: TaskFinished
         error = ("lost", actors.unheld_text(task, worker), b"")
         state.fail(task, error, "built while others held its resources")
         return
-    state.complete(task, worker, msg.nbytes, f"finished on {worker.name}")
+    state.complete(task, worker, msg.nbytes, f"finished on {worker.name}", msg.type_name)
 
 
 def _allocation_of(state: SchedulerState, key: str) -> Allocation | None:
