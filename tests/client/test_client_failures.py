@@ -211,6 +211,40 @@ def test_a_failure_is_raised_at_once_not_after_the_rest(client: Client) -> None:
     assert slow.result(timeout=10) == 1
 
 
+def _no_work_within(processing: Any, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while any(processing().values()):
+        assert time.monotonic() < deadline, processing()
+        time.sleep(0.01)
+
+
+def test_a_failed_get_leaves_nothing_in_processing_while_its_work_still_runs(
+    client: Client,
+) -> None:
+    """As Dask's: the get's futures are released on its error, so ``processing()``
+    is empty at once, though the released task's thread runs until ``HOLD`` is set."""
+    HOLD.clear()
+    try:
+        with pytest.raises(ZeroDivisionError):
+            client.get({"y": (held,), "x": (operator.truediv, 1, 0)}, ["x", "y"])
+        _no_work_within(client.processing, 0.5)
+
+        async def failed_get() -> None:
+            async with Client(client.scheduler_address, asynchronous=True) as ac:
+                with pytest.raises(ZeroDivisionError):
+                    await ac.get({"v": (held,), "w": (operator.truediv, 2, 0)}, ["w", "v"])
+                deadline = time.monotonic() + 0.5
+                while any((await ac.processing()).values()):
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.01)
+
+        asyncio.run(failed_get())
+    finally:
+        HOLD.set()
+    # The threads held meanwhile come back: new work runs on every one of them.
+    assert client.gather(client.map(operator.neg, range(8))) == [-i for i in range(8)]
+
+
 def test_every_client_is_told_when_nobody_can_run_its_request() -> None:
     # A cluster that may grow: the requests wait, and each client is told why.
     with InMemoryCluster([{"resources": "GPU=2"}], config=SchedulerConfig()) as cluster:

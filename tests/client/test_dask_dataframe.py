@@ -6,6 +6,7 @@ function can count its calls in a module global.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import threading
 from collections.abc import Iterator
@@ -134,3 +135,34 @@ def test_futures_tokenize_by_the_key_they_name(client: Client) -> None:
     same = Future(future.key, client)
     assert tokenize(future) == tokenize(same) == tokenize(future)
     assert tokenize(future) != tokenize(client.scatter(NAMES))
+
+
+def test_future_type_is_the_class_of_the_result(client: Client) -> None:
+    # Dask's test_serialize_collections_of_futures_sync: a persisted dataframe
+    # scattered is rebuilt on a worker, whose result names its class.
+    ddf = dd.from_pandas(FRAME, npartitions=2).persist()
+    future = client.scatter(ddf)
+    pd.testing.assert_frame_equal(future.result().compute(), FRAME)
+    assert future.type is dd.DataFrame
+    assert client.scatter(FRAME).type is pd.DataFrame  # known here before it is stored
+    part = client.submit(lambda df: df.v, FRAME)
+    assert part.result() is not None and part.type is pd.Series
+    # Another future of the key, made later, is told the type as well.
+    assert Future(part.key, client).type is pd.Series
+
+
+def _slow_true() -> bool:
+    threading.Event().wait(0.3)
+    return True
+
+
+def test_future_type_on_an_asynchronous_client(cluster: InMemoryCluster) -> None:
+    async def types() -> tuple[Any, Any, Any]:
+        async with Client(cluster.address, asynchronous=True) as ac:
+            slow = ac.submit(_slow_true)
+            before = slow.type
+            await slow
+            frame = await ac.scatter(FRAME)
+            return before, slow.type, frame.type
+
+    assert asyncio.run(types()) == (None, bool, pd.DataFrame)

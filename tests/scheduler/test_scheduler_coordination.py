@@ -535,7 +535,7 @@ def test_what_a_task_prints_reaches_subscribers_ahead_of_its_outcome(
     finished = TaskFinished("chatty", 8, 0.001, "int", 0)
     sim.worker_says(w, Publish("print", b"hello"), finished)
     said = [m for m in sim.got(Message) if isinstance(m, TopicMessage | KeysDone)]
-    assert said == [TopicMessage("print", b"hello"), KeysDone(["chatty"])]
+    assert said == [TopicMessage("print", b"hello"), KeysDone(["chatty"], ["int"])]
     assert take(sim, TopicMessage, "c2") == []  # subscribed to "warn" only
     sim.worker_says(w, Publish("warn", b"careful"))
     assert take(sim, TopicMessage, "c2") == [TopicMessage("warn", b"careful")]

@@ -16,6 +16,8 @@ import pytest
 from apportion.core.resources import ResourceSpec, parse_demand
 from apportion.protocol.base import Message
 from apportion.protocol.cluster import (
+    ClusterFactsReply,
+    ClusterFactsRequest,
     InfoReply,
     InfoRequest,
     StoryReply,
@@ -570,6 +572,36 @@ def test_release_of_a_running_task_frees_resources_on_report(sim: RecordingClust
     assert sim.done() == []
 
 
+def test_released_running_task_leaves_processing_at_once_but_keeps_its_thread(
+    sim: RecordingCluster,
+) -> None:
+    # Dask's test_get_stops_work_after_error: the get's futures are released on its
+    # error, and processing() must be empty then, though the thread still runs.
+    w = sim.add_worker(nthreads=1, resources="GPU=1")
+    sim.submit("y", resources="GPU=1")
+    sim.submit("z")
+    assert sim.place() == [(w, "y")]
+    sim.client_says("c1", ReleaseKeys(["y"]))
+    assert sim.freed(w) == ["y"]
+    sim.client_says("c1", ClusterFactsRequest(1))
+    (facts,) = sim.got(ClusterFactsReply)
+    assert facts.processing == {f"sim://{w}": []}
+    assert views.snapshot(sim.state)["workers"][f"sim://{w}"]["processing"] == 0
+    assert "released while running" in sim.state.story("y")[-1][4]
+    # Its thread and its GPU are still taken until the worker says it ended: nothing
+    # else is given that thread, and the ledger gives the GPU back exactly once.
+    assert sim.place() == []
+    assert sim.free(w) == {"GPU": 0.0}
+    check_invariants(sim.state)
+    sim.finish("y")
+    assert sim.free(w) == {"GPU": 1.0}
+    assert sim.place() == [(w, "z")]
+    sim.client_says("c1", ClusterFactsRequest(2))
+    facts = sim.got(ClusterFactsReply)[-1]
+    assert facts.processing == {f"sim://{w}": ["z"]}
+    check_invariants(sim.state)
+
+
 def test_release_waiting_chain_forgets_all(sim: RecordingCluster) -> None:
     sim.submit_graph({"a": ([], None), "b": (["a"], None)}, wanted=["b"])
     sim.client_says("c1", ReleaseKeys(["b"]))
@@ -1103,7 +1135,12 @@ def test_story_lists_transitions_with_causes(sim: RecordingCluster) -> None:
         ("new", QUEUED, "submitted"),
         (QUEUED, PROCESSING, "assigned to w"),
         (PROCESSING, QUEUED, "raised on w; retrying (0 left)"),
-        (QUEUED, PROCESSING, "assigned to w"),
+        (
+            QUEUED,
+            PROCESSING,
+            "assigned to w, where it raised once before: no worker where it raised less "
+            "often could take it now",
+        ),
         (PROCESSING, MEMORY, "finished on w"),
         (MEMORY, FORGOTTEN, "released"),
     ]

@@ -5,8 +5,9 @@ client's ``_submit_graph``; the client is a ``GraphSubmitter`` here, nothing mor
 
 from __future__ import annotations
 
+import inspect
 import threading
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any, Protocol
 
 from apportion.client import shapes
@@ -73,7 +74,31 @@ def get(
 
         dsk, annotations = expression_graph(dsk)
     futures = client._submit_graph(dsk, keys, resources, priority, retries or 0, annotations, where)
-    return client.gather(shapes.shaped(keys, futures))
+    try:
+        gathered = client.gather(shapes.shaped(keys, futures))
+    except BaseException:
+        _release(futures)
+        raise
+    if inspect.isawaitable(gathered):  # an asynchronous client: released once awaited
+        return _released_after(gathered, futures)
+    _release(futures)
+    return gathered
+
+
+def _release(futures: Mapping[Any, Future]) -> None:
+    """Let go of a ``get``'s futures as it returns or raises, as Dask's does: the
+    traceback of its error would otherwise keep them, and the work nobody waits for
+    any more (the graph's other keys, after one failed) would go on counting as
+    the cluster's work."""
+    for future in futures.values():
+        future.release()
+
+
+async def _released_after(gathered: Awaitable[Any], futures: Mapping[Any, Future]) -> Any:
+    try:
+        return await gathered
+    finally:
+        _release(futures)
 
 
 def compute(

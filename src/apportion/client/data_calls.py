@@ -23,6 +23,7 @@ from apportion.client.state import PENDING
 from apportion.core import payload
 from apportion.core.durations import Duration, seconds
 from apportion.core.tracebacks import raises_user_frames
+from apportion.core.type_names import type_name
 from apportion.protocol.tasks import CancelKeys, ScatterRequest
 
 T = TypeVar("T")
@@ -213,11 +214,17 @@ def scatter(
         empty = {} if isinstance(data, Mapping) else type(data)()
         return Ready(empty) if awaitable else empty
     futures = {name: Future(name, client) for name in names}
+    given = data.values() if isinstance(data, Mapping) else shapes.listed(data)
+    for name, value in zip(names, given, strict=True):
+        # ``Future.type``: this client knows the type of what it scatters (the
+        # scheduler is told only bytes). A value holding futures is rebuilt on a
+        # worker, which names its type as any result's.
+        if name not in holding:
+            futures[name]._state.record.type_name = type_name(value)
     if holding:
         # A value holding futures (a persisted collection) is made by a task on a
         # worker, where each future unpickles as its part's value: a worker cannot
         # unpickle a future on its own. The stored value then holds its data.
-        given = data.values() if isinstance(data, Mapping) else shapes.listed(data)
         for name, value in zip(names, given, strict=True):
             if name in holding:
                 call = shapes.held_call(value)

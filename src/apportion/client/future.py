@@ -11,6 +11,7 @@ scheduler. A future knows its client only as a ``FutureOwner``.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import logging
 import queue
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from apportion.client.asynchronous import settled
 from apportion.client.errors import failure
+from apportion.client.result_types import result_class
 from apportion.client.state import CANCELLED, KeyRecord
 from apportion.client.state import Failure as KeyFailure
 from apportion.core import payload
@@ -260,6 +262,13 @@ class Future:
     def status(self) -> str:
         """ "pending", "finished", "error", "cancelled" or "lost"."""
         return self._state.status
+
+    @property
+    def type(self) -> builtins.type | None:
+        """The class of the result (as Dask's): None until the task finished, or when
+        the class cannot be imported here. Its module is imported by the thread that
+        reads this, if need be (``result_types``)."""
+        return result_class(self._state.record.type_name)
 
     def done(self) -> bool:
         """True once the task finished, failed or was cancelled."""

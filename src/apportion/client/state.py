@@ -64,6 +64,9 @@ class KeyRecord:
     refs: int = 0
     #: How many runs raised (retries included) when the task failed.
     attempts: int = 1
+    #: Its result's type name, as its worker (or this client, for data it scattered)
+    #: named it; "" until known. ``Future.type`` turns it into the class.
+    type_name: str = ""
     #: Cancelled here; the scheduler's own "cancelled" for it is still to come.
     cancel_echo: bool = False
     #: What to run once it settles (done-callbacks, awaiting coroutines, as_completed),
@@ -200,6 +203,10 @@ class ClientState:
         """The outcomes of one message from the scheduler (replies excepted: the
         session matches those to their requests)."""
         if isinstance(msg, KeysDone):
+            for key, name in zip(msg.keys, msg.types, strict=False):
+                record = self.keys.get(key)
+                if name and record is not None:
+                    record.type_name = name  # "": unknown here; what this client knew stays
             return self._settle_all(msg.keys, FINISHED, None)
         if isinstance(msg, TaskErred):
             record = self.keys.get(msg.key)

@@ -103,6 +103,9 @@ class KeysDone(Message):
     """These keys now have results in the cluster."""
 
     keys: list[str]
+    #: For each key, its result's type name (``module.QualifiedName``, "" if unknown):
+    #: ``Future.type``. Plain text: nobody on the way imports or unpickles anything.
+    types: list[str] = field(default_factory=list)
 
 
 @message(19)

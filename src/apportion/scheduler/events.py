@@ -286,10 +286,12 @@ class SendUninstall:
 
 @dataclass(frozen=True, slots=True)
 class SendKeysDone:
-    """These keys the client wants are in memory."""
+    """These keys the client wants are in memory, with their results' type names
+    ("" where unknown), one for each key."""
 
     client_id: str
     keys: list[str]
+    types: list[str]
 
 
 @dataclass(frozen=True, slots=True)

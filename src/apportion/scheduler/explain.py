@@ -56,7 +56,24 @@ def explain(state: SchedulerState, key: str) -> str:
         and state.tasks[k].state == QUEUED
         and state.tasks[k].order() < task.order()
     )
-    return why_queued(state, task, ahead)
+    return why_queued(state, task, ahead) + _retry_note(state, task)
+
+
+def _retry_note(state: SchedulerState, task: TaskRecord) -> str:
+    """For a task retried after raising: where it raised, which it avoids."""
+    raised = state.raised_on.get(task.key) if state.raised_on else None
+    if not raised:
+        return ""
+    counts = {w: raised.count(w) for w in dict.fromkeys(raised)}
+    where = ", ".join(
+        f"{state.workers[w].name if w in state.workers else 'a worker that has left'}"
+        + (f" ({n} times)" if n > 1 else "")
+        for w, n in counts.items()
+    )
+    return (
+        f"\n  it raised on {where}: it goes first to a worker where it raised less "
+        "often, and runs there again only if no other can take it now"
+    )
 
 
 def _assigned(state: SchedulerState, task: TaskRecord, worker: WorkerRecord, where: str) -> str:

@@ -34,6 +34,7 @@ def check_invariants(state: SchedulerState) -> None:
     _check_restrictions(state)
     _check_steals(state)
     _check_memory_verdicts(state)
+    _check_side_books(state)
     _check_telemetry(state)
     check_book(state)
     check_coordination(state)
@@ -209,6 +210,16 @@ def _check_memory_verdicts(state: SchedulerState) -> None:
     for key in state.served_directly:
         task = state.tasks.get(key)
         assert task is not None and task.state == MEMORY, f"{key}: marked served, not in memory"
+
+
+def _check_side_books(state: SchedulerState) -> None:
+    """Sparse per-task data goes with its task: where a retried task raised, while it
+    is known; the type of a result apart from its group's, while it is in memory."""
+    for key in state.raised_on:
+        assert key in state.tasks, f"failures remembered for forgotten {key}"
+    for key in state.result_types:
+        task = state.tasks.get(key)
+        assert task is not None and task.state == MEMORY, f"{key}: a type kept, not in memory"
 
 
 def _check_telemetry(state: SchedulerState) -> None:

@@ -44,6 +44,11 @@ Rules (documented for users in docs/scheduling.md):
    while some connected, open named worker could ever hold its demand; when none
    could, any worker may take it.
 
+8. A task retried after raising goes first where it raised least often, among the
+   workers where it may start now by the rules above (``retry_cause``): a failure
+   is often the worker's. Only when no other can take it now does it run again
+   where it failed.
+
 Cost: one pass per loop turn, O(started tasks x candidate workers + request kinds),
 never a walk over everything queued. A restricted kind finds its workers through an
 index of worker aliases built once per pass, not by a walk over every worker.
@@ -182,15 +187,18 @@ def best_worker(
     pool: list[WorkerRecord],
     demand: dict[str, int],
 ) -> WorkerRecord | None:
-    """The fitting worker with most input bytes, then one short of its memory target
-    (the task makes new data), then least load; None if none fits."""
+    """The fitting worker where a retried task raised least often (``retry_cause``),
+    then with most input bytes, then one short of its memory target (the task makes
+    new data), then least load; None if none fits."""
     local = _input_bytes(state, task) if task.deps else {}
+    raised = state.raised_on.get(task.key, ()) if state.raised_on else ()
     best: WorkerRecord | None = None
-    best_score: tuple[int, bool, float] | None = None
+    best_score: tuple[int, int, bool, float] | None = None
     for worker in pool:
         if not fits_now(state, worker, task, demand):
             continue
         score = (
+            raised.count(worker.id) if raised else 0,
             -local.get(worker.id, 0),
             _past_memory_target(state, worker),
             worker.running() / worker.nthreads,
@@ -340,9 +348,37 @@ def _start_if_it_fits(
         target = best_worker(state, task, pool, alternatives[choice])
         if target is not None:
             task.choice = choice
-            state.assign(task, target, cause=_outside(task, target))
+            state.assign(
+                task, target, cause=_outside(task, target) or retry_cause(state, task, target)
+            )
             return True
     return False
+
+
+def retry_cause(state: SchedulerState, task: TaskRecord, target: WorkerRecord) -> str:
+    """The story's cause when a retried task is assigned ('' for any other task).
+
+    A retried task goes preferably where it raised least often: a failure is often
+    the worker's (a broken GPU, a full disk), and another worker's attempt tells
+    the two apart. Among workers where it fits now (or, plain, has room now), the
+    fewest failures there come first, then the usual order; so it runs where it
+    failed only when no other worker can take it now, and of two it failed on once
+    each, the usual order picks (the same in every run).
+    """
+    raised = state.raised_on.get(task.key) if state.raised_on else None
+    if not raised:
+        return ""
+    names = sorted({state.workers[w].name for w in raised if w in state.workers and w != target.id})
+    if target.id in raised:
+        times = raised.count(target.id)
+        again = "once" if times == 1 else f"{times} times"
+        return (
+            f"assigned to {target.name}, where it raised {again} before: no worker where it "
+            "raised less often could take it now"
+        )
+    if not names:
+        return f"assigned to {target.name}; the workers it raised on have left"
+    return f"assigned to {target.name}, not where it raised before ({', '.join(names)})"
 
 
 def _outside(task: TaskRecord, target: WorkerRecord) -> str:
@@ -428,6 +464,12 @@ def _place_plain_tasks(state: SchedulerState) -> None:
         if ahead < 0:
             ahead = aheads[task.group] = ahead_per_thread(state, state.expected(task))
         root = makes_new_data(state, task)
+        if state.raised_on and task.key in state.raised_on:
+            target = _retry_choice(state, task, ahead, waiting, root)
+            if target is not None:
+                heappop(heap)
+                state.assign(task, target, cause=retry_cause(state, task, target))
+                continue
         if task.deps or root:
             target = (
                 _local_choice(state, task, ahead, waiting)
@@ -452,6 +494,32 @@ def _place_plain_tasks(state: SchedulerState) -> None:
         heapreplace(loads, (*_load(state, worker), entry[3], entry[4]))
     if not heap:
         del state.ready[PLAIN]
+
+
+def _retry_choice(
+    state: SchedulerState, task: TaskRecord, ahead: int, waiting: bool, root: bool
+) -> WorkerRecord | None:
+    """For a plain task retried after raising, the worker with room for it now where
+    it raised least often, then by input bytes, then least busy (``retry_cause``).
+    A walk over the workers: retried tasks are few."""
+    raised = state.raised_on[task.key]
+    local = _input_bytes(state, task) if task.deps else {}
+    best: WorkerRecord | None = None
+    best_score: tuple[int, int, tuple[bool, float, float], int] | None = None
+    for position, worker in enumerate(state.workers.values()):
+        if closed_to_plain(state, worker, waiting) or not _has_room(
+            state, worker, ahead, waiting, root
+        ):
+            continue
+        score = (
+            raised.count(worker.id),
+            -local.get(worker.id, 0),
+            _load(state, worker),
+            position,
+        )
+        if best_score is None or score < best_score:
+            best, best_score = worker, score
+    return best
 
 
 def _has_room(

@@ -149,6 +149,7 @@ class GroupTally:
         "live",
         "name",
         "output",
+        "result_type",
         "states",
     )
 
@@ -171,6 +172,11 @@ class GroupTally:
         #: Bytes of a task's result, averaged the same way; None until one finished.
         #: Placement holds back tasks that make data (roots) by this.
         self.output: float | None = None
+        #: The type name of the first result of the group (``TaskFinished.type_name``)
+        #: None until one finished. Siblings' results almost always share it, so it is
+        #: kept once here; a result of another type is named in the state's sparse
+        #: ``result_types`` (``SchedulerState.result_type``), not on every task record.
+        self.result_type: str | None = None
 
 
 #: Every legal move of a task in the scheduler. Anything else is a bug and raises

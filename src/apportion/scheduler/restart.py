@@ -137,7 +137,13 @@ def _forget_tasks(state: SchedulerState, kept: set[str]) -> None:
         heapify(heap)
         if not heap:
             del state.ready[kind]
-    for book in (state.verdicts, state.deaths, state.retried, state.fetch_failures):
+    for book in (
+        state.verdicts,
+        state.deaths,
+        state.retried,
+        state.raised_on,
+        state.fetch_failures,
+    ):
         for key in [k for k in book if k not in kept]:
             del book[key]
     state.done_keys.clear()

@@ -134,7 +134,7 @@ def cluster_facts(state: SchedulerState, client: ClientRecord, msg: ClusterFacts
             who_has,
             {w.address: sorted(w.has_what) for w in workers},
             {w.address: w.nthreads for w in workers},
-            {w.address: sorted(w.processing) for w in workers},
+            {w.address: sorted(state.assigned(w)) for w in workers},
         ),
     )
 
@@ -215,6 +215,7 @@ def _run_again(state: SchedulerState, task: TaskRecord, client_id: str) -> None:
     task.error = None
     task.cancelled = False
     state.retried.pop(task.key, None)
+    state.raised_on.pop(task.key, None)
     for wanter in task.wanted_by or ():
         # Futures of failed inputs retried along with the asked key wait again too.
         state.emit(SendKeysPending(wanter, [task.key]))

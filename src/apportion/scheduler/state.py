@@ -141,6 +141,10 @@ class SchedulerConfig:
     death_report_wait: float = 3.0
 
 
+#: The story's line for a running task released: it leaves ``assigned`` at once.
+_DISCARDED = "released while running: its worker drops the result when it ends"
+
+
 class SchedulerState:
     """All task, worker and client records, and the changes every handler makes to them."""
 
@@ -187,6 +191,12 @@ class SchedulerState:
         self.deaths: dict[str, list[tuple[str, int, str, bool]]] = {}
         #: Tasks that raised and were run again: how many times (sparse).
         self.retried: dict[str, int] = {}
+        #: Tasks retried after raising: the id of the worker of each attempt that
+        #: raised (sparse; dropped with ``retried``). Placement tries others first.
+        self.raised_on: dict[str, list[str]] = {}
+        #: Results in memory whose type is not their group's (``GroupTally.result_type``):
+        #: key -> type name, "" for unknown. Sparse; an entry goes when its result does.
+        self.result_types: dict[str, str] = {}
         #: (worker name, pid) -> how that process ended, as its supervisor reported.
         #: Bounded: only the latest ``MAX_DEATH_CAUSES`` are kept.
         self.death_causes: dict[tuple[str, int], WorkerDied] = {}
@@ -219,7 +229,8 @@ class SchedulerState:
         """What the handled event made necessary; completions and frees are batched."""
         for client_id, keys in self.done_keys.items():
             if client_id in self.clients:
-                self._out.append(SendKeysDone(client_id, keys))
+                types = [self.result_type(key) for key in keys]
+                self._out.append(SendKeysDone(client_id, keys, types))
         self.done_keys.clear()
         for worker_id, keys in self.free_keys.items():
             if worker_id in self.workers:
@@ -262,8 +273,11 @@ class SchedulerState:
             self.drop_reservation(task)
         if self.verdicts and task.state == QUEUED:
             self.verdicts.pop(task.key, None)
-        if self.served_directly and task.state == MEMORY:
-            self.served_directly.discard(task.key)  # the mark is the result's, not the task's
+        if task.state == MEMORY:
+            if self.served_directly:
+                self.served_directly.discard(task.key)  # the result's mark, not the task's
+            if self.result_types:
+                self.result_types.pop(task.key, None)
         self.log.append((self.now, task.key, task.state, new, cause))
         self.telemetry.moved(task, task.state, new)
         task.state = new
@@ -439,6 +453,7 @@ class SchedulerState:
             if not task.discard_result:
                 task.discard_result = True
                 self.free_keys[task.worker].append(task.key)
+                self.log.append((self.now, task.key, PROCESSING, PROCESSING, _DISCARDED))
             return
         if task.state == RELEASED:
             return  # still feeds results that exist (lineage), or it would be gone
@@ -449,6 +464,17 @@ class SchedulerState:
             self.keep_released(task, "released; kept to recompute what was computed from it")
             return
         self.remove(task, "released")
+
+    def assigned(self, worker: WorkerRecord) -> list[str]:
+        """The keys ``worker`` runs or queues for someone: its ``processing`` less the
+        tasks nobody wants any more (``forget``), as ``Client.processing`` shows them.
+
+        Those stay in ``processing`` until the worker reports them, because their
+        thread (and resources) are busy until then: the ledger must not hand them out
+        twice. They are simply no longer anybody's work.
+        """
+        tasks = self.tasks
+        return [key for key in worker.processing if not tasks[key].discard_result]
 
     def keep_released(self, task: TaskRecord, cause: str) -> None:
         """Drop ``task``'s result (or stop waiting to compute it) but keep its recipe.
@@ -516,6 +542,8 @@ class SchedulerState:
             self.deaths.pop(key, None)
         if self.retried:
             self.retried.pop(key, None)
+        if self.raised_on:
+            self.raised_on.pop(key, None)
 
     def drop_result(self, task: TaskRecord) -> None:
         """Tell every holder of ``task``'s result to drop it; it is held nowhere now."""
@@ -530,9 +558,12 @@ class SchedulerState:
             self.free_keys[worker.id].append(task.key)
         task.worker = None
 
-    def complete(self, task: TaskRecord, worker: WorkerRecord, nbytes: int, cause: str) -> None:
-        """``task``'s result now lives on ``worker``."""
+    def complete(
+        self, task: TaskRecord, worker: WorkerRecord, nbytes: int, cause: str, type_name: str = ""
+    ) -> None:
+        """``task``'s result, of type ``type_name`` ("" if unknown), now lives on ``worker``."""
         self.move(task, MEMORY, cause)
+        self._note_type(task, type_name)
         self._forget_counts(task.key)
         task.worker = worker.id
         task.nbytes = nbytes
@@ -548,6 +579,29 @@ class SchedulerState:
                 self.enqueue(dependent, f"input {task.key} ready")
         self.finish_inputs(task)
         self.release_if_unneeded(task)
+
+    def _note_type(self, task: TaskRecord, type_name: str) -> None:
+        """Keep the type of ``task``'s result: once per group, and apart (sparse) for
+        a result whose type is not its group's."""
+        group = task.group
+        if group is not None:
+            if group.result_type is None and type_name:
+                group.result_type = type_name
+            if group.result_type == type_name or (group.result_type is None and not type_name):
+                return
+        self.result_types[task.key] = type_name
+
+    def result_type(self, key: str) -> str:
+        """The type name of ``key``'s result in memory ("" if unknown or not in memory)."""
+        task = self.tasks.get(key)
+        if task is None or task.state != MEMORY:
+            return ""
+        if self.result_types:
+            odd = self.result_types.get(key)
+            if odd is not None:
+                return odd
+        group = task.group
+        return (group.result_type or "") if group is not None else ""
 
     def fail(self, task: TaskRecord, error: TaskError, cause: str) -> None:
         """``task`` and, transitively, every unfinished dependent fail with ``error``."""

@@ -35,8 +35,9 @@ is no guide any more). Waiting tasks ahead of it run at their group's pace. The
 task moves when that wait is longer than the move costs: ``steal_latency`` plus
 moving the inputs the idle worker lacks, at ``transfer_bandwidth``.
 
-Never moved: actors, tasks known to have started, tasks being freed, and tasks whose
-restriction (``workers=``) or demand the idle worker does not meet now.
+Never moved: actors, tasks known to have started, tasks being freed, tasks whose
+restriction (``workers=``) or demand the idle worker does not meet now, and retried
+tasks to a worker they raised on more often than on their own (``retry_cause``).
 
 Cost: one pass after each placement pass and at each tick. It stops at once unless
 some worker has an idle thread and some other has more tasks than threads; then it
@@ -209,10 +210,13 @@ def _cheapest(
     """The idle worker that could start ``task`` soonest, and what moving it costs."""
     best: WorkerRecord | None = None
     best_cost = 0.0
+    raised = state.raised_on.get(task.key) if state.raised_on else None
     for worker_id in free:
         thief = state.workers[worker_id]
         if thief is victim or not _may_take(state, thief, task, waiting):
             continue
+        if raised and raised.count(thief.id) > raised.count(victim.id):
+            continue  # a retried task waits away from where it raised (placement's rule)
         cost = _move_cost(state, task, thief)
         if best is None or cost < best_cost:
             best, best_cost = thief, cost

@@ -66,7 +66,7 @@ def snapshot(state: SchedulerState) -> dict[str, Any]:
             "resources": from_ticks(w.ledger.total),
             "free_resources": from_ticks(w.ledger.free),
             "units": w.ledger.unit_view(),
-            "processing": len(w.processing),
+            "processing": len(state.assigned(w)),
             "keys": len(w.has_what),
             "nbytes": w.nbytes,
             "pid": w.pid,

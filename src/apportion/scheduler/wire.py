@@ -103,7 +103,7 @@ _CONVERTERS: dict[type[Any], Callable[[Any], tuple[str, Message]]] = {
     SendRemoteCall: lambda c: (c.worker_id, RemoteCall(c.request_id, c.call)),
     SendInstall: _install,
     SendUninstall: lambda c: (c.worker_id, Uninstall(c.request_id, c.name)),
-    SendKeysDone: lambda c: (c.client_id, KeysDone(c.keys)),
+    SendKeysDone: lambda c: (c.client_id, KeysDone(c.keys, c.types)),
     SendKeysPending: lambda c: (c.client_id, KeysPending(c.keys)),
     SendKeysFailed: lambda c: (c.client_id, KeysFailed(c.keys, c.kind, c.text)),
     SendTaskErred: lambda c: (

@@ -61,7 +61,7 @@ def task_finished(state: SchedulerState, worker: WorkerRecord, msg: TaskFinished
         error = ("lost", actors.unheld_text(task, worker), b"")
         state.fail(task, error, "built while others held its resources")
         return
-    state.complete(task, worker, msg.nbytes, f"finished on {worker.name}")
+    state.complete(task, worker, msg.nbytes, f"finished on {worker.name}", msg.type_name)
 
 
 def _allocation_of(state: SchedulerState, key: str) -> Allocation | None:
@@ -82,6 +82,7 @@ def task_raised(state: SchedulerState, worker: WorkerRecord, msg: TaskRaised) ->
     elif task.retries > 0:
         task.retries -= 1
         state.retried[task.key] = state.retried.get(task.key, 0) + 1
+        state.raised_on.setdefault(task.key, []).append(worker.id)
         state.requeue(task, f"raised on {worker.name}; retrying ({task.retries} left)")
     else:
         state.fail(task, ("exception", msg.exception, msg.traceback), f"raised on {worker.name}")

@@ -210,12 +210,19 @@ class SimulatedCluster:
         self.handle(FromWorker(worker_id, list(messages), self.now))
 
     def finish(
-        self, key: str, *, nbytes: int = 8, duration: float = 0.001, thread: int = 0
+        self,
+        key: str,
+        *,
+        nbytes: int = 8,
+        duration: float = 0.001,
+        thread: int = 0,
+        type_name: str = "int",
     ) -> None:
-        """The worker running ``key`` reports success (run by its thread ``thread``)."""
+        """The worker running ``key`` reports success (run by its thread ``thread``),
+        a result of type ``type_name``."""
         worker_id = self.worker_of(key)
         del self.running[worker_id][key]
-        msg = TaskFinished(key, nbytes, duration, "int", thread)
+        msg = TaskFinished(key, nbytes, duration, type_name, thread)
         self.handle(FromWorker(worker_id, [msg], self.now))
 
     def answer_steal(

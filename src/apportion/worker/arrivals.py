@@ -14,9 +14,9 @@ from collections.abc import MutableMapping
 from typing import Any
 
 from apportion.core.payload import loads
+from apportion.core.type_names import type_name
 from apportion.protocol.peer_data import DataReply, PutData
 from apportion.worker.events import DataInfo, DataPut, FetchDone
-from apportion.worker.execution import type_name
 from apportion.worker.sizeof import sizeof
 
 logger = logging.getLogger("apportion.worker")

@@ -30,6 +30,7 @@ import tblib
 
 from apportion.core.payload import Pickled, dumps, loads, unpack_call
 from apportion.core.tracebacks import user_frames
+from apportion.core.type_names import type_name
 from apportion.worker.context import running_task
 from apportion.worker.events import DataInfo, Execute, Seceded
 from apportion.worker.memory_policy import MemoryLimits
@@ -103,12 +104,6 @@ class FunctionCache:
         if isinstance(entry, BaseException):
             raise entry.with_traceback(None)
         return entry
-
-
-def type_name(value: Any) -> str:
-    cls = type(value)
-    module = cls.__module__
-    return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
 
 
 def pack_exception(exc: BaseException) -> tuple[Pickled, Pickled]:
