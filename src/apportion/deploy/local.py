@@ -289,17 +289,15 @@ class LocalCluster:
                     self._pool.add(self._command(spec), spec["name"])
             else:
                 loop.run(self._start_in_process(self.specs))
-            limit = seconds(self._start_timeout)
-            if self.death_timeout is not None:
-                limit = min(limit or self.death_timeout, self.death_timeout)
-            self._wait(self._started(len(self.specs)), limit, "workers did not connect")
+            limit, what = seconds(self._start_timeout), "workers did not connect"
+            late = "the cluster did not start within its death_timeout"
+            if self.death_timeout is not None and (limit is None or self.death_timeout < limit):
+                limit, what = self.death_timeout, late
+            self._wait(self._started(len(self.specs)), limit, what)
             if self._closed:
                 raise RuntimeError("the cluster was closed while it started")
             if self.death_timeout is not None and time.monotonic() - began > self.death_timeout:
-                raise TimeoutError(
-                    f"the cluster took {time.monotonic() - began:.2f}s to start, more than "
-                    f"its death_timeout of {self.death_timeout}s"
-                )
+                raise TimeoutError(f"{late} after {self.death_timeout}s")
         except BaseException:
             self._close_blocking()
             raise
