@@ -8,6 +8,8 @@ scheduler, a script's exit, Ctrl-C).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import logging
 import signal
 import socket
 import socketserver
@@ -190,12 +192,66 @@ def test_client_at_a_silent_port_fails_within_its_timeout(silent_port: int) -> N
 
 
 @pytest.mark.tcp
-def test_client_at_a_closed_port_fails_at_once() -> None:
+def test_client_at_a_closed_port_says_it_waits_then_fails_within_its_timeout(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     port = free_port()
     began = time.monotonic()
-    with pytest.raises(ConnectionRefusedError, match=f"127.0.0.1:{port}: connection refused"):
-        Client(f"127.0.0.1:{port}", timeout=30)
+    with (
+        caplog.at_level(logging.WARNING, logger="apportion.client"),
+        pytest.raises(ConnectionRefusedError) as info,
+    ):
+        Client(f"127.0.0.1:{port}", timeout=2.5)
+    waited = time.monotonic() - began
+    assert 2.5 <= waited < 5
+    assert str(info.value) == (
+        f"cannot connect to 127.0.0.1:{port}: connection refused (tried for 2.5s)"
+    )
+    said = [r.getMessage() for r in caplog.records if r.name == "apportion.client"]
+    assert said == [
+        f"waiting for the scheduler at 127.0.0.1:{port} (connection refused) for up to 2.5s"
+    ]
+
+
+@pytest.mark.tcp
+def test_asynchronous_client_at_a_closed_port_fails_within_its_timeout() -> None:
+    port = free_port()
+
+    async def connect() -> None:
+        await Client(f"127.0.0.1:{port}", asynchronous=True, timeout=0.5)
+
+    began = time.monotonic()
+    with pytest.raises(ConnectionRefusedError, match=r"connection refused \(tried for 0.5s\)$"):
+        asyncio.run(connect())
+    assert 0.5 <= time.monotonic() - began < 3
+
+
+@pytest.mark.tcp
+def test_client_told_not_to_wait_for_its_scheduler_fails_at_once() -> None:
+    port = free_port()
+    began = time.monotonic()
+    with pytest.raises(ConnectionRefusedError) as info:
+        Client(f"127.0.0.1:{port}", timeout=30, wait_for_scheduler=False)
     assert time.monotonic() - began < 2  # not the 30 s timeout
+    assert str(info.value) == f"cannot connect to 127.0.0.1:{port}: connection refused"
+
+
+@pytest.mark.tcp
+@pytest.mark.parametrize(
+    "args",
+    [["info"], ["why"], ["status"], ["status", "--json"], ["dump", "{dump}"]],
+    ids=["info", "why", "status", "status-json", "dump"],
+)
+def test_a_command_at_a_closed_port_fails_at_once(args: list[str], tmp_path: Path) -> None:
+    """A mistyped address is not a scheduler still starting: the command line tries once."""
+    port = free_port()
+    args = [arg.format(dump=tmp_path / "dump.msgpack") for arg in args]
+    began = time.monotonic()
+    result = CliRunner().invoke(main, [*args, "--scheduler", f"127.0.0.1:{port}"])
+    assert time.monotonic() - began < 5  # not the client's 10 s timeout
+    assert result.exit_code == 1, result.output
+    line = one_error_line(result.output)
+    assert line == f"Error: cannot connect to 127.0.0.1:{port}: connection refused"
 
 
 @pytest.mark.tcp
@@ -284,6 +340,49 @@ def test_worker_process_gives_up_after_its_connect_timeout() -> None:
     errors = [line for line in done.stderr.splitlines() if " ERROR " in line]
     assert len(errors) == 1 and "connection refused; gave up after 0.5s" in errors[0]
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+def test_client_made_before_its_scheduler_process_connects_once_it_listens(
+    procs: Processes,
+) -> None:
+    """A script that starts ``apportion scheduler`` in the background and makes its
+    client at once, as Dask's tests of queues and variables in tasks do."""
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        connecting = pool.submit(Client, address, timeout=30, set_as_default=False)
+        time.sleep(1)  # the scenario: the scheduler starts a second later
+        assert not connecting.done()  # still trying, not failed
+        procs.start("scheduler", "--port", str(port), "--no-journal")
+        with connecting.result(timeout=40) as client:
+            assert client.scheduler_info()["address"] == address
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+def test_asynchronous_client_made_before_its_scheduler_process_connects_once_it_listens(
+    procs: Processes,
+) -> None:
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+
+    async def scenario() -> str:
+        connecting = asyncio.ensure_future(
+            Client(address, asynchronous=True, timeout=30, set_as_default=False).__aenter__()
+        )
+        await asyncio.sleep(1)  # the scenario: the scheduler starts a second later
+        assert not connecting.done()  # still trying, not failed
+        procs.start("scheduler", "--port", str(port), "--no-journal")
+        client = await asyncio.wait_for(connecting, 40)
+        try:
+            info = await client.scheduler_info()
+        finally:
+            await client.close()
+        return str(info["address"])
+
+    assert asyncio.run(scenario()) == address
 
 
 # --- 4. no asyncio noise at a script's exit -------------------------------------
