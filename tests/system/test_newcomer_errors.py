@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -40,6 +41,7 @@ from apportion.core.resources import (
 )
 from apportion.net.address import ACCEPTED_FORMS
 from apportion.net.handshake import HandshakeError, open_connection
+from apportion.net.scheduler_file import write_scheduler_file
 from apportion.net.security import Security, user_secret
 from apportion.protocol.handshake import Refused
 from apportion.protocol.tasks import SubmitTasks, TaskSpec
@@ -239,19 +241,29 @@ def test_client_told_not_to_wait_for_its_scheduler_fails_at_once() -> None:
 @pytest.mark.tcp
 @pytest.mark.parametrize(
     "args",
-    [["info"], ["why"], ["status"], ["status", "--json"], ["dump", "{dump}"]],
-    ids=["info", "why", "status", "status-json", "dump"],
+    [
+        ["info"],
+        ["why"],
+        ["status"],
+        ["status", "--json"],
+        ["dump", "{dump}"],
+        ["submit", "--scheduler", "{address}", "--", "true"],
+        ["runs"],
+    ],
+    ids=["info", "why", "status", "status-json", "dump", "submit", "runs"],
 )
 def test_a_command_at_a_closed_port_fails_at_once(args: list[str], tmp_path: Path) -> None:
     """A mistyped address is not a scheduler still starting: the command line tries once."""
-    port = free_port()
-    args = [arg.format(dump=tmp_path / "dump.msgpack") for arg in args]
+    address = f"127.0.0.1:{free_port()}"
+    args = [arg.format(dump=tmp_path / "dump.msgpack", address=address) for arg in args]
+    if "--scheduler" not in args:
+        args += ["--scheduler", address]
     began = time.monotonic()
-    result = CliRunner().invoke(main, [*args, "--scheduler", f"127.0.0.1:{port}"])
-    assert time.monotonic() - began < 5  # not the client's 10 s timeout
+    result = CliRunner().invoke(main, args)
+    assert time.monotonic() - began < 5  # not a client's timeout
     assert result.exit_code == 1, result.output
     line = one_error_line(result.output)
-    assert line == f"Error: cannot connect to 127.0.0.1:{port}: connection refused"
+    assert line.endswith(f"cannot connect to {address}: connection refused"), line
 
 
 @pytest.mark.tcp
@@ -344,15 +356,23 @@ def test_worker_process_gives_up_after_its_connect_timeout() -> None:
 
 @pytest.mark.process
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("given", ["address", "scheduler_file"])
 def test_client_made_before_its_scheduler_process_connects_once_it_listens(
-    procs: Processes,
+    procs: Processes, tmp_path: Path, given: str
 ) -> None:
     """A script that starts ``apportion scheduler`` in the background and makes its
-    client at once, as Dask's tests of queues and variables in tasks do."""
+    client at once, as Dask's tests of queues and variables in tasks do; or a
+    scheduler file that names a scheduler not listening yet."""
     port = free_port()
     address = f"tcp://127.0.0.1:{port}"
+    where: dict[str, Any] = {"address": address}
+    if given == "scheduler_file":
+        token = user_secret(create=True)
+        assert token is not None
+        write_scheduler_file(tmp_path / "cluster.json", address, token, "not-started-yet")
+        where = {"scheduler_file": str(tmp_path / "cluster.json")}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        connecting = pool.submit(Client, address, timeout=30, set_as_default=False)
+        connecting = pool.submit(Client, **where, timeout=30, set_as_default=False)
         time.sleep(1)  # the scenario: the scheduler starts a second later
         assert not connecting.done()  # still trying, not failed
         procs.start("scheduler", "--port", str(port), "--no-journal")

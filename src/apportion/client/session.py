@@ -221,13 +221,13 @@ class Session:
             # whole does; the first has all of it (a silent peer: "no answer within 1s").
             nonlocal tries
             tries += 1
-            left = timeout if tries == 1 else start + timeout - SYSTEM_CLOCK.monotonic()
+            left = start + timeout - SYSTEM_CLOCK.monotonic()
             return open_connection(
                 self.address,
                 "client",
                 self.name,
                 security=self._security,
-                timeout=max(left, FIRST_BACKOFF),
+                timeout=timeout if tries == 1 else max(left, FIRST_BACKOFF),
             )
 
         def waiting(failure: Exception) -> None:
@@ -249,6 +249,8 @@ class Session:
                 say_after=SAY_WAITING_AFTER,
             )
         except ConnectionRefusedError as exc:
+            if tries == 1:  # no time to try again (timeout=0): said as it was found
+                raise
             raise ConnectionRefusedError(f"{exc} (tried for {timeout:g}s)") from None
 
     def _watch(self, conn: Connection, *, scheduler: bool) -> None:
