@@ -8,6 +8,8 @@ scheduler, a script's exit, Ctrl-C).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import logging
 import signal
 import socket
 import socketserver
@@ -18,6 +20,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -38,6 +41,7 @@ from apportion.core.resources import (
 )
 from apportion.net.address import ACCEPTED_FORMS
 from apportion.net.handshake import HandshakeError, open_connection
+from apportion.net.scheduler_file import write_scheduler_file
 from apportion.net.security import Security, user_secret
 from apportion.protocol.handshake import Refused
 from apportion.protocol.tasks import SubmitTasks, TaskSpec
@@ -190,12 +194,76 @@ def test_client_at_a_silent_port_fails_within_its_timeout(silent_port: int) -> N
 
 
 @pytest.mark.tcp
-def test_client_at_a_closed_port_fails_at_once() -> None:
+def test_client_at_a_closed_port_says_it_waits_then_fails_within_its_timeout(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     port = free_port()
     began = time.monotonic()
-    with pytest.raises(ConnectionRefusedError, match=f"127.0.0.1:{port}: connection refused"):
-        Client(f"127.0.0.1:{port}", timeout=30)
+    with (
+        caplog.at_level(logging.WARNING, logger="apportion.client"),
+        pytest.raises(ConnectionRefusedError) as info,
+    ):
+        Client(f"127.0.0.1:{port}", timeout=2.5)
+    waited = time.monotonic() - began
+    assert 2.5 <= waited < 5
+    assert str(info.value) == (
+        f"cannot connect to 127.0.0.1:{port}: connection refused (tried for 2.5s)"
+    )
+    said = [r.getMessage() for r in caplog.records if r.name == "apportion.client"]
+    assert said == [
+        f"waiting for the scheduler at 127.0.0.1:{port} (connection refused) for up to 2.5s"
+    ]
+
+
+@pytest.mark.tcp
+def test_asynchronous_client_at_a_closed_port_fails_within_its_timeout() -> None:
+    port = free_port()
+
+    async def connect() -> None:
+        await Client(f"127.0.0.1:{port}", asynchronous=True, timeout=0.5)
+
+    began = time.monotonic()
+    with pytest.raises(ConnectionRefusedError, match=r"connection refused \(tried for 0.5s\)$"):
+        asyncio.run(connect())
+    assert 0.5 <= time.monotonic() - began < 3
+
+
+@pytest.mark.tcp
+def test_client_told_not_to_wait_for_its_scheduler_fails_at_once() -> None:
+    port = free_port()
+    began = time.monotonic()
+    with pytest.raises(ConnectionRefusedError) as info:
+        Client(f"127.0.0.1:{port}", timeout=30, wait_for_scheduler=False)
     assert time.monotonic() - began < 2  # not the 30 s timeout
+    assert str(info.value) == f"cannot connect to 127.0.0.1:{port}: connection refused"
+
+
+@pytest.mark.tcp
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["info"],
+        ["why"],
+        ["status"],
+        ["status", "--json"],
+        ["dump", "{dump}"],
+        ["submit", "--scheduler", "{address}", "--", "true"],
+        ["runs"],
+    ],
+    ids=["info", "why", "status", "status-json", "dump", "submit", "runs"],
+)
+def test_a_command_at_a_closed_port_fails_at_once(args: list[str], tmp_path: Path) -> None:
+    """A mistyped address is not a scheduler still starting: the command line tries once."""
+    address = f"127.0.0.1:{free_port()}"
+    args = [arg.format(dump=tmp_path / "dump.msgpack", address=address) for arg in args]
+    if "--scheduler" not in args:
+        args += ["--scheduler", address]
+    began = time.monotonic()
+    result = CliRunner().invoke(main, args)
+    assert time.monotonic() - began < 5  # not a client's timeout
+    assert result.exit_code == 1, result.output
+    line = one_error_line(result.output)
+    assert line.endswith(f"cannot connect to {address}: connection refused"), line
 
 
 @pytest.mark.tcp
@@ -284,6 +352,57 @@ def test_worker_process_gives_up_after_its_connect_timeout() -> None:
     errors = [line for line in done.stderr.splitlines() if " ERROR " in line]
     assert len(errors) == 1 and "connection refused; gave up after 0.5s" in errors[0]
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("given", ["address", "scheduler_file"])
+def test_client_made_before_its_scheduler_process_connects_once_it_listens(
+    procs: Processes, tmp_path: Path, given: str
+) -> None:
+    """A script that starts ``apportion scheduler`` in the background and makes its
+    client at once, as Dask's tests of queues and variables in tasks do; or a
+    scheduler file that names a scheduler not listening yet."""
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    where: dict[str, Any] = {"address": address}
+    if given == "scheduler_file":
+        token = user_secret(create=True)
+        assert token is not None
+        write_scheduler_file(tmp_path / "cluster.json", address, token, "not-started-yet")
+        where = {"scheduler_file": str(tmp_path / "cluster.json")}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        connecting = pool.submit(Client, **where, timeout=30, set_as_default=False)
+        time.sleep(1)  # the scenario: the scheduler starts a second later
+        assert not connecting.done()  # still trying, not failed
+        procs.start("scheduler", "--port", str(port), "--no-journal")
+        with connecting.result(timeout=40) as client:
+            assert client.scheduler_info()["address"] == address
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+def test_asynchronous_client_made_before_its_scheduler_process_connects_once_it_listens(
+    procs: Processes,
+) -> None:
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+
+    async def scenario() -> str:
+        connecting = asyncio.ensure_future(
+            Client(address, asynchronous=True, timeout=30, set_as_default=False).__aenter__()
+        )
+        await asyncio.sleep(1)  # the scenario: the scheduler starts a second later
+        assert not connecting.done()  # still trying, not failed
+        procs.start("scheduler", "--port", str(port), "--no-journal")
+        client = await asyncio.wait_for(connecting, 40)
+        try:
+            info = await client.scheduler_info()
+        finally:
+            await client.close()
+        return str(info["address"])
+
+    assert asyncio.run(scenario()) == address
 
 
 # --- 4. no asyncio noise at a script's exit -------------------------------------

@@ -235,7 +235,9 @@ async def _serve(
     from apportion.client.client import Client
     from apportion.deploy.adaptive import Adaptive, Observation
 
-    client = await Client(address, security=security, asynchronous=True, timeout=30)
+    client = await Client(
+        address, security=security, asynchronous=True, timeout=30, wait_for_scheduler=False
+    )
 
     async def observe() -> Observation:
         found = await client.waiting_work()

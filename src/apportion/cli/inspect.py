@@ -22,9 +22,10 @@ from apportion.scheduler.explain import unknown_text
 
 def connect(address: str) -> Client:
     """A client of the scheduler at ``address``; failing to reach it or to prove the
-    secret is one ``Error:`` line (status 1), not a traceback."""
+    secret is one ``Error:`` line (status 1), not a traceback. One try: a mistyped
+    address fails at once rather than being waited for as a starting scheduler."""
     try:
-        return Client(address, timeout=10)
+        return Client(address, timeout=10, wait_for_scheduler=False)
     except (OSError, TimeoutError, AuthenticationError) as exc:
         raise click.ClickException(str(exc)) from None
 

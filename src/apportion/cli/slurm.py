@@ -118,7 +118,13 @@ def slurm(
 
 def _connect(scheduler_file: Path, security: Security) -> Client:
     """A client of the job's scheduler, to see its workers register (not the default
-    client: COMMAND's own clients are the job's)."""
+    client: COMMAND's own clients are the job's). One try: the scheduler writes its
+    file once it listens, so a refusal means it is gone, not starting."""
     from apportion.client.client import Client
 
-    return Client(scheduler_file=scheduler_file, security=security, set_as_default=False)
+    return Client(
+        scheduler_file=scheduler_file,
+        security=security,
+        set_as_default=False,
+        wait_for_scheduler=False,
+    )

@@ -274,7 +274,7 @@ def _watch(address: str, interval: float, as_json: bool, runs: RunsSource) -> No
         while True:
             try:
                 if client is None:
-                    client = Client(address, timeout=max(interval, 1.0))
+                    client = Client(address, timeout=max(interval, 1.0), wait_for_scheduler=False)
                     seen.reset()
                 found = client.cluster_status(
                     seen.stream_seq, seen.events_seq, 5_000 if as_json else 0

@@ -122,6 +122,16 @@ class Client:
     ``apportion slurm`` for its command) names the scheduler to connect to, so that
     one script runs unchanged on a laptop and in a batch job; options meant for a
     local cluster are then ignored, with one ``IgnoredOptionWarning``.
+
+    As Dask's, a client whose scheduler refuses the connection (nothing listens
+    there yet: a script that has just started ``apportion scheduler`` in the
+    background) tries again, with backoff, for up to ``timeout`` seconds, saying
+    once after two seconds that it is waiting; then it raises
+    ``ConnectionRefusedError("cannot connect to ADDRESS: connection refused (tried
+    for 30s)")``. Any other failure (no answer, a peer that is not an apportion
+    scheduler, a wrong secret) is raised at once. ``wait_for_scheduler=False``
+    (not Dask's) tries once: a refusal is raised at once, as the command line's
+    clients do, where a mistyped address must not make a command wait.
     """
 
     def __init__(
@@ -135,6 +145,7 @@ class Client:
         asynchronous: bool = False,
         security: Security | bool | None = None,
         scheduler_file: str | os.PathLike[str] | None = None,
+        wait_for_scheduler: bool = True,
         **cluster_options: Any,
     ) -> None:
         take_own_loop(cluster_options)  # ``loop=client.loop``, as Dask scripts pass it
@@ -163,6 +174,8 @@ class Client:
         self.direct_to_workers = direct_to_workers
         #: Seconds to connect, and to wait for a scatter; Dask's texts (``"60s"``) too.
         self.timeout: float = limit
+        #: Whether connecting tries again, within ``timeout``, while refused (not Dask's).
+        self._wait_for_scheduler = wait_for_scheduler
         self.name = name or f"client-{uuid.uuid4().hex[:8]}"
         # Impure keys: one random prefix per client plus a counter is as unique as a
         # uuid4 per task, at a fraction of the cost on the submit path.
@@ -192,6 +205,7 @@ class Client:
                 self._on_message,
                 self._scheduler_gone,
                 security=self.security,
+                wait_for_scheduler=wait_for_scheduler,
             )
             session = self._link.session
             session.run(printing.subscribe(self, session), self.timeout)
@@ -237,6 +251,7 @@ class Client:
                 self._on_message,
                 self._scheduler_gone,
                 self.security,
+                wait_for_scheduler=self._wait_for_scheduler,
             )
             await awaited(session.loop, printing.subscribe, self, session, timeout=self.timeout)
         except BaseException:

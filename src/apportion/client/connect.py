@@ -150,12 +150,21 @@ async def session_async(
     on_message: Callable[[Message], None],
     on_lost: Callable[[str], None],
     security: Security,
+    *,
+    wait_for_scheduler: bool = True,
 ) -> tuple[Session, dict[str, Any]]:
     """An asynchronous client's session, connected from the caller's running loop,
     and the scheduler's identity; the session's own loop is stopped if either fails,
     so that a client that never connected leaves no thread behind."""
     session = Session(
-        address, name, timeout, on_message, on_lost, security=security, asynchronous=True
+        address,
+        name,
+        timeout,
+        on_message,
+        on_lost,
+        security=security,
+        asynchronous=True,
+        wait_for_scheduler=wait_for_scheduler,
     )
     try:
         await awaited(session.loop, session.connect, timeout=session.connect_timeout)

@@ -16,20 +16,23 @@ import contextlib
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from apportion.client.asynchronous import awaited
 from apportion.client.errors import SchedulerGoneError
 from apportion.client.state import PendingRequests
+from apportion.clock import SYSTEM_CLOCK
 from apportion.core.payload import size_of
 from apportion.loop_thread import LoopThread, in_running_loop
 from apportion.net.address import check_address
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.handshake import open_connection
+from apportion.net.retry import FIRST_BACKOFF, retry_until
 from apportion.net.security import Security
 from apportion.protocol.base import Message
 from apportion.protocol.codec import ProtocolError
+from apportion.protocol.handshake import Welcome
 from apportion.protocol.peer_data import DataReply
 from apportion.protocol.tasks import ReleaseKeys, SubmitTasks, TaskSpec
 
@@ -42,6 +45,10 @@ TaskBatch = list[tuple[TaskSpec, bytes, bool]]
 #: Most bytes of arguments and functions merged into one SubmitTasks: past this a
 #: larger message gains nothing, and the scheduler starts on what came sooner.
 MAX_BATCH = 64 * 2**20
+
+#: Seconds a client waits for a scheduler that refuses it before saying it waits:
+#: one started just before the client is usually listening well before then.
+SAY_WAITING_AFTER = 2.0
 
 #: Seconds to send what is queued and close the connections when a client closes.
 SHUTDOWN_SECONDS = 10.0
@@ -95,6 +102,11 @@ class _Merged:
             self._releases = []
 
 
+def _refused(failure: Exception) -> bool:
+    """Whether ``failure`` says that nothing listens at the address (yet)."""
+    return isinstance(failure, ConnectionRefusedError)
+
+
 def _batch_size(batch: TaskBatch, functions: dict[str, bytes]) -> int:
     """What ``batch`` adds to a SubmitTasks already carrying ``functions``."""
     size = 0
@@ -135,6 +147,7 @@ class Session:
         *,
         security: Security,
         asynchronous: bool = False,
+        wait_for_scheduler: bool = True,
     ) -> None:
         # A malformed address is the caller's mistake, said at once in one line
         # (ValueError), before any thread or connection is started.
@@ -143,6 +156,8 @@ class Session:
         self.name = name
         self._security = security
         self._timeout = timeout
+        #: Whether ``connect`` tries again while nothing listens (``_connect_patiently``).
+        self._wait_for_scheduler = wait_for_scheduler
         self._on_message = on_message
         self._on_lost = on_lost
         # Re-entrant: garbage collection can run ``Future.__del__`` (which posts a
@@ -186,11 +201,57 @@ class Session:
 
     async def connect(self) -> None:
         """On the loop thread: connect to the scheduler and start reading from it."""
-        self._conn, _ = await open_connection(
-            self.address, "client", self.name, security=self._security, timeout=self._timeout
-        )
+        self._conn, _ = await self._connect_patiently()
         self._watch(self._conn, scheduler=True)
         _open.add(self)
+
+    async def _connect_patiently(self) -> tuple[Connection, Welcome]:
+        """Connect within the client's timeout, trying again while the connection is
+        refused: a scheduler started just before its client (in the background, by
+        the same script) is not listening yet, and Dask's client waits for it too.
+        Only a refusal means that; a peer that is silent, or answers wrongly, or
+        does not know the secret, fails at once, as does a refusal without
+        ``wait_for_scheduler`` (the command line's one try)."""
+        timeout = self._timeout
+        start = SYSTEM_CLOCK.monotonic()
+        tries = 0
+
+        def attempt() -> Awaitable[tuple[Connection, Welcome]]:
+            # A try after a refusal keeps to what is left of the timeout, so that the
+            # whole does; the first has all of it (a silent peer: "no answer within 1s").
+            nonlocal tries
+            tries += 1
+            left = start + timeout - SYSTEM_CLOCK.monotonic()
+            return open_connection(
+                self.address,
+                "client",
+                self.name,
+                security=self._security,
+                timeout=timeout if tries == 1 else max(left, FIRST_BACKOFF),
+            )
+
+        def waiting(failure: Exception) -> None:
+            logger.warning(
+                "waiting for the scheduler at %s (connection refused) for up to %gs",
+                self.address,
+                timeout,
+            )
+
+        if not self._wait_for_scheduler:
+            return await attempt()
+        try:
+            return await retry_until(
+                attempt,
+                _refused,
+                clock=SYSTEM_CLOCK,
+                timeout=timeout,
+                waiting=waiting,
+                say_after=SAY_WAITING_AFTER,
+            )
+        except ConnectionRefusedError as exc:
+            if tries == 1:  # no time to try again (timeout=0): said as it was found
+                raise
+            raise ConnectionRefusedError(f"{exc} (tried for {timeout:g}s)") from None
 
     def _watch(self, conn: Connection, *, scheduler: bool) -> None:
         reader = asyncio.create_task(self._read_loop(conn, scheduler))

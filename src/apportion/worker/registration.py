@@ -1,10 +1,11 @@
 """Registering with the scheduler: patiently at start, with backoff after losing it.
 
 Two loops with different rules. At start only "nothing there" is retried, for
-``connect_timeout`` (a worker started before its scheduler, as Dask's waits too):
-a peer that answers wrongly, or a scheduler that refuses us, will not change its
-mind. After losing the scheduler every failure but a changed secret is retried,
-for ``reconnect_timeout``. Both wait ``FIRST_BACKOFF`` first, doubling up to
+``connect_timeout`` (a worker started before its scheduler, as Dask's waits too),
+by ``net/retry.py`` as a client's first connection is: a peer that answers
+wrongly, or a scheduler that refuses us, will not change its mind. After losing
+the scheduler every failure but a changed secret is retried, for
+``reconnect_timeout``. Both wait ``FIRST_BACKOFF`` first, doubling up to
 ``MAX_BACKOFF``, on the worker's clock.
 """
 
@@ -17,13 +18,10 @@ from collections.abc import Awaitable, Callable
 from apportion.clock import Clock
 from apportion.net.connection import Connection
 from apportion.net.handshake import HandshakeDropped, HandshakeError
+from apportion.net.retry import FIRST_BACKOFF, MAX_BACKOFF, retry_until
 from apportion.net.security import AuthenticationError
 
 logger = logging.getLogger("apportion.worker")
-
-#: Reconnection attempts start this long after the loss and double up to ``MAX_BACKOFF``.
-FIRST_BACKOFF = 0.1
-MAX_BACKOFF = 5.0
 
 #: One attempt: connect, complete the handshake and register.
 Register = Callable[[], Awaitable[Connection]]
@@ -38,31 +36,29 @@ async def first_registration(
     scheduler dropped unanswered (``HandshakeDropped``: its gate makes room for
     newer ones when many workers of a host connect at once).
     """
-    deadline = clock.monotonic() + connect_timeout
-    delay = FIRST_BACKOFF
-    waiting_said = False
-    while True:
-        try:
-            return await register()
-        except HandshakeError as exc:
-            if not isinstance(exc, HandshakeDropped):
-                raise
-            failure: OSError = exc
-        except OSError as exc:
-            failure = exc
-        remaining = deadline - clock.monotonic()
-        if remaining <= 0:
-            if connect_timeout > 0:
-                # TimeoutError, as Dask's worker raises past its death_timeout; it is
-                # an OSError, as the failures retried here are.
-                raise TimeoutError(f"{failure}; gave up after {connect_timeout:g}s") from None
-            raise failure
-        if not waiting_said:
-            # One line, not one per attempt: the worker is expected to wait here.
-            logger.info("worker %s: %s; retrying for up to %gs", name, failure, connect_timeout)
-            waiting_said = True
-        await clock.sleep(min(delay, remaining))
-        delay = min(delay * 2, MAX_BACKOFF)
+
+    def waiting(failure: Exception) -> None:
+        # One line, not one per attempt: the worker is expected to wait here.
+        logger.info("worker %s: %s; retrying for up to %gs", name, failure, connect_timeout)
+
+    try:
+        return await retry_until(
+            register, _nothing_there, clock=clock, timeout=connect_timeout, waiting=waiting
+        )
+    except OSError as exc:
+        if connect_timeout > 0 and _nothing_there(exc):
+            # TimeoutError, as Dask's worker raises past its death_timeout; it is
+            # an OSError, as the failures retried here are.
+            raise TimeoutError(f"{exc}; gave up after {connect_timeout:g}s") from None
+        raise
+
+
+def _nothing_there(failure: Exception) -> bool:
+    """Whether ``failure`` says no scheduler is there yet (a HandshakeError is an
+    OSError too: only a dropped handshake is one of those)."""
+    if isinstance(failure, HandshakeError):
+        return isinstance(failure, HandshakeDropped)
+    return isinstance(failure, OSError)
 
 
 async def reconnect(
