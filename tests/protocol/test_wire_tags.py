@@ -147,12 +147,20 @@ TAGS = {
     "TaskRecipe": 125,
     "NbytesRequest": 126,
     "NbytesReply": 127,
+    "AddPerson": 128,
+    "PersonAdded": 129,
+    "RemovePerson": 130,
+    "PersonRemoved": 131,
+    "ListPeople": 132,
+    "PeopleListed": 133,
+    "NotPermitted": 134,
+    "CancelPersonRuns": 135,
 }
 
 
 def test_every_message_keeps_its_tag() -> None:
     assert {cls.__name__: tag for tag, cls in registered().items()} == TAGS
-    assert PROTOCOL_VERSION == 15
+    assert PROTOCOL_VERSION == 16
 
 
 def _import_graph_tool() -> ModuleType:

@@ -75,6 +75,7 @@ def submit(state: SchedulerState, client: ClientRecord, msg: SubmitTasks) -> Non
             existing = _revive(state, existing)
         if existing is None:
             task = _new_task(state, spec, restrictions, demands)
+            task.person = client.person
             task.wanted_by = wanters or None  # their futures still exist
             created.append(task)
     # After the loop above: dropping a revived record may have dropped its function.

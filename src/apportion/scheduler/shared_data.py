@@ -14,6 +14,7 @@ first. A failed input is kept (ERRED) while a record computed from it exists
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from apportion.protocol.cluster import (
@@ -37,7 +38,7 @@ from apportion.scheduler import copies
 from apportion.scheduler.client_requests import release, want
 from apportion.scheduler.events import SendKeysFailed, SendKeysPending, failure_notice
 from apportion.scheduler.holders import holders
-from apportion.scheduler.records import ERRED, MEMORY, RELEASED, ClientRecord, TaskRecord
+from apportion.scheduler.records import ERRED, MEMORY, RELEASED, ClientRecord, TaskRecord, sees
 from apportion.scheduler.state import SchedulerState
 
 #: Prefix of the pseudo-client that holds a dataset's keys.
@@ -122,19 +123,25 @@ def get_metadata(state: SchedulerState, client: ClientRecord, msg: MetadataReque
 def cluster_facts(state: SchedulerState, client: ClientRecord, msg: ClusterFactsRequest) -> None:
     """Who holds what, threads and assigned tasks, keyed by worker address as in Dask."""
     address = {w.id: w.address for w in state.workers.values()}
+    tasks = state.tasks
     who_has = {
         key: [address[w] for w in holders(task)] if task.state == MEMORY else []
-        for key, task in state.tasks.items()
+        for key, task in tasks.items()
+        if sees(client, task)
     }
     workers = state.workers.values()
+
+    def shown(keys: Iterable[str]) -> list[str]:  # a person sees their own keys only
+        return sorted(k for k in keys if k in tasks and sees(client, tasks[k]))
+
     state.reply(
         client.id,
         ClusterFactsReply(
             msg.request_id,
             who_has,
-            {w.address: sorted(w.has_what) for w in workers},
+            {w.address: shown(w.has_what) for w in workers},
             {w.address: w.nthreads for w in workers},
-            {w.address: sorted(w.processing) for w in workers},
+            {w.address: shown(w.processing) for w in workers},
         ),
     )
 
@@ -144,6 +151,7 @@ def nbytes(state: SchedulerState, client: ClientRecord, msg: NbytesRequest) -> N
     or of the keys asked of that have one (Dask's ``nbytes``)."""
     tasks = state.tasks
     chosen = tasks.values() if msg.every else [tasks[k] for k in msg.keys if k in tasks]
+    chosen = [task for task in chosen if sees(client, task)]
     sizes = {task.key: task.nbytes for task in chosen if task.state == MEMORY}
     state.reply(client.id, NbytesReply(msg.request_id, sizes))
 

@@ -70,7 +70,7 @@ def forward(state: SchedulerState, peer: ClientRecord | WorkerRecord, msg: Messa
     if server is None or server not in state.clients:
         state.reply(peer.id, Unserved(kind))
         return False
-    state.emit(SendForwardedRequest(server, peer.id, encode_message(msg)))
+    state.emit(SendForwardedRequest(server, peer.id, encode_message(msg), peer.person))
     return True
 
 
