@@ -8,7 +8,13 @@ import pytest
 
 from apportion.core.people import Person
 from apportion.core.resources import SCALE
-from apportion.protocol.cluster import ClusterFactsReply, ClusterFactsRequest, RestartRequest
+from apportion.protocol.cluster import (
+    ClusterFactsReply,
+    ClusterFactsRequest,
+    RestartRequest,
+    StatusReply,
+    StatusRequest,
+)
 from apportion.protocol.codec import encode_message
 from apportion.protocol.people import (
     AddPerson,
@@ -224,3 +230,28 @@ def test_removing_a_person_disconnects_them_and_cancels_their_work_only(make_sim
     sim.client_says("c1", RemovePerson(5, "alice"))
     again = sim.got(PersonRemoved)[-1]
     assert again.error == "nobody named 'alice' is admitted (`apportion user list` shows who is)"
+
+
+def test_a_person_s_status_shows_their_own_work_and_everyone_s_totals(make_sim: Make) -> None:
+    sim = make_sim()
+    sim.allow(TaskErred)
+    _admitted(sim)
+    sim.add_client("a1", person="alice")
+    sim.add_worker("w1", nthreads=1, resources="gpu=1")
+    sim.submit("o-gpu", resources="gpu=1")
+    sim.submit("o-next", resources="gpu=1")
+    sim.submit("a-gpu", client="a1", resources="gpu=1")
+    sim.place()
+    sim.client_says("a1", StatusRequest(1, 0, 0, 100))
+    (reply,) = sim.got(StatusReply, "a1")
+    seen = reply.status
+    assert seen["tasks"]["queued"] == 1 and seen["tasks"]["processing"] == 0
+    assert [g["name"] for g in seen["groups"]] == ["a-gpu"]
+    (worker,) = seen["workers"]
+    assert worker["tasks"] == [] and worker["pools"][0]["used"] == 1.0  # busy, not with what
+    (kind,) = seen["pending"]
+    assert kind["count"] == 2 and kind["oldest"] == "(another person's)" and kind["why"] == ""
+    sim.client_says("c1", StatusRequest(2, 0, 0, 100))
+    (full,) = sim.got(StatusReply, "c1")
+    assert full.status["workers"][0]["tasks"][0]["key"] == "o-gpu"
+    assert full.status["pending"][0]["oldest"] == "o-next"

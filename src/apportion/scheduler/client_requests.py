@@ -30,6 +30,7 @@ from apportion.scheduler import records, views
 from apportion.scheduler.backlog import backlog
 from apportion.scheduler.events import SendKeysFailed, TaskError, failure_notice
 from apportion.scheduler.explain import explain
+from apportion.scheduler.people_view import narrow_status
 from apportion.scheduler.records import (
     ERRED,
     MEMORY,
@@ -292,6 +293,8 @@ def cluster_status(state: SchedulerState, client: ClientRecord, msg: StatusReque
         stream_limit=limit,
         asking=client.id,  # ``apportion status`` is not one of the clients it shows
     )
+    if client.person:  # a person sees their own work, and everyone's totals
+        built = narrow_status(state, client.person, built)
     state.reply(client.id, StatusReply(msg.request_id, built))
 
 

@@ -20,8 +20,11 @@ submitted it first. So a person:
   cluster, run or install code on every worker, read the scheduler's logs or dump,
   serve others' requests (``RegisterService``), move data between workers.
 
-Not narrowed yet, and said so in docs/security.md: the cluster's status and the
-waiting work (aggregates, with task group names), datasets, and the coordination
+Their status is narrowed to their own work where it is built (``people_view.py``),
+as are who holds what and the sizes of results (``shared_data.py``).
+
+Not narrowed yet, and said so in docs/security.md: the waiting work by kind of
+request (``BacklogRequest``: counts, no keys), datasets, and the coordination
 primitives (locks, queues, variables, events, topics), whose names are shared by
 everyone, as are the prints and warnings tasks send.
 """
