@@ -572,11 +572,15 @@ def test_format_address_round_trips(host: str, port: int) -> None:
         ([CancelKeys.TAG, "not-a-list"], "CancelKeys.keys"),
         ([SubmitTasks.TAG, [["k", "f", b"", [], {"GPU": "1"}, 0, 0, []]], {}, []], "tasks"),
         (
-            [SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0, [], [], 0, 0]], {}, [("x", 1)]],
+            [SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0, [], [], 0, 0, ""]], {}, [("x", 1)]],
             "wanted",
         ),
-        ([SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0, [], ["a"], True, 0]], {}, []], "tasks"),
-        ([SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0, [], [], 0, "yes"]], {}, []], "tasks"),
+        (
+            [SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0, [], ["a"], True, 0, ""]], {}, []],
+            "tasks",
+        ),
+        ([SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0, [], [], 0, "yes", ""]], {}, []], "tasks"),
+        ([SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0, [], [], 0, 0, 7]], {}, []], "tasks"),
     ],
 )
 def test_fields_of_the_wrong_type_are_protocol_errors(message: list[object], field: str) -> None:

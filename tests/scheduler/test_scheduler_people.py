@@ -255,3 +255,30 @@ def test_a_person_s_status_shows_their_own_work_and_everyone_s_totals(make_sim: 
     (full,) = sim.got(StatusReply, "c1")
     assert full.status["workers"][0]["tasks"][0]["key"] == "o-gpu"
     assert full.status["pending"][0]["oldest"] == "o-next"
+
+
+def test_the_owner_s_service_submits_a_person_s_run_as_theirs_a_person_cannot(
+    make_sim: Make,
+) -> None:
+    sim = make_sim()
+    _admitted(sim)
+    sim.add_client("queue", durable=True)
+    sim.add_client("a1", person="alice")
+    run = TaskSpec("run-1", "f", b"", [], {}, 0, 0, person="alice")
+    sim.client_says("queue", SubmitTasks([run], {"f": b"func"}, ["run-1"]))
+    forged = TaskSpec("a-1", "f", b"", [], {}, 0, 0, person="bob")
+    sim.client_says("a1", SubmitTasks([forged], {"f": b"func"}, ["a-1"]))
+    assert sim.state.tasks["run-1"].person == "alice"
+    assert sim.state.tasks["a-1"].person == "alice"  # a person's tasks are always theirs
+
+
+def test_removing_a_person_leaves_their_runs_tasks_to_the_job_queue(make_sim: Make) -> None:
+    sim = make_sim()
+    _admitted(sim)
+    sim.add_client("queue", durable=True)
+    sim.client_says("queue", RegisterService(["CancelPersonRuns"], "run-"))
+    run = TaskSpec("run-1", "f", b"", [], {}, 0, 0, person="alice")
+    sim.client_says("queue", SubmitTasks([run], {"f": b"func"}, ["run-1"]))
+    sim.client_says("c1", RemovePerson(2, "alice"))
+    (removed,) = sim.got(PersonRemoved)
+    assert removed.cancelled == 0 and not sim.state.tasks["run-1"].cancelled

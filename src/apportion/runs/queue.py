@@ -120,6 +120,8 @@ class _RunTask:
     #: The spec's own demand, as it was parsed where the run entered.
     demand: Demand
     priority: int
+    #: Who submitted it ("": the owner): its task is that person's work.
+    person: str = ""
 
 
 class RunQueue:
@@ -285,7 +287,15 @@ class RunQueue:
         func_id = self._function[0]
         first, alternatives = task.demand.wire()
         return TaskSpec(
-            key, func_id, task.args, [], first, task.priority, retries_left, alternatives
+            key,
+            func_id,
+            task.args,
+            [],
+            first,
+            task.priority,
+            retries_left,
+            alternatives,
+            person=task.person,
         )
 
     def _views(self, records: list[RunRecord]) -> tuple[RunView, ...]:
@@ -295,7 +305,7 @@ class RunQueue:
             spec = record.spec
             if record.id not in self._tasks:
                 args = pack_call((record.id, spec), {})[0]
-                self._tasks[record.id] = _RunTask(args, spec.demand, spec.priority)
+                self._tasks[record.id] = _RunTask(args, spec.demand, spec.priority, spec.person)
             views.append(view_of(record))
         return tuple(views)
 

@@ -76,7 +76,8 @@ def submit(state: SchedulerState, client: ClientRecord, msg: SubmitTasks) -> Non
             existing = _revive(state, existing)
         if existing is None:
             task = _new_task(state, spec, restrictions, demands)
-            task.person = client.person
+            # A person's tasks are theirs; the owner's service may submit for a person.
+            task.person = client.person or (sys.intern(spec.person) if spec.person else "")
             task.wanted_by = wanters or None  # their futures still exist
             created.append(task)
     # After the loop above: dropping a revived record may have dropped its function.

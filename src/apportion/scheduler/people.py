@@ -31,7 +31,7 @@ from apportion.protocol.people import (
     PersonRemoved,
     RemovePerson,
 )
-from apportion.scheduler import membership
+from apportion.scheduler import membership, task_hooks
 from apportion.scheduler.events import (
     ClientLeft,
     Disconnect,
@@ -85,8 +85,14 @@ def remove_person(state: SchedulerState, client: ClientRecord, msg: RemovePerson
     del state.people[name]
     _save(state)
     theirs = [c.id for c in state.clients.values() if c.person == name]
+    # Their runs' tasks are the job queue's to end (``CancelPersonRuns``), so that
+    # its journal says how each ended.
     unfinished = [
-        task for task in state.tasks.values() if task.person == name and task.state in UNFINISHED
+        task
+        for task in state.tasks.values()
+        if task.person == name
+        and task.state in UNFINISHED
+        and task_hooks.server_of(state, task.key) is None
     ]
     reason = f"person {name} was removed from the cluster"
     for client_id in theirs:
