@@ -26,9 +26,17 @@ from apportion.protocol.people import (
     RemovePerson,
 )
 from apportion.protocol.services import ForwardedRequest, RegisterService
+from apportion.protocol.shared_data import (
+    DatasetReply,
+    DatasetRequest,
+    PublishDataset,
+    SharedDataAck,
+    UnpublishDataset,
+)
 from apportion.protocol.tasks import (
     CancelKeys,
     GatherRequest,
+    KeysDone,
     KeysFailed,
     SubmitTasks,
     TaskErred,
@@ -282,3 +290,28 @@ def test_removing_a_person_leaves_their_runs_tasks_to_the_job_queue(make_sim: Ma
     sim.client_says("c1", RemovePerson(2, "alice"))
     (removed,) = sim.got(PersonRemoved)
     assert removed.cancelled == 0 and not sim.state.tasks["run-1"].cancelled
+
+
+def test_a_person_sees_and_unpublishes_only_their_own_datasets(make_sim: Make) -> None:
+    sim = _two_people(make_sim)
+    sim.allow(KeysDone)  # to the datasets' holders
+    sim.client_says("c1", PublishDataset(1, "owners", b"d", ["o"], 0))
+    sim.client_says("a1", PublishDataset(2, "hers", b"d", ["a"], 0))
+    sim.client_says("a1", PublishDataset(3, "stolen", b"d", ["o"], 0))
+    sim.client_says("a1", PublishDataset(4, "owners", b"d", ["a"], 1))
+    acks = sim.got(SharedDataAck, "a1")
+    assert [a.error for a in acks] == [
+        "",
+        "alice may not publish another person's tasks: 'o'",
+        "dataset owners is another person's",
+    ]
+    sim.client_says("a1", DatasetRequest(5, "owners"), DatasetRequest(6, "hers"))
+    theirs, own = sim.got(DatasetReply, "a1")
+    assert (theirs.found, theirs.names) == (0, ["hers"])
+    assert (own.found, own.keys) == (1, ["a"])
+    sim.client_says("a1", UnpublishDataset(7, ["owners"]))
+    sim.got(SharedDataAck, "a1")
+    sim.client_says("c1", DatasetRequest(8, "owners"))
+    (still,) = sim.got(DatasetReply, "c1")
+    assert still.found == 1 and still.names == ["hers", "owners"]  # the owner sees all
+    sim.got(SharedDataAck, "c1")

@@ -21,10 +21,10 @@ submitted it first. So a person:
   serve others' requests (``RegisterService``), move data between workers.
 
 Their status is narrowed to their own work where it is built (``people_view.py``),
-as are who holds what and the sizes of results (``shared_data.py``).
+as are who holds what, the sizes of results and the datasets (``shared_data.py``).
 
 Not narrowed yet, and said so in docs/security.md: the waiting work by kind of
-request (``BacklogRequest``: counts, no keys), datasets, and the coordination
+request (``BacklogRequest``: counts, no keys), metadata, and the coordination
 primitives (locks, queues, variables, events, topics), whose names are shared by
 everyone, as are the prints and warnings tasks send.
 """
