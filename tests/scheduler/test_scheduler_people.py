@@ -16,6 +16,7 @@ from apportion.protocol.cluster import (
     StatusRequest,
 )
 from apportion.protocol.codec import encode_message
+from apportion.protocol.coordination import CoordinationReply, LeaseRequest
 from apportion.protocol.people import (
     AddPerson,
     ListPeople,
@@ -315,3 +316,20 @@ def test_a_person_sees_and_unpublishes_only_their_own_datasets(make_sim: Make) -
     (still,) = sim.got(DatasetReply, "c1")
     assert still.found == 1 and still.names == ["hers", "owners"]  # the owner sees all
     sim.got(SharedDataAck, "c1")
+
+
+def test_a_person_s_locks_live_in_a_namespace_of_their_own(make_sim: Make) -> None:
+    sim = make_sim()
+    _admitted(sim)
+    sim.add_client("a1", person="alice")
+
+    def lock(client: str, request_id: int, name: str, lease: str) -> None:
+        acquire = LeaseRequest(request_id, "acquire", "semaphore", [name], lease, 1, 1, 0.0, 0.0)
+        sim.client_says(client, acquire)
+
+    lock("a1", 1, "box", "alice-lease")  # hers
+    lock("c1", 2, "box", "owner-lease")  # the owner's "box" is another lock
+    lock("c1", 3, "alice/box", "owner-2")  # hers, reached by the owner: taken
+    (hers,) = sim.got(CoordinationReply, "a1")
+    first, second = sim.got(CoordinationReply, "c1")
+    assert (hers.ok, first.ok, second.ok) == (1, 1, 0)

@@ -23,10 +23,14 @@ submitted it first. So a person:
 Their status is narrowed to their own work where it is built (``people_view.py``),
 as are who holds what, the sizes of results and the datasets (``shared_data.py``).
 
+A person's locks, semaphores, events, variables and queues live in a namespace of
+their own (``own_name``): the names they use are rewritten here, so that nobody
+else's can be reached, nor theirs by anyone but the owner.
+
 Not narrowed yet, and said so in docs/security.md: the waiting work by kind of
-request (``BacklogRequest``: counts, no keys), metadata, and the coordination
-primitives (locks, queues, variables, events, topics), whose names are shared by
-everyone, as are the prints and warnings tasks send.
+request (``BacklogRequest``: counts, no keys), metadata and topics (``Subscribe``,
+``Publish``), whose names are shared by everyone, and the prints and warnings tasks
+send.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from apportion.protocol.cluster import (
     WhyReply,
     WhyRequest,
 )
+from apportion.protocol.coordination import EventRequest, LeaseRequest, ValueRequest
 from apportion.protocol.people import AddPerson, ListPeople, NotPermitted, RemovePerson
 from apportion.protocol.remote_calls import CallOnWorkers, InstallOnWorkers, UninstallFromWorkers
 from apportion.protocol.services import AdoptTask, ForwardedReply, RegisterService, StopTasks
@@ -207,6 +212,29 @@ def _why(state: SchedulerState, client: ClientRecord, msg: WhyRequest) -> Messag
     return WhyRequest(msg.request_id, own[:WHY_ALL_LIMIT])
 
 
+def own_name(person: str, name: str) -> str:
+    """Where a person's lock, semaphore, event, variable or queue named ``name`` lives:
+    a namespace of their own (``alice/name``), which no other person can name (a
+    person's name has no ``/``) and the owner reaches by that full name."""
+    return f"{person}/{name}"
+
+
+def _lease(state: SchedulerState, client: ClientRecord, msg: LeaseRequest) -> Message | None:
+    names = [own_name(client.person, name) for name in msg.names]
+    return dataclasses.replace(msg, names=names)
+
+
+def _event(state: SchedulerState, client: ClientRecord, msg: EventRequest) -> Message | None:
+    return dataclasses.replace(msg, name=own_name(client.person, msg.name))
+
+
+def _value(state: SchedulerState, client: ClientRecord, msg: ValueRequest) -> Message | None:
+    foreign = _not_theirs(state, client, msg.keys)
+    if foreign:
+        return _refused(state, client, msg, _foreign_text(client, foreign))
+    return dataclasses.replace(msg, name=own_name(client.person, msg.name))
+
+
 def _story(state: SchedulerState, client: ClientRecord, msg: StoryRequest) -> Message | None:
     if not _theirs(state, client, msg.key):
         return _refused(state, client, msg, _foreign_text(client, [msg.key]))
@@ -218,4 +246,7 @@ _NARROW: dict[type[Message], Callable[[SchedulerState, ClientRecord, Any], Messa
     ScatterRequest: _scatter,
     WhyRequest: _why,
     StoryRequest: _story,
+    LeaseRequest: _lease,
+    EventRequest: _event,
+    ValueRequest: _value,
 }
