@@ -146,6 +146,7 @@ def test_the_people_survive_a_restart_of_the_scheduler(
     proc, address, _ = procs.start_scheduler("--port", str(port), "--no-dashboard", env=owner)
     bob_json = tmp_path / "bob.json"
     _run(owner, "user", "add", "bob", "--quota", "memory=2GiB", "-o", str(bob_json))
+    assert _run(owner, "user", "list").stdout.splitlines()[1].split()[3:] == ["memory=2", "GiB"]
     people = json.loads((tmp_path / "owner" / "runs-people.json").read_text())
     assert [row["name"] for row in people["people"]] == ["bob"]
     proc.send_signal(signal.SIGTERM)

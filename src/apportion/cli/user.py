@@ -19,6 +19,7 @@ import click
 
 from apportion.cli.credentials import scheduler_address, scheduler_file_option, scheduler_option
 from apportion.core.people import check_person_name, check_weight, parse_quota
+from apportion.core.resources import describe_spec
 from apportion.net.connection import ConnectionClosed
 from apportion.net.handshake import HandshakeError, open_connection
 from apportion.net.scheduler_file import write_scheduler_file
@@ -133,7 +134,7 @@ def list_(ctx: click.Context, address: str | None) -> None:
         return
     click.echo(f"{'NAME':<20} {'WEIGHT':>6}  {'CLIENTS':>7}  QUOTA")
     for row in reply.people:
-        quota = row.get("quota") or "-"
+        quota = describe_spec(row["quota"]) if row.get("quota") else "-"
         click.echo(f"{row['name']:<20} {row['weight']:>6g}  {row['clients']:>7}  {quota}")
 
 
