@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from apportion import Client
+from apportion import Client, LocalCluster
 from apportion.protocol.tasks import GatherRequest, WhoHasRequest
 from cli_processes import APPORTION, Processes, free_port, poll
 
@@ -156,3 +156,25 @@ def test_the_people_survive_a_restart_of_the_scheduler(
     procs.start("worker", address, "--nthreads", "1", "--name", "w1", env=owner)
     with Client(scheduler_file=bob_json, timeout=20) as bob:
         assert bob.submit(lambda: "still bob", key="b").result(timeout=30) == "still bob"
+
+
+def test_two_people_share_a_local_cluster(owner: dict[str, str], tmp_path: Path) -> None:
+    with LocalCluster(n_workers=1, threads_per_worker=2, dashboard_address=None) as cluster:
+        token = cluster.security.token
+        assert token is not None
+        env = {**owner, "APPORTION_TOKEN": token}
+        files = {name: tmp_path / f"{name}.json" for name in ("alice", "bob")}
+        for name, path in files.items():
+            where = ["--scheduler", cluster.scheduler_address]
+            added = _run(env, "user", "add", name, *where, "-o", str(path))
+            assert "kept in memory only: lost on restart" in added.stdout
+        with (
+            Client(scheduler_file=files["alice"], timeout=20) as alice,
+            Client(scheduler_file=files["bob"], timeout=20) as bob,
+        ):
+            hers = alice.submit(lambda: "a", key="hers")
+            his = bob.submit(lambda: "b", key="his")
+            assert (hers.result(timeout=30), his.result(timeout=30)) == ("a", "b")
+            assert set(alice.who_has()) == {"hers"} and set(bob.who_has()) == {"his"}
+            with pytest.raises(PermissionError, match="bob may not use another person's tasks"):
+                bob._link.connected.call(lambda rid: GatherRequest(rid, ["hers"]), 20)
