@@ -85,6 +85,15 @@ from apportion.protocol.peer_data import (
     GetData,
     PutData,
 )
+from apportion.protocol.people import (
+    AddPerson,
+    ListPeople,
+    NotPermitted,
+    PeopleListed,
+    PersonAdded,
+    PersonRemoved,
+    RemovePerson,
+)
 from apportion.protocol.remote_calls import (
     CallAnswered,
     CallOnWorkers,
@@ -168,6 +177,7 @@ from apportion.protocol.worker import (
     WorkerDraining,
 )
 from apportion.runs.messages import (
+    CancelPersonRuns,
     CancelRuns,
     QueryRuns,
     RunEnded,
@@ -341,6 +351,16 @@ SAMPLES: list[Message] = [
     TaskRecipe(9, "x-1", b"fn", b"\x80args", ["a"], ""),
     NbytesRequest(10, [], 1),
     NbytesReply(10, {"x-1": 28}),
+    AddPerson(11, "alice", 2.0, "gpu=2"),
+    PersonAdded(11, "alice", "person:alice:secret", "", "/home/o/.apportion/runs-people.json"),
+    RemovePerson(12, "alice"),
+    PersonRemoved(12, "alice", "", 3, 1),
+    ListPeople(13),
+    PeopleListed(13, [{"name": "alice", "weight": 2.0, "quota": "gpu=2", "clients": 1}]),
+    NotPermitted(14, "only the cluster's owner may send RestartRequest"),
+    CancelPersonRuns(15, "alice"),
+    AuthHello(b"n" * 32, "alice"),
+    ForwardedRequest("peer-3", b"request", "alice"),
 ]
 
 
@@ -552,11 +572,15 @@ def test_format_address_round_trips(host: str, port: int) -> None:
         ([CancelKeys.TAG, "not-a-list"], "CancelKeys.keys"),
         ([SubmitTasks.TAG, [["k", "f", b"", [], {"GPU": "1"}, 0, 0, []]], {}, []], "tasks"),
         (
-            [SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0, [], [], 0, 0]], {}, [("x", 1)]],
+            [SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0, [], [], 0, 0, ""]], {}, [("x", 1)]],
             "wanted",
         ),
-        ([SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0, [], ["a"], True, 0]], {}, []], "tasks"),
-        ([SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0, [], [], 0, "yes"]], {}, []], "tasks"),
+        (
+            [SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0, [], ["a"], True, 0, ""]], {}, []],
+            "tasks",
+        ),
+        ([SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0, [], [], 0, "yes", ""]], {}, []], "tasks"),
+        ([SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0, [], [], 0, 0, 7]], {}, []], "tasks"),
     ],
 )
 def test_fields_of_the_wrong_type_are_protocol_errors(message: list[object], field: str) -> None:

@@ -18,7 +18,7 @@ import pytest
 from apportion.protocol.base import PROTOCOL_VERSION, Message, message, registered
 from apportion.protocol.handshake import Hello, Refused, Welcome
 
-#: Message name -> tag, as on the wire of ``PROTOCOL_VERSION`` 16.
+#: Message name -> tag, as on the wire of ``PROTOCOL_VERSION`` 17.
 TAGS = {
     "Hello": 1,
     "Welcome": 2,
@@ -147,12 +147,20 @@ TAGS = {
     "TaskRecipe": 125,
     "NbytesRequest": 126,
     "NbytesReply": 127,
+    "AddPerson": 128,
+    "PersonAdded": 129,
+    "RemovePerson": 130,
+    "PersonRemoved": 131,
+    "ListPeople": 132,
+    "PeopleListed": 133,
+    "NotPermitted": 134,
+    "CancelPersonRuns": 135,
 }
 
 
 def test_every_message_keeps_its_tag() -> None:
     assert {cls.__name__: tag for tag, cls in registered().items()} == TAGS
-    assert PROTOCOL_VERSION == 16
+    assert PROTOCOL_VERSION == 17
 
 
 def _import_graph_tool() -> ModuleType:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import replace
 from typing import Any
 
 import msgpack
@@ -394,3 +395,12 @@ def test_format_time_limit_reads_naturally() -> None:
         "1.5s",
         "1h1s",
     ]
+
+
+def test_a_spec_names_its_person_only_when_a_person_submitted_it() -> None:
+    owner = new_spec(["true"], cwd="/", env={})
+    assert "person" not in owner.to_dict()  # an owner's spec stays as it always was
+    alice = replace(owner, person="alice")
+    assert RunSpec.from_dict(alice.to_dict()) == alice
+    with pytest.raises(ValueError, match="run spec field 'person' invalid person name 'Al ice'"):
+        RunSpec.from_dict({**owner.to_dict(), "person": "Al ice"})

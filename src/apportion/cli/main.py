@@ -15,6 +15,7 @@ from apportion.cli.slurm import slurm
 from apportion.cli.ssh import ssh
 from apportion.cli.status import status
 from apportion.cli.submit import submit
+from apportion.cli.user import user
 from apportion.cli.worker import worker
 from apportion.home import PrivateFileError
 
@@ -43,6 +44,7 @@ main.add_command(dump)
 main.add_command(status)
 main.add_command(submit)
 main.add_command(token)
+main.add_command(user)
 main.add_command(ssh)
 main.add_command(alloc)
 main.add_command(slurm)

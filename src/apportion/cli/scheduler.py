@@ -52,6 +52,7 @@ from apportion.net.discovery import running_elsewhere
 from apportion.net.scheduler_claim import own_sightings
 from apportion.net.scheduler_file import default_scheduler_file, write_scheduler_file
 from apportion.net.security import PlaintextRefused, Security, check_exposure
+from apportion.people_file import PeopleFileError, people_path
 from apportion.runs.journal import Journal, JournalBusy, JournalError, default_journal_path
 from apportion.runs.launcher import ProcessLauncher
 from apportion.runs.live import LiveRuns
@@ -217,7 +218,7 @@ def scheduler(
             sys.exit(asyncio.run(_run_once(listen, opened, resources, nthreads, config)))
         options = QueueOptions(adopt_grace=adopt_grace)
         asyncio.run(_run(listen, config, opened, options, explicit=journal is not None))
-    except PlaintextRefused as exc:
+    except (PlaintextRefused, PeopleFileError) as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
@@ -258,6 +259,8 @@ class Listening:
 
     def scheduler(self, config: SchedulerConfig, companions: list[Companion]) -> Scheduler:
         journals = [c.journal.path for c in companions if isinstance(c, RunsService)]
+        # The people the owner admits are kept beside the journal, as the runs are;
+        # a scheduler serving none keeps them in memory only (and says so to the owner).
         return Scheduler(
             self.host,
             self.port,
@@ -268,6 +271,7 @@ class Listening:
             dashboard_address=self.dashboard,
             dashboard_runs=JournalOverview(journals[0]) if journals else None,
             port_fallback=self.fallback,
+            people_file=people_path(Path(journals[0])) if journals else None,
         )
 
 

@@ -171,7 +171,9 @@ class Client:
         self.scheduler_address = address
         #: What this client proves to the scheduler and workers, and expects of them.
         self.security = security_for(address, given)
-        self.direct_to_workers = direct_to_workers
+        # A person's credential opens the scheduler only (workers' data ports know
+        # the cluster's secret alone): their data always travels through it.
+        self.direct_to_workers = False if self.security.person else direct_to_workers
         #: Seconds to connect, and to wait for a scatter; Dask's texts (``"60s"``) too.
         self.timeout: float = limit
         #: Whether connecting tries again, within ``timeout``, while refused (not Dask's).

@@ -34,6 +34,7 @@ from apportion.protocol.base import Message
 from apportion.protocol.codec import ProtocolError
 from apportion.protocol.handshake import Welcome
 from apportion.protocol.peer_data import DataReply
+from apportion.protocol.people import NotPermitted
 from apportion.protocol.tasks import ReleaseKeys, SubmitTasks, TaskSpec
 
 logger = logging.getLogger("apportion.client")
@@ -284,7 +285,10 @@ class Session:
                 self._on_message(msg)
             elif isinstance(received, int):
                 fut = self._requests.pop(received, None)
-                if fut is not None and not fut.done():
+                if fut is not None and not fut.done() and isinstance(msg, NotPermitted):
+                    # A person asked for what is not theirs: said in one line.
+                    fut.set_exception(PermissionError(msg.reason))
+                elif fut is not None and not fut.done():
                     fut.set_result(msg)
                 else:  # given up (cancelled, timed out): its forwarded parts too
                     self._pending.drop_parts(received)

@@ -54,17 +54,26 @@ def new_nonce() -> bytes:
     return secrets.token_bytes(NONCE_BYTES)
 
 
-def _transcript(role: str, name: str, connector: bytes, listener: bytes) -> bytes:
+def _transcript(role: str, name: str, connector: bytes, listener: bytes, person: str) -> bytes:
     """The handshake's facts, each length-prefixed so no two transcripts run together."""
-    parts = [role.encode(), name.encode(), connector, listener]
+    parts = [role.encode(), name.encode(), connector, listener, person.encode()]
     return b"".join(len(p).to_bytes(4, "big") + p for p in parts)
 
 
 def proof(
-    key: bytes, label: bytes, role: str, name: str, connector: bytes, listener: bytes
+    key: bytes,
+    label: bytes,
+    role: str,
+    name: str,
+    connector: bytes,
+    listener: bytes,
+    person: str = "",
 ) -> bytes:
-    """The HMAC one side sends: ``label`` says which side, then the transcript."""
-    return hmac.digest(key, label + _transcript(role, name, connector, listener), hashlib.sha256)
+    """The HMAC one side sends: ``label`` says which side, then the transcript, which
+    names the person the connecting side speaks for ("" for the owner), so that a
+    proof made for one person is worth nothing for another."""
+    transcript = _transcript(role, name, connector, listener, person)
+    return hmac.digest(key, label + transcript, hashlib.sha256)
 
 
 def verify(expected: bytes, received: bytes) -> bool:

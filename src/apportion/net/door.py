@@ -18,11 +18,10 @@ from typing import Any
 from apportion.net.address import is_inproc
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.gate import HandshakeGate
-from apportion.net.handshake import HandshakeError, accept_connection
+from apportion.net.handshake import Admitted, HandshakeError, PersonKeys, accept_connection
 from apportion.net.security import Security
 from apportion.net.stream import STALL_TIMEOUT
 from apportion.protocol.codec import ProtocolError
-from apportion.protocol.handshake import Hello
 
 
 def host_of(peer: str) -> str:
@@ -41,26 +40,31 @@ class Door:
         roles: set[str],
         security: Security,
         logger: logging.Logger,
+        people: PersonKeys | None = None,
     ) -> None:
         self.roles = roles
         self.security = security
+        #: The keys of the people admitted here (the scheduler's); None: none is.
+        self.people = people
         self.gate = HandshakeGate()
         self._logger = logger
 
-    async def admit(self, conn: Connection, peer_id: str, info: dict[str, Any]) -> Hello | None:
-        """The peer's ``Hello`` once it proved the secret; None if it was refused, gave
-        up or was dropped for a newer connection (logged, within bounds)."""
+    async def admit(self, conn: Connection, peer_id: str, info: dict[str, Any]) -> Admitted | None:
+        """The peer's ``Hello`` and person once it proved the secret; None if it was
+        refused, gave up or was dropped for a newer connection (logged, within bounds)."""
         host = host_of(conn.peer)
         now = time.monotonic()
         for summary in self.gate.refusals.overdue(now):
             self._logger.warning(summary)
         # Peers in memory are this process: no bound on them, they are trusted anyway.
-        admitted = [] if is_inproc(conn.peer) else self.gate.admit(conn, host, now)
-        for dropped in admitted:
+        evicted = [] if is_inproc(conn.peer) else self.gate.admit(conn, host, now)
+        for dropped in evicted:
             assert isinstance(dropped, Connection)
             dropped.abort()  # its pending read fails, and its own admit says so
         try:
-            hello = await accept_connection(conn, self.roles, peer_id, info, security=self.security)
+            admitted = await accept_connection(
+                conn, self.roles, peer_id, info, security=self.security, people=self.people
+            )
         except (HandshakeError, ProtocolError, ConnectionClosed) as exc:
             reason = str(exc) or "the peer closed the connection during the handshake"
             for line in self.gate.refusal_lines(host, reason, time.monotonic()):
@@ -70,4 +74,4 @@ class Door:
         finally:
             self.gate.done(conn)
         conn.stall_timeout = STALL_TIMEOUT
-        return hello
+        return admitted

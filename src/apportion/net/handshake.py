@@ -3,14 +3,16 @@
 ::
 
     connecting side                          listener
-    [Hello(version, role, name), AuthHello(nonce)]  ->
+    [Hello(version, role, name), AuthHello(nonce, person)]  ->
                                               <-  AuthChallenge(nonce, proof)
     (checks the listener's proof)
     AuthProof(proof)                          ->
                                               <-  Welcome(version, id, info)
 
 Both sides prove they know the cluster's secret (``net/auth.py``) before anything
-else is said: until then only these small frames are read (``MAX_HANDSHAKE_FRAME``,
+else is said; a person the owner admitted proves their own secret instead, which
+only a listener that knows them (the scheduler, through ``people``) can check.
+Until then only these small frames are read (``MAX_HANDSHAKE_FRAME``,
 no payload buffers), and nothing is ever unpickled here. A version mismatch is
 answered ``Refused`` before any proof, in words both versions understand; so is a
 wrong proof, without saying more than that.
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 from apportion.net import auth, lending
@@ -113,7 +117,9 @@ async def open_connection(
     conn = Connection(stream, max_frame=MAX_HANDSHAKE_FRAME)
     try:
         welcome = await asyncio.wait_for(
-            _prove(conn, stream, address, role, name, key, security.token_source),
+            _prove(
+                conn, stream, address, (role, name, security.person), key, security.token_source
+            ),
             max(0.0, deadline - loop.time()),
         )
     except TimeoutError:
@@ -132,12 +138,19 @@ async def open_connection(
 
 
 async def _prove(
-    conn: Connection, stream: Stream, address: str, role: str, name: str, key: bytes, source: str
+    conn: Connection,
+    stream: Stream,
+    address: str,
+    who: tuple[str, str, str],
+    key: bytes,
+    source: str,
 ) -> Welcome:
-    """The connecting side of the handshake, up to the listener's ``Welcome``."""
+    """The connecting side of the handshake, up to the listener's ``Welcome``; ``who``
+    is the role, name and person it connects as."""
+    role, name, person = who
     ours = auth.new_nonce()
     conn.send(Hello(PROTOCOL_VERSION, role, name))
-    conn.send(AuthHello(ours))
+    conn.send(AuthHello(ours, person))
     try:
         reply = await _first_frame(stream)
     except _PeerGone as exc:
@@ -149,12 +162,12 @@ async def _prove(
             )
         ) from None
     challenge = _expect(reply, AuthChallenge, address)
-    expected = auth.proof(key, auth.LISTENER, role, name, ours, challenge.nonce)
+    expected = auth.proof(key, auth.LISTENER, role, name, ours, challenge.nonce, person)
     if not auth.verify(expected, challenge.proof):
         raise AuthenticationError(
             f"{address} does not know the secret this side holds (from {source}): {HOW_TO_GIVE}"
         )
-    conn.send(AuthProof(auth.proof(key, auth.CONNECTOR, role, name, ours, challenge.nonce)))
+    conn.send(AuthProof(auth.proof(key, auth.CONNECTOR, role, name, ours, challenge.nonce, person)))
     try:
         final = await conn.recv()
     except ConnectionClosed as exc:
@@ -246,6 +259,24 @@ def _dashboard_of(address: str, foreign: _Foreign) -> str | None:
     return None if found is None else found.address
 
 
+#: The key a person admitted by the owner proves (their own secret), by name; None
+#: for a name nobody admitted.
+PersonKeys = Callable[[str], bytes | None]
+
+#: The roles a person may connect as: they use the cluster, they do not make it up
+#: (workers and their supervisors prove the cluster's secret).
+PERSON_ROLES = frozenset({"client"})
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """A peer that completed the handshake: its ``Hello``, and whom it speaks for."""
+
+    hello: Hello
+    #: A person's name, or ``OWNER`` ("") for a peer that proved the cluster's secret.
+    person: str = ""
+
+
 async def accept_connection(
     conn: Connection,
     roles: set[str],
@@ -254,9 +285,12 @@ async def accept_connection(
     *,
     security: Security,
     timeout: float = HANDSHAKE_TIMEOUT,
-) -> Hello:
+    people: PersonKeys | None = None,
+) -> Admitted:
     """Check the peer's ``Hello`` and its proof of the secret, within ``timeout`` in all;
-    answer ``Welcome``, or ``Refused`` and raise ``HandshakeError``."""
+    answer ``Welcome``, or ``Refused`` and raise ``HandshakeError``. A peer speaking
+    for a person proves that person's key, as ``people`` gives it (no ``people``: no
+    person is admitted here, as at a worker's data port)."""
     conn.max_frame = MAX_HANDSHAKE_FRAME
     key = security.key()
     try:
@@ -264,17 +298,19 @@ async def accept_connection(
         # with it the connection and its read buffer, in a cycle that only the cycle
         # collector frees; a crowd of refused peers would cost a buffer each until then.
         async with asyncio.timeout(timeout):
-            hello = await _check(conn, roles, key)
+            admitted = await _check(conn, roles, key, people)
     except TimeoutError:
         raise HandshakeError(
             f"{conn.peer} did not complete the handshake within {timeout:g}s"
         ) from None
     conn.send(Welcome(PROTOCOL_VERSION, peer_id, info))
     conn.max_frame = MAX_FRAME
-    return hello
+    return admitted
 
 
-async def _check(conn: Connection, roles: set[str], key: bytes) -> Hello:
+async def _check(
+    conn: Connection, roles: set[str], key: bytes, people: PersonKeys | None
+) -> Admitted:
     """The listener's side of the handshake, up to (not including) its ``Welcome``."""
     batch = await conn.recv()
     hello = batch[0] if batch else None
@@ -291,15 +327,30 @@ async def _check(conn: Connection, roles: set[str], key: bytes) -> Hello:
     if reason is not None:
         await _refuse(conn, reason)
     assert isinstance(start, AuthHello)
+    person = start.person
+    if person:
+        found = people(person) if people is not None else None
+        # A name nobody admitted goes through the same steps with a key nobody knows,
+        # and fails as a wrong secret does: a stranger learns nothing of who is admitted.
+        key = found if found is not None else auth.new_nonce()
     ours = auth.new_nonce()
     role, name = hello.role, hello.name
-    conn.send(AuthChallenge(ours, auth.proof(key, auth.LISTENER, role, name, start.nonce, ours)))
+    conn.send(
+        AuthChallenge(ours, auth.proof(key, auth.LISTENER, role, name, start.nonce, ours, person))
+    )
     answer = await conn.recv()
     proof = answer[0] if len(answer) == 1 else None
-    expected = auth.proof(key, auth.CONNECTOR, role, name, start.nonce, ours)
+    expected = auth.proof(key, auth.CONNECTOR, role, name, start.nonce, ours, person)
     if not isinstance(proof, AuthProof) or not auth.verify(expected, proof.proof):
         await _refuse(conn, f"{AUTH_FAILED}: the peer does not know the cluster's secret")
-    return hello
+    if person and hello.role not in PERSON_ROLES:
+        # Only once proved: a stranger learns nothing of who is admitted.
+        await _refuse(
+            conn,
+            f"{person}'s credential connects clients only: a {hello.role} needs the "
+            "cluster's secret",
+        )
+    return Admitted(hello, person)
 
 
 async def _refuse(conn: Connection, reason: str) -> NoReturn:

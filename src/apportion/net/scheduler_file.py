@@ -72,15 +72,18 @@ def write_scheduler_file(
     tls_cert: str | None = None,
     tls_key: str | None = None,
     dashboard: str | None = None,
+    pid: int | None = None,
 ) -> None:
     """Write the file for the scheduler at ``address`` (mode 0600, atomically), with a
-    client's TLS credentials and the dashboard's URL if given."""
+    client's TLS credentials and the dashboard's URL if given. ``pid``: the
+    scheduler's process, this one unless said (0 for a person's credential file,
+    which names no process: ``apportion user add``)."""
     document: dict[str, Any] = {
         "type": "Scheduler",
         "id": id,
         "address": address,
         "token": token,
-        "pid": os.getpid(),
+        "pid": os.getpid() if pid is None else pid,
         "started": time.time(),
     }
     if tls_ca or tls_cert or tls_key:

@@ -29,6 +29,7 @@ from typing import Any
 from apportion.home import home_dir, read_private, write_private
 from apportion.net import auth
 from apportion.net.address import host_part, is_inproc, is_loopback
+from apportion.net.person_token import split_token
 
 #: The variable holding the secret itself, and the one naming a file that holds it.
 TOKEN_ENV = "APPORTION_TOKEN"
@@ -183,10 +184,24 @@ class Security:
     # --- the secret ------------------------------------------------------------------
 
     def key(self) -> bytes:
-        """The secret as the key of every proof; ``MissingSecretError`` if there is none."""
+        """The secret as the key of every proof; ``MissingSecretError`` if there is none.
+        A person's token (``net/person_token.py``) proves its secret part."""
         if self.token is None:
             raise MissingSecretError(f"no secret to connect with: {HOW_TO_GIVE}")
-        return auth.check_secret(self.token, self.token_source)
+        return auth.check_secret(self._split()[1], self.token_source)
+
+    @property
+    def person(self) -> str:
+        """Whom this token speaks for: a person's name, or ``OWNER`` ("") for the
+        cluster's secret (and for no secret at all)."""
+        return "" if self.token is None else self._split()[0]
+
+    def _split(self) -> tuple[str, str]:
+        assert self.token is not None
+        try:
+            return split_token(self.token)
+        except ValueError as exc:
+            raise auth.WeakSecretError(f"the token from {self.token_source}: {exc}") from None
 
     # --- TLS -------------------------------------------------------------------------
 

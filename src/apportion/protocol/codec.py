@@ -34,6 +34,7 @@ from apportion.protocol import (  # noqa: F401  (imported to register their mess
     coordination,
     handshake,
     peer_data,
+    people,
     remote_calls,
     services,
     shared_data,

@@ -43,9 +43,12 @@ class Refused(Message):
 
 @message(4)
 class AuthHello(Message):
-    """Connecting side -> listener, in the frame of its ``Hello``: my fresh nonce."""
+    """Connecting side -> listener, in the frame of its ``Hello``: my fresh nonce, and
+    whom I speak for: a person the owner admitted (``core/people.py``), whose own
+    secret I then prove, or "" for the owner, who proves the cluster's."""
 
     nonce: bytes
+    person: str = ""
 
 
 @message(5)

@@ -48,10 +48,12 @@ class RegisterService(Message):
 
 @message(97)
 class ForwardedRequest(Message):
-    """Scheduler -> service: a request of client ``origin`` (an encoded message)."""
+    """Scheduler -> service: a request of client ``origin`` (an encoded message),
+    which acts as ``person`` ("" for the owner, who may ask about anyone's work)."""
 
     origin: str
     request: bytes
+    person: str = ""
 
 
 @message(98)

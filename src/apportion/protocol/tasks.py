@@ -38,6 +38,10 @@ class TaskSpec(NamedTuple):
     #: 1: the result is an actor, an object that stays on its worker and takes method
     #: calls; the task's resources stay held until the actor is released.
     actor: int = 0
+    #: The person whose work it is, when the owner's service submits it for them (the
+    #: job queue, for a person's run); "" otherwise. Ignored from a person's client,
+    #: whose tasks are always their own.
+    person: str = ""
 
 
 @message(9)

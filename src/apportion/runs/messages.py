@@ -90,3 +90,12 @@ class RunsReport(Message):
 
     request_id: int
     runs: list[dict[str, Any]]
+
+
+@message(135)
+class CancelPersonRuns(Message):
+    """Owner -> scheduler: cancel every run of ``person`` not finished (they were
+    removed: ``apportion user remove``); answered like ``CancelRuns``."""
+
+    request_id: int
+    person: str

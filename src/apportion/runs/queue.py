@@ -27,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 from apportion.core.demand import Demand
@@ -61,6 +61,7 @@ from apportion.runs.journal import QUEUED, RUNNING, STAGED, Journal, RunRecord
 from apportion.runs.lifecycle import RunLifecycle
 from apportion.runs.live import RUN_KEY_PREFIX, execute_run, run_id_of, run_key
 from apportion.runs.messages import (
+    CancelPersonRuns,
     CancelRuns,
     QueryRuns,
     RunEnded,
@@ -119,6 +120,8 @@ class _RunTask:
     #: The spec's own demand, as it was parsed where the run entered.
     demand: Demand
     priority: int
+    #: Who submitted it ("": the owner): its task is that person's work.
+    person: str = ""
 
 
 class RunQueue:
@@ -154,6 +157,7 @@ class RunQueue:
         #: Checks of demands asked (``CheckDemands``): request id -> what follows.
         self._checks: dict[int, Callable[[list[list[str]]], None]] = {}
         requests = [SubmitRuns.__name__, QueryRuns.__name__, CancelRuns.__name__]
+        requests.append(CancelPersonRuns.__name__)
         host.send([RegisterService(requests, RUN_KEY_PREFIX)])
 
     # --- lifecycle ----------------------------------------------------------------
@@ -283,7 +287,15 @@ class RunQueue:
         func_id = self._function[0]
         first, alternatives = task.demand.wire()
         return TaskSpec(
-            key, func_id, task.args, [], first, task.priority, retries_left, alternatives
+            key,
+            func_id,
+            task.args,
+            [],
+            first,
+            task.priority,
+            retries_left,
+            alternatives,
+            person=task.person,
         )
 
     def _views(self, records: list[RunRecord]) -> tuple[RunView, ...]:
@@ -293,7 +305,7 @@ class RunQueue:
             spec = record.spec
             if record.id not in self._tasks:
                 args = pack_call((record.id, spec), {})[0]
-                self._tasks[record.id] = _RunTask(args, spec.demand, spec.priority)
+                self._tasks[record.id] = _RunTask(args, spec.demand, spec.priority, spec.person)
             views.append(view_of(record))
         return tuple(views)
 
@@ -403,20 +415,20 @@ class RunQueue:
             self.host.send([ForwardedReply(origin, encode_message(answer))])
 
         try:
-            self.request(decode_message(forwarded.request), reply)
+            self.request(decode_message(forwarded.request), reply, forwarded.person)
         except ProtocolError as exc:
             logger.warning("job queue: a garbled request from %s: %s", origin, exc)
 
     # --- requests from clients ----------------------------------------------------------
 
-    def request(self, message: Message, reply: Callable[[Message], None]) -> None:
-        """``SubmitRuns``, ``QueryRuns`` or ``CancelRuns``: answered through ``reply`` once
-        the journal has it."""
-        wall = time.time()
+    def request(self, message: Message, reply: Callable[[Message], None], person: str = "") -> None:
+        """``SubmitRuns``, ``QueryRuns``, ``CancelRuns`` or ``CancelPersonRuns``:
+        answered through ``reply`` once the journal has it. ``person`` asks ("" for
+        the owner): their runs are theirs, and they see and cancel only those."""
         match message:
             case SubmitRuns():
                 try:
-                    specs = [RunSpec.from_dict(spec) for spec in message.specs]
+                    specs = [replace(RunSpec.from_dict(s), person=person) for s in message.specs]
                 except ValueError as exc:
                     reply(RunsSubmitted(message.request_id, [], str(exc)))
                     return
@@ -425,16 +437,31 @@ class RunQueue:
                     demands, lambda verdicts: self._submit_runs(message, specs, verdicts, reply)
                 )
             case CancelRuns():
-                ids = list(message.ids)
-
-                def cancelled(asked: list[int]) -> None:
-                    self._feed(e.Polled((), tuple(asked), time.monotonic(), wall))
-                    self._report(message.request_id, ids, reply)
-
-                ask = self.writer.call(lambda journal: _request_cancel(journal, ids, wall))
-                self._ask(ask, cancelled, _no_report(message.request_id), reply)
+                self._cancel(message.request_id, list(message.ids), person, reply)
+            case CancelPersonRuns():
+                self._cancel(message.request_id, None, message.person, reply)
             case QueryRuns():
-                self._report(message.request_id, list(message.ids), reply)
+                self._report(message.request_id, list(message.ids), reply, person)
+
+    def _cancel(
+        self, request_id: int, ids: list[int] | None, person: str, reply: Callable[[Message], None]
+    ) -> None:
+        """Cancel runs ``ids`` that ``person`` may cancel (all, for the owner), or with
+        ``ids`` None every run of ``person`` not finished; answer with the runs."""
+        wall = time.time()
+
+        def cancelled(asked: list[int]) -> None:
+            self._feed(e.Polled((), tuple(asked), time.monotonic(), wall))
+            self._report(request_id, asked if ids is None else ids, reply, person)
+
+        def request(journal: Journal) -> list[int]:
+            if ids is None:
+                wanted = [r.id for r in journal.runs(states=UNFINISHED) if r.spec.person == person]
+            else:
+                wanted = [r.id for r in journal.runs(ids=ids) if _sees(person, r)]
+            return _request_cancel(journal, wanted, wall)
+
+        self._ask(self.writer.call(request), cancelled, _no_report(request_id), reply)
 
     def _check_demands(
         self, demands: list[dict[str, int]], then: Callable[[list[list[str]]], None]
@@ -480,8 +507,10 @@ class RunQueue:
 
         self._ask(self.writer.call(stage), submitted, failed, reply)
 
-    def _report(self, request_id: int, ids: list[int], reply: Callable[[Message], None]) -> None:
-        future = self.writer.call(lambda journal: report(journal, ids))
+    def _report(
+        self, request_id: int, ids: list[int], reply: Callable[[Message], None], person: str = ""
+    ) -> None:
+        future = self.writer.call(lambda journal: report(journal, ids, person))
         answer = lambda runs: reply(RunsReport(request_id, runs))  # noqa: E731
         self._ask(future, answer, _no_report(request_id), reply)
 
@@ -555,13 +584,23 @@ def _request_cancel(journal: Journal, ids: list[int], wall: float) -> list[int]:
     return asked
 
 
-def report(journal: Journal, ids: list[int]) -> list[dict[str, Any]]:
+def report(journal: Journal, ids: list[int], person: str = "") -> list[dict[str, Any]]:
     """What ``QueryRuns`` and ``CancelRuns`` answer: each known run of ``ids``, or the
-    latest runs if ``ids`` is empty, as ``remote.record_to_dict`` gives them."""
+    latest runs if ``ids`` is empty, as ``remote.record_to_dict`` gives them; for a
+    person, only their own (among the latest, the latest of all that are theirs)."""
     from apportion.runs.remote import MAX_LISTED, record_to_dict
 
     records = journal.runs(ids=ids) if ids else journal.runs(latest=MAX_LISTED)
-    return [record_to_dict(record) for record in records]
+    return [record_to_dict(record) for record in records if _sees(person, record)]
+
+
+def _sees(person: str, record: RunRecord) -> bool:
+    """Whether ``person`` may see and cancel run ``record``: the owner ("") any."""
+    return not person or record.spec.person == person
+
+
+#: The states of a run that is not over: what removing its person cancels.
+UNFINISHED = frozenset({STAGED, QUEUED, RUNNING})
 
 
 def waiting_text(explanation: str) -> str:

@@ -27,6 +27,7 @@ from functools import lru_cache
 from typing import Any, NamedTuple, TypeGuard
 
 from apportion.core.demand import PLAIN, Demand
+from apportion.core.people import check_person_name
 from apportion.core.resources import format_resources, from_ticks, parse_demand
 
 #: Most elements one array may have: beyond this a typo (``1-1000000``) is likelier
@@ -75,6 +76,9 @@ class RunSpec:
     time_limit: float | None = None
     #: Index within its array (``--array``), or None for a lone run.
     array_index: int | None = None
+    #: Who submitted it: a person the owner admitted, or "" for the owner. Set by the
+    #: job queue from who asked (``ForwardedRequest.person``), never by the submitter.
+    person: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON- and msgpack-friendly values (the argv as a list)."""
@@ -88,6 +92,8 @@ class RunSpec:
             "retries": self.retries,
             "time_limit": self.time_limit,
             "array_index": self.array_index,
+            # Only when set: an owner's spec stays as it always was.
+            **({"person": self.person} if self.person else {}),
         }
 
     @classmethod
@@ -126,7 +132,18 @@ class RunSpec:
             retries=_int("retries", d.get("retries", 0), 0, _INT64 - 1),
             time_limit=_time_limit(d.get("time_limit")),
             array_index=_array_index(d.get("array_index")),
+            person=_person(d.get("person", "")),
         )
+
+
+def _person(value: object) -> str:
+    """Who submitted the run: "" (the owner) or a person's name."""
+    if value == "":
+        return ""
+    try:
+        return check_person_name(value)
+    except ValueError as exc:
+        raise _bad("person", str(exc), value) from None
 
 
 _REQUIRED = ("command", "cwd", "env", "resources")

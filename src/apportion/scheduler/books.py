@@ -161,6 +161,9 @@ class SharedBook:
 
     #: name -> (pickled object, keys its futures refer to)
     datasets: dict[str, tuple[Pickled, list[str]]] = field(default_factory=dict)
+    #: name -> the person who published it, for those a person published (the
+    #: owner's are not here): a person sees and unpublishes only their own.
+    publishers: dict[str, str] = field(default_factory=dict)
     #: Nested dictionaries of plain values (``set_metadata``).
     metadata: dict[str, Any] = field(default_factory=dict)
     #: Replicates and rebalances in flight, by the request id sent to workers.

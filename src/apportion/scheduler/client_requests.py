@@ -30,6 +30,7 @@ from apportion.scheduler import records, views
 from apportion.scheduler.backlog import backlog
 from apportion.scheduler.events import SendKeysFailed, TaskError, failure_notice
 from apportion.scheduler.explain import explain
+from apportion.scheduler.people_view import narrow_status
 from apportion.scheduler.records import (
     ERRED,
     MEMORY,
@@ -75,6 +76,8 @@ def submit(state: SchedulerState, client: ClientRecord, msg: SubmitTasks) -> Non
             existing = _revive(state, existing)
         if existing is None:
             task = _new_task(state, spec, restrictions, demands)
+            # A person's tasks are theirs; the owner's service may submit for a person.
+            task.person = client.person or (sys.intern(spec.person) if spec.person else "")
             task.wanted_by = wanters or None  # their futures still exist
             created.append(task)
     # After the loop above: dropping a revived record may have dropped its function.
@@ -291,6 +294,8 @@ def cluster_status(state: SchedulerState, client: ClientRecord, msg: StatusReque
         stream_limit=limit,
         asking=client.id,  # ``apportion status`` is not one of the clients it shows
     )
+    if client.person:  # a person sees their own work, and everyone's totals
+        built = narrow_status(state, client.person, built)
     state.reply(client.id, StatusReply(msg.request_id, built))
 
 

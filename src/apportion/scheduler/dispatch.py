@@ -45,6 +45,7 @@ from apportion.protocol.coordination import (
     ValueRequest,
 )
 from apportion.protocol.peer_data import DataReply, DataStored
+from apportion.protocol.people import AddPerson, ListPeople, RemovePerson
 from apportion.protocol.remote_calls import (
     CallAnswered,
     CallOnWorkers,
@@ -102,6 +103,8 @@ from apportion.scheduler import (
     leases,
     membership,
     out_of_memory,
+    people,
+    people_gate,
     placement,
     recipes,
     relay,
@@ -155,7 +158,9 @@ def _tick(state: SchedulerState, event: Tick) -> None:
 
 def _from_client(state: SchedulerState, event: FromClient) -> None:
     client = state.clients[event.client_id]
-    _dispatch(state, CLIENT_HANDLERS, client, event.messages, f"client {client.id}")
+    # A person's requests are narrowed to their own work first; the owner's are not.
+    messages = people_gate.admit(state, client, event.messages) if client.person else event.messages
+    _dispatch(state, CLIENT_HANDLERS, client, messages, f"client {client.id}")
 
 
 def _from_worker(state: SchedulerState, event: FromWorker) -> None:
@@ -242,6 +247,9 @@ CLIENT_HANDLERS: dict[type[Message], Callable[[SchedulerState, ClientRecord, Any
     Unsubscribe: channels.unsubscribe,
     Publish: channels.publish,
     FireAndForget: coordination.fire_and_forget,
+    AddPerson: people.add_person,
+    ListPeople: people.list_people,
+    RemovePerson: people.remove_person,
 }
 
 WORKER_HANDLERS: dict[type[Message], Callable[[SchedulerState, WorkerRecord, Any], None]] = {

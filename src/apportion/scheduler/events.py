@@ -17,7 +17,8 @@ Commands come in three kinds:
 * **Answers to questions** are one generic ``Reply`` wrapping the reply message a
   client's request asked for (``InfoReply``, ``WhyReply``, ``GatherReply`` ...):
   the request named its answer's shape, so there is no decision to model.
-* **Effects on the service itself**: ``Log``, ``Disconnect`` and ``PipeData``.
+* **Effects on the service itself**: ``Log``, ``Disconnect``, ``PipeData``, and
+  the people file and credentials (``SavePeople``, ``IssueCredential``).
 
 The service sends everything addressed to one peer in one loop turn as one frame.
 """
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 
 from apportion.core.allocation import Allocation
 from apportion.core.payload import Pickled
+from apportion.core.people import Person
 from apportion.protocol.base import Message
 from apportion.protocol.worker import RegisterWorker, WorkerDied
 
@@ -39,6 +41,8 @@ class ClientJoined:
     #: Its work outlives a cluster restart (the job queue's runs are queued again,
     #: not cancelled, when a Dask client restarts the cluster).
     durable: bool = False
+    #: The person it proved it speaks for in the handshake ("": the owner).
+    person: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,6 +387,9 @@ class SendForwardedRequest:
     client_id: str
     origin: str  #: the client that asked, to whom the answer is relayed
     request: bytes
+    #: The person that client acts as ("": the owner): the service serves them
+    #: only what is theirs (the job queue: their own runs).
+    person: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -432,6 +439,26 @@ class PipeData:
     keys: list[str]
 
 
+@dataclass(frozen=True, slots=True)
+class SavePeople:
+    """Store the people admitted now (the service keeps them, with their secrets, in
+    its people file, so that they survive a restart), and forget the secrets of
+    those no longer among them."""
+
+    people: tuple[Person, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class IssueCredential:
+    """Answer ``request_id`` of client ``peer_id`` with ``PersonAdded``: person
+    ``name``'s token, with a fresh secret the service makes (the state never holds
+    a secret, nor makes a random one)."""
+
+    peer_id: str
+    request_id: int
+    name: str
+
+
 #: Instructions to a worker.
 WorkerCommand = (
     SendLoadFunction
@@ -469,6 +496,6 @@ ClientCommand = (
 PeerCommand = WorkerCommand | ClientCommand | Reply
 
 #: What the service does itself instead of sending a message.
-ServiceEffect = Log | Disconnect | PipeData
+ServiceEffect = Log | Disconnect | PipeData | SavePeople | IssueCredential
 
 Command = PeerCommand | ServiceEffect

@@ -41,7 +41,7 @@ from apportion.scheduler.state import MAX_DEATH_CAUSES, SchedulerState
 
 
 def client_joined(state: SchedulerState, event: ClientJoined) -> None:
-    state.clients[event.client_id] = ClientRecord(event.client_id, event.durable)
+    state.clients[event.client_id] = ClientRecord(event.client_id, event.durable, event.person)
 
 
 def client_left(state: SchedulerState, event: ClientLeft) -> None:

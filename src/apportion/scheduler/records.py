@@ -239,6 +239,7 @@ class TaskRecord:
         "lineage",
         "missing_deps",
         "nbytes",
+        "person",
         "priority",
         "queue",
         "replicas",
@@ -319,6 +320,10 @@ class TaskRecord:
         self.allocation: Allocation | None = None
         #: Its result is an actor: an object living on ``worker`` that takes calls.
         self.actor = False
+        #: The person whose work it is (``ClientRecord.person`` of the client that
+        #: submitted it first; ``OWNER``, "", for the owner's): only they (and the
+        #: owner) may see, gather or cancel it (``people_gate.py``).
+        self.person = ""
 
     @property
     def resources(self) -> Amounts:
@@ -491,16 +496,26 @@ class WorkerRecord:
 class ClientRecord:
     """A connected client and the keys it holds futures for."""
 
-    __slots__ = ("alone", "durable", "id", "wanted")
+    __slots__ = ("alone", "durable", "id", "person", "wanted")
 
-    def __init__(self, client_id: str, durable: bool = False) -> None:
+    def __init__(self, client_id: str, durable: bool = False, person: str = "") -> None:
         self.id = client_id
+        #: Whom it acts as: a person the owner admitted (``core/people.py``), or
+        #: ``OWNER`` ("") for a client that proved the cluster's secret. Its share in
+        #: the fair division, and what it may see and touch (``people_gate.py``).
+        self.person = person
         self.wanted: set[str] = set()
         #: ``{id}``, shared by the ``wanted_by`` of every task only this client wants.
         self.alone = frozenset((client_id,))
         #: A service (``RegisterService``): its tasks survive a restart (``restart.py``)
         #: and its leaving (they are not released): the job queue's runs.
         self.durable = durable
+
+
+def sees(client: ClientRecord, task: TaskRecord) -> bool:
+    """Whether ``client`` may see ``task``: the owner's clients see every task, a
+    person's only their own (``people_gate.py``)."""
+    return not client.person or task.person == client.person
 
 
 class ServingDeath(NamedTuple):

@@ -19,6 +19,7 @@ import math
 import uuid
 from collections.abc import Mapping, Sequence
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from apportion.clock import SYSTEM_CLOCK, Clock
@@ -31,13 +32,22 @@ from apportion.net.address import DEFAULT_PORT, INPROC, is_inproc, parse_address
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.door import Door
 from apportion.net.handshake import HandshakeError, open_connection
+from apportion.net.person_token import person_token
 from apportion.net.pipe import forward_buffers
-from apportion.net.security import Security, check_exposure, listening, stopped_listening
+from apportion.net.security import (
+    Security,
+    check_exposure,
+    listening,
+    new_token,
+    stopped_listening,
+)
 from apportion.net.stream import MAX_UNSENT, Listener, Stream
 from apportion.net.transport import listener_for, transport_for
+from apportion.people_file import read_people_file, write_people_file
 from apportion.protocol.base import Message
 from apportion.protocol.codec import ProtocolError, decode_body
 from apportion.protocol.peer_data import DataReply, GetData
+from apportion.protocol.people import PersonAdded
 from apportion.protocol.worker import RegisterWorker, WorkerDied
 from apportion.scheduler import views
 from apportion.scheduler.companions import Companion, SchedulerAddresses
@@ -50,10 +60,12 @@ from apportion.scheduler.events import (
     Event,
     FromClient,
     FromWorker,
+    IssueCredential,
     Log,
     PipeData,
     PipeEnded,
     PlacementDue,
+    SavePeople,
     Tick,
     WorkerDeathReport,
     WorkerJoined,
@@ -108,6 +120,7 @@ class Scheduler(BackgroundService):
         dashboard_address: str | None = None,
         dashboard_runs: RunsSource | None = None,
         port_fallback: bool = False,
+        people_file: Path | None = None,
     ) -> None:
         self.host = host
         #: Listen on a non-loopback host without TLS all the same (``check_exposure``).
@@ -127,8 +140,19 @@ class Scheduler(BackgroundService):
         #: The time in every event, and the pace of the tick.
         self.clock: Clock = clock or SYSTEM_CLOCK
         self.address = ""
+        #: Where the people the owner admits are kept across restarts, with their
+        #: secrets (``people_file.py``); None: in memory only.
+        self.people_file = people_file
+        #: Each admitted person's secret, by name: what their handshake proves.
+        self._secrets: dict[str, str] = {}
+        if people_file is not None:
+            people, self._secrets = read_people_file(people_file)
+            self.state.people = {person.name: person for person in people}
+            self.state.people_stored = str(people_file)
         #: Admits connections: the handshake, bounded while unauthenticated.
-        self._door = Door({"client", "worker", "supervisor"}, self.security, logger)
+        self._door = Door(
+            {"client", "worker", "supervisor"}, self.security, logger, people=self._person_key
+        )
         self._server: Listener | None = None
         self._conns: dict[str, Connection] = {}
         self._ids = itertools.count(1)
@@ -309,9 +333,10 @@ class Scheduler(BackgroundService):
         conn = Connection(stream)
         peer_id = f"peer-{next(self._ids)}"
         try:
-            hello = await self._door.admit(conn, peer_id, {"id": self.id})
-            if hello is None:
+            admitted = await self._door.admit(conn, peer_id, {"id": self.id})
+            if admitted is None:
                 return
+            hello = admitted.hello
             # A peer that never reads cannot make the scheduler hold its replies
             # without limit: past this much unsent, it is dropped.
             conn.limit_unsent(MAX_UNSENT)
@@ -320,7 +345,7 @@ class Scheduler(BackgroundService):
             elif hello.role == "supervisor":
                 await self._serve_supervisor(conn)
             else:
-                await self._serve_client(conn, peer_id)
+                await self._serve_client(conn, peer_id, admitted.person)
         except ProtocolError as exc:
             # The text, not the exception: a handler that keeps records (a test's log
             # capture) would otherwise keep its traceback, and with it the connection.
@@ -364,9 +389,9 @@ class Scheduler(BackgroundService):
                     raise ProtocolError(f"a supervisor sent {type(message).__name__}")
                 self._handle(WorkerDeathReport(message, self.clock.monotonic()))
 
-    async def _serve_client(self, conn: Connection, peer_id: str) -> None:
+    async def _serve_client(self, conn: Connection, peer_id: str, person: str) -> None:
         self._conns[peer_id] = conn
-        self._handle(ClientJoined(peer_id, self.clock.monotonic()))
+        self._handle(ClientJoined(peer_id, self.clock.monotonic(), person=person))
         try:
             while True:
                 self._handle(FromClient(peer_id, await conn.recv(), self.clock.monotonic()))
@@ -415,6 +440,9 @@ class Scheduler(BackgroundService):
                 level = logging.WARNING if command.level == "warning" else logging.INFO
                 logger.log(level, "%s", command.text)
                 continue
+            if isinstance(command, SavePeople | IssueCredential):
+                self._people_effect(command)
+                continue
             if isinstance(command, PipeData):
                 pipe = asyncio.create_task(self._pipe(command), name="scheduler-pipe")
                 self._pipes.add(pipe)
@@ -431,6 +459,35 @@ class Scheduler(BackgroundService):
             conn = conns.get(peer_id)
             if conn is not None:
                 conn.send(message)
+
+    # --- people ---------------------------------------------------------------------
+
+    def _person_key(self, name: str) -> bytes | None:
+        """What person ``name`` proves in the handshake; None if nobody by that name
+        is admitted (removed, or never added)."""
+        secret = self._secrets.get(name)
+        return None if secret is None or name not in self.state.people else secret.encode()
+
+    def _people_effect(self, command: SavePeople | IssueCredential) -> None:
+        """Make a new person's secret and answer with their token; or keep the people
+        (``people_file``), forgetting the secrets of those removed."""
+        if isinstance(command, IssueCredential):
+            self._secrets[command.name] = new_token()
+            token = person_token(command.name, self._secrets[command.name])
+            where = self.state.people_stored
+            added = PersonAdded(command.request_id, command.name, token, "", where)
+            conn = self._conns.get(command.peer_id)
+            if conn is not None:
+                conn.send(added)
+            return
+        names = {person.name for person in command.people}
+        self._secrets = {name: s for name, s in self._secrets.items() if name in names}
+        if self.people_file is None:
+            return
+        try:
+            write_people_file(self.people_file, list(command.people), self._secrets)
+        except OSError as exc:
+            logger.warning("could not keep the people in %s: %s", self.people_file, exc)
 
     async def _pipe(self, command: PipeData) -> None:
         """Forward ``command.keys`` from the worker's data port to the client: the reply's

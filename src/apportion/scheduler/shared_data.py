@@ -14,6 +14,7 @@ first. A failed input is kept (ERRED) while a record computed from it exists
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from apportion.protocol.cluster import (
@@ -37,7 +38,7 @@ from apportion.scheduler import copies
 from apportion.scheduler.client_requests import release, want
 from apportion.scheduler.events import SendKeysFailed, SendKeysPending, failure_notice
 from apportion.scheduler.holders import holders
-from apportion.scheduler.records import ERRED, MEMORY, RELEASED, ClientRecord, TaskRecord
+from apportion.scheduler.records import ERRED, MEMORY, RELEASED, ClientRecord, TaskRecord, sees
 from apportion.scheduler.state import SchedulerState
 
 #: Prefix of the pseudo-client that holds a dataset's keys.
@@ -56,6 +57,10 @@ def publish(state: SchedulerState, client: ClientRecord, msg: PublishDataset) ->
     if msg.name in book.datasets and not msg.override:
         state.reply(client.id, SharedDataAck(msg.request_id, f"Dataset {msg.name} already exists"))
         return
+    refusal = _publish_refusal(state, client, msg)
+    if refusal:
+        state.reply(client.id, SharedDataAck(msg.request_id, refusal))
+        return
     owner_id = DATASET_OWNER + msg.name
     owner = state.clients.get(owner_id)
     if owner is None:
@@ -68,23 +73,52 @@ def publish(state: SchedulerState, client: ClientRecord, msg: PublishDataset) ->
         want(state, owner, key)
     release(state, owner, dropped)
     book.datasets[msg.name] = (msg.data, list(msg.keys))
+    if client.person:
+        book.publishers[msg.name] = client.person
+    else:
+        book.publishers.pop(msg.name, None)
     state.reply(client.id, SharedDataAck(msg.request_id, ""))
 
 
+def _publish_refusal(state: SchedulerState, client: ClientRecord, msg: PublishDataset) -> str:
+    """Why a person may not publish this ("" if they may): a dataset of that name is
+    another's, or one of its keys is."""
+    if not client.person:
+        return ""
+    if msg.name in state.shared.datasets and not _sees_dataset(state, client, msg.name):
+        return f"dataset {msg.name} is another person's"
+    tasks = state.tasks
+    foreign = [k for k in msg.keys if k in tasks and not sees(client, tasks[k])]
+    return (
+        f"{client.person} may not publish another person's tasks: {foreign[0]!r}" if foreign else ""
+    )
+
+
+def _sees_dataset(state: SchedulerState, client: ClientRecord, name: str) -> bool:
+    """The owner sees every dataset; a person those they published."""
+    return not client.person or state.shared.publishers.get(name, "") == client.person
+
+
 def unpublish(state: SchedulerState, client: ClientRecord, msg: UnpublishDataset) -> None:
-    """Forget datasets (unknown names are no error, as in Dask); their keys may go."""
+    """Forget datasets (unknown names are no error, as in Dask); their keys may go. A
+    person's names of datasets not theirs are left alone, as unknown ones are."""
     for name in msg.names:
+        if not _sees_dataset(state, client, name):
+            continue
         if state.shared.datasets.pop(name, None) is not None:
+            state.shared.publishers.pop(name, None)
             owner = state.clients.pop(DATASET_OWNER + name)
             release(state, owner, sorted(owner.wanted))
     state.reply(client.id, SharedDataAck(msg.request_id, ""))
 
 
 def get_dataset(state: SchedulerState, client: ClientRecord, msg: DatasetRequest) -> None:
-    """The dataset's bytes and keys, with every published name (for the error, the list)."""
-    found = state.shared.datasets.get(msg.name)
+    """The dataset's bytes and keys, with every published name (for the error, the
+    list); a person's own only, another's as if there were none."""
+    mine = _sees_dataset(state, client, msg.name)
+    found = state.shared.datasets.get(msg.name) if mine else None
     data, keys = found or (b"", [])
-    names = sorted(state.shared.datasets)
+    names = sorted(n for n in state.shared.datasets if _sees_dataset(state, client, n))
     state.reply(client.id, DatasetReply(msg.request_id, int(found is not None), data, keys, names))
 
 
@@ -122,19 +156,25 @@ def get_metadata(state: SchedulerState, client: ClientRecord, msg: MetadataReque
 def cluster_facts(state: SchedulerState, client: ClientRecord, msg: ClusterFactsRequest) -> None:
     """Who holds what, threads and assigned tasks, keyed by worker address as in Dask."""
     address = {w.id: w.address for w in state.workers.values()}
+    tasks = state.tasks
     who_has = {
         key: [address[w] for w in holders(task)] if task.state == MEMORY else []
-        for key, task in state.tasks.items()
+        for key, task in tasks.items()
+        if sees(client, task)
     }
     workers = state.workers.values()
+
+    def shown(keys: Iterable[str]) -> list[str]:  # a person sees their own keys only
+        return sorted(k for k in keys if k in tasks and sees(client, tasks[k]))
+
     state.reply(
         client.id,
         ClusterFactsReply(
             msg.request_id,
             who_has,
-            {w.address: sorted(w.has_what) for w in workers},
+            {w.address: shown(w.has_what) for w in workers},
             {w.address: w.nthreads for w in workers},
-            {w.address: sorted(state.assigned(w)) for w in workers},
+            {w.address: shown(state.assigned(w)) for w in workers},
         ),
     )
 
@@ -144,6 +184,7 @@ def nbytes(state: SchedulerState, client: ClientRecord, msg: NbytesRequest) -> N
     or of the keys asked of that have one (Dask's ``nbytes``)."""
     tasks = state.tasks
     chosen = tasks.values() if msg.every else [tasks[k] for k in msg.keys if k in tasks]
+    chosen = [task for task in chosen if sees(client, task)]
     sizes = {task.key: task.nbytes for task in chosen if task.state == MEMORY}
     state.reply(client.id, NbytesReply(msg.request_id, sizes))
 

@@ -39,6 +39,7 @@ from typing import Any
 
 from apportion.core.allocation import NOTHING, Allocation
 from apportion.core.ledger import describe_units
+from apportion.core.people import Person
 from apportion.core.resources import describe_resources
 from apportion.core.transitions import IllegalTransition
 from apportion.protocol.base import Message
@@ -222,6 +223,12 @@ class SchedulerState:
         #: key -> (its worker's id, the idle worker's id). The task stays PROCESSING
         #: there, holding what it holds, until that worker answers.
         self.steals: dict[str, tuple[str, str]] = {}
+        #: The people the owner admitted, by name (``people.py``; the owner, "", is
+        #: never among them). Their secrets are the service's, never the state's.
+        self.people: dict[str, Person] = {}
+        #: Whether a change to ``people`` is kept by the service across restarts
+        #: (it has a people file), and where: said to the owner who changes them.
+        self.people_stored = ""
 
     # --- output -----------------------------------------------------------------------
 

@@ -70,7 +70,7 @@ def forward(state: SchedulerState, peer: ClientRecord | WorkerRecord, msg: Messa
     if server is None or server not in state.clients:
         state.reply(peer.id, Unserved(kind))
         return False
-    state.emit(SendForwardedRequest(server, peer.id, encode_message(msg)))
+    state.emit(SendForwardedRequest(server, peer.id, encode_message(msg), peer.person))
     return True
 
 
@@ -100,7 +100,7 @@ def worker_joined(state: SchedulerState, worker_id: str, reg: RegisterWorker) ->
     offers: dict[str, list[str]] = {}
     unclaimed: list[str] = []
     for key in reg.live_tasks:
-        server = _server_of(state, key)
+        server = server_of(state, key)
         if server is None:
             unclaimed.append(key)
         else:
@@ -112,7 +112,8 @@ def worker_joined(state: SchedulerState, worker_id: str, reg: RegisterWorker) ->
         state.emit(SendFreeKeys(worker_id, unclaimed))  # nobody here will ever want them
 
 
-def _server_of(state: SchedulerState, key: str) -> str | None:
+def server_of(state: SchedulerState, key: str) -> str | None:
+    """The service that claims ``key`` by its prefix (the job queue, a run's task)."""
     for prefix, client_id in state.services.prefixes.items():
         if key.startswith(prefix) and client_id in state.clients:
             return client_id

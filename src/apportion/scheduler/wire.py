@@ -117,7 +117,7 @@ _CONVERTERS: dict[type[Any], Callable[[Any], tuple[str, Message]]] = {
         c.client_id,
         TasksStillRunning(c.worker_id, c.worker, c.keys, c.states),
     ),
-    SendForwardedRequest: lambda c: (c.client_id, ForwardedRequest(c.origin, c.request)),
+    SendForwardedRequest: lambda c: (c.client_id, ForwardedRequest(c.origin, c.request, c.person)),
     SendWorkerDeparted: lambda c: (c.client_id, WorkerDeparted(c.name)),
     Reply: lambda c: (c.peer_id, c.message),
 }

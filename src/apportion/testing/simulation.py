@@ -36,9 +36,11 @@ from apportion.scheduler.events import (
     Event,
     FromClient,
     FromWorker,
+    IssueCredential,
     Log,
     PipeData,
     PlacementDue,
+    SavePeople,
     SendRefused,
     WorkerJoined,
     WorkerLeft,
@@ -78,6 +80,9 @@ class SimulatedCluster:
         #: Large results the scheduler told its service to forward to a client; a
         #: test answers each with ``PipeEnded``.
         self.piped: list[PipeData] = []
+        #: What the scheduler told its service about people: keep them, issue a
+        #: credential (the simulation keeps no file and makes no secret).
+        self.people_effects: list[SavePeople | IssueCredential] = []
         #: Workers refused at registration (their name was taken by a live worker).
         self.refused: list[str] = []
         #: client id -> every message the scheduler sent it
@@ -97,6 +102,8 @@ class SimulatedCluster:
                 self.logs.append(command)
             elif isinstance(command, PipeData):
                 self.piped.append(command)
+            elif isinstance(command, SavePeople | IssueCredential):
+                self.people_effects.append(command)
             elif isinstance(command, Disconnect):
                 self.disconnected.append(command.peer_id)
                 self.running.pop(command.peer_id, None)  # a lost worker runs nothing more
@@ -168,10 +175,11 @@ class SimulatedCluster:
         self.handle(WorkerLeft(worker_id, self.now))
         return lost
 
-    def add_client(self, client_id: str = "c1", *, durable: bool = False) -> str:
-        """A client; ``durable`` as the job queue's, whose work outlives a restart."""
+    def add_client(self, client_id: str = "c1", *, durable: bool = False, person: str = "") -> str:
+        """A client; ``durable`` as the job queue's, whose work outlives a restart;
+        acting as ``person`` (one the owner admitted; "": the owner)."""
         self.inbox.setdefault(client_id, [])
-        self.handle(ClientJoined(client_id, self.now, durable))
+        self.handle(ClientJoined(client_id, self.now, durable, person))
         return client_id
 
     def remove_client(self, client_id: str) -> None:

@@ -128,9 +128,10 @@ class DataServer:
         """The handshake, offering to lend large buffers to a peer on this machine;
         the role the other side connected as."""
         info = {"worker": self._name, **lending.offer()}
-        hello = await self._door.admit(conn, conn.peer, info)
-        if hello is None:
+        admitted = await self._door.admit(conn, conn.peer, info)
+        if admitted is None:
             raise ConnectionClosed("refused")  # said by the door, within bounds
+        hello = admitted.hello
         if "lender" in info:
             conn.offer_lending()
         return hello.role
