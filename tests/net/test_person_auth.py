@@ -71,6 +71,9 @@ def test_a_person_with_their_secret_is_admitted_as_themselves() -> None:
         person_token("bob", "a" * 64),  # nobody admitted by that name
         person_token("alice", str(CLUSTER.token)),  # the cluster's secret under her name
     ],
+    # Named, not shown: the cluster's secret is made afresh in each process, and test
+    # ids must be the same in every one (pytest-xdist compares them).
+    ids=["wrong-secret", "unknown-name", "cluster-secret"],
 )
 def test_a_stranger_is_refused_as_a_wrong_secret_is(token: str) -> None:
     # The listener's own proof, made with the key it holds for that name (or with a
