@@ -122,3 +122,28 @@ def test_each_summary_is_what_its_command_says(limit: int) -> None:
 def test_an_unknown_command_is_a_usage_error() -> None:
     result = click.testing.CliRunner().invoke(main, ["nonesuch"])
     assert result.exit_code == 2 and "No such command 'nonesuch'" in result.output
+
+
+@pytest.mark.tcp
+def test_a_worker_process_loads_no_client_scheduler_dashboard_or_dask() -> None:
+    """A supervised worker's own command line (every value explicit, as its supervisor
+    writes it), run until it gives up on a scheduler that is not there."""
+    argv = [sys.executable, "-X", "importtime", "-m", "apportion.cli.main", "worker"]
+    argv += ["tcp://127.0.0.1:1", "--host", "127.0.0.1", "--port", "0", "--nthreads", "1"]
+    argv += ["--resources", "none", "--connect-timeout", "0.2", "--memory-limit", "0"]
+    for threshold in ("target", "spill", "pause", "terminate"):
+        argv += [f"--memory-{threshold}", "off"]
+    argv += ["--nworkers", "1", "--no-supervisor", "--name", "w-0"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert "could not start" in done.stderr  # it ran as far as connecting
+    loaded = {
+        line.rpartition("|")[2].strip()
+        for line in done.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+    assert "apportion.worker.service" in loaded
+    assert heavy(loaded) == []
+    # Of the client package, only the hook that makes Dask's compute in a task run here.
+    assert sorted(m for m in loaded if m.startswith("apportion.client.")) == [
+        "apportion.client.dask_default"
+    ]
