@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 import click
 
 from apportion.cli.errors import check_address, fail
-from apportion.dashboard.auth import metrics_token
 from apportion.home import write_private
 from apportion.net import security as sec
 from apportion.net.address import parse_address
@@ -283,6 +282,9 @@ def token(new: bool, metrics: bool) -> None:
         click.echo(f"wrote a new secret to {sec.secret_path()}", err=True)
     if metrics:
         # From the secret a scheduler started here would use: APPORTION_TOKEN first.
+        # Here, not at the top: every worker process loads this module, not the dashboard.
+        from apportion.dashboard.auth import metrics_token
+
         click.echo(metrics_token(sec.Security.from_environment().key()))
         return
     click.echo(secret)

@@ -51,7 +51,7 @@ from apportion.client.connect import (
 )
 from apportion.client.future import CallbackRunner, Future, KeyState
 from apportion.client.link import ClientLink, SchedulerLink
-from apportion.client.session import Session
+from apportion.client.session import Session, close_all
 from apportion.client.state import (
     ClientState,
     Deliver,
@@ -726,3 +726,6 @@ def client_of_cluster(cluster: LocalCluster) -> Client:
 
 
 local.client_type = client_of_cluster  # LocalCluster.get_client (see ``local.client_type``)
+# At exit, clients close before the clusters they use, so that none reports its
+# scheduler lost; deployment runs this without importing the client.
+local.close_first.append(close_all)

@@ -31,19 +31,22 @@ import weakref
 from collections.abc import Mapping, Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
-from apportion.client.future import Future, FutureOwner
 from apportion.worker.context import in_task, seceded
 from apportion.worker.service import get_worker
 
+if TYPE_CHECKING:
+    # Only for the type checker: a worker process runs ``serve_tasks`` and must not
+    # load the client's futures for it (they load when a task's compute meets one).
+    from apportion.client.future import FutureOwner
 
-class DefaultClient(FutureOwner, Protocol):
-    """What Dask's default scheduler is here: a ``Client``."""
+    class DefaultClient(FutureOwner, Protocol):
+        """What Dask's default scheduler is here: a ``Client``."""
 
-    def get(self, dsk: Any, keys: Any, **kwargs: Any) -> Any: ...
+        def get(self, dsk: Any, keys: Any, **kwargs: Any) -> Any: ...
 
-    def persist(self, collections: Any, **kwargs: Any) -> Any: ...
+        def persist(self, collections: Any, **kwargs: Any) -> Any: ...
 
 
 #: Open clients that asked to be Dask's default, oldest first.
@@ -180,7 +183,7 @@ def reset_current(token: contextvars.Token[DefaultClient | None]) -> None:
 
 
 #: What ``enter`` gives and ``leave`` takes back.
-Entered = contextvars.Token[DefaultClient | None]
+Entered: TypeAlias = "contextvars.Token[DefaultClient | None]"
 
 
 def enter(client: DefaultClient) -> Entered:
@@ -252,6 +255,8 @@ def _parts_here(dsk: Any) -> Any:
     itself, futures and all (Dask caches expressions by name), and Dask's local
     scheduler would take each future for its value.
     """
+    from apportion.client.future import Future
+
     graph = dsk if isinstance(dsk, Mapping) else dict(dsk.__dask_graph__())
     parts = {k: v for k, v in graph.items() if isinstance(getattr(v, "value", v), Future)}
     if not parts:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import importlib
 import inspect
 import itertools
 import logging
@@ -70,14 +71,15 @@ from apportion.scheduler.state import SchedulerConfig
 from apportion.worker.memory_policy import THRESHOLD_NAMES, threshold_text
 
 #: What ``get_client`` calls: the current client of the cluster, else a new one.
-#: ``apportion.client.client`` sets it as it loads (importing ``apportion`` loads it
-#: first): the client imports deployment, since ``Client()`` starts a LocalCluster, so
-#: deployment must not import it back, not even for a type (``get_client`` is typed
+#: ``apportion.client.client`` sets it as it loads (``get_client`` loads it by name
+#: if nothing has yet): the client imports deployment, since ``Client()`` starts a
+#: LocalCluster, so deployment must not import it back, not even for a type (``get_client`` is typed
 #: ``Any`` for that reason: it gives a ``Client``).
 client_type: Callable[[LocalCluster], Any] | None = None
 
 #: What closes at interpreter exit before the clusters do: the clients' sessions,
-#: which ``apportion`` puts here as it loads (deployment does not import the client).
+#: which ``apportion.client.client`` puts here as it loads (deployment does not import
+#: the client).
 close_first: list[Callable[[], None]] = []
 
 #: Seconds a worker removed by ``scale`` gets to finish its tasks and hand off results.
@@ -432,6 +434,8 @@ class LocalCluster:
     def get_client(self) -> Any:
         """The current client (``Client.current()``) if it is this cluster's, else a
         new client of this cluster (close it when done), as Dask's."""
+        if client_type is None:  # by name: deployment may not import the client
+            importlib.import_module("apportion.client.client")
         assert client_type is not None, "apportion.client.client sets it as it loads"
         return client_type(self)
 
