@@ -42,6 +42,7 @@ from apportion.scheduler.records import (
     Restriction,
     TaskRecord,
     add_dependent,
+    kind_of,
     unwant,
 )
 from apportion.scheduler.state import SchedulerState
@@ -74,7 +75,7 @@ def submit(state: SchedulerState, client: ClientRecord, msg: SubmitTasks) -> Non
             wanters = existing.wanted_by
             existing = _revive(state, existing)
         if existing is None:
-            task = _new_task(state, spec, restrictions, demands)
+            task = _new_task(state, client, spec, restrictions, demands)
             task.wanted_by = wanters or None  # their futures still exist
             created.append(task)
     # After the loop above: dropping a revived record may have dropped its function.
@@ -139,6 +140,7 @@ def _warn_if_unsatisfiable(state: SchedulerState, task: TaskRecord) -> None:
 
 def _new_task(
     state: SchedulerState,
+    client: ClientRecord,
     spec: TaskSpec,
     restrictions: dict[tuple[tuple[str, ...], int], Restriction],
     demands: dict[Any, Demand],
@@ -178,6 +180,8 @@ def _new_task(
         restriction,
     )
     task.actor = bool(spec.actor)
+    # The submitter's share: its tasks queue apart from other shares' (``shares.py``).
+    task.queue = client.queue_key(kind_of(task.queue))
     state.tasks[spec.key] = task
     state.function_users[spec.func_id] += 1
     return task

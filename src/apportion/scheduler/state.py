@@ -79,6 +79,7 @@ from apportion.scheduler.records import (
     add_dependent,
     drop_dependent,
 )
+from apportion.scheduler.shares import FairPass, ShareBook
 from apportion.scheduler.telemetry import Telemetry
 
 #: The task's own key was never computed: scattered data cannot be recomputed.
@@ -222,6 +223,11 @@ class SchedulerState:
         #: key -> (its worker's id, the idle worker's id). The task stays PROCESSING
         #: there, holding what it holds, until that worker answers.
         self.steals: dict[str, tuple[str, str]] = {}
+        #: Weights and quotas of shares (``shares.py``); a client's share is on its record.
+        self.shares = ShareBook()
+        #: Each share's holdings while a placement pass serves several shares, or one
+        #: with a quota (``placement.place``); None otherwise, and between passes.
+        self.fair: FairPass | None = None
 
     # --- output -----------------------------------------------------------------------
 
@@ -338,6 +344,8 @@ class SchedulerState:
         worker.occupancy += expected
         task.worker = worker.id
         self.move(task, PROCESSING, cause)
+        if self.fair is not None:
+            self.fair.took(task)  # its share holds more: placement serves the others first
         if task.func_id not in worker.functions:
             worker.functions.add(task.func_id)
             self._out.append(
