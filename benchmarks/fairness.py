@@ -272,7 +272,8 @@ def main() -> None:
         began = time.perf_counter()
         results[name] = run()
         print(f"  {name}: {time.perf_counter() - began:.1f} s", flush=True)
-    report(results)
+    if results:
+        report(results)
     print()
     print(f"Tiny-task throughput: {N_TINY:,} no-ops, 2 workers x 1 thread (best of {TINY_RUNS})")
     if "apportion" in systems:
