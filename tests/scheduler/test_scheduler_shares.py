@@ -10,6 +10,7 @@ import pytest
 
 from apportion.core.resources import parse_demand
 from apportion.protocol.tasks import SubmitTasks, TaskSpec
+from apportion.scheduler.backlog import backlog
 from apportion.scheduler.explain import explain
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import PROCESSING, QUEUED
@@ -214,3 +215,12 @@ def test_bad_weights_and_quotas_are_refused() -> None:
         sim.state.shares.set("a", weight=0)
     with pytest.raises(ValueError, match="quota cannot be negative"):
         sim.state.shares.set("a", quota={"GPU": -1})
+
+
+def test_the_backlog_counts_a_kind_once_whoever_waits_for_it() -> None:
+    # A cluster that grows reads one line per kind of request, not one per share.
+    sim = cluster("a", "b")
+    queue(sim, "a", 3, {"GPU": 1})
+    queue(sim, "b", 2, {"GPU": 1})
+    waiting, _ = backlog(sim.state)
+    assert waiting == [{"options": [{"GPU": 10_000}], "count": 5, "restricted": False}]
