@@ -224,3 +224,16 @@ def test_the_backlog_counts_a_kind_once_whoever_waits_for_it() -> None:
     queue(sim, "b", 2, {"GPU": 1})
     waiting, _ = backlog(sim.state)
     assert waiting == [{"options": [{"GPU": 10_000}], "count": 5, "restricted": False}]
+
+
+def test_why_names_another_shares_reservation() -> None:
+    sim = cluster("a", "b")
+    sim.add_worker("w", nthreads=4, resources={"GPU": 2})
+    queue(sim, "a", 1, {"GPU": 1})
+    sim.place()
+    sim.submit("big", resources={"GPU": 2}, client="b")  # reserves w: b holds nothing
+    sim.submit("a-small", resources={"GPU": 1}, client="a")
+    sim.place()
+    assert sim.state.workers["w1"].reserved_by == "big"
+    text = explain(sim.state, "a-small")
+    assert "reserved for task 'big' of share 'b'" in text, text

@@ -15,6 +15,7 @@ from apportion.scheduler.records import (
     TaskRecord,
     WorkerRecord,
     kind_of,
+    share_of,
 )
 from apportion.scheduler.shares import quota_note
 from apportion.scheduler.state import SchedulerState
@@ -221,6 +222,12 @@ def _reserved_for(state: SchedulerState, holder: TaskRecord, task: TaskRecord) -
     over, ``placement._reserve``).
     """
     needs = describe_resources(holder.resources)
+    theirs = share_of(holder.queue)
+    if theirs != share_of(task.queue):
+        return (
+            f"reserved for task {holder.key!r} of share {theirs!r} (needs {needs}): this "
+            "task's share may take what it keeps only while further below its fair share"
+        )
     if holder.order() < task.order():
         if holder.priority > task.priority:
             return f"reserved for task {holder.key!r} of higher priority (needs {needs})"
