@@ -26,7 +26,8 @@ source tree at ``SRC`` (a checkout of an earlier revision: its ``src`` goes firs
 ``PYTHONPATH``), alternating runs with this tree's, to show the cost of shares on
 one user's throughput (target: within 5 %).
 
-Usage: ``python benchmarks/fairness.py [--systems apportion,dask] [--before SRC]``
+Usage: ``python benchmarks/fairness.py [--systems apportion,dask] [--before SRC
+[--rounds N]]``
 """
 
 from __future__ import annotations
@@ -253,6 +254,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--systems", default="apportion,dask", help="comma-separated")
     parser.add_argument("--before", help="an earlier apportion checkout, for its throughput")
+    parser.add_argument("--rounds", type=int, default=3, help="alternations with --before")
     parser.add_argument("--tiny-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.tiny_only:
@@ -284,7 +286,7 @@ def main() -> None:
         print(f"  dask, two clients:      {tiny_dask(2):>10,.0f} tasks/s", flush=True)
     if args.before:
         before, after = [], []
-        for _ in range(2):  # alternated, so that a busy moment hits both alike
+        for _ in range(args.rounds):  # alternated, so that a busy moment hits both alike
             before.append(tiny_in(args.before))
             after.append(tiny_in(None))
         b, a = max(before), max(after)
