@@ -237,3 +237,34 @@ def test_why_names_another_shares_reservation() -> None:
     assert sim.state.workers["w1"].reserved_by == "big"
     text = explain(sim.state, "a-small")
     assert "reserved for task 'big' of share 'b'" in text, text
+
+
+@pytest.mark.parametrize("other_share_waits", [False, True], ids=["one share", "two shares"])
+def test_a_task_that_takes_over_a_reservation_it_then_fits_starts(
+    other_share_waits: bool,
+) -> None:
+    # y (GPU=2) holds w2, where one GPU is free; x2 (GPU=1), older, finds w1 full
+    # and takes w2's reservation over from y. What kept it out was only that
+    # reservation: it starts in the same pass, not a pass later with its GPU idle.
+    sim = cluster("a", "b")
+    one = sim.add_worker(nthreads=2, resources={"GPU": 1})
+    two = sim.add_worker(nthreads=2, resources={"GPU": 2})
+    sim.submit("r1", resources={"GPU": 1}, client="a")
+    sim.submit("r2", resources={"GPU": 1}, client="a")
+    sim.submit("r3", resources={"GPU": 1}, client="a")
+    sim.place()
+    for key in ("x1", "x2"):
+        sim.submit(key, resources={"GPU": 1}, client="a")
+    sim.submit("y", resources={"GPU": 2}, client="a")
+    sim.place()
+    workers = sim.state.workers
+    assert (workers[one].reserved_by, workers[two].reserved_by) == ("x1", "y")
+    sim.finish(min(sim.running[one]))
+    sim.finish(min(sim.running[two]))
+    if other_share_waits:
+        sim.submit("b-0", client="b")  # a plain task: the pass serves shares fairly
+    started = dict((key, worker) for worker, key in sim.place())
+    assert started["x1"] == one
+    assert started["x2"] == two
+    assert sim.state.tasks["y"].state == QUEUED
+    check_invariants(sim.state)

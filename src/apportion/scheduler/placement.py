@@ -16,7 +16,8 @@ Rules (documented for users in docs/scheduling.md):
    free accumulates for the reserved task until it fits. A worker holds at most
    one reservation; a reservation is kept until its task starts, or until an older
    task that became ready later (its inputs arrived, or it is retried) blocks and
-   takes it over: the oldest blocked task holds it.
+   takes it over: the oldest blocked task holds it (and starts at once when what
+   the worker kept for the task it took it from is all it lacked).
 4. Plain tasks (no resources) only need a thread. Short ones may be queued a little
    ahead on a worker (``pipeline_seconds`` of work per thread) to hide the round
    trip, counted by their group's expected duration; a task of a group expected to
@@ -405,7 +406,12 @@ def _blocked(
 ) -> TaskRecord | None:
     """``task``, the head of ``kind``, fits nowhere now: warn or fail if it never
     could, else reserve. Returns the next of its kind to consider in this pass, if
-    this one failed (the others of a kind that blocks wait with it)."""
+    this one failed or started (the others of a kind that blocks wait with it).
+
+    It starts when the reservation it takes over was all that kept it out: a
+    younger task of its share held the worker, and what the worker frees is kept
+    for the holder, the older task now. Left queued, it would wait a pass with
+    everything it needs free."""
     found = next(((i, p) for i, p in enumerate(pool_for(kind)) if p), None)
     if found is None:
         fail_or_warn(state, kind, heap)
@@ -418,6 +424,9 @@ def _blocked(
     if task.reserved_on is None:
         task.choice, pool = found  # reserve for the first it could ever run with
         _reserve(state, task, pool)
+        if task.reserved_on is not None and _start_if_it_fits(state, task, pool_for):
+            heappop(heap)
+            return _head(state, heap)
     return None
 
 
