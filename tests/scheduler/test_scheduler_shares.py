@@ -268,3 +268,24 @@ def test_a_task_that_takes_over_a_reservation_it_then_fits_starts(
     assert started["x2"] == two
     assert sim.state.tasks["y"].state == QUEUED
     check_invariants(sim.state)
+
+
+def test_a_share_kept_out_by_a_reservation_gets_in_once_the_holder_takes_more() -> None:
+    # a and c both hold nothing: a's reservation on w keeps c's task out of its free
+    # GPU (c is not further below its fair share). Then a's plain task starts, a
+    # holds a thread, and c is further below: it uses the GPU in the same pass.
+    sim = cluster("a", "b", "c")
+    w = sim.add_worker(nthreads=3, resources={"GPU": 3})
+    sim.add_worker(nthreads=1)
+    sim.submit("b-0", resources={"GPU": 2}, client="b")
+    sim.place()
+    sim.submit("a-gpu", resources={"GPU": 2}, client="a")
+    sim.place()
+    assert sim.state.workers[w].reserved_by == "a-gpu"
+    sim.submit("a-plain", client="a")
+    sim.submit("c-0", resources={"GPU": 1}, client="c")
+    started = dict((key, worker) for worker, key in sim.place())
+    assert set(started) == {"a-plain", "c-0"}
+    assert started["c-0"] == w
+    assert sim.state.workers[w].reserved_by == "a-gpu"
+    check_invariants(sim.state)

@@ -86,10 +86,20 @@ def place(state: SchedulerState) -> None:
     if not state.workers:
         return
     grant_rejoins(state)
-    state.fair = _fair_pass(state)
+    fair = state.fair = _fair_pass(state)
     try:
-        _place_resource_tasks(state)
-        _place_plain_tasks(state)
+        while True:
+            taken = 0
+            if fair is not None:
+                fair.kept_out, taken = False, fair.taken
+            _place_resource_tasks(state)
+            _place_plain_tasks(state)
+            if fair is None or not fair.kept_out or fair.taken == taken:
+                break
+            # Another share's reservation kept a task out, and shares took more since:
+            # one that took more may no longer be as far below its fair share as the
+            # share it kept out, which may now use what is kept (its plain tasks,
+            # placed after every resource task, count too). Again, until nothing starts.
     finally:
         state.fair = None
 
@@ -186,6 +196,8 @@ def held_back(state: SchedulerState, worker: WorkerRecord, task: TaskRecord) -> 
         and fair.needier(share_of(task.queue), share_of(holder.queue))
     ):
         holder = None  # a share further below its fair share may use what it keeps
+    elif holder is not None and fair is not None and share_of(task.queue) != share_of(holder.queue):
+        fair.kept_out = True  # until the holder's share takes more (``place``)
     kept = None if holder is None else holder.resources
     if worker.rejoining:
         rejoin = kept_for_rejoin(state, worker) or {}

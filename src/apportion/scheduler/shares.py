@@ -27,6 +27,10 @@ strictly further below its fair share than the holder's; a share further below m
 use them and take the reservation over. So a share that holds nothing keeps its
 reservation against everyone, and a large request of any share starts once the
 others' work there finishes: fairness across shares, no starvation within one.
+A share's holdings only grow during a pass, so one that kept another's task out may,
+having taken more, no longer be the needier: when a reservation kept a task out
+(``FairPass.kept_out``) and tasks started since, the pass runs again, so that the
+rule holds of the holdings the pass ends with.
 
 A quota is never exceeded: a task whose share would hold more than its quota of a
 resource does not start, even on an idle cluster, and reserves nothing (``why``
@@ -125,7 +129,7 @@ def over_quota(quota: Amounts, held: Mapping[str, int], amounts: Amounts) -> str
 class FairPass:
     """Each share's holdings during one placement pass, kept up to date as it assigns."""
 
-    __slots__ = ("book", "held", "totals")
+    __slots__ = ("book", "held", "kept_out", "taken", "totals")
 
     def __init__(
         self,
@@ -141,6 +145,11 @@ class FairPass:
         #: The cluster's supply of each resource (the denominators of the shares).
         self.totals = totals
         self.held = holdings(workers, tasks)
+        #: Tasks assigned in the pass so far (``took``).
+        self.taken = 0
+        #: A reservation of one share kept another's task out, as it was not further
+        #: below its fair share: the placement pass tries again once shares took more.
+        self.kept_out = False
 
     def dominant(self, share: str) -> float:
         """The largest fraction of any resource ``share`` holds, over its weight."""
@@ -157,6 +166,7 @@ class FairPass:
 
     def took(self, task: TaskRecord) -> None:
         """``task`` was assigned: its share holds its resources and a thread more."""
+        self.taken += 1
         mine = self.held.setdefault(share_of(task.queue), {})
         mine[THREADS] = mine.get(THREADS, 0) + 1
         _add(mine, task.resources)
