@@ -4,9 +4,10 @@
 scheduler memory per queued task, end-to-end throughput beside Dask, tasks submitted
 from tasks (a seceding fan-out of 10,000) beside Dask, asynchronous clients (awaited
 submits per second, event-loop lag during a large gather) beside Dask, placement
-quality on a mixed CPU/GPU workload beside Dask, tasks of uneven durations (makespan
-over its lower bound) beside Dask, recovery from a killed worker
-beside Dask, Dask collections computed on each, bytes per second between workers
+quality on a mixed CPU/GPU workload beside Dask, fair shares of a GPU box between
+two people (and tiny-task throughput with one share and two) beside Dask, tasks of
+uneven durations (makespan over its lower bound) beside Dask, recovery from a killed
+worker beside Dask, Dask collections computed on each, bytes per second between workers
 and to the client beside Dask, the job queue's runs per second beside HyperQueue,
 task throughput beside a run printing 50 MB, the cost of authentication and TLS
 per connection and in tiny-task throughput beside Dask's TLS, the cost of a
@@ -35,6 +36,7 @@ SCRIPTS = [
     "tasks_from_tasks.py",
     "async_client.py",
     "placement_quality.py",
+    "fairness.py",
     "uneven.py",
     "recovery.py",
     "collections_compute.py",

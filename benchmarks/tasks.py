@@ -285,3 +285,20 @@ def random_bytes(nbytes: int) -> bytes:
     import os
 
     return os.urandom(nbytes)
+
+
+# --- fair shares: fairness.py ----------------------------------------------------------
+
+
+def trial_a(seconds: float, index: int) -> tuple[float, float]:
+    """Person A's trial: sleep ``seconds``; the wall-clock start and end."""
+    import time
+
+    start = time.time()
+    time.sleep(seconds)
+    return start, time.time()
+
+
+def trial_b(seconds: float, index: int) -> tuple[float, float]:
+    """Person B's trial (its own function: its own task group on both systems)."""
+    return trial_a(seconds, index)

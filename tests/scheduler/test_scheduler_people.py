@@ -45,9 +45,11 @@ from apportion.protocol.tasks import (
     WhoHasReply,
     WhoHasRequest,
 )
+from apportion.protocol.worker import FreeKeys
 from apportion.runs.messages import CancelPersonRuns, QueryRuns
 from apportion.scheduler import people_gate
 from apportion.scheduler.events import IssueCredential, SavePeople
+from apportion.scheduler.explain import explain
 from apportion.scheduler.records import ERRED, PROCESSING
 from apportion.testing import RecordingCluster
 
@@ -258,8 +260,12 @@ def test_a_person_s_status_shows_their_own_work_and_everyone_s_totals(make_sim: 
     assert [g["name"] for g in seen["groups"]] == ["a-gpu"]
     (worker,) = seen["workers"]
     assert worker["tasks"] == [] and worker["pools"][0]["used"] == 1.0  # busy, not with what
-    (kind,) = seen["pending"]
-    assert kind["count"] == 2 and kind["oldest"] == "(another person's)" and kind["why"] == ""
+    # Waiting work by kind and share: the owner's only counted, hers in full (her
+    # share holds nothing, so her task holds the reservation: the next freed GPU).
+    owners, hers = seen["pending"]
+    assert owners["count"] == 1 and owners["oldest"] == "(another person's)"
+    assert owners["why"] == ""
+    assert hers["count"] == 1 and hers["oldest"] == "a-gpu" and "reservation" in hers["why"]
     sim.client_says("c1", StatusRequest(2, 0, 0, 100))
     (full,) = sim.got(StatusReply, "c1")
     assert full.status["workers"][0]["tasks"][0]["key"] == "o-gpu"
@@ -279,6 +285,39 @@ def test_the_owner_s_service_submits_a_person_s_run_as_theirs_a_person_cannot(
     sim.client_says("a1", SubmitTasks([forged], {"f": b"func"}, ["a-1"]))
     assert sim.state.tasks["run-1"].person == "alice"
     assert sim.state.tasks["a-1"].person == "alice"  # a person's tasks are always theirs
+
+
+def test_a_person_is_one_share_with_their_weight_and_quota_runs_included(
+    make_sim: Make,
+) -> None:
+    """All of a person's clients and runs are one share in the fair division, held to
+    their quota; the owner's clients stay shares of their own."""
+    sim = make_sim()
+    _admitted(sim, weight=3.0, quota="gpu=1")
+    sim.add_client("a1", person="alice")
+    sim.add_client("a2", person="alice")
+    sim.add_client("queue", durable=True)
+    sim.add_worker("w1", nthreads=4, resources="gpu=4")
+    assert sim.state.shares.weight("alice") == 3.0
+    assert sim.state.shares.quota("alice") == {"gpu": SCALE}
+    sim.submit("a1-gpu", client="a1", resources="gpu=1")
+    sim.submit("a2-gpu", client="a2", resources="gpu=1")
+    run = TaskSpec("run-1", "f", b"", [], {"gpu": SCALE}, 0, 0, person="alice")
+    sim.client_says("queue", SubmitTasks([run], {"f": b"func"}, ["run-1"]))
+    sim.submit("o-gpu", resources="gpu=1")
+    sim.place()
+    states = {key: sim.state.tasks[key].state for key in ("a1-gpu", "a2-gpu", "run-1", "o-gpu")}
+    # One GPU for her whole share, though three are free; the owner's task runs.
+    assert sorted(states.values()) == [PROCESSING, PROCESSING, "queued", "queued"]
+    assert states["o-gpu"] == PROCESSING
+    waiting = next(k for k in ("a2-gpu", "run-1", "a1-gpu") if states[k] == "queued")
+    assert "its share 'alice' is at its quota" in explain(sim.state, waiting)
+    sim.client_says("c1", RemovePerson(2, "alice"))
+    (removed,) = sim.got(PersonRemoved)
+    assert removed.cancelled == 3 and removed.disconnected == 2
+    sim.got(KeysFailed, "queue")  # her run: no job queue here to cancel it
+    sim.got(FreeKeys, "w1")
+    assert sim.state.shares.weight("alice") == 1.0 and sim.state.shares.quota("alice") is None
 
 
 def test_removing_a_person_leaves_their_runs_tasks_to_the_job_queue(make_sim: Make) -> None:

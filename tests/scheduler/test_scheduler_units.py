@@ -18,7 +18,7 @@ from apportion.protocol.tasks import (
 from apportion.protocol.worker import RegisterWorker
 from apportion.scheduler.events import FromWorker
 from apportion.scheduler.invariants import check_invariants
-from apportion.scheduler.records import ERRED
+from apportion.scheduler.records import ERRED, Shared
 from apportion.scheduler.state import SchedulerConfig
 from apportion.testing import SimulatedCluster
 
@@ -187,7 +187,8 @@ def test_the_tasks_of_a_batch_share_one_demand_and_one_queue(sim: SimulatedClust
     specs = [TaskSpec(key, "f", b"", [], {"gpu": 10_000}, 0, 0) for key in keys]
     sim.client_says("c1", SubmitTasks(specs, {"f": b"func"}, keys))
     assert len({id(sim.state.tasks[key].demand) for key in keys}) == 1
-    assert list(sim.state.ready) == [sim.state.tasks["t0"].demand]
+    assert len({id(sim.state.tasks[key].queue) for key in keys}) == 1
+    assert list(sim.state.ready) == [Shared(sim.state.tasks["t0"].demand, "c1")]
 
 
 def test_a_task_reserves_with_the_first_alternative_it_could_ever_run_with(

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from apportion.scheduler.records import QUEUED, demand_of, restriction_of
+from apportion.core.demand import Demand
+from apportion.scheduler.records import QUEUED, Restricted, demand_of, kind_of, restriction_of
 from apportion.scheduler.state import SchedulerState
 
 
@@ -25,14 +26,17 @@ def backlog(state: SchedulerState) -> tuple[list[dict[str, Any]], list[dict[str,
     Workers: ``name``, ``address``, ``running`` (tasks and runs it holds) and
     ``leaving`` (draining). The keys are the wire's (``protocol.cluster``): unchanged.
     """
-    queued = []
-    for kind, heap in state.ready.items():
+    counts: dict[Demand | Restricted, int] = {}
+    for key, heap in state.ready.items():
         # A heap may hold a key twice (requeued before its old entry was popped).
         count = len(
-            {key for _, _, key in heap if (task := state.tasks.get(key)) and task.state == QUEUED}
+            {k for _, _, k in heap if (task := state.tasks.get(k)) and task.state == QUEUED}
         )
-        if not count:
-            continue
+        if count:
+            kind = kind_of(key)  # every share's tasks of a kind: one line
+            counts[kind] = counts.get(kind, 0) + count
+    queued = []
+    for kind, count in counts.items():
         restriction = restriction_of(kind)
         queued.append(
             {

@@ -41,8 +41,10 @@ from apportion.scheduler.records import (
     WAITING,
     ClientRecord,
     Restriction,
+    Shared,
     TaskRecord,
     add_dependent,
+    kind_of,
     unwant,
 )
 from apportion.scheduler.state import SchedulerState
@@ -75,9 +77,8 @@ def submit(state: SchedulerState, client: ClientRecord, msg: SubmitTasks) -> Non
             wanters = existing.wanted_by
             existing = _revive(state, existing)
         if existing is None:
-            task = _new_task(state, spec, restrictions, demands)
-            # A person's tasks are theirs; the owner's service may submit for a person.
-            task.person = client.person or (sys.intern(spec.person) if spec.person else "")
+            task = _new_task(state, client, spec, restrictions, demands)
+            _belongs(task, client, spec)
             task.wanted_by = wanters or None  # their futures still exist
             created.append(task)
     # After the loop above: dropping a revived record may have dropped its function.
@@ -140,8 +141,17 @@ def _warn_if_unsatisfiable(state: SchedulerState, task: TaskRecord) -> None:
         warn_unsatisfiable(state, task, unsatisfiable_text(task, state.workers.values()))
 
 
+def _belongs(task: TaskRecord, client: ClientRecord, spec: TaskSpec) -> None:
+    """Whose ``task`` is: a person's tasks are theirs, and the owner's service (the job
+    queue) may submit for a person, whose share its run then belongs to."""
+    task.person = client.person or (sys.intern(spec.person) if spec.person else "")
+    if task.person and task.person != client.share:
+        task.queue = Shared(kind_of(task.queue), task.person)
+
+
 def _new_task(
     state: SchedulerState,
+    client: ClientRecord,
     spec: TaskSpec,
     restrictions: dict[tuple[tuple[str, ...], int], Restriction],
     demands: dict[Any, Demand],
@@ -181,6 +191,8 @@ def _new_task(
         restriction,
     )
     task.actor = bool(spec.actor)
+    # The submitter's share: its tasks queue apart from other shares' (``shares.py``).
+    task.queue = client.queue_key(kind_of(task.queue))
     state.tasks[spec.key] = task
     state.function_users[spec.func_id] += 1
     return task

@@ -14,7 +14,10 @@ from apportion.scheduler.records import (
     WAITING,
     TaskRecord,
     WorkerRecord,
+    kind_of,
+    share_of,
 )
+from apportion.scheduler.shares import quota_note
 from apportion.scheduler.state import SchedulerState
 from apportion.scheduler.unsatisfiable import unsatisfiable_text
 
@@ -96,15 +99,25 @@ def _assigned(state: SchedulerState, task: TaskRecord, worker: WorkerRecord, whe
     )
 
 
+def _held_anyway(state: SchedulerState, task: TaskRecord) -> str | None:
+    """What holds a QUEUED task wherever it could fit: no workers, or its share's quota."""
+    if not state.workers:
+        return "queued: no workers are connected"
+    if state.shares.quotas:
+        return quota_note(state.shares, state.workers, state.tasks, task)
+    return None
+
+
 def why_queued(state: SchedulerState, task: TaskRecord, ahead: int = 0) -> str:
     """Why QUEUED ``task`` does not start, ``ahead`` older tasks of its kind before it.
 
     Without ``ahead``, the answer for the first of its kind (what the status lists),
     at no cost per queued task."""
-    if not state.workers:
-        return "queued: no workers are connected"
+    held = _held_anyway(state, task)
+    if held is not None:
+        return held
     queue = f" ({ahead} older ready tasks with the same request are ahead of it)" if ahead else ""
-    if task.queue == PLAIN:
+    if kind_of(task.queue) == PLAIN:
         slots = sum(w.nthreads for w in state.workers.values())
         busy = sum(w.running() for w in state.workers.values())
         paused = [w.name for w in state.workers.values() if w.paused]
@@ -209,6 +222,12 @@ def _reserved_for(state: SchedulerState, holder: TaskRecord, task: TaskRecord) -
     over, ``placement._reserve``).
     """
     needs = describe_resources(holder.resources)
+    theirs = share_of(holder.queue)
+    if theirs != share_of(task.queue):
+        return (
+            f"reserved for task {holder.key!r} of share {theirs!r} (needs {needs}): this "
+            "task's share may take what it keeps only while further below its fair share"
+        )
     if holder.order() < task.order():
         if holder.priority > task.priority:
             return f"reserved for task {holder.key!r} of higher priority (needs {needs})"

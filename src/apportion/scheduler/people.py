@@ -22,7 +22,7 @@ Their runs are the job queue's: ``apportion user remove`` cancels them there
 
 from __future__ import annotations
 
-from apportion.core.people import new_person
+from apportion.core.people import Person, new_person
 from apportion.protocol.people import (
     AddPerson,
     ListPeople,
@@ -58,10 +58,17 @@ def add_person(state: SchedulerState, client: ClientRecord, msg: AddPerson) -> N
         state.reply(client.id, PersonAdded(msg.request_id, msg.name, "", error, ""))
         return
     state.people[person.name] = person
+    admit_share(state, person)
     # The secret first: the people are kept with it.
     state.emit(IssueCredential(client.id, msg.request_id, person.name))
     _save(state)
     state.emit(Log("info", f"admitted {person.name} (weight {person.weight:g})"))
+
+
+def admit_share(state: SchedulerState, person: Person) -> None:
+    """``person``'s share in the fair division: their weight, and their quota as its
+    hard caps (``shares.py``); every client of theirs is in it."""
+    state.shares.set(person.name, person.weight, person.quota or None)
 
 
 def list_people(state: SchedulerState, client: ClientRecord, msg: ListPeople) -> None:
@@ -83,6 +90,7 @@ def remove_person(state: SchedulerState, client: ClientRecord, msg: RemovePerson
         state.reply(client.id, PersonRemoved(msg.request_id, name, error, 0, 0))
         return
     del state.people[name]
+    state.shares.set(name)  # back to a plain share: their work is going anyway
     _save(state)
     theirs = [c.id for c in state.clients.values() if c.person == name]
     # Their runs' tasks are the job queue's to end (``CancelPersonRuns``), so that

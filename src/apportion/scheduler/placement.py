@@ -16,7 +16,8 @@ Rules (documented for users in docs/scheduling.md):
    free accumulates for the reserved task until it fits. A worker holds at most
    one reservation; a reservation is kept until its task starts, or until an older
    task that became ready later (its inputs arrived, or it is retried) blocks and
-   takes it over: the oldest blocked task holds it.
+   takes it over: the oldest blocked task holds it (and starts at once when what
+   the worker kept for the task it took it from is all it lacked).
 4. Plain tasks (no resources) only need a thread. Short ones may be queued a little
    ahead on a worker (``pipeline_seconds`` of work per thread) to hide the round
    trip, counted by their group's expected duration; a task of a group expected to
@@ -69,10 +70,13 @@ from apportion.scheduler.records import (
     TaskRecord,
     WorkerRecord,
     demand_of,
+    kind_of,
     needs_resources,
     restriction_of,
+    share_of,
 )
 from apportion.scheduler.seceding import grant_rejoins, kept_for_rejoin
+from apportion.scheduler.shares import FairPass
 from apportion.scheduler.state import SchedulerState
 from apportion.scheduler.unsatisfiable import fail_or_warn, fail_or_warn_pinned, pinned_by_inputs
 
@@ -82,8 +86,44 @@ def place(state: SchedulerState) -> None:
     if not state.workers:
         return
     grant_rejoins(state)
-    _place_resource_tasks(state)
-    _place_plain_tasks(state)
+    fair = state.fair = _fair_pass(state)
+    try:
+        while True:
+            taken = 0
+            if fair is not None:
+                fair.kept_out, taken = False, fair.taken
+            _place_resource_tasks(state)
+            _place_plain_tasks(state)
+            if fair is None or not fair.kept_out or fair.taken == taken:
+                break
+            # Another share's reservation kept a task out, and shares took more since:
+            # one that took more may no longer be as far below its fair share as the
+            # share it kept out, which may now use what is kept (its plain tasks,
+            # placed after every resource task, count too). Again, until nothing starts.
+    finally:
+        state.fair = None
+
+
+def _fair_pass(state: SchedulerState) -> FairPass | None:
+    """The shares' holdings, when this pass must serve shares fairly: tasks of more
+    than one share wait, or of one with a quota (``shares.py``). None otherwise, so
+    that one user's work pays nothing for fairness: a look at each kind's head."""
+    first: str | None = None
+    quotas = state.shares.quotas
+    for kind, heap in state.ready.items():
+        if _head(state, heap) is None:
+            continue
+        share = share_of(kind)
+        if first is None:
+            first = share
+        if share != first or (quotas and share in quotas):
+            return FairPass(state.shares, state.workers, state.tasks)
+    return None
+
+
+def _is_plain(kind: QueueKey) -> bool:
+    """Tasks of ``kind`` need only a thread, anywhere (the plain pass places them)."""
+    return kind_of(kind) == PLAIN
 
 
 def candidates(state: SchedulerState, demand: Demand) -> list[list[WorkerRecord]]:
@@ -149,6 +189,15 @@ def held_back(state: SchedulerState, worker: WorkerRecord, task: TaskRecord) -> 
     """What ``worker`` keeps for the reservation of a task other than ``task``, and
     for its oldest task waiting to rejoin, if any."""
     holder = holder_of(state, worker, task)
+    fair = state.fair
+    if (
+        holder is not None
+        and fair is not None
+        and fair.needier(share_of(task.queue), share_of(holder.queue))
+    ):
+        holder = None  # a share further below its fair share may use what it keeps
+    elif holder is not None and fair is not None and share_of(task.queue) != share_of(holder.queue):
+        fair.kept_out = True  # until the holder's share takes more (``place``)
     kept = None if holder is None else holder.resources
     if worker.rejoining:
         rejoin = kept_for_rejoin(state, worker) or {}
@@ -222,7 +271,9 @@ def _reserve(state: SchedulerState, task: TaskRecord, pool: list[WorkerRecord]) 
     best_score: tuple[float, bool, int] | None = None
     for worker in pool:
         holder = state.tasks.get(worker.reserved_by) if worker.reserved_by else None
-        if worker.reserved_by is not None and (holder is None or holder.order() < task.order()):
+        if worker.reserved_by is not None and (
+            holder is None or not _may_take_over(state, holder, task)
+        ):
             continue
         closeness = sum(
             min(worker.ledger.free.get(n, 0), need) / need for n, need in task.resources.items()
@@ -236,10 +287,27 @@ def _reserve(state: SchedulerState, task: TaskRecord, pool: list[WorkerRecord]) 
     displaced = state.tasks.get(best.reserved_by) if best.reserved_by else None
     if displaced is not None:
         state.drop_reservation(displaced)
-        cause = f"reservation on {best.name} taken over by older task {task.key}"
+        if share_of(displaced.queue) == share_of(task.queue):
+            cause = f"reservation on {best.name} taken over by older task {task.key}"
+        else:
+            cause = (
+                f"reservation on {best.name} taken over by task {task.key}, of a share "
+                "further below its fair share"
+            )
         state.log.append((state.now, displaced.key, QUEUED, QUEUED, cause))
     state.reserve(task, best)
     state.log.append((state.now, task.key, QUEUED, QUEUED, f"reserved {best.name}"))
+
+
+def _may_take_over(state: SchedulerState, holder: TaskRecord, task: TaskRecord) -> bool:
+    """May ``task`` take the reservation ``holder`` has? Within a share, the older
+    task has it; across shares, the share further below its fair share (``shares.py``)."""
+    fair = state.fair
+    if fair is not None:
+        mine, theirs = share_of(task.queue), share_of(holder.queue)
+        if mine != theirs:
+            return fair.needier(mine, theirs)
+    return task.order() < holder.order()
 
 
 def _head(state: SchedulerState, heap: list[tuple[int, int, str]]) -> TaskRecord | None:
@@ -273,7 +341,23 @@ def _place_resource_tasks(state: SchedulerState) -> None:
             known[key] = pools(state, key, index, every)
         return known[key]
 
-    # Reservation holders first: they are the oldest of their kind that could not fit.
+    holders = _holders(state, pool_for)
+    fair = state.fair
+    if fair is None:
+        for held in holders:
+            _start_if_it_fits(state, held, pool_for)
+        _place_by_age(state, pool_for)
+    else:
+        _place_fairly(state, fair, holders, pool_for)
+    _drop_empty(state, state.ready)
+
+
+def _holders(
+    state: SchedulerState, pool_for: Callable[[QueueKey], list[list[WorkerRecord]]]
+) -> list[TaskRecord]:
+    """The tasks holding a reservation that still hold it rightly: they go first,
+    as the oldest of their kind that could not fit."""
+    holders: list[TaskRecord] = []
     for worker in list(state.workers.values()):
         held = state.tasks.get(worker.reserved_by or "")
         if held is None or held.state != QUEUED:
@@ -290,10 +374,8 @@ def _place_resource_tasks(state: SchedulerState) -> None:
             # is retried): it goes first, by age, and reserves if it cannot start.
             state.drop_reservation(held)
             continue
-        _start_if_it_fits(state, held, pool_for)
-    _place_by_age(state, pool_for)
-    for kind in [kind for kind, heap in state.ready.items() if not heap]:
-        del state.ready[kind]
+        holders.append(held)
+    return holders
 
 
 def _place_by_age(
@@ -306,7 +388,7 @@ def _place_by_age(
     """
     heads: list[tuple[tuple[int, int], QueueKey]] = []
     for kind, heap in state.ready.items():
-        task = _head(state, heap) if kind != PLAIN else None
+        task = _head(state, heap) if not _is_plain(kind) else None
         if task is not None:
             heads.append((task.order(), kind))
     heapify(heads)
@@ -322,19 +404,141 @@ def _place_by_age(
             if nxt is not None:
                 heappush(heads, (nxt.order(), kind))
             continue
-        found = next(((i, p) for i, p in enumerate(pool_for(kind)) if p), None)
-        if found is None:
-            fail_or_warn(state, kind, heap)
+        nxt = _blocked(state, task, kind, heap, pool_for)
+        if nxt is not None:
+            heappush(heads, (nxt.order(), kind))
+
+
+def _blocked(
+    state: SchedulerState,
+    task: TaskRecord,
+    kind: QueueKey,
+    heap: list[tuple[int, int, str]],
+    pool_for: Callable[[QueueKey], list[list[WorkerRecord]]],
+) -> TaskRecord | None:
+    """``task``, the head of ``kind``, fits nowhere now: warn or fail if it never
+    could, else reserve. Returns the next of its kind to consider in this pass, if
+    this one failed or started (the others of a kind that blocks wait with it).
+
+    It starts when the reservation it takes over was all that kept it out: a
+    younger task of its share held the worker, and what the worker frees is kept
+    for the holder, the older task now. Left queued, it would wait a pass with
+    everything it needs free."""
+    found = next(((i, p) for i, p in enumerate(pool_for(kind)) if p), None)
+    if found is None:
+        fail_or_warn(state, kind, heap)
+        return None
+    pinned = pinned_by_inputs(state, task, pool_for(kind))
+    if pinned:
+        fail_or_warn_pinned(state, task, pinned)
+        nxt = _head(state, heap)  # the next of its kind, if this one failed
+        return nxt if nxt is not task else None
+    if task.reserved_on is None:
+        task.choice, pool = found  # reserve for the first it could ever run with
+        _reserve(state, task, pool)
+        if task.reserved_on is not None and _start_if_it_fits(state, task, pool_for):
+            heappop(heap)
+            return _head(state, heap)
+    return None
+
+
+class _ShareQueue:
+    """One share's resource work in a fair pass: its reservation holders, then the
+    heads of its kinds, oldest first (today's order, within the share)."""
+
+    __slots__ = ("done", "heads", "holders")
+
+    def __init__(self) -> None:
+        self.holders: list[TaskRecord] = []
+        self.heads: list[tuple[tuple[int, int], QueueKey]] = []
+        #: Kinds that blocked in this pass (their holder could not start, or the quota).
+        self.done: set[QueueKey] = set()
+
+    def first(self) -> tuple[int, int]:
+        """The order of its first task (ties between shares go to the oldest work)."""
+        if self.holders:
+            return self.holders[0].order()
+        return self.heads[0][0]
+
+
+def _next_of_share(
+    state: SchedulerState, queue: _ShareQueue
+) -> tuple[TaskRecord, QueueKey, bool] | None:
+    """The share's next task to try, its kind, and whether it holds a reservation;
+    None when the entry looked at was stale (look again, or the share is done)."""
+    if queue.holders:
+        held = queue.holders.pop(0)
+        return (held, held.queue, True) if held.state == QUEUED else None
+    order, kind = heappop(queue.heads)
+    task = None if kind in queue.done else _head(state, state.ready[kind])
+    if task is None:
+        return None
+    if task.order() != order:
+        heappush(queue.heads, (task.order(), kind))  # its holder started before it
+        return None
+    return task, kind, False
+
+
+def _place_fairly(
+    state: SchedulerState,
+    fair: FairPass,
+    holders: list[TaskRecord],
+    pool_for: Callable[[QueueKey], list[list[WorkerRecord]]],
+) -> None:
+    """Serve the shares one task at a time, the one furthest below its fair share
+    first (``shares.py``); within a share, as ``_place_by_age`` does: reservation
+    holders, then the kinds' heads oldest first, a kind that blocks done for the pass.
+    A task its share's quota holds back neither starts nor reserves."""
+    queues: dict[str, _ShareQueue] = {}
+    for held in sorted(holders, key=TaskRecord.order):
+        queues.setdefault(share_of(held.queue), _ShareQueue()).holders.append(held)
+    for kind, heap in state.ready.items():
+        if _is_plain(kind):
             continue
-        pinned = pinned_by_inputs(state, task, pool_for(kind))
-        if pinned:
-            fail_or_warn_pinned(state, task, pinned)
-            nxt = _head(state, heap)  # the next of its kind, if this one failed
-            if nxt is not None and nxt is not task:
-                heappush(heads, (nxt.order(), kind))
-        elif task.reserved_on is None:
-            task.choice, pool = found  # reserve for the first it could ever run with
-            _reserve(state, task, pool)
+        task = _head(state, heap)
+        if task is not None:
+            queues.setdefault(share_of(kind), _ShareQueue()).heads.append((task.order(), kind))
+    for queue in queues.values():
+        heapify(queue.heads)
+    while queues:
+        share = min(queues, key=lambda s: (fair.dominant(s), queues[s].first()))
+        queue = queues[share]
+        picked = _next_of_share(state, queue)
+        if picked is None:
+            if not queue.heads and not queue.holders:
+                del queues[share]
+            continue
+        _try_fairly(state, fair, queue, picked, pool_for)
+        if not queue.heads and not queue.holders:
+            del queues[share]
+
+
+def _try_fairly(
+    state: SchedulerState,
+    fair: FairPass,
+    queue: _ShareQueue,
+    picked: tuple[TaskRecord, QueueKey, bool],
+    pool_for: Callable[[QueueKey], list[list[WorkerRecord]]],
+) -> None:
+    """Start a share's next task if it fits and its quota allows; else its kind is
+    done for the pass (reserving as ``_place_by_age`` does, unless the quota holds it)."""
+    task, kind, from_holder = picked
+    nxt: TaskRecord | None = None
+    if all(fair.over_quota(share_of(kind), a) for a in task.demand.alternatives):
+        if task.reserved_on is not None:
+            state.drop_reservation(task)  # held by its share's quota: it keeps no worker
+    elif _start_if_it_fits(state, task, pool_for):
+        if from_holder:
+            return  # its kind's entry in ``heads`` finds the next one
+        heap = state.ready[kind]
+        heappop(heap)
+        nxt = _head(state, heap)
+    elif not from_holder:  # a holder keeps its reservation; its kind waits with it
+        nxt = _blocked(state, task, kind, state.ready[kind], pool_for)
+    if nxt is None:
+        queue.done.add(kind)
+    else:
+        heappush(queue.heads, (nxt.order(), kind))
 
 
 def _start_if_it_fits(
@@ -344,7 +548,10 @@ def _start_if_it_fits(
 ) -> bool:
     """Assign ``task`` with the first of its alternatives that fits somewhere now."""
     alternatives = task.demand.alternatives
+    fair = state.fair
     for choice, pool in enumerate(pool_for(task.queue)):
+        if fair is not None and fair.over_quota(share_of(task.queue), alternatives[choice]):
+            continue  # never past its share's quota, even where it fits
         target = best_worker(state, task, pool, alternatives[choice])
         if target is not None:
             task.choice = choice
@@ -443,10 +650,16 @@ def resource_work_waiting(state: SchedulerState) -> bool:
 def _place_plain_tasks(state: SchedulerState) -> None:
     """Give each plain task, oldest first, to the least busy open worker: one with a
     free thread, or for short work one whose queue has room for it. Stops at the
-    first task no worker can take now (the rest are no older)."""
-    heap = state.ready.get(PLAIN)
-    if not heap:
+    first task no worker can take now (the rest are no older).
+
+    While several shares' plain tasks wait (``state.fair``), each next task is the
+    oldest of the share furthest below its fair share (``shares.py``)."""
+    heaps = {kind: heap for kind, heap in state.ready.items() if heap and _is_plain(kind)}
+    if not heaps:
         return
+    heap = next(iter(heaps.values()))
+    # One share's plain work: nothing to choose between.
+    fair = state.fair if len(heaps) > 1 else None
     workers = state.workers
     waiting = resource_work_waiting(state)
     loads = [
@@ -457,6 +670,8 @@ def _place_plain_tasks(state: SchedulerState) -> None:
     heapify(loads)
     aheads: dict[object, int] = {}  # by task group: its tasks come in runs
     while loads:
+        if fair is not None:
+            heap = _neediest_plain(state, fair, heaps)
         task = _head(state, heap)
         if task is None:
             break
@@ -492,8 +707,30 @@ def _place_plain_tasks(state: SchedulerState) -> None:
         heappop(heap)
         state.assign(task, worker)
         heapreplace(loads, (*_load(state, worker), entry[3], entry[4]))
-    if not heap:
-        del state.ready[PLAIN]
+    _drop_empty(state, heaps)
+
+
+def _drop_empty(state: SchedulerState, heaps: dict[QueueKey, list[tuple[int, int, str]]]) -> None:
+    """Queues emptied by the pass leave ``state.ready``."""
+    for kind in [kind for kind, heap in heaps.items() if not heap]:
+        del state.ready[kind]
+
+
+def _neediest_plain(
+    state: SchedulerState, fair: FairPass, heaps: dict[QueueKey, list[tuple[int, int, str]]]
+) -> list[tuple[int, int, str]]:
+    """The plain queue of the share furthest below its fair share that has a task
+    waiting (ties: the oldest task); an empty one when none has."""
+    best: list[tuple[int, int, str]] = []
+    best_score: tuple[float, tuple[int, int]] | None = None
+    for kind, heap in heaps.items():
+        task = _head(state, heap)
+        if task is None:
+            continue
+        score = (fair.dominant(share_of(kind)), task.order())
+        if best_score is None or score < best_score:
+            best, best_score = heap, score
+    return best
 
 
 def _retry_choice(

@@ -55,18 +55,68 @@ class Restricted:
     restriction: Restriction
 
 
-QueueKey = Demand | Restricted
+class Shared:
+    """Queue key of one share's tasks: their kind (demand, and where they may run)
+    and the share they belong to (``scheduler/shares.py``).
+
+    The share is part of the key so that each share's tasks of a kind queue apart,
+    and placement can serve the share furthest below its fair share first; a task
+    keeps it in the ``queue`` field it has anyway, at no cost per task. Interned
+    per client (``ClientRecord.queue_key``), with its hash kept: it is looked up for
+    every task that moves.
+    """
+
+    __slots__ = ("_hash", "kind", "share")
+
+    def __init__(self, kind: Demand | Restricted, share: str) -> None:
+        self.kind = kind
+        self.share = share
+        self._hash = hash((kind, share))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, Shared):
+            return NotImplemented
+        return self._hash == other._hash and self.share == other.share and self.kind == other.kind
+
+    def __repr__(self) -> str:
+        return f"Shared({self.kind!r}, {self.share!r})"
+
+
+QueueKey = Demand | Restricted | Shared
 """A queue of ready tasks: their ``Demand`` (tasks with equal demands fit in the same
-places, so the placement pass can skip them together), or it and where they may run."""
+places, so the placement pass can skip them together), or it and where they may run;
+for a client's tasks, either and their share."""
+
+#: The share of tasks no client submitted (a relay's placeholders).
+NO_SHARE = ""
+
+
+def kind_of(key: QueueKey) -> Demand | Restricted:
+    """A queue's kind of request, whoever's share it is."""
+    return key.kind if isinstance(key, Shared) else key
+
+
+def share_of(key: QueueKey) -> str:
+    """The share a queue's tasks belong to (``NO_SHARE`` for none)."""
+    return key.share if isinstance(key, Shared) else NO_SHARE
 
 
 def demand_of(key: QueueKey) -> Demand:
     """What a queue's tasks ask for."""
+    if isinstance(key, Shared):
+        key = key.kind
     return key.demand if isinstance(key, Restricted) else key
 
 
 def restriction_of(key: QueueKey) -> Restriction | None:
     """Where a queue's tasks may run; None for anywhere."""
+    if isinstance(key, Shared):
+        key = key.kind
     return key.restriction if isinstance(key, Restricted) else None
 
 
@@ -496,7 +546,7 @@ class WorkerRecord:
 class ClientRecord:
     """A connected client and the keys it holds futures for."""
 
-    __slots__ = ("alone", "durable", "id", "person", "wanted")
+    __slots__ = ("alone", "durable", "id", "person", "queue_keys", "share", "wanted")
 
     def __init__(self, client_id: str, durable: bool = False, person: str = "") -> None:
         self.id = client_id
@@ -510,6 +560,21 @@ class ClientRecord:
         #: A service (``RegisterService``): its tasks survive a restart (``restart.py``)
         #: and its leaving (they are not released): the job queue's runs.
         self.durable = durable
+        #: The share its tasks belong to (``scheduler/shares.py``): a person's, all
+        #: their clients together; else its own, so that two of the owner's clients
+        #: are served alternately. The job queue's runs are its service client's
+        #: share, one for all the owner's runs, and each person's are theirs.
+        self.share = person or client_id
+        #: Its tasks' queue keys, one ``Shared`` per kind, interned here so that the
+        #: 10,000 tasks of a ``map`` share one (and it goes when the client does).
+        self.queue_keys: dict[Demand | Restricted, Shared] = {}
+
+    def queue_key(self, kind: Demand | Restricted) -> Shared:
+        """The queue key of this client's tasks of ``kind``."""
+        key = self.queue_keys.get(kind)
+        if key is None:
+            key = self.queue_keys[kind] = Shared(kind, self.share)
+        return key
 
 
 def sees(client: ClientRecord, task: TaskRecord) -> bool:

@@ -71,6 +71,7 @@ from apportion.scheduler.events import (
     WorkerJoined,
     WorkerLeft,
 )
+from apportion.scheduler.people import admit_share
 from apportion.scheduler.readout import Readout
 from apportion.scheduler.state import SchedulerConfig, SchedulerState
 from apportion.scheduler.wire import to_wire
@@ -148,6 +149,8 @@ class Scheduler(BackgroundService):
         if people_file is not None:
             people, self._secrets = read_people_file(people_file)
             self.state.people = {person.name: person for person in people}
+            for person in people:
+                admit_share(self.state, person)
             self.state.people_stored = str(people_file)
         #: Admits connections: the handshake, bounded while unauthenticated.
         self._door = Door(

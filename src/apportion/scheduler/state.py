@@ -80,6 +80,7 @@ from apportion.scheduler.records import (
     add_dependent,
     drop_dependent,
 )
+from apportion.scheduler.shares import FairPass, ShareBook
 from apportion.scheduler.telemetry import Telemetry
 
 #: The task's own key was never computed: scattered data cannot be recomputed.
@@ -229,6 +230,11 @@ class SchedulerState:
         #: Whether a change to ``people`` is kept by the service across restarts
         #: (it has a people file), and where: said to the owner who changes them.
         self.people_stored = ""
+        #: Weights and quotas of shares (``shares.py``); a client's share is on its record.
+        self.shares = ShareBook()
+        #: Each share's holdings while a placement pass serves several shares, or one
+        #: with a quota (``placement.place``); None otherwise, and between passes.
+        self.fair: FairPass | None = None
 
     # --- output -----------------------------------------------------------------------
 
@@ -345,6 +351,8 @@ class SchedulerState:
         worker.occupancy += expected
         task.worker = worker.id
         self.move(task, PROCESSING, cause)
+        if self.fair is not None:
+            self.fair.took(task)  # its share holds more: placement serves the others first
         if task.func_id not in worker.functions:
             worker.functions.add(task.func_id)
             self._out.append(

@@ -29,6 +29,7 @@ from apportion.scheduler.records import (
     TaskRecord,
     WorkerRecord,
     demand_of,
+    kind_of,
     restriction_of,
 )
 from apportion.scheduler.state import SchedulerState
@@ -37,6 +38,7 @@ from apportion.scheduler.state import SchedulerState
 def satisfiable(state: SchedulerState, key: QueueKey) -> bool:
     """Some connected worker's declared supply could hold this request, and (for a
     hard restriction) that worker is one the task may run on."""
+    key = kind_of(key)  # whoever's share: the answer is the kind's
     known = state.satisfiable_cache.get(key)
     if known is None:
         restriction = restriction_of(key)
@@ -155,10 +157,11 @@ def misnamed(state: SchedulerState, task: TaskRecord) -> dict[str, str]:
     """The names ``task`` asks for (in any of its alternatives) that no connected
     worker offers but are slips of one that some worker does: each with its
     suggestion. Once per kind of request, as a sweep of 10,000 shares the answer."""
-    known = state.misnamed_cache.get(task.queue)
+    kind = kind_of(task.queue)
+    known = state.misnamed_cache.get(kind)
     if known is None:
         asked = {name for amounts in task.demand.alternatives for name in amounts}
-        known = state.misnamed_cache[task.queue] = misspelt(asked, offered(state.workers.values()))
+        known = state.misnamed_cache[kind] = misspelt(asked, offered(state.workers.values()))
     return known
 
 
@@ -216,12 +219,13 @@ def _offer_text(workers: Iterable[WorkerRecord]) -> str:
 
 def warn_unsatisfiable(state: SchedulerState, task: TaskRecord, text: str) -> None:
     """Log it once per kind of request, and tell each client waiting for one once."""
-    if task.queue not in state.warned:
-        state.warned.add(task.queue)
+    kind = kind_of(task.queue)  # once per kind, whichever shares ask for it
+    if kind not in state.warned:
+        state.warned.add(kind)
         state.warn(text)
     for client_id in task.wanted_by or ():
-        if (client_id, task.queue) not in state.notified:
-            state.notified.add((client_id, task.queue))
+        if (client_id, kind) not in state.notified:
+            state.notified.add((client_id, kind))
             state.emit(SendNotice(client_id, "warning", text))
 
 
