@@ -139,8 +139,7 @@ def test_published_messages_while_the_main_thread_imports(
     topic = f"things-{uuid.uuid4().hex[:6]}"
     with Client(address) as client:
         client.wait_for_workers(2, timeout=30)
-        sub = Sub(topic)
-        time.sleep(0.2)  # the subscription reaches the scheduler before anything is published
+        sub = Sub(topic)  # returns once the scheduler has the subscription
         futures = client.map(
             publish_thing, [root] * N, [name] * N, [topic] * N, range(N), pure=False
         )

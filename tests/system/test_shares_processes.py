@@ -50,7 +50,7 @@ def test_a_second_client_is_served_at_the_next_freed_gpu() -> None:
         while sum(len(keys) for keys in a.processing().values()) < 2:
             assert time.monotonic() < deadline, "A's first tasks never started"
             time.sleep(0.01)
-        time.sleep(0.05)  # A's first two tasks are running, 28 wait
+        # A's first two tasks are running, the rest wait.
         submitted = time.time()
         start, _ = b.submit(timed_sleep, SECONDS, -1, resources={"GPU": 1}).result(timeout=30)
         a_spans = a.gather(spans)

@@ -124,7 +124,6 @@ class _Varying:
         self.key = next(_keys) + os.getpid() * 1_000_000
 
     def __call__(self) -> Any:
-        sys.modules[__name__]  # the counter lives in this module, wherever it runs
         count = _calls.get(self.key, 0)
         _calls[self.key] = count + 1
         item = self.items[count]
