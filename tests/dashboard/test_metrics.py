@@ -177,8 +177,9 @@ def test_each_share_s_figures_are_gauges_labelled_by_share() -> None:
     sim.place()
     rows = {row["share"]: row for row in status(sim.state)["shares"]}
     samples, types = _samples(_render(sim))
-    assert _get(samples, "apportion_share_info", share="alice", kind="person") == 1
-    assert _get(samples, "apportion_share_info", share="c1", kind="client") == 1
+    info = {labels["share"]: labels for labels, _ in _named(samples, "apportion_share_info")}
+    assert info["alice"] == {"share": "alice", "name": "alice", "kind": "person"}
+    assert info["c1"] == {"share": "c1", "name": "c1", "kind": "client"}
     assert _get(samples, "apportion_share_held", share="alice", resource="gpu") == 1
     assert _get(samples, "apportion_share_held", share="alice", resource="MEMORY") == 2**30
     assert _get(samples, "apportion_share_held", share="alice", resource="threads") == 1

@@ -53,6 +53,7 @@ def test_two_clients_hold_their_units_and_each_is_owed_half() -> None:
     rows = by_share(sim)
     assert rows["a"] == {
         "share": "a",
+        "name": "a",
         "kind": "client",
         "weight": 1.0,
         "held": {"GPU": 4.0, "memory": 4 * 2**30, "threads": 4},

@@ -271,9 +271,10 @@ def _shares(shares: Sequence[Mapping[str, Any]]) -> list[_Line]:
 
 
 def _share_name(row: Mapping[str, Any]) -> str:
-    """A person by name; a client's share by its id, a service's and a gone one's marked."""
+    """A person's share by their name, a client's by the name it gave; a service's and a
+    gone one's marked."""
     suffix = {"service": " (service)", "other": " (left)"}.get(row["kind"], "")
-    return f"{row['share']}{suffix}"
+    return f"{row.get('name', row['share'])}{suffix}"
 
 
 def _amounts(amounts: Mapping[str, float]) -> str:

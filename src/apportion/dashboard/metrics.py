@@ -202,8 +202,8 @@ def _shares(out: list[str], shares: list[Mapping[str, Any]]) -> None:
     gauge(
         out,
         "apportion_share_info",
-        "A share of the cluster and what it stands for (person, client, service, other); 1.",
-        [({"share": row["share"], "kind": row["kind"]}, 1) for row in shares],
+        "A share of the cluster, its name and what it stands for (person, client, ...); 1.",
+        [({"share": row["share"], "name": row["name"], "kind": row["kind"]}, 1) for row in shares],
     )
     gauge(
         out,

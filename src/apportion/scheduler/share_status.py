@@ -47,12 +47,16 @@ MAX_SHARES = 100
 #: share of its own), a service such as the job queue, or neither any more (a client
 #: that left, a person removed) while its running work finishes.
 PERSON, CLIENT, SERVICE, OTHER = "person", "client", "service", "other"
+#: Characters of a client's name kept (it chose the name itself).
+MAX_NAME = 64
 
 
 def share_rows(state: SchedulerState) -> list[dict[str, Any]]:
     """Every share that holds or waits for something, and every admitted person
     (idle or not): the figures of the module docstring, one dict each, with
-    ``share`` (its name), ``kind`` and ``weight``. People first, by name; then the
+    ``share`` (a person's name, or the scheduler's id of a client: unique),
+    ``name`` (a person's, or the name the client gave: ``client-1a2b3c4d``, which
+    two clients may share), ``kind`` and ``weight``. People first, by name; then the
     others, those holding most first."""
     fair = FairPass(state.shares, state.workers, state.tasks)
     waiting: dict[str, list[tuple[str, int, Any]]] = {}
@@ -81,8 +85,10 @@ def _row(
     active = bool(held) or bool(waiting)
     quota = state.shares.quota(name)
     resource, fraction = _dominant(held, fair.totals)
+    client = state.clients.get(name)
     return {
         "share": name,
+        "name": name if client is None else client.name[:MAX_NAME],
         "kind": _kind(state, name),
         "weight": weight,
         "held": {n: (a if n == THREADS else a / SCALE) for n, a in sorted(held.items()) if a},

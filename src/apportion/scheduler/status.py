@@ -76,7 +76,7 @@ def status(
     (per kind of request, oldest first: ``request`` text, ``options``,
     ``workers`` (a restriction) or None, ``count``, ``oldest`` key, ``why``,
     ``unsatisfiable``); ``shares`` (every share holding or waiting for something
-    and every admitted person, ``share_status.share_rows``: ``share``, ``kind``
+    and every admitted person, ``share_status.share_rows``: ``share``, ``name``, ``kind``
     person/client/service/other, ``weight``, ``held``, ``dominant`` (``resource``,
     ``fraction``), ``fair``, ``quota``, ``waiting`` (``count``, ``requests``:
     ``request`` text and ``count``), ``quota_holds`` (None, or ``count`` and
