@@ -1,6 +1,6 @@
 """People the owner admits, with real processes: a scheduler and a CLI worker, the
 owner's commands, a person's ``Client`` and ``apportion submit``, a stranger, and a
-removal; the people survive a restart of the scheduler."""
+removal; the people, their runs and their quotas survive a restart of the scheduler."""
 
 from __future__ import annotations
 
@@ -139,7 +139,7 @@ def _gone(client: Client) -> bool:
     return False
 
 
-def test_the_people_survive_a_restart_of_the_scheduler(
+def test_the_people_their_runs_and_quotas_survive_a_restart_of_the_scheduler(
     procs: Processes, owner: dict[str, str], tmp_path: Path
 ) -> None:
     port = free_port()
@@ -149,11 +149,22 @@ def test_the_people_survive_a_restart_of_the_scheduler(
     assert _run(owner, "user", "list").stdout.splitlines()[1].split()[3:] == ["memory=2", "GiB"]
     people = json.loads((tmp_path / "owner" / "runs-people.json").read_text())
     assert [row["name"] for row in people["people"]] == ["bob"]
+    bob_env = _person_env(owner, tmp_path / "bob-home")
+    as_bob = ("--scheduler-file", str(bob_json))
+    _run(bob_env, "submit", *as_bob, "--", "true")  # no worker yet: it waits in the journal
+    _run(owner, "submit", "--", "true")
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=20)
     assert _start(procs, port, owner) == address
     assert _run(owner, "user", "list").stdout.splitlines()[1].split()[0] == "bob"
+    # His queued run is still there, still his; his share keeps its quota.
+    assert _runs(bob_env, *as_bob) == {1: "queued"}
+    assert _runs(owner, "--scheduler", address) == {1: "queued", 2: "queued"}
+    shares = json.loads(_run(owner, "status", address, "--json").stdout)["shares"]
+    (row,) = [row for row in shares if row["share"] == "bob"]
+    assert row["kind"] == "person" and row["quota"] == {"memory": 2 * 2**30}
     procs.start("worker", address, "--nthreads", "1", "--name", "w1", env=owner)
+    poll(lambda: _runs(bob_env, *as_bob) == {1: "completed"}, 30, "bob's run to complete")
     with Client(scheduler_file=bob_json, timeout=20) as bob:
         assert bob.submit(lambda: "still bob", key="b").result(timeout=30) == "still bob"
 
