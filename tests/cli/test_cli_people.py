@@ -48,11 +48,15 @@ def _person_env(owner: dict[str, str], home: Path) -> dict[str, str]:
     return {**owner, "APPORTION_HOME": str(home)}
 
 
+#: The states ``apportion runs`` names (after the NAME column, which arrays fill).
+STATES = {"staged", "queued", "running", "completed", "failed", "cancelled", "lost"}
+
+
 def _runs(env: dict[str, str], *where: str) -> dict[int, str]:
     """Run id -> state, as ``apportion runs`` shows them to whoever asks ``where``."""
     out = _run(env, "runs", *where).stdout
     rows = [line.split() for line in out.splitlines()[1:] if line.strip()]
-    return {int(row[0]): row[1] for row in rows}
+    return {int(row[0]): next(word for word in row[1:] if word in STATES) for row in rows}
 
 
 def _start(procs: Processes, port: int, env: dict[str, str]) -> str:
@@ -189,3 +193,53 @@ def test_two_people_share_a_local_cluster(owner: dict[str, str], tmp_path: Path)
             assert set(alice.who_has()) == {"hers"} and set(bob.who_has()) == {"his"}
             with pytest.raises(PermissionError, match="bob may not use another person's tasks"):
                 bob._link.connected.call(lambda rid: GatherRequest(rid, ["hers"]), 20)
+
+
+def test_two_people_s_runs_share_a_cli_worker_s_gpus_and_status_names_the_quota(
+    procs: Processes, owner: dict[str, str], tmp_path: Path
+) -> None:
+    address = _start(procs, free_port(), owner)
+    procs.start("worker", address, "--nthreads", "4", "--resources", "GPU=2", env=owner)
+    files = {name: tmp_path / f"{name}.json" for name in ("alice", "bob")}
+    _run(owner, "user", "add", "alice", "-o", str(files["alice"]))
+    _run(owner, "user", "add", "bob", "--quota", "GPU=1", "-o", str(files["bob"]))
+    env = {name: _person_env(owner, tmp_path / f"{name}-home") for name in files}
+
+    def submit(name: str, seconds: int, *args: str) -> None:
+        where = ("--scheduler-file", str(files[name]), "--resources", "GPU=1")
+        _run(env[name], "submit", *where, *args, "--", "sleep", str(seconds))
+
+    as_owner = ("--scheduler", address)
+    submit("alice", 2, "--array", "1-8")  # runs 1-8: 16 GPU-seconds, 8 s on two GPUs
+    poll(lambda: list(_runs(owner, *as_owner).values()).count("running") == 2, 30, "2 running")
+    # Bob's runs are long, so that the status is seen while the first runs: a loaded
+    # machine may take a second or more per command.
+    submit("bob", 20)  # run 9: the next freed GPU is his
+    submit("bob", 20)  # run 10: held by his quota while 9 runs
+    states = poll(
+        lambda: (s := _runs(owner, *as_owner)).get(9) == "running" and s, 30, "bob's run to start"
+    )
+    alice_waiting = [i for i in range(1, 9) if states[i] == "queued"]
+    assert len(alice_waiting) >= 3, f"bob's run started only as alice's queue emptied: {states}"
+    assert states[10] == "queued"
+
+    def shares_text() -> str:
+        return _run({**owner, "COLUMNS": "200"}, "status", address).stdout
+
+    text = poll(
+        lambda: "bob: 1 waiting (GPU=1 x1), held by quota GPU=1" in (t := shares_text()) and t,
+        20,
+        "the status to name bob's quota",
+    )
+    lines = text.splitlines()
+    shares = lines[lines.index("shares") + 1 :]
+    assert shares[0].split() == ["share", "weight", "holds", "dominant", "fair", "quota"]
+    rows = {line.split()[0]: line.split() for line in shares[1:3]}
+    assert rows["alice"][1:3] == ["1", "GPU=1"] and rows["alice"][-1] == "-"
+    assert rows["bob"][1:3] == ["1", "GPU=1"] and rows["bob"][-1] == "GPU=1"
+    assert any(line.startswith("  alice: ") and "held by quota" not in line for line in lines)
+    # Bob sees his own share only.
+    mine = json.loads(
+        _run(env["bob"], "status", "--scheduler-file", str(files["bob"]), "--json").stdout
+    )
+    assert [row["share"] for row in mine["shares"]] == ["bob"]
