@@ -162,7 +162,6 @@ def test_a_quota_of_threads_caps_resource_tasks_too() -> None:
 def test_a_person_s_quota_of_any_resource_caps_them(make_sim: Make, spec: str) -> None:
     sim = make_sim()
     sim.client_says("c1", AddPerson(1, "alice", 1.0, spec))
-    sim.got(PersonAdded, "c1")
     sim.add_client("a1", person="alice")
     sim.add_worker("w1", nthreads=4, resources="GPU=4 licence=4 memory=8GiB")
     name = spec.split("=")[0]
@@ -181,7 +180,6 @@ def test_a_person_sees_their_own_share_only_and_the_owner_sees_all(make_sim: Mak
     sim = make_sim()
     for name in ("alice", "bob"):
         sim.client_says("c1", AddPerson(1, name, 2.0 if name == "bob" else 1.0, ""))
-        sim.got(PersonAdded, "c1")
     sim.add_client("a1", person="alice")
     sim.add_worker("w1", nthreads=2, resources="gpu=2")
     sim.submit("o-gpu", resources="gpu=1")
@@ -199,3 +197,26 @@ def test_a_person_sees_their_own_share_only_and_the_owner_sees_all(make_sim: Mak
     shares = {r["share"]: r for r in full.status["shares"]}
     assert set(shares) == {"alice", "bob", "c1"}
     assert shares["bob"]["fair"] == pytest.approx(0.5) and shares["c1"]["kind"] == "client"
+
+
+@pytest.mark.parametrize(
+    ("quota", "error"),
+    [
+        ("gpu=1", "invalid quota: no connected worker offers gpu: did you mean GPU (not gpu)?"),
+        ("thread=2", "invalid quota: no connected worker offers thread: did you mean threads"),
+        ("licence=1", ""),  # no worker offers it yet: one that does may join
+        ("GPU=1 threads=2", ""),
+    ],
+)
+def test_a_quota_naming_a_slip_of_an_offered_resource_is_refused(
+    make_sim: Make, quota: str, error: str
+) -> None:
+    sim = make_sim()
+    sim.add_worker("w1", nthreads=4, resources="GPU=4")
+    sim.client_says("c1", AddPerson(1, "alice", 1.0, quota))
+    if error:
+        (reply,) = sim.got(PersonAdded, "c1")
+        assert reply.error.startswith(error), reply.error
+        assert "alice" not in sim.state.people and not sim.people_effects
+    else:  # admitted: the service issues the credential and answers
+        assert "alice" in sim.state.people and len(sim.people_effects) == 2
