@@ -15,6 +15,7 @@ from apportion.core.resources import SCALE
 from apportion.protocol.cluster import StatusReply, StatusRequest
 from apportion.protocol.people import AddPerson, PersonAdded
 from apportion.protocol.tasks import SubmitTasks, TaskSpec
+from apportion.scheduler.events import ClientJoined
 from apportion.scheduler.explain import explain
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import PROCESSING, QUEUED
@@ -220,3 +221,16 @@ def test_a_quota_naming_a_slip_of_an_offered_resource_is_refused(
         assert "alice" not in sim.state.people and not sim.people_effects
     else:  # admitted: the service issues the credential and answers
         assert "alice" in sim.state.people and len(sim.people_effects) == 2
+
+
+def test_a_client_s_share_is_named_by_the_name_it_gave_cut_and_printable() -> None:
+    sim = SimulatedCluster()
+    sim.handle(ClientJoined("peer-1", 0.0, name="notebook\x1b[2J" + "x" * 100))
+    sim.handle(ClientJoined("peer-2", 0.0, durable=True, name="runs"))
+    sim.add_worker("w", nthreads=2)
+    queue(sim, "peer-1", 1)
+    queue(sim, "peer-2", 1)
+    rows = by_share(sim)
+    assert rows["peer-1"]["name"] == "notebook?[2J" + "x" * 52
+    assert (rows["peer-1"]["kind"], rows["peer-2"]["kind"]) == ("client", "service")
+    assert rows["peer-2"]["name"] == "runs"

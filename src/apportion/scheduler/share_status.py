@@ -88,7 +88,7 @@ def _row(
     client = state.clients.get(name)
     return {
         "share": name,
-        "name": name if client is None else client.name[:MAX_NAME],
+        "name": name if client is None else _printable(client.name),
         "kind": _kind(state, name),
         "weight": weight,
         "held": {n: (a if n == THREADS else a / SCALE) for n, a in sorted(held.items()) if a},
@@ -104,6 +104,12 @@ def _row(
         },
         "quota_holds": None if quota is None else _quota_holds(quota, held, waiting),
     }
+
+
+def _printable(name: str) -> str:
+    """A client's name as it may be shown: its own choice, so cut, and without control
+    characters (a terminal would act on them)."""
+    return "".join(ch if ch.isprintable() else "?" for ch in name[:MAX_NAME])
 
 
 def _kind(state: SchedulerState, name: str) -> str:
