@@ -234,3 +234,16 @@ def test_a_client_s_share_is_named_by_the_name_it_gave_cut_and_printable() -> No
     assert rows["peer-1"]["name"] == "notebook?[2J" + "x" * 52
     assert (rows["peer-1"]["kind"], rows["peer-2"]["kind"]) == ("client", "service")
     assert rows["peer-2"]["name"] == "runs"
+
+
+def test_a_person_with_a_quota_of_zero_gets_none_of_it(make_sim: Make) -> None:
+    sim = make_sim()
+    sim.client_says("c1", AddPerson(1, "alice", 1.0, "GPU=0"))
+    sim.add_client("a1", person="alice")
+    sim.add_worker("w1", nthreads=4, resources="GPU=4")
+    sim.submit("a-gpu", client="a1", resources="GPU=1")
+    sim.submit("a-plain", client="a1")
+    assert [key for _, key in sim.place()] == ["a-plain"]
+    (row,) = [r for r in share_rows(sim.state) if r["share"] == "alice"]
+    assert row["quota"] == {"GPU": 0.0}
+    assert row["quota_holds"] == {"count": 1, "resources": {"GPU": 0.0}}
