@@ -1,6 +1,6 @@
 """People the owner admits, with real processes: a scheduler and a CLI worker, the
 owner's commands, a person's ``Client`` and ``apportion submit``, a stranger, and a
-removal; the people survive a restart of the scheduler."""
+removal; the people, their runs and their quotas survive a restart of the scheduler."""
 
 from __future__ import annotations
 
@@ -48,11 +48,15 @@ def _person_env(owner: dict[str, str], home: Path) -> dict[str, str]:
     return {**owner, "APPORTION_HOME": str(home)}
 
 
+#: The states ``apportion runs`` names (after the NAME column, which arrays fill).
+STATES = {"staged", "queued", "running", "completed", "failed", "cancelled", "lost"}
+
+
 def _runs(env: dict[str, str], *where: str) -> dict[int, str]:
     """Run id -> state, as ``apportion runs`` shows them to whoever asks ``where``."""
     out = _run(env, "runs", *where).stdout
     rows = [line.split() for line in out.splitlines()[1:] if line.strip()]
-    return {int(row[0]): row[1] for row in rows}
+    return {int(row[0]): next(word for word in row[1:] if word in STATES) for row in rows}
 
 
 def _start(procs: Processes, port: int, env: dict[str, str]) -> str:
@@ -139,7 +143,7 @@ def _gone(client: Client) -> bool:
     return False
 
 
-def test_the_people_survive_a_restart_of_the_scheduler(
+def test_the_people_their_runs_and_quotas_survive_a_restart_of_the_scheduler(
     procs: Processes, owner: dict[str, str], tmp_path: Path
 ) -> None:
     port = free_port()
@@ -149,11 +153,22 @@ def test_the_people_survive_a_restart_of_the_scheduler(
     assert _run(owner, "user", "list").stdout.splitlines()[1].split()[3:] == ["memory=2", "GiB"]
     people = json.loads((tmp_path / "owner" / "runs-people.json").read_text())
     assert [row["name"] for row in people["people"]] == ["bob"]
+    bob_env = _person_env(owner, tmp_path / "bob-home")
+    as_bob = ("--scheduler-file", str(bob_json))
+    _run(bob_env, "submit", *as_bob, "--", "true")  # no worker yet: it waits in the journal
+    _run(owner, "submit", "--", "true")
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=20)
     assert _start(procs, port, owner) == address
     assert _run(owner, "user", "list").stdout.splitlines()[1].split()[0] == "bob"
+    # His queued run is still there, still his; his share keeps its quota.
+    assert _runs(bob_env, *as_bob) == {1: "queued"}
+    assert _runs(owner, "--scheduler", address) == {1: "queued", 2: "queued"}
+    shares = json.loads(_run(owner, "status", address, "--json").stdout)["shares"]
+    (row,) = [row for row in shares if row["share"] == "bob"]
+    assert row["kind"] == "person" and row["quota"] == {"memory": 2 * 2**30}
     procs.start("worker", address, "--nthreads", "1", "--name", "w1", env=owner)
+    poll(lambda: _runs(bob_env, *as_bob) == {1: "completed"}, 30, "bob's run to complete")
     with Client(scheduler_file=bob_json, timeout=20) as bob:
         assert bob.submit(lambda: "still bob", key="b").result(timeout=30) == "still bob"
 
@@ -178,3 +193,53 @@ def test_two_people_share_a_local_cluster(owner: dict[str, str], tmp_path: Path)
             assert set(alice.who_has()) == {"hers"} and set(bob.who_has()) == {"his"}
             with pytest.raises(PermissionError, match="bob may not use another person's tasks"):
                 bob._link.connected.call(lambda rid: GatherRequest(rid, ["hers"]), 20)
+
+
+def test_two_people_s_runs_share_a_cli_worker_s_gpus_and_status_names_the_quota(
+    procs: Processes, owner: dict[str, str], tmp_path: Path
+) -> None:
+    address = _start(procs, free_port(), owner)
+    procs.start("worker", address, "--nthreads", "4", "--resources", "GPU=2", env=owner)
+    files = {name: tmp_path / f"{name}.json" for name in ("alice", "bob")}
+    _run(owner, "user", "add", "alice", "-o", str(files["alice"]))
+    _run(owner, "user", "add", "bob", "--quota", "GPU=1", "-o", str(files["bob"]))
+    env = {name: _person_env(owner, tmp_path / f"{name}-home") for name in files}
+
+    def submit(name: str, seconds: int, *args: str) -> None:
+        where = ("--scheduler-file", str(files[name]), "--resources", "GPU=1")
+        _run(env[name], "submit", *where, *args, "--", "sleep", str(seconds))
+
+    as_owner = ("--scheduler", address)
+    submit("alice", 2, "--array", "1-8")  # runs 1-8: 16 GPU-seconds, 8 s on two GPUs
+    poll(lambda: list(_runs(owner, *as_owner).values()).count("running") == 2, 30, "2 running")
+    # Bob's runs are long, so that the status is seen while the first runs: a loaded
+    # machine may take a second or more per command.
+    submit("bob", 20)  # run 9: the next freed GPU is his
+    submit("bob", 20)  # run 10: held by his quota while 9 runs
+    states = poll(
+        lambda: (s := _runs(owner, *as_owner)).get(9) == "running" and s, 30, "bob's run to start"
+    )
+    alice_waiting = [i for i in range(1, 9) if states[i] == "queued"]
+    assert len(alice_waiting) >= 3, f"bob's run started only as alice's queue emptied: {states}"
+    assert states[10] == "queued"
+
+    def shares_text() -> str:
+        return _run({**owner, "COLUMNS": "200"}, "status", address).stdout
+
+    text = poll(
+        lambda: "bob: 1 waiting (GPU=1 x1), held by quota GPU=1" in (t := shares_text()) and t,
+        20,
+        "the status to name bob's quota",
+    )
+    lines = text.splitlines()
+    shares = lines[lines.index("shares") + 1 :]
+    assert shares[0].split() == ["share", "weight", "holds", "dominant", "fair", "quota"]
+    rows = {line.split()[0]: line.split() for line in shares[1:3]}
+    assert rows["alice"][1:3] == ["1", "GPU=1"] and rows["alice"][-1] == "-"
+    assert rows["bob"][1:3] == ["1", "GPU=1"] and rows["bob"][-1] == "GPU=1"
+    assert any(line.startswith("  alice: ") and "held by quota" not in line for line in lines)
+    # Bob sees his own share only.
+    mine = json.loads(
+        _run(env["bob"], "status", "--scheduler-file", str(files["bob"]), "--json").stdout
+    )
+    assert [row["share"] for row in mine["shares"]] == ["bob"]

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from apportion.cli.status_view import Style, ago, bar, fit_height, render, short_key
+from apportion.protocol.people import AddPerson
 from apportion.protocol.tasks import KeysDone, KeysFailed, Notice, TaskErred
 from apportion.scheduler.state import SchedulerConfig
 from apportion.scheduler.status import status
@@ -107,3 +108,35 @@ def test_a_group_counts_cancelled_tasks_apart_from_failed_ones() -> None:
     found["groups"] = [{"name": "run", **live, "processing": 1, "queued": 2, **ends}]
     (line,) = [line for line in render(found, style=WIDE) if line.startswith("  run ")]
     assert line == "  run [■■■■■□□□□□] 3/6 done  1 processing, 2 queued, 2 cancelled"
+
+
+def _shared_cluster() -> dict[str, Any]:
+    """alice (a person with a quota of one GPU) and the owner's client share 4 GPUs."""
+    sim = RecordingCluster(SchedulerConfig())
+    sim.add_client("c1")
+    sim.client_says("c1", AddPerson(1, "alice", 1.0, "gpu=1"))
+    sim.add_client("a1", person="alice")
+    sim.add_worker("gpubox", nthreads=4, resources="gpu=[0,1,2,3]")
+    for i in range(3):
+        sim.submit(f"a-{i}", client="a1", resources="gpu=1")
+    for i in range(5):
+        sim.submit(f"o-{i}", resources="gpu=1")
+    sim.place()
+    return status(sim.state)
+
+
+def test_shares_show_holdings_against_fair_share_and_what_the_quota_holds() -> None:
+    lines = render(_shared_cluster(), style=WIDE)
+    start = lines.index("shares")
+    assert lines[start + 1 : start + 6] == [
+        "  share  weight  holds            dominant  fair  quota",
+        "  alice       1  gpu=1 threads=1  gpu 25%    50%  gpu=1",
+        "  c1          1  gpu=3 threads=3  gpu 75%    50%  -",
+        "  alice: 2 waiting (gpu=1 x2), held by quota gpu=1",
+        "  c1: 2 waiting (gpu=1 x2)",
+    ]
+    assert lines[start + 6] == ""  # then the groups
+
+
+def test_one_client_alone_shows_no_shares() -> None:
+    assert "shares" not in render(_busy_cluster(), style=WIDE)

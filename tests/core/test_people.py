@@ -50,3 +50,10 @@ def test_a_person_token_names_its_person_and_proves_its_own_secret() -> None:
     assert Security(token="ab" * 32).person == ""
     with pytest.raises(ValueError, match="person:NAME:SECRET"):
         split_token("person:alice")
+
+
+def test_a_quota_of_zero_is_kept_and_survives_the_round_trip() -> None:
+    # A request of 0 asks for nothing; a cap of 0 allows nothing.
+    alice = new_person("alice", 1, "gpu=0 threads=2")
+    assert alice.quota == {"gpu": 0, "threads": 20_000}
+    assert person_from_dict(alice.to_dict()) == alice and alice.quota_text == "gpu=0 threads=2"

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from prometheus_client.parser import text_string_to_metric_families
 
 from apportion.dashboard.metrics import MetricsInput, render_metrics
+from apportion.protocol.people import AddPerson
 from apportion.protocol.tasks import CancelKeys, KeysDone, KeysFailed, Notice, TaskErred
 from apportion.protocol.worker import Heartbeat
 from apportion.scheduler.records import DURATION_BUCKETS
@@ -161,3 +162,40 @@ def test_cancelled_tasks_have_a_counter_of_their_own() -> None:
     assert _get(samples, "apportion_tasks_cancelled_total", group="drop") == 1
     assert _get(samples, "apportion_tasks_failed_total", group="drop") == 0
     assert _get(samples, "apportion_tasks_cancelled_total", group="load") == 0
+
+
+def test_each_share_s_figures_are_gauges_labelled_by_share() -> None:
+    sim = RecordingCluster(SchedulerConfig())
+    sim.add_client("c1")
+    sim.client_says("c1", AddPerson(1, "alice", 3.0, "gpu=1 threads=2"))
+    sim.add_client("a1", person="alice")
+    sim.add_worker("a", nthreads=4, resources="gpu=[0,1] MEMORY=16GiB")
+    for i in range(3):
+        sim.submit(f"a-{i}", client="a1", resources="gpu=1 MEMORY=1GiB")
+    sim.submit("o-0", resources="gpu=1")
+    sim.submit("o-1", resources="gpu=1")
+    sim.place()
+    rows = {row["share"]: row for row in status(sim.state)["shares"]}
+    samples, types = _samples(_render(sim))
+    info = {labels["share"]: labels for labels, _ in _named(samples, "apportion_share_info")}
+    assert info["alice"] == {"share": "alice", "name": "alice", "kind": "person"}
+    assert info["c1"] == {"share": "c1", "name": "c1", "kind": "client"}
+    assert _get(samples, "apportion_share_held", share="alice", resource="gpu") == 1
+    assert _get(samples, "apportion_share_held", share="alice", resource="MEMORY") == 2**30
+    assert _get(samples, "apportion_share_held", share="alice", resource="threads") == 1
+    assert _get(samples, "apportion_share_held", share="c1", resource="gpu") == 1
+    assert _get(samples, "apportion_share_dominant_ratio", share="alice") == 0.5
+    assert _get(samples, "apportion_share_fair_ratio", share="alice") == 0.75
+    assert _get(samples, "apportion_share_fair_ratio", share="c1") == 0.25
+    assert _get(samples, "apportion_share_weight", share="alice") == 3
+    assert _get(samples, "apportion_share_quota", share="alice", resource="gpu") == 1
+    assert _get(samples, "apportion_share_quota", share="alice", resource="threads") == 2
+    assert not [
+        labels for labels, _ in _named(samples, "apportion_share_quota") if labels["share"] == "c1"
+    ]
+    assert _get(samples, "apportion_share_waiting_tasks", share="alice") == 2
+    assert _get(samples, "apportion_share_waiting_tasks", share="c1") == 1
+    assert _get(samples, "apportion_share_quota_held_tasks", share="alice") == 2
+    assert _get(samples, "apportion_share_quota_held_tasks", share="c1") == 0
+    assert rows["alice"]["waiting"]["count"] == 2
+    assert types["apportion_share_held"] == "gauge"

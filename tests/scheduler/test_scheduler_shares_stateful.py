@@ -1,7 +1,7 @@
 """Hypothesis stateful test of shares: random clients (with weights and quotas),
 workers and tasks, run in random order. After every placement pass:
 
-- no share holds more than its quota of anything;
+- no share holds more than its quota of anything, threads included;
 - no waiting task fits now where nothing keeps it out: what it needs is free on some
   worker only if a reservation keeps it there for a share not further above its
   fair share (work-conserving, and reservations honoured);
@@ -19,7 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from apportion.core.resources import Amounts, parse_demand
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import QUEUED, TaskRecord, share_of
-from apportion.scheduler.shares import FairPass, holdings
+from apportion.scheduler.shares import FairPass, held_ticks, holdings
 from apportion.testing.simulation import SimulatedCluster
 
 CLIENTS = ("a", "b", "c")
@@ -35,7 +35,11 @@ DEMANDS: tuple[dict[str, float], ...] = (
 class Shares(RuleBasedStateMachine):
     @initialize(
         weights=st.lists(st.sampled_from([1, 1, 2, 3]), min_size=3, max_size=3),
-        quotas=st.lists(st.sampled_from([None, None, 1, 2, 3]), min_size=3, max_size=3),
+        quotas=st.lists(
+            st.sampled_from([None, None, "GPU=1", "GPU=2", "GPU=3", "threads=1", "threads=2"]),
+            min_size=3,
+            max_size=3,
+        ),
         workers=st.lists(
             st.tuples(st.integers(1, 4), st.integers(0, 4), st.integers(0, 4)),
             min_size=1,
@@ -43,13 +47,13 @@ class Shares(RuleBasedStateMachine):
         ),
     )
     def start(
-        self, weights: list[int], quotas: list[int | None], workers: list[tuple[int, int, int]]
+        self, weights: list[int], quotas: list[str | None], workers: list[tuple[int, int, int]]
     ) -> None:
         self.sim = SimulatedCluster()
         for client, weight, quota in zip(CLIENTS, weights, quotas, strict=True):
             self.sim.add_client(client)
             self.sim.state.shares.set(
-                client, weight, None if quota is None else parse_demand({"GPU": quota})
+                client, weight, None if quota is None else parse_demand(quota)
             )
         for nthreads, gpus, mem in workers:
             self.sim.add_worker(nthreads=nthreads, resources={"GPU": gpus, "MEM": mem})
@@ -82,7 +86,7 @@ class Shares(RuleBasedStateMachine):
         held = holdings(state.workers, state.tasks)
         for share, quota in state.shares.quotas.items():
             for name, cap in quota.items():
-                assert held.get(share, {}).get(name, 0) <= cap, f"{share} past its quota"
+                assert held_ticks(held.get(share, {}), name) <= cap, f"{share} past its quota"
 
     def _check_pass(self) -> None:
         state = self.sim.state

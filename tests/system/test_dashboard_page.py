@@ -9,8 +9,10 @@ GPU units, ``data-items`` on the task stream's canvas), so nothing here sleeps.
 from __future__ import annotations
 
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -19,6 +21,8 @@ import pytest
 
 import browser
 from apportion import Client, Event, Scheduler, Worker
+from apportion.net.scheduler_file import write_scheduler_file
+from apportion.protocol.people import AddPerson, PersonAdded, PersonRemoved, RemovePerson
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page
@@ -40,6 +44,14 @@ def hold(go: Event) -> str:
 
 def total(n: int) -> int:
     return sum(range(n))
+
+
+def hold_until(flag: str) -> str:
+    """Keep what the task was given until the file ``flag`` exists (a person's task
+    has no Event of the owner's to wait on)."""
+    while not Path(flag).exists():
+        threading.Event().wait(0.02)
+    return "released"
 
 
 class Cluster:
@@ -160,3 +172,48 @@ def test_a_request_no_worker_can_meet_is_shown_first_with_why(cluster: Cluster, 
     shot(page, "unsatisfiable")
     future.cancel()
     page.locator("#pending-list li.unsatisfiable").wait_for(state="detached", timeout=WAIT)
+
+
+def test_each_share_shows_what_it_holds_against_its_fair_share_and_its_quota(
+    cluster: Cluster, page: Page, tmp_path: Path
+) -> None:
+    open_dashboard(page, cluster)
+    owner = cluster.client
+    session = owner._link.connected
+    added = session.call(lambda rid: AddPerson(rid, "alice", 1.0, "gpu=1"), 20)
+    assert isinstance(added, PersonAdded) and not added.error
+    credential = tmp_path / "alice.json"
+    address = owner.scheduler_info()["address"]
+    write_scheduler_file(credential, address, added.token, "person-alice", pid=0)
+    flag = str(tmp_path / "go")
+    try:
+        with Client(scheduler_file=credential, timeout=20) as alice:
+            hers = alice.map(hold_until, [flag] * 3, pure=False, resources={"gpu": 1})
+            mine = owner.submit(hold_until, flag, pure=False, resources={"gpu": 1})
+            row = page.locator("#share-rows tr[data-share=alice]")
+            page.wait_for_function(
+                "() => { const r = document.querySelector('#share-rows tr[data-share=alice]');"
+                " return r && r.dataset.quotaHeld === '2'; }",
+                timeout=WAIT,
+            )
+            assert row.get_attribute("data-kind") == "person"
+            assert row.get_attribute("data-waiting") == "2"
+            cells = row.locator("td")
+            assert cells.nth(2).text_content() == "gpu=1 threads=1"
+            assert cells.nth(4).text_content() == "gpu=1"
+            assert cells.nth(5).text_content() == "2 (gpu=1 \u00d7 2); held by quota gpu=1"
+            assert float(row.get_attribute("data-dominant") or 0) == 0.25  # 1 of 4 GPUs
+            # The owner's client's share, by the name it gave.
+            theirs = page.locator(f"#share-rows tr[data-name='{owner.name}']")
+            theirs.wait_for(timeout=WAIT)
+            assert theirs.get_attribute("data-kind") == "client"
+            assert theirs.locator("td").first.text_content() == f"{owner.name}client"
+            shot(page, "shares")
+            Path(flag).touch()
+            assert alice.gather(hers) == ["released"] * 3
+            assert mine.result(timeout=10) == "released"
+    finally:
+        Path(flag).touch()
+        gone = session.call(lambda rid: RemovePerson(rid, "alice"), 20)
+        assert isinstance(gone, PersonRemoved) and not gone.error
+    page.locator("#share-rows tr[data-share=alice]").wait_for(state="detached", timeout=WAIT)

@@ -90,7 +90,8 @@ def render(
     style: Style = Style(),
     warnings: Sequence[Sequence[Any]] | None = None,
 ) -> list[str]:
-    """The lines of ``apportion status``: header, pools, groups, runs, waiting, warnings.
+    """The lines of ``apportion status``: header, pools, shares, groups, runs, waiting,
+    warnings.
 
     ``runs`` is ``runs_view``'s dict, or None to say nothing of runs. ``warnings``
     are event items (``[seq, time, level, text]``) to list in place of the
@@ -101,6 +102,7 @@ def render(
     lines = [
         *_header(status),
         *_pools(status, style),
+        *_shares(status.get("shares", [])),
         *_groups(status["groups"], style),
         *([] if runs is None else _runs(runs, style)),
         *_pending(status["pending"]),
@@ -236,6 +238,64 @@ def _unit_text(unit: Mapping[str, Any], style: Style) -> str:
 
 def _keys(keys: Iterable[object], style: Style) -> str:
     return "+".join(short_key(key, unicode=style.unicode) for key in keys)
+
+
+def _shares(shares: Sequence[Mapping[str, Any]]) -> list[_Line]:
+    """Each share's holdings against its fair share and quota, then its waiting work;
+    only where there is a division to show (two shares or more, or a person's)."""
+    if len(shares) < 2 and not any(row["kind"] == "person" for row in shares):
+        return []
+    names = [_share_name(row) for row in shares]
+    holds = [_amounts(row["held"]) for row in shares]
+    dominant = [_dominant(row["dominant"]) for row in shares]
+    name_width = max(len("share"), *map(len, names))
+    hold_width = max(len("holds"), *map(len, holds))
+    dominant_width = max(len("dominant"), *map(len, dominant))
+    head = (
+        f"  {'share':<{name_width}}  weight  {'holds':<{hold_width}}  "
+        f"{'dominant':<{dominant_width}}  fair  quota"
+    )
+    lines = [_Line(""), _Line("shares", "title"), _Line(head, "dim")]
+    for row, name, held, most in zip(shares, names, holds, dominant, strict=True):
+        quota = _amounts(row["quota"]) if row["quota"] else "-"
+        text = (
+            f"  {name:<{name_width}}  {row['weight']:>6g}  {held:<{hold_width}}  "
+            f"{most:<{dominant_width}}  {row['fair']:>4.0%}  {quota}"
+        )
+        lines.append(_Line(text))
+    for row, name in zip(shares, names, strict=True):
+        waiting = row["waiting"]
+        if waiting["count"]:
+            lines.append(_Line(f"  {name}: {_waiting_text(waiting, row['quota_holds'])}"))
+    return lines
+
+
+def _share_name(row: Mapping[str, Any]) -> str:
+    """A person's share by their name, a client's by the name it gave; a service's and a
+    gone one's marked."""
+    suffix = {"service": " (service)", "other": " (left)"}.get(row["kind"], "")
+    return f"{row.get('name', row['share'])}{suffix}"
+
+
+def _amounts(amounts: Mapping[str, float]) -> str:
+    return " ".join(f"{name}={_amount(name, value)}" for name, value in amounts.items()) or "-"
+
+
+def _dominant(dominant: Mapping[str, Any]) -> str:
+    if dominant["resource"] is None:
+        return "-"
+    return f"{dominant['resource']} {dominant['fraction']:.0%}"
+
+
+def _waiting_text(waiting: Mapping[str, Any], holds: Mapping[str, Any] | None) -> str:
+    """``3 waiting (GPU=1 x3), held by quota GPU=2``."""
+    requests = ", ".join(f"{r['request']} x{r['count']}" for r in waiting["requests"])
+    text = f"{waiting['count']} waiting ({requests})"
+    if holds:
+        caps = _amounts(holds["resources"])
+        some = "" if holds["count"] == waiting["count"] else f"{holds['count']} "
+        text += f", {some}held by quota {caps}"
+    return text
 
 
 def _groups(groups: Sequence[Mapping[str, Any]], style: Style) -> list[_Line]:

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from apportion.core.resources import Amounts, format_resources, parse_demand
+from apportion.core.resources import Amounts, format_resources, parse_supply
 
 #: The person of the cluster's secret: the owner.
 OWNER = ""
@@ -49,11 +49,19 @@ def check_weight(weight: object) -> float:
 
 def parse_quota(text: str) -> Amounts:
     """A quota spec (``"gpu=2 memory=200GiB"``, the syntax of ``--resources``) in ticks;
-    ``""`` for none. Unit lists are refused: a quota caps amounts."""
+    ``""`` for none. Unit lists are refused: a quota caps amounts. A cap of 0 is
+    kept (``gpu=0``: none at all), where a task's request of 0 asks for nothing."""
     try:
-        return parse_demand(text)
+        amounts, units = parse_supply(text)
     except ValueError as exc:
         raise ValueError(f"invalid quota {text!r}: {exc}") from None
+    if units:
+        name = next(iter(units))
+        raise ValueError(
+            f"invalid quota {text!r}: resource {name!r}: a quota caps an amount "
+            f"({name}=2), not particular units"
+        )
+    return amounts
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,10 @@ name, ``_total`` on counters. Label sets are bounded by the status itself (at mo
 series per worker and pool). Resources are exported per worker only: every pool
 of every worker is listed, so ``sum by (pool)`` gives the cluster's totals exactly.
 Tasks by state are exported per group and, since the groups listed are bounded,
-over the whole cluster too (``apportion_cluster_tasks``). docs/metrics.md lists
-every metric with queries for Grafana.
+over the whole cluster too (``apportion_cluster_tasks``). Shares are exported by
+``share`` (a person's name, or a client's id), as many as the status lists
+(``share_status.MAX_SHARES``). docs/metrics.md lists every metric with queries for
+Grafana.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ def render_metrics(given: MetricsInput) -> str:
     _tasks(out, status)
     _resources(out, status["workers"])
     _workers(out, status["workers"])
+    _shares(out, status.get("shares", []))
     _durations(out, given.durations)
     _transfers(out, status)
     gauge(
@@ -191,6 +194,66 @@ def _workers(out: list[str], workers: list[Mapping[str, Any]]) -> None:
         "apportion_worker_sent_bytes_total",
         "Bytes a worker served to its peers since it started.",
         [({"worker": w["name"]}, w["sent"]) for w in workers],
+    )
+
+
+def _shares(out: list[str], shares: list[Mapping[str, Any]]) -> None:
+    """Each share's figures (``scheduler/share_status.py``), labelled by share."""
+    gauge(
+        out,
+        "apportion_share_info",
+        "A share of the cluster, its name and what it stands for (person, client, ...); 1.",
+        [({"share": row["share"], "name": row["name"], "kind": row["kind"]}, 1) for row in shares],
+    )
+    gauge(
+        out,
+        "apportion_share_held",
+        "What a share holds of a resource now (bytes for byte pools; threads: tasks).",
+        [
+            ({"share": row["share"], "resource": name}, amount)
+            for row in shares
+            for name, amount in row["held"].items()
+        ],
+    )
+    gauge(
+        out,
+        "apportion_share_dominant_ratio",
+        "The largest fraction of the cluster's supply of any resource a share holds.",
+        [({"share": row["share"]}, row["dominant"]["fraction"]) for row in shares],
+    )
+    gauge(
+        out,
+        "apportion_share_fair_ratio",
+        "A share's fair share: its weight over the active shares' weights (its own counted).",
+        [({"share": row["share"]}, row["fair"]) for row in shares],
+    )
+    gauge(
+        out,
+        "apportion_share_weight",
+        "A share's weight in the fair division.",
+        [({"share": row["share"]}, row["weight"]) for row in shares],
+    )
+    gauge(
+        out,
+        "apportion_share_quota",
+        "A share's hard cap on a resource (bytes for byte pools; threads: tasks).",
+        [
+            ({"share": row["share"], "resource": name}, amount)
+            for row in shares
+            for name, amount in (row["quota"] or {}).items()
+        ],
+    )
+    gauge(
+        out,
+        "apportion_share_waiting_tasks",
+        "A share's tasks ready to run and waiting for resources or a thread.",
+        [({"share": row["share"]}, row["waiting"]["count"]) for row in shares],
+    )
+    gauge(
+        out,
+        "apportion_share_quota_held_tasks",
+        "A share's waiting tasks that its quota alone keeps from starting.",
+        [({"share": row["share"]}, (row["quota_holds"] or {}).get("count", 0)) for row in shares],
     )
 
 

@@ -164,6 +164,12 @@ async def _prove(
     challenge = _expect(reply, AuthChallenge, address)
     expected = auth.proof(key, auth.LISTENER, role, name, ours, challenge.nonce, person)
     if not auth.verify(expected, challenge.proof):
+        if person:  # a person's credential: the cluster's secret would not help them
+            raise AuthenticationError(
+                f"{address} does not know the secret this side holds for {person} (from "
+                f"{source}): {person} was never admitted there, was removed, or holds an "
+                "old credential; ask the cluster's owner for a new one (apportion user add)"
+            )
         raise AuthenticationError(
             f"{address} does not know the secret this side holds (from {source}): {HOW_TO_GIVE}"
         )

@@ -43,6 +43,8 @@ class ClientJoined:
     durable: bool = False
     #: The person it proved it speaks for in the handshake ("": the owner).
     person: str = ""
+    #: The name it gave in the handshake (what the status calls its share).
+    name: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,7 +41,9 @@ from apportion.scheduler.state import MAX_DEATH_CAUSES, SchedulerState
 
 
 def client_joined(state: SchedulerState, event: ClientJoined) -> None:
-    state.clients[event.client_id] = ClientRecord(event.client_id, event.durable, event.person)
+    state.clients[event.client_id] = ClientRecord(
+        event.client_id, event.durable, event.person, event.name
+    )
 
 
 def client_left(state: SchedulerState, event: ClientLeft) -> None:

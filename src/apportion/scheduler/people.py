@@ -23,6 +23,7 @@ Their runs are the job queue's: ``apportion user remove`` cancels them there
 from __future__ import annotations
 
 from apportion.core.people import Person, new_person
+from apportion.core.resource_names import did_you_mean, misspelt
 from apportion.protocol.people import (
     AddPerson,
     ListPeople,
@@ -40,18 +41,30 @@ from apportion.scheduler.events import (
     SavePeople,
 )
 from apportion.scheduler.records import PROCESSING, QUEUED, WAITING, ClientRecord
+from apportion.scheduler.shares import THREADS
 from apportion.scheduler.state import SchedulerState
+from apportion.scheduler.unsatisfiable import offered
 
 #: The states of a task that is not over: what removing its person cancels.
 UNFINISHED = (WAITING, QUEUED, PROCESSING)
 
 
 def add_person(state: SchedulerState, client: ClientRecord, msg: AddPerson) -> None:
-    """Admit a person: checked, stored, and their credential issued to the owner."""
+    """Admit a person: checked (a quota naming a slip of an offered resource is
+    refused), stored, and their credential issued to the owner."""
     try:
         person = new_person(msg.name, msg.weight, msg.quota)
     except ValueError as exc:
         state.reply(client.id, PersonAdded(msg.request_id, msg.name, "", str(exc), ""))
+        return
+    slips = misspelt(person.quota, offered(state.workers.values()) | {THREADS})
+    if slips:
+        # A cap on a name no worker offers caps nothing: a slip (gpu for GPU) would
+        # leave the person uncapped without a word, as it would fail a task.
+        error = f"invalid quota: no connected worker offers {', '.join(slips)}: " + did_you_mean(
+            slips
+        )
+        state.reply(client.id, PersonAdded(msg.request_id, msg.name, "", error, ""))
         return
     if person.name in state.people:
         error = f"{person.name} is already admitted (remove them first to issue a new credential)"

@@ -6,7 +6,10 @@ goes or becomes theirs alone: task counts, groups, running tasks and the keys
 holding resources, the task stream, and the waiting work's oldest task and its
 reason. Workers, their pools (how much is in use, by anyone) and the number of
 clients stay: a person may know how busy the cluster is, not with what. Warnings
-are left out: their text may name anyone's tasks.
+are left out: their text may name anyone's tasks. Of the shares, a person sees
+their own row only: who else is admitted, and what each holds, is the owner's to
+know (``apportion user list`` is the owner's alone); their own fair share is still
+reckoned against everyone's weights, so it says how contended the cluster is.
 
 It walks the person's tasks, once per status asked: a person's ``--watch``
 costs a pass over the tasks each second, the owner's nothing more than before.
@@ -51,5 +54,6 @@ def narrow_status(state: SchedulerState, person: str, built: dict[str, Any]) -> 
         **built,
         "tasks": counts,
         "groups": [g for g in built["groups"] if g["name"] in groups],
+        "shares": [row for row in built["shares"] if row["share"] == person],
         "events": {"seq": built["events"]["seq"], "items": []},
     }

@@ -660,6 +660,9 @@ def _place_plain_tasks(state: SchedulerState) -> None:
     heap = next(iter(heaps.values()))
     # One share's plain work: nothing to choose between.
     fair = state.fair if len(heaps) > 1 else None
+    # Shares whose quota of threads holds their plain work leave ``open_heaps``.
+    capping = state.fair if state.shares.quotas else None
+    open_heaps = dict(heaps)
     workers = state.workers
     waiting = resource_work_waiting(state)
     loads = [
@@ -670,9 +673,7 @@ def _place_plain_tasks(state: SchedulerState) -> None:
     heapify(loads)
     aheads: dict[object, int] = {}  # by task group: its tasks come in runs
     while loads:
-        if fair is not None:
-            heap = _neediest_plain(state, fair, heaps)
-        task = _head(state, heap)
+        task, heap = _next_plain(state, fair, capping, heap, open_heaps)
         if task is None:
             break
         ahead = aheads.get(task.group, -1)
@@ -708,6 +709,28 @@ def _place_plain_tasks(state: SchedulerState) -> None:
         state.assign(task, worker)
         heapreplace(loads, (*_load(state, worker), entry[3], entry[4]))
     _drop_empty(state, heaps)
+
+
+def _next_plain(
+    state: SchedulerState,
+    fair: FairPass | None,
+    capping: FairPass | None,
+    heap: list[tuple[int, int, str]],
+    open_heaps: dict[QueueKey, list[tuple[int, int, str]]],
+) -> tuple[TaskRecord | None, list[tuple[int, int, str]]]:
+    """The next plain task and its heap: the oldest of ``heap``, or while several
+    shares wait (``fair``), of the share furthest below its fair share. A share at
+    its quota of threads (``capping``) leaves ``open_heaps``: none of its plain tasks
+    starts in this pass."""
+    while True:
+        if fair is not None:
+            heap = _neediest_plain(state, fair, open_heaps)
+        task = _head(state, heap)
+        if task is None or capping is None or not capping.over_quota(share_of(task.queue), {}):
+            return task, heap
+        if fair is None:
+            return None, heap
+        del open_heaps[task.queue]
 
 
 def _drop_empty(state: SchedulerState, heaps: dict[QueueKey, list[tuple[int, int, str]]]) -> None:

@@ -546,10 +546,16 @@ class WorkerRecord:
 class ClientRecord:
     """A connected client and the keys it holds futures for."""
 
-    __slots__ = ("alone", "durable", "id", "person", "queue_keys", "share", "wanted")
+    __slots__ = ("alone", "durable", "id", "name", "person", "queue_keys", "share", "wanted")
 
-    def __init__(self, client_id: str, durable: bool = False, person: str = "") -> None:
+    def __init__(
+        self, client_id: str, durable: bool = False, person: str = "", name: str = ""
+    ) -> None:
         self.id = client_id
+        #: The name it gave in the handshake (``Client(name=...)``, else
+        #: ``client-1a2b3c4d``): how the status names its share, its id being the
+        #: scheduler's own (``peer-3``).
+        self.name = name or client_id
         #: Whom it acts as: a person the owner admitted (``core/people.py``), or
         #: ``OWNER`` ("") for a client that proved the cluster's secret. Its share in
         #: the fair division, and what it may see and touch (``people_gate.py``).

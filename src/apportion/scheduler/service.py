@@ -348,7 +348,7 @@ class Scheduler(BackgroundService):
             elif hello.role == "supervisor":
                 await self._serve_supervisor(conn)
             else:
-                await self._serve_client(conn, peer_id, admitted.person)
+                await self._serve_client(conn, peer_id, admitted.person, hello.name)
         except ProtocolError as exc:
             # The text, not the exception: a handler that keeps records (a test's log
             # capture) would otherwise keep its traceback, and with it the connection.
@@ -392,9 +392,9 @@ class Scheduler(BackgroundService):
                     raise ProtocolError(f"a supervisor sent {type(message).__name__}")
                 self._handle(WorkerDeathReport(message, self.clock.monotonic()))
 
-    async def _serve_client(self, conn: Connection, peer_id: str, person: str) -> None:
+    async def _serve_client(self, conn: Connection, peer_id: str, person: str, name: str) -> None:
         self._conns[peer_id] = conn
-        self._handle(ClientJoined(peer_id, self.clock.monotonic(), person=person))
+        self._handle(ClientJoined(peer_id, self.clock.monotonic(), person=person, name=name))
         try:
             while True:
                 self._handle(FromClient(peer_id, await conn.recv(), self.clock.monotonic()))

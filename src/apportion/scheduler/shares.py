@@ -34,9 +34,10 @@ rule holds of the holdings the pass ends with.
 
 A quota is never exceeded: a task whose share would hold more than its quota of a
 resource does not start, even on an idle cluster, and reserves nothing (``why``
-names the quota). A task that secedes gives its resources back (rule 8), and with
-them its share's hold on them: on rejoining it takes them back, even past its
-share's quota.
+names the quota). Any resource may be capped, threads too: ``threads=4`` lets at
+most four of the share's tasks run (or wait on a worker's queue) at once. A task
+that secedes gives its resources back (rule 8), and with them its share's hold on
+them: on rejoining it takes them back, even past its share's quota.
 
 Pure: no clock, no I/O. With one share waiting and no quota, placement never
 builds a ``FairPass``, so one user's throughput pays nothing for it.
@@ -46,7 +47,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from apportion.core.resources import Amounts, describe_resources
+from apportion.core.resources import SCALE, Amounts, describe_resources
 from apportion.scheduler.records import NO_SHARE, TaskRecord, WorkerRecord, share_of
 
 #: The name threads go by in a share's holdings (a pool may not be called this).
@@ -118,12 +119,21 @@ def _add(into: dict[str, int], amounts: Amounts) -> None:
 
 
 def over_quota(quota: Amounts, held: Mapping[str, int], amounts: Amounts) -> str | None:
-    """The first resource ``amounts`` more would take past ``quota``; None if none."""
+    """The first resource a task asking for ``amounts`` would take past ``quota``;
+    None if none. Every task takes a thread too, so a quota of ``THREADS`` caps how
+    many of the share's tasks run at once, plain ones included."""
     for name, cap in quota.items():
-        need = amounts.get(name, 0)
-        if need and held.get(name, 0) + need > cap:
+        need = SCALE if name == THREADS else amounts.get(name, 0)
+        if need and held_ticks(held, name) + need > cap:
             return name
     return None
+
+
+def held_ticks(held: Mapping[str, int], name: str) -> int:
+    """What ``held`` (a share's ``holdings``) has of ``name`` in ticks, as a quota
+    counts it: threads are held as a count, capped as an amount (``threads=4``)."""
+    amount = held.get(name, 0)
+    return amount * SCALE if name == THREADS else amount
 
 
 class FairPass:
@@ -199,9 +209,10 @@ def quota_note(
         return None
     name = names[0]
     assert name is not None
+    asks = SCALE if name == THREADS else task.demand.alternatives[0].get(name, 0)
     return (
         f"queued: its share {share!r} is at its quota of {name}: it holds "
-        f"{describe_resources({name: held.get(name, 0)})} of "
+        f"{describe_resources({name: held_ticks(held, name)})} of "
         f"{describe_resources({name: quota[name]})}, and this task asks for "
-        f"{describe_resources({name: task.demand.alternatives[0].get(name, 0)})} more"
+        f"{describe_resources({name: asks})} more"
     )

@@ -32,6 +32,7 @@ from apportion.scheduler.records import (
     demand_of,
     restriction_of,
 )
+from apportion.scheduler.share_status import share_rows
 from apportion.scheduler.state import SchedulerState
 from apportion.scheduler.unsatisfiable import satisfiable
 
@@ -74,7 +75,12 @@ def status(
     tasks); ``pending``
     (per kind of request, oldest first: ``request`` text, ``options``,
     ``workers`` (a restriction) or None, ``count``, ``oldest`` key, ``why``,
-    ``unsatisfiable``); ``stream`` (``seq``: the last number given, ``items``:
+    ``unsatisfiable``); ``shares`` (every share holding or waiting for something
+    and every admitted person, ``share_status.share_rows``: ``share``, ``name``, ``kind``
+    person/client/service/other, ``weight``, ``held``, ``dominant`` (``resource``,
+    ``fraction``), ``fair``, ``quota``, ``waiting`` (``count``, ``requests``:
+    ``request`` text and ``count``), ``quota_holds`` (None, or ``count`` and
+    ``resources``: the caps holding them)); ``stream`` (``seq``: the last number given, ``items``:
     ``[seq, worker address, thread, key, group, start, stop, ok, resources]``);
     ``events`` (``seq``, ``items``: ``[seq, time, level, text]``); ``transfers``
     (``received``, ``sent``: bytes between workers since the scheduler started).
@@ -96,6 +102,7 @@ def status(
         "workers": [_worker(state, w) for w in workers],
         "groups": _groups(telemetry.groups, telemetry.finished_groups),
         "pending": _pending(state),
+        "shares": share_rows(state),
         "stream": {
             "seq": telemetry.stream_seq,
             "items": [

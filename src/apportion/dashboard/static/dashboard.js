@@ -548,6 +548,68 @@ function renderPending(s) {
   $("pending-empty").hidden = s.pending.length > 0;
 }
 
+// ---------------------------------------------------------------- shares
+
+/** Amounts as `GPU=2 memory=4 GiB threads=3`, bytes for byte pools. */
+function amounts(values, byteNames) {
+  const parts = Object.entries(values || {}).map(([name, v]) => `${name}=${amount(v, byteNames.has(name))}`);
+  return parts.join(" ") || "–";
+}
+
+const percent = (f) => `${Math.round(f * 100)}%`;
+
+function renderShares(s) {
+  const shares = s.shares || [];
+  const byteNames = new Set(s.pools.filter((p) => p.bytes).map((p) => p.name));
+  keyed($("share-rows"), nodesOf("shares"), shares, (r) => r.share,
+    () => {
+      const tr = el("tr");
+      const name = el("td");
+      name.append(el("span", "name"), el("span", "kind"));
+      const dominant = el("td");
+      dominant.append(makeBar());
+      tr.append(name, el("td", "num"), el("td", "wrap"), dominant, el("td"), el("td", "wrap"));
+      return tr;
+    },
+    (tr, r) => {
+      const [name, weight, held, dominant, quota, waiting] = tr.children;
+      setText(name.firstChild, r.name);
+      setAttr(name, "title", r.kind === "person" ? `person ${r.name}` : `${r.kind} ${r.share}`);
+      setText(name.lastChild, r.kind === "person" ? "" : r.kind);
+      setText(weight, r.weight);
+      setText(held, amounts(r.held, byteNames));
+      const most = r.dominant;
+      const holds = r.quota_holds;
+      // Below its fair share with work waiting that its quota does not hold: owed more.
+      const below = most.fraction < r.fair && r.waiting.count > (holds ? holds.count : 0);
+      dominant.classList.toggle("below", below);
+      updateBar(dominant.firstChild, most.fraction, 1,
+        `${most.resource ? `${most.resource} ${percent(most.fraction)}` : "0%"} / ${percent(r.fair)}`,
+        `holds ${percent(most.fraction)} of the cluster's ${most.resource || "resources"}; `
+        + `its fair share is ${percent(r.fair)}${below ? " (below it, with work waiting)" : ""}`);
+      setText(quota, r.quota ? amounts(r.quota, byteNames) : "–");
+      const w = r.waiting;
+      const asks = w.requests.map((q) => `${q.request} × ${q.count}`).join(", ");
+      let text = w.count ? `${w.count} (${asks})` : "–";
+      if (holds) {
+        const some = holds.count === w.count ? "" : `${holds.count} `;
+        text += `; ${some}held by quota ${amounts(holds.resources, byteNames)}`;
+      }
+      setText(waiting, text);
+      waiting.classList.toggle("held-by-quota", Boolean(holds));
+      setAttr(tr, "data-share", r.share);
+      setAttr(tr, "data-name", r.name);
+      setAttr(tr, "data-kind", r.kind);
+      setAttr(tr, "data-dominant", most.fraction);
+      setAttr(tr, "data-fair", r.fair);
+      setAttr(tr, "data-waiting", w.count);
+      setAttr(tr, "data-quota-held", holds ? holds.count : 0);
+    });
+  setText($("shares-count"), shares.length ? String(shares.length) : "");
+  $("shares-empty").hidden = shares.length > 0;
+  $("share-table").hidden = shares.length === 0;
+}
+
 // ---------------------------------------------------------------- workers table
 
 const WORKER_CELLS = ["name", "host", "nthreads", "running", "memory", "cpu", "spilled",
@@ -734,8 +796,8 @@ function receive(s) {
   state.status = s;
   state.receivedAt = performance.now();
   const errors = [];
-  for (const render of [showAge, renderHeader, renderClusterPools, renderResources, renderPending,
-    renderProgress, renderWorkerTable, renderRuns, renderEvents, drawStream]) {
+  for (const render of [showAge, renderHeader, renderClusterPools, renderResources, renderShares,
+    renderPending, renderProgress, renderWorkerTable, renderRuns, renderEvents, drawStream]) {
     try {
       render(s);
     } catch (err) {
