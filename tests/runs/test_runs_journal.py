@@ -251,11 +251,14 @@ def test_a_preempted_run_is_queued_again_and_counted_apart(journal: Journal) -> 
     assert record.spec.preemptible
     journal.mark_running(run_id, "w1", "gpu=[0]", 4.0)
     assert texts(journal, run_id)[-2:] == [
-        "preempted: preempted for share 'bob'; queued again",
+        "preempted for share 'bob'; queued again",
         "started on w1 holding gpu=[0] (attempt 2)",
     ]
     journal.requeue(run_id, "its worker w1 left", 5.0)  # not a preemption
     assert run(journal, run_id).preemptions == 1
+    journal.mark_running(run_id, "w2", "", 6.0)
+    journal.requeue(run_id, "stopped for bob", 7.0, preempted=True)
+    assert texts(journal, run_id)[-1] == "preempted: stopped for bob; queued again"
 
 
 def test_a_journal_of_schema_version_1_is_brought_up_to_date(tmp_path: Path) -> None:

@@ -505,8 +505,11 @@ class Journal:
                 " preemptions = preemptions + ? WHERE id = ?",
                 (QUEUED, reason, int(preempted), run_id),
             )
-            how = "preempted" if preempted else "interrupted"
-            self._note(run_id, f"{how}: {reason}; queued again", now)
+            if not preempted:
+                text = f"interrupted: {reason}"
+            else:  # the scheduler's reason says "preempted for ..." itself
+                text = reason if reason.startswith("preempted") else f"preempted: {reason}"
+            self._note(run_id, f"{text}; queued again", now)
 
     def set_waiting(self, run_id: int, text: str) -> None:
         """Say why a run is not running yet. Cheap: no history, no write if unchanged."""
