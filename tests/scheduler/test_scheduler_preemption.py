@@ -8,6 +8,10 @@ client (``queue``): only its tasks may be preemptible.
 
 from __future__ import annotations
 
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
 from apportion.core.ledger import Ledger
 from apportion.core.resources import parse_demand, parse_supply
 from apportion.protocol.base import Message
@@ -311,3 +315,73 @@ def test_choose_needs_a_thread_too() -> None:
     victims = [Victim("v", "w", {}, {})]
     assert choose([parse_demand(GPU)], [Room("w", ledger, -1)], victims) is None
     assert choose([parse_demand(GPU)], [Room("w", ledger, 0)], victims) == ("w", ["v"])
+
+
+# --- any history ------------------------------------------------------------------------
+
+
+class PreemptionNeverLosesWork(RuleBasedStateMachine):
+    """Random submissions, ends, stops reported and time passing on two GPU workers:
+    only preemptible tasks of a service are ever stopped, a stopped task is never
+    failed (it runs again), and the scheduler's invariants hold throughout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sim = SimulatedCluster(SchedulerConfig(preempt_after=1.0))
+        for client, durable in (("queue", True), ("c", True), ("b", False)):
+            self.sim.add_client(client, durable=durable)
+        self.sim.add_worker("w1", nthreads=3, resources={"GPU": 2})
+        self.sim.add_worker("w2", nthreads=2, resources={"GPU": 1})
+        self.flagged: set[str] = set()
+        self.count = 0
+
+    @rule(
+        client=st.sampled_from(["queue", "c", "b"]),
+        preemptible=st.booleans(),
+        gpus=st.sampled_from([1, 1, 2, 0]),
+    )
+    def submit(self, client: str, preemptible: bool, gpus: int) -> None:
+        key = f"{client}-{self.count}"
+        self.count += 1
+        if preemptible and client != "b":
+            self.flagged.add(key)
+        self.sim.submit(
+            key, resources={"GPU": gpus} if gpus else None, client=client, preemptible=preemptible
+        )
+        self.sim.place()
+
+    @precondition(lambda self: bool(self.sim.all_running()))
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(sorted(self.sim.all_running())))
+        self.sim.finish(key)
+        self.sim.place()
+
+    @precondition(lambda self: bool(self._stopped()))
+    @rule(data=st.data())
+    def report_stop(self, data: st.DataObject) -> None:
+        self.sim.raise_(data.draw(st.sampled_from(self._stopped())))
+        self.sim.place()
+
+    @rule(seconds=st.floats(0.5, 3.0))
+    def time_passes(self, seconds: float) -> None:
+        tick(self.sim, self.sim.now + seconds)
+
+    def _stopped(self) -> list[str]:
+        """Tasks being stopped now, which their worker may report ended."""
+        running = self.sim.all_running()
+        return sorted(k for k in self.sim.state.preemption.stopping if k in running)
+
+    @invariant()
+    def only_preemptible_work_is_stopped_and_none_is_lost(self) -> None:
+        check_invariants(self.sim.state)
+        for keys in interrupts(self.sim):
+            assert set(keys) <= self.flagged, f"stopped {keys}, not all preemptible"
+        for key, task in self.sim.state.tasks.items():
+            assert task.state != ERRED, f"{key} failed"
+
+
+PreemptionNeverLosesWork.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=50, deadline=None
+)
+test_preemption_never_loses_work = PreemptionNeverLosesWork.TestCase

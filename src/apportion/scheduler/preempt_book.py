@@ -34,9 +34,10 @@ class PreemptBook:
         #: Share -> since when (the scheduler's clock) it has had work waiting while
         #: below its fair share, without a break; shares not in that case are absent.
         self.waiting_since: dict[str, float] = {}
-        #: Tasks being stopped -> who and why; an entry goes when the task's worker
-        #: reports it (``settle``), or, gone stale (its worker lost, the task
-        #: cancelled), at the next look (``preemption.check``).
+        #: Tasks being stopped (each one of ``preemptible``) -> who and why; an entry
+        #: goes when the task's worker reports it (``settle``) or the task is
+        #: forgotten, or, gone stale (its worker lost), at the next look
+        #: (``preemption.check``).
         self.stopping: dict[str, Preempting] = {}
 
     def settle(self, key: str, worker_id: str) -> Preempting | None:

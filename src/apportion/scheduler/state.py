@@ -548,6 +548,7 @@ class SchedulerState:
         self._forget_counts(task.key)
         if self.preemption.preemptible:
             self.preemption.preemptible.discard(task.key)
+            self.preemption.stopping.pop(task.key, None)
         if self.serving_deaths:
             self.serving_deaths.pop(task.key, None)
         self._drop_function_use(task)
