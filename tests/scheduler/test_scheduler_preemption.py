@@ -94,6 +94,32 @@ def test_a_waiting_share_gets_a_preemptible_run_stopped_and_the_run_runs_again()
     check_invariants(sim.state)
 
 
+def test_what_a_stop_frees_is_kept_for_the_task_it_was_made_for() -> None:
+    # b's task first reserves w1 (held by c, which never yields); the stop is made on
+    # w2. Once stopped, the queue and b hold nothing: the stopped run, older, would
+    # take w2 back, but b's task now holds w2's reservation.
+    sim = cluster()
+    sim.add_worker("w2", nthreads=4, resources={"GPU": 1})
+    sim.add_client("c")
+    sim.submit("c-0", resources=GPU, client="c")
+    sim.place()
+    sim.submit("run-1", resources=GPU, client="queue", preemptible=True)
+    sim.place()
+    sim.submit("b-0", resources=GPU, client="b")
+    sim.place()
+    assert sim.state.tasks["b-0"].reserved_on == sim.worker_of("c-0")
+    tick(sim, 0.5)
+    tick(sim, 1.6)
+    assert interrupts(sim) == [["run-1"]]
+    w2 = sim.worker_of("run-1")
+    assert sim.state.tasks["b-0"].reserved_on == w2
+    sim.raise_("run-1")
+    sim.place()
+    assert sim.worker_of("b-0") == w2
+    assert sim.state.tasks["run-1"].state == QUEUED
+    check_invariants(sim.state)
+
+
 def test_a_run_that_completes_while_being_stopped_simply_completes() -> None:
     sim = cluster(preempt_after=0.5)
     sim.submit("run-1", resources=GPU, client="queue", preemptible=True)
@@ -292,7 +318,7 @@ def test_choose_takes_victims_in_order_until_the_demand_fits() -> None:
     held = [ledger.take(parse_demand({"gpu": 1})) for _ in range(3)]
     victims = [Victim(f"v{i}", "w", parse_demand({"gpu": 1}), held[i]) for i in range(3)]
     room = Room("w", ledger, threads_free=0)
-    assert choose([parse_demand({"gpu": 2})], [room], victims) == ("w", ["v0", "v1"])
+    assert choose([parse_demand({"gpu": 2})], [room], victims) == ("w", ["v0", "v1"], 0)
     assert choose([parse_demand({"gpu": 4})], [room], victims) is None
 
 
@@ -307,14 +333,14 @@ def test_choose_prefers_the_worker_needing_fewest_stops() -> None:
         Victim("c", "two", parse_demand(GPU), {}),
     ]
     rooms = [Room("one", one, 2), Room("two", two, 2)]
-    assert choose([parse_demand({"GPU": 2})], rooms, victims) == ("two", ["c"])
+    assert choose([parse_demand({"GPU": 2})], rooms, victims) == ("two", ["c"], 0)
 
 
 def test_choose_needs_a_thread_too() -> None:
     ledger = _ledger("GPU=2")  # the GPUs are free, the threads are not
     victims = [Victim("v", "w", {}, {})]
     assert choose([parse_demand(GPU)], [Room("w", ledger, -1)], victims) is None
-    assert choose([parse_demand(GPU)], [Room("w", ledger, 0)], victims) == ("w", ["v"])
+    assert choose([parse_demand(GPU)], [Room("w", ledger, 0)], victims) == ("w", ["v"], 0)
 
 
 # --- any history ------------------------------------------------------------------------

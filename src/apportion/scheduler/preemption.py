@@ -25,9 +25,12 @@ second; the time comes in the event) ``check`` looks at the shares (``shares.py`
 - The victims' worker is told to stop them (``InterruptTasks``: a run's process
   group gets SIGTERM, then SIGKILL after the worker's kill grace, as a cancel),
   and the clients wanting them are told (``TaskPreempted``: the job queue writes it
-  in the run's history). Their resources stay held until the worker reports them
-  ended; then each goes back to its queue, its retries untouched (``settle``), to
-  start again as a new attempt. One that completed meanwhile simply completes.
+  in the run's history). The waiting task takes that worker's reservation, so that
+  what the stops free is kept for it (a reservation), not taken back by the
+  stopped tasks, which are older work. Their resources stay held until the worker
+  reports them ended; then each goes back to its queue, its retries untouched
+  (``settle``), to start again as a new attempt. One that completed meanwhile
+  simply completes.
 
 So a stop is made only for a share that waits, is below its fair share, and has
 work that the stop lets in; only of work its submitter said may be stopped; only
@@ -41,6 +44,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from heapq import heappop
+from typing import NamedTuple
 
 from apportion.core.ledger import Ledger
 from apportion.core.resources import Amounts, Units, describe_resources
@@ -82,26 +86,35 @@ class Room:
 
 def choose(
     alternatives: Sequence[Amounts], rooms: Sequence[Room], victims: Sequence[Victim]
-) -> tuple[str, list[str]] | None:
+) -> Choice | None:
     """The worker and the tasks to stop there so that one of ``alternatives`` fits.
 
     ``victims`` come best first; on each worker they are taken in that order until
-    the demand fits what is free plus what they hold, and a thread is free. The
+    an alternative fits what is free plus what they hold, and a thread is free. The
     worker needing the fewest stops wins (ties: the first in ``rooms``); None when
     no worker can make room.
     """
-    best: tuple[str, list[str]] | None = None
+    best: Choice | None = None
     for room in rooms:
         here = [v for v in victims if v.worker_id == room.worker_id]
-        taken = _enough(alternatives, room, here)
-        if taken is not None and (best is None or len(taken) < len(best[1])):
-            best = (room.worker_id, taken)
+        found = _enough(alternatives, room, here)
+        if found is not None and (best is None or len(found.keys) < len(best.keys)):
+            best = found
     return best
+
+
+class Choice(NamedTuple):
+    """What ``choose`` chose: stop ``keys`` on ``worker_id``, and the waiting task
+    fits there with ``alternatives[alternative]``."""
+
+    worker_id: str
+    keys: list[str]
+    alternative: int
 
 
 def _enough(
     alternatives: Sequence[Amounts], room: Room, victims: Sequence[Victim]
-) -> list[str] | None:
+) -> Choice | None:
     """The fewest of ``victims`` (a prefix, in order) whose stop lets an alternative in."""
     scratch = Ledger(room.ledger.total)
     scratch.free = dict(room.ledger.free)
@@ -110,10 +123,11 @@ def _enough(
     for victim in victims:
         scratch.give(victim.amounts, victim.units)
         taken.append(victim.key)
-        if room.threads_free + len(taken) >= 1 and any(
-            scratch.can_take(amounts, None) for amounts in alternatives
-        ):
-            return taken
+        if room.threads_free + len(taken) < 1:
+            continue
+        for index, amounts in enumerate(alternatives):
+            if scratch.can_take(amounts, None):
+                return Choice(room.worker_id, taken, index)
     return None
 
 
@@ -212,9 +226,47 @@ def _preempt_for(
     chosen = choose(alternatives, rooms, victims)
     if chosen is None:
         return False
-    worker_id, keys = chosen
-    _stop(state, state.workers[worker_id], keys, share, task, waited)
+    worker = state.workers[chosen.worker_id]
+    _reserve_for(
+        state, task, worker, task.demand.alternatives.index(alternatives[chosen.alternative])
+    )
+    _stop(state, worker, chosen.keys, share, task, waited)
     return True
+
+
+def _reserve_for(
+    state: SchedulerState, task: TaskRecord, worker: WorkerRecord, choice: int
+) -> None:
+    """``task`` holds the reservation of the worker where room is made for it, so that
+    what the stops free is kept for it, not taken back by the stopped tasks (older
+    work, queued again) or anyone not further below their fair share."""
+    if task.reserved_on == worker.id and task.choice == choice:
+        return
+    if task.reserved_on is not None:
+        state.drop_reservation(task)
+    holder = state.tasks.get(worker.reserved_by or "")
+    if holder is not None:
+        state.drop_reservation(holder)
+        state.log.append(
+            (
+                state.now,
+                holder.key,
+                QUEUED,
+                QUEUED,
+                f"reservation on {worker.name} given to {task.key}, for which it stops runs",
+            )
+        )
+    task.choice = choice
+    state.reserve(task, worker)
+    state.log.append(
+        (
+            state.now,
+            task.key,
+            QUEUED,
+            QUEUED,
+            f"reserved {worker.name}, where runs are stopped for it",
+        )
+    )
 
 
 def _victims(
