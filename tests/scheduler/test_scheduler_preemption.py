@@ -120,6 +120,33 @@ def test_what_a_stop_frees_is_kept_for_the_task_it_was_made_for() -> None:
     check_invariants(sim.state)
 
 
+def test_a_worker_with_a_stop_under_way_is_left_alone_until_it_settles() -> None:
+    # Two shares wait for the queue's two GPUs: b first, then d. d's stop waits
+    # until b's has settled, so that b keeps the reservation made for it.
+    sim = cluster(gpus=2)
+    sim.add_client("d")
+    sim.submit("run-1", resources=GPU, client="queue", preemptible=True)
+    sim.submit("run-2", resources=GPU, client="queue", preemptible=True)
+    sim.place()
+    sim.submit("b-0", resources=GPU, client="b")
+    tick(sim, 0.1)
+    sim.submit("d-0", resources=GPU, client="d")
+    tick(sim, 0.2)
+    tick(sim, 1.5)
+    tick(sim, 2.5)
+    assert interrupts(sim) == [["run-1"]]  # for b, which waited longest
+    assert sim.state.tasks["b-0"].reserved_on is not None
+    sim.raise_("run-1")
+    sim.place()
+    assert sim.state.tasks["b-0"].state == PROCESSING
+    tick(sim, 3.0)
+    assert interrupts(sim) == [["run-1"], ["run-2"]]  # now for d
+    sim.raise_("run-2")
+    sim.place()
+    assert sim.state.tasks["d-0"].state == PROCESSING
+    check_invariants(sim.state)
+
+
 def test_a_run_that_completes_while_being_stopped_simply_completes() -> None:
     sim = cluster(preempt_after=0.5)
     sim.submit("run-1", resources=GPU, client="queue", preemptible=True)

@@ -21,7 +21,9 @@ second; the time comes in the event) ``check`` looks at the shares (``shares.py`
   ``preempt_after`` at least, so that a run just started or started again is not
   stopped at once. They are taken from the share furthest above its fair share
   first and, within a share, youngest first (the least work lost), until the task
-  would fit (``choose``); the worker needing the fewest stops wins.
+  would fit (``choose``); the worker needing the fewest stops wins. A worker
+  where a stop is under way is left alone until it settles, and one stop at a
+  time is made for a share.
 - The victims' worker is told to stop them (``InterruptTasks``: a run's process
   group gets SIGTERM, then SIGKILL after the worker's kill grace, as a cancel),
   and the clients wanting them are told (``TaskPreempted``: the job queue writes it
@@ -158,10 +160,10 @@ def check(state: SchedulerState) -> None:
         book.waiting_since.setdefault(share, now)
     if not book.preemptible:
         return
-    busy = {stop.for_share for stop in book.stopping.values()}
-    for share in sorted(below, key=book.waiting_since.__getitem__):
+    # The longest waiting first (ties by name, the same in every run).
+    for share in sorted(below, key=lambda s: (book.waiting_since[s], s)):
         waited = now - book.waiting_since[share]
-        if waited < after or share in busy:
+        if waited < after or any(stop.for_share == share for stop in book.stopping.values()):
             continue
         for task in queued[share]:
             if _preempt_for(state, fair, fair_share, task, waited):
@@ -208,10 +210,13 @@ def _preempt_for(
     alternatives = [a for a in task.demand.alternatives if fair.over_quota(share, a) is None]
     if not alternatives:
         return False  # its quota holds it back: a stop would not let it in
+    # A worker where a stop is under way is left alone until it settles: the task
+    # the stop is for holds its reservation, which a second stop would take away.
+    stopping = {stop.worker_id for stop in state.preemption.stopping.values()}
     workers: dict[str, WorkerRecord] = {}
     for pool in pools(state, task.queue):
         for worker in pool:
-            if not worker.paused:
+            if not worker.paused and worker.id not in stopping:
                 workers[worker.id] = worker
     if any(
         fits_now(state, worker, task, amounts)
