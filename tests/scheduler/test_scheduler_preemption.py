@@ -18,6 +18,7 @@ from apportion.protocol.base import Message
 from apportion.protocol.tasks import CancelKeys, TaskPreempted
 from apportion.protocol.worker import InterruptTasks
 from apportion.scheduler.events import Tick
+from apportion.scheduler.explain import explain
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.preemption import Room, Victim, choose
 from apportion.scheduler.records import ERRED, MEMORY, PROCESSING, QUEUED
@@ -77,6 +78,7 @@ def test_a_waiting_share_gets_a_preemptible_run_stopped_and_the_run_runs_again()
     )
     # Its resources stay held until its worker says it ended: b cannot start yet.
     assert sim.state.tasks["b-0"].state == QUEUED
+    assert "preemptible run-1 being stopped there to make room" in explain(sim.state, "b-0")
     tick(sim, 2.6)
     assert interrupts(sim) == [["run-1"]]  # one stop under way for b: no second one
     sim.raise_("run-1")  # the worker stopped it: its task raised
