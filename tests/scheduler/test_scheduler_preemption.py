@@ -149,6 +149,22 @@ def test_a_worker_with_a_stop_under_way_is_left_alone_until_it_settles() -> None
     check_invariants(sim.state)
 
 
+def test_no_stop_where_an_older_task_of_the_same_share_holds_the_reservation() -> None:
+    # b's big task, older, holds w1's reservation and would keep what a stop frees
+    # there; stopping the one preemptible run for b's small task would be for nothing.
+    sim = cluster(gpus=2)
+    sim.submit("run-1", resources=GPU, client="queue", preemptible=True)
+    sim.submit("run-2", resources=GPU, client="queue")
+    sim.place()
+    sim.submit("b-big", resources={"GPU": 2}, client="b")
+    sim.submit("b-small", resources=GPU, client="b")
+    sim.place()
+    assert sim.state.tasks["b-big"].reserved_on == sim.worker_of("run-1")
+    for now in range(1, 30, 3):
+        tick(sim, now)
+    assert interrupts(sim) == []
+
+
 def test_a_run_that_completes_while_being_stopped_simply_completes() -> None:
     sim = cluster(preempt_after=0.5)
     sim.submit("run-1", resources=GPU, client="queue", preemptible=True)

@@ -28,11 +28,12 @@ second; the time comes in the event) ``check`` looks at the shares (``shares.py`
   group gets SIGTERM, then SIGKILL after the worker's kill grace, as a cancel),
   and the clients wanting them are told (``TaskPreempted``: the job queue writes it
   in the run's history). The waiting task takes that worker's reservation, so that
-  what the stops free is kept for it (a reservation), not taken back by the
-  stopped tasks, which are older work. Their resources stay held until the worker
-  reports them ended; then each goes back to its queue, its retries untouched
-  (``settle``), to start again as a new attempt. One that completed meanwhile
-  simply completes.
+  what the stops free is kept for it, not taken back by the stopped tasks, which
+  are older work (nor is a worker chosen whose reservation an older task of the
+  same share holds: what is freed there would be kept for that one). Their
+  resources stay held until the worker reports them ended; then each goes back to
+  its queue, its retries untouched (``settle``), to start again as a new attempt.
+  One that completed meanwhile simply completes.
 
 So a stop is made only for a share that waits, is below its fair share, and has
 work that the stop lets in; only of work its submitter said may be stopped; only
@@ -216,7 +217,11 @@ def _preempt_for(
     workers: dict[str, WorkerRecord] = {}
     for pool in pools(state, task.queue):
         for worker in pool:
-            if not worker.paused and worker.id not in stopping:
+            if (
+                not worker.paused
+                and worker.id not in stopping
+                and _may_reserve(state, worker, task)
+            ):
                 workers[worker.id] = worker
     if any(
         fits_now(state, worker, task, amounts)
@@ -237,6 +242,18 @@ def _preempt_for(
     )
     _stop(state, worker, chosen.keys, share, task, waited)
     return True
+
+
+def _may_reserve(state: SchedulerState, worker: WorkerRecord, task: TaskRecord) -> bool:
+    """``worker``'s reservation is free, ``task``'s, or another share's: not held by an
+    older task of ``task``'s own share, which would keep what a stop frees there."""
+    holder = state.tasks.get(worker.reserved_by or "")
+    return (
+        holder is None
+        or holder is task
+        or share_of(holder.queue) != share_of(task.queue)
+        or task.order() < holder.order()
+    )
 
 
 def _reserve_for(
