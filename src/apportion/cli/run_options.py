@@ -110,8 +110,8 @@ _RUN_PARAMETERS: tuple[Callable[[Callable[..., Any]], Callable[..., Any]], ...] 
         "--preemptible",
         is_flag=True,
         help="The scheduler may stop a run (SIGTERM, its worker's grace, SIGKILL) and "
-        "queue it again, to let in someone kept below their fair share for its "
-        "--preempt-after; the log is kept and no retry is used. Write such runs to "
+        "queue it again, to let in someone kept below their fair share for the "
+        "scheduler's --preempt-after; the log is kept and no retry is used. Write such runs to "
         "resume from a checkpoint.",
     ),
     click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[--] COMMAND [ARGS]..."),
