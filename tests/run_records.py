@@ -21,6 +21,7 @@ def record(run_id: int = 1, **overrides: Any) -> RunRecord:
         name=overrides.get("name", ""),
         time_limit=overrides.pop("time_limit", None),
         retries=overrides.pop("retries", 0),
+        preemptible=overrides.pop("preemptible", False),
     )
     fields: dict[str, Any] = {
         "id": run_id,

@@ -130,6 +130,17 @@ def test_stage_merges_resources_and_keeps_the_commands_options(
     assert spec.env["MARKER"] == "captured"
 
 
+def test_stage_preemptible_marks_the_runs_and_show_says_so(path: Path) -> None:
+    result = invoke(path, "stage", "--preemptible", "--array", "1-2", "--", "sleep", "{}")
+    assert (result.exit_code, result.output) == (0, "staged 2 runs 1,2\n")
+    with Journal(path) as journal:
+        assert [r.spec.preemptible for r in journal.runs()] == [True, True]
+    shown = invoke(path, "runs", "show", "2")
+    assert "  preemptible: yes: the scheduler may stop it and run it again" in shown.output
+    assert invoke(path, "stage", "--", "true").exit_code == 0
+    assert "preemptible" not in invoke(path, "runs", "show", "3").output
+
+
 def test_stage_without_dashes_takes_everything_after_the_command(path: Path) -> None:
     result = invoke(path, "stage", "echo", "--name", "x", "--", "y")
     assert (result.exit_code, result.output) == (0, "staged run 1\n")
@@ -580,6 +591,18 @@ def record(state: str, **overrides: Any) -> RunRecord:
             record(RUNNING, worker="w1", held="gpu=[2] mem=4GiB", started=NOW, attempts=1),
             OWNER,
             "running on w1 holding gpu=[2] mem=4 GiB since 2023-11-14 22:13:20",
+        ),
+        (
+            record(RUNNING, worker="w1", started=NOW, attempts=2, preemptions=1),
+            OWNER,
+            "running on w1 since 2023-11-14 22:13:20 (attempt 2; 1 earlier attempts "
+            "preempted to let another share in)",
+        ),
+        (
+            record(QUEUED, attempts=1, preemptions=1, reason="preempted for share 'bob'"),
+            OWNER,
+            "queued: waiting for a worker where gpu=1 mem=4 GiB are free "
+            "(after attempt 1: preempted for share 'bob')",
         ),
         (
             record(RUNNING, worker="w1", started=NOW, attempts=1, cancel_requested=True),

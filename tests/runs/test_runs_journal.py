@@ -242,6 +242,45 @@ def test_requeue_after_an_interruption_then_start_again(journal: Journal) -> Non
     ]
 
 
+def test_a_preempted_run_is_queued_again_and_counted_apart(journal: Journal) -> None:
+    [run_id] = journal.stage([spec(preemptible=True)], 1.0, queued=True)
+    journal.mark_running(run_id, "w1", "gpu=[0]", 2.0)
+    journal.requeue(run_id, "preempted for share 'bob'", 3.0, preempted=True)
+    record = run(journal, run_id)
+    assert (record.state, record.attempts, record.preemptions) == (QUEUED, 1, 1)
+    assert record.spec.preemptible
+    journal.mark_running(run_id, "w1", "gpu=[0]", 4.0)
+    assert texts(journal, run_id)[-2:] == [
+        "preempted for share 'bob'; queued again",
+        "started on w1 holding gpu=[0] (attempt 2)",
+    ]
+    journal.requeue(run_id, "its worker w1 left", 5.0)  # not a preemption
+    assert run(journal, run_id).preemptions == 1
+    journal.mark_running(run_id, "w2", "", 6.0)
+    journal.requeue(run_id, "stopped for bob", 7.0, preempted=True)
+    assert texts(journal, run_id)[-1] == "preempted: stopped for bob; queued again"
+
+
+def test_a_journal_of_schema_version_1_is_brought_up_to_date(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    with Journal(path) as journal:
+        [run_id] = journal.stage([spec()], 1.0, queued=True)
+    with sqlite3.connect(path) as db:  # as the version before preemption wrote it
+        db.execute("ALTER TABLE runs DROP COLUMN preemptions")
+        db.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    db.close()
+    with Journal(path) as journal:
+        record = run(journal, run_id)
+        assert (record.state, record.preemptions, record.spec.preemptible) == (QUEUED, 0, False)
+        journal.mark_running(run_id, "w1", "", 2.0)
+        journal.requeue(run_id, "preempted", 3.0, preempted=True)
+        assert run(journal, run_id).preemptions == 1
+    with sqlite3.connect(path) as db:
+        version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    db.close()
+    assert version == (str(SCHEMA_VERSION),)
+
+
 def test_a_queued_run_may_fail_without_starting(journal: Journal) -> None:
     [run_id] = journal.stage([spec()], 1.0, queued=True)
     journal.mark_ended(run_id, FAILED, 2.0, reason="no worker offers gpu")

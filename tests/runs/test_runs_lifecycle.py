@@ -206,6 +206,80 @@ def test_reports_for_runs_not_served_are_ignored(life: RunLifecycle) -> None:
     assert life.handle(e.Polled((), (5,), 0.0, 0.0)) == []
 
 
+# --- preempted runs ------------------------------------------------------------------
+
+WHY = "preempted for share 'bob', which waited 1.0s below its fair share for GPU=1"
+
+
+def test_a_preempted_run_is_requeued_as_preempted_and_starts_again(life: RunLifecycle) -> None:
+    life.handle(e.Submitted((view(1, retries=0),), 0.0, 0.0))
+    life.handle(e.Started(1, "w1", "GPU=1", 42, 1.0, 1.0))
+    out = life.handle(e.Preempted(1, "w1", WHY, 2.0, 2.0))
+    assert out == [e.Note(1, f"stopping it on w1: {WHY}", 2.0)]
+    assert life.runs[1].state == RUNNING  # until its processes are gone
+    out = life.handle(ended(1, "cancelled", "cancelled; stopped with SIGTERM"))
+    why = f"{WHY} (cancelled; stopped with SIGTERM)"
+    assert of(e.Requeue, out) == [e.Requeue(1, why, 1.0, preempted=True)]
+    assert life.runs[1].state == QUEUED and life.runs[1].preemptions == 1
+    out = life.handle(e.Started(1, "w1", "GPU=1", 43, 3.0, 3.0))
+    assert of(e.Requeue, out) == []  # not a retry: queued already
+    assert of(e.NewAttempt, out) == [e.NewAttempt(1, 1)]  # its log goes on after attempt 1's
+    assert life.runs[1].attempts == 2
+    assert life.runs[1].retries_left() == 0
+    life.handle(ended(1))
+    out = life.handle(e.TaskDone(1, None, 4.0, 4.0))
+    assert of(e.MarkEnded, out)[0].state == COMPLETED  # type: ignore[attr-defined]
+    assert life.failures == 0
+
+
+def test_a_preempted_attempt_uses_no_retry_after_a_restart() -> None:
+    life = RunLifecycle(adopt_grace=30.0)
+    queued = view(1, retries=1, attempts=3, preemptions=2)  # one failed attempt, two preempted
+    out = life.handle(e.Resumed((queued,), (), 0.0, 0.0))
+    assert of(e.Schedule, out) == [e.Schedule(1, 0)]
+    running = view(2, RUNNING, retries=0, attempts=2, preemptions=1, worker="w1")
+    life.handle(e.Resumed((), (running,), 0.0, 0.0))
+    out = life.handle(e.WorkerBack("w1b", "w1", (2,), {}, 1.0, 1.0))
+    assert of(e.Adopt, out) == [e.Adopt("w1b", 2, 0, "")]
+    check_invariants(life)
+
+
+def test_a_run_that_completes_while_being_preempted_completes(life: RunLifecycle) -> None:
+    life.handle(e.Submitted((view(1),), 0.0, 0.0))
+    life.handle(e.Started(1, "w1", "", 42, 1.0, 1.0))
+    life.handle(e.Preempted(1, "w1", WHY, 2.0, 2.0))
+    assert of(e.Requeue, life.handle(ended(1))) == []
+    out = life.handle(e.TaskDone(1, None, 3.0, 3.0))
+    assert of(e.MarkEnded, out)[0].state == COMPLETED  # type: ignore[attr-defined]
+    assert not life.preempting
+
+
+def test_a_run_cancelled_while_being_preempted_ends_cancelled(life: RunLifecycle) -> None:
+    life.handle(e.Submitted((view(1),), 0.0, 0.0))
+    life.handle(e.Started(1, "w1", "", 42, 1.0, 1.0))
+    life.handle(e.Preempted(1, "w1", WHY, 2.0, 2.0))
+    life.handle(e.Polled((), (1,), 2.5, 2.5))
+    life.handle(e.TaskDone(1, ("cancelled", ""), 2.6, 2.6))
+    out = life.handle(ended(1, "cancelled", "cancelled; stopped with SIGTERM"))
+    assert of(e.Requeue, out) == []
+    assert of(e.MarkEnded, out)[0].state == CANCELLED  # type: ignore[attr-defined]
+
+
+def test_a_preempted_run_whose_worker_leaves_is_requeued_once(life: RunLifecycle) -> None:
+    life.handle(e.Submitted((view(1),), 0.0, 0.0))
+    life.handle(e.Started(1, "w1", "", 42, 1.0, 1.0))
+    life.handle(e.Preempted(1, "w1", WHY, 2.0, 2.0))
+    out = life.handle(e.WorkerGone("w1", 3.0, 3.0))
+    assert of(e.Requeue, out) == [e.Requeue(1, "its worker w1 left", 3.0)]
+    assert not life.preempting and life.runs[1].preemptions == 0
+
+
+def test_a_preemption_of_a_run_not_running_is_ignored(life: RunLifecycle) -> None:
+    life.handle(e.Submitted((view(1),), 0.0, 0.0))
+    assert life.handle(e.Preempted(1, "w1", WHY, 1.0, 1.0)) == []
+    assert life.handle(e.Preempted(7, "w1", WHY, 1.0, 1.0)) == []
+
+
 # --- no accepted run is ever lost -------------------------------------------------
 
 
@@ -216,6 +290,7 @@ class FakeJournal:
         self.states: dict[int, str] = {}
         self.attempts: dict[int, int] = {}
         self.retries: dict[int, int] = {}
+        self.preemptions: dict[int, int] = {}
         self.worker: dict[int, str] = {}
         self.cancel: set[int] = set()
         self.ended_times: dict[int, int] = {}
@@ -232,6 +307,10 @@ class FakeJournal:
                     self.worker[command.run_id] = command.worker
                 case e.Requeue():
                     self._move(command.run_id, QUEUED)
+                    if command.preempted:
+                        self.preemptions[command.run_id] = (
+                            self.preemptions.get(command.run_id, 0) + 1
+                        )
                 case e.MarkEnded():
                     self._move(command.run_id, command.state)
                     self.ended_times[command.run_id] = self.ended_times.get(command.run_id, 0) + 1
@@ -249,6 +328,7 @@ class FakeJournal:
             self.states[run_id],
             self.attempts[run_id],
             self.retries[run_id],
+            preemptions=self.preemptions.get(run_id, 0),
             worker=self.worker.get(run_id, ""),
             cancel_requested=run_id in self.cancel,
         )
@@ -301,8 +381,15 @@ class NoRunIsLost(RuleBasedStateMachine):
     def end(self, data: st.DataObject, completed: bool) -> None:
         run_id = self._some(data)
         assert run_id is not None
-        reason = "completed" if completed else "failed"
+        reason = "completed" if completed else data.draw(st.sampled_from(["failed", "cancelled"]))
         self._apply(e.Ended(run_id, 0, 0, reason, "", self.now, self.now))
+
+    @precondition(lambda self: bool(self.life.runs))
+    @rule(data=st.data(), worker=st.sampled_from(WORKERS))
+    def preempt(self, data: st.DataObject, worker: str) -> None:
+        run_id = self._some(data)
+        assert run_id is not None
+        self._apply(e.Preempted(run_id, worker, "preempted", self.now, self.now))
 
     @precondition(lambda self: bool(self.life.runs))
     @rule(data=st.data(), failure=FAILURES)
@@ -358,6 +445,10 @@ class NoRunIsLost(RuleBasedStateMachine):
             elif state != STAGED:
                 assert run_id in self.life.runs, f"run {run_id} {state} but forgotten"
                 assert self.life.runs[run_id].state == state, f"run {run_id} views differ"
+                served = self.life.runs[run_id].preemptions
+                assert served == self.journal.preemptions.get(run_id, 0), (
+                    f"run {run_id} preemptions"
+                )
 
 
 NoRunIsLost.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)

@@ -16,7 +16,14 @@ import pytest
 from apportion.protocol.base import Message
 from apportion.protocol.codec import encode_message
 from apportion.protocol.services import TaskNote
-from apportion.protocol.worker import FreeKeys, RegisterWorker, TaskFinished
+from apportion.protocol.tasks import SubmitTasks, TaskSpec
+from apportion.protocol.worker import (
+    FreeKeys,
+    InterruptTasks,
+    RegisterWorker,
+    TaskFinished,
+    TaskRaised,
+)
 from apportion.runs.journal import COMPLETED, QUEUED, RUNNING, Journal
 from apportion.runs.messages import RunEnded, RunOutput, RunsSubmitted, RunStarted, SubmitRuns
 from apportion.runs.queue import QueueOptions, RunQueue, waiting_text
@@ -27,12 +34,14 @@ from apportion.scheduler.events import (
     Event,
     FromClient,
     FromWorker,
+    PlacementDue,
     ServiceEffect,
+    Tick,
     WorkerJoined,
 )
 from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import PROCESSING
-from apportion.scheduler.state import SchedulerState
+from apportion.scheduler.state import SchedulerConfig, SchedulerState
 from apportion.scheduler.wire import to_wire
 
 pytestmark = pytest.mark.timeout(10)
@@ -248,5 +257,49 @@ def test_a_misspelt_resource_is_refused_and_nothing_queued(host: FakeHost, tmp_p
             "(not gpu)? (the workers offer GPU=2 on w1); nothing was queued"
         )
         assert journal.runs() == []
+
+    run(body())
+
+
+def test_a_preemptible_run_is_stopped_for_another_share_and_journalled_as_preempted(
+    host: FakeHost, tmp_path: Path
+) -> None:
+    async def body() -> None:
+        host.state = SchedulerState(SchedulerConfig(preempt_after=1.0))
+        queue, journal = make_queue(host, tmp_path)
+        spec = new_spec(["sleep", "60"], resources="GPU=1", preemptible=True)
+        (run_id,) = journal.stage([spec], 0.0, queued=True)
+        await queue.start(0.0, 0.0)
+        key = f"run-{run_id}"
+        reg = RegisterWorker("w1", "sim://w1", 2, {"GPU": 10_000}, 1, 0, {}, 0, [])
+        host.handle(WorkerJoined("w1", reg, 0.0))
+        host.handle(PlacementDue(0.0))
+        assert host.state.tasks[key].state == PROCESSING
+        host.note("w1", run_id, RunStarted(run_id, 42, "GPU=1"))
+        host.handle(ClientJoined("b", 0.0))
+        b_task = TaskSpec("b-0", "f", b"", [], {"GPU": 10_000}, 0, 0)
+        host.handle(FromClient("b", [SubmitTasks([b_task], {"f": b"fn"}, ["b-0"])], 0.5))
+        host.handle(Tick(0.5))
+        host.handle(Tick(1.6))
+        assert ("w1", InterruptTasks([key])) in host.sent
+        await settle(queue)
+        assert queue.life.preempting == {run_id: host.state.preemption.stopping[key].reason}
+        # The worker stops the command, says so, and the task raises.
+        host.note("w1", run_id, RunEnded(run_id, 143, 0, "cancelled", "cancelled; exit 143"))
+        host.handle(FromWorker("w1", [TaskRaised(key, b"e", b"tb", 1.0)], 1.7))
+        host.handle(PlacementDue(1.7))
+        await settle(queue)
+        record = journal.get(run_id)
+        assert record is not None
+        assert (record.state, record.attempts, record.preemptions) == (QUEUED, 1, 1)
+        assert record.reason.startswith("preempted for share 'b'")
+        assert host.state.tasks["b-0"].state == PROCESSING
+        assert host.state.tasks[key].state == QUEUED and host.state.tasks[key].retries == 0
+        host.handle(FromWorker("w1", [TaskFinished("b-0", 8, 1.0, "int")], 2.0))
+        host.handle(PlacementDue(2.0))
+        host.note("w1", run_id, RunStarted(run_id, 43, "GPU=1"))
+        await settle(queue)
+        record = journal.get(run_id)
+        assert record is not None and (record.state, record.attempts) == (RUNNING, 2)
 
     run(body())

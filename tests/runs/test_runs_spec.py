@@ -122,7 +122,7 @@ names = st.one_of(
     st.text(st.characters(codec="ascii", categories=["L", "N", "P"]), min_size=1, max_size=20),
 ).filter(lambda n: not n.isdigit())
 specs = st.builds(
-    lambda command, env, resources, name, priority, retries, limit: new_spec(
+    lambda command, env, resources, name, priority, retries, limit, preemptible: new_spec(
         command,
         cwd="/data/x",
         env=env,
@@ -131,6 +131,7 @@ specs = st.builds(
         priority=priority,
         retries=retries,
         time_limit=limit,
+        preemptible=preemptible,
     ),
     st.lists(st.text(TEXT), min_size=1, max_size=4),
     st.dictionaries(
@@ -143,6 +144,7 @@ specs = st.builds(
     st.integers(-(2**63), 2**63 - 1),
     st.integers(0, 100),
     st.none() | st.floats(min_value=0.001, max_value=1e9),
+    st.booleans(),
 )
 
 
@@ -157,6 +159,11 @@ def test_to_dict_from_dict_round_trip_through_json_and_msgpack(made: RunSpec) ->
 def test_from_dict_fills_in_defaults_and_derives_demand() -> None:
     made = RunSpec.from_dict({"command": ["a"], "cwd": "/", "env": {}, "resources": "x=2"})
     assert made == RunSpec(("a",), "/", {}, "x=2", Demand(({"x": 2 * SCALE},)))
+
+
+def test_a_spec_that_is_not_preemptible_is_stored_as_before() -> None:
+    assert "preemptible" not in spec().to_dict()
+    assert spec(preemptible=True).to_dict()["preemptible"] is True
 
 
 def test_from_dict_normalises_resource_text() -> None:
@@ -178,6 +185,7 @@ def test_from_dict_normalises_resource_text() -> None:
         ({"name": 7}, "'name' must be a string"),
         ({"resources": 5}, "'resources' must be text"),
         ({"colour": "red"}, "unknown field.*colour"),
+        ({"preemptible": 1}, "'preemptible' must be true or false"),
     ],
 )
 def test_from_dict_names_the_bad_field(change: dict[str, Any], message: str) -> None:

@@ -182,6 +182,23 @@ def test_format_run_of_a_waiting_run() -> None:
     assert text.endswith("history:\n  (none)")
 
 
+def test_a_preempted_run_says_so_in_the_table_and_in_detail() -> None:
+    why = "preempted for share 'bob', which waited 1.0s below its fair share for gpu=1"
+    queued = record(
+        4, preemptible=True, attempts=1, preemptions=1, reason=why, waiting="needs gpu=1"
+    )
+    again = running(5, preemptible=True, attempts=2, preemptions=1, reason=why)
+    lost = record(6, attempts=2, preemptions=1, reason="its worker w1 left")
+    rows = format_runs([queued, again, lost], NOW).splitlines()
+    assert rows[1].endswith("  preempted; needs gpu=1")
+    assert rows[2].endswith("  attempt 2 (1 preempted)")
+    assert rows[3].endswith("  30s")  # requeued since for another reason: not "preempted"
+    text = format_run(queued, [], tz=UTC)
+    assert "  preempted:   1 (not failures: no retry used)" in text
+    assert "  preemptible: yes: the scheduler may stop it and run it again" in text
+    assert "preempt" not in format_run(record(7), [], tz=UTC)
+
+
 def test_format_run_in_local_time_by_default() -> None:
     assert "  created:" in format_run(record(), [(NOW, "staged")])
 

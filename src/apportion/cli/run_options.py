@@ -53,6 +53,8 @@ class RunOptions:
     array: str | None = None
     #: ``--cwd``, or None for the current directory.
     cwd: str | None = None
+    #: ``--preemptible``: the scheduler may stop the runs and start them again.
+    preemptible: bool = False
 
 
 def _integer(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
@@ -104,6 +106,14 @@ _RUN_PARAMETERS: tuple[Callable[[Callable[..., Any]], Callable[..., Any]], ...] 
         metavar="DIR",
         help="Directory the runs start in.  [default: the current directory]",
     ),
+    click.option(
+        "--preemptible",
+        is_flag=True,
+        help="The scheduler may stop a run (SIGTERM, its worker's grace, SIGKILL) and "
+        "queue it again, to let in someone kept below their fair share for the "
+        "scheduler's --preempt-after; the log is kept and no retry is used. Write such runs to "
+        "resume from a checkpoint.",
+    ),
     click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[--] COMMAND [ARGS]..."),
 )
 
@@ -125,6 +135,7 @@ def run_options(func: Callable[..., R]) -> Callable[..., R]:
             time_limit=kwargs.pop("time_limit"),
             array=kwargs.pop("array"),
             cwd=kwargs.pop("cwd"),
+            preemptible=kwargs.pop("preemptible"),
         )
         return func(*args, run=run, **kwargs)
 
@@ -165,5 +176,6 @@ def specs_from_options(run: RunOptions, *, env: Mapping[str, str] | None = None)
         priority=run.priority,
         retries=run.retries,
         time_limit=time_limit,
+        preemptible=run.preemptible,
     )
     return [spec] if indices is None else expand_array(spec, indices)

@@ -646,7 +646,13 @@ def _explain_active(record: RunRecord, tz: tzinfo | None) -> str:
     if record.state == RUNNING:
         since = datetime.fromtimestamp(record.started or record.created, tz)
         held = f" holding {describe_spec(record.held)}" if record.held else ""
-        return f"running on {record.worker}{held} since {since:%Y-%m-%d %H:%M:%S}"
+        text = f"running on {record.worker}{held} since {since:%Y-%m-%d %H:%M:%S}"
+        if record.preemptions:
+            text += (
+                f" (attempt {record.attempts}; {record.preemptions} earlier attempts "
+                "preempted to let another share in)"
+            )
+        return text
     if record.waiting:
         text = f"queued: {record.waiting}"
     elif record.spec.resources:

@@ -44,6 +44,7 @@ from apportion.cli.errors import check_host_option, check_port_option, fail
 from apportion.cli.log_options import announce, log_format_option
 from apportion.cli.own_file import OwnSchedulerFile
 from apportion.cli.worker import check_resources
+from apportion.core.durations import seconds
 from apportion.core.resources import describe_resources, parse_supply
 from apportion.dashboard.origin import bind_address
 from apportion.log_setup import configure_logging
@@ -74,6 +75,21 @@ def _check_dashboard_address(ctx: click.Context, param: click.Parameter, value: 
     except ValueError as exc:
         fail(ctx, f"--dashboard-address: {exc}")
     return value
+
+
+def _check_preempt_after(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> float | None:
+    """Click callback for ``--preempt-after``: a positive duration, in seconds."""
+    if value is None:
+        return None
+    try:
+        after = seconds(value, "--preempt-after")
+    except ValueError as exc:
+        fail(ctx, str(exc))
+    if after is None or not after > 0:
+        fail(ctx, f"--preempt-after: {value!r} is not a positive duration (examples: 30s, 10m)")
+    return after
 
 
 @click.command("scheduler")
@@ -108,6 +124,15 @@ def _check_dashboard_address(ctx: click.Context, param: click.Parameter, value: 
     show_default=True,
     help="Fail a task (WorkerCrashedError, saying how each worker died) once this many "
     "workers died while running it, instead of letting it kill worker after worker.",
+)
+@click.option(
+    "--preempt-after",
+    metavar="DURATION",
+    callback=_check_preempt_after,
+    help="Stop a --preemptible run (SIGTERM, its worker's grace, SIGKILL) and queue it "
+    "again when someone's work has waited this long below their fair share and would "
+    "fit in its place; a run is never stopped before it has run this long either. "
+    "Examples: 30s, 10m, 1h.  [default: never]",
 )
 @click.option(
     "--journal",
@@ -175,6 +200,7 @@ def scheduler(
     port: int,
     worker_timeout: float,
     max_worker_deaths: int,
+    preempt_after: float | None,
     journal: Path | None,
     no_journal: bool,
     adopt_grace: float,
@@ -210,7 +236,16 @@ def scheduler(
     listen = Listening(
         host, port, security, allow_plaintext, scheduler_file, dashboard, fallback=fallback
     )
-    config = SchedulerConfig(worker_timeout=worker_timeout, max_worker_deaths=max_worker_deaths)
+    if preempt_after is not None:
+        logger.info(
+            "preemptible runs are stopped for work that waited %gs below its fair share",
+            preempt_after,
+        )
+    config = SchedulerConfig(
+        worker_timeout=worker_timeout,
+        max_worker_deaths=max_worker_deaths,
+        preempt_after=preempt_after,
+    )
     opened = None if no_journal else _open_journal(journal)
     try:
         if run_once:

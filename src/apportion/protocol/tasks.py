@@ -42,6 +42,11 @@ class TaskSpec(NamedTuple):
     #: job queue, for a person's run); "" otherwise. Ignored from a person's client,
     #: whose tasks are always their own.
     person: str = ""
+    #: 1: the scheduler may stop it to let another share in, and run it again
+    #: (``scheduler/preemption.py``): a job-queue run submitted ``--preemptible``.
+    #: Honoured only from a service (the job queue), never from a client's own
+    #: ``submit``: Python tasks are never preempted. An int: the wire has no booleans.
+    preemptible: int = 0
 
 
 @message(9)
@@ -218,3 +223,13 @@ class TaskRecipe(Message):
     args: Pickled
     deps: list[str]
     problem: str
+
+
+@message(136)
+class TaskPreempted(Message):
+    """Scheduler -> the clients wanting a preemptible task: it is being stopped on
+    ``worker`` to let another share in (``reason``), and will run again; not a failure."""
+
+    key: str
+    worker: str
+    reason: str

@@ -115,6 +115,15 @@ class FreeKeys(Message):
     keys: list[str]
 
 
+@message(137)
+class InterruptTasks(Message):
+    """Stop the work of these running tasks (their cancel event: a command run is
+    stopped, TERM, grace, KILL) and report each as it ends, as any task; unlike
+    ``FreeKeys`` the result of one that completes meanwhile is kept (preemption)."""
+
+    keys: list[str]
+
+
 @message(38)
 class Prefetch(Message):
     """A task reserved this worker and will run here next: fetch its inputs now, so

@@ -45,6 +45,7 @@ from apportion.runs.journal_schema import (
     COLUMNS,
     FINISHED_LIST,
     IN_LIST,
+    MIGRATIONS,
     SCHEMA,
     SCHEMA_VERSION,
     record_from_row,
@@ -172,11 +173,29 @@ class Journal:
                     (str(SCHEMA_VERSION),),
                 )
             version = self._version()
+        if version is not None and version < SCHEMA_VERSION:
+            version = self._migrate(version)
         if version != SCHEMA_VERSION:
             raise JournalError(
                 f"journal {self.path} has schema version {version}, but this apportion "
                 f"reads version {SCHEMA_VERSION}; use a matching apportion"
             )
+
+    def _migrate(self, version: int) -> int:
+        """Bring a journal of an older ``version`` up to date; the version it has now.
+
+        One transaction: another process opening it meanwhile waits, then finds it
+        migrated (and migrates nothing)."""
+        with self.batch():
+            version = self._version() or version  # read again, under the write lock
+            while version in MIGRATIONS:
+                for statement in MIGRATIONS[version]:
+                    self._db.execute(statement)
+                version += 1
+            self._db.execute(
+                "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version),)
+            )
+        return version
 
     def _version(self) -> int | None:
         """The schema version written in the file; None for a new, empty file."""
@@ -474,16 +493,23 @@ class Journal:
             run_id, state + (f" ({how})" if how else "") + (f": {reason}" if reason else ""), now
         )
 
-    def requeue(self, run_id: int, reason: str, now: float) -> None:
-        """A running run was interrupted (its worker died, say) and is to run again."""
+    def requeue(self, run_id: int, reason: str, now: float, *, preempted: bool = False) -> None:
+        """A running run was interrupted (its worker died, say) and is to run again;
+        ``preempted``: it was stopped to let another share in, which its history says
+        and ``preemptions`` counts (no retry is used)."""
         reason = _one_line(reason)
         with self.batch():
             self._move(run_id, QUEUED, only_from=RUNNING)
             self._db.execute(
-                "UPDATE runs SET state = ?, worker = '', held = '', reason = ? WHERE id = ?",
-                (QUEUED, reason, run_id),
+                "UPDATE runs SET state = ?, worker = '', held = '', reason = ?,"
+                " preemptions = preemptions + ? WHERE id = ?",
+                (QUEUED, reason, int(preempted), run_id),
             )
-            self._note(run_id, f"interrupted: {reason}; queued again", now)
+            if not preempted:
+                text = f"interrupted: {reason}"
+            else:  # the scheduler's reason says "preempted for ..." itself
+                text = reason if reason.startswith("preempted") else f"preempted: {reason}"
+            self._note(run_id, f"{text}; queued again", now)
 
     def set_waiting(self, run_id: int, text: str) -> None:
         """Say why a run is not running yet. Cheap: no history, no write if unchanged."""

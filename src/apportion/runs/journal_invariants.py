@@ -20,6 +20,7 @@ def check_invariants(journal: Journal) -> None:
         assert (run.state == RUNNING) <= (run.attempts >= 1), f"{where}: running, never started"
         assert (run.started is None) == (run.attempts == 0), f"{where}: started vs attempts"
         assert (run.state == STAGED) <= (run.attempts == 0), f"{where}: staged after starting"
+        assert 0 <= run.preemptions <= run.attempts, f"{where}: more preempted than started"
         assert (run.array_id is None) == (run.array_index is None), f"{where}: array fields"
         assert run.array_index == run.spec.array_index, f"{where}: array index vs spec"
         assert run.name == run.spec.name and run.priority == run.spec.priority, where

@@ -2,7 +2,9 @@
 
 The SQL the journal runs (``journal.py``) names its columns in the order of
 ``COLUMNS``, which ``record_from_row`` reads back. ``SCHEMA_VERSION`` is written
-into each journal: one written by a newer apportion is refused, never misread.
+into each journal: one written by a newer apportion is refused, never misread; one
+of an older version is brought up to date when opened (``MIGRATIONS``), since every
+change so far only added a column with a default.
 """
 
 from __future__ import annotations
@@ -15,7 +17,13 @@ from apportion.runs.run_states import FINISHED
 from apportion.runs.spec import RunSpec, stored_demand
 
 #: Version of the tables below; a journal written by a newer apportion is refused.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+#: Version -> the statements that bring a journal of that version to the next one.
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    # 2: how many attempts were preempted (not failures: they use no retry).
+    1: ("ALTER TABLE runs ADD COLUMN preemptions INTEGER NOT NULL DEFAULT 0",),
+}
 
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -44,7 +52,8 @@ SCHEMA = (
         cancel_requested INTEGER NOT NULL DEFAULT 0,
         array_id INTEGER,
         array_index INTEGER,
-        waiting TEXT NOT NULL DEFAULT '')""",
+        waiting TEXT NOT NULL DEFAULT '',
+        preemptions INTEGER NOT NULL DEFAULT 0)""",
     "CREATE INDEX IF NOT EXISTS runs_by_state ON runs(state)",
     "CREATE INDEX IF NOT EXISTS runs_by_env ON runs(env_id)",
     "CREATE INDEX IF NOT EXISTS runs_cancelling ON runs(id) WHERE cancel_requested = 1",
@@ -58,7 +67,8 @@ SCHEMA = (
 
 COLUMNS = (
     "id, name, state, spec, env_id, priority, created, started, ended, worker, held,"
-    " attempts, exit_code, signal, reason, cancel_requested, array_id, array_index, waiting"
+    " attempts, exit_code, signal, reason, cancel_requested, array_id, array_index, waiting,"
+    " preemptions"
 )
 
 #: Binds a list of ids or states as one parameter: no limit on how many.
@@ -93,4 +103,5 @@ def record_from_row(row: tuple[Any, ...], env: dict[str, str]) -> RunRecord:
         array_id=row[16],
         array_index=row[17],
         waiting=row[18],
+        preemptions=row[19],
     )

@@ -14,6 +14,9 @@ the commands issued so far are carried out. Everything the queue decides is here
   processes are gone (``Ended``), or once that worker leaves;
 - a worker's report of a new start after an ended attempt means the scheduler
   retries it: the run is requeued, then marked running again;
+- a run the scheduler stops to let another share in (``Preempted``) is requeued
+  as preempted once its processes are gone (``Ended``), unless it completed
+  first: not a failure, so the attempt uses none of its retries;
 - after a scheduler restart, runs the journal says were running wait until a
   deadline for their worker to come back and are *adopted*, not started again;
   those whose worker does not come back are requeued (within their retries),
@@ -77,6 +80,9 @@ class RunLifecycle:
         #: Cancelled active runs whose processes are still being stopped: id -> (worker
         #: name, failure); settled on their ``Ended`` or their worker's leaving.
         self.stopping: dict[int, tuple[str, tuple[str, str]]] = {}
+        #: Running runs the scheduler is stopping to let another share in: id -> why;
+        #: requeued as preempted on their ``Ended``.
+        self.preempting: dict[int, str] = {}
         #: Runs settled in this session that did not complete (``--run-once`` exit).
         self.failures = 0
 
@@ -100,6 +106,8 @@ class RunLifecycle:
                 self._started(event, out)
             case e.Ended():
                 self._ended(event, out)
+            case e.Preempted():
+                self._preempted(event, out)
             case e.WorkerGone():
                 self._worker_gone(event, out)
             case e.WorkerBack():
@@ -127,7 +135,7 @@ class RunLifecycle:
         for view in views:
             self.runs[view.id] = view
             self.active.add(view.id)
-            out.append(e.Schedule(view.id, max(0, view.retries - view.attempts)))
+            out.append(e.Schedule(view.id, view.retries_left()))
             needs = view.resources or "nothing"
             out.append(e.Say("info", f"scheduling run {view.label} (requires {needs})"))
 
@@ -191,6 +199,7 @@ class RunLifecycle:
         self.active.discard(run_id)
         self.cancelling.discard(run_id)
         self.stopping.pop(run_id, None)
+        self.preempting.pop(run_id, None)
         ended = self.ended.pop(run_id, None)
         state, reason = final_state(failure, ended)
         code = None if ended is None or ended.exit_code < 0 else ended.exit_code
@@ -234,6 +243,29 @@ class RunLifecycle:
         stopping = self.stopping.get(event.run_id)
         if stopping is not None:
             self._finish(self.runs[event.run_id], event.wall, stopping[1], out)
+            return
+        why = self.preempting.pop(event.run_id, None)
+        if why is None or event.reason == "completed" or event.run_id in self.cancelling:
+            return  # it completed before it was stopped; or a cancel settles it
+        # The scheduler queues its task again, retries untouched (``preemption.py``).
+        view = self.runs[event.run_id]
+        del self.ended[event.run_id]
+        attempt = view.attempts
+        self._requeue(view, f"{why} ({event.detail})", event.wall, out, preempted=True)
+        out.append(e.Say("info", f"run {view.label}: attempt {attempt} {why}; queued again"))
+
+    def _preempted(self, event: e.Preempted, out: list[e.Command]) -> None:
+        view = self.runs.get(event.run_id)
+        if (
+            view is None
+            or view.state != RUNNING
+            or view.id not in self.active
+            or view.id in self.cancelling
+        ):
+            return  # ended or cancelled meanwhile: that settles it
+        self.preempting[view.id] = event.reason
+        text = f"stopping it on {event.worker}: {event.reason}"
+        out.append(e.Note(view.id, text, event.wall))
 
     def _worker_gone(self, event: e.WorkerGone, out: list[e.Command]) -> None:
         """Its cancelled runs are settled, its running ones requeued.
@@ -250,6 +282,7 @@ class RunLifecycle:
             view = self.runs[run_id]
             if view.state == RUNNING and view.worker == name:
                 self.ended.pop(run_id, None)
+                self.preempting.pop(run_id, None)
                 self._requeue(view, f"its worker {name} left", event.wall, out)
                 text = f"run {view.label} interrupted: its worker {name} left"
                 out.append(e.Say("warning", text))
@@ -281,7 +314,7 @@ class RunLifecycle:
     def _adopt(self, event: e.WorkerBack, view: RunView, out: list[e.Command]) -> None:
         """Record the run as running on the worker whose command still runs it."""
         # Its latest attempt still runs: that one is not counted against its retries.
-        left = max(0, view.retries - view.attempts + 1)
+        left = max(0, view.retries - (view.attempts - view.preemptions) + 1)
         self.active.add(view.id)
         if view.state == QUEUED:  # requeued when its worker was declared lost
             self._mark_running(view, event.name, event.wall, out)
@@ -320,12 +353,17 @@ class RunLifecycle:
         view.worker = worker
         out.append(e.MarkRunning(view.id, worker, view.held, wall))
 
-    def _requeue(self, view: RunView, why: str, wall: float, out: list[e.Command]) -> None:
+    def _requeue(
+        self, view: RunView, why: str, wall: float, out: list[e.Command], preempted: bool = False
+    ) -> None:
         # ``held`` stays: a run adopted after its worker was declared lost holds
         # what its command held, though the journal forgets it meanwhile.
         view.move(QUEUED, only_from=RUNNING)
         view.worker = ""
-        out.append(e.Requeue(view.id, why, wall))
+        self.preempting.pop(view.id, None)
+        if preempted:
+            view.preemptions += 1
+        out.append(e.Requeue(view.id, why, wall, preempted))
 
 
 def final_state(failure: e.Failure, ended: e.Ended | None) -> tuple[str, str]:
@@ -371,4 +409,7 @@ def check_invariants(life: RunLifecycle) -> None:
     for name, ids in (("ended", life.ended), ("cancelling", life.cancelling)):
         assert set(ids) <= life.active, f"{name} holds runs without a task"
     assert set(life.stopping) <= life.active, "stopping a run without a task"
+    for run_id in life.preempting:
+        assert run_id in life.active, f"preempting run {run_id} without a task"
+        assert life.runs[run_id].state == RUNNING, f"preempting run {run_id}, not running"
     assert not life.runs.keys() & life.ignored.keys(), "an ignored staged run is served"

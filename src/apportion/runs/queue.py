@@ -54,6 +54,7 @@ from apportion.protocol.tasks import (
     ReleaseKeys,
     SubmitTasks,
     TaskErred,
+    TaskPreempted,
     TaskSpec,
 )
 from apportion.runs import run_events as e
@@ -122,6 +123,8 @@ class _RunTask:
     priority: int
     #: Who submitted it ("": the owner): its task is that person's work.
     person: str = ""
+    #: The scheduler may stop it and run it again (``RunSpec.preemptible``).
+    preemptible: bool = False
 
 
 class RunQueue:
@@ -296,6 +299,7 @@ class RunQueue:
             retries_left,
             alternatives,
             person=task.person,
+            preemptible=int(task.preemptible),
         )
 
     def _views(self, records: list[RunRecord]) -> tuple[RunView, ...]:
@@ -305,7 +309,9 @@ class RunQueue:
             spec = record.spec
             if record.id not in self._tasks:
                 args = pack_call((record.id, spec), {})[0]
-                self._tasks[record.id] = _RunTask(args, spec.demand, spec.priority, spec.person)
+                self._tasks[record.id] = _RunTask(
+                    args, spec.demand, spec.priority, spec.person, spec.preemptible
+                )
             views.append(view_of(record))
         return tuple(views)
 
@@ -350,7 +356,7 @@ class RunQueue:
             case KeysFailed():
                 for key in message.keys:
                     self._task_done(key, (message.kind, message.message), now, wall)
-            case TaskNoted():
+            case TaskNoted() | TaskPreempted():
                 self._noted(message, now, wall)
             case TasksStillRunning():
                 self._still_running(message, now, wall)
@@ -380,8 +386,14 @@ class RunQueue:
         if run_id is not None:
             self._feed(e.TaskDone(run_id, failure, now, wall))
 
-    def _noted(self, noted: TaskNoted, now: float, wall: float) -> None:
-        """A worker's note about a run: its start, output or end."""
+    def _noted(self, noted: TaskNoted | TaskPreempted, now: float, wall: float) -> None:
+        """A worker's note about a run: its start, output or end; or the scheduler's
+        word that it stops the run to let another share in."""
+        if isinstance(noted, TaskPreempted):
+            run_id = run_id_of(noted.key)
+            if run_id is not None:
+                self._feed(e.Preempted(run_id, noted.worker, noted.reason, now, wall))
+            return
         try:
             note = decode_message(noted.note)
         except ProtocolError as exc:
@@ -556,6 +568,7 @@ def view_of(record: RunRecord) -> RunView:
         record.state,
         record.attempts,
         record.spec.retries,
+        preemptions=record.preemptions,
         resources=record.spec.resources,
         demand=record.spec.demand.first,
         worker=record.worker,

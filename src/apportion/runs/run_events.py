@@ -108,6 +108,18 @@ class WorkerBack:
 
 
 @dataclass(frozen=True, slots=True)
+class Preempted:
+    """The scheduler is stopping the run on ``worker`` to let another share in
+    (``reason``); it runs again later, as a new attempt."""
+
+    run_id: int
+    worker: str
+    reason: str
+    now: float
+    wall: float
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passes: adoption deadlines may expire."""
 
@@ -115,7 +127,18 @@ class Tick:
     wall: float
 
 
-Event = Resumed | Submitted | Polled | TaskDone | Started | Ended | WorkerGone | WorkerBack | Tick
+Event = (
+    Resumed
+    | Submitted
+    | Polled
+    | TaskDone
+    | Started
+    | Ended
+    | Preempted
+    | WorkerGone
+    | WorkerBack
+    | Tick
+)
 
 
 # --- commands ---------------------------------------------------------------------
@@ -190,11 +213,13 @@ class MarkRunning:
 
 @dataclass(frozen=True, slots=True)
 class Requeue:
-    """Journal: the run was interrupted and is to run again."""
+    """Journal: the run was interrupted and is to run again; ``preempted``: it was
+    stopped to let another share in (counted apart: it uses no retry)."""
 
     run_id: int
     reason: str
     wall: float
+    preempted: bool = False
 
 
 @dataclass(frozen=True, slots=True)

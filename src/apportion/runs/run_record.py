@@ -51,6 +51,9 @@ class RunRecord:
     array_index: int | None
     #: Why it is not running yet, as the scheduler last wrote; "" when it does not apply.
     waiting: str
+    #: How many of its ``attempts`` were stopped to let another share in (preempted):
+    #: not failures, so they use none of its retries.
+    preemptions: int = 0
 
     def label(self) -> str:
         """How to name the run to people: ``"sweep[3]"``, ``"sweep"``, or its id."""

@@ -79,6 +79,10 @@ class RunSpec:
     #: Who submitted it: a person the owner admitted, or "" for the owner. Set by the
     #: job queue from who asked (``ForwardedRequest.person``), never by the submitter.
     person: str = ""
+    #: The scheduler may stop it (SIGTERM, the grace, SIGKILL) and start it again
+    #: later, as a new attempt, to let in a share kept below its fair share
+    #: (``apportion scheduler --preempt-after``); not a failure, no retry used.
+    preemptible: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON- and msgpack-friendly values (the argv as a list)."""
@@ -94,6 +98,7 @@ class RunSpec:
             "array_index": self.array_index,
             # Only when set: an owner's spec stays as it always was.
             **({"person": self.person} if self.person else {}),
+            **({"preemptible": True} if self.preemptible else {}),
         }
 
     @classmethod
@@ -133,7 +138,14 @@ class RunSpec:
             time_limit=_time_limit(d.get("time_limit")),
             array_index=_array_index(d.get("array_index")),
             person=_person(d.get("person", "")),
+            preemptible=_flag("preemptible", d.get("preemptible", False)),
         )
+
+
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise _bad(name, "must be true or false", value)
+    return value
 
 
 def _person(value: object) -> str:
@@ -160,8 +172,12 @@ def new_spec(
     priority: int = 0,
     retries: int = 0,
     time_limit: float | None = None,
+    preemptible: bool = False,
 ) -> RunSpec:
     """A validated spec; ``cwd`` and ``env`` default to this process's, captured now.
+
+    ``preemptible``: the scheduler may stop the run and start it again later to let
+    another share in (``RunSpec.preemptible``).
 
     ``resources`` is one ``--resources`` text or several (see ``parse_run_resources``),
     or what that returned (a caller that checked them first: they are not parsed
@@ -182,6 +198,7 @@ def new_spec(
             "priority": priority,
             "retries": retries,
             "time_limit": time_limit,
+            "preemptible": preemptible,
         },
         parsed.text,
         parsed.demand,

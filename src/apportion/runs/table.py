@@ -99,7 +99,13 @@ def _info(record: RunRecord) -> str:
     if record.cancel_requested:
         return "cancel requested"
     if record.state == RUNNING:
-        return f"attempt {record.attempts}" if record.attempts > 1 else ""
+        if record.attempts <= 1:
+            return ""
+        preempted = f" ({record.preemptions} preempted)" if record.preemptions else ""
+        return f"attempt {record.attempts}{preempted}"
+    if record.preemptions and record.reason.startswith("preempted"):
+        # Stopped to let another share in: say so, then what it waits for now.
+        return "; ".join(part for part in ("preempted", record.waiting) if part)
     return record.waiting
 
 
@@ -135,6 +141,10 @@ def format_run(
     if record.ended is not None:
         fields.append(("ended", _when(record.ended, tz)))
     fields.append(("attempts", str(record.attempts)))
+    if record.preemptions:
+        fields.append(("preempted", f"{record.preemptions} (not failures: no retry used)"))
+    if spec.preemptible:
+        fields.append(("preemptible", "yes: the scheduler may stop it and run it again"))
     optional = (
         ("exit", describe_exit(record.exit_code, record.signal)),
         ("reason", record.reason),

@@ -21,6 +21,9 @@ class RunView:
     attempts: int = 0
     #: How many times it may be started again after a failed attempt.
     retries: int = 0
+    #: How many of its attempts were preempted (stopped to let another share in):
+    #: they use none of its retries.
+    preemptions: int = 0
     #: What it asks for, as users read it (``"gpu=1"``); "" for nothing.
     resources: str = ""
     #: The same in the scheduler's fixed-point amounts.
@@ -31,6 +34,10 @@ class RunView:
     held: str = ""
     #: A user asked to cancel it.
     cancel_requested: bool = False
+
+    def retries_left(self) -> int:
+        """Retries it has not used: its attempts that failed, preempted ones aside."""
+        return max(0, self.retries - (self.attempts - self.preemptions))
 
     def move(self, new: str, only_from: str | None = None) -> None:
         """Change state along ``RUN_MOVES``; raise ``IllegalTransition`` otherwise."""

@@ -254,7 +254,9 @@ class JournalWriter:
             case e.MarkRunning():
                 journal.mark_running(command.run_id, command.worker, command.held, command.wall)
             case e.Requeue():
-                journal.requeue(command.run_id, command.reason, command.wall)
+                journal.requeue(
+                    command.run_id, command.reason, command.wall, preempted=command.preempted
+                )
             case e.MarkEnded():
                 self.logs.forget(command.run_id)
                 journal.mark_ended(

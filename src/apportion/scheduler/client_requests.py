@@ -191,6 +191,10 @@ def _new_task(
         restriction,
     )
     task.actor = bool(spec.actor)
+    if spec.preemptible and client.durable:
+        # Only a service's tasks (the job queue's command runs) may be stopped and run
+        # again; a Python task's work would simply be lost, so a client's flag is ignored.
+        state.preemption.preemptible.add(spec.key)
     # The submitter's share: its tasks queue apart from other shares' (``shares.py``).
     task.queue = client.queue_key(kind_of(task.queue))
     state.tasks[spec.key] = task

@@ -106,6 +106,7 @@ from apportion.scheduler import (
     people,
     people_gate,
     placement,
+    preemption,
     recipes,
     relay,
     remote_calls,
@@ -150,6 +151,7 @@ def _placement_due(state: SchedulerState, event: PlacementDue) -> None:
 
 def _tick(state: SchedulerState, event: Tick) -> None:
     membership.tick(state, event)
+    preemption.check(state)
     if not state.placement_due:  # else the pass that is due balances after placing
         # Time alone changes what a move is worth: a task that runs past what its
         # group takes is expected to run on, and what waits behind it should move.

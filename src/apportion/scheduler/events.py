@@ -176,6 +176,15 @@ class SendFreeKeys:
 
 
 @dataclass(frozen=True, slots=True)
+class SendInterruptTasks:
+    """Stop the work of these running tasks (preempted); the worker reports each as it
+    ends, its resources held until then (``preemption.py``)."""
+
+    worker_id: str
+    keys: list[str]
+
+
+@dataclass(frozen=True, slots=True)
 class SendPrefetch:
     """The task that reserved the worker will run there next: fetch these inputs now."""
 
@@ -395,6 +404,16 @@ class SendForwardedRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class SendTaskPreempted:
+    """A preemptible task a client wants is being stopped, to run again (``preemption.py``)."""
+
+    client_id: str
+    key: str
+    worker: str  #: the name of the worker it is stopped on
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class SendWorkerDeparted:
     """The last worker named ``name`` left (a service settles what it ran there)."""
 
@@ -466,6 +485,7 @@ WorkerCommand = (
     SendLoadFunction
     | SendComputeTask
     | SendFreeKeys
+    | SendInterruptTasks
     | SendGetData
     | SendPrefetch
     | SendDropPrefetch
@@ -491,6 +511,7 @@ ClientCommand = (
     | SendTaskNoted
     | SendTasksStillRunning
     | SendForwardedRequest
+    | SendTaskPreempted
     | SendWorkerDeparted
 )
 

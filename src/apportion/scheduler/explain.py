@@ -163,7 +163,21 @@ def why_queued(state: SchedulerState, task: TaskRecord, ahead: int = 0) -> str:
             f"  it holds the reservation on {name}: what running tasks free there is kept "
             "for it, so newer tasks cannot overtake it"
         )
+        lines.extend(_stops_for(state, task))
     return "\n".join(lines)
+
+
+def _stops_for(state: SchedulerState, task: TaskRecord) -> list[str]:
+    """The line on preemptible tasks being stopped where ``task`` holds its reservation
+    to let its share in (``preemption.py``); none if none."""
+    stopped = sorted(
+        key
+        for key, stop in state.preemption.stopping.items()
+        if stop.worker_id == task.reserved_on and stop.for_share == share_of(task.queue)
+    )
+    if not stopped:
+        return []
+    return [f"  preemptible {', '.join(stopped)} being stopped there to make room"]
 
 
 def _restriction_note(task: TaskRecord, by_option: list[list[WorkerRecord]]) -> str:

@@ -220,6 +220,10 @@ def _check_side_books(state: SchedulerState) -> None:
     for key in state.result_types:
         task = state.tasks.get(key)
         assert task is not None and task.state == MEMORY, f"{key}: a type kept, not in memory"
+    for key in state.preemption.preemptible:
+        assert key in state.tasks, f"forgotten {key} still marked preemptible"
+    for key in state.preemption.stopping:
+        assert key in state.preemption.preemptible, f"{key} stopped, not preemptible"
 
 
 def _check_telemetry(state: SchedulerState) -> None:

@@ -62,6 +62,7 @@ from apportion.scheduler.events import (
     failure_notice,
 )
 from apportion.scheduler.holders import clear_replicas, holders, holds
+from apportion.scheduler.preempt_book import PreemptBook
 from apportion.scheduler.records import (
     ERRED,
     FORGOTTEN,
@@ -141,6 +142,12 @@ class SchedulerConfig:
     #: How long a poison task's failure waits for the supervisor to say how the
     #: last worker died (exit code, signal, out of memory), in seconds.
     death_report_wait: float = 3.0
+    #: Stop a preemptible run (the job queue's ``--preemptible``) to let in a share
+    #: that has waited this many seconds below its fair share, and never stop one
+    #: that has run for less (``preemption.py``). None: never preempt. Off by
+    #: default: a stopped run loses what it did since its last checkpoint, so the
+    #: cluster's owner chooses what that wait is worth.
+    preempt_after: float | None = None
 
 
 #: The story's line for a running task released: it leaves ``assigned`` at once.
@@ -235,6 +242,9 @@ class SchedulerState:
         #: Each share's holdings while a placement pass serves several shares, or one
         #: with a quota (``placement.place``); None otherwise, and between passes.
         self.fair: FairPass | None = None
+        #: Preemptible tasks, shares waiting below their fair share, stops under way
+        #: (``preemption.py``).
+        self.preemption = PreemptBook()
 
     # --- output -----------------------------------------------------------------------
 
@@ -536,6 +546,9 @@ class SchedulerState:
         self.move(task, FORGOTTEN, cause)
         del self.tasks[task.key]
         self._forget_counts(task.key)
+        if self.preemption.preemptible:
+            self.preemption.preemptible.discard(task.key)
+            self.preemption.stopping.pop(task.key, None)
         if self.serving_deaths:
             self.serving_deaths.pop(task.key, None)
         self._drop_function_use(task)

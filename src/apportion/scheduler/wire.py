@@ -25,12 +25,20 @@ from apportion.protocol.services import (
     TasksStillRunning,
     WorkerDeparted,
 )
-from apportion.protocol.tasks import KeysDone, KeysFailed, KeysPending, Notice, TaskErred
+from apportion.protocol.tasks import (
+    KeysDone,
+    KeysFailed,
+    KeysPending,
+    Notice,
+    TaskErred,
+    TaskPreempted,
+)
 from apportion.protocol.worker import (
     ComputeTask,
     DrainDone,
     DropPrefetch,
     FreeKeys,
+    InterruptTasks,
     LoadFunction,
     Prefetch,
     RejoinGranted,
@@ -47,6 +55,7 @@ from apportion.scheduler.events import (
     SendFreeKeys,
     SendGetData,
     SendInstall,
+    SendInterruptTasks,
     SendKeysDone,
     SendKeysFailed,
     SendKeysPending,
@@ -61,6 +70,7 @@ from apportion.scheduler.events import (
     SendStealRequest,
     SendTaskErred,
     SendTaskNoted,
+    SendTaskPreempted,
     SendTasksStillRunning,
     SendTopicMessage,
     SendUninstall,
@@ -91,6 +101,7 @@ _CONVERTERS: dict[type[Any], Callable[[Any], tuple[str, Message]]] = {
     SendComputeTask: _compute_task,
     SendLoadFunction: lambda c: (c.worker_id, LoadFunction(c.func_id, c.blob)),
     SendFreeKeys: lambda c: (c.worker_id, FreeKeys(c.keys)),
+    SendInterruptTasks: lambda c: (c.worker_id, InterruptTasks(c.keys)),
     SendGetData: lambda c: (c.worker_id, GetData(c.request_id, c.keys)),
     SendPrefetch: lambda c: (c.worker_id, Prefetch(c.who_has, c.sizes)),
     SendDropPrefetch: lambda c: (c.worker_id, DropPrefetch(c.keys)),
@@ -118,6 +129,7 @@ _CONVERTERS: dict[type[Any], Callable[[Any], tuple[str, Message]]] = {
         TasksStillRunning(c.worker_id, c.worker, c.keys, c.states),
     ),
     SendForwardedRequest: lambda c: (c.client_id, ForwardedRequest(c.origin, c.request, c.person)),
+    SendTaskPreempted: lambda c: (c.client_id, TaskPreempted(c.key, c.worker, c.reason)),
     SendWorkerDeparted: lambda c: (c.client_id, WorkerDeparted(c.name)),
     Reply: lambda c: (c.peer_id, c.message),
 }

@@ -16,7 +16,7 @@ from apportion.protocol.worker import (
     TasksDropped,
     WorkerClosing,
 )
-from apportion.scheduler import actors
+from apportion.scheduler import actors, preemption
 from apportion.scheduler.holders import drop_holder, holders, holds
 from apportion.scheduler.records import (
     ERRED,
@@ -44,6 +44,8 @@ def task_finished(state: SchedulerState, worker: WorkerRecord, msg: TaskFinished
     task = running_task(state, worker, msg.key)
     if task is None:
         return
+    # Stopped to let another share in, it completed first: it simply completed.
+    preemption.settle(state, worker, task.key)
     worker.thread_freed = state.now
     state.telemetry.executed(task, worker, allocation, msg.thread, msg.duration, state.now, True)
     tally = task.group
@@ -77,8 +79,12 @@ def task_raised(state: SchedulerState, worker: WorkerRecord, msg: TaskRaised) ->
     worker.thread_freed = state.now
     state.telemetry.executed(task, worker, allocation, msg.thread, msg.duration, state.now, False)
     state.placement_due = True
+    stopped = preemption.settle(state, worker, task.key)
     if task.discard_result:
         settle_discarded(state, task, f"raised on {worker.name}, result discarded")
+    elif stopped is not None:
+        # Not a failure: it runs again as a new attempt, its retries untouched.
+        state.requeue(task, f"stopped on {worker.name} ({stopped.reason}); queued again")
     elif task.retries > 0:
         task.retries -= 1
         state.retried[task.key] = state.retried.get(task.key, 0) + 1
@@ -136,6 +142,7 @@ def tasks_dropped(state: SchedulerState, worker: WorkerRecord, msg: TasksDropped
         task = running_task(state, worker, key)
         if task is not None:
             state.placement_due = True
+            preemption.settle(state, worker, key)
             settle_discarded(state, task, f"dropped by {worker.name} before it started")
 
 

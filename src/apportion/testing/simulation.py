@@ -198,9 +198,20 @@ class SimulatedCluster:
         client: str = "c1",
         wanted: bool = True,
         actor: bool = False,
+        preemptible: bool = False,
     ) -> None:
+        """Submit one task from ``client``; ``preemptible`` is honoured only from a
+        durable client (a service, as the job queue that submits preemptible runs)."""
         spec = TaskSpec(
-            key, "f", b"", list(deps), parse_demand(resources), priority, retries, actor=int(actor)
+            key,
+            "f",
+            b"",
+            list(deps),
+            parse_demand(resources),
+            priority,
+            retries,
+            actor=int(actor),
+            preemptible=int(preemptible),
         )
         msg = SubmitTasks([spec], {"f": b"func"}, [key] if wanted else [])
         self.handle(FromClient(client, [msg], self.now))

@@ -46,6 +46,7 @@ from apportion.protocol.worker import (
     DropPrefetch,
     FreeKeys,
     Heartbeat,
+    InterruptTasks,
     LoadFunction,
     Prefetch,
     RegisterWorker,
@@ -565,6 +566,22 @@ class Worker(BackgroundService):
 
     # --- from the scheduler -------------------------------------------------------
 
+    def _stop_work(
+        self, message: FreeKeys | InterruptTasks, events: list[WorkerEvent]
+    ) -> list[WorkerEvent]:
+        """Stop the work of tasks freed or interrupted (preempted); the events to go on
+        with. Executions started by earlier messages of the frame are handled first,
+        so that the stop reaches them too. An interrupted task is reported as it ends,
+        its result kept if it completes first; a freed one's result is dropped."""
+        assert self._runner is not None
+        self._handle(events)
+        self._runner.cancel(message.keys)
+        if self.long_lived is not None:
+            self.long_lived.cancel_keys(message.keys)
+        if isinstance(message, InterruptTasks):
+            return []
+        return [FreeArrived(tuple(message.keys), self.clock.time())]
+
     def _on_messages(self, messages: Iterable[Message]) -> None:
         """Turn one frame into events; a ``GetData`` sees the state of the messages before it."""
         assert self._scheduler is not None and self._runner is not None
@@ -576,15 +593,8 @@ class Worker(BackgroundService):
                     self._runner.functions.add(message.func_id, message.blob)
                 case ComputeTask() | Prefetch() | DropPrefetch() | RejoinGranted() | StealRequest():
                     events.append(arrival(message, now))
-                case FreeKeys():
-                    # Executions started by earlier messages of this frame first, so
-                    # that the cancel reaches them too.
-                    self._handle(events)
-                    events = []
-                    self._runner.cancel(message.keys)
-                    if self.long_lived is not None:
-                        self.long_lived.cancel_keys(message.keys)
-                    events.append(FreeArrived(tuple(message.keys), now))
+                case FreeKeys() | InterruptTasks():
+                    events = self._stop_work(message, events)
                 case RemoteCall() | Install() | Uninstall():
                     self.remote_calls.handle(message)
                 case DrainDone():
