@@ -28,6 +28,10 @@ What joblib expects of a backend, and how this one meets it:
 - ``resources``, ``priority``, ``retries``, ``workers`` and ``allow_other_workers``
   given to the backend apply to every task of the calls it runs; nested calls inside
   them ask for no resources unless their own ``parallel_config`` says so.
+- Each batch runs with its worker process's BLAS and OpenMP pools limited to one
+  thread (``parallel_config(inner_max_num_threads=N)`` for N), as joblib's own
+  process pool limits its children: unlimited, every process starts a thread per
+  core and a search on a few cores runs several times slower.
 - The client is the one given, else the current one (``get_client()``: inside a task,
   its worker's); where there is none, the backend starts ``Client()``, an embedded
   local cluster sized to this machine, once, and keeps it for later calls (Dask's
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import threading
 import uuid
 import weakref
@@ -77,16 +82,69 @@ _embedded: Client | None = None
 
 
 def run_batch(
-    calls: Sequence[tuple[Callable[..., Any], Sequence[Any], Mapping[str, Any]]], nesting_level: int
+    calls: Sequence[tuple[Callable[..., Any], Sequence[Any], Mapping[str, Any]]],
+    nesting_level: int,
+    inner_threads: int | None = 1,
 ) -> list[Any]:
     """One batch of joblib's calls, in order, on a worker: the task every batch is.
 
     A ``Parallel`` inside one of them runs on the cluster too (joblib asks its
-    active backend for the nested one).
+    active backend for the nested one). While it runs, the BLAS and OpenMP pools of
+    the worker process use ``inner_threads`` threads (``_INNER``).
     """
     nested = ApportionBackend(nesting_level=nesting_level)
-    with joblib.parallel_config(backend=nested):
+    with _INNER.limited(inner_threads), joblib.parallel_config(backend=nested):
         return [func(*args, **kwargs) for func, args, kwargs in calls]
+
+
+class _InnerThreads:
+    """The threads of a worker process's BLAS and OpenMP pools while batches run.
+
+    NumPy's BLAS starts a thread per core in every process; two worker processes of
+    one thread each on two cores would then run four BLAS threads, and a grid search
+    runs several times slower than on joblib's own process pool, which limits its
+    children to ``cores // n_jobs`` threads (Dask's workers start with one).
+
+    Each batch sets the limit on its own thread and restores it there (a restore
+    from another thread does not take for OpenBLAS). OpenMP's limit is the
+    thread's own; OpenBLAS's reaches the whole process, so while batches overlap
+    the last one to restore may restore another's limit: the process can keep it
+    after the call. threadpoolctl's controller lists the loaded libraries (a
+    millisecond), so it is kept, and made again when modules were imported since.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._controller: Any = None
+        self._modules = 0
+
+    @contextlib.contextmanager
+    def limited(self, threads: int | None) -> Iterator[None]:
+        controller = None if threads is None else self._current()
+        if controller is None:
+            yield
+            return
+        limits = controller.limit(limits=threads)
+        try:
+            yield
+        finally:
+            limits.restore_original_limits()
+
+    def _current(self) -> Any:
+        """threadpoolctl's controller of the libraries loaded now; None without
+        threadpoolctl (scikit-learn brings it; without it nothing is limited)."""
+        with self._lock:
+            if self._controller is None or len(sys.modules) != self._modules:
+                try:
+                    from threadpoolctl import ThreadpoolController
+                except ImportError:
+                    return None
+                self._modules = len(sys.modules)
+                self._controller = ThreadpoolController()
+            return self._controller
+
+
+_INNER = _InnerThreads()
 
 
 class ApportionBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc]
@@ -105,6 +163,7 @@ class ApportionBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[
 
     default_n_jobs = -1
     supports_retrieve_callback = True
+    supports_inner_max_num_threads = True
     uses_threads = False
     supports_sharedmem = False
 
@@ -189,7 +248,8 @@ class ApportionBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[
         name = getattr(first, "__name__", type(first).__name__)
         key = f"{name}-{uuid.uuid4().hex}"
         level = (self.nesting_level or 0) + 1
-        future = self.client.submit(run_batch, calls, level, key=key, **self._keywords)
+        inner = 1 if self.inner_max_num_threads is None else self.inner_max_num_threads
+        future = self.client.submit(run_batch, calls, level, inner, key=key, **self._keywords)
         self._in_flight.add(future)
         if callback is not None:
             future.add_done_callback(callback)

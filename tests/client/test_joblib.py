@@ -208,3 +208,19 @@ def test_grid_search_and_cross_val_score_match_a_sequential_run(client: Client) 
         search.cv_results_["mean_test_score"], sequential.cv_results_["mean_test_score"]
     )
     np.testing.assert_allclose(scores, cross_val_score(LogisticRegression(), X, y, cv=5))
+
+
+def blas_threads(_: int) -> int:
+    from threadpoolctl import threadpool_info
+
+    return min(pool["num_threads"] for pool in threadpool_info())
+
+
+def test_batches_run_with_one_blas_thread_unless_told_otherwise(client: Client) -> None:
+    # NumPy's BLAS (loaded by now) would start a thread per core in every worker.
+    outside = blas_threads(0)
+    with joblib.parallel_config(backend="apportion"):
+        inside = Parallel(batch_size=1)(delayed(blas_threads)(i) for i in range(4))
+    assert inside == [1] * 4
+    with joblib.parallel_config(backend="apportion", inner_max_num_threads=outside):
+        assert Parallel(batch_size=1)(delayed(blas_threads)(i) for i in range(2)) == [outside] * 2
