@@ -1,5 +1,6 @@
 """scikit-learn and joblib on real worker processes: the embedded cluster a script gets
-when it opens no client, and CLI workers offering GPU units.
+when it opens no client (with apportion.Pool and the standard library's waiting on the
+same cluster), and CLI workers offering GPU units.
 """
 
 from __future__ import annotations
@@ -50,11 +51,42 @@ assert search.best_params_ == expected.best_params_, (search.best_params_, expec
 assert len(scores) == 5
 assert os.getpid() not in pids, "the calls ran in the script's own process"
 print("threads", threads, "pids", len(pids), "best", search.best_params_["C"])
+
+# multiprocessing's pool with the import changed, and the standard library's waiting,
+# on the cluster the backend started (no __main__ guard: workers never run this file).
+import asyncio
+import concurrent.futures as cf
+
+from apportion import Pool, get_client
+
+
+def cube(x):
+    return x**3
+
+
+with Pool() as pool:
+    assert pool.map(cube, range(10)) == [x**3 for x in range(10)]
+    assert sorted(pool.imap_unordered(cube, range(5))) == [0, 1, 8, 27, 64]
+client = get_client()
+futures = [client.submit(cube, i) for i in range(5)]
+done, not_done = cf.wait(futures, timeout=60)
+assert len(done) == 5 and not not_done
+assert sorted(f.result() for f in cf.as_completed(futures)) == [0, 1, 8, 27, 64]
+
+
+async def main():
+    return await asyncio.wrap_future(client.submit(cube, 3))
+
+
+assert asyncio.run(main()) == 27
+print("standard library: ok")
 """
 
 
 @pytest.mark.timeout(150)
-def test_a_script_with_no_client_runs_its_search_on_an_embedded_cluster(tmp_path: Path) -> None:
+def test_a_script_with_no_client_runs_its_search_pool_and_futures_on_an_embedded_cluster(
+    tmp_path: Path,
+) -> None:
     script = tmp_path / "search.py"
     script.write_text(textwrap.dedent(SCRIPT))
     env = {**os.environ, "APPORTION_HOME": str(tmp_path / "home")}
@@ -64,6 +96,7 @@ def test_a_script_with_no_client_runs_its_search_on_an_embedded_cluster(tmp_path
     # n_jobs=-1 counted the embedded cluster's threads, and the calls ran on its workers.
     assert int(words[words.index("threads") + 1]) >= 1
     assert int(words[words.index("pids") + 1]) >= 1
+    assert "standard library: ok" in done.stdout
 
 
 def unit_and_inner(_: int) -> tuple[str, list[str], str]:

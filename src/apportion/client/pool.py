@@ -12,7 +12,9 @@ of their inputs, ``imap_unordered`` as they finish; ``get`` re-raises the call's
 exception (with the worker's traceback) and raises ``multiprocessing.TimeoutError``
 when its timeout passes; a closed or terminated pool raises ``ValueError("Pool not
 running")``; ``join`` needs ``close`` or ``terminate`` first; leaving a ``with`` block
-terminates the pool (its unfinished calls are cancelled), as the standard one does.
+terminates the pool (its unfinished calls are cancelled), as the standard one does;
+but where the standard pool's result of a call that never started waits for ever,
+here it is ready and ``get`` raises ``CancelledError``.
 
 What differs: the calls run on the cluster's workers, not in child processes of this
 one. ``processes`` is not a number of processes to start but the most of this pool's
@@ -32,6 +34,7 @@ import threading
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import CancelledError
 from typing import TYPE_CHECKING, Any
 
 from apportion.client.executor import TASK_KEYWORDS
@@ -136,8 +139,10 @@ class _Feeder:
             task.on_settled()
 
     def cancel_all(self) -> None:
-        """Queued tasks never start; started ones are cancelled."""
+        """Queued tasks never start (they settle now, as cancelled); started ones are
+        cancelled."""
         with self._lock:
+            dropped = list(self._queued)
             self._queued.clear()
             started = [t.future for t in self._unsettled if t.future is not None]
             self._unsettled.clear()
@@ -145,6 +150,9 @@ class _Feeder:
         pending = [f for f in started if not f.done()]
         if pending:
             self._client.cancel(pending)
+        for task in dropped:
+            if task.on_settled is not None:
+                task.on_settled()
 
     def wait_all(self) -> None:
         """Until every task given has settled (or was dropped by ``cancel_all``)."""
@@ -219,6 +227,9 @@ class AsyncResult:
         raised; ``multiprocessing.TimeoutError`` when not ready in ``timeout`` seconds."""
         if not self._ready.wait(timeout):
             raise multiprocessing.TimeoutError(f"not ready after {timeout}s")
+        if any(t.future is None for t in self._tasks):
+            # Where the standard pool's result would wait for ever.
+            raise CancelledError("the pool was terminated before this call started")
         futures = [t.future for t in self._tasks]
         chunks = self._pool._client.gather(futures)
         values = list(itertools.chain.from_iterable(chunks))
