@@ -53,6 +53,12 @@ def test_an_apportion_future_is_a_standard_future(client: Client) -> None:
     future = client.submit(at_once, 1)
     assert isinstance(future, cf.Future)
     assert future.result(timeout=5) == 1
+    assert not future.running()
+    # Its task settles it; the executor's side of the standard future is not for use.
+    with pytest.raises(RuntimeError, match="settled by its task"):
+        future.set_result(2)
+    with pytest.raises(RuntimeError, match="settled by its task"):
+        future.set_exception(ValueError())
 
 
 def test_wait_all_completed_returns_once_every_task_has(client: Client) -> None:

@@ -382,6 +382,18 @@ class Future(cf.Future[Any]):
 
     # --- what concurrent.futures.wait and as_completed read (standard_waiting.py) -------
 
+    def set_result(self, result: Any) -> None:
+        """Refused: the standard future's executor side; the task settles this one."""
+        raise RuntimeError("an apportion future is settled by its task, not set_result")
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        """Refused, as ``set_result``."""
+        raise RuntimeError("an apportion future is settled by its task, not set_exception")
+
+    def set_running_or_notify_cancel(self) -> bool:
+        """Refused, as ``set_result``."""
+        raise RuntimeError("an apportion future is started by its scheduler, not by this call")
+
     @property
     def _condition(self) -> threading.Condition:  # type: ignore[override]
         return standard_waiting(self, self._waiting).condition
