@@ -14,6 +14,9 @@ import cloudpickle
 import joblib
 import pytest
 from joblib import Parallel, delayed
+from sklearn.datasets import make_classification
+from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import GridSearchCV, cross_val_score
 
 import apportion.joblib  # noqa: F401  # registers the backend
 from apportion import Client, task_environment, task_key
@@ -112,7 +115,9 @@ def fails_at(i: int, bad: int) -> int:
 
 
 @pytest.mark.timeout(120)
-def test_cli_workers_run_gpu_calls_with_their_units_and_nested_calls(procs: Processes) -> None:
+def test_cli_workers_run_searches_gpu_calls_with_their_units_and_nested_calls(
+    procs: Processes,
+) -> None:
     address = procs.scheduler()
     for name in ("a", "b"):
         procs.start(
@@ -126,6 +131,14 @@ def test_cli_workers_run_gpu_calls_with_their_units_and_nested_calls(procs: Proc
         assert {unit for unit, _, _ in out} <= {"0", "1"}
         for _, inner, outer in out:
             assert len(set(inner)) == 4 and outer not in inner
+        X, y = make_classification(n_samples=300, n_features=8, random_state=1)
+        grid = {"C": [0.01, 1.0, 100.0]}
+        with joblib.parallel_config(backend="apportion"):
+            search = GridSearchCV(LogisticRegression(), grid, cv=3, n_jobs=-1).fit(X, y)
+            scores = cross_val_score(LogisticRegression(), X, y, cv=3)
+        expected = GridSearchCV(LogisticRegression(), grid, cv=3).fit(X, y)
+        assert search.best_params_ == expected.best_params_
+        assert list(scores) == list(cross_val_score(LogisticRegression(), X, y, cv=3))
         with (
             joblib.parallel_config(backend="apportion"),
             pytest.raises(KeyError, match="candidate 3"),
