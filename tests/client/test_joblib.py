@@ -224,3 +224,10 @@ def test_batches_run_with_one_blas_thread_unless_told_otherwise(client: Client) 
     assert inside == [1] * 4
     with joblib.parallel_config(backend="apportion", inner_max_num_threads=outside):
         assert Parallel(batch_size=1)(delayed(blas_threads)(i) for i in range(2)) == [outside] * 2
+
+
+def test_a_cluster_without_workers_is_an_error_naming_it_not_a_hang() -> None:
+    with InMemoryCluster([]) as empty, checked_client(empty) as client:
+        backend = ApportionBackend(client, wait_for_workers_timeout=0.2)
+        with pytest.raises(TimeoutError, match=r"found no worker on inproc://.* in 0.2s"):
+            Parallel(backend=backend)(delayed(double)(i) for i in range(3))
