@@ -51,6 +51,10 @@ def test_parallel_runs_every_call_on_the_cluster_in_order(
     with joblib.parallel_config(backend="apportion"):
         out = Parallel(n_jobs=-1)(delayed(double)(i) for i in range(50))
         workers = Parallel(batch_size=1)(delayed(lambda: get_worker().name)() for _ in range(8))
+        generated = Parallel(return_as="generator")(delayed(double)(i) for i in range(20))
+        unordered = Parallel(return_as="generator_unordered")(delayed(double)(i) for i in range(20))
+        assert list(generated) == [2 * i for i in range(20)]
+        assert sorted(unordered) == [2 * i for i in range(20)]
     assert out == [2 * i for i in range(50)]
     assert set(workers) <= {worker.name for worker in cluster.workers}
 
