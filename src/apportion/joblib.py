@@ -232,10 +232,12 @@ class ApportionBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[
         return self.effective_n_jobs(n_jobs)
 
     def start_call(self) -> None:
+        """A ``Parallel`` call begins: nothing of it is scattered yet."""
         with self._lock:
             self._scattered = {}
 
     def stop_call(self) -> None:
+        """The call ended: its scattered values are let go."""
         with self._lock:
             self._scattered = {}  # the cluster drops the call's scattered values
 
