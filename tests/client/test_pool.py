@@ -209,6 +209,17 @@ def test_leaving_the_with_block_terminates_the_pool(client: Client) -> None:
         queued.get(0)
 
 
+def test_iterating_a_terminated_pools_calls_raises_instead_of_waiting(client: Client) -> None:
+    pool = Pool(1, client=client)
+    ordered = pool.imap(gated, [1, 2, 3])
+    unordered = pool.imap_unordered(gated, [4, 5, 6])
+    pool.terminate()
+    with pytest.raises(CancelledError):
+        list(ordered)
+    with pytest.raises(CancelledError):
+        list(unordered)
+
+
 def test_bad_arguments_are_refused_in_one_line(client: Client) -> None:
     with pytest.raises(ValueError, match="maxtasksperchild and context must be None"):
         Pool(client=client, maxtasksperchild=5)

@@ -28,13 +28,13 @@ processes and are refused unless None.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import itertools
 import multiprocessing
 import threading
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import CancelledError
 from typing import TYPE_CHECKING, Any
 
 from apportion.client.executor import TASK_KEYWORDS
@@ -151,6 +151,7 @@ class _Feeder:
         if pending:
             self._client.cancel(pending)
         for task in dropped:
+            task.started.set()  # with no future: those waiting on it learn it never ran
             if task.on_settled is not None:
                 task.on_settled()
 
@@ -227,10 +228,9 @@ class AsyncResult:
         raised; ``multiprocessing.TimeoutError`` when not ready in ``timeout`` seconds."""
         if not self._ready.wait(timeout):
             raise multiprocessing.TimeoutError(f"not ready after {timeout}s")
-        if any(t.future is None for t in self._tasks):
-            # Where the standard pool's result would wait for ever.
-            raise CancelledError("the pool was terminated before this call started")
-        futures = [t.future for t in self._tasks]
+        # A call terminate kept from starting raises, where the standard pool's
+        # result would wait for ever.
+        futures = [_started(t) for t in self._tasks]
         chunks = self._pool._client.gather(futures)
         values = list(itertools.chain.from_iterable(chunks))
         return values[0] if self._single else values
@@ -428,26 +428,29 @@ class Pool:
     def _in_order(self, tasks: list[_Task]) -> Iterator[Any]:
         for task in tasks:
             task.started.wait()
-            assert task.future is not None
-            yield from task.future.result()
+            yield from _started(task).result()
 
     def _as_finished(self, tasks: list[_Task]) -> Iterator[Any]:
-        import concurrent.futures as cf
-
         left = list(tasks)
         while left:
             started = [t for t in left if t.started.is_set()]
             if not started:  # the feeder starts one as soon as another settles
                 left[0].started.wait()
                 continue
-            done, _ = cf.wait(
-                [t.future for t in started if t.future is not None],
-                return_when=cf.FIRST_COMPLETED,
-            )
+            futures = [_started(t) for t in started]
+            done, _ = cf.wait(futures, return_when=cf.FIRST_COMPLETED)
             for task in started:
                 if task.future in done:
                     left.remove(task)
                     yield from task.future.result()
+
+
+def _started(task: _Task) -> Future:
+    """The future of a task that was given its turn; ``CancelledError`` if the pool
+    was terminated before it started."""
+    if task.future is None:
+        raise cf.CancelledError("the pool was terminated before this call started")
+    return task.future
 
 
 class _Call:
