@@ -104,7 +104,7 @@ def main() -> None:
     for system, seconds in best.items():
         print(f"  {system:<10} {seconds:>7.2f} s")
     if "loky" in best:
-        for system in best.keys() - {"loky"}:
+        for system in [name for name in best if name != "loky"]:
             print(f"  {system} / loky: {best[system] / best['loky']:.2f}x the time")
     if best.get("apportion") and best.get("dask"):
         print(f"  apportion / dask: {best['apportion'] / best['dask']:.2f}x the time")
