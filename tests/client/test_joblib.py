@@ -235,3 +235,26 @@ def test_a_cluster_without_workers_is_an_error_naming_it_not_a_hang() -> None:
         backend = ApportionBackend(client, wait_for_workers_timeout=0.2)
         with pytest.raises(TimeoutError, match=r"found no worker on inproc://.* in 0.2s"):
             Parallel(backend=backend)(delayed(double)(i) for i in range(3))
+
+
+def test_a_grid_search_sends_its_training_data_once(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import GridSearchCV
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(2000, 40))  # 640 kB: scattered; each fold's indices are not
+    y = (X[:, 0] > 0).astype(int)
+    sent: list[tuple[int, ...]] = []
+    scatter = client.scatter
+
+    def counting_scatter(data: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.extend(getattr(value, "shape", ()) for value in data)
+        return scatter(data, *args, **kwargs)
+
+    monkeypatch.setattr(client, "scatter", counting_scatter)
+    grid = {"C": [0.1, 1.0, 10.0], "fit_intercept": [True, False]}
+    with joblib.parallel_config(backend="apportion", client=client):
+        GridSearchCV(LogisticRegression(), grid, cv=3).fit(X, y)  # 18 fits
+    assert sent == [(2000, 40)]
