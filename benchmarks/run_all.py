@@ -11,7 +11,8 @@ worker beside Dask, Dask collections computed on each, bytes per second between 
 and to the client beside Dask, the job queue's runs per second beside HyperQueue,
 task throughput beside a run printing 50 MB, the cost of authentication and TLS
 per connection and in tiny-task throughput beside Dask's TLS, the cost of a
-dashboard page left open on tiny-task throughput, and, beside Dask on
+dashboard page left open on tiny-task throughput, scikit-learn's GridSearchCV through
+joblib on apportion's backend beside joblib's loky and Dask's backend, and, beside Dask on
 workers with a 2 GiB memory limit, three limits of data held and reduced
 (spill.py), a 10 GiB shuffle (shuffle.py) and Dask arrays and frames larger than
 memory, with each system's peak worker memory (memory_order.py).
@@ -45,6 +46,7 @@ SCRIPTS = [
     "chatty_run.py",
     "security.py",
     "dashboard_cost.py",
+    "joblib_search.py",
     # Their defaults: 2 workers of 2 GiB each; about 2 and 4 minutes here.
     "spill.py",
     "shuffle.py",

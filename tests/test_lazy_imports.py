@@ -31,6 +31,9 @@ HEAVY = (
     "apportion.dashboard",
     "dask",
     "cryptography",
+    # apportion.joblib's: loaded only by those who import it.
+    "joblib",
+    "sklearn",
 )
 
 

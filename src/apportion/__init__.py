@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     )
     from apportion.client.future import Future
     from apportion.client.locks import Event, Lock, MultiLock, Semaphore
+    from apportion.client.pool import Pool
     from apportion.client.progress import progress
     from apportion.client.recorders import get_task_stream, performance_report
     from apportion.client.task_client import get_client, local_client, worker_client
@@ -107,6 +108,7 @@ _SOURCES: dict[str, tuple[str, str]] = {
     "LostDataError": ("apportion.client.errors", "LostDataError"),
     "MultiLock": ("apportion.client.locks", "MultiLock"),
     "OutOfMemoryError": ("apportion.client.errors", "OutOfMemoryError"),
+    "Pool": ("apportion.client.pool", "Pool"),
     "Pub": ("apportion.client.channels", "Pub"),
     "Queue": ("apportion.client.channels", "Queue"),
     "SSHCluster": ("apportion.deploy.ssh", "SSHCluster"),
@@ -194,6 +196,7 @@ __all__ = [
     "LostDataError",
     "MultiLock",
     "OutOfMemoryError",
+    "Pool",
     "Pub",
     "Queue",
     "SSHCluster",

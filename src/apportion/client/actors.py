@@ -171,7 +171,7 @@ class Actor:
         """Call through ``client``, which keeps the actor alive while this handle is."""
         self._client = client
         self._future = Future(self.key, client)
-        if self._future._state.refs == 1:
+        if self._future._key_state.refs == 1:
             # New to this client: have the scheduler keep the actor for it.
             client._link.connected.post(SubmitTasks([], {}, [self.key]))
 

@@ -83,7 +83,7 @@ async def _gather(client: DataHolder, futures: Any, errors: str, direct: bool | 
     await _settled(found, errors == "raise")
     skipped: set[str] = set()
     for fut in found:
-        failed = fut._state.failed()
+        failed = fut._key_state.failed()
         if failed is not None:
             if errors == "raise":
                 return Gathered({}, failed)
@@ -101,9 +101,9 @@ async def _settled(found: list[Future], until_a_failure: bool) -> None:
     failed: as Dask's ``gather`` raises the first failure without waiting for the
     rest, which may run for hours. One callback per future and one wait, so that a
     gather of 100,000 futures costs the same per future as one of ten."""
-    if until_a_failure and any(f._state.record.error is not None for f in found):
+    if until_a_failure and any(f._key_state.record.error is not None for f in found):
         return  # failed already: no need to wait for the others
-    pending = [f for f in found if not f._state.event.is_set()]
+    pending = [f for f in found if not f._key_state.event.is_set()]
     if not pending:
         return
     loop = asyncio.get_running_loop()
@@ -125,8 +125,8 @@ async def _settled(found: list[Future], until_a_failure: bool) -> None:
     # its first failure leaves them behind, and a Future they held would keep its
     # key wanted (``client.futures``) after the caller dropped it, as Dask's does not.
     for fut in pending:
-        if not fut._state.add_callback(partial(from_any_thread, fut._state)):
-            one_settled(fut._state)
+        if not fut._key_state.add_callback(partial(from_any_thread, fut._key_state)):
+            one_settled(fut._key_state)
     await done
 
 
@@ -220,7 +220,7 @@ def scatter(
         # scheduler is told only bytes). A value holding futures is rebuilt on a
         # worker, which names its type as any result's.
         if name not in holding:
-            futures[name]._state.record.type_name = type_name(value)
+            futures[name]._key_state.record.type_name = type_name(value)
     if holding:
         # A value holding futures (a persisted collection) is made by a task on a
         # worker, where each future unpickles as its part's value: a worker cannot
@@ -268,13 +268,13 @@ async def _scatter(
                     ScatterRequest(client._link.connected.next_id(), left, allowed)
                 )
             for fut in futures.values():
-                await settled(fut._state)
+                await settled(fut._key_state)
     except TimeoutError:
         client._link.connected.post(CancelKeys(list(futures)))  # not stored later for nobody
         where = f" on a worker matching {allowed}" if allowed else ""
         raise TimeoutError(f"scattered data was not stored{where} within {wait:g}s") from None
     for fut in futures.values():
-        failed = fut._state.exception_object()
+        failed = fut._key_state.exception_object()
         if failed is not None:
             raise failed
     if broadcast:

@@ -117,7 +117,7 @@ class ClientExecutor(cf.Executor):
                 outer.cancel()  # cancels its task too
             return
         for future in futures:
-            future._state.event.wait()
+            future._key_state.event.wait()
         # The standard futures themselves: each is set after its result is fetched.
         cf.wait(returned)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import concurrent.futures as cf
 import contextlib
 import logging
 import queue
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from apportion.client.asynchronous import settled
 from apportion.client.errors import failure
 from apportion.client.result_types import result_class
+from apportion.client.standard_waiting import StandardWaiting, standard_waiting
 from apportion.client.state import CANCELLED, KeyRecord
 from apportion.client.state import Failure as KeyFailure
 from apportion.core import payload
@@ -217,16 +219,24 @@ class FutureOwner(Protocol):
     def _gather_pickled(self, keys: list[str]) -> Any: ...
 
 
-class Future:
-    """A remote result. Same names as ``distributed.Future``."""
+class Future(cf.Future[Any]):
+    """A remote result. Same names as ``distributed.Future``.
 
-    __slots__ = ("__weakref__", "_client", "_released", "_state", "key")
+    A ``concurrent.futures.Future`` as well, so that the standard library's
+    ``wait``, ``as_completed`` and ``asyncio.wrap_future`` take it
+    (``standard_waiting`` says how); its own methods are apportion's.
+    """
+
+    __slots__ = ("_client", "_key_state", "_released", "_waiting", "key")
 
     def __init__(self, key: str, client: FutureOwner) -> None:
+        # The standard future's ``__init__`` is not called: its lock and lists are
+        # made on first use, by ``standard_waiting``.
         self.key = key
         self._client = client
+        self._waiting: StandardWaiting | None = None
         self._released = True  # until counted: a failed ``_ref`` must not be undone
-        self._state = client._ref(key)
+        self._key_state = client._ref(key)
         self._released = False
 
     def __del__(self) -> None:
@@ -261,21 +271,21 @@ class Future:
     @property
     def status(self) -> str:
         """ "pending", "finished", "error", "cancelled" or "lost"."""
-        return self._state.status
+        return self._key_state.status
 
     @property
     def type(self) -> builtins.type | None:
         """The class of the result (as Dask's): None until the task finished, or when
         the class cannot be imported here. Its module is imported by the thread that
         reads this, if need be (``result_types``)."""
-        return result_class(self._state.record.type_name)
+        return result_class(self._key_state.record.type_name)
 
     def done(self) -> bool:
         """True once the task finished, failed or was cancelled."""
-        return self._state.event.is_set()
+        return self._key_state.event.is_set()
 
     def cancelled(self) -> bool:
-        return self._state.status == CANCELLED
+        return self._key_state.status == CANCELLED
 
     def result(self, timeout: Duration | None = None) -> Any:
         """The task's return value; re-raises its exception with the worker's traceback.
@@ -288,7 +298,7 @@ class Future:
         self._wait(timeout)
         # Raised here, not in a helper: the traceback the user reads is this frame
         # and the task's own (Dask's short tracebacks).
-        exc = self._state.exception_object()
+        exc = self._key_state.exception_object()
         if exc is not None:
             try:
                 raise exc
@@ -302,7 +312,7 @@ class Future:
         if self._client.asynchronous:
             return self._exception_async(seconds(timeout))
         self._wait(timeout)
-        return self._state.exception_object()
+        return self._key_state.exception_object()
 
     def traceback(self, timeout: Duration | None = None) -> Any:
         """The worker's traceback of the task's exception, or None (an awaitable of it,
@@ -326,7 +336,7 @@ class Future:
 
     async def _result_async(self, timeout: float | None) -> Any:
         await self._settled(timeout)
-        exc = self._state.exception_object()  # raised here, as in ``result``
+        exc = self._key_state.exception_object()  # raised here, as in ``result``
         if exc is not None:
             try:
                 raise exc
@@ -337,7 +347,7 @@ class Future:
 
     async def _exception_async(self, timeout: float | None) -> BaseException | None:
         await self._settled(timeout)
-        return self._state.exception_object()
+        return self._key_state.exception_object()
 
     async def _traceback_async(self, timeout: float | None) -> Any:
         exc = await self._exception_async(timeout)
@@ -345,11 +355,11 @@ class Future:
 
     async def _settled(self, timeout: float | None) -> None:
         """Wait in the running loop until the key has settled."""
-        if self._state.event.is_set():
+        if self._key_state.event.is_set():
             return
         try:
             async with asyncio.timeout(timeout):
-                await settled(self._state)
+                await settled(self._key_state)
         except TimeoutError:
             raise TimeoutError(f"{self.key!r} not done after {timeout}s") from None
 
@@ -359,12 +369,45 @@ class Future:
         Later calls run on the client's callback thread, one at a time, so ``fn`` may
         call ``result()``; an exception it raises is logged, not lost.
         """
+        if self._client.asynchronous and getattr(fn, "__module__", None) == "asyncio.futures":
+            # ``asyncio.wrap_future``: its callback would read ``result()`` on the very
+            # loop this client runs on, where it is an awaitable, never the value.
+            raise TypeError(
+                "a future of an asynchronous client is awaited directly (await future), "
+                "not wrapped with asyncio.wrap_future"
+            )
         runner = self._client._callbacks
-        if not self._state.add_callback(lambda: runner.submit(fn, self)):
+        if not self._key_state.add_callback(lambda: runner.submit(fn, self)):
             fn(self)
 
+    # --- what concurrent.futures.wait and as_completed read (standard_waiting.py) -------
+
+    def set_result(self, result: Any) -> None:
+        """Refused: the standard future's executor side; the task settles this one."""
+        raise RuntimeError("an apportion future is settled by its task, not set_result")
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        """Refused, as ``set_result``."""
+        raise RuntimeError("an apportion future is settled by its task, not set_exception")
+
+    def set_running_or_notify_cancel(self) -> bool:
+        """Refused, as ``set_result``."""
+        raise RuntimeError("an apportion future is started by its scheduler, not by this call")
+
+    @property
+    def _condition(self) -> threading.Condition:  # type: ignore[override]
+        return standard_waiting(self, self._waiting).condition
+
+    @property
+    def _state(self) -> str:  # type: ignore[override]
+        return standard_waiting(self, self._waiting).state
+
+    @property
+    def _waiters(self) -> list[Any]:  # type: ignore[override]
+        return standard_waiting(self, self._waiting).waiters
+
     def _wait(self, timeout: Duration | None) -> None:
-        if not self._state.event.wait(seconds(timeout)):
+        if not self._key_state.event.wait(seconds(timeout)):
             raise TimeoutError(f"{self.key!r} not done after {timeout}s")
 
     def __repr__(self) -> str:

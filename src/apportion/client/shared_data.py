@@ -290,7 +290,7 @@ async def copy_results(
 ) -> None:
     """On the session's loop: once ``found`` are done, copy their results."""
     for future in found:
-        await settled(future._state)
+        await settled(future._key_state)
     keys = sorted({f.key for f in found if f.status != ERROR})
     known = await _known_names(link, names)
     await link.request(partial(ReplicateKeys, keys=keys, n=n or 0, workers=known))
@@ -311,7 +311,7 @@ async def _rebalance(
 ) -> None:
     keys: list[str] = []
     for future in found or ():
-        await settled(future._state)
+        await settled(future._key_state)
     if found is not None:
         keys = sorted({f.key for f in found})
     known = await _known_names(link, names)

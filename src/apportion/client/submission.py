@@ -111,7 +111,7 @@ def task(
         else:
             key = f"{name}-{client._unique_name()}"
     future = Future(key, client)
-    if future._state.status == CANCELLED:
+    if future._key_state.status == CANCELLED:
         client._again(key)  # submitted again after a cancel: it runs again
     first, alternatives = demand.wire()
     spec = TaskSpec(
@@ -286,7 +286,7 @@ def submit_graph(
     wanted = {future.key: future for future in futures.values()}
     for spec, _ in tasks:
         future = wanted.get(spec.key)
-        if future is not None and future._state.status == CANCELLED:
+        if future is not None and future._key_state.status == CANCELLED:
             client._again(future.key)  # computed again after a cancel: it runs again
     # One outbox item, so the graph reaches the scheduler in one message: a split
     # graph would see its unwanted first half released before the rest arrived.

@@ -85,7 +85,7 @@ def wait(
     if return_when == ALL_COMPLETED:
         for fut in futures:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not fut._state.event.wait(left):
+            if not fut._key_state.event.wait(left):
                 raise TimeoutError(f"not all futures finished within {timeout}s")
     elif futures and not any(f.done() for f in futures):
         ready = threading.Event()
@@ -112,7 +112,7 @@ def _awaited_here(futures: list[Future]) -> bool:
 async def _wait_async(
     futures: list[Future], timeout: float | None, return_when: str
 ) -> DoneAndNotDone:
-    waiting = [settled(f._state) for f in futures if not f.done()]
+    waiting = [settled(f._key_state) for f in futures if not f.done()]
     if waiting:
         when = asyncio.ALL_COMPLETED if return_when == ALL_COMPLETED else asyncio.FIRST_COMPLETED
         _, not_done = await asyncio.wait(waiting, timeout=timeout, return_when=when)
@@ -200,7 +200,7 @@ class as_completed(Iterator[Any]):
                 fut.add_done_callback(self._finished)
                 continue
             runner = fut._client._callbacks
-            if not fut._state.add_callback(partial(runner.submit, self._finished, fut)):
+            if not fut._key_state.add_callback(partial(runner.submit, self._finished, fut)):
                 if here:
                     self._finished(fut)
                 else:
@@ -370,7 +370,7 @@ def _prefetched(future: Awaited) -> Gathered | _Failure | Exception | None:
     Nothing for an actor call, whose reply is already here."""
     if isinstance(future, ActorFuture):
         return None
-    failed = future._state.failed()
+    failed = future._key_state.failed()
     if failed is not None:
         return _Failure(failed, future.status)
     try:
