@@ -156,8 +156,11 @@ class Actor:
         if client is not None and not client._closed:
             return client
         if in_task():
-            if _task_client is None:  # pragma: no cover - apportion imports it
-                raise RuntimeError("apportion.client.task_client was not imported")
+            if _task_client is None:
+                # A worker process loads no client code until a task needs it
+                # (``import apportion`` is lazy); importing it registers the factory.
+                import apportion.client.task_client  # noqa: F401
+            assert _task_client is not None
             client = _task_client()
             self._client = client
             return client
