@@ -3,9 +3,13 @@ and a value rebuilt from received buffers lives in them (no copy)."""
 
 from __future__ import annotations
 
+import importlib
 import pickle
+import sys
+from pathlib import Path
 from typing import Any
 
+import cloudpickle
 import numpy as np
 import pandas as pd
 import pytest
@@ -130,3 +134,26 @@ def test_call_arguments_carry_large_buffers_out_of_band() -> None:
 def test_a_payload_needs_its_pickle_stream() -> None:
     with pytest.raises(ValueError, match="at least its pickle stream"):
         Payload([])
+
+
+def test_what_a_by_value_module_defines_goes_by_value_inside_arguments(tmp_path: Path) -> None:
+    """A function or class of a module registered with ``register_pickle_by_value``,
+    passed as an argument, must not go by reference: the worker lacks that module."""
+    source = tmp_path / "only_here_module.py"
+    source.write_text("def double(x):\n    return 2 * x\n\n\nclass Box:\n    pass\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        module = importlib.import_module("only_here_module")
+        cloudpickle.register_pickle_by_value(module)
+        try:
+            blob = dumps([module.double, module.Box])
+        finally:
+            cloudpickle.unregister_pickle_by_value(module)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("only_here_module", None)
+    # Loaded where the module cannot be imported: by value, it needs no import.
+    double, box = loads(blob)
+    assert double(21) == 42
+    assert box.__name__ == "Box"
+    assert "only_here_module" not in sys.modules

@@ -160,12 +160,20 @@ def dumps(obj: Any) -> Pickled:
         buffers.clear()
         data = bytes(cloudpickle.dumps(value, protocol=5, buffer_callback=out_of_band))
     else:
-        if b"__main__" in data:
+        if b"__main__" in data or _names_by_value_module(data):
             buffers.clear()
             data = bytes(cloudpickle.dumps(value, protocol=5, buffer_callback=out_of_band))
     if not buffers and len(data) <= INLINE_MAX:
         return data
     return Payload([data, *buffers])
+
+
+def _names_by_value_module(data: bytes) -> bool:
+    """Whether ``data`` refers to a module registered with
+    ``cloudpickle.register_pickle_by_value``: the C pickler sent its functions and
+    classes by reference, but that module exists only where it was registered."""
+    registered = cloudpickle.list_registry_pickle_by_value()
+    return bool(registered) and any(name.encode() in data for name in registered)
 
 
 class _Raw:
