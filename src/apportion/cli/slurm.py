@@ -100,7 +100,8 @@ def slurm(
     except ValueError as exc:
         fail(ctx, str(exc))
     from apportion.core.resources import parse_resources
-    from apportion.deploy.slurm_launch import LaunchError, SlurmLaunch
+    from apportion.deploy.launch import LaunchError
+    from apportion.deploy.slurm_launch import SlurmLaunch
 
     try:
         parse_resources(resources)
