@@ -109,7 +109,8 @@ def check_resources(ctx: click.Context, param: click.Parameter, value: str | Non
             words = [w for w, given in (("auto", auto), (SLURM, slurm), (SGE, sge)) if given]
             if len(words) > 1:
                 raise ValueError(
-                    f"{value!r} has {' and '.join(words)}: each describes the whole node, give one"
+                    f"{value!r} has both {' and '.join(words)}: each describes the whole "
+                    "node, give one"
                 )
             parse_resources(rest)
         except ValueError as exc:

@@ -131,6 +131,13 @@ class ScriptBatch:
         return job
 
     def job_id(self, output: str) -> str:
+        """The job id in what the submit command printed (``ValueError`` if none)."""
+        raise NotImplementedError
+
+    async def states(self, jobs: Sequence[str]) -> dict[str, JobState] | None:
+        raise NotImplementedError
+
+    async def cancel(self, job: str) -> None:
         raise NotImplementedError
 
 

@@ -177,11 +177,12 @@ class JobTemplate:
         for name, value in {**self.environment, **(tls_files or {})}.items():
             lines.append(f"export {name}={shlex.quote(value)}")
         worker = self.worker_command(scheduler_file)
-        lines.append("exec " + " ".join(_quote(arg, self.JOB_ID_VARIABLE) for arg in worker))
+        lines.append("exec " + " ".join(quote_arg(arg, self.JOB_ID_VARIABLE) for arg in worker))
         return "\n".join(lines) + "\n"
 
 
-def _quote(arg: str, variable: str) -> str:
+def quote_arg(arg: str, variable: str) -> str:
+    """``arg`` quoted for the shell, but for ``${variable}`` in it, left to expand."""
     # ${VARIABLE} (the job id) must reach the shell unquoted; everything else is quoted.
     reference = f"${{{variable}}}"
     if reference in arg:

@@ -82,6 +82,12 @@ class ClusterLaunch:
 
     #: The command's name in log lines (``apportion slurm``).
     label = "apportion"
+    #: Signals that stop the cluster (Grid Engine adds its ``-notify`` warning).
+    stop_signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)
+    #: Whether the scheduler runs in a session of its own (so that a Ctrl-C in an
+    #: salloc shell reaches only us), or in the job's process group, so that a batch
+    #: system that ends a job by killing its group ends it too.
+    own_session = True
 
     def __init__(
         self,
@@ -102,7 +108,7 @@ class ClusterLaunch:
 
     def run(self) -> int:
         """Start, run COMMAND, tear down (see the module docstring)."""
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        previous = {sig: signal.getsignal(sig) for sig in self.stop_signals}
         for sig in previous:
             signal.signal(sig, _raise_stopped)
         try:
@@ -112,7 +118,7 @@ class ClusterLaunch:
             return 128 + stop.signum
         finally:
             # A second signal must not cut the teardown short: the job would leave
-            # processes running until Slurm's SIGKILL.
+            # processes running until the batch system's SIGKILL.
             for sig in previous:
                 signal.signal(sig, signal.SIG_IGN)
             self.teardown()
@@ -145,7 +151,7 @@ class ClusterLaunch:
         env = {**os.environ, **self.security.environment("scheduler")}
         # Its own session: a Ctrl-C in an salloc shell reaches us, and we stop it in order.
         self.scheduler = subprocess.Popen(
-            argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True
+            self.wrap(argv), env=env, stdin=subprocess.DEVNULL, start_new_session=self.own_session
         )
         if not _wait(self._scheduler_file_written, SCHEDULER_START_TIMEOUT):
             raise LaunchError(
@@ -161,6 +167,10 @@ class ClusterLaunch:
             return read_scheduler_file(self.scheduler_file).pid == self.scheduler.pid
         except SchedulerFileError:
             return False
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        """How a process of the cluster is started (as is, unless a subclass says)."""
+        return argv
 
     def listen_host(self) -> str:
         """The interface the scheduler listens on."""
@@ -203,7 +213,7 @@ class ClusterLaunch:
         _stop(self.child, COMMAND_KILL_GRACE, group=False)
         self.drain_workers()
         _stop(self.workers, 5.0, group=False)
-        _stop(self.scheduler, SCHEDULER_STOP_TIMEOUT, group=True)
+        _stop(self.scheduler, SCHEDULER_STOP_TIMEOUT, group=self.own_session)
         with contextlib.suppress(FileNotFoundError):
             if self.scheduler is not None and _names_pid(self.scheduler_file, self.scheduler.pid):
                 self.scheduler_file.unlink()

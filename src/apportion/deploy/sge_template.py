@@ -7,7 +7,13 @@ N``; a job without one gets one slot, so more than one core needs a ``pe``),
 ``gpus`` as the consumable ``gpu_resource`` (``-l gpu=N``), ``walltime`` as
 ``h_rt``, ``queue`` as ``-q``, ``project`` as ``-P``, ``resource_spec`` as one more
 ``-l`` (``"mem_free=4G,scratch=10G"``), and ``job_extra_directives`` as lines of
-their own. Its workers declare ``--resources sge``: what Grid Engine granted the job
+their own.
+
+``qdel`` kills a job's processes with SIGKILL unless it was submitted with
+``-notify``, which sends SIGUSR2 first (the queue's ``notify`` time before). The
+script asks for ``-notify`` and runs the worker with SIGUSR2 ignored, turning it into
+a SIGTERM to the worker, which then drains: results still needed move to the
+workers that stay. Its workers declare ``--resources sge``: what Grid Engine granted the job
 (``deploy.sge_env``), so the template's shape and the worker's pools agree.
 
 Grid Engine's job states are letters run together (``qw``, ``hqw``, ``r``, ``t``,
@@ -19,11 +25,13 @@ error that holds the job until a person clears it) is stuck, ``r``/``t`` running
 from __future__ import annotations
 
 import re
+import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
 from apportion.deploy.allocator import ENDED, QUEUED, RUNNING, STUCK, JobState
-from apportion.deploy.job_template import JobTemplate, walltime_seconds
+from apportion.deploy.job_template import JobTemplate, quote_arg, walltime_seconds
 
 #: The word in ``--resources`` that stands for what Grid Engine granted.
 SGE = "sge"
@@ -86,6 +94,28 @@ class SGEJobTemplate(JobTemplate):
         if self.project:
             lines.append(f"-P {self.project}")
         return lines + list(self.job_extra_directives)
+
+    def script(self, scheduler_file: str, tls_files: Mapping[str, str] | None = None) -> str:
+        """The batch script (see the module docstring for the signals)."""
+        lines = ["#!/bin/sh"]
+        lines += [f"{self.DIRECTIVE} {directive}" for directive in self.directives()]
+        lines.append(f"{self.DIRECTIVE} -notify")
+        lines += list(self.job_script_prologue)
+        for name, value in {**self.environment, **(tls_files or {})}.items():
+            lines.append(f"export {name}={shlex.quote(value)}")
+        worker = self.worker_command(scheduler_file)
+        lines += [
+            "trap '' USR2  # inherited: -notify's warning must not kill the worker",
+            " ".join(quote_arg(arg, self.JOB_ID_VARIABLE) for arg in worker) + " &",
+            "worker=$!",
+            "# qdel: SIGUSR2 now, SIGKILL later; the worker drains on SIGTERM meanwhile.",
+            "trap 'kill -TERM \"$worker\" 2>/dev/null' USR2 TERM",
+            'wait "$worker"',
+            "status=$?",
+            'while kill -0 "$worker" 2>/dev/null; do wait "$worker"; status=$?; done',
+            'exit "$status"',
+        ]
+        return "\n".join(lines) + "\n"
 
 
 def h_rt(walltime: str) -> str:
