@@ -120,6 +120,12 @@ with SGECluster(
 """
 
 
+def test_the_docs_show_these_scripts() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "sge.md").read_text()
+    assert f"```bash\n{SGE_SCRIPT}```" in page
+    assert f"```python\n{USER_SCRIPT}```" in page
+
+
 @pytest.fixture(scope="module")
 def grid_engine() -> Iterator[GridEngine]:
     """The one-node cell for every test here; its daemons stopped after."""
