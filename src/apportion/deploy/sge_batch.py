@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from apportion.deploy.adaptive import ScriptBatch, run_command
 from apportion.deploy.allocator import JobState
-from apportion.deploy.sge_template import SGE, parse_qstat, parse_qsub_job_id
+from apportion.deploy.sge_template import SGEJobTemplate, parse_qstat, parse_qsub_job_id
 
 logger = logging.getLogger("apportion.deploy")
 
@@ -22,7 +22,7 @@ logger = logging.getLogger("apportion.deploy")
 class SGEBatch(ScriptBatch):
     """``qsub``, ``qstat`` and ``qdel`` for jobs of these templates."""
 
-    grant = SGE
+    grant = SGEJobTemplate.GRANT
     submit_command = ("qsub", "-terse")
 
     def job_id(self, output: str) -> str:

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from apportion.core.resources import SCALE, Amounts, Units
 from apportion.worker.detect import CPUS, GPU, MEMORY, parse_mask
 
-#: The word in a resource spec that stands for the granted pools.
+#: The word in a resource spec that stands for the granted pools (a worker loads
+#: this module, not the job template's, whose ``GRANT`` is the same word).
 SGE = "sge"
 
 #: Set in every Grid Engine job; with ``SGE_TASK_ID`` (set in every job too, to

@@ -33,9 +33,6 @@ from typing import ClassVar
 from apportion.deploy.allocator import ENDED, QUEUED, RUNNING, STUCK, JobState
 from apportion.deploy.job_template import JobTemplate, quote_arg, walltime_seconds
 
-#: The word in ``--resources`` that stands for what Grid Engine granted.
-SGE = "sge"
-
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 
 
@@ -44,7 +41,7 @@ class SGEJobTemplate(JobTemplate):
     """One kind of worker job for Grid Engine (see the module docstring). ``account``
     is not Grid Engine's word: give ``project``."""
 
-    GRANT: ClassVar[str] = SGE
+    GRANT: ClassVar[str] = "sge"  # sge_env.SGE
     JOB_ID_VARIABLE: ClassVar[str] = "JOB_ID"
     DIRECTIVE: ClassVar[str] = "#$"
 
