@@ -294,7 +294,7 @@ _WORK = st.lists(
 @settings(max_examples=200, deadline=None)
 @given(
     rounds=st.lists(
-        st.tuples(_WORK, st.booleans(), st.sampled_from(["ok", "fail", "start", "end"])),
+        st.tuples(_WORK, st.booleans(), st.sampled_from(["ok", "fail", "start", "end", "stuck"])),
         max_size=25,
     ),
     backlog=st.integers(1, 3),
@@ -309,6 +309,9 @@ def test_submissions_stay_within_the_bounds_and_fit_the_work(
     for now, (work, busy, outcome) in enumerate(rounds):
         seen = [WorkerSeen(f"slurm-{j}", j, int(busy)) for j, s in states.items() if s == RUN]
         out = allocator.step(float(now), work, seen, states)
+        for job, state in states.items():
+            if state.phase == STUCK and job in allocator.jobs:
+                assert allocator.jobs[job].state == "cancelled", "a stuck job was kept"
         asked = submits(out)
         fitting = {
             shape.name
@@ -332,6 +335,8 @@ def test_submissions_stay_within_the_bounds_and_fit_the_work(
                 states[job] = RUN if outcome == "start" else WAIT
         if outcome == "end" and states:
             states.pop(next(iter(states)))
+        if outcome == "stuck" and states:  # Grid Engine's Eqw: listed, never to run
+            states[next(iter(states))] = JobState(STUCK, "Eqw")
         live = [j for j in allocator.jobs.values() if j.state != "cancelled"]
         assert sum(j.shape.processes for j in live) <= maximum
         for shape in allocator.shapes.values():
