@@ -321,3 +321,16 @@ def test_alloc_sge_dry_run_prints_the_job(tmp_path: Path, monkeypatch: pytest.Mo
         main, ["alloc", "sge", "--scheduler-file", str(file), "--cores", "4", "--dry-run"]
     )
     assert refused.exit_code == 1 and "need a parallel environment" in refused.output
+
+
+def test_a_grant_grid_engine_cannot_be_asked_for_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from apportion.deploy.sge_query import current_grant
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no qstat here
+    with pytest.raises(ValueError, match=r"^qstat -j 7: .*qstat"):
+        current_grant(job_env())
+    hostfile = tmp_path / "absent"
+    with pytest.raises(ValueError, match=f"PE_HOSTFILE={hostfile}: No such file"):
+        current_grant(job_env(PE_HOSTFILE=str(hostfile)))
