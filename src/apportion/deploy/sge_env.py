@@ -43,7 +43,6 @@ SGE = "sge"
 JOB_ID = "JOB_ID"
 TASK_ID = "SGE_TASK_ID"
 NSLOTS = "NSLOTS"
-NHOSTS = "NHOSTS"
 PE_HOSTFILE = "PE_HOSTFILE"
 
 #: The consumable GPUs are counted by, unless told otherwise.
