@@ -334,3 +334,14 @@ def test_a_grant_grid_engine_cannot_be_asked_for_is_one_line(
     hostfile = tmp_path / "absent"
     with pytest.raises(ValueError, match=f"PE_HOSTFILE={hostfile}: No such file"):
         current_grant(job_env(PE_HOSTFILE=str(hostfile)))
+
+
+def test_a_cluster_takes_templates_of_its_own_batch_system_only(tmp_path: Path) -> None:
+    from apportion import JobTemplate, SGECluster, SlurmCluster
+
+    # Refused before anything starts: no scheduler, no file in the log directory.
+    with pytest.raises(TypeError, match="templates of one batch system only"):
+        SlurmCluster(templates=[SGEJobTemplate(name="gpu")], log_directory=tmp_path / "s")
+    with pytest.raises(TypeError, match="JobTemplate, SGEJobTemplate"):
+        SGECluster(templates=[JobTemplate(name="gpu")], log_directory=tmp_path / "g")
+    assert not list(tmp_path.iterdir())

@@ -63,6 +63,12 @@ class BatchCluster:
         n_workers: int,
         interval: float,
     ) -> None:
+        kinds = {type(t).__name__: t.GRANT for t in templates}
+        if len(set(kinds.values())) > 1:
+            raise TypeError(
+                f"{type(self).__name__}: templates of one batch system only, got "
+                f"{', '.join(sorted(kinds))}"
+            )
         self.log_directory = log_directory
         self.templates = list(templates)
         self.allocator = Allocator([t.shape() for t in self.templates])

@@ -57,7 +57,7 @@ class SGECluster(BatchCluster):
         python: str = sys.executable,
         environment: dict[str, str] | None = None,
         name: str = "default",
-        templates: Sequence[SGEJobTemplate] = (),
+        templates: Sequence[JobTemplate] = (),
         log_directory: str | os.PathLike[str] = "apportion-sge",
         host: str | None = None,
         scheduler_port: int = 0,
@@ -86,12 +86,6 @@ class SGECluster(BatchCluster):
             environment=dict(environment or {}),
             log_directory=str(directory),
         )
-        for template in templates:
-            if not isinstance(template, SGEJobTemplate):
-                raise TypeError(
-                    f"SGECluster templates are SGEJobTemplate, got {type(template).__name__} "
-                    f"{template.name!r}"
-                )
         own = str(directory)
         every: list[JobTemplate] = [default]
         every += [
