@@ -1,5 +1,5 @@
 """apportion on a real one-node Son of Grid Engine: the batch script the docs show, and a
-cluster that grows through qsub.
+cluster that grows through qsub (``SGECluster``, ``apportion alloc sge``).
 
 The cell is started once for the module (``sge_cluster``), with a ``gpu`` consumable
 of two and a queue whose starter method names the granted GPUs in
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -227,3 +228,52 @@ def test_an_sge_cluster_asks_for_a_gpu_job_for_gpu_work_and_deletes_it_idle(
     assert "SIGTERM received; draining" in output, output
     grid_engine.wait_gone(job, timeout=30)
     poll(lambda: not user.processes(), 20, "the user's processes to end")
+
+
+#: A client of the user's scheduler (its file is theirs alone: a client of another
+#: account's refuses it).
+ALLOC_CLIENT = """\
+import json
+import sys
+
+from apportion import Client, task_environment
+
+
+def gpu_task():
+    return task_environment()["CUDA_VISIBLE_DEVICES"]
+
+
+with Client(scheduler_file=sys.argv[1], timeout=20) as client:
+    seen = client.submit(gpu_task, resources={"gpu": 1}).result(timeout=60)
+    (worker,) = client.scheduler_info()["workers"].values()
+    print(json.dumps({"seen": seen, "worker": worker["name"]}))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_apportion_alloc_sge_grows_a_running_cluster_and_deletes_its_jobs_on_exit(
+    grid_engine: GridEngine, user: UnixUser
+) -> None:
+    file = user.home / "scheduler.json"
+    user.start("scheduler", "--port", "0", "--no-journal", "--scheduler-file", str(file))
+    poll(file.exists, 30, "the scheduler's file")  # alloc does not wait for it
+    # A job has none of the submitter's environment: the prologue says where
+    # apportion is, as `. ~/venv/bin/activate` would.
+    prologue = f"export PYTHONPATH={user.env['PYTHONPATH']}"
+    alloc = user.start(
+        *["alloc", "sge", "--scheduler-file", str(file), "--gpus", "1", "--walltime", "10:00"],
+        *["--python", user.python[0], "--prologue", prologue, "--interval", "0.3"],
+        *["--idle-timeout", "600", "--log-directory", str(user.home / "jobs")],
+    )
+    write(user, "client.py", ALLOC_CLIENT)
+    done = as_user(user, "python", "client.py", str(file), timeout=90)
+    assert done.returncode == 0, done.stdout + done.stderr + user.output()
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["seen"] == "1"  # the device the starter named for -l gpu=1
+    job = str(found["worker"]).removeprefix("sge-")
+    assert grid_engine.state(job) == "r"
+    alloc.send_signal(signal.SIGINT)  # leaving: the jobs it submitted are deleted
+    assert alloc.wait(30) == 0, user.output()
+    grid_engine.wait_gone(job, timeout=30)
+    output = (user.home / "jobs" / f"apportion-sge-{job}.out").read_text()
+    assert "SIGTERM received; draining" in output, output  # qdel's -notify warning
