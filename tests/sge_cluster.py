@@ -18,7 +18,10 @@ not added twice), starts ``sge_execd`` and returns once the queue takes jobs:
 Jobs must come from a uid of 1000 or more (Grid Engine's ``min_uid``): tests submit
 as an ordinary user made for them (``unix_users``). ``stop`` deletes every job and
 stops the daemons it started; one already running when ``start`` came (another
-session's) is used and left running. ``missing()`` says why none can run here.
+session's) is used and left running. The configuration stays in the cell's spool
+(the next ``start`` finds it): this is for a machine whose cell is the tests' own,
+since it rewrites this host's ``complex_values`` and the scheduler's interval.
+``missing()`` says why none can run here.
 """
 
 from __future__ import annotations
@@ -142,12 +145,12 @@ class GridEngine:
         self.run("qconf", modify if exists else add, self._file(f"{name}.conf", text))
 
     def start(self, timeout: float = 30.0) -> None:
-        common = SGE_ROOT / CELL / "common"
-        (common / "act_qmaster").write_text(f"{self.host}\n")
-        (common / "host_aliases").write_text(f"{self.host} localhost\n")
-        if not self._up():
+        if not self._up():  # else a master answers already: its files stay as they are
+            common = SGE_ROOT / CELL / "common"
+            (common / "act_qmaster").write_text(f"{self.host}\n")
+            (common / "host_aliases").write_text(f"{self.host} localhost\n")
             subprocess.run(
-                [str(DAEMONS / "sge_qmaster")], env=environment(), check=True, timeout=30
+                [str(DAEMONS / "sge_qmaster")], env=daemon_environment(), check=True, timeout=30
             )
             self.started.append("qmaster")
             self._wait(self._up, timeout, "sge_qmaster")
