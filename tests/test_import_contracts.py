@@ -50,7 +50,7 @@ PURE = re.compile(
     r"|worker\.(state|records|invariants|events|memory_policy)"
     r"|testing\.simulation"
     r"|net\.(gate|discovery|foreign_peer)"
-    r"|deploy\.(allocator|hostlist|job_template|ssh_commands|ssh_options)"
+    r"|deploy\.(allocator|hostlist|job_template|ssh_commands|ssh_options|sge_template)"
     r"|runs\.(lifecycle|views|run_states|run_events|messages)"
     r"|dashboard\.(http|auth|origin|metrics|card)"
     r"|cli\.status_view"

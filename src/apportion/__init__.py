@@ -59,6 +59,8 @@ if TYPE_CHECKING:
     from apportion.deploy.cluster_options import IgnoredOptionWarning
     from apportion.deploy.job_template import JobTemplate
     from apportion.deploy.local import LocalCluster
+    from apportion.deploy.sge_cluster import SGECluster
+    from apportion.deploy.sge_template import SGEJobTemplate
     from apportion.deploy.slurm_cluster import SlurmCluster
     from apportion.deploy.ssh import SSHCluster
     from apportion.net.security import Security
@@ -111,6 +113,8 @@ _SOURCES: dict[str, tuple[str, str]] = {
     "Pool": ("apportion.client.pool", "Pool"),
     "Pub": ("apportion.client.channels", "Pub"),
     "Queue": ("apportion.client.channels", "Queue"),
+    "SGECluster": ("apportion.deploy.sge_cluster", "SGECluster"),
+    "SGEJobTemplate": ("apportion.deploy.sge_template", "SGEJobTemplate"),
     "SSHCluster": ("apportion.deploy.ssh", "SSHCluster"),
     "Scheduler": ("apportion.scheduler.service", "Scheduler"),
     "SchedulerGoneError": ("apportion.client.errors", "SchedulerGoneError"),
@@ -199,6 +203,8 @@ __all__ = [
     "Pool",
     "Pub",
     "Queue",
+    "SGECluster",
+    "SGEJobTemplate",
     "SSHCluster",
     "Scheduler",
     "SchedulerGoneError",

@@ -506,11 +506,23 @@ def test_slurm_outside_an_allocation_exits_2_with_one_line(
 
 
 @pytest.mark.timeout(10)
+def test_sge_outside_a_grid_engine_job_exits_2_with_one_line(
+    launched: Launched, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("JOB_ID", raising=False)
+    code, output = invoke("--resources", "sge")
+    assert code == 2 and not launched.one
+    assert len(output.splitlines()) == 1
+    assert output.startswith("Error: --resources: sge: not inside a Grid Engine job")
+
+
+@pytest.mark.timeout(10)
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
         ("auto slurm", "has both auto and slurm"),
         ("slurm slurm", "'slurm' is given twice"),
+        ("slurm sge", "has both slurm and sge"),
     ],
 )
 def test_slurm_spec_mistakes_exit_2(launched: Launched, spec: str, message: str) -> None:

@@ -8,9 +8,14 @@ from hypothesis import strategies as st
 
 from apportion.core.resources import SCALE
 from apportion.deploy.allocator import (
+    ENDED,
+    QUEUED,
+    RUNNING,
+    STUCK,
     Allocator,
     Cancel,
     JobShape,
+    JobState,
     Policy,
     Report,
     Submit,
@@ -25,6 +30,9 @@ GPU = JobShape(
     "gpu", 1, 4, {"cpus": 4 * SCALE, "memory": 16 * GIB, "gpu": 2 * SCALE}, frozenset({"gpu"})
 )
 PLAIN = Waiting(({},), 1)
+#: Slurm's words, as ``SlurmBatch`` reports them.
+RUN = JobState(RUNNING, "RUNNING")
+WAIT = JobState(QUEUED, "PENDING")
 
 
 def gpu_work(count: int, gpus: float = 1) -> Waiting:
@@ -56,7 +64,7 @@ def test_gpu_work_asks_for_a_gpu_job_and_cpu_work_for_a_cpu_job() -> None:
     allocator = adaptive(backlog=4)
     assert submits(allocator.step(0, [gpu_work(1)], [], {})) == ["gpu"]
     allocator.submitted(0, "gpu", "101")
-    assert submits(allocator.step(1, [gpu_work(1), PLAIN], [], {"101": "PENDING"})) == ["cpu"]
+    assert submits(allocator.step(1, [gpu_work(1), PLAIN], [], {"101": WAIT})) == ["cpu"]
 
 
 def test_nothing_is_submitted_without_waiting_work() -> None:
@@ -105,10 +113,10 @@ def test_the_backlog_bounds_jobs_waiting_in_the_queue() -> None:
     assert submits(allocator.step(1, [gpu_work(100)], [], {})) == []  # still in flight
     allocator.submitted(1, "gpu", "1")
     allocator.submitted(1, "gpu", "2")
-    assert submits(allocator.step(2, [gpu_work(100)], [], {"1": "PENDING", "2": "PENDING"})) == []
+    assert submits(allocator.step(2, [gpu_work(100)], [], {"1": WAIT, "2": WAIT})) == []
     # One starts: its workers connect and room in the backlog opens.
     seen = [WorkerSeen("slurm-1", "1", 2)]
-    states = {"1": "RUNNING", "2": "PENDING"}
+    states = {"1": RUN, "2": WAIT}
     assert submits(allocator.step(3, [gpu_work(100)], seen, states)) == ["gpu"]
 
 
@@ -126,9 +134,9 @@ def test_the_minimum_is_kept_without_work() -> None:
 # --- shrinking ------------------------------------------------------------------------
 
 
-def running(allocator: Allocator, job: str, shape: str = "gpu") -> dict[str, str]:
+def running(allocator: Allocator, job: str, shape: str = "gpu") -> dict[str, JobState]:
     allocator.submitted(0, shape, job)
-    return {job: "RUNNING"}
+    return {job: RUN}
 
 
 def test_a_job_idle_past_the_timeout_is_cancelled() -> None:
@@ -158,8 +166,8 @@ def test_the_minimum_keeps_an_idle_job() -> None:
     allocator = adaptive(idle_timeout=1, minimum=1)
     allocator.submitted(0, "cpu", "3")
     idle = [WorkerSeen("slurm-3", "3", 0)]
-    allocator.step(0, [], idle, {"3": "RUNNING"})
-    assert allocator.step(100, [], idle, {"3": "RUNNING"}) == []
+    allocator.step(0, [], idle, {"3": RUN})
+    assert allocator.step(100, [], idle, {"3": RUN}) == []
 
 
 def test_a_waiting_job_no_work_needs_is_cancelled_at_once() -> None:
@@ -168,7 +176,7 @@ def test_a_waiting_job_no_work_needs_is_cancelled_at_once() -> None:
     for job in ("1", "2"):
         allocator.submitted(0, "gpu", job)
     allocator.submit_failed(0, "gpu", "nodes busy")
-    out = allocator.step(1, [gpu_work(1)], [], {"1": "PENDING", "2": "PENDING"})
+    out = allocator.step(1, [gpu_work(1)], [], {"1": WAIT, "2": WAIT})
     assert cancels(out) == ["2"]  # the newest
 
 
@@ -198,13 +206,42 @@ def test_a_job_that_ends_before_its_workers_connect_is_a_failure() -> None:
     assert allocator.failures == 1
 
 
+def test_a_job_still_listed_as_ended_is_a_failure_named_in_the_systems_word() -> None:
+    allocator = adaptive()
+    allocator.submitted(0, "gpu", "5")
+    out = allocator.step(1, [], [], {"5": JobState(ENDED, "FAILED")})
+    assert any("gpu job 5 ended (FAILED)" in t for t in reports(out))
+    assert allocator.jobs == {}
+
+
+def test_a_stuck_job_is_a_failure_and_is_cancelled_once() -> None:
+    allocator = adaptive(backlog=1)
+    allocator.submitted(0, "gpu", "8")
+    stuck = {"8": JobState(STUCK, "Eqw")}
+    out = allocator.step(1, [gpu_work(1)], [], stuck)
+    assert cancels(out) == ["8"]
+    assert any("held in state Eqw" in t for t in reports(out))
+    assert allocator.failures == 1
+    # Cancelled, it no longer holds the backlog's place: the work asks for another job.
+    assert submits(out) == ["gpu"]
+    again = allocator.step(2, [gpu_work(1)], [], stuck)
+    assert cancels(again) == [] and reports(again) == []
+    allocator.step(3, [], [], {})  # gone: forgotten, and no second failure
+    assert "8" not in allocator.jobs and allocator.failures == 1
+
+
+def test_a_phase_outside_the_vocabulary_is_refused() -> None:
+    with pytest.raises(ValueError, match="job phase 'PENDING'"):
+        JobState("PENDING", "PENDING")
+
+
 def test_a_job_whose_workers_connected_resets_the_failures() -> None:
     allocator = adaptive()
     allocator.in_flight["cpu"] = 1
     allocator.submit_failed(0, "cpu", "x")
     assert allocator.failures == 1
     allocator.submitted(0, "cpu", "9")
-    allocator.step(1, [], [WorkerSeen("slurm-9", "9", 1)], {"9": "RUNNING"})
+    allocator.step(1, [], [WorkerSeen("slurm-9", "9", 1)], {"9": RUN})
     assert allocator.failures == 0
     # Ended at its walltime, having run work: not a failure.
     assert reports(allocator.step(2, [], [], {})) == []
@@ -219,7 +256,7 @@ def test_scale_sets_a_fixed_number_of_workers() -> None:
     assert submits(allocator.step(0, [gpu_work(50)], [], {})) == ["cpu"] * 3
     for job in ("1", "2", "3"):
         allocator.submitted(0, "cpu", job)
-    states = {"1": "RUNNING", "2": "RUNNING", "3": "PENDING"}
+    states = {"1": RUN, "2": RUN, "3": WAIT}
     seen = [WorkerSeen("slurm-1", "1", 1), WorkerSeen("slurm-2", "2", 0)]
     allocator.step(1, [], seen, states)
     allocator.scale(1)
@@ -257,7 +294,7 @@ _WORK = st.lists(
 @settings(max_examples=200, deadline=None)
 @given(
     rounds=st.lists(
-        st.tuples(_WORK, st.booleans(), st.sampled_from(["ok", "fail", "start", "end"])),
+        st.tuples(_WORK, st.booleans(), st.sampled_from(["ok", "fail", "start", "end", "stuck"])),
         max_size=25,
     ),
     backlog=st.integers(1, 3),
@@ -267,11 +304,14 @@ def test_submissions_stay_within_the_bounds_and_fit_the_work(
     rounds: list[tuple[list[Waiting], bool, str]], backlog: int, maximum: int
 ) -> None:
     allocator = adaptive(backlog=backlog, maximum=maximum, max_failures=2, pause=5)
-    states: dict[str, str] = {}
+    states: dict[str, JobState] = {}
     ids = iter(range(1, 10_000))
     for now, (work, busy, outcome) in enumerate(rounds):
-        seen = [WorkerSeen(f"slurm-{j}", j, int(busy)) for j, s in states.items() if s == "RUNNING"]
+        seen = [WorkerSeen(f"slurm-{j}", j, int(busy)) for j, s in states.items() if s == RUN]
         out = allocator.step(float(now), work, seen, states)
+        for job, state in states.items():
+            if state.phase == STUCK and job in allocator.jobs:
+                assert allocator.jobs[job].state == "cancelled", "a stuck job was kept"
         asked = submits(out)
         fitting = {
             shape.name
@@ -292,9 +332,11 @@ def test_submissions_stay_within_the_bounds_and_fit_the_work(
             else:
                 job = str(next(ids))
                 allocator.submitted(float(now), shape, job)
-                states[job] = "RUNNING" if outcome == "start" else "PENDING"
+                states[job] = RUN if outcome == "start" else WAIT
         if outcome == "end" and states:
             states.pop(next(iter(states)))
+        if outcome == "stuck" and states:  # Grid Engine's Eqw: listed, never to run
+            states[next(iter(states))] = JobState(STUCK, "Eqw")
         live = [j for j in allocator.jobs.values() if j.state != "cancelled"]
         assert sum(j.shape.processes for j in live) <= maximum
         for shape in allocator.shapes.values():

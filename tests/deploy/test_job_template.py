@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from apportion.core.resources import SCALE
+from apportion.deploy.allocator import ENDED, QUEUED, RUNNING, JobState
 from apportion.deploy.job_template import (
     JobTemplate,
     parse_job_id,
@@ -97,4 +98,8 @@ def test_what_slurm_prints_is_read() -> None:
     assert parse_job_id("1234;cluster\n") == "1234"
     with pytest.raises(ValueError, match="no job id"):
         parse_job_id("sbatch: error: Batch job submission failed")
-    assert parse_states("12 PENDING\n13 RUNNING\n\n") == {"12": "PENDING", "13": "RUNNING"}
+    assert parse_states("12 PENDING\n13 RUNNING\n14 FAILED\n\n") == {
+        "12": JobState(QUEUED, "PENDING"),
+        "13": JobState(RUNNING, "RUNNING"),
+        "14": JobState(ENDED, "FAILED"),
+    }

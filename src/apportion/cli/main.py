@@ -62,6 +62,11 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "scheduler",
         "Run a scheduler that workers and clients connect to.",
     ),
+    "sge": Subcommand(
+        "apportion.cli.sge",
+        "sge",
+        "Run COMMAND with a cluster on this host of a Grid Engine job, then stop the cluster.",
+    ),
     "slurm": Subcommand(
         "apportion.cli.slurm",
         "slurm",

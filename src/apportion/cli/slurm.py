@@ -100,7 +100,8 @@ def slurm(
     except ValueError as exc:
         fail(ctx, str(exc))
     from apportion.core.resources import parse_resources
-    from apportion.deploy.slurm_launch import LaunchError, SlurmLaunch
+    from apportion.deploy.launch import LaunchError
+    from apportion.deploy.slurm_launch import SlurmLaunch
 
     try:
         parse_resources(resources)
@@ -108,7 +109,7 @@ def slurm(
         fail(ctx, f"--resources: {exc}")
     options = LaunchOptions(nworkers_per_node, nthreads, resources, drain_timeout, register_timeout)
     path = (scheduler_file or default_scheduler_file(job, Path.cwd())).absolute()
-    launch = SlurmLaunch(job, options, path, command, _connect)
+    launch = SlurmLaunch(job, options, path, command, launch_client)
     try:
         status = launch.run()
     except LaunchError as exc:
@@ -116,7 +117,7 @@ def slurm(
     sys.exit(status)
 
 
-def _connect(scheduler_file: Path, security: Security) -> Client:
+def launch_client(scheduler_file: Path, security: Security) -> Client:
     """A client of the job's scheduler, to see its workers register (not the default
     client: COMMAND's own clients are the job's). One try: the scheduler writes its
     file once it listens, so a refusal means it is gone, not starting."""

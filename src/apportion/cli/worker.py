@@ -6,8 +6,10 @@ defaults. Resources given by none of these come from Dask's configuration
 (``distributed.worker.resources``, ``apportion.worker.dask_config``), as a Dask
 worker's would; the source used is logged. A resource spec may contain ``auto``,
 replaced here by what the machine has (``apportion.worker.detect``), or ``slurm``,
-replaced by what the Slurm allocation granted this node (``apportion.deploy.slurm_env``;
-``--nthreads`` then defaults to the granted CPUs shared among the processes); with
+replaced by what the Slurm allocation granted this node (``apportion.deploy.slurm_env``),
+or ``sge``, by what Grid Engine granted this job on this host
+(``apportion.deploy.sge_env``); ``--nthreads`` then defaults to the granted CPUs
+shared among the processes; with
 ``--nworkers N --split-units`` the supervisor deals every indexed pool out across the
 processes (``apportion.worker.shares``).
 Either way each worker process receives an explicit ``--resources`` text of its own.
@@ -34,6 +36,7 @@ from apportion.cli.errors import check_address, check_host_option, check_port_op
 from apportion.cli.log_options import log_format_option
 from apportion.core.durations import seconds
 from apportion.core.resources import parse_resources
+from apportion.deploy.sge_env import SGE
 from apportion.deploy.slurm_env import SLURM, grant_supply, slurm_grant
 from apportion.log_setup import configure_logging
 from apportion.worker.dask_config import (
@@ -102,9 +105,12 @@ def check_resources(ctx: click.Context, param: click.Parameter, value: str | Non
         try:
             auto, rest = split_auto(value)
             slurm, rest = split_word(rest, SLURM)
-            if auto and slurm:
+            sge, rest = split_word(rest, SGE)
+            words = [w for w, given in (("auto", auto), (SLURM, slurm), (SGE, sge)) if given]
+            if len(words) > 1:
                 raise ValueError(
-                    f"{value!r} has both auto and {SLURM}: each describes the whole node, give one"
+                    f"{value!r} has both {' and '.join(words)}: each describes the whole "
+                    "node, give one"
                 )
             parse_resources(rest)
         except ValueError as exc:
@@ -129,10 +135,12 @@ def choose_resources(ctx: click.Context, resources: str | None) -> str | None:
 
 
 def resolve_resources(ctx: click.Context, resources: str | None) -> str | None:
-    """``resources`` with ``auto`` replaced by the detected pools, or ``slurm`` by the
-    granted ones (logged once)."""
+    """``resources`` with ``auto`` replaced by the detected pools, or ``slurm`` or
+    ``sge`` by the granted ones (logged once)."""
     if resources is None:
         return None
+    if split_word(resources, SGE)[0]:
+        return _resolve_sge(ctx, resources)
     if split_word(resources, SLURM)[0]:
         try:
             expanded = expand_auto(resources, grant_supply(slurm_grant(os.environ)), SLURM)
@@ -160,6 +168,38 @@ def check_fraction(
         return parse_fraction(value, f"--{(param.name or '').replace('_', '-')}")
     except ValueError as exc:
         fail(ctx, str(exc))
+
+
+def _resolve_sge(ctx: click.Context, resources: str) -> str:
+    """``sge`` replaced by Grid Engine's grant (asked of ``qstat -j``: see
+    ``apportion.deploy.sge_query``), which is loaded only here."""
+    from apportion.deploy.sge_env import grant_note
+    from apportion.deploy.sge_env import grant_supply as sge_supply
+    from apportion.deploy.sge_query import current_grant
+
+    try:
+        grant = current_grant()
+        expanded = expand_auto(resources, sge_supply(grant), SGE)
+    except ValueError as exc:  # outside a job, qstat refused, or a malformed answer
+        fail(ctx, f"{_resources_origin(ctx)}: {SGE}: {exc}")
+    note = grant_note(grant)
+    if note is not None:
+        logger.warning("%s", note)
+    logger.info("resources %r granted by Grid Engine as %r", resources, expanded)
+    return expanded
+
+
+def _sge_slots(ctx: click.Context) -> int:
+    """This host's slots of the Grid Engine job (``sge`` resolved already, so valid)."""
+    import socket
+
+    from apportion.deploy.sge_env import host_slots
+    from apportion.deploy.sge_query import current_job
+
+    try:
+        return host_slots(current_job(), socket.gethostname())
+    except ValueError as exc:
+        fail(ctx, f"{SGE}: {exc}")
 
 
 def choose_memory_thresholds(
@@ -482,6 +522,8 @@ def worker(
     if nthreads is None and chosen is not None and split_word(chosen, SLURM)[0]:
         # The machine's CPU count is not the job's: threads for the CPUs granted.
         nthreads = max(1, slurm_grant(os.environ).cpus // nworkers)
+    if nthreads is None and chosen is not None and split_word(chosen, SGE)[0]:
+        nthreads = max(1, _sge_slots(ctx) // nworkers)
     settings = WorkerSettings(
         nthreads,
         resolved,

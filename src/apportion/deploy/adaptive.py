@@ -1,10 +1,12 @@
-"""The service that grows and shrinks a cluster through Slurm: the allocator's loop.
+"""The service that grows and shrinks a cluster through a batch system: the allocator's loop.
 
-Every ``interval`` seconds: ask Slurm the state of our jobs (``squeue``), ask the
-scheduler what is waiting and who is connected (``scheduler.backlog``), let the pure
-``Allocator`` decide, and carry out its commands (``sbatch``, ``scancel``, log
-lines). One tick runs to the end before the next begins, so a job is always known
-to the allocator before Slurm is next asked about it.
+Every ``interval`` seconds: ask the batch system the state of our jobs (``squeue``,
+``qstat``), ask the scheduler what is waiting and who is connected
+(``scheduler.backlog``), let the pure ``Allocator`` decide, and carry out its commands
+(``sbatch``/``qsub``, ``scancel``/``qdel``, log lines). One tick runs to the end
+before the next begins, so a job is always known to the allocator before the batch
+system is next asked about it. A ``Batch`` is what differs between systems:
+``SlurmBatch`` here, ``SGEBatch`` in ``deploy.sge_batch``.
 
 Batch scripts and the job outputs go to the template's log directory; a job's
 script is kept beside its output, so a failed job can be looked at and resubmitted
@@ -20,24 +22,20 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 from apportion.deploy.allocator import (
     Allocator,
     Cancel,
     Command,
+    JobState,
     Report,
     Submit,
     Waiting,
     WorkerSeen,
     job_of_worker,
 )
-from apportion.deploy.job_template import (
-    WORKER_PREFIX,
-    JobTemplate,
-    parse_job_id,
-    parse_states,
-)
+from apportion.deploy.job_template import JobTemplate, parse_job_id, parse_states
 from apportion.home import user_dir, write_private
 from apportion.net.security import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV, Security
 
@@ -46,15 +44,15 @@ logger = logging.getLogger("apportion.deploy")
 #: What the scheduler says: waiting work and connected workers (``scheduler.backlog``).
 Observation = tuple[list[dict[str, Any]], list[dict[str, Any]]]
 
-#: Seconds a Slurm command may take before it counts as failed.
+#: Seconds a batch-system command may take before it counts as failed.
 COMMAND_TIMEOUT = 60.0
 
 
 class SubmitError(Exception):
-    """``sbatch`` refused a job; the text says why, in Slurm's words."""
+    """The batch system refused a job; the text says why, in its words."""
 
 
-async def _run(*argv: str, env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
+async def run_command(*argv: str, env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
     process = await asyncio.create_subprocess_exec(
         *argv,
         stdout=asyncio.subprocess.PIPE,
@@ -73,8 +71,30 @@ async def _run(*argv: str, env: Mapping[str, str] | None = None) -> tuple[int, s
     return process.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
 
-class SlurmBatch:
-    """``sbatch``, ``squeue`` and ``scancel`` for jobs of these templates."""
+class Batch(Protocol):
+    """What ``Adaptive`` asks of a batch system."""
+
+    @property
+    def grant(self) -> str:
+        """The word workers of its jobs are named by (``slurm-JOBID``, ``sge-JOBID``)."""
+        ...
+
+    def script(self, shape: str) -> str: ...
+
+    async def submit(self, shape: str) -> str: ...
+
+    async def states(self, jobs: Sequence[str]) -> dict[str, JobState] | None: ...
+
+    async def cancel(self, job: str) -> None: ...
+
+
+class ScriptBatch:
+    """Jobs of these templates, each submitted as a script kept in its log directory;
+    a subclass names the batch system's commands."""
+
+    grant: ClassVar[str]
+    #: The command that submits a script, and how to find the job id in its output.
+    submit_command: ClassVar[tuple[str, ...]]
 
     def __init__(
         self,
@@ -98,30 +118,51 @@ class SlurmBatch:
         directory = user_dir(Path(template.log_directory or "."))
         path = directory / f"apportion-{shape}-{time.time_ns()}.sh"
         write_private(path, self.script(shape))  # never through a link planted there
-        code, out, err = await _run("sbatch", "--parsable", str(path), env=self.env)
+        command = self.submit_command
+        code, out, err = await run_command(*command, str(path), env=self.env)
         if code != 0:
-            raise SubmitError((err or out).strip() or f"sbatch exited with status {code}")
+            raise SubmitError((err or out).strip() or f"{command[0]} exited with status {code}")
         try:
-            job = parse_job_id(out)
+            job = self.job_id(out)
         except ValueError as exc:
             raise SubmitError(str(exc)) from None
         with contextlib.suppress(OSError):
             path.rename(directory / f"apportion-{shape}-{job}.sh")
         return job
 
-    async def states(self, jobs: Sequence[str]) -> dict[str, str] | None:
+    def job_id(self, output: str) -> str:
+        """The job id in what the submit command printed (``ValueError`` if none)."""
+        raise NotImplementedError
+
+    async def states(self, jobs: Sequence[str]) -> dict[str, JobState] | None:
+        raise NotImplementedError
+
+    async def cancel(self, job: str) -> None:
+        raise NotImplementedError
+
+
+class SlurmBatch(ScriptBatch):
+    """``sbatch``, ``squeue`` and ``scancel`` for jobs of these templates."""
+
+    grant = "slurm"
+    submit_command = ("sbatch", "--parsable")
+
+    def job_id(self, output: str) -> str:
+        return parse_job_id(output)
+
+    async def states(self, jobs: Sequence[str]) -> dict[str, JobState] | None:
         """Our jobs' states; None if squeue could not say (nothing is concluded then)."""
         if not jobs:
             return {}
         argv = ("squeue", "--noheader", "--format=%i %T", f"--user={self.user}")
-        code, out, err = await _run(*argv, env=self.env)
+        code, out, err = await run_command(*argv, env=self.env)
         if code != 0:
             logger.warning("squeue failed: %s", (err or out).strip())
             return None
         return {job: state for job, state in parse_states(out).items() if job in jobs}
 
     async def cancel(self, job: str) -> None:
-        code, out, err = await _run("scancel", job, env=self.env)
+        code, out, err = await run_command("scancel", job, env=self.env)
         if code != 0:
             logger.warning("scancel %s failed: %s", job, (err or out).strip())
 
@@ -130,11 +171,11 @@ def waiting_of(queued: list[dict[str, Any]]) -> list[Waiting]:
     return [Waiting(tuple(q["options"]), int(q["count"]), bool(q["restricted"])) for q in queued]
 
 
-def workers_of(workers: list[dict[str, Any]]) -> list[WorkerSeen]:
+def workers_of(workers: list[dict[str, Any]], prefix: str) -> list[WorkerSeen]:
     return [
         WorkerSeen(
             w["name"],
-            job_of_worker(w["name"], WORKER_PREFIX),
+            job_of_worker(w["name"], prefix),
             int(w["running"]),
             bool(w["leaving"]),
         )
@@ -171,7 +212,7 @@ class Adaptive:
     def __init__(
         self,
         allocator: Allocator,
-        batch: SlurmBatch,
+        batch: Batch,
         observe: Callable[[], Awaitable[Observation]],
         *,
         interval: float = 2.0,
@@ -182,7 +223,7 @@ class Adaptive:
         self.observe = observe
         self.interval = interval
         self.clock = clock
-        #: Every report, newest last (``SlurmCluster.reports``).
+        #: Every report, newest last (``SlurmCluster.reports``, ``SGECluster.reports``).
         self.reports: list[str] = []
         self._task: asyncio.Task[None] | None = None
         self._woken = asyncio.Event()
@@ -213,7 +254,8 @@ class Adaptive:
             return
         queued, workers = await self.observe()
         now = self.clock()
-        commands = self.allocator.step(now, waiting_of(queued), workers_of(workers), states)
+        seen = workers_of(workers, self.batch.grant)
+        commands = self.allocator.step(now, waiting_of(queued), seen, states)
         await self.execute(commands)
 
     async def execute(self, commands: list[Command]) -> None:

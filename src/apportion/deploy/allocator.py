@@ -2,13 +2,16 @@
 
 Theory of operation
 -------------------
-A cluster that grows through a batch system (``SlurmCluster``, ``apportion alloc
-slurm``) has one or more job *shapes*: what one job brings, as worker processes
-each with threads and a supply of resources. Every few seconds its service feeds
-``Allocator.step`` what the scheduler says is waiting (``scheduler.backlog``: per
-kind of request, its demands and how many tasks), which workers are connected and
-what the batch system says of each job it submitted; ``step`` answers with
-``Submit``, ``Cancel`` and ``Report`` commands. Time is passed in.
+A cluster that grows through a batch system (``SlurmCluster``, ``SGECluster``,
+``apportion alloc slurm|sge``) has one or more job *shapes*: what one job brings, as
+worker processes each with threads and a supply of resources. Every few seconds its
+service feeds ``Allocator.step`` what the scheduler says is waiting
+(``scheduler.backlog``: per kind of request, its demands and how many tasks), which
+workers are connected and what the batch system says of each job it submitted, as a
+``JobState``: the system's own word (``PENDING``, ``qw``) and the *phase* it means,
+which the batch system's adapter decides, so that this one machine serves every
+system. ``step`` answers with ``Submit``, ``Cancel`` and ``Report`` commands. Time
+is passed in.
 
 The rules, after HyperQueue's allocator rather than load-only adaptive scaling:
 
@@ -24,9 +27,10 @@ The rules, after HyperQueue's allocator rather than load-only adaptive scaling:
   (its workers drain: results still needed move to the workers that stay), unless
   that would leave fewer than ``minimum`` workers; a job still waiting in the queue
   that no waiting work needs any more is cancelled at once.
-* After ``max_failures`` failures in a row (``sbatch`` refused, or a job ended
-  before any of its workers connected) submission pauses for ``pause`` seconds,
-  which is reported; a job whose workers connected resets the count.
+* After ``max_failures`` failures in a row (``sbatch``/``qsub`` refused, a job ended
+  before any of its workers connected, or one the batch system holds in an error
+  state, which is cancelled) submission pauses for ``pause`` seconds, which is
+  reported; a job whose workers connected resets the count.
 * ``scale(n)`` replaces all this with a fixed target of ``n`` workers of the first
   shape; ``adapt`` goes back to following the work.
 """
@@ -40,9 +44,27 @@ from dataclasses import dataclass, field
 from apportion.core.ledger import splittable
 from apportion.core.resources import describe_resources
 
-#: Batch-system job states in which a job waits for nodes, and in which it runs.
-WAITING_STATES = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED"})
-RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "STAGE_OUT"})
+#: What a batch system's state of a job means here. ``STUCK``: listed, but it will
+#: never run without a person (Grid Engine's ``Eqw``); ``ENDED``: still listed after
+#: it ended (Slurm's ``FAILED`` for ``MinJobAge``), as good as gone.
+QUEUED = "queued"
+RUNNING = "running"
+STUCK = "stuck"
+ENDED = "ended"
+PHASES = frozenset({QUEUED, RUNNING, STUCK, ENDED})
+
+
+@dataclass(frozen=True, slots=True)
+class JobState:
+    """One job as its batch system lists it: ``word`` in the system's own terms (quoted
+    in reports), ``phase`` what it means to the allocator (one of ``PHASES``)."""
+
+    phase: str
+    word: str
+
+    def __post_init__(self) -> None:
+        if self.phase not in PHASES:
+            raise ValueError(f"job phase {self.phase!r}: expected one of {sorted(PHASES)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +270,7 @@ class Allocator:
         now: float,
         waiting: Iterable[Waiting],
         workers: Iterable[WorkerSeen],
-        states: Mapping[str, str],
+        states: Mapping[str, JobState],
     ) -> list[Command]:
         """Commands for now, given the waiting work, the connected workers and the batch
         system's state of each of our jobs (a job it no longer lists has ended)."""
@@ -261,7 +283,7 @@ class Allocator:
         return out
 
     def _track(
-        self, now: float, workers: list[WorkerSeen], states: Mapping[str, str]
+        self, now: float, workers: list[WorkerSeen], states: Mapping[str, JobState]
     ) -> list[Command]:
         out: list[Command] = []
         by_job: dict[str, list[WorkerSeen]] = {}
@@ -269,22 +291,32 @@ class Allocator:
             if worker.job is not None:
                 by_job.setdefault(worker.job, []).append(worker)
         for job in list(self.jobs.values()):
-            state = states.get(job.id, "")
+            state = states.get(job.id, JobState(ENDED, "gone"))
             mine = by_job.get(job.id, [])
             job.workers.update(w.name for w in mine)
             if job.workers and job.state != "cancelled":
                 self.failures = 0  # a job that brought workers: submission works
-            if state not in WAITING_STATES and state not in RUNNING_STATES:
+            if state.phase == ENDED:
                 del self.jobs[job.id]
                 if job.state != "cancelled" and not job.workers:
                     out += self._failed(
                         now,
-                        f"{job.shape.name} job {job.id} ended ({state or 'gone'}) before any "
+                        f"{job.shape.name} job {job.id} ended ({state.word}) before any "
                         "of its workers connected: see its output file",
                     )
                 continue
+            if state.phase == STUCK:
+                if job.state != "cancelled":
+                    text = (
+                        f"{job.shape.name} job {job.id} is held in state {state.word} by the "
+                        "batch system and would never run: cancelled (the batch system's "
+                        "own view of the job says why)"
+                    )
+                    out += self._failed(now, text)
+                    out.append(self._cancel(job, f"it is stuck in state {state.word}"))
+                continue
             if job.state != "cancelled":
-                job.state = "running" if state in RUNNING_STATES else "queued"
+                job.state = "running" if state.phase == RUNNING else "queued"
             busy = any(w.running or w.leaving for w in mine)
             if busy or not mine:
                 job.idle_since = None

@@ -20,12 +20,10 @@ import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from apportion.core.resources import SCALE, parse_amount, parse_supply
-from apportion.deploy.allocator import JobShape
-
-#: Worker names are ``PREFIX-JOBID`` (``-I`` per process), which maps them to jobs.
-WORKER_PREFIX = "slurm"
+from apportion.deploy.allocator import ENDED, QUEUED, RUNNING, JobShape, JobState
 
 #: Seconds before the walltime at which a job's workers drain and leave.
 DRAIN_MARGIN = 60.0
@@ -60,7 +58,17 @@ def walltime_seconds(text: str) -> int:
 class JobTemplate:
     """One kind of worker job. ``memory`` is per job (``"16GiB"``), split evenly
     among its ``processes``; ``gpus`` asks for ``--gres=gpu:N``; ``resources`` adds
-    pools of the project's own (``"licence=2"``), given to every process."""
+    pools of the project's own (``"licence=2"``), given to every process.
+
+    The class attributes are what differs between batch systems; ``SGEJobTemplate``
+    (``deploy.sge_template``) sets its own."""
+
+    #: The word in ``--resources`` that stands for the job's grant.
+    GRANT: ClassVar[str] = "slurm"
+    #: The variable holding the job's id inside the script.
+    JOB_ID_VARIABLE: ClassVar[str] = "SLURM_JOB_ID"
+    #: What starts a directive line of the script.
+    DIRECTIVE: ClassVar[str] = "#SBATCH"
 
     name: str = "cpu"
     cores: int = 1
@@ -147,13 +155,14 @@ class JobTemplate:
         return lines + list(self.job_extra_directives)
 
     def worker_command(self, scheduler_file: str) -> list[str]:
-        """The worker supervisor the job runs (``$SLURM_JOB_ID`` expanded by the shell)."""
+        """The worker supervisor the job runs (the job id expanded by the shell), named
+        ``GRANT-JOBID`` (``job_of_worker`` reads the id back)."""
         lifetime = max(0.0, walltime_seconds(self.walltime) - DRAIN_MARGIN)
         argv = [self.python, "-m", "apportion.cli.main", "worker"]
         argv += ["--scheduler-file", scheduler_file]
-        argv += ["--name", f"{WORKER_PREFIX}-${{SLURM_JOB_ID}}"]
+        argv += ["--name", f"{self.GRANT}-${{{self.JOB_ID_VARIABLE}}}"]
         argv += ["--nworkers", str(self.processes), "--nthreads", str(self.nthreads)]
-        argv += ["--resources", f"slurm {self.resources}".strip()]
+        argv += ["--resources", f"{self.GRANT} {self.resources}".strip()]
         if self.processes > 1:
             argv += ["--split-units"]
         argv += ["--lifetime", f"{lifetime:g}", "--drain-timeout", "20"]
@@ -163,19 +172,22 @@ class JobTemplate:
         """The batch script: directives, prologue, then ``exec`` of the worker, so that
         ``scancel``'s SIGTERM reaches it and it drains."""
         lines = ["#!/usr/bin/env bash"]
-        lines += [f"#SBATCH {directive}" for directive in self.directives()]
+        lines += [f"{self.DIRECTIVE} {directive}" for directive in self.directives()]
         lines += list(self.job_script_prologue)
         for name, value in {**self.environment, **(tls_files or {})}.items():
             lines.append(f"export {name}={shlex.quote(value)}")
-        lines.append("exec " + " ".join(_quote(arg) for arg in self.worker_command(scheduler_file)))
+        worker = self.worker_command(scheduler_file)
+        lines.append("exec " + " ".join(quote_arg(arg, self.JOB_ID_VARIABLE) for arg in worker))
         return "\n".join(lines) + "\n"
 
 
-def _quote(arg: str) -> str:
-    # ${SLURM_JOB_ID} must reach the shell unquoted; everything else is quoted.
-    if "${SLURM_JOB_ID}" in arg:
-        head, _, tail = arg.partition("${SLURM_JOB_ID}")
-        return f"{shlex.quote(head)}${{SLURM_JOB_ID}}{shlex.quote(tail) if tail else ''}"
+def quote_arg(arg: str, variable: str) -> str:
+    """``arg`` quoted for the shell, but for ``${variable}`` in it, left to expand."""
+    # ${VARIABLE} (the job id) must reach the shell unquoted; everything else is quoted.
+    reference = f"${{{variable}}}"
+    if reference in arg:
+        head, _, tail = arg.partition(reference)
+        return f"{shlex.quote(head)}{reference}{shlex.quote(tail) if tail else ''}"
     return shlex.quote(arg)
 
 
@@ -188,11 +200,19 @@ def parse_job_id(output: str) -> str:
     return job
 
 
-def parse_states(output: str) -> dict[str, str]:
+#: Slurm's job states by what they mean to the allocator; any other is ended.
+SLURM_PHASES = {
+    **dict.fromkeys(("PENDING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED"), QUEUED),
+    **dict.fromkeys(("RUNNING", "COMPLETING", "STAGE_OUT"), RUNNING),
+}
+
+
+def parse_states(output: str) -> dict[str, JobState]:
     """``squeue --noheader --format='%i %T'`` lines as job id -> state."""
     states = {}
     for line in output.splitlines():
         fields = line.split()
         if len(fields) == 2:
-            states[fields[0]] = fields[1].upper()
+            word = fields[1].upper()
+            states[fields[0]] = JobState(SLURM_PHASES.get(word, ENDED), word)
     return states

@@ -1,17 +1,9 @@
 """``apportion slurm``: a cluster for the length of one command, inside an allocation.
 
-The decisions are in ``slurm_plan``; this module starts the processes, waits for
-them and stops them. The order matters and is the same on every way out (COMMAND
-ends, COMMAND cannot start, SIGTERM or SIGINT, a worker step that fails):
-
-1. the scheduler (``apportion scheduler``, TLS with credentials made for this job,
-   so that nothing crosses the network in plaintext) writes the scheduler file;
-2. one ``srun`` step starts a worker supervisor on every node;
-3. once every node's workers have registered, COMMAND runs with
-   ``APPORTION_SCHEDULER_FILE`` and the client credentials in its environment;
-4. teardown: COMMAND is stopped if it still runs, the worker step gets SIGTERM
-   (srun passes it to each supervisor, whose workers drain), then the scheduler,
-   which removes its file. Each stage is bounded, then killed.
+The decisions are in ``slurm_plan``; the order of starting and stopping is
+``launch.ClusterLaunch``'s. This module says how Slurm places the workers: one
+``srun`` step starts a worker supervisor on every node, and ``scancel
+--signal=TERM JOB.STEP`` drains them.
 
 scancel sends SIGTERM to every process of the batch step at once, then SIGKILL
 after the cluster's ``KillWait`` (30 s by default): the workers' drain is kept
@@ -20,64 +12,23 @@ short (``--drain-timeout``) so that the teardown fits in that time.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
-from typing import Any, Protocol
 
+from apportion.deploy.launch import ClusterLaunch, Connect, LaunchError, node_address
 from apportion.deploy.slurm_plan import (
-    SCHEDULER_FILE_VARIABLE,
     LaunchOptions,
     SlurmJob,
-    missing_text,
-    missing_workers,
     scheduler_host,
     step_to_signal,
     worker_step,
 )
-from apportion.net.scheduler_file import SchedulerFileError, read_scheduler_file
-from apportion.net.security import Security
 
 logger = logging.getLogger("apportion.deploy")
-
-#: Seconds the scheduler gets to write its file.
-SCHEDULER_START_TIMEOUT = 60.0
-#: Seconds the scheduler gets to close once its workers are gone.
-SCHEDULER_STOP_TIMEOUT = 10.0
-#: Seconds COMMAND gets between SIGTERM and SIGKILL when we stop it.
-COMMAND_KILL_GRACE = 5.0
-
-
-class SchedulerView(Protocol):
-    """What the launch asks of a client of its scheduler: the workers registered."""
-
-    def scheduler_info(self) -> Any: ...
-
-
-#: Opens a client of the scheduler the file names, with these credentials: given by
-#: the command line (a ``Client``), since deployment does not import the client.
-Connect = Callable[[Path, Security], AbstractContextManager[SchedulerView]]
-
-
-class LaunchError(RuntimeError):
-    """The cluster could not be started; the message says what is missing."""
-
-
-class Stopped(Exception):
-    """SIGTERM or SIGINT arrived: stop everything and exit with 128 + the signal."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 def node_names(job: SlurmJob) -> list[str]:
@@ -97,8 +48,10 @@ def node_names(job: SlurmJob) -> list[str]:
     return done.stdout.split()
 
 
-class SlurmLaunch:
-    """Runs COMMAND with a cluster around it; ``run`` returns the exit status."""
+class SlurmLaunch(ClusterLaunch):
+    """``ClusterLaunch`` on a Slurm allocation's nodes."""
+
+    label = "apportion slurm"
 
     def __init__(
         self,
@@ -108,78 +61,14 @@ class SlurmLaunch:
         command: Sequence[str],
         connect: Connect,
     ) -> None:
+        super().__init__(options, scheduler_file, command, connect)
         self.job = job
-        self.connect = connect
-        self.options = options
-        self.scheduler_file = scheduler_file
-        self.command = list(command)
-        #: Credentials made for this job: every process of the cluster gets them.
-        self.security = Security.temporary()
-        self.scheduler: subprocess.Popen[bytes] | None = None
-        self.workers: subprocess.Popen[bytes] | None = None
-        self.child: subprocess.Popen[bytes] | None = None
 
-    def run(self) -> int:
-        """Start, run COMMAND, tear down (see the module docstring)."""
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-        for sig in previous:
-            signal.signal(sig, _raise_stopped)
-        try:
-            return self._run()
-        except Stopped as stop:
-            logger.warning("apportion slurm: %s received; stopping", stop)
-            return 128 + stop.signum
-        finally:
-            # A second signal must not cut the teardown short: the job would leave
-            # processes running until Slurm's SIGKILL.
-            for sig in previous:
-                signal.signal(sig, signal.SIG_IGN)
-            self.teardown()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+    def listen_host(self) -> str:
+        return scheduler_host(self.job, node_address())
 
-    def _run(self) -> int:
-        self.start_scheduler()
-        self.start_workers()
-        self.wait_registered()
-        env = {
-            **os.environ,
-            **self.security.environment("client"),
-            SCHEDULER_FILE_VARIABLE: str(self.scheduler_file),
-        }
-        logger.info("apportion slurm: running %s", " ".join(self.command))
-        try:
-            self.child = subprocess.Popen(self.command, env=env)
-        except OSError as exc:
-            raise LaunchError(f"cannot run {self.command[0]}: {exc}") from None
-        status = self.child.wait()
-        return 128 - status if status < 0 else status  # killed by a signal: as a shell says
-
-    # --- starting --------------------------------------------------------------------
-
-    def start_scheduler(self) -> None:
-        host = scheduler_host(self.job, _node_address())
-        argv = [sys.executable, "-m", "apportion.cli.main", "scheduler"]
-        argv += ["--host", host, "--port", "0", "--scheduler-file", str(self.scheduler_file)]
-        env = {**os.environ, **self.security.environment("scheduler")}
-        # Its own session: a Ctrl-C in an salloc shell reaches us, and we stop it in order.
-        self.scheduler = subprocess.Popen(
-            argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True
-        )
-        if not _wait(self._scheduler_file_written, SCHEDULER_START_TIMEOUT):
-            raise LaunchError(
-                f"the scheduler did not write {self.scheduler_file} within "
-                f"{SCHEDULER_START_TIMEOUT:g}s"
-            )
-
-    def _scheduler_file_written(self) -> bool:
-        assert self.scheduler is not None
-        if self.scheduler.poll() is not None:
-            raise LaunchError(f"the scheduler exited with status {self.scheduler.returncode}")
-        try:
-            return read_scheduler_file(self.scheduler_file).pid == self.scheduler.pid
-        except SchedulerFileError:
-            return False
+    def nodes(self) -> list[str]:
+        return node_names(self.job)
 
     def start_workers(self) -> None:
         argv = worker_step([sys.executable], self.job, self.options, self.scheduler_file)
@@ -187,42 +76,6 @@ class SlurmLaunch:
         self.workers = subprocess.Popen(
             argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True
         )
-
-    def wait_registered(self) -> None:
-        nodes = node_names(self.job)
-        per_node = self.options.nworkers_per_node
-        missing = dict.fromkeys(nodes, 0)
-        with self.connect(self.scheduler_file, self.security) as client:
-
-            def all_here() -> bool:
-                nonlocal missing
-                assert self.workers is not None
-                if self.workers.poll() is not None:
-                    raise LaunchError(
-                        f"the worker step (srun) exited with status {self.workers.returncode} "
-                        "before every node's workers registered"
-                    )
-                workers = client.scheduler_info()["workers"].values()
-                missing = missing_workers(nodes, per_node, (w["name"] for w in workers))
-                return not missing
-
-            if not _wait(all_here, self.options.register_timeout):
-                raise LaunchError(missing_text(missing, per_node, self.options.register_timeout))
-        logger.info(
-            "apportion slurm: %d worker(s) on %d node(s)", per_node * len(nodes), len(nodes)
-        )
-
-    # --- stopping --------------------------------------------------------------------
-
-    def teardown(self) -> None:
-        """Stop COMMAND, the workers and the scheduler, in that order, each bounded."""
-        _stop(self.child, COMMAND_KILL_GRACE, group=False)
-        self.drain_workers()
-        _stop(self.workers, 5.0, group=False)
-        _stop(self.scheduler, SCHEDULER_STOP_TIMEOUT, group=True)
-        with contextlib.suppress(FileNotFoundError):
-            if self.scheduler is not None and _names_pid(self.scheduler_file, self.scheduler.pid):
-                self.scheduler_file.unlink()
 
     def drain_workers(self) -> None:
         """SIGTERM to every worker supervisor (they drain), then wait for the step to end."""
@@ -255,52 +108,3 @@ def _run(argv: list[str]) -> str | None:
         logger.warning("apportion slurm: %s: %s", " ".join(argv), done.stderr.strip())
         return None
     return done.stdout
-
-
-def _wait(condition: Callable[[], bool], timeout: float) -> bool:
-    """Poll ``condition`` (it asks other processes) until true or ``timeout`` passes."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
-def _raise_stopped(signum: int, frame: FrameType | None) -> None:
-    raise Stopped(signum)
-
-
-def _node_address() -> str:
-    """This node's address as its name resolves: what the other nodes connect to."""
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError as exc:
-        raise LaunchError(
-            f"cannot resolve this node's name {socket.gethostname()}: {exc}"
-        ) from None
-
-
-def _names_pid(path: Path, pid: int) -> bool:
-    try:
-        return read_scheduler_file(path).pid == pid
-    except SchedulerFileError:
-        return False
-
-
-def _stop(proc: subprocess.Popen[bytes] | None, grace: float, *, group: bool) -> None:
-    """SIGTERM, ``grace`` seconds, then SIGKILL (the whole group if it has its own)."""
-    if proc is None or proc.poll() is not None:
-        return
-    send: Callable[[int], None] = (
-        (lambda sig: os.killpg(proc.pid, sig)) if group else proc.send_signal
-    )
-    with contextlib.suppress(ProcessLookupError):
-        send(signal.SIGTERM)
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        logger.warning("%s did not stop within %gs; killing it", proc.args, grace)
-        with contextlib.suppress(ProcessLookupError):
-            send(signal.SIGKILL)
-        proc.wait()
