@@ -27,6 +27,7 @@ from apportion.protocol.cluster import (
 )
 from apportion.protocol.peer_data import DataReply, DataStored, GetData, PutData
 from apportion.protocol.services import Unserved
+from apportion.protocol.shared_data import CopiesDone, ReplicateKeys
 from apportion.protocol.tasks import (
     CancelKeys,
     GatherReply,
@@ -1871,6 +1872,60 @@ def test_a_copy_a_worker_fetched_and_kept_is_a_holder_until_released(
     sim.client_says("c1", ReleaseKeys(["x"]))
     assert "x" in sim.freed(w1) and "x" in sim.freed(w2)  # every holder drops it
     assert sorted(sim.done()) == ["blocker", "use-1", "use-2", "x"]
+
+
+def test_a_kept_copy_reported_after_its_recomputation_came_its_way_stays(
+    sim: RecordingCluster,
+) -> None:
+    """``w2`` fetched ``x`` for ``use-1`` and kept it; before its report of the copy
+    arrives, ``x``'s holder is lost and ``x`` goes to ``w2`` to be computed again.
+    ``w2`` answers that from its copy (``TaskFinished``), behind the report: freeing
+    the copy on the report would reach ``w2`` after its answer and drop the only copy
+    of a result the scheduler then holds in memory there."""
+    w1 = sim.add_worker("w1")
+    w2 = sim.add_worker("w2", nthreads=2)
+    sim.submit("x")
+    assert sim.place() == [(w1, "x")]
+    sim.finish("x", nbytes=10**7)
+    sim.submit("blocker")
+    sim.submit("use-1", ["x"])
+    assert sim.place() == [(w1, "blocker"), (w2, "use-1")]
+    assert sim.remove_worker(w1) == ["blocker"]
+    assert sim.place() == [(w2, "x")]
+    sim.worker_says(w2, CopiesKept(["x"]))
+    assert sim.freed(w2) == []
+    sim.worker_says(w2, TaskFinished("x", 10**7, 0.0, "int"))  # its copy, at once
+    assert sim.state_of("x") == MEMORY and sim.state.tasks["x"].worker == w2
+    assert sim.freed(w2) == []
+    check_invariants(sim.state)
+    sim.allow(ComputeTask, KeysPending)
+    sim.finish("use-1")
+    assert sim.done() == ["x", "x", "use-1"]  # finished, lost, finished again
+
+
+def test_a_copy_put_after_its_recomputation_came_its_way_stays(sim: RecordingCluster) -> None:
+    """The same race for a copy a replicate puts: ``w2``'s ``DataStored`` comes
+    before its answer to computing ``x`` again, which that copy gives."""
+    w1 = sim.add_worker("w1")
+    w2 = sim.add_worker("w2")
+    sim.submit("x")
+    assert sim.place() == [(w1, "x")]
+    sim.finish("x")
+    sim.client_says("c1", ReplicateKeys(1, ["x"], 2, []))
+    (get,) = sim.worker_got(w1, GetData)
+    sim.worker_says(w1, DataReply(get.request_id, {"x": b"value"}, [], {}))
+    (put,) = sim.worker_got(w2, PutData)
+    sim.remove_worker(w1)
+    assert sim.place() == [(w2, "x")]
+    sim.worker_says(w2, DataStored(put.request_id, ["x"], {"x": 8}))
+    assert sim.freed(w2) == []
+    sim.worker_says(w2, TaskFinished("x", 8, 0.0, "int"))
+    assert sim.state_of("x") == MEMORY and sim.state.tasks["x"].worker == w2
+    assert sim.freed(w2) == []
+    check_invariants(sim.state)
+    assert sim.got(CopiesDone) == [CopiesDone(1, 0, 0)]
+    assert sim.got(KeysPending) == [KeysPending(["x"])]
+    assert sim.done() == ["x", "x"]
 
 
 def test_a_gpu_worker_past_its_memory_target_gets_gpu_work_last(sim: RecordingCluster) -> None:

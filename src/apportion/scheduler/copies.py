@@ -27,7 +27,13 @@ from apportion.scheduler import actors
 from apportion.scheduler.books import CopyJob, Plan
 from apportion.scheduler.events import SendGetData, SendPutData
 from apportion.scheduler.holders import add_holder, drop_holder, holds
-from apportion.scheduler.records import MEMORY, ClientRecord, TaskRecord, WorkerRecord
+from apportion.scheduler.records import (
+    MEMORY,
+    PROCESSING,
+    ClientRecord,
+    TaskRecord,
+    WorkerRecord,
+)
 from apportion.scheduler.state import SchedulerState
 
 
@@ -161,7 +167,8 @@ def receiver_stored(state: SchedulerState, worker: WorkerRecord, msg: DataStored
     job = state.shared.copies[msg.request_id]
     left = job.puts.pop(worker.id, 0)
     if not left:
-        state.free_keys[worker.id].extend(msg.keys)  # not asked of it (any more)
+        for key in msg.keys:
+            _drop_copy(state, worker, key)  # not asked of it (any more)
         return
     if left > 1:
         job.puts[worker.id] = left - 1
@@ -171,7 +178,7 @@ def receiver_stored(state: SchedulerState, worker: WorkerRecord, msg: DataStored
         if task is None or task.state != MEMORY or worker.leaving is not None:
             # Released or lost meanwhile, or the receiver started leaving: its hand-off
             # may be over, so a copy there could be lost with it.
-            state.free_keys[worker.id].append(key)
+            _drop_copy(state, worker, key)
             continue
         if add_holder(task, worker):
             job.copied += 1
@@ -189,13 +196,32 @@ def receiver_stored(state: SchedulerState, worker: WorkerRecord, msg: DataStored
 def copies_kept(state: SchedulerState, worker: WorkerRecord, msg: CopiesKept) -> None:
     """``worker`` keeps the copies it fetched for its tasks: holders from now on, so
     placement counts them and their release frees them. A copy of a result that was
-    released, lost or recomputed meanwhile, or on a worker on its way out, goes."""
+    released, lost or recomputed meanwhile, or on a worker on its way out, goes
+    (``_drop_copy``: unless that worker is to compute it)."""
     for key in msg.keys:
         task = state.tasks.get(key)
         if task is None or task.state != MEMORY or worker.leaving is not None or task.actor:
-            state.free_keys[worker.id].append(key)
+            _drop_copy(state, worker, key)
         else:
             add_holder(task, worker)
+
+
+def _drop_copy(state: SchedulerState, worker: WorkerRecord, key: str) -> None:
+    """Tell ``worker`` to drop a copy of ``key`` it reported, unless ``key`` is
+    processing there.
+
+    A worker asked to compute a key it holds answers with ``TaskFinished`` from that
+    copy, at once. When its result was lost with another worker and the recomputation
+    went to the worker whose report of the copy was still on its way, that answer is
+    behind the report on the same connection: the scheduler records the result there
+    an instant later, and a ``FreeKeys`` sent now would reach the worker after its
+    answer and drop the only copy of a result the scheduler holds in memory. The
+    copy is that result: it stays, and goes with it.
+    """
+    task = state.tasks.get(key)
+    if task is not None and task.state == PROCESSING and task.worker == worker.id:
+        return
+    state.free_keys[worker.id].append(key)
 
 
 def worker_left(state: SchedulerState, worker_id: str) -> None:
