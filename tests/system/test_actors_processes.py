@@ -72,6 +72,20 @@ def test_actors_hold_their_gpu_units_until_released(two_gpus: Client) -> None:
     assert second.predict(1).result(timeout=10)[1] == second.device
 
 
+def _predict_through(model: Actor, x: int) -> int:
+    doubled: int = model.predict(x).result()[0]
+    return doubled
+
+
+@pytest.mark.timeout(60)
+def test_a_task_calls_an_actor_passed_to_it_in_a_fresh_worker_process(two_gpus: Client) -> None:
+    # The task's worker had loaded no client code: the handle loads what it calls through.
+    client = two_gpus
+    model = client.submit(Model, actor=True, resources={"gpu": 1}).result(timeout=30)
+    assert client.submit(_predict_through, model, 4, pure=False).result(timeout=30) == 8
+    del model
+
+
 @pytest.mark.timeout(90)
 def test_an_actor_whose_worker_is_killed_fails_and_the_cluster_carries_on() -> None:
     with Client(n_workers=2, threads_per_worker=1, resources="gpu=[0]") as client:

@@ -27,6 +27,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
+import importlib
 import inspect
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
@@ -158,8 +159,10 @@ class Actor:
         if in_task():
             if _task_client is None:
                 # A worker process loads no client code until a task needs it
-                # (``import apportion`` is lazy); importing it registers the factory.
-                import apportion.client.task_client  # noqa: F401
+                # (``import apportion`` is lazy). Loading the module registers the
+                # factory; by name, as ``apportion``'s lazy names are, because it
+                # imports ``Client``, which imports this module.
+                importlib.import_module("apportion.client.task_client")
             assert _task_client is not None
             client = _task_client()
             self._client = client
