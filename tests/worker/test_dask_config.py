@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from apportion.cli.worker import WorkerSettings
 from apportion.core.resources import SCALE
 from apportion.deploy.cluster_options import memory_thresholds
 from apportion.worker.dask_config import (
+    dask_may_set,
     dask_memory_thresholds,
     dask_worker_resources,
     read_dask_config,
@@ -95,6 +97,69 @@ def test_dasks_configuration_is_read_through_dask_and_without_it_not_at_all(
         assert read_dask_config() is None
         found = dask_worker_resources({GPU_VARIABLE: "1"})
         assert found is not None and found.spec == "GPU=1"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("DASK_DISTRIBUTED__WORKER__RESOURCES", '{"GPU": 2}'),
+        ("DASK_DISTRIBUTED__WORKER", '{"resources": {"GPU": 2}}'),
+        ("DASK_DISTRIBUTED", '{"worker": {"resources": {"GPU": 2}}}'),
+        ("DASK_INTERNAL_INHERIT_CONFIG", "e30="),
+    ],
+)
+def test_dask_is_loaded_for_a_variable_that_may_set_the_table(
+    tmp_path: Path, variable: str, value: str
+) -> None:
+    quiet = {"HOME": str(tmp_path), "DASK_ROOT_CONFIG": str(tmp_path / "none")}
+    assert not dask_may_set("distributed.worker.resources", quiet)
+    assert not dask_may_set("distributed.worker.resources", {**quiet, GPU_VARIABLE: "1"})
+    assert dask_may_set("distributed.worker.resources", {**quiet, variable: value})
+
+
+def test_dask_is_loaded_for_a_settings_file_where_dask_looks(tmp_path: Path) -> None:
+    home, root, named = tmp_path / "home", tmp_path / "etc", tmp_path / "named.yaml"
+    environ = {"HOME": str(home), "DASK_ROOT_CONFIG": str(root)}
+    key = "distributed.worker.memory"
+    assert not dask_may_set(key, environ)
+    (home / ".config" / "dask").mkdir(parents=True)
+    (home / ".config" / "dask" / "notes.txt").write_text("not settings")
+    assert not dask_may_set(key, environ)
+    (home / ".config" / "dask" / "worker.YAML").write_text("distributed: {}\n")
+    assert dask_may_set(key, environ)
+    root.mkdir()
+    (root / "site.json").write_text("{}")
+    assert dask_may_set(key, {**environ, "HOME": str(tmp_path / "elsewhere")})
+    named.write_text("distributed: {}\n")
+    assert dask_may_set(key, {"HOME": str(tmp_path / "x"), "DASK_CONFIG": str(named)})
+
+
+def test_a_fresh_program_loads_dask_only_for_a_settings_file(tmp_path: Path) -> None:
+    """What ``apportion worker`` does at start: Dask's YAML is read when there is one,
+    and Dask is not imported at all when there is none."""
+    (tmp_path / ".config" / "dask").mkdir(parents=True)
+    program = (
+        "import sys\n"
+        "from apportion.worker.dask_config import read_dask_config\n"
+        "print(read_dask_config(), 'dask' in sys.modules)\n"
+    )
+    environ = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("DASK_")},
+        "HOME": str(tmp_path),
+        "DASK_ROOT_CONFIG": str(tmp_path / "none"),
+    }
+
+    def run() -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", program], env=environ, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert run() == "None False"
+    settings = "distributed:\n  worker:\n    resources:\n      GPU: 3\n"
+    (tmp_path / ".config" / "dask" / "gpus.yaml").write_text(settings)
+    assert run() == "{'GPU': 3} True"
 
 
 def test_memory_thresholds_come_from_dasks_configuration_or_its_variables() -> None:

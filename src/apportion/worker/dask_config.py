@@ -10,8 +10,9 @@ given (``--resources``, ``APPORTION_RESOURCES``, ``resources`` in ``--config``, 
    it (``GPU`` would become ``gpu``, which no ``resources={"GPU": 1}`` task matches).
 2. Dask's configuration itself (its YAML files, ``dask.config.set`` in this process,
    ``DASK_DISTRIBUTED__WORKER__RESOURCES='{"GPU": 2}'``), through ``dask.config``:
-   by ``apportion worker`` when Dask is installed, by a ``LocalCluster`` when its
-   program has imported Dask. A name given by a variable of (1) takes the
+   by ``apportion worker`` when Dask is installed and has settings beyond its
+   defaults to read (``dask_may_set``), by a ``LocalCluster`` when its program has
+   imported Dask. A name given by a variable of (1) takes the
    variable's amount, as Dask lets variables override files.
 
 A worker's memory thresholds (``target``, ``spill``, ``pause``, ``terminate``: see
@@ -27,6 +28,8 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
+import site
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -72,7 +75,9 @@ def read_dask_config(
     ``LocalCluster`` in a program that does not use Dask does not load it.
     """
     if sys.modules.get("dask") is None and (
-        not import_dask or importlib.util.find_spec("dask") is None
+        not import_dask
+        or not dask_may_set(key, os.environ)
+        or importlib.util.find_spec("dask") is None
     ):
         return None
     import dask.config
@@ -81,6 +86,49 @@ def read_dask_config(
     if value is not None and not isinstance(value, Mapping):
         raise ValueError(f"{key} in Dask's configuration must be a table of names to values")
     return value
+
+
+def dask_may_set(key: str, environ: Mapping[str, str]) -> bool:
+    """Whether Dask's configuration, not yet loaded, may hold more than its defaults
+    at ``key``: a file where Dask looks for them, a variable naming ``key`` or a table
+    above it (``DASK_DISTRIBUTED__WORKER='{...}'``), or the settings Dask hands its own
+    subprocesses. Without any, the defaults are all it has, and a worker's start
+    spares the 0.1 s of CPU that importing Dask costs.
+
+    The ``DASK_<KEY>__<NAME>`` variables below ``key`` are read without Dask (see the
+    module's docstring), so they alone do not count."""
+    if "DASK_INTERNAL_INHERIT_CONFIG" in environ:
+        return True
+    parts = key.upper().split(".")
+    tables = {"DASK_" + "__".join(parts[:end]) for end in range(1, len(parts) + 1)}
+    if any(name.upper().replace("-", "_") in tables for name in environ):
+        return True
+    return any(_holds_settings(path) for path in _dask_config_paths(environ))
+
+
+def _dask_config_paths(environ: Mapping[str, str]) -> list[str]:
+    """Where Dask reads its YAML and JSON settings from, as ``dask.config`` lists them."""
+    home = environ.get("HOME") or os.path.expanduser("~")
+    paths = [
+        environ.get("DASK_ROOT_CONFIG", "/etc/dask"),
+        os.path.join(sys.prefix, "etc", "dask"),
+        *[os.path.join(prefix, "etc", "dask") for prefix in site.PREFIXES],
+        os.path.join(home, ".config", "dask"),
+    ]
+    if "DASK_CONFIG" in environ:
+        paths.append(environ["DASK_CONFIG"])
+    return paths
+
+
+def _holds_settings(path: str) -> bool:
+    """A settings file, or a folder with one (``.yaml``, ``.yml``, ``.json``)."""
+    if os.path.isfile(path):
+        return True
+    try:
+        names = os.listdir(path)
+    except OSError:  # absent, or not ours to read: Dask skips it too
+        return False
+    return any(os.path.splitext(name)[1].lower() in (".json", ".yaml", ".yml") for name in names)
 
 
 def dask_worker_resources(
