@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 
@@ -703,3 +704,14 @@ def test_no_header_passes_the_limits_or_raises_anything_but_a_protocol_error(
     assert len(lengths) == count and all(0 <= n < LENT for n in lengths)
     assert set(lent) <= set(range(count))
     assert body + count * BUFFER_LENGTH.size + sum(lengths) <= limit
+
+
+def test_messages_compare_show_and_hash_by_their_fields_and_stay_frozen() -> None:
+    # Shared by every message (not made per class: a worker's start builds ~140).
+    beat = Heartbeat(2, 2**30)
+    assert beat == Heartbeat(2, 2**30) and hash(beat) == hash(Heartbeat(2, 2**30))
+    assert beat != Heartbeat(3, 2**30)
+    assert FreeKeys(["a"]) != ["a"] and FreeKeys(["a"]) == FreeKeys(["a"])
+    assert repr(FreeKeys(["a"])) == "FreeKeys(keys=['a'])"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        beat.executing = 4  # type: ignore[misc]

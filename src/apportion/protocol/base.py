@@ -38,6 +38,20 @@ class Message:
         """``[tag, *fields]``, ready for msgpack."""
         return [self.TAG, *(getattr(self, name) for name in self._field_names)]
 
+    def __repr__(self) -> str:
+        values = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._field_names)
+        return f"{type(self).__qualname__}({values})"
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        names = self._field_names
+        mine = tuple(getattr(self, name) for name in names)
+        return mine == tuple(getattr(other, name) for name in names)
+
+    def __hash__(self) -> int:
+        return hash((self.TAG, *(getattr(self, name) for name in self._field_names)))
+
     @classmethod
     def from_fields(cls, values: list[Any]) -> Message:
         """Build from decoded fields; messages with nested records override this."""
@@ -69,7 +83,7 @@ def message(tag: int) -> Callable[[_M], _M]:
             raise ValueError(f"message tag {tag} of {cls.__name__} is taken by {taken.__name__}")
         if cls.__name__ in _BY_NAME:
             raise ValueError(f"two messages are named {cls.__name__}")
-        dc: Any = dataclass(frozen=True, slots=True)(cls)
+        dc: Any = dataclass(frozen=True, slots=True, repr=False, eq=False)(cls)
         dc.TAG = tag
         dc._field_names = tuple(f.name for f in fields(dc))
         _REGISTRY[tag] = _BY_NAME[dc.__name__] = dc
