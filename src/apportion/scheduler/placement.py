@@ -214,7 +214,7 @@ def fits_now(
     demand: dict[str, int],
 ) -> bool:
     """Could ``task``, asking ``demand``, start on ``worker`` right now?"""
-    if worker.paused or worker.running() + worker.incoming >= worker.nthreads:
+    if not _has_thread(worker):
         return False
     return worker.ledger.can_take(demand, held_back(state, worker, task))
 
@@ -233,18 +233,29 @@ def _input_bytes(state: SchedulerState, task: TaskRecord) -> dict[str, int]:
 def best_worker(
     state: SchedulerState,
     task: TaskRecord,
-    pool: list[WorkerRecord],
+    room: dict[str, WorkerRecord],
     demand: dict[str, int],
 ) -> WorkerRecord | None:
-    """The fitting worker where a retried task raised least often (``retry_cause``),
-    then with most input bytes, then one short of its memory target (the task makes
-    new data), then least load; None if none fits."""
+    """Of ``room`` (a pool's workers with a free thread, ``_PassPools.room``), the
+    fitting worker where a retried task raised least often (``retry_cause``), then
+    with most input bytes, then one short of its memory target (the task makes new
+    data), then least load; None if none fits. Workers found full, or short of
+    ``demand`` with nothing kept, leave ``room``: a pass only takes more."""
     local = _input_bytes(state, task) if task.deps else {}
     raised = state.raised_on.get(task.key, ()) if state.raised_on else ()
     best: WorkerRecord | None = None
     best_score: tuple[int, int, bool, float] | None = None
-    for worker in pool:
-        if not fits_now(state, worker, task, demand):
+    out: list[str] = []
+    for worker in room.values():
+        if not _has_thread(worker):
+            out.append(worker.id)
+            continue
+        held = held_back(state, worker, task)
+        if not worker.ledger.can_take(demand, held):
+            # Short of ``demand`` even with nothing kept for others: so it stays for
+            # the rest of the pass. Kept for another task only, it may fit that one.
+            if held is None or not worker.ledger.can_take(demand, None):
+                out.append(worker.id)
             continue
         score = (
             raised.count(worker.id) if raised else 0,
@@ -254,6 +265,8 @@ def best_worker(
         )
         if best_score is None or score < best_score:
             best, best_score = worker, score
+    for gone in out:
+        del room[gone]
     return best
 
 
@@ -320,27 +333,107 @@ def _head(state: SchedulerState, heap: list[tuple[int, int, str]]) -> TaskRecord
     return None
 
 
+class _PassPools:
+    """The workers each queue could ever run on, found once per placement pass (queues
+    share demands), and of each such pool the workers that may take its amounts now.
+
+    Called with a queue's key: its pools (``pools``), one per alternative of its
+    demand. ``room(pool)``: the pool's workers not yet seen unable to take that
+    alternative in this pass. A pass only assigns, so a worker without a free thread,
+    or short of the amounts with nothing kept for others, stays so until the pass
+    ends: dropped the first time it is seen, it is not looked at again by the pass's
+    later tasks, and a task's search costs what the workers with room number, not the
+    whole cluster."""
+
+    __slots__ = ("_by_demand", "_index", "_known", "_ranks", "_rooms", "_state")
+
+    def __init__(self, state: SchedulerState) -> None:
+        self._state = state
+        self._known: dict[QueueKey, list[list[WorkerRecord]]] = {}
+        self._by_demand: dict[Demand, list[list[WorkerRecord]]] = {}
+        self._index: AliasIndex | None = None  # built once a restricted queue needs it
+        #: By ``id`` of a pool: ``_known`` and ``_by_demand`` keep every pool alive.
+        self._rooms: dict[int, dict[str, WorkerRecord]] = {}
+        self._ranks: dict[int, list[_Rank]] = {}
+
+    def _every(self, demand: Demand) -> list[list[WorkerRecord]]:
+        if demand not in self._by_demand:
+            self._by_demand[demand] = candidates(self._state, demand)
+        return self._by_demand[demand]
+
+    def __call__(self, key: QueueKey) -> list[list[WorkerRecord]]:
+        if key not in self._known:
+            if self._index is None and restriction_of(key) is not None:
+                self._index = alias_index(self._state)
+            self._known[key] = pools(self._state, key, self._index, self._every)
+        return self._known[key]
+
+    def room(self, pool: list[WorkerRecord]) -> dict[str, WorkerRecord]:
+        """``pool``'s workers that may have a free thread (join order kept)."""
+        room = self._rooms.get(id(pool))
+        if room is None:
+            room = self._rooms[id(pool)] = {w.id: w for w in pool if _has_thread(w)}
+        return room
+
+    def ranked(self, pool: list[WorkerRecord]) -> list[_Rank]:
+        """``room(pool)`` as a heap, least loaded first (``_least_loaded``)."""
+        ranks = self._ranks.get(id(pool))
+        if ranks is None:
+            state = self._state
+            ranks = self._ranks[id(pool)] = [
+                (_past_memory_target(state, w), w.running() / w.nthreads, i, w)
+                for i, w in enumerate(self.room(pool).values())
+            ]
+            heapify(ranks)
+        return ranks
+
+
+#: A worker's place in ``_PassPools.ranked``: past its memory target, load, and its
+#: position in the pool (ties go to the first, as in ``best_worker``).
+_Rank = tuple[bool, float, int, WorkerRecord]
+
+
+def _least_loaded(
+    state: SchedulerState, task: TaskRecord, ranks: list[_Rank], demand: dict[str, int]
+) -> WorkerRecord | None:
+    """``best_worker``'s choice for a task without inputs or failed attempts (one
+    short of its memory target, then least load, then first), taken from a heap
+    instead of a walk over every worker with room: a task costs the log of their
+    number. An entry whose worker took tasks since is put back at its new load;
+    workers that can no longer take the amounts leave, as they leave ``room``."""
+    kept: list[_Rank] = []  # fit but for what is kept for another task: put back
+    found = None
+    while ranks:
+        past, load, position, worker = ranks[0]
+        now = _past_memory_target(state, worker), worker.running() / worker.nthreads
+        if now != (past, load):
+            heapreplace(ranks, (*now, position, worker))
+            continue
+        if not _has_thread(worker):
+            heappop(ranks)
+            continue
+        held = held_back(state, worker, task)
+        if worker.ledger.can_take(demand, held):
+            found = worker
+            break
+        entry = heappop(ranks)
+        if held is not None and worker.ledger.can_take(demand, None):
+            kept.append(entry)
+    for entry in kept:
+        heappush(ranks, entry)
+    return found
+
+
+def _has_thread(worker: WorkerRecord) -> bool:
+    """A thread free for a task now: the first thing ``fits_now`` asks."""
+    return not worker.paused and worker.running() + worker.incoming < worker.nthreads
+
+
 def _place_resource_tasks(state: SchedulerState) -> None:
     # No early return when every thread is busy: a blocked head must still take its
     # reservation then, or plain tasks pipelined ahead keep every thread busy forever
     # and the resource task starves behind newer work.
-    known: dict[QueueKey, list[list[WorkerRecord]]] = {}
-    by_demand: dict[Demand, list[list[WorkerRecord]]] = {}
-    index: AliasIndex | None = None  # built once a restricted queue needs it
-
-    def every(demand: Demand) -> list[list[WorkerRecord]]:
-        if demand not in by_demand:
-            by_demand[demand] = candidates(state, demand)
-        return by_demand[demand]
-
-    def pool_for(key: QueueKey) -> list[list[WorkerRecord]]:
-        nonlocal index
-        if key not in known:
-            if index is None and restriction_of(key) is not None:
-                index = alias_index(state)
-            known[key] = pools(state, key, index, every)
-        return known[key]
-
+    pool_for = _PassPools(state)
     holders = _holders(state, pool_for)
     fair = state.fair
     if fair is None:
@@ -352,9 +445,7 @@ def _place_resource_tasks(state: SchedulerState) -> None:
     _drop_empty(state, state.ready)
 
 
-def _holders(
-    state: SchedulerState, pool_for: Callable[[QueueKey], list[list[WorkerRecord]]]
-) -> list[TaskRecord]:
+def _holders(state: SchedulerState, pool_for: _PassPools) -> list[TaskRecord]:
     """The tasks holding a reservation that still hold it rightly: they go first,
     as the oldest of their kind that could not fit."""
     holders: list[TaskRecord] = []
@@ -378,9 +469,7 @@ def _holders(
     return holders
 
 
-def _place_by_age(
-    state: SchedulerState, pool_for: Callable[[QueueKey], list[list[WorkerRecord]]]
-) -> None:
+def _place_by_age(state: SchedulerState, pool_for: _PassPools) -> None:
     """Merge the request kinds' queues oldest first; a kind that blocks is done for this pass.
 
     Tasks with the same demand fit in the same places, so once the oldest of a kind
@@ -414,7 +503,7 @@ def _blocked(
     task: TaskRecord,
     kind: QueueKey,
     heap: list[tuple[int, int, str]],
-    pool_for: Callable[[QueueKey], list[list[WorkerRecord]]],
+    pool_for: _PassPools,
 ) -> TaskRecord | None:
     """``task``, the head of ``kind``, fits nowhere now: warn or fail if it never
     could, else reserve. Returns the next of its kind to consider in this pass, if
@@ -483,7 +572,7 @@ def _place_fairly(
     state: SchedulerState,
     fair: FairPass,
     holders: list[TaskRecord],
-    pool_for: Callable[[QueueKey], list[list[WorkerRecord]]],
+    pool_for: _PassPools,
 ) -> None:
     """Serve the shares one task at a time, the one furthest below its fair share
     first (``shares.py``); within a share, as ``_place_by_age`` does: reservation
@@ -518,7 +607,7 @@ def _try_fairly(
     fair: FairPass,
     queue: _ShareQueue,
     picked: tuple[TaskRecord, QueueKey, bool],
-    pool_for: Callable[[QueueKey], list[list[WorkerRecord]]],
+    pool_for: _PassPools,
 ) -> None:
     """Start a share's next task if it fits and its quota allows; else its kind is
     done for the pass (reserving as ``_place_by_age`` does, unless the quota holds it)."""
@@ -544,7 +633,7 @@ def _try_fairly(
 def _start_if_it_fits(
     state: SchedulerState,
     task: TaskRecord,
-    pool_for: Callable[[QueueKey], list[list[WorkerRecord]]],
+    pool_for: _PassPools,
 ) -> bool:
     """Assign ``task`` with the first of its alternatives that fits somewhere now."""
     alternatives = task.demand.alternatives
@@ -552,7 +641,10 @@ def _start_if_it_fits(
     for choice, pool in enumerate(pool_for(task.queue)):
         if fair is not None and fair.over_quota(share_of(task.queue), alternatives[choice]):
             continue  # never past its share's quota, even where it fits
-        target = best_worker(state, task, pool, alternatives[choice])
+        if fair is None and not task.deps and not (state.raised_on and task.key in state.raised_on):
+            target = _least_loaded(state, task, pool_for.ranked(pool), alternatives[choice])
+        else:
+            target = best_worker(state, task, pool_for.room(pool), alternatives[choice])
         if target is not None:
             task.choice = choice
             state.assign(
