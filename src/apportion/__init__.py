@@ -20,10 +20,6 @@ with, so that they use only those units (``CUDA_VISIBLE_DEVICES=2,3``).
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# Every process must decode the job queue's messages (a scheduler forwards them to
-# the queue unread) and every process runs this first; ``protocol`` may not import them.
-from apportion.runs import messages as _runs_messages  # noqa: F401
-
 if TYPE_CHECKING:
     import builtins
     import concurrent.futures

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -17,6 +18,7 @@ import pytest
 
 from apportion.protocol.base import PROTOCOL_VERSION, Message, message, registered
 from apportion.protocol.handshake import Hello, Refused, Welcome
+from apportion.protocol.homes import HOME_OF, HOMES
 
 #: Message name -> tag, as on the wire of ``PROTOCOL_VERSION`` 18.
 TAGS = {
@@ -175,19 +177,44 @@ def _import_graph_tool() -> ModuleType:
     return module
 
 
-def test_whatever_decodes_knows_every_conversation() -> None:
-    # The codec imports the engine's conversations and the package root (which every
-    # process runs first) the job queue's, so that no tag is unknown to a decoder.
+def _defining_modules() -> set[str]:
     tool = _import_graph_tool()
-    graph = tool.import_graph(tool.SRC)
-    defining = {
+    return {
         tool.module_name(path)
         for path in tool.SRC.rglob("*.py")
         if re.search(r"^@message\(", path.read_text(), re.M)
     }
-    assert defining == {cls.__module__ for cls in registered().values()}
+
+
+def test_each_tag_names_the_module_defining_its_message() -> None:
+    defining = _defining_modules()
+    for module in defining:
+        importlib.import_module(module)
     assert "apportion.runs.messages" in defining
-    assert defining <= graph["apportion.protocol.codec"] | graph["apportion"]
+    assert set(HOMES) == defining
+    assert {tag: cls.__module__ for tag, cls in registered().items()} == HOME_OF
+    assert len(HOME_OF) == sum(len(tags) for tags in HOMES.values())  # no tag twice
+
+
+def test_whatever_decodes_knows_every_tag_from_nothing() -> None:
+    # A fresh process that loaded only the codec decodes every message: each tag's
+    # module loads the first time the tag arrives, the job queue's too.
+    program = (
+        "import sys\n"
+        "from apportion.protocol.codec import decode_message\n"
+        "before = {m for m in sys.modules if m.startswith('apportion')}\n"
+        "from apportion.protocol.base import message_class\n"
+        f"tags = {sorted(TAGS.values())!r}\n"
+        "names = [message_class(tag).__name__ for tag in tags]\n"
+        "assert 'apportion.runs.messages' not in before, before\n"
+        "print(','.join(names))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    by_tag = {tag: name for name, tag in TAGS.items()}
+    assert done.stdout.strip().split(",") == [by_tag[tag] for tag in sorted(by_tag)]
 
 
 def test_the_handshake_tags_never_change() -> None:

@@ -18,9 +18,12 @@ Resource amounts travel in fixed-point ticks (see ``apportion.core.resources``).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, TypeVar, cast, dataclass_transform
+
+from apportion.protocol.homes import HOME_OF
 
 #: Bumped whenever a message changes shape. Peers with another version are refused
 #: in the handshake, naming both versions, instead of failing later on a bad field.
@@ -93,8 +96,15 @@ def message(tag: int) -> Callable[[_M], _M]:
 
 
 def message_class(tag: int) -> type[Message] | None:
-    """The message class for ``tag``, or None if no such message exists."""
-    return _REGISTRY.get(tag)
+    """The message class for ``tag``, or None if no such message exists; the module
+    defining it is imported the first time its tag is asked for (``homes.py``)."""
+    cls = _REGISTRY.get(tag)
+    if cls is None:
+        home = HOME_OF.get(tag)
+        if home is not None:
+            importlib.import_module(home)
+            cls = _REGISTRY.get(tag)
+    return cls
 
 
 def registered() -> dict[int, type[Message]]:

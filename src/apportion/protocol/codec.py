@@ -10,10 +10,9 @@ them against its limits (``MAX_BODY``, ``MAX_BUFFERS``, ``MAX_FRAME``; a far sma
 ``MAX_HANDSHAKE_FRAME`` before the handshake) before it allocates anything of the
 announced size: a header of garbage costs a ``ProtocolError``, not memory.
 
-The codec imports every conversation of the engine (``protocol/tasks.py`` ...), so
-that whatever decodes knows every tag; the job queue's (``runs/messages.py``), which
-this layer may not import, are registered by the package root, which every process
-runs first.
+A tag's message class is loaded with its module the first time the tag arrives
+(``protocol/homes.py``), so that whatever decodes knows every tag while a process
+imports only the conversations it takes part in.
 
 Pure: bytes in, messages out. Anything that does not decode into known messages
 with the right number of fields is a ``ProtocolError``; the connection that sent it
@@ -29,18 +28,6 @@ from typing import Any
 import msgpack
 
 from apportion.core.payload import Payload
-from apportion.protocol import (  # noqa: F401  (imported to register their messages)
-    cluster,
-    coordination,
-    handshake,
-    peer_data,
-    people,
-    remote_calls,
-    services,
-    shared_data,
-    tasks,
-    worker,
-)
 from apportion.protocol.base import Message, message_class
 from apportion.protocol.validate import Check, field_checks
 
