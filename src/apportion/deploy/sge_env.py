@@ -32,7 +32,7 @@ Malformed or contradictory values raise ``ValueError`` naming their source; no
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from apportion.core.resources import SCALE, Amounts, Units
@@ -275,7 +275,3 @@ def grant_note(grant: SGEGrant, gpu_complex: str = GPU_COMPLEX) -> str | None:
             "tasks get no CUDA_VISIBLE_DEVICES"
         )
     return None
-
-
-def describe_hosts(hosts: Sequence[tuple[str, int]]) -> str:
-    return ", ".join(f"{host} ({slots} slots)" for host, slots in hosts)

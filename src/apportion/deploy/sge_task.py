@@ -53,7 +53,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     command = args[1:]
     if own_address:
-        command += ["--host", socket.gethostbyname(socket.gethostname())]
+        try:
+            command += ["--host", socket.gethostbyname(socket.gethostname())]
+        except OSError as exc:
+            print(f"cannot resolve this host's name {socket.gethostname()}: {exc}", file=sys.stderr)
+            return 1
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     child = subprocess.Popen(command, stdin=subprocess.DEVNULL)
 
