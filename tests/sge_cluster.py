@@ -7,7 +7,10 @@ tests need from files (``qconf -A*``/``-M*``, idempotent: what exists is modifie
 not added twice), starts ``sge_execd`` and returns once the queue takes jobs:
 
 - a ``gpu`` INT consumable, per job (``consumable JOB``), two on this host;
-- a parallel environment ``smp`` (``$pe_slots``) and a queue ``apportion.q`` of 2
+- a parallel environment ``smp`` (``$pe_slots``, ``control_slaves FALSE``: the
+  job's processes are its own), another, ``tight``, whose tasks Grid Engine starts
+  (``control_slaves TRUE``, ``job_is_first_task TRUE``: ``qrsh -inherit`` works in
+  its jobs, for a slot the job script does not hold), and a queue ``apportion.q`` of 2
   slots whose ``starter_method`` plays a site's GPU assignment: it sets
   ``CUDA_VISIBLE_DEVICES`` to as many devices as the job's ``-l gpu=N`` (from 1, so
   that a label from it cannot be mistaken for a default 0), as sites do in a prolog
@@ -47,6 +50,8 @@ QUEUE = "apportion.q"
 #: The GPU consumable, granted once per job whatever its slots.
 GPU_COMPLEX = "gpu                 gpu        INT       <=    YES         JOB        0        0"
 PE = "smp"
+#: The parallel environment of tight integration: qrsh -inherit starts its tasks.
+TIGHT_PE = "tight"
 SLOTS = 2
 GPUS = 2
 
@@ -63,6 +68,10 @@ urgency_slots min
 accounting_summary FALSE
 qsort_args NONE
 """
+
+_TIGHT_PE = _PE.replace(f"pe_name {PE}", f"pe_name {TIGHT_PE}").replace(
+    "control_slaves FALSE", "control_slaves TRUE"
+)
 
 _STARTER = """#!/bin/sh
 # A site's GPU assignment: CUDA_VISIBLE_DEVICES for the job's -l gpu=N, from device 1.
@@ -176,6 +185,7 @@ class GridEngine:
         )
         self._apply("-se", "-Ae", "-Me", self.host, host)
         self._apply("-sp", "-Ap", "-Mp", PE, _PE)
+        self._apply("-sp", "-Ap", "-Mp", TIGHT_PE, _TIGHT_PE)
         starter = self._file("starter.sh", _STARTER)
         queue = "\n".join(
             [
@@ -191,7 +201,7 @@ class GridEngine:
                 "processors UNDEFINED",
                 "qtype BATCH INTERACTIVE",
                 "ckpt_list NONE",
-                f"pe_list {PE}",
+                f"pe_list {PE} {TIGHT_PE}",
                 "rerun FALSE",
                 f"slots {SLOTS}",
                 "tmpdir /tmp",

@@ -33,9 +33,13 @@ from apportion.deploy.sge_env import (
     sge_job,
 )
 from apportion.deploy.sge_plan import (
-    check_one_host,
+    PESettings,
+    WorkerPlan,
     default_scheduler_file,
     ignoring_notify,
+    parse_pe,
+    plan_workers,
+    qrsh_environment,
     worker_command,
 )
 from apportion.deploy.sge_template import (
@@ -220,8 +224,8 @@ def test_outside_a_job_and_malformed_values_are_one_line() -> None:
     job = sge_job(job_env(), "a 1 q UNDEFINED\nb 1 q UNDEFINED\n", "c")
     with pytest.raises(ValueError, match=r"this host \(c\) is not among"):
         host_slots(job, "c")
-    with pytest.raises(ValueError, match="job 7 has 2 hosts"):
-        check_one_host(job)
+    with pytest.raises(ValueError, match=r"this host \(c\) is not among"):
+        plan_workers(job, "c", None, True, ["python"], LaunchOptions(), Path("/f"))
 
 
 def test_the_grant_from_qstat_and_qconf() -> None:
@@ -257,6 +261,22 @@ def test_a_mask_that_disagrees_with_the_grant_is_refused() -> None:
         sge_grant({}, 1, {"gpu": "1"}, {})
 
 
+def test_on_several_hosts_a_per_job_consumable_is_the_master_hosts_alone() -> None:
+    complexes = parse_complexes(QCONF_SC)  # gpu: JOB; ngpus (ng): YES
+    master = sge_grant({"CUDA_VISIBLE_DEVICES": "1"}, 2, {"gpu": "1"}, complexes)
+    assert (master.gpus, master.gpu_labels) == (1, ("1",))
+    # Grid Engine debits a JOB consumable from the master queue only.
+    other = sge_grant({"CUDA_VISIBLE_DEVICES": "1"}, 2, {"gpu": "1"}, complexes, master=False)
+    assert (other.gpus, other.gpu_labels) == (0, ())
+    assert grant_supply(other) == ({"cpus": 2 * SCALE}, {})
+    per_slot = sge_grant({}, 3, {"ng": "1"}, complexes, "ngpus", master=False)
+    assert per_slot.gpus == 3  # one per slot on every host
+    per_host = {"gpu": ("gpu", "HOST")}  # Univa/Altair's per-host consumable
+    assert sge_grant({}, 3, {"gpu": "2"}, per_host, master=False).gpus == 2
+    memory = sge_grant({}, 3, {"h_vmem": "1G"}, complexes, master=False).memory
+    assert memory == 3 * 2**30  # h_vmem is per slot, on every host
+
+
 def test_memory_sizes_in_grid_engines_units() -> None:
     assert memory_bytes("2G", "h_vmem") == 2 * 2**30
     assert memory_bytes("1.5g", "h_vmem") == 1_500_000_000
@@ -287,6 +307,106 @@ def test_the_worker_and_its_scheduler_file() -> None:
         "a",
         "b c",
     ]
+
+
+#: What ``qconf -sp mpi`` prints (Son of Grid Engine 8.1.9).
+QCONF_SP = """\
+pe_name            mpi
+slots              999
+user_lists         NONE
+xuser_lists        NONE
+start_proc_args    NONE
+stop_proc_args     NONE
+allocation_rule    $fill_up
+control_slaves     TRUE
+job_is_first_task  TRUE
+urgency_slots      min
+accounting_summary FALSE
+qsort_args         NONE
+"""
+
+HOSTFILE = """\
+node1.cluster 1 all.q@node1.cluster UNDEFINED
+node2.cluster 2 all.q@node2.cluster UNDEFINED
+node3.cluster 3 all.q@node3.cluster UNDEFINED
+"""
+
+TIGHT = PESettings("mpi", control_slaves=True, job_is_first_task=True)
+
+
+def plan(hostfile: str | None, hostname: str, pe: PESettings | None) -> WorkerPlan:
+    job = sge_job(job_env(NSLOTS="6"), hostfile, hostname)
+    options = LaunchOptions(resources="licence=1", drain_timeout=5.0)
+    return plan_workers(job, hostname, pe, hostfile is not None, ["py"], options, Path("/f"))
+
+
+def test_the_parallel_environments_settings_from_qconf() -> None:
+    assert parse_pe("mpi", QCONF_SP) == TIGHT
+    loose = QCONF_SP.replace("control_slaves     TRUE", "control_slaves     FALSE")
+    assert parse_pe("mpi", loose).control_slaves is False
+    with pytest.raises(ValueError, match="qconf -sp mpi: job_is_first_task is missing"):
+        parse_pe("mpi", "pe_name mpi\ncontrol_slaves TRUE\n")
+
+
+def test_every_host_of_a_tight_parallel_environment_starts_its_workers_through_qrsh() -> None:
+    found = plan(HOSTFILE, "node1", TIGHT)
+    assert found.warning is None and found.several_hosts and found.through_qrsh
+    hosts = [(s.host, s.slots, s.qrsh) for s in found.starts]
+    # The job script holds node1's one slot (job_is_first_task): its workers start
+    # here, in that slot; the other hosts' through qrsh -inherit.
+    assert hosts == [
+        ("node1.cluster", 1, False),
+        ("node2.cluster", 2, True),
+        ("node3.cluster", 3, True),
+    ]
+    worker = [
+        *["py", "-m", "apportion.cli.main", "worker", "--scheduler-file", "/f"],
+        *["--name", "node2.cluster", "--nworkers", "1", "--resources", "sge licence=1"],
+        *["--drain-timeout", "5.0"],
+    ]
+    qrsh = ["qrsh", "-inherit", "-V", "node2.cluster", "py", "-m", "apportion.deploy.sge_task"]
+    assert list(found.starts[1].argv) == ignoring_notify([*qrsh, "--own-address", "--", *worker])
+    local = worker_command(
+        ["py"], LaunchOptions(resources="licence=1", drain_timeout=5.0), Path("/f"), "node1.cluster"
+    )
+    assert list(found.starts[0].argv) == ignoring_notify(local)
+
+
+def test_the_master_host_goes_through_qrsh_when_a_slot_is_free_there() -> None:
+    one = "node1 2 all.q@node1 UNDEFINED\n"
+    (start,) = plan(one, "node1", TIGHT).starts  # 2 slots, one the job script's
+    assert start.qrsh and "--own-address" not in start.argv  # one host: loopback
+    (start,) = plan("node1 1 q UNDEFINED\n", "node1", TIGHT).starts
+    assert not start.qrsh
+    not_first = PESettings("mpi", control_slaves=True, job_is_first_task=False)
+    (start,) = plan("node1 1 q UNDEFINED\n", "node1", not_first).starts
+    assert start.qrsh  # the job script's slot is one more than the PE_HOSTFILE's
+
+
+def test_without_control_slaves_the_workers_start_on_this_host_only_and_it_is_said() -> None:
+    loose = PESettings("mpi", control_slaves=False, job_is_first_task=True)
+    found = plan(HOSTFILE, "node1", loose)
+    assert [(s.host, s.qrsh) for s in found.starts] == [("node1.cluster", False)]
+    assert not found.several_hosts
+    assert found.warning == (
+        "parallel environment mpi has control_slaves FALSE, so qrsh -inherit cannot start "
+        "workers on the job's other hosts: workers on node1.cluster only (1 of 6 slots); "
+        "ask for a parallel environment with control_slaves TRUE (qconf -mp mpi)"
+    )
+    # On one host there is nothing given up, and nothing to say.
+    assert plan("node1 2 q UNDEFINED\n", "node1", loose).warning is None
+
+
+def test_a_job_outside_a_pe_or_an_unknown_pe_starts_here_what_it_can() -> None:
+    (alone,) = plan(None, "node9", None).starts  # no PE_HOSTFILE: nothing to inherit
+    assert (alone.host, alone.slots, alone.qrsh) == ("node9", 6, False)
+    unknown = plan(HOSTFILE, "node1", None)  # qconf -sp could not be asked
+    assert [s.qrsh for s in unknown.starts] == [False, True, True]
+
+
+def test_qrsh_hands_the_tasks_no_credential() -> None:
+    environ = {"PATH": "/bin", "APPORTION_TOKEN": "t", "APPORTION_TLS_KEY": "k"}
+    assert qrsh_environment(environ, ("APPORTION_TOKEN", "APPORTION_TLS_KEY")) == {"PATH": "/bin"}
 
 
 # --- the command lines ---------------------------------------------------------------------

@@ -211,6 +211,88 @@ def test_a_qsub_script_runs_the_users_script_on_the_granted_gpu(
     assert not user.processes()
 
 
+#: A job of the parallel environment whose tasks Grid Engine starts (control_slaves
+#: TRUE): the worker supervisor starts through ``qrsh -inherit`` on the job's host.
+TIGHT_SCRIPT = """\
+#!/bin/sh
+#$ -S /bin/sh
+#$ -cwd
+#$ -j y
+#$ -o apportion-$JOB_ID.out
+#$ -pe tight 2
+#$ -l gpu=1,h_vmem=1G,h_rt=00:10:00
+#$ -notify
+#$ -V
+exec apportion sge -- python tight.py
+"""
+
+#: Where the task ran: the worker's ancestors and the variables a qrsh task has.
+TIGHT_USER_SCRIPT = """\
+import json
+import os
+import time
+
+import psutil
+
+from apportion import Client
+
+
+def where():
+    return {
+        "ancestors": [process.name() for process in psutil.Process().parents()],
+        "job_script": os.environ.get("JOB_SCRIPT"),
+        # What Grid Engine wrote of the task's environment, for the host's users to read.
+        "spooled": open(
+            os.path.join(os.environ["SGE_JOB_SPOOL_DIR"], "environment"), errors="replace"
+        ).read(),
+    }
+
+
+with Client() as client:
+    found = client.submit(where, pure=False).result()
+    (worker,) = client.scheduler_info()["workers"].values()
+    found.update(name=worker["name"], resources=worker["resources"])
+    print(json.dumps(found), flush=True)
+    time.sleep(600)  # until qdel
+"""
+
+
+@pytest.mark.timeout(120)
+def test_in_a_tight_parallel_environment_the_workers_start_through_qrsh_inherit(
+    grid_engine: GridEngine, user: UnixUser
+) -> None:
+    write(user, "tight.py", TIGHT_USER_SCRIPT)
+    job = qsub(user, write(user, "tight.sh", TIGHT_SCRIPT))
+    out = user.home / f"apportion-{job}.out"
+    poll(lambda: out.exists() and "{" in out.read_text(), 60, "the script's line")
+    # qdel of a -notify job: SIGUSR2 to every task, SIGKILL 10 s later.
+    assert as_user(user, "qdel", job).returncode == 0
+    grid_engine.wait_gone(job, timeout=30)
+    output = out.read_text()
+    lines = [line for line in output.splitlines() if line.startswith("{")]
+    assert len(lines) == 1, output
+    found = json.loads(lines[0])
+    # The task's worker runs under Grid Engine's qrsh_starter, as a task of the job
+    # (JOB_SCRIPT=QRSH). No credential went through qrsh: Grid Engine spools the
+    # task's environment where the host's users may read it (the worker took its
+    # credentials from the scheduler file).
+    assert "qrsh_starter" in found["ancestors"], found
+    assert found["job_script"] == "QRSH", found
+    assert "JOB_SCRIPT=QRSH" in found["spooled"], found["spooled"]
+    assert "APPORTION_TOKEN" not in found["spooled"] and "PRIVATE KEY" not in found["spooled"]
+    assert found["name"] == grid_engine.host
+    # The host's grant: its 2 slots, h_vmem 1G x 2, the job's one GPU (per job: the
+    # master host's).
+    assert found["resources"]["cpus"] == 2 and found["resources"]["memory"] == 2 * 2**30
+    assert found["resources"]["gpu"] == 1, found
+    assert "through qrsh -inherit" in output, output
+    # qdel's warning stopped apportion sge, which drained the worker through qrsh
+    # (the end of its input), and nothing is left behind.
+    assert "SIGUSR2 received; stopping" in output, output
+    assert re.search(r"worker \S+ drained", output), output
+    assert not user.processes()
+
+
 @pytest.mark.timeout(120)
 def test_an_sge_cluster_asks_for_a_gpu_job_for_gpu_work_and_deletes_it_idle(
     grid_engine: GridEngine, user: UnixUser

@@ -65,7 +65,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "sge": Subcommand(
         "apportion.cli.sge",
         "sge",
-        "Run COMMAND with a cluster on this host of a Grid Engine job, then stop the cluster.",
+        "Run COMMAND with a cluster on the hosts of a Grid Engine job, then stop the cluster.",
     ),
     "slurm": Subcommand(
         "apportion.cli.slurm",

@@ -6,7 +6,8 @@ or SIGINT, workers that fail):
 
 1. the scheduler (``apportion scheduler``, TLS with credentials made for this job,
    so that nothing crosses the network in plaintext) writes the scheduler file;
-2. the workers start (``start_workers``: one ``srun`` step, or a supervisor here);
+2. the workers start (``start_workers``: one ``srun`` step, or a ``qrsh -inherit``
+   per host), each started process in ``workers``;
 3. once every node's workers have registered (``nodes``), COMMAND runs with
    ``APPORTION_SCHEDULER_FILE`` and the client credentials in its environment;
 4. teardown: COMMAND is stopped if it still runs, the workers get SIGTERM and drain
@@ -103,7 +104,9 @@ class ClusterLaunch:
         #: Credentials made for this job: every process of the cluster gets them.
         self.security = Security.temporary()
         self.scheduler: subprocess.Popen[bytes] | None = None
-        self.workers: subprocess.Popen[bytes] | None = None
+        #: The processes that started the workers (srun, qrsh, a supervisor): if one
+        #: ends before they registered, the start failed.
+        self.workers: list[subprocess.Popen[bytes]] = []
         self.child: subprocess.Popen[bytes] | None = None
 
     def run(self) -> int:
@@ -177,7 +180,7 @@ class ClusterLaunch:
         raise NotImplementedError
 
     def start_workers(self) -> None:
-        """Start the workers of every node; ``self.workers`` is the process to watch."""
+        """Start the workers of every node; ``self.workers`` are the processes to watch."""
         raise NotImplementedError
 
     def nodes(self) -> list[str]:
@@ -192,12 +195,9 @@ class ClusterLaunch:
 
             def all_here() -> bool:
                 nonlocal missing
-                assert self.workers is not None
-                if self.workers.poll() is not None:
-                    raise LaunchError(
-                        f"the workers exited with status {self.workers.returncode} "
-                        "before every node's workers registered"
-                    )
+                for index, proc in enumerate(self.workers):
+                    if proc.poll() is not None:
+                        raise LaunchError(self.exit_text(index, proc.returncode))
                 workers = client.scheduler_info()["workers"].values()
                 missing = missing_workers(nodes, per_node, (w["name"] for w in workers))
                 return not missing
@@ -206,13 +206,18 @@ class ClusterLaunch:
                 raise LaunchError(missing_text(missing, per_node, self.options.register_timeout))
         logger.info("%s: %d worker(s) on %d node(s)", self.label, per_node * len(nodes), len(nodes))
 
+    def exit_text(self, index: int, status: int) -> str:
+        """Why the start failed when ``self.workers[index]`` ended with ``status``."""
+        return f"the workers exited with status {status} before every node's workers registered"
+
     # --- stopping --------------------------------------------------------------------
 
     def teardown(self) -> None:
         """Stop COMMAND, the workers and the scheduler, in that order, each bounded."""
         _stop(self.child, COMMAND_KILL_GRACE, group=False)
         self.drain_workers()
-        _stop(self.workers, 5.0, group=False)
+        for proc in self.workers:
+            _stop(proc, 5.0, group=False)
         _stop(self.scheduler, SCHEDULER_STOP_TIMEOUT, group=self.own_session)
         with contextlib.suppress(FileNotFoundError):
             if self.scheduler is not None and _names_pid(self.scheduler_file, self.scheduler.pid):

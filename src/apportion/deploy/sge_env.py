@@ -15,11 +15,15 @@ into pools in the shape ``worker.detect`` gives for ``auto``:
 - ``cpus``: this host's slots (its line of the ``PE_HOSTFILE``, else ``NSLOTS``);
 - ``memory``: ``h_vmem`` (per slot) times those slots, when the job asked for it;
   none otherwise, since the machine's memory is not the job's to offer;
-- ``gpu``: the GPU consumable's grant (``gpu`` unless named otherwise). Grid Engine
-  counts GPUs but does not say which: their labels come from ``CUDA_VISIBLE_DEVICES``
-  when the site's prolog or starter method sets it, else from ``SGE_HGR_<name>``
-  (Univa/Altair's resource maps); with neither the pool is a plain count, and
-  tasks see no ``CUDA_VISIBLE_DEVICES`` (``grant_note`` says so).
+- ``gpu``: the GPU consumable's grant (``gpu`` unless named otherwise) on this host:
+  one per slot here for a per-slot consumable (``YES``), the job's count on every
+  host for a per-host one (``HOST``, Univa/Altair's), and the job's count on the
+  master host alone for a per-job one (``JOB``), which Grid Engine debits from the
+  master queue only (complex(5)); the master host is the ``PE_HOSTFILE``'s first
+  line. Grid Engine counts GPUs but does not say which: their labels come from
+  ``CUDA_VISIBLE_DEVICES`` when the site's prolog or starter method sets it, else
+  from ``SGE_HGR_<name>`` (Univa/Altair's resource maps); with neither the pool is
+  a plain count, and tasks see no ``CUDA_VISIBLE_DEVICES`` (``grant_note`` says so).
 
 Malformed or contradictory values raise ``ValueError`` naming their source; no
 ``JOB_ID`` raises ``NotInSGEJob``.
@@ -28,7 +32,7 @@ Malformed or contradictory values raise ``ValueError`` naming their source; no
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from apportion.core.resources import SCALE, Amounts, Units
@@ -128,16 +132,27 @@ def sge_job(environ: Mapping[str, str], hostfile: str | None, hostname: str) -> 
     )
 
 
-def host_slots(job: SGEJob, hostname: str) -> int:
-    """This host's slots: its ``PE_HOSTFILE`` entry (by full or short name), else all."""
-    short = hostname.split(".", 1)[0]
-    for host, slots in job.hosts:
-        if host == hostname or host.split(".", 1)[0] == short:
-            return slots
+def same_host(listed: str, hostname: str) -> bool:
+    """Whether a ``PE_HOSTFILE`` name is ``hostname``, by full or short name (Grid
+    Engine writes the names it resolved, which may be qualified where ours is not)."""
+    return listed == hostname or listed.split(".", 1)[0] == hostname.split(".", 1)[0]
+
+
+def host_index(job: SGEJob, hostname: str) -> int:
+    """This host's line of the ``PE_HOSTFILE`` (0: the master host); a job of one
+    host is this host whatever its name."""
+    for index, (host, _) in enumerate(job.hosts):
+        if same_host(host, hostname):
+            return index
     if len(job.hosts) == 1:
-        return job.hosts[0][1]
+        return 0
     names = ", ".join(host for host, _ in job.hosts)
     raise ValueError(f"this host ({hostname}) is not among the job's hosts ({names})")
+
+
+def host_slots(job: SGEJob, hostname: str) -> int:
+    """This host's slots: its ``PE_HOSTFILE`` entry (by full or short name), else all."""
+    return job.hosts[host_index(job, hostname)][1]
 
 
 def parse_resource_list(qstat_j: str) -> dict[str, str]:
@@ -207,9 +222,12 @@ def sge_grant(
     resources: Mapping[str, str],
     complexes: Mapping[str, tuple[str, str]],
     gpu_complex: str = GPU_COMPLEX,
+    *,
+    master: bool = True,
 ) -> SGEGrant:
     """This host's grant: ``slots`` (``host_slots``), the job's hard ``resources``
-    (``parse_resource_list``) and the ``complexes`` (``parse_complexes``)."""
+    (``parse_resource_list``) and the ``complexes`` (``parse_complexes``); ``master``:
+    this is the job's master host (``host_index`` 0), where a per-job consumable is."""
     memory = None
     vmem = resources.get("h_vmem")
     if vmem is not None:
@@ -224,7 +242,12 @@ def sge_grant(
             )
         kind = complexes[gpu_complex][1]
         count = 0 if asked.strip() == "0" else _positive(asked, gpu_complex)
-        gpus = count * slots if kind == "YES" else count
+        if kind == "YES":
+            gpus = count * slots
+        elif kind == "JOB" and not master:
+            gpus = 0  # debited from the master queue only
+        else:
+            gpus = count
     labels = _gpu_labels(environ, gpu_complex, gpus) if gpus else ()
     return SGEGrant(slots, memory, gpus, labels)
 
@@ -252,7 +275,3 @@ def grant_note(grant: SGEGrant, gpu_complex: str = GPU_COMPLEX) -> str | None:
             "tasks get no CUDA_VISIBLE_DEVICES"
         )
     return None
-
-
-def describe_hosts(hosts: Sequence[tuple[str, int]]) -> str:
-    return ", ".join(f"{host} ({slots} slots)" for host, slots in hosts)

@@ -21,12 +21,13 @@ from apportion.deploy.sge_env import (
     PE_HOSTFILE,
     SGEGrant,
     SGEJob,
-    host_slots,
+    host_index,
     parse_complexes,
     parse_resource_list,
     sge_grant,
     sge_job,
 )
+from apportion.deploy.sge_plan import PESettings, parse_pe
 
 #: Names the GPU consumable when the site calls it something else (``gpus``, ``cuda``).
 GPU_COMPLEX_VARIABLE = "APPORTION_SGE_GPU_RESOURCE"
@@ -71,8 +72,23 @@ def current_grant(environ: Mapping[str, str] | None = None) -> SGEGrant:
     cannot be asked or answers what cannot be read)."""
     env = os.environ if environ is None else environ
     job = current_job(env)
-    slots = host_slots(job, socket.gethostname())
+    index = host_index(job, socket.gethostname())
+    slots = job.hosts[index][1]
     resources = parse_resource_list(_ask("qstat", "-j", env[JOB_ID].strip()))
     gpu_complex = env.get(GPU_COMPLEX_VARIABLE, GPU_COMPLEX).strip() or GPU_COMPLEX
     complexes = parse_complexes(_ask("qconf", "-sc")) if resources else {}
-    return sge_grant(env, slots, resources, complexes, gpu_complex)
+    return sge_grant(env, slots, resources, complexes, gpu_complex, master=index == 0)
+
+
+#: Set in a parallel job to its parallel environment's name.
+PE_NAME = "PE"
+
+
+def current_pe(environ: Mapping[str, str] | None = None) -> PESettings | None:
+    """The job's parallel environment's settings (``qconf -sp $PE``); None outside
+    one (``ValueError`` if Grid Engine cannot be asked or answers what cannot be read)."""
+    env = os.environ if environ is None else environ
+    name = env.get(PE_NAME, "").strip()
+    if not name:
+        return None
+    return parse_pe(name, _ask("qconf", "-sp", name))

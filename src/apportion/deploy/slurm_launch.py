@@ -73,13 +73,13 @@ class SlurmLaunch(ClusterLaunch):
     def start_workers(self) -> None:
         argv = worker_step([sys.executable], self.job, self.options, self.scheduler_file)
         env = {**os.environ, **self.security.environment("worker")}
-        self.workers = subprocess.Popen(
-            argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True
-        )
+        self.workers = [
+            subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+        ]
 
     def drain_workers(self) -> None:
         """SIGTERM to every worker supervisor (they drain), then wait for the step to end."""
-        if self.workers is None or self.workers.poll() is not None:
+        if not self.workers or self.workers[0].poll() is not None:
             return
         listed = _run(
             ["squeue", "--steps", "--noheader", "--jobs", self.job.job_id, "--format=%i %j"]
@@ -90,7 +90,7 @@ class SlurmLaunch(ClusterLaunch):
             return
         _run(["scancel", "--signal=TERM", step])
         try:
-            self.workers.wait(self.options.drain_timeout + 10.0)
+            self.workers[0].wait(self.options.drain_timeout + 10.0)
         except subprocess.TimeoutExpired:
             logger.warning("apportion slurm: workers still running after their drain")
 
