@@ -18,7 +18,7 @@ import pytest
 from apportion.protocol.base import PROTOCOL_VERSION, Message, message, registered
 from apportion.protocol.handshake import Hello, Refused, Welcome
 
-#: Message name -> tag, as on the wire of ``PROTOCOL_VERSION`` 18.
+#: Message name -> tag, as on the wire of ``PROTOCOL_VERSION`` 19.
 TAGS = {
     "Hello": 1,
     "Welcome": 2,
@@ -162,7 +162,7 @@ TAGS = {
 
 def test_every_message_keeps_its_tag() -> None:
     assert {cls.__name__: tag for tag, cls in registered().items()} == TAGS
-    assert PROTOCOL_VERSION == 18
+    assert PROTOCOL_VERSION == 19
 
 
 def _import_graph_tool() -> ModuleType:

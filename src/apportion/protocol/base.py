@@ -24,7 +24,7 @@ from typing import Any, ClassVar, TypeVar, cast, dataclass_transform
 
 #: Bumped whenever a message changes shape. Peers with another version are refused
 #: in the handshake, naming both versions, instead of failing later on a bad field.
-PROTOCOL_VERSION = 18
+PROTOCOL_VERSION = 19
 
 
 class Message:
