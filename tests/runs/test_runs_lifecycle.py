@@ -11,7 +11,14 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from apportion.core.transitions import IllegalTransition
 from apportion.runs import run_events as e
-from apportion.runs.lifecycle import RunLifecycle, check_invariants, final_state, never_fits
+from apportion.runs.lifecycle import (
+    NOT_BACK,
+    PREEMPTED_BEFORE_RESTART,
+    RunLifecycle,
+    check_invariants,
+    final_state,
+    never_fits,
+)
 from apportion.runs.run_states import (
     CANCELLED,
     COMPLETED,
@@ -217,8 +224,8 @@ def test_a_preempted_run_is_requeued_as_preempted_and_starts_again(life: RunLife
     out = life.handle(e.Preempted(1, "w1", WHY, 2.0, 2.0))
     assert out == [e.Note(1, f"stopping it on w1: {WHY}", 2.0)]
     assert life.runs[1].state == RUNNING  # until its processes are gone
-    out = life.handle(ended(1, "cancelled", "cancelled; stopped with SIGTERM"))
-    why = f"{WHY} (cancelled; stopped with SIGTERM)"
+    out = life.handle(ended(1, "preempted", "preempted; stopped with SIGTERM"))
+    why = f"{WHY} (preempted; stopped with SIGTERM)"
     assert of(e.Requeue, out) == [e.Requeue(1, why, 1.0, preempted=True)]
     assert life.runs[1].state == QUEUED and life.runs[1].preemptions == 1
     out = life.handle(e.Started(1, "w1", "GPU=1", 43, 3.0, 3.0))
@@ -272,6 +279,77 @@ def test_a_preempted_run_whose_worker_leaves_is_requeued_once(life: RunLifecycle
     out = life.handle(e.WorkerGone("w1", 3.0, 3.0))
     assert of(e.Requeue, out) == [e.Requeue(1, "its worker w1 left", 3.0)]
     assert not life.preempting and life.runs[1].preemptions == 0
+
+
+def test_a_run_that_fails_by_itself_while_being_preempted_is_a_failure(
+    life: RunLifecycle,
+) -> None:
+    # It exited non-zero before the stop's signal was sent: its worker says "failed".
+    life.handle(e.Submitted((view(1, retries=1),), 0.0, 0.0))
+    life.handle(e.Started(1, "w1", "", 42, 1.0, 1.0))
+    life.handle(e.Preempted(1, "w1", WHY, 2.0, 2.0))
+    assert of(e.Requeue, life.handle(ended(1, "failed", "exit code 3"))) == []
+    assert not life.preempting
+    out = life.handle(e.Started(1, "w1", "", 43, 3.0, 3.0))  # the scheduler's retry
+    why = "attempt 1 ended: exit code 3; retrying"
+    assert of(e.Requeue, out) == [e.Requeue(1, why, 3.0)]
+    assert life.runs[1].preemptions == 0 and life.runs[1].attempts == 2
+    life.handle(ended(1, "failed", "exit code 3"))
+    out = life.handle(e.TaskDone(1, ("failed", ""), 4.0, 4.0))
+    assert of(e.MarkEnded, out)[0].state == FAILED  # type: ignore[attr-defined]
+
+
+def test_a_run_adopted_during_its_preemption_is_requeued_as_preempted(
+    life: RunLifecycle,
+) -> None:
+    # The scheduler restarted while the run was being stopped: this lifecycle never
+    # heard of the stop, but the worker says the run's end was a preemption.
+    running = view(1, RUNNING, attempts=1, retries=0, worker="w1")
+    life.handle(e.Resumed((), (running,), 0.0, 0.0))
+    life.handle(e.WorkerBack("peer-1", "w1", (1,), {}, 1.0, 1.0))
+    out = life.handle(ended(1, "preempted", "preempted; stopped with SIGTERM"))
+    why = f"{PREEMPTED_BEFORE_RESTART} (preempted; stopped with SIGTERM)"
+    assert of(e.Requeue, out) == [e.Requeue(1, why, 1.0, preempted=True)]
+    assert life.runs[1].preemptions == 1 and life.failures == 0
+    # Said again (a worker's notes may come twice): heard once.
+    assert life.handle(ended(1, "preempted", "preempted; stopped with SIGTERM")) == []
+    out = life.handle(e.Started(1, "w1", "", 43, 3.0, 3.0))  # the scheduler ran it again
+    assert of(e.NewAttempt, out) == [e.NewAttempt(1, 1)]
+    assert of(e.Requeue, out) == []
+    life.handle(ended(1))
+    out = life.handle(e.TaskDone(1, None, 4.0, 4.0))
+    assert of(e.MarkEnded, out)[0].state == COMPLETED  # type: ignore[attr-defined]
+    assert life.failures == 0
+
+
+def test_a_preemption_heard_before_its_adoption_is_counted_as_one(life: RunLifecycle) -> None:
+    # Its worker was declared lost (run requeued), came back with the run ended
+    # preempted, and the run was adopted: the next start is attempt 2, preempted.
+    life.handle(e.Submitted((view(1),), 0.0, 0.0))
+    life.handle(e.Started(1, "w1", "", 42, 1.0, 1.0))
+    life.handle(e.WorkerGone("w1", 2.0, 2.0))
+    life.handle(ended(1, "preempted", "preempted; stopped with SIGTERM"))
+    life.handle(e.WorkerBack("peer-1", "w1", (1,), {1: "queued"}, 3.0, 3.0))
+    assert life.runs[1].state == RUNNING
+    out = life.handle(e.Started(1, "w1", "", 43, 4.0, 4.0))
+    [requeue] = of(e.Requeue, out)
+    assert requeue.preempted  # type: ignore[attr-defined]
+    assert of(e.NewAttempt, out) == [e.NewAttempt(1, 2)]
+    assert life.runs[1].preemptions == 1
+
+
+def test_a_run_not_adopted_uses_no_retry_for_its_preempted_attempts(
+    life: RunLifecycle,
+) -> None:
+    # Each ran twice and has one retry: the first's first attempt was preempted, so
+    # losing its second (its worker gone) uses its retry; the other's are both spent.
+    preempted = view(1, RUNNING, attempts=2, preemptions=1, retries=1, worker="w1")
+    failed = view(2, RUNNING, attempts=2, preemptions=0, retries=1, worker="w1")
+    life.handle(e.Resumed((), (preempted, failed), 0.0, 0.0))
+    out = life.handle(e.Tick(30.0, 30.0))
+    assert of(e.Schedule, out) == [e.Schedule(1, 0)]
+    assert of(e.Requeue, out) == [e.Requeue(1, NOT_BACK, 30.0)]
+    assert [(c.run_id, c.state) for c in of(e.MarkEnded, out)] == [(2, LOST)]  # type: ignore[attr-defined]
 
 
 def test_a_preemption_of_a_run_not_running_is_ignored(life: RunLifecycle) -> None:
@@ -381,7 +459,8 @@ class NoRunIsLost(RuleBasedStateMachine):
     def end(self, data: st.DataObject, completed: bool) -> None:
         run_id = self._some(data)
         assert run_id is not None
-        reason = "completed" if completed else data.draw(st.sampled_from(["failed", "cancelled"]))
+        reasons = ["failed", "cancelled", "preempted"]
+        reason = "completed" if completed else data.draw(st.sampled_from(reasons))
         self._apply(e.Ended(run_id, 0, 0, reason, "", self.now, self.now))
 
     @precondition(lambda self: bool(self.life.runs))

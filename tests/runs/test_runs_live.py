@@ -15,6 +15,7 @@ from apportion.runs.launcher import ProcessLauncher
 from apportion.runs.live import LiveRuns
 from apportion.runs.messages import RunEnded, RunStarted
 from apportion.runs.spec import new_spec
+from apportion.worker.context import CancelEvent
 from apportion.worker.long_lived import WorkerLink
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(30)]
@@ -64,3 +65,36 @@ def test_a_stopped_copy_is_forgotten_so_a_later_attempt_starts_afresh() -> None:
     assert runs.keys() == []
     runs.execute(3, spec, dict(os.environ), "", threading.Event())
     assert len(outbox.of(RunStarted)) == 2  # the command ran again
+
+
+def test_an_interrupted_run_ends_preempted_and_stays_adoptable_until_settled() -> None:
+    # The interruption (preemption) is kept with the run, not with the task that
+    # asked for it: a scheduler restarted meanwhile adopts the run and hears the same.
+    outbox = Outbox()
+    runs = live_runs(outbox)
+    spec = new_spec(["sleep", "30"])
+    stop = CancelEvent()
+    ran: list[object] = []
+    thread = threading.Thread(
+        target=lambda: ran.append(runs.execute(5, spec, dict(os.environ), "", stop))
+    )
+    thread.start()
+    try:
+        for _ in range(100):
+            if outbox.of(RunStarted):
+                break
+            threading.Event().wait(0.05)
+        stop.interrupted = True
+        stop.set()
+    finally:
+        thread.join(10)
+    [outcome] = ran
+    assert outcome.reason == "preempted"  # type: ignore[attr-defined]
+    assert outcome.detail == "preempted; stopped with SIGTERM"  # type: ignore[attr-defined]
+    assert runs.keys() == ["run-5"]  # its end is not reported to a live session yet
+    adopted = runs.execute(5, spec, dict(os.environ), "", threading.Event())
+    assert adopted is outcome
+    [end] = outbox.of(RunEnded)
+    assert (end.reason, end.signal) == ("preempted", 15)  # type: ignore[attr-defined]
+    runs.settled(5)
+    assert runs.keys() == []

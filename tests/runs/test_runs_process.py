@@ -262,6 +262,42 @@ def test_cancel_stops_grandchildren_including_one_that_left_the_group(watch: Wat
     assert all(gone(pid) for pid in pids)  # checked by pid in the process table too
 
 
+def test_a_command_that_exits_by_itself_as_the_cancel_comes_ends_as_it_exited(
+    watch: Watch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The cancel is seen in the same instant as the command's own exit (here: the
+    # watch says "cancelled" once it has exited): no signal was sent, so its own
+    # status says how it ended, and a failure is not taken for the stop's doing.
+    from apportion.runs import process as process_module
+
+    def cancelled_once_exited(process: RunProcess, *_: object) -> str:
+        assert process.wait(timeout=5) is not None
+        return "cancelled"
+
+    monkeypatch.setattr(process_module, "_watch", cancelled_once_exited)
+    outcome = run(watch, "exit 3", grace=5)
+    assert (outcome.reason, outcome.detail) == ("failed", "exit code 3")
+    assert outcome.status == ExitStatus(3, None)
+    outcome = run(watch, "exit 0", grace=5)
+    assert (outcome.reason, outcome.detail) == ("completed", "exit code 0")
+
+
+def test_a_stop_says_whether_the_command_had_exited_before_it(watch: Watch) -> None:
+    running = RunProcess.start(
+        ["sleep", "100"], cwd=os.getcwd(), env=dict(os.environ), on_output=watch.on_output
+    )
+    watch.on_start(running.command_pid)
+    assert running.stop(grace=5) == ExitStatus(None, signal.SIGTERM)
+    assert not running.exited_first
+    exited = RunProcess.start(
+        ["sh", "-c", "exit 3"], cwd=os.getcwd(), env=dict(os.environ), on_output=watch.on_output
+    )
+    watch.on_start(exited.command_pid)
+    assert exited.wait(timeout=5) == ExitStatus(3, None)
+    assert exited.stop(grace=5) == ExitStatus(3, None)
+    assert exited.exited_first
+
+
 def test_a_process_ignoring_sigterm_is_killed_after_the_grace(watch: Watch) -> None:
     # An ignored TERM is inherited, so the sleep ignores it too.
     background = Background(watch, "trap '' TERM; sleep 100 & echo $!; wait", grace=0.3)

@@ -164,6 +164,54 @@ def test_a_run_running_at_a_restart_is_adopted_by_its_returning_worker(
     run(body())
 
 
+def test_a_run_preempted_across_a_scheduler_restart_is_requeued_without_a_retry(
+    host: FakeHost, tmp_path: Path
+) -> None:
+    # The scheduler that asked for the stop died; this one resumes the journal (the
+    # run running, attempt 1, no retry) and knows nothing of the stop. The worker
+    # comes back with the run, which then ends preempted: queued again, not failed.
+    async def body() -> None:
+        journal = Journal(tmp_path / "runs.db")
+        spec = new_spec(["sleep", "60"], resources="GPU=1", preemptible=True)
+        (run_id,) = journal.stage([spec], 0.0, queued=True)
+        journal.mark_running(run_id, "w1", "GPU=1", 0.0)
+        journal.close()
+        host.state = SchedulerState(SchedulerConfig(preempt_after=1.0))
+        queue, journal = make_queue(host, tmp_path, adopt_grace=30.0)
+        await queue.start(0.0, 0.0)
+        key = f"run-{run_id}"
+        live = [key]
+        reg = RegisterWorker("w1", "sim://w1", 2, {"GPU": 10_000}, 1, 0, {}, 0, live)
+        host.handle(WorkerJoined("w1", reg, 1.0))
+        await settle(queue)
+        assert host.state.tasks[key].state == PROCESSING  # adopted
+        ended = RunEnded(run_id, -1, 15, "preempted", "preempted; stopped with SIGTERM")
+        host.note("w1", run_id, ended)
+        host.note("w1", run_id, ended)  # said again: heard once
+        raised = TaskRaised(key, b"e", b"tb", 1.0, interrupted=1)
+        host.handle(FromWorker("w1", [raised], 2.0))
+        host.handle(PlacementDue(2.0))
+        await settle(queue)
+        record = journal.get(run_id)
+        assert record is not None
+        assert (record.state, record.attempts, record.preemptions) == (QUEUED, 1, 1)
+        assert queue.failures == 0
+        history = [text for _, text in journal.history(run_id)]
+        assert any(
+            t.startswith("preempted (the stop was asked before the scheduler restarted)")
+            for t in history
+        ), history
+        task = host.state.tasks[key]
+        assert task.retries == 0  # the scheduler ran it again without using a retry
+        assert task.state == PROCESSING  # started again at once: nothing else wants the GPU
+        host.note("w1", run_id, RunStarted(run_id, 43, "GPU=1"))
+        await settle(queue)
+        record = journal.get(run_id)
+        assert record is not None and (record.state, record.attempts) == (RUNNING, 2)
+
+    run(body())
+
+
 def test_a_run_whose_worker_never_returns_is_queued_again(host: FakeHost, tmp_path: Path) -> None:
     async def body() -> None:
         journal = Journal(tmp_path / "runs.db")
@@ -285,8 +333,9 @@ def test_a_preemptible_run_is_stopped_for_another_share_and_journalled_as_preemp
         await settle(queue)
         assert queue.life.preempting == {run_id: host.state.preemption.stopping[key].reason}
         # The worker stops the command, says so, and the task raises.
-        host.note("w1", run_id, RunEnded(run_id, 143, 0, "cancelled", "cancelled; exit 143"))
-        host.handle(FromWorker("w1", [TaskRaised(key, b"e", b"tb", 1.0)], 1.7))
+        host.note("w1", run_id, RunEnded(run_id, 143, 0, "preempted", "preempted; exit 143"))
+        raised = TaskRaised(key, b"e", b"tb", 1.0, interrupted=1)
+        host.handle(FromWorker("w1", [raised], 1.7))
         host.handle(PlacementDue(1.7))
         await settle(queue)
         record = journal.get(run_id)

@@ -81,7 +81,7 @@ def test_a_waiting_share_gets_a_preemptible_run_stopped_and_the_run_runs_again()
     assert "preemptible run-1 being stopped there to make room" in explain(sim.state, "b-0")
     tick(sim, 2.6)
     assert interrupts(sim) == [["run-1"]]  # one stop under way for b: no second one
-    sim.raise_("run-1")  # the worker stopped it: its task raised
+    sim.raise_("run-1", interrupted=True)  # the worker stopped it: its task raised
     sim.place()
     run = sim.state.tasks["run-1"]
     assert run.state == QUEUED and run.retries == 0  # not a failure: no retry used
@@ -115,7 +115,7 @@ def test_what_a_stop_frees_is_kept_for_the_task_it_was_made_for() -> None:
     assert interrupts(sim) == [["run-1"]]
     w2 = sim.worker_of("run-1")
     assert sim.state.tasks["b-0"].reserved_on == w2
-    sim.raise_("run-1")
+    sim.raise_("run-1", interrupted=True)
     sim.place()
     assert sim.worker_of("b-0") == w2
     assert sim.state.tasks["run-1"].state == QUEUED
@@ -138,12 +138,12 @@ def test_a_worker_with_a_stop_under_way_is_left_alone_until_it_settles() -> None
     tick(sim, 2.5)
     assert interrupts(sim) == [["run-1"]]  # for b, which waited longest
     assert sim.state.tasks["b-0"].reserved_on is not None
-    sim.raise_("run-1")
+    sim.raise_("run-1", interrupted=True)
     sim.place()
     assert sim.state.tasks["b-0"].state == PROCESSING
     tick(sim, 3.0)
     assert interrupts(sim) == [["run-1"], ["run-2"]]  # now for d
-    sim.raise_("run-2")
+    sim.raise_("run-2", interrupted=True)
     sim.place()
     assert sim.state.tasks["d-0"].state == PROCESSING
     check_invariants(sim.state)
@@ -335,6 +335,54 @@ def test_a_stopped_run_whose_worker_is_lost_runs_again_and_nothing_stays_under_w
     check_invariants(sim.state)
 
 
+def test_a_run_that_fails_by_itself_while_being_stopped_is_a_failure() -> None:
+    # Its worker says it raised, not that the stop ended it (it exited non-zero
+    # before any signal was sent): it uses a retry, as any failure does.
+    sim = cluster()
+    sim.submit("run-1", resources=GPU, client="queue", preemptible=True, retries=1)
+    sim.place()
+    sim.submit("b-0", resources=GPU, client="b")
+    tick(sim, 0.5)
+    tick(sim, 1.6)
+    assert interrupts(sim) == [["run-1"]]
+    sim.raise_("run-1")
+    sim.place()
+    run = sim.state.tasks["run-1"]
+    assert run.state == QUEUED and run.retries == 0  # retried: its one retry used
+    assert not sim.state.preemption.stopping
+    assert sim.state.tasks["b-0"].state == PROCESSING
+    sim.finish("b-0")
+    sim.place()
+    sim.raise_("run-1")  # no stop asked: fails for good now
+    assert run.state == ERRED
+    check_invariants(sim.state)
+
+
+def test_a_scheduler_restarted_during_a_stop_requeues_the_adopted_run_without_a_retry() -> None:
+    # The new scheduler knows nothing of the stop: the queue adopts the run as still
+    # running, and the worker then says it raised because it was interrupted.
+    sim = cluster()
+    sim.submit("run-1", resources=GPU, client="queue", preemptible=True)
+    sim.place()
+    assert not sim.state.preemption.stopping
+    sim.raise_("run-1", interrupted=True)
+    sim.place()
+    run = sim.state.tasks["run-1"]
+    assert run.state == PROCESSING and run.retries == 0  # queued again, started again
+    assert started_runs(sim).count("run-1") == 2
+    causes = [cause for *_, cause in sim.state.story("run-1")]
+    assert "stopped on w1 (asked before a scheduler restart); queued again" in causes
+    check_invariants(sim.state)
+
+
+def test_an_interrupted_task_not_preemptible_is_an_ordinary_failure() -> None:
+    sim = cluster()
+    sim.submit("b-0", client="b")
+    sim.place()
+    sim.raise_("b-0", interrupted=True)
+    assert sim.state.tasks["b-0"].state == ERRED
+
+
 def test_a_run_cancelled_while_being_stopped_ends_cancelled() -> None:
     sim = cluster()
     sim.submit("run-1", resources=GPU, client="queue", preemptible=True)
@@ -431,7 +479,7 @@ class PreemptionNeverLosesWork(RuleBasedStateMachine):
     @precondition(lambda self: bool(self._stopped()))
     @rule(data=st.data())
     def report_stop(self, data: st.DataObject) -> None:
-        self.sim.raise_(data.draw(st.sampled_from(self._stopped())))
+        self.sim.raise_(data.draw(st.sampled_from(self._stopped())), interrupted=True)
         self.sim.place()
 
     @rule(seconds=st.floats(0.5, 3.0))

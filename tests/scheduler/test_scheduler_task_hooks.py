@@ -94,6 +94,35 @@ def test_tasks_still_running_go_to_the_service_of_their_prefix(cluster: Cluster)
     check_invariants(cluster.state)
 
 
+def test_notes_sent_before_an_adoption_reach_the_service_once_it_adopts(
+    cluster: Cluster,
+) -> None:
+    # What the worker kept while no scheduler was up (a run's output, its end) comes
+    # right after it registers, before its service could adopt the task.
+    cluster.worker("w", "w1", live=["run-7", "run-8"])
+    kept = [TaskNote("run-7", b"output", 1), TaskNote("run-7", b"ended", 0)]
+    cluster.handle(FromWorker("w", [*kept, TaskNote("run-8", b"stray", 0)], 0.0))
+    assert cluster.to("svc", TaskNoted) == []
+    task = TaskSpec("run-7", "f", b"", [], {}, 0, 0)
+    cluster.handle(FromClient("svc", [AdoptTask("w", task, {"f": b"f"}, {})], 0.0))
+    assert cluster.to("svc", TaskNoted) == [
+        TaskNoted("run-7", "w1", b"output"),
+        TaskNoted("run-7", "w1", b"ended"),
+    ]
+    cluster.handle(FromClient("svc", [StopTasks("w", ["run-8"])], 0.0))  # not adopted
+    assert not cluster.state.services.unadopted
+    cluster.handle(FromWorker("w", [TaskNote("run-8", b"later", 0)], 0.0))
+    assert len(cluster.to("svc", TaskNoted)) == 2  # nobody wants run-8's notes
+    check_invariants(cluster.state)
+
+
+def test_notes_kept_for_an_adoption_go_with_their_worker(cluster: Cluster) -> None:
+    cluster.worker("w", "w1", live=["run-7"])
+    cluster.handle(FromWorker("w", [TaskNote("run-7", b"output", 1)], 0.0))
+    cluster.handle(WorkerLeft("w", 1.0))
+    assert not cluster.state.services.unadopted
+
+
 def test_requests_are_forwarded_and_answers_relayed(cluster: Cluster) -> None:
     request = SubmitRuns(5, [])
     cluster.handle(FromClient("user", [request], 0.0))

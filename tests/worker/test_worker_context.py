@@ -17,13 +17,15 @@ from apportion.core.allocation import NOTHING, Allocation
 from apportion.core.payload import dumps_function, function_id, pack_call
 from apportion.worker.context import (
     ActorHere,
+    TaskInterrupted,
     awaiting_actor,
     local_actor,
     running_actor,
     running_task,
+    task_interrupted,
 )
 from apportion.worker.events import Execute
-from apportion.worker.execution import Finished, TaskRunner
+from apportion.worker.execution import Finished, Raised, TaskRunner
 
 
 @contextmanager
@@ -152,6 +154,48 @@ def test_a_cancel_before_a_thread_takes_the_task_still_reaches_it() -> None:
         loop.run_until_complete(asyncio.wait_for(both(), 5))
         values = {o.key: o.value for o in outcomes if isinstance(o, Finished)}
         assert values == {"busy": False, "queued": True}
+    finally:
+        runner.close()
+        loop.close()
+
+
+def _stops_when_asked(gate: str) -> str:
+    """Waits for its cancel event; raises ``TaskInterrupted`` if it was an interruption."""
+    _GATES[gate].set()
+    task_cancel_event().wait(5)
+    if task_interrupted():
+        raise TaskInterrupted("stopped to run again later")
+    return "cancelled"
+
+
+@pytest.mark.timeout(10)
+def test_an_interruption_is_told_from_a_cancel_and_reported_as_one() -> None:
+    loop = asyncio.new_event_loop()
+    outcomes: list[Any] = []
+    runner = TaskRunner(2, {}, outcomes.extend, loop, SimpleNamespace(units={}))
+    try:
+        blob = dumps_function(_stops_when_asked)
+        runner.functions.add(function_id(blob), blob)
+        for key in ("interrupted", "cancelled-after"):
+            _GATES[key] = threading.Event()
+            args, _ = pack_call((key,), {})
+            runner.submit(Execute(key, function_id(blob), args, (), NOTHING), {})
+            assert _GATES[key].wait(5)
+        runner.cancel(["interrupted"], interrupt=True)
+        # A cancel wins over an interruption asked before it.
+        runner.cancel(["cancelled-after"], interrupt=True)
+        runner.cancel(["cancelled-after"])
+
+        async def both() -> None:
+            while len(outcomes) < 2:
+                await asyncio.sleep(0.01)
+
+        loop.run_until_complete(asyncio.wait_for(both(), 5))
+        by_key = {o.key: o for o in outcomes}
+        raised = by_key["interrupted"]
+        assert isinstance(raised, Raised) and raised.interrupted
+        finished = by_key["cancelled-after"]
+        assert isinstance(finished, Finished) and finished.value == "cancelled"
     finally:
         runner.close()
         loop.close()

@@ -52,6 +52,11 @@ class TaskRaised(Message):
     traceback: Pickled
     duration: float
     thread: int = 0  #: which of the worker's threads ran it (the task stream's row)
+    #: 1: it raised because an ``InterruptTasks`` stopped its work (it says so by
+    #: raising ``TaskInterrupted``), not by failing on its own: a preempted task, to
+    #: run again with its retries untouched, also when the scheduler that asked for
+    #: the stop has restarted meanwhile. An int: the wire has no booleans.
+    interrupted: int = 0
 
 
 @message(31)

@@ -15,8 +15,12 @@ the commands issued so far are carried out. Everything the queue decides is here
 - a worker's report of a new start after an ended attempt means the scheduler
   retries it: the run is requeued, then marked running again;
 - a run the scheduler stops to let another share in (``Preempted``) is requeued
-  as preempted once its processes are gone (``Ended``), unless it completed
-  first: not a failure, so the attempt uses none of its retries;
+  as preempted once its worker says it was stopped so (``Ended`` with reason
+  ``"preempted"``): not a failure, so the attempt uses none of its retries. The
+  worker's word decides, not ours: it also comes for a run adopted after a restart
+  of the scheduler that asked for the stop (the worker keeps what the stop was),
+  and a run that completed or failed by itself before the stop reached it says so
+  and is settled as such;
 - after a scheduler restart, runs the journal says were running wait until a
   deadline for their worker to come back and are *adopted*, not started again;
   those whose worker does not come back are requeued (within their retries),
@@ -52,6 +56,9 @@ from apportion.runs.views import RunView
 
 #: Why a run awaiting adoption is given up on.
 NOT_BACK = "its worker did not come back after the scheduler restarted"
+#: Why a run was requeued as preempted when the scheduler that asked for the stop
+#: has restarted since (its worker said the run was stopped so).
+PREEMPTED_BEFORE_RESTART = "preempted (the stop was asked before the scheduler restarted)"
 
 
 class RunLifecycle:
@@ -224,7 +231,11 @@ class RunLifecycle:
         if view is None or view.id not in self.active:
             return
         previous = self.ended.pop(view.id, None)
-        if view.state == RUNNING and previous is not None:
+        if view.state == RUNNING and previous is not None and previous.reason == "preempted":
+            # Its preemption was heard only after it was adopted as still running.
+            why = f"attempt {view.attempts} {PREEMPTED_BEFORE_RESTART} ({previous.detail})"
+            self._requeue(view, why, event.wall, out, preempted=True)
+        elif view.state == RUNNING and previous is not None:
             # The last attempt ended and the scheduler runs it again (its retries).
             why = f"attempt {view.attempts} ended: {previous.detail}; retrying"
             self._requeue(view, why, event.wall, out)
@@ -239,16 +250,28 @@ class RunLifecycle:
 
     def _ended(self, event: e.Ended, out: list[e.Command]) -> None:
         if event.run_id in self.active:
+            if _same_end(self.ended.get(event.run_id), event):
+                return  # heard already (a worker's notes may come again on reconnection)
             self.ended[event.run_id] = event
         stopping = self.stopping.get(event.run_id)
         if stopping is not None:
             self._finish(self.runs[event.run_id], event.wall, stopping[1], out)
             return
         why = self.preempting.pop(event.run_id, None)
-        if why is None or event.reason == "completed" or event.run_id in self.cancelling:
-            return  # it completed before it was stopped; or a cancel settles it
-        # The scheduler queues its task again, retries untouched (``preemption.py``).
-        view = self.runs[event.run_id]
+        view = self.runs.get(event.run_id)
+        if (
+            event.reason != "preempted"
+            or view is None
+            or event.run_id not in self.active
+            or view.state != RUNNING
+            or event.run_id in self.cancelling
+        ):
+            # Ended by itself before the stop reached it (completed or failed: settled
+            # as such), or a cancel settles it.
+            return
+        # The scheduler queues its task again, retries untouched (``preemption.py``);
+        # one restarted since it asked for the stop hears so from the worker too.
+        why = why or PREEMPTED_BEFORE_RESTART
         del self.ended[event.run_id]
         attempt = view.attempts
         self._requeue(view, f"{why} ({event.detail})", event.wall, out, preempted=True)
@@ -333,7 +356,8 @@ class RunLifecycle:
             del self.runs[view.id]
             view.move(CANCELLED)
             out.append(e.MarkEnded(view.id, CANCELLED, None, None, f"cancelled; {NOT_BACK}", wall))
-        elif view.attempts > view.retries:
+        elif view.attempts - view.preemptions > view.retries:
+            # Preempted attempts are not failures: they use no retry here either.
             del self.runs[view.id]
             self.failures += 1
             view.move(LOST)
@@ -364,6 +388,16 @@ class RunLifecycle:
         if preempted:
             view.preemptions += 1
         out.append(e.Requeue(view.id, why, wall, preempted))
+
+
+def _same_end(known: e.Ended | None, event: e.Ended) -> bool:
+    """Whether ``event`` repeats the end already heard of the run's latest attempt."""
+    return known is not None and (
+        known.exit_code,
+        known.signal,
+        known.reason,
+        known.detail,
+    ) == (event.exit_code, event.signal, event.reason, event.detail)
 
 
 def final_state(failure: e.Failure, ended: e.Ended | None) -> tuple[str, str]:

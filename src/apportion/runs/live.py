@@ -33,6 +33,7 @@ from apportion.runs.launcher import Launch, Launcher
 from apportion.runs.messages import RunEnded, RunOutput, RunStarted
 from apportion.runs.process import ExitStatus, RunOutcome
 from apportion.runs.spec import RunSpec
+from apportion.worker.context import CancelEvent, TaskInterrupted
 from apportion.worker.long_lived import WorkerLink
 
 logger = logging.getLogger("apportion.runs")
@@ -67,6 +68,15 @@ class RunFailed(Exception):
     """
 
 
+class RunPreempted(RunFailed, TaskInterrupted):
+    """A run's command was stopped by an interruption (the scheduler preempts it).
+
+    Raised by ``execute_run``; as a ``TaskInterrupted`` the worker reports it as such,
+    so that any scheduler, one restarted since it asked for the stop included, runs
+    the task again without using a retry.
+    """
+
+
 @dataclass
 class LiveRun:
     """One run's command on this worker, from its start until a session reports it."""
@@ -83,6 +93,10 @@ class LiveRun:
     offset: int = 0
     #: Stopped on the scheduler's word: dropped from the registry once it ends.
     forget_when_done: bool = False
+    #: The stop asked is an interruption (preemption): its end is said to be
+    #: ``"preempted"``, not ``"cancelled"``. Kept across scheduler sessions, so that a
+    #: scheduler restarted during the stop learns what the stop was.
+    preempted: bool = False
 
 
 class LiveRuns:
@@ -160,6 +174,8 @@ class LiveRuns:
             thread.start()
         while not live.done.wait(0.1):
             if task_cancel.is_set():
+                # Before the stop begins: its end then says whether it was preempted.
+                live.preempted = isinstance(task_cancel, CancelEvent) and task_cancel.interrupted
                 live.cancel.set()
         assert live.outcome is not None
         return live.outcome
@@ -180,6 +196,7 @@ class LiveRuns:
         with self._lock:
             found = [self._runs[i] for i in run_ids if i in self._runs]
             for live in found:
+                live.preempted = False  # a cancel wins over an interruption
                 live.cancel.set()
                 if live.done.is_set():
                     del self._runs[live.run_id]
@@ -235,6 +252,9 @@ class LiveRuns:
             logger.exception("run %d: could not be run", live.run_id)
             no_status = ExitStatus(code=None, signal=None)
             outcome = RunOutcome(no_status, "could not start", f"internal error: {exc}", 0)
+        if live.preempted and outcome.reason == "cancelled":
+            detail = "preempted" + outcome.detail.removeprefix("cancelled")
+            outcome = RunOutcome(outcome.status, "preempted", detail, outcome.leftovers)
         code = -1 if outcome.status.code is None else outcome.status.code
         sig = outcome.status.signal or 0
         self._note(live.run_id, RunEnded(live.run_id, code, sig, outcome.reason, outcome.detail))
@@ -280,6 +300,8 @@ def execute_run(run_id: int, run: RunSpec) -> dict[str, Any]:
     outcome = runs.execute(run_id, run, env, task_held(), task_cancel_event())
     if worker.sessions == session and worker.connected:
         runs.settled(run_id)
+    if outcome.reason == "preempted":
+        raise RunPreempted(f"run {run_id}: {outcome.detail}")
     if outcome.reason != "completed":
         raise RunFailed(f"run {run_id}: {outcome.reason}: {outcome.detail}")
     return {"exit_code": outcome.status.code, "detail": outcome.detail}

@@ -44,7 +44,9 @@ class RunEnded(Message):
     run_id: int
     exit_code: int  #: -1 when it did not exit by itself
     signal: int  #: 0 when no signal killed it
-    reason: str  #: "completed", "failed", "timed out", "cancelled", "could not start"
+    #: "completed", "failed", "timed out", "cancelled", "preempted" (stopped by an
+    #: interruption, to run again), "could not start"
+    reason: str
     detail: str  #: one line for users: "exit code 3", "cancelled; stopped with SIGTERM"
 
 

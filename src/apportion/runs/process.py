@@ -147,6 +147,10 @@ class RunProcess:
         self._others_left = True
         #: True once a stop had to escalate to SIGKILL.
         self.sigkill_sent = False
+        #: Set by the first ``stop`` if the command had already exited by itself then,
+        #: before anything was signalled: its end is its own, not the stop's.
+        self.exited_first = False
+        self._stop_asked = False
         self._output = output
         self._on_output = on_output
         #: Set once ``on_output`` raised: the rest of the output is read and dropped,
@@ -254,6 +258,9 @@ class RunProcess:
         exit status if it had already exited). Calling it again does no harm.
         """
         with self._lock:
+            if not self._stop_asked:
+                self._stop_asked = True
+                self.exited_first = self._exited.is_set()
             self._terminate(grace)
         self._exited.wait()  # the command is dead by now; the guard is saying so
         self.release()
@@ -542,7 +549,7 @@ def _read(fd: int) -> bytes | None:
 
 
 #: Why a run ended, in the words shown to users.
-Reason = Literal["completed", "failed", "timed out", "cancelled", "could not start"]
+Reason = Literal["completed", "failed", "timed out", "cancelled", "preempted", "could not start"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -551,7 +558,8 @@ class RunOutcome:
 
     #: The command's status; both fields None if it never started.
     status: ExitStatus
-    #: ``"completed"``, ``"failed"``, ``"timed out"``, ``"cancelled"`` or ``"could not start"``.
+    #: ``"completed"``, ``"failed"``, ``"timed out"``, ``"cancelled"``, ``"preempted"`` (a
+    #: cancel that was an interruption, ``runs.live``) or ``"could not start"``.
     reason: Reason
     #: One line for users: ``"exit code 3"``, ``"cancelled; stopped with SIGTERM"``.
     detail: str
@@ -592,6 +600,10 @@ def run_command(
             return _after_exit(process, grace)
         status = process.stop(grace)
         how = f"SIGKILL after a {grace:g}s grace" if process.sigkill_sent else "SIGTERM"
+        if ending == "cancelled" and process.exited_first:
+            # It exited by itself in the moment the cancel came, before any signal:
+            # its own status says how it ended (a failure is not the stop's doing).
+            return RunOutcome(status, "completed" if status.ok else "failed", status.describe(), 0)
         if ending == "cancelled":
             return RunOutcome(status, "cancelled", f"cancelled; stopped with {how}", 0)
         detail = f"killed after its time limit of {time_limit:g}s"

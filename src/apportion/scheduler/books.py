@@ -180,3 +180,8 @@ class ServiceBook:
     prefixes: dict[str, str] = field(default_factory=dict)
     #: Names of workers removed during the current event (see ``flush``).
     departed: list[str] = field(default_factory=list)
+    #: (worker id, key) of a task still running on a worker that joined, offered to
+    #: its service and not adopted yet -> the notes the worker sent about it meanwhile
+    #: (what it kept while no scheduler was up: a run's output, its end), given to
+    #: the service once it adopts the task; dropped if it does not.
+    unadopted: dict[tuple[str, str], list[bytes]] = field(default_factory=dict)

@@ -9,7 +9,9 @@ any client that registers as a service (``RegisterService``):
   session (``RegisterWorker.live_tasks``) is announced to the service whose key
   prefix they bear (``TasksStillRunning``), which adopts them (``AdoptTask``: the
   task is assigned where it runs, not queued) or has them stopped (``StopTasks``);
-  those no service claims are stopped at once (``FreeKeys``), as nobody wants them;
+  those no service claims are stopped at once (``FreeKeys``), as nobody wants them.
+  The notes the worker sends about such a task before it is adopted (what it kept
+  while no scheduler was up) are kept, and go to the service once it adopts it;
 - *departures*: a service hears when the last worker of a name leaves
   (``WorkerDeparted``), once the event that removed it is over (a worker replaced by
   a new registration of its name has not departed);
@@ -87,6 +89,11 @@ def forwarded_reply(state: SchedulerState, client: ClientRecord, msg: ForwardedR
 
 def task_note(state: SchedulerState, worker: WorkerRecord, msg: TaskNote) -> None:
     task = state.tasks.get(msg.key)
+    if task is None and state.services.unadopted:
+        kept = state.services.unadopted.get((worker.id, msg.key))
+        if kept is not None:
+            kept.append(msg.note)  # for the service, once it adopts the task
+            return
     if task is None or not task.wanted_by:
         return  # nobody to tell
     for client_id in task.wanted_by:
@@ -107,6 +114,9 @@ def worker_joined(state: SchedulerState, worker_id: str, reg: RegisterWorker) ->
             offers.setdefault(server, []).append(key)
     for server, keys in offers.items():
         states = {key: task.state for key in keys if (task := state.tasks.get(key)) is not None}
+        for key in keys:
+            if key not in states:
+                state.services.unadopted[(worker_id, key)] = []
         state.emit(SendTasksStillRunning(server, worker_id, reg.name, keys, states))
     if unclaimed:
         state.emit(SendFreeKeys(worker_id, unclaimed))  # nobody here will ever want them
@@ -122,9 +132,16 @@ def server_of(state: SchedulerState, key: str) -> str | None:
 
 def adopt_task(state: SchedulerState, client: ClientRecord, msg: AdoptTask) -> None:
     key = msg.task.key
+    kept = state.services.unadopted.pop((msg.worker_id, key), None)
     client_requests.submit(state, client, SubmitTasks([msg.task], msg.functions, [key]))
     worker = state.workers.get(msg.worker_id)
     task = state.tasks.get(key)
+    if task is not None and kept and worker is not None:
+        # What the worker said of it before this adoption: its output and end are
+        # the service's to record, whether or not the task can be adopted there.
+        for note in kept:
+            for client_id in task.wanted_by or ():
+                state.emit(SendTaskNoted(client_id, key, worker.name, note))
     if task is None or task.state != QUEUED or task.reserved_on is not None:
         return
     if worker is None or worker.leaving is not None or not worker.ledger.fits(task.resources):
@@ -135,11 +152,16 @@ def adopt_task(state: SchedulerState, client: ClientRecord, msg: AdoptTask) -> N
 
 
 def stop_tasks(state: SchedulerState, client: ClientRecord, msg: StopTasks) -> None:
+    for key in msg.keys:
+        state.services.unadopted.pop((msg.worker_id, key), None)
     if msg.worker_id in state.workers:
         state.emit(SendFreeKeys(msg.worker_id, msg.keys))
 
 
 def worker_left(state: SchedulerState, worker: WorkerRecord) -> None:
+    if state.services.unadopted:
+        for pair in [pair for pair in state.services.unadopted if pair[0] == worker.id]:
+            del state.services.unadopted[pair]
     if state.services.prefixes:
         state.services.departed.append(worker.name)
 

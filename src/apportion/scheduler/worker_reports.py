@@ -82,10 +82,15 @@ def task_raised(state: SchedulerState, worker: WorkerRecord, msg: TaskRaised) ->
     stopped = preemption.settle(state, worker, task.key)
     if task.discard_result:
         settle_discarded(state, task, f"raised on {worker.name}, result discarded")
-    elif stopped is not None:
-        # Not a failure: it runs again as a new attempt, its retries untouched.
-        state.requeue(task, f"stopped on {worker.name} ({stopped.reason}); queued again")
+    elif msg.interrupted and task.key in state.preemption.preemptible:
+        # Stopped as preempted: not a failure, it runs again as a new attempt, its
+        # retries untouched. The worker's word counts where no stop is known here:
+        # a scheduler restarted since it asked for the stop has adopted the task.
+        why = stopped.reason if stopped is not None else "asked before a scheduler restart"
+        state.requeue(task, f"stopped on {worker.name} ({why}); queued again")
     elif task.retries > 0:
+        # A stop under way that it did not wait for (it failed by itself before the
+        # stop reached it) is settled above: this is its own failure.
         task.retries -= 1
         state.retried[task.key] = state.retried.get(task.key, 0) + 1
         state.raised_on.setdefault(task.key, []).append(worker.id)

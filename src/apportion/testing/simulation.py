@@ -254,11 +254,19 @@ class SimulatedCluster:
             self.running[worker_id].pop(key, None)
         self.worker_says(worker_id, StealResponse(released, list(started)))
 
-    def raise_(self, key: str, exception: bytes = b"exc", traceback: bytes = b"tb") -> None:
-        """The worker running ``key`` reports that it raised."""
+    def raise_(
+        self,
+        key: str,
+        exception: bytes = b"exc",
+        traceback: bytes = b"tb",
+        *,
+        interrupted: bool = False,
+    ) -> None:
+        """The worker running ``key`` reports that it raised; ``interrupted``: because
+        an ``InterruptTasks`` stopped it (a preempted run), not by itself."""
         worker_id = self.worker_of(key)
         del self.running[worker_id][key]
-        msg = TaskRaised(key, exception, traceback, 0.001)
+        msg = TaskRaised(key, exception, traceback, 0.001, interrupted=int(interrupted))
         self.handle(FromWorker(worker_id, [msg], self.now))
 
     def answer_transfers(self) -> None:

@@ -306,6 +306,29 @@ def task_cancel_event() -> threading.Event:
     return _current("task_cancel_event").cancel
 
 
+class CancelEvent(threading.Event):
+    """A task's cancel event (``task_cancel_event``), saying why it was set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: Set by an ``InterruptTasks``: the scheduler stops the task's work to run it
+        #: again later (preemption), rather than no longer wanting it.
+        self.interrupted = False
+
+
+class TaskInterrupted(Exception):
+    """Raised by a task whose work was stopped by an interruption (``task_interrupted``),
+    not failed on its own: the worker reports it so (``TaskRaised.interrupted``) and
+    the scheduler runs the task again, its retries untouched."""
+
+
+def task_interrupted() -> bool:
+    """Whether the running task's cancel event was set by an interruption (preemption:
+    it will run again) rather than a cancel; False while it is not set."""
+    cancel = _current("task_interrupted").cancel
+    return isinstance(cancel, CancelEvent) and cancel.is_set() and cancel.interrupted
+
+
 def current_worker(caller: str = "get_worker") -> TaskWorker:
     """The worker running the current task; ``RuntimeError`` naming ``caller``
     outside a task. Users call ``get_worker`` (``worker/service.py``)."""

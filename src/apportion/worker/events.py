@@ -119,6 +119,8 @@ class ExecutionRaised:
     duration: float
     time: float
     thread: int = 0  #: as ``ExecutionOk.thread``
+    #: It raised ``TaskInterrupted`` (``TaskRaised.interrupted``).
+    interrupted: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ import tblib
 from apportion.core.payload import Pickled, dumps, loads, unpack_call
 from apportion.core.tracebacks import user_frames
 from apportion.core.type_names import type_name
-from apportion.worker.context import running_task
+from apportion.worker.context import CancelEvent, TaskInterrupted, running_task
 from apportion.worker.events import DataInfo, Execute, Seceded
 from apportion.worker.memory_policy import MemoryLimits
 from apportion.worker.sizeof import sizeof
@@ -53,6 +53,8 @@ class Raised(NamedTuple):
     traceback: Pickled
     duration: float
     thread: int
+    #: It raised ``TaskInterrupted``: its work was stopped by an interruption.
+    interrupted: bool = False
 
 
 class TooLarge(NamedTuple):
@@ -152,7 +154,7 @@ class TaskRunner:
         self._done_lock = threading.Lock()
         #: Keys running now -> the event their code may watch (``task_cancel_event``);
         #: set when the scheduler no longer wants the result.
-        self._cancel_events: dict[str, threading.Event] = {}
+        self._cancel_events: dict[str, CancelEvent] = {}
         self._closed = False
         # Seceded tasks keep their thread, so the pool grows by one for each, and
         # shrinks as they rejoin or end: a thread leaves after its task when more are
@@ -241,19 +243,25 @@ class TaskRunner:
         """Queue ``command``; the state machine never submits more than ``nthreads``."""
         # The event exists from now on, not from when a thread picks the task up: a
         # cancel that arrives in between must still reach the task.
-        self._cancel_events[command.key] = threading.Event()
+        self._cancel_events[command.key] = CancelEvent()
         self._queue.put((command, inputs))
 
-    def cancel(self, keys: Iterable[str]) -> int:
+    def cancel(self, keys: Iterable[str], *, interrupt: bool = False) -> int:
         """Ask the running tasks among ``keys`` to stop; returns how many were running.
 
         Python code cannot be interrupted safely from outside; a task that watches
         ``task_cancel_event()`` (as command runs do) stops, others run to the end.
+        ``interrupt``: the scheduler stops them to run them again later (preemption,
+        ``task_interrupted``); a cancel wins over an interruption, asked before or after.
         """
         asked = 0
         for key in keys:
             event = self._cancel_events.get(key)
             if event is not None:
+                if not interrupt:
+                    event.interrupted = False
+                elif not event.is_set():
+                    event.interrupted = True
                 event.set()
                 asked += 1
         return asked
@@ -310,7 +318,7 @@ class TaskRunner:
         start = time.perf_counter()
         cancel = self._cancel_events.get(command.key)
         if cancel is None:  # run directly, not through submit
-            cancel = self._cancel_events[command.key] = threading.Event()
+            cancel = self._cancel_events[command.key] = CancelEvent()
         try:
             func = self.functions.get(command.func_id)
             args, kwargs = unpack_call(command.args, inputs)
@@ -326,7 +334,8 @@ class TaskRunner:
         except BaseException as exc:  # user code may raise SystemExit too: report it all
             duration = time.perf_counter() - start
             exception, traceback = pack_exception(exc)
-            return Raised(command.key, exception, traceback, duration, self._row())
+            interrupted = isinstance(exc, TaskInterrupted)
+            return Raised(command.key, exception, traceback, duration, self._row(), interrupted)
         finally:
             self._cancel_events.pop(command.key, None)
         # Read as the task ends: a task that seceded reports the row it moved to.

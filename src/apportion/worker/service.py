@@ -575,11 +575,16 @@ class Worker(BackgroundService):
         its result kept if it completes first; a freed one's result is dropped."""
         assert self._runner is not None
         self._handle(events)
+        if isinstance(message, InterruptTasks):
+            # Only the tasks' cancel events, marked as an interruption: a command run
+            # stops its processes and says it was preempted. Its long-lived work is
+            # not forgotten here, so that a scheduler that restarts before hearing of
+            # its end still adopts it and learns how it ended.
+            self._runner.cancel(message.keys, interrupt=True)
+            return []
         self._runner.cancel(message.keys)
         if self.long_lived is not None:
             self.long_lived.cancel_keys(message.keys)
-        if isinstance(message, InterruptTasks):
-            return []
         return [FreeArrived(tuple(message.keys), self.clock.time())]
 
     def _on_messages(self, messages: Iterable[Message]) -> None:
@@ -676,7 +681,9 @@ class Worker(BackgroundService):
                 events.append(ExecutionOk(o.key, o.info, o.duration, now, o.thread))
             elif isinstance(o, Raised):
                 events.append(
-                    ExecutionRaised(o.key, o.exception, o.traceback, o.duration, now, o.thread)
+                    ExecutionRaised(
+                        o.key, o.exception, o.traceback, o.duration, now, o.thread, o.interrupted
+                    )
                 )
             else:
                 logger.warning(

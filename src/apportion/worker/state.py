@@ -347,7 +347,14 @@ class WorkerState:
         # Local dependents stay waiting: the scheduler fails them and frees them.
         self._finish_execution(event.key, RELEASED)
         self._send(
-            TaskRaised(event.key, event.exception, event.traceback, event.duration, event.thread)
+            TaskRaised(
+                event.key,
+                event.exception,
+                event.traceback,
+                event.duration,
+                event.thread,
+                int(event.interrupted),
+            )
         )
         self._move(event.key, EXECUTING, RELEASED, "raised", event.time)
 
