@@ -238,7 +238,8 @@ class TaskRunner:
             return False
 
     def submit(self, command: Execute, inputs: dict[str, Any]) -> None:
-        """Queue ``command``; the state machine never submits more than ``nthreads``."""
+        """Queue ``command``; threads take queued commands in order (the state machine
+        hands a few short ones ahead of a free thread: ``WorkerState.started_ahead``)."""
         # The event exists from now on, not from when a thread picks the task up: a
         # cancel that arrives in between must still reach the task.
         self._cancel_events[command.key] = threading.Event()
