@@ -103,7 +103,7 @@ async def _settled(found: list[Future], until_a_failure: bool) -> None:
     gather of 100,000 futures costs the same per future as one of ten."""
     if until_a_failure and any(f._state.record.error is not None for f in found):
         return  # failed already: no need to wait for the others
-    pending = [f for f in found if not f._state.event.is_set()]
+    pending = [f for f in found if not f._state.done()]
     if not pending:
         return
     loop = asyncio.get_running_loop()
