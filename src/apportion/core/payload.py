@@ -278,8 +278,12 @@ def task_inputs(inputs: Mapping[str, Any]) -> Iterator[None]:
 
 def unpack_call(blob: Pickled, inputs: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The ``(args, kwargs)`` of a call, with dependency placeholders resolved."""
-    with task_inputs(inputs):
+    # ``task_inputs`` written out: this runs for every task.
+    token = _inputs.set(inputs)
+    try:
         value = loads(blob)
+    finally:
+        _inputs.reset(token)
     if isinstance(value, _WithKwargs):
         return value.args, value.kwargs
     return value, {}

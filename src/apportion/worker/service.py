@@ -92,8 +92,10 @@ logger = logging.getLogger("apportion.worker")
 
 #: Short tasks handed to each busy thread ahead of its free time
 #: (``WorkerState.started_ahead``): a burst of tiny tasks then costs the event loop
-#: one wake-up and one report frame per few tasks, not per task.
-AHEAD_PER_THREAD = 4
+#: one wake-up and one report frame per several tasks, not per task. As many as the
+#: scheduler queues on a thread at most (``SchedulerConfig.max_pipeline``): what it
+#: queues is about 2 ms of work per thread, so no task waits long for those ahead.
+AHEAD_PER_THREAD = 16
 
 
 class Worker(BackgroundService):
