@@ -95,7 +95,7 @@ logger = logging.getLogger("apportion.worker")
 #: one wake-up and one report frame per several tasks, not per task. As many as the
 #: scheduler queues on a thread at most (``SchedulerConfig.max_pipeline``): what it
 #: queues is about 2 ms of work per thread, so no task waits long for those ahead.
-AHEAD_PER_THREAD = 16
+AHEAD_PER_THREAD = 32
 
 
 class Worker(BackgroundService):
