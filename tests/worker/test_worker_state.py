@@ -21,6 +21,7 @@ from apportion.protocol.worker import (
     TaskFinished,
     TaskRaised,
 )
+from apportion.worker import state as worker_state
 from apportion.worker.events import (
     ComputeArrived,
     DataInfo,
@@ -680,6 +681,19 @@ def test_tasks_of_a_function_not_known_short_wait_in_the_worker(ahead_state: Wor
 
 
 @pytest.mark.timeout(5)
+def test_one_quick_run_of_a_slow_function_does_not_make_it_short(
+    ahead_state: WorkerState,
+) -> None:
+    state = ahead_state
+    state.handle(compute("a"))
+    state.handle(ExecutionOk("a", INFO, 0.05, 2.0))  # 50 ms
+    state.handle(compute("b"))
+    state.handle(short_done("b"))  # average 25 ms: still not short
+    assert executed(state.handle(compute("c"), compute("d"))) == ["c"]
+    assert not state.started_ahead and state.ready_keys() == ["d"]
+
+
+@pytest.mark.timeout(5)
 def test_tasks_holding_resources_never_go_ahead(ahead_state: WorkerState) -> None:
     state = ahead_state
     state.handle(compute("a"))
@@ -717,3 +731,16 @@ def test_a_task_handed_ahead_may_secede(ahead_state: WorkerState) -> None:
 def test_ahead_must_not_be_negative() -> None:
     with pytest.raises(ValueError, match="ahead must be at least 0"):
         WorkerState(nthreads=1, ahead=-1)
+
+
+def test_run_times_are_kept_for_a_bounded_number_of_functions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(worker_state, "MAX_FUNCTIONS_TIMED", 2)
+    state = WorkerState(nthreads=1, address=ME, ahead=2)
+    for i, func in enumerate(["f1", "f2", "f3"]):
+        task = ComputeTask(f"k{i}", func, b"args", {}, 0, Allocation({}, {}, 0), {}, 0)
+        state.handle(ComputeArrived(task, 1.0))
+        state.handle(short_done(f"k{i}"))
+    assert list(state.durations) == ["f3"]  # full at two: started again
+    check_invariants(state)

@@ -29,7 +29,7 @@ never run here, and the answer says which were let go and which had started. The
 state machine decides, so a task that started is never moved and never runs twice.
 
 Short plain tasks may be *started ahead* (``started_ahead``): while every thread runs
-a task of a function that took under ``SHORT_TASK`` here last time, a few more plain
+a task of a function whose runs here took under ``SHORT_TASK`` on average, a few more plain
 tasks of such functions are handed to the threads, which take them in order as they
 end the tasks they run. Each counts as executing (a steal finds it started), but not
 on a thread until one ends; a burst of tiny tasks then needs no round trip through
@@ -118,6 +118,9 @@ from apportion.worker.records import (
 #: Seconds under which a task counts as short: tasks of its function may then be
 #: handed to a busy thread (``WorkerState.started_ahead``).
 SHORT_TASK = 0.002
+#: Functions whose run times a worker keeps (``WorkerState.durations``) before it
+#: starts again from none.
+MAX_FUNCTIONS_TIMED = 10_000
 
 
 class WorkerState:
@@ -143,12 +146,16 @@ class WorkerState:
         #: counted in ``executing``), in the order the threads will take them: a
         #: thread that ends a short task starts the next at once, with no round trip
         #: through the event loop, and the loop reports their outcomes in one frame.
-        #: Only plain tasks of functions that ran here in under ``SHORT_TASK``, and
-        #: only behind such tasks, go ahead: none waits long behind another, where
-        #: the scheduler could no longer move it to an idle worker.
+        #: Only plain tasks of functions that run here in under ``SHORT_TASK`` (on
+        #: average, ``durations``), and only behind such tasks, go ahead: none waits
+        #: long behind another, where the scheduler could no longer move it to an
+        #: idle worker.
         self.started_ahead: dict[str, None] = {}
-        #: Functions whose last run here took under ``SHORT_TASK``, by id.
-        self.short: set[str] = set()
+        #: Seconds a run of each function took here, by id: the average of its runs,
+        #: the latest weighing half (as the scheduler's task groups). A function is
+        #: short while this is under ``SHORT_TASK``: one quick call of a function
+        #: whose calls take 50 ms does not make the next ones go ahead.
+        self.durations: dict[str, float] = {}
         #: Most bytes asked of peers and not arrived yet (None: no bound). A fetch
         #: over it waits for earlier ones, except the first: values arriving faster
         #: than the memory monitor samples would pass the limit before it could spill.
@@ -357,10 +364,13 @@ class WorkerState:
 
     def _on_execution_ok(self, event: ExecutionOk) -> None:
         record = self._finish_execution(event.key, MEMORY)
-        if event.duration < SHORT_TASK:
-            self.short.add(record.func_id)
-        else:
-            self.short.discard(record.func_id)
+        durations = self.durations
+        before = durations.get(record.func_id)
+        if before is None and len(durations) >= MAX_FUNCTIONS_TIMED:
+            durations.clear()  # bounded: a stream of fresh functions (runs) forgets
+        durations[record.func_id] = (
+            event.duration if before is None else (before + event.duration) / 2
+        )
         info = event.info
         self._send(
             TaskFinished(event.key, info.nbytes, event.duration, info.type_name, event.thread)
@@ -661,7 +671,7 @@ class WorkerState:
                 heapq.heappop(self._ready)
                 continue
             record = self.tasks[entry[4]]
-            if record.allocation.resources or record.func_id not in self.short:
+            if record.allocation.resources or not self._short(record.func_id):
                 return
             heapq.heappop(self._ready)
             self._execute(record, "queued on a thread behind short tasks", now)
@@ -671,8 +681,11 @@ class WorkerState:
         """Every thread is busy with a short task (as its function last ran here)."""
         if len(self.executing) < self.nthreads or self.seceded:
             return False
-        tasks, short = self.tasks, self.short
-        return all(tasks[key].func_id in short for key in self.executing)
+        return all(self._short(self.tasks[key].func_id) for key in self.executing)
+
+    def _short(self, func_id: str) -> bool:
+        """Runs of ``func_id`` took under ``SHORT_TASK`` here, on average."""
+        return self.durations.get(func_id, SHORT_TASK) < SHORT_TASK
 
     def _execute(self, record: AssignedTask, cause: str, now: float) -> None:
         """Hand ``record`` to the threads."""
