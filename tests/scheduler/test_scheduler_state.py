@@ -1873,6 +1873,34 @@ def test_a_copy_a_worker_fetched_and_kept_is_a_holder_until_released(
     assert sorted(sim.done()) == ["blocker", "use-1", "use-2", "x"]
 
 
+def test_a_kept_copy_reported_as_its_worker_is_given_the_key_to_compute_stays(
+    sim: RecordingCluster,
+) -> None:
+    # w2 fetched x from w1 for use-1 and keeps it; w1 leaves before that report
+    # arrives, and the scheduler gives x to w2 to compute again. The report and the
+    # ComputeTask cross: w2 answers with its copy ("held here"), so the scheduler
+    # must not free that copy as a stale one.
+    w1 = sim.add_worker("w1")
+    w2 = sim.add_worker("w2")
+    sim.submit("x")
+    assert sim.place() == [(w1, "x")]
+    sim.finish("x", nbytes=10**7)
+    sim.submit("blocker")
+    sim.submit("use-1", ["x"])
+    assert sim.place() == [(w1, "blocker"), (w2, "use-1")]
+    sim.finish("use-1")
+    sim.remove_worker(w1)
+    assert [m.keys for m in sim.got(KeysPending)] == [["x"]]  # to be computed again
+    assert sim.place() == [(w2, "x")]
+    sim.worker_says(w2, CopiesKept(["x"]))  # sent before the ComputeTask arrived
+    assert "x" not in sim.freed(w2)
+    sim.finish("x")  # held here: reported at once
+    assert sim.state.tasks["x"].worker == w2 and "x" in sim.state.workers[w2].has_what
+    assert sim.place() == [(w2, "blocker")]
+    sim.finish("blocker")
+    assert sorted(sim.done()) == ["blocker", "use-1", "x", "x"]
+
+
 def test_a_gpu_worker_past_its_memory_target_gets_gpu_work_last(sim: RecordingCluster) -> None:
     full = sim.add_worker("full", nthreads=2, resources="GPU=2", memory_limit=1000)
     roomy = sim.add_worker("roomy", nthreads=2, resources="GPU=2", memory_limit=1000)

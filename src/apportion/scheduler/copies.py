@@ -27,7 +27,13 @@ from apportion.scheduler import actors
 from apportion.scheduler.books import CopyJob, Plan
 from apportion.scheduler.events import SendGetData, SendPutData
 from apportion.scheduler.holders import add_holder, drop_holder, holds
-from apportion.scheduler.records import MEMORY, ClientRecord, TaskRecord, WorkerRecord
+from apportion.scheduler.records import (
+    MEMORY,
+    PROCESSING,
+    ClientRecord,
+    TaskRecord,
+    WorkerRecord,
+)
 from apportion.scheduler.state import SchedulerState
 
 
@@ -192,6 +198,11 @@ def copies_kept(state: SchedulerState, worker: WorkerRecord, msg: CopiesKept) ->
     released, lost or recomputed meanwhile, or on a worker on its way out, goes."""
     for key in msg.keys:
         task = state.tasks.get(key)
+        if task is not None and task.state == PROCESSING and task.worker == worker.id:
+            # Lost elsewhere and given to this very worker to compute again: the
+            # ComputeTask crossed this report, and the worker answers it with the copy
+            # it keeps ("held here"), so the copy is that result and must stay.
+            continue
         if task is None or task.state != MEMORY or worker.leaving is not None or task.actor:
             state.free_keys[worker.id].append(key)
         else:
