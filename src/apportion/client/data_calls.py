@@ -118,6 +118,13 @@ async def _settled(found: list[Future], until_a_failure: bool) -> None:
             done.set_result(None)
 
     def from_any_thread(state: KeyState) -> None:
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:  # settled by a message on this loop: most of them
+            one_settled(state)
+            return
         with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
             loop.call_soon_threadsafe(one_settled, state)
 
