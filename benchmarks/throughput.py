@@ -13,13 +13,18 @@ Tasks per second counts every task of the workload (8,191 for the tree, 10,001 f
 the merge) over the wall time from the first submit to the last result. Every
 submit passes ``pure=False`` so that no repetition reuses an earlier result.
 
+``--profile`` runs only apportion's independent workload and prints the CPU time
+per task of each process (the client and scheduler, each worker) and where it goes,
+stage by stage (``task_profile.py``).
+
 Usage: ``python benchmarks/throughput.py [--repeat N] [--min-runs N] [--budget S]
-[--systems apportion,dask]``
+[--systems apportion,dask] [--profile]``
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -152,6 +157,96 @@ def run_dask(plan: RunPlan) -> dict[str, float]:
         cluster.close()
 
 
+def _processes(client: Any) -> dict[str, Any]:
+    """This process (client and scheduler) and each worker process, by name."""
+    import psutil
+
+    pids = sorted(w["pid"] for w in client.scheduler_info()["workers"].values())
+    out = {"client+scheduler": psutil.Process()}
+    out.update({f"worker {i + 1}": psutil.Process(pid) for i, pid in enumerate(pids)})
+    return out
+
+
+def _cpu(processes: dict[str, Any]) -> dict[str, float]:
+    return {name: sum(p.cpu_times()[:2]) for name, p in processes.items()}
+
+
+def cpu_per_task(repeat: int) -> dict[str, float]:
+    """CPU seconds per task of each process over the independent workload, no profiler:
+    the run with the least CPU in total of ``repeat`` (the one least disturbed)."""
+    from apportion import Client, LocalCluster
+
+    best: dict[str, float] = {}
+    with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
+        warm_up(client)
+        processes = _processes(client)
+        for _ in range(repeat):
+            settle_apportion(client)
+            before, start = _cpu(processes), time.perf_counter()
+            count = independent(client)
+            elapsed, after = time.perf_counter() - start, _cpu(processes)
+            per = {name: (after[name] - before[name]) / count for name in processes}
+            print(
+                f"  {count / elapsed:>8,.0f} tasks/s; CPU per task: "
+                + ", ".join(f"{name} {us * 1e6:.0f} us" for name, us in per.items())
+                + f"; total {sum(per.values()) * 1e6:.0f} us",
+                flush=True,
+            )
+            if not best or sum(per.values()) < sum(best.values()):
+                best = per
+    return best
+
+
+def _worker_clear() -> None:
+    import task_profile
+
+    task_profile.clear()
+
+
+def _worker_collect() -> bytes:
+    import task_profile
+
+    return task_profile.collect()
+
+
+def stage_profiles() -> dict[str, dict[str, Any]]:
+    """Every thread of every process under cProfile over one run of the independent
+    workload (after a warm-up): {process: {thread: stats}}."""
+    import marshal
+
+    import task_profile
+    from apportion import Client, LocalCluster
+
+    os.environ[task_profile.ENVIRONMENT_VARIABLE] = "1"
+    path = [str(task_profile.HOOK_DIR), os.environ["PYTHONPATH"]]
+    os.environ["PYTHONPATH"] = os.pathsep.join(path)
+    task_profile.start()
+    with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
+        warm_up(client)
+        processes = _processes(client)
+        by_pid = {p.pid: name for name, p in processes.items()}
+        pids = {w: info["pid"] for w, info in client.scheduler_info()["workers"].items()}
+        settle_apportion(client)
+        client.run(_worker_clear)
+        task_profile.clear()
+        independent(client)
+        profiles = {"client+scheduler": marshal.loads(task_profile.collect())}
+        for address, blob in client.run(_worker_collect).items():
+            profiles[by_pid[pids[address]]] = marshal.loads(blob)
+    return dict(sorted(profiles.items()))
+
+
+def profile(repeat: int) -> None:
+    """CPU per task of each process, then its split by stage (``task_profile.py``)."""
+    import task_profile
+
+    print(f"apportion, {N_INDEPENDENT:,} no-op tasks (map + gather), 2 workers x 1 thread:")
+    cpu = cpu_per_task(repeat)
+    print("profiling every thread of every process (one more run)...", flush=True)
+    profiles = stage_profiles()
+    task_profile.report(cpu, profiles)
+
+
 def report(results: dict[str, dict[str, float]]) -> None:
     ours = results.get("apportion", {})
     theirs = results.get("dask", {})
@@ -187,7 +282,13 @@ def main() -> None:
         "--budget", type=float, default=20.0, help="seconds per workload before min-runs stops"
     )
     parser.add_argument("--systems", default="apportion,dask", help="comma-separated")
+    parser.add_argument(
+        "--profile", action="store_true", help="apportion's CPU per task by process and stage"
+    )
     args = parser.parse_args()
+    if args.profile:
+        profile(args.repeat)
+        return
     plan = RunPlan(args.repeat, min(args.min_runs, args.repeat), args.budget)
     runners = {"apportion": run_apportion, "dask": run_dask}
     results: dict[str, dict[str, float]] = {}

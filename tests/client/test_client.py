@@ -82,6 +82,25 @@ def test_map_gather_and_keyword_arguments(client: Client) -> None:
     assert client.submit(slow_identity, x=5, delay=0).result(timeout=10) == 5
 
 
+def test_map_and_submit_warn_of_large_arguments_at_the_callers_line(client: Client) -> None:
+    big = b"x" * (11 * 2**20)
+    with pytest.warns(UserWarning, match="consider scattering") as caught:
+        futures = client.map(len, [big, b"small"], pure=False)
+    assert [w.filename for w in caught] == [__file__]
+    with pytest.warns(UserWarning, match="consider scattering") as caught:
+        future = client.submit(len, big, pure=False)
+    assert [w.filename for w in caught] == [__file__]
+    assert client.gather([*futures, future]) == [len(big), 5, len(big)]
+
+
+def test_map_of_nothing_is_nothing_and_keys_of_the_wrong_type_are_refused(
+    client: Client,
+) -> None:
+    assert client.map(len, []) == []
+    with pytest.raises(TypeError, match="key must be a str"):
+        client.map(len, ["a", "b"], key=["k-1", 2])  # type: ignore[list-item]
+
+
 def test_pure_calls_share_a_key_and_impure_do_not(client: Client) -> None:
     assert client.submit(operator.add, 1, 1).key == client.submit(operator.add, 1, 1).key
     assert client.submit(time.time, pure=False).key != client.submit(time.time, pure=False).key

@@ -17,6 +17,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from apportion.client.future import KeyState
 from apportion.client.state import (
     CANCELLED,
     ERROR,
@@ -25,6 +26,7 @@ from apportion.client.state import (
     PENDING,
     ClientState,
     Deliver,
+    KeyRecord,
     NoticeText,
     PendingRequests,
     Release,
@@ -340,3 +342,16 @@ def test_parts_of_a_request_given_up_are_dropped() -> None:
     assert book.receive(WhoHasReply(4, {})) == 4
     book.drop_parts(4)  # the caller had given up: nobody will take them
     assert book.parts == {}
+
+
+def test_a_key_state_makes_its_event_only_for_a_waiter_and_keeps_it_in_step() -> None:
+    state = KeyState("k", KeyRecord(), lambda key, callback: True)
+    assert not state.done() and state._event is None
+    state.wake()
+    assert state.done() and state._event is None  # nobody waited: no event made
+    assert state.event.wait(0)  # made settled
+    state.rearm()
+    assert not state.done() and not state.event.is_set()
+    event = state.event
+    state.wake()
+    assert state.event is event and event.is_set()

@@ -16,6 +16,7 @@ import pytest
 
 from apportion.core.payload import (
     OUT_OF_BAND_MIN,
+    UNFRAMED_MAX,
     Payload,
     Pickled,
     dumps,
@@ -102,6 +103,24 @@ def test_small_values_stay_one_bytes_object_as_before() -> None:
         assert pickle.loads(pickled) is not None or value is None
         back = loads(pickled)
         assert np.array_equal(back, value) if isinstance(value, np.ndarray) else back == value
+
+
+def test_small_pickles_lose_their_frame_header_and_still_load() -> None:
+    # (i,) pickles to 17 bytes, 9 of them the frame header: the scheduler holds the
+    # arguments of every queued task.
+    framed = pickle.dumps((12345,), protocol=5)
+    pickled = dumps((12345,))
+    assert isinstance(pickled, bytes) and len(pickled) == len(framed) - 9
+    assert pickled == framed[:2] + framed[11:]
+    assert loads(pickled) == (12345,) and pickle.loads(pickled) == (12345,)
+    assert dumps(()) == pickle.dumps((), protocol=5)  # too short to carry a frame
+
+
+def test_larger_in_band_pickles_keep_their_frame() -> None:
+    value = "x" * (2 * UNFRAMED_MAX)
+    pickled = dumps(value)
+    assert pickled == pickle.dumps(value, protocol=5)
+    assert loads(pickled) == value
 
 
 def test_a_large_in_band_pickle_travels_as_a_frame_of_its_own() -> None:

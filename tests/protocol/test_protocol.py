@@ -593,6 +593,16 @@ def test_format_address_round_trips(host: str, port: int) -> None:
             "tasks",
         ),
         ([SubmitTasks.TAG, [["k", "f", b"", [], {}, 0, 0, [], [], 0, 0, 7, 0]], {}, []], "tasks"),
+        # One dict or record field checked alone (no column of one): keys, values,
+        # a record's width and each of its fields.
+        ([ComputeTask.TAG, "k", "f", b"", {"d": "w"}, 0, [{}, {}, 0], {}, 0], "who_has"),
+        ([ComputeTask.TAG, "k", "f", b"", {1: ["w"]}, 0, [{}, {}, 0], {}, 0], "who_has"),
+        ([ComputeTask.TAG, "k", "f", b"", [], 0, [{}, {}, 0], {}, 0], "who_has"),
+        ([ComputeTask.TAG, "k", "f", b"", {}, 0, [{}, {}], {}, 0], "allocation"),
+        ([ComputeTask.TAG, "k", "f", b"", {}, 0, [{"G": "1"}, {}, 0], {}, 0], "allocation"),
+        ([ComputeTask.TAG, "k", "f", b"", {}, 0, [{}, {}, "0"], {}, 0], "allocation"),
+        ([ComputeTask.TAG, "k", "f", b"", {}, 0, "alloc", {}, 0], "allocation"),
+        ([ComputeTask.TAG, "k", "f", b"", {}, 0, [{}, {}, 0], {"d": 1.5}, 0], "sizes"),
     ],
 )
 def test_fields_of_the_wrong_type_are_protocol_errors(message: list[object], field: str) -> None:

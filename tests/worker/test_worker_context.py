@@ -201,6 +201,44 @@ def test_an_interruption_is_told_from_a_cancel_and_reported_as_one() -> None:
         loop.close()
 
 
+_ASKED = threading.Event()
+
+
+def _asks_then_watches(gate: str) -> bool:
+    event = task_cancel_event()  # made now, by the task's own thread
+    _ASKED.set()
+    _GATES[gate].wait(5)
+    return event.is_set() and task_cancel_event() is event
+
+
+@pytest.mark.timeout(10)
+def test_a_cancel_reaches_a_running_task_that_made_its_event_first() -> None:
+    loop = asyncio.new_event_loop()
+    outcomes: list[Any] = []
+    runner = TaskRunner(1, {}, outcomes.extend, loop, SimpleNamespace(units={}))
+    try:
+        blob = dumps_function(_asks_then_watches)
+        runner.functions.add(function_id(blob), blob)
+        gate = _GATES["running"] = threading.Event()
+        args, _ = pack_call(("running",), {})
+        runner.submit(Execute("running", function_id(blob), args, (), NOTHING), {})
+        assert _ASKED.wait(5)
+        assert runner.cancel(["running", "unknown"]) == 1
+        gate.set()
+
+        async def done() -> None:
+            while not outcomes:
+                await asyncio.sleep(0.01)
+
+        loop.run_until_complete(asyncio.wait_for(done(), 5))
+        assert [(o.key, o.value) for o in outcomes if isinstance(o, Finished)] == [
+            ("running", True)
+        ]
+    finally:
+        runner.close()
+        loop.close()
+
+
 class _Big:
     """A stand-in for a large result: it can be watched with a weak reference."""
 

@@ -21,6 +21,7 @@ from apportion.protocol.worker import (
     TaskFinished,
     TaskRaised,
 )
+from apportion.worker import state as worker_state
 from apportion.worker.events import (
     ComputeArrived,
     DataInfo,
@@ -46,7 +47,7 @@ from apportion.worker.events import (
     WorkerCommand,
 )
 from apportion.worker.invariants import check_invariants
-from apportion.worker.state import WorkerState
+from apportion.worker.state import SHORT_TASK, WorkerState
 
 ME = "tcp://127.0.0.1:1000"
 PEER_A = "tcp://127.0.0.1:2000"
@@ -506,10 +507,11 @@ class WorkerStateMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.state = WorkerState(nthreads=2, address=ME, fetch_budget=100)
+        self.state = WorkerState(nthreads=2, address=ME, fetch_budget=100, ahead=2)
         self.time = 0.0
         self.in_flight: list[Fetch] = []
         self.started: set[str] = set()
+        self.bursts = 0
 
     def step(self, *events: object) -> None:
         commands = self.state.handle(*events)  # type: ignore[arg-type]
@@ -542,6 +544,14 @@ class WorkerStateMachine(RuleBasedStateMachine):
         sizes = {dep: 40 * (len(dep) + len(holders)) for dep, holders in deps.items()}
         self.step(compute(key, deps, resources, priority, self.now(), sizes=sizes))
 
+    @rule(count=st.integers(1, 4))
+    def burst(self, count: int) -> None:
+        """Several new tasks with no inputs at once, as a ``map`` sends them: enough to
+        keep every thread busy and hand some ahead."""
+        self.bursts += 1
+        keys = [f"m{self.bursts}-{i}" for i in range(count)]
+        self.step(*(compute(key, t=self.now()) for key in keys))
+
     @precondition(lambda self: self.in_flight)
     @rule(data=st.data(), fail=st.booleans())
     def answer_fetch(self, data: st.DataObject, fail: bool) -> None:
@@ -553,23 +563,36 @@ class WorkerStateMachine(RuleBasedStateMachine):
         missing = tuple(k for k in fetch.keys if k not in have)
         self.step(FetchDone(fetch.address, dict.fromkeys(have, INFO), missing, self.now()))
 
-    @precondition(lambda self: self.state.executing or self.state.seceded)
-    @rule(data=st.data(), how=st.sampled_from(["ok", "raised", "too large"]))
-    def finish(self, data: st.DataObject, how: str) -> None:
-        """An execution ends, also one seceded or waiting to rejoin."""
-        key = data.draw(st.sampled_from(sorted(self.state.executing | self.state.seceded.keys())))
+    def on_threads(self) -> set[str]:
+        """Tasks a thread may be running: executing, seceded, or handed ahead (a thread
+        takes one as soon as it ends a task, before the state machine hears of it)."""
+        return self.state.executing | self.state.seceded.keys() | self.state.started_ahead.keys()
+
+    @precondition(lambda self: self.on_threads())
+    @rule(
+        data=st.data(),
+        how=st.sampled_from(["ok", "raised", "too large"]),
+        duration=st.sampled_from([0.0001, 0.0001, 0.0001, 0.1]),
+    )
+    def finish(self, data: st.DataObject, how: str, duration: float) -> None:
+        """An execution ends, also one seceded, waiting to rejoin, or handed ahead."""
+        key = data.draw(st.sampled_from(sorted(self.on_threads())))
         if how == "raised":
-            self.step(ExecutionRaised(key, b"e", b"t", 0.1, self.now()))
+            self.step(ExecutionRaised(key, b"e", b"t", duration, self.now()))
         elif how == "too large":
-            self.step(ExecutionTooLarge(key, DataInfo(2000, "bytes"), 1000, 950, 0.1, self.now()))
+            self.step(
+                ExecutionTooLarge(key, DataInfo(2000, "bytes"), 1000, 950, duration, self.now())
+            )
         else:
-            self.step(ExecutionOk(key, INFO, 0.1, self.now()))
+            self.step(ExecutionOk(key, INFO, duration, self.now()))
         assert key not in self.started, "an execution that started was not reported"
 
-    @precondition(lambda self: self.state.executing)
+    @precondition(lambda self: self.state.executing or self.state.started_ahead)
     @rule(data=st.data(), keep=st.booleans())
     def secede(self, data: st.DataObject, keep: bool) -> None:
-        key = data.draw(st.sampled_from(sorted(self.state.executing)))
+        key = data.draw(
+            st.sampled_from(sorted(self.state.executing | self.state.started_ahead.keys()))
+        )
         self.step(Seceded(key, keep, self.now()))
 
     @precondition(lambda self: self.state.seceded)
@@ -615,3 +638,109 @@ class WorkerStateMachine(RuleBasedStateMachine):
 TestWorkerStateMachine = WorkerStateMachine.TestCase
 TestWorkerStateMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 TestWorkerStateMachine = pytest.mark.timeout(50)(TestWorkerStateMachine)
+
+
+def short_done(key: str, t: float = 2.0) -> ExecutionOk:
+    """``key`` finished in well under ``SHORT_TASK``."""
+    return ExecutionOk(key, INFO, SHORT_TASK / 10, t)
+
+
+@pytest.fixture
+def ahead_state() -> Iterator[WorkerState]:
+    s = WorkerState(nthreads=1, address=ME, ahead=2)
+    yield s
+    check_invariants(s)
+
+
+@pytest.mark.timeout(5)
+def test_short_tasks_are_handed_to_a_busy_thread_ahead(ahead_state: WorkerState) -> None:
+    state = ahead_state
+    state.handle(compute("a"))
+    state.handle(short_done("a"))  # f is short now
+    commands = state.handle(compute("b"), compute("c"), compute("d"), compute("e"))
+    assert executed(commands) == ["b", "c", "d"]
+    assert state.executing == {"b"} and list(state.started_ahead) == ["c", "d"]
+    # Two outcomes in one batch: the thread took c as soon as b ended.
+    commands = state.handle(short_done("b", 3.0), short_done("c", 3.0))
+    assert sent(commands) == [
+        TaskFinished("b", 8, SHORT_TASK / 10, "int"),
+        TaskFinished("c", 8, SHORT_TASK / 10, "int"),
+    ]
+    assert executed(commands) == ["e"]
+    assert state.executing == {"d"} and list(state.started_ahead) == ["e"]
+
+
+@pytest.mark.timeout(5)
+def test_tasks_of_a_function_not_known_short_wait_in_the_worker(ahead_state: WorkerState) -> None:
+    state = ahead_state
+    assert executed(state.handle(compute("a"), compute("b"))) == ["a"]
+    state.handle(ExecutionOk("a", INFO, 10 * SHORT_TASK, 2.0))  # long: nothing ahead
+    assert state.executing == {"b"} and not state.started_ahead
+    assert executed(state.handle(compute("c"))) == []
+    assert state.ready_keys() == ["c"]
+
+
+@pytest.mark.timeout(5)
+def test_one_quick_run_of_a_slow_function_does_not_make_it_short(
+    ahead_state: WorkerState,
+) -> None:
+    state = ahead_state
+    state.handle(compute("a"))
+    state.handle(ExecutionOk("a", INFO, 0.05, 2.0))  # 50 ms
+    state.handle(compute("b"))
+    state.handle(short_done("b"))  # average 25 ms: still not short
+    assert executed(state.handle(compute("c"), compute("d"))) == ["c"]
+    assert not state.started_ahead and state.ready_keys() == ["d"]
+
+
+@pytest.mark.timeout(5)
+def test_tasks_holding_resources_never_go_ahead(ahead_state: WorkerState) -> None:
+    state = ahead_state
+    state.handle(compute("a"))
+    state.handle(short_done("a"))
+    assert executed(state.handle(compute("b"))) == ["b"]
+    commands = state.handle(compute("g", resources={"GPU": 10_000}), compute("c"))
+    assert executed(commands) == []  # the GPU task is next: it waits for the thread
+    assert not state.started_ahead
+    assert state.ready_keys() == ["g", "c"]
+
+
+@pytest.mark.timeout(5)
+def test_a_task_handed_ahead_counts_as_started_for_a_steal(ahead_state: WorkerState) -> None:
+    state = ahead_state
+    state.handle(compute("a"))
+    state.handle(short_done("a"))
+    state.handle(compute("b"), compute("c"), compute("d"), compute("e"))
+    commands = state.handle(StealArrived(("c", "d", "e"), 3.0))
+    assert sent(commands) == [StealResponse(["e"], ["c", "d"])]
+    assert list(state.started_ahead) == ["c", "d"]
+
+
+@pytest.mark.timeout(5)
+def test_a_task_handed_ahead_may_secede(ahead_state: WorkerState) -> None:
+    state = ahead_state
+    state.handle(compute("a"))
+    state.handle(short_done("a"))
+    state.handle(compute("b"), compute("c"), compute("d"))
+    state.handle(Seceded("c", False, 3.0))  # a thread took c before b's outcome came
+    assert "c" in state.seceded and "c" not in state.started_ahead
+    assert executed(state.handle(short_done("b", 4.0))) == []
+    assert state.executing == {"d"}
+
+
+def test_ahead_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="ahead must be at least 0"):
+        WorkerState(nthreads=1, ahead=-1)
+
+
+def test_run_times_are_kept_for_a_bounded_number_of_functions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(worker_state, "MAX_FUNCTIONS_TIMED", 2)
+    state = WorkerState(nthreads=1, address=ME, ahead=2)
+    for i, func in enumerate(["f1", "f2", "f3"]):
+        task = ComputeTask(f"k{i}", func, b"args", {}, 0, Allocation({}, {}, 0), {}, 0)
+        state.handle(ComputeArrived(task, 1.0))
+        state.handle(short_done(f"k{i}"))
+    assert list(state.durations) == ["f3"]  # full at two: started again
+    check_invariants(state)

@@ -103,7 +103,7 @@ async def _settled(found: list[Future], until_a_failure: bool) -> None:
     gather of 100,000 futures costs the same per future as one of ten."""
     if until_a_failure and any(f._key_state.record.error is not None for f in found):
         return  # failed already: no need to wait for the others
-    pending = [f for f in found if not f._key_state.event.is_set()]
+    pending = [f for f in found if not f._key_state.done()]
     if not pending:
         return
     loop = asyncio.get_running_loop()
@@ -118,6 +118,13 @@ async def _settled(found: list[Future], until_a_failure: bool) -> None:
             done.set_result(None)
 
     def from_any_thread(state: KeyState) -> None:
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:  # settled by a message on this loop: most of them
+            one_settled(state)
+            return
         with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
             loop.call_soon_threadsafe(one_settled, state)
 

@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("apportion.client")
 
+#: Held while a ``KeyState`` makes its event, so that two threads make one.
+_EVENTS_MADE = threading.Lock()
+
 
 class KeyState:
     """The waiting side of one key, shared by all its futures: an event to wait on.
@@ -44,14 +47,19 @@ class KeyState:
     ``KeyRecord`` in the client's ``ClientState``; the client wakes this when that
     state says the key settled, and re-arms it when it is pending again."""
 
-    __slots__ = ("_add", "event", "key", "record")
+    __slots__ = ("_add", "_event", "_settled", "key", "record")
 
     def __init__(
         self, key: str, record: KeyRecord, add: Callable[[str, Callable[[], None]], bool]
     ) -> None:
         self.key = key
         self.record = record
-        self.event = threading.Event()
+        #: Settled (as ``wake`` and ``rearm`` say); the event mirrors it once made.
+        self._settled = False
+        #: Made by the first thread that waits (``event``): most futures of a big
+        #: ``map`` are gathered, never waited on one by one, and an event apiece
+        #: costs more than the rest of a future.
+        self._event: threading.Event | None = None
         #: The client's ``ClientState.add_callback``, taken under the client's lock:
         #: "not settled, so kept" and "settled, so handed out" are then one step each.
         self._add = add
@@ -75,9 +83,24 @@ class KeyState:
         exc = self.exception_object()
         return None if exc is None else exc.__traceback__
 
+    @property
+    def event(self) -> threading.Event:
+        """Set while the key is settled: what a thread waits on."""
+        event = self._event
+        if event is None:
+            with _EVENTS_MADE:
+                event = self._event
+                if event is None:
+                    event = self._event = threading.Event()
+                    # After publishing it: a ``wake`` that did not see it set
+                    # ``_settled`` first, and is seen here.
+                    if self._settled:
+                        event.set()
+        return event
+
     def done(self) -> bool:
         """True once the key settled: finished, failed, cancelled or lost."""
-        return self.event.is_set()
+        return self._settled
 
     def __repr__(self) -> str:
         return f"<FutureState: {self.status}, key: {self.key}>"
@@ -85,7 +108,10 @@ class KeyState:
     def wake(self, callbacks: Iterable[Callable[[], None]] = ()) -> None:
         """The key settled (its record says how): wake its waiters, then run the
         callbacks its settling handed out."""
-        self.event.set()
+        self._settled = True
+        event = self._event
+        if event is not None:
+            event.set()
         for callback in callbacks:
             callback()
 
@@ -96,7 +122,10 @@ class KeyState:
 
     def rearm(self) -> None:
         """The key is pending again (recomputed, retried, resubmitted): wait again."""
-        self.event.clear()
+        self._settled = False
+        event = self._event
+        if event is not None:
+            event.clear()
 
     def exception_object(self) -> BaseException | None:
         """The key's failure as an exception (unpickled here), or None."""
@@ -282,7 +311,7 @@ class Future(cf.Future[Any]):
 
     def done(self) -> bool:
         """True once the task finished, failed or was cancelled."""
-        return self._key_state.event.is_set()
+        return self._key_state.done()
 
     def cancelled(self) -> bool:
         return self._key_state.status == CANCELLED
@@ -355,7 +384,7 @@ class Future(cf.Future[Any]):
 
     async def _settled(self, timeout: float | None) -> None:
         """Wait in the running loop until the key has settled."""
-        if self._key_state.event.is_set():
+        if self._key_state.done():
             return
         try:
             async with asyncio.timeout(timeout):

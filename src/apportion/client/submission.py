@@ -28,6 +28,9 @@ from apportion.protocol.tasks import RetryKeys, SubmitTasks, TaskSpec, WhoHasReq
 
 #: Functions kept pickled per client; a loop over fresh lambdas must not grow it forever.
 _FUNC_CACHE_SIZE = 512
+#: Tasks of a ``map`` posted to the scheduler together: few enough that the first
+#: start while the rest are being pickled, many enough to cost the loop few wake-ups.
+MAP_BATCH = 1000
 
 
 class FunctionCache:
@@ -89,45 +92,107 @@ def task(
     where: Where = ANYWHERE,
     actor: bool = False,
 ) -> Future:
+    _check_call(func, key)
+    func_id, blob = client._function(func)
+    call = _Call(func_id, _name_of(func), demand, priority, retries, pure, where, actor)
+    future, spec = call.prepare(client, args, kwargs, key, stacklevel=5)
+    post_tasks(client, [(spec, blob, True)])
+    return future
+
+
+def _check_call(func: Callable[..., Any], key: object) -> None:
     if not callable(func):
         raise TypeError(f"first argument must be callable, not {type(func).__name__}")
     if key is not None and not isinstance(key, str):
         raise TypeError(f"key must be a str, not {type(key).__name__}: {key!r}")
-    func_id, blob = client._function(func)
-    args_blob, deps = payload.pack_call(args, kwargs)
-    name = getattr(func, "__name__", type(func).__name__)
-    warn_if_large(payload.size_of(args_blob), f"the arguments of {name!r}")
-    if key is None:
-        if pure:
-            # The demand is part of the identity: the same call asking for other
-            # resources must not be merged into an existing task.
-            digest = hashlib.blake2b(func_id.encode(), digest_size=16)
-            payload.hash_into(digest, args_blob)
-            if demand != PLAIN:
-                digest.update(repr([sorted(a.items()) for a in demand.alternatives]).encode())
-            if where != ANYWHERE:  # so is where it may run, for the same reason
-                digest.update(repr(where).encode())
-            key = f"{name}-{digest.hexdigest()}"
-        else:
-            key = f"{name}-{client._unique_name()}"
-    future = Future(key, client)
-    if future._key_state.status == CANCELLED:
-        client._again(key)  # submitted again after a cancel: it runs again
-    first, alternatives = demand.wire()
-    spec = TaskSpec(
-        key,
-        func_id,
-        args_blob,
-        sorted(deps),
-        first,
-        priority,
-        retries,
-        alternatives,
-        *where,
-        actor=int(actor),
+
+
+def _name_of(func: Callable[..., Any]) -> str:
+    return getattr(func, "__name__", type(func).__name__)
+
+
+class _Call:
+    """What every task of one ``submit`` or ``map`` shares, worked out once: a
+    ``map`` of 10,000 tasks looks its function up and turns its demand into wire
+    form once, not per task."""
+
+    __slots__ = (
+        "actor",
+        "demand",
+        "first",
+        "func_id",
+        "name",
+        "others",
+        "priority",
+        "pure",
+        "retries",
+        "where",
     )
-    post_tasks(client, [(spec, blob, True)])
-    return future
+
+    def __init__(
+        self,
+        func_id: str,
+        name: str,
+        demand: Demand,
+        priority: int,
+        retries: int,
+        pure: bool,
+        where: Where,
+        actor: bool,
+    ) -> None:
+        self.func_id = func_id
+        self.name = name
+        self.demand = demand
+        self.first, self.others = demand.wire()
+        self.priority = priority
+        self.retries = retries
+        self.pure = pure
+        self.where = where
+        self.actor = actor
+
+    def prepare(
+        self,
+        client: SubmittingClient,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        key: str | None,
+        stacklevel: int,
+    ) -> tuple[Future, TaskSpec]:
+        """The future and the wire spec of one call; ``stacklevel`` of a large-argument
+        warning names the user's line."""
+        args_blob, deps = payload.pack_call(args, kwargs)
+        warn_if_large(payload.size_of(args_blob), f"the arguments of {self.name!r}", stacklevel)
+        if key is None:
+            key = self._key(client, args_blob)
+        future = Future(key, client)
+        if future._key_state.status == CANCELLED:
+            client._again(key)  # submitted again after a cancel: it runs again
+        spec = TaskSpec(
+            key,
+            self.func_id,
+            args_blob,
+            sorted(deps),
+            self.first,
+            self.priority,
+            self.retries,
+            self.others,
+            *self.where,
+            actor=int(self.actor),
+        )
+        return future, spec
+
+    def _key(self, client: SubmittingClient, args_blob: payload.Pickled) -> str:
+        if not self.pure:
+            return f"{self.name}-{client._unique_name()}"
+        # The demand is part of the identity: the same call asking for other
+        # resources must not be merged into an existing task.
+        digest = hashlib.blake2b(self.func_id.encode(), digest_size=16)
+        payload.hash_into(digest, args_blob)
+        if self.demand != PLAIN:
+            digest.update(repr([sorted(a.items()) for a in self.demand.alternatives]).encode())
+        if self.where != ANYWHERE:  # so is where it may run, for the same reason
+            digest.update(repr(self.where).encode())
+        return f"{self.name}-{digest.hexdigest()}"
 
 
 def submit(
@@ -215,25 +280,34 @@ def map(
     else:
         keys = [None] * len(calls)
     prefix = key if isinstance(key, str) else None
+    if not calls:
+        return []
+    for task_key in keys:
+        _check_call(func, task_key)
+    func_id, blob = client._function(func)
+    call = _Call(
+        func_id,
+        _name_of(func),
+        demand,
+        priority,
+        retries or 0,
+        pure and not as_actors,
+        where,
+        as_actors,
+    )
     out = []
+    batch: TaskBatch = []
     for i, (call_args, task_key) in enumerate(zip(calls, keys, strict=True)):
         if prefix is not None:
             task_key = f"{prefix}-{i}"
-        out.append(
-            task(
-                client,
-                func,
-                call_args,
-                kwargs,
-                key=task_key,
-                demand=demand,
-                priority=priority,
-                retries=retries or 0,
-                pure=pure and not as_actors,
-                where=where,
-                actor=as_actors,
-            )
-        )
+        future, spec = call.prepare(client, call_args, kwargs, task_key, stacklevel=4)
+        out.append(future)
+        batch.append((spec, blob, True))
+        if len(batch) >= MAP_BATCH:
+            post_tasks(client, batch)
+            batch = []
+    if batch:
+        post_tasks(client, batch)
     return out
 
 

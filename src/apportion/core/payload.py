@@ -164,7 +164,7 @@ def dumps(obj: Any) -> Pickled:
             buffers.clear()
             data = bytes(cloudpickle.dumps(value, protocol=5, buffer_callback=out_of_band))
     if not buffers and len(data) <= INLINE_MAX:
-        return data
+        return _unframed(data)
     return Payload([data, *buffers])
 
 
@@ -174,6 +174,34 @@ def _names_by_value_module(data: bytes) -> bool:
     classes by reference, but that module exists only where it was registered."""
     registered = cloudpickle.list_registry_pickle_by_value()
     return bool(registered) and any(name.encode() in data for name in registered)
+
+
+#: Streams up to this many bytes lose their frame header (``_unframed``); past it,
+#: 9 bytes are not worth a copy of the stream.
+UNFRAMED_MAX = 1024
+#: Protocol 5's opening (PROTO 5) and its FRAME opcode, which 8 bytes of length follow.
+_PROTO_5 = b"\x80\x05"
+_FRAME = 0x95
+
+
+def _unframed(data: bytes) -> bytes:
+    """``data`` without its one frame header, when it has one.
+
+    The pickler frames its stream so that a reader can fetch it in large reads; a
+    small stream is read from memory in one piece, and its 9-byte header is half of
+    a small task's arguments (``(i,)`` pickles to 17 bytes): the scheduler holds the
+    arguments of every queued task, and every message carries them. An unframed
+    stream is as valid to ``pickle.loads``. Only a single frame that runs to the end
+    is taken off (small streams have exactly one), and only from small streams.
+    """
+    if (
+        11 < len(data) <= UNFRAMED_MAX
+        and data[2] == _FRAME
+        and data.startswith(_PROTO_5)
+        and int.from_bytes(data[3:11], "little") == len(data) - 11
+    ):
+        return data[:2] + data[11:]
+    return data
 
 
 class _Raw:
@@ -258,8 +286,12 @@ def task_inputs(inputs: Mapping[str, Any]) -> Iterator[None]:
 
 def unpack_call(blob: Pickled, inputs: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The ``(args, kwargs)`` of a call, with dependency placeholders resolved."""
-    with task_inputs(inputs):
+    # ``task_inputs`` written out: this runs for every task.
+    token = _inputs.set(inputs)
+    try:
         value = loads(blob)
+    finally:
+        _inputs.reset(token)
     if isinstance(value, _WithKwargs):
         return value.args, value.kwargs
     return value, {}

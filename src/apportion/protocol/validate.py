@@ -88,12 +88,39 @@ def checker(tp: Any) -> Check:
     allowed = _scalars(tp)
     if allowed is not None:  # most fields: one type test, no column machinery
         return lambda value: type(value) in allowed
-    if get_origin(tp) is list:  # the list itself is the column: no copy of it
+    origin = get_origin(tp)
+    if origin is list:  # the list itself is the column: no copy of it
         (item_type,) = get_args(tp)
         items = column_checker(item_type)
         return lambda value: type(value) is list and items(value)
+    if origin is dict:  # its keys and its values are the columns; most are empty
+        key_type, value_type = get_args(tp)
+        keys, vals = column_checker(key_type), column_checker(value_type)
+        return lambda value: (
+            type(value) is dict
+            and (not value or (keys(list(value)) and vals(list(value.values()))))
+        )
+    if getattr(tp, "_fields", None) is not None:  # a record: each field on its own
+        return _record_checker([checker(t) for t in get_type_hints(tp).values()])
     column = column_checker(tp)
     return lambda value: column((value,))
+
+
+def _record_checker(fields: list[Check]) -> Check:
+    """A predicate accepting one NamedTuple record sent as a list, field by field:
+    the column machinery costs more than the checks for a single record (the
+    ``Allocation`` of every ``ComputeTask``)."""
+    width = len(fields)
+
+    def record(value: Any) -> bool:
+        if type(value) not in (list, tuple) or len(value) != width:
+            return False
+        for check, item in zip(fields, value, strict=True):
+            if not check(item):
+                return False
+        return True
+
+    return record
 
 
 def field_checks(cls: type[Any]) -> list[tuple[str, Check]]:

@@ -1,7 +1,7 @@
 """What the scheduler knows about each task, task group, worker and client.
 
 Plain slotted classes, not dataclasses: there can be millions of task records and
-every byte counts (the scheduler keeps about 650 bytes per queued task). Invariants are
+every byte counts (the scheduler keeps about 590 bytes per queued task). Invariants are
 stated on the fields and checked by ``scheduler.invariants.check_invariants``.
 """
 
@@ -269,20 +269,49 @@ SCHEDULER_TASK_MOVES: frozenset[tuple[str, str]] = frozenset(
 )
 
 
+class RareFields:
+    """The fields of a task record that most tasks never set, kept apart.
+
+    A queued task of a big ``map`` has every one at its default, so its record holds
+    one empty slot instead of nine (64 bytes less per task: the scheduler's memory per
+    queued task is mostly its records). ``TaskRecord`` makes one on the first write
+    of a value that is not a default and reads them through properties.
+    """
+
+    __slots__ = (
+        "actor",
+        "cancelled",
+        "choice",
+        "discard_result",
+        "error",
+        "replicas",
+        "reserved_on",
+        "restriction",
+        "retries",
+    )
+
+    def __init__(self) -> None:
+        self.choice = 0
+        self.restriction: Restriction | None = None
+        self.retries = 0
+        self.replicas: set[str] | None = None
+        self.error: tuple[str, Pickled | str, Pickled] | None = None
+        self.reserved_on: str | None = None
+        self.discard_result = False
+        self.cancelled = False
+        self.actor = False
+
+
 class TaskRecord:
     """The scheduler's view of one task."""
 
     __slots__ = (
-        "actor",
+        "_rare",
         "allocation",
         "args",
-        "cancelled",
-        "choice",
         "demand",
         "dependents",
         "deps",
-        "discard_result",
-        "error",
         "func_id",
         "group",
         "key",
@@ -292,10 +321,6 @@ class TaskRecord:
         "person",
         "priority",
         "queue",
-        "replicas",
-        "reserved_on",
-        "restriction",
-        "retries",
         "seq",
         "state",
         "wanted_by",
@@ -331,49 +356,144 @@ class TaskRecord:
         self.missing_deps = 0
         #: What it asks for, as the client sent it; never changes.
         self.demand = demand
-        #: Which of its alternatives it runs (or last ran, or reserved) with: placement
-        #: chooses, the allocation carries it to the worker; its resources are taken
-        #: and given back by ``resources``.
-        self.choice = 0
-        #: Where it may run (None: anywhere); a hard one is checked by the invariants.
-        self.restriction = restriction
+        #: The fields most tasks never set (``RareFields``), None while all are at
+        #: their defaults: read and written through the properties below.
+        self._rare: RareFields | None = None
+        if restriction is not None or retries:
+            rare = self._rare = RareFields()
+            rare.restriction = restriction
+            rare.retries = retries
         #: Its queue: tasks with equal keys fit in the same places.
         self.queue: QueueKey = demand if restriction is None else Restricted(demand, restriction)
         self.priority = priority
-        self.retries = retries
         #: Submission order; with priority, the start order among ready tasks.
         self.seq = seq
         self.state = NEW
         #: The worker running it (PROCESSING) or holding its result (MEMORY).
         self.worker: str | None = None
-        #: MEMORY only: other workers holding a copy (replicate, rebalance), never
-        #: ``worker`` itself; None (not an empty set) while there are none.
-        self.replicas: set[str] | None = None
         #: Clients holding a future for this key; None while none. Immutable: a task
         #: wanted by one client shares that client's ``alone`` set (``want``).
         self.wanted_by: frozenset[str] | None = None
         self.nbytes = 0
-        #: For ERRED, or PROCESSING and ``cancelled``: ("exception", exc_bytes, tb_bytes)
-        #: or (kind, message, b"").
-        self.error: tuple[str, Pickled | str, Pickled] | None = None
-        #: The worker this task holds a reservation on while it cannot fit anywhere.
-        self.reserved_on: str | None = None
         #: Its task group's counts (``telemetry.GroupTally``, named by ``core.groups``),
         #: shared with its siblings; set the first time it moves (``Telemetry.moved``).
         self.group: GroupTally | None = None
-        #: Set when the worker was told to drop the result of this running task.
-        self.discard_result = False
-        self.cancelled = False
         #: While PROCESSING on a worker: what it holds there (taken from that
         #: worker's ledger, given back exactly once); for an actor in MEMORY, what it
         #: holds for its lifetime (``scheduler/actors.py``); None otherwise.
         self.allocation: Allocation | None = None
-        #: Its result is an actor: an object living on ``worker`` that takes calls.
-        self.actor = False
         #: The person whose work it is (``ClientRecord.person`` of the client that
         #: submitted it first; ``OWNER``, "", for the owner's): only they (and the
         #: owner) may see, gather or cancel it (``people_gate.py``).
         self.person = ""
+
+    def _rare_fields(self) -> RareFields:
+        """Its ``RareFields``, made on the first write of a value that is not a default."""
+        rare = self._rare
+        if rare is None:
+            rare = self._rare = RareFields()
+        return rare
+
+    # Each rare field reads as its default while the task has no ``RareFields``, and
+    # writing a default there makes none. Plain properties, not a generic descriptor:
+    # ``reserved_on`` is read on every move and ``discard_result`` on every finish.
+
+    @property
+    def choice(self) -> int:
+        """Which of its alternatives it runs (or last ran, or reserved) with: placement
+        chooses, the allocation carries it to the worker."""
+        rare = self._rare
+        return 0 if rare is None else rare.choice
+
+    @choice.setter
+    def choice(self, value: int) -> None:
+        if value or self._rare is not None:
+            self._rare_fields().choice = value
+
+    @property
+    def restriction(self) -> Restriction | None:
+        """Where it may run (None: anywhere); a hard one is checked by the invariants."""
+        rare = self._rare
+        return None if rare is None else rare.restriction
+
+    @property
+    def retries(self) -> int:
+        """Times it may still run again after raising."""
+        rare = self._rare
+        return 0 if rare is None else rare.retries
+
+    @retries.setter
+    def retries(self, value: int) -> None:
+        if value or self._rare is not None:
+            self._rare_fields().retries = value
+
+    @property
+    def replicas(self) -> set[str] | None:
+        """MEMORY only: other workers holding a copy (replicate, rebalance), never
+        ``worker`` itself; None (not an empty set) while there are none."""
+        rare = self._rare
+        return None if rare is None else rare.replicas
+
+    @replicas.setter
+    def replicas(self, value: set[str] | None) -> None:
+        if value is not None or self._rare is not None:
+            self._rare_fields().replicas = value
+
+    @property
+    def error(self) -> tuple[str, Pickled | str, Pickled] | None:
+        """For ERRED, or PROCESSING and ``cancelled``: ("exception", exc_bytes,
+        tb_bytes) or (kind, message, b"")."""
+        rare = self._rare
+        return None if rare is None else rare.error
+
+    @error.setter
+    def error(self, value: tuple[str, Pickled | str, Pickled] | None) -> None:
+        if value is not None or self._rare is not None:
+            self._rare_fields().error = value
+
+    @property
+    def reserved_on(self) -> str | None:
+        """The worker this task holds a reservation on while it cannot fit anywhere."""
+        rare = self._rare
+        return None if rare is None else rare.reserved_on
+
+    @reserved_on.setter
+    def reserved_on(self, value: str | None) -> None:
+        if value is not None or self._rare is not None:
+            self._rare_fields().reserved_on = value
+
+    @property
+    def discard_result(self) -> bool:
+        """Set when the worker was told to drop the result of this running task."""
+        rare = self._rare
+        return False if rare is None else rare.discard_result
+
+    @discard_result.setter
+    def discard_result(self, value: bool) -> None:
+        if value or self._rare is not None:
+            self._rare_fields().discard_result = value
+
+    @property
+    def cancelled(self) -> bool:
+        """Cancelled by a client while PROCESSING: failed once its worker gives it back."""
+        rare = self._rare
+        return False if rare is None else rare.cancelled
+
+    @cancelled.setter
+    def cancelled(self, value: bool) -> None:
+        if value or self._rare is not None:
+            self._rare_fields().cancelled = value
+
+    @property
+    def actor(self) -> bool:
+        """Its result is an actor: an object living on ``worker`` that takes calls."""
+        rare = self._rare
+        return False if rare is None else rare.actor
+
+    @actor.setter
+    def actor(self, value: bool) -> None:
+        if value or self._rare is not None:
+            self._rare_fields().actor = value
 
     @property
     def resources(self) -> Amounts:

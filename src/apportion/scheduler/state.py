@@ -108,7 +108,7 @@ class SchedulerConfig:
     #: Seconds of plain work to queue ahead on each thread, to hide the round trip.
     pipeline_seconds: float = 0.002
     #: Upper bound on plain tasks queued ahead per thread.
-    max_pipeline: int = 16
+    max_pipeline: int = 32
     #: A plain task whose group is expected to run longer than this (seconds) is
     #: never queued behind another task: it waits in the scheduler for a free thread.
     #: Queuing ahead saves one round trip per task, worth it only for short work.

@@ -97,7 +97,10 @@ class _Running:
     worker: TaskWorker
     key: str
     allocation: Allocation
-    cancel: threading.Event
+    #: Set when the scheduler no longer wants the result; or what makes that event
+    #: on first use (``task_cancel_event``): most tasks never ask for it, and an
+    #: event per tiny task costs as much as running it.
+    cancel: threading.Event | Callable[[], threading.Event]
     runner: Seceding | None = None
     #: It called ``secede`` and has not rejoined: its thread does not count.
     seceded: bool = False
@@ -106,26 +109,35 @@ class _Running:
     actor: bool = False
 
 
-@contextmanager
-def running_task(
-    worker: TaskWorker,
-    command: Execute,
-    cancel: threading.Event,
-    runner: Seceding | None = None,
-) -> Iterator[_Running]:
+class running_task:  # lower case: used as a function, ``with running_task(...)``
     """Within this block, this thread runs ``command`` on ``worker``.
 
     ``command.allocation.units`` names the labels held of each indexed pool; its
     ``resources`` still has an amount for those pools, which ``task_resources`` then
     leaves out.
-    ``cancel`` is set when the scheduler no longer wants the result.
+    ``cancel`` is set when the scheduler no longer wants the result (or makes that
+    event when first asked for). A class, not a generator: it wraps every task.
     """
-    previous = getattr(_local, "task", None)
-    _local.task = running = _Running(worker, command.key, command.allocation, cancel, runner)
-    try:
-        yield running
-    finally:
-        _local.task = previous
+
+    __slots__ = ("_previous", "_running")
+
+    def __init__(
+        self,
+        worker: TaskWorker,
+        command: Execute,
+        cancel: threading.Event | Callable[[], threading.Event],
+        runner: Seceding | None = None,
+    ) -> None:
+        self._running = _Running(worker, command.key, command.allocation, cancel, runner)
+        self._previous: _Running | None = None
+
+    def __enter__(self) -> _Running:
+        self._previous = getattr(_local, "task", None)
+        _local.task = self._running
+        return self._running
+
+    def __exit__(self, *exc_info: object) -> None:
+        _local.task = self._previous
 
 
 @contextmanager
@@ -303,7 +315,15 @@ def task_cancel_event() -> threading.Event:
     wants to stop early watches this (``if task_cancel_event().is_set(): return``);
     command runs use it to stop their process group.
     """
-    return _current("task_cancel_event").cancel
+    return _cancel_of(_current("task_cancel_event"))
+
+
+def _cancel_of(running: _Running) -> threading.Event:
+    """``running``'s cancel event, made now if nothing asked for it before."""
+    cancel = running.cancel
+    if not isinstance(cancel, threading.Event):
+        cancel = running.cancel = cancel()
+    return cancel
 
 
 class CancelEvent(threading.Event):
@@ -325,7 +345,7 @@ class TaskInterrupted(Exception):
 def task_interrupted() -> bool:
     """Whether the running task's cancel event was set by an interruption (preemption:
     it will run again) rather than a cancel; False while it is not set."""
-    cancel = _current("task_interrupted").cancel
+    cancel = _cancel_of(_current("task_interrupted"))
     return isinstance(cancel, CancelEvent) and cancel.is_set() and cancel.interrupted
 
 

@@ -24,6 +24,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, MutableMapping
+from functools import partial
 from typing import Any, NamedTuple
 
 import tblib
@@ -146,15 +147,22 @@ class TaskRunner:
         self.functions = FunctionCache()
         self._limits = limits
         self._data = data
+        #: The data store's way to keep a value whose size is known (``SpillBuffer``),
+        #: so that a result is not measured twice; None for a plain mapping.
+        self._store_sized: Callable[[str, Any, int], None] | None = getattr(
+            data, "store_sized", None
+        )
         self._deliver = deliver
         self._loop = loop
         self._worker = worker
         self._queue: queue.SimpleQueue[tuple[Execute, dict[str, Any]] | None] = queue.SimpleQueue()
         self._done: list[Outcome] = []
         self._done_lock = threading.Lock()
-        #: Keys running now -> the event their code may watch (``task_cancel_event``);
-        #: set when the scheduler no longer wants the result.
-        self._cancel_events: dict[str, CancelEvent] = {}
+        #: Keys submitted or running -> the event their code may watch
+        #: (``task_cancel_event``), set when the scheduler no longer wants the result;
+        #: None until a cancel or the task asks for it (``cancel_event``).
+        self._cancel_events: dict[str, CancelEvent | None] = {}
+        self._cancel_lock = threading.Lock()
         self._closed = False
         # Seceded tasks keep their thread, so the pool grows by one for each, and
         # shrinks as they rejoin or end: a thread leaves after its task when more are
@@ -240,11 +248,23 @@ class TaskRunner:
             return False
 
     def submit(self, command: Execute, inputs: dict[str, Any]) -> None:
-        """Queue ``command``; the state machine never submits more than ``nthreads``."""
-        # The event exists from now on, not from when a thread picks the task up: a
+        """Queue ``command``; threads take queued commands in order (the state machine
+        hands a few short ones ahead of a free thread: ``WorkerState.started_ahead``)."""
+        # The key is known from now on, not from when a thread picks the task up: a
         # cancel that arrives in between must still reach the task.
-        self._cancel_events[command.key] = CancelEvent()
+        self._cancel_events[command.key] = None
         self._queue.put((command, inputs))
+
+    def cancel_event(self, key: str) -> CancelEvent:
+        """The cancel event of the submitted or running task ``key``, made on first use
+        (from the loop's ``cancel`` or the task's thread, whichever asks first)."""
+        with self._cancel_lock:
+            event = self._cancel_events.get(key)
+            if event is None:
+                event = CancelEvent()
+                if key in self._cancel_events:
+                    self._cancel_events[key] = event
+            return event
 
     def cancel(self, keys: Iterable[str], *, interrupt: bool = False) -> int:
         """Ask the running tasks among ``keys`` to stop; returns how many were running.
@@ -256,8 +276,8 @@ class TaskRunner:
         """
         asked = 0
         for key in keys:
-            event = self._cancel_events.get(key)
-            if event is not None:
+            if key in self._cancel_events:
+                event = self.cancel_event(key)
                 if not interrupt:
                     event.interrupted = False
                 elif not event.is_set():
@@ -316,9 +336,9 @@ class TaskRunner:
     def run(self, command: Execute, inputs: dict[str, Any]) -> Outcome:
         """Run one task on this thread and describe how it went (row 0 off the pool)."""
         start = time.perf_counter()
-        cancel = self._cancel_events.get(command.key)
-        if cancel is None:  # run directly, not through submit
-            cancel = self._cancel_events[command.key] = CancelEvent()
+        key = command.key
+        cancel: CancelEvent | Callable[[], threading.Event]
+        cancel = self._cancel_events.setdefault(key, None) or partial(self.cancel_event, key)
         try:
             func = self.functions.get(command.func_id)
             args, kwargs = unpack_call(command.args, inputs)
@@ -359,7 +379,11 @@ class TaskRunner:
             batch, self._done = self._done, []
         if self._closed or not batch:
             return
+        store_sized = self._store_sized
         for outcome in batch:
             if isinstance(outcome, Finished):
-                self._data[outcome.key] = outcome.value
+                if store_sized is not None:
+                    store_sized(outcome.key, outcome.value, outcome.info.nbytes)
+                else:
+                    self._data[outcome.key] = outcome.value
         self._deliver(batch)

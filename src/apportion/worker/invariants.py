@@ -25,8 +25,16 @@ def check_invariants(state: WorkerState) -> None:
     assert seceded <= executing, f"seceded {sorted(seceded)} not executing"
     assert state.rejoining <= seceded, f"rejoining {state.rejoining} not seceded"
     assert state.rejoined <= state.executing, f"rejoined {state.rejoined} not counted"
-    counted = executing - seceded
+    ahead = state.started_ahead.keys()
+    assert ahead <= executing, f"started ahead {sorted(ahead)} not executing"
+    assert len(ahead) <= state.ahead, f"{len(ahead)} started ahead, more than {state.ahead}"
+    assert not ahead & seceded, "a task started ahead has seceded"
+    counted = executing - seceded - ahead
     assert counted == state.executing, f"executing {state.executing} != {counted}"
+    for key in ahead:
+        record = state.tasks[key]
+        assert not record.allocation.resources, f"{key}: started ahead holding resources"
+    assert not ahead or len(counted) >= state.nthreads, "started ahead while a thread idles"
     assert not ready & executing, "a key is both ready and executing"
     started = len(counted - state.rejoined)
     assert started <= state.nthreads, f"{started} started on {state.nthreads} threads"

@@ -86,9 +86,14 @@ class SpillStore(MutableMapping[str, Any]):
     # --- the mapping ----------------------------------------------------------------
 
     def __setitem__(self, key: str, value: Any) -> None:
+        self.store_sized(key, value, sizeof(value))
+
+    def store_sized(self, key: str, value: Any, nbytes: int) -> None:
+        """``self[key] = value`` whose ``sizeof`` is known already (``nbytes``): a task's
+        result was measured on its thread as it ended."""
         with self._lock:
             self._discard(key)
-            self._keep(key, value, sizeof(value))
+            self._keep(key, value, nbytes)
             self._fit_target()
 
     def __getitem__(self, key: str) -> Any:

@@ -28,6 +28,13 @@ run. The scheduler may then ask for it back, for a worker whose thread idles
 never run here, and the answer says which were let go and which had started. The
 state machine decides, so a task that started is never moved and never runs twice.
 
+Short plain tasks may be *started ahead* (``started_ahead``): while every thread runs
+a task of a function whose runs here took under ``SHORT_TASK`` on average, a few more plain
+tasks of such functions are handed to the threads, which take them in order as they
+end the tasks they run. Each counts as executing (a steal finds it started), but not
+on a thread until one ends; a burst of tiny tasks then needs no round trip through
+the event loop between them, and their outcomes come back together.
+
 A *paused* worker (``Paused``: its memory passed the pause threshold) starts no
 execution and sends no fetch until ``Resumed``. Tasks keep arriving and become
 ready; fetches wanted meanwhile are kept, each key still ``fetching``, and go out
@@ -108,6 +115,13 @@ from apportion.worker.records import (
     FetchRecord,
 )
 
+#: Seconds under which a task counts as short: tasks of its function may then be
+#: handed to a busy thread (``WorkerState.started_ahead``).
+SHORT_TASK = 0.002
+#: Functions whose run times a worker keeps (``WorkerState.durations``) before it
+#: starts again from none.
+MAX_FUNCTIONS_TIMED = 10_000
+
 
 class WorkerState:
     """Tasks, data and fetches of one worker; see the module docstring."""
@@ -119,10 +133,29 @@ class WorkerState:
         *,
         story_limit: int = 100_000,
         fetch_budget: int | None = None,
+        ahead: int = 0,
     ) -> None:
         if nthreads < 1:
             raise ValueError(f"nthreads must be at least 1, got {nthreads}")
+        if ahead < 0:
+            raise ValueError(f"ahead must be at least 0, got {ahead}")
         self.nthreads = nthreads
+        #: Most tasks handed to the threads beyond ``nthreads`` (``started_ahead``).
+        self.ahead = ahead
+        #: Tasks handed to the threads while every thread was busy (EXECUTING, not
+        #: counted in ``executing``), in the order the threads will take them: a
+        #: thread that ends a short task starts the next at once, with no round trip
+        #: through the event loop, and the loop reports their outcomes in one frame.
+        #: Only plain tasks of functions that run here in under ``SHORT_TASK`` (on
+        #: average, ``durations``), and only behind such tasks, go ahead: none waits
+        #: long behind another, where the scheduler could no longer move it to an
+        #: idle worker.
+        self.started_ahead: dict[str, None] = {}
+        #: Seconds a run of each function took here, by id: the average of its runs,
+        #: the latest weighing half (as the scheduler's task groups). A function is
+        #: short while this is under ``SHORT_TASK``: one quick call of a function
+        #: whose calls take 50 ms does not make the next ones go ahead.
+        self.durations: dict[str, float] = {}
         #: Most bytes asked of peers and not arrived yet (None: no bound). A fetch
         #: over it waits for earlier ones, except the first: values arriving faster
         #: than the memory monitor samples would pass the limit before it could spill.
@@ -331,6 +364,13 @@ class WorkerState:
 
     def _on_execution_ok(self, event: ExecutionOk) -> None:
         record = self._finish_execution(event.key, MEMORY)
+        durations = self.durations
+        before = durations.get(record.func_id)
+        if before is None and len(durations) >= MAX_FUNCTIONS_TIMED:
+            durations.clear()  # bounded: a stream of fresh functions (runs) forgets
+        durations[record.func_id] = (
+            event.duration if before is None else (before + event.duration) / 2
+        )
         info = event.info
         self._send(
             TaskFinished(event.key, info.nbytes, event.duration, info.type_name, event.thread)
@@ -391,6 +431,8 @@ class WorkerState:
         if record is None or record.state != EXECUTING or key in self.seceded:
             return  # its outcome is on its way, or it seceded already: nothing to give
         self.executing.discard(key)
+        if key in self.started_ahead:  # a thread took it before the loop knew
+            del self.started_ahead[key]
         self.rejoined.discard(key)
         self.seceded[key] = event.keep_resources
         self._send(TaskSeceded(key, event.keep_resources))
@@ -616,22 +658,51 @@ class WorkerState:
 
     def _start_ready(self, now: float) -> None:
         """Start ready tasks while threads are free (and not paused): resource tasks,
-        priority, the scheduler's order, arrival."""
+        priority, the scheduler's order, arrival. Then hand short ones ahead."""
+        ahead = self.started_ahead
+        while ahead and len(self.executing) < self.nthreads:
+            # A thread came free: it takes the task handed to the threads first.
+            key = next(iter(ahead))
+            del ahead[key]
+            self.executing.add(key)
         if self.paused:
             return
         while self._ready and len(self.executing) < self.nthreads:
             entry = heapq.heappop(self._ready)
+            if self._is_live(entry):
+                self._execute(self.tasks[entry[4]], "thread free", now)
+                self.executing.add(entry[4])
+        while self._ready and len(ahead) < self.ahead and self._may_start_ahead():
+            entry = self._ready[0]
             if not self._is_live(entry):
+                heapq.heappop(self._ready)
                 continue
             record = self.tasks[entry[4]]
-            record.state = EXECUTING
-            self.executing.add(record.key)
-            self._move(record.key, READY, EXECUTING, "thread free", now)
-            self._out.append(
-                Execute(record.key, record.func_id, record.args, record.deps, record.allocation)
-            )
-            for dep in record.deps:
-                self._release_need(dep, record.key, now)
+            if record.allocation.resources or not self._short(record.func_id):
+                return
+            heapq.heappop(self._ready)
+            self._execute(record, "queued on a thread behind short tasks", now)
+            ahead[record.key] = None
+
+    def _may_start_ahead(self) -> bool:
+        """Every thread is busy with a short task (as its function last ran here)."""
+        if len(self.executing) < self.nthreads or self.seceded:
+            return False
+        return all(self._short(self.tasks[key].func_id) for key in self.executing)
+
+    def _short(self, func_id: str) -> bool:
+        """Runs of ``func_id`` took under ``SHORT_TASK`` here, on average."""
+        return self.durations.get(func_id, SHORT_TASK) < SHORT_TASK
+
+    def _execute(self, record: AssignedTask, cause: str, now: float) -> None:
+        """Hand ``record`` to the threads."""
+        record.state = EXECUTING
+        self._move(record.key, READY, EXECUTING, cause, now)
+        self._out.append(
+            Execute(record.key, record.func_id, record.args, record.deps, record.allocation)
+        )
+        for dep in record.deps:
+            self._release_need(dep, record.key, now)
 
     def _finish_execution(self, key: str, outcome: str) -> AssignedTask:
         """Take ``key`` off the executing tasks as its execution ends towards ``outcome``."""
@@ -642,6 +713,8 @@ class WorkerState:
             raise IllegalTransition("worker", f"task {key!r}", state, outcome, detail)
         del self.tasks[key]
         self.executing.discard(key)
+        if key in self.started_ahead:  # ended before a thread was known to take it
+            del self.started_ahead[key]
         if self.seceded:
             # It may end without rejoining, as in Dask: it gave back whatever it gave.
             self.seceded.pop(key, None)
