@@ -289,3 +289,19 @@ def test_a_share_kept_out_by_a_reservation_gets_in_once_the_holder_takes_more() 
     assert started["c-0"] == w
     assert sim.state.workers[w].reserved_by == "a-gpu"
     check_invariants(sim.state)
+
+
+def test_a_task_kept_out_by_a_reservation_its_holders_quota_gives_up_starts() -> None:
+    # b's second task is tried while a's GPU=2 task holds the worker's free GPU; then
+    # a's plain tasks take a to its quota of threads, and a's task gives its
+    # reservation up (over quota, it keeps nothing): b's task starts in that pass.
+    sim = cluster("b", "a")
+    sim.state.shares.set("a", quota={"threads": 2 * 10_000})
+    w = sim.add_worker(nthreads=4, resources={"GPU": 2})
+    queue(sim, "b", 2, {"GPU": 1})
+    queue(sim, "a", 2)
+    sim.submit("a-gpu", resources={"GPU": 2}, client="a")
+    started = dict((key, worker) for worker, key in sim.place())
+    assert started == {"b-0": w, "b-1": w, "a-0": w, "a-1": w}
+    assert sim.state.workers[w].reserved_by is None
+    check_invariants(sim.state)

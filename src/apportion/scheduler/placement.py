@@ -91,15 +91,18 @@ def place(state: SchedulerState) -> None:
         while True:
             taken = 0
             if fair is not None:
-                fair.kept_out, taken = False, fair.taken
+                fair.kept_out, fair.released, taken = False, False, fair.taken
             _place_resource_tasks(state)
             _place_plain_tasks(state)
-            if fair is None or not fair.kept_out or fair.taken == taken:
+            if fair is None or not (fair.kept_out and fair.taken != taken or fair.released):
                 break
             # Another share's reservation kept a task out, and shares took more since:
             # one that took more may no longer be as far below its fair share as the
             # share it kept out, which may now use what is kept (its plain tasks,
-            # placed after every resource task, count too). Again, until nothing starts.
+            # placed after every resource task, count too). Or a reservation was given
+            # up for its share's quota after a task it kept out was tried. Again, until
+            # nothing starts: a task over its quota reserves nothing, so a pass that
+            # starts nothing gives no reservation up for the next one to.
     finally:
         state.fair = None
 
@@ -616,6 +619,7 @@ def _try_fairly(
     if all(fair.over_quota(share_of(kind), a) for a in task.demand.alternatives):
         if task.reserved_on is not None:
             state.drop_reservation(task)  # held by its share's quota: it keeps no worker
+            fair.released = True
     elif _start_if_it_fits(state, task, pool_for):
         if from_holder:
             return  # its kind's entry in ``heads`` finds the next one

@@ -139,7 +139,7 @@ def held_ticks(held: Mapping[str, int], name: str) -> int:
 class FairPass:
     """Each share's holdings during one placement pass, kept up to date as it assigns."""
 
-    __slots__ = ("book", "held", "kept_out", "taken", "totals")
+    __slots__ = ("book", "held", "kept_out", "released", "taken", "totals")
 
     def __init__(
         self,
@@ -160,6 +160,9 @@ class FairPass:
         #: A reservation of one share kept another's task out, as it was not further
         #: below its fair share: the placement pass tries again once shares took more.
         self.kept_out = False
+        #: A reservation was given up in the pass, its task held by its share's quota:
+        #: a task tried before, kept out by it, may start now. The pass runs again.
+        self.released = False
 
     def dominant(self, share: str) -> float:
         """The largest fraction of any resource ``share`` holds, over its weight."""
