@@ -94,7 +94,7 @@ def place(state: SchedulerState) -> None:
                 fair.kept_out, fair.released, taken = False, False, fair.taken
             _place_resource_tasks(state)
             _place_plain_tasks(state)
-            if fair is None or not (fair.kept_out and fair.taken != taken or fair.released):
+            if fair is None or not ((fair.kept_out and fair.taken != taken) or fair.released):
                 break
             # Another share's reservation kept a task out, and shares took more since:
             # one that took more may no longer be as far below its fair share as the
