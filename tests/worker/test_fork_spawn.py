@@ -120,6 +120,7 @@ json.dump({{
     "group": os.getpgid(0),
     "handlers": [str(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD)],
     "main": sys.modules["__main__"].__name__,
+    "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
 }}, open({str(out)!r}, "w"))
 """
     assert spawned([PYTHON, "-c", code]).wait(10) == 0
@@ -136,6 +137,7 @@ json.dump({{
         str(signal.SIG_DFL),
     ]
     assert seen["main"] == "__main__"
+    assert seen["blocked"] == []  # the server blocks SIGINT and SIGTERM; a child does not
     if sys.platform.startswith("linux"):
         # glibc reads it at the server's start: it must be there, not only in the fork.
         assert "MALLOC_TRIM_THRESHOLD_" in server.environ()

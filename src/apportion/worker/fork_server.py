@@ -31,7 +31,7 @@ interpreter ends (non-daemon threads joined, ``atexit``, exit status). What only
 fresh interpreter would do differs: ``PYTHON*`` variables in ENV are not read again,
 and the forks share the server's hash seed (``random`` re-seeds itself at a fork).
 
-The server ignores SIGINT and SIGTERM: Ctrl-C, or a batch system's signal to the
+The server blocks SIGINT and SIGTERM: Ctrl-C, or a batch system's signal to the
 process group, is for the supervisor, which passes it on to the workers and lets
 them drain; the server must outlive them, since a worker whose parent goes away
 stops at once (its ``SUPERVISOR_PID_VARIABLE`` names the server). It exits at end of
@@ -89,7 +89,8 @@ def serve(channel_fd: int, preload: tuple[str, ...] = PRELOAD) -> Request | None
     that returns None, in each child its ``Request``."""
     supervisor = os.getppid()
     channel = socket.socket(fileno=channel_fd)
-    saved, wake_read, wake_write = _take_signals()
+    taken = _take_signals()
+    wake_read = taken.wake_read
     for name in preload:
         importlib.import_module(name)
     gc.freeze()
@@ -118,7 +119,7 @@ def serve(channel_fd: int, preload: tuple[str, ...] = PRELOAD) -> Request | None
                     continue
                 pid = _fork(channel)
                 if pid == 0:
-                    _give_back_signals(saved, wake_read, wake_write)
+                    _give_back_signals(taken)
                     return Request(list(message["spawn"]), dict(message["env"]))
                 if pid > 0:
                     children.add(pid)
@@ -126,29 +127,43 @@ def serve(channel_fd: int, preload: tuple[str, ...] = PRELOAD) -> Request | None
         return None
 
 
-def _take_signals() -> tuple[dict[int, Any], int, int]:
-    """Ignore SIGINT and SIGTERM, and have SIGCHLD wake the loop through a pipe; what
-    was there before, for the children, and the pipe's two ends."""
-    saved: dict[int, Any] = {
-        sig: signal.getsignal(sig) for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM)
-    }
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+#: The signals that are the supervisor's to pass on, not the server's to act on.
+HELD = frozenset({signal.SIGINT, signal.SIGTERM})
+
+
+@dataclass(frozen=True)
+class Signals:
+    """What the server changed of its signal handling, to undo in each child."""
+
+    sigchld: Any
+    mask: set[int | signal.Signals]
+    wake_read: int
+    wake_write: int
+
+
+def _take_signals() -> Signals:
+    """Block SIGINT and SIGTERM, and have SIGCHLD wake the loop through a pipe.
+
+    Blocked rather than ignored: a child that is sent one before it has undone
+    this finds it pending and acts on it as a fresh process would (an ignored
+    signal would be lost); pending signals are not inherited, so a SIGTERM the
+    server got is not passed on to its later children."""
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_read, False)
     os.set_blocking(wake_write, False)
-    signal.signal(signal.SIGCHLD, _wake)
+    sigchld = signal.signal(signal.SIGCHLD, _wake)
     signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
-    return saved, wake_read, wake_write
+    return Signals(sigchld, mask, wake_read, wake_write)
 
 
-def _give_back_signals(saved: dict[int, Any], wake_read: int, wake_write: int) -> None:
-    """In a child: the signal handlers the server started with, and no wake-up pipe."""
+def _give_back_signals(taken: Signals) -> None:
+    """In a child: the signal handling the server started with, and no wake-up pipe."""
     signal.set_wakeup_fd(-1)
-    os.close(wake_read)
-    os.close(wake_write)
-    for sig, handler in saved.items():
-        signal.signal(sig, handler)
+    os.close(taken.wake_read)
+    os.close(taken.wake_write)
+    signal.signal(signal.SIGCHLD, taken.sigchld)
+    signal.pthread_sigmask(signal.SIG_SETMASK, taken.mask)
 
 
 def _fork(channel: socket.socket) -> int:
