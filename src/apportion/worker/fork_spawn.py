@@ -155,8 +155,7 @@ class ForkServer:
             raise OSError(reply["failed"])
         if "gone" in reply:
             raise ForkServerUnavailable("it is gone")
-        with self.changed:
-            child = self._children[reply["started"]]
+        child: ForkedChild = reply["child"]
         child.args = argv
         return child
 
@@ -181,11 +180,12 @@ class ForkServer:
                         child.returncode = code
                     self.changed.notify_all()
             elif "started" in message:
-                # Registered before anyone can ask, since its "exited" may come next.
-                pid = message["started"]
+                # Registered here, since its "exited" may come next, before the
+                # spawning thread has woken up (handed the child itself, not its pid).
+                child = ForkedChild(self, message["started"], [])
                 with self.changed:
-                    self._children[pid] = ForkedChild(self, pid, [])
-                self._replies.put(message)
+                    self._children[child.pid] = child
+                self._replies.put({"child": child})
             else:
                 self._replies.put(message)
 
