@@ -8,7 +8,8 @@ the same with ``dask scheduler`` and ``dask worker --nworkers N --nthreads 1``
 (``--no-dashboard``; ``--memory-limit 0``, as apportion's default has none), all on
 loopback. For each system in turn, timed from this process, which is a client:
 
-1. start-up: from launching the workers until the scheduler counts all N;
+1. start-up: from launching the workers until the scheduler counts all N, and the
+   CPU seconds the supervisors and every process under them had spent by then;
 2. ``--rounds`` (3) rounds of ``--tasks`` (20,000) no-op tasks, ``map`` then
    ``gather``: tasks/s (best, and the range), and the scheduler's CPU seconds per
    task (user + system, psutil on its process, over the rounds);
@@ -27,7 +28,8 @@ every group is killed when its system is done, on an error, on Ctrl-C or SIGTERM
 alike; the report ends by checking that none is left.
 
 Usage: ``python benchmarks/scale.py [--workers N] [--tasks N] [--rounds N]
-[--supervisors S] [--dask-timeout S] [--systems apportion,dask] [--json FILE]``
+[--supervisors S] [--dask-timeout S] [--systems apportion,dask]
+[--worker-options OPTIONS] [--json FILE]``
 (``make bench-scale``).
 """
 
@@ -37,6 +39,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -114,6 +117,19 @@ def members(groups: list[int]) -> list[int]:
     return found
 
 
+def family_cpu(pids: list[int]) -> float:
+    """CPU seconds of ``pids`` and everything under them, reaped children included."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            top = psutil.Process(pid)
+            for process in [top, *top.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    t = process.cpu_times()
+                    total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
 def wait_for_file(path: Path, child: subprocess.Popen[bytes], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists() or not path.stat().st_size:
@@ -174,9 +190,14 @@ class Apportion(System):
         command = [sys.executable, "-m", "apportion.cli.main", "scheduler", "--host", "127.0.0.1"]
         return [*command, "--port", "0", "--no-journal", "--scheduler-file", str(file)]
 
+    def __init__(self, extra: list[str] | None = None) -> None:
+        #: More options for ``apportion worker`` (``--worker-options``).
+        self.extra = extra or []
+
     def workers(self, file: Path, n: int) -> list[str]:
         command = [sys.executable, "-m", "apportion.cli.main", "worker"]
-        return [*command, "--scheduler-file", str(file), "--nworkers", str(n), "--nthreads", "1"]
+        command += ["--scheduler-file", str(file), "--nworkers", str(n), "--nthreads", "1"]
+        return [*command, *self.extra]
 
     def client(self, file: Path) -> Any:
         from apportion import Client
@@ -229,6 +250,9 @@ class Outcome:
     supervisors: int
     #: Seconds from launching the workers until the scheduler counted all of them.
     startup: float | None = None
+    #: CPU seconds (user + system) the supervisors and every process under them had
+    #: spent when the scheduler counted all the workers.
+    startup_cpu: float | None = None
     #: Workers counted when start-up stopped (all of them unless it failed).
     registered: int = 0
     #: Tasks per second of each round finished.
@@ -274,6 +298,7 @@ def start_up(
         out.registered = system.count(client)
         if out.registered >= args.workers:
             out.startup = time.perf_counter() - start
+            out.startup_cpu = family_cpu([s.pid for s in supervisors])
             return client, supervisors
         if left() < 0:
             raise PhaseFailed(
@@ -390,6 +415,7 @@ def rows(out: Outcome) -> dict[str, str]:
     rates = out.rates
     cells = {
         "start-up (all workers registered)": seconds(out.startup),
+        "start-up CPU (supervisors and workers)": seconds(out.startup_cpu),
         "tasks/s, best of rounds": f"{max(rates):,.0f}" if rates else "-",
         "tasks/s, range": f"{min(rates):,.0f}-{max(rates):,.0f}" if rates else "-",
         "scheduler CPU per task": (
@@ -400,7 +426,7 @@ def rows(out: Outcome) -> dict[str, str]:
         "peak scheduler RSS": "-" if out.peak_rss is None else f"{out.peak_rss / 2**20:,.0f} MiB",
     }
     if out.failure:
-        first = {"start-up": 0, "rounds": 1, "leaving": 4}.get(out.failed_phase, 0)
+        first = {"start-up": 0, "rounds": 2, "leaving": 5}.get(out.failed_phase, 0)
         label = list(cells)[first]
         if cells[label] == "-":
             cells[label] = "DNF"
@@ -412,6 +438,7 @@ def ratio(label: str, apportion: Outcome, dask: Outcome) -> str:
     rate or cost over Dask's (CPU and memory: Dask's over apportion's)."""
     pairs: dict[str, tuple[float | None, float | None]] = {
         "start-up (all workers registered)": (dask.startup, apportion.startup),
+        "start-up CPU (supervisors and workers)": (dask.startup_cpu, apportion.startup_cpu),
         "tasks/s, best of rounds": (
             max(apportion.rates, default=None),
             max(dask.rates, default=None),
@@ -474,6 +501,11 @@ def main() -> int:
         "--min-free", type=float, default=MIN_FREE_GIB, help="GiB of available memory to keep"
     )
     parser.add_argument("--systems", default="apportion,dask", help="comma-separated")
+    parser.add_argument(
+        "--worker-options",
+        default="",
+        help="more options for apportion worker, e.g. '--start-method spawn'",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument(
         "--logs", type=Path, help="keep the processes' logs here (default: a new temp dir)"
@@ -486,7 +518,10 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
-    systems: dict[str, System] = {"apportion": Apportion(), "dask": Dask()}
+    systems: dict[str, System] = {
+        "apportion": Apportion(shlex.split(args.worker_options)),
+        "dask": Dask(),
+    }
     outcomes = {}
     for name in args.systems.split(","):
         outcomes[name] = run(systems[name], args)

@@ -82,12 +82,20 @@ def loop_thread() -> Iterator[LoopThread]:
     thread.stop()
 
 
+#: Each start method, and the processes under the supervisor: with forkserver the
+#: workers are children of the fork server, itself the supervisor's child.
+UNDER_SUPERVISOR = [("forkserver", 3), ("spawn", 2)]
+
+
 @pytest.mark.process
 @pytest.mark.timeout(45)
-def test_nworkers_runs_supervised_workers_that_stop_on_sigterm(loop_thread: LoopThread) -> None:
+@pytest.mark.parametrize(("method", "under"), UNDER_SUPERVISOR)
+def test_nworkers_runs_supervised_workers_that_stop_on_sigterm(
+    loop_thread: LoopThread, method: str, under: int
+) -> None:
     scheduler = loop_thread.run(FakeScheduler("127.0.0.1").start())
     argv = [sys.executable, "-m", "apportion.cli.main", "worker", scheduler.address]
-    argv += ["--nworkers", "2", "--nthreads", "1", "--name", "box"]
+    argv += ["--nworkers", "2", "--nthreads", "1", "--name", "box", "--start-method", method]
     argv += ["--resources", "GPU=1 gpu=[0-1,5]", "--drain-timeout", "0.5"]
     supervisor = subprocess.Popen(argv, stderr=subprocess.PIPE)
     family = [psutil.Process(supervisor.pid)]
@@ -97,7 +105,7 @@ def test_nworkers_runs_supervised_workers_that_stop_on_sigterm(loop_thread: Loop
         assert all(h.resources == {"GPU": 10_000, "gpu": 30_000} for h in hellos)
         assert all(h.units == {"gpu": ["0", "1", "5"]} and h.nthreads == 1 for h in hellos)
         family += family[0].children(recursive=True)
-        assert len(family) == 3
+        assert len(family) == 1 + under
         supervisor.send_signal(signal.SIGTERM)
         _, stderr = supervisor.communicate(timeout=20)
         assert supervisor.returncode == 0, stderr.decode()
@@ -114,11 +122,15 @@ def test_nworkers_runs_supervised_workers_that_stop_on_sigterm(loop_thread: Loop
 
 @pytest.mark.process
 @pytest.mark.timeout(45)
-def test_workers_stop_when_their_supervisor_is_killed(loop_thread: LoopThread) -> None:
-    """SIGKILL leaves the supervisor no chance to stop its children; they notice alone."""
+@pytest.mark.parametrize(("method", "under"), UNDER_SUPERVISOR)
+def test_workers_stop_when_their_supervisor_is_killed(
+    loop_thread: LoopThread, method: str, under: int
+) -> None:
+    """SIGKILL leaves the supervisor no chance to stop its children; they notice alone
+    (with forkserver: the server sees the supervisor go and exits, then they notice)."""
     scheduler = loop_thread.run(FakeScheduler("127.0.0.1").start())
     argv = [sys.executable, "-m", "apportion.cli.main", "worker", scheduler.address]
-    argv += ["--nworkers", "2", "--nthreads", "1", "--name", "orphan"]
+    argv += ["--nworkers", "2", "--nthreads", "1", "--name", "orphan", "--start-method", method]
     # Own session, so that the test runner's process group is not involved.
     supervisor = subprocess.Popen(argv, stderr=subprocess.PIPE, start_new_session=True)
     family = [psutil.Process(supervisor.pid)]
@@ -126,7 +138,10 @@ def test_workers_stop_when_their_supervisor_is_killed(loop_thread: LoopThread) -
         conns = [loop_thread.run(scheduler.next_worker(), 20)[0] for _ in range(2)]
         children = family[0].children(recursive=True)
         family += children
-        assert len(children) == 2
+        assert len(children) == under
+        # The workers' parent: the fork server (the one other parent), else us.
+        parents = {c.ppid() for c in children} - {supervisor.pid}
+        workers_parent = parents.pop() if parents else supervisor.pid
         supervisor.kill()
         assert supervisor.wait(10) == -signal.SIGKILL
         # Both leave deliberately: the scheduler hears WorkerClosing, not a lost connection.
@@ -137,7 +152,7 @@ def test_workers_stop_when_their_supervisor_is_killed(loop_thread: LoopThread) -
             assert time.monotonic() < deadline, "orphaned workers still running"
             time.sleep(0.05)  # polling for the exit, not waiting for it to happen
         _, stderr = supervisor.communicate(timeout=10)  # EOF: every writer has exited
-        assert stderr.decode().count(f"supervisor {supervisor.pid} is gone; stopping") == 2, stderr
+        assert stderr.decode().count(f"supervisor {workers_parent} is gone; stopping") == 2, stderr
     finally:
         for process in family:
             with contextlib.suppress(psutil.NoSuchProcess):
@@ -198,6 +213,19 @@ def launched(monkeypatch: pytest.MonkeyPatch) -> Launched:
 def invoke(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
     result = CliRunner().invoke(main, ["worker", "tcp://127.0.0.1:8786", *args], env=env)
     return result.exit_code, result.output
+
+
+@pytest.mark.timeout(10)
+def test_the_start_method_chooses_the_supervisors_spawner(launched: Launched) -> None:
+    from apportion.worker.fork_spawn import ForkSpawner
+    from apportion.worker.supervisor import popen_spawn
+
+    assert invoke("--nworkers", "2")[0] == 0
+    assert isinstance(launched.supervisor_options["spawn"], ForkSpawner)
+    assert invoke("--nworkers", "2", "--start-method", "spawn")[0] == 0
+    assert launched.supervisor_options["spawn"] is popen_spawn
+    code, output = invoke("--nworkers", "2", "--start-method", "fork")
+    assert code == 2 and "'fork' is not one of 'forkserver', 'spawn'" in output
 
 
 @pytest.mark.timeout(10)

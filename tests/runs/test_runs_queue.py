@@ -453,6 +453,16 @@ def _started_on(queue: Queue, run_id: int) -> str:
     return record.worker if record is not None and record.state == "running" else ""
 
 
+def worker_running(command: psutil.Process) -> psutil.Process:
+    """The worker process a run's ``command`` descends from: the first ancestor that is
+    apportion's (the guards between are not). A worker forked by its supervisor's fork
+    server shows the server's command line, not its own, so its name cannot tell."""
+    for parent in command.parents():
+        if any(m in " ".join(parent.cmdline()) for m in ("apportion.cli.main", "fork_server")):
+            return parent
+    raise AssertionError(f"{command} descends from no worker")
+
+
 def _killed_worker_runs_once_elsewhere(
     procs: Processes, queue: Queue, address: str, copies: Copies, victim: str, rescue: str
 ) -> None:
@@ -465,9 +475,7 @@ def _killed_worker_runs_once_elsewhere(
     first = poll(lambda: len(copies.sleeps()) == 2 and copies.sleeps(), 20, "the run's sleeps")
     procs.start("worker", address, "--nthreads", "1", "--name", rescue, "--resources", "only=1")
     poll(lambda: rescue in queue.cli("status", address).stdout, 30, "the rescue worker")
-    worker = next(
-        p for p in psutil.process_iter(["cmdline"]) if victim in (p.info["cmdline"] or [])
-    )
+    worker = worker_running(first[0])
     worker.send_signal(signal.SIGKILL)
     deadline = time.monotonic() + 60
     while True:  # no sleep between samples: a second copy must not slip through

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import cloudpickle
+import psutil
 import pytest
 
 from apportion import Client, get_worker, task_environment
@@ -149,6 +150,67 @@ def test_supervisor_restarts_a_worker_killed_with_sigkill(procs: Processes) -> N
         else:
             raise AssertionError(f"no replacement for {victim}: {now}")
         assert client.gather(client.map(abs, range(-10, 0))) == list(range(10, 0, -1))
+
+
+def where_am_i() -> dict[str, Any]:
+    """A task that says which process ran it, under which parent and environment."""
+    return {
+        "pid": os.getpid(),
+        "parent": os.getppid(),
+        "group": os.getpgid(0),
+        "trim": os.environ.get("MALLOC_TRIM_THRESHOLD_"),
+        "sigint": str(signal.getsignal(signal.SIGINT)),
+    }
+
+
+def test_forkserver_workers_run_tasks_restart_and_leave_nothing_behind(
+    procs: Processes,
+) -> None:
+    """``--start-method forkserver``: two workers forked from one server, each running
+    tasks in the environment a fresh process gets; one SIGKILLed is replaced; SIGTERM
+    to the supervisor ends every process under it."""
+    address = procs.scheduler()
+    supervisor, log = procs.start(
+        "worker", address, "--nworkers", "2", "--nthreads", "1", "--start-method", "forkserver"
+    )
+    with Client(address) as client:
+        client.wait_for_workers(2, timeout=30)
+        workers = {w["name"]: w["pid"] for w in client.scheduler_info()["workers"].values()}
+        seen = {
+            name: client.submit(where_am_i, workers=[name], pure=False).result(timeout=30)
+            for name in workers
+        }
+        server = psutil.Process(supervisor.pid).children()
+        assert len(server) == 1, server
+        for name, facts in seen.items():
+            assert facts["pid"] == workers[name]
+            assert facts["parent"] == server[0].pid
+            assert facts["group"] == os.getpgid(supervisor.pid)
+            assert facts["trim"] == "65536"
+            # The worker's own handlers, installed on its loop, are not Python's:
+            # what matters is that the server's SIG_IGN did not leak into the child.
+            assert facts["sigint"] != str(signal.SIG_IGN)
+        assert server[0].environ()["MALLOC_TRIM_THRESHOLD_"] == "65536"
+        victim = sorted(workers.values())[0]
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            now = {w["pid"] for w in client.scheduler_info()["workers"].values()}
+            if len(now) == 2 and victim not in now:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"no replacement for {victim}: {now}")
+        assert client.gather(client.map(abs, range(-10, 0))) == list(range(10, 0, -1))
+        family = [psutil.Process(supervisor.pid)]
+        family += family[0].children(recursive=True)
+        assert len(family) == 4
+        supervisor.send_signal(signal.SIGTERM)
+        assert supervisor.wait(30) == 0, log.read_text()
+    deadline = time.monotonic() + 10
+    while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family):
+        assert time.monotonic() < deadline, f"left behind: {family}"
+        time.sleep(0.05)
 
 
 def test_sigkill_of_a_busy_worker_loses_no_accepted_work(procs: Processes) -> None:

@@ -103,10 +103,20 @@ def marked(marker: str) -> list[psutil.Process]:
     return found
 
 
+def workers_of(supervisor: int) -> list[psutil.Process]:
+    """The worker processes of ``supervisor``: the children of its fork server (the
+    default start method), else its own children."""
+    children = psutil.Process(supervisor).children()
+    if len(children) == 1 and "apportion.worker.fork_server" in children[0].cmdline():
+        return children[0].children()
+    return children
+
+
 def worker_of(proc: psutil.Process, supervisor: int) -> psutil.Process:
-    """The worker process (a child of ``supervisor``) that ``proc`` descends from."""
+    """The worker process (of ``supervisor``) that ``proc`` descends from."""
+    workers = {w.pid for w in workers_of(supervisor)}
     for parent in proc.parents():
-        if parent.ppid() == supervisor:
+        if parent.pid in workers:
             return parent
     raise AssertionError(f"{proc} descends from no worker of supervisor {supervisor}")
 
@@ -170,7 +180,7 @@ def test_two_users_run_clusters_side_by_side_and_neither_touches_the_other(
     wait_for_workers(mallory, 1)
     wait_for_workers(alice, 2)
     # The traps are laid under the pids Alice's workers really have.
-    listed, linked = (c.pid for c in psutil.Process(alice_supervisor.pid).children())
+    listed, linked = (c.pid for c in workers_of(alice_supervisor.pid))
     _plant(mallory, OLD_GROUPS_DIR / str(listed), f"{alice_scheduler.pid}\n")
     _plant(mallory, OLD_GROUPS_DIR / str(linked), victim)
 

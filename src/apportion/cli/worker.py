@@ -68,6 +68,14 @@ logger = logging.getLogger("apportion.worker")
 #: Seconds a worker started before its scheduler keeps trying to reach it.
 DEFAULT_CONNECT_TIMEOUT = 60.0
 
+#: ``--start-method``: fork each worker process from a server that has imported the
+#: worker's code (``worker.fork_spawn``), or start a fresh interpreter for each.
+FORKSERVER = "forkserver"
+SPAWN = "spawn"
+START_METHODS = (FORKSERVER, SPAWN)
+#: Forking where the system forks (not Windows).
+DEFAULT_START_METHOD = FORKSERVER if hasattr(os, "fork") else SPAWN
+
 #: Read for ``--resources`` when the option is not given.
 RESOURCES_VARIABLE = "APPORTION_RESOURCES"
 
@@ -405,6 +413,15 @@ def child_names(commands: list[list[str]]) -> list[str]:
     "crash (default: yes with --nworkers above 1 or a --memory-limit).",
 )
 @click.option(
+    "--start-method",
+    type=click.Choice(START_METHODS),
+    default=DEFAULT_START_METHOD,
+    show_default=True,
+    help="How the supervisor starts each worker process: forkserver (forked from one "
+    "process that has imported the worker's code: a fraction of the CPU) or spawn "
+    "(a fresh interpreter each).",
+)
+@click.option(
     "--drain-timeout",
     type=click.FloatRange(min=0),
     default=30.0,
@@ -487,6 +504,7 @@ def worker(
     memory_terminate: Fraction | None,
     local_directory: str | None,
     supervise: bool | None,
+    start_method: str,
     drain_timeout: float,
     kill_grace: float,
     heartbeat_interval: float,
@@ -553,7 +571,8 @@ def worker(
                 "drop --no-supervisor, or give --memory-terminate off",
             )
         sys.exit(run_one(address, settings))
-    from apportion.worker.supervisor import Supervisor, scheduler_reporter
+    from apportion.worker.fork_spawn import ForkSpawner
+    from apportion.worker.supervisor import Supervisor, popen_spawn, scheduler_reporter
 
     specs = [settings.resources or ""] * nworkers
     if split_units:
@@ -562,15 +581,23 @@ def worker(
         except ValueError as exc:
             fail(ctx, f"--split-units: {exc}")
     commands = child_commands(address, nworkers, settings, specs)
+    forks = ForkSpawner() if start_method == FORKSERVER else None
     supervisor = Supervisor(
         commands,
+        spawn=forks or popen_spawn,
         names=child_names(commands),
         memory_limit=limit,
         memory_terminate=thresholds.terminate,
         report=scheduler_reporter(address),
     )
-    # Room for the drain, then for the worker to stop its command runs (TERM, grace, KILL).
-    sys.exit(supervisor.run(stop_timeout=drain_timeout + kill_grace + 10.0))
+    try:
+        # Room for the drain, then for the worker to stop its command runs (TERM,
+        # grace, KILL).
+        code = supervisor.run(stop_timeout=drain_timeout + kill_grace + 10.0)
+    finally:
+        if forks is not None:
+            forks.close()
+    sys.exit(code)
 
 
 def _duration(value: str | None, what: str) -> float | None:
