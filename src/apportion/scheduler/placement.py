@@ -114,7 +114,7 @@ def _fair_pass(state: SchedulerState) -> FairPass | None:
     first: str | None = None
     quotas = state.shares.quotas
     for kind, heap in state.ready.items():
-        if _head(state, heap) is None:
+        if queue_head(state, heap) is None:
             continue
         share = share_of(kind)
         if first is None:
@@ -326,7 +326,7 @@ def _may_take_over(state: SchedulerState, holder: TaskRecord, task: TaskRecord) 
     return task.order() < holder.order()
 
 
-def _head(state: SchedulerState, heap: list[tuple[int, int, str]]) -> TaskRecord | None:
+def queue_head(state: SchedulerState, heap: list[tuple[int, int, str]]) -> TaskRecord | None:
     """First live entry of ``heap``, discarding stale ones (tasks no longer queued)."""
     while heap:
         task = state.tasks.get(heap[0][2])
@@ -462,7 +462,7 @@ def _holders(state: SchedulerState, pool_for: _PassPools) -> list[TaskRecord]:
             # amounts are not kept for a task that will start elsewhere.
             state.drop_reservation(held)
             continue
-        head = _head(state, state.ready.get(held.queue, []))
+        head = queue_head(state, state.ready.get(held.queue, []))
         if head is not None and head.order() < held.order():
             # An older task of its kind was queued since (an attempt that failed and
             # is retried): it goes first, by age, and reserves if it cannot start.
@@ -480,19 +480,19 @@ def _place_by_age(state: SchedulerState, pool_for: _PassPools) -> None:
     """
     heads: list[tuple[tuple[int, int], QueueKey]] = []
     for kind, heap in state.ready.items():
-        task = _head(state, heap) if not _is_plain(kind) else None
+        task = queue_head(state, heap) if not _is_plain(kind) else None
         if task is not None:
             heads.append((task.order(), kind))
     heapify(heads)
     while heads:
         _, kind = heappop(heads)
         heap = state.ready[kind]
-        task = _head(state, heap)
+        task = queue_head(state, heap)
         if task is None:
             continue
         if _start_if_it_fits(state, task, pool_for):
             heappop(heap)
-            nxt = _head(state, heap)
+            nxt = queue_head(state, heap)
             if nxt is not None:
                 heappush(heads, (nxt.order(), kind))
             continue
@@ -523,14 +523,14 @@ def _blocked(
     pinned = pinned_by_inputs(state, task, pool_for(kind))
     if pinned:
         fail_or_warn_pinned(state, task, pinned)
-        nxt = _head(state, heap)  # the next of its kind, if this one failed
+        nxt = queue_head(state, heap)  # the next of its kind, if this one failed
         return nxt if nxt is not task else None
     if task.reserved_on is None:
         task.choice, pool = found  # reserve for the first it could ever run with
         _reserve(state, task, pool)
         if task.reserved_on is not None and _start_if_it_fits(state, task, pool_for):
             heappop(heap)
-            return _head(state, heap)
+            return queue_head(state, heap)
     return None
 
 
@@ -562,7 +562,7 @@ def _next_of_share(
         held = queue.holders.pop(0)
         return (held, held.queue, True) if held.state == QUEUED else None
     order, kind = heappop(queue.heads)
-    task = None if kind in queue.done else _head(state, state.ready[kind])
+    task = None if kind in queue.done else queue_head(state, state.ready[kind])
     if task is None:
         return None
     if task.order() != order:
@@ -587,7 +587,7 @@ def _place_fairly(
     for kind, heap in state.ready.items():
         if _is_plain(kind):
             continue
-        task = _head(state, heap)
+        task = queue_head(state, heap)
         if task is not None:
             queues.setdefault(share_of(kind), _ShareQueue()).heads.append((task.order(), kind))
     for queue in queues.values():
@@ -625,7 +625,7 @@ def _try_fairly(
             return  # its kind's entry in ``heads`` finds the next one
         heap = state.ready[kind]
         heappop(heap)
-        nxt = _head(state, heap)
+        nxt = queue_head(state, heap)
     elif not from_holder:  # a holder keeps its reservation; its kind waits with it
         nxt = _blocked(state, task, kind, state.ready[kind], pool_for)
     if nxt is None:
@@ -821,7 +821,7 @@ def _next_plain(
     while True:
         if fair is not None:
             heap = _neediest_plain(state, fair, open_heaps)
-        task = _head(state, heap)
+        task = queue_head(state, heap)
         if task is None or capping is None or not capping.over_quota(share_of(task.queue), {}):
             return task, heap
         if fair is None:
@@ -843,7 +843,7 @@ def _neediest_plain(
     best: list[tuple[int, int, str]] = []
     best_score: tuple[float, tuple[int, int]] | None = None
     for kind, heap in heaps.items():
-        task = _head(state, heap)
+        task = queue_head(state, heap)
         if task is None:
             continue
         score = (fair.dominant(share_of(kind)), task.order())

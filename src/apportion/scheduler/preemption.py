@@ -46,13 +46,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from heapq import heappop
 from typing import NamedTuple
 
 from apportion.core.ledger import Ledger
 from apportion.core.resources import Amounts, Units, describe_resources
 from apportion.scheduler.events import SendInterruptTasks, SendTaskPreempted
-from apportion.scheduler.placement import fits_now, pools
+from apportion.scheduler.placement import fits_now, pools, queue_head
 from apportion.scheduler.preempt_book import Preempting
 from apportion.scheduler.records import (
     NO_SHARE,
@@ -185,22 +184,12 @@ def _queued_heads(state: SchedulerState) -> dict[str, list[TaskRecord]]:
     """Each share's first queued task of every kind, in start order."""
     heads: dict[str, list[TaskRecord]] = {}
     for kind, heap in state.ready.items():
-        task = _first_queued(state, heap)
+        task = queue_head(state, heap)
         if task is not None:
             heads.setdefault(share_of(kind), []).append(task)
     for tasks in heads.values():
         tasks.sort(key=TaskRecord.order)
     return heads
-
-
-def _first_queued(state: SchedulerState, heap: list[tuple[int, int, str]]) -> TaskRecord | None:
-    """The first live entry of a ready heap; stale ones are dropped, as placement does."""
-    while heap:
-        task = state.tasks.get(heap[0][2])
-        if task is not None and task.state == QUEUED and task.seq == heap[0][1]:
-            return task
-        heappop(heap)
-    return None
 
 
 def _preempt_for(
