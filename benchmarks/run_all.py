@@ -1,7 +1,8 @@
 """Run every benchmark in turn, each in its own interpreter, and print their figures.
 
 ``make bench`` calls this. The tiers: the pure state machine (events per second),
-scheduler memory per queued task, end-to-end throughput beside Dask, tasks submitted
+CPU per task with 10 and 1,000 workers simulated in one process, scheduler memory
+per queued task, end-to-end throughput beside Dask, tasks submitted
 from tasks (a seceding fan-out of 10,000) beside Dask, asynchronous clients (awaited
 submits per second, event-loop lag during a large gather) beside Dask, placement
 quality on a mixed CPU/GPU workload beside Dask, fair shares of a GPU box between
@@ -32,6 +33,7 @@ HERE = Path(__file__).resolve().parent
 
 SCRIPTS = [
     "state_machine.py",
+    "simulated_workers.py",
     "scheduler_memory.py",
     "throughput.py",
     "tasks_from_tasks.py",

@@ -218,6 +218,10 @@ def _cheapest(
         if raised and raised.count(thief.id) > raised.count(victim.id):
             continue  # a retried task waits away from where it raised (placement's rule)
         cost = _move_cost(state, task, thief)
+        if not task.deps:
+            # Without inputs, moving costs the same whoever takes it: the first is the
+            # one the walk would keep, and the rest of a large cluster is not looked at.
+            return thief, cost
         if best is None or cost < best_cost:
             best, best_cost = thief, cost
     return best, best_cost
