@@ -13,12 +13,20 @@ c. delayed: a binary reduction over 2,048 ``delayed`` leaves (4,095 calls).
 Each figure is the best wall time of a few runs after a warm-up, from ``compute``
 to the value (checked), with the cluster idle before every run.
 
-Usage: ``python benchmarks/collections_compute.py [--repeat N] [--systems apportion,dask]``
+``--profile`` runs only apportion and prints, per workload, where the wall time goes
+(Dask lowering and optimising the collection, the client turning that graph into
+tasks, the cluster running them) and the CPU time per task of each process, stage by
+stage (``task_profile.py``; Dask's own code is a stage of its own).
+
+Usage: ``python benchmarks/collections_compute.py [--repeat N] [--systems apportion,dask]
+[--profile]``
 """
 
 from __future__ import annotations
 
 import argparse
+import marshal
+import os
 import time
 from collections.abc import Callable
 from functools import partial
@@ -113,11 +121,132 @@ def run_dask(repeat: int) -> dict[str, float]:
         return measure(client, settle, repeat)
 
 
+def _processes(client: Any) -> dict[str, Any]:
+    """This process (client and scheduler) and each worker process, by name."""
+    import psutil
+
+    pids = sorted(w["pid"] for w in client.scheduler_info()["workers"].values())
+    out = {"client+scheduler": psutil.Process()}
+    out.update({f"worker {i + 1}": psutil.Process(pid) for i, pid in enumerate(pids)})
+    return out
+
+
+def _cpu(processes: dict[str, Any]) -> dict[str, float]:
+    return {name: sum(p.cpu_times()[:2]) for name, p in processes.items()}
+
+
+def phases(
+    client: Any, build: Callable[[], tuple[Any, Any]], processes: dict[str, Any]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Seconds of one run by phase, and the CPU seconds per task of each process over
+    it. The lowering is timed on a twin of the collection (what ``compute`` runs
+    first, Dask's work); submitting is ``compute`` without waiting, less that;
+    running is the wait for the value."""
+    from apportion.client.collections import lower
+
+    twin, _ = build()
+    start = time.perf_counter()
+    graph = lower([twin], optimize_graph=True, finalize=True).graph
+    lowering = time.perf_counter() - start
+    collection, expected = build()
+    settle_apportion(client)
+    before, start = _cpu(processes), time.perf_counter()
+    future = client.compute(collection)
+    submitted = time.perf_counter()
+    value = future.result()
+    done, after = time.perf_counter(), _cpu(processes)
+    if value != expected:
+        raise AssertionError(f"got {value}, expected {expected}")
+    per = {name: (after[name] - before[name]) / len(graph) for name in processes}
+    split = {
+        "Dask: lower and optimise": lowering,
+        "apportion: graph to tasks": max(0.0, submitted - start - lowering),
+        "run and gather": done - submitted,
+    }
+    return split, per
+
+
+def profile(repeat: int) -> None:
+    """Per workload: the wall time by phase and the CPU per task of each process
+    (best of ``repeat``, no profiler), then that CPU by stage (one more run, every
+    thread of every process under cProfile)."""
+    import task_profile
+    from apportion import Client, LocalCluster
+
+    cpu: dict[str, dict[str, float]] = {}
+    with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
+        warm_up(client)
+        processes = _processes(client)
+        for name, build in WORKLOADS.items():
+            best: tuple[float, dict[str, float], dict[str, float]] | None = None
+            for _ in range(repeat):
+                split, per = phases(client, build, processes)
+                if best is None or sum(split.values()) < best[0]:
+                    best = (sum(split.values()), split, per)
+            assert best is not None
+            total, split, cpu[name] = best
+            parts = ", ".join(f"{phase} {seconds:.3f} s" for phase, seconds in split.items())
+            print(f"{name}: {total:.3f} s = {parts}", flush=True)
+    print("profiling every thread of every process (one more run of each)...", flush=True)
+    for name, build in WORKLOADS.items():
+        print(f"\n{name}:")
+        task_profile.report(cpu[name], _stage_profiles(build))
+
+
+def _stage_profiles(build: Callable[[], tuple[Any, Any]]) -> dict[str, dict[str, Any]]:
+    """Every thread of every process under cProfile over one ``compute`` (the lowering
+    included) after a warm-up: {process: {thread: stats}}."""
+    import task_profile
+    from apportion import Client, LocalCluster
+
+    os.environ[task_profile.ENVIRONMENT_VARIABLE] = "1"
+    path = [str(task_profile.HOOK_DIR), os.environ["PYTHONPATH"]]
+    os.environ["PYTHONPATH"] = os.pathsep.join(path)
+    task_profile.start()
+    try:
+        with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
+            warm_up(client)
+            processes = _processes(client)
+            by_pid = {p.pid: name for name, p in processes.items()}
+            pids = {w: info["pid"] for w, info in client.scheduler_info()["workers"].items()}
+            collection, expected = build()
+            settle_apportion(client)
+            client.run(_worker_clear)
+            task_profile.clear()
+            if client.compute(collection, sync=True) != expected:
+                raise AssertionError("wrong value under the profiler")
+            profiles = {"client+scheduler": marshal.loads(task_profile.collect())}
+            for address, blob in client.run(_worker_collect).items():
+                profiles[by_pid[pids[address]]] = marshal.loads(blob)
+    finally:
+        del os.environ[task_profile.ENVIRONMENT_VARIABLE]
+        os.environ["PYTHONPATH"] = path[1]
+    return dict(sorted(profiles.items()))
+
+
+def _worker_clear() -> None:
+    import task_profile
+
+    task_profile.clear()
+
+
+def _worker_collect() -> bytes:
+    import task_profile
+
+    return task_profile.collect()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--systems", default="apportion,dask")
+    parser.add_argument(
+        "--profile", action="store_true", help="apportion's time by phase, process and stage"
+    )
     args = parser.parse_args()
+    if args.profile:
+        profile(args.repeat)
+        return
     runners = {"apportion": run_apportion, "dask": run_dask}
     results: dict[str, dict[str, float]] = {}
     for system in args.systems.split(","):

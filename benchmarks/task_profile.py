@@ -67,6 +67,11 @@ STAGES: list[tuple[str, str]] = [
     ("concurrent/", "event loop and threads"),
     ("queue", "event loop and threads"),
     ("tasks.py", "worker: run"),
+    # Dask's lowering, ordering and task nodes (``collections_compute.py --profile``):
+    # the same work on Dask's own client, scheduler and workers.
+    ("dask/", "Dask's own code"),
+    ("toolz/", "Dask's own code"),
+    ("tlz/", "Dask's own code"),
     ("apportion/", "other apportion"),
     ("pickle", "pickling (arguments, results)"),
     ("cloudpickle", "pickling (arguments, results)"),

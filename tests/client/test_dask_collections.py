@@ -327,6 +327,18 @@ def test_equal_keys_spelt_otherwise_name_the_same_task(client: Client) -> None:
     assert client.get(graph, ["y", ("x", np.int64(0))]) == [2, 1]
 
 
+def test_task_nodes_reach_inputs_spelt_otherwise_under_the_keys_own_name(
+    client: Client,
+) -> None:
+    from dask._task_spec import DataNode, Task, TaskRef
+
+    graph = {
+        ("x", 0): DataNode(("x", 0), 1),
+        "y": Task("y", operator.add, TaskRef(("x", np.int64(0))), 1),
+    }
+    assert client.get(graph, "y") == 2
+
+
 PICKLING = threading.Event()
 
 

@@ -256,29 +256,35 @@ def graph_tasks(
     ``retries`` and where tasks may run (``where``) for the keys they name.
     ``canon`` is ``canonical_keys(dsk)`` if the caller has it already.
     """
+    # Each key's wire name, worked out once: a reference to a key spelt otherwise
+    # (``numpy.int64(0)`` for ``0``) finds the name of the key it equals here.
+    names: dict[Any, str] = {}
     seen: dict[str, Any] = {}
     for key in dsk:
         name = wire_key(key)
         if name in seen:
             raise ValueError(f"graph keys {seen[name]!r} and {key!r} both travel as {name!r}")
         seen[name] = key
+        names[key] = name
     common, per_key = _demand_by_key(dsk, resources)
     demands, priorities, retry_counts = _per_key_annotations(annotations or {})
     places = _per_key_where(annotations or {}, where)
     canon = canonical_keys(dsk) if canon is None else canon
+    common_wire = common.wire()  # most tasks ask for the graph's demand: put in wire form once
     for key in start_order(dsk, needed_in_order(dsk, keys, canon)):
         value = dsk[key]
-        name = wire_key(key)
+        name = names[key]
         if _existing(value, name):
             continue
         if _is_node(value):
-            refs = {dep: payload.KeyRef(wire_key(canon[dep])) for dep in value.dependencies}
+            refs = {dep: payload.KeyRef(names[dep]) for dep in value.dependencies}
             args, deps = payload.pack_call((value, refs), {})
             func_id, blob = pickled(payload.run_node)
         else:
             args, deps = payload.pack_call((_convert(value, canon),), {})
             func_id, blob = pickled(payload.run_spec)
-        first, alternatives = demands.get(key, per_key.get(key, common)).wire()
+        own = demands.get(key, per_key.get(key))
+        first, alternatives = common_wire if own is None else own.wire()
         spec = TaskSpec(
             name,
             func_id,
