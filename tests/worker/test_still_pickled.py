@@ -147,3 +147,46 @@ def test_an_arrived_value_that_cannot_be_unpickled_fails_the_task_that_needs_it(
                 raise loads(raised.exception)
 
     run(scenario)
+
+
+#: Set to let ``SlowToRebuild`` instances finish unpickling; ``STARTED`` once one began.
+RELEASE = threading.Event()
+STARTED = threading.Event()
+
+
+def rebuild_slowly(n: int) -> SlowToRebuild:
+    STARTED.set()
+    assert RELEASE.wait(10)
+    return SlowToRebuild(n)
+
+
+class SlowToRebuild:
+    """Unpickles only once ``RELEASE`` is set, as a value whose package takes long to
+    import."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __reduce__(self) -> tuple[Any, tuple[int]]:
+        return rebuild_slowly, (self.n,)
+
+
+def test_serving_and_spilling_never_wait_for_a_thread_unpickling(tmp_path: Path) -> None:
+    RELEASE.clear()
+    STARTED.clear()
+    blob = dumps(SlowToRebuild(4))
+    value = StillPickled(blob)
+    store = SpillStore(tmp_path / "spill")
+    store["x"] = value
+    loading = threading.Thread(target=value.load)
+    loading.start()
+    try:
+        assert STARTED.wait(10)
+        # The loop serves and spills it meanwhile, from the bytes, without waiting.
+        assert pickled(value) is blob
+        assert store.evict(10**9) == len(blob) and store.spilled_count == 1
+    finally:
+        RELEASE.set()
+        loading.join(10)
+    assert value.loaded and loaded(value).n == 4
+    assert type(store["x"]) is StillPickled and loaded(store["x"]).n == 4

@@ -29,6 +29,10 @@ from apportion.core.payload import Payload, Pickled, dumps, loads, size_of
 
 #: Stands for "not unpickled yet" in ``StillPickled._value``.
 _NOT_YET = object()
+#: Locks for unpickling once, shared by values at random: a lock of its own would
+#: cost every arriving value a third of its time on the loop, and one lock for all
+#: would make task threads wait for each other's unpickling.
+_LOCKS = tuple(threading.Lock() for _ in range(64))
 
 
 class StillPickled:
@@ -38,13 +42,16 @@ class StillPickled:
     worker counted when it stored the value: the data store never sees a size change.
     """
 
-    __slots__ = ("_blob", "_lock", "_value", "nbytes")
+    __slots__ = ("_blob", "_value", "nbytes")
 
     def __init__(self, blob: Pickled) -> None:
         self._blob: Pickled | None = blob
         self._value: Any = _NOT_YET
-        self._lock = threading.Lock()
         self.nbytes = size_of(blob)
+
+    @property
+    def _lock(self) -> threading.Lock:
+        return _LOCKS[id(self) >> 4 & 63]
 
     @property
     def loaded(self) -> bool:
@@ -58,6 +65,8 @@ class StillPickled:
         value computed here; the bytes are dropped then (a large buffer is not copied
         by unpickling: the value keeps it).
         """
+        if self._blob is None:  # the common case once loaded: no lock to take
+            return self._value
         with self._lock:
             if self._blob is not None:
                 self._value = loads(self._blob)
@@ -66,18 +75,19 @@ class StillPickled:
 
     def pickled(self) -> Pickled:
         """The value's bytes to send: as they came while not unpickled, else pickled anew."""
-        with self._lock:
-            blob, value = self._blob, self._value
-        return blob if blob is not None else dumps(value)
+        # No lock: the loop calls this, and a thread may hold the lock for as long
+        # as an import takes. ``load`` sets the value before it drops the bytes.
+        blob = self._blob
+        return blob if blob is not None else dumps(self._value)
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
         # How the spill store writes it: the bytes as they are, each frame as a buffer
         # of its own (out of band when large), read back as a StillPickled again.
         # Once unpickled, the value itself is written, and read back as the value.
-        with self._lock:
-            blob, value = self._blob, self._value
+        # No lock, as in ``pickled``.
+        blob = self._blob
         if blob is None:
-            return _identity, (value,)
+            return _identity, (self._value,)
         frames = (blob,) if isinstance(blob, bytes) else blob.frames
         return _rebuild, tuple(pickle.PickleBuffer(frame) for frame in frames)
 
