@@ -13,12 +13,18 @@ its class arrive: with unpickling on the client's threads it fails every time.
 
 The package sleeps in its ``__init__`` only on the main thread (the test's); the
 workers import it in their task threads at once.
+
+The worker has the same race: the last test has a task import a package slowly
+while a value of its class arrives from another worker. The worker keeps that value
+pickled until the task thread that needs it unpickles it (``worker/still_pickled.py``);
+unpickled on the worker's loop as it arrived, it fails every time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib
+import os
 import sys
 import time
 import uuid
@@ -29,8 +35,8 @@ from typing import Any
 import cloudpickle
 import pytest
 
-from apportion import Client, LocalCluster, Pub, Queue, Sub, as_completed
-from cli_processes import Processes
+from apportion import Client, LocalCluster, Pub, Queue, Sub, as_completed, wait
+from cli_processes import Processes, poll
 
 pytestmark = [pytest.mark.process, pytest.mark.tcp]
 
@@ -177,3 +183,70 @@ def test_asynchronous_gather_await_and_queue_get_while_their_loop_imports(
     things, module = asyncio.run(main())
     assert [thing.n for thing in things] == list(range(N))
     assert all(type(thing) is module.Thing for thing in things)
+
+
+def slow_on_a_worker(root: Path) -> str:
+    """Write a package under ``root`` whose ``__init__`` touches ``importing`` in its
+    folder and sleeps midway when ``SLOW_IMPORT`` is set in its process's environment
+    (the importing task's worker only), with its class in a submodule that imports
+    the package; its name."""
+    name = f"slowpkg_{uuid.uuid4().hex[:8]}"
+    folder = root / name
+    folder.mkdir()
+    (folder / "__init__.py").write_text(
+        "import os, pathlib, time\n"
+        "if os.environ.get('SLOW_IMPORT'):\n"
+        "    pathlib.Path(__file__).with_name('importing').touch()\n"
+        f"    time.sleep({2 * IMPORT_SECONDS})\n"
+        "helper = 1\n"
+        f"from {name}.things import Thing\n"
+    )
+    (folder / "things.py").write_text(
+        f"from {name} import helper\n\n"
+        "class Thing:\n"
+        "    def __init__(self, n):\n"
+        "        self.n = n + helper - 1\n"
+    )
+    return name
+
+
+def import_slowly(root: str, name: str) -> str:
+    """On a worker: import the package, slowly (its ``__init__`` sleeps)."""
+    os.environ["SLOW_IMPORT"] = "1"
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    return importlib.import_module(name).Thing.__name__
+
+
+def make_large_thing(root: str, name: str, n: int) -> list[Any]:
+    """On a worker: an instance of the package's class with 2 MiB beside it, so that
+    the worker reserved for a task taking it fetches it ahead, while busy."""
+    return [make_thing(root, name, n), bytearray(2 << 20)]
+
+
+def read_thing(large: list[Any], name: str) -> int:
+    """On a worker: the number in an instance of the package's class."""
+    thing, _ = large
+    assert type(thing) is sys.modules[f"{name}.things"].Thing
+    return int(thing.n)
+
+
+@pytest.mark.timeout(60)
+def test_a_value_arriving_at_a_worker_while_its_task_imports_the_package(
+    address: str, tmp_path: Path
+) -> None:
+    # The worker's event loop must not unpickle what arrives while one of its tasks
+    # imports the value's package: the value waits, pickled, for the task that needs it.
+    root = str(tmp_path)
+    name = slow_on_a_worker(tmp_path)
+    with Client(address) as client:
+        client.wait_for_workers(2, timeout=30)
+        maker, importer = sorted(client.scheduler_info()["workers"])
+        thing = client.submit(make_large_thing, root, name, 5, workers=[maker], pure=False)
+        wait(thing, timeout=20)  # made, and kept on its worker
+        importing = client.submit(import_slowly, root, name, workers=[importer], pure=False)
+        poll((tmp_path / name / "importing").exists, 20, "the worker's task to be importing")
+        # Waits for the importing task's thread; the thing is fetched meanwhile.
+        read = client.submit(read_thing, thing, name, workers=[importer], pure=False)
+        assert importing.result(timeout=20) == "Thing"
+        assert read.result(timeout=20) == 5

@@ -186,13 +186,21 @@ def test_unauthenticated_peers_are_refused_and_nothing_they_send_is_unpickled(
         for target, (_, log) in targets.items():
             poll(functools.partial(logged, log, first), 10, f"the {target}'s refusal")
 
-        # The control: the same frame sent after a correct proof is unpickled.
+        # The control: the same frame sent after a correct proof is unpickled. Data put
+        # on the data port is stored as it came, and unpickled by whoever reads it.
         for target, (address, _) in targets.items():
             control = tmp_path / f"control-{target.replace(' ', '-')}"
             with connect(address) as sock:
                 (welcome,), _ = prove(sock, secret())
                 assert isinstance(welcome, Welcome)
                 sock.sendall(smuggled(target, control))
+                if target == "data port":
+                    key = f"smuggled-{control.name}"
+
+                    def read(dask_worker: Any, key: str = key) -> bool:
+                        return key in dask_worker.data and dask_worker.data[key] is None
+
+                    poll(lambda: any(client.run(read).values()), 20, "the control to be stored")
                 poll(control.exists, 20, f"the {target} to unpickle the control")
 
 

@@ -175,11 +175,11 @@ def test_a_task_sent_to_a_paused_worker_waits_there_for_it_to_resume(tmp_path: P
 
 def test_without_a_limit_there_is_no_store_no_directory_no_monitor(tmp_path: Path) -> None:
     plain = Worker("inproc://nowhere", memory=MemoryConfig(local_directory=str(tmp_path)))
-    assert type(plain.data) is dict and plain.memory_manager.directory is None
+    assert type(plain.store) is dict and plain.memory_manager.directory is None
     assert list(tmp_path.iterdir()) == []
     mine: dict[str, Any] = {}
     own = Worker("inproc://nowhere", data=mine, memory_limit=LIMIT)
-    assert own.data is mine and own.memory_manager.store is None  # never spilled; pausing applies
+    assert own.store is mine and own.memory_manager.store is None  # never spilled; pausing applies
 
 
 def test_a_result_larger_than_the_worker_keeps_fails_out_of_memory_and_the_worker_goes_on(

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from apportion.core.payload import Pickled, dumps, size_of
+from apportion.core.payload import Pickled, size_of
 from apportion.net import lending
 from apportion.net.connection import Connection, ConnectionClosed
 from apportion.net.door import Door
@@ -22,6 +22,7 @@ from apportion.net.transport import listener_for
 from apportion.protocol.base import Message
 from apportion.protocol.codec import ProtocolError
 from apportion.protocol.peer_data import ActorCall, DataReply, DataStored, GetData, PutData
+from apportion.worker.still_pickled import pickled
 
 logger = logging.getLogger("apportion.worker")
 
@@ -45,7 +46,7 @@ def data_reply(data: Mapping[str, Any], request_id: int, keys: Iterable[str]) ->
             missing.append(key)
             continue
         try:
-            found[key] = dumps(value)
+            found[key] = pickled(value)  # one arrived from elsewhere as it came
         except Exception as exc:
             # Not "missing": the value exists and will never travel. Saying so lets the
             # scheduler fail its dependents instead of recomputing it again and again.

@@ -36,6 +36,7 @@ from apportion.worker.context import CancelEvent, TaskInterrupted, running_task
 from apportion.worker.events import DataInfo, Execute, Seceded
 from apportion.worker.memory_policy import MemoryLimits
 from apportion.worker.sizeof import sizeof
+from apportion.worker.still_pickled import loaded
 
 logger = logging.getLogger("apportion.worker")
 
@@ -341,6 +342,11 @@ class TaskRunner:
         cancel = self._cancel_events.setdefault(key, None) or partial(self.cancel_event, key)
         try:
             func = self.functions.get(command.func_id)
+            if inputs:
+                # Values that arrived from elsewhere are unpickled here, on the task's
+                # thread, never on the loop (``still_pickled`` says why); an error
+                # doing so is the task's.
+                inputs = {key: loaded(value) for key, value in inputs.items()}
             args, kwargs = unpack_call(command.args, inputs)
             del inputs
             with running_task(self._worker, command, cancel, self) as running:

@@ -88,6 +88,7 @@ from apportion.worker.registration import first_registration, reconnect
 from apportion.worker.rejoin_waits import RejoinWaits
 from apportion.worker.remote_calls import RemoteCallRunner
 from apportion.worker.state import WorkerState
+from apportion.worker.still_pickled import LoadingView
 
 logger = logging.getLogger("apportion.worker")
 
@@ -180,7 +181,12 @@ class Worker(BackgroundService):
         self.memory_limit = memory_limit
         #: The data store (spilling under a limit), its directory and memory monitor.
         self.memory_manager = MemoryManager(memory_limit, memory, data, self.name)
-        self.data: MutableMapping[str, Any] = self.memory_manager.data
+        #: The data store itself: values arrived from elsewhere are still pickled in
+        #: it (``still_pickled``); the worker's own code reads and writes this.
+        self.store: MutableMapping[str, Any] = self.memory_manager.data
+        #: The data store as user code sees it (``get_worker().data``, a
+        #: ``dask_worker`` function's): real values, unpickled on the reading thread.
+        self.data: MutableMapping[str, Any] = LoadingView(self.store)
         #: pid of the supervisor that restarts this process, 0 if none (told to the
         #: scheduler, which then waits for the supervisor's word on how we died).
         self.supervisor = supervisor
@@ -193,7 +199,7 @@ class Worker(BackgroundService):
         #: Actors built by tasks here, taking calls on the data port.
         self.actors = ActorHost(self)
         self._server = DataServer(
-            self.data,
+            self.store,
             self.name,
             data_host,
             port,
@@ -361,7 +367,7 @@ class Worker(BackgroundService):
     def _new_runner(self) -> TaskRunner:
         loop = asyncio.get_running_loop()
         limits = self.memory_manager.limits
-        return TaskRunner(self.nthreads, self.data, self._on_outcomes, loop, self, limits)
+        return TaskRunner(self.nthreads, self.store, self._on_outcomes, loop, self, limits)
 
     async def _register(self) -> Connection:
         """Connect, complete the handshake and register; raises ``OSError``/``HandshakeError``."""
@@ -526,7 +532,7 @@ class Worker(BackgroundService):
         if self._runner is not None:
             self._runner.close()
         self._runner = self._new_runner()
-        self.data.clear()
+        self.store.clear()
         self.actors.clear()
         self.state = self._new_state()
 
@@ -623,11 +629,11 @@ class Worker(BackgroundService):
                     self.restart_requested = True
                     self._leaving = asyncio.get_running_loop().create_task(self.close())
                 case PutData():
-                    events.append(store_put(self.data, message, now, self.name))
+                    events.append(store_put(self.store, message, now))
                 case GetData():
                     self._handle(events)
                     events = []
-                    self._scheduler.send(data_reply(self.data, message.request_id, message.keys))
+                    self._scheduler.send(data_reply(self.store, message.request_id, message.keys))
                 case _:
                     logger.warning("worker %s: ignored unexpected %r", self.name, message)
         self._handle(events)
@@ -640,9 +646,7 @@ class Worker(BackgroundService):
                 "worker %s: refused data put while reconnecting to the scheduler", self.name
             )
             return DataStored(message.request_id, [], {})
-        event = store_put(
-            self.data, PutData(DIRECT_PUT, message.data), self.clock.time(), self.name
-        )
+        event = store_put(self.store, PutData(DIRECT_PUT, message.data), self.clock.time())
         self._handle([event])
         nbytes = {key: info.nbytes for key, info in event.stored.items()}
         return DataStored(message.request_id, list(event.stored), nbytes)
@@ -664,7 +668,7 @@ class Worker(BackgroundService):
                     for dep in command.deps:
                         # Absent, or spilled and lost: the task then says which input.
                         with contextlib.suppress(KeyError):
-                            inputs[dep] = self.data[dep]
+                            inputs[dep] = self.store[dep]
                     self._runner.submit(command, inputs)
                 case Fetch():
                     task = asyncio.create_task(self._fetch(command.address, command.keys))
@@ -672,8 +676,8 @@ class Worker(BackgroundService):
                     task.add_done_callback(self._fetches.discard)
                 case ForgetData():
                     for key in command.keys:
-                        if key in self.data:  # not pop: it reads a spilled value back
-                            del self.data[key]
+                        if key in self.store:  # not pop: it reads a spilled value back
+                            del self.store[key]
                         if self.actors:
                             self.actors.drop(key)
                 case ResumeTask():
@@ -713,7 +717,7 @@ class Worker(BackgroundService):
 
         def on_part(part: DataReply) -> None:
             arrived.update(part.data, part.missing, part.errors)
-            self._handle([store_fetched(self.data, address, part, self.clock.time(), self.name)])
+            self._handle([store_fetched(self.store, address, part, self.clock.time())])
 
         try:
             await self._peers.get_data(address, keys, on_part)
