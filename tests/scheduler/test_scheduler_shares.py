@@ -16,22 +16,9 @@ from apportion.scheduler.invariants import check_invariants
 from apportion.scheduler.records import PROCESSING, QUEUED
 from apportion.scheduler.shares import THREADS, FairPass, holdings
 from apportion.testing.simulation import Interval, SimulatedCluster
+from share_sims import cluster, queue
 
 GPU = parse_demand({"GPU": 1})
-
-
-def cluster(*clients: str) -> SimulatedCluster:
-    sim = SimulatedCluster()
-    for client in clients:
-        sim.add_client(client)
-    return sim
-
-
-def queue(sim: SimulatedCluster, client: str, n: int, resources: object = None) -> list[str]:
-    keys = [f"{client}-{i}" for i in range(n)]
-    for key in keys:
-        sim.submit(key, resources=resources, client=client)  # type: ignore[arg-type]
-    return keys
 
 
 def play(sim: SimulatedCluster, seconds: float) -> list[Interval]:

@@ -23,22 +23,9 @@ from apportion.scheduler.share_status import share_rows
 from apportion.scheduler.status import status
 from apportion.testing import RecordingCluster
 from apportion.testing.simulation import SimulatedCluster
+from share_sims import cluster, queue
 
 Make = Callable[..., RecordingCluster]
-
-
-def cluster(*clients: str) -> SimulatedCluster:
-    sim = SimulatedCluster()
-    for client in clients:
-        sim.add_client(client)
-    return sim
-
-
-def queue(sim: SimulatedCluster, client: str, n: int, resources: object = None) -> list[str]:
-    keys = [f"{client}-{i}" for i in range(n)]
-    for key in keys:
-        sim.submit(key, resources=resources, client=client)  # type: ignore[arg-type]
-    return keys
 
 
 def by_share(sim: SimulatedCluster) -> dict[str, dict[str, object]]:

@@ -141,14 +141,7 @@ def test_supervisor_restarts_a_worker_killed_with_sigkill(procs: Processes) -> N
         pids = {w["pid"] for w in client.scheduler_info()["workers"].values()}
         victim = sorted(pids)[0]
         os.kill(victim, signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            now = {w["pid"] for w in client.scheduler_info()["workers"].values()}
-            if len(now) == 2 and victim not in now:
-                break
-            time.sleep(0.05)
-        else:
-            raise AssertionError(f"no replacement for {victim}: {now}")
+        _replaced(client, victim)
         assert client.gather(client.map(abs, range(-10, 0))) == list(range(10, 0, -1))
 
 
@@ -193,14 +186,7 @@ def test_forkserver_workers_run_tasks_restart_and_leave_nothing_behind(
         assert server[0].environ()["MALLOC_TRIM_THRESHOLD_"] == "65536"
         victim = sorted(workers.values())[0]
         os.kill(victim, signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            now = {w["pid"] for w in client.scheduler_info()["workers"].values()}
-            if len(now) == 2 and victim not in now:
-                break
-            time.sleep(0.05)
-        else:
-            raise AssertionError(f"no replacement for {victim}: {now}")
+        _replaced(client, victim)
         assert client.gather(client.map(abs, range(-10, 0))) == list(range(10, 0, -1))
         family = [psutil.Process(supervisor.pid)]
         family += family[0].children(recursive=True)
@@ -328,3 +314,14 @@ def test_split_units_gives_each_process_its_own_gpus(procs: Processes, tmp_path:
             for _ in range(2)
         ]
         assert sorted(client.gather(futures)) == ["0,1", "2,3"]
+
+
+def _replaced(client: Client, victim: int) -> None:
+    """Wait until the supervisor replaced the worker process ``victim`` (two again)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        now = {w["pid"] for w in client.scheduler_info()["workers"].values()}
+        if len(now) == 2 and victim not in now:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no replacement for {victim}: {now}")
