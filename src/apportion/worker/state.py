@@ -672,7 +672,9 @@ class WorkerState:
             if self._is_live(entry):
                 self._execute(self.tasks[entry[4]], "thread free", now)
                 self.executing.add(entry[4])
-        while self._ready and len(ahead) < self.ahead and self._may_start_ahead():
+        if not self._may_start_ahead():
+            return  # what it asks of the running tasks: nothing below changes them
+        while self._ready and len(ahead) < self.ahead:
             entry = self._ready[0]
             if not self._is_live(entry):
                 heapq.heappop(self._ready)
