@@ -98,13 +98,11 @@ def holdings(
             task = tasks.get(key)
             if task is None:
                 continue
+            if key in seceded and seceded[key]:
+                continue  # gave its resources back, and its thread: its share holds none
             mine = held.setdefault(share_of(task.queue), {})
-            if key in seceded:
-                if seceded[key]:
-                    continue  # gave its resources back, and its thread
-                _add(mine, task.resources)
-                continue
-            mine[THREADS] = mine.get(THREADS, 0) + 1
+            if key not in seceded:
+                mine[THREADS] = mine.get(THREADS, 0) + 1
             _add(mine, task.resources)
         for key in worker.actors:
             task = tasks.get(key)
