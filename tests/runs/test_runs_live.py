@@ -76,7 +76,8 @@ def test_an_interrupted_run_ends_preempted_and_stays_adoptable_until_settled() -
     stop = CancelEvent()
     ran: list[object] = []
     thread = threading.Thread(
-        target=lambda: ran.append(runs.execute(5, spec, dict(os.environ), "", stop))
+        target=lambda: ran.append(runs.execute(5, spec, dict(os.environ), "", stop)),
+        daemon=True,
     )
     thread.start()
     try:
@@ -84,10 +85,12 @@ def test_an_interrupted_run_ends_preempted_and_stays_adoptable_until_settled() -
             if outbox.of(RunStarted):
                 break
             threading.Event().wait(0.05)
+        assert outbox.of(RunStarted)
+    finally:
         stop.interrupted = True
         stop.set()
-    finally:
         thread.join(10)
+    assert not thread.is_alive()
     [outcome] = ran
     assert outcome.reason == "preempted"  # type: ignore[attr-defined]
     assert outcome.detail == "preempted; stopped with SIGTERM"  # type: ignore[attr-defined]

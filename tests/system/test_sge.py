@@ -208,7 +208,7 @@ def test_a_qsub_script_runs_the_users_script_on_the_granted_gpu(
     assert found["resources"] == {"cpus": 2, "gpu": 1, "memory": 4 * 2**30}, output
     assert re.search(r"worker \S+ drained", output), output
     assert not Path(found["scheduler_file"]).exists()  # removed at the end
-    assert not user.processes()
+    poll(lambda: not user.processes(), 20, "the user's processes to end")
 
 
 #: A job of the parallel environment whose tasks Grid Engine starts (control_slaves
@@ -290,7 +290,7 @@ def test_in_a_tight_parallel_environment_the_workers_start_through_qrsh_inherit(
     # (the end of its input), and nothing is left behind.
     assert "SIGUSR2 received; stopping" in output, output
     assert re.search(r"worker \S+ drained", output), output
-    assert not user.processes()
+    poll(lambda: not user.processes(), 20, "the user's processes to end")
 
 
 @pytest.mark.timeout(120)

@@ -134,6 +134,7 @@ def test_dask_is_loaded_for_a_settings_file_where_dask_looks(tmp_path: Path) -> 
     assert dask_may_set(key, {"HOME": str(tmp_path / "x"), "DASK_CONFIG": str(named)})
 
 
+@pytest.mark.timeout(60)
 def test_a_fresh_program_loads_dask_only_for_a_settings_file(tmp_path: Path) -> None:
     """What ``apportion worker`` does at start: Dask's YAML is read when there is one,
     and Dask is not imported at all when there is none."""
@@ -151,7 +152,11 @@ def test_a_fresh_program_loads_dask_only_for_a_settings_file(tmp_path: Path) -> 
 
     def run() -> str:
         done = subprocess.run(
-            [sys.executable, "-c", program], env=environ, capture_output=True, text=True
+            [sys.executable, "-c", program],
+            env=environ,
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
         assert done.returncode == 0, done.stderr
         return done.stdout.strip()
