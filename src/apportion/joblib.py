@@ -44,7 +44,6 @@ import contextlib
 import logging
 import sys
 import threading
-import uuid
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -74,11 +73,6 @@ TASK_KEYWORDS = frozenset({"resources", "priority", "retries", "workers", "allow
 
 #: Seconds ``effective_n_jobs`` waits for a first worker on a cluster that has none.
 WAIT_FOR_WORKERS = 30.0
-
-_embedded_lock = threading.Lock()
-#: The client this module started for calls made with no client open, kept for later
-#: calls (it closes at exit, as every client does).
-_embedded: Client | None = None
 
 
 def run_batch(
@@ -210,7 +204,7 @@ class ApportionBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[
     def client(self) -> Client:
         """The client the tasks go through (found or started on first use)."""
         if self._client is None or self._client._closed:
-            self._client = self._given if self._given is not None else _current_client()
+            self._client = self._given if self._given is not None else _current_or_embedded()
         return self._client
 
     # --- joblib's protocol ----------------------------------------------------------
@@ -248,7 +242,7 @@ class ApportionBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[
         ]
         first = calls[0][0] if calls else run_batch
         name = getattr(first, "__name__", type(first).__name__)
-        key = f"{name}-{uuid.uuid4().hex}"
+        key = f"{name}-{self.client._unique_name()}"
         level = (self.nesting_level or 0) + 1
         inner = 1 if self.inner_max_num_threads is None else self.inner_max_num_threads
         future = self.client.submit(run_batch, calls, level, inner, key=key, **self._keywords)
@@ -328,21 +322,10 @@ def _is_small(arg: Any) -> bool:
     return arg is None or isinstance(arg, int | float | str | bool | type)
 
 
-def _current_client() -> Client:
-    """The current client (the worker's, inside a task), else the embedded one."""
-    from apportion.client.client import Client
-    from apportion.client.task_client import get_client
+def _current_or_embedded() -> Client:
+    from apportion.client.task_client import current_or_embedded
 
-    global _embedded
-    try:
-        return get_client()
-    except ValueError:  # no client open
-        pass
-    with _embedded_lock:
-        if _embedded is None or _embedded._closed:
-            logger.info("no apportion client is open: starting a local cluster for joblib")
-            _embedded = Client()
-        return _embedded
+    return current_or_embedded("joblib")
 
 
 joblib.register_parallel_backend(BACKEND_NAME, ApportionBackend)

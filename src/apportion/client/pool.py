@@ -119,7 +119,7 @@ class _Feeder:
     def _start(self, task: _Task) -> None:
         name = getattr(task.args[0], "__name__", "call")
         future = self._client.submit(
-            run_chunk, *task.args, key=f"{name}-{uuid.uuid4().hex}", **self._keywords
+            run_chunk, *task.args, key=f"{name}-{self._client._unique_name()}", **self._keywords
         )
         task.future = future
         task.started.set()
@@ -275,7 +275,7 @@ class Pool:
                 f"Pool() got unexpected keyword arguments {sorted(unknown)}; it takes "
                 f"client and {sorted(POOL_KEYWORDS)}"
             )
-        self._client = client if client is not None else _current_client()
+        self._client = client if client is not None else _current_or_embedded()
         self._id = uuid.uuid4().hex
         self._initializer = initializer
         self._initargs = tuple(initargs)
@@ -473,12 +473,7 @@ def _chunks(iterable: Iterable[Any], chunksize: int | None) -> list[list[Any]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def _current_client() -> Client:
-    """The current client, or an embedded cluster's (``Client()``) if none is open."""
-    from apportion.client.client import Client
-    from apportion.client.task_client import get_client
+def _current_or_embedded() -> Client:
+    from apportion.client.task_client import current_or_embedded
 
-    try:
-        return get_client()
-    except ValueError:
-        return Client()
+    return current_or_embedded("Pool")

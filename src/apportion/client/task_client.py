@@ -9,6 +9,8 @@ it keeps them, go to other tasks meanwhile; see ``apportion.worker.context.seced
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -91,3 +93,28 @@ local_client = worker_client
 
 
 actors.calls_from_tasks_through(lambda: worker_client_of(get_worker()))
+
+
+_embedded_lock = threading.Lock()
+#: The client ``current_or_embedded`` started, kept for later calls (it closes at
+#: exit, as every client does).
+_embedded: Client | None = None
+
+
+def current_or_embedded(who: str) -> Client:
+    """The current client (the worker's, inside a task), else the client of an
+    embedded local cluster (``Client()``), started once for all of ``who``'s calls
+    that find no client open (joblib's backend, ``Pool``), under a lock so that two
+    threads never start two clusters."""
+    global _embedded
+    try:
+        return get_client()
+    except ValueError:  # no client open
+        pass
+    with _embedded_lock:
+        if _embedded is None or _embedded._closed:
+            logging.getLogger("apportion.client").info(
+                "no apportion client is open: starting a local cluster for %s", who
+            )
+            _embedded = Client()
+        return _embedded
