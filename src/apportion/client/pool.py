@@ -31,6 +31,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import itertools
 import multiprocessing
+import queue
 import threading
 import uuid
 from collections import deque
@@ -81,7 +82,7 @@ class _Task:
         self.future: Future | None = None
         self.started = threading.Event()
         #: Called (on the client's callback thread) once the task settled.
-        self.on_settled: Callable[[], None] | None = None
+        self.on_settled: Callable[[_Task], None] | None = None
 
 
 class _Feeder:
@@ -102,7 +103,7 @@ class _Feeder:
         #: Every task given, for ``terminate`` (settled ones drop out in ``_settled``).
         self._unsettled: set[_Task] = set()
 
-    def add(self, args: tuple[Any, ...], on_settled: Callable[[], None] | None) -> _Task:
+    def add(self, args: tuple[Any, ...], on_settled: Callable[[_Task], None] | None) -> _Task:
         task = _Task(args)
         task.on_settled = on_settled
         with self._lock:
@@ -136,7 +137,7 @@ class _Feeder:
         if following is not None:
             self._start(following)
         if task.on_settled is not None:
-            task.on_settled()
+            task.on_settled(task)
 
     def cancel_all(self) -> None:
         """Queued tasks never start (they settle now, as cancelled); started ones are
@@ -153,7 +154,7 @@ class _Feeder:
         for task in dropped:
             task.started.set()  # with no future: those waiting on it learn it never ran
             if task.on_settled is not None:
-                task.on_settled()
+                task.on_settled(task)
 
     def wait_all(self) -> None:
         """Until every task given has settled (or was dropped by ``cancel_all``)."""
@@ -189,7 +190,7 @@ class AsyncResult:
         self._tasks = tasks
         self._one_settled()
 
-    def _one_settled(self) -> None:
+    def _one_settled(self, _task: object = None) -> None:
         with self._lock:
             self._left -= 1
             last = self._left == 0
@@ -359,8 +360,9 @@ class Pool:
         self, func: Callable[[Any], Any], iterable: Iterable[Any], chunksize: int = 1
     ) -> Iterator[Any]:
         """Results as the calls finish (every call starts now)."""
-        tasks = self._tasks(func, _chunks(iterable, chunksize), False)
-        return self._as_finished(tasks)
+        settled: queue.SimpleQueue[_Task] = queue.SimpleQueue()
+        tasks = self._tasks(func, _chunks(iterable, chunksize), False, settled.put)
+        return self._as_finished(len(tasks), settled)
 
     # --- the pool's life ------------------------------------------------------------
 
@@ -398,7 +400,7 @@ class Pool:
         func: Callable[..., Any],
         chunks: list[list[Any]],
         star: bool,
-        on_settled: Callable[[], None] | None = None,
+        on_settled: Callable[[_Task], None] | None = None,
     ) -> list[_Task]:
         self._check_running()
         return [
@@ -430,19 +432,11 @@ class Pool:
             task.started.wait()
             yield from _started(task).result()
 
-    def _as_finished(self, tasks: list[_Task]) -> Iterator[Any]:
-        left = list(tasks)
-        while left:
-            started = [t for t in left if t.started.is_set()]
-            if not started:  # the feeder starts one as soon as another settles
-                left[0].started.wait()
-                continue
-            futures = [_started(t) for t in started]
-            done, _ = cf.wait(futures, return_when=cf.FIRST_COMPLETED)
-            for task in started:
-                if task.future in done:
-                    left.remove(task)
-                    yield from task.future.result()
+    def _as_finished(self, count: int, settled: queue.SimpleQueue[_Task]) -> Iterator[Any]:
+        """The results of ``count`` tasks in the order they settle (each puts itself on
+        ``settled`` then, a task dropped by ``terminate`` too)."""
+        for _ in range(count):
+            yield from _started(settled.get()).result()
 
 
 def _started(task: _Task) -> Future:
