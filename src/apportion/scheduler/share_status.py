@@ -36,7 +36,7 @@ from typing import Any
 
 from apportion.core.resources import SCALE, describe_resources
 from apportion.scheduler.records import NO_SHARE, demand_of, restriction_of, share_of
-from apportion.scheduler.shares import THREADS, FairPass, over_quota
+from apportion.scheduler.shares import THREADS, FairPass, quota_holds_back
 from apportion.scheduler.state import SchedulerState
 
 #: Shares listed at most (people first, then the others by how much they hold):
@@ -147,11 +147,9 @@ def _quota_holds(
     count = 0
     caps: dict[str, float] = {}
     for _, n, key in waiting:
-        names = [over_quota(quota, held, amounts) for amounts in demand_of(key).alternatives]
-        if all(names) and names:
+        first = quota_holds_back(quota, held, demand_of(key).alternatives)
+        if first is not None:
             count += n
-            first = names[0]
-            assert first is not None
             caps[first] = quota[first] / SCALE
     return {"count": count, "resources": dict(sorted(caps.items()))} if count else None
 

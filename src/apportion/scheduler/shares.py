@@ -45,7 +45,7 @@ builds a ``FairPass``, so one user's throughput pays nothing for it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from apportion.core.resources import SCALE, Amounts, describe_resources
 from apportion.scheduler.records import NO_SHARE, TaskRecord, WorkerRecord, share_of
@@ -98,7 +98,7 @@ def holdings(
             task = tasks.get(key)
             if task is None:
                 continue
-            if key in seceded and seceded[key]:
+            if seceded.get(key):
                 continue  # gave its resources back, and its thread: its share holds none
             mine = held.setdefault(share_of(task.queue), {})
             if key not in seceded:
@@ -125,6 +125,21 @@ def over_quota(quota: Amounts, held: Mapping[str, int], amounts: Amounts) -> str
         if need and held_ticks(held, name) + need > cap:
             return name
     return None
+
+
+def quota_holds_back(
+    quota: Amounts, held: Mapping[str, int], alternatives: Sequence[Amounts]
+) -> str | None:
+    """The capped resource of the first alternative when every alternative of a
+    demand would take its share past ``quota`` (the quota alone holds the task
+    back); None when one fits under it."""
+    first: str | None = None
+    for amounts in alternatives:
+        name = over_quota(quota, held, amounts)
+        if name is None:
+            return None
+        first = first or name
+    return first
 
 
 def held_ticks(held: Mapping[str, int], name: str) -> int:
@@ -205,11 +220,9 @@ def quota_note(
     if quota is None:
         return None
     held = holdings(workers, tasks).get(share, {})
-    names = [over_quota(quota, held, amounts) for amounts in task.demand.alternatives]
-    if any(name is None for name in names):
+    name = quota_holds_back(quota, held, task.demand.alternatives)
+    if name is None:
         return None
-    name = names[0]
-    assert name is not None
     asks = SCALE if name == THREADS else task.demand.alternatives[0].get(name, 0)
     return (
         f"queued: its share {share!r} is at its quota of {name}: it holds "
