@@ -54,3 +54,51 @@ def test_each_gpu_task_goes_to_the_least_loaded_worker_it_fits(
         expected.append((ids[best], f"gpu-{t}"))
     assert started == expected
     check_invariants(sim.state)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    shape=workers,
+    n_gpu=st.integers(0, 6),
+    n_plain=st.integers(1, 40),
+    n_long=st.integers(0, 4),
+)
+def test_plain_tasks_wait_only_when_no_open_worker_has_room(
+    shape: list[tuple[int, int]], n_gpu: int, n_plain: int, n_long: int
+) -> None:
+    """The plain pass stops at its oldest task only when every open worker is full for it,
+    whatever the mix of thread counts and of workers kept to their free threads
+    (those offering resources while resource work waits): a full worker that is the
+    least busy per thread ends the walk only when no other may hold more per thread."""
+    from apportion.scheduler.placement import (
+        _has_room,
+        ahead_per_thread,
+        closed_to_plain,
+        resource_work_waiting,
+    )
+
+    sim = RecordingCluster(SchedulerConfig())
+    sim.add_client("c1")
+    for i, (threads, gpus) in enumerate(shape):
+        sim.add_worker(f"n{i}", nthreads=threads, resources=f"GPU={gpus}" if gpus else None)
+    sim.submit("short-0")
+    sim.place()
+    sim.finish("short-0", duration=0.0005)  # short: queued ahead, four per thread
+    for i in range(n_long):
+        sim.submit(f"long-{i}")  # not measured yet: never queued ahead
+    for i in range(n_gpu):
+        sim.submit(f"gpu-{i}", resources="GPU=1")
+    for i in range(1, n_plain + 1):
+        sim.submit(f"short-{i}")
+    sim.place()
+    check_invariants(sim.state)
+    state = sim.state
+    waiting = resource_work_waiting(state)
+    plain = [f"long-{i}" for i in range(n_long)] + [f"short-{i}" for i in range(1, n_plain + 1)]
+    queued = [key for key in plain if state.tasks[key].worker is None]
+    if not queued:
+        return
+    head = state.tasks[queued[0]]  # the oldest waiting: the younger wait behind it
+    ahead = ahead_per_thread(state, state.expected(head))
+    open_workers = [w for w in state.workers.values() if not closed_to_plain(state, w, waiting)]
+    assert not [w.name for w in open_workers if _has_room(state, w, ahead, waiting)], head.key

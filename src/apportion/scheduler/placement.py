@@ -761,37 +761,34 @@ def _place_plain_tasks(state: SchedulerState) -> None:
     open_heaps = dict(heaps)
     workers = state.workers
     waiting = resource_work_waiting(state)
-    loads = [
-        (*_load(state, worker), i, worker.id)
-        for i, worker in enumerate(workers.values())
-        if not closed_to_plain(state, worker, waiting)
-    ]
+    loads: list[tuple[bool, float, float, int, str]] = []
+    shapes: set[tuple[int, bool]] = set()  # (threads, offers resources) of open workers
+    for i, worker in enumerate(workers.values()):
+        if not closed_to_plain(state, worker, waiting):
+            loads.append((*_load(state, worker), i, worker.id))
+            shapes.add((worker.nthreads, bool(worker.ledger.total)))
     heapify(loads)
     aheads: dict[object, int] = {}  # by task group: its tasks come in runs
+    # The head task whose own choices (retry, inputs, siblings) found nothing: while
+    # it stays the head, nothing was assigned, so they would find nothing again. Only
+    # the least busy workers are tried for it, one after the other.
+    tried: TaskRecord | None = None
+    ahead, root = 0, False
     while loads:
         task, heap = _next_plain(state, fair, capping, heap, open_heaps)
         if task is None:
             break
-        ahead = aheads.get(task.group, -1)
-        if ahead < 0:
-            ahead = aheads[task.group] = ahead_per_thread(state, state.expected(task))
-        root = makes_new_data(state, task)
-        if state.raised_on and task.key in state.raised_on:
-            target = _retry_choice(state, task, ahead, waiting, root)
+        if task is not tried:
+            ahead = aheads.get(task.group, -1)
+            if ahead < 0:
+                ahead = aheads[task.group] = ahead_per_thread(state, state.expected(task))
+            root = makes_new_data(state, task)
+            target, cause = _own_choice(state, task, ahead, waiting, root)
             if target is not None:
                 heappop(heap)
-                state.assign(task, target, cause=retry_cause(state, task, target))
-                continue
-        if task.deps or root:
-            target = (
-                _local_choice(state, task, ahead, waiting)
-                if task.deps
-                else _sibling_choice(state, task, ahead, waiting)
-            )
-            if target is not None:
-                heappop(heap)
-                state.assign(task, target)
+                state.assign(task, target, cause=cause)
                 continue  # its entry in ``loads`` is stale now: sorted again when on top
+            tried = task
         entry = loads[0]
         worker = workers[entry[4]]
         load = _load(state, worker)
@@ -799,12 +796,35 @@ def _place_plain_tasks(state: SchedulerState) -> None:
             heapreplace(loads, (*load, entry[3], entry[4]))  # assigned to meanwhile
             continue
         if not _has_room(state, worker, ahead, waiting, root):
-            heappop(loads)  # full for this task; the next one is no shorter, in general
+            if entry[0] or not _fullest_room(state, worker, shapes, ahead, waiting, root):
+                heappop(loads)  # full for this task; the next one is no shorter, in general
+                continue
+            # No worker short of its memory target is less busy for its threads, nor
+            # has more room per thread: none of them has room. Those past it may.
+            loads = [other for other in loads if other[0]]
+            heapify(loads)
             continue
         heappop(heap)
         state.assign(task, worker)
         heapreplace(loads, (*_load(state, worker), entry[3], entry[4]))
     _drop_empty(state, heaps)
+
+
+def _own_choice(
+    state: SchedulerState, task: TaskRecord, ahead: int, waiting: bool, root: bool
+) -> tuple[WorkerRecord | None, str]:
+    """Where ``task`` goes for reasons of its own, if anywhere, and the story's cause
+    ('' for the usual): where it raised least (retried), where its inputs are, or
+    where its siblings went (a root)."""
+    if state.raised_on and task.key in state.raised_on:
+        target = _retry_choice(state, task, ahead, waiting, root)
+        if target is not None:
+            return target, retry_cause(state, task, target)
+    if task.deps:
+        return _local_choice(state, task, ahead, waiting), ""
+    if root:
+        return _sibling_choice(state, task, ahead, waiting), ""
+    return None, ""
 
 
 def _next_plain(
@@ -884,14 +904,41 @@ def _has_room(
     """Whether ``worker`` may take one more plain task, ``ahead`` allowed per thread
     behind the one it runs, or for a ``root`` (``makes_new_data``) a tenth of its
     threads at most (open to plain tasks is checked by the caller)."""
-    if waiting and worker.ledger.total:
+    room = _room(state, worker.nthreads, bool(worker.ledger.total), ahead, waiting, root)
+    return worker.running() + worker.incoming < room
+
+
+def _room(
+    state: SchedulerState, nthreads: int, offers: bool, ahead: int, waiting: bool, root: bool
+) -> int:
+    """How many plain tasks a worker of ``nthreads`` may run and queue (``_has_room``);
+    ``offers``: it offers resources."""
+    if waiting and offers:
         # A plain task queued ahead here would take the thread a GPU (say) frees next,
         # leaving the GPU idle while work for it waits: fill free threads only.
         ahead = 0
-    room = worker.nthreads * (1 + ahead)
+    room = nthreads * (1 + ahead)
     if root:
-        room = min(room, math.ceil(worker.nthreads * state.config.root_saturation))
-    return worker.running() + worker.incoming < room
+        room = min(room, math.ceil(nthreads * state.config.root_saturation))
+    return room
+
+
+def _fullest_room(
+    state: SchedulerState,
+    worker: WorkerRecord,
+    shapes: set[tuple[int, bool]],
+    ahead: int,
+    waiting: bool,
+    root: bool,
+) -> bool:
+    """Whether ``worker`` may queue as many tasks per thread as any worker of the
+    pass (of ``shapes``: threads, offers resources) may: then a worker with no room
+    that is the least busy per thread means none has room."""
+    mine = _room(state, worker.nthreads, bool(worker.ledger.total), ahead, waiting, root)
+    return all(
+        mine * nthreads >= _room(state, nthreads, offers, ahead, waiting, root) * worker.nthreads
+        for nthreads, offers in shapes
+    )
 
 
 def makes_new_data(state: SchedulerState, task: TaskRecord) -> bool:
