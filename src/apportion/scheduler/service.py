@@ -25,6 +25,7 @@ from typing import Any
 from apportion.clock import SYSTEM_CLOCK, Clock
 from apportion.dashboard.events import RunsSource
 from apportion.dashboard.server import DashboardServer
+from apportion.gc_thresholds import hold_gc_thresholds, release_gc_thresholds
 from apportion.log_ring import LogRing
 from apportion.loop_lag import LoopLag
 from apportion.loop_thread import BackgroundService, call_in_loop
@@ -164,6 +165,7 @@ class Scheduler(BackgroundService):
         #: The loop it runs on, once started: views for other threads are read there.
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ticker: asyncio.Task[None] | None = None
+        self._holds_gc = False  # ``gc_thresholds``: raised from start to close
         #: An extra tick at the earliest coordination deadline (an acquire's timeout,
         #: a lease's expiry) when that comes before the next regular tick, and when.
         self._wake: asyncio.Task[None] | None = None
@@ -231,6 +233,8 @@ class Scheduler(BackgroundService):
         self.logs.attach()
         self._ticker = asyncio.create_task(self._tick(), name="scheduler-tick")
         self.loop_lag.start()
+        hold_gc_thresholds()
+        self._holds_gc = True
         logger.info("scheduler listening at %s", self.address)
         if self.dashboard is not None:
             logger.info("dashboard at %s", self.dashboard.login_link())
@@ -316,6 +320,9 @@ class Scheduler(BackgroundService):
             await conn.close()
         self._conns.clear()
         self.logs.detach()
+        if self._holds_gc:
+            self._holds_gc = False
+            release_gc_thresholds()
         if self._closed is not None:
             self._closed.set()
 

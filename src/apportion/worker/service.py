@@ -28,6 +28,7 @@ from apportion.clock import SYSTEM_CLOCK, Clock, wait_event
 from apportion.core.durations import Duration, seconds
 from apportion.core.resources import ResourceSpec, describe_resources, from_ticks, parse_supply
 from apportion.core.sizes import format_bytes
+from apportion.gc_thresholds import hold_gc_thresholds, release_gc_thresholds
 from apportion.loop_thread import BackgroundService
 from apportion.net.address import RemoteScheduler
 from apportion.net.connection import Connection, ConnectionClosed
@@ -221,6 +222,7 @@ class Worker(BackgroundService):
         self._fetches: set[asyncio.Task[None]] = set()
         self._started = False
         self._closing = False
+        self._holds_gc = False  # ``gc_thresholds``: raised from start to close
         self._closed = asyncio.Event()
         #: Set by ``drain``: leave once the scheduler says so (``DrainDone``).
         self._draining = False
@@ -271,6 +273,8 @@ class Worker(BackgroundService):
             raise
         self._receiver = asyncio.create_task(self._serve(), name=f"worker-{self.name}")
         self._heartbeat = asyncio.create_task(self._beat(), name=f"heartbeat-{self.name}")
+        hold_gc_thresholds()  # released by ``close``, which this start now always meets
+        self._holds_gc = True
         self.memory_manager.start(self.clock, lambda: self.state.paused, self._memory_changed)
         logger.info(
             "worker %s: data at %s, %d threads, resources %s, scheduler %s",
@@ -318,6 +322,9 @@ class Worker(BackgroundService):
             await self.actors.close()
             await self.memory_manager.close()
         finally:
+            if self._holds_gc:
+                self._holds_gc = False
+                release_gc_thresholds()
             self._closed.set()
 
     async def _cancel_tasks(self, *tasks: asyncio.Task[None] | None) -> None:
