@@ -31,6 +31,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from apportion.core.resources import parse_demand, parse_resources
+from apportion.gc_thresholds import hold_gc_thresholds
 from apportion.protocol.base import Message
 from apportion.protocol.tasks import SubmitTasks, TaskSpec
 from apportion.protocol.worker import RegisterWorker, TaskFinished
@@ -157,6 +158,8 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="cProfile the whole run")
     args = parser.parse_args()
 
+    # The collector as a running scheduler sets it (``apportion.gc_thresholds``).
+    hold_gc_thresholds()
     frames = build_frames(args.tasks)
     driver = Driver()
     profiler = None
