@@ -273,7 +273,7 @@ class Worker(BackgroundService):
             raise
         self._receiver = asyncio.create_task(self._serve(), name=f"worker-{self.name}")
         self._heartbeat = asyncio.create_task(self._beat(), name=f"heartbeat-{self.name}")
-        hold_gc_thresholds()  # released by ``close``, which this start now always meets
+        hold_gc_thresholds()  # released by ``close``
         self._holds_gc = True
         self.memory_manager.start(self.clock, lambda: self.state.paused, self._memory_changed)
         logger.info(
