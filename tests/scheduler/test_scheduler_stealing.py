@@ -272,3 +272,38 @@ def test_a_task_let_go_for_a_worker_now_closing_is_queued_again(sim: RecordingCl
     assert sim.place() == [(busy, "gpu-0")]
     sim.finish("gpu-0")
     assert sorted(sim.done()) == ["cpu-0", "gpu-0"]
+
+
+def test_a_task_moves_to_the_idle_worker_holding_its_inputs_not_the_first_idle(
+    sim: RecordingCluster,
+) -> None:
+    """Of the idle workers, the one whose missing inputs are fewest bytes takes the
+    task, though another idle worker comes first (the walk looks only at those
+    holding an input, and at the first holding none)."""
+    busy = sim.add_worker("busy")
+    early = sim.add_worker("early")
+    holder = sim.add_worker("holder")
+    for key in ("x1", "x2", "f-0", "blocker", "use"):
+        sim.measured(key, 0.001)
+    sim.submit("x1")
+    assert sim.place() == [(busy, "x1")]
+    sim.finish("x1", nbytes=1_000)
+    for key in ("f-0", "f-1", "x2"):
+        sim.submit(key)
+    assert sim.place() == [(busy, "f-0"), (early, "f-1"), (holder, "x2")]
+    sim.finish("f-0")
+    sim.finish("f-1")
+    sim.finish("x2", nbytes=500)
+    sim.submit("blocker")
+    sim.submit("use", deps=["x1", "x2"])
+    assert sim.place() == [(busy, "blocker"), (busy, "use")]  # most input bytes there
+    sim.now = 5.0  # the blocker runs far past its millisecond
+    sim.place()
+    assert _steal_asked(sim, busy) == ["use"]
+    assert sim.state.steals["use"] == (busy, holder)
+    sim.answer_steal(busy, released=["use"])
+    assert sim.worker_of("use") == holder
+    assert sim.worker_got(holder, ComputeTask)[-1].key == "use"
+    sim.finish("use")
+    sim.finish("blocker")
+    assert sorted(sim.done()) == ["blocker", "f-0", "f-1", "use", "x1", "x2"]

@@ -50,7 +50,7 @@ from heapq import heappop, heappush
 
 from apportion.protocol.worker import StealResponse
 from apportion.scheduler.events import SendStealRequest
-from apportion.scheduler.holders import holds
+from apportion.scheduler.holders import holders, holds
 from apportion.scheduler.placement import closed_to_plain, fits_now, resource_work_waiting
 from apportion.scheduler.records import (
     PROCESSING,
@@ -73,12 +73,13 @@ def balance(state: SchedulerState) -> None:
     if not busy:
         return
     waiting = resource_work_waiting(state)
+    order = {worker_id: i for i, worker_id in enumerate(free)}  # ties: the first
     requests: dict[str, list[str]] = {}
     for victim in busy:
         for task, wait in reversed(_waits(state, victim)):
             if task.key in state.steals:
                 continue
-            thief, cost = _cheapest(state, task, victim, free, waiting)
+            thief, cost = _cheapest(state, task, victim, free, order, waiting)
             if thief is None or wait <= cost:
                 continue
             requests.setdefault(victim.id, []).append(task.key)
@@ -205,26 +206,42 @@ def _cheapest(
     task: TaskRecord,
     victim: WorkerRecord,
     free: dict[str, int],
+    order: dict[str, int],
     waiting: bool,
 ) -> tuple[WorkerRecord | None, float]:
-    """The idle worker that could start ``task`` soonest, and what moving it costs."""
-    best: WorkerRecord | None = None
-    best_cost = 0.0
+    """The idle worker that could start ``task`` soonest, and what moving it costs;
+    of equal costs, the first in ``order``.
+
+    Moving costs the same to every idle worker holding none of its inputs, so of
+    those only the first that may take it is looked at, with the idle ones holding
+    some input: not every idle worker of a large cluster."""
     raised = state.raised_on.get(task.key) if state.raised_on else None
-    for worker_id in free:
-        thief = state.workers[worker_id]
+
+    def may_take(thief: WorkerRecord) -> bool:
         if thief is victim or not _may_take(state, thief, task, waiting):
+            return False
+        # A retried task waits away from where it raised (placement's rule).
+        return not (raised and raised.count(thief.id) > raised.count(victim.id))
+
+    holding = {h for dep in task.deps for h in holders(state.tasks[dep]) if h in free}
+    best: WorkerRecord | None = None
+    best_score = (0.0, 0)
+    for worker_id in sorted(holding, key=order.__getitem__):
+        thief = state.workers[worker_id]
+        if may_take(thief):
+            score = (_move_cost(state, task, thief), order[worker_id])
+            if best is None or score < best_score:
+                best, best_score = thief, score
+    for worker_id in free:
+        if worker_id in holding:
             continue
-        if raised and raised.count(thief.id) > raised.count(victim.id):
-            continue  # a retried task waits away from where it raised (placement's rule)
-        cost = _move_cost(state, task, thief)
-        if not task.deps:
-            # Without inputs, moving costs the same whoever takes it: the first is the
-            # one the walk would keep, and the rest of a large cluster is not looked at.
-            return thief, cost
-        if best is None or cost < best_cost:
-            best, best_cost = thief, cost
-    return best, best_cost
+        thief = state.workers[worker_id]
+        if may_take(thief):
+            score = (_move_cost(state, task, thief), order[worker_id])
+            if best is None or score < best_score:
+                best, best_score = thief, score
+            break
+    return best, best_score[0]
 
 
 def _may_take(state: SchedulerState, thief: WorkerRecord, task: TaskRecord, waiting: bool) -> bool:
