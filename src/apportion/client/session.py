@@ -15,6 +15,7 @@ import concurrent.futures
 import contextlib
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
@@ -53,6 +54,10 @@ SAY_WAITING_AFTER = 2.0
 
 #: Seconds to send what is queued and close the connections when a client closes.
 SHUTDOWN_SECONDS = 10.0
+#: Released keys are sent once none came for this many seconds (``post``)...
+RELEASE_QUIET = 0.002
+#: ... or this long after the first of them.
+RELEASE_WAIT = 0.05
 
 T = TypeVar("T")
 
@@ -166,6 +171,8 @@ class Session:
         self._lock = threading.RLock()
         self._outbox: list[TaskBatch | str | Message] = []
         self._wake_scheduled = False
+        self._release_wake_scheduled = False  # a flush of releases waits (``post``)
+        self._first_release = self._last_release = 0.0  # when posted, of this burst
         #: Which requests are pending, where each went, and the parts forwarded ahead
         #: of a reply, as data (client/state.py); ``_requests`` their awaitables.
         self._pending = PendingRequests()
@@ -375,16 +382,45 @@ class Session:
     # --- the outbox -----------------------------------------------------------------
 
     def post(self, item: TaskBatch | str | Message) -> None:
-        """Queue tasks, a key to release, or a message; wake the loop once per burst."""
+        """Queue tasks, a key to release, or a message; wake the loop once per burst.
+
+        Releases alone wait until none came for ``RELEASE_QUIET`` (at most
+        ``RELEASE_WAIT``): dropping a list of 20,000 futures posts 20,000 keys one by
+        one, and a flush at each wake-up of the loop sent them in a dozen messages or
+        more, each making the scheduler tell every worker holding one of them to free
+        it. Anything else posted meanwhile flushes at once, the releases before it, in
+        order."""
+        release = isinstance(item, str)
         with self._lock:
             if self.closed:
                 return
             self._outbox.append(item)
-            if self._wake_scheduled:
+            if release:
+                self._last_release = time.monotonic()
+            if self._wake_scheduled or (release and self._release_wake_scheduled):
                 return
-            self._wake_scheduled = True
+            if release:
+                self._release_wake_scheduled = True
+                self._first_release = self._last_release
+            else:
+                self._wake_scheduled = True
         with contextlib.suppress(RuntimeError):  # loop already stopped at shutdown
-            self.loop.loop.call_soon_threadsafe(self.flush)
+            if release:
+                self.loop.loop.call_soon_threadsafe(self._flush_releases)
+            else:
+                self.loop.loop.call_soon_threadsafe(self.flush)
+
+    def _flush_releases(self) -> None:
+        """On the loop thread: flush once releases stopped coming (``post``)."""
+        with self._lock:
+            now = time.monotonic()
+            wait = min(self._last_release + RELEASE_QUIET, self._first_release + RELEASE_WAIT) - now
+            if wait <= 0:
+                self._release_wake_scheduled = False
+        if wait > 0:
+            self.loop.loop.call_later(wait, self._flush_releases)
+            return
+        self.flush()
 
     def flush(self) -> None:
         """On the loop thread: send the outbox in order, merging runs of tasks."""
