@@ -226,7 +226,7 @@ def _cheapest(
     holding = {h for dep in task.deps for h in holders(state.tasks[dep]) if h in free}
     best: WorkerRecord | None = None
     best_score = (0.0, 0)
-    for worker_id in sorted(holding, key=order.__getitem__):
+    for worker_id in holding:  # the score orders them
         thief = state.workers[worker_id]
         if may_take(thief):
             score = (_move_cost(state, task, thief), order[worker_id])
