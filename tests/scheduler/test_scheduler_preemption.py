@@ -45,6 +45,12 @@ def tick(sim: SimulatedCluster, now: float) -> None:
     sim.place()
 
 
+def ticks(sim: SimulatedCluster, until: int, step: int) -> None:
+    """A tick every ``step`` seconds from 1 until (not at) ``until``."""
+    for now in range(1, until, step):
+        tick(sim, now)
+
+
 def interrupts(sim: SimulatedCluster) -> list[list[str]]:
     """The keys of every ``InterruptTasks`` sent so far, one list per message."""
     return [m.keys for ms in sim.to_workers.values() for m in ms if isinstance(m, InterruptTasks)]
@@ -160,8 +166,7 @@ def test_no_stop_where_an_older_task_of_the_same_share_holds_the_reservation() -
     sim.submit("b-small", resources=GPU, client="b")
     sim.place()
     assert sim.state.tasks["b-big"].reserved_on == sim.worker_of("run-1")
-    for now in range(1, 30, 3):
-        tick(sim, now)
+    ticks(sim, 30, 3)
     assert interrupts(sim) == []
 
 
@@ -186,8 +191,7 @@ def test_nothing_is_stopped_when_preemption_is_off() -> None:
     sim.submit("run-1", resources=GPU, client="queue", preemptible=True)
     sim.submit("b-0", resources=GPU, client="b")
     sim.place()
-    for now in range(1, 100, 7):
-        tick(sim, now)
+    ticks(sim, 100, 7)
     assert interrupts(sim) == []
 
 
@@ -196,8 +200,7 @@ def test_a_run_not_marked_preemptible_is_never_stopped() -> None:
     sim.submit("run-1", resources=GPU, client="queue")
     sim.submit("b-0", resources=GPU, client="b")
     sim.place()
-    for now in range(1, 100, 7):
-        tick(sim, now)
+    ticks(sim, 100, 7)
     assert interrupts(sim) == []
 
 
@@ -209,8 +212,7 @@ def test_python_tasks_are_never_preempted_even_when_flagged() -> None:
     sim.submit("a-0", resources=GPU, client="a", preemptible=True)
     sim.submit("b-0", resources=GPU, client="b")
     sim.place()
-    for now in range(1, 100, 7):
-        tick(sim, now)
+    ticks(sim, 100, 7)
     assert interrupts(sim) == []
     assert not sim.state.preemption.preemptible
 
@@ -225,8 +227,7 @@ def test_a_victim_s_share_at_its_fair_share_keeps_its_run() -> None:
     sim.submit("c-2", resources=GPU, client="c")
     sim.place()
     sim.submit("b-0", resources=GPU, client="b")
-    for now in range(1, 30, 3):
-        tick(sim, now)
+    ticks(sim, 30, 3)
     assert interrupts(sim) == []
     assert sim.state.preemption.waiting_since == {"b": 1}
 
@@ -238,8 +239,7 @@ def test_no_stop_for_work_that_would_not_fit_anyway() -> None:
     sim.submit("run-2", resources=GPU, client="queue")
     sim.place()
     sim.submit("b-0", resources={"GPU": 2}, client="b")
-    for now in range(1, 30, 3):
-        tick(sim, now)
+    ticks(sim, 30, 3)
     assert interrupts(sim) == []
 
 
@@ -249,8 +249,7 @@ def test_no_stop_for_a_share_its_quota_holds_back() -> None:
     sim.submit("run-1", resources=GPU, client="queue", preemptible=True)
     sim.submit("b-0", resources=GPU, client="b")
     sim.place()
-    for now in range(1, 30, 3):
-        tick(sim, now)
+    ticks(sim, 30, 3)
     assert interrupts(sim) == []
 
 

@@ -53,16 +53,21 @@ N = 4
 def slow_package(root: Path) -> str:
     """Write a package under ``root`` whose ``__init__`` is slow on the main thread
     and whose class lives in a submodule that imports the package; its name."""
+    return _package(
+        root,
+        "import threading, time\n"
+        "if threading.current_thread() is threading.main_thread():\n"
+        f"    time.sleep({IMPORT_SECONDS})\n",
+    )
+
+
+def _package(root: Path, slow_part: str) -> str:
+    """Write a package under ``root`` whose ``__init__`` runs ``slow_part`` before it
+    imports its class from a submodule that imports the package back; its name."""
     name = f"slowpkg_{uuid.uuid4().hex[:8]}"
     folder = root / name
     folder.mkdir()
-    (folder / "__init__.py").write_text(
-        "import threading, time\n"
-        "if threading.current_thread() is threading.main_thread():\n"
-        f"    time.sleep({IMPORT_SECONDS})\n"
-        "helper = 1\n"
-        f"from {name}.things import Thing\n"
-    )
+    (folder / "__init__.py").write_text(f"{slow_part}helper = 1\nfrom {name}.things import Thing\n")
     (folder / "things.py").write_text(
         f"from {name} import helper\n\n"
         "class Thing:\n"
@@ -190,24 +195,13 @@ def slow_on_a_worker(root: Path) -> str:
     folder and sleeps midway when ``SLOW_IMPORT`` is set in its process's environment
     (the importing task's worker only), with its class in a submodule that imports
     the package; its name."""
-    name = f"slowpkg_{uuid.uuid4().hex[:8]}"
-    folder = root / name
-    folder.mkdir()
-    (folder / "__init__.py").write_text(
+    return _package(
+        root,
         "import os, pathlib, time\n"
         "if os.environ.get('SLOW_IMPORT'):\n"
         "    pathlib.Path(__file__).with_name('importing').touch()\n"
-        f"    time.sleep({2 * IMPORT_SECONDS})\n"
-        "helper = 1\n"
-        f"from {name}.things import Thing\n"
+        f"    time.sleep({2 * IMPORT_SECONDS})\n",
     )
-    (folder / "things.py").write_text(
-        f"from {name} import helper\n\n"
-        "class Thing:\n"
-        "    def __init__(self, n):\n"
-        "        self.n = n + helper - 1\n"
-    )
-    return name
 
 
 def import_slowly(root: str, name: str) -> str:
