@@ -79,3 +79,14 @@ def test_on_the_tests_own_loop_with_a_client_from_a_thread() -> None:
             assert cluster.workers and extra not in cluster.workers
 
     asyncio.run(main())
+
+
+@pytest.mark.timeout(30)
+def test_closing_logs_the_workers_as_departed_not_lost(caplog: pytest.LogCaptureFixture) -> None:
+    # The last worker's goodbye was still on its way when the scheduler closed, which
+    # then logged that worker as lost.
+    with caplog.at_level("INFO", logger="apportion"), InMemoryCluster(3) as cluster:
+        client = cluster.client()
+        assert client.gather(client.map(operator.neg, range(30))) == [-i for i in range(30)]
+    lost = [r.getMessage() for r in caplog.records if "lost worker" in r.getMessage()]
+    assert lost == []

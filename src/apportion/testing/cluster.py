@@ -9,6 +9,7 @@ real synchronous ``Client``, on their own loop threads as always.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
@@ -27,6 +28,8 @@ T = TypeVar("T")
 #: Seconds (of the event loop, not of the cluster's clock) a started worker gets to
 #: appear in the scheduler's state: in memory it takes a few loop turns.
 REGISTRATION_TIMEOUT = 10.0
+#: Seconds ``close`` waits for the scheduler to see the closed workers leave.
+LEAVING_TIMEOUT = 2.0
 
 
 class InMemoryCluster:
@@ -112,13 +115,13 @@ class InMemoryCluster:
     def _registered(self, name: str) -> bool:
         return any(w.name == name for w in self.scheduler.state.workers.values())
 
-    async def _until(self, done: Any, what: str) -> None:
+    async def _until(self, done: Any, what: str, timeout: float = REGISTRATION_TIMEOUT) -> None:
         """Wait for ``done()``: nothing signals a registration, so it is polled."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + REGISTRATION_TIMEOUT
+        deadline = loop.time() + timeout
         while not done():
             if loop.time() > deadline:
-                raise TimeoutError(f"waited {REGISTRATION_TIMEOUT:g}s for {what}")
+                raise TimeoutError(f"waited {timeout:g}s for {what}")
             await asyncio.sleep(0.001)
 
     async def close(self) -> None:
@@ -131,6 +134,16 @@ class InMemoryCluster:
         workers, self.workers = self.workers, []
         for worker in reversed(workers):
             await worker.close()
+        # Each worker's goodbye is still on its way (``call_soon``): closing the
+        # scheduler's end first would drop it, and the scheduler would log the last
+        # workers as lost rather than departed.
+        names = {worker.name for worker in workers}
+        with contextlib.suppress(TimeoutError):
+            await self._until(
+                lambda: names.isdisjoint(w.name for w in self.scheduler.state.workers.values()),
+                "the workers to leave",
+                LEAVING_TIMEOUT,
+            )
         await self.scheduler.close()
 
     async def __aenter__(self) -> InMemoryCluster:
