@@ -20,7 +20,7 @@ from apportion.protocol.base import PROTOCOL_VERSION, Message, message, register
 from apportion.protocol.handshake import Hello, Refused, Welcome
 from apportion.protocol.homes import HOME_OF, HOMES
 
-#: Message name -> tag, as on the wire of ``PROTOCOL_VERSION`` 19.
+#: Message name -> tag, as on the wire of ``PROTOCOL_VERSION`` 20.
 TAGS = {
     "Hello": 1,
     "Welcome": 2,
@@ -159,12 +159,13 @@ TAGS = {
     "CancelPersonRuns": 135,
     "TaskPreempted": 136,
     "InterruptTasks": 137,
+    "HeartbeatInterval": 138,
 }
 
 
 def test_every_message_keeps_its_tag() -> None:
     assert {cls.__name__: tag for tag, cls in registered().items()} == TAGS
-    assert PROTOCOL_VERSION == 19
+    assert PROTOCOL_VERSION == 20
 
 
 def _import_graph_tool() -> ModuleType:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
 from apportion import Scheduler, get_worker
 from apportion.cli.main import main
+from apportion.protocol.worker import Heartbeat, HeartbeatInterval
 from apportion.scheduler.state import SchedulerConfig
-from apportion.testing import FakeClock, InMemoryCluster
+from apportion.testing import FakeClock, InMemoryCluster, RecordingCluster
 
 
 def test_heartbeats_keep_an_idle_worker_registered_past_the_timeout() -> None:
@@ -83,3 +86,65 @@ def test_workers_reconnect_to_a_restarted_scheduler_after_their_backoff() -> Non
             await asyncio.to_thread(client.close)
 
     asyncio.run(main())
+
+
+def test_a_scheduler_of_many_workers_stretches_their_heartbeats(
+    make_sim: Callable[..., RecordingCluster],
+) -> None:
+    sim = make_sim(SchedulerConfig(heartbeats_per_second=2))
+
+    def told(*workers: str) -> list[float]:
+        return [m.seconds for w in workers for m in sim.worker_got(w, HeartbeatInterval)]
+
+    a, b = sim.add_worker(), sim.add_worker()
+    assert told(a, b) == []  # two workers beating every second: two beats a second
+    c = sim.add_worker()
+    assert told(a, b, c) == [2.0, 2.0, 2.0]  # three: every two seconds, all told
+    d = sim.add_worker()
+    assert told(a, b, c, d) == [2.0, 2.0, 2.0, 2.0]  # the same: only the newcomer told
+    e = sim.add_worker()
+    assert told(a, b, c, d, e) == [2.0, 3.0] * 3 + [2.0, 3.0] + [3.0]
+    sim.remove_worker(e)
+    assert told(a, b, c, d) == [2.0, 3.0, 2.0] * 3 + [2.0, 3.0, 2.0]
+    sim.remove_worker(d)
+    sim.remove_worker(c)
+    assert told(a, b) == [2.0, 3.0, 2.0, 0.0] * 2  # back to their own intervals
+
+
+def test_stretched_heartbeats_stay_well_inside_the_worker_timeout(
+    make_sim: Callable[..., RecordingCluster],
+) -> None:
+    sim = make_sim(SchedulerConfig(heartbeats_per_second=1, worker_timeout=5.0))
+    workers = [sim.add_worker() for _ in range(20)]
+    assert sim.worker_got(workers[-1], HeartbeatInterval) == [HeartbeatInterval(1.0)]
+    sim.allow(HeartbeatInterval)
+
+
+def test_workers_beat_as_seldom_as_the_scheduler_asks_and_no_less_often() -> None:
+    async def main() -> None:
+        clock = FakeClock()
+        config = SchedulerConfig(heartbeats_per_second=1)
+        workers = [{"heartbeat_interval": 0.5}, {"heartbeat_interval": 0.5}]
+        async with InMemoryCluster(workers, config=config, clock=clock) as c:
+            beats = {w.name: 0 for w in c.workers}
+            for w in c.workers:
+                counted = _counting(w._heartbeat_message, beats, w.name)
+                w._heartbeat_message = counted  # type: ignore[method-assign]
+            await clock.advance(10.0)
+            assert set(beats.values()) <= {5, 6}  # two workers: one beat each 2 s
+            await c.remove_worker(c.workers[1])
+            first = c.workers[0].name
+            beats[first] = 0
+            await clock.advance(10.0)
+            # Alone: its own interval again, once the stretched beat under way is over.
+            assert 16 <= beats[first] <= 20
+
+    asyncio.run(main())
+
+
+def _counting(heartbeat: Callable[[], Heartbeat], beats: dict[str, int], name: str) -> Any:
+    def counted() -> Heartbeat:
+        beats[name] += 1
+        return heartbeat()
+
+    return counted

@@ -55,6 +55,7 @@ def _sample(command_type: type[Any]) -> Any:
     values = {
         str: "x",
         int: 1,
+        float: 1.5,
         bytes: b"blob",
         list[str]: ["k"],
         dict[str, int]: {"k": 1},

@@ -27,7 +27,7 @@ from apportion.protocol.homes import HOME_OF
 
 #: Bumped whenever a message changes shape. Peers with another version are refused
 #: in the handshake, naming both versions, instead of failing later on a bad field.
-PROTOCOL_VERSION = 19
+PROTOCOL_VERSION = 20
 
 
 class Message:

@@ -253,6 +253,15 @@ class RestartWorker(Message):
     reason: str
 
 
+@message(138)
+class HeartbeatInterval(Message):
+    """Scheduler -> worker: leave at least ``seconds`` between heartbeats (0: the
+    worker's own interval). A scheduler of many workers stretches them, so that the
+    heartbeats it hears per second stay bounded (``SchedulerConfig.heartbeats_per_second``)."""
+
+    seconds: float
+
+
 @message(104)
 class TaskSeceded(Message):
     """Worker -> scheduler: the running task ``key`` gave its thread back (``secede``)

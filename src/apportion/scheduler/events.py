@@ -236,6 +236,14 @@ class SendRejoinGranted:
 
 
 @dataclass(frozen=True, slots=True)
+class SendHeartbeatInterval:
+    """Leave at least ``seconds`` between heartbeats (0: the worker's own interval)."""
+
+    worker_id: str
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class SendRestartWorker:
     """Exit so that the supervisor starts a fresh process (a cluster restart)."""
 
@@ -493,6 +501,7 @@ WorkerCommand = (
     | SendPutData
     | SendRejoinGranted
     | SendRestartWorker
+    | SendHeartbeatInterval
     | SendDrainDone
     | SendRefused
     | SendRemoteCall

@@ -11,6 +11,8 @@ is counted the same way (``out_of_memory``).
 
 from __future__ import annotations
 
+import math
+
 from apportion.core.ledger import matching_units
 from apportion.core.resources import describe_resources
 from apportion.protocol.worker import RegisterWorker
@@ -29,6 +31,7 @@ from apportion.scheduler.events import (
     ClientLeft,
     Disconnect,
     Log,
+    SendHeartbeatInterval,
     SendRefused,
     Tick,
     WorkerDeathReport,
@@ -82,9 +85,33 @@ def worker_joined(state: SchedulerState, event: WorkerJoined) -> None:
         )
     )
     _supply_changed(state)
+    _pace_heartbeats(state, event.worker_id)
     relay.worker_joined(state)
     remote_calls.worker_joined(state, event.worker_id)
     task_hooks.worker_joined(state, event.worker_id, reg)
+
+
+def heartbeat_floor(state: SchedulerState) -> float:
+    """Seconds each worker should leave at least between heartbeats now: none up to
+    ``heartbeats_per_second`` workers, then whole seconds, so that it changes only
+    every that many workers; at most a fifth of ``worker_timeout``, so that a
+    worker's silence still means something."""
+    per_second = state.config.heartbeats_per_second
+    if len(state.workers) <= per_second:
+        return 0.0
+    return min(float(math.ceil(len(state.workers) / per_second)), state.config.worker_timeout / 5)
+
+
+def _pace_heartbeats(state: SchedulerState, joined: str | None = None) -> None:
+    """Tell every worker the floor when it changed, else the worker that ``joined``
+    (unless there is none)."""
+    floor = heartbeat_floor(state)
+    if floor != state.heartbeat_floor:
+        state.heartbeat_floor = floor
+        for worker_id in state.workers:
+            state.emit(SendHeartbeatInterval(worker_id, floor))
+    elif joined is not None and floor:
+        state.emit(SendHeartbeatInterval(joined, floor))
 
 
 def _claim_name(state: SchedulerState, worker_id: str, reg: RegisterWorker) -> bool:
@@ -171,6 +198,7 @@ def remove_worker(state: SchedulerState, worker_id: str, how: str) -> None:
     relay.worker_left(state, worker.id)
     remote_calls.worker_left(state, worker.id, how)
     task_hooks.worker_left(state, worker)
+    _pace_heartbeats(state)
     for other in state.workers.values():
         drain.check(state, other)  # a draining worker may wait for nobody now
     _supply_changed(state)

@@ -136,6 +136,11 @@ class SchedulerConfig:
     #: A worker not heard from for this many seconds (no message, no heartbeat) is
     #: declared lost: stopped, cut off or frozen. Its tasks run elsewhere.
     worker_timeout: float = 30.0
+    #: Heartbeats per second the scheduler asks to hear at most: past this many
+    #: workers, each is told to beat every ``ceil(workers / this)`` seconds (at most
+    #: a fifth of ``worker_timeout``), as 1,000 workers beating every second would
+    #: cost the scheduler a thousand messages a second while nothing happens.
+    heartbeats_per_second: int = 200
     #: A task running on this many workers that died is failed as the likely cause
     #: (a "poison" task) instead of killing worker after worker.
     max_worker_deaths: int = 3
@@ -161,6 +166,8 @@ class SchedulerState:
         self.config = config or SchedulerConfig()
         self.tasks: dict[str, TaskRecord] = {}
         self.workers: dict[str, WorkerRecord] = {}
+        #: Seconds every worker was last told to leave at least between heartbeats.
+        self.heartbeat_floor = 0.0
         self.clients: dict[str, ClientRecord] = {}
         #: func_id -> pickled function, with the number of live tasks using it.
         self.functions: dict[str, bytes] = {}

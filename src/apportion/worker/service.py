@@ -47,6 +47,7 @@ from apportion.protocol.worker import (
     DropPrefetch,
     FreeKeys,
     Heartbeat,
+    HeartbeatInterval,
     InterruptTasks,
     LoadFunction,
     Prefetch,
@@ -109,10 +110,11 @@ class Worker(BackgroundService):
 
     ``heartbeat_interval``: seconds between ``Heartbeat`` messages, sent from the event
     loop so that a frozen worker falls silent; keep it well under the scheduler's
-    worker timeout. ``reconnect_timeout``: how long to keep trying to reconnect after
-    losing the scheduler before closing; 0 closes at once. ``kill_grace``: seconds
-    long-lived work (a command run) gets between SIGTERM and SIGKILL when it is
-    cancelled or stopped.
+    worker timeout. A scheduler of many workers stretches it (past 200 workers, to
+    one beat every ``ceil(workers / 200)`` seconds). ``reconnect_timeout``: how long
+    to keep trying to reconnect after losing the scheduler before closing; 0 closes
+    at once. ``kill_grace``: seconds long-lived work (a command run) gets between
+    SIGTERM and SIGKILL when it is cancelled or stopped.
     ``connect_timeout``: how long ``start`` keeps trying to reach a scheduler that is
     not listening yet (a worker started before its scheduler, as Dask's waits too);
     0 tries once. Something that answers but is not an apportion scheduler fails at once.
@@ -168,6 +170,9 @@ class Worker(BackgroundService):
         if not reconnect_timeout >= 0:
             raise ValueError(f"reconnect_timeout must be 0 or more, got {reconnect_timeout}")
         self.heartbeat_interval = heartbeat_interval
+        #: The least the scheduler asked to leave between heartbeats (``HeartbeatInterval``:
+        #: one of many workers beats less often); 0 in a new session until it says.
+        self._heartbeat_floor = 0.0
         self.reconnect_timeout = reconnect_timeout
         if not connect_timeout >= 0:
             raise ValueError(f"connect_timeout must be 0 or more, got {connect_timeout}")
@@ -400,6 +405,7 @@ class Worker(BackgroundService):
     def _connected(self, conn: Connection) -> None:
         """``conn`` is the live session now: send what waited for one, in order."""
         self._scheduler = conn
+        self._heartbeat_floor = 0.0  # a scheduler of many workers says so again
         for message in self._outbox.take_unsent():
             conn.send(message)
 
@@ -554,7 +560,7 @@ class Worker(BackgroundService):
         Each beat also unmaps the receive memory no transfer used for a while (the
         memory monitor does it more often where there is one)."""
         while True:
-            await self.clock.sleep(self.heartbeat_interval)
+            await self.clock.sleep(max(self.heartbeat_interval, self._heartbeat_floor))
             POOL.release_idle()
             if self._scheduler is not None:
                 self._scheduler.send(self._heartbeat_message())
@@ -626,6 +632,8 @@ class Worker(BackgroundService):
                     self.remote_calls.handle(message)
                 case DrainDone():
                     self._drained.set()
+                case HeartbeatInterval():
+                    self._heartbeat_floor = message.seconds
                 case Refused():
                     # The scheduler closes the connection after this; _serve says why.
                     self.refused = message.reason
