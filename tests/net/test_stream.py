@@ -20,7 +20,8 @@ from apportion.net.connection import (
     receive_buffer,
 )
 from apportion.net.receive_pool import POOL_FROM
-from apportion.net.stream import READ_BUFFER, StreamClosed
+from apportion.net.stream import READ_BUFFER, StreamClosed, byte_view
+from apportion.protocol.codec import encode_frame
 from apportion.protocol.peer_data import PutData
 from apportion.protocol.worker import Heartbeat
 from stream_pairs import PAIRS, Pair, opened, run, socket_pair
@@ -215,3 +216,41 @@ def test_a_connection_whose_peer_goes_raises_connection_closed() -> None:
             await receiver.recv()
 
     run(main())
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(0, 2**40), min_size=1, max_size=8), st.data())
+def test_frames_are_received_whole_however_their_bytes_are_split(
+    pair: Pair, numbers: list[int], data: st.DataObject
+) -> None:
+    # A frame that arrived whole is taken at once; one split anywhere (in its header,
+    # its buffer lengths, its body or its buffers) is waited for part by part.
+    messages = [
+        PutData(n, {"k": dumps(bytes(n % 300))}) if n % 3 == 0 else Heartbeat(n) for n in numbers
+    ]
+    wire = b"".join(bytes(byte_view(b)) for m in messages for b in encode_frame([m]))
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(wire) - 1), max_size=12)))
+
+    async def main() -> list[Any]:
+        async with opened(pair) as (a, b):
+            receiver = Connection(b)
+            receiver.stall_timeout = 10.0
+
+            async def receive() -> list[Any]:
+                return [m for _ in messages for m in await receiver.recv()]
+
+            received = asyncio.ensure_future(receive())
+            for start, end in zip([0, *cuts], [*cuts, len(wire)], strict=True):
+                a.write([wire[start:end]])
+                await asyncio.sleep(0)
+            return await received
+
+    got = run(main())
+    assert [type(m) for m in got] == [type(m) for m in messages]
+    for sent, arrived in zip(messages, got, strict=True):
+        if isinstance(sent, Heartbeat):
+            assert arrived == sent
+        else:
+            assert arrived.request_id == sent.request_id
+            assert loads(arrived.data["k"]) == loads(sent.data["k"])

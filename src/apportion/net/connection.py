@@ -256,17 +256,24 @@ class Connection:
         ``max_frame``; its buffers follow, for ``read_into``."""
         stream = self._stream
         try:
-            if stream.stall_timeout is not None:
-                await stream.readable()  # idle between frames is no stall
-            header = bytes(await stream.read_exactly(HEADER.size))
+            # Each part taken at once when it is here (most frames arrive whole),
+            # else waited for.
+            header = stream.take_now(HEADER.size)
+            if header is None:
+                if stream.stall_timeout is not None:
+                    await stream.readable()  # idle between frames is no stall
+                header = bytes(await stream.read_exactly(HEADER.size))
             body_size, count = frame_sizes(header, self.max_frame)
             listed = b""
             lengths: list[int] = []
             lent: tuple[int, ...] = ()
             if count:
-                listed = bytes(await stream.read_exactly(count * BUFFER_LENGTH.size))
+                size = count * BUFFER_LENGTH.size
+                listed = stream.take_now(size) or bytes(await stream.read_exactly(size))
                 lengths, lent = buffer_lengths(listed, count, body_size, self.max_frame)
-            body = await stream.read_exactly(body_size)
+            body: bytes | bytearray | None = stream.take_now(body_size)
+            if body is None:
+                body = await stream.read_exactly(body_size)
         except StreamClosed as exc:
             raise self._closed_by(exc) from exc
         except StreamStalled as exc:

@@ -194,6 +194,13 @@ class Stream:
             await self._wait()
         return self._take(min(n, self._end - self._start))
 
+    def take_now(self, n: int) -> bytes | None:
+        """The next ``n`` bytes if they are all here already, else None (nothing taken):
+        a frame that arrived whole is read without waiting on anything."""
+        if self._end - self._start >= n:
+            return self._take(n)
+        return None
+
     def _take(self, n: int) -> bytes:
         with memoryview(self._buf) as whole:
             data = bytes(whole[self._start : self._start + n])
