@@ -96,7 +96,7 @@ def heartbeat_floor(state: SchedulerState) -> float:
     ``heartbeats_per_second`` workers, then whole seconds, so that it changes only
     every that many workers; at most a fifth of ``worker_timeout``, so that a
     worker's silence still means something."""
-    per_second = state.config.heartbeats_per_second
+    per_second = max(1, state.config.heartbeats_per_second)
     if len(state.workers) <= per_second:
         return 0.0
     return min(float(math.ceil(len(state.workers) / per_second)), state.config.worker_timeout / 5)
