@@ -256,8 +256,9 @@ class RestartWorker(Message):
 @message(138)
 class HeartbeatInterval(Message):
     """Scheduler -> worker: leave at least ``seconds`` between heartbeats (0: the
-    worker's own interval). A scheduler of many workers stretches them, so that the
-    heartbeats it hears per second stay bounded (``SchedulerConfig.heartbeats_per_second``)."""
+    worker's own interval). A scheduler of many workers stretches them, so that it
+    hears about ``SchedulerConfig.heartbeats_per_second`` rather than one per worker
+    per second (``scheduler/membership.py``, ``heartbeat_floor``)."""
 
     seconds: float
 

@@ -136,10 +136,11 @@ class SchedulerConfig:
     #: A worker not heard from for this many seconds (no message, no heartbeat) is
     #: declared lost: stopped, cut off or frozen. Its tasks run elsewhere.
     worker_timeout: float = 30.0
-    #: Heartbeats per second the scheduler asks to hear at most: past this many
-    #: workers, each is told to beat every ``ceil(workers / this)`` seconds (at most
-    #: a fifth of ``worker_timeout``), as 1,000 workers beating every second would
-    #: cost the scheduler a thousand messages a second while nothing happens.
+    #: Heartbeats per second the scheduler asks to hear: past this many workers,
+    #: each is told to beat every ``ceil(workers / this)`` seconds, as 1,000 workers
+    #: beating every second would cost the scheduler a thousand messages a second
+    #: while nothing happens; but at least five times per ``worker_timeout``, so
+    #: that silence still means something (past that, the rate grows again).
     heartbeats_per_second: int = 200
     #: A task running on this many workers that died is failed as the likely cause
     #: (a "poison" task) instead of killing worker after worker.

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import threading
 import uuid
@@ -111,7 +112,8 @@ class Worker(BackgroundService):
     ``heartbeat_interval``: seconds between ``Heartbeat`` messages, sent from the event
     loop so that a frozen worker falls silent; keep it well under the scheduler's
     worker timeout. A scheduler of many workers stretches it (past 200 workers, to
-    one beat every ``ceil(workers / 200)`` seconds). ``reconnect_timeout``: how long
+    one beat every ``ceil(workers / 200)`` seconds, at least five per its worker
+    timeout). ``reconnect_timeout``: how long
     to keep trying to reconnect after losing the scheduler before closing; 0 closes
     at once. ``kill_grace``: seconds long-lived work (a command run) gets between
     SIGTERM and SIGKILL when it is cancelled or stopped.
@@ -557,13 +559,22 @@ class Worker(BackgroundService):
 
     async def _beat(self) -> None:
         """Tell the scheduler this worker is alive, from the loop: a frozen loop falls silent.
-        Each beat also unmaps the receive memory no transfer used for a while (the
-        memory monitor does it more often where there is one)."""
+        Each tick also unmaps the receive memory no transfer used for a while (the
+        memory monitor does it more often where there is one). The ticks keep the
+        worker's own interval; a scheduler of many workers only thins out the beats
+        sent (``_heartbeat_floor``), so that a floor lowered or cleared (a new
+        session) counts from the next tick."""
+        last = -math.inf
         while True:
-            await self.clock.sleep(max(self.heartbeat_interval, self._heartbeat_floor))
+            await self.clock.sleep(self.heartbeat_interval)
             POOL.release_idle()
-            if self._scheduler is not None:
+            now = self.clock.monotonic()
+            # A tenth of a tick of slack: ticks that add up to the floor in floats
+            # (ten of 0.1 s) may fall a hair short of it.
+            due = now - last >= self._heartbeat_floor - self.heartbeat_interval / 10
+            if self._scheduler is not None and due:
                 self._scheduler.send(self._heartbeat_message())
+                last = now
 
     def _heartbeat_message(self) -> Heartbeat:
         """How busy: tasks running, resident memory (so the scheduler can tell a likely
