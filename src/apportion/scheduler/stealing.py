@@ -224,24 +224,18 @@ def _cheapest(
         return not (raised and raised.count(thief.id) > raised.count(victim.id))
 
     holding = {h for dep in task.deps for h in holders(state.tasks[dep]) if h in free}
-    best: WorkerRecord | None = None
-    best_score = (0.0, 0)
-    for worker_id in holding:  # the score orders them
-        thief = state.workers[worker_id]
-        if may_take(thief):
-            score = (_move_cost(state, task, thief), order[worker_id])
-            if best is None or score < best_score:
-                best, best_score = thief, score
-    for worker_id in free:
-        if worker_id in holding:
-            continue
-        thief = state.workers[worker_id]
-        if may_take(thief):
-            score = (_move_cost(state, task, thief), order[worker_id])
-            if best is None or score < best_score:
-                best, best_score = thief, score
-            break
-    return best, best_score[0]
+    workers = state.workers
+    candidates = [workers[w] for w in holding if may_take(workers[w])]
+    other = next((workers[w] for w in free if w not in holding and may_take(workers[w])), None)
+    if other is not None:
+        candidates.append(other)
+    if not candidates:
+        return None, 0.0
+    # ``order`` is unique per worker: ties of cost go to the first, never further.
+    cost, _, best = min(
+        (_move_cost(state, task, thief), order[thief.id], thief) for thief in candidates
+    )
+    return best, cost
 
 
 def _may_take(state: SchedulerState, thief: WorkerRecord, task: TaskRecord, waiting: bool) -> bool:
