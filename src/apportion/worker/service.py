@@ -113,10 +113,10 @@ class Worker(BackgroundService):
     loop so that a frozen worker falls silent; keep it well under the scheduler's
     worker timeout. A scheduler of many workers stretches it (past 200 workers, to
     one beat every ``ceil(workers / 200)`` seconds, at least five per its worker
-    timeout). ``reconnect_timeout``: how long
-    to keep trying to reconnect after losing the scheduler before closing; 0 closes
-    at once. ``kill_grace``: seconds long-lived work (a command run) gets between
-    SIGTERM and SIGKILL when it is cancelled or stopped.
+    timeout). ``reconnect_timeout``: how long to keep trying to reconnect after
+    losing the scheduler before closing; 0 closes at once. ``kill_grace``: seconds
+    long-lived work (a command run) gets between SIGTERM and SIGKILL when it is
+    cancelled or stopped.
     ``connect_timeout``: how long ``start`` keeps trying to reach a scheduler that is
     not listening yet (a worker started before its scheduler, as Dask's waits too);
     0 tries once. Something that answers but is not an apportion scheduler fails at once.
