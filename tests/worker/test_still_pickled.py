@@ -160,12 +160,9 @@ def rebuild_slowly(n: int) -> SlowToRebuild:
     return SlowToRebuild(n)
 
 
-class SlowToRebuild:
+class SlowToRebuild(Recorded):
     """Unpickles only once ``RELEASE`` is set, as a value whose package takes long to
     import."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
 
     def __reduce__(self) -> tuple[Any, tuple[int]]:
         return rebuild_slowly, (self.n,)
